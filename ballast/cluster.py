@@ -1,0 +1,195 @@
+"""Cluster: the devices a plan runs on, as one validated value object.
+
+A `Cluster` is passed explicitly to planners, the cost model and the runtime; nothing reads
+the topology from a global. Presets cover the hardware of the papers ballast compares with;
+custom clusters load from TOML or JSON with the same field names.
+"""
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+GB = 1e9
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A homogeneous cluster of `nodes` x `devices_per_node` accelerators."""
+
+    name: str
+    """Preset or file name, for reports."""
+    nodes: int
+    """Number of nodes (hosts)."""
+    devices_per_node: int
+    """Accelerators per node; a power of two, so aligned SP blocks never straddle a node badly."""
+    device_memory: float
+    """Usable memory per device in bytes (after framework, NCCL and fragmentation reserve)."""
+    peak_flops: float
+    """Dense bf16 peak FLOP/s of one device."""
+    efficiency: float = 0.5
+    """Fraction of peak the model's matmuls reach (MFU of linear layers)."""
+    bandwidth: dict[int, float] = field(default_factory=dict)
+    """Effective all-to-all bandwidth in bytes/s per SP degree: how many bytes of a group's
+    all-to-all payload per rank move per second. Fast inside a node, 10-20x slower across."""
+    micro_batch_overhead: float = 0.0
+    """Fixed seconds per micro-batch (kernel launches, parameter gathers, small collectives)."""
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise ValueError(f"cluster {self.name!r}: nodes must be >= 1, got {self.nodes}")
+        if self.devices_per_node < 1:
+            raise ValueError(
+                f"cluster {self.name!r}: devices_per_node must be >= 1, got {self.devices_per_node}")
+        if not is_power_of_two(self.devices_per_node):
+            raise ValueError(
+                f"cluster {self.name!r}: devices_per_node must be a power of two, "
+                f"got {self.devices_per_node}")
+        if self.device_memory <= 0:
+            raise ValueError(f"cluster {self.name!r}: device_memory must be > 0 bytes")
+        if self.peak_flops <= 0:
+            raise ValueError(f"cluster {self.name!r}: peak_flops must be > 0")
+        if not 0 < self.efficiency <= 1:
+            raise ValueError(f"cluster {self.name!r}: efficiency must be in (0, 1], got {self.efficiency}")
+        if self.micro_batch_overhead < 0:
+            raise ValueError(f"cluster {self.name!r}: micro_batch_overhead must be >= 0")
+        # JSON/TOML keys arrive as strings.
+        bw = {int(d): float(v) for d, v in self.bandwidth.items()}
+        object.__setattr__(self, "bandwidth", bw)
+        for d in self.degrees:
+            if d > 1 and bw.get(d, 0) <= 0:
+                raise ValueError(
+                    f"cluster {self.name!r}: no positive all-to-all bandwidth for SP degree {d}; "
+                    f"give bandwidth for every power of two up to {self.max_degree}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    @property
+    def max_degree(self) -> int:
+        """The largest power-of-two SP degree the cluster can hold."""
+        return 1 << (self.world_size.bit_length() - 1)
+
+    @property
+    def degrees(self) -> list[int]:
+        """Every power-of-two SP degree the cluster can hold, ascending."""
+        return [1 << i for i in range(self.max_degree.bit_length())]
+
+    def node_of(self, rank: int) -> int:
+        return rank // self.devices_per_node
+
+    def all_to_all_bandwidth(self, degree: int) -> float:
+        assert degree > 1, "degree 1 needs no all-to-all"
+        return self.bandwidth[degree]
+
+    def check_world_size(self, world_size: int) -> None:
+        """Raise if this cluster does not describe `world_size` ranks."""
+        if world_size != self.world_size:
+            raise ValueError(
+                f"cluster {self.name!r} has {self.nodes} x {self.devices_per_node} = "
+                f"{self.world_size} devices but the job has world size {world_size}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Cluster:
+        known = set(cls.__dataclass_fields__)
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown cluster field(s) {sorted(unknown)}; known: {sorted(known)}")
+        return cls(**data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Cluster:
+        """Load a custom cluster from a `.toml` or `.json` file (fields as in this class)."""
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"cluster file {path} does not exist")
+        text = path.read_text()
+        try:
+            data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"cluster file {path}: cannot parse: {e}") from e
+        data.setdefault("name", path.stem)
+        if "bandwidth" in data:
+            data["bandwidth"] = {int(k): v for k, v in data["bandwidth"].items()}
+        return cls.from_dict(data)
+
+
+# --- presets -------------------------------------------------------------------------------
+# FlexSP (Wang et al., ASPLOS'25) measured the effective all-to-all bandwidth of its A100
+# cluster per SP degree (DESIGN.md). Dividing by the links' specifications gives how much of a
+# link an all-to-all of that degree gets; we reuse those fractions for the Hopper presets so
+# that their tables have the same shape, scaled by their own links.
+_A100_NVLINK = 300 * GB   # NVLink 3: 600 GB/s bidirectional per A100 -> 300 GB/s each way
+_A100_NIC = 25 * GB       # one HDR InfiniBand 200 Gb/s NIC per GPU (DGX A100)
+_FLEXSP_A100_BW = {2: 119.5 * GB, 4: 104.1 * GB, 8: 96.5 * GB,
+                   16: 10.3 * GB, 32: 5.9 * GB, 64: 4.9 * GB}
+
+
+# Kernel launches and small collectives of one micro-batch's forward and backward on a GPU.
+_GPU_MICRO_BATCH_OVERHEAD = 5e-3
+
+
+def _link_fraction(degree: int) -> float:
+    """Fraction of the relevant link an all-to-all of `degree` achieved on FlexSP's A100s."""
+    degree = min(degree, 64)
+    link = _A100_NVLINK if degree <= 8 else _A100_NIC
+    return _FLEXSP_A100_BW[degree] / link
+
+
+def _hopper_bandwidth(world: int) -> dict[int, float]:
+    # NVLink 4: 900 GB/s bidirectional per H100/H200 SXM -> 450 GB/s each way (NVIDIA H100 and
+    # H200 datasheets). ConnectX-7 NDR InfiniBand: 400 Gb/s = 50 GB/s per GPU (DGX H100/H200
+    # system specifications: 8x single-port ConnectX-7 per node).
+    nvlink, nic = 450 * GB, 50 * GB
+    return {d: _link_fraction(d) * (nvlink if d <= 8 else nic)
+            for d in (1 << i for i in range(1, world.bit_length()))}
+
+
+def _preset(name: str, world_size: int | None = None, device_memory_gb: float | None = None) -> Cluster:
+    if name == "a100-64":
+        # 8 DGX A100-40GB nodes; 312 TFLOP/s dense bf16 (NVIDIA A100 datasheet); FlexSP's 28 GB
+        # usable of 40 (a 12 GB reserve, which the Hopper presets keep too).
+        return Cluster(name, 8, 8, 28 * GB, 312e12, 0.5, dict(_FLEXSP_A100_BW), _GPU_MICRO_BATCH_OVERHEAD)
+    if name == "h100-32":
+        # 4 DGX H100 nodes; 989 TFLOP/s dense bf16 (H100 SXM datasheet); 80 GB HBM3.
+        return Cluster(name, 4, 8, 68 * GB, 989e12, 0.45, _hopper_bandwidth(32), _GPU_MICRO_BATCH_OVERHEAD)
+    if name == "h200-32":
+        # 4 DGX H200 nodes; same compute as H100 SXM; 141 GB HBM3e (H200 datasheet).
+        return Cluster(name, 4, 8, 129 * GB, 989e12, 0.45, _hopper_bandwidth(32), _GPU_MICRO_BATCH_OVERHEAD)
+    if name == "cpu":
+        # This machine: one node of `world_size` gloo ranks. Figures are placeholders of the
+        # right order until `ballast profile` measures them; memory is a setting that stands in
+        # for a GPU's capacity.
+        world = world_size or 2
+        if not is_power_of_two(world):
+            raise ValueError(f"cpu cluster: world size must be a power of two, got {world}")
+        mem = (device_memory_gb or 4.0) * GB
+        bw = {1 << i: 1.0 * GB for i in range(1, world.bit_length())}
+        return Cluster("cpu", 1, world, mem, 5e10, 1.0, bw, 2e-3)
+    raise ValueError(f"unknown cluster preset {name!r}; presets: {', '.join(PRESETS)}")
+
+
+PRESETS = ("a100-64", "h100-32", "h200-32", "cpu")
+
+
+def get_cluster(spec: str, world_size: int | None = None, device_memory_gb: float | None = None) -> Cluster:
+    """A preset name (`a100-64`, `h100-32`, `h200-32`, `cpu`) or a path to a TOML/JSON file.
+
+    `world_size`, when given, must match the cluster (the `cpu` preset takes it as its size).
+    """
+    if spec in PRESETS:
+        cluster = _preset(spec, world_size, device_memory_gb)
+    else:
+        cluster = Cluster.load(spec)
+    if world_size is not None:
+        cluster.check_world_size(world_size)
+    return cluster

@@ -1,0 +1,269 @@
+"""CostModel: time and memory of a micro-batch at an SP degree and checkpoint level.
+
+DESIGN.md's model, in seconds and bytes:
+
+    time(mb, d, c)   = [sum_s (a s^2 + b s)] (1 + c r) / d + comm(sum_s s, d) + g
+    comm(n, d)       = bytes_per_token n / (d bw(d))            (0 at d = 1)
+    memory(mb, d, c) = states + act_per_token (sum_s s) / d (c k + 1 - c)
+
+Three sources of coefficients share this one class and its JSON format: `analytic` (from a
+model shape and a cluster), `published` (FlexSP's A100 profile) and `profiled` (written by
+`ballast profile`). Checkpoint levels are fractions of layers, so they are multiples of
+1 / layers.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .cluster import Cluster
+from .shapes import ModelShape
+
+# Mixed-precision Adam: bf16 weights and grads + fp32 master weights, momentum and variance.
+STATE_BYTES_PER_PARAM = 16
+# Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"):
+# a block saves 34 h bytes per token in bf16 once flash attention drops the s^2 term; full
+# checkpointing keeps only the block input (2 h bytes).
+ACT_BYTES_PER_HIDDEN = 34
+KEPT_UNDER_CHECKPOINT = 2 / 34
+# Recomputing a layer repeats its forward: one third of forward + backward.
+RECOMPUTE_OVERHEAD = 1 / 3
+_EPS = 1e-9
+
+# FlexSP's profile of GPT on 64 A100-40GB (DESIGN.md): ms per token^2, ms per token, ms, MB/token.
+_PUBLISHED = {
+    "gpt-7b": (5.128e-6, 0.18396, 629.0, 4.48),
+    "gpt-13b": (9.285e-6, 0.30602, 1133.0, 4.22),
+    "gpt-30b": (1.5426e-5, 0.80357, 2789.0, 3.42),
+}
+
+
+class InfeasibleError(ValueError):
+    """A sequence (or micro-batch) that no degree and checkpoint level can hold in memory."""
+
+
+@dataclass(frozen=True)
+class CostModel:
+    source: str
+    """`analytic`, `published` or `profiled`: where the coefficients come from."""
+    model: str
+    """Name of the model shape the coefficients describe."""
+    a: float
+    """Seconds per token^2 of one sequence (attention, forward + backward, on one device)."""
+    b: float
+    """Seconds per token (linear layers, forward + backward, on one device)."""
+    g: float
+    """Fixed seconds per micro-batch."""
+    bandwidth: dict[int, float]
+    """Effective all-to-all bytes/s per SP degree (degree 1 needs none)."""
+    bytes_per_token: float
+    """Bytes one token contributes to a step's all-to-alls (q, k, v, out; forward and backward)."""
+    act_per_token: float
+    """Activation bytes saved for backward per token with no checkpointing."""
+    states: float
+    """Bytes of model and optimizer state per device (sharded over all devices)."""
+    device_memory: float
+    """Usable bytes per device."""
+    layers: int
+    """Transformer blocks; checkpoint levels are multiples of 1 / layers."""
+    heads: int
+    kv_heads: int
+    world_size: int
+    """Devices the coefficients were made for (states are sharded over them)."""
+    recompute: float = RECOMPUTE_OVERHEAD
+    """r: extra compute of recomputing every layer, as a fraction of forward + backward."""
+    kept: float = KEPT_UNDER_CHECKPOINT
+    """k: fraction of a layer's activations kept when it is checkpointed."""
+    fit: dict = field(default_factory=dict)
+    """Free-form report of how the coefficients were obtained (residuals of a profile fit)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bandwidth", {int(d): float(v) for d, v in self.bandwidth.items()})
+        if self.states >= self.device_memory:
+            raise InfeasibleError(
+                f"model {self.model!r}: its states ({self.states / 1e9:.2f} GB per device) do not fit "
+                f"the device memory ({self.device_memory / 1e9:.2f} GB) at any degree")
+
+    # --- degrees and memory ------------------------------------------------------------------
+    @property
+    def degrees(self) -> list[int]:
+        """SP degrees usable for this model on this cluster: powers of two dividing the heads."""
+        out, d = [], 1
+        while d <= self.world_size:
+            if self.heads % d == 0 and self.kv_heads % d == 0:
+                out.append(d)
+            d *= 2
+        return out
+
+    def _kept_fraction(self, checkpoint: float) -> float:
+        return checkpoint * self.kept + (1.0 - checkpoint)
+
+    def memory(self, lengths: Sequence[int], degree: int, checkpoint: float) -> float:
+        tokens = float(np.sum(lengths)) if len(lengths) else 0.0
+        return self.states + self.act_per_token * tokens / degree * self._kept_fraction(checkpoint)
+
+    def max_tokens(self, degree: int, checkpoint: float) -> int:
+        """The most tokens one micro-batch can hold at this degree and checkpoint level."""
+        free = self.device_memory - self.states
+        return int(free * degree / (self.act_per_token * self._kept_fraction(checkpoint)) + _EPS)
+
+    def min_checkpoint(self, tokens: int, degree: int) -> float | None:
+        """The smallest checkpoint level (a multiple of 1/layers) at which `tokens` fit, or None."""
+        free = self.device_memory - self.states
+        need = self.act_per_token * tokens / degree
+        if need <= free * (1 + _EPS):
+            return 0.0
+        c = (1.0 - free / need) / (1.0 - self.kept)
+        level = math.ceil(c * self.layers - _EPS) / self.layers
+        return level if level <= 1.0 else None
+
+    def min_degree(self, tokens: int) -> int | None:
+        """The smallest degree at which `tokens` fit in one micro-batch at full checkpointing."""
+        return next((d for d in self.degrees if self.max_tokens(d, 1.0) >= tokens), None)
+
+    def check_fits(self, lengths: Sequence[int]) -> None:
+        """Raise InfeasibleError naming the first sequence no plan can hold."""
+        limit = self.max_tokens(self.degrees[-1], 1.0)
+        for i, s in enumerate(lengths):
+            if s > limit:
+                raise InfeasibleError(
+                    f"sequence {i} has {s} tokens, more than any plan can hold: at most {limit} "
+                    f"tokens fit one micro-batch (SP degree {self.degrees[-1]}, full checkpointing, "
+                    f"{self.device_memory / 1e9:.1f} GB per device)")
+
+    # --- time ----------------------------------------------------------------------------------
+    def comm(self, tokens: float, degree: int) -> float:
+        if degree == 1 or tokens == 0:
+            return 0.0
+        return self.bytes_per_token * tokens / (degree * self.bandwidth[degree])
+
+    def time_from_sums(self, sum_sq: float, sum_s: float, degree: int, checkpoint: float) -> float:
+        """time() from the sums over the micro-batch of s^2 and s (planners keep these)."""
+        compute = (self.a * sum_sq + self.b * sum_s) * (1.0 + checkpoint * self.recompute) / degree
+        return compute + self.comm(sum_s, degree) + self.g
+
+    def time(self, lengths: Sequence[int], degree: int, checkpoint: float) -> float:
+        s = np.asarray(lengths, dtype=np.float64)
+        return self.time_from_sums(float(np.dot(s, s)), float(s.sum()), degree, checkpoint)
+
+    def split_time(self, lengths: Sequence[int], degree: int, checkpoint: float) -> tuple[float, float]:
+        """(compute incl. the fixed overhead, communication) of one micro-batch, in seconds."""
+        s = np.asarray(lengths, dtype=np.float64)
+        comm = self.comm(float(s.sum()), degree)
+        return self.time(lengths, degree, checkpoint) - comm, comm
+
+    # --- bounds --------------------------------------------------------------------------------
+    def sequence_times(self, lengths: Sequence[int]) -> np.ndarray:
+        """Array [degree index, sequence] of time(s, d, c_min) without g; inf where it does not fit."""
+        s = np.asarray(lengths, dtype=np.float64)
+        free = self.device_memory - self.states
+        out = np.full((len(self.degrees), len(s)), np.inf)
+        for i, d in enumerate(self.degrees):
+            need = self.act_per_token * s / d
+            c = np.clip((1.0 - free / np.maximum(need, _EPS)) / (1.0 - self.kept), 0.0, None)
+            c = np.ceil(c * self.layers - _EPS) / self.layers
+            work = (self.a * s * s + self.b * s) * (1.0 + c * self.recompute) / d
+            if d > 1:
+                work = work + self.bytes_per_token * s / (d * self.bandwidth[d])
+            out[i] = np.where(c <= 1.0, work, np.inf)
+        return out
+
+    def lower_bound(self, lengths: Sequence[int]) -> float:
+        """No plan's step time can be below this.
+
+        max(sum_k min_d d time(s_k, d) / N + g, max_k min_d (time(s_k, d) + g)). DESIGN.md writes
+        g inside every time(s_k, d); we count it once in the first term, because sequences
+        packed into one micro-batch share it, and the bound must hold for packed plans too:
+        busy ranks B <= N each pay at least one g, so makespan >= (work + B g) / B >= work/N + g.
+        """
+        if len(lengths) == 0:
+            return 0.0
+        self.check_fits(lengths)
+        times = self.sequence_times(lengths)
+        degrees = np.asarray(self.degrees, dtype=np.float64)[:, None]
+        area = float(np.min(times * degrees, axis=0).sum()) / self.world_size + self.g
+        longest = float(np.min(times, axis=0).max()) + self.g
+        return max(area, longest)
+
+    # --- construction and JSON -----------------------------------------------------------------
+    @classmethod
+    def analytic(cls, shape: ModelShape, cluster: Cluster) -> CostModel:
+        """Coefficients from FLOP counts of the shape and the cluster's peak and bandwidth."""
+        flops = cluster.peak_flops * cluster.efficiency
+        linear = shape.layers * shape.layer_matmul_params + shape.vocab * shape.hidden
+        return cls(
+            source="analytic", model=shape.name,
+            # Causal attention: QK^T and AV are 2 s^2 h FLOPs forward per layer; backward doubles.
+            a=6.0 * shape.layers * shape.hidden / flops,
+            b=6.0 * linear / flops,
+            g=cluster.micro_batch_overhead,
+            bandwidth={d: cluster.bandwidth[d] for d in cluster.degrees if d > 1},
+            bytes_per_token=_all_to_all_bytes_per_token(shape),
+            act_per_token=float(ACT_BYTES_PER_HIDDEN * shape.hidden * shape.layers),
+            states=STATE_BYTES_PER_PARAM * shape.params / cluster.world_size,
+            device_memory=cluster.device_memory, layers=shape.layers, heads=shape.heads,
+            kv_heads=shape.kv_heads, world_size=cluster.world_size)
+
+    @classmethod
+    def published(cls, shape: ModelShape, cluster: Cluster) -> CostModel:
+        """FlexSP's measured GPT-7B/13B/30B coefficients on A100-40GB (DESIGN.md)."""
+        if shape.name not in _PUBLISHED:
+            raise ValueError(f"no published profile for model {shape.name!r}; have {sorted(_PUBLISHED)}")
+        a_ms, b_ms, fixed_ms, act_mb = _PUBLISHED[shape.name]
+        return cls(
+            source="published", model=shape.name, a=a_ms * 1e-3, b=b_ms * 1e-3, g=fixed_ms * 1e-3,
+            bandwidth={d: cluster.bandwidth[d] for d in cluster.degrees if d > 1},
+            bytes_per_token=_all_to_all_bytes_per_token(shape), act_per_token=act_mb * 1e6,
+            states=STATE_BYTES_PER_PARAM * shape.params / cluster.world_size,
+            device_memory=cluster.device_memory, layers=shape.layers, heads=shape.heads,
+            kv_heads=shape.kv_heads, world_size=cluster.world_size)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CostModel:
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"unknown cost-model field(s) {sorted(unknown)}")
+        return cls(**data)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2))
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"cost model file {path} does not exist")
+        try:
+            return cls.from_dict(json.loads(path.read_text()))
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ValueError(f"cost model file {path}: {e}") from e
+
+
+def _all_to_all_bytes_per_token(shape: ModelShape) -> float:
+    # q and out carry `hidden` values per token, k and v `kv_dim`; each crosses an all-to-all
+    # in forward and again in backward, in bf16 (2 bytes). With kv_heads == heads this is
+    # DESIGN.md's 4 tensors x 2 x layers x hidden x 2 bytes.
+    return 2.0 * shape.layers * (2 * shape.hidden + 2 * shape.kv_dim) * 2
+
+
+def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster) -> CostModel:
+    """`analytic`, `published`, `auto` (published where FlexSP measured it) or a profile JSON path."""
+    if spec == "auto":
+        spec = "published" if shape.name in _PUBLISHED and cluster.name == "a100-64" else "analytic"
+    if spec == "analytic":
+        return CostModel.analytic(shape, cluster)
+    if spec == "published":
+        return CostModel.published(shape, cluster)
+    cost = CostModel.load(spec)
+    if cost.world_size != cluster.world_size:
+        raise ValueError(f"cost model {spec} was made for {cost.world_size} devices, "
+                         f"the cluster has {cluster.world_size}")
+    return cost

@@ -1,0 +1,208 @@
+"""The plan of one optimizer step: the one contract between planners, simulator and runtime.
+
+    Plan  -> waves, run one after another
+    Wave  -> groups, disjoint aligned power-of-two blocks of ranks covering the cluster
+    Group -> micro-batches, run one after another by the group's ranks (its SP degree = size)
+    MicroBatch -> sequences packed into one token stream, and a checkpoint level
+
+Plans are plain data: `to_dict`/`from_dict` round-trip through JSON, `table()` prints them.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+from .cluster import Cluster, is_power_of_two
+from .cost import CostModel
+
+_MEMORY_SLACK = 1e-6  # relative: float rounding in memory() must not reject an exact fit
+
+
+class PlanError(ValueError):
+    """A plan that breaks an invariant; the message names the wave, group and sequence."""
+
+
+@dataclass
+class MicroBatch:
+    seq_ids: list[int]
+    """Indices into `Plan.lengths` of the sequences packed together."""
+    checkpoint: float = 0.0
+    """Fraction of layers whose activations are recomputed in backward (0..1)."""
+
+
+@dataclass
+class Group:
+    start: int
+    """First rank of the block; divisible by `degree`."""
+    degree: int
+    """Number of ranks = SP degree; a power of two."""
+    micro_batches: list[MicroBatch] = field(default_factory=list)
+    """Run one after another; their count is this group's gradient-accumulation count."""
+
+    @property
+    def ranks(self) -> range:
+        return range(self.start, self.start + self.degree)
+
+
+@dataclass
+class Wave:
+    groups: list[Group]
+    """Disjoint; together they cover every rank (a group with no micro-batches is idle)."""
+
+
+@dataclass
+class Plan:
+    lengths: list[int]
+    """Tokens of every sequence of the global batch; a sequence id is an index here."""
+    waves: list[Wave]
+    tokens: int = -1
+    """Loss tokens of the whole global batch, the loss normaliser; defaults to sum(lengths)."""
+    lockstep: bool = False
+    """Every group of a wave runs the same number of micro-batches (FSDP/ZeRO-3)."""
+    planner: str = ""
+    """Name of the planner that made the plan, for reports."""
+    info: dict = field(default_factory=dict)
+    """Planner-specific facts (solver gap, chosen degree, ...), carried into reports."""
+
+    def __post_init__(self) -> None:
+        self.lengths = [int(s) for s in self.lengths]
+        if self.tokens < 0:
+            self.tokens = sum(self.lengths)
+
+    # --- queries ------------------------------------------------------------------------------
+    def micro_batches(self) -> Iterator[tuple[int, Group, MicroBatch]]:
+        for w, wave in enumerate(self.waves):
+            for group in wave.groups:
+                for mb in group.micro_batches:
+                    yield w, group, mb
+
+    def mb_lengths(self, mb: MicroBatch) -> list[int]:
+        return [self.lengths[i] for i in mb.seq_ids]
+
+    def degrees_used(self) -> list[int]:
+        return sorted({g.degree for _, g, mb in self.micro_batches() if mb.seq_ids})
+
+    def group_of(self, wave: int, rank: int) -> Group:
+        for group in self.waves[wave].groups:
+            if rank in group.ranks:
+                return group
+        raise PlanError(f"wave {wave}: no group holds rank {rank}")
+
+    # --- invariants ---------------------------------------------------------------------------
+    def validate(self, cluster: Cluster, cost: CostModel | None = None) -> None:
+        """Raise PlanError unless the plan is executable on `cluster` (and fits memory under `cost`)."""
+        n = cluster.world_size
+        seen: dict[int, str] = {}
+        for w, wave in enumerate(self.waves):
+            covered = [False] * n
+            counts = set()
+            for g, group in enumerate(wave.groups):
+                where = f"wave {w}, group {g} (ranks {group.start}..{group.start + group.degree - 1})"
+                if not is_power_of_two(group.degree):
+                    raise PlanError(f"{where}: size {group.degree} is not a power of two")
+                if group.start % group.degree:
+                    raise PlanError(f"{where}: not aligned: start {group.start} is not divisible by "
+                                    f"size {group.degree}")
+                if group.start < 0 or group.start + group.degree > n:
+                    raise PlanError(f"{where}: outside the cluster's {n} ranks")
+                for r in group.ranks:
+                    if covered[r]:
+                        raise PlanError(f"{where}: rank {r} is also in another group of the wave")
+                    covered[r] = True
+                busy = any(mb.seq_ids for mb in group.micro_batches)
+                if busy and cost is not None and (cost.heads % group.degree or cost.kv_heads % group.degree):
+                    raise PlanError(f"{where}: SP degree {group.degree} does not divide heads "
+                                    f"({cost.heads}) and kv heads ({cost.kv_heads})")
+                counts.add(len(group.micro_batches))
+                for m, mb in enumerate(group.micro_batches):
+                    self._validate_micro_batch(f"{where}, micro-batch {m}", mb, group.degree, cost, seen)
+            if not all(covered):
+                raise PlanError(f"wave {w}: rank {covered.index(False)} is in no group")
+            if self.lockstep and len(counts) > 1:
+                raise PlanError(f"wave {w}: lockstep plan but groups run {sorted(counts)} micro-batches")
+        missing = [i for i in range(len(self.lengths)) if i not in seen]
+        if missing:
+            raise PlanError(f"sequence {missing[0]} ({self.lengths[missing[0]]} tokens) is in no micro-batch"
+                            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        if self.tokens <= 0 and self.lengths:
+            raise PlanError(f"loss normaliser tokens={self.tokens} must be positive")
+
+    def _validate_micro_batch(self, where: str, mb: MicroBatch, degree: int,
+                              cost: CostModel | None, seen: dict[int, str]) -> None:
+        if not 0.0 <= mb.checkpoint <= 1.0:
+            raise PlanError(f"{where}: checkpoint level {mb.checkpoint} is outside 0..1")
+        for i in mb.seq_ids:
+            if not 0 <= i < len(self.lengths):
+                raise PlanError(f"{where}: sequence {i} is not in the batch of {len(self.lengths)}")
+            if i in seen:
+                raise PlanError(f"{where}: sequence {i} already appears in {seen[i]}")
+            seen[i] = where
+        if cost is not None and mb.seq_ids:
+            lengths = self.mb_lengths(mb)
+            used = cost.memory(lengths, degree, mb.checkpoint)
+            if used > cost.device_memory * (1 + _MEMORY_SLACK):
+                raise PlanError(
+                    f"{where}: sequences {mb.seq_ids[:8]}{'...' if len(mb.seq_ids) > 8 else ''} "
+                    f"({sum(lengths)} tokens) need {used / 1e9:.2f} GB per device at SP degree "
+                    f"{degree} and checkpoint {mb.checkpoint:.2f}; the device has "
+                    f"{cost.device_memory / 1e9:.2f} GB")
+
+    # --- plain data ---------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "planner": self.planner, "tokens": self.tokens, "lockstep": self.lockstep,
+            "lengths": self.lengths, "info": self.info,
+            "waves": [[{"start": g.start, "degree": g.degree,
+                        "micro_batches": [{"seq_ids": list(mb.seq_ids), "checkpoint": mb.checkpoint}
+                                          for mb in g.micro_batches]}
+                       for g in wave.groups] for wave in self.waves],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Plan:
+        try:
+            waves = [Wave([Group(int(g["start"]), int(g["degree"]),
+                                 [MicroBatch([int(i) for i in mb["seq_ids"]], float(mb["checkpoint"]))
+                                  for mb in g["micro_batches"]])
+                           for g in wave]) for wave in data["waves"]]
+            return cls(list(data["lengths"]), waves, int(data["tokens"]), bool(data["lockstep"]),
+                       str(data.get("planner", "")), dict(data.get("info", {})))
+        except (KeyError, TypeError) as e:
+            raise PlanError(f"malformed plan data: missing or wrong field {e}") from e
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        return cls.from_dict(json.loads(text))
+
+    def table(self, max_rows: int = 40) -> str:
+        """A compact text table: one row per busy group of every wave."""
+        head = (f"plan by {self.planner or '?'}: {len(self.lengths)} sequences, {self.tokens} tokens, "
+                f"{len(self.waves)} wave(s){', lockstep' if self.lockstep else ''}")
+        rows = [f"{'wave':>4} {'ranks':>9} {'deg':>4} {'mbs':>4} {'seqs':>5} {'tokens':>9} {'ckpt':>5}  longest"]
+        for w, wave in enumerate(self.waves):
+            for g in wave.groups:
+                busy = [mb for mb in g.micro_batches if mb.seq_ids]
+                if not busy:
+                    continue
+                lengths = [self.lengths[i] for mb in busy for i in mb.seq_ids]
+                ckpt = sum(mb.checkpoint for mb in busy) / len(busy)
+                rows.append(f"{w:>4} {f'{g.start}-{g.start + g.degree - 1}':>9} {g.degree:>4} "
+                            f"{len(g.micro_batches):>4} {len(lengths):>5} {sum(lengths):>9} {ckpt:>5.2f}  "
+                            f"{max(lengths)}")
+        if len(rows) > max_rows + 1:
+            rows = rows[:max_rows + 1] + [f"... {len(rows) - 1 - max_rows} more groups"]
+        return "\n".join([head, *rows])
+
+
+def fill_idle(groups: Sequence[Group], world_size: int) -> list[Group]:
+    """The wave's groups plus idle single-rank groups on every rank no group covers."""
+    covered = [False] * world_size
+    for g in groups:
+        for r in g.ranks:
+            covered[r] = True
+    idle = [Group(r, 1) for r in range(world_size) if not covered[r]]
+    return sorted([*groups, *idle], key=lambda g: g.start)
