@@ -1,0 +1,74 @@
+"""Plan and simulate the same batches under several planners: `ballast simulate`'s engine."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .cluster import Cluster
+from .cost import CostModel
+from .plan import Plan
+from .planners import PlannerOptions, get_planner
+from .simulate import StepMetrics, simulate
+
+
+@dataclass
+class PlannerResult:
+    """Means over the steps of one planner's simulated metrics."""
+
+    name: str
+    step_time_s: list[float] = field(default_factory=list)
+    tokens_per_s: list[float] = field(default_factory=list)
+    idle_fraction: list[float] = field(default_factory=list)
+    vs_lower_bound: list[float] = field(default_factory=list)
+    plan_ms: list[float] = field(default_factory=list)
+    waves: list[int] = field(default_factory=list)
+    first_plan: Plan | None = None
+    info: list[dict] = field(default_factory=list)
+
+    def add(self, plan: Plan, metrics: StepMetrics, plan_seconds: float) -> None:
+        if self.first_plan is None:
+            self.first_plan = plan
+        self.step_time_s.append(metrics.step_time)
+        self.tokens_per_s.append(metrics.tokens_per_s)
+        self.idle_fraction.append(metrics.idle_fraction)
+        self.vs_lower_bound.append(metrics.vs_lower_bound)
+        self.plan_ms.append(plan_seconds * 1e3)
+        self.waves.append(len(plan.waves))
+        self.info.append(plan.info)
+
+    def summary(self) -> dict:
+        keys = ("step_time_s", "tokens_per_s", "idle_fraction", "vs_lower_bound", "plan_ms", "waves")
+        out = {k: float(np.mean(getattr(self, k))) for k in keys}
+        out["plan_ms_max"] = float(np.max(self.plan_ms))
+        out["vs_lower_bound_max"] = float(np.max(self.vs_lower_bound))
+        # Total tokens over total time: the throughput a run of these steps would see.
+        out["tokens_per_s"] = float(np.sum(np.array(self.tokens_per_s) * np.array(self.step_time_s))
+                                    / np.sum(self.step_time_s))
+        gaps = [i["mip_gap"] for i in self.info if "mip_gap" in i]
+        if gaps:
+            out["mip_gap"] = float(np.mean(gaps))
+        return out
+
+
+def compare(batches: Sequence[list[int]], planners: Sequence[str], cluster: Cluster, cost: CostModel,
+            options: PlannerOptions, on_step: Callable[[str, int], None] | None = None
+            ) -> tuple[list[float], dict[str, PlannerResult]]:
+    """Lower bound per batch, and each planner's results on the same batches (validated plans)."""
+    lower = [cost.lower_bound(b) for b in batches]
+    results = {}
+    for name in planners:
+        planner = get_planner(name, cluster, cost, options)
+        result = PlannerResult(name)
+        for k, batch in enumerate(batches):
+            begin = time.perf_counter()
+            plan = planner.plan(batch)
+            elapsed = time.perf_counter() - begin
+            plan.validate(cluster, cost)
+            result.add(plan, simulate(plan, cost, cluster.world_size), elapsed)
+            if on_step:
+                on_step(name, k)
+        results[name] = result
+    return lower, results

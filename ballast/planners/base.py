@@ -1,0 +1,71 @@
+"""The planner interface: a Planner turns the lengths of one global batch into a Plan."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+from ..cluster import Cluster
+from ..cost import CostModel
+from ..plan import Plan
+
+
+@dataclass
+class PlannerOptions:
+    """Settings shared by all planners; each planner reads the ones it understands."""
+
+    max_len: int | None = None
+    """Longest sequence the run allows; fixed-layout planners size their SP degree for it.
+    None: the longest sequence of each batch."""
+    degree: int | None = None
+    """Force the SP degree of fixed-degree planners (`static`, `bucket`)."""
+    seed: int = 0
+    """Seed of randomised planners (Hydraulis' shuffles)."""
+    time_limit: float = 10.0
+    """Wall-clock seconds per MILP solve (`flexsp`)."""
+    buckets: int = 16
+    """Length buckets of FlexSP's DP bucketing."""
+    dcp_mode: str = "both"
+    """`inter`, `intra` or `both`: which of DCP's two optimisations `dcp` applies."""
+    remap: bool = True
+    """`zeppelin`: model the remapping layer that balances linear-module tokens over a wave."""
+    lockstep: bool = False
+    """Emit lockstep plans (FSDP/ZeRO-3): equal micro-batch counts per group in every wave.
+    Planners that are lockstep by nature (`static`, `batch-adaptive`, `bucket`) always are."""
+
+
+class Planner(ABC):
+    """Plans one step at a time; may keep state across steps (saved with checkpoints)."""
+
+    name: ClassVar[str]
+
+    def __init__(self, cluster: Cluster, cost: CostModel, options: PlannerOptions | None = None):
+        if cost.world_size != cluster.world_size:
+            raise ValueError(f"cost model made for {cost.world_size} devices, cluster {cluster.name!r} "
+                             f"has {cluster.world_size}")
+        self.cluster = cluster
+        self.cost = cost
+        self.options = options or PlannerOptions()
+
+    def plan(self, lengths: Sequence[int]) -> Plan:
+        """The plan of one step for a batch with these sequence lengths."""
+        lengths = [int(s) for s in lengths]
+        if not lengths:
+            raise ValueError("cannot plan an empty batch")
+        if min(lengths) < 1:
+            raise ValueError(f"sequence {lengths.index(min(lengths))} has length {min(lengths)} < 1")
+        self.cost.check_fits(lengths)
+        plan = self._plan(lengths)
+        plan.planner = self.name
+        return plan
+
+    @abstractmethod
+    def _plan(self, lengths: list[int]) -> Plan:
+        """Plan a non-empty batch whose every sequence fits some degree."""
+
+    def state_dict(self) -> dict:
+        """Planner state to checkpoint (most planners are stateless)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        del state

@@ -1,0 +1,26 @@
+"""`batch-adaptive`: FlexSP's BatchAda baseline, the best single SP degree chosen per step.
+
+For every degree that holds the batch's longest sequence it builds `static`'s plan (with the
+least checkpoint level that fits that sequence) and keeps the fastest under the cost model.
+"""
+from __future__ import annotations
+
+from ..plan import Plan
+from ..simulate import step_time
+from . import register
+from .base import Planner
+from .static import fixed_layout_plan
+
+
+@register
+class BatchAdaptivePlanner(Planner):
+    name = "batch-adaptive"
+
+    def _plan(self, lengths: list[int]) -> Plan:
+        longest = max(lengths)
+        candidates = []
+        for degree in self.cost.degrees:
+            checkpoint = self.cost.min_checkpoint(longest, degree)
+            if checkpoint is not None:
+                candidates.append(fixed_layout_plan(lengths, degree, checkpoint, self))
+        return min(candidates, key=lambda p: step_time(p, self.cost))

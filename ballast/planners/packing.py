@@ -1,0 +1,86 @@
+"""Packing helpers shared by planners: sequences into micro-batches, micro-batches onto groups."""
+from __future__ import annotations
+
+import bisect
+import heapq
+from typing import Sequence
+
+from ..cost import CostModel
+from ..plan import Group, MicroBatch, Wave, fill_idle
+
+
+def best_fit_decreasing(seq_ids: Sequence[int], lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Bins of sequence ids, each holding at most `capacity` tokens, by best-fit decreasing."""
+    order = sorted(seq_ids, key=lambda i: -lengths[i])
+    bins: list[list[int]] = []
+    # free_keys is sorted (free tokens, bin index): the best fit is the first bin with enough room.
+    free_keys: list[tuple[int, int]] = []
+    for i in order:
+        s = lengths[i]
+        assert s <= capacity, f"sequence {i} of {s} tokens exceeds the bin capacity {capacity}"
+        pos = bisect.bisect_left(free_keys, (s, -1))
+        if pos < len(free_keys):
+            free, b = free_keys.pop(pos)
+        else:
+            free, b = capacity, len(bins)
+            bins.append([])
+        bins[b].append(i)
+        bisect.insort(free_keys, (free - s, b))
+    return bins
+
+
+def micro_batch(seq_ids: list[int], lengths: Sequence[int], degree: int, cost: CostModel,
+                checkpoint: float | None = None) -> MicroBatch:
+    """A micro-batch at the given checkpoint level, or the least level at which it fits."""
+    if checkpoint is None:
+        checkpoint = cost.min_checkpoint(sum(lengths[i] for i in seq_ids), degree)
+        assert checkpoint is not None, f"micro-batch {seq_ids} does not fit at degree {degree}"
+    return MicroBatch(list(seq_ids), checkpoint)
+
+
+def mb_time(mb: MicroBatch, lengths: Sequence[int], degree: int, cost: CostModel) -> float:
+    sq = sum(lengths[i] ** 2 for i in mb.seq_ids)
+    s = sum(lengths[i] for i in mb.seq_ids)
+    return cost.time_from_sums(sq, s, degree, mb.checkpoint)
+
+
+def longest_processing_time(times: Sequence[float], bins: int) -> list[list[int]]:
+    """Indices of `times` spread over `bins` by LPT: longest first onto the least-loaded bin."""
+    heap = [(0.0, b) for b in range(bins)]
+    out: list[list[int]] = [[] for _ in range(bins)]
+    for i in sorted(range(len(times)), key=lambda i: -times[i]):
+        load, b = heapq.heappop(heap)
+        out[b].append(i)
+        heapq.heappush(heap, (load + times[i], b))
+    return out
+
+
+def deal_by_time(micro_batches: list[MicroBatch], lengths: Sequence[int], degree: int,
+                 cost: CostModel, groups: int) -> list[list[MicroBatch]]:
+    """Micro-batches spread over `groups` equal groups by LPT on their time."""
+    times = [mb_time(mb, lengths, degree, cost) for mb in micro_batches]
+    return [[micro_batches[i] for i in idx] for idx in longest_processing_time(times, groups)]
+
+
+def lockstep_wave(per_group: list[list[MicroBatch]], lengths: Sequence[int], degree: int,
+                  cost: CostModel, world_size: int) -> Wave:
+    """One lockstep wave: group g (ranks g*degree...) runs per_group[g], padded to equal counts.
+
+    Each group's micro-batches run longest first, so that under the per-index
+    synchronisation of lockstep the slow ones line up instead of waiting on each other.
+    """
+    depth = max(len(mbs) for mbs in per_group)
+    groups = []
+    for g, mbs in enumerate(per_group):
+        mbs = sorted(mbs, key=lambda mb: -mb_time(mb, lengths, degree, cost))
+        groups.append(Group(g * degree, degree, mbs + [MicroBatch([], 0.0) for _ in range(depth - len(mbs))]))
+    return Wave(fill_idle(groups, world_size))
+
+
+def fixed_checkpoint(cost: CostModel, max_len: int, degree: int) -> float:
+    """The least checkpoint level, set once for a run, at which `max_len` tokens fit `degree`."""
+    level = cost.min_checkpoint(max_len, degree)
+    if level is None:
+        raise ValueError(f"a {max_len}-token sequence does not fit SP degree {degree} even with full "
+                         f"checkpointing (at most {cost.max_tokens(degree, 1.0)} tokens)")
+    return level

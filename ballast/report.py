@@ -1,0 +1,71 @@
+"""Tables and plots of simulated or measured steps."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+from rich.table import Table
+
+from .cost import CostModel
+from .plan import Plan
+from .simulate import simulate
+
+
+def planner_table(title: str, summaries: Mapping[str, dict], lower_bound_s: float,
+                  baseline: str = "static") -> Table:
+    """One row per planner, fastest first; speed-up relative to `baseline` when it ran."""
+    table = Table(title=title)
+    for col in ("planner", "step s", "tokens/s", f"vs {baseline}", "idle", "x LB", "plan ms", "waves"):
+        table.add_column(col, justify="left" if col == "planner" else "right")
+    base = summaries.get(baseline, {}).get("tokens_per_s")
+    for name, s in sorted(summaries.items(), key=lambda kv: -kv[1]["tokens_per_s"]):
+        table.add_row(name, f"{s['step_time_s']:.3f}", f"{s['tokens_per_s']:,.0f}",
+                      f"{s['tokens_per_s'] / base:.2f}x" if base else "-",
+                      f"{s['idle_fraction']:.1%}", f"{s['vs_lower_bound']:.3f}",
+                      f"{s['plan_ms']:.1f}", f"{s['waves']:.1f}")
+    table.caption = f"lower bound {lower_bound_s:.3f} s per step (mean)"
+    return table
+
+
+def gantt(plans: Mapping[str, Plan], cost: CostModel, world_size: int, path: str | Path) -> None:
+    """One panel per plan: ranks on the y axis, micro-batches as boxes coloured by SP degree.
+
+    The hatched tail of a box is its all-to-all time; empty lockstep fillers are grey.
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    cmap = plt.get_cmap("viridis")
+    degrees = [1 << i for i in range(world_size.bit_length())]
+    colour = {d: cmap(i / max(1, len(degrees) - 1)) for i, d in enumerate(degrees)}
+    fig, axes = plt.subplots(len(plans), 1, figsize=(12, 1.0 + 2.4 * len(plans)),
+                             squeeze=False, sharex=True)
+    for ax, (name, plan) in zip(axes[:, 0], plans.items()):
+        metrics = simulate(plan, cost, world_size, timeline=True)
+        for seg in metrics.segments:
+            wave = plan.waves[seg.wave]
+            group = next(g for g in wave.groups if g.start == seg.start_rank)
+            empty = not group.micro_batches[seg.micro_batch].seq_ids
+            face = "lightgrey" if empty else colour[seg.degree]
+            ax.broken_barh([(seg.begin, seg.compute)], (seg.start_rank, seg.degree), facecolors=face,
+                           edgecolors="white", linewidth=0.4)
+            if seg.comm > 0:
+                ax.broken_barh([(seg.begin + seg.compute, seg.comm)], (seg.start_rank, seg.degree),
+                               facecolors=face, edgecolors="black", hatch="///", linewidth=0.2)
+        clock = 0.0
+        for wave_time in metrics.wave_times[:-1]:
+            clock += wave_time
+            ax.axvline(clock, color="red", linewidth=0.6, linestyle="--")
+        ax.set_ylim(world_size, 0)
+        ax.set_ylabel("rank")
+        ax.set_title(f"{name}: step {metrics.step_time:.2f} s, idle {metrics.idle_fraction:.0%}, "
+                     f"{metrics.vs_lower_bound:.2f}x lower bound", fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("seconds")
+    used = sorted({d for p in plans.values() for d in p.degrees_used()})
+    fig.legend(handles=[Patch(color=colour[d], label=f"SP degree {d}") for d in used],
+               loc="upper right", fontsize=8, ncol=len(used))
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,83 @@
+"""Plan and simulate steps of a length source on a cluster and model, every planner side by side."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+
+from .cluster import get_cluster
+from .compare import compare
+from .cost import get_cost_model
+from .lengths import BatchSampler, BatchSpec, get_length_source
+from .planners import PlannerOptions, parse_planner_names
+from .report import gantt, planner_table
+from .shapes import get_model_shape
+
+HELP = "plan and simulate steps under several planners; print a table, write JSON"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--lengths", default="wikipedia",
+                   help="wikipedia | stdlib | file:PATH | lognormal:MU,SIGMA | zipf:ALPHA,MIN,MAX | video")
+    p.add_argument("--cluster", default="a100-64", help="a100-64 | h100-32 | h200-32 | cpu | FILE.toml/json")
+    p.add_argument("--world", type=int, default=None, help="world size (required to match; sizes the cpu preset)")
+    p.add_argument("--device-memory-gb", type=float, default=None, help="usable memory per device (cpu preset)")
+    p.add_argument("--model", default="gpt-7b", help="gpt-7b | gpt-13b | gpt-30b | llama3-8b | tiny | FILE.json")
+    p.add_argument("--cost", default="auto",
+                   help="auto | analytic | published | PROFILE.json (auto: published where FlexSP measured it)")
+    p.add_argument("--max-len", type=int, default=393216, help="longest sequence a plan must hold")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--batch", type=int, default=None, help="sequences per step")
+    size.add_argument("--tokens-per-step", type=int, default=None, help="token budget per step")
+    p.add_argument("--overlong", choices=("split", "drop", "error"), default="split",
+                   help="what to do with sequences longer than --max-len")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--planners", default="all", help="comma-separated planner names, or all")
+    p.add_argument("--degree", type=int, default=None, help="force the SP degree of static and bucket")
+    p.add_argument("--time-limit", type=float, default=10.0, help="seconds per MILP solve (flexsp)")
+    p.add_argument("--dcp-mode", choices=("inter", "intra", "both"), default="both")
+    p.add_argument("--json", dest="json_out", default=None, help="write the results here")
+    p.add_argument("--gantt", default=None, help="write a Gantt chart (PNG) of the first step")
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console()
+    cluster = get_cluster(args.cluster, args.world, args.device_memory_gb)
+    shape = get_model_shape(args.model)
+    cost = get_cost_model(args.cost, shape, cluster)
+    names = parse_planner_names(args.planners)
+    if args.batch is None and args.tokens_per_step is None:
+        args.batch = 512
+    spec = BatchSpec(batch=args.batch, tokens_per_step=args.tokens_per_step, max_len=args.max_len,
+                     overlong=args.overlong)
+    sampler = BatchSampler(get_length_source(args.lengths), spec, seed=args.seed)
+    batches = [sampler.next_batch() for _ in range(args.steps)]
+    options = PlannerOptions(max_len=args.max_len, degree=args.degree, seed=args.seed,
+                             time_limit=args.time_limit, dcp_mode=args.dcp_mode)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("planning", total=len(names) * len(batches))
+        lower, results = compare(batches, names, cluster, cost, options,
+                                 on_step=lambda name, k: progress.update(task, advance=1,
+                                                                         description=f"planning: {name}"))
+    lower_mean = sum(lower) / len(lower)
+    summaries = {name: r.summary() for name, r in results.items()}
+    setting = {"lengths": args.lengths, "cluster": cluster.name, "world_size": cluster.world_size,
+               "model": shape.name, "cost": cost.source, "max_len": args.max_len, "batch": args.batch,
+               "tokens_per_step": args.tokens_per_step, "overlong": args.overlong, "seed": args.seed,
+               "data": sampler.report(), "mean_tokens_per_step": sum(map(sum, batches)) / len(batches)}
+    title = (f"{args.lengths} on {cluster.name} ({cluster.world_size} devices), {shape.name}, "
+             f"{cost.source} cost, {args.steps} steps")
+    console.print(planner_table(title, summaries, lower_mean))
+    console.print(f"data: {sampler.report()}")
+    if args.json_out:
+        out = {"setting": setting, "steps": args.steps, "lower_bound_s": lower_mean, "planners": summaries}
+        Path(args.json_out).write_text(json.dumps(out, indent=2))
+        console.print(f"wrote {args.json_out}")
+    if args.gantt:
+        gantt({n: r.first_plan for n, r in results.items()}, cost, cluster.world_size, args.gantt)
+        console.print(f"wrote {args.gantt}")
+    return 0
