@@ -1,0 +1,352 @@
+"""Length sources (real corpora, files, synthetic) and the batches `ballast simulate` plans.
+
+Planners only ever see sequence lengths, so a corpus is reduced to a `LengthSource`: iid draws
+of token counts. `get_length_source(spec)` parses the `--lengths` flag:
+
+  wikipedia            1M real lengths, shipped as a log-binned histogram (the raw file is not
+                       redistributed; `file:` reads it where a user has it)
+  stdlib               the Python standard library's .py files on this machine (real code)
+  file:PATH            one positive integer per line
+  lognormal:MU,SIGMA   max(1, round(exp(N(MU, SIGMA))))
+  zipf:ALPHA,MIN,MAX   P(s) ~ s^-ALPHA on the integers MIN..MAX
+  video                DCP's synthetic any-size video: resolution x frames buckets, Zipf weights
+
+`BatchSampler` turns a source into per-step batches and applies the `max_len` policy.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import json
+import math
+import os
+import sysconfig
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Literal
+
+import numpy as np
+
+SYNTAX = ("wikipedia | stdlib | video | file:PATH | lognormal:MU,SIGMA | zipf:ALPHA,MIN,MAX "
+          "(e.g. lognormal:6,1.5 or zipf:1.2,64,32768)")
+
+
+class LengthSource(ABC):
+    """A distribution of sequence lengths in tokens; `name` is its canonical spec, for reports."""
+
+    name: str
+
+    @abstractmethod
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """`n` iid lengths (int64, each >= 1) drawn with `rng`, so a seed fixes the stream."""
+
+
+class DiscreteSource(LengthSource):
+    """Draws from a finite list of lengths, uniformly or with the given weights."""
+
+    def __init__(self, name: str, values: np.ndarray, weights: np.ndarray | None = None) -> None:
+        self.name = name
+        self.values = np.asarray(values, dtype=np.int64)
+        self.p = None if weights is None else np.asarray(weights, float) / np.sum(weights)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.choice(self.values, size=n, p=self.p)
+
+
+class HistogramSource(LengthSource):
+    """Draws a bin [lo, hi) by count, then a length log-uniformly inside it.
+
+    Log-uniform rather than uniform because length densities fall roughly as a power law, so
+    inside a bin short lengths are likelier than long ones.
+    """
+
+    def __init__(self, name: str, lo: np.ndarray, hi: np.ndarray, counts: np.ndarray) -> None:
+        self.name = name
+        self.lo, self.hi = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
+        self.cdf = np.cumsum(counts, dtype=float) / np.sum(counts)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        # The clamp guards cdf[-1] rounding to just below 1.
+        k = np.minimum(np.searchsorted(self.cdf, rng.random(n), side="right"), self.cdf.size - 1)
+        lo, hi = self.lo[k], self.hi[k]
+        x = np.floor(lo * np.exp(rng.random(n) * np.log(hi / lo))).astype(np.int64)
+        return np.minimum(x, hi - 1)  # float rounding must not leave the bin
+
+
+class LognormalSource(LengthSource):
+    def __init__(self, mu: float, sigma: float) -> None:
+        self.name, self.mu, self.sigma = f"lognormal:{mu:g},{sigma:g}", mu, sigma
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        # exp overflows to inf for extreme parameters; cap so the int64 cast stays defined.
+        x = np.minimum(np.exp(rng.normal(self.mu, self.sigma, n)), 2.0**53)
+        return np.maximum(1, np.rint(x)).astype(np.int64)
+
+
+class ZipfSource(LengthSource):
+    """Exact bounded Zipf by rejection-inversion (Hörmann & Derflinger 1996).
+
+    Inverting the continuous power law and flooring is cheaper to write but biased for small
+    lengths (P(1)/P(2) comes out 3 instead of 4 at ALPHA=2); rejection-inversion is exact, O(1)
+    per draw and accepts most proposals.
+    """
+
+    def __init__(self, alpha: float, lo: int, hi: int) -> None:
+        self.name, self.alpha, self.lo, self.hi = f"zipf:{alpha:g},{lo},{hi}", alpha, lo, hi
+        self.u_lo = float(self._H(lo + 0.5)) - lo ** -alpha
+        self.u_hi = float(self._H(hi + 0.5))
+
+    def _H(self, x: np.ndarray | float) -> np.ndarray:
+        """Integral of t^-alpha from 1 to x, stable at alpha = 1."""
+        lx = np.log(x)
+        t = (1 - self.alpha) * lx
+        small = np.abs(t) < 1e-8
+        return np.where(small, 1 + t / 2, np.expm1(t) / np.where(small, 1, t)) * lx
+
+    def _H_inv(self, u: np.ndarray) -> np.ndarray:
+        t = np.maximum(u * (1 - self.alpha), -1 + 1e-12)
+        small = np.abs(t) < 1e-8
+        return np.exp(np.where(small, 1 - t / 2, np.log1p(t) / np.where(small, 1, t)) * u)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        out, todo = np.empty(n, np.int64), np.arange(n)
+        while todo.size:
+            u = self.u_lo + rng.random(todo.size) * (self.u_hi - self.u_lo)
+            x = self._H_inv(u)
+            k = np.clip(np.floor(x + 0.5), self.lo, self.hi)
+            ok = u >= self._H(k + 0.5) - k ** -self.alpha
+            out[todo[ok]] = k[ok]
+            todo = todo[~ok]
+        return out
+
+
+# DCP's any-size video workload (Open-Sora's 16:9 buckets). A latent frame is 17/5 video
+# frames (Open-Sora 1.2's VAE) and a token is a 16x16 pixel patch (8x VAE, 2x2 patchify), so a
+# bucket holds round(frames*5/17) * ceil(H/16) * ceil(W/16) tokens. Buckets are ranked by
+# tokens and weighted 1/rank (Zipf exponent 1, our choice): short low-resolution clips are the
+# most common, long high-resolution ones a heavy tail (up to 489600 tokens at 1080p x 204).
+VIDEO_RESOLUTIONS = {"144p": (144, 256), "240p": (240, 426), "360p": (360, 640),
+                     "480p": (480, 854), "720p": (720, 1280), "1080p": (1080, 1920)}
+VIDEO_FRAMES = (16, 34, 51, 68, 102, 136, 204)
+
+
+def video_tokens(height: int, width: int, frames: int) -> int:
+    """Tokens of one clip: latent frames x H/16 x W/16 patches."""
+    return max(1, round(frames * 5 / 17)) * math.ceil(height / 16) * math.ceil(width / 16)
+
+
+def video_source() -> DiscreteSource:
+    tokens = np.sort([video_tokens(h, w, f) for h, w in VIDEO_RESOLUTIONS.values()
+                      for f in VIDEO_FRAMES])
+    return DiscreteSource("video", tokens, 1.0 / np.arange(1, tokens.size + 1))
+
+
+@functools.cache
+def wikipedia_source() -> HistogramSource:
+    """The shipped histogram of data/lengths/wikipedia.txt (tools/make_wikipedia_hist.py)."""
+    text = (importlib.resources.files("ballast") / "data" / "wikipedia_hist.json").read_text()
+    lo, hi, counts = np.array(json.loads(text)["bins"], dtype=np.int64).T
+    return HistogramSource("wikipedia", lo, hi, counts)
+
+
+# Third-party packages are not the stdlib, and test suites are left out because distributions
+# ship them or not (Debian splits them off), which would make the corpus machine-dependent.
+STDLIB_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test"})
+
+
+@functools.cache
+def stdlib_source() -> DiscreteSource:
+    """Token counts of the standard library's .py files, under the byte-level tokenizer.
+
+    Byte-level (one token per UTF-8 byte) is the trainer's default tokenizer too, so a file's
+    token count is its size in bytes. Empty files (bare `__init__.py`) are not sequences.
+    """
+    root = sysconfig.get_paths()["stdlib"]
+    sizes = []
+    for folder, subdirs, files in os.walk(root):
+        subdirs[:] = [d for d in subdirs if d not in STDLIB_EXCLUDED_DIRS]  # prune, don't scan
+        sizes += [os.path.getsize(os.path.join(folder, f)) for f in files if f.endswith(".py")]
+    sizes = [s for s in sizes if s > 0]
+    if not sizes:
+        raise ValueError(f"stdlib: no non-empty .py files under {root}")
+    return DiscreteSource("stdlib", np.array(sizes))
+
+
+def file_source(path: str) -> DiscreteSource:
+    """Lengths from a text file, one positive integer per line.
+
+    Blank lines (and surrounding whitespace) are ignored, so trailing newlines and hand-edited
+    files work; anything else that is not a positive integer is an error naming the line.
+    """
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as e:
+        raise ValueError(f"file:{path}: cannot read length file ({e.strerror or e})") from e
+    lengths = []
+    for number, line in enumerate(lines, start=1):
+        if not (text := line.strip()):
+            continue
+        if not (text.isascii() and text.isdigit()) or int(text) < 1:
+            raise ValueError(f"file:{path} line {number}: expected a positive integer length, "
+                             f"got {text[:40]!r}")
+        lengths.append(int(text))
+    if not lengths:
+        raise ValueError(f"file:{path}: no lengths in file (expected one positive integer per line)")
+    return DiscreteSource(f"file:{path}", np.array(lengths))
+
+
+def _numbers(spec: str, args: str, syntax: str, count: int) -> list[float]:
+    parts = args.split(",")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if len(parts) != count or len(values) != count or not all(map(math.isfinite, values)):
+        raise ValueError(f"length source {spec!r}: expected {syntax}")
+    return values
+
+
+def get_length_source(spec: str) -> LengthSource:
+    """Parse a `--lengths` spec; a malformed one is a ValueError stating the expected syntax."""
+    name, colon, args = spec.partition(":")
+    fixed = {"wikipedia": wikipedia_source, "stdlib": stdlib_source, "video": video_source}
+    if name in fixed and not colon:
+        return fixed[name]()
+    if name == "file" and args:
+        return file_source(args)
+    if name == "lognormal":
+        syntax = "lognormal:MU,SIGMA with SIGMA >= 0, e.g. lognormal:6,1.5"
+        mu, sigma = _numbers(spec, args, syntax, 2)
+        if sigma < 0:
+            raise ValueError(f"length source {spec!r}: expected {syntax}")
+        return LognormalSource(mu, sigma)
+    if name == "zipf":
+        syntax = "zipf:ALPHA,MIN,MAX with ALPHA >= 0 and integers 1 <= MIN <= MAX, e.g. zipf:1.2,64,32768"
+        alpha, lo, hi = _numbers(spec, args, syntax, 3)
+        if alpha < 0 or not lo.is_integer() or not hi.is_integer() or not 1 <= lo <= hi:
+            raise ValueError(f"length source {spec!r}: expected {syntax}")
+        return ZipfSource(alpha, int(lo), int(hi))
+    raise ValueError(f"unknown length source {spec!r}: expected {SYNTAX}")
+
+
+Overlong = Literal["split", "drop", "error"]
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """How a step's batch is cut from the length stream; exactly one of batch/tokens_per_step."""
+
+    batch: int | None = None
+    """N documents per step: N draws that survive the overlong policy. Under "split" the
+    chunks of a document stay in its step, so a step may hold more than N sequences (the
+    step still trains on N documents, which is what a batch size means to a user)."""
+    tokens_per_step: int | None = None
+    """Token budget: the longest prefix of the (split or filtered) sequence stream whose tokens
+    fit the budget, at least one sequence; the next sequence starts the next step. Chunks of a
+    split document may straddle steps. With budget >= max_len every step fits the budget."""
+    max_len: int = 393216
+    """Longest sequence a plan must hold; longer draws go through `overlong`."""
+    overlong: Overlong = "split"
+    """"split": chunks of max_len plus the remainder; "drop": discard the draw (as a corpus
+    filter would); "error": ValueError naming the length and the limit."""
+
+    def __post_init__(self) -> None:
+        if (self.batch is None) == (self.tokens_per_step is None):
+            raise ValueError("BatchSpec: give exactly one of batch (sequences per step) "
+                             "or tokens_per_step (token budget per step)")
+        for field in ("batch", "tokens_per_step", "max_len"):
+            value = getattr(self, field)
+            if value is not None and (type(value) is not int or value < 1):
+                raise ValueError(f"BatchSpec: {field} must be a positive integer, got {value!r}")
+        if self.overlong not in ("split", "drop", "error"):
+            raise ValueError(f"BatchSpec: overlong must be 'split', 'drop' or 'error', "
+                             f"got {self.overlong!r}")
+
+
+class BatchSampler:
+    """Endless, seeded stream of batches (lists of lengths) from a source under a BatchSpec.
+
+    Counters (drawn_*, split_*, dropped_*) cover the draws consumed so far, so `report()` can
+    tell how much of the corpus the overlong policy touched.
+    """
+
+    DRAW_BLOCK = 1024
+    """Draws fetched from the source at once (vectorised sampling); part of the seeded stream."""
+    MAX_DROPS_IN_A_ROW = 10_000
+    """Under "drop", this many consecutive overlong draws means max_len excludes (nearly) the
+    whole source: a configuration error, not something to loop on forever."""
+
+    def __init__(self, source: LengthSource, spec: BatchSpec, seed: int) -> None:
+        self.source, self.spec = source, spec
+        self._rng = np.random.default_rng(seed)
+        self._draws: deque[int] = deque()
+        self._pending: deque[int] = deque()  # sequences of a document not yet batched
+        self.drawn_sequences = self.drawn_tokens = 0
+        self.split_sequences = self.split_chunks = self.split_tokens = 0
+        self.dropped_sequences = self.dropped_tokens = 0
+
+    def _draw(self) -> int:
+        if not self._draws:
+            self._draws.extend(self.source.sample(self._rng, self.DRAW_BLOCK).tolist())
+        length = self._draws.popleft()
+        self.drawn_sequences += 1
+        self.drawn_tokens += length
+        return length
+
+    def _next_document(self) -> list[int]:
+        """The next draw as sequences that fit max_len: itself, its chunks, or (drop) the next."""
+        limit = self.spec.max_len
+        for _ in range(self.MAX_DROPS_IN_A_ROW):
+            length = self._draw()
+            if length <= limit:
+                return [length]
+            if self.spec.overlong == "error":
+                raise ValueError(f"{self.source.name}: sequence of {length} tokens is longer than "
+                                 f"max_len={limit} (overlong='error'; use 'split' or 'drop')")
+            if self.spec.overlong == "split":
+                full, rest = divmod(length, limit)
+                chunks = [limit] * full + ([rest] if rest else [])
+                self.split_sequences += 1
+                self.split_chunks += len(chunks)
+                self.split_tokens += length
+                return chunks
+            self.dropped_sequences += 1
+            self.dropped_tokens += length
+        raise ValueError(f"{self.source.name}: {self.MAX_DROPS_IN_A_ROW} draws in a row were longer than "
+                         f"max_len={limit} and dropped; raise max_len or use overlong='split'")
+
+    def next_batch(self) -> list[int]:
+        if self.spec.batch is not None:
+            return [s for _ in range(self.spec.batch) for s in self._next_document()]
+        budget, batch, total = self.spec.tokens_per_step, [], 0
+        while True:
+            if not self._pending:
+                self._pending.extend(self._next_document())
+            if batch and total + self._pending[0] > budget:
+                return batch
+            total += self._pending[0]
+            batch.append(self._pending.popleft())
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self
+
+    def __next__(self) -> list[int]:
+        return self.next_batch()
+
+    def report(self) -> str:
+        """One line on what the overlong policy did, for `ballast simulate`'s output."""
+        def seqs(n: int) -> str:
+            return f"{n} sequence{'s' * (n != 1)}"
+
+        limit, share = self.spec.max_len, 100 / max(1, self.drawn_tokens)
+        if self.split_sequences:
+            return (f"split {seqs(self.split_sequences)} longer than {limit} tokens into "
+                    f"{self.split_chunks} chunks ({self.split_tokens} tokens, "
+                    f"{self.split_tokens * share:.2f}% of {self.drawn_tokens} drawn)")
+        if self.dropped_sequences:
+            return (f"dropped {seqs(self.dropped_sequences)} longer than {limit} tokens "
+                    f"({self.dropped_tokens} tokens, {self.dropped_tokens * share:.2f}% of "
+                    f"{self.drawn_tokens} drawn)")
+        return f"no sequence longer than {limit} tokens among {seqs(self.drawn_sequences)} drawn"
