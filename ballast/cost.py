@@ -174,21 +174,61 @@ class CostModel:
         return out
 
     def lower_bound(self, lengths: Sequence[int]) -> float:
-        """No plan's step time can be below this.
+        """No plan's step time can be below this: the least T that passes three bounds.
 
-        max(sum_k min_d d time(s_k, d) / N + g, max_k min_d (time(s_k, d) + g)). DESIGN.md writes
-        g inside every time(s_k, d); we count it once in the first term, because sequences
-        packed into one micro-batch share it, and the bound must hold for packed plans too:
-        busy ranks B <= N each pay at least one g, so makespan >= (work + B g) / B >= work/N + g.
+        longest: max_k min_d time(s_k, d) + g -- a sequence is never faster than alone.
+        area:    sum_k min_d d time(s_k, d) / N + g -- DESIGN.md's bound, with g counted once
+                 because sequences packed into one micro-batch share it (busy ranks B <= N each
+                 pay at least one g, so makespan >= (work + B g) / B >= work / N + g).
+        memory:  the area bound without its per-sequence checkpointing, plus the least
+                 overhead that memory forces on a rank that holds x tokens per device.
+                 A micro-batch of y tokens per device recomputes at least (y - cap) / (1 - k)
+                 of them (cap = what fits without checkpointing), each costing r b, or the
+                 rank splits its tokens over more micro-batches, each costing g. Relaxing the
+                 micro-batch count to a real number, the least overhead is
+                 F(x) = g + (x - cap)+ min(r b / (1 - k), g / cap), convex and increasing, so
+                 by Jensen the busiest rank pays at least F(total tokens / N).
+        In a plan of makespan T a sequence runs at a degree where it alone takes at most T, so
+        the minima above may range over those degrees only. Both sides then depend on T: the
+        bound is the least T with T >= max(longest, area(T), memory(T)), found by bisection
+        (the right side never grows with T). DESIGN.md's plain area term ignores memory and
+        this coupling; with FlexSP's published g they are worth 5-10% of a step.
         """
         if len(lengths) == 0:
             return 0.0
         self.check_fits(lengths)
+        s = np.asarray(lengths, dtype=np.float64)
+        n = self.world_size
         times = self.sequence_times(lengths)
         degrees = np.asarray(self.degrees, dtype=np.float64)[:, None]
-        area = float(np.min(times * degrees, axis=0).sum()) / self.world_size + self.g
+        area_at = times * degrees
+        comm_area = np.zeros_like(times)
+        for i, d in enumerate(self.degrees[1:], start=1):
+            comm_area[i] = self.bytes_per_token * s / self.bandwidth[d]
+        memory_at = np.where(np.isfinite(times), self.a * s * s + self.b * s + comm_area, np.inf)
+        cap = (self.device_memory - self.states) / self.act_per_token
+        slope = min(self.recompute * self.b / (1.0 - self.kept), self.g / cap)
+        overhead = self.g + max(0.0, float(s.sum()) / n - cap) * slope
         longest = float(np.min(times, axis=0).max()) + self.g
-        return max(area, longest)
+
+        def bound(target: float) -> float:
+            allowed = times + self.g <= target
+            area = float(np.min(np.where(allowed, area_at, np.inf), axis=0).sum()) / n + self.g
+            memory = float(np.min(np.where(allowed, memory_at, np.inf), axis=0).sum()) / n + overhead
+            return max(longest, area, memory)
+
+        low = bound(math.inf)
+        high = bound(low)
+        if high <= low:
+            return low
+        # Below `low` no T passes; `high` passes (the right side only falls as T grows).
+        while high - low > 1e-6 * high:
+            mid = 0.5 * (low + high)
+            if bound(mid) <= mid:
+                high = mid
+            else:
+                low = mid
+        return low
 
     # --- construction and JSON -----------------------------------------------------------------
     @classmethod

@@ -42,5 +42,8 @@ def make_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, planner
 
 # Registration order is the order of `--planners all` and of reports: baselines first.
 from . import static, batch_adaptive, bucket, megatron  # noqa: E402,F401
+from . import ballast  # noqa: E402,F401
 
 __all__ = ["PLANNERS", "Planner", "PlannerOptions", "get_planner", "make_plan", "parse_planner_names", "register"]
+from . import dcp  # noqa: E402,F401
+from . import hydraulis  # noqa: E402,F401

@@ -34,7 +34,8 @@ class MegatronDynamicCPPlanner(Planner):
             need = 1 << max(0, math.ceil(s / per_rank) - 1).bit_length()
             # A size the heads cannot be sharded over rounds up to the next one they can.
             degree_of[i] = next(d for d in cost.degrees if d >= need)
-        work = {i: cost.time([lengths[i]], degree_of[i], checkpoint) for i in degree_of}
+        # Workload without g: sequences packed into one micro-batch share its fixed cost.
+        work = {i: cost.time([lengths[i]], degree_of[i], checkpoint) - cost.g for i in degree_of}
         target = max(sum(work[i] * degree_of[i] for i in work) / world, max(work.values()))
         pending = sorted(work, key=lambda i: -work[i])
         waves = []

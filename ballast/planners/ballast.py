@@ -1,0 +1,367 @@
+"""`ballast`: ballast's own planner. Degree, placement, accumulation and checkpointing, jointly.
+
+A wave lasts as long as its slowest group; a group's time is the sum of its micro-batches.
+Inside a group, compute and all-to-all time do not depend on how the sequences are packed:
+only the fixed cost g per micro-batch and the recomputation of checkpointed layers do, and
+memory decides between them. The planner therefore sees a group's time as
+
+    est = sum_s (a s^2 + b s) / d + comm(tokens, d) + F(tokens / d)
+    F(x) = g + (x - cap)+ min(r rho / (1 - k), g / cap)
+
+where cap is what fits a device without checkpointing and rho the group's compute per token:
+beyond cap a group either recomputes (r rho per token, at the least level that fits) or
+opens another micro-batch (g), whichever is cheaper. The same F makes the cost model's lower
+bound tight. For a makespan target T the planner builds a wave in four moves:
+
+1. **Degree per sequence.** Each sequence takes the degree of least area (devices x seconds)
+   among those that finish it alone within T, so short sequences stay at degree 1 and a
+   sequence grows its degree only as far as T demands: Zeppelin's crossovers, per step.
+2. **Groups in proportion to work.** Each degree class gets ranks in proportion to its area
+   (whole groups, at least one per non-empty class, spare ranks to the most loaded class);
+   blocks are laid out largest first, so every block is aligned and stays inside a node
+   unless its degree is wider. Groups of different degrees share the wave (FlexSP), each
+   with its own accumulation count (DCP-inter).
+3. **Earliest-finish assignment, then local search.** Longest first, each sequence goes to
+   the group whose `est` grows least (Hydraulis balances replicas by quadratic time; here the
+   memory overhead is in the balance too); then sequences move off the slowest group while
+   that shortens the wave.
+4. **Micro-batches and checkpoint levels.** Each group tries every micro-batch count from
+   the fewest memory allows up to the count at which nothing is checkpointed, packs its
+   sequences token-balanced, gives each micro-batch the least checkpoint level that fits
+   (DCP-intra, per micro-batch), and keeps the fastest count.
+
+Targets T from the lower bound up to "least area everywhere" are all tried; the two best
+estimated waves are packed exactly and the faster kept. A sequence so long that it needs
+most of the cluster is also tried in a wave of its own ahead of the rest. Every candidate is
+a valid plan and the fastest under the cost model wins.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+
+from ..plan import Group, MicroBatch, Plan, Wave, fill_idle
+from ..simulate import step_time
+from . import register
+from .base import Planner
+
+# Makespan targets tried, as multiples of the batch's lower bound; inf = least area everywhere.
+TARGETS = (0.15, 0.25, 0.35, 0.5, 0.65, 0.8, 0.9, 1.0, 1.05, 1.12, 1.2, 1.35, 1.6, 2.0, 3.0, math.inf)
+# Candidate waves packed exactly (the rest are judged by their estimate).
+EXACT_CANDIDATES = 2
+# Micro-batch counts tried per group beyond the fewest that memory allows.
+EXTRA_MICRO_BATCHES = 8
+# Exact-repair moves per candidate wave (a count, not a clock, so plans are reproducible),
+# and receivers each move tries.
+REPAIR_MOVES = 24
+REPAIR_RECEIVERS = 4
+# Local-search moves per group, so planning time stays linear in the cluster size.
+MOVES_PER_GROUP = 2
+
+
+class _Loads:
+    """Estimated times of a wave's groups, updated in O(groups) per added sequence."""
+
+    def __init__(self, planner: BallastPlanner, degrees: np.ndarray):
+        cost = planner.cost
+        self.cost, self.deg = cost, degrees.astype(np.float64)
+        self.comm_per_token = np.array([0.0 if d == 1 else cost.bytes_per_token / (d * cost.bandwidth[d])
+                                        for d in degrees])
+        self.cap = (cost.device_memory - cost.states) / cost.act_per_token
+        self.quad = np.zeros(len(degrees))    # sum of a s^2 + b s
+        self.tokens = np.zeros(len(degrees))
+
+    def estimate(self, quad: np.ndarray, tokens: np.ndarray, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
+        cost, deg = self.cost, self.deg[rows]
+        per_token = np.divide(quad, tokens, out=np.zeros_like(quad), where=tokens > 0)
+        slope = np.minimum(cost.recompute * per_token / (1.0 - cost.kept), cost.g / self.cap)
+        over = cost.g + np.maximum(0.0, tokens / deg - self.cap) * slope
+        t = quad / deg + tokens * self.comm_per_token[rows] + over
+        return np.where(tokens > 0, t, 0.0)
+
+    def one(self, j: int) -> float:
+        """estimate() of group j alone, in scalar arithmetic (the heap phase calls it per sequence)."""
+        quad, tokens, deg, cost = float(self.quad[j]), float(self.tokens[j]), float(self.deg[j]), self.cost
+        if tokens <= 0:
+            return 0.0
+        slope = min(cost.recompute * quad / tokens / (1.0 - cost.kept), cost.g / self.cap)
+        over = cost.g + max(0.0, tokens / deg - self.cap) * slope
+        return quad / deg + tokens * float(self.comm_per_token[j]) + over
+
+    def current(self) -> np.ndarray:
+        return self.estimate(self.quad, self.tokens)
+
+    def with_added(self, q: float, s: float) -> np.ndarray:
+        return self.estimate(self.quad + q, self.tokens + s)
+
+    def move(self, j: int, q: float, s: float) -> None:
+        self.quad[j] += q
+        self.tokens[j] += s
+
+
+@register
+class BallastPlanner(Planner):
+    name = "ballast"
+
+    def _plan(self, lengths: list[int]) -> Plan:
+        self._lengths = np.asarray(lengths, dtype=np.int64)
+        s = self._lengths.astype(np.float64)
+        self._length_list = [int(x) for x in lengths]
+        self._quad = self.cost.a * s * s + self.cost.b * s
+        self._deg = np.asarray(self.cost.degrees)
+        self._row = {int(d): i for i, d in enumerate(self._deg)}
+        # [degree index, sequence]: alone at that degree, least checkpointing, without g.
+        self._work = self.cost.sequence_times(lengths)
+        order = np.argsort(-np.min(self._work, axis=0), kind="stable")
+        best: tuple[float, list[Wave]] | None = None
+        for head in self._head_sizes(order):
+            waves = self._waves(order[:head]) + self._waves(order[head:])
+            t = step_time(Plan(lengths, waves), self.cost)
+            if best is None or t < best[0]:
+                best = (t, waves)
+        plan = Plan(lengths, best[1], info={"waves": len(best[1])})
+        if self.options.lockstep:
+            _pad_lockstep(plan)
+        return plan
+
+    # --- candidates ---------------------------------------------------------------------------
+    def _head_sizes(self, order: np.ndarray) -> list[int]:
+        """How many of the longest sequences to try in a wave of their own (0 = none)."""
+        fastest = np.min(self._work, axis=0)
+        area = np.min(self._work * self._deg[:, None], axis=0).sum() / self.cluster.world_size
+        # Only worth a wave when the k-th longest alone takes a large part of the step.
+        return [0] + [k for k in (1, 2, 4, 8) if k < len(order) and fastest[order[k - 1]] > 0.25 * area]
+
+    def _waves(self, ids: np.ndarray) -> list[Wave]:
+        """The best single wave for `ids`, or, if none holds them all, the longest alone first."""
+        if len(ids) == 0:
+            return []
+        wave = self._best_wave(ids)
+        if wave is not None:
+            return [wave]
+        assert len(ids) > 1, "a single sequence that fits some degree always makes a wave"
+        return self._waves(ids[:1]) + self._waves(ids[1:])
+
+    def _best_wave(self, ids: np.ndarray) -> Wave | None:
+        lower = self.cost.lower_bound(self._lengths[ids].tolist())
+        candidates, seen = [], set()
+        for factor in TARGETS:
+            # Narrow the widest degree until every class gets ranks: a sequence that would
+            # take the whole cluster at its best degree then runs slower beside the others.
+            width, layout = self.cluster.world_size, None
+            while width >= 1 and layout is None:
+                choice = self._degrees(ids, lower * factor, width)
+                layout = None if choice is None else self._allocate(ids, choice)
+                width //= 2
+            if layout is None or (key := (choice.tobytes(), tuple(layout))) in seen:
+                continue
+            seen.add(key)
+            candidates.append(self._assign(ids, layout))
+        if not candidates:
+            return None
+        candidates.sort(key=lambda c: c[0].current().max())
+        best: tuple[float, list[Group]] | None = None
+        for loads, layout, members in candidates[:EXACT_CANDIDATES]:
+            self._improve(loads, members, np.searchsorted(self._deg, layout))
+            groups, start = [], 0
+            for d, seqs in zip(layout, members):
+                groups.append(Group(start, d, self._pack(seqs, d)))
+                start += d
+            times = [self._mbs_time(g.micro_batches, g.degree) for g in groups]
+            for _ in range(REPAIR_MOVES):
+                if not self._repair(groups, times):
+                    break
+            if best is None or max(times) < best[0]:
+                best = (max(times), groups)
+        return Wave(fill_idle([g for g in best[1] if g.micro_batches], self.cluster.world_size))
+
+    # --- one candidate wave -------------------------------------------------------------------
+    def _degrees(self, ids: np.ndarray, target: float, width: int) -> np.ndarray | None:
+        """Degree index per sequence: least area within `target`, degrees <= `width`."""
+        deg = self._deg
+        work = np.where((deg <= width)[:, None], self._work[:, ids], np.inf)
+        if not np.isfinite(work).any(axis=0).all():
+            return None
+        area = work * deg[:, None]
+        within = work + self.cost.g <= target
+        choice = np.argmin(np.where(within, area, np.inf), axis=0)
+        alone = ~within.any(axis=0)
+        choice[alone] = np.argmin(work[:, alone], axis=0)
+        return choice
+
+    def _assign(self, ids: np.ndarray, layout: list[int]) -> tuple[_Loads, list[int], list[list[int]]]:
+        """Longest first, each sequence to the group whose estimated time grows least.
+
+        The longest sequences, one per group, are placed by comparing every group; the many
+        short ones after them go to the group of least estimated time (LPT), in O(log groups)
+        each, which keeps planning linear for thousands of sequences.
+        """
+        rows = np.searchsorted(self._deg, layout)
+        loads = _Loads(self, np.asarray(layout))
+        members: list[list[int]] = [[] for _ in layout]
+        head = min(len(ids), len(layout))
+        for s in ids[:head]:  # `ids` come longest first
+            fits = np.isfinite(self._work[rows, s])
+            grown = np.where(fits, loads.with_added(self._quad[s], self._lengths[s]), np.inf)
+            j = int(np.argmin(grown))
+            assert fits[j], f"sequence {s} fits no group of the layout"
+            loads.move(j, self._quad[s], self._lengths[s])
+            members[j].append(int(s))
+        times = loads.current()
+        heap = [(times[j], j) for j in range(len(layout))]
+        heapq.heapify(heap)
+        for s in ids[head:]:
+            skipped = []
+            while not np.isfinite(self._work[rows[heap[0][1]], s]):
+                skipped.append(heapq.heappop(heap))
+            _, j = heapq.heappop(heap)
+            loads.move(j, self._quad[s], self._lengths[s])
+            members[j].append(int(s))
+            heapq.heappush(heap, (loads.one(j), j))
+            for item in skipped:
+                heapq.heappush(heap, item)
+        return loads, layout, members
+
+    def _allocate(self, ids: np.ndarray, choice: np.ndarray) -> list[int] | None:
+        """Degrees of the wave's groups, largest first; None if the classes cannot all fit."""
+        n, deg = self.cluster.world_size, self._deg
+        areas = self._work[choice, ids] * deg[choice]
+        class_area = np.bincount(choice, weights=areas, minlength=len(deg))
+        members = np.bincount(choice, minlength=len(deg))
+        per_rank = class_area.sum() / n
+        groups = np.zeros(len(deg), dtype=np.int64)
+        for i in np.nonzero(members)[0]:
+            ideal = class_area[i] / (per_rank * deg[i]) if per_rank > 0 else 1
+            groups[i] = min(members[i], max(1, int(ideal)))
+        # Rounding small classes up to one group can overflow: take groups back from the
+        # class whose groups stay least loaded without one.
+        while (groups * deg).sum() > n:
+            shrinkable = [i for i in np.nonzero(groups > 1)[0]]
+            if not shrinkable:
+                return None
+            i = min(shrinkable, key=lambda i: class_area[i] / (groups[i] - 1))
+            groups[i] -= 1
+        spare = n - int((groups * deg).sum())
+        # Spare ranks go, a group at a time, to the class whose groups are most loaded.
+        heap = [(-class_area[i] / groups[i], i) for i in np.nonzero(groups)[0]]
+        heapq.heapify(heap)
+        while heap and spare:
+            _, i = heapq.heappop(heap)
+            if deg[i] > spare or groups[i] >= members[i]:
+                continue
+            groups[i] += 1
+            spare -= deg[i]
+            heapq.heappush(heap, (-class_area[i] / groups[i], i))
+        return [int(deg[i]) for i in reversed(range(len(deg))) for _ in range(groups[i])]
+
+    def _improve(self, loads: _Loads, members: list[list[int]], rows: np.ndarray) -> None:
+        """Move the sequence off the slowest group that shortens the wave most, while one does."""
+        for _ in range(MOVES_PER_GROUP * len(members)):
+            times = loads.current()
+            slow = int(np.argmax(times))
+            best = (times[slow], -1, -1)
+            for s in members[slow]:
+                q, n = self._quad[s], self._lengths[s]
+                left = loads.estimate(loads.quad[slow:slow + 1] - q, loads.tokens[slow:slow + 1] - n,
+                                      slice(slow, slow + 1))[0]
+                grown = np.where(np.isfinite(self._work[rows, s]), loads.with_added(q, n), np.inf)
+                grown[slow] = np.inf
+                j = int(np.argmin(grown))
+                after = max(left, grown[j])
+                if after < best[0] - 1e-12:
+                    best = (after, s, j)
+            if best[1] < 0:
+                return
+            _, s, j = best
+            members[slow].remove(s)
+            members[j].append(s)
+            loads.move(slow, -self._quad[s], -self._lengths[s])
+            loads.move(j, self._quad[s], self._lengths[s])
+
+    def _repair(self, groups: list[Group], times: list[float]) -> bool:
+        """Move one sequence off the slowest group, judged by exact packed times; False if none helps."""
+        slow = int(np.argmax(times))
+        donor = groups[slow]
+        seqs = [s for mb in donor.micro_batches for s in mb.seq_ids]
+        receivers = sorted((j for j in range(len(groups)) if j != slow), key=lambda j: times[j])[:REPAIR_RECEIVERS]
+        for s in sorted(seqs, key=lambda s: -self._lengths[s]):
+            left = None
+            for j in receivers:
+                if not np.isfinite(self._work[self._row[groups[j].degree], s]):
+                    continue
+                mine = [x for mb in groups[j].micro_batches for x in mb.seq_ids] + [s]
+                mbs = self._pack(mine, groups[j].degree)
+                t = self._mbs_time(mbs, groups[j].degree)
+                if t >= times[slow]:
+                    continue
+                if left is None:
+                    rest = [x for x in seqs if x != s]
+                    left_mbs = self._pack(rest, donor.degree)
+                    left = self._mbs_time(left_mbs, donor.degree)
+                if left < times[slow]:
+                    groups[j].micro_batches, times[j] = mbs, t
+                    donor.micro_batches, times[slow] = left_mbs, left
+                    return True
+        return False
+
+    # --- inside a group -----------------------------------------------------------------------
+    def _pack(self, seqs: list[int], degree: int) -> list[MicroBatch]:
+        """The micro-batch count and checkpoint levels of least time for these sequences."""
+        if not seqs:
+            return []
+        lengths = self._length_list
+        seqs = sorted(seqs, key=lambda s: -lengths[s])
+        tokens = sum(lengths[s] for s in seqs)
+        fewest = max(1, math.ceil(tokens / self.cost.max_tokens(degree, 1.0)))
+        no_ckpt = max(fewest, math.ceil(tokens / self.cost.max_tokens(degree, 0.0)))
+        best: tuple[float, list[MicroBatch]] | None = None
+        for m in range(fewest, min(no_ckpt, fewest + EXTRA_MICRO_BATCHES, len(seqs)) + 1):
+            mbs = self._micro_batches(seqs, degree, m)
+            if mbs is None:
+                continue
+            t = self._mbs_time(mbs, degree)
+            if best is None or t < best[0]:
+                best = (t, mbs)
+            if all(mb.checkpoint == 0.0 for mb in mbs):
+                break  # more micro-batches only add g
+        if best is None:
+            # One sequence per micro-batch always fits: the last resort if balancing cannot.
+            mbs = self._micro_batches(seqs, degree, len(seqs))
+            assert mbs is not None, f"sequences {seqs[:5]} fit no packing at degree {degree}"
+            return mbs
+        return best[1]
+
+    def _micro_batches(self, longest_first: list[int], degree: int, count: int) -> list[MicroBatch] | None:
+        """`count` token-balanced micro-batches (LPT on tokens) at their least checkpoint levels."""
+        lengths = self._length_list
+        heap = [(0, b) for b in range(count)]
+        bins: list[list[int]] = [[] for _ in range(count)]
+        for s in longest_first:
+            load, b = heapq.heappop(heap)
+            bins[b].append(s)
+            heapq.heappush(heap, (load + lengths[s], b))
+        mbs = []
+        for load, b in sorted(heap, key=lambda item: item[1]):
+            if bins[b]:
+                level = self.cost.min_checkpoint(load, degree)
+                if level is None:
+                    return None
+                mbs.append(MicroBatch(bins[b], level))
+        return mbs
+
+    def _mbs_time(self, mbs: list[MicroBatch], degree: int) -> float:
+        lengths, time_from_sums = self._length_list, self.cost.time_from_sums
+        return sum(time_from_sums(sum(lengths[s] * lengths[s] for s in mb.seq_ids),
+                                  sum(lengths[s] for s in mb.seq_ids), degree, mb.checkpoint)
+                   for mb in mbs)
+
+
+def _pad_lockstep(plan: Plan) -> None:
+    """Give every group of a wave the same micro-batch count with empty fillers (FSDP)."""
+    plan.lockstep = True
+    for wave in plan.waves:
+        depth = max(len(g.micro_batches) for g in wave.groups)
+        for g in wave.groups:
+            g.micro_batches += [MicroBatch([], 0.0) for _ in range(depth - len(g.micro_batches))]
