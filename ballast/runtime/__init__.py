@@ -1,0 +1,11 @@
+"""Executes plans for real with torch.distributed: cached groups, Ulysses attention, the step loop."""
+from .attention import StreamShard, parallelize, sequence_parallel_attention, shard_sizes
+from .executor import (Executor, MicroBatchRecord, StepResult, WaveTiming, broadcast_plan,
+                       make_optimizer)
+from .groups import ProcessGroups
+from .launch import init_distributed, run_local
+from .memory import ActivationMeter
+
+__all__ = ["ActivationMeter", "Executor", "MicroBatchRecord", "ProcessGroups", "StepResult",
+           "StreamShard", "WaveTiming", "broadcast_plan", "init_distributed", "make_optimizer",
+           "parallelize", "run_local", "sequence_parallel_attention", "shard_sizes"]

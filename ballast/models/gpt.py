@@ -1,0 +1,168 @@
+"""A Llama-style decoder over a packed token stream.
+
+RMSNorm, rotary positions that restart at every sequence, SwiGLU (or GELU) MLP and
+grouped-query attention, sized by a `ballast.shapes.ModelShape`. The model sees one token
+stream of sequences packed end to end (`PackedStream`): no batch dimension, no padding.
+
+Parallel code stays out of the model (torchtitan style): every `Attention` calls its
+`attend` attribute, a callable `(q, k, v, stream) -> out`; the default attends over the
+tokens this process holds, and `ballast.runtime.parallelize` swaps in the sequence-parallel
+one. The stream object is passed through untouched, so the runtime may hand the model a
+subclass that also says how the stream is sharded over a process group.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ..shapes import ModelShape
+from .kernels import varlen_causal_attention
+
+ROPE_THETA = 10000.0
+NORM_EPS = 1e-5
+INIT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class PackedStream:
+    """Sequences packed one after another into one token stream."""
+
+    bounds: tuple[int, ...]
+    """cu_seqlens of the whole stream as Python ints: (0, s1, s1 + s2, ..., tokens)."""
+    positions: Tensor
+    """Rotary position of every token this process holds; 0 at the start of each sequence."""
+
+    @classmethod
+    def from_lengths(cls, lengths: Sequence[int], device: torch.device | str | None = None) -> PackedStream:
+        """The whole stream of sequences of these lengths, held by one process."""
+        return cls(tuple(itertools.accumulate(lengths, initial=0)), sequence_positions(lengths, device))
+
+
+def sequence_positions(lengths: Sequence[int], device: torch.device | str | None = None) -> Tensor:
+    """0..s-1 for every sequence length s, concatenated."""
+    counts = torch.tensor(list(lengths), dtype=torch.long)
+    starts = torch.cumsum(counts, 0) - counts
+    total = int(counts.sum())
+    return (torch.arange(total) - torch.repeat_interleave(starts, counts)).to(device)
+
+
+AttentionFn = Callable[[Tensor, Tensor, Tensor, PackedStream], Tensor]
+
+
+def local_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedStream) -> Tensor:
+    """Attention when this process holds the whole stream."""
+    return varlen_causal_attention(q, k, v, stream.bounds)
+
+
+def apply_rotary(x: Tensor, positions: Tensor) -> Tensor:
+    """Rotate pairs (i, i + head_dim/2) of x [tokens, heads, head_dim] by position * frequency."""
+    half = x.shape[-1] // 2
+    freqs = ROPE_THETA ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angles = positions.to(torch.float32)[:, None] * freqs[None, :]
+    cos, sin = angles.cos()[:, None, :].to(x.dtype), angles.sin()[:, None, :].to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + NORM_EPS) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
+        self.wq = nn.Linear(shape.hidden, shape.heads * shape.head_dim, bias=False)
+        self.wk = nn.Linear(shape.hidden, shape.kv_dim, bias=False)
+        self.wv = nn.Linear(shape.hidden, shape.kv_dim, bias=False)
+        self.wo = nn.Linear(shape.heads * shape.head_dim, shape.hidden, bias=False)
+        self.attend: AttentionFn = local_attention
+        """Swapped by `ballast.runtime.parallelize` for the sequence-parallel attention."""
+
+    def forward(self, x: Tensor, stream: PackedStream) -> Tensor:
+        n = x.shape[0]
+        q = apply_rotary(self.wq(x).view(n, self.heads, self.head_dim), stream.positions)
+        k = apply_rotary(self.wk(x).view(n, self.kv_heads, self.head_dim), stream.positions)
+        v = self.wv(x).view(n, self.kv_heads, self.head_dim)
+        return self.wo(self.attend(q, k, v, stream).reshape(n, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU (w2(silu(w1 x) * w3 x)) when the shape is gated, else w2(gelu(w1 x))."""
+
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.w1 = nn.Linear(shape.hidden, shape.ffn, bias=False)
+        self.w2 = nn.Linear(shape.ffn, shape.hidden, bias=False)
+        self.w3 = nn.Linear(shape.hidden, shape.ffn, bias=False) if shape.gated_mlp else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.w3 is None:
+            return self.w2(F.gelu(self.w1(x)))
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.attention_norm = RMSNorm(shape.hidden)
+        self.attention = Attention(shape)
+        self.mlp_norm = RMSNorm(shape.hidden)
+        self.mlp = MLP(shape)
+
+    def forward(self, x: Tensor, stream: PackedStream) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), stream)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class GPT(nn.Module):
+    """Decoder: token embedding, `shape.layers` blocks, final norm, untied output layer."""
+
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.shape = shape
+        self.embedding = nn.Embedding(shape.vocab, shape.hidden)
+        self.layers = nn.ModuleList(Block(shape) for _ in range(shape.layers))
+        self.norm = RMSNorm(shape.hidden)
+        self.output = nn.Linear(shape.hidden, shape.vocab, bias=False)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=INIT_STD)
+
+    def forward(self, tokens: Tensor, stream: PackedStream, checkpoint_layers: int = 0) -> Tensor:
+        """Logits [tokens, vocab] of the tokens this process holds.
+
+        tokens: [n] token ids, one per entry of `stream.positions`. The first
+        `checkpoint_layers` blocks keep only their input and recompute the rest in backward
+        (non-reentrant `torch.utils.checkpoint`).
+        """
+        if tokens.dim() != 1 or tokens.shape[0] != stream.positions.shape[0]:
+            raise ValueError(f"tokens of shape {tuple(tokens.shape)} do not match the stream's "
+                             f"{stream.positions.shape[0]} positions")
+        if not 0 <= checkpoint_layers <= len(self.layers):
+            raise ValueError(f"checkpoint_layers {checkpoint_layers} is outside 0..{len(self.layers)}")
+        x = self.embedding(tokens)
+        for i, layer in enumerate(self.layers):
+            if i < checkpoint_layers:
+                x = checkpoint(layer, x, stream, use_reentrant=False)
+            else:
+                x = layer(x, stream)
+        return self.output(self.norm(x))
+
+
+def build_gpt(shape: ModelShape, seed: int = 0) -> GPT:
+    """A GPT with weights that depend only on `seed` (every rank builds the same model)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return GPT(shape)

@@ -1,0 +1,180 @@
+"""Ulysses sequence-parallel attention over a packed stream of variable-length sequences.
+
+A micro-batch's packed stream of n tokens is split contiguously over the d ranks of its group,
+as evenly as possible (shard sizes differ by at most one token; `StreamShard`). Everything but
+attention is per token, so each rank runs it on its shard alone. Attention needs whole
+sequences, so it re-shards by heads:
+
+    q, k, v  [n_r, heads, hd] per rank  --all-to-all-->  [n, heads/d, hd] per rank
+    causal attention per sequence over the whole stream (for heads/d heads)
+    out      [n, heads/d, hd] per rank  --all-to-all-->  [n_r, heads, hd] per rank
+
+All-to-alls need equal pieces, so every shard is padded to the longest one (ceil(n/d) rows)
+inside the layer; after the exchange the pad rows are dropped before attention, and re-inserted
+as zeros (then dropped again) on the way back. Users never pad.
+
+Rotary positions are applied before the exchange, on the shard, from the global
+per-sequence positions that `StreamShard.positions` holds for the shard's tokens.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.distributed import ProcessGroup
+
+from ..models.gpt import Attention, PackedStream
+from ..models.kernels import varlen_causal_attention
+
+
+def shard_sizes(tokens: int, degree: int) -> tuple[int, ...]:
+    """Contiguous shard sizes of a stream of `tokens` over `degree` ranks: the first
+    tokens % degree ranks hold one token more."""
+    return tuple(tokens // degree + (i < tokens % degree) for i in range(degree))
+
+
+@dataclass(frozen=True)
+class StreamShard(PackedStream):
+    """This rank's contiguous slice of a packed stream that a process group shares.
+
+    `positions` holds the rotary positions of this rank's tokens only; `bounds` describes the
+    whole stream.
+    """
+
+    group: ProcessGroup | None
+    """The group that shares the stream; None when one rank holds all of it."""
+    degree: int
+    """Ranks in the group (the SP degree)."""
+    index: int
+    """This rank's place in the group (its shard is the index-th)."""
+
+    @classmethod
+    def create(cls, lengths: list[int], group: ProcessGroup | None, degree: int, index: int,
+               device: torch.device | str | None = None) -> StreamShard:
+        """The index-th shard of the stream of sequences of these lengths."""
+        assert 0 <= index < degree, (index, degree)
+        whole = PackedStream.from_lengths(lengths, device)
+        sizes = shard_sizes(whole.bounds[-1], degree)
+        start = sum(sizes[:index])
+        return cls(whole.bounds, whole.positions[start:start + sizes[index]], group, degree, index)
+
+    @functools.cached_property
+    def sizes(self) -> tuple[int, ...]:
+        return shard_sizes(self.bounds[-1], self.degree)
+
+    @property
+    def local(self) -> slice:
+        """Where this rank's tokens sit in the whole stream."""
+        start = sum(self.sizes[:self.index])
+        return slice(start, start + self.sizes[self.index])
+
+    @property
+    def chunk(self) -> int:
+        """Rows of every rank's all-to-all piece: the longest shard."""
+        return self.sizes[0]
+
+    @functools.cached_property
+    def real_rows(self) -> Tensor | None:
+        """Rows of the gathered [degree * chunk] layout that hold tokens (not pad); None: all."""
+        if self.bounds[-1] % self.degree == 0:
+            return None
+        return torch.cat([torch.arange(i * self.chunk, i * self.chunk + s) for i, s in enumerate(self.sizes)]
+                         ).to(self.positions.device)
+
+
+def _seq_to_head(x: Tensor, shard: StreamShard) -> Tensor:
+    """[n_r, H, hd] on each rank (its tokens, all heads) -> [n, H/d, hd] (all tokens, its heads)."""
+    d, chunk = shard.degree, shard.chunk
+    rows, heads, head_dim = x.shape
+    padded = F.pad(x, (0, 0, 0, 0, 0, chunk - rows))
+    # Piece j (sent to rank j) is this rank's tokens for rank j's heads.
+    send = padded.view(chunk, d, heads // d, head_dim).transpose(0, 1).contiguous()
+    received = torch.empty_like(send)
+    dist.all_to_all_single(received, send, group=shard.group)
+    # Piece i came from rank i: its (padded) shard, in stream order.
+    gathered = received.view(d * chunk, heads // d, head_dim)
+    return gathered if shard.real_rows is None else gathered.index_select(0, shard.real_rows)
+
+
+def _head_to_seq(y: Tensor, shard: StreamShard) -> Tensor:
+    """The inverse (and adjoint) of `_seq_to_head`: [n, H/d, hd] -> [n_r, H, hd]."""
+    d, chunk = shard.degree, shard.chunk
+    _, heads_here, head_dim = y.shape
+    if shard.real_rows is not None:
+        y = y.new_zeros(d * chunk, heads_here, head_dim).index_copy_(0, shard.real_rows, y)
+    send = y.reshape(d, chunk, heads_here, head_dim).contiguous()
+    received = torch.empty_like(send)
+    dist.all_to_all_single(received, send, group=shard.group)
+    # Piece j holds this rank's tokens for rank j's heads: put the heads back in order.
+    return received.transpose(0, 1).reshape(chunk, d * heads_here, head_dim)[:shard.sizes[shard.index]]
+
+
+class SeqToHead(torch.autograd.Function):
+    """Forward: one all-to-all, sequence-sharded -> head-sharded.
+    Backward: one all-to-all of the gradient, head-sharded -> sequence-sharded."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, shard: StreamShard) -> Tensor:
+        ctx.shard = shard
+        return _seq_to_head(x, shard)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        return _head_to_seq(grad.contiguous(), ctx.shard), None
+
+
+class HeadToSeq(torch.autograd.Function):
+    """Forward: one all-to-all, head-sharded -> sequence-sharded.
+    Backward: one all-to-all of the gradient, sequence-sharded -> head-sharded."""
+
+    @staticmethod
+    def forward(ctx, y: Tensor, shard: StreamShard) -> Tensor:
+        ctx.shard = shard
+        return _head_to_seq(y, shard)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        return _seq_to_head(grad.contiguous(), ctx.shard), None
+
+
+def sequence_parallel_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedStream) -> Tensor:
+    """Causal per-sequence attention of a stream sharded over `stream.group` (Ulysses).
+
+    Communication per call, for a group of degree d > 1:
+      forward:  one all-to-all of q, k and v together (sequence- to head-sharded) and one of the
+                output (head- to sequence-sharded);
+      backward: one all-to-all of the output's gradient (sequence- to head-sharded) and one of
+                the gradients of q, k and v together (head- to sequence-sharded).
+    A checkpointed layer repeats the two forward all-to-alls when it is recomputed in backward.
+    A stream one process holds whole (degree 1, or a plain `PackedStream`) needs none.
+    """
+    if not isinstance(stream, StreamShard) or stream.degree == 1:
+        return varlen_causal_attention(q, k, v, stream.bounds)
+    d, heads, kv_heads = stream.degree, q.shape[1], k.shape[1]
+    if heads % d or kv_heads % d:
+        # Raised on every rank of the group alike, before any communication: nobody waits.
+        raise ValueError(f"SP degree {d} must divide the attention heads ({heads}) and the kv heads "
+                         f"({kv_heads}) to shard them over {d} ranks")
+    rows, head_dim = q.shape[0], q.shape[2]
+    assert rows == stream.sizes[stream.index], (rows, stream.sizes, stream.index)
+    # One exchange for q, k and v: rank j's piece is [q heads of j | k heads of j | v heads of j].
+    qkv = torch.cat([t.reshape(rows, d, t.shape[1] // d, head_dim) for t in (q, k, v)], dim=2)
+    qkv = SeqToHead.apply(qkv.reshape(rows, heads + 2 * kv_heads, head_dim), stream)
+    q, k, v = qkv.split([heads // d, kv_heads // d, kv_heads // d], dim=1)
+    return HeadToSeq.apply(varlen_causal_attention(q, k, v, stream.bounds), stream)
+
+
+def parallelize(model: nn.Module) -> nn.Module:
+    """Make every attention layer of `model` sequence-parallel (in place; returns the model).
+
+    Streams the model receives must then be `StreamShard`s for sharded execution; a plain
+    `PackedStream` still runs on one process, so a parallelized model stays usable alone.
+    """
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.attend = sequence_parallel_attention
+    return model

@@ -1,0 +1,213 @@
+"""Run a `ballast.plan.Plan` for one optimizer step on every rank with torch.distributed.
+
+Which plan: rank 0 plans and `broadcast_plan` sends the plan to every rank. Letting every
+rank plan for itself would need bit-for-bit deterministic planners, which ballast does not
+demand: FlexSP's MILP stops at a wall-clock time limit, Hydraulis shuffles at random, and a
+float tie may break differently. Ranks holding different plans would not fail: they would
+wait in mismatched collectives until the timeout. A plan is a few KB, so one small
+broadcast per step is cheap, and only rank 0 spends CPU on planning (it can plan one step
+ahead while the others train).
+
+One step (`Executor.step`):
+  - for every wave, this rank's group (`Plan.group_of`) runs its micro-batches one after
+    another. A micro-batch's packed stream is split contiguously over the group's ranks
+    (`StreamShard`); each rank runs forward and backward on its shard, with the plan's
+    checkpoint level (the first round(checkpoint * layers) blocks are recomputed), and its
+    loss is the sum of the per-token losses of its shard divided by `Plan.tokens`;
+  - a wave ends with a barrier of the world (the plan's semantics: the next wave may regroup
+    ranks), which also measures how long this rank waited for the wave's slowest group;
+  - gradients accumulate locally and are all-reduced (SUM over the world) once, then AdamW.
+
+Why a plain SUM over the world is the full-batch gradient: the step's loss is
+L = sum over micro-batches m, ranks r of m's group of L_{m,r}, with L_{m,r} the summed token
+losses of r's shard / Plan.tokens. Backward of L_{m,r} on rank r reaches the other ranks of
+the group through the adjoint all-to-alls, so after every rank of the group has run backward,
+the gradient rank r holds for a parameter is d(sum_r' L_{m,r'})/d(its uses on rank r): the
+uses of a parameter are partitioned over the ranks (each applies it to its own tokens; no
+parameter is applied in the head-sharded part), and summing over ranks adds up all uses.
+This holds alike for parameters every rank replicates (norms, embedding, output layer).
+A rank idle in a wave, or holding an empty shard, contributes zero. So sum over ranks and
+micro-batches = dL/dparam, whatever the plan.
+
+Empty micro-batches (`seq_ids == []`, the padding of lockstep plans) run nothing here: with
+replicated parameters no collective needs them. Under FSDP/ZeRO-3 they would still have to
+run a forward (on a dummy token) so that their rank joins the parameter all-gathers.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from ..cluster import Cluster
+from ..models.gpt import GPT
+from ..plan import Group, MicroBatch, Plan
+from .attention import StreamShard, parallelize
+from .groups import ProcessGroups
+from .memory import ActivationMeter
+
+
+@dataclass
+class WaveTiming:
+    busy: float
+    """Seconds this rank spent in its micro-batches of the wave (its group's all-to-alls included)."""
+    wait: float
+    """Seconds it then waited for the wave's other groups to finish."""
+
+
+@dataclass
+class MicroBatchRecord:
+    wave: int
+    degree: int
+    seq_ids: list[int]
+    tokens: int
+    """Tokens of the micro-batch this rank held (its shard)."""
+    checkpoint_layers: int
+    seconds: float
+    activation_bytes: int | None
+    """Bytes saved for backward on this rank; None unless the executor measures them."""
+
+
+@dataclass
+class StepResult:
+    """What one optimizer step did on this rank (`loss` and `tokens` are the same on all ranks)."""
+
+    loss: float
+    """Mean per-token loss of the whole batch."""
+    tokens: int
+    waves: list[WaveTiming]
+    micro_batches: list[MicroBatchRecord] = field(default_factory=list)
+    sync_seconds: float = 0.0
+    """Gradient all-reduce."""
+    optimizer_seconds: float = 0.0
+
+    @property
+    def idle_fraction(self) -> float:
+        """Share of this rank's wave time spent waiting for other groups."""
+        total = sum(w.busy + w.wait for w in self.waves)
+        return sum(w.wait for w in self.waves) / total if total > 0 else 0.0
+
+
+def make_optimizer(model: torch.nn.Module, zero1: bool = False, **adamw: float) -> torch.optim.Optimizer:
+    """AdamW over the model's parameters; with `zero1`, its state sharded over the world (ZeRO-1):
+    each rank keeps and updates the state of its share of the parameters, then broadcasts them."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if zero1:
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, **adamw)
+    return torch.optim.AdamW(params, **adamw)
+
+
+def broadcast_plan(plan: Plan | None, src: int = 0) -> Plan:
+    """Rank `src` passes its plan, the others None; every rank gets the plan of `src`."""
+    payload = [plan.to_dict() if dist.get_rank() == src else None]
+    if dist.get_rank() == src and plan is None:
+        raise ValueError(f"rank {src} must pass the plan to broadcast")
+    dist.broadcast_object_list(payload, src=src)
+    return Plan.from_dict(payload[0])
+
+
+class Executor:
+    """Runs plans on this rank: `Executor(model, optimizer, cluster, groups).step(plan, samples)`."""
+
+    def __init__(self, model: GPT, optimizer: torch.optim.Optimizer, cluster: Cluster,
+                 groups: ProcessGroups, *, measure_activations: bool = False):
+        cluster.check_world_size(groups.world_size)
+        self.model = parallelize(model)
+        self.optimizer = optimizer
+        self.cluster = cluster
+        self.groups = groups
+        self.rank = groups.rank
+        self.measure_activations = measure_activations
+        self.device = next(model.parameters()).device
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        # Ranks must start from the same weights for the summed gradient to mean anything.
+        flat = torch.cat([p.detach().reshape(-1) for p in self._params])
+        dist.broadcast(flat, src=0)
+        self._unflatten(flat, grads=False)
+
+    def step(self, plan: Plan, samples: Sequence[Tensor]) -> StepResult:
+        """One optimizer step of `plan`; samples[i] holds the lengths[i] + 1 tokens of sequence i.
+
+        Every rank must pass the same plan and samples (see `broadcast_plan`). Invalid input
+        raises ValueError (PlanError) on every rank before any collective.
+        """
+        self._check(plan, samples)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = torch.zeros((), dtype=torch.float32, device=self.device)
+        result = StepResult(loss=0.0, tokens=plan.tokens, waves=[])
+        for w in range(len(plan.waves)):
+            group = plan.group_of(w, self.rank)
+            start = time.perf_counter()
+            for mb in group.micro_batches:
+                if sum(plan.mb_lengths(mb)) > 0:
+                    loss += self._run(plan, w, group, mb, samples, result)
+            busy = time.perf_counter() - start
+            dist.barrier()
+            result.waves.append(WaveTiming(busy, time.perf_counter() - start - busy))
+        start = time.perf_counter()
+        result.loss = self._synchronise(loss)
+        result.sync_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        self.optimizer.step()
+        result.optimizer_seconds = time.perf_counter() - start
+        return result
+
+    def _check(self, plan: Plan, samples: Sequence[Tensor]) -> None:
+        plan.validate(self.cluster)
+        for _, group, mb in plan.micro_batches():
+            if mb.seq_ids:
+                self.model.shape.check_degree(group.degree)
+        if len(samples) != len(plan.lengths):
+            raise ValueError(f"the plan has {len(plan.lengths)} sequences but {len(samples)} samples were given")
+        for i, (sample, length) in enumerate(zip(samples, plan.lengths)):
+            if sample.dim() != 1 or sample.numel() != length + 1:
+                raise ValueError(f"sample {i} has shape {tuple(sample.shape)}; the plan's length {length} "
+                                 f"needs {length + 1} tokens ({length} inputs, each with its next token)")
+
+    def _run(self, plan: Plan, wave: int, group: Group, mb: MicroBatch, samples: Sequence[Tensor],
+             result: StepResult) -> Tensor:
+        start = time.perf_counter()
+        shard = StreamShard.create(plan.mb_lengths(mb), self.groups.get(group.start, group.degree),
+                                   group.degree, self.rank - group.start, self.device)
+        inputs = torch.cat([samples[i][:-1] for i in mb.seq_ids])[shard.local].to(self.device)
+        targets = torch.cat([samples[i][1:] for i in mb.seq_ids])[shard.local].to(self.device)
+        checkpoint_layers = round(mb.checkpoint * self.model.shape.layers)
+        meter = ActivationMeter(self._params) if self.measure_activations else None
+        with meter or contextlib.nullcontext():
+            logits = self.model(inputs, shard, checkpoint_layers)
+            # Summed, not averaged: the shard holds a part of a batch whose normaliser is global.
+            loss = F.cross_entropy(logits, targets, reduction="sum") / plan.tokens
+        # Every rank of the group runs backward, an empty shard too: its all-to-alls are awaited.
+        loss.backward()
+        result.micro_batches.append(MicroBatchRecord(
+            wave, group.degree, list(mb.seq_ids), inputs.numel(), checkpoint_layers,
+            time.perf_counter() - start, meter.bytes if meter else None))
+        return loss.detach()
+
+    def _synchronise(self, loss: Tensor) -> float:
+        """All-reduce every gradient and the loss in one collective; returns the batch loss."""
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in self._params] + [loss.reshape(1).to(self._params[0].dtype)])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        self._unflatten(flat[:-1], grads=True)
+        return float(flat[-1])
+
+    def _unflatten(self, flat: Tensor, grads: bool) -> None:
+        offset = 0
+        for p in self._params:
+            piece = flat[offset:offset + p.numel()].view_as(p)
+            if grads:
+                p.grad = piece
+            else:
+                with torch.no_grad():
+                    p.copy_(piece)
+            offset += p.numel()
+        assert offset == flat.numel()

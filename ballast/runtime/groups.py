@@ -1,0 +1,46 @@
+"""Process groups for every aligned power-of-two block of ranks, created once at start-up.
+
+A plan may put any aligned block (start divisible by its size) into a sequence-parallel
+group, and a different one in every wave. Creating a group is a collective of the whole world
+(`dist.new_group` must be called by every rank, members or not, in the same order) and costs a
+rendezvous, so it cannot happen in the step loop: `ProcessGroups` makes all of them in one
+fixed order when the job starts and the executor only looks them up by (start, degree).
+A world of N ranks has N/2 + N/4 + ... + 1 = N - 1 such blocks of two or more ranks.
+"""
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+
+
+class ProcessGroups:
+    """Cache of the process groups of all aligned power-of-two blocks of the default world."""
+
+    def __init__(self) -> None:
+        if not dist.is_initialized():
+            raise ValueError("ProcessGroups needs torch.distributed to be initialised first "
+                             "(ballast.runtime.init_distributed or run_local)")
+        self.world_size = dist.get_world_size()
+        self.rank = dist.get_rank()
+        self._groups: dict[tuple[int, int], ProcessGroup] = {}
+        degree = 2
+        while degree <= self.world_size:
+            # Same loop, same order on every rank: new_group's collective contract.
+            for start in range(0, self.world_size - degree + 1, degree):
+                ranks = list(range(start, start + degree))
+                self._groups[(start, degree)] = (dist.group.WORLD if degree == self.world_size
+                                                 else dist.new_group(ranks))
+            degree *= 2
+
+    def get(self, start: int, degree: int) -> ProcessGroup | None:
+        """The group of ranks start..start+degree-1; None for one rank (it needs no communication)."""
+        if degree == 1 and 0 <= start < self.world_size:
+            return None
+        group = self._groups.get((start, degree))
+        if group is None:
+            raise ValueError(f"no process group for ranks {start}..{start + degree - 1}: a group must be "
+                             f"an aligned power-of-two block inside the world of {self.world_size} ranks")
+        return group
+
+    def __len__(self) -> int:
+        return len(self._groups)

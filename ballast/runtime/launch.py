@@ -1,0 +1,82 @@
+"""Joining a distributed job: under torchrun, or as N local gloo ranks for tests and `verify`.
+
+Real jobs are launched with `torchrun` (DESIGN.md) and call `init_distributed()`. `run_local`
+is not a launcher for training: it lets tests and `ballast verify` start a whole gloo world on
+this machine, bound to 127.0.0.1, and get every rank's return value back.
+
+Every process group gets a timeout, so a dead or diverging peer ends in an error instead of a
+hang.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+COLLECTIVE_TIMEOUT = timedelta(minutes=5)
+_LOOPBACK = "127.0.0.1"
+
+
+def init_distributed(backend: str | None = None, timeout: timedelta = COLLECTIVE_TIMEOUT) -> None:
+    """Join the job torchrun describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR, ...).
+
+    NCCL when CUDA is available (each process on the GPU LOCAL_RANK names), gloo otherwise.
+    """
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend, timeout=timeout)
+
+
+def run_local(world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 300.0,
+              collective_timeout: timedelta = timedelta(seconds=120)) -> list[Any]:
+    """Run `fn(*args)` on `world_size` gloo ranks of this machine; every rank's return value.
+
+    `fn` must be importable (a module-level function): the ranks are fresh `spawn`ed processes.
+    An exception in a rank stops the others and is raised here with the rank's traceback
+    (`torch.multiprocessing.ProcessRaisedException`); if the ranks have not all finished
+    after `timeout` seconds they are stopped and TimeoutError is raised.
+    """
+    if world_size < 1:
+        raise ValueError(f"world size must be >= 1, got {world_size}")
+    # The parent owns the rendezvous store on a port the OS picked: no race for a "free" port.
+    store = dist.TCPStore(_LOOPBACK, 0, None, True, collective_timeout, wait_for_workers=False)
+    with tempfile.TemporaryDirectory(prefix="ballast-ranks-") as out:
+        context = mp.start_processes(
+            _rank_main, args=(world_size, store.port, collective_timeout, fn, args, out),
+            nprocs=world_size, join=False, start_method="spawn")
+        deadline = time.monotonic() + timeout
+        while not context.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                for process in context.processes:
+                    if process.is_alive():
+                        process.kill()
+                for process in context.processes:
+                    process.join()
+                raise TimeoutError(f"{world_size} local ranks running {fn.__name__} did not finish "
+                                   f"within {timeout:.0f} s")
+        return [torch.load(Path(out) / f"{rank}.pt", weights_only=False) for rank in range(world_size)]
+
+
+def _rank_main(rank: int, world_size: int, port: int, collective_timeout: timedelta,
+               fn: Callable[..., Any], args: tuple, out: str) -> None:
+    if any(name == "lo" for _, name in socket.if_nameindex()):
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's own connections stay on loopback too
+    # Ranks share this machine's cores; more threads each would only fight over them.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    store = dist.TCPStore(_LOOPBACK, port, None, False, collective_timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                            timeout=collective_timeout)
+    try:
+        result = fn(*args)
+        torch.save(result, Path(out) / f"{rank}.pt")
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,237 @@
+"""`ballast verify`: executing any planner's plans on N ranks trains exactly like one process.
+
+It spawns N gloo ranks on 127.0.0.1, trains K steps of random variable-length batches under
+each planner's plans, and compares losses, gradients and final parameters with the same
+steps run in this process on the whole batch (one packed stream, no runtime). The loss of a
+step is summed per token and divided by the batch's tokens, so the gradient does not depend
+on the plan: only float rounding differs (summation order of all-reduce, accumulation and
+attention). Errors are relative to the largest reference magnitude of the same quantity
+(max |a - b| / max |b|): element-wise ratios blow up where a gradient is near zero.
+
+Two checks, with two tolerances:
+  - loss and gradient of every step, against the single-process loss and gradient of the
+    whole batch *at the same parameters* (the distributed run's parameters before that step).
+    This is the plan-invariance claim itself; rounding leaves it near 1e-6 in fp32.
+  - parameters after the K steps, against K single-process steps. AdamW divides every
+    update by sqrt(v) + eps, so where a gradient entry is near eps (1e-8) its rounding error
+    becomes a visible change of the update, and trajectories drift apart by ~1e-4 relative
+    after a few steps. One process against itself with 2 threads instead of 1 drifts as much
+    (measured: 9e-5 after 3 steps of the tiny model), so this tolerance is 1e-3. AdamW is also
+    blind to a wrong loss scale, which the gradient check catches.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from .cluster import get_cluster
+from .cost import CostModel
+from .models.gpt import PackedStream, build_gpt
+from .plan import Plan
+from .shapes import ModelShape, get_model_shape
+
+HELP = "check that plans run on N local gloo ranks train exactly like one process"
+GRAD_TOLERANCE = 1e-5
+PARAM_TOLERANCE = 1e-3
+
+
+@dataclass
+class Batch:
+    lengths: list[int]
+    samples: list[Tensor]
+    """samples[i]: lengths[i] + 1 token ids (inputs and, shifted by one, their targets)."""
+
+
+@dataclass
+class Trajectory:
+    losses: list[float]
+    grads: list[Tensor]
+    """Per step, every parameter's gradient flattened into one vector."""
+    start_params: list[Tensor]
+    """Per step, the parameters the step started from, flattened."""
+    params: Tensor
+    """Parameters after the last step, flattened."""
+
+
+def random_batches(shape: ModelShape, steps: int, batch: int, max_len: int, seed: int) -> list[Batch]:
+    """Long-tailed lengths (log-uniform in 1..max_len) and uniformly random tokens."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        lengths = [int(s) for s in np.clip(np.round(np.exp(rng.uniform(0, math.log(max_len), batch))), 1, max_len)]
+        samples = [torch.from_numpy(rng.integers(0, shape.vocab, s + 1)) for s in lengths]
+        out.append(Batch(lengths, samples))
+    return out
+
+
+def _flat(tensors) -> Tensor:
+    return torch.cat([t.detach().reshape(-1) for t in tensors]).clone()
+
+
+def _whole_batch_backward(model: torch.nn.Module, batch: Batch) -> float:
+    """Loss and gradient of the whole batch as one packed stream in this process."""
+    inputs = torch.cat([s[:-1] for s in batch.samples])
+    targets = torch.cat([s[1:] for s in batch.samples])
+    logits = model(inputs, PackedStream.from_lengths(batch.lengths))
+    loss = F.cross_entropy(logits, targets, reduction="sum") / sum(batch.lengths)
+    loss.backward()
+    return loss.item()
+
+
+def train_reference(shape: ModelShape, batches: list[Batch], seed: int, lr: float) -> Trajectory:
+    """The steps in one process: the whole batch as one packed stream, plain AdamW."""
+    model = build_gpt(shape, seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses, grads, starts = [], [], []
+    for batch in batches:
+        optimizer.zero_grad(set_to_none=True)
+        starts.append(_flat(model.parameters()))
+        losses.append(_whole_batch_backward(model, batch))
+        grads.append(_flat(p.grad for p in model.parameters()))
+        optimizer.step()
+    return Trajectory(losses, grads, starts, _flat(model.parameters()))
+
+
+def reference_at(shape: ModelShape, trajectory: Trajectory, batches: list[Batch]) -> Trajectory:
+    """Single-process loss and gradient of every step at the parameters `trajectory` started it from."""
+    model = build_gpt(shape)
+    losses, grads = [], []
+    for params, batch in zip(trajectory.start_params, batches, strict=True):
+        torch.nn.utils.vector_to_parameters(params, model.parameters())
+        model.zero_grad(set_to_none=True)
+        losses.append(_whole_batch_backward(model, batch))
+        grads.append(_flat(p.grad for p in model.parameters()))
+    return Trajectory(losses, grads, trajectory.start_params, trajectory.params)
+
+
+def train_distributed(shape: ModelShape, plans: list[dict], batches: list[Batch], seed: int, lr: float,
+                      zero1: bool = False) -> Trajectory:
+    """The steps under `plans` (Plan.to_dict of rank 0's plans), on every rank of the job."""
+    from .runtime import Executor, ProcessGroups, broadcast_plan, make_optimizer
+
+    cluster = get_cluster("cpu", world_size=dist.get_world_size())
+    model = build_gpt(shape, seed)
+    executor = Executor(model, make_optimizer(model, zero1, lr=lr), cluster, ProcessGroups())
+    losses, grads, starts = [], [], []
+    for plan_data, batch in zip(plans, batches, strict=True):
+        plan = broadcast_plan(Plan.from_dict(plan_data) if dist.get_rank() == 0 else None)
+        starts.append(_flat(model.parameters()))
+        losses.append(executor.step(plan, batch.samples).loss)
+        # The step leaves the all-reduced gradients in place (optimizers do not clear them).
+        grads.append(_flat(p.grad for p in model.parameters()))
+    return Trajectory(losses, grads, starts, _flat(model.parameters()))
+
+
+def _train_all_planners(shape: ModelShape, plans: dict[str, list[dict]], batches: list[Batch], seed: int,
+                        lr: float, zero1: bool) -> dict[str, Trajectory] | None:
+    out = {name: train_distributed(shape, p, batches, seed, lr, zero1) for name, p in plans.items()}
+    return out if dist.get_rank() == 0 else None
+
+
+@dataclass
+class Errors:
+    loss: float
+    """Largest relative error of a step's loss (at the same parameters)."""
+    grad_abs: float
+    grad_rel: float
+    """Largest error of a step's gradient (at the same parameters), relative to max |gradient|."""
+    param_abs: float
+    param_rel: float
+    """Error of the final parameters (independent trajectories), relative to max |parameter|."""
+
+    def within(self, grad_tolerance: float, param_tolerance: float) -> bool:
+        return max(self.loss, self.grad_rel) <= grad_tolerance and self.param_rel <= param_tolerance
+
+
+def compare(result: Trajectory, at_same_params: Trajectory, reference: Trajectory) -> Errors:
+    """`result`'s steps against `at_same_params` (see `reference_at`), its end against `reference`'s."""
+    pairs = list(zip(result.grads, at_same_params.grads, strict=True))
+    loss = max(abs(a - b) / abs(b) for a, b in zip(result.losses, at_same_params.losses, strict=True))
+    grad_abs = max(float((g - r).abs().max()) for g, r in pairs)
+    grad_rel = max(float((g - r).abs().max() / r.abs().max()) for g, r in pairs)
+    param_abs = float((result.params - reference.params).abs().max())
+    return Errors(loss, grad_abs, grad_rel, param_abs, param_abs / float(reference.params.abs().max()))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--world", type=int, default=2, help="local gloo ranks (a power of two)")
+    parser.add_argument("--planners", default="all", help="`all` or a comma-separated list")
+    parser.add_argument("--model", default="tiny", help="model preset or JSON file")
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per planner")
+    parser.add_argument("--batch", type=int, default=16, help="sequences per step")
+    parser.add_argument("--max-len", type=int, default=256, help="longest sequence")
+    parser.add_argument("--device-memory-gb", type=float, default=None,
+                        help="memory per rank the planners plan for; default: the longest sequence "
+                             "needs SP degree 2 or checkpointing, so plans exercise both")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--zero1", action="store_true", help="shard optimizer state (ZeRO-1)")
+    parser.add_argument("--grad-tolerance", type=float, default=GRAD_TOLERANCE,
+                        help="largest relative error of a step's loss and gradient")
+    parser.add_argument("--param-tolerance", type=float, default=PARAM_TOLERANCE,
+                        help="largest relative error of the parameters after the steps")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds before the ranks are stopped")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .planners import PlannerOptions, get_planner, parse_planner_names
+    from .runtime import run_local
+
+    if args.steps < 1 or args.batch < 1 or args.max_len < 1:
+        raise ValueError("--steps, --batch and --max-len must be >= 1")
+    shape = get_model_shape(args.model)
+    names = parse_planner_names(args.planners)
+    cluster = get_cluster("cpu", world_size=args.world, device_memory_gb=args.device_memory_gb)
+    cost = CostModel.analytic(shape, cluster)
+    if args.device_memory_gb is None:
+        memory = cost.states + cost.act_per_token * args.max_len / 2
+        cluster = get_cluster("cpu", world_size=args.world, device_memory_gb=memory / 1e9)
+        cost = CostModel.analytic(shape, cluster)
+    batches = random_batches(shape, args.steps, args.batch, args.max_len, args.seed)
+    plans: dict[str, list[Plan]] = {}
+    for name in names:
+        planner = get_planner(name, cluster, cost, PlannerOptions(max_len=args.max_len, seed=args.seed))
+        plans[name] = [planner.plan(b.lengths) for b in batches]
+        for plan in plans[name]:
+            plan.validate(cluster, cost)
+    console = Console(width=max(Console().width, 120))
+    console.print(f"verify: {args.world} gloo ranks, model {shape.name}, {args.steps} step(s) of "
+                  f"{args.batch} sequences up to {args.max_len} tokens, {len(names)} planner(s)")
+    reference = train_reference(shape, batches, args.seed, args.lr)
+    results = run_local(args.world, _train_all_planners, shape,
+                        {n: [p.to_dict() for p in ps] for n, ps in plans.items()},
+                        batches, args.seed, args.lr, args.zero1, timeout=args.timeout)[0]
+    table = Table(title=f"{args.world} ranks vs one process: step loss and gradient at the same "
+                        f"parameters (tolerance {args.grad_tolerance:g}), parameters after "
+                        f"{args.steps} step(s) (tolerance {args.param_tolerance:g})")
+    for column in ("planner", "waves", "degrees", "ckpt", "loss rel", "grad abs", "grad rel",
+                   "param abs", "param rel", ""):
+        table.add_column(column, justify="left" if column == "planner" else "right")
+    failed = []
+    for name in names:
+        errors = compare(results[name], reference_at(shape, results[name], batches), reference)
+        ok = errors.within(args.grad_tolerance, args.param_tolerance)
+        if not ok:
+            failed.append(name)
+        mbs = [mb for p in plans[name] for _, _, mb in p.micro_batches() if mb.seq_ids]
+        degrees = sorted({d for p in plans[name] for d in p.degrees_used()})
+        table.add_row(name, str(max(len(p.waves) for p in plans[name])), ",".join(map(str, degrees)),
+                      f"{sum(mb.checkpoint for mb in mbs) / len(mbs):.2f}",
+                      f"{errors.loss:.1e}", f"{errors.grad_abs:.1e}", f"{errors.grad_rel:.1e}",
+                      f"{errors.param_abs:.1e}", f"{errors.param_rel:.1e}",
+                      "[green]ok[/green]" if ok else "[red]FAIL[/red]")
+    console.print(table)
+    if failed:
+        console.print(f"[red]{len(failed)} planner(s) exceed the tolerance: {', '.join(failed)}[/red]")
+        return 1
+    return 0
