@@ -49,6 +49,10 @@ from .base import Planner
 
 # Makespan targets tried, as multiples of the batch's lower bound; inf = least area everywhere.
 TARGETS = (0.15, 0.25, 0.35, 0.5, 0.65, 0.8, 0.9, 1.0, 1.05, 1.12, 1.2, 1.35, 1.6, 2.0, 3.0, math.inf)
+# Head sizes (longest sequences in a wave of their own) built fully.
+HEAD_CANDIDATES = 2
+# Candidate layouts whose sequences are assigned (the rest are judged by their proxy).
+ASSIGNED_CANDIDATES = 4
 # Candidate waves packed exactly (the rest are judged by their estimate).
 EXACT_CANDIDATES = 2
 # Micro-batch counts tried per group beyond the fewest that memory allows.
@@ -81,11 +85,12 @@ class _Loads:
         t = quad / deg + tokens * self.comm_per_token[rows] + over
         return np.where(tokens > 0, t, 0.0)
 
-    def one(self, j: int) -> float:
-        """estimate() of group j alone, in scalar arithmetic (the heap phase calls it per sequence)."""
-        quad, tokens, deg, cost = float(self.quad[j]), float(self.tokens[j]), float(self.deg[j]), self.cost
+    def one(self, j: int, add_quad: float = 0.0, add_tokens: float = 0.0) -> float:
+        """estimate() of group j with a sequence added, in scalar arithmetic (the hot path)."""
+        quad, tokens = float(self.quad[j]) + add_quad, float(self.tokens[j]) + add_tokens
         if tokens <= 0:
             return 0.0
+        cost, deg = self.cost, float(self.deg[j])
         slope = min(cost.recompute * quad / tokens / (1.0 - cost.kept), cost.g / self.cap)
         over = cost.g + max(0.0, tokens / deg - self.cap) * slope
         return quad / deg + tokens * float(self.comm_per_token[j]) + over
@@ -115,9 +120,18 @@ class BallastPlanner(Planner):
         # [degree index, sequence]: alone at that degree, least checkpointing, without g.
         self._work = self.cost.sequence_times(lengths)
         order = np.argsort(-np.min(self._work, axis=0), kind="stable")
-        best: tuple[float, list[Wave]] | None = None
+        # Head sizes are compared by their layouts' proxies; only the best are built fully.
+        options = []
         for head in self._head_sizes(order):
-            waves = self._waves(order[:head]) + self._waves(order[head:])
+            parts = [order[:head], order[head:]] if head else [order]
+            layouts = [self._layouts(part) for part in parts]
+            score = sum(found[0][0] if found else math.inf for found in layouts)
+            options.append((score, head, parts, layouts))
+        options.sort(key=lambda option: (option[0], option[1]))
+        best: tuple[float, list[Wave]] | None = None
+        for _, _, parts, layouts in options[:HEAD_CANDIDATES]:
+            waves = [wave for part, found in zip(parts, layouts)
+                     for wave in ([self._finish(part, found)] if found else self._waves(part))]
             t = step_time(Plan(lengths, waves), self.cost)
             if best is None or t < best[0]:
                 best = (t, waves)
@@ -138,15 +152,16 @@ class BallastPlanner(Planner):
         """The best single wave for `ids`, or, if none holds them all, the longest alone first."""
         if len(ids) == 0:
             return []
-        wave = self._best_wave(ids)
-        if wave is not None:
-            return [wave]
+        layouts = self._layouts(ids)
+        if layouts:
+            return [self._finish(ids, layouts)]
         assert len(ids) > 1, "a single sequence that fits some degree always makes a wave"
         return self._waves(ids[:1]) + self._waves(ids[1:])
 
-    def _best_wave(self, ids: np.ndarray) -> Wave | None:
+    def _layouts(self, ids: np.ndarray) -> list[tuple[float, list[int]]]:
+        """Distinct group layouts for `ids`, one per makespan target, best proxy first."""
         lower = self.cost.lower_bound(self._lengths[ids].tolist())
-        candidates, seen = [], set()
+        layouts, seen = [], set()
         for factor in TARGETS:
             # Narrow the widest degree until every class gets ranks: a sequence that would
             # take the whole cluster at its best degree then runs slower beside the others.
@@ -158,9 +173,12 @@ class BallastPlanner(Planner):
             if layout is None or (key := (choice.tobytes(), tuple(layout))) in seen:
                 continue
             seen.add(key)
-            candidates.append(self._assign(ids, layout))
-        if not candidates:
-            return None
+            layouts.append((self._proxy(ids, choice, layout), layout))
+        return sorted(layouts, key=lambda c: c[0])
+
+    def _finish(self, ids: np.ndarray, layouts: list[tuple[float, list[int]]]) -> Wave:
+        """Assign, balance and pack the most promising layouts; the fastest wave."""
+        candidates = [self._assign(ids, layout) for _, layout in layouts[:ASSIGNED_CANDIDATES]]
         candidates.sort(key=lambda c: c[0].current().max())
         best: tuple[float, list[Group]] | None = None
         for loads, layout, members in candidates[:EXACT_CANDIDATES]:
@@ -191,37 +209,44 @@ class BallastPlanner(Planner):
         choice[alone] = np.argmin(work[:, alone], axis=0)
         return choice
 
+    def _proxy(self, ids: np.ndarray, choice: np.ndarray, layout: list[int]) -> float:
+        """The wave's time if every class spread its sequences evenly over its groups."""
+        rows = np.searchsorted(self._deg, layout)
+        groups = np.bincount(rows, minlength=len(self._deg))
+        quad = np.bincount(choice, weights=self._quad[ids], minlength=len(self._deg))
+        tokens = np.bincount(choice, weights=self._lengths[ids], minlength=len(self._deg))
+        used = groups > 0
+        loads = _Loads(self, self._deg[used])
+        spread = loads.estimate(quad[used] / groups[used], tokens[used] / groups[used])
+        alone = self._work[choice, ids].max() + self.cost.g
+        return max(float(spread.max()), float(alone))
+
     def _assign(self, ids: np.ndarray, layout: list[int]) -> tuple[_Loads, list[int], list[list[int]]]:
         """Longest first, each sequence to the group whose estimated time grows least.
 
-        The longest sequences, one per group, are placed by comparing every group; the many
-        short ones after them go to the group of least estimated time (LPT), in O(log groups)
-        each, which keeps planning linear for thousands of sequences.
+        Only the least-loaded group of each degree can be the best (within a degree the
+        estimate grows with the load), so one heap per degree keeps each placement at
+        O(degrees x log groups), linear in the batch for thousands of sequences.
         """
-        rows = np.searchsorted(self._deg, layout)
         loads = _Loads(self, np.asarray(layout))
         members: list[list[int]] = [[] for _ in layout]
-        head = min(len(ids), len(layout))
-        for s in ids[:head]:  # `ids` come longest first
-            fits = np.isfinite(self._work[rows, s])
-            grown = np.where(fits, loads.with_added(self._quad[s], self._lengths[s]), np.inf)
-            j = int(np.argmin(grown))
-            assert fits[j], f"sequence {s} fits no group of the layout"
-            loads.move(j, self._quad[s], self._lengths[s])
+        heaps: dict[int, list[tuple[float, int]]] = {}
+        for j, d in enumerate(layout):
+            heaps.setdefault(self._row[d], []).append((0.0, j))
+        for s in ids:  # `ids` come longest first
+            q, n = float(self._quad[s]), float(self._lengths[s])
+            best = (math.inf, -1, -1)
+            for row, heap in heaps.items():
+                if np.isfinite(self._work[row, s]):
+                    j = heap[0][1]
+                    grown = loads.one(j, q, n)
+                    if grown < best[0]:
+                        best = (grown, j, row)
+            grown, j, row = best
+            assert j >= 0, f"sequence {s} fits no group of the layout"
+            loads.move(j, q, n)
             members[j].append(int(s))
-        times = loads.current()
-        heap = [(times[j], j) for j in range(len(layout))]
-        heapq.heapify(heap)
-        for s in ids[head:]:
-            skipped = []
-            while not np.isfinite(self._work[rows[heap[0][1]], s]):
-                skipped.append(heapq.heappop(heap))
-            _, j = heapq.heappop(heap)
-            loads.move(j, self._quad[s], self._lengths[s])
-            members[j].append(int(s))
-            heapq.heappush(heap, (loads.one(j), j))
-            for item in skipped:
-                heapq.heappush(heap, item)
+            heapq.heapreplace(heaps[row], (grown, j))
         return loads, layout, members
 
     def _allocate(self, ids: np.ndarray, choice: np.ndarray) -> list[int] | None:
@@ -289,7 +314,11 @@ class BallastPlanner(Planner):
         for s in sorted(seqs, key=lambda s: -self._lengths[s]):
             left = None
             for j in receivers:
-                if not np.isfinite(self._work[self._row[groups[j].degree], s]):
+                d = groups[j].degree
+                if not np.isfinite(self._work[self._row[d], s]):
+                    continue
+                # Adding s costs the receiver at least its compute and all-to-all there.
+                if times[j] + self._quad[s] / d + self.cost.comm(self._length_list[s], d) >= times[slow]:
                     continue
                 mine = [x for mb in groups[j].micro_batches for x in mb.seq_ids] + [s]
                 mbs = self._pack(mine, groups[j].degree)
