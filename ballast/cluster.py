@@ -145,51 +145,63 @@ def _link_fraction(degree: int) -> float:
     return _FLEXSP_A100_BW[degree] / link
 
 
-def _hopper_bandwidth(world: int) -> dict[int, float]:
-    # NVLink 4: 900 GB/s bidirectional per H100/H200 SXM -> 450 GB/s each way (NVIDIA H100 and
-    # H200 datasheets). ConnectX-7 NDR InfiniBand: 400 Gb/s = 50 GB/s per GPU (DGX H100/H200
-    # system specifications: 8x single-port ConnectX-7 per node).
-    nvlink, nic = 450 * GB, 50 * GB
-    return {d: _link_fraction(d) * (nvlink if d <= 8 else nic)
-            for d in (1 << i for i in range(1, world.bit_length()))}
+# name: (usable memory, dense bf16 FLOP/s, matmul efficiency, NVLink each way, NIC per GPU).
+# A100: 312 TFLOP/s (A100 datasheet), NVLink 3 (600 GB/s bidirectional), HDR 200 Gb/s per GPU
+# (DGX A100), FlexSP's 28 GB usable of 40 -- a 12 GB reserve the others keep too.
+# H100/H200 SXM: 989 TFLOP/s and NVLink 4, 900 GB/s bidirectional (NVIDIA H100 and H200
+# datasheets); 80 GB HBM3 / 141 GB HBM3e; ConnectX-7 NDR 400 Gb/s = 50 GB/s per GPU (DGX
+# H100/H200 system specifications: 8 single-port ConnectX-7 per node).
+_GPUS = {
+    "a100": (28 * GB, 312e12, 0.5, _A100_NVLINK, _A100_NIC),
+    "h100": (68 * GB, 989e12, 0.45, 450 * GB, 50 * GB),
+    "h200": (129 * GB, 989e12, 0.45, 450 * GB, 50 * GB),
+}
+_GPUS_PER_NODE = 8
 
 
-def _preset(name: str, world_size: int | None = None, device_memory_gb: float | None = None) -> Cluster:
-    if name == "a100-64":
-        # 8 DGX A100-40GB nodes; 312 TFLOP/s dense bf16 (NVIDIA A100 datasheet); FlexSP's 28 GB
-        # usable of 40 (a 12 GB reserve, which the Hopper presets keep too).
-        return Cluster(name, 8, 8, 28 * GB, 312e12, 0.5, dict(_FLEXSP_A100_BW), _GPU_MICRO_BATCH_OVERHEAD)
-    if name == "h100-32":
-        # 4 DGX H100 nodes; 989 TFLOP/s dense bf16 (H100 SXM datasheet); 80 GB HBM3.
-        return Cluster(name, 4, 8, 68 * GB, 989e12, 0.45, _hopper_bandwidth(32), _GPU_MICRO_BATCH_OVERHEAD)
-    if name == "h200-32":
-        # 4 DGX H200 nodes; same compute as H100 SXM; 141 GB HBM3e (H200 datasheet).
-        return Cluster(name, 4, 8, 129 * GB, 989e12, 0.45, _hopper_bandwidth(32), _GPU_MICRO_BATCH_OVERHEAD)
-    if name == "cpu":
-        # This machine: one node of `world_size` gloo ranks. Figures are placeholders of the
-        # right order until `ballast profile` measures them; memory is a setting that stands in
-        # for a GPU's capacity.
-        world = world_size or 2
-        if not is_power_of_two(world):
-            raise ValueError(f"cpu cluster: world size must be a power of two, got {world}")
-        mem = (device_memory_gb or 4.0) * GB
-        bw = {1 << i: 1.0 * GB for i in range(1, world.bit_length())}
-        return Cluster("cpu", 1, world, mem, 5e10, 1.0, bw, 2e-3)
-    raise ValueError(f"unknown cluster preset {name!r}; presets: {', '.join(PRESETS)}")
+def _gpu_cluster(name: str, gpu: str, devices: int) -> Cluster:
+    """`devices` GPUs in DGX-style nodes of 8; the bandwidth table has FlexSP's shape."""
+    if devices < _GPUS_PER_NODE or devices % _GPUS_PER_NODE:
+        raise ValueError(f"cluster {name!r}: devices must be a positive multiple of {_GPUS_PER_NODE}")
+    memory, flops, efficiency, nvlink, nic = _GPUS[gpu]
+    bandwidth = {d: _link_fraction(d) * (nvlink if d <= _GPUS_PER_NODE else nic)
+                 for d in (1 << i for i in range(1, devices.bit_length()))}
+    return Cluster(name, devices // _GPUS_PER_NODE, _GPUS_PER_NODE, memory, flops, efficiency,
+                   bandwidth, _GPU_MICRO_BATCH_OVERHEAD)
+
+
+def _cpu_cluster(world_size: int | None, device_memory_gb: float | None) -> Cluster:
+    # This machine: one node of `world_size` gloo ranks. Figures are placeholders of the right
+    # order until `ballast profile` measures them; memory is a setting that stands in for a
+    # GPU's capacity.
+    world = world_size or 2
+    if not is_power_of_two(world):
+        raise ValueError(f"cpu cluster: world size must be a power of two, got {world}")
+    mem = (device_memory_gb or 4.0) * GB
+    bw = {1 << i: 1.0 * GB for i in range(1, world.bit_length())}
+    return Cluster("cpu", 1, world, mem, 5e10, 1.0, bw, 2e-3)
 
 
 PRESETS = ("a100-64", "h100-32", "h200-32", "cpu")
+"""Named presets; `a100-N`, `h100-N` and `h200-N` work for any N that is a multiple of 8."""
 
 
 def get_cluster(spec: str, world_size: int | None = None, device_memory_gb: float | None = None) -> Cluster:
-    """A preset name (`a100-64`, `h100-32`, `h200-32`, `cpu`) or a path to a TOML/JSON file.
+    """A preset (`a100-64`, `h100-32`, `h200-32`, any `a100-N`/`h100-N`/`h200-N`, `cpu`) or a
+    path to a TOML/JSON file.
 
     `world_size`, when given, must match the cluster (the `cpu` preset takes it as its size).
     """
-    if spec in PRESETS:
-        cluster = _preset(spec, world_size, device_memory_gb)
-    else:
+    gpu, _, devices = spec.partition("-")
+    if spec == "cpu":
+        cluster = _cpu_cluster(world_size, device_memory_gb)
+    elif gpu in _GPUS and devices.isdigit():
+        cluster = _gpu_cluster(spec, gpu, int(devices))
+    elif Path(spec).suffix in (".toml", ".json"):
         cluster = Cluster.load(spec)
+    else:
+        raise ValueError(f"unknown cluster {spec!r}: presets are {', '.join(PRESETS)} (or a100-N, h100-N, "
+                         f"h200-N with N a multiple of 8), or give a .toml/.json file")
     if world_size is not None:
         cluster.check_world_size(world_size)
     return cluster
