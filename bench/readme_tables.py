@@ -1,0 +1,67 @@
+"""Render the recorded benchmark JSON into the README's results section (between markers).
+
+Run after any benchmark: it rewrites the text between `<!-- results:NAME -->` and
+`<!-- /results:NAME -->` in README.md, so the README always shows the latest recorded run.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+SETTINGS = {
+    "A": "wikipedia lengths, a100-64, gpt-7b (published FlexSP profile), max-len 393216, 512 sequences/step",
+    "B": "stdlib lengths, h100-32, llama3-8b (analytic), max-len 131072, 1M tokens/step",
+    "C": "lognormal:7,1.6 lengths, h200-32, gpt-13b (analytic), max-len 262144, 256 sequences/step",
+}
+
+
+def simulated_table(name: str) -> str:
+    data = json.loads((RESULTS / f"simulate-{name}.json").read_text())
+    planners = data["planners"]
+    base = planners.get("static", {}).get("tokens_per_s")
+    rows = ["| planner | step (s) | tokens/s | vs static | idle | time / LB | plan ms (mean) |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    for planner, s in sorted(planners.items(), key=lambda kv: -kv[1]["tokens_per_s"]):
+        speed = f"{s['tokens_per_s'] / base:.2f}x" if base else "-"
+        rows.append(f"| {planner} | {s['step_time_s']:.3f} | {s['tokens_per_s']:,.0f} | {speed} | "
+                    f"{s['idle_fraction']:.1%} | {s['vs_lower_bound']:.3f} | {s['plan_ms']:.1f} |")
+    head = (f"**Setting {name}** ({SETTINGS[name]}; {data['steps']} steps, mean lower bound "
+            f"{data['lower_bound_s']:.3f} s/step):\n\n")
+    return head + "\n".join(rows)
+
+
+def latency_table() -> str:
+    data = json.loads((RESULTS / "latency.json").read_text())
+    names = sorted({n for p in data["points"] for n in p["planners"]})
+    rows = ["| planner | " + " | ".join(f"{p['sequences']} seqs / {p['devices']} GPUs" for p in data["points"]) + " |",
+            "|---|" + "---:|" * len(data["points"])]
+    for n in names:
+        cells = [f"{p['planners'][n]['plan_s'] * 1e3:,.1f} ms" if n in p["planners"] else "-" for p in data["points"]]
+        rows.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def replace(text: str, name: str, body: str) -> str:
+    pattern = re.compile(rf"(<!-- results:{name} -->\n).*?(\n<!-- /results:{name} -->)", re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"README.md has no <!-- results:{name} --> markers")
+    return pattern.sub(lambda m: m.group(1) + body + m.group(2), text)
+
+
+def main() -> None:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    for name in SETTINGS:
+        if (RESULTS / f"simulate-{name}.json").exists():
+            text = replace(text, f"simulate-{name}", simulated_table(name))
+    if (RESULTS / "latency.json").exists():
+        text = replace(text, "latency", latency_table())
+    readme.write_text(text)
+    print("README.md results updated")
+
+
+if __name__ == "__main__":
+    main()
