@@ -84,3 +84,14 @@ def fixed_checkpoint(cost: CostModel, max_len: int, degree: int) -> float:
         raise ValueError(f"a {max_len}-token sequence does not fit SP degree {degree} even with full "
                          f"checkpointing (at most {cost.max_tokens(degree, 1.0)} tokens)")
     return level
+
+
+def pad_lockstep(wave: Wave, lengths: Sequence[int], cost: CostModel) -> Wave:
+    """The wave made lockstep: every group runs its micro-batches longest first, padded with
+    empty ones to the wave's largest count (groups may have different degrees)."""
+    depth = max((len(g.micro_batches) for g in wave.groups), default=0)
+    groups = []
+    for g in wave.groups:
+        mbs = sorted(g.micro_batches, key=lambda mb: -mb_time(mb, lengths, g.degree, cost))
+        groups.append(Group(g.start, g.degree, mbs + [MicroBatch([], 0.0) for _ in range(depth - len(mbs))]))
+    return Wave(groups)

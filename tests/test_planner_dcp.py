@@ -1,0 +1,179 @@
+"""The `dcp` planner: valid plans everywhere, DCP's profile, DCP-inter and DCP-intra."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from ballast import CostModel, PlannerOptions, get_cluster, get_cost_model, get_model_shape
+from ballast.cluster import Cluster
+from ballast.cost import InfeasibleError
+from ballast.planners import get_planner
+from ballast.planners.dcp import MAX_ACCUMULATION, bucket_uppers
+from ballast.planners.packing import mb_time
+from ballast.shapes import ModelShape
+
+SMALL = ModelShape("small", 8, 1024, 16, 16, 4096, 32000, gated_mlp=False)
+
+
+def make_cluster(nodes: int, per_node: int, memory: float, g: float = 1e-3) -> Cluster:
+    world = nodes * per_node
+    bandwidth = {1 << i: (1e11 if 1 << i <= per_node else 1e10) for i in range(1, world.bit_length())}
+    return Cluster("t", nodes, per_node, memory, 1e14, 0.5, bandwidth, g)
+
+
+@st.composite
+def setups(draw):
+    """A small cluster whose memory holds the model's states, and a batch that fits it."""
+    cluster = make_cluster(draw(st.sampled_from([1, 2, 3, 4])), draw(st.sampled_from([1, 2, 4, 8])),
+                           draw(st.floats(0.5, 24.0)) * 1e9, draw(st.sampled_from([0.0, 1e-3, 0.05])))
+    shape = draw(st.sampled_from([SMALL, get_model_shape("tiny"), get_model_shape("gpt-7b")]))
+    try:
+        cost = CostModel.analytic(shape, cluster)
+    except InfeasibleError:
+        assume(False)  # the states alone overflow the device: no plan exists
+    limit = cost.max_tokens(cost.degrees[-1], 1.0)
+    assume(limit >= 1)
+    exponents = draw(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=48))
+    lengths = [max(1, int(limit ** x)) for x in exponents]
+    return cluster, cost, lengths
+
+
+def group_times(plan, cost, wave: int = 0) -> list[float]:
+    return [sum(mb_time(mb, plan.lengths, g.degree, cost) for mb in g.micro_batches)
+            for g in plan.waves[wave].groups if g.micro_batches]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(setups(), st.sampled_from(["inter", "intra", "both"]), st.booleans(), st.booleans())
+def test_plans_validate(setup, mode, lockstep, with_max_len):
+    cluster, cost, lengths = setup
+    max_len = max(lengths) if with_max_len else None
+    plan = get_planner("dcp", cluster, cost, PlannerOptions(max_len=max_len, dcp_mode=mode,
+                                                            lockstep=lockstep)).plan(lengths)
+    plan.validate(cluster, cost)
+    assert plan.planner == "dcp" and plan.lockstep == lockstep
+    counts = [len(g.micro_batches) for w in plan.waves for g in w.groups if g.micro_batches]
+    assert max(counts) <= MAX_ACCUMULATION or lockstep
+
+
+def test_buckets_hold_their_lengths():
+    s = np.arange(1, 5000)
+    upper = bucket_uppers(s, 4096)
+    assert np.all((upper >= s) | (upper == 4096)) and np.all(upper <= 4096)
+    assert len(np.unique(upper[(s > 1024) & (s <= 2048)])) == 2  # two buckets per octave
+
+
+def test_profile_maximises_samples_per_device_second():
+    cluster = get_cluster("a100-64")
+    cost = get_cost_model("auto", get_model_shape("gpt-7b"), cluster)
+    planner = get_planner("dcp", cluster, cost)
+    uppers = np.array([100, 1024, 6000, 40000, 300000])
+    level = 0.0625
+    for upper, choice in zip(uppers, planner.profile(uppers, np.inf, np.array([level]))):
+        def rate(d: int) -> float:
+            batch = cost.max_tokens(d, level) // upper
+            return batch / (d * cost.time([int(upper)] * batch, d, level)) if batch else 0.0
+        assert rate(choice.degree) == pytest.approx(max(rate(d) for d in cost.degrees))
+        assert choice.batch == cost.max_tokens(choice.degree, level) // upper
+
+
+def test_profile_caps_micro_batch_time_at_the_target():
+    cluster = get_cluster("a100-64")
+    cost = get_cost_model("auto", get_model_shape("gpt-7b"), cluster)
+    planner = get_planner("dcp", cluster, cost)
+    uppers = np.array([256, 4096, 65536])
+    for target in (1.0, 3.0):
+        for upper, choice in zip(uppers, planner.profile(uppers, target, np.array([0.0625]))):
+            took = cost.time([int(upper)] * choice.batch, choice.degree, 0.0625)
+            fastest = min(cost.time([int(upper)], d, 0.0625) for d in cost.degrees
+                          if cost.max_tokens(d, 0.0625) >= upper)
+            assert took <= target * (1 + 1e-9) or (choice.batch == 1 and took == pytest.approx(fastest))
+
+
+def _low_memory():
+    """A cluster on which the longest allowed sequence needs full checkpointing."""
+    cluster = make_cluster(2, 4, 2e9)
+    cost = CostModel.analytic(SMALL, cluster)
+    max_len = cost.max_tokens(cost.degrees[-1], 1.0)
+    rng = np.random.default_rng(0)
+    lengths = [int(x) for x in rng.integers(50, 400, 60)] + [max_len // 3, max_len // 2, max_len]
+    return cluster, cost, lengths, max_len
+
+
+def test_intra_turns_checkpointing_off_for_short_sequences():
+    cluster, cost, lengths, max_len = _low_memory()
+    planner = get_planner("dcp", cluster, cost, PlannerOptions(max_len=max_len))
+    target = 2 * cost.lower_bound(lengths)
+    inter = planner.plan_for_target(lengths, max_len, 1.0, target, "inter")
+    both = planner.plan_for_target(lengths, max_len, 1.0, target, "both")
+    assert {mb.checkpoint for _, _, mb in inter.micro_batches() if mb.seq_ids} == {1.0}
+    levels = []
+    for _, g, mb in both.micro_batches():
+        tokens = sum(both.mb_lengths(mb))
+        assert mb.checkpoint == cost.min_checkpoint(tokens, g.degree)
+        levels.append((max(both.mb_lengths(mb)), mb.checkpoint))
+    assert all(level == 0.0 for longest, level in levels if longest < 400)
+    assert max(level for _, level in levels) > 0.0  # the longest still recompute
+    busy = lambda p: sum(mb_time(mb, p.lengths, g.degree, cost) for _, g, mb in p.micro_batches())
+    assert busy(both) < busy(inter)
+    for plan in (inter, both):
+        plan.validate(cluster, cost)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_inter_balances_group_times(seed):
+    cluster = get_cluster("a100-64")
+    cost = get_cost_model("auto", get_model_shape("gpt-7b"), cluster)
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(6, 1.5, 512), 1, 200000).astype(int).tolist()
+    planner = get_planner("dcp", cluster, cost)
+    target = 1.5 * cost.lower_bound(lengths)
+    balanced = planner.plan_for_target(lengths, max(lengths), 0.0625, target, "both")
+    naive = planner.plan_for_target(lengths, max(lengths), 0.0625, target, "intra")
+    assert len(balanced.waves) == len(naive.waves) == 1
+    fast, slow = group_times(balanced, cost), group_times(naive, cost)
+    assert max(fast) <= max(slow) * (1 + 1e-9)
+    assert max(fast) / min(fast) < max(slow) / min(slow)
+    # Naive: equal accumulation counts within a degree; balanced: counts follow the times.
+    for plan, equal in ((naive, True), (balanced, False)):
+        by_degree: dict[int, list[int]] = {}
+        for g in plan.waves[0].groups:
+            if g.micro_batches:
+                by_degree.setdefault(g.degree, []).append(len(g.micro_batches))
+        spreads = [max(c) - min(c) for c in by_degree.values()]
+        assert (max(spreads) <= 1) if equal else (max(spreads) >= 1)
+
+
+def test_accumulation_bound_opens_another_wave():
+    cluster = make_cluster(1, 2, 4e9)
+    cost = CostModel.analytic(SMALL, cluster)
+    lengths = [3000] * 200
+    plan = get_planner("dcp", cluster, cost).plan(lengths)
+    plan.validate(cluster, cost)
+    assert len(plan.waves) > 1
+    assert all(len(g.micro_batches) <= MAX_ACCUMULATION for w in plan.waves for g in w.groups)
+
+
+def test_unknown_mode_and_overlong_sequence_are_errors():
+    cluster = make_cluster(1, 4, 8e9)
+    cost = CostModel.analytic(SMALL, cluster)
+    with pytest.raises(ValueError, match="dcp_mode"):
+        get_planner("dcp", cluster, cost, PlannerOptions(dcp_mode="sideways")).plan([10, 20])
+    with pytest.raises(ValueError, match="max_len"):
+        get_planner("dcp", cluster, cost, PlannerOptions(max_len=100)).plan([10, 200])
+
+
+def test_fast_enough_for_a100_64():
+    cluster = get_cluster("a100-64")
+    cost = get_cost_model("auto", get_model_shape("gpt-7b"), cluster)
+    lengths = np.clip(np.random.default_rng(0).lognormal(6, 1.5, 512), 1, 393216).astype(int).tolist()
+    planner = get_planner("dcp", cluster, cost, PlannerOptions(max_len=393216))
+    planner.plan(lengths)  # warm up
+    begin = time.perf_counter()
+    planner.plan(lengths)
+    # The budget is 100 ms; leave room for a loaded test machine.
+    assert time.perf_counter() - begin < 0.5
