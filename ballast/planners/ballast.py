@@ -42,6 +42,7 @@ import math
 
 import numpy as np
 
+from ..cost import CostModel
 from ..plan import Group, MicroBatch, Plan, Wave, fill_idle
 from ..simulate import step_time
 from . import register
@@ -51,8 +52,10 @@ from .base import Planner
 TARGETS = (0.15, 0.25, 0.35, 0.5, 0.65, 0.8, 0.9, 1.0, 1.05, 1.12, 1.2, 1.35, 1.6, 2.0, 3.0, math.inf)
 # Head sizes (longest sequences in a wave of their own) built fully.
 HEAD_CANDIDATES = 2
-# Candidate layouts whose sequences are assigned (the rest are judged by their proxy).
-ASSIGNED_CANDIDATES = 4
+# Sequence placements per wave spent on assigning candidate layouts (best proxy first), and
+# the fewest layouts assigned whatever the batch size; the rest are judged by their proxy.
+PLACEMENT_BUDGET = 4096
+MIN_ASSIGNED = 5
 # Candidate waves packed exactly (the rest are judged by their estimate).
 EXACT_CANDIDATES = 2
 # Micro-batch counts tried per group beyond the fewest that memory allows.
@@ -66,44 +69,69 @@ MOVES_PER_GROUP = 2
 
 
 class _Loads:
-    """Estimated times of a wave's groups, updated in O(groups) per added sequence."""
+    """Estimated times of a wave's groups (the module docstring's `est`), updated per sequence.
 
-    def __init__(self, planner: BallastPlanner, degrees: np.ndarray):
-        cost = planner.cost
+    Besides F, a sequence longer than `cap` tokens per device must recompute its own excess
+    whatever the micro-batch count (it cannot be split); that forced part is tracked per group
+    and the larger of the two overheads charged.
+    """
+
+    def __init__(self, cost: CostModel, degrees: np.ndarray):
         self.cost, self.deg = cost, degrees.astype(np.float64)
         self.comm_per_token = np.array([0.0 if d == 1 else cost.bytes_per_token / (d * cost.bandwidth[d])
                                         for d in degrees])
         self.cap = (cost.device_memory - cost.states) / cost.act_per_token
-        self.quad = np.zeros(len(degrees))    # sum of a s^2 + b s
+        self.recompute_rate = cost.recompute / (1.0 - cost.kept)
+        self.quad = np.zeros(len(degrees))      # sum of a s^2 + b s
         self.tokens = np.zeros(len(degrees))
+        self.forced = np.zeros(len(degrees))    # recomputation no packing avoids
 
-    def estimate(self, quad: np.ndarray, tokens: np.ndarray, rows: slice | np.ndarray = slice(None)) -> np.ndarray:
+    def estimate(self, quad: np.ndarray, tokens: np.ndarray, forced: np.ndarray,
+                 rows: slice | np.ndarray = slice(None)) -> np.ndarray:
         cost, deg = self.cost, self.deg[rows]
         per_token = np.divide(quad, tokens, out=np.zeros_like(quad), where=tokens > 0)
-        slope = np.minimum(cost.recompute * per_token / (1.0 - cost.kept), cost.g / self.cap)
-        over = cost.g + np.maximum(0.0, tokens / deg - self.cap) * slope
+        slope = np.minimum(self.recompute_rate * per_token, cost.g / self.cap)
+        over = cost.g + np.maximum(forced, np.maximum(0.0, tokens / deg - self.cap) * slope)
         t = quad / deg + tokens * self.comm_per_token[rows] + over
         return np.where(tokens > 0, t, 0.0)
 
-    def one(self, j: int, add_quad: float = 0.0, add_tokens: float = 0.0) -> float:
+    def current(self) -> np.ndarray:
+        return self.estimate(self.quad, self.tokens, self.forced)
+
+    def terms(self, length, deg):
+        """(a s^2 + b s, forced recomputation) of sequences of `length` at degrees `deg`."""
+        cost = self.cost
+        forced = np.maximum(0.0, length / deg - self.cap) * self.recompute_rate * (cost.a * length + cost.b)
+        return cost.a * length * length + cost.b * length, forced
+
+    def with_added(self, length: float) -> np.ndarray:
+        quad, forced = self.terms(length, self.deg)
+        return self.estimate(self.quad + quad, self.tokens + length, self.forced + forced)
+
+    def without(self, j: int, length: float) -> float:
+        quad, forced = self.terms(length, self.deg[j])
+        rows = slice(j, j + 1)
+        return float(self.estimate(self.quad[rows] - quad, self.tokens[rows] - length,
+                                   self.forced[rows] - forced, rows)[0])
+
+    def one(self, j: int, length: float) -> float:
         """estimate() of group j with a sequence added, in scalar arithmetic (the hot path)."""
-        quad, tokens = float(self.quad[j]) + add_quad, float(self.tokens[j]) + add_tokens
-        if tokens <= 0:
-            return 0.0
         cost, deg = self.cost, float(self.deg[j])
-        slope = min(cost.recompute * quad / tokens / (1.0 - cost.kept), cost.g / self.cap)
-        over = cost.g + max(0.0, tokens / deg - self.cap) * slope
+        quad = float(self.quad[j]) + cost.a * length * length + cost.b * length
+        tokens = float(self.tokens[j]) + length
+        forced = float(self.forced[j])
+        if length > deg * self.cap:
+            forced += (length / deg - self.cap) * self.recompute_rate * (cost.a * length + cost.b)
+        slope = min(self.recompute_rate * quad / tokens, cost.g / self.cap)
+        over = cost.g + max(forced, max(0.0, tokens / deg - self.cap) * slope)
         return quad / deg + tokens * float(self.comm_per_token[j]) + over
 
-    def current(self) -> np.ndarray:
-        return self.estimate(self.quad, self.tokens)
-
-    def with_added(self, q: float, s: float) -> np.ndarray:
-        return self.estimate(self.quad + q, self.tokens + s)
-
-    def move(self, j: int, q: float, s: float) -> None:
-        self.quad[j] += q
-        self.tokens[j] += s
+    def move(self, j: int, length: float, sign: int = 1) -> None:
+        cost, deg = self.cost, float(self.deg[j])
+        self.quad[j] += sign * (cost.a * length * length + cost.b * length)
+        self.tokens[j] += sign * length
+        if length > deg * self.cap:
+            self.forced[j] += sign * (length / deg - self.cap) * self.recompute_rate * (cost.a * length + cost.b)
 
 
 @register
@@ -127,9 +155,10 @@ class BallastPlanner(Planner):
             layouts = [self._layouts(part) for part in parts]
             score = sum(found[0][0] if found else math.inf for found in layouts)
             options.append((score, head, parts, layouts))
-        options.sort(key=lambda option: (option[0], option[1]))
+        # One wave (head 0) is always built; other head sizes only if their proxies promise.
+        options = options[:1] + sorted(options[1:], key=lambda option: option[0])[:HEAD_CANDIDATES - 1]
         best: tuple[float, list[Wave]] | None = None
-        for _, _, parts, layouts in options[:HEAD_CANDIDATES]:
+        for _, _, parts, layouts in options:
             waves = [wave for part, found in zip(parts, layouts)
                      for wave in ([self._finish(part, found)] if found else self._waves(part))]
             t = step_time(Plan(lengths, waves), self.cost)
@@ -161,7 +190,7 @@ class BallastPlanner(Planner):
     def _layouts(self, ids: np.ndarray) -> list[tuple[float, list[int]]]:
         """Distinct group layouts for `ids`, one per makespan target, best proxy first."""
         lower = self.cost.lower_bound(self._lengths[ids].tolist())
-        layouts, seen = [], set()
+        choices = []
         for factor in TARGETS:
             # Narrow the widest degree until every class gets ranks: a sequence that would
             # take the whole cluster at its best degree then runs slower beside the others.
@@ -170,6 +199,14 @@ class BallastPlanner(Planner):
                 choice = self._degrees(ids, lower * factor, width)
                 layout = None if choice is None else self._allocate(ids, choice)
                 width //= 2
+            choices.append((choice, layout))
+        # Uniform layouts too: one degree for all. Wide groups holding many sequences balance
+        # by fine grain and need no checkpointing, which wins where all-to-alls are cheap.
+        for row in np.nonzero(np.isfinite(self._work[:, ids]).all(axis=1))[0]:
+            choice = np.full(len(ids), row)
+            choices.append((choice, self._allocate(ids, choice)))
+        layouts, seen = [], set()
+        for choice, layout in choices:
             if layout is None or (key := (choice.tobytes(), tuple(layout))) in seen:
                 continue
             seen.add(key)
@@ -178,7 +215,9 @@ class BallastPlanner(Planner):
 
     def _finish(self, ids: np.ndarray, layouts: list[tuple[float, list[int]]]) -> Wave:
         """Assign, balance and pack the most promising layouts; the fastest wave."""
-        candidates = [self._assign(ids, layout) for _, layout in layouts[:ASSIGNED_CANDIDATES]]
+        # Assigning is linear in the batch: small batches afford every layout, large ones the best.
+        assigned = max(MIN_ASSIGNED, PLACEMENT_BUDGET // len(ids))
+        candidates = [self._assign(ids, layout) for _, layout in layouts[:assigned]]
         candidates.sort(key=lambda c: c[0].current().max())
         best: tuple[float, list[Group]] | None = None
         for loads, layout, members in candidates[:EXACT_CANDIDATES]:
@@ -216,8 +255,12 @@ class BallastPlanner(Planner):
         quad = np.bincount(choice, weights=self._quad[ids], minlength=len(self._deg))
         tokens = np.bincount(choice, weights=self._lengths[ids], minlength=len(self._deg))
         used = groups > 0
-        loads = _Loads(self, self._deg[used])
-        spread = loads.estimate(quad[used] / groups[used], tokens[used] / groups[used])
+        loads = _Loads(self.cost, self._deg[used])
+        s = self._lengths[ids].astype(np.float64)
+        _, forced = loads.terms(s, self._deg[choice])
+        forced = np.bincount(choice, weights=forced, minlength=len(self._deg))
+        spread = loads.estimate(quad[used] / groups[used], tokens[used] / groups[used],
+                                forced[used] / groups[used])
         alone = self._work[choice, ids].max() + self.cost.g
         return max(float(spread.max()), float(alone))
 
@@ -228,24 +271,26 @@ class BallastPlanner(Planner):
         estimate grows with the load), so one heap per degree keeps each placement at
         O(degrees x log groups), linear in the batch for thousands of sequences.
         """
-        loads = _Loads(self, np.asarray(layout))
+        loads = _Loads(self.cost, np.asarray(layout))
         members: list[list[int]] = [[] for _ in layout]
         heaps: dict[int, list[tuple[float, int]]] = {}
         for j, d in enumerate(layout):
             heaps.setdefault(self._row[d], []).append((0.0, j))
-        for s in ids:  # `ids` come longest first
-            q, n = float(self._quad[s]), float(self._lengths[s])
+        by_row = sorted(heaps.items())
+        # Feasibility is monotone in the degree: the first row where a sequence fits memory.
+        first_row = np.argmax(np.isfinite(self._work[:, ids]), axis=0).tolist()
+        for s, n, fits_from in zip(ids.tolist(), self._lengths[ids].astype(float).tolist(), first_row):
             best = (math.inf, -1, -1)
-            for row, heap in heaps.items():
-                if np.isfinite(self._work[row, s]):
+            for row, heap in by_row:
+                if row >= fits_from:
                     j = heap[0][1]
-                    grown = loads.one(j, q, n)
+                    grown = loads.one(j, n)
                     if grown < best[0]:
                         best = (grown, j, row)
             grown, j, row = best
             assert j >= 0, f"sequence {s} fits no group of the layout"
-            loads.move(j, q, n)
-            members[j].append(int(s))
+            loads.move(j, n)
+            members[j].append(s)
             heapq.heapreplace(heaps[row], (grown, j))
         return loads, layout, members
 
@@ -288,10 +333,9 @@ class BallastPlanner(Planner):
             slow = int(np.argmax(times))
             best = (times[slow], -1, -1)
             for s in members[slow]:
-                q, n = self._quad[s], self._lengths[s]
-                left = loads.estimate(loads.quad[slow:slow + 1] - q, loads.tokens[slow:slow + 1] - n,
-                                      slice(slow, slow + 1))[0]
-                grown = np.where(np.isfinite(self._work[rows, s]), loads.with_added(q, n), np.inf)
+                n = float(self._lengths[s])
+                left = loads.without(slow, n)
+                grown = np.where(np.isfinite(self._work[rows, s]), loads.with_added(n), np.inf)
                 grown[slow] = np.inf
                 j = int(np.argmin(grown))
                 after = max(left, grown[j])
@@ -302,8 +346,8 @@ class BallastPlanner(Planner):
             _, s, j = best
             members[slow].remove(s)
             members[j].append(s)
-            loads.move(slow, -self._quad[s], -self._lengths[s])
-            loads.move(j, self._quad[s], self._lengths[s])
+            loads.move(slow, float(self._lengths[s]), -1)
+            loads.move(j, float(self._lengths[s]))
 
     def _repair(self, groups: list[Group], times: list[float]) -> bool:
         """Move one sequence off the slowest group, judged by exact packed times; False if none helps."""
