@@ -47,6 +47,7 @@ from ..plan import Group, MicroBatch, Plan, Wave, fill_idle
 from ..simulate import step_time
 from . import register
 from .base import Planner
+from .packing import pad_lockstep
 
 # Makespan targets tried, as multiples of the batch's lower bound; inf = least area everywhere.
 TARGETS = (0.15, 0.25, 0.35, 0.5, 0.65, 0.8, 0.9, 1.0, 1.05, 1.12, 1.2, 1.35, 1.6, 2.0, 3.0, math.inf)
@@ -164,10 +165,10 @@ class BallastPlanner(Planner):
             t = step_time(Plan(lengths, waves), self.cost)
             if best is None or t < best[0]:
                 best = (t, waves)
-        plan = Plan(lengths, best[1], info={"waves": len(best[1])})
+        waves = best[1]
         if self.options.lockstep:
-            _pad_lockstep(plan)
-        return plan
+            waves = [pad_lockstep(wave, lengths, self.cost) for wave in waves]
+        return Plan(lengths, waves, lockstep=self.options.lockstep)
 
     # --- candidates ---------------------------------------------------------------------------
     def _head_sizes(self, order: np.ndarray) -> list[int]:
@@ -429,12 +430,3 @@ class BallastPlanner(Planner):
         return sum(time_from_sums(sum(lengths[s] * lengths[s] for s in mb.seq_ids),
                                   sum(lengths[s] for s in mb.seq_ids), degree, mb.checkpoint)
                    for mb in mbs)
-
-
-def _pad_lockstep(plan: Plan) -> None:
-    """Give every group of a wave the same micro-batch count with empty fillers (FSDP)."""
-    plan.lockstep = True
-    for wave in plan.waves:
-        depth = max(len(g.micro_batches) for g in wave.groups)
-        for g in wave.groups:
-            g.micro_batches += [MicroBatch([], 0.0) for _ in range(depth - len(g.micro_batches))]
