@@ -47,3 +47,4 @@ from . import ballast  # noqa: E402,F401
 __all__ = ["PLANNERS", "Planner", "PlannerOptions", "get_planner", "make_plan", "parse_planner_names", "register"]
 from . import dcp  # noqa: E402,F401
 from . import hydraulis  # noqa: E402,F401
+from . import zeppelin  # noqa: E402,F401

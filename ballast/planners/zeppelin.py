@@ -1,0 +1,353 @@
+"""`zeppelin`: Zeppelin's hierarchical partitioning and remapping layer on ballast's plan contract.
+
+Zeppelin (Chen et al., arXiv:2509.21841) keeps short sequences on one device, splits medium ones
+inside a node, lets only very long ones cross nodes, remaps tokens so linear modules see a
+balanced layout, and routes inter-node traffic over all NICs. Per step, for T = theta x the
+cost model's lower bound (theta in THETAS; every theta and layout is built, the best kept):
+
+1. Classes from cost crossovers: a sequence takes, of the degrees where it fits and alone ends
+   within T, the one of least device-seconds d time(s, d): it moves to 2d where that is cheaper
+   per device-second (less recomputation) or where d is too slow beside the balanced per-rank
+   load. Degree 1 is local, up to devices_per_node intra-node, more inter-node (`crossovers()`).
+2. Node level: inter-node sequences get aligned blocks of whole nodes, one group each running
+   its sequences in turn (a block opens when the least-loaded one would pass T). The rest go to
+   the other nodes by LPT on estimated node-seconds under a cap; the overflow runs in a later
+   wave over all nodes. Layouts: "shared" caps at T, "fill" at the inter-node groups' length,
+   "separate" also spreads inter-node sequences over every free block.
+3. Rank level: intra-node sequences (widest first) open aligned blocks in their node or join the
+   least-loaded one of their degree; free ranks are single-rank groups; local sequences go,
+   longest first, where they finish earliest (a wider group always has the memory).
+4. Micro-batches: each group packs token-balanced into the fastest k micro-batches, k between the
+   fewest memory allows and the count needing no recomputation, each at `cost.min_checkpoint`.
+
+Remapping (`options.remap`, on by default) moves tokens after attention so every rank of a
+domain (a node, or the whole wave) holds the same count for the linear modules, and back before
+the next attention. It is a collective of the domain at every layer, so the domain's groups run
+micro-batch slot by slot: slot = max over groups of attention (a s^2 term, Ulysses all-to-all)
++ the domain's linear device-seconds (b s term) / its ranks + transfer + g, the transfer being
+the largest per-rank surplus or deficit x half the all-to-all bytes per token (one hidden-sized
+tensor there and back, forward and backward, against q, k, v, out) / bw(domain size). A domain
+is remapped only where that is faster and the balanced count fits memory at the slot's lowest
+checkpoint level. `info["remap"]` keeps the prediction, moved tokens and remapped domains; with
+remap on, candidates are ranked by it and one more is built in Zeppelin's split (ranks balanced
+by attention alone, linear work left to the remap). `simulate()` has no remap term.
+
+Routing is a runtime property and is not in these numbers: the cost model has one per-rank
+bandwidth per degree, no per-NIC term. Inter-node groups here span whole nodes, so each GPU's
+NIC is used anyway; a cross-node remap could spread a node's share over all its NICs, but is
+charged per rank.
+
+Ours, not the paper's: the plan contract's aligned power-of-two Ulysses groups and waves (a
+node hosting an inter-node sequence does nothing else in that wave), thresholds from ballast's
+cost model, the candidate search over theta and layouts, and the choice of remap domain.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ..cost import CostModel
+from ..plan import Group, MicroBatch, Plan, Wave, fill_idle
+from ..simulate import step_time
+from . import register
+from .base import Planner
+from .packing import longest_processing_time, mb_time, micro_batch
+
+THETAS = (1.25, 1.0, 0.6)
+"""Targets as fractions of the lower bound: how long a sequence may run alone."""
+LAYOUTS = ("shared", "fill", "separate")
+MAX_PACKINGS = 12
+"""Micro-batch counts tried per group (sampled evenly over a wider range)."""
+
+
+@dataclass
+class _Draft:
+    """A group being filled: its block, sequences and estimated per-rank seconds."""
+    start: int
+    degree: int
+    ids: list[int] = field(default_factory=list)
+    load: float = 0.0
+
+
+@dataclass
+class _Step:
+    """Per-step estimates shared by the candidate builds: per degree, per sequence, per-rank
+    seconds (with a token-proportional memory overhead), in total and without the b s term."""
+    lengths: list[int]
+    total: dict[int, list[float]]
+    attention: dict[int, list[float]]
+    cls: list[int] = field(default_factory=list)
+    """Class degree per sequence."""
+    by_attention: bool = False
+    """Balance ranks inside a node by attention alone, leaving linear work to the remap."""
+
+    def e(self, i: int, degree: int) -> float:
+        return self.total[degree][i]
+
+    def r(self, i: int, degree: int) -> float:
+        """What the rank level balances."""
+        return (self.attention if self.by_attention else self.total)[degree][i]
+
+
+def classify(times: np.ndarray, degrees: Sequence[int], budget: float) -> np.ndarray:
+    """Per sequence, the degree of least device-seconds among those where it alone takes at most
+    `budget` (times: [degree index, sequence], inf where it does not fit); else the fastest."""
+    area = np.where(times <= budget, times * np.asarray(degrees, dtype=np.float64)[:, None], np.inf)
+    pick = np.argmin(area, axis=0)
+    none = ~np.isfinite(area.min(axis=0))
+    pick[none] = np.argmin(times[:, none], axis=0)
+    return np.asarray(degrees)[pick]
+
+
+def crossovers(cost: CostModel, budget: float, devices_per_node: int) -> dict[str, int]:
+    """The longest lengths (on a ~1% grid) that stay local, and that stay inside a node."""
+    grid = np.unique(np.geomspace(1, cost.max_tokens(cost.degrees[-1], 1.0), 800).astype(np.int64))
+    cls = classify(cost.sequence_times(grid), cost.degrees, budget)
+    local, intra = grid[cls == 1], grid[cls <= devices_per_node]
+    return {"local_max_len": int(local.max()) if local.size else 0,
+            "intra_max_len": int(intra.max()) if intra.size else 0}
+
+
+def balance_nodes(weights: Sequence[float], nodes: int, cap: float = math.inf) -> tuple[list[list[int]], list[int]]:
+    """LPT of item weights onto nodes; an item that would push a non-empty node past `cap` is
+    deferred. With cap = inf: max load <= mean load + max weight (list scheduling)."""
+    heap = [(0.0, j) for j in range(nodes)]
+    out: list[list[int]] = [[] for _ in range(nodes)]
+    deferred = []
+    for i in sorted(range(len(weights)), key=lambda i: -weights[i]):
+        load, j = heap[0]
+        if load > 0 and load + weights[i] > cap:
+            deferred.append(i)  # the least-loaded node cannot take it, so none can
+            continue
+        heapq.heapreplace(heap, (load + weights[i], j))
+        out[j].append(i)
+    return out, deferred
+
+
+@register
+class ZeppelinPlanner(Planner):
+    name = "zeppelin"
+
+    def _plan(self, lengths: list[int]) -> Plan:
+        cost, ppn = self.cost, self.cluster.devices_per_node
+        s = np.asarray(lengths, dtype=np.float64)
+        deg = np.asarray(cost.degrees, dtype=np.float64)[:, None]
+        times = cost.sequence_times(lengths)
+        # Past what fits without checkpointing a rank pays per token recomputation or another
+        # micro-batch's g (the lower bound's memory term): charged per token, it makes the
+        # balance token-aware as well as s^2-aware.
+        free_tokens = (cost.device_memory - cost.states) / cost.act_per_token
+        est = times + min(cost.recompute * cost.b / (1.0 - cost.kept), cost.g / free_tokens) * s / deg
+        step = _Step(lengths, dict(zip(cost.degrees, est.tolist())),
+                     dict(zip(cost.degrees, (est - cost.b * s / deg).tolist())))
+        target = cost.lower_bound(lengths)
+        best: tuple[float, Plan, float, np.ndarray] | None = None
+        seen: set[bytes] = set()
+        for theta in THETAS:
+            budget = theta * target - cost.g
+            if budget <= 0:  # no sequence could finish in time: every one would go to the widest degree
+                continue
+            cls = classify(times, cost.degrees, budget)
+            if cls.tobytes() in seen:
+                continue
+            seen.add(cls.tobytes())
+            step.cls = cls.tolist()
+            for layout in LAYOUTS if max(step.cls) > ppn else LAYOUTS[:1]:
+                plan = self._build(step, target, layout)
+                plan.info.update(theta=theta, layout=layout, target_s=target, rank_balance="total")
+                plan.info["remap"] = self._remap_info(plan)
+                if best is None or plan.info["remap"]["predicted_step_s"] < best[0]:
+                    best = (plan.info["remap"]["predicted_step_s"], plan, budget, cls)
+        assert best is not None
+        score, plan, budget, cls = best
+        if self.options.remap:  # Zeppelin's split, kept only if predicted faster
+            step.cls, step.by_attention = cls.tolist(), True
+            alt = self._build(step, target, plan.info["layout"])
+            alt.info.update(plan.info, rank_balance="attention", remap=self._remap_info(alt))
+            plan = alt if alt.info["remap"]["predicted_step_s"] < score else plan
+        plan.info["crossovers"] = crossovers(cost, budget, ppn)
+        plan.info["classes"] = {"local": int((cls == 1).sum()), "intra_node": int(((cls > 1) & (cls <= ppn)).sum()),
+                                "inter_node": int((cls > ppn).sum())}
+        return plan
+
+    # --- node level ----------------------------------------------------------------------------
+    def _build(self, step: _Step, target: float, layout: str) -> Plan:
+        ppn, nodes = self.cluster.devices_per_node, self.cluster.nodes
+        inter = [i for i in range(len(step.lengths)) if step.cls[i] > ppn]
+        rest = [i for i in range(len(step.lengths)) if step.cls[i] <= ppn]
+        waves: list[Wave] = []
+        while inter:
+            drafts, inter = self._place_inter(step, inter, 0.0 if layout == "separate" else target)
+            used = {r // ppn for g in drafts for r in range(g.start, g.start + g.degree)}
+            free = [j for j in range(nodes) if j not in used]
+            if free and rest:
+                cap = max(g.load for g in drafts) + self.cost.g
+                placed, rest = self._spread(step, rest, free, max(cap, target) if layout == "shared" else cap)
+                drafts += placed
+            waves.append(self._wave(step, drafts))
+        if rest:
+            placed, left = self._spread(step, rest, list(range(nodes)), math.inf)
+            assert not left
+            waves.append(self._wave(step, placed))
+        return Plan(step.lengths, waves, lockstep=self.options.lockstep)
+
+    def _place_inter(self, step: _Step, ids: list[int], target: float) -> tuple[list[_Draft], list[int]]:
+        """Inter-node sequences onto aligned blocks of whole nodes; those left for a later wave."""
+        ppn, nodes = self.cluster.devices_per_node, self.cluster.nodes
+        taken = [False] * nodes
+        drafts: list[_Draft] = []
+        deferred = []
+        for i in sorted(ids, key=lambda i: (-step.cls[i], -step.e(i, step.cls[i]))):
+            d = step.cls[i]
+            k, e = d // ppn, step.e(i, d)
+            group = min((g for g in drafts if g.degree == d), key=lambda g: g.load, default=None)
+            if group is None or group.load + e > target:
+                start = next((j for j in range(0, nodes - k + 1, k) if not any(taken[j:j + k])), None)
+                if start is not None:
+                    taken[start:start + k] = [True] * k
+                    group = _Draft(start * ppn, d)
+                    drafts.append(group)
+            if group is None:
+                deferred.append(i)
+            else:
+                group.ids.append(i)
+                group.load += e
+        return drafts, deferred
+
+    def _spread(self, step: _Step, ids: list[int], nodes: list[int], cap: float) -> tuple[list[_Draft], list[int]]:
+        """Local and intra-node sequences balanced over `nodes` (node-seconds), then over ranks."""
+        ppn = self.cluster.devices_per_node
+        weights = [step.e(i, step.cls[i]) * step.cls[i] / ppn for i in ids]
+        per_node, deferred = balance_nodes(weights, len(nodes), cap)
+        drafts = [g for j, idx in zip(nodes, per_node) for g in self._rank_level(step, j * ppn, [ids[k] for k in idx])]
+        return drafts, [ids[k] for k in deferred]
+
+    # --- rank level ----------------------------------------------------------------------------
+    def _rank_level(self, step: _Step, base: int, ids: list[int]) -> list[_Draft]:
+        ppn = self.cluster.devices_per_node
+        target = sum(step.r(i, step.cls[i]) * step.cls[i] for i in ids) / ppn  # the node's mean
+        owner: list[_Draft | None] = [None] * ppn
+        drafts: list[_Draft] = []
+        for i in sorted((i for i in ids if step.cls[i] > 1), key=lambda i: (-step.cls[i], -step.r(i, step.cls[i]))):
+            d = step.cls[i]
+            group = min((g for g in drafts if g.degree == d), key=lambda g: g.load, default=None)
+            if group is None or group.load + step.r(i, d) > target:
+                start = next((r for r in range(0, ppn, d) if all(o is None for o in owner[r:r + d])), None)
+                if start is not None:
+                    group = _Draft(base + start, d)
+                    owner[start:start + d] = [group] * d
+                    drafts.append(group)
+            if group is None:  # wider blocks, opened first, cover the ranks a block of d needs
+                group = min((g for g in drafts if g.degree >= d), key=lambda g: g.load + step.r(i, g.degree))
+            group.ids.append(i)
+            group.load += step.r(i, group.degree)
+        drafts += [_Draft(base + r, 1) for r in range(ppn) if owner[r] is None]
+        # Earliest finish: per degree only the least-loaded group can be best, so one heap each.
+        heaps: dict[int, list[tuple[float, int]]] = {}
+        for k, g in enumerate(drafts):
+            heapq.heappush(heaps.setdefault(g.degree, []), (g.load, k))
+        for i in sorted((i for i in ids if step.cls[i] == 1), key=lambda i: -step.r(i, 1)):
+            d = min(heaps, key=lambda d: heaps[d][0][0] + step.r(i, d))
+            group = drafts[heaps[d][0][1]]
+            group.ids.append(i)
+            group.load += step.r(i, d)
+            heapq.heapreplace(heaps[d], (group.load, heaps[d][0][1]))
+        return [g for g in drafts if g.ids]
+
+    # --- micro-batches -------------------------------------------------------------------------
+    def _wave(self, step: _Step, drafts: list[_Draft]) -> Wave:
+        groups = fill_idle([Group(g.start, g.degree, self._pack(step.lengths, g.ids, g.degree)) for g in drafts],
+                           self.cluster.world_size)
+        if self.options.lockstep:  # FSDP: every group, idle ones too, runs the same count
+            depth = max(len(g.micro_batches) for g in groups)
+            for g in groups:
+                g.micro_batches += [MicroBatch([], 0.0) for _ in range(depth - len(g.micro_batches))]
+        return Wave(groups)
+
+    def _pack(self, lengths: list[int], ids: list[int], degree: int) -> list[MicroBatch]:
+        """The fastest token-balanced packing into k micro-batches, each at its least checkpoint."""
+        cost = self.cost
+        sizes = [lengths[i] for i in ids]
+        hi = cost.max_tokens(degree, 1.0)
+        k_min = max(1, math.ceil(sum(sizes) / hi))
+        k_max = min(len(ids), max(k_min, math.ceil(sum(sizes) / max(1, cost.max_tokens(degree, 0.0)))))
+        best: tuple[float, list[list[int]]] = (math.inf, [[j] for j in range(len(ids))])
+        for k in range(k_min, k_max + 1, max(1, math.ceil((k_max - k_min) / MAX_PACKINGS))):
+            bins = longest_processing_time(sizes, k) if k > 1 else [list(range(len(ids)))]
+            sums = [sum(sizes[j] for j in b) for b in bins]
+            if max(sums) > hi:
+                continue  # LPT overshot the capacity; more micro-batches will fit
+            total = sum(cost.time_from_sums(sum(sizes[j] ** 2 for j in b), n, degree, cost.min_checkpoint(n, degree))
+                        for b, n in zip(bins, sums))
+            best = min(best, (total, bins), key=lambda x: x[0])
+        mbs = [micro_batch([ids[j] for j in b], lengths, degree, cost) for b in best[1]]
+        # Longest first, so that slots of a remapped domain line up like sizes.
+        return sorted(mbs, key=lambda mb: -mb_time(mb, lengths, degree, cost)) if len(mbs) > 1 else mbs
+
+    # --- remapping -----------------------------------------------------------------------------
+    def _remap_info(self, plan: Plan) -> dict:
+        plain = step_time(plan, self.cost)
+        if not self.options.remap:
+            return {"enabled": False, "linear_balanced": False, "moved_tokens": 0, "predicted_step_s": plain}
+        total, waves = 0.0, []
+        for wave in plan.waves:
+            stats = [(g.degree, [self._mb_stats(plan, mb, g.degree) for mb in g.micro_batches]) for g in wave.groups]
+            options = []
+            for scope, width in (("node", self.cluster.devices_per_node), ("wave", self.cluster.world_size)):
+                domains: dict[tuple[int, int], list] = {}
+                for g, st in zip(wave.groups, stats):
+                    size = max(width, g.degree)  # an inter-node group's nodes form one domain
+                    domains.setdefault((g.start // size * size, size), []).append(st)
+                res = {dom: self._domain(groups, dom[1], plan.lockstep) for dom, groups in domains.items()}
+                slots = [r[0] for r in res.values()]
+                t = float(np.max(slots, axis=0).sum()) if plan.lockstep else max(float(np.sum(x)) for x in slots)
+                remapped = sorted(list(dom) for dom, r in res.items() if r[2])
+                options.append((t, {"scope": scope if remapped else "none", "domains": remapped,
+                                    "moved_tokens": sum(r[1] for r in res.values())}))
+            t, chosen = min(options, key=lambda o: o[0])
+            total += t
+            waves.append(chosen)
+        return {"enabled": True, "linear_balanced": any(w["domains"] for w in waves),
+                "moved_tokens": sum(w["moved_tokens"] for w in waves), "predicted_step_s": total,
+                "step_s_without_remap": plain, "bytes_per_token": self.cost.bytes_per_token / 2, "waves": waves}
+
+    def _mb_stats(self, plan: Plan, mb: MicroBatch, degree: int) -> tuple[float, float, float, float]:
+        """(attention s per rank incl. all-to-all, linear device-seconds, tokens, checkpoint)."""
+        cost = self.cost
+        if not mb.seq_ids:
+            return 0.0, 0.0, 0.0, mb.checkpoint
+        sq, n = sum(plan.lengths[i] ** 2 for i in mb.seq_ids), sum(plan.lengths[i] for i in mb.seq_ids)
+        f = 1.0 + mb.checkpoint * cost.recompute
+        return cost.a * sq * f / degree + cost.comm(n, degree), cost.b * n * f, n, mb.checkpoint
+
+    def _domain(self, groups: list[tuple[int, list]], size: int, lockstep: bool) -> tuple[list[float], int, bool]:
+        """(slot times, moved tokens, remapped?) of one domain of `size` ranks holding `groups`
+        ((degree, _mb_stats per micro-batch)), remapped only where that is faster."""
+        cost = self.cost
+        depth = max((len(mbs) for _, mbs in groups), default=0)
+        times = [[att + lin / d + cost.g for att, lin, _, _ in mbs] for d, mbs in groups]
+        plain_slots = [max(t[m] for t in times if m < len(t)) for m in range(depth)]
+        plain = plain_slots if lockstep else [max((sum(t) for t in times), default=0.0)]
+        if size == 1 or depth == 0:
+            return plain, 0, False
+        bw = cost.bandwidth[max((k for k in cost.bandwidth if k <= size), default=min(cost.bandwidth))]
+        slots, moved = [], 0
+        for m in range(depth):
+            busy = [(d, mbs[m]) for d, mbs in groups if m < len(mbs) and mbs[m][2] > 0]
+            if not busy:
+                slots.append(cost.g)
+                continue
+            mean = sum(st[2] for _, st in busy) / size
+            if mean > cost.max_tokens(1, min(st[3] for _, st in busy)):
+                return plain, 0, False  # the balanced layout would not fit memory
+            per_rank = [st[2] / d for d, st in busy]
+            idle = size > sum(d for d, _ in busy)  # idle ranks receive a full share
+            worst = max(max(abs(n - mean) for n in per_rank), mean if idle else 0.0)
+            slots.append(max(st[0] for _, st in busy) + sum(st[1] for _, st in busy) / size
+                         + worst * cost.bytes_per_token / 2 / bw + cost.g)
+            moved += int(sum(d * max(0.0, n - mean) for (d, _), n in zip(busy, per_rank)))
+        return (slots, moved, True) if sum(slots) < sum(plain) else (plain, 0, False)
