@@ -13,6 +13,7 @@ import os
 import socket
 import tempfile
 import time
+import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
@@ -41,9 +42,10 @@ def run_local(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
     """Run `fn(*args)` on `world_size` gloo ranks of this machine; every rank's return value.
 
     `fn` must be importable (a module-level function): the ranks are fresh `spawn`ed processes.
-    An exception in a rank stops the others and is raised here with the rank's traceback
-    (`torch.multiprocessing.ProcessRaisedException`); if the ranks have not all finished
-    after `timeout` seconds they are stopped and TimeoutError is raised.
+    An exception in a rank stops the others and raises `RankFailed` here with the traceback of
+    the rank that failed first (its peers then fail too, in collectives it walked out of);
+    if the ranks have not all finished after `timeout` seconds they are stopped and
+    TimeoutError is raised.
     """
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size}")
@@ -54,7 +56,7 @@ def run_local(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
             _rank_main, args=(world_size, store.port, collective_timeout, fn, args, out),
             nprocs=world_size, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
-        while not context.join(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
+        while not _join(context, out, max(0.0, min(1.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
                 for process in context.processes:
                     if process.is_alive():
@@ -64,6 +66,21 @@ def run_local(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
                 raise TimeoutError(f"{world_size} local ranks running {fn.__name__} did not finish "
                                    f"within {timeout:.0f} s")
         return [torch.load(Path(out) / f"{rank}.pt", weights_only=False) for rank in range(world_size)]
+
+
+class RankFailed(RuntimeError):
+    """A rank of `run_local` raised; the message holds its traceback."""
+
+
+def _join(context: mp.ProcessContext, out: str, timeout: float) -> bool:
+    try:
+        return context.join(timeout=timeout)
+    except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+        reports = [(p.stem, *p.read_text().split("\n", 1)) for p in Path(out).glob("*.err")]
+        if not reports:  # died without a Python exception (killed, segfault)
+            raise
+        rank, _, trace = min(reports, key=lambda report: float(report[1]))
+        raise RankFailed(f"rank {rank} failed first:\n{trace}") from e
 
 
 def _rank_main(rank: int, world_size: int, port: int, collective_timeout: timedelta,
@@ -78,5 +95,9 @@ def _rank_main(rank: int, world_size: int, port: int, collective_timeout: timede
     try:
         result = fn(*args)
         torch.save(result, Path(out) / f"{rank}.pt")
+    except BaseException:
+        # The time orders the failures: the first is the cause, the later ones its echoes.
+        (Path(out) / f"{rank}.err").write_text(f"{time.time()}\n{traceback.format_exc()}")
+        raise
     finally:
         dist.destroy_process_group()

@@ -1,0 +1,230 @@
+"""The executor runs any plan with the single-process gradient (gloo; one spawn of 4 ranks, one of 2).
+
+Tolerances (fp32), as in `ballast.verify`: a step's gradient at given parameters must match the
+single-process gradient of the whole batch to GRAD_RTOL relative to its largest entry, since
+only summation order differs (measured ~5e-7). Trajectories of several AdamW steps drift apart
+by ~3e-5 of the distance travelled (L2), exactly as much as one process and itself with another
+thread count (AdamW divides by sqrt(v) + 1e-8 and so magnifies the rounding of small
+gradients); PARAM_DRIFT leaves room for that (see `ballast.verify`).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ballast import verify
+from ballast.cluster import get_cluster
+from ballast.cost import CostModel
+from ballast.models import build_gpt
+from ballast.plan import Group, MicroBatch, Plan, PlanError, Wave, fill_idle
+from ballast.runtime import Executor, ProcessGroups, make_optimizer, run_local
+from ballast.shapes import MODEL_PRESETS, ModelShape
+
+SHAPE = MODEL_PRESETS["tiny"]
+GRAD_RTOL = verify.GRAD_TOLERANCE
+PARAM_DRIFT = verify.PARAM_TOLERANCE
+# 10 sequences, 218 tokens; most lengths are not divisible by 2 or 4, one has a single token.
+LENGTHS = [37, 5, 12, 61, 3, 20, 9, 44, 1, 26]
+STEPS = 5
+
+
+def mixed_plan() -> Plan:
+    """Three waves; the degree changes between waves; groups of one wave accumulate 3, 1 and 0
+    micro-batches; checkpoint levels vary; an empty (lockstep padding) micro-batch; a 1-token
+    sequence at degree 4 leaves three ranks with empty shards."""
+    return Plan(LENGTHS, [
+        Wave([Group(0, 2, [MicroBatch([0, 1], 0.5), MicroBatch([2]), MicroBatch([4], 1.0)]),
+              Group(2, 1, [MicroBatch([3], 1.0)]), Group(3, 1)]),
+        Wave([Group(0, 4, [MicroBatch([5, 6], 0.25), MicroBatch([8])])]),
+        Wave([Group(0, 1, [MicroBatch([7])]), Group(1, 1, [MicroBatch([])]),
+              Group(2, 2, [MicroBatch([9], 0.75)])]),
+    ], planner="mixed")
+
+
+def data_parallel_plan(world: int) -> Plan:
+    """One wave of single-rank groups, sequences dealt round-robin."""
+    return Plan(LENGTHS, [Wave([Group(r, 1, [MicroBatch(list(range(r, len(LENGTHS), world)))])
+                                for r in range(world)])], planner="data-parallel")
+
+
+def one_group_plan(world: int, checkpoint: float) -> Plan:
+    return Plan(LENGTHS, [Wave([Group(0, world, [MicroBatch([0, 1, 2, 3, 4], checkpoint),
+                                                 MicroBatch([5, 6, 7, 8, 9], checkpoint)])])])
+
+
+def two_wave_plan() -> Plan:
+    """For 2 ranks: degree 2, then two single ranks with 2 and 1 micro-batches."""
+    return Plan(LENGTHS, [
+        Wave([Group(0, 2, [MicroBatch([0, 3]), MicroBatch([1])])]),
+        Wave([Group(0, 1, [MicroBatch([2, 4, 5], 0.5), MicroBatch([6])]), Group(1, 1, [MicroBatch([7, 8, 9])])]),
+    ], planner="two-waves")
+
+
+def planner_plans(world: int, batches: list[verify.Batch]) -> dict[str, list[dict]]:
+    """Every registered planner's plan of the first batch, on a CPU cluster whose memory makes
+    the longest sequence need SP or checkpointing (as `ballast verify` sizes it)."""
+    from ballast.planners import PLANNERS, PlannerOptions, get_planner
+
+    cluster = get_cluster("cpu", world_size=world)
+    states_and_half = CostModel.analytic(SHAPE, cluster)
+    memory = states_and_half.states + states_and_half.act_per_token * max(LENGTHS) / 2
+    cluster = get_cluster("cpu", world_size=world, device_memory_gb=memory / 1e9)
+    cost = CostModel.analytic(SHAPE, cluster)
+    options = PlannerOptions(time_limit=2.0)
+    return {name: [get_planner(name, cluster, cost, options).plan(batches[0].lengths).to_dict()]
+            for name in PLANNERS}
+
+
+def _errors(groups: ProcessGroups, batches: list[verify.Batch]) -> list[str]:
+    """Messages of the ValueErrors a bad plan or batch raises (on every rank, no collective)."""
+    cluster = get_cluster("cpu", world_size=dist.get_world_size())
+    model = build_gpt(SHAPE)
+    executor = Executor(model, make_optimizer(model, lr=1e-3), cluster, groups)
+    odd_model = build_gpt(ModelShape("odd-heads", 1, 48, 6, 2, 64, 64))
+    odd = Executor(odd_model, make_optimizer(odd_model, lr=1e-3), cluster, groups)
+    samples = batches[0].samples
+    cases = [
+        (executor, Plan(LENGTHS, [Wave([Group(0, 2, [MicroBatch(list(range(10)))])])]), samples),
+        (executor, Plan(LENGTHS, [Wave([Group(0, 8, [MicroBatch(list(range(10)))])])]), samples),
+        (executor, Plan(LENGTHS, [Wave(fill_idle([Group(0, 1, [MicroBatch([*range(10), 99])])], 4))]), samples),
+        (executor, mixed_plan(), samples[:-1]),
+        (executor, mixed_plan(), [*samples[:-1], samples[-1][:-1]]),
+        (odd, Plan(LENGTHS, [Wave([Group(0, 4, [MicroBatch(list(range(10)))])])]), samples),
+    ]
+    messages = []
+    for runner, plan, batch in cases:
+        try:
+            runner.step(plan, batch)
+            messages.append("no error")
+        except ValueError as e:
+            messages.append(f"{type(e).__name__}: {e}")
+    return messages
+
+
+def _world4_worker(batches: list[verify.Batch], planners: dict[str, list[dict]]) -> dict:
+    groups = ProcessGroups()
+    out = {"errors": _errors(groups, batches)}
+    # Errors left every rank in step: training goes on.
+    for name, plan in (("mixed", mixed_plan()), ("data-parallel", data_parallel_plan(4))):
+        out[name] = verify.train_distributed(SHAPE, [plan.to_dict()] * STEPS, batches, 0, 1e-3, groups)
+    out["mixed-zero1"] = verify.train_distributed(SHAPE, [mixed_plan().to_dict()] * STEPS, batches, 0, 1e-3,
+                                                  groups, zero1=True)
+    out["planners"] = {name: verify.train_distributed(SHAPE, plans, batches[:1], 0, 1e-3, groups)
+                       for name, plans in planners.items()}
+    cluster = get_cluster("cpu", world_size=4)
+    for checkpoint in (0.0, 1.0):
+        model = build_gpt(SHAPE)
+        executor = Executor(model, make_optimizer(model, lr=1e-3), cluster, groups, measure_activations=True)
+        result = executor.step(one_group_plan(4, checkpoint), batches[0].samples)
+        out[f"checkpoint {checkpoint}"] = (verify._flat(p.grad for p in model.parameters()), result)
+    model = build_gpt(SHAPE)
+    executor = Executor(model, make_optimizer(model, lr=1e-3), cluster, groups)
+    out["mixed-step"] = executor.step(mixed_plan(), batches[0].samples)
+    return out
+
+
+def _world2_worker(batches: list[verify.Batch], planners: dict[str, list[dict]]) -> dict | None:
+    groups = ProcessGroups()
+    out = {"two-waves": verify.train_distributed(SHAPE, [two_wave_plan().to_dict()], batches[:1], 0, 1e-3, groups)}
+    out["planners"] = {name: verify.train_distributed(SHAPE, plans, batches[:1], 0, 1e-3, groups)
+                       for name, plans in planners.items()}
+    return out if dist.get_rank() == 0 else None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    """Single-process references share two cores with the ranks and other tests: OpenMP
+    threads spin-waiting for a busy core made tiny ops here 50x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def batches() -> list[verify.Batch]:
+    generator = torch.Generator().manual_seed(0)
+    return [verify.Batch(LENGTHS, [torch.randint(0, SHAPE.vocab, (s + 1,), generator=generator) for s in LENGTHS])
+            for _ in range(STEPS)]
+
+
+@pytest.fixture(scope="module")
+def world4(batches) -> list[dict]:
+    return run_local(4, _world4_worker, batches, planner_plans(4, batches), timeout=400)
+
+
+@pytest.fixture(scope="module")
+def world2(batches) -> dict:
+    return run_local(2, _world2_worker, batches, planner_plans(2, batches), timeout=300)[0]
+
+
+@pytest.fixture(scope="module")
+def reference(batches) -> verify.Trajectory:
+    return verify.train_reference(SHAPE, batches, 0, 1e-3)
+
+
+def assert_single_process_gradients(result: verify.Trajectory, batches: list[verify.Batch]) -> None:
+    expected = verify.reference_at(SHAPE, result, batches[:len(result.grads)])
+    for got, want in zip(result.grads, expected.grads, strict=True):
+        assert float((got - want).abs().max() / want.abs().max()) <= GRAD_RTOL
+    for got, want in zip(result.losses, expected.losses, strict=True):
+        assert got == pytest.approx(want, rel=GRAD_RTOL)
+
+
+def test_hand_built_plans_give_the_single_process_gradient(world4, world2, batches):
+    for result in (world4[0]["mixed"], world4[0]["data-parallel"], world2["two-waves"]):
+        assert_single_process_gradients(result, batches)
+
+
+def test_every_registered_planner_gives_the_single_process_gradient(world4, world2, batches):
+    assert world4[0]["planners"] and world4[0]["planners"].keys() == world2["planners"].keys()
+    for result in [*world4[0]["planners"].values(), *world2["planners"].values()]:
+        assert_single_process_gradients(result, batches)
+
+
+def test_five_steps_under_two_plans_end_with_the_same_parameters(world4, reference):
+    mixed, data_parallel = world4[0]["mixed"], world4[0]["data-parallel"]
+    assert verify.param_drift(mixed, data_parallel) <= PARAM_DRIFT
+    assert verify.param_drift(mixed, reference) <= PARAM_DRIFT
+    assert verify.param_drift(data_parallel, reference) <= PARAM_DRIFT
+
+
+def test_zero1_matches_replicated_optimizer_state(world4):
+    # Same gradients, same elementwise AdamW arithmetic: only the owner of the state differs.
+    torch.testing.assert_close(world4[0]["mixed-zero1"].params, world4[0]["mixed"].params, rtol=0, atol=1e-6)
+
+
+def test_checkpointing_keeps_gradients_and_saves_activation_memory(world4):
+    for rank in world4:
+        (grads_off, off), (grads_on, on) = rank["checkpoint 0.0"], rank["checkpoint 1.0"]
+        # Recomputation repeats the same fp32 forward on the same inputs.
+        torch.testing.assert_close(grads_on, grads_off, rtol=0, atol=1e-7)
+        assert [mb.checkpoint_layers for mb in on.micro_batches] == [SHAPE.layers] * 2
+        saved_off = sum(mb.activation_bytes for mb in off.micro_batches)
+        saved_on = sum(mb.activation_bytes for mb in on.micro_batches)
+        # Checkpointed blocks keep only their input (hidden floats per token) of a layer's many.
+        assert 0 < saved_on < 0.5 * saved_off
+
+
+def test_step_reports_waves_and_micro_batches_per_rank(world4):
+    results = [rank["mixed-step"] for rank in world4]
+    assert len({round(r.loss, 6) for r in results}) == 1 and all(r.tokens == sum(LENGTHS) for r in results)
+    for r in results:
+        assert len(r.waves) == 3 and all(w.busy >= 0 and w.wait >= 0 for w in r.waves)
+        assert 0 <= r.idle_fraction <= 1
+    # Rank 3 is idle in wave 0; rank 1's wave-2 micro-batch is empty: neither runs anything.
+    assert [mb.wave for mb in results[3].micro_batches] == [1, 1, 2]
+    assert [mb.wave for mb in results[1].micro_batches] == [0, 0, 0, 1, 1]
+    assert [mb.tokens for mb in results[0].micro_batches if mb.seq_ids == [8]] == [1]
+
+
+def test_user_errors_are_value_errors_before_any_collective(world4):
+    for rank in world4:
+        fewer_ranks, more_ranks, unknown_sequence, few_samples, short_sample, odd_heads = rank["errors"]
+        assert "PlanError" in fewer_ranks and "rank 2 is in no group" in fewer_ranks
+        assert "PlanError" in more_ranks and "outside the cluster's 4 ranks" in more_ranks
+        assert "PlanError" in unknown_sequence and "sequence 99 is not in the batch" in unknown_sequence
+        assert "10 sequences but 9 samples" in few_samples
+        assert "sample 9" in short_sample and "27 tokens" in short_sample
+        assert "SP degree 4" in odd_heads and "(6)" in odd_heads and "(2)" in odd_heads
