@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 
 GB = 1e9
@@ -104,6 +104,11 @@ class Cluster:
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown cluster field(s) {sorted(unknown)}; known: {sorted(known)}")
+        required = {name for name, f in cls.__dataclass_fields__.items()
+                    if f.default is MISSING and f.default_factory is MISSING}
+        missing = required - set(data)
+        if missing:
+            raise ValueError(f"cluster {data.get('name', '?')!r}: missing field(s) {sorted(missing)}")
         return cls(**data)
 
     @classmethod

@@ -12,7 +12,7 @@ from collections import defaultdict
 from ..plan import Plan
 from . import register
 from .base import Planner
-from .packing import deal_by_time, fixed_checkpoint, lockstep_wave, micro_batch
+from .packing import deal_by_time, fixed_run, lockstep_wave, micro_batch
 
 
 @register
@@ -20,11 +20,7 @@ class BucketPlanner(Planner):
     name = "bucket"
 
     def _plan(self, lengths: list[int]) -> Plan:
-        max_len = self.options.max_len or max(lengths)
-        degree = self.options.degree or self.cost.min_degree(max_len)
-        if degree is None:
-            raise ValueError(f"max_len {max_len} fits no SP degree up to {self.cost.degrees[-1]}")
-        run_checkpoint = fixed_checkpoint(self.cost, max_len, degree)
+        max_len, degree, run_checkpoint = fixed_run(self.cost, lengths, self.options.max_len, self.options.degree)
         buckets: dict[int, list[int]] = defaultdict(list)
         for i, s in enumerate(lengths):
             buckets[(s - 1).bit_length()].append(i)

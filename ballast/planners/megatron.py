@@ -15,7 +15,7 @@ import math
 from ..plan import Group, MicroBatch, Plan, Wave, fill_idle
 from . import register
 from .base import Planner
-from .packing import fixed_checkpoint
+from .packing import fixed_run, pad_lockstep
 
 SLACK = 0.05
 
@@ -26,9 +26,10 @@ class MegatronDynamicCPPlanner(Planner):
 
     def _plan(self, lengths: list[int]) -> Plan:
         cost, world = self.cost, self.cluster.world_size
-        max_len = self.options.max_len or max(lengths)
-        checkpoint = fixed_checkpoint(cost, max_len, cost.min_degree(max_len))
-        per_rank = cost.max_tokens(1, checkpoint)
+        _, smallest, checkpoint = fixed_run(cost, lengths, self.options.max_len)
+        # Per rank as the run's smallest degree sees it, so that max_len needs that degree
+        # exactly (max_tokens rounds down per degree, not per rank).
+        per_rank = cost.max_tokens(smallest, checkpoint) / smallest
         degree_of = {}
         for i, s in enumerate(lengths):
             need = 1 << max(0, math.ceil(s / per_rank) - 1).bit_length()
@@ -48,7 +49,10 @@ class MegatronDynamicCPPlanner(Planner):
             for g in wave.groups:
                 for mb in g.micro_batches:
                     mb.checkpoint = checkpoint
-        return Plan(lengths, waves, info={"checkpoint": checkpoint, "tokens_per_rank": per_rank})
+        if self.options.lockstep:
+            waves = [pad_lockstep(wave, lengths, cost) for wave in waves]
+        return Plan(lengths, waves, lockstep=self.options.lockstep,
+                    info={"checkpoint": checkpoint, "tokens_per_rank": per_rank})
 
     def _round(self, pending, lengths, degree_of, work, per_rank, limit):
         free = [True] * self.cluster.world_size

@@ -77,6 +77,28 @@ def lockstep_wave(per_group: list[list[MicroBatch]], lengths: Sequence[int], deg
     return Wave(fill_idle(groups, world_size))
 
 
+def fixed_run(cost: CostModel, lengths: Sequence[int], max_len: int | None,
+              degree: int | None = None) -> tuple[int, int, float]:
+    """(max_len, SP degree, checkpoint level) of a run whose layout is fixed in advance.
+
+    The degree is the given one or the smallest that holds `max_len`; the checkpoint level is
+    the least at which `max_len` fits that degree, set once for the run as users of static
+    frameworks set it.
+    """
+    max_len = max_len or max(lengths)
+    longest = max(lengths)
+    if longest > max_len:
+        raise ValueError(f"sequence {list(lengths).index(longest)} has {longest} tokens, more than "
+                         f"max_len {max_len}")
+    degree = degree or cost.min_degree(max_len)
+    if degree is None:
+        raise ValueError(f"max_len {max_len} fits no SP degree up to {cost.degrees[-1]}")
+    if degree not in cost.degrees:
+        raise ValueError(f"SP degree {degree} is not usable: degrees are {cost.degrees} "
+                         f"(powers of two up to the world size dividing the heads)")
+    return max_len, degree, fixed_checkpoint(cost, max_len, degree)
+
+
 def fixed_checkpoint(cost: CostModel, max_len: int, degree: int) -> float:
     """The least checkpoint level, set once for a run, at which `max_len` tokens fit `degree`."""
     level = cost.min_checkpoint(max_len, degree)

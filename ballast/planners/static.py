@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..plan import Plan
 from . import register
 from .base import Planner
-from .packing import best_fit_decreasing, fixed_checkpoint, lockstep_wave, longest_processing_time, micro_batch
+from .packing import best_fit_decreasing, fixed_run, lockstep_wave, longest_processing_time, micro_batch
 
 
 def fixed_layout_plan(lengths: list[int], degree: int, checkpoint: float, planner: Planner) -> Plan:
@@ -31,14 +31,5 @@ class StaticPlanner(Planner):
     name = "static"
 
     def _plan(self, lengths: list[int]) -> Plan:
-        max_len = self.options.max_len or max(lengths)
-        if max(lengths) > max_len:
-            raise ValueError(f"sequence {lengths.index(max(lengths))} has {max(lengths)} tokens, "
-                             f"more than max_len {max_len}")
-        degree = self.options.degree or self.cost.min_degree(max_len)
-        if degree is None:
-            raise ValueError(f"max_len {max_len} fits no SP degree up to {self.cost.degrees[-1]}")
-        if degree not in self.cost.degrees:
-            raise ValueError(f"SP degree {degree} is not usable: degrees are {self.cost.degrees} "
-                             f"(powers of two up to the world size dividing the heads)")
-        return fixed_layout_plan(lengths, degree, fixed_checkpoint(self.cost, max_len, degree), self)
+        _, degree, checkpoint = fixed_run(self.cost, lengths, self.options.max_len, self.options.degree)
+        return fixed_layout_plan(lengths, degree, checkpoint, self)
