@@ -37,7 +37,8 @@ class MegatronDynamicCPPlanner(Planner):
             degree_of[i] = next(d for d in cost.degrees if d >= need)
         # Workload without g: sequences packed into one micro-batch share its fixed cost.
         work = {i: cost.time([lengths[i]], degree_of[i], checkpoint) - cost.g for i in degree_of}
-        target = max(sum(work[i] * degree_of[i] for i in work) / world, max(work.values()))
+        # The balanced per-rank workload; a sequence heavier than that gets a group of its own.
+        target = sum(work[i] * degree_of[i] for i in work) / world
         pending = sorted(work, key=lambda i: -work[i])
         waves = []
         while pending:
