@@ -48,3 +48,4 @@ __all__ = ["PLANNERS", "Planner", "PlannerOptions", "get_planner", "make_plan", 
 from . import dcp  # noqa: E402,F401
 from . import hydraulis  # noqa: E402,F401
 from . import zeppelin  # noqa: E402,F401
+from . import flexsp  # noqa: E402,F401

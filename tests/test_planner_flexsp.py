@@ -1,0 +1,163 @@
+"""`flexsp`: plans validate, the MIP gap is reported, the wave MILP and the DP bucketing are
+optimal against brute force on tiny cases, the sequence blaster's chunks are min-max optimal."""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ballast.cluster import get_cluster
+from ballast.cost import CostModel
+from ballast.planners import PlannerOptions, get_planner
+from ballast.planners.flexsp import blast
+from ballast.planners.flexsp_milp import dp_buckets, optimal_bucket_ends, solve_wave
+from ballast.shapes import get_model_shape
+from ballast.simulate import simulate
+
+FAST = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def toy_cost(world: int = 4) -> CostModel:
+    """1000 tokens per device without checkpointing, comm comparable to compute at degree 4."""
+    return CostModel(source="analytic", model="toy", a=1e-6, b=1e-3, g=0.01,
+                     bandwidth={2: 2e9, 4: 5e8}, bytes_per_token=1e6, act_per_token=1e6,
+                     states=1e8, device_memory=1.1e9, layers=8, heads=8, kv_heads=8, world_size=world)
+
+
+def small_setup(memory_gb: float = 0.3):
+    cluster = get_cluster("cpu", world_size=4, device_memory_gb=memory_gb)
+    return cluster, CostModel.analytic(get_model_shape("tiny"), cluster)
+
+
+# --- the planner ---------------------------------------------------------------------------------
+@FAST
+@given(fractions=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=40), lockstep=st.booleans())
+def test_plans_validate_and_report_the_gap(fractions, lockstep):
+    cluster, cost = small_setup()
+    limit = cost.max_tokens(cost.degrees[-1], 1.0)
+    lengths = [max(1, round(f ** 3 * limit)) for f in fractions]
+    plan = get_planner("flexsp", cluster, cost, PlannerOptions(time_limit=0.3, lockstep=lockstep)).plan(lengths)
+    plan.validate(cluster, cost)
+    assert plan.lockstep == lockstep
+    assert 0.0 <= plan.info["mip_gap"] <= 1.0
+    assert plan.info["solve_s"] >= 0.0 and plan.info["waves"] == len(plan.waves)
+    for wave in plan.waves:  # FlexSP: one micro-batch per group per wave
+        assert all(len(g.micro_batches) <= 1 for g in wave.groups)
+    assert simulate(plan, cost, cluster.world_size).vs_lower_bound >= 1 - 1e-9
+
+
+def test_long_sequence_gets_its_own_group_of_the_best_degree():
+    cluster = get_cluster("cpu", world_size=8)
+    cost = dataclasses.replace(toy_cost(8), bandwidth={2: 2e9, 4: 5e8, 8: 1e8})
+    # 3500 tokens need degree 4 (1000 per device), degree 8 has slow links: the optimum runs the
+    # long sequence alone on 4 ranks and the short ones on the other 4, in one wave
+    plan = get_planner("flexsp", cluster, cost, PlannerOptions(time_limit=1.0)).plan([3500] + [400] * 8)
+    plan.validate(cluster, cost)
+    assert len(plan.waves) == 1
+    busy = [g for g in plan.waves[0].groups if any(mb.seq_ids for mb in g.micro_batches)]
+    assert {g.degree for g in busy if 0 in g.micro_batches[0].seq_ids} == {4}
+    assert [g.micro_batches[0].seq_ids for g in busy if 0 in g.micro_batches[0].seq_ids] == [[0]]
+    assert simulate(plan, cost, 8).step_time == pytest.approx(cost.time([3500], 4, 0.0), rel=1e-9)
+
+
+def test_planning_honours_the_step_budget():
+    cluster, cost = small_setup()
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(7, 1.5, 300), 1, cost.max_tokens(4, 1.0)).astype(int).tolist()
+    began = time.perf_counter()
+    plan = get_planner("flexsp", cluster, cost, PlannerOptions(time_limit=0.2)).plan(lengths)
+    assert time.perf_counter() - began < 5 * 0.2 + 2.0
+    plan.validate(cluster, cost)
+
+
+@pytest.mark.parametrize("field, value", [("time_limit", 0.0), ("buckets", 0)])
+def test_bad_options_are_value_errors(field, value):
+    cluster, cost = small_setup()
+    with pytest.raises(ValueError, match=field):
+        get_planner("flexsp", cluster, cost, dataclasses.replace(PlannerOptions(), **{field: value}))
+
+
+# --- the wave MILP against brute force -----------------------------------------------------------
+def set_partitions(items: list[int]):
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in set_partitions(rest):
+        for k in range(len(part)):
+            yield part[:k] + [[first] + part[k]] + part[k + 1:]
+        yield [[first]] + part
+
+
+def brute_force_wave(lengths: list[int], cost: CostModel, checkpoint: float) -> float:
+    """The least slowest-group time over every way to form groups and assign the sequences."""
+    best = math.inf
+    for part in set_partitions(list(range(len(lengths)))):
+        for degrees in itertools.product(cost.degrees, repeat=len(part)):
+            if sum(degrees) > cost.world_size:
+                continue
+            if any(sum(lengths[i] for i in block) > cost.max_tokens(d, checkpoint) for block, d in zip(part, degrees)):
+                continue
+            best = min(best, max(cost.time([lengths[i] for i in block], d, checkpoint)
+                                 for block, d in zip(part, degrees)))
+    return best
+
+
+@FAST
+@given(lengths=st.lists(st.integers(1, 3500), min_size=1, max_size=5))
+def test_wave_milp_matches_brute_force(lengths):
+    cost = toy_cost()
+    exact = dp_buckets(lengths, len(set(lengths)))  # exact bucketing: the MILP is the real problem
+    sol = solve_wave(lengths, cost, 0.0, exact, time_limit=5.0, mip_rel_gap=0.0)
+    best = brute_force_wave(lengths, cost, 0.0)
+    if math.isinf(best):
+        assert sol.groups is None
+        return
+    assert sol.groups is not None and sol.status == "optimal"
+    assert sol.predicted == pytest.approx(best, rel=1e-6, abs=1e-6)
+    real = max(cost.time([lengths[i] for i in ids], d, 0.0) for d, ids in sol.groups)
+    assert real == pytest.approx(best, rel=1e-6, abs=1e-6)
+    assert sorted(i for _, ids in sol.groups for i in ids) == list(range(len(lengths)))
+    assert sum(d for d, _ in sol.groups) <= cost.world_size
+
+
+# --- DP bucketing and the sequence blaster against brute force -----------------------------------
+@FAST
+@given(lengths=st.lists(st.integers(1, 60), min_size=1, max_size=9), k=st.integers(1, 4))
+def test_dp_bucketing_is_optimal(lengths, k):
+    values, counts = np.unique(lengths, return_counts=True)
+    _, padding = optimal_bucket_ends(values, counts, k)
+    best = math.inf
+    for label in itertools.product(range(k), repeat=len(values)):  # any grouping, not only contiguous
+        pad = 0
+        for b in set(label):
+            members = [i for i in range(len(values)) if label[i] == b]
+            top = max(values[i] for i in members)
+            pad += sum(counts[i] * (top - values[i]) for i in members)
+        best = min(best, pad)
+    assert padding == best
+    buckets = dp_buckets(lengths, k)
+    assert sorted(i for m in buckets.members for i in m) == list(range(len(lengths)))
+    assert buckets.upper == [max(lengths[i] for i in m) for m in buckets.members]
+    assert buckets.padding == sum(u - lengths[i] for u, m in zip(buckets.upper, buckets.members) for i in m)
+
+
+@FAST
+@given(lengths=st.lists(st.integers(1, 1000), min_size=1, max_size=8), waves=st.integers(1, 4))
+def test_blaster_chunks_are_sorted_and_min_max(lengths, waves):
+    waves = min(waves, len(lengths))
+    chunks = blast(lengths, waves)
+    assert len(chunks) == waves and all(chunks)
+    order = [i for c in chunks for i in c]
+    assert sorted(order) == list(range(len(lengths)))
+    assert [lengths[i] for i in order] == sorted(lengths, reverse=True)
+    s = sorted(lengths, reverse=True)
+    best = min(max(sum(s[a:b]) for a, b in zip((0,) + cuts, cuts + (len(s),)))
+               for cuts in itertools.combinations(range(1, len(s)), waves - 1))
+    assert max(sum(lengths[i] for i in c) for c in chunks) == best
