@@ -110,7 +110,8 @@ class CostModel:
     def max_tokens(self, degree: int, checkpoint: float) -> int:
         """The most tokens one micro-batch can hold at this degree and checkpoint level."""
         free = self.device_memory - self.states
-        return int(free * degree / (self.act_per_token * self._kept_fraction(checkpoint)) + _EPS)
+        # A relative margin: above ~1e7 tokens one ulp exceeds an absolute 1e-9 (exact fits lost).
+        return int(free * degree / (self.act_per_token * self._kept_fraction(checkpoint)) * (1 + 1e-12))
 
     def min_checkpoint(self, tokens: int, degree: int) -> float | None:
         """The smallest checkpoint level (a multiple of 1/layers) at which `tokens` fit, or None."""

@@ -168,7 +168,7 @@ class Plan:
                            for g in wave]) for wave in data["waves"]]
             return cls(list(data["lengths"]), waves, int(data["tokens"]), bool(data["lockstep"]),
                        str(data.get("planner", "")), dict(data.get("info", {})))
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, ValueError) as e:
             raise PlanError(f"malformed plan data: missing or wrong field {e}") from e
 
     def to_json(self) -> str:

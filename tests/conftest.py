@@ -1,0 +1,21 @@
+"""Shared fixtures: a small CPU cluster and the tiny model's cost on it."""
+from __future__ import annotations
+
+import pytest
+
+from ballast.cluster import get_cluster
+from ballast.cost import CostModel
+from ballast.shapes import get_model_shape
+
+
+@pytest.fixture
+def cpu4():
+    """4 gloo ranks in one node, 1 GB per device."""
+    return get_cluster("cpu", world_size=4, device_memory_gb=1.0)
+
+
+@pytest.fixture
+def tiny4(cpu4):
+    """The tiny model (8 heads, 4 kv heads) on `cpu4`: degrees 1, 2, 4; ~57K tokens per device
+    without checkpointing."""
+    return CostModel.analytic(get_model_shape("tiny"), cpu4)

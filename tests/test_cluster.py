@@ -1,0 +1,185 @@
+"""Cluster presets, custom cluster files and their validation (ballast/cluster.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ballast.cluster import PRESETS, Cluster, get_cluster
+
+GB = 1e9
+# FlexSP's measured all-to-all bandwidth on 64 A100-40GB, GB/s by SP degree (DESIGN.md).
+FLEXSP_BW_GBS = {2: 119.5, 4: 104.1, 8: 96.5, 16: 10.3, 32: 5.9, 64: 4.9}
+
+
+# --- presets ---------------------------------------------------------------------------------
+def test_a100_64_is_flexsp_cluster():
+    c = get_cluster("a100-64")
+    assert (c.nodes, c.devices_per_node, c.world_size) == (8, 8, 64)
+    assert c.device_memory == 28 * GB          # FlexSP's usable memory per A100-40GB
+    assert c.peak_flops == 312e12              # A100 dense bf16
+    assert c.degrees == [1, 2, 4, 8, 16, 32, 64]
+    assert c.bandwidth == {d: bw * GB for d, bw in FLEXSP_BW_GBS.items()}
+
+
+@pytest.mark.parametrize("name, memory_gb", [("h100-32", 68), ("h200-32", 129)])
+def test_hopper_presets(name, memory_gb):
+    c = get_cluster(name)
+    assert (c.nodes, c.devices_per_node, c.world_size) == (4, 8, 32)
+    assert c.device_memory == memory_gb * GB
+    assert c.peak_flops == 989e12
+    assert sorted(c.bandwidth) == [2, 4, 8, 16, 32]
+    # Inside a node (NVLink) an all-to-all is several times faster than across nodes (one NIC).
+    assert min(c.bandwidth[d] for d in (2, 4, 8)) > 5 * max(c.bandwidth[d] for d in (16, 32))
+    # Bandwidth never grows with the degree (more peers share the same links).
+    bws = [c.bandwidth[d] for d in sorted(c.bandwidth)]
+    assert bws == sorted(bws, reverse=True)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_has_bandwidth_for_every_degree(name):
+    c = get_cluster(name)
+    assert c.degrees[-1] == c.max_degree <= c.world_size
+    assert all(c.bandwidth[d] > 0 for d in c.degrees if d > 1)
+    assert c.to_dict()["name"] == name
+
+
+def test_sized_gpu_presets():
+    # a100-N is N A100s in DGX nodes of 8, with FlexSP's bandwidth table where it applies.
+    c = get_cluster("a100-16")
+    assert (c.nodes, c.devices_per_node, c.device_memory) == (2, 8, 28 * GB)
+    assert c.bandwidth == {d: FLEXSP_BW_GBS[d] * GB for d in (2, 4, 8, 16)}
+    assert get_cluster("h100-64").bandwidth[64] < get_cluster("h100-64").bandwidth[8]
+    for bad in ("a100-12", "a100-0", "h200-4"):
+        with pytest.raises(ValueError, match="multiple of 8"):
+            get_cluster(bad)
+
+
+def test_cpu_preset_size_and_memory():
+    assert get_cluster("cpu").world_size == 2      # documented default
+    c = get_cluster("cpu", world_size=8, device_memory_gb=1.5)
+    assert (c.nodes, c.devices_per_node, c.world_size) == (1, 8, 8)
+    assert c.device_memory == 1.5 * GB
+    assert sorted(c.bandwidth) == [2, 4, 8]
+    with pytest.raises(ValueError, match="power of two"):
+        get_cluster("cpu", world_size=6)
+
+
+# --- custom clusters from files ----------------------------------------------------------------
+TOML = """
+nodes = 2
+devices_per_node = 4
+device_memory = 40e9
+peak_flops = 1e14
+efficiency = 0.4
+micro_batch_overhead = 0.001
+
+[bandwidth]
+2 = 1e11
+4 = 5e10
+8 = 5e9
+"""
+
+
+def test_load_toml(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text(TOML)
+    c = get_cluster(str(path))
+    assert c == Cluster("mine", 2, 4, 40e9, 1e14, 0.4, {2: 1e11, 4: 5e10, 8: 5e9}, 0.001)
+    assert c.world_size == 8 and c.node_of(5) == 1
+    # world_size is checked against the file too
+    assert get_cluster(str(path), world_size=8) == c
+    with pytest.raises(ValueError, match="world size 4"):
+        get_cluster(str(path), world_size=4)
+
+
+def test_load_json_and_round_trip(tmp_path):
+    c = get_cluster("h100-32")
+    path = tmp_path / "copy.json"
+    path.write_text(json.dumps(c.to_dict()))      # JSON turns the degree keys into strings
+    back = Cluster.load(path)
+    assert back == c
+    assert all(isinstance(d, int) for d in back.bandwidth)
+
+
+def test_file_name_is_default_name(tmp_path):
+    path = tmp_path / "lab.json"
+    data = {"nodes": 1, "devices_per_node": 2, "device_memory": 1e9, "peak_flops": 1e12,
+            "bandwidth": {"2": 1e9}}
+    path.write_text(json.dumps(data))
+    assert get_cluster(str(path)).name == "lab"
+    path.write_text(json.dumps({**data, "name": "given"}))
+    assert get_cluster(str(path)).name == "given"
+
+
+# --- bad values --------------------------------------------------------------------------------
+BASE = dict(name="t", nodes=2, devices_per_node=4, device_memory=1e9, peak_flops=1e12,
+            efficiency=0.5, bandwidth={2: 1e10, 4: 1e10, 8: 1e9}, micro_batch_overhead=0.0)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"nodes": 0}, "nodes must be >= 1, got 0"),
+    ({"devices_per_node": 0}, "devices_per_node must be >= 1, got 0"),
+    ({"devices_per_node": 6, "bandwidth": {2: 1, 4: 1, 8: 1}}, "devices_per_node must be a power of two, got 6"),
+    ({"device_memory": 0}, "device_memory must be > 0"),
+    ({"peak_flops": -1}, "peak_flops must be > 0"),
+    ({"efficiency": 1.5}, r"efficiency must be in \(0, 1\], got 1.5"),
+    ({"efficiency": 0}, r"efficiency must be in \(0, 1\]"),
+    ({"micro_batch_overhead": -1e-3}, "micro_batch_overhead must be >= 0"),
+    ({"bandwidth": {2: 1e10, 4: 1e10}}, "no positive all-to-all bandwidth for SP degree 8"),
+    ({"bandwidth": {2: 1e10, 4: 0.0, 8: 1e9}}, "no positive all-to-all bandwidth for SP degree 4"),
+])
+def test_bad_values(change, message):
+    with pytest.raises(ValueError, match=message):
+        Cluster(**{**BASE, **change})
+
+
+def test_world_size_mismatch_names_both_sizes():
+    with pytest.raises(ValueError, match=r"8 x 8 = 64 devices but the job has world size 8"):
+        get_cluster("a100-64", world_size=8)
+
+
+@pytest.mark.parametrize("spec", ["tpu-64", "a100", "a100-x", "cluster.yaml"])
+def test_unknown_preset_lists_presets(spec):
+    with pytest.raises(ValueError) as info:
+        get_cluster(spec)
+    message = str(info.value)
+    assert repr(spec) in message
+    # A user who mistyped a preset must be told which ones exist.
+    assert all(p in message for p in PRESETS), message
+
+
+def test_missing_bandwidth_in_file(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(TOML.replace("8 = 5e9\n", ""))
+    with pytest.raises(ValueError, match="SP degree 8"):
+        get_cluster(str(path))
+
+
+def test_unknown_field_in_file(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({**BASE, "gpus_per_node": 8, "bandwidth": {}}))
+    with pytest.raises(ValueError, match=r"unknown cluster field\(s\) \['gpus_per_node'\]"):
+        get_cluster(str(path))
+
+
+@pytest.mark.parametrize("name, text", [("c.toml", "nodes = = 2\n"), ("c.json", '{"nodes": 2,')])
+def test_unparsable_file(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=f"cluster file .*{name}: cannot parse"):
+        get_cluster(str(path))
+
+
+def test_missing_file():
+    with pytest.raises(ValueError, match="does not exist"):
+        Cluster.load("/nonexistent/cluster.toml")
+
+
+def test_missing_field_in_file_is_a_value_error(tmp_path):
+    # A custom file without peak_flops must be a ValueError naming the field (the CLI turns
+    # ValueErrors into messages; any other exception is a traceback for the user).
+    path = tmp_path / "c.toml"
+    path.write_text(TOML.replace("peak_flops = 1e14\n", ""))
+    with pytest.raises(ValueError, match="peak_flops"):
+        get_cluster(str(path))

@@ -1,0 +1,215 @@
+"""The plan contract (ballast/plan.py): invariants, plain data, table."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from ballast.cluster import get_cluster
+from ballast.cost import CostModel
+from ballast.plan import Group, MicroBatch, Plan, PlanError, Wave, fill_idle
+from ballast.shapes import get_model_shape
+
+LENGTHS = [100, 200, 300, 400, 500, 600]
+
+
+def good_plan() -> Plan:
+    """Two waves on 4 ranks: a degree-2 group with two micro-batches next to two single ranks,
+    then one degree-4 group and nothing else."""
+    return Plan(LENGTHS, [
+        Wave([Group(0, 2, [MicroBatch([0, 1]), MicroBatch([2], 0.25)]),
+              Group(2, 1, [MicroBatch([3])]),
+              Group(3, 1, [MicroBatch([4], 1.0)])]),
+        Wave([Group(0, 4, [MicroBatch([5], 0.5)])]),
+    ], planner="hand", info={"note": "made in a test", "degree": 2})
+
+
+def test_good_plan_validates(cpu4, tiny4):
+    plan = good_plan()
+    plan.validate(cpu4, tiny4)
+    plan.validate(cpu4)      # without a cost model: structure only
+    assert plan.tokens == sum(LENGTHS)
+    assert plan.degrees_used() == [1, 2, 4]
+    assert plan.group_of(0, 1).start == 0 and plan.group_of(1, 3).degree == 4
+    assert [len(list(plan.micro_batches()))] == [5]
+
+
+def test_idle_groups_are_fine(cpu4, tiny4):
+    plan = Plan([10, 20], [Wave(fill_idle([Group(2, 2, [MicroBatch([0, 1])])], 4))])
+    assert [(g.start, g.degree) for g in plan.waves[0].groups] == [(0, 1), (1, 1), (2, 2)]
+    plan.validate(cpu4, tiny4)
+
+
+def broken(edit) -> Plan:
+    plan = good_plan()
+    edit(plan)
+    return plan
+
+
+def w(plan, wave):
+    return plan.waves[wave].groups
+
+
+# Each case breaks one invariant; the message must say where (wave, group, micro-batch) and what.
+CASES = {
+    "duplicate sequence": (
+        lambda p: w(p, 0)[1].micro_batches[0].seq_ids.append(0),
+        r"wave 0, group 1 .*micro-batch 0: sequence 0 already appears in wave 0, group 0"),
+    "duplicate in a later wave": (
+        lambda p: w(p, 1)[0].micro_batches[0].seq_ids.append(3),
+        r"wave 1, group 0 .*: sequence 3 already appears in wave 0, group 1"),
+    "missing sequence": (
+        lambda p: w(p, 0)[2].micro_batches[0].seq_ids.clear(),
+        r"sequence 4 \(500 tokens\) is in no micro-batch"),
+    "two missing": (
+        lambda p: w(p, 0)[0].micro_batches.pop(0),
+        r"sequence 0 \(100 tokens\) is in no micro-batch \(and 1 more\)"),
+    "id out of range": (
+        lambda p: w(p, 0)[2].micro_batches[0].seq_ids.append(6),
+        r"wave 0, group 2 .*micro-batch 0: sequence 6 is not in the batch of 6"),
+    "negative id": (
+        lambda p: w(p, 1)[0].micro_batches[0].seq_ids.append(-1),
+        r"wave 1, group 0 .*micro-batch 0: sequence -1 is not in the batch"),
+    "misaligned group": (
+        lambda p: w(p, 0).__setitem__(slice(None), [Group(0, 1), Group(1, 2, [MicroBatch([0, 1, 2, 3, 4])]),
+                                                    Group(3, 1)]),
+        r"wave 0, group 1 \(ranks 1..2\): not aligned: start 1 is not divisible by size 2"),
+    "overlapping groups": (
+        lambda p: w(p, 0).__setitem__(1, Group(1, 1, [MicroBatch([3])])),
+        r"wave 0, group 1 \(ranks 1..1\): rank 1 is also in another group of the wave"),
+    "uncovered rank": (
+        lambda p: (w(p, 0).pop(2), w(p, 0)[1].micro_batches.append(MicroBatch([4]))),
+        r"wave 0: rank 3 is in no group"),
+    "non-power-of-two group": (
+        lambda p: w(p, 1).__setitem__(0, Group(0, 3, [MicroBatch([5])])),
+        r"wave 1, group 0 \(ranks 0..2\): size 3 is not a power of two"),
+    "group beyond the cluster": (
+        lambda p: w(p, 1).__setitem__(0, Group(0, 8, [MicroBatch([5])])),
+        r"wave 1, group 0 \(ranks 0..7\): outside the cluster's 4 ranks"),
+    "group at a negative rank": (
+        lambda p: w(p, 1).insert(0, Group(-2, 2)),
+        r"wave 1, group 0 \(ranks -2..-1\): outside the cluster's 4 ranks"),
+    "memory overflow": (
+        lambda p: p.lengths.__setitem__(3, 60_000),
+        r"wave 0, group 1 \(ranks 2..2\), micro-batch 0: sequences \[3\] \(60000 tokens\) need "
+        r"1\.0\d GB per device at SP degree 1 and checkpoint 0\.00; the device has 1\.00 GB"),
+    "checkpoint above 1": (
+        lambda p: setattr(w(p, 0)[0].micro_batches[1], "checkpoint", 1.5),
+        r"wave 0, group 0 .*micro-batch 1: checkpoint level 1.5 is outside 0..1"),
+    "checkpoint below 0": (
+        lambda p: setattr(w(p, 1)[0].micro_batches[0], "checkpoint", -0.25),
+        r"wave 1, group 0 .*micro-batch 0: checkpoint level -0.25 is outside 0..1"),
+    "lockstep with unequal counts": (
+        lambda p: setattr(p, "lockstep", True),
+        r"wave 0: lockstep plan but groups run \[1, 2\] micro-batches"),
+    "non-positive loss normaliser": (
+        lambda p: setattr(p, "tokens", 0),
+        r"loss normaliser tokens=0 must be positive"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_validate_catches(case, cpu4, tiny4):
+    edit, message = CASES[case]
+    plan = broken(edit)
+    with pytest.raises(PlanError, match=message):
+        plan.validate(cpu4, tiny4)
+
+
+def test_memory_is_checked_at_the_groups_degree_and_checkpoint(cpu4, tiny4):
+    # 60000 tokens do not fit one device without checkpointing (~57K do), but they fit with
+    # any checkpointing at degree 1, or at degree 2 without it: the same sequence passes there.
+    assert tiny4.max_tokens(1, 0.0) < 60_000 <= min(tiny4.max_tokens(1, 0.25), tiny4.max_tokens(2, 0.0))
+    plan = Plan([60_000], [Wave([Group(0, 1, [MicroBatch([0], 0.25)]), Group(1, 1), Group(2, 2)])])
+    plan.validate(cpu4, tiny4)
+    plan.waves[0].groups[0].micro_batches[0].checkpoint = 0.0
+    with pytest.raises(PlanError, match="micro-batch 0"):
+        plan.validate(cpu4, tiny4)
+    plan = Plan([60_000], [Wave([Group(0, 2, [MicroBatch([0])]), Group(2, 2)])])
+    plan.validate(cpu4, tiny4)
+
+
+def test_heads_not_divisible():
+    cluster = get_cluster("cpu", world_size=8, device_memory_gb=1.0)
+    cost = CostModel.analytic(get_model_shape("tiny"), cluster)   # 4 kv heads: degree 8 impossible
+    plan = Plan([100, 200], [Wave([Group(0, 8, [MicroBatch([0, 1])])])])
+    with pytest.raises(PlanError, match=r"wave 0, group 0 \(ranks 0..7\): SP degree 8 does not divide "
+                                        r"heads \(8\) and kv heads \(4\)"):
+        plan.validate(cluster, cost)
+    # an idle group of that size runs nothing, so it does not matter
+    Plan([100], [Wave([Group(0, 4, [MicroBatch([0])]), Group(4, 4)])]).validate(cluster, cost)
+    # nor does the cluster alone, without a model
+    plan.validate(cluster)
+
+
+def test_lockstep_plan_with_fillers_validates(cpu4, tiny4):
+    plan = Plan([10, 20, 30], [Wave([Group(0, 2, [MicroBatch([0]), MicroBatch([1])]),
+                                     Group(2, 2, [MicroBatch([2]), MicroBatch([])])])], lockstep=True)
+    plan.validate(cpu4, tiny4)
+
+
+# --- plain data --------------------------------------------------------------------------------
+def test_json_round_trip():
+    plan = good_plan()
+    plan.lockstep, plan.tokens = False, 1234
+    text = plan.to_json()
+    assert isinstance(json.loads(text), dict)
+    back = Plan.from_json(text)
+    assert back == plan
+    assert back.to_json() == text
+    # the round trip keeps every field that matters to the runtime
+    assert back.waves[0].groups[0].micro_batches[1].checkpoint == 0.25
+    assert (back.tokens, back.planner, back.info) == (1234, "hand", {"note": "made in a test", "degree": 2})
+
+
+def test_default_tokens_is_sum_of_lengths():
+    assert Plan([3, 4], []).tokens == 7
+    assert Plan([3, 4], [], tokens=5).tokens == 5
+
+
+MALFORMED = {
+    "not a dict": [],
+    "no waves": {"lengths": [1], "tokens": 1, "lockstep": False},
+    "no lengths": {"waves": [], "tokens": 1, "lockstep": False},
+    "no tokens": {"lengths": [1], "waves": [], "lockstep": False},
+    "waves not a list": {"lengths": [1], "waves": 3, "tokens": 1, "lockstep": False},
+    "group without degree": {"lengths": [1], "tokens": 1, "lockstep": False,
+                             "waves": [[{"start": 0, "micro_batches": []}]]},
+    "micro-batch without checkpoint": {"lengths": [1], "tokens": 1, "lockstep": False,
+                                       "waves": [[{"start": 0, "degree": 1, "micro_batches": [{"seq_ids": [0]}]}]]},
+    "sequence id not a number": {"lengths": [1], "tokens": 1, "lockstep": False,
+                                 "waves": [[{"start": 0, "degree": 1,
+                                             "micro_batches": [{"seq_ids": ["first"], "checkpoint": 0}]}]]},
+    "degree not a number": {"lengths": [1], "tokens": 1, "lockstep": False,
+                            "waves": [[{"start": 0, "degree": "two", "micro_batches": []}]]},
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_from_dict_malformed(case):
+    with pytest.raises(PlanError, match="malformed plan"):
+        Plan.from_dict(copy.deepcopy(MALFORMED[case]))
+
+
+# --- table -------------------------------------------------------------------------------------
+def test_table():
+    text = good_plan().table()
+    lines = text.splitlines()
+    assert lines[0] == "plan by hand: 6 sequences, 2100 tokens, 2 wave(s)"
+    assert lines[1].split() == ["wave", "ranks", "deg", "mbs", "seqs", "tokens", "ckpt", "longest"]
+    # one row per busy group: wave, ranks, degree, micro-batches, sequences, tokens, mean ckpt, longest
+    assert [line.split() for line in lines[2:]] == [
+        ["0", "0-1", "2", "2", "3", "600", "0.12", "300"],
+        ["0", "2-2", "1", "1", "1", "400", "0.00", "400"],
+        ["0", "3-3", "1", "1", "1", "500", "1.00", "500"],
+        ["1", "0-3", "4", "1", "1", "600", "0.50", "600"],
+    ]
+
+
+def test_table_truncates_and_skips_idle_groups():
+    plan = Plan(list(range(1, 9)), [Wave([Group(r, 1, [MicroBatch([r])]) for r in range(8)] + [Group(8, 8)])],
+                lockstep=True)
+    lines = plan.table(max_rows=3).splitlines()
+    assert lines[0].endswith("1 wave(s), lockstep")
+    assert len(lines) == 2 + 3 + 1 and lines[-1] == "... 5 more groups"

@@ -1,0 +1,107 @@
+"""Properties every registered planner must have, on random batches, clusters and memory budgets.
+
+The tests iterate over `ballast.planners.PLANNERS`, so a planner registered later is covered
+without touching this file. Planners that take over a second per plan (FlexSP's MILP) get few
+examples and a short solver time limit.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ballast.cluster import Cluster
+from ballast.cost import CostModel
+from ballast.plan import Plan
+from ballast.planners import PLANNERS, PlannerOptions, get_planner
+from ballast.shapes import ModelShape, get_model_shape
+from ballast.simulate import simulate, step_time
+
+EXAMPLES = 60
+SLOW = {"flexsp": 3}          # planners that may need > 1 s per plan: few examples
+TIME_LIMIT = 0.5              # seconds per MILP solve, for planners that read it
+
+SHAPES = [
+    get_model_shape("tiny"),                                   # degrees up to 4 (4 kv heads)
+    ModelShape("wide", 2, 256, 16, 16, 512, 128),              # degrees up to 16
+    ModelShape("mqa", 2, 64, 2, 1, 128, 64),                   # one kv head: degree 1 only
+]
+
+
+@st.composite
+def setups(draw, lockstep=None):
+    """(cluster, cost, lengths, options): 1-16 ranks in 1-2 nodes, a memory budget from a few
+    dozen to 50K tokens per device, and a long-tailed batch up to the longest plannable."""
+    nodes = draw(st.sampled_from([1, 2]))
+    per_node = draw(st.sampled_from([1, 2, 4, 8]))
+    intra = draw(st.sampled_from([1e9, 1e11]))
+    inter = intra / draw(st.sampled_from([1, 10, 20]))
+    bandwidth = {1 << i: intra if 1 << i <= per_node else inter for i in range(1, (nodes * per_node).bit_length())}
+    cluster = Cluster("random", nodes, per_node, 1e18, draw(st.sampled_from([5e10, 1e14])),
+                      draw(st.sampled_from([0.3, 1.0])), bandwidth, draw(st.sampled_from([0.0, 2e-3, 0.05])))
+    cost = CostModel.analytic(draw(st.sampled_from(SHAPES)), cluster)
+    cap = draw(st.integers(32, 50_000))     # tokens a device holds without checkpointing
+    memory = cost.states + cap * cost.act_per_token
+    cluster = dataclasses.replace(cluster, device_memory=memory)
+    cost = dataclasses.replace(cost, device_memory=memory)
+    limit = cost.max_tokens(cost.degrees[-1], 1.0)
+    # fractions of the limit, cubed: mostly short sequences with a long tail up to the limit
+    fractions = draw(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=48))
+    lengths = [max(1, round(f ** 3 * limit)) for f in fractions]
+    max_len = draw(st.one_of(st.none(), st.integers(max(lengths), limit)))
+    options = PlannerOptions(max_len=max_len, seed=draw(st.integers(0, 3)), time_limit=TIME_LIMIT,
+                             lockstep=draw(st.booleans()) if lockstep is None else lockstep)
+    return cluster, cost, lengths, options
+
+
+def run(name: str, examples: int, check, lockstep=None) -> None:
+    @settings(max_examples=min(examples, SLOW.get(name, examples)), deadline=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(setups(lockstep))
+    def inner(setup):
+        check(*setup)
+    inner()
+
+
+@pytest.mark.parametrize("name", list(PLANNERS))
+def test_plans_are_valid_and_never_beat_the_lower_bound(name):
+    def check(cluster, cost, lengths, options):
+        plan = get_planner(name, cluster, cost, options).plan(lengths)
+        plan.validate(cluster, cost)              # every sequence once, aligned, fits memory, ...
+        assert plan.lengths == lengths and plan.tokens == sum(lengths)
+        assert plan.planner == name
+        assert Plan.from_json(plan.to_json()) == plan
+        metrics = simulate(plan, cost, cluster.world_size)
+        # planners compare plans with step_time(); it must be the simulator's step time
+        assert step_time(plan, cost) == pytest.approx(metrics.step_time, rel=1e-9)
+        # no plan beats the lower bound (1e-9: the same terms summed in different orders)
+        assert metrics.step_time >= metrics.lower_bound * (1 - 1e-9), \
+            f"{name}: step {metrics.step_time} < lower bound {metrics.lower_bound}"
+    run(name, EXAMPLES, check)
+
+
+@pytest.mark.parametrize("name", list(PLANNERS))
+def test_lockstep_option_is_honoured(name):
+    # PlannerOptions.lockstep: "Emit lockstep plans (FSDP/ZeRO-3): equal micro-batch counts per
+    # group in every wave." validate() checks the counts of a plan marked lockstep.
+    def check(cluster, cost, lengths, options):
+        plan = get_planner(name, cluster, cost, options).plan(lengths)
+        assert plan.lockstep, f"{name} ignored PlannerOptions(lockstep=True)"
+        plan.validate(cluster, cost)
+    run(name, 10, check, lockstep=True)
+
+
+@pytest.mark.parametrize("name", list(PLANNERS))
+def test_same_input_same_plan(name):
+    # Every rank may plan the step itself: the plan must depend on the input (and seed) only.
+    # A planner with a wall-clock solver limit (FlexSP's MILP) returns whatever the solver had
+    # when time ran out, which depends on the machine's load; such planners are exempt.
+    if name in SLOW:
+        pytest.skip(f"{name} stops its solver on a wall-clock limit")
+    def check(cluster, cost, lengths, options):
+        first = get_planner(name, cluster, cost, options).plan(lengths)
+        again = get_planner(name, cluster, cost, dataclasses.replace(options)).plan(list(lengths))
+        assert first.to_dict() == again.to_dict()
+    run(name, 5, check)

@@ -1,0 +1,254 @@
+"""The simulator (ballast/simulate.py) by hand, the lower bound by brute force, Gantt charts."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ballast import report
+from ballast.cluster import Cluster
+from ballast.cost import CostModel
+from ballast.plan import Group, MicroBatch, Plan, Wave
+from ballast.planners import PlannerOptions, get_planner
+from ballast.simulate import simulate, step_time
+
+# 1e-12 relative: simulate() adds a handful of float terms; the hand values are exact decimals.
+EXACT = 1e-12
+
+
+def hand_cost(**change) -> CostModel:
+    """Round coefficients, so micro-batch times can be worked out by hand:
+    time = (1e-6 sum s^2 + 1e-3 sum s)(1 + 0.5 c) / d + 1000 sum s / (d bw(d)) + 0.01."""
+    fields = dict(source="test", model="toy", a=1e-6, b=1e-3, g=0.01, bandwidth={2: 1e9, 4: 5e8},
+                  bytes_per_token=1000.0, act_per_token=1e5, states=1e8, device_memory=1.1e9,
+                  layers=4, heads=8, kv_heads=4, world_size=4, recompute=0.5, kept=0.1)
+    return CostModel(**{**fields, **change})
+
+
+#           0     1     2     3     4     5
+LENGTHS = [1000, 1000, 3000, 4000, 2000, 8000]
+# Micro-batch times by hand (seconds):
+#   [3] at d=2:    (16 + 4) / 2 + 1000 * 4000 / (2 * 1e9) + 0.01   = 10 + 0.002 + 0.01  = 10.012
+#   [0, 1] at d=2: (2 + 2) / 2 + 1000 * 2000 / 2e9 + 0.01          = 2 + 0.001 + 0.01   = 2.011
+#   [2] at d=1:    9 + 3 + 0.01                                                         = 12.01
+#   [4] at d=1:    4 + 2 + 0.01                                                         = 6.01
+#   [4] at d=2:    (4 + 2) / 2 + 0.001 + 0.01                                           = 3.011
+#   [2] at d=2:    (9 + 3) / 2 + 1000 * 3000 / 2e9 + 0.01          = 6 + 0.0015 + 0.01  = 6.0115
+#   [5] at d=4, c=0.5: (64 + 8)(1.25) / 4 + 1000 * 8000 / (4 * 5e8) + 0.01 = 22.5 + 0.004 + 0.01 = 22.514
+
+
+def two_wave_plan() -> Plan:
+    return Plan(LENGTHS, [
+        Wave([Group(0, 2, [MicroBatch([3]), MicroBatch([0, 1])]),
+              Group(2, 1, [MicroBatch([2])]),
+              Group(3, 1, [MicroBatch([4])])]),
+        Wave([Group(0, 4, [MicroBatch([5], 0.5)])]),
+    ])
+
+
+def test_two_wave_plan_by_hand():
+    cost = hand_cost()
+    plan = two_wave_plan()
+    plan.validate(_cluster(cost), cost)
+    m = simulate(plan, cost, 4, timeline=True)
+    # wave 0 ends with its slowest group: ranks 0-1 take 10.012 + 2.011 = 12.023 > 12.01 > 6.01
+    assert m.wave_times == pytest.approx([12.023, 22.514], rel=EXACT)
+    assert m.step_time == pytest.approx(34.537, rel=EXACT)
+    assert step_time(plan, cost) == pytest.approx(m.step_time, rel=EXACT)
+    assert m.busy == pytest.approx([34.537, 34.537, 12.01 + 22.514, 6.01 + 22.514], rel=EXACT)
+    assert m.comm == pytest.approx([0.003 + 0.004, 0.007, 0.004, 0.004], rel=EXACT)
+    # the timeline: group 0's second micro-batch follows its first; wave 1 starts at 12.023
+    seg = {(s.wave, s.start_rank, s.micro_batch): s for s in m.segments}
+    assert len(seg) == 5
+    assert seg[0, 0, 1].begin == pytest.approx(10.012, rel=EXACT)
+    assert (seg[0, 0, 1].compute, seg[0, 0, 1].comm) == pytest.approx((2.01, 0.001), rel=EXACT)
+    assert seg[1, 0, 0].begin == pytest.approx(12.023, rel=EXACT)
+    assert seg[1, 0, 0].end == pytest.approx(34.537, rel=EXACT)
+
+
+def test_metric_definitions():
+    cost = hand_cost()
+    plan = two_wave_plan()
+    plan.tokens = 15_000          # a loss normaliser other than the sum of lengths
+    m = simulate(plan, cost, 4)
+    t = 34.537
+    assert m.tokens_per_s == pytest.approx(15_000 / t, rel=EXACT)
+    # idle: the share of rank-seconds not spent computing or communicating
+    busy = 2 * t + 34.524 + 28.524
+    assert m.idle_fraction == pytest.approx(1 - busy / (4 * t), rel=EXACT)
+    assert m.idle_fraction == pytest.approx((0.013 + 6.013) / (4 * t), rel=1e-9)
+    assert m.lower_bound == cost.lower_bound(LENGTHS)
+    assert m.vs_lower_bound == pytest.approx(t / cost.lower_bound(LENGTHS), rel=EXACT)
+    assert m.vs_lower_bound >= 1.0
+
+
+def test_lockstep_synchronises_every_micro_batch():
+    cost = hand_cost()
+    waves = [Wave([Group(0, 2, [MicroBatch([3]), MicroBatch([0, 1])]),     # 10.012, then 2.011
+                   Group(2, 2, [MicroBatch([4]), MicroBatch([2])])])]     # 3.011, then 6.0115
+    free = simulate(Plan(LENGTHS[:5], waves), cost, 4, timeline=True)
+    lock = simulate(Plan(LENGTHS[:5], waves, lockstep=True), cost, 4, timeline=True)
+    # independent groups: the wave is the slower group's sum, max(12.023, 9.0225)
+    assert free.step_time == pytest.approx(12.023, rel=EXACT)
+    # lockstep: micro-batch i ends when every group's micro-batch i has: 10.012 + 6.0115
+    assert lock.step_time == pytest.approx(16.0235, rel=EXACT)
+    assert step_time(Plan(LENGTHS[:5], waves, lockstep=True), cost) == pytest.approx(16.0235, rel=EXACT)
+    second = next(s for s in lock.segments if s.start_rank == 2 and s.micro_batch == 1)
+    assert second.begin == pytest.approx(10.012, rel=EXACT)      # waits for group 0
+    second = next(s for s in free.segments if s.start_rank == 2 and s.micro_batch == 1)
+    assert second.begin == pytest.approx(3.011, rel=EXACT)
+    # waiting is idle time, not busy time
+    assert lock.busy == pytest.approx(free.busy, rel=EXACT)
+    assert lock.idle_fraction > free.idle_fraction
+
+
+def test_lockstep_filler_costs_the_fixed_overhead():
+    cost = hand_cost()
+    plan = Plan(LENGTHS[:5], [Wave([Group(0, 2, [MicroBatch([3]), MicroBatch([0, 1])]),
+                                     Group(2, 2, [MicroBatch([2, 4]), MicroBatch([])])])], lockstep=True)
+    # [2, 4] at d=2: (9 + 4 + 5) / 2 + 1000 * 5000 / 2e9 + 0.01 = 9 + 0.0025 + 0.01 = 9.0125
+    m = simulate(plan, cost, 4)
+    assert m.step_time == pytest.approx(10.012 + 2.011, rel=EXACT)
+    assert m.busy[2] == pytest.approx(9.0125 + 0.01, rel=EXACT)    # the filler joins with g
+    assert m.comm[2] == pytest.approx(0.0025, rel=EXACT)
+
+
+def test_empty_plan_and_idle_wave():
+    cost = hand_cost()
+    m = simulate(Plan([], []), cost, 4)
+    assert (m.step_time, m.tokens_per_s, m.idle_fraction, m.vs_lower_bound) == (0.0, 0.0, 0.0, 1.0)
+    plan = Plan([1000], [Wave([Group(0, 4)]), Wave([Group(0, 1, [MicroBatch([0])]), Group(1, 1),
+                                                    Group(2, 2)])])
+    assert simulate(plan, cost, 4).wave_times == pytest.approx([0.0, 1.0 + 1.0 + 0.01], rel=EXACT)
+
+
+# --- the lower bound by brute force ------------------------------------------------------------
+def _cluster(cost: CostModel) -> Cluster:
+    """A one-node cluster matching a hand-made cost model (validate needs one)."""
+    n = cost.world_size
+    return Cluster("toy", 1, n, cost.device_memory, 1e12, 1.0,
+                   {d: cost.bandwidth.get(d, 1.0) for d in (2, 4, 8) if d <= n}, 0.0)
+
+
+def layouts(n: int, start: int = 0):
+    """Every list of aligned power-of-two blocks (start, size) that tiles ranks start..n-1."""
+    if start == n:
+        yield []
+        return
+    d = 1
+    while start % d == 0 and start + d <= n:
+        for rest in layouts(n, start + d):
+            yield [(start, d), *rest]
+        d *= 2
+
+
+def best_group_times(cost: CostModel, lengths: list[int], degree: int):
+    """For every subset (bitmask) of sequences: the least time a group of `degree` needs to run
+    them, over every split into micro-batches, each at its least fitting checkpoint level."""
+    n = len(lengths)
+    single = [np.inf] * (1 << n)
+    for mask in range(1, 1 << n):
+        seqs = [lengths[i] for i in range(n) if mask >> i & 1]
+        c = cost.min_checkpoint(sum(seqs), degree)
+        if c is not None and degree in cost.degrees:
+            single[mask] = cost.time(seqs, degree, c)
+    best, split = [0.0] * (1 << n), [0] * (1 << n)
+    for mask in range(1, 1 << n):
+        low = mask & -mask
+        best[mask] = np.inf
+        sub = mask
+        while sub:                               # every micro-batch holding the lowest sequence
+            if sub & low and single[sub] + best[mask ^ sub] < best[mask]:
+                best[mask], split[mask] = single[sub] + best[mask ^ sub], sub
+            sub = (sub - 1) & mask
+    return best, split
+
+
+def brute_force(cost: CostModel, lengths: list[int]) -> tuple[float, Plan]:
+    """The fastest one-wave plan: every group layout, every assignment of sequences to groups,
+    every packing into micro-batches."""
+    n, world = len(lengths), cost.world_size
+    tables = {d: best_group_times(cost, lengths, d) for d in (1, 2, 4, 8) if d <= world}
+    best_time, best_plan = np.inf, None
+    for layout in layouts(world):
+        for assign in itertools.product(range(len(layout)), repeat=n):
+            masks = [0] * len(layout)
+            for i, g in enumerate(assign):
+                masks[g] |= 1 << i
+            t = max(tables[d][0][m] for (_, d), m in zip(layout, masks))
+            if t < best_time:
+                best_time, best_plan = t, (layout, masks)
+    layout, masks = best_plan
+    groups = []
+    for (start, d), mask in zip(layout, masks):
+        split, mbs = tables[d][1], []
+        while mask:
+            ids = [i for i in range(n) if split[mask] >> i & 1]
+            mbs.append(MicroBatch(ids, cost.min_checkpoint(sum(lengths[i] for i in ids), d)))
+            mask ^= split[mask]
+        groups.append(Group(start, d, mbs))
+    return best_time, Plan(lengths, [Wave(groups)])
+
+
+@st.composite
+def tiny_instances(draw):
+    world = draw(st.sampled_from([1, 2, 4]))
+    kept = draw(st.sampled_from([0.1, 0.5]))
+    cap = draw(st.integers(200, 6000))                 # tokens per device without checkpointing
+    cost = hand_cost(
+        world_size=world, kept=kept, layers=draw(st.sampled_from([1, 2, 4])),
+        a=draw(st.sampled_from([1e-9, 1e-7, 1e-6, 1e-5])), b=draw(st.sampled_from([1e-5, 1e-4, 1e-3])),
+        g=draw(st.sampled_from([0.0, 1e-3, 0.05, 0.5])), recompute=draw(st.sampled_from([0.0, 1 / 3, 1.0])),
+        heads=draw(st.sampled_from([2, 8])), kv_heads=2, states=0.0, device_memory=cap * 1e5,
+        bandwidth={d: draw(st.sampled_from([1e6, 1e8, 1e10])) for d in (2, 4) if d <= world},
+        bytes_per_token=draw(st.sampled_from([10.0, 1e3, 1e5])))
+    limit = cost.max_tokens(cost.degrees[-1], 1.0)
+    lengths = draw(st.lists(st.integers(1, limit), min_size=1, max_size=6))
+    return cost, lengths
+
+
+@settings(max_examples=40, deadline=None)
+@given(tiny_instances())
+def test_brute_force_never_beats_lower_bound(instance):
+    cost, lengths = instance
+    best, plan = brute_force(cost, lengths)
+    # the exhaustive optimum is a real plan, and the simulator agrees with the search's sum
+    plan.validate(_cluster(cost), cost)
+    assert simulate(plan, cost, cost.world_size).step_time == pytest.approx(best, rel=EXACT)
+    # relative 1e-9: the bound and the search add the same terms in different orders
+    assert cost.lower_bound(lengths) <= best * (1 + 1e-9)
+
+
+def test_brute_force_search_is_exhaustive():
+    # Guard the search itself: 4 ranks tile 5 ways, and on a batch where the answer is known
+    # (four equal sequences, four ranks, no memory pressure) it finds one sequence per rank.
+    assert sorted(map(tuple, layouts(4))) == sorted([((0, 1), (1, 1), (2, 1), (3, 1)), ((0, 1), (1, 1), (2, 2)),
+                                                     ((0, 2), (2, 1), (3, 1)), ((0, 2), (2, 2)), ((0, 4),)])
+    cost = hand_cost(bandwidth={2: 1e6, 4: 1e6})      # slow all-to-all: degree 1 wins
+    best, plan = brute_force(cost, [1000] * 4)
+    assert best == pytest.approx(cost.time([1000], 1, 0.0), rel=EXACT)
+    assert [g.degree for g in plan.waves[0].groups] == [1, 1, 1, 1]
+
+
+# --- Gantt charts ------------------------------------------------------------------------------
+def test_gantt_writes_png(tmp_path, cpu4, tiny4):
+    import matplotlib.image
+
+    lengths = [60_000, 30_000, 9_000, 4_000, 2_000, 800, 500, 100, 40_000]
+    plans = {name: get_planner(name, cpu4, tiny4, PlannerOptions()).plan(lengths)
+             for name in ("static", "megatron-dynamic-cp", "batch-adaptive")}
+    plans["hand"] = Plan([100, 200], [Wave([Group(0, 2, [MicroBatch([0]), MicroBatch([])]),
+                                            Group(2, 2, [MicroBatch([1]), MicroBatch([])])]),
+                                      Wave([Group(0, 4)])], lockstep=True)
+    path = tmp_path / "gantt.png"
+    report.gantt(plans, tiny4, 4, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # figure size 12 x (1 + 2.4 per plan) inches at 110 dpi: one panel per plan
+    height, width = matplotlib.image.imread(path).shape[:2]
+    assert (width, height) == (1320, round((1 + 2.4 * 4) * 110))
+    one = tmp_path / "one.png"
+    report.gantt({"static": plans["static"]}, tiny4, 4, one)
+    assert matplotlib.image.imread(one).shape[:2] == (round(3.4 * 110), 1320)
