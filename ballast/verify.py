@@ -77,7 +77,8 @@ def random_batches(shape: ModelShape, steps: int, batch: int, max_len: int, seed
     return out
 
 
-def _flat(tensors) -> Tensor:
+def flatten(tensors) -> Tensor:
+    """Detached copy of the tensors as one vector (parameters or gradients, in model order)."""
     return torch.cat([t.detach().reshape(-1) for t in tensors]).clone()
 
 
@@ -98,11 +99,11 @@ def train_reference(shape: ModelShape, batches: list[Batch], seed: int, lr: floa
     losses, grads, starts = [], [], []
     for batch in batches:
         optimizer.zero_grad(set_to_none=True)
-        starts.append(_flat(model.parameters()))
+        starts.append(flatten(model.parameters()))
         losses.append(_whole_batch_backward(model, batch))
-        grads.append(_flat(p.grad for p in model.parameters()))
+        grads.append(flatten(p.grad for p in model.parameters()))
         optimizer.step()
-    return Trajectory(losses, grads, starts, _flat(model.parameters()))
+    return Trajectory(losses, grads, starts, flatten(model.parameters()))
 
 
 def reference_at(shape: ModelShape, trajectory: Trajectory, batches: list[Batch]) -> Trajectory:
@@ -113,7 +114,7 @@ def reference_at(shape: ModelShape, trajectory: Trajectory, batches: list[Batch]
         torch.nn.utils.vector_to_parameters(params, model.parameters())
         model.zero_grad(set_to_none=True)
         losses.append(_whole_batch_backward(model, batch))
-        grads.append(_flat(p.grad for p in model.parameters()))
+        grads.append(flatten(p.grad for p in model.parameters()))
     return Trajectory(losses, grads, trajectory.start_params, trajectory.params)
 
 
@@ -128,11 +129,11 @@ def train_distributed(shape: ModelShape, plans: list[dict], batches: list[Batch]
     losses, grads, starts = [], [], []
     for plan_data, batch in zip(plans, batches, strict=True):
         plan = broadcast_plan(Plan.from_dict(plan_data) if dist.get_rank() == 0 else None)
-        starts.append(_flat(model.parameters()))
+        starts.append(flatten(model.parameters()))
         losses.append(executor.step(plan, batch.samples).loss)
         # The step leaves the all-reduced gradients in place (optimizers do not clear them).
-        grads.append(_flat(p.grad for p in model.parameters()))
-    return Trajectory(losses, grads, starts, _flat(model.parameters()))
+        grads.append(flatten(p.grad for p in model.parameters()))
+    return Trajectory(losses, grads, starts, flatten(model.parameters()))
 
 
 def _train_all_planners(shape: ModelShape, plans: dict[str, list[dict]], batches: list[Batch], seed: int,

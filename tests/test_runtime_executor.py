@@ -18,7 +18,7 @@ from ballast.cluster import get_cluster
 from ballast.cost import CostModel
 from ballast.models import build_gpt
 from ballast.plan import Group, MicroBatch, Plan, PlanError, Wave, fill_idle
-from ballast.runtime import Executor, ProcessGroups, make_optimizer, run_local
+from ballast.runtime import ActivationMeter, Executor, ProcessGroups, make_optimizer, run_local
 from ballast.shapes import MODEL_PRESETS, ModelShape
 
 SHAPE = MODEL_PRESETS["tiny"]
@@ -117,7 +117,7 @@ def _world4_worker(batches: list[verify.Batch], planners: dict[str, list[dict]])
         model = build_gpt(SHAPE)
         executor = Executor(model, make_optimizer(model, lr=1e-3), cluster, groups, measure_activations=True)
         result = executor.step(one_group_plan(4, checkpoint), batches[0].samples)
-        out[f"checkpoint {checkpoint}"] = (verify._flat(p.grad for p in model.parameters()), result)
+        out[f"checkpoint {checkpoint}"] = (verify.flatten(p.grad for p in model.parameters()), result)
     model = build_gpt(SHAPE)
     executor = Executor(model, make_optimizer(model, lr=1e-3), cluster, groups)
     out["mixed-step"] = executor.step(mixed_plan(), batches[0].samples)
@@ -228,3 +228,13 @@ def test_user_errors_are_value_errors_before_any_collective(world4):
         assert "10 sequences but 9 samples" in few_samples
         assert "sample 9" in short_sample and "27 tokens" in short_sample
         assert "SP degree 4" in odd_heads and "(6)" in odd_heads and "(2)" in odd_heads
+
+
+def test_activation_meter_counts_saved_storages_once_and_no_parameters():
+    weight = torch.nn.Parameter(torch.randn(8, 8))
+    x = torch.randn(4, 8, requires_grad=True)
+    with ActivationMeter([weight]) as meter:
+        y = x @ weight          # saves x and the weight
+        z = (y * y).sum()       # saves y (twice, one storage)
+    assert meter.bytes == x.numel() * 4 + y.numel() * 4
+    z.backward()
