@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(VENV)/bin/ballast simulate --lengths wikipedia --cluster a100-64 --model gpt-7b \
-	    --max-len 393216 --batch 512 --steps 5 --planners all --gantt demo-gantt.png
+	    --max-len 393216 --batch 512 --steps 3 --planners all --time-limit 2 --gantt demo-gantt.png
 
 test: $(STAMP)
 	$(PY) -m pytest -q

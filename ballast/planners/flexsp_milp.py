@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
+import highspy as core
 import numpy as np
 from scipy.sparse import csc_matrix
 
@@ -249,18 +250,9 @@ def _highs(model: _Model, start: np.ndarray | None, time_limit: float,
     """Run HiGHS from `start`; (best point or None, dual bound, status).
 
     scipy.optimize.milp cannot take a starting point, so this talks to HiGHS's own Python
-    bindings: `highspy` when installed, else the copy scipy (>= 1.15) ships. Without either it
-    falls back to scipy.optimize.milp and the caller keeps the start if HiGHS finds nothing.
+    bindings (`highspy`, a dependency).
     """
-    try:
-        import highspy as core
-        highs = core.Highs()
-    except ImportError:
-        try:
-            from scipy.optimize._highspy import _core as core
-            highs = core._Highs()
-        except ImportError:
-            return _scipy_milp(model, time_limit, mip_rel_gap)
+    highs = core.Highs()
     n_row, n_col = model.matrix.shape
     lp = core.HighsLp()
     lp.num_col_, lp.num_row_ = n_col, n_row
@@ -289,19 +281,6 @@ def _highs(model: _Model, start: np.ndarray | None, time_limit: float,
         return None, bound, "no solution"
     x = np.array(highs.getSolution().col_value)
     return x, bound, "optimal" if status == core.HighsModelStatus.kOptimal else "time limit"
-
-
-def _scipy_milp(model: _Model, time_limit: float, mip_rel_gap: float) -> tuple[np.ndarray | None, float, str]:
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    n_col = model.matrix.shape[1]
-    res = milp(np.eye(1, n_col).ravel(), integrality=np.r_[0, np.ones(n_col - 1)],
-               bounds=Bounds(model.col_lower, model.col_upper),
-               constraints=LinearConstraint(model.matrix, model.row_lower, model.row_upper),
-               options={"time_limit": time_limit, "mip_rel_gap": mip_rel_gap})
-    bound = float(getattr(res, "mip_dual_bound", None) or np.nan)
-    if res.x is None:
-        return None, bound, "infeasible" if res.status == 2 else "no solution"
-    return res.x, bound, "optimal" if res.status == 0 else "time limit"
 
 
 def solve_wave(lengths: Sequence[int], cost: CostModel, checkpoint: float, buckets: Buckets,
