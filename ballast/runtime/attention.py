@@ -37,6 +37,11 @@ def shard_sizes(tokens: int, degree: int) -> tuple[int, ...]:
     return tuple(tokens // degree + (i < tokens % degree) for i in range(degree))
 
 
+def _shard_slice(sizes: tuple[int, ...], index: int) -> slice:
+    start = sum(sizes[:index])
+    return slice(start, start + sizes[index])
+
+
 @dataclass(frozen=True)
 class StreamShard(PackedStream):
     """This rank's contiguous slice of a packed stream that a process group shares.
@@ -58,9 +63,8 @@ class StreamShard(PackedStream):
         """The index-th shard of the stream of sequences of these lengths."""
         assert 0 <= index < degree, (index, degree)
         whole = PackedStream.from_lengths(lengths, device)
-        sizes = shard_sizes(whole.bounds[-1], degree)
-        start = sum(sizes[:index])
-        return cls(whole.bounds, whole.positions[start:start + sizes[index]], group, degree, index)
+        local = _shard_slice(shard_sizes(whole.bounds[-1], degree), index)
+        return cls(whole.bounds, whole.positions[local], group, degree, index)
 
     @functools.cached_property
     def sizes(self) -> tuple[int, ...]:
@@ -69,8 +73,7 @@ class StreamShard(PackedStream):
     @property
     def local(self) -> slice:
         """Where this rank's tokens sit in the whole stream."""
-        start = sum(self.sizes[:self.index])
-        return slice(start, start + self.sizes[self.index])
+        return _shard_slice(self.sizes, self.index)
 
     @property
     def chunk(self) -> int:
