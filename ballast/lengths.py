@@ -156,6 +156,21 @@ def wikipedia_source() -> HistogramSource:
 STDLIB_EXCLUDED_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test"})
 
 
+def stdlib_files() -> tuple[str, list[str]]:
+    """(root, paths) of the standard library's .py files on this machine, in os.walk order.
+
+    The one definition of the `stdlib` corpus: `stdlib_source` takes its lengths and the
+    trainer's data pipeline (ballast.dataset) its text from it. Callers that need a
+    machine-independent order sort the paths; empty files are the caller's to drop.
+    """
+    root = sysconfig.get_paths()["stdlib"]
+    paths = []
+    for folder, subdirs, files in os.walk(root):
+        subdirs[:] = [d for d in subdirs if d not in STDLIB_EXCLUDED_DIRS]  # prune, don't scan
+        paths += [os.path.join(folder, f) for f in files if f.endswith(".py")]
+    return root, paths
+
+
 @functools.cache
 def stdlib_source() -> DiscreteSource:
     """Token counts of the standard library's .py files, under the byte-level tokenizer.
@@ -163,12 +178,8 @@ def stdlib_source() -> DiscreteSource:
     Byte-level (one token per UTF-8 byte) is the trainer's default tokenizer too, so a file's
     token count is its size in bytes. Empty files (bare `__init__.py`) are not sequences.
     """
-    root = sysconfig.get_paths()["stdlib"]
-    sizes = []
-    for folder, subdirs, files in os.walk(root):
-        subdirs[:] = [d for d in subdirs if d not in STDLIB_EXCLUDED_DIRS]  # prune, don't scan
-        sizes += [os.path.getsize(os.path.join(folder, f)) for f in files if f.endswith(".py")]
-    sizes = [s for s in sizes if s > 0]
+    root, paths = stdlib_files()
+    sizes = [s for s in map(os.path.getsize, paths) if s > 0]
     if not sizes:
         raise ValueError(f"stdlib: no non-empty .py files under {root}")
     return DiscreteSource("stdlib", np.array(sizes))
