@@ -3,7 +3,8 @@ from .cluster import Cluster, get_cluster
 from .cost import CostModel, get_cost_model
 from .plan import Group, MicroBatch, Plan, PlanError, Wave
 from .planners import PlannerOptions, make_plan as plan
+from .runtime import parallelize
 from .shapes import ModelShape, get_model_shape
 
 __all__ = ["Cluster", "CostModel", "Group", "MicroBatch", "ModelShape", "Plan", "PlanError",
-           "PlannerOptions", "Wave", "get_cluster", "get_cost_model", "get_model_shape", "plan"]
+           "PlannerOptions", "Wave", "get_cluster", "get_cost_model", "get_model_shape", "parallelize", "plan"]

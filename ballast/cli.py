@@ -4,13 +4,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import simulate_cmd
+from . import simulate_cmd, verify
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ballast", description=__doc__.splitlines()[0].strip("`"))
     sub = parser.add_subparsers(dest="command", required=True)
-    commands = {"simulate": simulate_cmd}
+    commands = {"simulate": simulate_cmd, "verify": verify}
     for name, module in commands.items():
         p = sub.add_parser(name, help=module.HELP, description=module.__doc__)
         module.add_arguments(p)
