@@ -37,9 +37,9 @@ def gantt(plans: Mapping[str, Plan], cost: CostModel, world_size: int, path: str
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    cmap = plt.get_cmap("viridis")
-    degrees = [1 << i for i in range(world_size.bit_length())]
-    colour = {d: cmap(i / max(1, len(degrees) - 1)) for i, d in enumerate(degrees)}
+    # A qualitative palette: degrees are categories, and neighbours must not look alike.
+    cmap = plt.get_cmap("tab10")
+    colour = {1 << i: cmap(i % 10) for i in range(world_size.bit_length())}
     fig, axes = plt.subplots(len(plans), 1, figsize=(12, 1.0 + 2.4 * len(plans)),
                              squeeze=False, sharex=True)
     for ax, (name, plan) in zip(axes[:, 0], plans.items()):
