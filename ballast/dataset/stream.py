@@ -1,0 +1,151 @@
+"""BatchStream: the corpus as seeded, resumable global batches under a token budget.
+
+Samples. A training sequence of length s holds s + 1 tokens: inputs t[0..s-1] and targets
+t[1..s]. A document of n tokens has n - 1 targets, so it yields ceil((n - 1) / max_len) samples
+(none if n < 2): chunk c holds tokens [c*max_len, min((c+1)*max_len + 1, n)) and trains on
+min(max_len, n - 1 - c*max_len) of them. Consecutive chunks share one token (the last target of
+one is the first input of the next), so every next-token prediction of the document is trained
+exactly once and the lengths of its chunks sum to n - 1.
+
+Sample ids. Samples are numbered in corpus order, document by document, chunk by chunk:
+id = (samples of documents before it) + chunk, dense in 0..num_samples-1. They depend only on
+the corpus and max_len, so a trainer can log them and check each epoch covers every id once.
+
+Order. Epoch e visits the documents in the permutation drawn from numpy's PCG64 seeded with
+(seed, e), a document's chunks back to back in order. A global batch is the longest run of
+consecutive samples whose lengths sum to at most tokens_per_step (at least one sample, so a
+sample longer than the budget is a batch alone); a batch never crosses an epoch's end, so the
+last one of an epoch may be small, and an epoch is a whole number of batches.
+
+State. The stream's position is (epoch, samples of the epoch consumed): `state_dict()` after
+a batch and `load_state_dict` in a fresh stream over the same corpus, seed and max_len give the
+same following batches. The budget may differ on resume (the position is in samples).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from .corpus import TokenCorpus
+
+STATE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One optimizer step's sequences; tokens[i] has lengths[i] + 1 entries (inputs, then the
+    last target)."""
+
+    sample_ids: list[int]
+    lengths: list[int]
+    tokens: list[torch.Tensor]
+    epoch: int
+
+    @property
+    def num_tokens(self) -> int:
+        """Training tokens (targets) in the batch: the loss normaliser."""
+        return sum(self.lengths)
+
+
+class BatchStream:
+    """Endless stream of global batches over `corpus` (see the module docstring)."""
+
+    def __init__(self, corpus: TokenCorpus, tokens_per_step: int, max_len: int, seed: int) -> None:
+        for name, value in (("tokens_per_step", tokens_per_step), ("max_len", max_len)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"BatchStream: {name} must be a positive integer, got {value!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"BatchStream: seed must be a non-negative integer, got {seed!r}")
+        self.corpus, self.tokens_per_step, self.max_len, self.seed = (
+            corpus, tokens_per_step, max_len, seed)
+        self._doc_len = corpus.document_lengths()
+        chunks = (np.maximum(self._doc_len - 1, 0) + max_len - 1) // max_len
+        self._chunks = chunks
+        self._first = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
+        self.num_samples = int(self._first[-1])
+        """Samples per epoch; ids are 0..num_samples-1."""
+        if self.num_samples == 0:
+            raise ValueError(f"{corpus.name}: no document has the 2 tokens a sample needs")
+        self.epoch, self._cursor = 0, 0
+        self._order_epoch = -1
+        self._order = self._cum = np.zeros(0, np.int64)
+
+    def locate(self, sample_ids: np.ndarray | list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(document, chunk) of each sample id."""
+        ids = np.asarray(sample_ids, dtype=np.int64)
+        assert ids.size == 0 or (ids.min() >= 0 and ids.max() < self.num_samples)
+        doc = np.searchsorted(self._first, ids, side="right") - 1
+        return doc, ids - self._first[doc]
+
+    def sample_lengths(self, sample_ids: np.ndarray | list[int]) -> np.ndarray:
+        """Training tokens of each sample id."""
+        doc, chunk = self.locate(sample_ids)
+        return np.minimum(self.max_len, self._doc_len[doc] - 1 - chunk * self.max_len)
+
+    def sample_tokens(self, sample_id: int) -> np.ndarray:
+        """The sample's length + 1 token ids, as int64."""
+        doc, chunk = (int(x[0]) for x in self.locate([sample_id]))
+        start = chunk * self.max_len
+        out = self.corpus.document(doc)[start:start + self.max_len + 1].astype(np.int64)
+        assert out.size >= 2
+        return out
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """Sample ids of `epoch` in the order the stream yields them."""
+        perm = np.random.default_rng([self.seed, epoch]).permutation(self.corpus.num_documents)
+        counts = self._chunks[perm]
+        # Sample k of the epoch is chunk (k - first sample of its document) of document perm[j].
+        starts_in_epoch = np.cumsum(counts) - counts
+        step = np.repeat(self._first[perm] - starts_in_epoch, counts)
+        return step + np.arange(self.num_samples, dtype=np.int64)
+
+    def _prepare(self) -> None:
+        """Make `_order`/`_cum` those of the current epoch (one epoch's arrays are cached)."""
+        if self._cursor == self.num_samples:
+            self.epoch, self._cursor = self.epoch + 1, 0
+        if self._order_epoch != self.epoch:
+            self._order = self.epoch_order(self.epoch)
+            self._cum = np.cumsum(self.sample_lengths(self._order))
+            self._order_epoch = self.epoch
+
+    def next_batch(self) -> Batch:
+        self._prepare()
+        start = self._cursor
+        before = int(self._cum[start - 1]) if start else 0
+        end = int(np.searchsorted(self._cum, before + self.tokens_per_step, side="right"))
+        end = max(end, start + 1)
+        ids = self._order[start:end]
+        self._cursor = end
+        return Batch(sample_ids=ids.tolist(), lengths=self.sample_lengths(ids).tolist(),
+                     tokens=[torch.from_numpy(self.sample_tokens(int(i))) for i in ids],
+                     epoch=self.epoch)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def __next__(self) -> Batch:
+        return self.next_batch()
+
+    def state_dict(self) -> dict:
+        """The stream's position and what it is only valid for; JSON-serialisable."""
+        return {"format": STATE_FORMAT, "corpus": self.corpus.fingerprint, "seed": self.seed,
+                "max_len": self.max_len, "tokens_per_step": self.tokens_per_step,
+                "epoch": self.epoch, "position": self._cursor}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume at `state`'s position; ValueError if it belongs to another stream."""
+        expected = {"format": STATE_FORMAT, "corpus": self.corpus.fingerprint,
+                    "seed": self.seed, "max_len": self.max_len}
+        for key, value in expected.items():
+            if state.get(key) != value:
+                raise ValueError(f"BatchStream state is for {key}={state.get(key)!r}, "
+                                 f"this stream has {key}={value!r}")
+        epoch, position = state.get("epoch"), state.get("position")
+        if not (isinstance(epoch, int) and epoch >= 0 and isinstance(position, int)
+                and 0 <= position <= self.num_samples):
+            raise ValueError(f"BatchStream state has an invalid position "
+                             f"(epoch {epoch!r}, position {position!r} of {self.num_samples})")
+        self.epoch, self._cursor = epoch, position
