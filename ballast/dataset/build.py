@@ -40,7 +40,7 @@ def build_corpus(source: str, tokenizer: str | None = None, cache_dir: str | Non
     key = digest([FORMAT, src.kind, src.text_field, skip_bad, tok.identity, stamps])
     entry = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     entry = entry / f"{src.kind}-{key[:24]}"
-    if (entry / "meta.json").is_file():
+    if entry.exists():  # entries appear whole (renamed into place): one without meta is damaged
         return open_entry(entry, built=False)
     total = sum(size for _, size, _ in stamps) if progress else None
     write_entry(entry, lambda tmp: _tokenise(src, tok, key, skip_bad, total, tmp))

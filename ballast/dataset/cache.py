@@ -78,18 +78,18 @@ def write_entry(entry: Path, build: Callable[[Path], dict]) -> None:
 
 def read_entry(entry: Path) -> tuple[dict, np.ndarray, np.ndarray]:
     """(meta, tokens memmap, offsets) of a complete entry; ValueError if it is damaged."""
+    damaged = f"token cache entry {entry} is damaged or of another format; delete it to rebuild"
     try:
         meta = json.loads((entry / "meta.json").read_text())
-        dtype = np.dtype(meta["dtype"])
-        n = int(meta["num_tokens"])
+        dtype, n = np.dtype(meta["dtype"]), int(meta["num_tokens"])
         offsets = np.load(entry / "offsets.npy")
-        size = (entry / "tokens.bin").stat().st_size
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"token cache entry {entry} is damaged ({e}); delete it to rebuild") from e
-    if (meta.keys() != META_KEYS or meta["format"] != FORMAT or size != n * dtype.itemsize or offsets.ndim != 1
-            or offsets.size != meta["num_documents"] + 1 or n == 0
-            or offsets[0] != 0 or offsets[-1] != n or np.any(np.diff(offsets) < 0)):
-        raise ValueError(f"token cache entry {entry} is damaged or of another format; "
-                         f"delete it to rebuild")
+        whole = (meta.keys() == META_KEYS and meta["format"] == FORMAT and n > 0
+                 and (entry / "tokens.bin").stat().st_size == n * dtype.itemsize
+                 and offsets.shape == (meta["num_documents"] + 1,)
+                 and offsets[0] == 0 and offsets[-1] == n and bool(np.all(np.diff(offsets) >= 0)))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{damaged} ({e})") from e
+    if not whole:
+        raise ValueError(damaged)
     tokens = np.memmap(entry / "tokens.bin", dtype=dtype, mode="r", shape=(n,))
     return meta, tokens, offsets

@@ -164,7 +164,8 @@ def _jsonl_record(raw: bytes, where: str, field: str) -> Doc | Bad:
     except json.JSONDecodeError as e:
         return Bad(where, f"invalid JSON ({e.msg} at column {e.colno})", "bad JSON", n)
     if not isinstance(record, dict):
-        return Bad(where, f"expected a JSON object, got {type(record).__name__}", "not an object", n)
+        return Bad(where, f"expected a JSON object, got {type(record).__name__}", "not an object",
+                   n)
     if field not in record:
         keys = ", ".join(map(repr, list(record)[:8])) or "none"
         return Bad(where, f"no {field!r} field (keys: {keys}); choose it with --text-field",

@@ -69,7 +69,10 @@ class BatchStream:
         """Samples per epoch; ids are 0..num_samples-1."""
         if self.num_samples == 0:
             raise ValueError(f"{corpus.name}: no document has the 2 tokens a sample needs")
-        self.epoch, self._cursor = 0, 0
+        self.epoch = 0
+        """Epoch of the next batch."""
+        self._cursor = 0
+        """Samples of `epoch` already yielded; always < num_samples."""
         self._order_epoch = -1
         self._order = self._cum = np.zeros(0, np.int64)
 
@@ -102,26 +105,22 @@ class BatchStream:
         step = np.repeat(self._first[perm] - starts_in_epoch, counts)
         return step + np.arange(self.num_samples, dtype=np.int64)
 
-    def _prepare(self) -> None:
-        """Make `_order`/`_cum` those of the current epoch (one epoch's arrays are cached)."""
-        if self._cursor == self.num_samples:
-            self.epoch, self._cursor = self.epoch + 1, 0
-        if self._order_epoch != self.epoch:
+    def next_batch(self) -> Batch:
+        if self._order_epoch != self.epoch:  # one epoch's order and running lengths are kept
             self._order = self.epoch_order(self.epoch)
             self._cum = np.cumsum(self.sample_lengths(self._order))
             self._order_epoch = self.epoch
-
-    def next_batch(self) -> Batch:
-        self._prepare()
-        start = self._cursor
+        start, epoch = self._cursor, self.epoch
         before = int(self._cum[start - 1]) if start else 0
         end = int(np.searchsorted(self._cum, before + self.tokens_per_step, side="right"))
         end = max(end, start + 1)
         ids = self._order[start:end]
         self._cursor = end
+        if end == self.num_samples:  # so `epoch` is always the next batch's
+            self.epoch, self._cursor = epoch + 1, 0
         return Batch(sample_ids=ids.tolist(), lengths=self.sample_lengths(ids).tolist(),
                      tokens=[torch.from_numpy(self.sample_tokens(int(i))) for i in ids],
-                     epoch=self.epoch)
+                     epoch=epoch)
 
     def __iter__(self) -> Iterator[Batch]:
         return self
@@ -145,7 +144,7 @@ class BatchStream:
                                  f"this stream has {key}={value!r}")
         epoch, position = state.get("epoch"), state.get("position")
         if not (isinstance(epoch, int) and epoch >= 0 and isinstance(position, int)
-                and 0 <= position <= self.num_samples):
+                and 0 <= position < self.num_samples):
             raise ValueError(f"BatchStream state has an invalid position "
                              f"(epoch {epoch!r}, position {position!r} of {self.num_samples})")
         self.epoch, self._cursor = epoch, position

@@ -1,0 +1,132 @@
+"""Data pipeline: the token cache is reused, invalidated when inputs change, and atomic."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ballast.dataset.build as build_module
+from ballast.dataset import ByteTokenizer, build_corpus
+from tests.test_dataset_sources import word_level_tokenizer
+
+
+def build(source: str, cache: Path, **kw):
+    return build_corpus(source, cache_dir=str(cache), **{"progress": False} | kw)
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "a.txt").write_text("first document")
+    (folder / "b.txt").write_text("second document, a little longer")
+    return folder
+
+
+def forbid_tokenising(monkeypatch) -> None:
+    def fail(*args, **kwargs):
+        raise AssertionError("tokenised again")
+    monkeypatch.setattr(build_module, "_tokenise", fail)
+
+
+def test_second_build_is_a_cache_hit(tmp_path, data, monkeypatch, capsys):
+    cache = tmp_path / "cache"
+    first = build(f"folder:{data}", cache, progress=True)
+    assert capsys.readouterr().out == ""  # the bar is on stderr (and cleared when done)
+    assert first.built and Path(first.path).parent == cache
+    stamp = os.stat(Path(first.path) / "tokens.bin").st_mtime_ns
+    forbid_tokenising(monkeypatch)
+    second = build(f"folder:{data}", cache)
+    assert not second.built and second.path == first.path
+    assert second.fingerprint == first.fingerprint
+    assert os.stat(Path(first.path) / "tokens.bin").st_mtime_ns == stamp
+    assert np.array_equal(second.tokens, first.tokens)
+    assert isinstance(second.tokens, np.memmap)
+    assert "read from" in second.describe() and "tokenised into" in first.describe()
+
+
+def test_changes_to_inputs_or_tokenizer_rebuild(tmp_path, data):
+    cache = tmp_path / "cache"
+    first = build(f"folder:{data}", cache)
+    (data / "a.txt").write_text("first document, edited")
+    edited = build(f"folder:{data}", cache)
+    assert edited.built and edited.fingerprint != first.fingerprint
+    assert ByteTokenizer.decode(edited.document(0)) == "first document, edited"
+    (data / "c.txt").write_text("a new file")
+    assert build(f"folder:{data}", cache).num_documents == 3
+    tok = word_level_tokenizer(tmp_path / "tok.json", ["first", "document"])
+    words = build(f"folder:{data}", cache, tokenizer=str(tok))
+    assert words.built and words.vocab_size == 3
+    word_level_tokenizer(tmp_path / "tok.json", ["document", "first"])  # same name, new ids
+    swapped = build(f"folder:{data}", cache, tokenizer=str(tok))
+    assert swapped.built and swapped.document(0).tolist() != words.document(0).tolist()
+
+
+def test_skip_bad_is_part_of_the_key(tmp_path, data):
+    (data / "empty.txt").write_bytes(b"")
+    cache = tmp_path / "cache"
+    assert build(f"folder:{data}", cache, skip_bad=True).skipped == 1
+    with pytest.raises(ValueError, match="empty file"):  # not served the skipping build's entry
+        build(f"folder:{data}", cache)
+
+
+def test_failed_build_leaves_nothing_and_partial_temp_is_ignored(tmp_path, data, monkeypatch):
+    cache = tmp_path / "cache"
+    entry_name = Path(build(f"folder:{data}", tmp_path / "elsewhere").path).name
+
+    def crash(self, texts):
+        raise RuntimeError("killed mid-way")
+    with monkeypatch.context() as m:
+        m.setattr(ByteTokenizer, "encode_batch", crash)
+        with pytest.raises(RuntimeError):
+            build(f"folder:{data}", cache)
+    assert list(cache.iterdir()) == []  # the temporary folder was removed
+    # A crash that could not clean up (SIGKILL) leaves a partial temporary folder behind.
+    partial = cache / f".tmp-{entry_name}-12345-deadbeef"
+    partial.mkdir()
+    (partial / "tokens.bin").write_bytes(b"\x01\x02")
+    corpus = build(f"folder:{data}", cache)
+    assert corpus.built and Path(corpus.path).name == entry_name
+    assert ByteTokenizer.decode(corpus.document(0)) == "first document"
+    assert sorted(p.name for p in cache.iterdir()) == sorted([entry_name, partial.name])
+
+
+def test_concurrent_builder_wins_the_rename(tmp_path, data, monkeypatch):
+    """Two ranks building the same entry: the one whose rename fails uses the winner's."""
+    cache = tmp_path / "cache"
+    real = build_module._tokenise
+
+    def race(src, tok, key, skip_bad, total, out):
+        meta = real(src, tok, key, skip_bad, total, out)
+        monkeypatch.setattr(build_module, "_tokenise", real)
+        build(f"folder:{data}", cache)  # the other rank finishes first
+        return meta
+    monkeypatch.setattr(build_module, "_tokenise", race)
+    corpus = build(f"folder:{data}", cache)
+    assert corpus.num_documents == 2
+    assert [p.name for p in cache.iterdir()] == [Path(corpus.path).name]
+
+
+def test_damaged_entry_is_a_clear_error(tmp_path, data):
+    corpus = build(f"folder:{data}", tmp_path / "cache")
+    meta_path = Path(corpus.path) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps(meta | {"num_tokens": meta["num_tokens"] + 1}))
+    with pytest.raises(ValueError, match="damaged.*delete it to rebuild"):
+        build(f"folder:{data}", tmp_path / "cache")
+    meta_path.unlink()
+    with pytest.raises(ValueError, match="damaged.*delete it to rebuild"):
+        build(f"folder:{data}", tmp_path / "cache")
+
+
+def test_cache_entry_is_a_tokens_source(tmp_path, data):
+    corpus = build(f"folder:{data}", tmp_path / "cache")
+    again = build(f"tokens:{corpus.path}", tmp_path / "unused")
+    assert again.num_tokens == corpus.num_tokens and again.vocab_size == 256
+    assert again.fingerprint == corpus.fingerprint
+    tok = word_level_tokenizer(tmp_path / "tok.json", ["first"])
+    with pytest.raises(ValueError, match="tokenised with bytes, not with tok.json"):
+        build(f"tokens:{corpus.path}", tmp_path / "unused", tokenizer=str(tok))
