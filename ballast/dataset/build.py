@@ -56,6 +56,8 @@ def _tokenise(src: TextSource, tok: Tokenizer, key: str, skip_bad: bool, total: 
     pending: list[str] = []
 
     def flush(f: BinaryIO) -> None:
+        if not pending:
+            return
         for ids in tok.encode_batch(pending):
             if ids.size and int(ids.max()) >= tok.vocab_size:
                 raise ValueError(f"tokenizer {tok.name} emitted id {int(ids.max())}, outside "
@@ -64,7 +66,7 @@ def _tokenise(src: TextSource, tok: Tokenizer, key: str, skip_bad: bool, total: 
             offsets.append(offsets[-1] + ids.size)
         pending.clear()
 
-    with open(out / "tokens.bin", "wb") as f, _progress_bar(src.spec, total) as advance:
+    with open(out / "tokens.bin", "wb") as f, _progress_bar(src.kind, total) as advance:
         chars = 0
         for item in src.read():
             advance(item.nbytes)

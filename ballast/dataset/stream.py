@@ -36,8 +36,8 @@ STATE_FORMAT = 1
 
 @dataclass(frozen=True)
 class Batch:
-    """One optimizer step's sequences; tokens[i] has lengths[i] + 1 entries (inputs, then the
-    last target)."""
+    """One optimizer step's sequences. tokens[i] holds lengths[i] + 1 ids: the inputs are
+    tokens[i][:-1] and the targets tokens[i][1:]."""
 
     sample_ids: list[int]
     lengths: list[int]
