@@ -5,12 +5,13 @@ import argparse
 import sys
 
 from . import simulate_cmd, verify
+from .train import command as train_cmd
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ballast", description=__doc__.splitlines()[0].strip("`"))
     sub = parser.add_subparsers(dest="command", required=True)
-    commands = {"simulate": simulate_cmd, "verify": verify}
+    commands = {"simulate": simulate_cmd, "verify": verify, "train": train_cmd}
     for name, module in commands.items():
         p = sub.add_parser(name, help=module.HELP, description=module.__doc__)
         module.add_arguments(p)

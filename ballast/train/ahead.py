@@ -1,0 +1,69 @@
+"""Rank 0's data and planning, one step ahead of training.
+
+Rank 0 alone draws batches and plans them: the executor runs the plan rank 0 broadcasts, so
+only one rank needs the corpus and only one spends CPU on planning. `Lookahead` does both for
+step k + 1 in a background thread while step k trains, so a planner's latency is hidden
+whenever it is shorter than a step (a slow one, say FlexSP's MILP, still shows as wait time).
+
+Only the thread touches the stream and the planner once it has started, so neither needs a
+lock. A checkpoint after step k must resume at step k + 1 while the thread may already have
+drawn that batch, so every `StepInput` carries the stream's and planner's state right after
+its own step was drawn and planned: the state to save with step k is step k's.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from ..dataset import Batch, BatchStream
+from ..plan import Plan
+from ..planners import Planner
+from ..simulate import step_time
+
+
+@dataclass
+class StepInput:
+    """Everything rank 0 prepares for one step."""
+
+    step: int
+    batch: Batch
+    plan: Plan
+    plan_seconds: float
+    """Wall-clock time the planner took for this batch."""
+    predicted_seconds: float
+    """The plan's step time under the cost model (`ballast.simulate`)."""
+    data_state: dict
+    """`BatchStream.state_dict()` right after this batch: where step + 1 starts."""
+    planner_state: dict
+    """`Planner.state_dict()` right after planning this batch."""
+
+
+class Lookahead:
+    """`get(k)` returns step k's input and starts preparing step k + 1 (while it is < `steps`)."""
+
+    def __init__(self, stream: BatchStream, planner: Planner, steps: int, ahead: bool):
+        self.stream, self.planner, self.steps = stream, planner, steps
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ballast-plan") if ahead else None
+        self._next: Future[StepInput] | None = None
+
+    def _prepare(self, step: int) -> StepInput:
+        batch = self.stream.next_batch()
+        data_state = self.stream.state_dict()
+        start = time.perf_counter()
+        plan = self.planner.plan(batch.lengths)
+        seconds = time.perf_counter() - start
+        return StepInput(step, batch, plan, seconds, step_time(plan, self.planner.cost), data_state,
+                         self.planner.state_dict())
+
+    def get(self, step: int) -> StepInput:
+        if self._pool is None:
+            return self._prepare(step)
+        current = self._next.result() if self._next is not None else self._prepare(step)
+        assert current.step == step, f"lookahead prepared step {current.step}, step {step} asked"
+        self._next = self._pool.submit(self._prepare, step + 1) if step + 1 < self.steps else None
+        return current
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)

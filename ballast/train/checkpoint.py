@@ -1,0 +1,137 @@
+"""Checkpoints that a crash cannot corrupt, and resuming from the newest one.
+
+A checkpoint is a folder `step-NNNNNNNN` (NNNNNNNN = steps completed) holding
+  - model and optimizer state, written by `torch.distributed.checkpoint` (DCP): every rank
+    writes its share in parallel and DCP de-duplicates the replicated tensors, so the same
+    code serves one host or many, CPU or GPU;
+  - `rng-rankR.pt`: rank R's random generators (torch, CUDA, numpy, Python);
+  - `meta.json` (rank 0): the step, the data stream's position, the planner's state, the world
+    size and the config. Only rank 0 knows the data position: it alone draws batches.
+
+Atomic: everything is written into `.tmp-step-NNNNNNNN`, and once every rank has finished
+(a barrier) rank 0 renames it into place. A rename within a folder is atomic, and `latest`
+only looks at committed names, so a crash at any moment leaves the previous checkpoint
+usable; a stale temporary folder is replaced by the next save. The folder must be one that
+every rank sees (a shared file system across nodes).
+
+ZeRO-1: every rank holds the AdamW state of its own share of the parameters only, so each
+saves it under a key of its own (`optimizer.rankR`), and resuming needs the same world size.
+Without ZeRO-1 the optimizer state is replicated and a checkpoint resumes on any world size.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+PREFIX = "step-"
+TMP = ".tmp-"
+META = "meta.json"
+
+
+def _name(step: int) -> str:
+    return f"{PREFIX}{step:08d}"
+
+
+def committed(root: Path) -> list[Path]:
+    """Committed checkpoints under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)
+             and p.name[len(PREFIX):].isdigit() and (p / META).is_file()]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def latest(root: Path) -> Path | None:
+    found = committed(root)
+    return found[-1] if found else None
+
+
+def _local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """ZeRO-1's AdamW over this rank's share of the parameters, or the optimizer itself."""
+    return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+
+
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """What DCP saves and loads in place (FQN-keyed, so independent of parameter order)."""
+    sharded = isinstance(optimizer, ZeroRedundancyOptimizer)
+    key = f"optimizer.rank{dist.get_rank()}" if sharded else "optimizer"
+    return {"model": get_model_state_dict(model),
+            key: get_optimizer_state_dict(model, _local_optimizer(optimizer))}
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         meta: dict | None, keep: int) -> Path:
+    """Checkpoint after `step` completed steps (collective: every rank calls it; rank 0 passes
+    `meta`). Keeps the newest `keep` checkpoints."""
+    rank = dist.get_rank()
+    tmp, final = root / f"{TMP}{_name(step)}", root / _name(step)
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # left by a crash
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    dcp.save(_state(model, optimizer), checkpoint_id=tmp)
+    torch.save(_rng_state(), tmp / f"rng-rank{rank}.pt")
+    dist.barrier()  # every rank's files are in tmp
+    if rank == 0:
+        assert meta is not None
+        _write_synced(tmp / META, json.dumps({**meta, "step": step, "world": dist.get_world_size(),
+                                              "zero1": isinstance(optimizer, ZeroRedundancyOptimizer)},
+                                             indent=1))
+        if final.exists():  # the same step saved by an earlier attempt
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in committed(root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Restore model, optimizer and this rank's RNG from `path` (collective); returns meta.json."""
+    meta = json.loads((path / META).read_text())
+    zero1 = isinstance(optimizer, ZeroRedundancyOptimizer)
+    if meta["zero1"] != zero1:
+        raise ValueError(f"checkpoint {path} was saved {'with' if meta['zero1'] else 'without'} "
+                         f"ZeRO-1; resume with the same --zero1 setting")
+    if zero1 and meta["world"] != dist.get_world_size():
+        raise ValueError(f"checkpoint {path} holds ZeRO-1 optimizer shards of {meta['world']} ranks; "
+                         f"resume it on {meta['world']} ranks, not {dist.get_world_size()}")
+    state = _state(model, optimizer)
+    dcp.load(state, checkpoint_id=path)
+    set_model_state_dict(model, state["model"])
+    key = next(k for k in state if k.startswith("optimizer"))
+    set_optimizer_state_dict(model, _local_optimizer(optimizer), state[key])
+    rng = path / f"rng-rank{dist.get_rank()}.pt"
+    if rng.is_file():  # a rank the saving job did not have starts from its seed
+        _set_rng_state(torch.load(rng, weights_only=False))
+    return meta

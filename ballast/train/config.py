@@ -1,0 +1,255 @@
+"""The configuration of a training run: typed sections, a TOML file, command-line overrides.
+
+One `TrainConfig` holds six sections (`[model]`, `[data]`, `[planner]`, `[optimizer]`, `[run]`,
+`[checkpoint]` in TOML). Values come, later ones winning, from the defaults below, the
+`--config FILE` TOML and the command line. Every field is a flag: `--field-name`, or the
+short name its metadata gives (`--model`, `--data`, `--planner`, ...), so field names are
+unique across sections. The help text of every flag is the field's docstring: one source.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import functools
+import inspect
+import json
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def _flag(name: str) -> Any:
+    return {"flag": name}
+
+
+@dataclass
+class ModelConfig:
+    model: str = field(default="tiny", metadata=_flag("--model"))
+    """Model preset (gpt-7b, gpt-13b, gpt-30b, llama3-8b, tiny) or a ModelShape JSON file."""
+
+
+@dataclass
+class DataConfig:
+    source: str = field(default="stdlib", metadata=_flag("--data"))
+    """Corpus: stdlib | folder:PATH | jsonl:PATH | parquet:PATH | tokens:PATH."""
+    tokenizer: str = "bytes"
+    """`bytes` (one token per UTF-8 byte, vocab 256) or a Hugging Face tokenizer.json file."""
+    text_field: str = "text"
+    """JSON key or Parquet column holding a document's text."""
+    cache_dir: str | None = None
+    """Where tokenised corpora are cached; default: the data pipeline's own."""
+    skip_bad: bool = False
+    """Skip (and count) unreadable documents instead of stopping at the first."""
+    tokens_per_step: int = 8192
+    """Token budget of one optimizer step (the global batch)."""
+    max_len: int = 1024
+    """Longest sequence; longer documents are cut into chunks of at most this many tokens."""
+
+
+@dataclass
+class PlannerConfig:
+    planner: str = field(default="ballast", metadata=_flag("--planner"))
+    """Planner that lays out every step (static, ballast, dcp, flexsp, ...)."""
+    cost: str = "analytic"
+    """Cost model: `analytic` (from the model shape and cluster) or a `ballast profile` JSON."""
+    cluster: str = "cpu"
+    """Cluster preset or TOML/JSON file; `cpu` takes the world size and --device-memory-gb."""
+    device_memory_gb: float = 4.0
+    """Memory budget per rank the planner plans for (cpu cluster), in GB."""
+    plan_ahead: bool = True
+    """Plan step k+1 in a background thread on rank 0 while step k trains."""
+    degree: int | None = None
+    """Force the SP degree of fixed-degree planners (static, bucket)."""
+    time_limit: float = 2.0
+    """Seconds per MILP solve (flexsp)."""
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 3e-3
+    """Peak learning rate of AdamW."""
+    min_lr: float = 3e-4
+    """Learning rate at the last step (cosine decay after warm-up)."""
+    warmup_steps: int = 10
+    """Steps of linear warm-up from 0 to --lr."""
+    weight_decay: float = 0.1
+    """AdamW's decoupled weight decay."""
+    beta1: float = 0.9
+    """AdamW's first-moment decay."""
+    beta2: float = 0.95
+    """AdamW's second-moment decay."""
+    zero1: bool = False
+    """Shard AdamW's state over the ranks (ZeRO-1); a checkpoint then resumes on the same world size."""
+
+
+@dataclass
+class RunConfig:
+    steps: int = 100
+    """Optimizer steps of the whole run (a resumed run continues up to this many)."""
+    seed: int = 0
+    """Seeds the model's initial weights and the data order."""
+    world: int | None = None
+    """Local gloo ranks to spawn (default 2); under torchrun its WORLD_SIZE, which this must match if set."""
+    out_dir: str = "runs/train"
+    """Run folder: config.toml, metrics.jsonl, checkpoints/, report/."""
+    log_interval: int = 10
+    """Steps between log lines when the output is not a terminal (a progress bar otherwise)."""
+    timeout: float = 300.0
+    """Seconds a collective may wait for a peer before the job fails (a dead rank ends in an error)."""
+
+
+@dataclass
+class CheckpointConfig:
+    checkpoint_dir: str | None = None
+    """Checkpoint folder (shared by all nodes); default: OUT_DIR/checkpoints."""
+    checkpoint_interval: int = 50
+    """Steps between checkpoints; the last step is always saved. 0: only the last."""
+    keep_checkpoints: int = 2
+    """How many of the newest checkpoints to keep."""
+    resume: bool = True
+    """Continue from the newest checkpoint in the checkpoint folder if there is one."""
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def validate(self) -> None:
+        """ValueError for values no run can use (checked before any rank starts)."""
+        positive = {"--tokens-per-step": self.data.tokens_per_step, "--max-len": self.data.max_len,
+                    "--steps": self.run.steps, "--log-interval": self.run.log_interval,
+                    "--keep-checkpoints": self.checkpoint.keep_checkpoints,
+                    "--lr": self.optimizer.lr, "--device-memory-gb": self.planner.device_memory_gb,
+                    "--timeout": self.run.timeout}
+        for flag, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"{flag} must be positive, got {value}")
+        if self.run.world is not None and self.run.world < 1:
+            raise ValueError(f"--world must be >= 1, got {self.run.world}")
+        for flag, value in {"--checkpoint-interval": self.checkpoint.checkpoint_interval,
+                            "--warmup-steps": self.optimizer.warmup_steps,
+                            "--min-lr": self.optimizer.min_lr}.items():
+            if value < 0:
+                raise ValueError(f"{flag} must be >= 0, got {value}")
+        if self.data.max_len > self.data.tokens_per_step:
+            raise ValueError(f"--max-len {self.data.max_len} exceeds --tokens-per-step "
+                             f"{self.data.tokens_per_step}: a step could not hold its longest sequence")
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return Path(self.checkpoint.checkpoint_dir or Path(self.run.out_dir) / "checkpoints")
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    def to_toml(self) -> str:
+        """The config as TOML that `--config` reads back (None values are left out)."""
+        lines = []
+        for section, values in self.to_dict().items():
+            lines.append(f"[{section}]")
+            lines += [f"{key} = {json.dumps(value)}" for key, value in values.items() if value is not None]
+            lines.append("")
+        return "\n".join(lines)
+
+
+def _sections() -> dict[str, type]:
+    return {f.name: typing.get_type_hints(TrainConfig)[f.name] for f in dataclasses.fields(TrainConfig)}
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under every field of a dataclass (the string literal after its annotation)."""
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)):
+            docs[node.target.id] = " ".join(str(after.value.value).split())
+    return docs
+
+
+def _scalar_type(cls: type, name: str) -> type:
+    """The field's type without `| None`: int, float, str or bool."""
+    hint = typing.get_type_hints(cls)[name]
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def _flag_of(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+
+
+def _coerce(value: Any, kind: type, where: str) -> Any:
+    """A TOML value checked against the field's type (an int is a fine float)."""
+    if kind is float and type(value) is int:
+        return float(value)
+    if type(value) is not kind:
+        raise ValueError(f"{where}: expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def load_toml(path: str | Path) -> TrainConfig:
+    """A config from a TOML file; unknown sections or keys and mistyped values are a ValueError."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"config {path}: cannot read ({e.strerror or e})") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"config {path}: not valid TOML: {e}") from e
+    config = TrainConfig()
+    sections = _sections()
+    for section, values in data.items():
+        if section not in sections or not isinstance(values, dict):
+            raise ValueError(f"config {path}: unknown section [{section}]; sections: {', '.join(sections)}")
+        target = getattr(config, section)
+        names = {f.name for f in dataclasses.fields(target)}
+        for key, value in values.items():
+            if key not in names:
+                raise ValueError(f"config {path}: unknown key {key!r} in [{section}]; "
+                                 f"keys: {', '.join(sorted(names))}")
+            kind = _scalar_type(type(target), key)
+            setattr(target, key, _coerce(value, kind, f"config {path}: [{section}] {key}"))
+    return config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--config FILE` and one flag per field; unset flags leave the file's (or default) value."""
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="TOML file with [model], [data], [planner], [optimizer], [run], "
+                             "[checkpoint] sections; flags override it")
+    for section, cls in _sections().items():
+        group = parser.add_argument_group(section)
+        docs = field_docs(cls)
+        for f in dataclasses.fields(cls):
+            kind = _scalar_type(cls, f.name)
+            common = {"dest": f"{section}.{f.name}", "default": argparse.SUPPRESS,
+                      "help": f"{docs[f.name]} (default: {f.default})"}
+            if kind is bool:
+                group.add_argument(_flag_of(f), action=argparse.BooleanOptionalAction, **common)
+            else:
+                group.add_argument(_flag_of(f), type=kind, metavar={int: "N", float: "X"}.get(kind, "TEXT"), **common)
+
+
+def from_args(args: argparse.Namespace) -> TrainConfig:
+    """Defaults, then `--config`, then every flag given on the command line; validated."""
+    config = load_toml(args.config) if args.config else TrainConfig()
+    for dest, value in vars(args).items():
+        section, dot, name = dest.partition(".")
+        if dot and section in _sections():
+            setattr(getattr(config, section), name, value)
+    config.validate()
+    return config
+
+
+def from_dict(data: dict[str, dict[str, Any]]) -> TrainConfig:
+    """The inverse of `TrainConfig.to_dict` (how ranks receive the config)."""
+    return TrainConfig(**{name: cls(**data[name]) for name, cls in _sections().items()})

@@ -1,0 +1,131 @@
+"""What a run records: one JSON line per step, a progress display, and the closing summary.
+
+`metrics.jsonl` is appended to, never rewritten, while a run lasts: after a restart the
+steps since the last checkpoint run again and are logged again, so the run's history is the
+*last* record of every step (`final_history`). Each record lists the sample ids the step
+trained on; in the final history every sample of an epoch then appears exactly once, which is
+how a restart is shown to have neither lost nor repeated data.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+
+@dataclass
+class StepRecord:
+    """One line of metrics.jsonl."""
+
+    step: int
+    attempt: int
+    """torchrun's restart count (0 on the first attempt and outside torchrun)."""
+    loss: float
+    """Mean per-token loss of the global batch."""
+    lr: float
+    tokens: int
+    """Loss tokens of the step (the batch's training tokens)."""
+    sample_ids: list[int]
+    lengths: list[int]
+    """Tokens of every sequence, in sample_ids order."""
+    epoch: int
+    step_time: float
+    """Wall-clock seconds of the whole step on rank 0: waiting for its plan, the broadcast,
+    the executor's waves, gradient sync and optimizer."""
+    tokens_per_s: float
+    predicted_step_time: float
+    """The plan's step time under the run's cost model."""
+    idle_fraction: float
+    """Share of all ranks' wave time spent waiting for other groups (from every rank's timings)."""
+    rank_idle: list[float]
+    waves: int
+    micro_batches: int
+    degrees: list[int]
+    """SP degrees the plan used."""
+    checkpointed: float
+    """Token-weighted mean fraction of layers recomputed in backward."""
+    plan_ms: float
+    """Planner time for this step's batch (in the background when planning ahead)."""
+    plan_wait_ms: float
+    """How long the step waited for its batch and plan: ~0 when planning is hidden."""
+
+
+class MetricsLog:
+    """Appends records to `path` (rank 0). `fresh` starts a new history (a run from step 0)."""
+
+    def __init__(self, path: Path, fresh: bool):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        if fresh:
+            path.write_text("")
+
+    def write(self, record: StepRecord) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(asdict(record)) + "\n")
+
+
+def final_history(path: Path) -> list[dict]:
+    """The last record of every step, in step order (earlier attempts' re-run steps dropped)."""
+    last: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            record = json.loads(line)
+            last[record["step"]] = record
+    return [last[k] for k in sorted(last)]
+
+
+def summarise(history: list[dict]) -> dict:
+    """Run totals. Throughput leaves out the first step (start-up: allocation, thread pools)."""
+    if not history:
+        raise ValueError("no steps recorded")
+    timed = history[1:] or history
+    busy = sum(r["step_time"] for r in timed)
+    tail = history[-max(1, len(history) // 10):]
+    return {
+        "steps": len(history),
+        "tokens": sum(r["tokens"] for r in history),
+        "tokens_per_s": sum(r["tokens"] for r in timed) / busy if busy > 0 else 0.0,
+        "step_time_s": busy / len(timed),
+        "predicted_step_time_s": sum(r["predicted_step_time"] for r in timed) / len(timed),
+        "idle_fraction": sum(r["idle_fraction"] * r["step_time"] for r in timed) / busy if busy > 0 else 0.0,
+        "loss_first": history[0]["loss"],
+        "loss_last": sum(r["loss"] for r in tail) / len(tail),
+        "plan_ms": sum(r["plan_ms"] for r in history) / len(history),
+        "plan_wait_ms": sum(r["plan_wait_ms"] for r in timed) / len(timed),
+        "attempts": max(r["attempt"] for r in history) + 1,
+    }
+
+
+class ProgressDisplay:
+    """A rich progress bar with loss, tokens/s and ETA on a terminal; a log line every
+    `interval` steps otherwise (CI logs, files)."""
+
+    def __init__(self, console: Console, start: int, total: int, interval: int):
+        self.console, self.total, self.interval = console, total, interval
+        self.bar = None
+        if console.is_terminal:
+            self.bar = Progress(TextColumn("step"), MofNCompleteColumn(), BarColumn(),
+                                TextColumn("loss {task.fields[loss]:.4f}"),
+                                TextColumn("{task.fields[tps]:>9,.0f} tok/s"),
+                                TextColumn("idle {task.fields[idle]:.0%}"),
+                                TimeRemainingColumn(), console=console)
+            self.task = self.bar.add_task("train", total=total, completed=start,
+                                          loss=float("nan"), tps=0.0, idle=0.0)
+            self.bar.start()
+
+    def update(self, record: StepRecord) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=record.step + 1, loss=record.loss,
+                            tps=record.tokens_per_s, idle=record.idle_fraction)
+        elif (record.step + 1) % self.interval == 0 or record.step + 1 == self.total:
+            self.console.print(f"step {record.step + 1}/{self.total}  loss {record.loss:.4f}  "
+                               f"{record.tokens_per_s:,.0f} tok/s  idle {record.idle_fraction:.0%}  "
+                               f"waves {record.waves}  degrees {record.degrees}  "
+                               f"plan {record.plan_ms:.1f} ms", highlight=False)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,104 @@
+"""The report folder of a run: PNG plots of its final history and of one typical plan."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..cost import CostModel
+from ..plan import Plan
+from ..report import gantt
+
+
+def _figure(width: float = 8.0, height: float = 4.0):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(width, height))
+    return plt, fig, ax
+
+
+def _smooth(values: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over `window` steps (shorter at the start)."""
+    cumulative = np.concatenate([[0.0], np.cumsum(values)])
+    idx = np.arange(1, len(values) + 1)
+    lo = np.maximum(0, idx - window)
+    return (cumulative[idx] - cumulative[lo]) / (idx - lo)
+
+
+def loss_curve(history: list[dict], path: Path, title: str) -> None:
+    steps = np.array([r["step"] for r in history])
+    loss = np.array([r["loss"] for r in history])
+    plt, fig, ax = _figure()
+    ax.plot(steps, loss, color="tab:blue", alpha=0.35, linewidth=0.8, label="loss per step")
+    ax.plot(steps, _smooth(loss, max(1, len(loss) // 20)), color="tab:blue", label="trailing mean")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats per token)")
+    ax.set_title(title, fontsize=10, loc="left")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def throughput(history: list[dict], path: Path, title: str) -> None:
+    """Measured tokens/s per step and what the cost model predicted for the same plans."""
+    steps = np.array([r["step"] for r in history])
+    measured = np.array([r["tokens_per_s"] for r in history])
+    predicted = np.array([r["tokens"] / r["predicted_step_time"] if r["predicted_step_time"] > 0 else np.nan
+                          for r in history])
+    plt, fig, ax = _figure()
+    ax.plot(steps, measured, color="tab:green", linewidth=0.9, label="measured")
+    ax.plot(steps, predicted, color="tab:gray", linewidth=0.9, linestyle="--", label="cost model")
+    ax.set_xlabel("step")
+    ax.set_ylabel("tokens / s")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=10, loc="left")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def length_histogram(history: list[dict], path: Path, title: str) -> None:
+    """Sequences seen by length, log-spaced bins, and the share of tokens each bin holds."""
+    lengths = np.array([s for r in history for s in r["lengths"]], dtype=np.float64)
+    bins = np.unique(np.geomspace(1, max(2.0, lengths.max()) * 1.0001, 40).astype(int))
+    plt, fig, ax = _figure()
+    ax.hist(lengths, bins=bins, color="tab:purple", alpha=0.8, label="sequences")
+    ax.set_xscale("log")
+    ax.set_xlabel("sequence length (tokens)")
+    ax.set_ylabel("sequences")
+    share = ax.twinx()
+    share.hist(lengths, bins=bins, weights=lengths / lengths.sum(), histtype="step", color="black",
+               label="share of tokens")
+    share.set_ylabel("share of tokens")
+    ax.set_title(f"{title}: {lengths.size:,} sequences, {int(lengths.sum()):,} tokens", fontsize=10,
+                 loc="left")
+    fig.legend(loc="upper right", bbox_to_anchor=(0.88, 0.88), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def typical_step(history: list[dict], plans: dict[int, Plan]) -> int | None:
+    """The step (among those whose plan is at hand) with the median measured step time."""
+    candidates = sorted((r["step_time"], r["step"]) for r in history if r["step"] in plans)
+    return candidates[len(candidates) // 2][1] if candidates else None
+
+
+def write_report(folder: Path, history: list[dict], plans: dict[int, Plan], cost: CostModel,
+                 world: int, title: str) -> dict[str, Path]:
+    """Every plot of the run into `folder`; the paths by name."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {name: folder / f"{name}.png" for name in ("loss", "tokens_per_s", "lengths")}
+    loss_curve(history, paths["loss"], f"{title}: loss")
+    throughput(history, paths["tokens_per_s"], f"{title}: throughput")
+    length_histogram(history, paths["lengths"], "data seen")
+    step = typical_step(history, plans)
+    if step is not None:
+        paths["gantt"] = folder / "gantt.png"
+        gantt({f"step {step} ({plans[step].planner}, {cost.source} cost model)": plans[step]}, cost,
+              world, paths["gantt"])
+    return paths

@@ -1,0 +1,226 @@
+"""The training loop of `ballast train`, run by every rank of an initialised job.
+
+    data -> plan (one step ahead, rank 0) -> broadcast -> executor step -> metrics, checkpoint
+
+Rank 0 owns the data stream and the planner (`Lookahead`); each step it broadcasts the plan
+and the batch's tokens, every rank runs its part of the plan (`Executor.step`: waves, grad
+all-reduce, AdamW), and rank 0 logs the step. The gradient of a step does not depend on the
+plan (the executor's loss is summed per token over the global batch), so any planner trains
+the same model from the same seed: planners change the speed, not the loss curve.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from rich.console import Console
+
+from ..cluster import Cluster, get_cluster
+from ..cost import CostModel, get_cost_model
+from ..dataset import BatchStream, TokenCorpus, build_corpus, check_vocab
+from ..models import build_gpt
+from ..plan import Plan
+from ..planners import Planner, PlannerOptions, get_planner
+from ..runtime import Executor, ProcessGroups, StepResult, make_optimizer
+from ..shapes import ModelShape, get_model_shape
+from . import checkpoint
+from .ahead import Lookahead, StepInput
+from .config import OptimizerConfig, TrainConfig
+from .metrics import MetricsLog, ProgressDisplay, StepRecord, final_history, summarise
+from .plots import write_report
+
+FAULT_AT_STEP = "BALLAST_FAULT_AT_STEP"
+"""Testing aid: rank 1 exits abruptly at the start of this step on torchrun's first attempt."""
+
+
+@dataclass
+class Setup:
+    """What every rank derives from the config alone (so every rank agrees on it)."""
+
+    shape: ModelShape
+    cluster: Cluster
+    cost: CostModel
+
+    @classmethod
+    def of(cls, config: TrainConfig, world: int) -> Setup:
+        shape = get_model_shape(config.model.model)
+        cluster = get_cluster(config.planner.cluster, world, config.planner.device_memory_gb)
+        cost = get_cost_model(config.planner.cost, shape, cluster)
+        if cost.model != shape.name:
+            raise ValueError(f"cost model {config.planner.cost} describes model {cost.model!r}, "
+                             f"not {shape.name!r}")
+        cost.check_fits([config.data.max_len])  # a max_len no plan can hold fails here, not at step k
+        return cls(shape, cluster, cost)
+
+    def describe(self) -> str:
+        where = "" if self.cost.source != "analytic" else " (`ballast profile` measures a real one)"
+        return (f"cost model: {self.cost.source} for {self.shape.name} on {self.cluster.name} "
+                f"({self.cluster.world_size} ranks, {self.cost.device_memory / 1e9:.3g} GB each){where}")
+
+
+def open_data(config: TrainConfig, shape: ModelShape, progress: bool) -> TokenCorpus:
+    """The corpus (tokenised once, then from the cache), checked against the model's vocab."""
+    data = config.data
+    corpus = build_corpus(data.source, tokenizer=data.tokenizer, cache_dir=data.cache_dir,
+                          text_field=data.text_field, skip_bad=data.skip_bad, progress=progress)
+    check_vocab(corpus.vocab_size, shape.vocab, shape.name)
+    return corpus
+
+
+def make_planner(config: TrainConfig, setup: Setup) -> Planner:
+    options = PlannerOptions(max_len=config.data.max_len, degree=config.planner.degree,
+                             seed=config.run.seed, time_limit=config.planner.time_limit)
+    return get_planner(config.planner.planner, setup.cluster, setup.cost, options)
+
+
+def learning_rate(step: int, steps: int, opt: OptimizerConfig) -> float:
+    """Linear warm-up to `lr`, then cosine decay to `min_lr` at the last step (nanoGPT)."""
+    if step < opt.warmup_steps:
+        return opt.lr * (step + 1) / opt.warmup_steps
+    progress = (step - opt.warmup_steps) / max(1, steps - 1 - opt.warmup_steps)
+    return opt.min_lr + 0.5 * (opt.lr - opt.min_lr) * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def train(config: TrainConfig) -> dict | None:
+    """Train as the config says on the current torch.distributed job; rank 0 returns the summary."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device(f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu")
+    console = Console(soft_wrap=True)
+    out = Path(config.run.out_dir)
+    setup = Setup.of(config, world)
+
+    # Data, planner and the checkpoint to resume from are rank 0's; the others learn only
+    # whether that worked and where to resume, so a bad corpus stops every rank at once.
+    lookahead, resume, error = None, None, None
+    if rank == 0:
+        try:
+            corpus = open_data(config, setup.shape, progress=True)
+            stream = BatchStream(corpus, config.data.tokens_per_step, config.data.max_len, config.run.seed)
+            planner = make_planner(config, setup)
+            resume = _checkpoint_to_resume(config)
+            console.print(corpus.describe(), highlight=False)
+            console.print(setup.describe(), highlight=False)
+        except ValueError as e:
+            error = str(e)
+    shared = [(error, resume)]
+    dist.broadcast_object_list(shared, src=0)
+    error, resume = shared[0]
+    if error is not None:
+        raise ValueError(error)
+
+    model = build_gpt(setup.shape, config.run.seed).to(device)
+    opt = config.optimizer
+    optimizer = make_optimizer(model, opt.zero1, lr=opt.lr, betas=(opt.beta1, opt.beta2),
+                               weight_decay=opt.weight_decay)
+    executor = Executor(model, optimizer, setup.cluster, ProcessGroups())
+    start = 0
+    if resume is not None:
+        meta = checkpoint.load(Path(resume), model, optimizer)
+        start = meta["step"]
+        if rank == 0:
+            stream.load_state_dict(meta["data"])
+            planner.load_state_dict(meta["planner"])
+            console.print(f"resumed from {resume} at step {start}", highlight=False)
+
+    steps = config.run.steps
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.toml").write_text(config.to_toml())
+        lookahead = Lookahead(stream, planner, steps, config.planner.plan_ahead)
+        log = MetricsLog(out / "metrics.jsonl", fresh=start == 0)
+        progress = ProgressDisplay(console, start, steps, config.run.log_interval)
+        plans: dict[int, Plan] = {}
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    try:
+        for step in range(start, steps):
+            _inject_fault(step, rank, attempt)
+            began = time.perf_counter()
+            item = lookahead.get(step) if rank == 0 else None
+            waited = time.perf_counter() - began
+            plan, samples = _broadcast_step(item)
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, steps, opt)
+            result = executor.step(plan, samples)
+            rank_idle = _idle_by_rank(result, device)
+            seconds = time.perf_counter() - began
+            if rank == 0:
+                record = _record(step, attempt, item, result, rank_idle, seconds, waited,
+                                 optimizer.param_groups[0]["lr"])
+                log.write(record)
+                progress.update(record)
+                plans[step] = plan
+            interval = config.checkpoint.checkpoint_interval
+            if step + 1 == steps or (interval and (step + 1) % interval == 0):
+                meta = None if rank != 0 else {"data": item.data_state, "planner": item.planner_state,
+                                               "config": config.to_dict()}
+                checkpoint.save(config.checkpoint_path, step + 1, model, optimizer, meta,
+                                config.checkpoint.keep_checkpoints)
+    finally:
+        if rank == 0:
+            lookahead.close()
+            progress.close()
+    if rank != 0:
+        return None
+    history = final_history(out / "metrics.jsonl")
+    summary = summarise(history)
+    title = f"{config.planner.planner} planner, {setup.shape.name}, {world} ranks"
+    paths = write_report(out / "report", history, plans, setup.cost, world, title)
+    summary.update(planner=config.planner.planner, world=world, cost_model=setup.cost.source,
+                   metrics=str(out / "metrics.jsonl"), report={k: str(v) for k, v in paths.items()},
+                   checkpoint=str(checkpoint.latest(config.checkpoint_path)))
+    (out / "report" / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _checkpoint_to_resume(config: TrainConfig) -> str | None:
+    found = checkpoint.latest(config.checkpoint_path)
+    if found is None or config.checkpoint.resume:
+        return None if found is None else str(found)
+    raise ValueError(f"{config.checkpoint_path} holds checkpoints (newest {found.name}) and --no-resume "
+                     f"was given: remove them or choose another --checkpoint-dir")
+
+
+def _inject_fault(step: int, rank: int, attempt: int) -> None:
+    if os.environ.get(FAULT_AT_STEP) == str(step) and rank == 1 and attempt == 0:
+        print(f"rank 1: {FAULT_AT_STEP}={step}: exiting abruptly", flush=True)
+        os._exit(17)
+
+
+def _broadcast_step(item: StepInput | None) -> tuple[Plan, list[torch.Tensor]]:
+    """Rank 0's plan and the batch's tokens, on every rank: one broadcast."""
+    payload = [None if item is None else (item.plan.to_dict(), torch.cat(item.batch.tokens))]
+    dist.broadcast_object_list(payload, src=0)
+    plan_data, tokens = payload[0]
+    plan = Plan.from_dict(plan_data)
+    return plan, list(torch.split(tokens, [s + 1 for s in plan.lengths]))
+
+
+def _idle_by_rank(result: StepResult, device: torch.device) -> list[float]:
+    """Every rank's (busy, wait) over the step's waves, all-reduced; idle share per rank."""
+    times = torch.zeros(dist.get_world_size(), 2, dtype=torch.float64, device=device)
+    times[dist.get_rank()] = torch.tensor([sum(w.busy for w in result.waves),
+                                           sum(w.wait for w in result.waves)], dtype=torch.float64)
+    dist.all_reduce(times)
+    totals = times.sum(dim=1).clamp_min(1e-12)
+    return (times[:, 1] / totals).tolist() + [float(times[:, 1].sum() / times.sum().clamp_min(1e-12))]
+
+
+def _record(step: int, attempt: int, item: StepInput, result: StepResult, rank_idle: list[float],
+            seconds: float, waited: float, lr: float) -> StepRecord:
+    plan = item.plan
+    mbs = [(plan.mb_lengths(mb), mb.checkpoint) for _, _, mb in plan.micro_batches() if mb.seq_ids]
+    tokens_in_mbs = sum(sum(lengths) for lengths, _ in mbs)
+    checkpointed = sum(sum(lengths) * c for lengths, c in mbs) / max(1, tokens_in_mbs)
+    return StepRecord(
+        step=step, attempt=attempt, loss=result.loss, lr=lr, tokens=plan.tokens,
+        sample_ids=item.batch.sample_ids, lengths=item.batch.lengths, epoch=item.batch.epoch,
+        step_time=seconds, tokens_per_s=plan.tokens / seconds, predicted_step_time=item.predicted_seconds,
+        idle_fraction=rank_idle[-1], rank_idle=rank_idle[:-1], waves=len(plan.waves),
+        micro_batches=len(mbs), degrees=plan.degrees_used(), checkpointed=checkpointed,
+        plan_ms=1e3 * item.plan_seconds, plan_wait_ms=1e3 * waited)
