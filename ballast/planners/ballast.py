@@ -53,14 +53,17 @@ from .packing import pad_lockstep
 TARGETS = (0.15, 0.25, 0.35, 0.5, 0.65, 0.8, 0.9, 1.0, 1.05, 1.12, 1.2, 1.35, 1.6, 2.0, 3.0, math.inf)
 # Head sizes (longest sequences in a wave of their own) built fully.
 HEAD_CANDIDATES = 2
+HEAD_SIZES = (1, 2, 4, 8)
 # Sequence placements per wave spent on assigning candidate layouts (best proxy first), and
 # the fewest layouts assigned whatever the batch size; the rest are judged by their proxy.
-PLACEMENT_BUDGET = 4096
+PLACEMENT_BUDGET = 2048
 MIN_ASSIGNED = 5
 # Candidate waves packed exactly (the rest are judged by their estimate).
 EXACT_CANDIDATES = 2
-# Micro-batch counts tried per group beyond the fewest that memory allows.
-EXTRA_MICRO_BATCHES = 8
+# Micro-batch counts tried per group: a geometric ladder of this many between the fewest that
+# memory allows and the count with no checkpointing, then this many either side of the best.
+LADDER = 6
+REFINE = 2
 # Exact-repair moves per candidate wave (a count, not a clock, so plans are reproducible),
 # and receivers each move tries.
 REPAIR_MOVES = 24
@@ -176,7 +179,7 @@ class BallastPlanner(Planner):
         fastest = np.min(self._work, axis=0)
         area = np.min(self._work * self._deg[:, None], axis=0).sum() / self.cluster.world_size
         # Only worth a wave when the k-th longest alone takes a large part of the step.
-        return [0] + [k for k in (1, 2, 4, 8) if k < len(order) and fastest[order[k - 1]] > 0.25 * area]
+        return [0] + [k for k in HEAD_SIZES if k < len(order) and fastest[order[k - 1]] > 0.25 * area]
 
     def _waves(self, ids: np.ndarray) -> list[Wave]:
         """The best single wave for `ids`, or, if none holds them all, the longest alone first."""
@@ -390,22 +393,28 @@ class BallastPlanner(Planner):
         tokens = sum(lengths[s] for s in seqs)
         fewest = max(1, math.ceil(tokens / self.cost.max_tokens(degree, 1.0)))
         no_ckpt = max(fewest, math.ceil(tokens / self.cost.max_tokens(degree, 0.0)))
-        best: tuple[float, list[MicroBatch]] | None = None
-        for m in range(fewest, min(no_ckpt, fewest + EXTRA_MICRO_BATCHES, len(seqs)) + 1):
-            mbs = self._micro_batches(seqs, degree, m)
-            if mbs is None:
-                continue
-            t = self._mbs_time(mbs, degree)
-            if best is None or t < best[0]:
-                best = (t, mbs)
-            if all(mb.checkpoint == 0.0 for mb in mbs):
-                break  # more micro-batches only add g
+        # Time against the count is roughly convex (g grows, recomputation shrinks): try the
+        # ends, a geometric ladder between them, then the neighbours of the best.
+        top = max(fewest, min(no_ckpt, len(seqs)))
+        ratio = (top / fewest) ** (1.0 / (LADDER - 1))
+        ladder = {fewest, top, *(round(fewest * ratio ** i) for i in range(1, LADDER - 1))}
+        timed = {m: self._timed(seqs, degree, m) for m in ladder}
+        best = min(filter(None, timed.values()), key=lambda v: v[0], default=None)
+        if best is not None:
+            centre = len(best[1])
+            for m in range(max(fewest, centre - REFINE), min(top, centre + REFINE) + 1):
+                if m not in timed and (candidate := self._timed(seqs, degree, m)) and candidate[0] < best[0]:
+                    best = candidate
         if best is None:
             # One sequence per micro-batch always fits: the last resort if balancing cannot.
             mbs = self._micro_batches(seqs, degree, len(seqs))
             assert mbs is not None, f"sequences {seqs[:5]} fit no packing at degree {degree}"
             return mbs
         return best[1]
+
+    def _timed(self, seqs: list[int], degree: int, count: int) -> tuple[float, list[MicroBatch]] | None:
+        mbs = self._micro_batches(seqs, degree, count)
+        return None if mbs is None else (self._mbs_time(mbs, degree), mbs)
 
     def _micro_batches(self, longest_first: list[int], degree: int, count: int) -> list[MicroBatch] | None:
         """`count` token-balanced micro-batches (LPT on tokens) at their least checkpoint levels."""
