@@ -1,31 +1,18 @@
 """The simulator (ballast/simulate.py) by hand, the lower bound by brute force, Gantt charts."""
 from __future__ import annotations
 
-import itertools
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from ballast import report
-from ballast.cluster import Cluster
-from ballast.cost import CostModel
 from ballast.plan import Group, MicroBatch, Plan, Wave
 from ballast.planners import PlannerOptions, get_planner
+from exhaustive import brute_force, cluster_for, hand_cost, layouts, tiny_instances
 from ballast.simulate import simulate, step_time
 
 # 1e-12 relative: simulate() adds a handful of float terms; the hand values are exact decimals.
 EXACT = 1e-12
-
-
-def hand_cost(**change) -> CostModel:
-    """Round coefficients, so micro-batch times can be worked out by hand:
-    time = (1e-6 sum s^2 + 1e-3 sum s)(1 + 0.5 c) / d + 1000 sum s / (d bw(d)) + 0.01."""
-    fields = dict(source="test", model="toy", a=1e-6, b=1e-3, g=0.01, bandwidth={2: 1e9, 4: 5e8},
-                  bytes_per_token=1000.0, act_per_token=1e5, states=1e8, device_memory=1.1e9,
-                  layers=4, heads=8, kv_heads=4, world_size=4, recompute=0.5, kept=0.1)
-    return CostModel(**{**fields, **change})
 
 
 #           0     1     2     3     4     5
@@ -52,7 +39,7 @@ def two_wave_plan() -> Plan:
 def test_two_wave_plan_by_hand():
     cost = hand_cost()
     plan = two_wave_plan()
-    plan.validate(_cluster(cost), cost)
+    plan.validate(cluster_for(cost), cost)
     m = simulate(plan, cost, 4, timeline=True)
     # wave 0 ends with its slowest group: ranks 0-1 take 10.012 + 2.011 = 12.023 > 12.01 > 6.01
     assert m.wave_times == pytest.approx([12.023, 22.514], rel=EXACT)
@@ -126,97 +113,13 @@ def test_empty_plan_and_idle_wave():
 
 
 # --- the lower bound by brute force ------------------------------------------------------------
-def _cluster(cost: CostModel) -> Cluster:
-    """A one-node cluster matching a hand-made cost model (validate needs one)."""
-    n = cost.world_size
-    return Cluster("toy", 1, n, cost.device_memory, 1e12, 1.0,
-                   {d: cost.bandwidth.get(d, 1.0) for d in (2, 4, 8) if d <= n}, 0.0)
-
-
-def layouts(n: int, start: int = 0):
-    """Every list of aligned power-of-two blocks (start, size) that tiles ranks start..n-1."""
-    if start == n:
-        yield []
-        return
-    d = 1
-    while start % d == 0 and start + d <= n:
-        for rest in layouts(n, start + d):
-            yield [(start, d), *rest]
-        d *= 2
-
-
-def best_group_times(cost: CostModel, lengths: list[int], degree: int):
-    """For every subset (bitmask) of sequences: the least time a group of `degree` needs to run
-    them, over every split into micro-batches, each at its least fitting checkpoint level."""
-    n = len(lengths)
-    single = [np.inf] * (1 << n)
-    for mask in range(1, 1 << n):
-        seqs = [lengths[i] for i in range(n) if mask >> i & 1]
-        c = cost.min_checkpoint(sum(seqs), degree)
-        if c is not None and degree in cost.degrees:
-            single[mask] = cost.time(seqs, degree, c)
-    best, split = [0.0] * (1 << n), [0] * (1 << n)
-    for mask in range(1, 1 << n):
-        low = mask & -mask
-        best[mask] = np.inf
-        sub = mask
-        while sub:                               # every micro-batch holding the lowest sequence
-            if sub & low and single[sub] + best[mask ^ sub] < best[mask]:
-                best[mask], split[mask] = single[sub] + best[mask ^ sub], sub
-            sub = (sub - 1) & mask
-    return best, split
-
-
-def brute_force(cost: CostModel, lengths: list[int]) -> tuple[float, Plan]:
-    """The fastest one-wave plan: every group layout, every assignment of sequences to groups,
-    every packing into micro-batches."""
-    n, world = len(lengths), cost.world_size
-    tables = {d: best_group_times(cost, lengths, d) for d in (1, 2, 4, 8) if d <= world}
-    best_time, best_plan = np.inf, None
-    for layout in layouts(world):
-        for assign in itertools.product(range(len(layout)), repeat=n):
-            masks = [0] * len(layout)
-            for i, g in enumerate(assign):
-                masks[g] |= 1 << i
-            t = max(tables[d][0][m] for (_, d), m in zip(layout, masks))
-            if t < best_time:
-                best_time, best_plan = t, (layout, masks)
-    layout, masks = best_plan
-    groups = []
-    for (start, d), mask in zip(layout, masks):
-        split, mbs = tables[d][1], []
-        while mask:
-            ids = [i for i in range(n) if split[mask] >> i & 1]
-            mbs.append(MicroBatch(ids, cost.min_checkpoint(sum(lengths[i] for i in ids), d)))
-            mask ^= split[mask]
-        groups.append(Group(start, d, mbs))
-    return best_time, Plan(lengths, [Wave(groups)])
-
-
-@st.composite
-def tiny_instances(draw):
-    world = draw(st.sampled_from([1, 2, 4]))
-    kept = draw(st.sampled_from([0.1, 0.5]))
-    cap = draw(st.integers(200, 6000))                 # tokens per device without checkpointing
-    cost = hand_cost(
-        world_size=world, kept=kept, layers=draw(st.sampled_from([1, 2, 4])),
-        a=draw(st.sampled_from([1e-9, 1e-7, 1e-6, 1e-5])), b=draw(st.sampled_from([1e-5, 1e-4, 1e-3])),
-        g=draw(st.sampled_from([0.0, 1e-3, 0.05, 0.5])), recompute=draw(st.sampled_from([0.0, 1 / 3, 1.0])),
-        heads=draw(st.sampled_from([2, 8])), kv_heads=2, states=0.0, device_memory=cap * 1e5,
-        bandwidth={d: draw(st.sampled_from([1e6, 1e8, 1e10])) for d in (2, 4) if d <= world},
-        bytes_per_token=draw(st.sampled_from([10.0, 1e3, 1e5])))
-    limit = cost.max_tokens(cost.degrees[-1], 1.0)
-    lengths = draw(st.lists(st.integers(1, limit), min_size=1, max_size=6))
-    return cost, lengths
-
-
 @settings(max_examples=40, deadline=None)
 @given(tiny_instances())
 def test_brute_force_never_beats_lower_bound(instance):
     cost, lengths = instance
     best, plan = brute_force(cost, lengths)
     # the exhaustive optimum is a real plan, and the simulator agrees with the search's sum
-    plan.validate(_cluster(cost), cost)
+    plan.validate(cluster_for(cost), cost)
     assert simulate(plan, cost, cost.world_size).step_time == pytest.approx(best, rel=EXACT)
     # relative 1e-9: the bound and the search add the same terms in different orders
     assert cost.lower_bound(lengths) <= best * (1 + 1e-9)

@@ -1,0 +1,100 @@
+"""ballast's own planner: against exhaustive search, against the other planners, and its speed."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import ballast
+from ballast.cost import InfeasibleError
+from ballast.lengths import BatchSampler, BatchSpec, get_length_source
+from ballast.planners import PlannerOptions, get_planner
+from ballast.simulate import simulate, step_time
+from exhaustive import brute_force, cluster_for, tiny_instances
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiny_instances())
+def test_reaches_the_exhaustive_optimum_or_close(instance):
+    # The exhaustive search covers every one-wave plan of <= 4 ranks and <= 6 sequences.
+    # Measured over 400 such instances: ballast matched the optimum on 98.5% and missed by at
+    # most 3.9% (7 instances it beat it, with two waves). 1.10 is the product's promise against
+    # the lower bound, so it must hold against the optimum too.
+    cost, lengths = instance
+    best, _ = brute_force(cost, lengths)
+    cluster = cluster_for(cost)
+    plan = get_planner("ballast", cluster, cost).plan(lengths)
+    plan.validate(cluster, cost)
+    assert simulate(plan, cost, cost.world_size).step_time <= best * 1.10
+
+
+def test_usually_exactly_optimal():
+    # The same instances, counted: missing the optimum must stay the exception (<= 10% of the
+    # instances; 1.5% measured), or the heuristic has regressed even if no miss exceeds 10%.
+    misses, total = 0, 0
+
+    @settings(max_examples=80, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors])
+    @given(tiny_instances())
+    def count(instance):
+        nonlocal misses, total
+        cost, lengths = instance
+        best, _ = brute_force(cost, lengths)
+        plan = get_planner("ballast", cluster_for(cost), cost).plan(lengths)
+        total += 1
+        misses += step_time(plan, cost) > best * (1 + 1e-9)
+
+    count()
+    assert misses <= 0.10 * total
+
+
+def _setting_a(steps: int):
+    cluster = ballast.get_cluster("a100-64")
+    cost = ballast.get_cost_model("auto", ballast.get_model_shape("gpt-7b"), cluster)
+    sampler = BatchSampler(get_length_source("wikipedia"), BatchSpec(batch=512, max_len=393216), seed=0)
+    return cluster, cost, [sampler.next_batch() for _ in range(steps)]
+
+
+def test_beats_the_fast_planners_on_flexsp_setting():
+    # Setting A of the planners issue, 3 steps: ballast's mean step time must be the best of
+    # the heuristic planners (flexsp is measured in bench/, its MILP is too slow for a test).
+    cluster, cost, batches = _setting_a(3)
+    options = PlannerOptions(max_len=393216)
+    mean = {name: np.mean([step_time(get_planner(name, cluster, cost, options).plan(b), cost) for b in batches])
+            for name in ("ballast", "static", "batch-adaptive", "dcp", "hydraulis", "zeppelin")}
+    assert mean["ballast"] <= min(mean.values()) * 1.01
+    assert mean["ballast"] * 1.5 <= mean["static"]
+    lower = np.mean([cost.lower_bound(b) for b in batches])
+    assert mean["ballast"] <= 1.10 * lower
+
+
+def test_plans_4096_sequences_on_1024_devices_quickly():
+    # The scale target is 2 s on this 2-core machine; the test allows 3x for a loaded CI box.
+    cluster = ballast.get_cluster("a100-1024")
+    cost = ballast.cost.CostModel.published(ballast.get_model_shape("gpt-7b"), cluster)
+    lengths = np.minimum(get_length_source("wikipedia").sample(np.random.default_rng(0), 4096), 393216)
+    begin = time.perf_counter()
+    plan = get_planner("ballast", cluster, cost, PlannerOptions(max_len=393216)).plan(lengths.tolist())
+    assert time.perf_counter() - begin < 6.0
+    plan.validate(cluster, cost)
+    # Quality at this scale is not a target (measured 1.14x the bound); guard against collapse.
+    assert simulate(plan, cost, 1024).vs_lower_bound < 1.25
+
+
+def test_lockstep_plans_are_valid_and_padded():
+    cluster, cost, batches = _setting_a(1)
+    plan = get_planner("ballast", cluster, cost, PlannerOptions(max_len=393216, lockstep=True)).plan(batches[0])
+    plan.validate(cluster, cost)
+    assert plan.lockstep
+    for wave in plan.waves:
+        assert len({len(g.micro_batches) for g in wave.groups}) == 1
+
+
+def test_a_sequence_no_plan_can_hold_is_named():
+    cluster = ballast.get_cluster("a100-64")
+    cost = ballast.get_cost_model("auto", ballast.get_model_shape("gpt-7b"), cluster)
+    limit = cost.max_tokens(64, 1.0)
+    with pytest.raises(InfeasibleError, match=rf"sequence 1 has {limit + 1} tokens.*at most {limit}"):
+        get_planner("ballast", cluster, cost).plan([100, limit + 1, 5])
