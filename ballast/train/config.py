@@ -72,9 +72,12 @@ class OptimizerConfig:
     lr: float = 3e-3
     """Peak learning rate of AdamW."""
     min_lr: float = 3e-4
-    """Learning rate at the last step (cosine decay after warm-up)."""
+    """Learning rate the cosine decay after warm-up ends at."""
     warmup_steps: int = 10
     """Steps of linear warm-up from 0 to --lr."""
+    decay_steps: int | None = None
+    """Step at which the cosine decay reaches --min-lr; default --steps. Fix it to lengthen a
+    run (a larger --steps on resume) without changing its schedule."""
     weight_decay: float = 0.1
     """AdamW's decoupled weight decay."""
     beta1: float = 0.9
@@ -132,8 +135,10 @@ class TrainConfig:
         for flag, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{flag} must be positive, got {value}")
-        if self.run.world is not None and self.run.world < 1:
-            raise ValueError(f"--world must be >= 1, got {self.run.world}")
+        for flag, value in {"--world": self.run.world, "--decay-steps": self.optimizer.decay_steps,
+                            "--degree": self.planner.degree}.items():
+            if value is not None and value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
         for flag, value in {"--checkpoint-interval": self.checkpoint.checkpoint_interval,
                             "--warmup-steps": self.optimizer.warmup_steps,
                             "--min-lr": self.optimizer.min_lr}.items():

@@ -1,0 +1,124 @@
+"""`ballast train`'s configuration, schedule, metrics history and checkpoint bookkeeping (no ranks)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import tomllib
+
+import pytest
+
+from ballast.train import checkpoint
+from ballast.train.config import TrainConfig, add_arguments, field_docs, from_args, load_toml
+from ballast.train.metrics import final_history, summarise
+from ballast.train.trainer import learning_rate
+
+
+def parse(*argv: str) -> TrainConfig:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return from_args(parser.parse_args(list(argv)))
+
+
+def test_defaults_and_headline_flags():
+    config = parse("--model", "tiny", "--data", "stdlib", "--planner", "ballast", "--world", "2",
+                   "--steps", "50")
+    assert (config.model.model, config.data.source, config.planner.planner) == ("tiny", "stdlib", "ballast")
+    assert (config.run.world, config.run.steps) == (2, 50)
+    assert config.optimizer == TrainConfig().optimizer
+
+
+def test_toml_then_flags_override(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[data]\nsource = "jsonl:/data"\nmax_len = 512\n\n[planner]\nplanner = "static"\n'
+                    'device_memory_gb = 1\n\n[optimizer]\nzero1 = true\n\n[run]\nsteps = 7\n')
+    config = parse("--config", str(path), "--steps", "9", "--no-zero1", "--lr", "1e-4")
+    assert config.data.source == "jsonl:/data" and config.data.max_len == 512
+    assert config.planner.planner == "static"
+    assert config.planner.device_memory_gb == 1.0 and isinstance(config.planner.device_memory_gb, float)
+    assert config.run.steps == 9 and config.optimizer.zero1 is False and config.optimizer.lr == 1e-4
+    assert config.data.tokens_per_step == TrainConfig().data.tokens_per_step  # untouched: default
+
+
+def test_written_config_reads_back(tmp_path):
+    config = parse("--planner", "dcp", "--steps", "3", "--checkpoint-dir", "/ckpt", "--degree", "2")
+    path = tmp_path / "config.toml"
+    path.write_text(config.to_toml())
+    assert load_toml(path) == config
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[run]\nstep = 3\n", "unknown key 'step' in [run]"),
+    ("[training]\nsteps = 3\n", "unknown section [training]"),
+    ('[run]\nsteps = "3"\n', "[run] steps: expected int"),
+    ("[run\n", "not valid TOML"),
+])
+def test_bad_toml_is_a_value_error(tmp_path, text, message):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message.replace("[", r"\[")):
+        load_toml(path)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "--steps must be positive"),
+    (["--max-len", "4096", "--tokens-per-step", "1024"], "exceeds --tokens-per-step"),
+    (["--world", "0"], "--world must be >= 1"),
+])
+def test_invalid_values_are_value_errors(argv, message):
+    with pytest.raises(ValueError, match=message):
+        parse(*argv)
+
+
+def test_every_field_has_a_docstring_and_a_flag():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    flags = {option for action in parser._actions for option in action.option_strings}
+    for section in dataclasses.fields(TrainConfig):
+        cls = type(getattr(TrainConfig(), section.name))
+        docs = field_docs(cls)
+        for f in dataclasses.fields(cls):
+            assert docs.get(f.name), f"{section.name}.{f.name} has no docstring"
+            assert f.metadata.get("flag", "--" + f.name.replace("_", "-")) in flags
+
+
+def test_learning_rate_warms_up_then_decays_to_min():
+    opt = TrainConfig().optimizer
+    lrs = [learning_rate(k, 100, opt) for k in range(100)]
+    assert lrs[0] == pytest.approx(opt.lr / opt.warmup_steps)
+    assert max(lrs) == pytest.approx(opt.lr)
+    assert lrs[-1] == pytest.approx(opt.min_lr)
+    assert all(a >= b for a, b in zip(lrs[opt.warmup_steps:], lrs[opt.warmup_steps + 1:]))
+    # A fixed decay horizon makes the schedule independent of the run length.
+    fixed = dataclasses.replace(opt, decay_steps=100)
+    assert [learning_rate(k, 30, fixed) for k in range(30)] == lrs[:30]
+
+
+def test_final_history_keeps_the_last_record_of_each_step(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    records = [(0, 0, 5.0), (1, 0, 4.0), (2, 0, 3.9), (2, 1, 3.0), (3, 1, 2.0)]  # step 2 re-run
+    path.write_text("".join(json.dumps({"step": s, "attempt": a, "loss": l, "tokens": 10,
+                                        "step_time": 1.0, "predicted_step_time": 0.5,
+                                        "idle_fraction": 0.1, "plan_ms": 1.0, "plan_wait_ms": 0.0}) + "\n"
+                            for s, a, l in records))
+    history = final_history(path)
+    assert [(r["step"], r["attempt"], r["loss"]) for r in history] == [(0, 0, 5.0), (1, 0, 4.0), (2, 1, 3.0), (3, 1, 2.0)]
+    summary = summarise(history)
+    assert summary["attempts"] == 2 and summary["tokens"] == 40 and summary["tokens_per_s"] == 10.0
+
+
+def test_only_committed_checkpoints_count(tmp_path):
+    """A crash mid-write leaves a temporary folder (or one without meta.json): never resumed from."""
+    for name, meta in [("step-00000002", True), ("step-00000004", True), (".tmp-step-00000006", True),
+                       ("step-00000008", False), ("step-notanumber", True)]:
+        (tmp_path / name).mkdir()
+        if meta:
+            (tmp_path / name / checkpoint.META).write_text("{}")
+    assert [p.name for p in checkpoint.committed(tmp_path)] == ["step-00000002", "step-00000004"]
+    assert checkpoint.latest(tmp_path).name == "step-00000004"
+    assert checkpoint.latest(tmp_path / "missing") is None
+
+
+def test_toml_of_defaults_is_valid_toml():
+    data = tomllib.loads(TrainConfig().to_toml())
+    assert set(data) == {f.name for f in dataclasses.fields(TrainConfig)}
