@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import profile as profile_cmd
 from . import simulate_cmd, verify
 from .train import command as train_cmd
 
@@ -11,7 +12,8 @@ from .train import command as train_cmd
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ballast", description=__doc__.splitlines()[0].strip("`"))
     sub = parser.add_subparsers(dest="command", required=True)
-    commands = {"simulate": simulate_cmd, "verify": verify, "train": train_cmd}
+    commands = {"simulate": simulate_cmd, "verify": verify, "train": train_cmd,
+                "profile": profile_cmd}
     for name, module in commands.items():
         p = sub.add_parser(name, help=module.HELP, description=module.__doc__)
         module.add_arguments(p)

@@ -3,7 +3,8 @@
 DESIGN.md's model, in seconds and bytes:
 
     time(mb, d, c)   = [sum_s (a s^2 + b s)] (1 + c r) / d + comm(sum_s s, d) + g
-    comm(n, d)       = bytes_per_token n / (d bw(d))            (0 at d = 1)
+    comm(n, d)       = bytes_per_token n / (d bw(d)) + latency(d)  (0 at d = 1; latency(d) is
+                                                                optional, profiled, default 0)
     memory(mb, d, c) = states + act_per_token (sum_s s) / d (c k + 1 - c)
 
 Three sources of coefficients share this one class and its JSON format: `analytic` (from a
@@ -79,11 +80,16 @@ class CostModel:
     """r: extra compute of recomputing every layer, as a fraction of forward + backward."""
     kept: float = KEPT_UNDER_CHECKPOINT
     """k: fraction of a layer's activations kept when it is checkpointed."""
+    comm_latency: dict[int, float] = field(default_factory=dict)
+    """Fixed seconds a micro-batch's all-to-alls cost at an SP degree whatever their size (the
+    latency of its 4 x layers collectives and the sharding work around them); `ballast profile`
+    measures it, 0 where absent. comm() adds it, so a gloo run's many small exchanges are priced."""
     fit: dict = field(default_factory=dict)
     """Free-form report of how the coefficients were obtained (residuals of a profile fit)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bandwidth", {int(d): float(v) for d, v in self.bandwidth.items()})
+        object.__setattr__(self, "comm_latency", {int(d): float(v) for d, v in self.comm_latency.items()})
         if self.states >= self.device_memory:
             raise InfeasibleError(
                 f"model {self.model!r}: its states ({self.states / 1e9:.2f} GB per device) do not fit "
@@ -141,7 +147,8 @@ class CostModel:
     def comm(self, tokens: float, degree: int) -> float:
         if degree == 1 or tokens == 0:
             return 0.0
-        return self.bytes_per_token * tokens / (degree * self.bandwidth[degree])
+        return (self.bytes_per_token * tokens / (degree * self.bandwidth[degree])
+                + self.comm_latency.get(degree, 0.0))
 
     def time_from_sums(self, sum_sq: float, sum_s: float, degree: int, checkpoint: float) -> float:
         """time() from the sums over the micro-batch of s^2 and s (planners keep these)."""

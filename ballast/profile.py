@@ -1,0 +1,239 @@
+"""`ballast profile`: measure the real model with the real runtime, fit the cost model, save it.
+
+It runs the model with `Executor` on this machine's ranks (gloo on CPU) over a grid of sequence
+lengths x SP degrees (powers of two up to the world that divide the heads) x checkpoint levels
+(none, half the layers, all), with a warm-up round and repeated rounds (medians), and fits
+DESIGN.md's coefficients (ballast.profiling.fit): a (s^2), b (s), g (per micro-batch), r, the
+all-to-all bandwidth and per-call latency by degree, activation bytes per token and k.
+
+Fast profiling as DCP does it: the grid runs on reduced-depth copies of the model (1 and 2
+blocks by default), which separates per-block terms from fixed ones, and the fit extrapolates
+to the full depth; a few full-depth points then measure how far off the extrapolation is.
+
+The JSON is CostModel's (source "profiled"), usable wherever a cost model is
+(`ballast simulate --cost profile.json`); its `fit` holds residuals, the grid, every point
+measured vs predicted, the extrapolation check, the machine and its load average. The device
+memory is a setting (`--device-memory`, GB) so that a CPU run can stand in for a GPU's
+capacity; the report says how many tokens each degree holds in it.
+
+`ballast profile --check profile.json` runs random plans for real and compares them with the
+profile's predictions (ballast.profiling.check).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from .cost import CostModel, InfeasibleError
+from .profiling.fit import Coefficients, compare, error_summary, fit
+from .profiling.grid import build_grid, checkpoint_levels, verification_points
+from .profiling.machine import LoadMonitor, machine_info, physical_memory
+from .profiling.measure import combine, measure_on_ranks
+from .shapes import ModelShape, get_model_shape
+
+HELP = "measure the real model on this machine's ranks, fit and save the cost model (or --check one)"
+STATE_BYTES_PER_PARAM = 16
+"""What the runtime holds per parameter on every rank: fp32 weight and gradient, AdamW's two
+fp32 moments (replicated: ZeRO-1 would shard the moments)."""
+BYTES_PER_ELEMENT = 4
+"""The runtime trains in fp32 on CPU, so its all-to-alls move 4-byte elements."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What to measure; `quick()` is a smaller grid for a first look."""
+
+    lengths: tuple[int, ...]
+    depths: tuple[int, ...]
+    verify: int
+    warmup: int = 1
+    repeats: int = 3
+    seed: int = 0
+
+
+def default_lengths(max_len: int, quick: bool) -> tuple[int, ...]:
+    """Powers of two from 128 to max_len (max_len itself included); every other one when quick."""
+    lengths, s = [], 128
+    while s < max_len:
+        lengths.append(s)
+        s *= 2
+    lengths = lengths[::-2][::-1] if quick else lengths
+    return tuple(lengths + [max_len])
+
+
+def state_bytes(shape: ModelShape) -> float:
+    return float(STATE_BYTES_PER_PARAM * shape.params)
+
+
+def check_states_fit(shape: ModelShape, device_memory: float) -> None:
+    """Fail before measuring anything when no degree can hold the model: SP shards activations,
+    never the states, so every rank needs all of them."""
+    states = state_bytes(shape)
+    if states >= device_memory:
+        raise InfeasibleError(
+            f"model {shape.name!r} ({shape.params / 1e6:.1f}M parameters) needs {states / 1e9:.3f} GB of "
+            f"states per rank ({STATE_BYTES_PER_PARAM} B per parameter: fp32 weights, gradients and AdamW's "
+            f"two moments), which does not fit --device-memory {device_memory / 1e9:.3f} GB at any SP degree "
+            f"(SP shards activations, not states); give more than {states / 1e9:.3f} GB, or a smaller model")
+
+
+def sp_degrees(shape: ModelShape, world_size: int) -> list[int]:
+    """Powers of two up to the world that divide the heads and kv heads."""
+    return [1 << i for i in range(world_size.bit_length()) if (1 << i) <= world_size
+            and shape.supports_degree(1 << i)]
+
+
+def profile(shape: ModelShape, world_size: int, device_memory: float, settings: Settings,
+            progress: bool = False, timeout: float = 3600.0) -> CostModel:
+    """Measure `shape` on `world_size` local ranks and return its profiled CostModel."""
+    from .runtime import run_local
+
+    if world_size < 1 or world_size & (world_size - 1):
+        raise ValueError(f"--world must be a power of two, got {world_size}")
+    if not settings.lengths or min(settings.lengths) < 1:
+        raise ValueError(f"grid lengths must be positive, got {settings.lengths}")
+    check_states_fit(shape, device_memory)
+    degrees = sp_degrees(shape, world_size)
+    depths = tuple(sorted({min(d, shape.layers) for d in settings.depths}))
+    if min(depths) < 1:
+        raise ValueError(f"profiled depths must be >= 1 block, got {settings.depths}")
+    grid = [p for depth in depths for p in build_grid(depth, settings.lengths, degrees)]
+    checks = ([] if shape.layers in depths else
+              verification_points(shape.layers, settings.lengths, degrees, settings.verify))
+    points = grid + checks
+    start = time.perf_counter()
+    with LoadMonitor() as load:
+        per_rank = run_local(world_size, measure_on_ranks, shape, points, settings.warmup, settings.repeats,
+                             settings.seed, progress, timeout=timeout)
+    seconds = time.perf_counter() - start
+    measured = combine(points, per_rank)
+    fitted, verified = measured[:len(grid)], measured[len(grid):]
+    coefficients = fit(fitted, shape_bytes_per_token_layer(shape), reference_length=_median(settings.lengths))
+    at = {d: _cost(coefficients, shape, d, world_size, device_memory) for d in {*depths, shape.layers}}
+    report = dict(
+        profiler="ballast profile", seconds=seconds, load_average=load.summary(), machine=machine_info(world_size),
+        shape=shape.to_dict(), settings=dataclasses.asdict(settings), degrees=degrees, depths=list(depths),
+        coefficients=coefficients.to_dict(), step_overhead_s=per_rank[0]["step_overhead"],
+        states_measured=per_rank[0]["states"], points=compare(fitted, at),
+        extrapolation=compare(verified, at), measurements=[m.to_dict() for m in measured])
+    report["residuals"] = {key: error_summary([p[f"{key}_error"] for p in report["points"]]) for key in ("time", "act")}
+    report["extrapolation_error"] = {key: error_summary([p[f"{key}_error"] for p in report["extrapolation"]])
+                                     for key in ("time", "act")}
+    return dataclasses.replace(at[shape.layers], fit=report)
+
+
+def shape_bytes_per_token_layer(shape: ModelShape) -> float:
+    """All-to-all send bytes per token and block: q+k+v then out in forward, both again in backward."""
+    return 2.0 * (2 * shape.hidden + 2 * shape.kv_dim) * BYTES_PER_ELEMENT
+
+
+def _cost(coefficients: Coefficients, shape: ModelShape, depth: int, world_size: int,
+          device_memory: float) -> CostModel:
+    at_depth = dataclasses.replace(shape, layers=depth)
+    return coefficients.cost_model(at_depth, world_size, device_memory, state_bytes(at_depth))
+
+
+def _median(values) -> int:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", help="model preset or JSON ModelShape")
+    p.add_argument("--world", type=int, default=None, help="local gloo ranks, a power of two (default 2; "
+                   "--check: the profile's)")
+    p.add_argument("--lengths", default=None, help="profile: comma-separated grid lengths (default powers of "
+                   "two from 128 to --max-len); --check: a length source (default stdlib)")
+    p.add_argument("--max-len", type=int, default=4096, help="longest profiled / checked sequence")
+    p.add_argument("--out", default="profile.json", help="where the profile JSON goes")
+    p.add_argument("--quick", action="store_true", help="a smaller grid and fewer repeats (a first look)")
+    p.add_argument("--device-memory", type=float, default=None,
+                   help="usable GB per device (default: this machine's RAM / world)")
+    p.add_argument("--depths", default="1,2", help="reduced depths (blocks) the grid runs at, then "
+                   "extrapolated; the full depth, or a larger one, profiles the model as it is")
+    p.add_argument("--verify", type=int, default=None, help="full-depth points that check the "
+                   "extrapolation (default 4, quick 2)")
+    p.add_argument("--repeats", type=int, default=None, help="measured rounds (default 3, quick 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the ranks are stopped")
+    check = p.add_argument_group("--check: random plans for real against the profile's predictions")
+    check.add_argument("--check", metavar="PROFILE", default=None, help="the profile JSON to check")
+    check.add_argument("--plans", type=int, default=30, help="random plans to run")
+    check.add_argument("--tokens-per-step", type=int, default=16384, help="tokens of each random batch")
+    check.add_argument("--planners", default="all", help="planners the plans come from, in turn")
+    check.add_argument("--png", default=None, help="scatter of predicted vs measured (default: next to "
+                       "the profile, -check.png)")
+    check.add_argument("--json", dest="json_out", default=None, help="write the comparison here")
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    try:
+        lengths = (default_lengths(args.max_len, args.quick) if args.lengths is None else
+                   tuple(int(x) for x in args.lengths.split(",") if x.strip()))
+        depths = tuple(int(x) for x in args.depths.split(",") if x.strip())
+    except ValueError as e:
+        raise ValueError(f"--lengths and --depths take comma-separated integers: {e}") from e
+    if not depths:
+        raise ValueError("--depths needs at least one depth")
+    return Settings(lengths, depths, verify=args.verify if args.verify is not None else 2 if args.quick else 4,
+                    repeats=args.repeats if args.repeats is not None else 2 if args.quick else 3,
+                    seed=args.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.check:
+        from .profiling.check import run_check
+        return run_check(args)
+    console = Console()
+    shape = get_model_shape(args.model)
+    world = args.world or 2
+    memory = args.device_memory * 1e9 if args.device_memory is not None else physical_memory() / world
+    settings = settings_from(args)
+    console.print(f"profiling {shape.name} ({shape.layers} blocks) on {world} gloo ranks at depths "
+                  f"{','.join(map(str, settings.depths))}: lengths {','.join(map(str, settings.lengths))}, "
+                  f"{settings.warmup} warm-up + {settings.repeats} rounds")
+    cost = profile(shape, world, memory, settings, progress=True, timeout=args.timeout)
+    print_report(console, cost)
+    cost.save(args.out)
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+def print_report(console: Console, cost: CostModel) -> None:
+    """Coefficients, residuals, the extrapolation check and each degree's capacity."""
+    report = cost.fit
+    load, res, ext = report["load_average"], report["residuals"], report["extrapolation_error"]
+    console.print(f"measured {len(report['points']) + len(report['extrapolation'])} points in "
+                  f"{report['seconds']:.0f} s; load average {load['min']:.1f}..{load['max']:.1f} "
+                  f"(median {load['median']:.1f}) on {load['cpus']} CPUs")
+    console.print(f"a={cost.a:.3e} s/token^2  b={cost.b:.3e} s/token  g={cost.g * 1e3:.2f} ms  r={cost.recompute:.3f}  "
+                  f"k={cost.kept:.3f}  act={cost.act_per_token / 1e3:.1f} KB/token  states={cost.states / 1e6:.1f} MB")
+    for d, bw in sorted(cost.bandwidth.items()):
+        console.print(f"degree {d}: all-to-all {bw / 1e9:.3f} GB/s, fixed {cost.comm_latency.get(d, 0) * 1e3:.2f} ms "
+                      f"per micro-batch ({report['coefficients']['call_latency'][d] * 1e3:.2f} ms per call)")
+    table = Table(title="relative error of the fit |predicted / measured - 1|")
+    for column in ("", "points", "time median", "time p90", "time max", "act median", "act max"):
+        table.add_column(column, justify="right")
+    for name, summary in (("grid (reduced depth)", res), ("full depth (extrapolated)", ext)):
+        t, a = summary["time"], summary["act"]
+        if t["count"]:
+            table.add_row(name, str(t["count"]), f"{t['median']:.1%}", f"{t['p90']:.1%}", f"{t['max']:.1%}",
+                          f"{a['median']:.1%}", f"{a['max']:.1%}")
+    console.print(table)
+    if res["act"]["count"] and res["act"]["max"] > 0.1:
+        console.print("[yellow]activation bytes are not linear in tokens (worst point off by "
+                      f"{res['act']['max']:.0%}): the attention kernel may keep s^2 scores[/yellow]")
+    capacity = Table(title=f"tokens per micro-batch that fit {cost.device_memory / 1e9:.3f} GB (max_tokens)")
+    capacity.add_column("degree", justify="right")
+    levels = [c / cost.layers for c in checkpoint_levels(cost.layers)]
+    for c in levels:
+        capacity.add_column(f"checkpoint {c:.2f}", justify="right")
+    for d in cost.degrees:
+        capacity.add_row(str(d), *(str(cost.max_tokens(d, c)) for c in levels))
+    console.print(capacity)
+

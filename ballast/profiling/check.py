@@ -1,0 +1,196 @@
+"""`ballast profile --check`: random plans run for real, against the profile's predictions.
+
+Random batches come from a length source (`stdlib` by default: real code files, split at
+--max-len); each is planned by the next planner in turn, validated, simulated under the
+profile (predicted step time and peak activation bytes per device), then executed by the
+runtime on local ranks. Measured step time is what the simulator models: the sum over waves
+of the wave's wall time (its slowest group plus the barrier that ends it), the largest over
+ranks; the gradient all-reduce and optimizer step, a constant per step that no planner can
+change, are reported apart. Measured activation memory is the largest saved-for-backward
+size of any micro-batch on any rank.
+
+Each plan runs once per round after one warm-up step; rounds shuffle the plans, so the load
+of other jobs spreads over all of them; the median over rounds is the measurement.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from ..cluster import get_cluster
+from ..cost import CostModel
+from ..lengths import BatchSampler, BatchSpec, get_length_source
+from ..models.gpt import build_gpt
+from ..plan import Plan
+from ..planners import PlannerOptions, get_planner, parse_planner_names
+from ..shapes import ModelShape
+from ..simulate import simulate
+from .fit import error_summary
+from .machine import LoadMonitor, machine_info
+from .measure import LEARNING_RATE, random_samples
+
+MILP_SECONDS = 2.0
+"""FlexSP's per-wave solve limit here: the check measures plans, not the solver."""
+
+
+def predicted_activation(plan: Plan, cost: CostModel) -> float:
+    """Peak bytes saved for backward per device over the plan's micro-batches."""
+    return max(cost.memory(plan.mb_lengths(mb), group.degree, mb.checkpoint) - cost.states
+               for _, group, mb in plan.micro_batches() if mb.seq_ids)
+
+
+def make_plans(cost: CostModel, lengths: str, count: int, tokens_per_step: int, max_len: int,
+               planners: list[str], seed: int) -> list[Plan]:
+    """`count` random batches, planned by `planners` in turn and validated against `cost`."""
+    cluster = get_cluster("cpu", world_size=cost.world_size, device_memory_gb=cost.device_memory / 1e9)
+    sampler = BatchSampler(get_length_source(lengths), BatchSpec(tokens_per_step=tokens_per_step,
+                                                                 max_len=max_len), seed)
+    options = PlannerOptions(max_len=max_len, seed=seed, time_limit=MILP_SECONDS)
+    made = {name: get_planner(name, cluster, cost, options) for name in planners}
+    plans = []
+    for i in range(count):
+        plan = made[planners[i % len(planners)]].plan(sampler.next_batch())
+        plan.validate(cluster, cost)
+        plans.append(plan)
+    return plans
+
+
+def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats: int, seed: int,
+                     progress: bool) -> list[list[dict]]:
+    """Run on every rank: per plan, one record per round (after `warmup` steps of plan 0)."""
+    import torch.distributed as dist
+
+    from ..runtime import Executor, ProcessGroups, make_optimizer
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    model = build_gpt(shape, seed)
+    executor = Executor(model, make_optimizer(model, lr=LEARNING_RATE),
+                        get_cluster("cpu", world_size=world), ProcessGroups(), measure_activations=True)
+    parsed = [Plan.from_dict(p) for p in plans]
+    samples = [random_samples(p.lengths, shape.vocab, seed + i) for i, p in enumerate(parsed)]
+    for _ in range(warmup):
+        executor.step(parsed[0], samples[0])
+    records: list[list[dict]] = [[] for _ in parsed]
+    with Progress(disable=not (progress and rank == 0), transient=True) as bar:
+        task = bar.add_task("running plans", total=len(parsed) * repeats)
+        for r in range(repeats):
+            order = list(range(len(parsed)))
+            random.Random(seed + r).shuffle(order)
+            for i in order:
+                bar.update(task, advance=1, description=f"running plans: {parsed[i].planner}")
+                result = executor.step(parsed[i], samples[i])
+                records[i].append(dict(
+                    waves=sum(w.busy + w.wait for w in result.waves),
+                    overhead=result.sync_seconds + result.optimizer_seconds,
+                    activation=max((mb.activation_bytes for mb in result.micro_batches), default=0)))
+    return records
+
+
+def compare_plans(plans: list[Plan], cost: CostModel, per_rank: list[list[list[dict]]]) -> list[dict]:
+    """Each plan's prediction next to its measurement (median over rounds of the worst rank)."""
+    rows = []
+    for i, plan in enumerate(plans):
+        rounds = list(zip(*(rank[i] for rank in per_rank)))
+        samples = [max(r["waves"] for r in ranks) for ranks in rounds]
+        measured, act = statistics.median(samples), max(r["activation"] for ranks in rounds for r in ranks)
+        predicted, predicted_act = simulate(plan, cost, cost.world_size).step_time, predicted_activation(plan, cost)
+        rows.append(dict(planner=plan.planner, sequences=len(plan.lengths), tokens=plan.tokens,
+                         longest=max(plan.lengths), waves=len(plan.waves), degrees=plan.degrees_used(),
+                         micro_batches=sum(1 for _, _, mb in plan.micro_batches() if mb.seq_ids),
+                         predicted_s=predicted, measured_s=measured, samples_s=samples,
+                         time_error=predicted / measured - 1.0,
+                         step_overhead_s=statistics.median(max(r["overhead"] for r in ranks) for ranks in rounds),
+                         predicted_act_bytes=predicted_act, measured_act_bytes=act,
+                         act_error=predicted_act / act - 1.0))
+    return rows
+
+
+def scatter(rows: list[dict], path: str | Path, title: str) -> None:
+    """Predicted vs measured step time and activation memory, one colour per planner."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+    planners = list(dict.fromkeys(r["planner"] for r in rows))
+    for ax, key, scale, unit in ((axes[0], "s", 1.0, "s"), (axes[1], "act_bytes", 1e-6, "MB")):
+        for name in planners:
+            mine = [r for r in rows if r["planner"] == name]
+            ax.scatter([r[f"measured_{key}"] * scale for r in mine], [r[f"predicted_{key}"] * scale for r in mine],
+                       label=name, s=22)
+        values = [r[f"{side}_{key}"] * scale for r in rows for side in ("measured", "predicted")]
+        line = np.array([min(values) * 0.9, max(values) * 1.1])
+        ax.plot(line, line, "k-", lw=0.8)
+        for f in (0.9, 1.1):
+            ax.plot(line, line * f, "k:", lw=0.6)
+        ax.set_xlabel(f"measured ({unit})")
+        ax.set_ylabel(f"predicted ({unit})")
+        ax.set_title("step time (waves)" if key == "s" else "peak activation memory per device")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from ..runtime import run_local
+
+    console = Console()
+    cost = CostModel.load(args.check)
+    if "shape" not in cost.fit:
+        raise ValueError(f"{args.check} is not a profile written by `ballast profile` (its fit has no model shape)")
+    shape = ModelShape.from_dict(cost.fit["shape"])
+    if args.world is not None and args.world != cost.world_size:
+        raise ValueError(f"{args.check} was profiled on {cost.world_size} ranks, not --world {args.world}")
+    if args.plans < 1 or args.tokens_per_step < 1:
+        raise ValueError("--plans and --tokens-per-step must be >= 1")
+    lengths = args.lengths or "stdlib"
+    names = parse_planner_names(args.planners)
+    repeats = args.repeats if args.repeats is not None else 3
+    plans = make_plans(cost, lengths, args.plans, args.tokens_per_step, args.max_len, names, args.seed)
+    console.print(f"check: {len(plans)} plans of {args.tokens_per_step} tokens from {lengths} (max {args.max_len}) "
+                  f"by {', '.join(names)}; {cost.world_size} ranks, {repeats} rounds")
+    start = time.perf_counter()
+    with LoadMonitor() as load:
+        per_rank = run_local(cost.world_size, execute_on_ranks, shape, [p.to_dict() for p in plans], 1,
+                             repeats, args.seed, True, timeout=args.timeout)
+    rows = compare_plans(plans, cost, per_rank)
+    summary = {key: error_summary([r[f"{key}_error"] for r in rows]) for key in ("time", "act")}
+    table = Table(title="predicted (profile) vs measured, per plan")
+    for column in ("planner", "seqs", "waves", "degrees", "mbs", "predicted s", "measured s", "error",
+                   "pred act MB", "meas act MB", "act error"):
+        table.add_column(column, justify="left" if column == "planner" else "right")
+    for r in rows:
+        table.add_row(r["planner"], str(r["sequences"]), str(r["waves"]), ",".join(map(str, r["degrees"])),
+                      str(r["micro_batches"]), f"{r['predicted_s']:.3f}", f"{r['measured_s']:.3f}",
+                      f"{r['time_error']:+.1%}", f"{r['predicted_act_bytes'] / 1e6:.1f}",
+                      f"{r['measured_act_bytes'] / 1e6:.1f}", f"{r['act_error']:+.1%}")
+    console.print(table)
+    loads = load.summary()
+    t, a = summary["time"], summary["act"]
+    console.print(f"step time |error|: median {t['median']:.1%}, p90 {t['p90']:.1%}, max {t['max']:.1%}; "
+                  f"activation memory |error|: median {a['median']:.1%}, max {a['max']:.1%} ({len(rows)} plans, "
+                  f"{time.perf_counter() - start:.0f} s, load average {loads['min']:.1f}..{loads['max']:.1f} "
+                  f"on {loads['cpus']} CPUs; the profile saw {cost.fit['load_average']['median']:.1f})")
+    png = args.png or str(Path(args.check).with_name(Path(args.check).stem + "-check.png"))
+    scatter(rows, png, f"{shape.name}, {cost.world_size} ranks, {len(rows)} plans from {lengths}: step time "
+                       f"median |error| {t['median']:.1%}, p90 {t['p90']:.1%}")
+    console.print(f"wrote {png}")
+    if args.json_out:
+        setting = dict(profile=args.check, lengths=lengths, max_len=args.max_len, tokens_per_step=args.tokens_per_step,
+                       planners=names, plans=len(rows), repeats=repeats, seed=args.seed)
+        Path(args.json_out).write_text(json.dumps(dict(
+            setting=setting, summary=summary, seconds=time.perf_counter() - start, load_average=loads,
+            machine=machine_info(cost.world_size), plans=rows), indent=2))
+        console.print(f"wrote {args.json_out}")
+    return 0

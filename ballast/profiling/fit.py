@@ -1,0 +1,204 @@
+"""Fit DESIGN.md's cost model to measured micro-batches, per layer, so any depth can be priced.
+
+DCP's fast profiling runs a reduced-depth copy of the model and extrapolates: terms of the
+blocks grow with the depth L, those of the embedding, output layer, loss and step loop do not.
+With measurements at two or more depths the fit separates them; at one depth it folds the
+fixed parts into the per-layer ones (exact at that depth). Per micro-batch of sequences s with
+S1 = sum s, S2 = sum s^2, n = S1 tokens, SP degree d and k checkpointed blocks:
+
+    time = [(L + k r_l)(a_l S2 + b_l S1) + b_0 S1] / d + g_0 + L g_l
+           + L bytes_l n / (d bw(d)) + L lat_l(d)                 (the last two at d > 1 only)
+    activation bytes = x (act_0 + (L - k) act_l + k kept_l),      x = tokens of the largest shard
+
+Bandwidth comes from the all-to-all calls timed inside the runtime (per degree, least squares
+of seconds = calls lat_call + bytes / bw); the size-independent part of SP per layer, lat_l(d),
+from the micro-batch times, since it also holds the sharding work around the calls. Every
+other coefficient is a non-negative least-squares fit of relative errors (weights 1/measured:
+the check's targets are relative), with r_l found by a bounded scalar search around it.
+
+Mapped onto CostModel at depth L: a = L a_l, b = L b_l + b_0, g = g_0 + L g_l,
+comm_latency(d) = L lat_l(d), act_per_token = act_0 + L act_l, kept = (act_0 + L kept_l) /
+act_per_token -- all exact -- and r = r_l L (a_l s^2 + b_l s) / (a s^2 + b s) at a reference
+length s, because CostModel also charges recomputation on b_0's part, which is never recomputed.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from scipy.optimize import minimize_scalar, nnls
+
+from ..cost import CostModel
+from ..shapes import ModelShape
+from .grid import Measurement, Point
+
+MAX_RECOMPUTE = 2.0
+"""Upper end of the search for r_l: recomputing a layer repeats its forward, about a third of
+forward + backward; twice the whole layer would mean the measurement is broken."""
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """Per-layer and fixed parts of the cost model's coefficients (seconds, bytes, tokens)."""
+
+    a_layer: float
+    b_layer: float
+    b_fixed: float
+    g_layer: float
+    g_fixed: float
+    recompute_layer: float
+    """r_l: extra time of recomputing one block, as a fraction of its forward + backward."""
+    latency_layer: dict[int, float]
+    """Size-independent seconds of SP per block and micro-batch, by degree."""
+    bandwidth: dict[int, float]
+    """All-to-all bytes/s per rank by degree (send-buffer bytes, as the runtime moves them)."""
+    call_latency: dict[int, float]
+    """Seconds per all-to-all call by degree (reported; lat_l holds it and the sharding work)."""
+    bytes_per_token_layer: float
+    act_fixed: float
+    act_layer: float
+    kept_layer: float
+    reference_length: int
+    """Length at which r is mapped onto CostModel's single recomputation factor."""
+
+    def cost_model(self, shape: ModelShape, world_size: int, device_memory: float, states: float,
+                   fit: dict | None = None) -> CostModel:
+        """The CostModel of `shape` (at its depth) with these coefficients."""
+        depth, s = shape.layers, float(self.reference_length)
+        a, b = depth * self.a_layer, depth * self.b_layer + self.b_fixed
+        act = self.act_fixed + depth * self.act_layer
+        layer_work = depth * (self.a_layer * s * s + self.b_layer * s)
+        return CostModel(
+            source="profiled", model=shape.name, a=a, b=b, g=self.g_fixed + depth * self.g_layer,
+            bandwidth=dict(self.bandwidth), bytes_per_token=depth * self.bytes_per_token_layer,
+            act_per_token=act, states=states, device_memory=device_memory, layers=depth,
+            heads=shape.heads, kv_heads=shape.kv_heads, world_size=world_size,
+            recompute=self.recompute_layer * layer_work / (a * s * s + b * s),
+            kept=(self.act_fixed + depth * self.kept_layer) / act,
+            comm_latency={d: depth * v for d, v in self.latency_layer.items()}, fit=fit or {})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _nnls(columns: list[np.ndarray], target: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, float]:
+    """Non-negative least squares of weight * (X theta - target); (theta, residual norm).
+
+    Columns are scaled to unit norm first: they span s^2 ~ 1e7 down to 1, and NNLS's active
+    set tolerance is absolute."""
+    x = np.column_stack(columns) * weight[:, None]
+    scale = np.linalg.norm(x, axis=0)
+    scale[scale == 0] = 1.0
+    theta, residual = nnls(x / scale, target * weight)
+    return theta / scale, float(residual)
+
+
+def fit_bandwidth(measurements: Sequence[Measurement]) -> tuple[dict[int, float], dict[int, float]]:
+    """(bandwidth, latency per call) by degree from the all-to-alls timed inside the runtime."""
+    bandwidth, latency = {}, {}
+    for d in sorted({m.point.degree for m in measurements if m.point.degree > 1}):
+        rows = [m for m in measurements if m.point.degree == d and m.comm_calls > 0]
+        if not rows:
+            raise ValueError(f"no all-to-all was timed at SP degree {d}: the runtime's collectives "
+                             f"were not observed (does it still call torch.distributed.all_to_all_single?)")
+        seconds = np.array([m.comm_seconds for m in rows])
+        (per_call, per_byte), _ = _nnls([np.array([float(m.comm_calls) for m in rows]),
+                                         np.array([m.comm_bytes for m in rows])], seconds, 1.0 / seconds)
+        # Tiny payloads only: latency explains everything; bytes per second overall bounds it.
+        bandwidth[d] = 1.0 / per_byte if per_byte > 0 else sum(m.comm_bytes for m in rows) / seconds.sum()
+        latency[d] = float(per_call)
+    return bandwidth, latency
+
+
+def _time_columns(points: Sequence[Point], recompute: float, degrees: list[int],
+                  several_depths: bool) -> list[np.ndarray]:
+    layers = np.array([p.layers for p in points], dtype=float)
+    ckpt = np.array([p.checkpoint_layers for p in points], dtype=float)
+    d = np.array([p.degree for p in points], dtype=float)
+    s2, s1 = np.array([p.sum_sq for p in points]), np.array([float(p.tokens) for p in points])
+    columns = [(layers + ckpt * recompute) * s2 / d, (layers + ckpt * recompute) * s1 / d, layers]
+    if several_depths:
+        columns += [s1 / d, np.ones(len(points))]
+    return columns + [layers * (d == degree) for degree in degrees]
+
+
+def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
+             bytes_per_token_layer: float) -> dict:
+    """a_l, b_l, b_0, g_l, g_0, r_l and lat_l(d) from the micro-batch times (see the module doc)."""
+    points = [m.point for m in measurements]
+    if not any(p.checkpoint_layers for p in points):
+        raise ValueError("the profile has no checkpointed micro-batch: the recomputation overhead "
+                         "cannot be fitted")
+    several_depths = len({p.layers for p in points}) > 1
+    degrees = sorted({p.degree for p in points if p.degree > 1})
+    seconds = np.array([m.seconds for m in measurements])
+    comm = np.array([0.0 if p.degree == 1 else
+                     p.layers * bytes_per_token_layer * p.tokens / (p.degree * bandwidth[p.degree])
+                     for p in points])
+    target, weight = seconds - comm, 1.0 / seconds
+
+    def residual(recompute: float) -> float:
+        return _nnls(_time_columns(points, recompute, degrees, several_depths), target, weight)[1]
+
+    grid = np.linspace(0.0, MAX_RECOMPUTE, 81)
+    best = float(grid[np.argmin([residual(r) for r in grid])])
+    step = grid[1] - grid[0]
+    refine = minimize_scalar(residual, bounds=(max(0.0, best - step), min(MAX_RECOMPUTE, best + step)),
+                             method="bounded", options={"xatol": 1e-4})
+    recompute = float(refine.x) if refine.fun <= residual(best) else best
+    theta, _ = _nnls(_time_columns(points, recompute, degrees, several_depths), target, weight)
+    a_l, b_l, g_l, *rest = (float(v) for v in theta)
+    b_0, g_0 = (rest[0], rest[1]) if several_depths else (0.0, 0.0)
+    latency = dict(zip(degrees, rest[2:] if several_depths else rest))
+    return dict(a_layer=a_l, b_layer=b_l, b_fixed=b_0, g_layer=g_l, g_fixed=g_0,
+                recompute_layer=recompute, latency_layer=latency)
+
+
+def fit_activations(measurements: Sequence[Measurement]) -> dict:
+    """act_0, act_l, kept_l from the saved-for-backward bytes (see the module doc)."""
+    points = [m.point for m in measurements]
+    x = np.array([float(m.shard_tokens) for m in measurements])
+    layers = np.array([p.layers for p in points], dtype=float)
+    ckpt = np.array([p.checkpoint_layers for p in points], dtype=float)
+    saved = np.array([m.activation_bytes for m in measurements])
+    several_depths = len(set(layers)) > 1
+    columns = [x * (layers - ckpt), x * ckpt] + ([x] if several_depths else [])
+    theta, _ = _nnls(columns, saved, 1.0 / saved)
+    return dict(act_layer=float(theta[0]), kept_layer=float(theta[1]),
+                act_fixed=float(theta[2]) if several_depths else 0.0)
+
+
+def fit(measurements: Sequence[Measurement], bytes_per_token_layer: float, reference_length: int) -> Coefficients:
+    """Every coefficient from the grid's measurements (any mix of depths)."""
+    if not measurements:
+        raise ValueError("nothing was measured")
+    bandwidth, call_latency = fit_bandwidth(measurements)
+    return Coefficients(**fit_time(measurements, bandwidth, bytes_per_token_layer),
+                        bandwidth=bandwidth, call_latency=call_latency,
+                        bytes_per_token_layer=bytes_per_token_layer,
+                        **fit_activations(measurements), reference_length=reference_length)
+
+
+def compare(measurements: Sequence[Measurement], cost_at: dict[int, CostModel]) -> list[dict]:
+    """Every measurement next to the prediction of the CostModel of its depth."""
+    rows = []
+    for m in measurements:
+        p, cost = m.point, cost_at[m.point.layers]
+        predicted = cost.time(p.lengths, p.degree, p.checkpoint)
+        saved = cost.act_per_token * m.shard_tokens * (p.checkpoint * cost.kept + 1.0 - p.checkpoint)
+        rows.append(dict(point=p.label(), layers=p.layers, lengths=list(p.lengths), degree=p.degree,
+                         checkpoint_layers=p.checkpoint_layers, measured_s=m.seconds, predicted_s=predicted,
+                         time_error=predicted / m.seconds - 1.0, comm_s=m.comm_seconds,
+                         measured_act_bytes=m.activation_bytes, predicted_act_bytes=saved,
+                         act_error=saved / m.activation_bytes - 1.0))
+    return rows
+
+
+def error_summary(errors: Sequence[float]) -> dict:
+    """Median, 90th percentile and largest absolute relative error."""
+    e = np.abs(np.asarray(errors, dtype=float))
+    if e.size == 0:
+        return dict(median=None, p90=None, max=None, count=0)
+    return dict(median=float(np.median(e)), p90=float(np.percentile(e, 90)), max=float(e.max()), count=int(e.size))

@@ -1,0 +1,58 @@
+"""What a measurement ran on, and how loaded the machine was while it ran.
+
+Profiles are only as good as the machine was quiet: on a shared host another job's threads
+take cores from the ranks, and every time measured then is slower by a factor the cost model
+cannot know. So every profile and every check records the machine and the 1-minute load
+average sampled through the run, next to the errors it reports.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import threading
+import torch
+
+
+def machine_info(world_size: int) -> dict:
+    """Host, CPU, memory, library versions and how the ranks use the cores."""
+    cpus = os.cpu_count() or 1
+    return dict(host=platform.node(), platform=platform.platform(), processor=platform.processor(),
+                cpus=cpus, memory_bytes=physical_memory(), python=platform.python_version(), torch=torch.__version__,
+                backend="nccl" if torch.cuda.is_available() else "gloo", world_size=world_size,
+                threads_per_rank=max(1, cpus // world_size))
+
+
+def physical_memory() -> float:
+    """Bytes of RAM of this machine."""
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+class LoadMonitor:
+    """Samples the 1-minute load average every `interval` seconds while in the `with` block."""
+
+    def __init__(self, interval: float = 5.0):
+        self.interval = interval
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append(os.getloadavg()[0])
+            if self._stop.wait(self.interval):
+                return
+
+    def __enter__(self) -> LoadMonitor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.samples.append(os.getloadavg()[0])
+
+    def summary(self) -> dict:
+        """min / median / max of the 1-minute load average; `cpus` to read it against."""
+        ordered = sorted(self.samples)
+        return dict(min=ordered[0], median=ordered[len(ordered) // 2], max=ordered[-1],
+                    samples=len(ordered), cpus=os.cpu_count())

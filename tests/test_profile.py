@@ -1,0 +1,150 @@
+"""`ballast profile`: the fit recovers known coefficients, profiles load everywhere a cost model
+does, oversized models fail early and clearly, and a tiny real profile runs on 2 gloo ranks."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+
+from ballast.cli import main
+from ballast.cluster import get_cluster
+from ballast.cost import CostModel, InfeasibleError, get_cost_model
+from ballast.planners import PLANNERS, PlannerOptions, get_planner
+from ballast.profile import Settings, check_states_fit, default_lengths, profile, shape_bytes_per_token_layer, state_bytes
+from ballast.profiling.fit import Coefficients, compare, fit
+from ballast.profiling.grid import Measurement, Point, build_grid, verification_points
+from ballast.shapes import get_model_shape
+from ballast.simulate import simulate
+
+TINY = get_model_shape("tiny")
+# A deeper tiny model, so extrapolating from depths 1 and 2 to 8 is a real extrapolation.
+DEEP = dataclasses.replace(TINY, name="tiny-8", layers=8)
+TRUE = Coefficients(a_layer=2e-8, b_layer=4e-5, b_fixed=2e-5, g_layer=4e-3, g_fixed=5e-3, recompute_layer=0.4,
+                    latency_layer={2: 3e-3, 4: 5e-3}, bandwidth={2: 4e8, 4: 2e8}, call_latency={2: 6e-4, 4: 1e-3},
+                    bytes_per_token_layer=shape_bytes_per_token_layer(TINY), act_fixed=2600.0, act_layer=11000.0,
+                    kept_layer=500.0, reference_length=1024)
+
+
+def synthetic(points: list[Point], true: Coefficients, noise: float, seed: int = 0) -> list[Measurement]:
+    """Measurements that follow fit.py's model exactly, times multiplied by (1 + noise N(0,1))."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for p in points:
+        d, depth, k = p.degree, p.layers, p.checkpoint_layers
+        shard = math.ceil(p.tokens / d)
+        calls = 0 if d == 1 else 4 * depth + 2 * k
+        comm_bytes = 0.0 if d == 1 else true.bytes_per_token_layer * shard * (depth + k / 2)
+        comm = 0.0 if d == 1 else calls * true.call_latency[d] + comm_bytes / true.bandwidth[d]
+        seconds = (((depth + k * true.recompute_layer) * (true.a_layer * p.sum_sq + true.b_layer * p.tokens)
+                    + true.b_fixed * p.tokens) / d + true.g_fixed + depth * true.g_layer
+                   + (0.0 if d == 1 else depth * true.bytes_per_token_layer * p.tokens / (d * true.bandwidth[d])
+                      + depth * true.latency_layer[d]))
+        act = shard * (true.act_fixed + (depth - k) * true.act_layer + k * true.kept_layer)
+        jitter = 1.0 + noise * rng.standard_normal(2)
+        out.append(Measurement(p, seconds * jitter[0], comm * jitter[1], calls, comm_bytes, act, shard))
+    return out
+
+
+def grid(depths=(1, 2), lengths=(128, 256, 512, 1024, 2048, 4096), degrees=(1, 2, 4)) -> list[Point]:
+    return [p for depth in depths for p in build_grid(depth, lengths, degrees)]
+
+
+def test_fit_recovers_exact_coefficients():
+    got = fit(synthetic(grid(), TRUE, noise=0.0), TRUE.bytes_per_token_layer, TRUE.reference_length)
+    for name in ("a_layer", "b_layer", "b_fixed", "g_layer", "g_fixed", "recompute_layer", "act_fixed",
+                 "act_layer", "kept_layer"):
+        assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-3, abs=1e-12), name
+    for table in ("bandwidth", "call_latency", "latency_layer"):
+        assert getattr(got, table) == pytest.approx(getattr(TRUE, table), rel=1e-3), table
+
+
+def test_fit_with_noise_extrapolates_to_full_depth():
+    """3% timing noise at depths 1 and 2: the depth-8 CostModel predicts depth-8 micro-batches
+    (which the fit never saw) within a few percent, and its coefficients are close."""
+    measured = synthetic(grid(), TRUE, noise=0.03, seed=1)
+    got = fit(measured, TRUE.bytes_per_token_layer, TRUE.reference_length)
+    memory = 1e10
+    truth = TRUE.cost_model(DEEP, 4, memory, state_bytes(DEEP))
+    cost = got.cost_model(DEEP, 4, memory, state_bytes(DEEP))
+    assert cost.a == pytest.approx(truth.a, rel=0.05)
+    assert cost.b == pytest.approx(truth.b, rel=0.1)
+    assert cost.g == pytest.approx(truth.g, rel=0.1)
+    assert cost.bandwidth == pytest.approx(truth.bandwidth, rel=0.1)
+    assert cost.act_per_token == pytest.approx(truth.act_per_token, rel=0.01)
+    assert cost.kept == pytest.approx(truth.kept, rel=0.05)
+    deep = synthetic(verification_points(8, [128, 1024, 4096], [1, 2, 4], 6), TRUE, noise=0.0)
+    errors = [abs(row["time_error"]) for row in compare(deep, {8: cost})]
+    assert max(errors) < 0.05, errors
+
+
+def test_fit_needs_checkpointed_points():
+    points = [p for p in grid() if p.checkpoint_layers == 0]
+    with pytest.raises(ValueError, match="checkpoint"):
+        fit(synthetic(points, TRUE, 0.0), TRUE.bytes_per_token_layer, 1024)
+
+
+def test_grid_covers_lengths_degrees_and_checkpoint_levels():
+    points = build_grid(4, [128, 1024, 4096], [1, 2])
+    singles = {(p.lengths[0], p.degree, p.checkpoint_layers) for p in points if len(p.lengths) == 1}
+    assert singles == {(s, d, c) for s in (128, 1024, 4096) for d in (1, 2) for c in (0, 2, 4)}
+    assert any(len(p.lengths) > 1 for p in points)  # packed micro-batches too
+    assert default_lengths(4096, quick=False) == (128, 256, 512, 1024, 2048, 4096)
+    assert default_lengths(3000, quick=True) == (128, 512, 2048, 3000)
+
+
+def profiled_cost(world: int = 4, memory_gb: float = 0.1) -> CostModel:
+    shape = TINY
+    return TRUE.cost_model(shape, world, memory_gb * 1e9, state_bytes(shape),
+                           fit={"shape": shape.to_dict(), "load_average": {"median": 0.0}})
+
+
+def test_profile_json_round_trips_and_plans_with_every_planner(tmp_path):
+    cost = profiled_cost()
+    path = tmp_path / "profile.json"
+    cost.save(path)
+    cluster = get_cluster("cpu", world_size=4, device_memory_gb=0.1)
+    loaded = get_cost_model(str(path), TINY, cluster)
+    assert loaded == cost and loaded.source == "profiled"
+    assert loaded.comm_latency == {2: TRUE.latency_layer[2] * TINY.layers, 4: TRUE.latency_layer[4] * TINY.layers}
+    lengths = [4000, 3000, 900, 700, 500, 300, 200, 120, 64, 33, 7, 1]
+    for name in PLANNERS:
+        plan = get_planner(name, cluster, loaded, PlannerOptions(time_limit=1.0)).plan(lengths)
+        plan.validate(cluster, loaded)
+        assert simulate(plan, loaded, 4).step_time > 0, name
+
+
+def test_model_that_fits_no_degree_is_a_clear_error(capsys):
+    with pytest.raises(InfeasibleError, match="does not fit --device-memory 1.000 GB at any SP degree"):
+        check_states_fit(get_model_shape("gpt-7b"), 1e9)
+    # The command line says so before it spawns any rank.
+    assert main(["profile", "--model", "gpt-7b", "--device-memory", "1"]) == 2
+    assert "give more than" in capsys.readouterr().err
+    with pytest.raises(InfeasibleError):
+        TRUE.cost_model(TINY, 2, device_memory=1e6, states=state_bytes(TINY))
+
+
+def test_tiny_real_profile_and_check_on_two_ranks(tmp_path):
+    """A minimal grid on 2 gloo ranks: depth 1 and 2, two lengths, one full-depth check; the
+    JSON loads and plans, and `--check` runs plans from it for real."""
+    settings = Settings(lengths=(32, 128), depths=(1, 2), verify=1, warmup=1, repeats=1)
+    cost = profile(TINY, 2, 0.05e9, settings, timeout=240)
+    path = tmp_path / "profile.json"
+    cost.save(path)
+    loaded = get_cost_model(str(path), TINY, get_cluster("cpu", world_size=2, device_memory_gb=0.05))
+    assert loaded.source == "profiled" and loaded.layers == TINY.layers and 2 in loaded.bandwidth
+    assert loaded.a >= 0 and loaded.b > 0 and 0 < loaded.kept < 1 and loaded.act_per_token > 0
+    # Fit quality is not asserted here: a loaded machine's timings are noise at these sizes, and
+    # the fit's accuracy is what the synthetic tests check. The report must be complete.
+    assert len(loaded.fit["extrapolation"]) == 1 and loaded.fit["residuals"]["time"]["count"] == len(grid((1, 2), (32, 128), (1, 2)))
+    assert loaded.fit["states_measured"]["2"] == state_bytes(dataclasses.replace(TINY, layers=2))
+    out, png = tmp_path / "check.json", tmp_path / "check.png"
+    assert main(["profile", "--check", str(path), "--plans", "2", "--repeats", "1", "--max-len", "128",
+                 "--tokens-per-step", "256", "--planners", "static,ballast", "--json", str(out),
+                 "--png", str(png)]) == 0
+    report = json.loads(out.read_text())
+    assert [p["planner"] for p in report["plans"]] == ["static", "ballast"]
+    assert report["summary"]["time"]["count"] == 2 and report["plans"][0]["measured_s"] > 0
+    assert png.stat().st_size > 0
