@@ -5,42 +5,14 @@ import time
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ballast import CostModel, PlannerOptions, get_cluster, get_cost_model, get_model_shape
-from ballast.cluster import Cluster
-from ballast.cost import InfeasibleError
 from ballast.planners import get_planner
 from ballast.planners.dcp import MAX_ACCUMULATION, bucket_uppers
 from ballast.planners.packing import mb_time
-from ballast.shapes import ModelShape
-
-SMALL = ModelShape("small", 8, 1024, 16, 16, 4096, 32000, gated_mlp=False)
-
-
-def make_cluster(nodes: int, per_node: int, memory: float, g: float = 1e-3) -> Cluster:
-    world = nodes * per_node
-    bandwidth = {1 << i: (1e11 if 1 << i <= per_node else 1e10) for i in range(1, world.bit_length())}
-    return Cluster("t", nodes, per_node, memory, 1e14, 0.5, bandwidth, g)
-
-
-@st.composite
-def setups(draw):
-    """A small cluster whose memory holds the model's states, and a batch that fits it."""
-    cluster = make_cluster(draw(st.sampled_from([1, 2, 3, 4])), draw(st.sampled_from([1, 2, 4, 8])),
-                           draw(st.floats(0.5, 24.0)) * 1e9, draw(st.sampled_from([0.0, 1e-3, 0.05])))
-    shape = draw(st.sampled_from([SMALL, get_model_shape("tiny"), get_model_shape("gpt-7b")]))
-    try:
-        cost = CostModel.analytic(shape, cluster)
-    except InfeasibleError:
-        assume(False)  # the states alone overflow the device: no plan exists
-    limit = cost.max_tokens(cost.degrees[-1], 1.0)
-    assume(limit >= 1)
-    exponents = draw(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=48))
-    lengths = [max(1, int(limit ** x)) for x in exponents]
-    return cluster, cost, lengths
-
+from strategies import SMALL, make_cluster, planner_setups
 
 def group_times(plan, cost, wave: int = 0) -> list[float]:
     return [sum(mb_time(mb, plan.lengths, g.degree, cost) for mb in g.micro_batches)
@@ -48,7 +20,7 @@ def group_times(plan, cost, wave: int = 0) -> list[float]:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
-@given(setups(), st.sampled_from(["inter", "intra", "both"]), st.booleans(), st.booleans())
+@given(planner_setups("gpt-7b", 48), st.sampled_from(["inter", "intra", "both"]), st.booleans(), st.booleans())
 def test_plans_validate(setup, mode, lockstep, with_max_len):
     cluster, cost, lengths = setup
     max_len = max(lengths) if with_max_len else None

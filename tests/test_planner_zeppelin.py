@@ -3,25 +3,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ballast import CostModel, Group, MicroBatch, Plan, PlannerOptions, Wave, get_cluster, get_cost_model, get_model_shape
 from ballast.cluster import Cluster
-from ballast.cost import InfeasibleError
 from ballast.planners import get_planner
 from ballast.planners.zeppelin import balance_nodes, classify, crossovers
-from ballast.shapes import ModelShape
 from ballast.simulate import simulate, step_time
-
-SMALL = ModelShape("small", 8, 1024, 16, 16, 4096, 32000, gated_mlp=False)
-
-
-def make_cluster(nodes: int, per_node: int, memory: float, g: float = 1e-3, inter_bw: float = 1e10) -> Cluster:
-    world = nodes * per_node
-    bandwidth = {1 << i: (1e11 if 1 << i <= per_node else inter_bw) for i in range(1, world.bit_length())}
-    return Cluster("t", nodes, per_node, memory, 1e14, 0.5, bandwidth, g)
-
+from strategies import planner_setups
 
 @pytest.fixture(scope="module")
 def a100():
@@ -33,24 +23,8 @@ def wiki_like(rng: np.random.Generator, n: int, cap: int) -> list[int]:
     return [int(x) for x in np.clip(rng.lognormal(6.5, 1.4, n), 1, cap)]
 
 
-@st.composite
-def setups(draw):
-    """A small cluster whose memory holds the model's states, and a batch that fits it."""
-    cluster = make_cluster(draw(st.sampled_from([1, 2, 3, 4])), draw(st.sampled_from([1, 2, 4, 8])),
-                           draw(st.floats(0.5, 24.0)) * 1e9, draw(st.sampled_from([0.0, 1e-3, 0.05])))
-    shape = draw(st.sampled_from([SMALL, get_model_shape("tiny"), get_model_shape("llama3-8b")]))
-    try:
-        cost = CostModel.analytic(shape, cluster)
-    except InfeasibleError:
-        assume(False)  # the states alone overflow the device: no plan exists
-    limit = cost.max_tokens(cost.degrees[-1], 1.0)
-    assume(limit >= 1)
-    exponents = draw(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=40))
-    return cluster, cost, [max(1, int(limit ** x)) for x in exponents]
-
-
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
-@given(setups(), st.booleans(), st.booleans())
+@given(planner_setups("llama3-8b", 40), st.booleans(), st.booleans())
 def test_plans_validate(setup, remap, lockstep):
     cluster, cost, lengths = setup
     plan = get_planner("zeppelin", cluster, cost, PlannerOptions(remap=remap, lockstep=lockstep)).plan(lengths)
