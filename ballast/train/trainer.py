@@ -98,8 +98,9 @@ def train(config: TrainConfig) -> dict | None:
     setup = Setup.of(config, world)
 
     # Data, planner and the checkpoint to resume from are rank 0's; the others learn only
-    # whether that worked and where to resume, so a bad corpus stops every rank at once.
-    lookahead, resume, error = None, None, None
+    # whether that worked and where to resume, so a bad corpus stops every rank at once
+    # instead of leaving them waiting for a broadcast that never comes.
+    lookahead, resume, failure = None, None, None
     if rank == 0:
         try:
             corpus = open_data(config, setup.shape, progress=True)
@@ -108,13 +109,16 @@ def train(config: TrainConfig) -> dict | None:
             resume = _checkpoint_to_resume(config)
             console.print(corpus.describe(), highlight=False)
             console.print(setup.describe(), highlight=False)
-        except ValueError as e:
-            error = str(e)
-    shared = [(error, resume)]
+        except Exception as e:
+            failure = e
+    shared = [(None if failure is None else (isinstance(failure, ValueError), str(failure)), resume)]
     dist.broadcast_object_list(shared, src=0)
     error, resume = shared[0]
+    if failure is not None:
+        raise failure
     if error is not None:
-        raise ValueError(error)
+        user_error, message = error
+        raise ValueError(message) if user_error else RuntimeError(f"rank 0 failed: {message}")
 
     model = build_gpt(setup.shape, config.run.seed).to(device)
     opt = config.optimizer
@@ -149,10 +153,10 @@ def train(config: TrainConfig) -> dict | None:
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, steps, opt)
             result = executor.step(plan, samples)
-            rank_idle = _idle_by_rank(result, device)
+            idle = _idle(result, device)
             seconds = time.perf_counter() - began
             if rank == 0:
-                record = _record(step, attempt, item, result, rank_idle, seconds, waited,
+                record = _record(step, attempt, item, result, idle, seconds, waited,
                                  optimizer.param_groups[0]["lr"])
                 log.write(record)
                 progress.update(record)
@@ -203,18 +207,20 @@ def _broadcast_step(item: StepInput | None) -> tuple[Plan, list[torch.Tensor]]:
     return plan, list(torch.split(tokens, [s + 1 for s in plan.lengths]))
 
 
-def _idle_by_rank(result: StepResult, device: torch.device) -> list[float]:
-    """Every rank's (busy, wait) over the step's waves, all-reduced; idle share per rank."""
+def _idle(result: StepResult, device: torch.device) -> tuple[float, list[float]]:
+    """Idle share of all ranks' wave time, and of each rank's: every rank's (busy, wait) over
+    the step's waves, gathered by one all-reduce (each rank fills its own row)."""
     times = torch.zeros(dist.get_world_size(), 2, dtype=torch.float64, device=device)
     times[dist.get_rank()] = torch.tensor([sum(w.busy for w in result.waves),
                                            sum(w.wait for w in result.waves)], dtype=torch.float64)
     dist.all_reduce(times)
-    totals = times.sum(dim=1).clamp_min(1e-12)
-    return (times[:, 1] / totals).tolist() + [float(times[:, 1].sum() / times.sum().clamp_min(1e-12))]
+    times = times.cpu()
+    overall = float(times[:, 1].sum() / times.sum().clamp_min(1e-12))
+    return overall, (times[:, 1] / times.sum(dim=1).clamp_min(1e-12)).tolist()
 
 
-def _record(step: int, attempt: int, item: StepInput, result: StepResult, rank_idle: list[float],
-            seconds: float, waited: float, lr: float) -> StepRecord:
+def _record(step: int, attempt: int, item: StepInput, result: StepResult,
+            idle: tuple[float, list[float]], seconds: float, waited: float, lr: float) -> StepRecord:
     plan = item.plan
     mbs = [(plan.mb_lengths(mb), mb.checkpoint) for _, _, mb in plan.micro_batches() if mb.seq_ids]
     tokens_in_mbs = sum(sum(lengths) for lengths, _ in mbs)
@@ -223,6 +229,6 @@ def _record(step: int, attempt: int, item: StepInput, result: StepResult, rank_i
         step=step, attempt=attempt, loss=result.loss, lr=lr, tokens=plan.tokens,
         sample_ids=item.batch.sample_ids, lengths=item.batch.lengths, epoch=item.batch.epoch,
         step_time=seconds, tokens_per_s=plan.tokens / seconds, predicted_step_time=item.predicted_seconds,
-        idle_fraction=rank_idle[-1], rank_idle=rank_idle[:-1], waves=len(plan.waves),
+        idle_fraction=idle[0], rank_idle=idle[1], waves=len(plan.waves),
         micro_batches=len(mbs), degrees=plan.degrees_used(), checkpointed=checkpointed,
         plan_ms=1e3 * item.plan_seconds, plan_wait_ms=1e3 * waited)
