@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import MISSING, asdict, dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from .fields import from_fields
 
 GB = 1e9
 
@@ -100,16 +102,7 @@ class Cluster:
 
     @classmethod
     def from_dict(cls, data: dict) -> Cluster:
-        known = set(cls.__dataclass_fields__)
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown cluster field(s) {sorted(unknown)}; known: {sorted(known)}")
-        required = {name for name, f in cls.__dataclass_fields__.items()
-                    if f.default is MISSING and f.default_factory is MISSING}
-        missing = required - set(data)
-        if missing:
-            raise ValueError(f"cluster {data.get('name', '?')!r}: missing field(s) {sorted(missing)}")
-        return cls(**data)
+        return from_fields(cls, data, "cluster")
 
     @classmethod
     def load(cls, path: str | Path) -> Cluster:

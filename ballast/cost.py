@@ -23,6 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from .cluster import Cluster
+from .fields import from_fields
 from .shapes import ModelShape
 
 # Mixed-precision Adam: bf16 weights and grads + fp32 master weights, momentum and variance.
@@ -276,10 +277,7 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, data: dict) -> CostModel:
-        unknown = set(data) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"unknown cost-model field(s) {sorted(unknown)}")
-        return cls(**data)
+        return from_fields(cls, data, "cost-model")
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2))

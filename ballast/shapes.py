@@ -5,6 +5,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .fields import from_fields
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -70,10 +72,7 @@ class ModelShape:
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelShape:
-        unknown = set(data) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"unknown model field(s) {sorted(unknown)}")
-        return cls(**data)
+        return from_fields(cls, data, "model")
 
 
 MODEL_PRESETS: dict[str, ModelShape] = {

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel
@@ -19,3 +20,14 @@ def tiny4(cpu4):
     """The tiny model (8 heads, 4 kv heads) on `cpu4`: degrees 1, 2, 4; ~57K tokens per device
     without checkpointing."""
     return CostModel.analytic(get_model_shape("tiny"), cpu4)
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """One torch thread for a module: single-process references share two cores with the
+    ranks and other tests, and OpenMP threads spin-waiting for a busy core made tiny ops 50x
+    slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

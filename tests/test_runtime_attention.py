@@ -22,14 +22,7 @@ HEADS, KV_HEADS, HEAD_DIM = 8, 4, 16
 RTOL, ATOL = 1e-5, 1e-6
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    """Single-process references share two cores with the ranks and other tests: OpenMP
-    threads spin-waiting for a busy core made tiny ops here 50x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def _inputs(lengths: list[int]) -> tuple[torch.Tensor, ...]:

@@ -17,7 +17,7 @@ from ballast import verify
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel
 from ballast.models import build_gpt
-from ballast.plan import Group, MicroBatch, Plan, PlanError, Wave, fill_idle
+from ballast.plan import Group, MicroBatch, Plan, Wave, fill_idle
 from ballast.runtime import ActivationMeter, Executor, ProcessGroups, make_optimizer, run_local
 from ballast.shapes import MODEL_PRESETS, ModelShape
 
@@ -132,14 +132,7 @@ def _world2_worker(batches: list[verify.Batch], planners: dict[str, list[dict]])
     return out if dist.get_rank() == 0 else None
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    """Single-process references share two cores with the ranks and other tests: OpenMP
-    threads spin-waiting for a busy core made tiny ops here 50x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")
