@@ -6,6 +6,7 @@ import sys
 
 from . import profile as profile_cmd
 from . import simulate_cmd, verify
+from .benchmark import command as bench_cmd
 from .train import command as train_cmd
 
 
@@ -13,7 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ballast", description=__doc__.splitlines()[0].strip("`"))
     sub = parser.add_subparsers(dest="command", required=True)
     commands = {"simulate": simulate_cmd, "verify": verify, "train": train_cmd,
-                "profile": profile_cmd}
+                "profile": profile_cmd, "bench": bench_cmd}
     for name, module in commands.items():
         p = sub.add_parser(name, help=module.HELP, description=module.__doc__)
         module.add_arguments(p)

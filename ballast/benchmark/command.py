@@ -1,0 +1,133 @@
+"""`ballast bench`: every planner trains the same model on the same batches on this machine's
+ranks, interleaved step by step; measured tokens/s, idle fraction, planning time and the cost
+model's prediction, side by side, as a table, a JSON file and a PNG bar chart.
+
+One gloo job runs the whole benchmark (ballast.benchmark.ranks); the batches are drawn once
+from one BatchStream (ballast.benchmark.setting); summary.py says what every number means.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from ..planners import parse_planner_names
+from .output import bar_chart, bench_table
+from .setting import ALL_PLANNERS, BenchInputs, BenchSetting, prepare
+from .summary import summarise, targets
+
+HELP = "train every planner side by side on this machine's ranks; measured tokens/s vs the cost model"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = BenchSetting()
+    p.add_argument("--model", default=d.model, help="model preset or ModelShape JSON")
+    p.add_argument("--data", default=d.data, help="corpus: stdlib | folder:PATH | jsonl:PATH | parquet:PATH")
+    p.add_argument("--cache-dir", default=None, help="token cache folder (default: the data pipeline's)")
+    p.add_argument("--world", type=int, default=d.world, help="local gloo ranks")
+    p.add_argument("--planners", default=",".join(ALL_PLANNERS), help="comma-separated planner names, or all")
+    p.add_argument("--steps", type=int, default=d.steps, help="measured steps (batches) per round")
+    p.add_argument("--warmup", type=int, default=d.warmup, help="unmeasured steps every planner runs first")
+    p.add_argument("--repeats", type=int, default=d.repeats,
+                   help="rounds over the measured batches (same plans): their spread is the run-to-run noise")
+    p.add_argument("--tokens-per-step", type=int, default=d.tokens_per_step, help="token budget of a step")
+    p.add_argument("--max-len", type=int, default=d.max_len, help="longer documents are cut into chunks")
+    p.add_argument("--device-memory-gb", type=float, default=None,
+                   help="memory budget per rank the planners plan for (default: a max-len sequence fits one "
+                        "rank only with every layer checkpointed)")
+    p.add_argument("--cost", default=d.cost, help="analytic | PROFILE.json from `ballast profile` (the "
+                   "planners' cost model and the predictions')")
+    p.add_argument("--time-limit", type=float, default=d.time_limit, help="seconds per MILP solve (flexsp)")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--json", dest="json_out", default=None, help="write the results here")
+    p.add_argument("--png", default=None, help="bar chart (default: next to --json)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the ranks are stopped")
+
+
+def setting_from(args: argparse.Namespace) -> BenchSetting:
+    return BenchSetting(model=args.model, data=args.data, cache_dir=args.cache_dir, world=args.world,
+                        planners=tuple(parse_planner_names(args.planners)), steps=args.steps,
+                        warmup=args.warmup, repeats=args.repeats, tokens_per_step=args.tokens_per_step,
+                        max_len=args.max_len, device_memory_gb=args.device_memory_gb, cost=args.cost,
+                        time_limit=args.time_limit, seed=args.seed)
+
+
+def describe(inputs: BenchInputs, setting: BenchSetting) -> str:
+    cost, lengths = inputs.cost, [s for b in inputs.batches for s in b.lengths]
+    where = "" if cost.source != "analytic" else " (placeholder CPU figures: `ballast profile` measures real ones)"
+    return (f"{inputs.data}\n{len(setting.planners)} planners x ({setting.warmup} warm-up + {setting.repeats} x "
+            f"{setting.steps} measured) steps of ~{setting.tokens_per_step} tokens (max_len {setting.max_len}; "
+            f"{len(lengths)} sequences, {sum(s == setting.max_len for s in lengths)} at max_len) on "
+            f"{setting.world} gloo ranks; cost model: {cost.source}{where}; {cost.device_memory / 1e6:.1f} MB per "
+            f"rank (states {cost.states / 1e6:.1f} MB; a max_len sequence fits degree 1 at checkpoint "
+            f"{cost.min_checkpoint(setting.max_len, 1)})")
+
+
+def bench(setting: BenchSetting, inputs: BenchInputs, timeout: float) -> tuple[list[dict], dict]:
+    """Run the benchmark's one gloo job; rank 0's records and the load average seen meanwhile."""
+    from ..profiling.machine import LoadMonitor
+    from ..runtime import run_local
+    from .ranks import run_on_rank
+
+    with LoadMonitor() as load:
+        per_rank = run_local(setting.world, run_on_rank, inputs, setting, timeout=timeout)
+    return per_rank[0], load.summary()
+
+
+def result_json(setting: BenchSetting, inputs: BenchInputs, records: list[dict], load: dict,
+                seconds: float) -> dict:
+    """Everything the run measured, summarised, and the raw records."""
+    from ..profiling.machine import machine_info
+
+    summary = summarise(records, setting.planners)
+    cost = inputs.cost
+    return dict(
+        setting=dataclasses.asdict(setting), data=inputs.data,
+        cost_model=dict(source=cost.source, spec=setting.cost, device_memory_gb=cost.device_memory / 1e9,
+                        states_gb=cost.states / 1e9, a=cost.a, b=cost.b, g=cost.g,
+                        max_len_checkpoint_at_degree_1=cost.min_checkpoint(setting.max_len, 1)),
+        batches=[dict(sample_ids=b.sample_ids, lengths=b.lengths, measured=i >= setting.warmup)
+                 for i, b in enumerate(inputs.batches)],
+        machine=machine_info(setting.world), load_average=load, seconds=seconds,
+        **summary, targets=targets(summary, seconds), records=records)
+
+
+def print_targets(console: Console, result: dict) -> None:
+    for name, t in result["targets"].items():
+        mark = "[green]met[/green]" if t["met"] else "[red]not met[/red]"
+        facts = {k: v for k, v in t.items() if k not in ("met", "ratios", "abs_errors")}
+        if "abs_errors" in t:
+            facts["worst"] = max(t["abs_errors"], key=t["abs_errors"].get)
+            facts["worst_abs_error"] = t["abs_errors"][facts["worst"]]
+        text = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in facts.items())
+        console.print(f"target {name}: {mark} ({text})", highlight=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console()
+    start = time.perf_counter()
+    setting = setting_from(args)
+    inputs = prepare(setting)
+    console.print(describe(inputs, setting), highlight=False)
+    records, load = bench(setting, inputs, args.timeout)
+    result = result_json(setting, inputs, records, load, time.perf_counter() - start)
+    title = (f"ballast bench: {inputs.shape.name} on {setting.world} gloo ranks, {setting.data} "
+             f"(~{setting.tokens_per_step} tokens/step, max_len {setting.max_len}), {inputs.cost.source} cost model")
+    console.print(bench_table(title, result))
+    console.print(f"{result['seconds']:.0f} s; load average {load['min']:.1f}..{load['max']:.1f} (median "
+                  f"{load['median']:.1f}) on {load['cpus']} CPUs; same batches for every planner and rank: "
+                  f"{result['same_batches']}; largest loss difference between planners "
+                  f"{result['loss_spread']:.1e}", highlight=False)
+    print_targets(console, result)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=1))
+        console.print(f"wrote {args.json_out}")
+    png = args.png or (str(Path(args.json_out).with_suffix(".png")) if args.json_out else None)
+    if png:
+        bar_chart(result, title, png)
+        console.print(f"wrote {png}")
+    return 0

@@ -1,0 +1,116 @@
+"""The benchmark's rank loop: one gloo job in which every rank runs every planner's steps.
+
+The ranks are spawned once for the whole benchmark (spawning per planner would put the start-up
+of the job, and a colder machine, into some planners' numbers and not others'). Each planner
+trains its own copy of the model, from the same seed, on the same batches: planners change
+the speed of a step, not its gradient, so the copies stay equal up to float rounding and every
+planner's steps cost what they would cost in that planner's own run.
+
+For every slot of the schedule, rank 0 plans the batch (timed: that is the planning time) and
+broadcasts the plan; a barrier lines the ranks up; every rank times `Executor.step` and its
+own CPU time; one all-reduce then brings every rank's timings to rank 0, which keeps the record.
+A batch is planned once per planner: later rounds rerun the same plan, so their spread is the
+machine's noise, not a randomised planner's.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..dataset import Batch
+from ..models import build_gpt
+from ..plan import Plan
+from ..planners import Planner, PlannerOptions, get_planner
+from ..runtime import Executor, ProcessGroups, StepResult, broadcast_plan, make_optimizer
+from ..simulate import step_time
+from .setting import BenchInputs, BenchSetting, Slot, schedule
+
+LEARNING_RATE = 1e-3
+TIMINGS = ("wall", "busy", "wait", "sync", "optimizer", "cpu", "digest")
+"""Per rank and slot: the step's wall seconds, the waves' busy and wait seconds, gradient sync,
+optimizer, the process's CPU seconds during the step, and a checksum of the tokens it trained on."""
+
+
+def batch_digest(batch_tokens: list[torch.Tensor]) -> float:
+    """A checksum of a batch's tokens and their order (exact in float64 for any real batch)."""
+    return float(sum((i + 1) * int(t.sum()) for i, t in enumerate(batch_tokens)))
+
+
+def run_on_rank(inputs: BenchInputs, setting: BenchSetting) -> list[dict] | None:
+    """Run the whole schedule on this rank; rank 0 returns one record per slot, the others None."""
+    rank = dist.get_rank()
+    groups = ProcessGroups()
+    executors = {name: _executor(inputs, groups, setting.seed) for name in setting.planners}
+    planners = _planners(inputs, setting) if rank == 0 else {}
+    plans: dict[tuple[str, int], Plan] = {}
+    records = []
+    for slot in schedule(setting.planners, setting.steps, setting.warmup, setting.repeats):
+        plan, plan_seconds = None, None
+        if rank == 0:
+            plan, plan_seconds = _plan(planners[slot.planner], plans, slot, inputs.batches[slot.batch])
+        plan = broadcast_plan(plan)
+        samples = inputs.batches[slot.batch].tokens
+        dist.barrier()
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = executors[slot.planner].step(plan, samples)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        timings = _gather(result, wall, cpu, batch_digest(samples))
+        if rank == 0:
+            records.append(_record(slot, plan, plan_seconds, step_time(plan, inputs.cost), result, timings))
+    return records if rank == 0 else None
+
+
+def _executor(inputs: BenchInputs, groups: ProcessGroups, seed: int) -> Executor:
+    model = build_gpt(inputs.shape, seed)
+    return Executor(model, make_optimizer(model, lr=LEARNING_RATE), inputs.cluster, groups)
+
+
+def _planners(inputs: BenchInputs, setting: BenchSetting) -> dict[str, Planner]:
+    options = PlannerOptions(max_len=setting.max_len, seed=setting.seed, time_limit=setting.time_limit)
+    return {name: get_planner(name, inputs.cluster, inputs.cost, options) for name in setting.planners}
+
+
+def _plan(planner: Planner, plans: dict[tuple[str, int], Plan], slot: Slot, batch: Batch
+          ) -> tuple[Plan, float | None]:
+    """The slot's plan, and the seconds it took when it was made now (None: made in an earlier round)."""
+    key = (slot.planner, slot.batch)
+    if key in plans:
+        return plans[key], None
+    start = time.perf_counter()
+    plan = planner.plan(batch.lengths)
+    seconds = time.perf_counter() - start
+    plan.validate(planner.cluster, planner.cost)
+    plans[key] = plan
+    return plan, seconds
+
+
+def _gather(result: StepResult, wall: float, cpu: float, digest: float) -> torch.Tensor:
+    """Every rank's TIMINGS as rows of one [world, len(TIMINGS)] tensor, by one all-reduce."""
+    rows = torch.zeros(dist.get_world_size(), len(TIMINGS), dtype=torch.float64)
+    rows[dist.get_rank()] = torch.tensor([
+        wall, sum(w.busy for w in result.waves), sum(w.wait for w in result.waves), result.sync_seconds,
+        result.optimizer_seconds, cpu, digest], dtype=torch.float64)
+    dist.all_reduce(rows)
+    return rows
+
+
+def _record(slot: Slot, plan: Plan, plan_seconds: float | None, predicted: float, result: StepResult,
+            rows: torch.Tensor) -> dict:
+    """What the summary needs of one slot; per-rank lists where ranks differ."""
+    t = {name: rows[:, i].tolist() for i, name in enumerate(TIMINGS)}
+    waves = [b + w for b, w in zip(t["busy"], t["wait"])]
+    busy_mbs = [(plan.mb_lengths(mb), mb.checkpoint) for _, _, mb in plan.micro_batches() if mb.seq_ids]
+    tokens_in_mbs = sum(sum(lengths) for lengths, _ in busy_mbs)
+    return dict(
+        round=slot.round, step=slot.step, batch=slot.batch, planner=slot.planner, position=slot.position,
+        tokens=plan.tokens, loss=result.loss,
+        step_s=max(t["wall"]), waves_s=max(waves), predicted_s=predicted,
+        idle=sum(t["wait"]) / max(1e-12, sum(waves)),
+        sync_s=max(t["sync"]), optimizer_s=max(t["optimizer"]),
+        cpu_share=sum(t["cpu"]) / max(1e-12, sum(t["wall"])),
+        plan_ms=None if plan_seconds is None else 1e3 * plan_seconds,
+        waves=len(plan.waves), micro_batches=len(busy_mbs), degrees=plan.degrees_used(),
+        checkpointed=sum(sum(lengths) * c for lengths, c in busy_mbs) / max(1, tokens_in_mbs),
+        rank_busy_s=t["busy"], rank_wait_s=t["wait"], digests=t["digest"])

@@ -1,0 +1,149 @@
+"""What `ballast bench` runs: its setting, the batches drawn once, and the order of the runs.
+
+Every planner must see the same data, so the batches come from one `BatchStream` drawn once,
+here, before any rank starts; the ranks receive them as they are. The runs are interleaved:
+for every step, every planner runs that step's batch before any planner moves on, and the
+order rotates by one each step, so a slow drift of the machine's load (other jobs on a shared
+host) hits all planners alike and no planner always runs first or last.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ..cluster import Cluster, get_cluster
+from ..cost import CostModel, get_cost_model
+from ..dataset import Batch, BatchStream, build_corpus, check_vocab
+from ..planners import parse_planner_names
+from ..shapes import ModelShape, get_model_shape
+
+ALL_PLANNERS = ("static", "batch-adaptive", "bucket", "megatron-dynamic-cp", "dcp", "flexsp", "hydraulis",
+                "zeppelin", "ballast")
+"""The default line-up: every planner, baselines first."""
+FULL_CHECKPOINT_SLACK = 1.05
+"""The default memory budget holds a max_len sequence on one rank with every layer checkpointed
+and 5% to spare (see `auto_device_memory`)."""
+
+
+@dataclass(frozen=True)
+class BenchSetting:
+    """One benchmark's knobs (the command line's flags)."""
+
+    model: str = "tiny"
+    data: str = "stdlib"
+    cache_dir: str | None = None
+    world: int = 2
+    planners: tuple[str, ...] = ALL_PLANNERS
+    steps: int = 8
+    """Measured steps (batches) per round."""
+    warmup: int = 1
+    """Unmeasured steps every planner runs first, on batches of their own."""
+    repeats: int = 1
+    """Rounds over the measured batches (the same plans again): their spread is the noise."""
+    tokens_per_step: int = 16384
+    max_len: int = 4096
+    device_memory_gb: float | None = None
+    """Memory budget per rank the planners plan for; None: `auto_device_memory`."""
+    cost: str = "analytic"
+    """`analytic` or a `ballast profile` JSON: the planners' cost model and the predictions'."""
+    time_limit: float = 2.0
+    """Seconds per MILP solve (flexsp)."""
+    seed: int = 0
+
+    def validate(self) -> None:
+        """ValueError for settings no benchmark can run."""
+        parse_planner_names(",".join(self.planners))
+        if len(set(self.planners)) != len(self.planners):
+            raise ValueError(f"--planners names a planner twice: {','.join(self.planners)}")
+        for flag, value in {"--world": self.world, "--steps": self.steps, "--repeats": self.repeats,
+                            "--tokens-per-step": self.tokens_per_step, "--max-len": self.max_len}.items():
+            if value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.time_limit <= 0:
+            raise ValueError(f"--time-limit must be positive, got {self.time_limit}")
+        if self.device_memory_gb is not None and self.device_memory_gb <= 0:
+            raise ValueError(f"--device-memory-gb must be positive, got {self.device_memory_gb}")
+        if self.max_len > self.tokens_per_step:
+            raise ValueError(f"--max-len {self.max_len} exceeds --tokens-per-step {self.tokens_per_step}: "
+                             f"a step could not hold its longest sequence")
+
+
+@dataclass
+class BenchInputs:
+    """What every rank needs: the model, the cluster and cost model, and every batch."""
+
+    shape: ModelShape
+    cluster: Cluster
+    cost: CostModel
+    batches: list[Batch]
+    """The warm-up batches first, then the measured ones."""
+    data: str
+    """The corpus, described."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One planner running one batch once."""
+
+    round: int
+    """Round of the measured batches; -1 for warm-up."""
+    step: int
+    """Index of the batch among the warm-up or the measured ones."""
+    batch: int
+    """Index into `BenchInputs.batches`."""
+    planner: str
+    position: int
+    """Place among the step's planners (0: ran first)."""
+
+    @property
+    def measured(self) -> bool:
+        return self.round >= 0
+
+
+def schedule(planners: tuple[str, ...], steps: int, warmup: int, repeats: int) -> list[Slot]:
+    """Every (round, step) in turn, every planner within it, the order rotated by one each time."""
+    turns = [(-1, k, k) for k in range(warmup)]
+    turns += [(r, k, warmup + k) for r in range(repeats) for k in range(steps)]
+    out = []
+    for turn, (round_, step, batch) in enumerate(turns):
+        shift = turn % len(planners)
+        order = planners[shift:] + planners[:shift]
+        out += [Slot(round_, step, batch, name, i) for i, name in enumerate(order)]
+    return out
+
+
+def auto_device_memory(cost: CostModel, max_len: int) -> float:
+    """Bytes per rank in which a max_len sequence fits one rank only with all layers checkpointed.
+
+    This is the memory in which practitioners run without SP and with full activation
+    checkpointing (what `static` picks): every shorter sequence could run with less or no
+    recomputation, in more micro-batches, or at SP degree 2, so the planners' choices matter.
+    """
+    return cost.states + FULL_CHECKPOINT_SLACK * cost.act_per_token * max_len * cost.kept
+
+
+def make_cost(setting: BenchSetting, shape: ModelShape) -> tuple[Cluster, CostModel]:
+    """The cpu cluster of `world` ranks and the cost model, both at the benchmark's memory budget."""
+    base = get_cluster("cpu", setting.world)
+    cost = get_cost_model(setting.cost, shape, base)
+    if cost.model != shape.name:
+        raise ValueError(f"cost model {setting.cost} describes model {cost.model!r}, not {shape.name!r}")
+    memory = (setting.device_memory_gb * 1e9 if setting.device_memory_gb is not None
+              else auto_device_memory(cost, setting.max_len))
+    cost = dataclasses.replace(cost, device_memory=memory)
+    cost.check_fits([setting.max_len])
+    return get_cluster("cpu", setting.world, memory / 1e9), cost
+
+
+def prepare(setting: BenchSetting, progress: bool = True) -> BenchInputs:
+    """Cost model, cluster and the benchmark's batches (warm-up + measured), drawn once."""
+    setting.validate()
+    shape = get_model_shape(setting.model)
+    cluster, cost = make_cost(setting, shape)
+    corpus = build_corpus(setting.data, cache_dir=setting.cache_dir, progress=progress)
+    check_vocab(corpus.vocab_size, shape.vocab, shape.name)
+    stream = BatchStream(corpus, setting.tokens_per_step, setting.max_len, setting.seed)
+    batches = [stream.next_batch() for _ in range(setting.warmup + setting.steps)]
+    return BenchInputs(shape, cluster, cost, batches, corpus.describe())

@@ -1,0 +1,125 @@
+"""From the benchmark's per-slot records to per-planner numbers, the noise and the targets.
+
+Throughput is total tokens over total step time (the executor's whole step: waves, gradient
+all-reduce and optimizer; planning is left out, it is timed apart and a trainer plans one step
+ahead). The cost model predicts the waves only (DESIGN.md's step time has no gradient sync or
+optimizer, a constant no planner changes), so predictions are compared with the measured waves:
+per batch, the median over rounds of the slowest rank's waves, against the simulated step.
+
+Noise is measured, not assumed: every round reruns the same plans on the same batches, so the
+spread of a planner's tokens/s over rounds is what the machine alone changes between runs.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Sequence
+
+PREDICTION_TARGET = 0.15
+"""Largest median |predicted / measured - 1| the issue accepts."""
+SPEEDUP_TARGET = 1.2
+"""`ballast` over `static` in tokens/s."""
+WALL_TARGET_S = 900.0
+"""A full benchmark's wall time on this machine."""
+
+
+def _spread(values: Sequence[float]) -> float:
+    """(max - min) / median: 0 for a single value."""
+    return (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else 0.0
+
+
+def planner_summary(mine: list[dict]) -> dict:
+    """One planner's measured records summarised (see the module docstring)."""
+    tokens, seconds = sum(r["tokens"] for r in mine), sum(r["step_s"] for r in mine)
+    rounds: dict[int, list[dict]] = defaultdict(list)
+    steps: dict[int, list[dict]] = defaultdict(list)
+    for r in mine:
+        rounds[r["round"]].append(r)
+        steps[r["step"]].append(r)
+    per_round = [sum(r["tokens"] for r in rs) / sum(r["step_s"] for r in rs) for _, rs in sorted(rounds.items())]
+    errors = [rs[0]["predicted_s"] / statistics.median(r["waves_s"] for r in rs) - 1.0 for rs in steps.values()]
+    busy = sum(sum(r["rank_busy_s"]) for r in mine)
+    wait = sum(sum(r["rank_wait_s"]) for r in mine)
+    planned = [r["plan_ms"] for r in mine if r["plan_ms"] is not None]
+    return dict(
+        tokens_per_s=tokens / seconds, tokens_per_s_rounds=per_round, round_spread=_spread(per_round),
+        step_s=statistics.median(r["step_s"] for r in mine), step_s_mean=seconds / len(mine),
+        step_spread=statistics.median(_spread([r["step_s"] for r in rs]) for rs in steps.values()),
+        waves_s=statistics.median(r["waves_s"] for r in mine),
+        predicted_s=statistics.median(r["predicted_s"] for r in mine),
+        prediction_error=statistics.median(errors), prediction_abs_error=statistics.median(abs(e) for e in errors),
+        idle_fraction=wait / max(1e-12, busy + wait),
+        sync_optimizer_s=statistics.median(r["sync_s"] + r["optimizer_s"] for r in mine),
+        cpu_share=statistics.fmean(r["cpu_share"] for r in mine),
+        plan_ms=statistics.fmean(planned), plan_ms_max=max(planned),
+        waves=statistics.fmean(r["waves"] for r in mine),
+        micro_batches=statistics.fmean(r["micro_batches"] for r in mine),
+        degrees=sorted({d for r in mine for d in r["degrees"]}),
+        checkpointed=statistics.fmean(r["checkpointed"] for r in mine),
+        loss_last=mine[-1]["loss"])
+
+
+def paired_speedups(records: list[dict], baseline: str) -> dict[str, float]:
+    """Per planner, the median over (round, step) of baseline step time / its step time: the
+    same batch, moments apart, so drift cancels better than in a ratio of totals."""
+    by_slot = {(r["round"], r["step"], r["planner"]): r["step_s"] for r in records if r["round"] >= 0}
+    out = {}
+    for name in {r["planner"] for r in records}:
+        ratios = [by_slot[(rd, k, baseline)] / s for (rd, k, p), s in by_slot.items()
+                  if p == name and (rd, k, baseline) in by_slot]
+        if ratios:
+            out[name] = statistics.median(ratios)
+    return out
+
+
+def same_batches(records: list[dict]) -> bool:
+    """Every rank trained on the same tokens in a slot, and every planner on the same tokens at
+    a batch index (by the tokens' checksum each rank computed)."""
+    by_batch: dict[int, set[float]] = defaultdict(set)
+    for r in records:
+        by_batch[r["batch"]].update(r["digests"])
+    return all(len(digests) == 1 for digests in by_batch.values())
+
+
+def loss_spread(records: list[dict]) -> float:
+    """Largest relative difference of the planners' losses on one (round, step): the copies of
+    the model train alike when every plan computes the same gradient."""
+    by_slot: dict[tuple[int, int], list[float]] = defaultdict(list)
+    for r in records:
+        by_slot[(r["round"], r["step"])].append(r["loss"])
+    return max((max(v) - min(v)) / abs(statistics.median(v)) for v in by_slot.values())
+
+
+def summarise(records: list[dict], planners: Sequence[str], baseline: str = "static") -> dict:
+    """Per-planner summaries (with speed relative to `baseline`), the noise and the data checks."""
+    measured = [r for r in records if r["round"] >= 0]
+    out = {name: planner_summary([r for r in measured if r["planner"] == name]) for name in planners}
+    paired = paired_speedups(measured, baseline) if baseline in out else {}
+    for name, s in out.items():
+        s["vs_static"] = s["tokens_per_s"] / out[baseline]["tokens_per_s"] if baseline in out else None
+        s["vs_static_paired"] = paired.get(name)
+    rounds = len({r["round"] for r in measured})
+    spreads = [s["round_spread"] for s in out.values()]
+    noise = dict(rounds=rounds, run_to_run=statistics.median(spreads) if rounds > 1 else None,
+                 run_to_run_max=max(spreads) if rounds > 1 else None,
+                 step_spread=statistics.median(s["step_spread"] for s in out.values()) if rounds > 1 else None)
+    return dict(planners=out, noise=noise, same_batches=same_batches(records), loss_spread=loss_spread(measured))
+
+
+def targets(summary: dict, seconds: float) -> dict:
+    """The issue's targets, each with what was measured and whether it holds."""
+    planners, noise = summary["planners"], summary["noise"]["run_to_run"] or 0.0
+    out: dict = {"wall_seconds": dict(value=seconds, target=WALL_TARGET_S, met=seconds < WALL_TARGET_S)}
+    errors = {name: s["prediction_abs_error"] for name, s in planners.items()}
+    out["prediction"] = dict(abs_errors=errors, target=PREDICTION_TARGET,
+                             met=all(e <= PREDICTION_TARGET for e in errors.values()))
+    if "ballast" in planners and "static" in planners:
+        speedup = planners["ballast"]["vs_static"]
+        out["ballast_vs_static"] = dict(value=speedup, target=SPEEDUP_TARGET, met=speedup >= SPEEDUP_TARGET)
+    others = {name: planners["ballast"]["tokens_per_s"] / s["tokens_per_s"]
+              for name, s in planners.items() if name != "ballast"} if "ballast" in planners else {}
+    if others:
+        worst = min(others, key=others.get)
+        out["ballast_vs_others"] = dict(worst=worst, ratio=others[worst], ratios=others, noise=noise,
+                                        met=others[worst] >= 1.0 - noise)
+    return out

@@ -1,0 +1,125 @@
+"""`ballast bench`: the interleaved schedule, the summary's arithmetic, and a real 2-rank run of
+2 planners x 2 steps that writes the JSON and the PNG with the same batches for everyone."""
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from ballast.benchmark import BenchSetting, prepare, schedule, summarise, targets
+from ballast.benchmark.ranks import batch_digest
+from ballast.cli import main
+
+WORDS = "the of and to in is that for it as with was on be by data model rank plan wave group token".split()
+PLANNERS = ("static", "ballast")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[str, str]:
+    """(source spec, cache dir) of 120 documents whose lengths are log-uniform in 16..600 bytes."""
+    folder = tmp_path_factory.mktemp("bench-corpus")
+    rng = random.Random(1)
+    lines = []
+    for _ in range(120):
+        size = int(math.exp(rng.uniform(math.log(16), math.log(600))))
+        text = ""
+        while len(text) < size:
+            text += rng.choice(WORDS) + " "
+        lines.append(json.dumps({"text": text[:size]}))
+    (folder / "docs.jsonl").write_text("\n".join(lines) + "\n")
+    return f"jsonl:{folder / 'docs.jsonl'}", str(folder / "cache")
+
+
+def test_schedule_interleaves_every_planner_each_step_rotating_the_order():
+    names = ("a", "b", "c")
+    slots = schedule(names, steps=4, warmup=2, repeats=2)
+    assert len(slots) == len(names) * (2 + 2 * 4)
+    turns = [slots[i:i + len(names)] for i in range(0, len(slots), len(names))]
+    for t, turn in enumerate(turns):
+        assert len({(s.round, s.step, s.batch) for s in turn}) == 1  # one batch per turn
+        assert [s.planner for s in turn] == list(names[t % 3:] + names[:t % 3])
+        assert [s.position for s in turn] == [0, 1, 2]
+    assert [(s.round, s.batch) for s in slots[:6]] == [(-1, 0)] * 3 + [(-1, 1)] * 3
+    measured = [s for s in slots if s.measured]
+    # Every round runs the same measured batches (2..5), and each planner runs each once per round.
+    assert Counter((s.round, s.batch, s.planner) for s in measured) == Counter(
+        {(r, 2 + k, n): 1 for r in range(2) for k in range(4) for n in names})
+    # Rotation: over the run every planner goes first equally often (10 turns: 4, 3, 3).
+    assert sorted(Counter(turn[0].planner for turn in turns).values()) == [3, 3, 4]
+
+
+def record(planner: str, round_: int, step: int, step_s: float, waves_s: float, predicted_s: float) -> dict:
+    return dict(round=round_, step=step, batch=step, planner=planner, position=0, tokens=1000, loss=5.0,
+                step_s=step_s, waves_s=waves_s, predicted_s=predicted_s, idle=0.0, sync_s=0.01, optimizer_s=0.01,
+                cpu_share=1.0, plan_ms=2.0 if round_ == 0 else None, waves=1, micro_batches=2, degrees=[1],
+                checkpointed=0.5, rank_busy_s=[waves_s, 0.75 * waves_s], rank_wait_s=[0.0, 0.25 * waves_s],
+                digests=[float(step), float(step)])
+
+
+def test_summary_throughput_noise_prediction_and_targets():
+    records = []
+    for r, scale in enumerate((1.0, 1.1)):  # the second round is 10% slower for everybody
+        for k in range(3):
+            records.append(record("static", r, k, 2.0 * scale, 1.8 * scale, 1.8))
+            records.append(record("ballast", r, k, 1.0 * scale, 0.9 * scale, 1.2))
+    summary = summarise(records, PLANNERS)
+    static, ours = summary["planners"]["static"], summary["planners"]["ballast"]
+    assert static["tokens_per_s"] == pytest.approx(6000 / (3 * 2.0 + 3 * 2.2))
+    assert ours["vs_static"] == pytest.approx(2.0) and ours["vs_static_paired"] == pytest.approx(2.0)
+    assert ours["tokens_per_s_rounds"] == pytest.approx([1000.0, 1000 / 1.1])
+    assert ours["round_spread"] == pytest.approx((1 - 1 / 1.1) / ((1 + 1 / 1.1) / 2))
+    assert summary["noise"]["run_to_run"] == pytest.approx(ours["round_spread"])
+    # Per batch: predicted / median over rounds of the measured waves - 1.
+    assert ours["prediction_error"] == pytest.approx(1.2 / (0.9 * 1.05) - 1)
+    assert static["prediction_abs_error"] == pytest.approx(abs(1.8 / (1.8 * 1.05) - 1))
+    assert ours["idle_fraction"] == pytest.approx(0.25 / 2)
+    assert summary["same_batches"] and summary["loss_spread"] == 0.0
+    t = targets(summary, seconds=100.0)
+    assert t["ballast_vs_static"]["met"] and t["wall_seconds"]["met"]
+    assert not t["prediction"]["met"]  # ballast's 27% error
+    assert t["ballast_vs_others"]["worst"] == "static" and t["ballast_vs_others"]["met"]
+
+
+def test_summary_sees_different_batches():
+    records = [record("static", 0, 0, 1.0, 1.0, 1.0), record("ballast", 0, 0, 1.0, 1.0, 1.0)]
+    records[1]["digests"] = [0.0, 7.0]
+    assert not summarise(records, PLANNERS)["same_batches"]
+
+
+def test_bench_two_ranks_two_planners_two_steps(corpus, tmp_path):
+    out = tmp_path / "bench.json"
+    flags = ["--data", corpus[0], "--cache-dir", corpus[1], "--planners", ",".join(PLANNERS), "--steps", "2",
+             "--warmup", "1", "--repeats", "1", "--max-len", "128", "--tokens-per-step", "512",
+             "--json", str(out), "--timeout", "120"]
+    assert main(["bench", *flags]) == 0
+    result = json.loads(out.read_text())
+    assert Path(out.with_suffix(".png")).stat().st_size > 0
+    assert set(result["planners"]) == set(PLANNERS)
+    for s in result["planners"].values():
+        assert s["tokens_per_s"] > 0 and 0 <= s["idle_fraction"] < 1 and s["predicted_s"] > 0
+        assert s["plan_ms"] >= 0 and len(s["tokens_per_s_rounds"]) == 1
+    assert result["planners"]["static"]["vs_static"] == pytest.approx(1.0)
+    assert result["cost_model"]["source"] == "analytic" and result["noise"]["run_to_run"] is None
+    assert set(result["targets"]) == {"wall_seconds", "prediction", "ballast_vs_static", "ballast_vs_others"}
+    # The records follow the schedule, and every rank and planner trained on the parent's batches.
+    slots = schedule(PLANNERS, steps=2, warmup=1, repeats=1)
+    records = result["records"]
+    assert [(r["round"], r["batch"], r["planner"]) for r in records] == [(s.round, s.batch, s.planner) for s in slots]
+    assert result["same_batches"] and result["loss_spread"] < 1e-4
+    setting = BenchSetting(data=corpus[0], cache_dir=corpus[1], planners=PLANNERS, steps=2, warmup=1,
+                           max_len=128, tokens_per_step=512)
+    batches = prepare(setting, progress=False).batches
+    assert [b["sample_ids"] for b in result["batches"]] == [b.sample_ids for b in batches]
+    for r in records:
+        assert r["digests"] == [batch_digest(batches[r["batch"]].tokens)] * 2
+
+
+@pytest.mark.parametrize("bad", [["--steps", "0"], ["--planners", "static,static"], ["--planners", "nope"],
+                                 ["--max-len", "4096", "--tokens-per-step", "1024"], ["--device-memory-gb", "0.001"]])
+def test_bench_rejects_bad_settings(bad, capsys):
+    assert main(["bench", *bad]) == 2
+    assert "ballast bench: error:" in capsys.readouterr().err
