@@ -44,6 +44,28 @@ def latency_table() -> str:
     return "\n".join(rows)
 
 
+def measured_table() -> str:
+    """`ballast bench`'s recorded run: the setting, the load it ran under, one row per planner, the targets."""
+    data = json.loads((RESULTS / "measured.json").read_text())
+    s, cost, load, noise = data["setting"], data["cost_model"], data["load_average"], data["noise"]["run_to_run"]
+    rows = ["| planner | tokens/s | vs static | paired | spread | step (s) | waves (s) | predicted (s) | error | "
+            "idle | plan ms | degrees | ckpt |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for planner, p in sorted(data["planners"].items(), key=lambda kv: -kv[1]["tokens_per_s"]):
+        rows.append(f"| {planner} | {p['tokens_per_s']:,.0f} | {p['vs_static']:.2f}x | {p['vs_static_paired']:.2f}x | "
+                    f"{p['round_spread']:.1%} | {p['step_s']:.3f} | {p['waves_s']:.3f} | {p['predicted_s']:.3f} | "
+                    f"{p['prediction_error']:+.1%} | {p['idle_fraction']:.1%} | {p['plan_ms']:.1f} | "
+                    f"{','.join(map(str, p['degrees']))} | {p['checkpointed']:.2f} |")
+    head = (f"**Measured** ({s['model']} on {s['world']} gloo ranks, {s['data']} corpus, ~{s['tokens_per_step']:,} "
+            f"tokens/step, max-len {s['max_len']:,}, {cost['device_memory_gb'] * 1e3:.1f} MB per rank; "
+            f"{cost['source']} cost model; {s['warmup']} warm-up + {s['repeats']} rounds x {s['steps']} steps, "
+            f"planners interleaved per step; {data['seconds']:.0f} s wall, load average {load['min']:.1f}.."
+            f"{load['max']:.1f} (median {load['median']:.1f}) on {load['cpus']} CPUs"
+            + (f"; run-to-run noise {noise:.1%}" if noise is not None else "") + "):\n\n")
+    met = [f"{name.replace('_', ' ')}: {'met' if t['met'] else '**not met**'}" for name, t in data["targets"].items()]
+    return head + "\n".join(rows) + "\n\nTargets: " + "; ".join(met) + "."
+
+
 def replace(text: str, name: str, body: str) -> str:
     pattern = re.compile(rf"(<!-- results:{name} -->\n).*?(\n<!-- /results:{name} -->)", re.S)
     if not pattern.search(text):
@@ -57,6 +79,8 @@ def main() -> None:
     for name in SETTINGS:
         if (RESULTS / f"simulate-{name}.json").exists():
             text = replace(text, f"simulate-{name}", simulated_table(name))
+    if (RESULTS / "measured.json").exists():
+        text = replace(text, "measured", measured_table())
     if (RESULTS / "latency.json").exists():
         text = replace(text, "latency", latency_table())
     readme.write_text(text)

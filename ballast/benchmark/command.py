@@ -20,6 +20,7 @@ from .output import bar_chart, bench_table
 from .setting import ALL_PLANNERS, BenchInputs, BenchSetting, prepare
 from .summary import summarise, targets
 
+TABLE_WIDTH = 190
 HELP = "train every planner side by side on this machine's ranks; measured tokens/s vs the cost model"
 
 
@@ -109,6 +110,8 @@ def print_targets(console: Console, result: dict) -> None:
 
 def run(args: argparse.Namespace) -> int:
     console = Console()
+    if not console.is_terminal:  # a log file: the table's 14 columns need more than 80
+        console.width = TABLE_WIDTH
     start = time.perf_counter()
     setting = setting_from(args)
     inputs = prepare(setting)
