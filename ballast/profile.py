@@ -2,7 +2,8 @@
 
 It runs the model with `Executor` on this machine's ranks (gloo on CPU) over a grid of sequence
 lengths x SP degrees (powers of two up to the world that divide the heads) x checkpoint levels
-(none, half the layers, all), with a warm-up round and repeated rounds (medians), and fits
+(none, half the layers, all), with a warm-up round and repeated rounds (reduced by their median,
+or their minimum with `--statistic min`: see measure.STATISTICS), and fits
 DESIGN.md's coefficients (ballast.profiling.fit): a (s^2), b (s), g (per micro-batch), r, the
 all-to-all bandwidth and per-call latency by degree, activation bytes per token and k.
 
@@ -23,8 +24,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import time
-from pathlib import Path
+from datetime import timedelta
 
 from rich.console import Console
 from rich.table import Table
@@ -33,7 +35,8 @@ from .cost import CostModel, InfeasibleError
 from .profiling.fit import Coefficients, compare, error_summary, fit
 from .profiling.grid import build_grid, checkpoint_levels, verification_points
 from .profiling.machine import LoadMonitor, machine_info, physical_memory
-from .profiling.measure import combine, measure_on_ranks
+from .profiling.measure import STATISTICS, combine, measure_on_ranks
+from .runtime import run_local
 from .shapes import ModelShape, get_model_shape
 
 HELP = "measure the real model on this machine's ranks, fit and save the cost model (or --check one)"
@@ -54,6 +57,8 @@ class Settings:
     warmup: int = 1
     repeats: int = 3
     seed: int = 0
+    statistic: str = "median"
+    """How repeats become one number: `median` or `min` (measure.STATISTICS)."""
 
 
 def default_lengths(max_len: int, quick: bool) -> tuple[int, ...]:
@@ -88,15 +93,22 @@ def sp_degrees(shape: ModelShape, world_size: int) -> list[int]:
             and shape.supports_degree(1 << i)]
 
 
-def profile(shape: ModelShape, world_size: int, device_memory: float, settings: Settings,
-            progress: bool = False, timeout: float = 3600.0) -> CostModel:
-    """Measure `shape` on `world_size` local ranks and return its profiled CostModel."""
-    from .runtime import run_local
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
+
+def profile(shape: ModelShape, world_size: int, device_memory: float, settings: Settings,
+            progress: bool = False, timeout: float = 3600.0) -> CostModel | None:
+    """Measure `shape` on `world_size` ranks and return its profiled CostModel.
+
+    Spawns local gloo ranks, or under torchrun joins its job (NCCL on GPUs): then every
+    process calls this and rank 0 alone gets the CostModel, the others None."""
     if world_size < 1 or world_size & (world_size - 1):
         raise ValueError(f"--world must be a power of two, got {world_size}")
     if not settings.lengths or min(settings.lengths) < 1:
         raise ValueError(f"grid lengths must be positive, got {settings.lengths}")
+    if settings.statistic not in STATISTICS:
+        raise ValueError(f"statistic must be one of {sorted(STATISTICS)}, got {settings.statistic!r}")
     check_states_fit(shape, device_memory)
     degrees = sp_degrees(shape, world_size)
     depths = tuple(sorted({min(d, shape.layers) for d in settings.depths}))
@@ -108,23 +120,44 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
     points = grid + checks
     start = time.perf_counter()
     with LoadMonitor() as load:
-        per_rank = run_local(world_size, measure_on_ranks, shape, points, settings.warmup, settings.repeats,
-                             settings.seed, progress, timeout=timeout)
-    seconds = time.perf_counter() - start
-    measured = combine(points, per_rank)
+        args = (shape, points, settings.warmup, settings.repeats, settings.seed, progress)
+        per_rank = (_measure_torchrun(world_size, args, timeout) if under_torchrun() else
+                    run_local(world_size, measure_on_ranks, *args, timeout=timeout))
+    if per_rank is None:
+        return None
+    measured = combine(points, per_rank, settings.statistic)
     fitted, verified = measured[:len(grid)], measured[len(grid):]
     coefficients = fit(fitted, shape_bytes_per_token_layer(shape), reference_length=_median(settings.lengths))
     at = {d: _cost(coefficients, shape, d, world_size, device_memory) for d in {*depths, shape.layers}}
     report = dict(
-        profiler="ballast profile", seconds=seconds, load_average=load.summary(), machine=machine_info(world_size),
-        shape=shape.to_dict(), settings=dataclasses.asdict(settings), degrees=degrees, depths=list(depths),
-        coefficients=coefficients.to_dict(), step_overhead_s=per_rank[0]["step_overhead"],
-        states_measured=per_rank[0]["states"], points=compare(fitted, at),
-        extrapolation=compare(verified, at), measurements=[m.to_dict() for m in measured])
+        profiler="ballast profile", seconds=time.perf_counter() - start, load_average=load.summary(),
+        machine=machine_info(world_size), shape=shape.to_dict(), settings=dataclasses.asdict(settings),
+        degrees=degrees, depths=list(depths), coefficients=coefficients.to_dict(),
+        step_overhead_s=per_rank[0]["step_overhead"], states_measured=per_rank[0]["states"],
+        points=compare(fitted, at), extrapolation=compare(verified, at),
+        measurements=[m.to_dict() for m in measured])
     report["residuals"] = {key: error_summary([p[f"{key}_error"] for p in report["points"]]) for key in ("time", "act")}
     report["extrapolation_error"] = {key: error_summary([p[f"{key}_error"] for p in report["extrapolation"]])
                                      for key in ("time", "act")}
     return dataclasses.replace(at[shape.layers], fit=report)
+
+
+def _measure_torchrun(world_size: int, args: tuple, timeout: float) -> list[dict] | None:
+    """Join torchrun's job, measure on this rank, gather every rank's records on rank 0."""
+    import torch.distributed as dist
+
+    from .runtime import init_distributed
+
+    if int(os.environ["WORLD_SIZE"]) != world_size:
+        raise ValueError(f"--world {world_size} does not match torchrun's WORLD_SIZE {os.environ['WORLD_SIZE']}")
+    init_distributed(timeout=timedelta(seconds=timeout))
+    try:
+        mine = measure_on_ranks(*args)
+        gathered = [None] * world_size if dist.get_rank() == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        return gathered
+    finally:
+        dist.destroy_process_group()
 
 
 def shape_bytes_per_token_layer(shape: ModelShape) -> float:
@@ -159,6 +192,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify", type=int, default=None, help="full-depth points that check the "
                    "extrapolation (default 4, quick 2)")
     p.add_argument("--repeats", type=int, default=None, help="measured rounds (default 3, quick 2)")
+    p.add_argument("--statistic", choices=sorted(STATISTICS), default="median",
+                   help="how repeats become one time: median (resists bursts of load) or min (what the "
+                   "device does when no other job takes its cores; steadier on a shared, busy host); "
+                   "--check reads it from the profile")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the ranks are stopped")
     check = p.add_argument_group("--check: random plans for real against the profile's predictions")
@@ -182,22 +219,25 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise ValueError("--depths needs at least one depth")
     return Settings(lengths, depths, verify=args.verify if args.verify is not None else 2 if args.quick else 4,
                     repeats=args.repeats if args.repeats is not None else 2 if args.quick else 3,
-                    seed=args.seed)
+                    seed=args.seed, statistic=args.statistic)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.check:
         from .profiling.check import run_check
         return run_check(args)
-    console = Console()
+    console = Console(quiet=under_torchrun() and os.environ["RANK"] != "0")  # one report per job
     shape = get_model_shape(args.model)
-    world = args.world or 2
+    world = args.world or (int(os.environ["WORLD_SIZE"]) if under_torchrun() else 2)
     memory = args.device_memory * 1e9 if args.device_memory is not None else physical_memory() / world
     settings = settings_from(args)
-    console.print(f"profiling {shape.name} ({shape.layers} blocks) on {world} gloo ranks at depths "
+    ranks = "torchrun" if under_torchrun() else "local gloo"
+    console.print(f"profiling {shape.name} ({shape.layers} blocks) on {world} {ranks} ranks at depths "
                   f"{','.join(map(str, settings.depths))}: lengths {','.join(map(str, settings.lengths))}, "
-                  f"{settings.warmup} warm-up + {settings.repeats} rounds")
+                  f"{settings.warmup} warm-up + {settings.repeats} rounds ({settings.statistic})")
     cost = profile(shape, world, memory, settings, progress=True, timeout=args.timeout)
+    if cost is None:  # a torchrun rank other than 0
+        return 0
     print_report(console, cost)
     cost.save(args.out)
     console.print(f"wrote {args.out}")

@@ -44,7 +44,7 @@ class Point:
 
 @dataclass
 class Measurement:
-    """Medians over repeats of one point, as the runtime executed it on every rank."""
+    """One point as the runtime executed it on every rank, its repeats reduced to one number."""
 
     point: Point
     seconds: float
@@ -59,7 +59,9 @@ class Measurement:
     shard_tokens: int
     """Tokens of the largest shard (ceil(tokens / degree))."""
     samples: list[float] = field(default_factory=list)
-    """Every repeat's seconds, for the spread."""
+    """Every repeat's seconds (mean over ranks), for the spread and to reduce them otherwise."""
+    comm_samples: list[float] = field(default_factory=list)
+    """Every repeat's all-to-all seconds (mean over ranks)."""
 
     def to_dict(self) -> dict:
         out = asdict(self)

@@ -43,14 +43,27 @@ class CallCounter:
     bytes: int = 0
 
 
+def rank_device() -> torch.device:
+    """Where this rank computes: its GPU under NCCL (`init_distributed` selected it), else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work: GPU kernels and NCCL calls return before they run."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @contextlib.contextmanager
-def timed_all_to_alls() -> Iterator[CallCounter]:
+def timed_all_to_alls(device: torch.device) -> Iterator[CallCounter]:
     """Count and time every `torch.distributed.all_to_all_single` call made inside the block."""
     counter, real = CallCounter(), dist.all_to_all_single
 
     def timed(output, input, *args, **kwargs):
+        synchronize(device)
         start = time.perf_counter()
         work = real(output, input, *args, **kwargs)
+        synchronize(device)
         counter.seconds += time.perf_counter() - start
         counter.calls += 1
         counter.bytes += input.numel() * input.element_size()
@@ -85,25 +98,43 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def idle_plan(world_size: int) -> Plan:
+    """A step with no micro-batch: what a step costs besides them (barrier, all-reduce, AdamW)."""
+    return Plan([], [Wave([Group(r, 1) for r in range(world_size)])], planner="profile")
+
+
 def measure_on_ranks(shape: ModelShape, points: Sequence[Point], warmup: int, repeats: int, seed: int,
                      progress: bool) -> dict:
     """Run on every rank (see `run_local`): each point's raw records, rounds of `repeats` after
-    `warmup` rounds, grouped by depth; plus step overheads and the states each depth holds."""
+    `warmup` rounds; plus each depth's step overhead and the states it holds.
+
+    On a GPU the executor's clock stops before the kernels it queued have run, so there a
+    micro-batch's time is the synchronised step's minus the idle step's (`idle_plan`)."""
     from rich.progress import Progress
 
     from ..runtime import Executor, ProcessGroups, make_optimizer
 
-    world, rank = dist.get_world_size(), dist.get_rank()
+    world, rank, device = dist.get_world_size(), dist.get_rank(), rank_device()
     cluster = get_cluster("cpu", world_size=world)
     groups = ProcessGroups()
     records: dict[int, list[dict]] = {i: [] for i in range(len(points))}
-    overhead: dict[int, list[float]] = {}
     states: dict[int, int] = {}
     executors = {}
     for depth in sorted({p.layers for p in points}):
-        model = build_gpt(dataclasses.replace(shape, layers=depth), seed)
+        model = build_gpt(dataclasses.replace(shape, layers=depth), seed).to(device)
         executors[depth] = Executor(model, make_optimizer(model, lr=LEARNING_RATE), cluster, groups,
                                     measure_activations=True)
+
+    def timed_step(executor: Executor, plan: Plan, samples: list[torch.Tensor]):
+        synchronize(device)
+        start = time.perf_counter()
+        result = executor.step(plan, samples)
+        synchronize(device)
+        return result, time.perf_counter() - start
+
+    overhead = {depth: statistics.median(timed_step(executor, idle_plan(world), [])[1]
+                                         for _ in range(warmup + repeats))
+                for depth, executor in executors.items()}
     with Progress(disable=not (progress and rank == 0), transient=True) as bar:
         task = bar.add_task("profiling", total=len(points) * (warmup + repeats))
         for r in range(warmup + repeats):
@@ -115,36 +146,41 @@ def measure_on_ranks(shape: ModelShape, points: Sequence[Point], warmup: int, re
                 point, executor = points[i], executors[points[i].layers]
                 bar.update(task, advance=1, description=f"profiling: {point.label()}")
                 plan = point_plan(point, world)
-                with timed_all_to_alls() as comm:
-                    result = executor.step(plan, random_samples(plan.lengths, shape.vocab, seed + i))
+                with timed_all_to_alls(device) as comm:
+                    result, wall = timed_step(executor, plan, random_samples(plan.lengths, shape.vocab, seed + i))
                 states.setdefault(point.layers, state_bytes(executor.model, executor.optimizer))
                 if r < warmup:
                     continue
                 (mb,) = result.micro_batches
-                overhead.setdefault(point.layers, []).append(result.sync_seconds + result.optimizer_seconds)
-                records[i].append(dict(seconds=mb.seconds, activation_bytes=mb.activation_bytes,
-                                       tokens=mb.tokens, comm_seconds=comm.seconds,
-                                       comm_calls=comm.calls, comm_bytes=comm.bytes))
-    return dict(records=records, step_overhead={d: statistics.median(v) for d, v in overhead.items()},
-                states=states)
+                records[i].append(dict(seconds=mb.seconds if device.type == "cpu" else wall - overhead[point.layers],
+                                       activation_bytes=mb.activation_bytes, tokens=mb.tokens,
+                                       comm_seconds=comm.seconds, comm_calls=comm.calls, comm_bytes=comm.bytes))
+    return dict(records=records, step_overhead=overhead, states=states)
 
 
-def combine(points: Sequence[Point], per_rank: Sequence[dict]) -> list[Measurement]:
-    """Medians over repeats of each point's mean over ranks (time, in-call seconds) or largest
-    over ranks (bytes, shard)."""
+STATISTICS = {"median": statistics.median, "min": min}
+"""How repeats become one number. The median resists bursts of load; the minimum estimates
+what the device does when no other job takes its cores (interference only ever adds time, so
+on a shared, oversubscribed host the minimum is the stable estimate -- timeit's advice)."""
+
+
+def combine(points: Sequence[Point], per_rank: Sequence[dict], statistic: str = "median") -> list[Measurement]:
+    """Each point's times (mean over ranks) reduced over repeats by `statistic`; bytes and
+    shard sizes are the largest over ranks (they do not vary between repeats)."""
+    reduce = STATISTICS[statistic]
     out = []
     for i, point in enumerate(points):
         rounds = list(zip(*(rank["records"][i] for rank in per_rank)))
 
-        def median(key: str, over_ranks) -> float:
-            return statistics.median(over_ranks(r[key] for r in ranks) for ranks in rounds)
+        def over_rounds(key: str) -> list[float]:
+            return [statistics.fmean(r[key] for r in ranks) for ranks in rounds]
 
-        def mean(values) -> float:
-            return statistics.fmean(list(values))
+        def largest(key: str) -> float:
+            return max(r[key] for ranks in rounds for r in ranks)
 
+        seconds, comm = over_rounds("seconds"), over_rounds("comm_seconds")
         out.append(Measurement(
-            point=point, seconds=median("seconds", mean), comm_seconds=median("comm_seconds", mean),
-            comm_calls=int(median("comm_calls", max)), comm_bytes=median("comm_bytes", max),
-            activation_bytes=median("activation_bytes", max), shard_tokens=int(median("tokens", max)),
-            samples=[mean(r["seconds"] for r in ranks) for ranks in rounds]))
+            point=point, seconds=reduce(seconds), comm_seconds=reduce(comm), comm_calls=int(largest("comm_calls")),
+            comm_bytes=largest("comm_bytes"), activation_bytes=largest("activation_bytes"),
+            shard_tokens=int(largest("tokens")), samples=seconds, comm_samples=comm))
     return out
