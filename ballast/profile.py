@@ -35,7 +35,7 @@ from .cost import CostModel, InfeasibleError
 from .profiling.fit import Coefficients, compare, error_summary, fit
 from .profiling.grid import build_grid, checkpoint_levels, verification_points
 from .profiling.machine import LoadMonitor, machine_info, physical_memory
-from .profiling.measure import STATISTICS, combine, measure_on_ranks
+from .profiling.measure import STATISTICS, combine, core_share, measure_on_ranks
 from .runtime import run_local
 from .shapes import ModelShape, get_model_shape
 
@@ -134,6 +134,7 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
         machine=machine_info(world_size), shape=shape.to_dict(), settings=dataclasses.asdict(settings),
         degrees=degrees, depths=list(depths), coefficients=coefficients.to_dict(),
         step_overhead_s=per_rank[0]["step_overhead"], states_measured=per_rank[0]["states"],
+        core_share=core_share([r for rank in per_rank for point in rank["records"].values() for r in point]),
         points=compare(fitted, at), extrapolation=compare(verified, at),
         measurements=[m.to_dict() for m in measured])
     report["residuals"] = {key: error_summary([p[f"{key}_error"] for p in report["points"]]) for key in ("time", "act")}
@@ -250,7 +251,8 @@ def print_report(console: Console, cost: CostModel) -> None:
     load, res, ext = report["load_average"], report["residuals"], report["extrapolation_error"]
     console.print(f"measured {len(report['points']) + len(report['extrapolation'])} points in "
                   f"{report['seconds']:.0f} s; load average {load['min']:.1f}..{load['max']:.1f} "
-                  f"(median {load['median']:.1f}) on {load['cpus']} CPUs")
+                  f"(median {load['median']:.1f}) on {load['cpus']} CPUs; the ranks had "
+                  f"{report['core_share']:.0%} of a core (CPU / wall time of a step)")
     console.print(f"a={cost.a:.3e} s/token^2  b={cost.b:.3e} s/token  g={cost.g * 1e3:.2f} ms  r={cost.recompute:.3f}  "
                   f"k={cost.kept:.3f}  act={cost.act_per_token / 1e3:.1f} KB/token  states={cost.states / 1e6:.1f} MB")
     for d, bw in sorted(cost.bandwidth.items()):

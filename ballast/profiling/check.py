@@ -39,7 +39,7 @@ from ..shapes import ModelShape
 from ..simulate import simulate
 from .fit import error_summary
 from .machine import LoadMonitor, machine_info
-from .measure import LEARNING_RATE, STATISTICS, random_samples
+from .measure import LEARNING_RATE, STATISTICS, core_share, random_samples
 
 MILP_SECONDS = 2.0
 """FlexSP's per-wave solve limit here: the check measures plans, not the solver."""
@@ -101,8 +101,10 @@ def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats:
             random.Random(seed + r).shuffle(order)
             for i in order:
                 bar.update(task, advance=1, description=f"running plans: {parsed[i].planner}")
+                start, cpu = time.perf_counter(), time.thread_time()
                 result = executor.step(parsed[i], samples[i])
                 records[i].append(dict(
+                    step_seconds=time.perf_counter() - start, step_cpu_seconds=time.thread_time() - cpu,
                     waves=sum(w.busy + w.wait for w in result.waves),
                     overhead=result.sync_seconds + result.optimizer_seconds,
                     activation=max((mb.activation_bytes for mb in result.micro_batches), default=0)))
@@ -125,6 +127,7 @@ def compare_plans(plans: list[Plan], cost: CostModel, per_rank: list[list[list[d
                          predicted_s=predicted, measured_s=measured, samples_s=samples,
                          time_error=predicted / measured - 1.0,
                          step_overhead_s=statistics.median(max(r["overhead"] for r in ranks) for ranks in rounds),
+                         core_share=core_share([r for ranks in rounds for r in ranks]),
                          predicted_act_bytes=predicted_act, measured_act_bytes=act,
                          act_error=predicted_act / act - 1.0))
     return rows
@@ -213,8 +216,9 @@ def run_check(args: argparse.Namespace) -> int:
     console.print(f"step time |error| ({statistic} of rounds): median {t['median']:.1%}, p90 {t['p90']:.1%}, "
                   f"max {t['max']:.1%} ({other}); activation memory |error|: median {a['median']:.1%}, "
                   f"max {a['max']:.1%}; {len(rows)} plans in {seconds:.0f} s, load average "
-                  f"{loads['min']:.1f}..{loads['max']:.1f} on {loads['cpus']} CPUs (the profile saw "
-                  f"{cost.fit['load_average']['median']:.1f})")
+                  f"{loads['min']:.1f}..{loads['max']:.1f} on {loads['cpus']} CPUs, the ranks had "
+                  f"{statistics.median(r['core_share'] for r in rows):.0%} of a core (the profile: load "
+                  f"{cost.fit['load_average']['median']:.1f}, {cost.fit['core_share']:.0%})")
     png = args.png or str(Path(args.check).with_name(Path(args.check).stem + "-check.png"))
     scatter(rows, png, f"{shape.name}, {cost.world_size} ranks, {len(rows)} plans from {lengths} (max {args.max_len}): "
                        f"step time |error| median {t['median']:.1%}, p90 {t['p90']:.1%} ({statistic} of {repeats})")
@@ -224,6 +228,7 @@ def run_check(args: argparse.Namespace) -> int:
                        planners=names, plans=len(rows), repeats=repeats, statistic=statistic, seed=args.seed)
         Path(args.json_out).write_text(json.dumps(dict(
             setting=setting, summary=summary, seconds=seconds, load_average=loads,
+            core_share=statistics.median(r["core_share"] for r in rows),
             machine=machine_info(cost.world_size), plans=rows), indent=2))
         console.print(f"wrote {args.json_out}")
     return 0

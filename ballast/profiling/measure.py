@@ -127,10 +127,10 @@ def measure_on_ranks(shape: ModelShape, points: Sequence[Point], warmup: int, re
 
     def timed_step(executor: Executor, plan: Plan, samples: list[torch.Tensor]):
         synchronize(device)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         result = executor.step(plan, samples)
         synchronize(device)
-        return result, time.perf_counter() - start
+        return result, time.perf_counter() - start, time.thread_time() - cpu
 
     overhead = {depth: statistics.median(timed_step(executor, idle_plan(world), [])[1]
                                          for _ in range(warmup + repeats))
@@ -147,15 +147,22 @@ def measure_on_ranks(shape: ModelShape, points: Sequence[Point], warmup: int, re
                 bar.update(task, advance=1, description=f"profiling: {point.label()}")
                 plan = point_plan(point, world)
                 with timed_all_to_alls(device) as comm:
-                    result, wall = timed_step(executor, plan, random_samples(plan.lengths, shape.vocab, seed + i))
+                    result, wall, cpu = timed_step(executor, plan, random_samples(plan.lengths, shape.vocab, seed + i))
                 states.setdefault(point.layers, state_bytes(executor.model, executor.optimizer))
                 if r < warmup:
                     continue
                 (mb,) = result.micro_batches
                 records[i].append(dict(seconds=mb.seconds if device.type == "cpu" else wall - overhead[point.layers],
                                        activation_bytes=mb.activation_bytes, tokens=mb.tokens,
-                                       comm_seconds=comm.seconds, comm_calls=comm.calls, comm_bytes=comm.bytes))
+                                       comm_seconds=comm.seconds, comm_calls=comm.calls, comm_bytes=comm.bytes,
+                                       step_seconds=wall, step_cpu_seconds=cpu))
     return dict(records=records, step_overhead=overhead, states=states)
+
+
+def core_share(records: Sequence[dict]) -> float:
+    """Median over steps of CPU time / wall time of a rank's main thread: 1 when it had a core
+    to itself all along (less when other jobs took it, or it waited in a collective)."""
+    return statistics.median(r["step_cpu_seconds"] / r["step_seconds"] for r in records)
 
 
 STATISTICS = {"median": statistics.median, "min": min}
