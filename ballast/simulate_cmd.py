@@ -39,7 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--planners", default="all", help="comma-separated planner names, or all")
     p.add_argument("--degree", type=int, default=None, help="force the SP degree of static and bucket")
     p.add_argument("--time-limit", type=float, default=10.0, help="seconds per MILP solve (flexsp)")
+    p.add_argument("--buckets", type=int, default=16, help="length buckets of flexsp's DP bucketing")
     p.add_argument("--dcp-mode", choices=("inter", "intra", "both"), default="both")
+    p.add_argument("--lockstep", action="store_true",
+                   help="plans for FSDP/ZeRO-3: equal micro-batch counts per group in every wave")
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
     p.add_argument("--gantt", default=None, help="write a Gantt chart (PNG) of the first step")
 
@@ -57,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     sampler = BatchSampler(get_length_source(args.lengths), spec, seed=args.seed)
     batches = [sampler.next_batch() for _ in range(args.steps)]
     options = PlannerOptions(max_len=args.max_len, degree=args.degree, seed=args.seed,
-                             time_limit=args.time_limit, dcp_mode=args.dcp_mode)
+                             time_limit=args.time_limit, buckets=args.buckets, dcp_mode=args.dcp_mode,
+                             lockstep=args.lockstep)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("planning", total=len(names) * len(batches))
         lower, results = compare(batches, names, cluster, cost, options,
