@@ -1,0 +1,110 @@
+"""Record `ballast profile` on this machine: full and quick profiles of the tiny model on 2 gloo
+ranks, the check of random plans against the full one, and a simulate run under it.
+
+    .venv/bin/python bench/profile_record.py [--name tiny] [--statistic median|min] [--device-memory 0.1]
+                                      [--max-len 4096] [--tokens-per-step 16384] [--quiet-load 1.5]
+
+Writes bench/results/profile-NAME.json (the profile), profile-NAME-quick.json,
+profile-NAME-check.{json,png}, profile-NAME-simulate.json and profile-NAME-summary.json (wall
+times, fit residuals, extrapolation error, check errors against the targets, the load average
+and the ranks' share of a core in each stage, and which attention kernel the runtime used).
+Every stage is a subprocess of the real command line, timed from outside. On a shared machine
+each stage first waits (up to --max-wait seconds) for the 1-minute load average to fall below
+--quiet-load; the summary records what it found.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ballast.models.kernels import varlen_causal_attention
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TARGETS = {"check_time_median": 0.10, "check_time_p90": 0.20, "check_act_max": 0.10,
+           "profile_seconds": 600.0, "quick_seconds": 180.0}
+
+
+def attention_kernel() -> str:
+    """`flash` if the runtime's CPU attention reaches a fused SDPA kernel (memory linear in
+    tokens), else `math` (scores materialised: s^2 activation memory)."""
+    q = torch.randn(64, 8, 16, requires_grad=True)
+    k, v = (torch.randn(64, 4, 16, requires_grad=True) for _ in range(2))
+    seen, stack = set(), [varlen_causal_attention(q, k, v, (0, 64)).grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node.name() not in seen:
+            seen.add(node.name())
+            stack += [child for child, _ in node.next_functions]
+    return "flash" if any("Flash" in name for name in seen) else "math"
+
+
+def wait_for_quiet(limit: float, max_wait: float) -> dict:
+    """Sleep until the 1-minute load average is below `limit` (or `max_wait` passed)."""
+    start = time.monotonic()
+    while os.getloadavg()[0] >= limit and time.monotonic() - start < max_wait:
+        time.sleep(15)
+    return {"waited_s": time.monotonic() - start, "load_at_start": os.getloadavg()[0]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--name", default="tiny", help="result files are profile-NAME*")
+    parser.add_argument("--statistic", choices=("median", "min"), default="median")
+    parser.add_argument("--device-memory", default="0.1", help="GB per rank the plans must fit")
+    parser.add_argument("--max-len", default="4096", help="longest sequence (stdlib files are split at it)")
+    parser.add_argument("--tokens-per-step", default="16384")
+    parser.add_argument("--plans", default="30")
+    parser.add_argument("--quiet-load", type=float, default=1.5, help="start a stage below this load average")
+    parser.add_argument("--max-wait", type=float, default=1200.0, help="seconds to wait for it per stage")
+    args = parser.parse_args()
+    RESULTS.mkdir(exist_ok=True)
+    out = {stage: RESULTS / f"profile-{args.name}{stage}.json" for stage in ("", "-quick", "-check", "-simulate")}
+    common = ["--model", "tiny", "--world", "2", "--device-memory", args.device_memory, "--max-len", args.max_len,
+              "--statistic", args.statistic]
+    stages = {
+        "profile": ["profile", *common, "--out", str(out[""])],
+        "quick": ["profile", *common, "--quick", "--out", str(out["-quick"])],
+        "check": ["profile", "--check", str(out[""]), "--plans", args.plans, "--lengths", "stdlib", "--max-len",
+                  args.max_len, "--tokens-per-step", args.tokens_per_step, "--json", str(out["-check"]),
+                  "--png", str(RESULTS / f"profile-{args.name}-check.png")],
+        "simulate": ["simulate", "--cost", str(out[""]), "--cluster", "cpu", "--world", "2", "--device-memory-gb",
+                     args.device_memory, "--model", "tiny", "--lengths", "stdlib", "--max-len", args.max_len,
+                     "--tokens-per-step", args.tokens_per_step, "--steps", "5", "--planners", "all",
+                     "--time-limit", "2", "--json", str(out["-simulate"])]}
+    seconds, waits = {}, {}
+    for stage, command in stages.items():
+        waits[stage] = wait_for_quiet(args.quiet_load, args.max_wait)
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "ballast.cli", *command], check=True)
+        seconds[stage] = time.perf_counter() - start
+    profiled, quick, checked = (json.loads(out[s].read_text()) for s in ("", "-quick", "-check"))
+    measured = {"check_time_median": checked["summary"]["time"]["median"],
+                "check_time_p90": checked["summary"]["time"]["p90"], "check_act_max": checked["summary"]["act"]["max"],
+                "profile_seconds": seconds["profile"], "quick_seconds": seconds["quick"]}
+    summary = {
+        "setting": {"model": "tiny", "world": 2, "lengths": "stdlib", "max_len": int(args.max_len),
+                    "tokens_per_step": int(args.tokens_per_step), "device_memory_gb": float(args.device_memory),
+                    "statistic": args.statistic, "plans": int(args.plans), "attention_kernel": attention_kernel()},
+        "seconds": seconds, "waits_for_quiet": waits,
+        "targets": {k: {"target": v, "measured": measured[k], "met": measured[k] <= v} for k, v in TARGETS.items()},
+        "profile": {k: profiled["fit"][k] for k in ("residuals", "extrapolation_error", "load_average", "core_share",
+                                                    "machine")},
+        "quick": {k: quick["fit"][k] for k in ("residuals", "extrapolation_error", "load_average", "core_share")},
+        "check": {k: checked[k] for k in ("summary", "load_average", "core_share", "setting")},
+        "coefficients": {k: profiled[k] for k in ("a", "b", "g", "recompute", "kept", "act_per_token", "bandwidth",
+                                                  "comm_latency", "states")},
+    }
+    (RESULTS / f"profile-{args.name}-summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary["targets"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
