@@ -122,3 +122,21 @@ def test_only_committed_checkpoints_count(tmp_path):
 def test_toml_of_defaults_is_valid_toml():
     data = tomllib.loads(TrainConfig().to_toml())
     assert set(data) == {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+def test_cost_model_from_a_profile_file(tmp_path):
+    """--cost PATH loads a `ballast profile` JSON; one made for another model is refused."""
+    from ballast.cluster import get_cluster
+    from ballast.cost import CostModel
+    from ballast.shapes import get_model_shape
+    from ballast.train.trainer import Setup
+
+    cluster = get_cluster("cpu", world_size=2, device_memory_gb=1.0)
+    profiled = dataclasses.replace(CostModel.analytic(get_model_shape("tiny"), cluster), source="profiled")
+    profiled.save(tmp_path / "tiny.json")
+    config = parse("--cost", str(tmp_path / "tiny.json"))
+    setup = Setup.of(config, world=2)
+    assert setup.cost == profiled and "profiled" in setup.describe()
+    assert Setup.of(parse(), world=2).cost.source == "analytic"
+    with pytest.raises(ValueError, match="describes model 'tiny', not 'gpt-7b'"):
+        Setup.of(parse("--cost", str(tmp_path / "tiny.json"), "--model", "gpt-7b"), world=2)

@@ -116,9 +116,14 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.O
     return final
 
 
+def read_meta(path: Path) -> dict:
+    """meta.json of a committed checkpoint: step, data position, planner state, world, config."""
+    return json.loads((path / META).read_text())
+
+
 def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """Restore model, optimizer and this rank's RNG from `path` (collective); returns meta.json."""
-    meta = json.loads((path / META).read_text())
+    meta = read_meta(path)
     zero1 = isinstance(optimizer, ZeroRedundancyOptimizer)
     if meta["zero1"] != zero1:
         raise ValueError(f"checkpoint {path} was saved {'with' if meta['zero1'] else 'without'} "

@@ -100,13 +100,17 @@ def train(config: TrainConfig) -> dict | None:
     # Data, planner and the checkpoint to resume from are rank 0's; the others learn only
     # whether that worked and where to resume, so a bad corpus stops every rank at once
     # instead of leaving them waiting for a broadcast that never comes.
-    lookahead, resume, failure = None, None, None
+    resume, failure = None, None
     if rank == 0:
         try:
             corpus = open_data(config, setup.shape, progress=True)
             stream = BatchStream(corpus, config.data.tokens_per_step, config.data.max_len, config.run.seed)
             planner = make_planner(config, setup)
             resume = _checkpoint_to_resume(config)
+            if resume is not None:  # a position of another corpus or seed fails here, on every rank
+                meta = checkpoint.read_meta(Path(resume))
+                stream.load_state_dict(meta["data"])
+                planner.load_state_dict(meta["planner"])
             console.print(corpus.describe(), highlight=False)
             console.print(setup.describe(), highlight=False)
         except Exception as e:
@@ -127,11 +131,8 @@ def train(config: TrainConfig) -> dict | None:
     executor = Executor(model, optimizer, setup.cluster, ProcessGroups())
     start = 0
     if resume is not None:
-        meta = checkpoint.load(Path(resume), model, optimizer)
-        start = meta["step"]
+        start = checkpoint.load(Path(resume), model, optimizer)["step"]
         if rank == 0:
-            stream.load_state_dict(meta["data"])
-            planner.load_state_dict(meta["planner"])
             console.print(f"resumed from {resume} at step {start}", highlight=False)
 
     steps = config.run.steps
