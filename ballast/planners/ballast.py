@@ -354,34 +354,59 @@ class BallastPlanner(Planner):
             loads.move(j, float(self._lengths[s]))
 
     def _repair(self, groups: list[Group], times: list[float]) -> bool:
-        """Move one sequence off the slowest group, judged by exact packed times; False if none helps."""
+        """Move one sequence off the slowest group, judged by exact times; False if none helps.
+
+        Moves are incremental (the sequence leaves its micro-batch, joins the receiver's
+        lightest one or a new one, each at its least checkpoint level), so a repair costs
+        O(sequences x receivers) micro-batch evaluations instead of repacking whole groups.
+        """
         slow = int(np.argmax(times))
         donor = groups[slow]
-        seqs = [s for mb in donor.micro_batches for s in mb.seq_ids]
         receivers = sorted((j for j in range(len(groups)) if j != slow), key=lambda j: times[j])[:REPAIR_RECEIVERS]
-        for s in sorted(seqs, key=lambda s: -self._lengths[s]):
-            left = None
-            for j in receivers:
-                d = groups[j].degree
-                if not np.isfinite(self._work[self._row[d], s]):
-                    continue
-                # Adding s costs the receiver at least its compute and all-to-all there.
-                if times[j] + self._quad[s] / d + self.cost.comm(self._length_list[s], d) >= times[slow]:
-                    continue
-                mine = [x for mb in groups[j].micro_batches for x in mb.seq_ids] + [s]
-                mbs = self._pack(mine, groups[j].degree)
-                t = self._mbs_time(mbs, groups[j].degree)
-                if t >= times[slow]:
-                    continue
-                if left is None:
-                    rest = [x for x in seqs if x != s]
-                    left_mbs = self._pack(rest, donor.degree)
-                    left = self._mbs_time(left_mbs, donor.degree)
-                if left < times[slow]:
-                    groups[j].micro_batches, times[j] = mbs, t
-                    donor.micro_batches, times[slow] = left_mbs, left
-                    return True
+        for m, mb in enumerate(donor.micro_batches):
+            for s in mb.seq_ids:
+                for j in receivers:
+                    d = groups[j].degree
+                    # Adding s costs the receiver at least its compute and all-to-all there.
+                    if (not np.isfinite(self._work[self._row[d], s])
+                            or times[j] + self._quad[s] / d + self.cost.comm(self._length_list[s], d) >= times[slow]):
+                        continue
+                    joined, added = self._with_sequence(groups[j].micro_batches, s, d)
+                    if times[j] + added >= times[slow]:
+                        continue
+                    left, saved = self._without_sequence(donor.micro_batches, m, s, donor.degree)
+                    if saved > 0:
+                        groups[j].micro_batches, times[j] = joined, times[j] + added
+                        donor.micro_batches, times[slow] = left, times[slow] - saved
+                        return True
         return False
+
+    def _with_sequence(self, mbs: list[MicroBatch], s: int, degree: int) -> tuple[list[MicroBatch], float]:
+        """`mbs` with sequence s added to the micro-batch of fewest tokens, or alone if faster,
+        and the time that adds."""
+        single = MicroBatch([s], self.cost.min_checkpoint(self._length_list[s], degree))
+        best = (mbs + [single], self._mb_time(single, degree))
+        if mbs:
+            i = min(range(len(mbs)), key=lambda i: sum(self._length_list[x] for x in mbs[i].seq_ids))
+            ids = mbs[i].seq_ids + [s]
+            level = self.cost.min_checkpoint(sum(self._length_list[x] for x in ids), degree)
+            if level is not None:
+                merged = MicroBatch(ids, level)
+                added = self._mb_time(merged, degree) - self._mb_time(mbs[i], degree)
+                if added < best[1]:
+                    best = (mbs[:i] + [merged] + mbs[i + 1:], added)
+        return best
+
+    def _without_sequence(self, mbs: list[MicroBatch], m: int, s: int, degree: int
+                          ) -> tuple[list[MicroBatch], float]:
+        """`mbs` with sequence s taken out of micro-batch m (dropped if it empties), and the
+        time that saves."""
+        ids = [x for x in mbs[m].seq_ids if x != s]
+        before = self._mb_time(mbs[m], degree)
+        if not ids:
+            return mbs[:m] + mbs[m + 1:], before
+        rest = MicroBatch(ids, self.cost.min_checkpoint(sum(self._length_list[x] for x in ids), degree))
+        return mbs[:m] + [rest] + mbs[m + 1:], before - self._mb_time(rest, degree)
 
     # --- inside a group -----------------------------------------------------------------------
     def _pack(self, seqs: list[int], degree: int) -> list[MicroBatch]:
@@ -434,8 +459,10 @@ class BallastPlanner(Planner):
                 mbs.append(MicroBatch(bins[b], level))
         return mbs
 
+    def _mb_time(self, mb: MicroBatch, degree: int) -> float:
+        lengths = self._length_list
+        return self.cost.time_from_sums(sum(lengths[s] * lengths[s] for s in mb.seq_ids),
+                                        sum(lengths[s] for s in mb.seq_ids), degree, mb.checkpoint)
+
     def _mbs_time(self, mbs: list[MicroBatch], degree: int) -> float:
-        lengths, time_from_sums = self._length_list, self.cost.time_from_sums
-        return sum(time_from_sums(sum(lengths[s] * lengths[s] for s in mb.seq_ids),
-                                  sum(lengths[s] for s in mb.seq_ids), degree, mb.checkpoint)
-                   for mb in mbs)
+        return sum(self._mb_time(mb, degree) for mb in mbs)
