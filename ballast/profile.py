@@ -132,7 +132,7 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
     report = dict(
         profiler="ballast profile", seconds=time.perf_counter() - start, load_average=load.summary(),
         machine=machine_info(world_size), shape=shape.to_dict(), settings=dataclasses.asdict(settings),
-        degrees=degrees, depths=list(depths), coefficients=coefficients.to_dict(),
+        degrees=degrees, depths=list(depths), grid=[p.label() for p in points], coefficients=coefficients.to_dict(),
         step_overhead_s=per_rank[0]["step_overhead"], states_measured=per_rank[0]["states"],
         core_share=core_share([r for rank in per_rank for point in rank["records"].values() for r in point]),
         points=compare(fitted, at), extrapolation=compare(verified, at),
@@ -140,7 +140,10 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
     report["residuals"] = {key: error_summary([p[f"{key}_error"] for p in report["points"]]) for key in ("time", "act")}
     report["extrapolation_error"] = {key: error_summary([p[f"{key}_error"] for p in report["extrapolation"]])
                                      for key in ("time", "act")}
-    return dataclasses.replace(at[shape.layers], fit=report)
+    cost = at[shape.layers]
+    report["max_tokens"] = {d: {c / shape.layers: cost.max_tokens(d, c / shape.layers)
+                                for c in checkpoint_levels(shape.layers)} for d in cost.degrees}
+    return dataclasses.replace(cost, fit=report)
 
 
 def _measure_torchrun(world_size: int, args: tuple, timeout: float) -> list[dict] | None:
@@ -275,7 +278,7 @@ def print_report(console: Console, cost: CostModel) -> None:
     levels = [c / cost.layers for c in checkpoint_levels(cost.layers)]
     for c in levels:
         capacity.add_column(f"checkpoint {c:.2f}", justify="right")
-    for d in cost.degrees:
-        capacity.add_row(str(d), *(str(cost.max_tokens(d, c)) for c in levels))
+    for d, row in report["max_tokens"].items():
+        capacity.add_row(str(d), *(str(row[c]) for c in levels))
     console.print(capacity)
 

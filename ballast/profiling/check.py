@@ -198,6 +198,10 @@ def run_check(args: argparse.Namespace) -> int:
     lengths = args.lengths or "stdlib"
     names = parse_planner_names(args.planners)
     repeats = args.repeats if args.repeats is not None else 3
+    longest = max(cost.fit["settings"]["lengths"])
+    if args.max_len > longest:
+        console.print(f"[yellow]--max-len {args.max_len} is longer than the profile's longest length {longest}: "
+                      f"its predictions extrapolate[/yellow]")
     plans = make_plans(cost, lengths, args.plans, args.tokens_per_step, args.max_len, names, args.seed)
     console.print(f"check: {len(plans)} plans of {args.tokens_per_step} tokens from {lengths} (max {args.max_len}) "
                   f"by {', '.join(names)}; {cost.world_size} ranks, {repeats} rounds ({statistic})")
