@@ -42,11 +42,12 @@ import math
 
 import numpy as np
 
-from ..cost import CostModel
-from ..plan import Group, MicroBatch, Plan, Wave, fill_idle
+from ..plan import Group, Plan, Wave, fill_idle
 from ..simulate import step_time
 from . import register
 from .base import Planner
+from .ballast_estimate import GroupEstimates
+from .ballast_groups import GroupPacker
 from .packing import pad_lockstep
 
 # Makespan targets tried, as multiples of the batch's lower bound; inf = least area everywhere.
@@ -60,82 +61,10 @@ PLACEMENT_BUDGET = 2048
 MIN_ASSIGNED = 5
 # Candidate waves packed exactly (the rest are judged by their estimate).
 EXACT_CANDIDATES = 2
-# Micro-batch counts tried per group: a geometric ladder of this many between the fewest that
-# memory allows and the count with no checkpointing, then this many either side of the best.
-LADDER = 6
-REFINE = 2
-# Exact-repair moves per candidate wave (a count, not a clock, so plans are reproducible),
-# and receivers each move tries.
+# Exact-repair moves per candidate wave (a count, not a clock, so plans are reproducible).
 REPAIR_MOVES = 24
-REPAIR_RECEIVERS = 4
 # Local-search moves per group, so planning time stays linear in the cluster size.
 MOVES_PER_GROUP = 2
-
-
-class _Loads:
-    """Estimated times of a wave's groups (the module docstring's `est`), updated per sequence.
-
-    Besides F, a sequence longer than `cap` tokens per device must recompute its own excess
-    whatever the micro-batch count (it cannot be split); that forced part is tracked per group
-    and the larger of the two overheads charged.
-    """
-
-    def __init__(self, cost: CostModel, degrees: np.ndarray):
-        self.cost, self.deg = cost, degrees.astype(np.float64)
-        self.comm_per_token = np.array([0.0 if d == 1 else cost.bytes_per_token / (d * cost.bandwidth[d])
-                                        for d in degrees])
-        self.cap = (cost.device_memory - cost.states) / cost.act_per_token
-        self.recompute_rate = cost.recompute / (1.0 - cost.kept)
-        self.quad = np.zeros(len(degrees))      # sum of a s^2 + b s
-        self.tokens = np.zeros(len(degrees))
-        self.forced = np.zeros(len(degrees))    # recomputation no packing avoids
-
-    def estimate(self, quad: np.ndarray, tokens: np.ndarray, forced: np.ndarray,
-                 rows: slice | np.ndarray = slice(None)) -> np.ndarray:
-        cost, deg = self.cost, self.deg[rows]
-        per_token = np.divide(quad, tokens, out=np.zeros_like(quad), where=tokens > 0)
-        slope = np.minimum(self.recompute_rate * per_token, cost.g / self.cap)
-        over = cost.g + np.maximum(forced, np.maximum(0.0, tokens / deg - self.cap) * slope)
-        t = quad / deg + tokens * self.comm_per_token[rows] + over
-        return np.where(tokens > 0, t, 0.0)
-
-    def current(self) -> np.ndarray:
-        return self.estimate(self.quad, self.tokens, self.forced)
-
-    def terms(self, length, deg):
-        """(a s^2 + b s, forced recomputation) of sequences of `length` at degrees `deg`."""
-        cost = self.cost
-        forced = np.maximum(0.0, length / deg - self.cap) * self.recompute_rate * (cost.a * length + cost.b)
-        return cost.a * length * length + cost.b * length, forced
-
-    def with_added(self, length: float) -> np.ndarray:
-        quad, forced = self.terms(length, self.deg)
-        return self.estimate(self.quad + quad, self.tokens + length, self.forced + forced)
-
-    def without(self, j: int, length: float) -> float:
-        quad, forced = self.terms(length, self.deg[j])
-        rows = slice(j, j + 1)
-        return float(self.estimate(self.quad[rows] - quad, self.tokens[rows] - length,
-                                   self.forced[rows] - forced, rows)[0])
-
-    def one(self, j: int, length: float) -> float:
-        """estimate() of group j with a sequence added, in scalar arithmetic (the hot path)."""
-        cost, deg = self.cost, float(self.deg[j])
-        quad = float(self.quad[j]) + cost.a * length * length + cost.b * length
-        tokens = float(self.tokens[j]) + length
-        forced = float(self.forced[j])
-        if length > deg * self.cap:
-            forced += (length / deg - self.cap) * self.recompute_rate * (cost.a * length + cost.b)
-        slope = min(self.recompute_rate * quad / tokens, cost.g / self.cap)
-        over = cost.g + max(forced, max(0.0, tokens / deg - self.cap) * slope)
-        return quad / deg + tokens * float(self.comm_per_token[j]) + over
-
-    def move(self, j: int, length: float, sign: int = 1) -> None:
-        cost, deg = self.cost, float(self.deg[j])
-        self.quad[j] += sign * (cost.a * length * length + cost.b * length)
-        self.tokens[j] += sign * length
-        if length > deg * self.cap:
-            self.forced[j] += sign * (length / deg - self.cap) * self.recompute_rate * (cost.a * length + cost.b)
 
 
 @register
@@ -151,6 +80,7 @@ class BallastPlanner(Planner):
         self._row = {int(d): i for i, d in enumerate(self._deg)}
         # [degree index, sequence]: alone at that degree, least checkpointing, without g.
         self._work = self.cost.sequence_times(lengths)
+        self._packer = GroupPacker(self.cost, self._length_list, self._work, self._quad, self._row)
         order = np.argsort(-np.min(self._work, axis=0), kind="stable")
         # Head sizes are compared by their layouts' proxies; only the best are built fully.
         options = []
@@ -228,11 +158,11 @@ class BallastPlanner(Planner):
             self._improve(loads, members, np.searchsorted(self._deg, layout))
             groups, start = [], 0
             for d, seqs in zip(layout, members):
-                groups.append(Group(start, d, self._pack(seqs, d)))
+                groups.append(Group(start, d, self._packer.pack(seqs, d)))
                 start += d
-            times = [self._mbs_time(g.micro_batches, g.degree) for g in groups]
+            times = [self._packer.mbs_time(g.micro_batches, g.degree) for g in groups]
             for _ in range(REPAIR_MOVES):
-                if not self._repair(groups, times):
+                if not self._packer.repair(groups, times):
                     break
             if best is None or max(times) < best[0]:
                 best = (max(times), groups)
@@ -259,7 +189,7 @@ class BallastPlanner(Planner):
         quad = np.bincount(choice, weights=self._quad[ids], minlength=len(self._deg))
         tokens = np.bincount(choice, weights=self._lengths[ids], minlength=len(self._deg))
         used = groups > 0
-        loads = _Loads(self.cost, self._deg[used])
+        loads = GroupEstimates(self.cost, self._deg[used])
         s = self._lengths[ids].astype(np.float64)
         _, forced = loads.terms(s, self._deg[choice])
         forced = np.bincount(choice, weights=forced, minlength=len(self._deg))
@@ -268,14 +198,14 @@ class BallastPlanner(Planner):
         alone = self._work[choice, ids].max() + self.cost.g
         return max(float(spread.max()), float(alone))
 
-    def _assign(self, ids: np.ndarray, layout: list[int]) -> tuple[_Loads, list[int], list[list[int]]]:
+    def _assign(self, ids: np.ndarray, layout: list[int]) -> tuple[GroupEstimates, list[int], list[list[int]]]:
         """Longest first, each sequence to the group whose estimated time grows least.
 
         Only the least-loaded group of each degree can be the best (within a degree the
         estimate grows with the load), so one heap per degree keeps each placement at
         O(degrees x log groups), linear in the batch for thousands of sequences.
         """
-        loads = _Loads(self.cost, np.asarray(layout))
+        loads = GroupEstimates(self.cost, np.asarray(layout))
         members: list[list[int]] = [[] for _ in layout]
         heaps: dict[int, list[tuple[float, int]]] = {}
         for j, d in enumerate(layout):
@@ -330,7 +260,7 @@ class BallastPlanner(Planner):
             heapq.heappush(heap, (-class_area[i] / groups[i], i))
         return [int(deg[i]) for i in reversed(range(len(deg))) for _ in range(groups[i])]
 
-    def _improve(self, loads: _Loads, members: list[list[int]], rows: np.ndarray) -> None:
+    def _improve(self, loads: GroupEstimates, members: list[list[int]], rows: np.ndarray) -> None:
         """Move the sequence off the slowest group that shortens the wave most, while one does."""
         for _ in range(MOVES_PER_GROUP * len(members)):
             times = loads.current()
@@ -352,117 +282,3 @@ class BallastPlanner(Planner):
             members[j].append(s)
             loads.move(slow, float(self._lengths[s]), -1)
             loads.move(j, float(self._lengths[s]))
-
-    def _repair(self, groups: list[Group], times: list[float]) -> bool:
-        """Move one sequence off the slowest group, judged by exact times; False if none helps.
-
-        Moves are incremental (the sequence leaves its micro-batch, joins the receiver's
-        lightest one or a new one, each at its least checkpoint level), so a repair costs
-        O(sequences x receivers) micro-batch evaluations instead of repacking whole groups.
-        """
-        slow = int(np.argmax(times))
-        donor = groups[slow]
-        receivers = sorted((j for j in range(len(groups)) if j != slow), key=lambda j: times[j])[:REPAIR_RECEIVERS]
-        for m, mb in enumerate(donor.micro_batches):
-            for s in mb.seq_ids:
-                for j in receivers:
-                    d = groups[j].degree
-                    # Adding s costs the receiver at least its compute and all-to-all there.
-                    if (not np.isfinite(self._work[self._row[d], s])
-                            or times[j] + self._quad[s] / d + self.cost.comm(self._length_list[s], d) >= times[slow]):
-                        continue
-                    joined, added = self._with_sequence(groups[j].micro_batches, s, d)
-                    if times[j] + added >= times[slow]:
-                        continue
-                    left, saved = self._without_sequence(donor.micro_batches, m, s, donor.degree)
-                    if saved > 0:
-                        groups[j].micro_batches, times[j] = joined, times[j] + added
-                        donor.micro_batches, times[slow] = left, times[slow] - saved
-                        return True
-        return False
-
-    def _with_sequence(self, mbs: list[MicroBatch], s: int, degree: int) -> tuple[list[MicroBatch], float]:
-        """`mbs` with sequence s added to the micro-batch of fewest tokens, or alone if faster,
-        and the time that adds."""
-        single = MicroBatch([s], self.cost.min_checkpoint(self._length_list[s], degree))
-        best = (mbs + [single], self._mb_time(single, degree))
-        if mbs:
-            i = min(range(len(mbs)), key=lambda i: sum(self._length_list[x] for x in mbs[i].seq_ids))
-            ids = mbs[i].seq_ids + [s]
-            level = self.cost.min_checkpoint(sum(self._length_list[x] for x in ids), degree)
-            if level is not None:
-                merged = MicroBatch(ids, level)
-                added = self._mb_time(merged, degree) - self._mb_time(mbs[i], degree)
-                if added < best[1]:
-                    best = (mbs[:i] + [merged] + mbs[i + 1:], added)
-        return best
-
-    def _without_sequence(self, mbs: list[MicroBatch], m: int, s: int, degree: int
-                          ) -> tuple[list[MicroBatch], float]:
-        """`mbs` with sequence s taken out of micro-batch m (dropped if it empties), and the
-        time that saves."""
-        ids = [x for x in mbs[m].seq_ids if x != s]
-        before = self._mb_time(mbs[m], degree)
-        if not ids:
-            return mbs[:m] + mbs[m + 1:], before
-        rest = MicroBatch(ids, self.cost.min_checkpoint(sum(self._length_list[x] for x in ids), degree))
-        return mbs[:m] + [rest] + mbs[m + 1:], before - self._mb_time(rest, degree)
-
-    # --- inside a group -----------------------------------------------------------------------
-    def _pack(self, seqs: list[int], degree: int) -> list[MicroBatch]:
-        """The micro-batch count and checkpoint levels of least time for these sequences."""
-        if not seqs:
-            return []
-        lengths = self._length_list
-        seqs = sorted(seqs, key=lambda s: -lengths[s])
-        tokens = sum(lengths[s] for s in seqs)
-        fewest = max(1, math.ceil(tokens / self.cost.max_tokens(degree, 1.0)))
-        no_ckpt = max(fewest, math.ceil(tokens / self.cost.max_tokens(degree, 0.0)))
-        # Time against the count is roughly convex (g grows, recomputation shrinks): try the
-        # ends, a geometric ladder between them, then the neighbours of the best.
-        top = max(fewest, min(no_ckpt, len(seqs)))
-        ratio = (top / fewest) ** (1.0 / (LADDER - 1))
-        ladder = {fewest, top, *(round(fewest * ratio ** i) for i in range(1, LADDER - 1))}
-        timed = {m: self._timed(seqs, degree, m) for m in ladder}
-        best = min(filter(None, timed.values()), key=lambda v: v[0], default=None)
-        if best is not None:
-            centre = len(best[1])
-            for m in range(max(fewest, centre - REFINE), min(top, centre + REFINE) + 1):
-                if m not in timed and (candidate := self._timed(seqs, degree, m)) and candidate[0] < best[0]:
-                    best = candidate
-        if best is None:
-            # One sequence per micro-batch always fits: the last resort if balancing cannot.
-            mbs = self._micro_batches(seqs, degree, len(seqs))
-            assert mbs is not None, f"sequences {seqs[:5]} fit no packing at degree {degree}"
-            return mbs
-        return best[1]
-
-    def _timed(self, seqs: list[int], degree: int, count: int) -> tuple[float, list[MicroBatch]] | None:
-        mbs = self._micro_batches(seqs, degree, count)
-        return None if mbs is None else (self._mbs_time(mbs, degree), mbs)
-
-    def _micro_batches(self, longest_first: list[int], degree: int, count: int) -> list[MicroBatch] | None:
-        """`count` token-balanced micro-batches (LPT on tokens) at their least checkpoint levels."""
-        lengths = self._length_list
-        heap = [(0, b) for b in range(count)]
-        bins: list[list[int]] = [[] for _ in range(count)]
-        for s in longest_first:
-            load, b = heapq.heappop(heap)
-            bins[b].append(s)
-            heapq.heappush(heap, (load + lengths[s], b))
-        mbs = []
-        for load, b in sorted(heap, key=lambda item: item[1]):
-            if bins[b]:
-                level = self.cost.min_checkpoint(load, degree)
-                if level is None:
-                    return None
-                mbs.append(MicroBatch(bins[b], level))
-        return mbs
-
-    def _mb_time(self, mb: MicroBatch, degree: int) -> float:
-        lengths = self._length_list
-        return self.cost.time_from_sums(sum(lengths[s] * lengths[s] for s in mb.seq_ids),
-                                        sum(lengths[s] for s in mb.seq_ids), degree, mb.checkpoint)
-
-    def _mbs_time(self, mbs: list[MicroBatch], degree: int) -> float:
-        return sum(self._mb_time(mb, degree) for mb in mbs)

@@ -1,0 +1,76 @@
+"""Estimated group times for the `ballast` planner: the `est` of its module docstring.
+
+Cheap enough to evaluate for every group on every placement, close enough to the exact packed
+time that assignments judged by it survive packing.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..cost import CostModel
+
+
+class GroupEstimates:
+    """Estimated times of a wave's groups (`est` in ballast.py's docstring), updated per sequence.
+
+    Besides F, a sequence longer than `cap` tokens per device must recompute its own excess
+    whatever the micro-batch count (it cannot be split); that forced part is tracked per group
+    and the larger of the two overheads charged.
+    """
+
+    def __init__(self, cost: CostModel, degrees: np.ndarray):
+        self.cost, self.deg = cost, degrees.astype(np.float64)
+        self.comm_per_token = np.array([0.0 if d == 1 else cost.bytes_per_token / (d * cost.bandwidth[d])
+                                        for d in degrees])
+        self.cap = (cost.device_memory - cost.states) / cost.act_per_token
+        self.recompute_rate = cost.recompute / (1.0 - cost.kept)
+        self.quad = np.zeros(len(degrees))      # sum of a s^2 + b s
+        self.tokens = np.zeros(len(degrees))
+        self.forced = np.zeros(len(degrees))    # recomputation no packing avoids
+
+    def estimate(self, quad: np.ndarray, tokens: np.ndarray, forced: np.ndarray,
+                 rows: slice | np.ndarray = slice(None)) -> np.ndarray:
+        cost, deg = self.cost, self.deg[rows]
+        per_token = np.divide(quad, tokens, out=np.zeros_like(quad), where=tokens > 0)
+        slope = np.minimum(self.recompute_rate * per_token, cost.g / self.cap)
+        over = cost.g + np.maximum(forced, np.maximum(0.0, tokens / deg - self.cap) * slope)
+        t = quad / deg + tokens * self.comm_per_token[rows] + over
+        return np.where(tokens > 0, t, 0.0)
+
+    def current(self) -> np.ndarray:
+        return self.estimate(self.quad, self.tokens, self.forced)
+
+    def terms(self, length, deg):
+        """(a s^2 + b s, forced recomputation) of sequences of `length` at degrees `deg`."""
+        cost = self.cost
+        forced = np.maximum(0.0, length / deg - self.cap) * self.recompute_rate * (cost.a * length + cost.b)
+        return cost.a * length * length + cost.b * length, forced
+
+    def with_added(self, length: float) -> np.ndarray:
+        quad, forced = self.terms(length, self.deg)
+        return self.estimate(self.quad + quad, self.tokens + length, self.forced + forced)
+
+    def without(self, j: int, length: float) -> float:
+        quad, forced = self.terms(length, self.deg[j])
+        rows = slice(j, j + 1)
+        return float(self.estimate(self.quad[rows] - quad, self.tokens[rows] - length,
+                                   self.forced[rows] - forced, rows)[0])
+
+    def one(self, j: int, length: float) -> float:
+        """estimate() of group j with a sequence added, in scalar arithmetic (the hot path)."""
+        cost, deg = self.cost, float(self.deg[j])
+        quad = float(self.quad[j]) + cost.a * length * length + cost.b * length
+        tokens = float(self.tokens[j]) + length
+        forced = float(self.forced[j])
+        if length > deg * self.cap:
+            forced += (length / deg - self.cap) * self.recompute_rate * (cost.a * length + cost.b)
+        slope = min(self.recompute_rate * quad / tokens, cost.g / self.cap)
+        over = cost.g + max(forced, max(0.0, tokens / deg - self.cap) * slope)
+        return quad / deg + tokens * float(self.comm_per_token[j]) + over
+
+    def move(self, j: int, length: float, sign: int = 1) -> None:
+        cost, deg = self.cost, float(self.deg[j])
+        self.quad[j] += sign * (cost.a * length * length + cost.b * length)
+        self.tokens[j] += sign * length
+        if length > deg * self.cap:
+            self.forced[j] += sign * (length / deg - self.cap) * self.recompute_rate * (cost.a * length + cost.b)

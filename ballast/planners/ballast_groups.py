@@ -1,0 +1,150 @@
+"""Inside a group of the `ballast` planner: micro-batches, checkpoint levels, exact repair.
+
+Within a group, compute and all-to-all time do not depend on how its sequences are packed;
+only the fixed cost g per micro-batch and recomputation do. `GroupPacker.pack` searches the
+micro-batch count, `repair` moves single sequences between groups by exact times.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+
+from ..cost import CostModel
+from ..plan import Group, MicroBatch
+
+# Micro-batch counts tried per group: a geometric ladder of this many between the fewest that
+# memory allows and the count with no checkpointing, then this many either side of the best.
+LADDER = 6
+REFINE = 2
+# Receivers each exact repair move tries (the least loaded groups).
+REPAIR_RECEIVERS = 4
+
+
+class GroupPacker:
+    """Exact micro-batch packing and timing for the sequences of one batch."""
+
+    def __init__(self, cost: CostModel, lengths: list[int], work: np.ndarray, quad: np.ndarray,
+                 row: dict[int, int]):
+        self.cost = cost
+        self.lengths = lengths
+        self.work = work
+        """[degree row, sequence]: time alone at that degree (inf where it does not fit)."""
+        self.quad = quad
+        """a s^2 + b s of every sequence."""
+        self.row = row
+        """Row of `work` for each degree."""
+
+    def repair(self, groups: list[Group], times: list[float]) -> bool:
+        """Move one sequence off the slowest group, judged by exact times; False if none helps.
+
+        Moves are incremental (the sequence leaves its micro-batch, joins the receiver's
+        lightest one or a new one, each at its least checkpoint level), so a repair costs
+        O(sequences x receivers) micro-batch evaluations instead of repacking whole groups.
+        """
+        slow = int(np.argmax(times))
+        donor = groups[slow]
+        receivers = sorted((j for j in range(len(groups)) if j != slow), key=lambda j: times[j])[:REPAIR_RECEIVERS]
+        for m, mb in enumerate(donor.micro_batches):
+            for s in mb.seq_ids:
+                for j in receivers:
+                    d = groups[j].degree
+                    # Adding s costs the receiver at least its compute and all-to-all there.
+                    if (not np.isfinite(self.work[self.row[d], s])
+                            or times[j] + self.quad[s] / d + self.cost.comm(self.lengths[s], d) >= times[slow]):
+                        continue
+                    joined, added = self.with_sequence(groups[j].micro_batches, s, d)
+                    if times[j] + added >= times[slow]:
+                        continue
+                    left, saved = self.without_sequence(donor.micro_batches, m, s, donor.degree)
+                    if saved > 0:
+                        groups[j].micro_batches, times[j] = joined, times[j] + added
+                        donor.micro_batches, times[slow] = left, times[slow] - saved
+                        return True
+        return False
+
+    def with_sequence(self, mbs: list[MicroBatch], s: int, degree: int) -> tuple[list[MicroBatch], float]:
+        """`mbs` with sequence s added to the micro-batch of fewest tokens, or alone if faster,
+        and the time that adds."""
+        single = MicroBatch([s], self.cost.min_checkpoint(self.lengths[s], degree))
+        best = (mbs + [single], self.mb_time(single, degree))
+        if mbs:
+            i = min(range(len(mbs)), key=lambda i: sum(self.lengths[x] for x in mbs[i].seq_ids))
+            ids = mbs[i].seq_ids + [s]
+            level = self.cost.min_checkpoint(sum(self.lengths[x] for x in ids), degree)
+            if level is not None:
+                merged = MicroBatch(ids, level)
+                added = self.mb_time(merged, degree) - self.mb_time(mbs[i], degree)
+                if added < best[1]:
+                    best = (mbs[:i] + [merged] + mbs[i + 1:], added)
+        return best
+
+    def without_sequence(self, mbs: list[MicroBatch], m: int, s: int, degree: int
+                          ) -> tuple[list[MicroBatch], float]:
+        """`mbs` with sequence s taken out of micro-batch m (dropped if it empties), and the
+        time that saves."""
+        ids = [x for x in mbs[m].seq_ids if x != s]
+        before = self.mb_time(mbs[m], degree)
+        if not ids:
+            return mbs[:m] + mbs[m + 1:], before
+        rest = MicroBatch(ids, self.cost.min_checkpoint(sum(self.lengths[x] for x in ids), degree))
+        return mbs[:m] + [rest] + mbs[m + 1:], before - self.mb_time(rest, degree)
+
+    def pack(self, seqs: list[int], degree: int) -> list[MicroBatch]:
+        """The micro-batch count and checkpoint levels of least time for these sequences."""
+        if not seqs:
+            return []
+        lengths = self.lengths
+        seqs = sorted(seqs, key=lambda s: -lengths[s])
+        tokens = sum(lengths[s] for s in seqs)
+        fewest = max(1, math.ceil(tokens / self.cost.max_tokens(degree, 1.0)))
+        no_ckpt = max(fewest, math.ceil(tokens / self.cost.max_tokens(degree, 0.0)))
+        # Time against the count is roughly convex (g grows, recomputation shrinks): try the
+        # ends, a geometric ladder between them, then the neighbours of the best.
+        top = max(fewest, min(no_ckpt, len(seqs)))
+        ratio = (top / fewest) ** (1.0 / (LADDER - 1))
+        ladder = {fewest, top, *(round(fewest * ratio ** i) for i in range(1, LADDER - 1))}
+        timed = {m: self.timed(seqs, degree, m) for m in ladder}
+        best = min(filter(None, timed.values()), key=lambda v: v[0], default=None)
+        if best is not None:
+            centre = len(best[1])
+            for m in range(max(fewest, centre - REFINE), min(top, centre + REFINE) + 1):
+                if m not in timed and (candidate := self.timed(seqs, degree, m)) and candidate[0] < best[0]:
+                    best = candidate
+        if best is None:
+            # One sequence per micro-batch always fits: the last resort if balancing cannot.
+            mbs = self.micro_batches(seqs, degree, len(seqs))
+            assert mbs is not None, f"sequences {seqs[:5]} fit no packing at degree {degree}"
+            return mbs
+        return best[1]
+
+    def timed(self, seqs: list[int], degree: int, count: int) -> tuple[float, list[MicroBatch]] | None:
+        mbs = self.micro_batches(seqs, degree, count)
+        return None if mbs is None else (self.mbs_time(mbs, degree), mbs)
+
+    def micro_batches(self, longest_first: list[int], degree: int, count: int) -> list[MicroBatch] | None:
+        """`count` token-balanced micro-batches (LPT on tokens) at their least checkpoint levels."""
+        lengths = self.lengths
+        heap = [(0, b) for b in range(count)]
+        bins: list[list[int]] = [[] for _ in range(count)]
+        for s in longest_first:
+            load, b = heapq.heappop(heap)
+            bins[b].append(s)
+            heapq.heappush(heap, (load + lengths[s], b))
+        mbs = []
+        for load, b in sorted(heap, key=lambda item: item[1]):
+            if bins[b]:
+                level = self.cost.min_checkpoint(load, degree)
+                if level is None:
+                    return None
+                mbs.append(MicroBatch(bins[b], level))
+        return mbs
+
+    def mb_time(self, mb: MicroBatch, degree: int) -> float:
+        lengths = self.lengths
+        return self.cost.time_from_sums(sum(lengths[s] * lengths[s] for s in mb.seq_ids),
+                                        sum(lengths[s] for s in mb.seq_ids), degree, mb.checkpoint)
+
+    def mbs_time(self, mbs: list[MicroBatch], degree: int) -> float:
+        return sum(self.mb_time(mb, degree) for mb in mbs)
