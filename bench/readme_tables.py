@@ -60,10 +60,32 @@ def measured_table() -> str:
             f"tokens/step, max-len {s['max_len']:,}, {cost['device_memory_gb'] * 1e3:.1f} MB per rank; "
             f"{cost['source']} cost model; {s['warmup']} warm-up + {s['repeats']} rounds x {s['steps']} steps, "
             f"planners interleaved per step; {data['seconds']:.0f} s wall, load average {load['min']:.1f}.."
-            f"{load['max']:.1f} (median {load['median']:.1f}) on {load['cpus']} CPUs"
+            f"{load['max']:.1f} (median {load['median']:.1f}) on {load['cpus']} CPUs, ranks' CPU share "
+            f"{data['noise']['cpu_share']:.0%}"
             + (f"; run-to-run noise {noise:.1%}" if noise is not None else "") + "):\n\n")
-    met = [f"{name.replace('_', ' ')}: {'met' if t['met'] else '**not met**'}" for name, t in data["targets"].items()]
-    return head + "\n".join(rows) + "\n\nTargets: " + "; ".join(met) + "."
+    return head + "\n".join(rows) + "\n\nTargets: " + "; ".join(target_lines(data["targets"])) + "."
+
+
+def target_lines(targets: dict) -> list[str]:
+    """Each target of `ballast bench` with what was measured against it."""
+    def verdict(t: dict) -> str:
+        return "met" if t["met"] else "**not met**"
+
+    out = []
+    if "ballast_vs_static" in targets:
+        t = targets["ballast_vs_static"]
+        out.append(f"ballast vs static {t['value']:.2f}x (>= {t['target']:.1f}x: {verdict(t)})")
+    if "ballast_vs_others" in targets:
+        t = targets["ballast_vs_others"]
+        out.append(f"ballast vs the best other planner ({t['worst']}) {t['ratio']:.2f}x "
+                   f"(>= 1 - noise = {1 - t['noise']:.2f}x: {verdict(t)})")
+    t = targets["prediction"]
+    worst = max(t["abs_errors"], key=t["abs_errors"].get)
+    out.append(f"cost model's largest median |error| {t['abs_errors'][worst]:.1%} ({worst}; <= {t['target']:.0%}: "
+               f"{verdict(t)})")
+    t = targets["wall_seconds"]
+    out.append(f"wall time {t['value']:.0f} s (< {t['target']:.0f} s: {verdict(t)})")
+    return out
 
 
 def replace(text: str, name: str, body: str) -> str:

@@ -122,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
              f"(~{setting.tokens_per_step} tokens/step, max_len {setting.max_len}), {inputs.cost.source} cost model")
     console.print(bench_table(title, result))
     console.print(f"{result['seconds']:.0f} s; load average {load['min']:.1f}..{load['max']:.1f} (median "
-                  f"{load['median']:.1f}) on {load['cpus']} CPUs; same batches for every planner and rank: "
+                  f"{load['median']:.1f}) on {load['cpus']} CPUs; ranks' CPU share during steps "
+                  f"{result['noise']['cpu_share']:.0%}; same batches for every planner and rank: "
                   f"{result['same_batches']}; largest loss difference between planners "
                   f"{result['loss_spread']:.1e}", highlight=False)
     print_targets(console, result)

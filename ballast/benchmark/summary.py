@@ -7,7 +7,10 @@ optimizer, a constant no planner changes), so predictions are compared with the 
 per batch, the median over rounds of the slowest rank's waves, against the simulated step.
 
 Noise is measured, not assumed: every round reruns the same plans on the same batches, so the
-spread of a planner's tokens/s over rounds is what the machine alone changes between runs.
+spread of a planner's tokens/s over rounds is what the machine alone changes between runs. The
+ranks' CPU seconds over their wall seconds during steps (`cpu_share`; each rank runs one
+thread) say how much of a core other jobs left them: near 1 on a quiet machine, less when the
+ranks waited for each other or were descheduled.
 """
 from __future__ import annotations
 
@@ -102,7 +105,8 @@ def summarise(records: list[dict], planners: Sequence[str], baseline: str = "sta
     spreads = [s["round_spread"] for s in out.values()]
     noise = dict(rounds=rounds, run_to_run=statistics.median(spreads) if rounds > 1 else None,
                  run_to_run_max=max(spreads) if rounds > 1 else None,
-                 step_spread=statistics.median(s["step_spread"] for s in out.values()) if rounds > 1 else None)
+                 step_spread=statistics.median(s["step_spread"] for s in out.values()) if rounds > 1 else None,
+                 cpu_share=statistics.fmean(r["cpu_share"] for r in measured))
     return dict(planners=out, noise=noise, same_batches=same_batches(records), loss_spread=loss_spread(measured))
 
 
