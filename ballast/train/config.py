@@ -58,7 +58,7 @@ class PlannerConfig:
     cluster: str = "cpu"
     """Cluster preset or TOML/JSON file; `cpu` takes the world size and --device-memory-gb."""
     device_memory_gb: float = 4.0
-    """Memory budget per rank the planner plans for (cpu cluster), in GB."""
+    """Memory budget per rank the planner plans for (cpu cluster), in GB; a --cost profile brings its own."""
     plan_ahead: bool = True
     """Plan step k+1 in a background thread on rank 0 while step k trains."""
     degree: int | None = None
@@ -254,7 +254,3 @@ def from_args(args: argparse.Namespace) -> TrainConfig:
     config.validate()
     return config
 
-
-def from_dict(data: dict[str, dict[str, Any]]) -> TrainConfig:
-    """The inverse of `TrainConfig.to_dict` (how ranks receive the config)."""
-    return TrainConfig(**{name: cls(**data[name]) for name, cls in _sections().items()})
