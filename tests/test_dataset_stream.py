@@ -75,8 +75,8 @@ def test_every_sample_once_per_epoch_new_order_each_epoch():
         assert sorted(ids) == list(range(stream.num_samples))
         assert ids == stream.epoch_order(epoch).tolist()
         orders.append(ids)
-        docs = stream.locate(ids)[0]  # a document's chunks are consecutive
-        assert len({d for d, e in zip(docs, docs[1:]) if d != e}) == len(set(docs.tolist())) - 1
+        docs = stream.locate(ids)[0]  # chunks of documents are mixed, not back to back
+        assert sum(d != e for d, e in zip(docs, docs[1:])) > len(set(docs.tolist())) - 1
     assert orders[0] != orders[1] != orders[2]
 
 

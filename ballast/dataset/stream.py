@@ -11,8 +11,10 @@ Sample ids. Samples are numbered in corpus order, document by document, chunk by
 id = (samples of documents before it) + chunk, dense in 0..num_samples-1. They depend only on
 the corpus and max_len, so a trainer can log them and check each epoch covers every id once.
 
-Order. Epoch e visits the documents in the permutation drawn from numpy's PCG64 seeded with
-(seed, e), a document's chunks back to back in order. A global batch is the longest run of
+Order. Epoch e visits the samples in the permutation drawn from numpy's PCG64 seeded with
+(seed, e). Samples, not documents, are shuffled: with max_len below the typical document a
+document's chunks back to back would fill whole batches with full-length chunks of one file,
+leaving the planners no length variety and the loss swinging with the file. A global batch is the longest run of
 consecutive samples whose lengths sum to at most tokens_per_step (at least one sample, so a
 sample longer than the budget is a batch alone); a batch never crosses an epoch's end, so the
 last one of an epoch may be small, and an epoch is a whole number of batches.
@@ -98,12 +100,7 @@ class BatchStream:
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """Sample ids of `epoch` in the order the stream yields them."""
-        perm = np.random.default_rng([self.seed, epoch]).permutation(self.corpus.num_documents)
-        counts = self._chunks[perm]
-        # Sample k of the epoch is chunk (k - first sample of its document) of document perm[j].
-        starts_in_epoch = np.cumsum(counts) - counts
-        step = np.repeat(self._first[perm] - starts_in_epoch, counts)
-        return step + np.arange(self.num_samples, dtype=np.int64)
+        return np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
 
     def next_batch(self) -> Batch:
         if self._order_epoch != self.epoch:  # one epoch's order and running lengths are kept
