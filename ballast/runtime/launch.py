@@ -30,11 +30,23 @@ def init_distributed(backend: str | None = None, timeout: timedelta = COLLECTIVE
     """Join the job torchrun describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR, ...).
 
     NCCL when CUDA is available (each process on the GPU LOCAL_RANK names), gloo otherwise.
+    Safe across torchrun's restarts: its c10d rendezvous hands every attempt the same store,
+    and what the ranks of an attempt write there (gloo's and NCCL's peer addresses) outlives
+    them, so a restarted rank can read a dead rank's address and fail to connect
+    (pytorch/pytorch#167288; here about one restart in two). A store prefix per attempt gives
+    each attempt its own keys.
     """
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group(backend, timeout=timeout)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # Under the agent's store (the default) every rank is a client; otherwise rank 0 hosts it.
+    hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, hosts,
+                          timeout, multi_tenant=hosts)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group(backend, store=dist.PrefixStore(f"ballast/attempt-{attempt}", store),
+                            rank=rank, world_size=world, timeout=timeout)
 
 
 def run_local(world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 300.0,

@@ -45,40 +45,17 @@ def run(args: argparse.Namespace) -> int:
 def _run_torchrun(config: TrainConfig) -> dict | None:
     import torch.distributed as dist
 
+    from ..runtime import init_distributed
     from .trainer import train
 
     world = int(os.environ["WORLD_SIZE"])
     if config.run.world is not None and config.run.world != world:
         raise ValueError(f"--world {config.run.world} does not match torchrun's WORLD_SIZE {world}")
-    _join_torchrun(timedelta(seconds=config.run.timeout))
+    init_distributed(timeout=timedelta(seconds=config.run.timeout))
     try:
         return train(config)
     finally:
         dist.destroy_process_group()
-
-
-def _join_torchrun(timeout: timedelta) -> None:
-    """`ballast.runtime.init_distributed`, made safe across torchrun's restarts.
-
-    torchrun's c10d rendezvous hands every attempt the same store, and what the ranks of an
-    attempt write there (gloo's and NCCL's peer addresses) outlives them: a restarted rank
-    can read a dead rank's address and fail to connect (pytorch/pytorch#167288; it does here
-    about one restart in two). A store prefix per attempt gives each attempt its own keys.
-    """
-    import torch
-    import torch.distributed as dist
-
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    # Under the agent's store (the default) every rank is a client; otherwise rank 0 hosts it.
-    hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, hosts,
-                          timeout, multi_tenant=hosts)
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    dist.init_process_group(backend, store=dist.PrefixStore(f"ballast/attempt-{attempt}", store),
-                            rank=rank, world_size=world, timeout=timeout)
 
 
 def _run_local(config: TrainConfig) -> dict | None:
