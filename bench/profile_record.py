@@ -91,7 +91,9 @@ def main() -> int:
     summary = {
         "setting": {"model": "tiny", "world": 2, "lengths": "stdlib", "max_len": int(args.max_len),
                     "tokens_per_step": int(args.tokens_per_step), "device_memory_gb": float(args.device_memory),
-                    "statistic": args.statistic, "plans": int(args.plans), "attention_kernel": attention_kernel()},
+                    "statistic": args.statistic, "plans": int(args.plans), "attention_kernel": attention_kernel(),
+                    "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                             text=True).stdout.strip()},
         "seconds": seconds, "waits_for_quiet": waits,
         "targets": {k: {"target": v, "measured": measured[k], "met": measured[k] <= v} for k, v in TARGETS.items()},
         "profile": {k: profiled["fit"][k] for k in ("residuals", "extrapolation_error", "load_average", "core_share",
