@@ -33,7 +33,7 @@ from rich.table import Table
 
 from .cost import CostModel, InfeasibleError
 from .profiling.fit import Coefficients, compare, error_summary, fit
-from .profiling.grid import build_grid, checkpoint_levels, verification_points
+from .profiling.grid import Point, build_grid, checkpoint_levels, verification_points
 from .profiling.machine import LoadMonitor, machine_info, physical_memory
 from .profiling.measure import STATISTICS, combine, core_share, measure_on_ranks
 from .runtime import run_local
@@ -49,7 +49,7 @@ BYTES_PER_ELEMENT = 4
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """What to measure; `quick()` is a smaller grid for a first look."""
+    """What to measure (`settings_from` reads it from the command line; --quick shrinks it)."""
 
     lengths: tuple[int, ...]
     depths: tuple[int, ...]
@@ -72,6 +72,7 @@ def default_lengths(max_len: int, quick: bool) -> tuple[int, ...]:
 
 
 def state_bytes(shape: ModelShape) -> float:
+    """Bytes of states every rank holds for this shape (see STATE_BYTES_PER_PARAM)."""
     return float(STATE_BYTES_PER_PARAM * shape.params)
 
 
@@ -97,53 +98,64 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def plan_grid(shape: ModelShape, world_size: int, settings: Settings) -> tuple[list[Point], list[Point]]:
+    """(grid at the reduced depths, full-depth points that check the extrapolation)."""
+    if world_size < 1 or world_size & (world_size - 1):
+        raise ValueError(f"--world must be a power of two, got {world_size}")
+    if not settings.lengths or min(settings.lengths) < 1:
+        raise ValueError(f"grid lengths must be positive, got {settings.lengths}")
+    if settings.repeats < 1 or settings.warmup < 0 or settings.verify < 0:
+        raise ValueError("repeats must be >= 1, warm-up and verify >= 0")
+    if settings.statistic not in STATISTICS:
+        raise ValueError(f"statistic must be one of {sorted(STATISTICS)}, got {settings.statistic!r}")
+    if min(settings.depths) < 1:
+        raise ValueError(f"profiled depths must be >= 1 block, got {settings.depths}")
+    degrees = sp_degrees(shape, world_size)
+    depths = sorted({min(d, shape.layers) for d in settings.depths})
+    grid = [p for depth in depths for p in build_grid(depth, settings.lengths, degrees)]
+    checks = ([] if shape.layers in depths else
+              verification_points(shape.layers, settings.lengths, degrees, settings.verify))
+    return grid, checks
+
+
 def profile(shape: ModelShape, world_size: int, device_memory: float, settings: Settings,
             progress: bool = False, timeout: float = 3600.0) -> CostModel | None:
     """Measure `shape` on `world_size` ranks and return its profiled CostModel.
 
     Spawns local gloo ranks, or under torchrun joins its job (NCCL on GPUs): then every
     process calls this and rank 0 alone gets the CostModel, the others None."""
-    if world_size < 1 or world_size & (world_size - 1):
-        raise ValueError(f"--world must be a power of two, got {world_size}")
-    if not settings.lengths or min(settings.lengths) < 1:
-        raise ValueError(f"grid lengths must be positive, got {settings.lengths}")
-    if settings.statistic not in STATISTICS:
-        raise ValueError(f"statistic must be one of {sorted(STATISTICS)}, got {settings.statistic!r}")
+    grid, checks = plan_grid(shape, world_size, settings)
     check_states_fit(shape, device_memory)
-    degrees = sp_degrees(shape, world_size)
-    depths = tuple(sorted({min(d, shape.layers) for d in settings.depths}))
-    if min(depths) < 1:
-        raise ValueError(f"profiled depths must be >= 1 block, got {settings.depths}")
-    grid = [p for depth in depths for p in build_grid(depth, settings.lengths, degrees)]
-    checks = ([] if shape.layers in depths else
-              verification_points(shape.layers, settings.lengths, degrees, settings.verify))
-    points = grid + checks
     start = time.perf_counter()
     with LoadMonitor() as load:
-        args = (shape, points, settings.warmup, settings.repeats, settings.seed, progress)
+        args = (shape, grid + checks, settings.warmup, settings.repeats, settings.seed, progress)
         per_rank = (_measure_torchrun(world_size, args, timeout) if under_torchrun() else
                     run_local(world_size, measure_on_ranks, *args, timeout=timeout))
     if per_rank is None:
         return None
-    measured = combine(points, per_rank, settings.statistic)
+    measured = combine(grid + checks, per_rank, settings.statistic)
     fitted, verified = measured[:len(grid)], measured[len(grid):]
     coefficients = fit(fitted, shape_bytes_per_token_layer(shape), reference_length=_median(settings.lengths))
-    at = {d: _cost(coefficients, shape, d, world_size, device_memory) for d in {*depths, shape.layers}}
+    at = {d: _cost(coefficients, shape, d, world_size, device_memory)
+          for d in {shape.layers, *(m.point.layers for m in measured)}}
+    cost, points, extrapolation = at[shape.layers], compare(fitted, at), compare(verified, at)
     report = dict(
         profiler="ballast profile", seconds=time.perf_counter() - start, load_average=load.summary(),
         machine=machine_info(world_size), shape=shape.to_dict(), settings=dataclasses.asdict(settings),
-        degrees=degrees, depths=list(depths), grid=[p.label() for p in points], coefficients=coefficients.to_dict(),
+        degrees=sp_degrees(shape, world_size), depths=sorted({p.layers for p in grid}),
+        grid=[p.label() for p in grid + checks], coefficients=coefficients.to_dict(),
         step_overhead_s=per_rank[0]["step_overhead"], states_measured=per_rank[0]["states"],
         core_share=core_share([r for rank in per_rank for point in rank["records"].values() for r in point]),
-        points=compare(fitted, at), extrapolation=compare(verified, at),
+        points=points, extrapolation=extrapolation, residuals=_errors(points),
+        extrapolation_error=_errors(extrapolation),
+        max_tokens={d: {c / shape.layers: cost.max_tokens(d, c / shape.layers) for c in checkpoint_levels(shape.layers)}
+                    for d in cost.degrees},
         measurements=[m.to_dict() for m in measured])
-    report["residuals"] = {key: error_summary([p[f"{key}_error"] for p in report["points"]]) for key in ("time", "act")}
-    report["extrapolation_error"] = {key: error_summary([p[f"{key}_error"] for p in report["extrapolation"]])
-                                     for key in ("time", "act")}
-    cost = at[shape.layers]
-    report["max_tokens"] = {d: {c / shape.layers: cost.max_tokens(d, c / shape.layers)
-                                for c in checkpoint_levels(shape.layers)} for d in cost.degrees}
     return dataclasses.replace(cost, fit=report)
+
+
+def _errors(rows: list[dict]) -> dict:
+    return {key: error_summary([row[f"{key}_error"] for row in rows]) for key in ("time", "act")}
 
 
 def _measure_torchrun(world_size: int, args: tuple, timeout: float) -> list[dict] | None:

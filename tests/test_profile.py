@@ -13,7 +13,8 @@ from ballast.cli import main
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel, InfeasibleError, get_cost_model
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
-from ballast.profile import Settings, check_states_fit, default_lengths, profile, shape_bytes_per_token_layer, state_bytes
+from ballast.profile import (Settings, check_states_fit, default_lengths, plan_grid, profile,
+                             shape_bytes_per_token_layer, state_bytes)
 from ballast.profiling.fit import Coefficients, compare, fit
 from ballast.profiling.grid import Measurement, Point, build_grid, verification_points
 from ballast.shapes import get_model_shape
@@ -93,6 +94,19 @@ def test_grid_covers_lengths_degrees_and_checkpoint_levels():
     assert any(len(p.lengths) > 1 for p in points)  # packed micro-batches too
     assert default_lengths(4096, quick=False) == (128, 256, 512, 1024, 2048, 4096)
     assert default_lengths(3000, quick=True) == (128, 512, 2048, 3000)
+
+
+def test_plan_grid_extrapolates_from_reduced_depths_and_rejects_bad_settings():
+    grid, checks = plan_grid(TINY, 4, Settings(lengths=(128, 1024), depths=(1, 2), verify=3))
+    assert {p.layers for p in grid} == {1, 2} and {p.degree for p in grid} == {1, 2, 4}
+    assert len(checks) == 3 and all(p.layers == TINY.layers for p in checks)
+    # At the model's own depth nothing is extrapolated, so nothing is checked.
+    assert plan_grid(TINY, 2, Settings(lengths=(128,), depths=(4, 9), verify=3))[1] == []
+    for world, settings in ((3, Settings((128,), (1,), 1)), (2, Settings((0,), (1,), 1)),
+                            (2, Settings((128,), (0,), 1)), (2, Settings((128,), (1,), 1, repeats=0)),
+                            (2, Settings((128,), (1,), 1, statistic="mean"))):
+        with pytest.raises(ValueError):
+            plan_grid(TINY, world, settings)
 
 
 def profiled_cost(world: int = 4, memory_gb: float = 0.1) -> CostModel:
