@@ -3,7 +3,7 @@
 Random batches come from a length source (`stdlib` by default: real code files, split at
 --max-len); each is planned by the next planner in turn, validated, simulated under the
 profile (predicted step time of the plan as the runtime executes it, see `as_executed`, and
-peak activation bytes per device), then executed by the runtime on local ranks. Measured
+peak activation bytes per device), then executed by the runtime on local gloo ranks. Measured
 step time is what the simulator models: the sum over waves of the wave's wall time (its
 slowest group plus the barrier that ends it), the largest over ranks; the gradient
 all-reduce and optimizer step, a constant per step that no planner can change, are reported

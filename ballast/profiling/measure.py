@@ -1,4 +1,5 @@
-"""Measuring grid points with the real runtime, on every rank of a local gloo world.
+"""Measuring grid points with the real runtime, on every rank of the job (local gloo ranks, or
+torchrun's: NCCL on GPUs, where timings are taken around device synchronisations).
 
 Each point runs as a one-wave plan through `Executor.step`: every aligned block of `degree`
 ranks runs the same micro-batch shape, so all ranks are busy as in a real step (a lone rank
@@ -38,6 +39,8 @@ LEARNING_RATE = 1e-5
 
 @dataclass
 class CallCounter:
+    """All-to-all calls seen inside `timed_all_to_alls`, their seconds and send bytes."""
+
     calls: int = 0
     seconds: float = 0.0
     bytes: int = 0
