@@ -3,7 +3,8 @@
 Attention never crosses a sequence boundary. The implementation is picked at call time:
 flash-attn's varlen kernel when the tensors are on a GPU in half precision and `flash_attn` is
 importable; otherwise one `scaled_dot_product_attention` per sequence (CPU, fp32, or no
-flash-attn), which needs no block-diagonal mask and so no memory quadratic in the stream.
+flash-attn), which needs no block-diagonal mask and, through PyTorch's CPU flash kernel, no
+memory quadratic in the sequence.
 """
 from __future__ import annotations
 
@@ -31,10 +32,13 @@ def varlen_causal_attention(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[in
         cu_seqlens = torch.tensor(bounds, dtype=torch.int32, device=q.device)
         longest = max(b - a for a, b in zip(bounds, bounds[1:]))
         return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=True)
+    # A batch dimension of one matters: on CPU, 4-D inputs reach PyTorch's flash kernel, which
+    # saves O(s) for backward; 3-D ones fall back to the math path, which keeps the s^2 scores
+    # (measured on `tiny`: 570 KB instead of 46 KB per token at 4096 tokens, and 13x slower).
     outputs = [
-        F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1),
-                                       v[a:b].transpose(0, 1), is_causal=True, enable_gqa=True)
-        .transpose(0, 1)
+        F.scaled_dot_product_attention(q[a:b].transpose(0, 1)[None], k[a:b].transpose(0, 1)[None],
+                                       v[a:b].transpose(0, 1)[None], is_causal=True, enable_gqa=True)
+        [0].transpose(0, 1)
         for a, b in zip(bounds, bounds[1:]) if b > a  # an empty sequence attends to nothing
     ]
     assert outputs, "an empty stream has nothing to attend to; callers skip it"
