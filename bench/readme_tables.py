@@ -47,7 +47,8 @@ def latency_table() -> str:
 def measured_table() -> str:
     """`ballast bench`'s recorded run: the setting, the load it ran under, one row per planner, the targets."""
     data = json.loads((RESULTS / "measured.json").read_text())
-    s, cost, load, noise = data["setting"], data["cost_model"], data["load_average"], data["noise"]["run_to_run"]
+    s, cost, load = data["setting"], data["cost_model"], data["load_average"]
+    noise, relative = data["noise"]["run_to_run"], data["noise"]["relative"]
     rows = ["| planner | tokens/s | vs static | paired | spread | step (s) | waves (s) | predicted (s) | error | "
             "idle | plan ms | degrees | ckpt |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
@@ -62,7 +63,10 @@ def measured_table() -> str:
             f"planners interleaved per step; {data['seconds']:.0f} s wall, load average {load['min']:.1f}.."
             f"{load['max']:.1f} (median {load['median']:.1f}) on {load['cpus']} CPUs, ranks' CPU share "
             f"{data['noise']['cpu_share']:.0%}"
-            + (f"; run-to-run noise {noise:.1%}" if noise is not None else "") + "):\n\n")
+            + (f"; run-to-run noise of tokens/s {noise:.1%}, of speeds relative to static {relative:.1%}"
+               if noise is not None else "") + "). tokens/s: per batch the median step time over rounds; "
+            "paired: median per-batch ratio to static's step; spread: of tokens/s over rounds; error: "
+            "predicted / measured waves - 1, median over batches:\n\n")
     return head + "\n".join(rows) + "\n\nTargets: " + "; ".join(target_lines(data["targets"])) + "."
 
 

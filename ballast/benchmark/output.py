@@ -26,12 +26,18 @@ def bench_table(title: str, summary: dict) -> Table:
             f"{s['prediction_error']:+.1%}", f"{s['idle_fraction']:.1%}", f"{s['plan_ms']:.1f}",
             ",".join(map(str, s["degrees"])), f"{s['checkpointed']:.2f}", f"{s['micro_batches']:.1f}")
     noise = summary["noise"]
-    table.caption = ("tokens/s: total tokens / total step time; paired: median per-batch step-time ratio "
-                     "to static; spread: (max-min)/median of tokens/s over rounds; waves s and predicted s: "
-                     "medians; pred err: median over batches of predicted / measured waves - 1"
-                     + (f"; run-to-run noise {noise['run_to_run']:.1%} (median over planners)"
-                        if noise["run_to_run"] is not None else "; one round: no run-to-run noise measured"))
+    table.caption = ("tokens/s: total tokens / sum over batches of the median step time over rounds; paired: "
+                     "median per-batch step-time ratio to static; spread: (max-min)/median of tokens/s over rounds; "
+                     "step s (median per batch), waves s, predicted s: medians; pred err: median over batches of "
+                     "predicted / measured waves - 1" + _noise_text(summary["noise"]))
     return table
+
+
+def _noise_text(noise: dict) -> str:
+    if noise["run_to_run"] is None:
+        return "; one round: no run-to-run noise measured"
+    relative = "" if noise["relative"] is None else f", of speeds relative to static {noise['relative']:.1%}"
+    return f"; run-to-run noise of tokens/s {noise['run_to_run']:.1%}{relative} (medians over planners)"
 
 
 def bar_chart(summary: dict, title: str, path: str | Path) -> None:

@@ -1,16 +1,22 @@
 """From the benchmark's per-slot records to per-planner numbers, the noise and the targets.
 
-Throughput is total tokens over total step time (the executor's whole step: waves, gradient
-all-reduce and optimizer; planning is left out, it is timed apart and a trainer plans one step
-ahead). The cost model predicts the waves only (DESIGN.md's step time has no gradient sync or
-optimizer, a constant no planner changes), so predictions are compared with the measured waves:
-per batch, the median over rounds of the slowest rank's waves, against the simulated step.
+Throughput counts the executor's whole step (waves, gradient all-reduce and optimizer; planning
+is timed apart: a trainer plans one step ahead). This machine is shared, and another job's burst
+slows whichever steps it lands on, so the headline `tokens_per_s` is robust to it: per batch,
+the median over rounds of the step time, then total tokens over the sum of those medians.
+`tokens_per_s_mean` is the plain total over every measured step.
 
-Noise is measured, not assumed: every round reruns the same plans on the same batches, so the
-spread of a planner's tokens/s over rounds is what the machine alone changes between runs. The
-ranks' CPU seconds over their wall seconds during steps (`cpu_share`; each rank runs one
-thread) say how much of a core other jobs left them: near 1 on a quiet machine, less when the
-ranks waited for each other or were descheduled.
+The cost model predicts the waves only (DESIGN.md's step time has no gradient sync or optimizer,
+a constant no planner changes), so predictions are compared with the measured waves: per batch,
+predicted / (median over rounds of the slowest rank's waves) - 1, then the median over batches.
+
+Noise is measured, not assumed: every round reruns the same plans on the same batches, so what
+changes between rounds is the machine. `run_to_run` is the median over planners of the spread
+((max - min) / median) of their tokens/s over rounds; `relative` is the same for their speed
+relative to `static` within each round, the noise of the comparisons the targets make. The
+ranks' CPU seconds over wall seconds during steps (`cpu_share`; each rank runs one thread) say
+how much of a core other jobs left them: near 1 on a quiet machine, less when the ranks waited
+for each other or were descheduled.
 """
 from __future__ import annotations
 
@@ -33,22 +39,21 @@ def _spread(values: Sequence[float]) -> float:
 
 def planner_summary(mine: list[dict]) -> dict:
     """One planner's measured records summarised (see the module docstring)."""
-    tokens, seconds = sum(r["tokens"] for r in mine), sum(r["step_s"] for r in mine)
     rounds: dict[int, list[dict]] = defaultdict(list)
     steps: dict[int, list[dict]] = defaultdict(list)
     for r in mine:
         rounds[r["round"]].append(r)
         steps[r["step"]].append(r)
-    per_round = [sum(r["tokens"] for r in rs) / sum(r["step_s"] for r in rs) for _, rs in sorted(rounds.items())]
+    per_round = [_throughput(rs) for _, rs in sorted(rounds.items())]
+    median_step = [statistics.median(r["step_s"] for r in rs) for rs in steps.values()]
     errors = [rs[0]["predicted_s"] / statistics.median(r["waves_s"] for r in rs) - 1.0 for rs in steps.values()]
     busy = sum(sum(r["rank_busy_s"]) for r in mine)
     wait = sum(sum(r["rank_wait_s"]) for r in mine)
     planned = [r["plan_ms"] for r in mine if r["plan_ms"] is not None]
     return dict(
-        tokens_per_s=tokens / seconds, tokens_per_s_rounds=per_round, round_spread=_spread(per_round),
-        step_s=statistics.median(r["step_s"] for r in mine), step_s_mean=seconds / len(mine),
-        step_spread=statistics.median(_spread([r["step_s"] for r in rs]) for rs in steps.values()),
-        waves_s=statistics.median(r["waves_s"] for r in mine),
+        tokens_per_s=sum(rs[0]["tokens"] for rs in steps.values()) / sum(median_step),
+        tokens_per_s_mean=_throughput(mine), tokens_per_s_rounds=per_round, round_spread=_spread(per_round),
+        step_s=statistics.median(median_step), waves_s=statistics.median(r["waves_s"] for r in mine),
         predicted_s=statistics.median(r["predicted_s"] for r in mine),
         prediction_error=statistics.median(errors), prediction_abs_error=statistics.median(abs(e) for e in errors),
         idle_fraction=wait / max(1e-12, busy + wait),
@@ -60,6 +65,10 @@ def planner_summary(mine: list[dict]) -> dict:
         degrees=sorted({d for r in mine for d in r["degrees"]}),
         checkpointed=statistics.fmean(r["checkpointed"] for r in mine),
         loss_last=mine[-1]["loss"])
+
+
+def _throughput(records: list[dict]) -> float:
+    return sum(r["tokens"] for r in records) / sum(r["step_s"] for r in records)
 
 
 def paired_speedups(records: list[dict], baseline: str) -> dict[str, float]:
@@ -102,17 +111,21 @@ def summarise(records: list[dict], planners: Sequence[str], baseline: str = "sta
         s["vs_static"] = s["tokens_per_s"] / out[baseline]["tokens_per_s"] if baseline in out else None
         s["vs_static_paired"] = paired.get(name)
     rounds = len({r["round"] for r in measured})
-    spreads = [s["round_spread"] for s in out.values()]
-    noise = dict(rounds=rounds, run_to_run=statistics.median(spreads) if rounds > 1 else None,
-                 run_to_run_max=max(spreads) if rounds > 1 else None,
-                 step_spread=statistics.median(s["step_spread"] for s in out.values()) if rounds > 1 else None,
+    noise = dict(rounds=rounds, run_to_run=None, relative=None,
                  cpu_share=statistics.fmean(r["cpu_share"] for r in measured))
+    if rounds > 1:
+        noise["run_to_run"] = statistics.median(s["round_spread"] for s in out.values())
+    if rounds > 1 and baseline in out and len(out) > 1:
+        base = out[baseline]["tokens_per_s_rounds"]
+        for s in out.values():
+            s["vs_static_rounds"] = [x / b for x, b in zip(s["tokens_per_s_rounds"], base)]
+        noise["relative"] = statistics.median(_spread(s["vs_static_rounds"]) for n, s in out.items() if n != baseline)
     return dict(planners=out, noise=noise, same_batches=same_batches(records), loss_spread=loss_spread(measured))
 
 
 def targets(summary: dict, seconds: float) -> dict:
     """The issue's targets, each with what was measured and whether it holds."""
-    planners, noise = summary["planners"], summary["noise"]["run_to_run"] or 0.0
+    planners, noise = summary["planners"], summary["noise"]["relative"] or 0.0
     out: dict = {"wall_seconds": dict(value=seconds, target=WALL_TARGET_S, met=seconds < WALL_TARGET_S)}
     errors = {name: s["prediction_abs_error"] for name, s in planners.items()}
     out["prediction"] = dict(abs_errors=errors, target=PREDICTION_TARGET,
