@@ -6,27 +6,37 @@
 # Usage: bench/measured.sh [--skip-latency]
 # Cost model: a `ballast profile` of the tiny model up to MAX_LEN made here at its full depth
 # (no extrapolation), right before the bench and so under the same load
-# (bench/results/measured-profile.json; about a minute), or
-# PROFILE=path to reuse one. The machine is shared: each stage first waits (up to MAX_WAIT
-# seconds) for the 1-minute load average to drop below QUIET_LOAD; the JSON records the load
-# seen during the run.
+# (bench/results/measured-profile.json; about a minute), or PROFILE=path to reuse one.
+# The machine is shared: each stage first waits (up to MAX_WAIT seconds) until fewer than
+# QUIET_CORES cores were busy over 10 s; the JSON records the load and the ranks' CPU share.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BALLAST=${BALLAST:-.venv/bin/ballast}
 PYTHON=${PYTHON:-.venv/bin/python}
-QUIET_LOAD=${QUIET_LOAD:-1.5}
+QUIET_CORES=${QUIET_CORES:-0.3}
 MAX_WAIT=${MAX_WAIT:-900}
 OUT=bench/results
 MAX_LEN=4096
 mkdir -p "$OUT"
 
+busy_cores() {
+    # Cores busy over the last 10 s, from /proc/stat (the load average lags by a minute).
+    local a b
+    a=$(awk '/^cpu /{print $2+$3+$4+$7+$8, $5+$6}' /proc/stat)
+    sleep 10
+    b=$(awk '/^cpu /{print $2+$3+$4+$7+$8, $5+$6}' /proc/stat)
+    echo "$a $b" | awk -v cores="$(nproc)" '{ busy = $3 - $1; idle = $4 - $2; printf "%.2f", cores * busy / (busy + idle) }'
+}
+
 wait_for_quiet() {
-    local waited=0
-    while awk -v limit="$QUIET_LOAD" '{ exit !($1 >= limit) }' /proc/loadavg && [ "$waited" -lt "$MAX_WAIT" ]; do
-        sleep 15
+    local waited=0 busy
+    busy=$(busy_cores)
+    while awk -v b="$busy" -v limit="$QUIET_CORES" 'BEGIN { exit !(b >= limit) }' && [ "$waited" -lt "$MAX_WAIT" ]; do
+        sleep 5
         waited=$((waited + 15))
+        busy=$(busy_cores)
     done
-    echo "load average $(cut -d' ' -f1-3 /proc/loadavg) after waiting ${waited} s for < $QUIET_LOAD"
+    echo "$busy cores busy (load average $(cut -d' ' -f1-3 /proc/loadavg)) after waiting ${waited} s for < $QUIET_CORES"
 }
 
 if [ -z "${PROFILE:-}" ]; then
