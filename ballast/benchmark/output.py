@@ -57,13 +57,14 @@ def bar_chart(summary: dict, title: str, path: str | Path) -> None:
     high = [max(s["tokens_per_s_rounds"]) - speed[i] for i, (_, s) in enumerate(ranked)]
     colours = ["tab:red" if n == "ballast" else "tab:grey" if n == "static" else "tab:blue" for n in names]
     left.barh(y, speed, xerr=[low, high], color=colours, capsize=3)
+    ends = [max(speed[i], max(s["tokens_per_s_rounds"])) for i, (_, s) in enumerate(ranked)]
     for i, (_, s) in enumerate(ranked):
         if s["vs_static"] is not None:
-            left.text(speed[i], i, f"  {s['vs_static']:.2f}x", va="center", fontsize=8)
+            left.text(ends[i], i, f"  {s['vs_static']:.2f}x", va="center", fontsize=8)
     left.set_yticks(y, names)
     left.invert_yaxis()
-    left.set_xlabel("tokens/s (measured)")
-    left.set_xlim(0, max(speed) * 1.18)
+    left.set_xlabel("tokens/s (per-batch medians; whiskers: rounds' min..max)")
+    left.set_xlim(0, max(ends) * 1.2)
     height = 0.38
     right.barh(y - height / 2, [s["waves_s"] for _, s in ranked], height, label="measured waves", color="tab:blue")
     right.barh(y + height / 2, [s["predicted_s"] for _, s in ranked], height, label="cost model", color="tab:orange")
