@@ -97,6 +97,12 @@ def result_json(setting: BenchSetting, inputs: BenchInputs, records: list[dict],
         **summary, targets=targets(summary, seconds), records=records)
 
 
+def chart_title(result: dict) -> str:
+    s = result["setting"]
+    return (f"ballast bench: {s['model']} on {s['world']} gloo ranks, {s['data']} (~{s['tokens_per_step']} "
+            f"tokens/step, max_len {s['max_len']}), {result['cost_model']['source']} cost model")
+
+
 def print_targets(console: Console, result: dict) -> None:
     for name, t in result["targets"].items():
         mark = "[green]met[/green]" if t["met"] else "[red]not met[/red]"
@@ -118,8 +124,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(describe(inputs, setting), highlight=False)
     records, load = bench(setting, inputs, args.timeout)
     result = result_json(setting, inputs, records, load, time.perf_counter() - start)
-    title = (f"ballast bench: {inputs.shape.name} on {setting.world} gloo ranks, {setting.data} "
-             f"(~{setting.tokens_per_step} tokens/step, max_len {setting.max_len}), {inputs.cost.source} cost model")
+    title = chart_title(result)
     console.print(bench_table(title, result))
     console.print(f"{result['seconds']:.0f} s; load average {load['min']:.1f}..{load['max']:.1f} (median "
                   f"{load['median']:.1f}) on {load['cpus']} CPUs; ranks' CPU share during steps "

@@ -53,8 +53,9 @@ def bar_chart(summary: dict, title: str, path: str | Path) -> None:
     y = np.arange(len(names))
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 0.9 + 0.5 * len(names)), sharey=True)
     speed = [s["tokens_per_s"] for _, s in ranked]
-    low = [speed[i] - min(s["tokens_per_s_rounds"]) for i, (_, s) in enumerate(ranked)]
-    high = [max(s["tokens_per_s_rounds"]) - speed[i] for i, (_, s) in enumerate(ranked)]
+    # The bar (per-batch medians) may lie outside the rounds' totals: whiskers then start at it.
+    low = [max(0.0, speed[i] - min(s["tokens_per_s_rounds"])) for i, (_, s) in enumerate(ranked)]
+    high = [max(0.0, max(s["tokens_per_s_rounds"]) - speed[i]) for i, (_, s) in enumerate(ranked)]
     colours = ["tab:red" if n == "ballast" else "tab:grey" if n == "static" else "tab:blue" for n in names]
     left.barh(y, speed, xerr=[low, high], color=colours, capsize=3)
     ends = [max(speed[i], max(s["tokens_per_s_rounds"])) for i, (_, s) in enumerate(ranked)]
@@ -69,7 +70,7 @@ def bar_chart(summary: dict, title: str, path: str | Path) -> None:
     right.barh(y - height / 2, [s["waves_s"] for _, s in ranked], height, label="measured waves", color="tab:blue")
     right.barh(y + height / 2, [s["predicted_s"] for _, s in ranked], height, label="cost model", color="tab:orange")
     right.set_xlabel("seconds per step (median)")
-    right.legend(fontsize=8, loc="lower right")
+    right.legend(fontsize=8, ncol=2, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
