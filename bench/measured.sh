@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's measured numbers: `ballast bench` (every planner trains the tiny model on the same
-# stdlib batches on 2 gloo ranks, interleaved per step, 3 rounds for the run-to-run noise), then
-# the planners' latency (bench/latency.py), then the README tables.
+# stdlib batches on 2 gloo ranks, interleaved per step, 3 rounds for the run-to-run noise; run
+# twice), then the planners' latency (bench/latency.py), then the README tables.
 #
 # Usage: bench/measured.sh [--skip-latency]
 # Cost model: a `ballast profile` of the tiny model up to MAX_LEN made here at its full depth
@@ -45,11 +45,15 @@ if [ -z "${PROFILE:-}" ]; then
     $BALLAST profile --model tiny --world 2 --max-len $MAX_LEN --depths 4 --out "$PROFILE"
 fi
 
-wait_for_quiet
-$BALLAST bench --model tiny --data stdlib --world 2 \
-    --planners static,batch-adaptive,bucket,megatron-dynamic-cp,dcp,flexsp,hydraulis,zeppelin,ballast \
-    --max-len $MAX_LEN --tokens-per-step 16384 --steps 4 --warmup 1 --repeats 3 --time-limit 2 \
-    --cost "$PROFILE" --json "$OUT/measured.json"
+# Twice: the second invocation (same profile, same batches) shows how far a rerun moves the
+# numbers, beyond the spread of the rounds inside one run.
+for RUN in measured measured-repeat; do
+    wait_for_quiet
+    $BALLAST bench --model tiny --data stdlib --world 2 \
+        --planners static,batch-adaptive,bucket,megatron-dynamic-cp,dcp,flexsp,hydraulis,zeppelin,ballast \
+        --max-len $MAX_LEN --tokens-per-step 16384 --steps 4 --warmup 1 --repeats 3 --time-limit 2 \
+        --cost "$PROFILE" --json "$OUT/$RUN.json"
+done
 
 if [ "${1:-}" != "--skip-latency" ]; then
     wait_for_quiet

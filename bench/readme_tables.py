@@ -57,8 +57,10 @@ def measured_table() -> str:
                     f"{p['round_spread']:.1%} | {p['step_s']:.3f} | {p['waves_s']:.3f} | {p['predicted_s']:.3f} | "
                     f"{p['prediction_error']:+.1%} | {p['idle_fraction']:.1%} | {p['plan_ms']:.1f} | "
                     f"{','.join(map(str, p['degrees']))} | {p['checkpointed']:.2f} |")
+    lengths = [n for b in data["batches"] if b["measured"] for n in b["lengths"]]
     head = (f"**Measured** ({s['model']} on {s['world']} gloo ranks, {s['data']} corpus, ~{s['tokens_per_step']:,} "
-            f"tokens/step, max-len {s['max_len']:,}, {cost['device_memory_gb'] * 1e3:.1f} MB per rank; "
+            f"tokens/step, max-len {s['max_len']:,} ({sum(n == s['max_len'] for n in lengths)} of the {len(lengths)} "
+            f"measured sequences are max-len chunks), {cost['device_memory_gb'] * 1e3:.1f} MB per rank; "
             f"{cost['source']} cost model; {s['warmup']} warm-up + {s['repeats']} rounds x {s['steps']} steps, "
             f"planners interleaved per step; {data['seconds']:.0f} s wall, load average {load['min']:.1f}.."
             f"{load['max']:.1f} (median {load['median']:.1f}) on {load['cpus']} CPUs, ranks' CPU share "
@@ -67,7 +69,23 @@ def measured_table() -> str:
                if noise is not None else "") + "). tokens/s: per batch the median step time over rounds; "
             "paired: median per-batch ratio to static's step; spread: of tokens/s over rounds; error: "
             "predicted / measured waves - 1, median over batches:\n\n")
-    return head + "\n".join(rows) + "\n\nTargets: " + "; ".join(target_lines(data["targets"])) + "."
+    text = head + "\n".join(rows) + "\n\nTargets: " + "; ".join(target_lines(data["targets"])) + "."
+    if (RESULTS / "measured-repeat.json").exists():
+        text += "\n\n" + repeat_line(data, json.loads((RESULTS / "measured-repeat.json").read_text()))
+    return text
+
+
+def repeat_line(first: dict, again: dict) -> str:
+    """How far a second invocation of the same bench moved the numbers."""
+    names = [n for n in first["planners"] if n in again["planners"]]
+    moved = sorted(abs(again["planners"][n]["tokens_per_s"] / first["planners"][n]["tokens_per_s"] - 1) for n in names)
+    ours = again["planners"].get("ballast", {})
+    speed = (f"ballast {ours['vs_static']:.2f}x static (paired {ours['vs_static_paired']:.2f}x); "
+             if ours.get("vs_static") is not None else "")
+    return (f"A second invocation (`measured-repeat.json`, {again['seconds']:.0f} s, load average median "
+            f"{again['load_average']['median']:.1f}, ranks' CPU share {again['noise']['cpu_share']:.0%}): {speed}"
+            f"each planner's tokens/s moved by {moved[len(moved) // 2]:.1%} (median; at most {moved[-1]:.1%}); "
+            f"targets: {'; '.join(target_lines(again['targets']))}.")
 
 
 def target_lines(targets: dict) -> list[str]:
