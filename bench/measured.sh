@@ -16,7 +16,7 @@ PYTHON=${PYTHON:-.venv/bin/python}
 QUIET_CORES=${QUIET_CORES:-0.3}
 MAX_WAIT=${MAX_WAIT:-900}
 OUT=bench/results
-MAX_LEN=4096
+MAX_LEN=8192
 mkdir -p "$OUT"
 
 busy_cores() {

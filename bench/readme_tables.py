@@ -72,7 +72,24 @@ def measured_table() -> str:
     text = head + "\n".join(rows) + "\n\nTargets: " + "; ".join(target_lines(data["targets"])) + "."
     if (RESULTS / "measured-repeat.json").exists():
         text += "\n\n" + repeat_line(data, json.loads((RESULTS / "measured-repeat.json").read_text()))
+    others = sorted(path for path in RESULTS.glob("measured-*.json")
+                    if path.name != "measured-repeat.json" and not path.stem.endswith("-profile"))
+    if others:
+        text += "\n\nOther recorded runs of the same bench:\n\n" + "\n".join(f"- {other_line(path)}" for path in others)
     return text
+
+
+def other_line(path: Path) -> str:
+    """One line for another recorded `ballast bench` run: its setting and how ballast fared."""
+    data = json.loads(path.read_text())
+    s, ours, t = data["setting"], data["planners"]["ballast"], data["targets"]
+    lengths = [n for b in data["batches"] if b["measured"] for n in b["lengths"]]
+    worst = max(t["prediction"]["abs_errors"].values())
+    return (f"`{path.name}` (max-len {s['max_len']:,}, ~{s['tokens_per_step']:,} tokens/step, "
+            f"{sum(n == s['max_len'] for n in lengths)} of {len(lengths)} sequences max-len chunks; {data['seconds']:.0f} s): "
+            f"ballast {ours['vs_static']:.2f}x static (paired {ours['vs_static_paired']:.2f}x), "
+            f"{t['ballast_vs_others']['ratio']:.2f}x {t['ballast_vs_others']['worst']}, largest median |error| "
+            f"{worst:.1%}")
 
 
 def repeat_line(first: dict, again: dict) -> str:
