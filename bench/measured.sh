@@ -6,7 +6,7 @@
 # Usage: bench/measured.sh [--skip-latency]
 # Cost model: a `ballast profile` of the tiny model up to MAX_LEN made here at its full depth
 # (no extrapolation), right before the bench and so under the same load
-# (bench/results/measured-profile.json; about a minute), or PROFILE=path to reuse one.
+# (bench/results/measured-profile.json; about 3 minutes), or PROFILE=path to reuse one.
 # The machine is shared: each stage first waits (up to MAX_WAIT seconds) until fewer than
 # QUIET_CORES cores were busy over 10 s; the JSON records the load and the ranks' CPU share.
 set -euo pipefail

@@ -29,20 +29,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=d.model, help="model preset or ModelShape JSON")
     p.add_argument("--data", default=d.data, help="corpus: stdlib | folder:PATH | jsonl:PATH | parquet:PATH")
     p.add_argument("--cache-dir", default=None, help="token cache folder (default: the data pipeline's)")
-    p.add_argument("--world", type=int, default=d.world, help="local gloo ranks")
+    p.add_argument("--world", type=int, default=d.world, help=f"local gloo ranks (default {d.world})")
     p.add_argument("--planners", default=",".join(ALL_PLANNERS), help="comma-separated planner names, or all")
-    p.add_argument("--steps", type=int, default=d.steps, help="measured steps (batches) per round")
-    p.add_argument("--warmup", type=int, default=d.warmup, help="unmeasured steps every planner runs first")
+    p.add_argument("--steps", type=int, default=d.steps, help=f"measured steps (batches) per round (default {d.steps})")
+    p.add_argument("--warmup", type=int, default=d.warmup, help=f"unmeasured steps every planner runs first (default {d.warmup})")
     p.add_argument("--repeats", type=int, default=d.repeats,
-                   help="rounds over the measured batches (same plans): their spread is the run-to-run noise")
-    p.add_argument("--tokens-per-step", type=int, default=d.tokens_per_step, help="token budget of a step")
-    p.add_argument("--max-len", type=int, default=d.max_len, help="longer documents are cut into chunks")
+                   help=f"rounds over the measured batches (same plans): their spread is the run-to-run noise "
+                        f"(default {d.repeats})")
+    p.add_argument("--tokens-per-step", type=int, default=d.tokens_per_step, help=f"token budget of a step (default {d.tokens_per_step})")
+    p.add_argument("--max-len", type=int, default=d.max_len, help=f"longer documents are cut into chunks (default {d.max_len})")
     p.add_argument("--device-memory-gb", type=float, default=None,
-                   help="memory budget per rank the planners plan for (default: a max-len sequence fits one "
-                        "rank only with every layer checkpointed)")
+                   help="memory budget per rank the planners plan for (default: a max-len sequence runs without "
+                        "checkpointing only at SP degree 2)")
     p.add_argument("--cost", default=d.cost, help="analytic | PROFILE.json from `ballast profile` (the "
                    "planners' cost model and the predictions')")
-    p.add_argument("--time-limit", type=float, default=d.time_limit, help="seconds per MILP solve (flexsp)")
+    p.add_argument("--time-limit", type=float, default=d.time_limit, help=f"seconds per MILP solve, flexsp (default {d.time_limit:g})")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
     p.add_argument("--png", default=None, help="bar chart (default: next to --json)")
