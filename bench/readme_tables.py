@@ -127,6 +127,39 @@ def target_lines(targets: dict) -> list[str]:
     return out
 
 
+def profile_text() -> str:
+    """`bench/profile_record.py`'s run: how fast the profile is and how well it predicts real plans."""
+    data = json.loads((RESULTS / "profile-tiny-summary.json").read_text())
+    s, secs, targets = data["setting"], data["seconds"], data["targets"]
+    check, fit = data["check"], data["profile"]
+    rows = ["| | median | 90th pct | max | n |", "|---|---:|---:|---:|---:|"]
+    for label, stats in [("check: step time, predicted vs measured", check["summary"]["time"]),
+                         ("check: activation bytes, predicted vs measured", check["summary"]["act"]),
+                         ("fit residuals: time", fit["residuals"]["time"]),
+                         ("fit residuals: activation bytes", fit["residuals"]["act"]),
+                         ("2-layer extrapolation vs full depth: time", fit["extrapolation_error"]["time"])]:
+        rows.append(f"| {label} | {stats['median']:.2%} | {stats['p90']:.2%} | {stats['max']:.2%} | {stats['count']} |")
+    head = (f"**Profile** ({s['model']} on {s['world']} gloo ranks, {s['lengths']} lengths up to {s['max_len']:,} "
+            f"tokens, ~{s['tokens_per_step']:,} tokens/step for the check, {s['device_memory_gb'] * 1e3:.0f} MB device "
+            f"budget; {s['attention_kernel']} attention kernel; commit {s['commit']}; load average "
+            f"{fit['load_average']['median']:.1f} during the profile, {check['load_average']['median']:.1f} during the "
+            f"check, on {fit['load_average']['cpus']} CPUs). Full profile {secs['profile']:.0f} s, `--quick` "
+            f"{secs['quick']:.0f} s; `--check` ran {check['setting']['plans']} plans from "
+            f"{len(check['setting']['planners'])} planners, {check['setting']['repeats']} repeats each "
+            f"({secs['check']:.0f} s). Errors are |predicted / measured - 1|:\n\n")
+    names = {"check_time_median": "median step-time error", "check_time_p90": "90th percentile",
+             "check_act_max": "largest activation error", "profile_seconds": "full profile",
+             "quick_seconds": "quick profile"}
+    verdicts = []
+    for key, label in names.items():
+        t = targets[key]
+        if key.endswith("seconds"):
+            verdicts.append(f"{label} {t['measured']:.0f} s (<= {t['target']:.0f} s: {'met' if t['met'] else '**not met**'})")
+        else:
+            verdicts.append(f"{label} {t['measured']:.1%} (<= {t['target']:.0%}: {'met' if t['met'] else '**not met**'})")
+    return head + "\n".join(rows) + "\n\nTargets: " + "; ".join(verdicts) + "."
+
+
 def replace(text: str, name: str, body: str) -> str:
     pattern = re.compile(rf"(<!-- results:{name} -->\n).*?(\n<!-- /results:{name} -->)", re.S)
     if not pattern.search(text):
@@ -142,6 +175,8 @@ def main() -> None:
             text = replace(text, f"simulate-{name}", simulated_table(name))
     if (RESULTS / "measured.json").exists():
         text = replace(text, "measured", measured_table())
+    if (RESULTS / "profile-tiny-summary.json").exists():
+        text = replace(text, "profile", profile_text())
     if (RESULTS / "latency.json").exists():
         text = replace(text, "latency", latency_table())
     readme.write_text(text)
