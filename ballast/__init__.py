@@ -5,6 +5,8 @@ from .plan import Group, MicroBatch, Plan, PlanError, Wave
 from .planners import PlannerOptions, make_plan as plan
 from .runtime import parallelize
 from .shapes import ModelShape, get_model_shape
+from .train import TrainConfig, Trainer
 
 __all__ = ["Cluster", "CostModel", "Group", "MicroBatch", "ModelShape", "Plan", "PlanError",
-           "PlannerOptions", "Wave", "get_cluster", "get_cost_model", "get_model_shape", "parallelize", "plan"]
+           "PlannerOptions", "TrainConfig", "Trainer", "Wave", "get_cluster", "get_cost_model",
+           "get_model_shape", "parallelize", "plan"]

@@ -36,7 +36,7 @@ from .profiling.fit import Coefficients, compare, error_summary, fit
 from .profiling.grid import Point, build_grid, checkpoint_levels, verification_points
 from .profiling.machine import LoadMonitor, machine_info, physical_memory
 from .profiling.measure import STATISTICS, combine, core_share, measure_on_ranks
-from .runtime import run_local
+from .runtime import run_local, under_torchrun
 from .shapes import ModelShape, get_model_shape
 
 HELP = "measure the real model on this machine's ranks, fit and save the cost model (or --check one)"
@@ -92,10 +92,6 @@ def sp_degrees(shape: ModelShape, world_size: int) -> list[int]:
     """Powers of two up to the world that divide the heads and kv heads."""
     return [1 << i for i in range(world_size.bit_length()) if (1 << i) <= world_size
             and shape.supports_degree(1 << i)]
-
-
-def under_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def plan_grid(shape: ModelShape, world_size: int, settings: Settings) -> tuple[list[Point], list[Point]]:

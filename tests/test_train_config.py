@@ -8,6 +8,7 @@ import tomllib
 
 import pytest
 
+import ballast
 from ballast.train import checkpoint
 from ballast.train.config import TrainConfig, add_arguments, field_docs, from_args, load_toml
 from ballast.train.metrics import final_history, summarise
@@ -140,3 +141,10 @@ def test_cost_model_from_a_profile_file(tmp_path):
     assert Setup.of(parse(), world=2).cost.source == "analytic"
     with pytest.raises(ValueError, match="describes model 'tiny', not 'gpt-7b'"):
         Setup.of(parse("--cost", str(tmp_path / "tiny.json"), "--model", "gpt-7b"), world=2)
+
+
+def test_trainer_validates_before_any_rank_starts():
+    config = TrainConfig()
+    config.run.steps = 0
+    with pytest.raises(ValueError, match="--steps must be positive"):
+        ballast.Trainer(config)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+import ballast
 from ballast.cli import main
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel
@@ -148,11 +149,15 @@ def test_report_is_written(runs):
 
 
 def test_static_and_ballast_train_the_same_model(corpus, tmp_path, capsys):
-    """Through the command line: same seed, same data, different plans, same loss curve."""
+    """Same seed, same data, different plans, same loss curve; `static` through the Python API
+    (`ballast.Trainer`), `ballast` through the command line."""
     steps = 20
-    for planner in ("static", "ballast"):
-        assert main(["train", "--planner", planner, "--no-resume", "--checkpoint-interval", "0",
-                     *flags(corpus, tmp_path / planner, steps)]) == 0
+    static_config = config(corpus, tmp_path / "static", steps)
+    static_config.planner.planner, static_config.checkpoint.checkpoint_interval = "static", 0
+    summary = ballast.Trainer(static_config).fit()
+    assert summary["steps"] == steps and summary["planner"] == "static"
+    assert main(["train", "--planner", "ballast", "--no-resume", "--checkpoint-interval", "0",
+                 *flags(corpus, tmp_path / "ballast", steps)]) == 0
     assert "trained 20 steps with the ballast planner" in capsys.readouterr().out
     static, ours = (final_history(tmp_path / p / "metrics.jsonl") for p in ("static", "ballast"))
     assert [r["sample_ids"] for r in static] == [r["sample_ids"] for r in ours]

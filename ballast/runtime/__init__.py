@@ -3,9 +3,9 @@ from .attention import StreamShard, parallelize, sequence_parallel_attention, sh
 from .executor import (Executor, MicroBatchRecord, StepResult, WaveTiming, broadcast_plan,
                        make_optimizer)
 from .groups import ProcessGroups
-from .launch import init_distributed, run_local
+from .launch import init_distributed, run_local, under_torchrun
 from .memory import ActivationMeter
 
 __all__ = ["ActivationMeter", "Executor", "MicroBatchRecord", "ProcessGroups", "StepResult",
            "StreamShard", "WaveTiming", "broadcast_plan", "init_distributed", "make_optimizer",
-           "parallelize", "run_local", "sequence_parallel_attention", "shard_sizes"]
+           "parallelize", "run_local", "sequence_parallel_attention", "shard_sizes", "under_torchrun"]

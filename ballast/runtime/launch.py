@@ -26,6 +26,11 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 _LOOPBACK = "127.0.0.1"
 
 
+def under_torchrun() -> bool:
+    """True in a process that torchrun started (it sets RANK and WORLD_SIZE)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
 def init_distributed(backend: str | None = None, timeout: timedelta = COLLECTIVE_TIMEOUT) -> None:
     """Join the job torchrun describes in the environment (RANK, WORLD_SIZE, MASTER_ADDR, ...).
 

@@ -6,10 +6,13 @@
     checkpoint.py  DCP model/optimizer state + data position, RNG, planner; atomic, resumable
     metrics.py     metrics.jsonl, progress display, summary
     plots.py       the report folder's PNGs
-    command.py     the CLI: local gloo ranks, or torchrun
+    launch.py      Trainer: runs the loop on local gloo ranks, or joins torchrun's job
+    command.py     the CLI: flags -> TrainConfig -> Trainer
 
-In Python: `ballast.train.trainer.train(config)` on every rank of an initialised job.
+In Python: `ballast.Trainer(config).fit()`; or `ballast.train.trainer.train(config)` on every
+rank of a job you initialised yourself.
 """
 from .config import TrainConfig, load_toml
+from .launch import Trainer
 
-__all__ = ["TrainConfig", "load_toml"]
+__all__ = ["TrainConfig", "Trainer", "load_toml"]

@@ -1,0 +1,76 @@
+"""`ballast.Trainer`: the Python entry point of `ballast train`, on local ranks or under torchrun.
+
+    summary = ballast.Trainer(config).fit()
+
+Outside torchrun it spawns `config.run.world` gloo ranks on 127.0.0.1 (2 if unset). Under
+`torchrun` (RANK and WORLD_SIZE in the environment) it spawns nothing: each process joins the
+job torchrun describes (NCCL on GPUs, gloo otherwise), single- or multi-node, and a restarted
+job (`--max-restarts`) resumes from the newest checkpoint.
+"""
+from __future__ import annotations
+
+import math
+import os
+from datetime import timedelta
+
+from ..runtime import under_torchrun
+from .config import TrainConfig
+
+DEFAULT_WORLD = 2
+
+
+class Trainer:
+    """Trains `config.model` on `config.data` with `config.planner`'s plans; see `TrainConfig`."""
+
+    def __init__(self, config: TrainConfig):
+        config.validate()
+        self.config = config
+
+    def fit(self) -> dict | None:
+        """Train to `config.run.steps` (resuming from the newest checkpoint unless told not to).
+        Returns the run's summary (tokens/s, idle, loss, report paths) on rank 0, None elsewhere."""
+        return self._fit_torchrun() if under_torchrun() else self._fit_local()
+
+    def _fit_torchrun(self) -> dict | None:
+        import torch.distributed as dist
+
+        from ..runtime import init_distributed
+        from .trainer import train
+
+        world = int(os.environ["WORLD_SIZE"])
+        if self.config.run.world is not None and self.config.run.world != world:
+            raise ValueError(f"--world {self.config.run.world} does not match torchrun's WORLD_SIZE {world}")
+        init_distributed(timeout=timedelta(seconds=self.config.run.timeout))
+        try:
+            return train(self.config)
+        finally:
+            dist.destroy_process_group()
+
+    def _fit_local(self) -> dict | None:
+        from ..runtime import run_local
+        from .trainer import Setup, make_planner, open_data
+
+        config = self.config
+        world = config.run.world or DEFAULT_WORLD
+        # Fail on user errors here, with a plain message, before any rank starts; the corpus is
+        # tokenised once here (with a progress bar) and the ranks read it from the cache.
+        setup = Setup.of(config, world)
+        open_data(config, setup.shape, progress=True)
+        make_planner(config, setup)
+        results = run_local(world, _local_rank, config, timeout=math.inf,
+                            collective_timeout=timedelta(seconds=config.run.timeout))
+        errors = [r["error"] for r in results if r["error"]]
+        if errors:
+            raise ValueError(errors[0])
+        return results[0]["summary"]
+
+
+def _local_rank(config: TrainConfig) -> dict:
+    """One spawned rank. A ValueError every rank raises together (a setup error rank 0
+    broadcast, a checkpoint that does not fit) comes back as a message, not a traceback."""
+    from .trainer import train
+
+    try:
+        return {"summary": train(config), "error": None}
+    except ValueError as e:
+        return {"summary": None, "error": str(e)}
