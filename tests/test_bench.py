@@ -3,35 +3,23 @@
 from __future__ import annotations
 
 import json
-import math
-import random
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from corpora import jsonl_corpus
 
 from ballast.benchmark import BenchSetting, prepare, schedule, summarise, targets
 from ballast.benchmark.ranks import batch_digest
 from ballast.cli import main
 
-WORDS = "the of and to in is that for it as with was on be by data model rank plan wave group token".split()
 PLANNERS = ("static", "ballast")
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> tuple[str, str]:
     """(source spec, cache dir) of 120 documents whose lengths are log-uniform in 16..600 bytes."""
-    folder = tmp_path_factory.mktemp("bench-corpus")
-    rng = random.Random(1)
-    lines = []
-    for _ in range(120):
-        size = int(math.exp(rng.uniform(math.log(16), math.log(600))))
-        text = ""
-        while len(text) < size:
-            text += rng.choice(WORDS) + " "
-        lines.append(json.dumps({"text": text[:size]}))
-    (folder / "docs.jsonl").write_text("\n".join(lines) + "\n")
-    return f"jsonl:{folder / 'docs.jsonl'}", str(folder / "cache")
+    return jsonl_corpus(tmp_path_factory.mktemp("bench-corpus"), documents=120, longest=600, seed=1)
 
 
 def test_schedule_interleaves_every_planner_each_step_rotating_the_order():

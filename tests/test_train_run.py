@@ -16,14 +16,13 @@ loss by ~1e-2).
 from __future__ import annotations
 
 import json
-import math
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from corpora import jsonl_corpus
 
 import ballast
 from ballast.cli import main
@@ -38,24 +37,12 @@ from ballast.train.metrics import StepRecord, final_history
 MAX_LEN = 256
 BUDGET = 1024
 LOSS_RTOL = 1e-5
-WORDS = ("the of and to in is that for it as with was on be by this are from or an which one "
-         "data model rank plan wave group token sequence step loss gradient").split()
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> tuple[str, str]:
     """(source spec, cache dir) of 250 documents whose lengths are log-uniform in 16..2000."""
-    folder = tmp_path_factory.mktemp("corpus")
-    rng = random.Random(0)
-    lines = []
-    for _ in range(250):
-        size = int(math.exp(rng.uniform(math.log(16), math.log(2000))))
-        text = ""
-        while len(text) < size:
-            text += rng.choice(WORDS) + " "
-        lines.append(json.dumps({"text": text[:size]}))
-    (folder / "docs.jsonl").write_text("\n".join(lines) + "\n")
-    return f"jsonl:{folder / 'docs.jsonl'}", str(folder / "cache")
+    return jsonl_corpus(tmp_path_factory.mktemp("corpus"), documents=250, longest=2000, seed=0)
 
 
 def small_memory_gb() -> float:

@@ -19,6 +19,16 @@ def _figure(width: float = 8.0, height: float = 4.0):
     return plt, fig, ax
 
 
+def _save(plt, fig, ax, path: Path, title: str, legend: bool = True) -> None:
+    """Title, legend, write the PNG, free the figure."""
+    ax.set_title(title, fontsize=10, loc="left")
+    if legend:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _smooth(values: np.ndarray, window: int) -> np.ndarray:
     """Trailing mean over `window` steps (shorter at the start)."""
     cumulative = np.concatenate([[0.0], np.cumsum(values)])
@@ -35,11 +45,7 @@ def loss_curve(history: list[dict], path: Path, title: str) -> None:
     ax.plot(steps, _smooth(loss, max(1, len(loss) // 20)), color="tab:blue", label="trailing mean")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats per token)")
-    ax.set_title(title, fontsize=10, loc="left")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, ax, path, title)
 
 
 def throughput(history: list[dict], path: Path, title: str) -> None:
@@ -54,11 +60,7 @@ def throughput(history: list[dict], path: Path, title: str) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("tokens / s")
     ax.set_ylim(bottom=0)
-    ax.set_title(title, fontsize=10, loc="left")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, ax, path, title)
 
 
 def length_histogram(history: list[dict], path: Path, title: str) -> None:
@@ -74,12 +76,9 @@ def length_histogram(history: list[dict], path: Path, title: str) -> None:
     share.hist(lengths, bins=bins, weights=lengths / lengths.sum(), histtype="step", color="black",
                label="share of tokens")
     share.set_ylabel("share of tokens")
-    ax.set_title(f"{title}: {lengths.size:,} sequences, {int(lengths.sum()):,} tokens", fontsize=10,
-                 loc="left")
+    # Two axes: one figure legend for both (the axes' own legend would show only the bars).
     fig.legend(loc="upper right", bbox_to_anchor=(0.88, 0.88), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, ax, path, f"{title}: {lengths.size:,} sequences, {int(lengths.sum()):,} tokens", legend=False)
 
 
 def typical_step(history: list[dict], plans: dict[int, Plan]) -> int | None:
