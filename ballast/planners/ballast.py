@@ -17,7 +17,8 @@ bound tight. For a makespan target T the planner builds a wave in four moves:
    among those that finish it alone within T, so short sequences stay at degree 1 and a
    sequence grows its degree only as far as T demands: Zeppelin's crossovers, per step.
 2. **Groups in proportion to work.** Each degree class gets ranks in proportion to its area
-   (whole groups, at least one per non-empty class, spare ranks to the most loaded class);
+   (whole groups, at least one per non-empty class, spare ranks to the class whose groups
+   are slowest, granularity counted: three equal sequences on two groups take two units);
    blocks are laid out largest first, so every block is aligned and stays inside a node
    unless its degree is wider. Groups of different degrees share the wave (FlexSP), each
    with its own accumulation count (DCP-inter).
@@ -28,12 +29,18 @@ bound tight. For a makespan target T the planner builds a wave in four moves:
 4. **Micro-batches and checkpoint levels.** Each group tries every micro-batch count from
    the fewest memory allows up to the count at which nothing is checkpointed, packs its
    sequences token-balanced, gives each micro-batch the least checkpoint level that fits
-   (DCP-intra, per micro-batch), and keeps the fastest count.
+   (DCP-intra, per micro-batch), and keeps the fastest count; sequences do not split, so
+   best-fit bins of what fits without recomputation are tried too.
 
-Targets T from the lower bound up to "least area everywhere" are all tried; the two best
-estimated waves are packed exactly and the faster kept. A sequence so long that it needs
-most of the cluster is also tried in a wave of its own ahead of the rest. Every candidate is
-a valid plan and the fastest under the cost model wins.
+Targets T from the lower bound up to "least area everywhere" are all tried, each also with
+a floor on the degree (every sequence at least at degree D, the longest keeping their wider
+one; one degree for all at the top), which pays g once for many short sequences where
+all-to-alls are cheap. Distinct layouts are ranked by the proxy; the best few are assigned,
+the two best estimated waves packed exactly and the faster kept. Two-wave splits are tried
+too: the longest sequences in a wave of their own when one of them takes a large part of
+the step, and, as Zeppelin splits by class, the sequences that need wide groups at the
+lower bound ahead of the rest. Every candidate is a valid plan and the fastest under the
+cost model wins.
 """
 from __future__ import annotations
 
@@ -57,14 +64,22 @@ HEAD_CANDIDATES = 2
 HEAD_SIZES = (1, 2, 4, 8)
 # Sequence placements per wave spent on assigning candidate layouts (best proxy first), and
 # the fewest layouts assigned whatever the batch size; the rest are judged by their proxy.
-PLACEMENT_BUDGET = 2048
-MIN_ASSIGNED = 5
+PLACEMENT_BUDGET = 4096
+MIN_ASSIGNED = 8
 # Candidate waves packed exactly (the rest are judged by their estimate).
 EXACT_CANDIDATES = 2
 # Exact-repair moves per candidate wave (a count, not a clock, so plans are reproducible).
 REPAIR_MOVES = 24
 # Local-search moves per group, so planning time stays linear in the cluster size.
 MOVES_PER_GROUP = 2
+
+
+def class_load(times: np.ndarray, groups: int) -> float:
+    """A lower bound on the slowest of `groups` groups sharing items of these times (longest
+    first): the mean, the longest item, and, by pigeonhole, two of the `groups` + 1 longest
+    in one group. Granularity matters: 3 equal sequences on 2 groups take 2 units, not 1.5."""
+    pair = times[groups - 1] + times[groups] if len(times) > groups else 0.0
+    return max(float(times.sum()) / groups, float(times[0]), float(pair))
 
 
 @register
@@ -108,8 +123,15 @@ class BallastPlanner(Planner):
         """How many of the longest sequences to try in a wave of their own (0 = none)."""
         fastest = np.min(self._work, axis=0)
         area = np.min(self._work * self._deg[:, None], axis=0).sum() / self.cluster.world_size
-        # Only worth a wave when the k-th longest alone takes a large part of the step.
-        return [0] + [k for k in HEAD_SIZES if k < len(order) and fastest[order[k - 1]] > 0.25 * area]
+        # Worth a wave when the k-th longest alone takes a large part of the step ...
+        sizes = {k for k in HEAD_SIZES if k < len(order) and fastest[order[k - 1]] > 0.25 * area}
+        # ... or as Zeppelin splits by length class: the sequences that need wide groups at the
+        # lower bound get the whole cluster first, so they run wider and recompute less.
+        choice = self._degrees(order, self.cost.lower_bound(self._length_list), self.cluster.world_size)
+        if choice is not None:
+            degrees = self._deg[choice]
+            sizes |= {int(k) for d in self._deg[1:] if 0 < (k := np.count_nonzero(degrees >= d)) < len(order)}
+        return [0, *sorted(sizes)]
 
     def _waves(self, ids: np.ndarray) -> list[Wave]:
         """The best single wave for `ids`, or, if none holds them all, the longest alone first."""
@@ -134,18 +156,24 @@ class BallastPlanner(Planner):
                 layout = None if choice is None else self._allocate(ids, choice)
                 width //= 2
             choices.append((choice, layout))
-        # Uniform layouts too: one degree for all. Wide groups holding many sequences balance
-        # by fine grain and need no checkpointing, which wins where all-to-alls are cheap.
-        for row in np.nonzero(np.isfinite(self._work[:, ids]).all(axis=1))[0]:
-            choice = np.full(len(ids), row)
-            choices.append((choice, self._allocate(ids, choice)))
-        layouts, seen = [], set()
-        for choice, layout in choices:
-            if layout is None or (key := (choice.tobytes(), tuple(layout))) in seen:
-                continue
-            seen.add(key)
-            layouts.append((self._proxy(ids, choice, layout), layout))
-        return sorted(layouts, key=lambda c: c[0])
+        # Floored layouts too: every sequence at least at one degree (one degree for all at
+        # the widest floors). Wide groups holding many sequences balance by fine grain, pay g
+        # once for many sequences and need no checkpointing, which wins where all-to-alls are
+        # cheap; the longest keep the wider degree their target gave them.
+        found = {choice.tobytes(): (choice, layout) for choice, layout in choices if layout is not None}
+        fits = np.isfinite(self._work[:, ids])
+        more = [np.maximum(choice, row) for choice, _ in found.values() for row in range(1, len(self._deg))]
+        more += [np.full(len(ids), row) for row in range(len(self._deg))]
+        for choice in more:
+            if choice.tobytes() not in found and fits[choice, np.arange(len(ids))].all():
+                found[choice.tobytes()] = (choice, self._allocate(ids, choice))
+        # The assignment sees only the layout: of choices giving the same one, the best proxy.
+        best: dict[tuple[int, ...], float] = {}
+        for choice, layout in found.values():
+            if layout is not None:
+                shape = tuple(layout)
+                best[shape] = min(best.get(shape, math.inf), self._proxy(ids, choice, layout))
+        return sorted(((proxy, list(shape)) for shape, proxy in best.items()), key=lambda c: c[0])
 
     def _finish(self, ids: np.ndarray, layouts: list[tuple[float, list[int]]]) -> Wave:
         """Assign, balance and pack the most promising layouts; the fastest wave."""
@@ -234,6 +262,7 @@ class BallastPlanner(Planner):
         areas = self._work[choice, ids] * deg[choice]
         class_area = np.bincount(choice, weights=areas, minlength=len(deg))
         members = np.bincount(choice, minlength=len(deg))
+        times = self._class_times(ids, choice)
         per_rank = class_area.sum() / n
         groups = np.zeros(len(deg), dtype=np.int64)
         for i in np.nonzero(members)[0]:
@@ -245,11 +274,11 @@ class BallastPlanner(Planner):
             shrinkable = [i for i in np.nonzero(groups > 1)[0]]
             if not shrinkable:
                 return None
-            i = min(shrinkable, key=lambda i: class_area[i] / (groups[i] - 1))
+            i = min(shrinkable, key=lambda i: class_load(times[i], groups[i] - 1))
             groups[i] -= 1
         spare = n - int((groups * deg).sum())
         # Spare ranks go, a group at a time, to the class whose groups are most loaded.
-        heap = [(-class_area[i] / groups[i], i) for i in np.nonzero(groups)[0]]
+        heap = [(-class_load(times[i], groups[i]), i) for i in np.nonzero(groups)[0]]
         heapq.heapify(heap)
         while heap and spare:
             _, i = heapq.heappop(heap)
@@ -257,8 +286,13 @@ class BallastPlanner(Planner):
                 continue
             groups[i] += 1
             spare -= deg[i]
-            heapq.heappush(heap, (-class_area[i] / groups[i], i))
+            heapq.heappush(heap, (-class_load(times[i], groups[i]), i))
         return [int(deg[i]) for i in reversed(range(len(deg))) for _ in range(groups[i])]
+
+    def _class_times(self, ids: np.ndarray, choice: np.ndarray) -> dict[int, np.ndarray]:
+        """Per degree row: its sequences' times alone at that degree, longest first."""
+        times = self._work[choice, ids]
+        return {int(i): -np.sort(-times[choice == i]) for i in np.unique(choice)}
 
     def _improve(self, loads: GroupEstimates, members: list[list[int]], rows: np.ndarray) -> None:
         """Move the sequence off the slowest group that shortens the wave most, while one does."""

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..cost import CostModel
 from ..plan import Group, MicroBatch
+from .packing import best_fit_decreasing
 
 # Micro-batch counts tried per group: a geometric ladder of this many between the fewest that
 # memory allows and the count with no checkpointing, then this many either side of the best.
@@ -99,13 +100,20 @@ class GroupPacker:
         seqs = sorted(seqs, key=lambda s: -lengths[s])
         tokens = sum(lengths[s] for s in seqs)
         fewest = max(1, math.ceil(tokens / self.cost.max_tokens(degree, 1.0)))
-        no_ckpt = max(fewest, math.ceil(tokens / self.cost.max_tokens(degree, 0.0)))
+        cap = self.cost.max_tokens(degree, 0.0)
+        # Sequences do not split, so token balance alone may checkpoint at any count: bins of
+        # `cap` tokens (best-fit decreasing) are the fewest micro-batches with no recomputation.
+        unchecked = (best_fit_decreasing(seqs, lengths, cap) if lengths[seqs[0]] <= cap else [])
+        no_ckpt = max(fewest, math.ceil(tokens / cap), len(unchecked))
         # Time against the count is roughly convex (g grows, recomputation shrinks): try the
         # ends, a geometric ladder between them, then the neighbours of the best.
         top = max(fewest, min(no_ckpt, len(seqs)))
         ratio = (top / fewest) ** (1.0 / (LADDER - 1))
         ladder = {fewest, top, *(round(fewest * ratio ** i) for i in range(1, LADDER - 1))}
         timed = {m: self.timed(seqs, degree, m) for m in ladder}
+        if unchecked:
+            mbs = [MicroBatch(b, 0.0) for b in unchecked]
+            timed[-1] = (self.mbs_time(mbs, degree), mbs)
         best = min(filter(None, timed.values()), key=lambda v: v[0], default=None)
         if best is not None:
             centre = len(best[1])
