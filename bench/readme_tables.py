@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,6 +161,24 @@ def profile_text() -> str:
     return head + "\n".join(rows) + "\n\nTargets: " + "; ".join(verdicts) + "."
 
 
+def sweep_text() -> str:
+    """`bench/sweep.py`'s random settings: how often ballast is the fastest planner."""
+    data = json.loads((RESULTS / "sweep.json").read_text())
+    s = data["summary"]
+    best = Counter(r["best_other"] for r in data["rows"])
+    behind = "; ".join(f"{r['setting']['cluster']} {r['setting']['model']} {r['setting']['lengths']}: "
+                       f"{r['ballast_vs_best_other']:.3f}x {r['best_other']}" for r in s["behind"])
+    return (f"**Random settings** (`bench/sweep.py --seed {s['seed']}`: {s['settings']} draws of cluster "
+            f"(a100/h100/h200, 8-128 GPUs), model, length source, max-len and batch; {s['steps']} steps each; "
+            f"{len(s['planners'])} planners, flexsp left out for its MILPs' time; {s['seconds']:.0f} s). ballast "
+            f"was the fastest or within 1% of the fastest on {s['ballast_fastest_or_tied']} of {s['settings']} "
+            f"settings and strictly the fastest on {s['ballast_strictly_fastest']}; its tokens/s over the best "
+            f"other planner's: median {s['ratio_median']:.3f}, worst {s['ratio_min']:.3f}; mean planning time "
+            f"{s['ballast_plan_ms_mean']:.0f} ms. The best other planner was "
+            + ", ".join(f"{name} ({count})" for name, count in best.most_common())
+            + (f". Behind by more than 1%: {behind}." if behind else "."))
+
+
 def replace(text: str, name: str, body: str) -> str:
     pattern = re.compile(rf"(<!-- results:{name} -->\n).*?(\n<!-- /results:{name} -->)", re.S)
     if not pattern.search(text):
@@ -175,6 +194,8 @@ def main() -> None:
             text = replace(text, f"simulate-{name}", simulated_table(name))
     if (RESULTS / "measured.json").exists():
         text = replace(text, "measured", measured_table())
+    if (RESULTS / "sweep.json").exists():
+        text = replace(text, "sweep", sweep_text())
     if (RESULTS / "profile-tiny-summary.json").exists():
         text = replace(text, "profile", profile_text())
     if (RESULTS / "latency.json").exists():
