@@ -83,6 +83,15 @@ class Plan:
     def degrees_used(self) -> list[int]:
         return sorted({g.degree for _, g, mb in self.micro_batches() if mb.seq_ids})
 
+    def busy_micro_batches(self) -> int:
+        """Micro-batches that hold sequences (lockstep padding and idle groups hold none)."""
+        return sum(1 for _, _, mb in self.micro_batches() if mb.seq_ids)
+
+    def checkpointed_fraction(self) -> float:
+        """Checkpoint level averaged over the plan's tokens: the share of layer work recomputed."""
+        weighted = sum(sum(self.mb_lengths(mb)) * mb.checkpoint for _, _, mb in self.micro_batches())
+        return weighted / max(1, sum(sum(self.mb_lengths(mb)) for _, _, mb in self.micro_batches()))
+
     def group_of(self, wave: int, rank: int) -> Group:
         for group in self.waves[wave].groups:
             if rank in group.ranks:

@@ -39,6 +39,13 @@ def test_idle_groups_are_fine(cpu4, tiny4):
     plan = Plan([10, 20], [Wave(fill_idle([Group(2, 2, [MicroBatch([0, 1])])], 4))])
     assert [(g.start, g.degree) for g in plan.waves[0].groups] == [(0, 1), (1, 1), (2, 2)]
     plan.validate(cpu4, tiny4)
+    assert plan.busy_micro_batches() == 1  # the fillers' empty micro-batches do not count
+
+
+def test_checkpointed_fraction_weighs_levels_by_tokens():
+    # 300 tokens at 0, 300 at 0.25, 400 at 0, 500 at 1.0, 600 at 0.5, over 2100 tokens.
+    assert good_plan().checkpointed_fraction() == (300 * 0.25 + 500 * 1.0 + 600 * 0.5) / 2100
+    assert good_plan().busy_micro_batches() == 5
 
 
 def broken(edit) -> Plan:

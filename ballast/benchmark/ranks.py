@@ -101,8 +101,6 @@ def _record(slot: Slot, plan: Plan, plan_seconds: float | None, predicted: float
     """What the summary needs of one slot; per-rank lists where ranks differ."""
     t = {name: rows[:, i].tolist() for i, name in enumerate(TIMINGS)}
     waves = [b + w for b, w in zip(t["busy"], t["wait"])]
-    busy_mbs = [(plan.mb_lengths(mb), mb.checkpoint) for _, _, mb in plan.micro_batches() if mb.seq_ids]
-    tokens_in_mbs = sum(sum(lengths) for lengths, _ in busy_mbs)
     return dict(
         round=slot.round, step=slot.step, batch=slot.batch, planner=slot.planner, position=slot.position,
         tokens=plan.tokens, loss=result.loss,
@@ -111,6 +109,6 @@ def _record(slot: Slot, plan: Plan, plan_seconds: float | None, predicted: float
         sync_s=max(t["sync"]), optimizer_s=max(t["optimizer"]),
         cpu_share=sum(t["cpu"]) / max(1e-12, sum(t["wall"])),
         plan_ms=None if plan_seconds is None else 1e3 * plan_seconds,
-        waves=len(plan.waves), micro_batches=len(busy_mbs), degrees=plan.degrees_used(),
-        checkpointed=sum(sum(lengths) * c for lengths, c in busy_mbs) / max(1, tokens_in_mbs),
+        waves=len(plan.waves), micro_batches=plan.busy_micro_batches(), degrees=plan.degrees_used(),
+        checkpointed=plan.checkpointed_fraction(),
         rank_busy_s=t["busy"], rank_wait_s=t["wait"], digests=t["digest"])

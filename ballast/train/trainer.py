@@ -223,13 +223,11 @@ def _idle(result: StepResult, device: torch.device) -> tuple[float, list[float]]
 def _record(step: int, attempt: int, item: StepInput, result: StepResult,
             idle: tuple[float, list[float]], seconds: float, waited: float, lr: float) -> StepRecord:
     plan = item.plan
-    mbs = [(plan.mb_lengths(mb), mb.checkpoint) for _, _, mb in plan.micro_batches() if mb.seq_ids]
-    tokens_in_mbs = sum(sum(lengths) for lengths, _ in mbs)
-    checkpointed = sum(sum(lengths) * c for lengths, c in mbs) / max(1, tokens_in_mbs)
     return StepRecord(
         step=step, attempt=attempt, loss=result.loss, lr=lr, tokens=plan.tokens,
         sample_ids=item.batch.sample_ids, lengths=item.batch.lengths, epoch=item.batch.epoch,
         step_time=seconds, tokens_per_s=plan.tokens / seconds, predicted_step_time=item.predicted_seconds,
         idle_fraction=idle[0], rank_idle=idle[1], waves=len(plan.waves),
-        micro_batches=len(mbs), degrees=plan.degrees_used(), checkpointed=checkpointed,
+        micro_batches=plan.busy_micro_batches(), degrees=plan.degrees_used(),
+        checkpointed=plan.checkpointed_fraction(),
         plan_ms=1e3 * item.plan_seconds, plan_wait_ms=1e3 * waited)
