@@ -185,7 +185,9 @@ class CostModel:
     def lower_bound(self, lengths: Sequence[int]) -> float:
         """No plan's step time can be below this: the least T that passes three bounds.
 
-        longest: max_k min_d time(s_k, d) + g -- a sequence is never faster than alone.
+        longest: max_k min_d alone(s_k, d) + g -- a sequence is never faster than alone, where
+                 alone is time() with the linear work spread over all N ranks (a remap
+                 domain may do that).
         area:    sum_k min_d d time(s_k, d) / N + g -- DESIGN.md's bound, with g counted once
                  because sequences packed into one micro-batch share it (busy ranks B <= N each
                  pay at least one g, so makespan >= (work + B g) / B >= work / N + g).
@@ -218,10 +220,17 @@ class CostModel:
         cap = (self.device_memory - self.states) / self.act_per_token
         slope = min(self.recompute * self.b / (1.0 - self.kept), self.g / cap)
         overhead = self.g + max(0.0, float(s.sum()) / n - cap) * slope
-        longest = float(np.min(times, axis=0).max()) + self.g
+        # Zeppelin's remapping layer (Wave.remap) may spread a sequence's linear work over the
+        # whole cluster: alone it takes at least its attention (s^2 share of the work, and the
+        # all-to-alls) + b s / N, recomputation of the linear part left out.
+        comm = comm_area / degrees
+        work = np.where(np.isfinite(times), times - comm, 0.0)
+        attention = work * (self.a * s * s / np.maximum(self.a * s * s + self.b * s, _EPS)) + comm
+        alone = np.where(np.isfinite(times), np.minimum(times, attention + self.b * s / n), np.inf)
+        longest = float(np.min(alone, axis=0).max()) + self.g
 
         def bound(target: float) -> float:
-            allowed = times + self.g <= target
+            allowed = alone + self.g <= target
             area = float(np.min(np.where(allowed, area_at, np.inf), axis=0).sum()) / n + self.g
             memory = float(np.min(np.where(allowed, memory_at, np.inf), axis=0).sum()) / n + overhead
             return max(longest, area, memory)

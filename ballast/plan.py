@@ -49,6 +49,17 @@ class Group:
 class Wave:
     groups: list[Group]
     """Disjoint; together they cover every rank (a group with no micro-batches is idle)."""
+    remap: list[tuple[int, int]] = field(default_factory=list)
+    """Remap domains (start, size): the cluster, or aligned blocks of ranks, whose groups run micro-batch slot
+    by slot and spread each slot's tokens evenly over the block for everything but attention
+    (Zeppelin's remapping layer; `ballast.runtime.remap`). A group lies inside one or none."""
+
+    def domain_groups(self, start: int, size: int) -> list[Group]:
+        """The groups inside the domain (start, size), by first rank."""
+        return sorted((g for g in self.groups if start <= g.start < start + size), key=lambda g: g.start)
+
+    def domain_of(self, rank: int) -> tuple[int, int] | None:
+        return next(((s, n) for s, n in self.remap if s <= rank < s + n), None)
 
 
 @dataclass
@@ -128,6 +139,10 @@ class Plan:
                     self._validate_micro_batch(f"{where}, micro-batch {m}", mb, group.degree, cost, seen)
             if not all(covered):
                 raise PlanError(f"wave {w}: rank {covered.index(False)} is in no group")
+            self._validate_remap(w, wave, n)
+            for start, size in wave.remap if cost is not None else ():
+                if (why := self.remap_overflow(w, start, size, cost)) is not None:
+                    raise PlanError(f"wave {w}, remap domain ranks {start}..{start + size - 1}: {why}")
             if self.lockstep and len(counts) > 1:
                 raise PlanError(f"wave {w}: lockstep plan but groups run {sorted(counts)} micro-batches")
         missing = [i for i in range(len(self.lengths)) if i not in seen]
@@ -136,6 +151,40 @@ class Plan:
                             + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
         if self.tokens <= 0 and self.lengths:
             raise PlanError(f"loss normaliser tokens={self.tokens} must be positive")
+
+    @staticmethod
+    def _validate_remap(w: int, wave: Wave, n: int) -> None:
+        taken = [False] * n
+        for start, size in wave.remap:
+            where = f"wave {w}, remap domain ranks {start}..{start + size - 1}"
+            whole = (start, size) == (0, n)
+            if size < 2 or not whole and (not is_power_of_two(size) or start % size or start < 0 or start + size > n):
+                raise PlanError(f"{where}: neither the whole cluster nor an aligned power-of-two block "
+                                f"of 2 or more of its {n} ranks")
+            if any(taken[start:start + size]):
+                raise PlanError(f"{where}: overlaps another remap domain of the wave")
+            taken[start:start + size] = [True] * size
+            for group in wave.groups:
+                if group.start < start + size and start < group.start + group.degree and \
+                        not (start <= group.start and group.start + group.degree <= start + size):
+                    raise PlanError(f"{where}: group of ranks {group.start}..{group.start + group.degree - 1} "
+                                    f"is partly outside it")
+
+    def remap_overflow(self, wave: int, start: int, size: int, cost: CostModel) -> str | None:
+        """Why the remap domain (start, size) of a wave would not fit device memory, or None.
+        Each slot's balanced share of tokens must fit one rank at the slot's checkpoint level
+        (its micro-batches' lowest, which the runtime applies to the whole slot)."""
+        groups = self.waves[wave].domain_groups(start, size)
+        for m in range(max((len(g.micro_batches) for g in groups), default=0)):
+            mbs = [g.micro_batches[m] for g in groups if m < len(g.micro_batches) and g.micro_batches[m].seq_ids]
+            if not mbs:
+                continue
+            share = -(-sum(sum(self.mb_lengths(mb)) for mb in mbs) // size)
+            level = min(mb.checkpoint for mb in mbs)
+            if share > (limit := cost.max_tokens(1, level)):
+                return (f"slot {m}: a balanced share of {share} tokens per rank does not fit at "
+                        f"checkpoint {level:.2f} (at most {limit} tokens per rank)")
+        return None
 
     def _validate_micro_batch(self, where: str, mb: MicroBatch, degree: int,
                               cost: CostModel | None, seen: dict[int, str]) -> None:
@@ -162,6 +211,7 @@ class Plan:
         return {
             "planner": self.planner, "tokens": self.tokens, "lockstep": self.lockstep,
             "lengths": self.lengths, "info": self.info,
+            "remap": [[w, start, size] for w, wave in enumerate(self.waves) for start, size in wave.remap],
             "waves": [[{"start": g.start, "degree": g.degree,
                         "micro_batches": [{"seq_ids": list(mb.seq_ids), "checkpoint": mb.checkpoint}
                                           for mb in g.micro_batches]}
@@ -175,9 +225,11 @@ class Plan:
                                  [MicroBatch([int(i) for i in mb["seq_ids"]], float(mb["checkpoint"]))
                                   for mb in g["micro_batches"]])
                            for g in wave]) for wave in data["waves"]]
+            for w, start, size in data.get("remap", []):
+                waves[int(w)].remap.append((int(start), int(size)))
             return cls(list(data["lengths"]), waves, int(data["tokens"]), bool(data["lockstep"]),
                        str(data.get("planner", "")), dict(data.get("info", {})))
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, IndexError) as e:
             raise PlanError(f"malformed plan data: missing or wrong field {e}") from e
 
     def to_json(self) -> str:
@@ -191,6 +243,10 @@ class Plan:
         """A compact text table: one row per busy group of every wave."""
         head = (f"plan by {self.planner or '?'}: {len(self.lengths)} sequences, {self.tokens} tokens, "
                 f"{len(self.waves)} wave(s){', lockstep' if self.lockstep else ''}")
+        remapped = [f"wave {w} ranks {start}-{start + size - 1}" for w, wave in enumerate(self.waves)
+                    for start, size in wave.remap]
+        if remapped:
+            head += f"; linear work remapped over {', '.join(remapped)}"
         rows = [f"{'wave':>4} {'ranks':>9} {'deg':>4} {'mbs':>4} {'seqs':>5} {'tokens':>9} {'ckpt':>5}  longest"]
         for w, wave in enumerate(self.waves):
             for g in wave.groups:

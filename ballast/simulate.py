@@ -4,6 +4,10 @@ Groups of a wave run independently and the wave ends with its slowest group. A l
 (FSDP/ZeRO-3) also synchronises every micro-batch index across the wave's groups, because
 each forward all-gathers parameters with every rank: micro-batch i of the wave ends when the
 slowest group's micro-batch i ends.
+
+A remap domain of a wave (Zeppelin's remapping layer, `Wave.remap`) runs its groups slot by
+slot with linear work spread evenly over its ranks; `remap_slots` prices its slots, and every
+group of the domain is busy for all of each one.
 """
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .cost import CostModel
-from .plan import Plan
+from .plan import Group, MicroBatch, Plan, Wave
 
 
 @dataclass
@@ -69,8 +73,7 @@ def simulate(plan: Plan, cost: CostModel, world_size: int, timeline: bool = Fals
     wave_times: list[float] = []
     clock = 0.0
     for w, wave in enumerate(plan.waves):
-        # durations[g][m] = (compute, comm) of micro-batch m of group g
-        durations = [[_mb_time(plan, mb, g.degree, cost) for mb in g.micro_batches] for g in wave.groups]
+        durations = _durations(plan, wave, cost)
         if plan.lockstep:
             depth = max((len(d) for d in durations), default=0)
             slot_ends = np.cumsum([max((sum(d[m]) for d in durations if m < len(d)), default=0.0)
@@ -96,18 +99,62 @@ def simulate(plan: Plan, cost: CostModel, world_size: int, timeline: bool = Fals
 
 def step_time(plan: Plan, cost: CostModel) -> float:
     """The simulated step time alone (what planners compare)."""
-    total = 0.0
-    for wave in plan.waves:
-        durations = [[sum(_mb_time(plan, mb, g.degree, cost)) for mb in g.micro_batches] for g in wave.groups]
-        if plan.lockstep:
-            depth = max((len(d) for d in durations), default=0)
-            total += sum(max(d[m] for d in durations if m < len(d)) for m in range(depth))
-        else:
-            total += max((sum(d) for d in durations), default=0.0)
-    return total
+    return sum(wave_time(plan, wave, cost) for wave in plan.waves)
 
 
-def _mb_time(plan: Plan, mb, degree: int, cost: CostModel) -> tuple[float, float]:
+def wave_time(plan: Plan, wave: Wave, cost: CostModel) -> float:
+    durations = [[sum(d) for d in group] for group in _durations(plan, wave, cost)]
+    if plan.lockstep:
+        depth = max((len(d) for d in durations), default=0)
+        return sum(max(d[m] for d in durations if m < len(d)) for m in range(depth))
+    return max((sum(d) for d in durations), default=0.0)
+
+
+def _durations(plan: Plan, wave: Wave, cost: CostModel) -> list[list[tuple[float, float]]]:
+    """[g][m] = (compute, comm) of group g's micro-batch m (in a remap domain: of slot m)."""
+    durations = [[_mb_time(plan, mb, g.degree, cost) for mb in g.micro_batches] for g in wave.groups]
+    for start, size in wave.remap:
+        members = [i for i, g in enumerate(wave.groups) if start <= g.start < start + size]
+        slots = remap_slots(plan, [wave.groups[i] for i in members], size, cost)
+        for i in members:
+            durations[i] = slots
+    return durations
+
+
+def remap_slots(plan: Plan, groups: list[Group], size: int, cost: CostModel) -> list[tuple[float, float]]:
+    """(compute, comm) of every slot of a remap domain of `size` ranks holding `groups`.
+
+    Slot m runs every group's m-th micro-batch at their lowest checkpoint level (as the runtime
+    does) and lasts the slowest group's attention (s^2 work and Ulysses all-to-alls) + the
+    slot's linear device-seconds (b s) / size + g + moving q, k, v and the output of the
+    largest per-rank surplus or deficit of tokens (`bytes_per_token`, forward and backward)
+    over the domain's bandwidth."""
+    bandwidth = cost.bandwidth[max((k for k in cost.bandwidth if k <= size), default=min(cost.bandwidth))]
+    slots = []
+    for m in range(max((len(g.micro_batches) for g in groups), default=0)):
+        busy = [(g, g.micro_batches[m]) for g in groups if m < len(g.micro_batches) and g.micro_batches[m].seq_ids]
+        if not busy:
+            slots.append((cost.g, 0.0))
+            continue
+        factor = 1.0 + min(mb.checkpoint for _, mb in busy) * cost.recompute
+        attention = comm = linear = 0.0
+        per_rank = []
+        for g, mb in busy:
+            lengths = plan.mb_lengths(mb)
+            all_to_all = cost.comm(sum(lengths), g.degree)
+            attention = max(attention, cost.a * sum(s * s for s in lengths) * factor / g.degree + all_to_all)
+            comm = max(comm, all_to_all)
+            linear += cost.b * sum(lengths) * factor
+            per_rank += [sum(lengths) / g.degree] * g.degree
+        mean = sum(per_rank) / size
+        per_rank += [0.0] * (size - len(per_rank))  # ranks of idle groups take a share too
+        transfer = max(abs(n - mean) for n in per_rank) * cost.bytes_per_token / bandwidth
+        total = attention + linear / size + cost.g + transfer
+        slots.append((total - comm - transfer, comm + transfer))
+    return slots
+
+
+def _mb_time(plan: Plan, mb: MicroBatch, degree: int, cost: CostModel) -> tuple[float, float]:
     if not mb.seq_ids:
         # A lockstep filler: no tokens, but the forward still joins the parameter gathers.
         return cost.g, 0.0

@@ -110,6 +110,26 @@ CASES = {
     "lockstep with unequal counts": (
         lambda p: setattr(p, "lockstep", True),
         r"wave 0: lockstep plan but groups run \[1, 2\] micro-batches"),
+    "remap domain not aligned": (
+        lambda p: p.waves[0].remap.append((1, 2)),
+        r"wave 0, remap domain ranks 1..2: neither the whole cluster nor an aligned power-of-two block"),
+    "remap domain of one rank": (
+        lambda p: p.waves[0].remap.append((3, 1)),
+        r"wave 0, remap domain ranks 3..3: neither"),
+    "overlapping remap domains": (
+        lambda p: p.waves[0].remap.extend([(0, 4), (2, 2)]),
+        r"wave 0, remap domain ranks 2..3: overlaps another remap domain"),
+    "group partly outside its remap domain": (
+        lambda p: p.waves[1].remap.append((0, 2)),
+        r"wave 1, remap domain ranks 0..1: group of ranks 0..3 is partly outside it"),
+    "remapped slot over memory": (
+        # 56000 + 60000 tokens balanced over 2 ranks: 58000 per rank do not fit without
+        # checkpointing (~57K do), and the slot runs at its lowest level (0) although the 60000
+        # are at 1.
+        lambda p: (p.lengths.__setitem__(3, 56_000), p.lengths.__setitem__(4, 60_000),
+                   p.waves[0].remap.append((2, 2))),
+        r"wave 0, remap domain ranks 2..3: slot 0: a balanced share of 58000 tokens per rank does not "
+        r"fit at checkpoint 0.00"),
     "non-positive loss normaliser": (
         lambda p: setattr(p, "tokens", 0),
         r"loss normaliser tokens=0 must be positive"),
@@ -160,6 +180,7 @@ def test_lockstep_plan_with_fillers_validates(cpu4, tiny4):
 def test_json_round_trip():
     plan = good_plan()
     plan.lockstep, plan.tokens = False, 1234
+    plan.waves[0].remap.append((0, 4))
     text = plan.to_json()
     assert isinstance(json.loads(text), dict)
     back = Plan.from_json(text)
@@ -167,6 +188,7 @@ def test_json_round_trip():
     assert back.to_json() == text
     # the round trip keeps every field that matters to the runtime
     assert back.waves[0].groups[0].micro_batches[1].checkpoint == 0.25
+    assert (back.waves[0].remap, back.waves[1].remap) == ([(0, 4)], [])
     assert (back.tokens, back.planner, back.info) == (1234, "hand", {"note": "made in a test", "degree": 2})
 
 
@@ -188,6 +210,8 @@ MALFORMED = {
     "sequence id not a number": {"lengths": [1], "tokens": 1, "lockstep": False,
                                  "waves": [[{"start": 0, "degree": 1,
                                              "micro_batches": [{"seq_ids": ["first"], "checkpoint": 0}]}]]},
+    "remap of a wave that is not there": {"lengths": [1], "tokens": 1, "lockstep": False, "remap": [[3, 0, 2]],
+                                          "waves": [[{"start": 0, "degree": 1, "micro_batches": []}]]},
     "degree not a number": {"lengths": [1], "tokens": 1, "lockstep": False,
                             "waves": [[{"start": 0, "degree": "two", "micro_batches": []}]]},
 }

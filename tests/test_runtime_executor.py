@@ -42,6 +42,18 @@ def mixed_plan() -> Plan:
     ], planner="mixed")
 
 
+def remapped_plan() -> Plan:
+    """Zeppelin's remapping layer: wave 0 balances its groups' linear work over all 4 ranks
+    (an idle rank takes a share; the last slot has 3 tokens, so one rank holds none; the slot's
+    checkpoint levels differ); wave 1 has two domains, one of them a single group."""
+    return Plan(LENGTHS, [
+        Wave([Group(0, 2, [MicroBatch([0, 1], 0.5), MicroBatch([2]), MicroBatch([4], 1.0)]),
+              Group(2, 1, [MicroBatch([3], 1.0)]), Group(3, 1)], remap=[(0, 4)]),
+        Wave([Group(0, 1, [MicroBatch([5, 6]), MicroBatch([8])]), Group(1, 1, [MicroBatch([7])]),
+              Group(2, 2, [MicroBatch([9], 0.75)])], remap=[(0, 2), (2, 2)]),
+    ], planner="remapped")
+
+
 def data_parallel_plan(world: int) -> Plan:
     """One wave of single-rank groups, sequences dealt round-robin."""
     return Plan(LENGTHS, [Wave([Group(r, 1, [MicroBatch(list(range(r, len(LENGTHS), world)))])
@@ -61,6 +73,14 @@ def two_wave_plan() -> Plan:
     ], planner="two-waves")
 
 
+def remapped_two_rank_plan() -> Plan:
+    return Plan(LENGTHS, [
+        Wave([Group(0, 1, [MicroBatch([0, 3]), MicroBatch([1])]), Group(1, 1, [MicroBatch([2, 4, 5], 0.5)])],
+             remap=[(0, 2)]),
+        Wave([Group(0, 2, [MicroBatch([6, 7, 8, 9])])]),
+    ], planner="remapped")
+
+
 def planner_plans(world: int, batches: list[verify.Batch]) -> dict[str, list[dict]]:
     """Every registered planner's plan of the first batch, on a CPU cluster whose memory makes
     the longest sequence need SP or checkpointing (as `ballast verify` sizes it)."""
@@ -74,6 +94,20 @@ def planner_plans(world: int, batches: list[verify.Batch]) -> dict[str, list[dic
     options = PlannerOptions(time_limit=2.0)
     return {name: [get_planner(name, cluster, cost, options).plan(batches[0].lengths).to_dict()]
             for name in PLANNERS}
+
+
+def remapping_zeppelin_plan(world: int) -> Plan:
+    """Zeppelin's plan where remapping pays: all-to-alls nearly free, no fixed cost, little
+    attention work (it remaps the whole wave on 2 and on 4 ranks)."""
+    from ballast.planners import get_planner
+
+    cluster = get_cluster("cpu", world_size=world)
+    base = CostModel.analytic(SHAPE, cluster)
+    cost = CostModel.from_dict({**base.to_dict(), "g": 0.0, "a": base.a * 0.01,
+                                "bandwidth": {d: 1e13 for d in base.bandwidth}})
+    plan = get_planner("zeppelin", cluster, cost).plan(LENGTHS)
+    assert plan.waves[0].remap == [(0, world)], plan.info["remap"]
+    return plan
 
 
 def _errors(groups: ProcessGroups, batches: list[verify.Batch]) -> list[str]:
@@ -106,7 +140,8 @@ def _world4_worker(batches: list[verify.Batch], planners: dict[str, list[dict]])
     groups = ProcessGroups()
     out = {"errors": _errors(groups, batches)}
     # Errors left every rank in step: training goes on.
-    for name, plan in (("mixed", mixed_plan()), ("data-parallel", data_parallel_plan(4))):
+    for name, plan in (("mixed", mixed_plan()), ("data-parallel", data_parallel_plan(4)),
+                       ("remapped", remapped_plan()), ("zeppelin-remapped", remapping_zeppelin_plan(4))):
         out[name] = verify.train_distributed(SHAPE, [plan.to_dict()] * STEPS, batches, 0, 1e-3, groups)
     out["mixed-zero1"] = verify.train_distributed(SHAPE, [mixed_plan().to_dict()] * STEPS, batches, 0, 1e-3,
                                                   groups, zero1=True)
@@ -121,12 +156,15 @@ def _world4_worker(batches: list[verify.Batch], planners: dict[str, list[dict]])
     model = build_gpt(SHAPE)
     executor = Executor(model, make_optimizer(model, lr=1e-3), cluster, groups)
     out["mixed-step"] = executor.step(mixed_plan(), batches[0].samples)
+    out["remapped-step"] = executor.step(remapped_plan(), batches[0].samples)
     return out
 
 
 def _world2_worker(batches: list[verify.Batch], planners: dict[str, list[dict]]) -> dict | None:
     groups = ProcessGroups()
-    out = {"two-waves": verify.train_distributed(SHAPE, [two_wave_plan().to_dict()], batches[:1], 0, 1e-3, groups)}
+    out = {name: verify.train_distributed(SHAPE, [plan.to_dict()], batches[:1], 0, 1e-3, groups)
+           for name, plan in (("two-waves", two_wave_plan()), ("remapped", remapped_two_rank_plan()),
+                              ("zeppelin-remapped", remapping_zeppelin_plan(2)))}
     out["planners"] = {name: verify.train_distributed(SHAPE, plans, batches[:1], 0, 1e-3, groups)
                        for name, plans in planners.items()}
     return out if dist.get_rank() == 0 else None
@@ -168,6 +206,22 @@ def assert_single_process_gradients(result: verify.Trajectory, batches: list[ver
 def test_hand_built_plans_give_the_single_process_gradient(world4, world2, batches):
     for result in (world4[0]["mixed"], world4[0]["data-parallel"], world2["two-waves"]):
         assert_single_process_gradients(result, batches)
+
+
+def test_remapped_plans_give_the_single_process_gradient(world4, world2, batches, reference):
+    for result in (world4[0]["remapped"], world2["remapped"], world4[0]["zeppelin-remapped"],
+                   world2["zeppelin-remapped"]):
+        assert_single_process_gradients(result, batches)
+    assert verify.param_drift(world4[0]["remapped"], reference) <= PARAM_DRIFT
+
+
+def test_remapping_balances_every_slot_over_its_domain(world4):
+    # Wave 0 slot by slot: 103 tokens (42 + 61), then 12, then 3, each over all 4 ranks; its
+    # slots run at their lowest checkpoint level (0.5, 0 and 1.0 of the layers).
+    records = [[mb for mb in rank["remapped-step"].micro_batches if mb.wave == 0] for rank in world4]
+    assert [[mb.tokens for mb in rank] for rank in records] == [[26, 3, 1], [26, 3, 1], [26, 3, 1], [25, 3, 0]]
+    layers = SHAPE.layers
+    assert {tuple(mb.checkpoint_layers for mb in rank) for rank in records} == {(round(0.5 * layers), 0, layers)}
 
 
 def test_every_registered_planner_gives_the_single_process_gradient(world4, world2, batches):

@@ -20,17 +20,15 @@ cost model's lower bound (theta in THETAS; every theta and layout is built, the 
 4. Micro-batches: each group packs token-balanced into the fastest k micro-batches, k between the
    fewest memory allows and the count needing no recomputation, each at `cost.min_checkpoint`.
 
-Remapping (`options.remap`, on by default) moves tokens after attention so every rank of a
-domain (a node, or the whole wave) holds the same count for the linear modules, and back before
-the next attention. It is a collective of the domain at every layer, so the domain's groups run
-micro-batch slot by slot: slot = max over groups of attention (a s^2 term, Ulysses all-to-all)
-+ the domain's linear device-seconds (b s term) / its ranks + transfer + g, the transfer being
-the largest per-rank surplus or deficit x half the all-to-all bytes per token (one hidden-sized
-tensor there and back, forward and backward, against q, k, v, out) / bw(domain size). A domain
-is remapped only where that is faster and the balanced count fits memory at the slot's lowest
-checkpoint level. `info["remap"]` keeps the prediction, moved tokens and remapped domains; with
-remap on, candidates are ranked by it and one more is built in Zeppelin's split (ranks balanced
-by attention alone, linear work left to the remap). `simulate()` has no remap term.
+Remapping (`options.remap`, on by default) is Zeppelin's remapping layer as the runtime runs
+it (`Wave.remap`, `ballast.runtime.remap`): the groups of a domain (a node, or the whole wave)
+run micro-batch slot by slot and spread each slot's tokens evenly over the domain for
+everything but attention. Per wave, the domains of one scope are remapped where that fits
+memory and their groups finish sooner under `simulate.remap_slots` (slowest attention + linear
+work / domain size + moving the largest per-rank surplus + g), and the scope is kept if the
+wave is faster. `info["remap"]` lists the domains and the step time with and without them;
+with remap on, one more candidate is built in Zeppelin's split (ranks balanced by attention
+alone, linear work left to the remap) and kept if faster.
 
 Routing is a runtime property and is not in these numbers: the cost model has one per-rank
 bandwidth per degree, no per-NIC term. Inter-node groups here span whole nodes, so each GPU's
@@ -52,7 +50,7 @@ import numpy as np
 
 from ..cost import CostModel
 from ..plan import Group, MicroBatch, Plan, Wave, fill_idle
-from ..simulate import step_time
+from ..simulate import step_time, wave_time
 from . import register
 from .base import Planner
 from .packing import longest_processing_time, mb_time, micro_batch
@@ -159,7 +157,7 @@ class ZeppelinPlanner(Planner):
             for layout in LAYOUTS if max(step.cls) > ppn else LAYOUTS[:1]:
                 plan = self._build(step, target, layout)
                 plan.info.update(theta=theta, layout=layout, target_s=target, rank_balance="total")
-                plan.info["remap"] = self._remap_info(plan)
+                plan.info["remap"] = self._remap(plan)
                 if best is None or plan.info["remap"]["predicted_step_s"] < best[0]:
                     best = (plan.info["remap"]["predicted_step_s"], plan, budget, cls)
         assert best is not None
@@ -167,7 +165,7 @@ class ZeppelinPlanner(Planner):
         if self.options.remap:  # Zeppelin's split, kept only if predicted faster
             step.cls, step.by_attention = cls.tolist(), True
             alt = self._build(step, target, plan.info["layout"])
-            alt.info.update(plan.info, rank_balance="attention", remap=self._remap_info(alt))
+            alt.info.update(plan.info, rank_balance="attention", remap=self._remap(alt))
             plan = alt if alt.info["remap"]["predicted_step_s"] < score else plan
         plan.info["crossovers"] = crossovers(cost, budget, ppn)
         plan.info["classes"] = {"local": int((cls == 1).sum()), "intra_node": int(((cls > 1) & (cls <= ppn)).sum()),
@@ -289,65 +287,37 @@ class ZeppelinPlanner(Planner):
         return sorted(mbs, key=lambda mb: -mb_time(mb, lengths, degree, cost)) if len(mbs) > 1 else mbs
 
     # --- remapping -----------------------------------------------------------------------------
-    def _remap_info(self, plan: Plan) -> dict:
+    def _remap(self, plan: Plan) -> dict:
+        """Per wave, remap domains of one scope (every node, or the whole wave) where that is
+        faster and fits memory, if the wave is then faster; sets `Wave.remap`, returns the info."""
         plain = step_time(plan, self.cost)
         if not self.options.remap:
-            return {"enabled": False, "linear_balanced": False, "moved_tokens": 0, "predicted_step_s": plain}
-        total, waves = 0.0, []
-        for wave in plan.waves:
-            stats = [(g.degree, [self._mb_stats(plan, mb, g.degree) for mb in g.micro_batches]) for g in wave.groups]
-            options = []
-            for scope, width in (("node", self.cluster.devices_per_node), ("wave", self.cluster.world_size)):
-                domains: dict[tuple[int, int], list] = {}
-                for g, st in zip(wave.groups, stats):
-                    size = max(width, g.degree)  # an inter-node group's nodes form one domain
-                    domains.setdefault((g.start // size * size, size), []).append(st)
-                res = {dom: self._domain(groups, dom[1], plan.lockstep) for dom, groups in domains.items()}
-                slots = [r[0] for r in res.values()]
-                t = float(np.max(slots, axis=0).sum()) if plan.lockstep else max(float(np.sum(x)) for x in slots)
-                remapped = sorted(list(dom) for dom, r in res.items() if r[2])
-                options.append((t, {"scope": scope if remapped else "none", "domains": remapped,
-                                    "moved_tokens": sum(r[1] for r in res.values())}))
-            t, chosen = min(options, key=lambda o: o[0])
-            total += t
-            waves.append(chosen)
-        return {"enabled": True, "linear_balanced": any(w["domains"] for w in waves),
-                "moved_tokens": sum(w["moved_tokens"] for w in waves), "predicted_step_s": total,
-                "step_s_without_remap": plain, "bytes_per_token": self.cost.bytes_per_token / 2, "waves": waves}
+            return {"enabled": False, "domains": [], "predicted_step_s": plain, "step_s_without_remap": plain}
+        for w, wave in enumerate(plan.waves):
+            best = (wave_time(plan, wave, self.cost), [])
+            for width in (self.cluster.devices_per_node, self.cluster.world_size):
+                wave.remap = [d for d in self._domains(wave, width) if self._worth(plan, w, d)]
+                if wave.remap and (t := wave_time(plan, wave, self.cost)) < best[0]:
+                    best = (t, wave.remap)
+            wave.remap = best[1]
+        return {"enabled": True, "domains": [[w, *d] for w, wave in enumerate(plan.waves) for d in wave.remap],
+                "predicted_step_s": step_time(plan, self.cost), "step_s_without_remap": plain}
 
-    def _mb_stats(self, plan: Plan, mb: MicroBatch, degree: int) -> tuple[float, float, float, float]:
-        """(attention s per rank incl. all-to-all, linear device-seconds, tokens, checkpoint)."""
-        cost = self.cost
-        if not mb.seq_ids:
-            return 0.0, 0.0, 0.0, mb.checkpoint
-        sq, n = sum(plan.lengths[i] ** 2 for i in mb.seq_ids), sum(plan.lengths[i] for i in mb.seq_ids)
-        f = 1.0 + mb.checkpoint * cost.recompute
-        return cost.a * sq * f / degree + cost.comm(n, degree), cost.b * n * f, n, mb.checkpoint
+    @staticmethod
+    def _domains(wave: Wave, width: int) -> list[tuple[int, int]]:
+        """Blocks of `width` ranks (an inter-node group's nodes as one) holding 2+ groups."""
+        blocks: dict[tuple[int, int], int] = {}
+        for g in wave.groups:
+            size = max(width, g.degree)
+            key = (g.start // size * size, size)
+            blocks[key] = blocks.get(key, 0) + 1
+        return sorted(d for d, groups in blocks.items() if groups > 1 and d[1] > 1)
 
-    def _domain(self, groups: list[tuple[int, list]], size: int, lockstep: bool) -> tuple[list[float], int, bool]:
-        """(slot times, moved tokens, remapped?) of one domain of `size` ranks holding `groups`
-        ((degree, _mb_stats per micro-batch)), remapped only where that is faster."""
-        cost = self.cost
-        depth = max((len(mbs) for _, mbs in groups), default=0)
-        times = [[att + lin / d + cost.g for att, lin, _, _ in mbs] for d, mbs in groups]
-        plain_slots = [max(t[m] for t in times if m < len(t)) for m in range(depth)]
-        plain = plain_slots if lockstep else [max((sum(t) for t in times), default=0.0)]
-        if size == 1 or depth == 0:
-            return plain, 0, False
-        bw = cost.bandwidth[max((k for k in cost.bandwidth if k <= size), default=min(cost.bandwidth))]
-        slots, moved = [], 0
-        for m in range(depth):
-            busy = [(d, mbs[m]) for d, mbs in groups if m < len(mbs) and mbs[m][2] > 0]
-            if not busy:
-                slots.append(cost.g)
-                continue
-            mean = sum(st[2] for _, st in busy) / size
-            if mean > cost.max_tokens(1, min(st[3] for _, st in busy)):
-                return plain, 0, False  # the balanced layout would not fit memory
-            per_rank = [st[2] / d for d, st in busy]
-            idle = size > sum(d for d, _ in busy)  # idle ranks receive a full share
-            worst = max(max(abs(n - mean) for n in per_rank), mean if idle else 0.0)
-            slots.append(max(st[0] for _, st in busy) + sum(st[1] for _, st in busy) / size
-                         + worst * cost.bytes_per_token / 2 / bw + cost.g)
-            moved += int(sum(d * max(0.0, n - mean) for (d, _), n in zip(busy, per_rank)))
-        return (slots, moved, True) if sum(slots) < sum(plain) else (plain, 0, False)
+    def _worth(self, plan: Plan, w: int, domain: tuple[int, int]) -> bool:
+        """Remapping the domain fits memory and its groups finish sooner."""
+        if plan.remap_overflow(w, *domain, self.cost) is not None:
+            return False
+        groups = plan.waves[w].domain_groups(*domain)
+        alone = Plan(plan.lengths, [Wave(groups)], lockstep=plan.lockstep)
+        remapped = Plan(plan.lengths, [Wave(groups, [domain])], lockstep=plan.lockstep)
+        return step_time(remapped, self.cost) < step_time(alone, self.cost)

@@ -29,6 +29,7 @@ from torch.distributed import ProcessGroup
 
 from ..models.gpt import Attention, PackedStream
 from ..models.kernels import varlen_causal_attention
+from .remap import RemappedStream, remapped_attention
 
 
 def shard_sizes(tokens: int, degree: int) -> tuple[int, ...]:
@@ -153,8 +154,11 @@ def sequence_parallel_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedS
       backward: one all-to-all of the output's gradient (sequence- to head-sharded) and one of
                 the gradients of q, k and v together (head- to sequence-sharded).
     A checkpointed layer repeats the two forward all-to-alls when it is recomputed in backward.
-    A stream one process holds whole (degree 1, or a plain `PackedStream`) needs none.
+    A stream one process holds whole (degree 1, or a plain `PackedStream`) needs none. A
+    `RemappedStream` adds the remapping layer's two all-to-alls around this (`remap.py`).
     """
+    if isinstance(stream, RemappedStream):
+        return remapped_attention(q, k, v, stream, sequence_parallel_attention)
     if not isinstance(stream, StreamShard) or stream.degree == 1:
         return varlen_causal_attention(q, k, v, stream.bounds)
     d, heads, kv_heads = stream.degree, q.shape[1], k.shape[1]

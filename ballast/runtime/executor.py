@@ -10,7 +10,8 @@ ahead while the others train).
 
 One step (`Executor.step`):
   - for every wave, this rank's group (`Plan.group_of`) runs its micro-batches one after
-    another. A micro-batch's packed stream is split contiguously over the group's ranks
+    another; in a remap domain of the wave (`Wave.remap`) all the domain's groups run theirs
+    slot by slot together, linear work balanced over the domain (`remap.py`). A micro-batch's packed stream is split contiguously over the group's ranks
     (`StreamShard`); each rank runs forward and backward on its shard, with the plan's
     checkpoint level (the first round(checkpoint * layers) blocks are recomputed), and its
     loss is the sum of the per-token losses of its shard divided by `Plan.tokens`;
@@ -25,7 +26,9 @@ the group through the adjoint all-to-alls, so after every rank of the group has 
 the gradient rank r holds for a parameter is d(sum_r' L_{m,r'})/d(its uses on rank r): the
 uses of a parameter are partitioned over the ranks (each applies it to its own tokens; no
 parameter is applied in the head-sharded part), and summing over ranks adds up all uses.
-This holds alike for parameters every rank replicates (norms, embedding, output layer).
+This holds alike for parameters every rank replicates (norms, embedding, output layer), and
+under remapping, which moves a token's per-token work to another rank of the domain: still
+to exactly one rank, and the remap all-to-alls are adjoint pairs like Ulysses'.
 A rank idle in a wave, or holding an empty shard, contributes zero. So sum over ranks and
 micro-batches = dL/dparam, whatever the plan.
 
@@ -47,11 +50,12 @@ from torch import Tensor
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ..cluster import Cluster
-from ..models.gpt import GPT
+from ..models.gpt import GPT, PackedStream
 from ..plan import Group, MicroBatch, Plan
-from .attention import StreamShard, parallelize
+from .attention import StreamShard, parallelize, shard_sizes
 from .groups import ProcessGroups
 from .memory import ActivationMeter
+from .remap import RemappedStream, Route, overlaps
 
 
 @dataclass
@@ -68,7 +72,7 @@ class MicroBatchRecord:
     degree: int
     seq_ids: list[int]
     tokens: int
-    """Tokens of the micro-batch this rank held (its shard)."""
+    """Tokens of the micro-batch this rank held (its shard; in a remap domain, its balanced share)."""
     checkpoint_layers: int
     seconds: float
     activation_bytes: int | None
@@ -143,12 +147,17 @@ class Executor:
         self.optimizer.zero_grad(set_to_none=True)
         loss = torch.zeros((), dtype=torch.float32, device=self.device)
         result = StepResult(loss=0.0, tokens=plan.tokens, waves=[])
-        for w in range(len(plan.waves)):
+        for w, wave in enumerate(plan.waves):
             group = plan.group_of(w, self.rank)
+            domain = wave.domain_of(self.rank)
             start = time.perf_counter()
-            for mb in group.micro_batches:
-                if sum(plan.mb_lengths(mb)) > 0:
-                    loss += self._run(plan, w, group, mb, samples, result)
+            if domain is None:
+                for mb in group.micro_batches:
+                    if sum(plan.mb_lengths(mb)) > 0:
+                        loss += self._run(plan, w, group, mb, samples, result)
+            else:
+                for slot in range(max(len(g.micro_batches) for g in wave.domain_groups(*domain))):
+                    loss += self._run_slot(plan, w, domain, slot, samples, result)
             busy = time.perf_counter() - start
             dist.barrier()
             result.waves.append(WaveTiming(busy, time.perf_counter() - start - busy))
@@ -174,19 +183,55 @@ class Executor:
 
     def _run(self, plan: Plan, wave: int, group: Group, mb: MicroBatch, samples: Sequence[Tensor],
              result: StepResult) -> Tensor:
-        start = time.perf_counter()
         shard = StreamShard.create(plan.mb_lengths(mb), self.groups.get(group.start, group.degree),
                                    group.degree, self.rank - group.start, self.device)
-        inputs = torch.cat([samples[i][:-1] for i in mb.seq_ids])[shard.local].to(self.device)
-        targets = torch.cat([samples[i][1:] for i in mb.seq_ids])[shard.local].to(self.device)
-        checkpoint_layers = round(mb.checkpoint * self.model.shape.layers)
+        return self._forward_backward(plan, mb.seq_ids, shard, shard.local, mb.checkpoint, samples, result,
+                                      (wave, group, mb))
+
+    def _run_slot(self, plan: Plan, wave: int, domain: tuple[int, int], slot: int,
+                  samples: Sequence[Tensor], result: StepResult) -> Tensor:
+        """Slot `slot` of a remap domain: every group's slot-th micro-batch, linear work balanced
+        over the domain (`remap.py`). Every rank of the domain runs it, at the slot's lowest
+        checkpoint level (a layer's recomputation repeats collectives: all must recompute alike)."""
+        start, size = domain
+        parts = [(g, g.micro_batches[slot] if slot < len(g.micro_batches) else MicroBatch([]))
+                 for g in plan.waves[wave].domain_groups(start, size)]
+        seq_ids = [i for _, mb in parts for i in mb.seq_ids]
+        attention = [n for g, mb in parts for n in shard_sizes(sum(plan.mb_lengths(mb)), g.degree)]
+        if sum(attention) == 0:
+            return torch.zeros((), device=self.device)
+        balanced = shard_sizes(sum(attention), size)
+        index = self.rank - start
+        send, recv = overlaps(balanced, attention, index)
+        group, mb = next((g, mb) for g, mb in parts if self.rank in g.ranks)
+        shard = (StreamShard.create(plan.mb_lengths(mb), self.groups.get(group.start, group.degree),
+                                    group.degree, self.rank - group.start, self.device)
+                 if sum(plan.mb_lengths(mb)) else None)
+        whole = PackedStream.from_lengths([plan.lengths[i] for i in seq_ids], self.device)
+        local = slice(sum(balanced[:index]), sum(balanced[:index + 1]))
+        stream = RemappedStream(whole.bounds, whole.positions[local], shard,
+                                Route(self.groups.get(start, size), send, recv))
+        checkpoint = min(mb.checkpoint for _, mb in parts if mb.seq_ids)
+        return self._forward_backward(plan, seq_ids, stream, local, checkpoint, samples, result,
+                                      (wave, group, mb))
+
+    def _forward_backward(self, plan: Plan, seq_ids: list[int], stream: PackedStream, local: slice,
+                          checkpoint: float, samples: Sequence[Tensor], result: StepResult,
+                          mine: tuple[int, Group, MicroBatch]) -> Tensor:
+        """Forward and backward of this rank's tokens `local` of the stream of `seq_ids`, recorded
+        as the rank's (wave, group, micro-batch) `mine`; returns the (detached) loss share."""
+        start = time.perf_counter()
+        inputs = torch.cat([samples[i][:-1] for i in seq_ids])[local].to(self.device)
+        targets = torch.cat([samples[i][1:] for i in seq_ids])[local].to(self.device)
+        checkpoint_layers = round(checkpoint * self.model.shape.layers)
         meter = ActivationMeter(self._params) if self.measure_activations else None
         with meter or contextlib.nullcontext():
-            logits = self.model(inputs, shard, checkpoint_layers)
+            logits = self.model(inputs, stream, checkpoint_layers)
             # Summed, not averaged: the shard holds a part of a batch whose normaliser is global.
             loss = F.cross_entropy(logits, targets, reduction="sum") / plan.tokens
         # Every rank of the group runs backward, an empty shard too: its all-to-alls are awaited.
         loss.backward()
+        wave, group, mb = mine
         result.micro_batches.append(MicroBatchRecord(
             wave, group.degree, list(mb.seq_ids), inputs.numel(), checkpoint_layers,
             time.perf_counter() - start, meter.bytes if meter else None))

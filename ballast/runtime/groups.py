@@ -36,6 +36,8 @@ class ProcessGroups:
         """The group of ranks start..start+degree-1; None for one rank (it needs no communication)."""
         if degree == 1 and 0 <= start < self.world_size:
             return None
+        if (start, degree) == (0, self.world_size):  # a remap domain may span a world of any size
+            return dist.group.WORLD
         group = self._groups.get((start, degree))
         if group is None:
             raise ValueError(f"no process group for ranks {start}..{start + degree - 1}: a group must be "
