@@ -119,29 +119,32 @@ def reference_at(shape: ModelShape, trajectory: Trajectory, batches: list[Batch]
 
 
 def train_distributed(shape: ModelShape, plans: list[dict], batches: list[Batch], seed: int, lr: float,
-                      groups: ProcessGroups, zero1: bool = False) -> Trajectory:
-    """The steps under `plans` (Plan.to_dict of rank 0's plans), on every rank of the job."""
-    from .runtime import Executor, broadcast_plan, make_optimizer
+                      groups: ProcessGroups, zero1: bool = False, fsdp: bool = False) -> Trajectory:
+    """The steps under `plans` (Plan.to_dict of rank 0's plans), on every rank of the job; with
+    `fsdp` the model is sharded with FSDP2 (the plans must be lockstep)."""
+    from .runtime import Executor, broadcast_plan, full_tensor, make_optimizer, shard_model
 
     cluster = get_cluster("cpu", world_size=dist.get_world_size())
     model = build_gpt(shape, seed)
+    if fsdp:
+        shard_model(model)
     executor = Executor(model, make_optimizer(model, zero1, lr=lr), cluster, groups)
     losses, grads, starts = [], [], []
     for plan_data, batch in zip(plans, batches, strict=True):
         plan = broadcast_plan(Plan.from_dict(plan_data) if dist.get_rank() == 0 else None)
-        starts.append(flatten(model.parameters()))
+        starts.append(flatten(full_tensor(p) for p in model.parameters()))
         losses.append(executor.step(plan, batch.samples).loss)
-        # The step leaves the all-reduced gradients in place (optimizers do not clear them).
-        grads.append(flatten(p.grad for p in model.parameters()))
-    return Trajectory(losses, grads, starts, flatten(model.parameters()))
+        # The step leaves the summed gradients in place (optimizers do not clear them).
+        grads.append(flatten(full_tensor(p.grad) for p in model.parameters()))
+    return Trajectory(losses, grads, starts, flatten(full_tensor(p) for p in model.parameters()))
 
 
 def _train_all_planners(shape: ModelShape, plans: dict[str, list[dict]], batches: list[Batch], seed: int,
-                        lr: float, zero1: bool) -> dict[str, Trajectory] | None:
+                        lr: float, zero1: bool, fsdp: bool) -> dict[str, Trajectory] | None:
     from .runtime import ProcessGroups
 
     groups = ProcessGroups()
-    out = {name: train_distributed(shape, p, batches, seed, lr, groups, zero1) for name, p in plans.items()}
+    out = {name: train_distributed(shape, p, batches, seed, lr, groups, zero1, fsdp) for name, p in plans.items()}
     return out if dist.get_rank() == 0 else None
 
 
@@ -191,6 +194,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--zero1", action="store_true", help="shard optimizer state (ZeRO-1)")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="shard parameters, gradients and optimizer state with FSDP2 (the planners "
+                             "then make lockstep plans)")
     parser.add_argument("--grad-tolerance", type=float, default=GRAD_TOLERANCE,
                         help="largest relative error of a step's loss and gradient")
     parser.add_argument("--param-tolerance", type=float, default=PARAM_TOLERANCE,
@@ -208,6 +214,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps < 1 or args.batch < 1 or args.max_len < 1:
         raise ValueError("--steps, --batch and --max-len must be >= 1")
+    if args.zero1 and args.fsdp:
+        raise ValueError("--zero1 and --fsdp both shard the optimizer state: choose one")
     shape = get_model_shape(args.model)
     names = parse_planner_names(args.planners)
     cluster = get_cluster("cpu", world_size=args.world, device_memory_gb=args.device_memory_gb)
@@ -219,17 +227,19 @@ def run(args: argparse.Namespace) -> int:
     batches = random_batches(shape, args.steps, args.batch, args.max_len, args.seed)
     plans: dict[str, list[Plan]] = {}
     for name in names:
-        planner = get_planner(name, cluster, cost, PlannerOptions(max_len=args.max_len, seed=args.seed))
+        planner = get_planner(name, cluster, cost, PlannerOptions(max_len=args.max_len, seed=args.seed,
+                                                                  lockstep=args.fsdp))
         plans[name] = [planner.plan(b.lengths) for b in batches]
         for plan in plans[name]:
             plan.validate(cluster, cost)
     console = Console(width=max(Console().width, 120))
-    console.print(f"verify: {args.world} gloo ranks, model {shape.name}, {args.steps} step(s) of "
+    sharding = " under FSDP2" if args.fsdp else " with ZeRO-1" if args.zero1 else ""
+    console.print(f"verify: {args.world} gloo ranks{sharding}, model {shape.name}, {args.steps} step(s) of "
                   f"{args.batch} sequences up to {args.max_len} tokens, {len(names)} planner(s)")
     reference = train_reference(shape, batches, args.seed, args.lr)
     results = run_local(args.world, _train_all_planners, shape,
                         {n: [p.to_dict() for p in ps] for n, ps in plans.items()},
-                        batches, args.seed, args.lr, args.zero1, timeout=args.timeout)[0]
+                        batches, args.seed, args.lr, args.zero1, args.fsdp, timeout=args.timeout)[0]
     table = Table(title=f"{args.world} ranks vs one process: step loss and gradient at the same "
                         f"parameters (tolerance {args.grad_tolerance:g}); drift of the parameters "
                         f"after {args.steps} step(s) (tolerance {args.param_tolerance:g})")

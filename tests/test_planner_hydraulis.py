@@ -1,9 +1,6 @@
 """The `hydraulis` planner: valid plans everywhere, replicas, randomised greedy, packing."""
 from __future__ import annotations
 
-import math
-import time
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -119,16 +116,3 @@ def test_beats_static_on_wikipedia_like_batches():
     ours = step_time(get_planner("hydraulis", cluster, cost).plan(lengths), cost)
     static = step_time(get_planner("static", cluster, cost, PlannerOptions(max_len=393216)).plan(lengths), cost)
     assert ours < static
-
-
-def test_fast_enough_for_a100_64():
-    cluster = get_cluster("a100-64")
-    cost = get_cost_model("auto", get_model_shape("gpt-7b"), cluster)
-    lengths = _wiki_like(512)
-    planner = get_planner("hydraulis", cluster, cost)
-    planner.plan(lengths)  # warm up
-    begin = time.perf_counter()
-    planner.plan(lengths)
-    # The budget is 100 ms; leave room for a loaded test machine.
-    assert time.perf_counter() - begin < 0.5
-    assert math.isfinite(cost.lower_bound(lengths))

@@ -152,11 +152,9 @@ def test_remap_balances_an_idle_node_when_the_transfer_is_cheaper():
     assert get_planner("zeppelin", cpu4, slow)._remap(chosen)["domains"] == [] and not chosen.waves[0].remap
 
 
-def test_speed():
-    import time
+def test_plans_4096_sequences_on_1024_devices():
+    # Its planning time is measured by bench/latency.py.
     big = Cluster("big", 128, 8, 28e9, 312e12, 0.5, {1 << i: (100e9 if 1 << i <= 8 else 5e9) for i in range(1, 11)}, 5e-3)
     cost = get_cost_model("analytic", get_model_shape("gpt-7b"), big)
     lengths = wiki_like(np.random.default_rng(5), 4096, 393216)
-    start = time.perf_counter()
     get_planner("zeppelin", big, cost).plan(lengths).validate(big, cost)
-    assert time.perf_counter() - start < 4.0  # 2 s budget, doubled for a busy test machine

@@ -1,11 +1,6 @@
 """The executor runs any plan with the single-process gradient (gloo; one spawn of 4 ranks, one of 2).
 
-Tolerances (fp32), as in `ballast.verify`: a step's gradient at given parameters must match the
-single-process gradient of the whole batch to GRAD_RTOL relative to its largest entry, since
-only summation order differs (measured ~5e-7). Trajectories of several AdamW steps drift apart
-by ~3e-5 of the distance travelled (L2), exactly as much as one process and itself with another
-thread count (AdamW divides by sqrt(v) + 1e-8 and so magnifies the rounding of small
-gradients); PARAM_DRIFT leaves room for that (see `ballast.verify`).
+Tolerances: see `runtime_cases`.
 """
 from __future__ import annotations
 
@@ -13,20 +8,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from runtime_cases import (LENGTHS, PARAM_DRIFT, SHAPE, STEPS, assert_single_process_gradients, make_batches,
+                           planner_plans)
+
 from ballast import verify
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel
 from ballast.models import build_gpt
 from ballast.plan import Group, MicroBatch, Plan, Wave, fill_idle
 from ballast.runtime import ActivationMeter, Executor, ProcessGroups, make_optimizer, run_local
-from ballast.shapes import MODEL_PRESETS, ModelShape
-
-SHAPE = MODEL_PRESETS["tiny"]
-GRAD_RTOL = verify.GRAD_TOLERANCE
-PARAM_DRIFT = verify.PARAM_TOLERANCE
-# 10 sequences, 218 tokens; most lengths are not divisible by 2 or 4, one has a single token.
-LENGTHS = [37, 5, 12, 61, 3, 20, 9, 44, 1, 26]
-STEPS = 5
+from ballast.shapes import ModelShape
 
 
 def mixed_plan() -> Plan:
@@ -79,21 +70,6 @@ def remapped_two_rank_plan() -> Plan:
              remap=[(0, 2)]),
         Wave([Group(0, 2, [MicroBatch([6, 7, 8, 9])])]),
     ], planner="remapped")
-
-
-def planner_plans(world: int, batches: list[verify.Batch]) -> dict[str, list[dict]]:
-    """Every registered planner's plan of the first batch, on a CPU cluster whose memory makes
-    the longest sequence need SP or checkpointing (as `ballast verify` sizes it)."""
-    from ballast.planners import PLANNERS, PlannerOptions, get_planner
-
-    cluster = get_cluster("cpu", world_size=world)
-    states_and_half = CostModel.analytic(SHAPE, cluster)
-    memory = states_and_half.states + states_and_half.act_per_token * max(LENGTHS) / 2
-    cluster = get_cluster("cpu", world_size=world, device_memory_gb=memory / 1e9)
-    cost = CostModel.analytic(SHAPE, cluster)
-    options = PlannerOptions(time_limit=2.0)
-    return {name: [get_planner(name, cluster, cost, options).plan(batches[0].lengths).to_dict()]
-            for name in PLANNERS}
 
 
 def remapping_zeppelin_plan(world: int) -> Plan:
@@ -175,9 +151,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 @pytest.fixture(scope="module")
 def batches() -> list[verify.Batch]:
-    generator = torch.Generator().manual_seed(0)
-    return [verify.Batch(LENGTHS, [torch.randint(0, SHAPE.vocab, (s + 1,), generator=generator) for s in LENGTHS])
-            for _ in range(STEPS)]
+    return make_batches()
 
 
 @pytest.fixture(scope="module")
@@ -193,14 +167,6 @@ def world2(batches) -> dict:
 @pytest.fixture(scope="module")
 def reference(batches) -> verify.Trajectory:
     return verify.train_reference(SHAPE, batches, 0, 1e-3)
-
-
-def assert_single_process_gradients(result: verify.Trajectory, batches: list[verify.Batch]) -> None:
-    expected = verify.reference_at(SHAPE, result, batches[:len(result.grads)])
-    for got, want in zip(result.grads, expected.grads, strict=True):
-        assert float((got - want).abs().max() / want.abs().max()) <= GRAD_RTOL
-    for got, want in zip(result.losses, expected.losses, strict=True):
-        assert got == pytest.approx(want, rel=GRAD_RTOL)
 
 
 def test_hand_built_plans_give_the_single_process_gradient(world4, world2, batches):

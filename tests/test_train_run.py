@@ -1,4 +1,4 @@
-"""`ballast train` for real on 2 gloo ranks: resume, ZeRO-1, metrics, plots, planners, a killed rank.
+"""`ballast train` for real on 2 gloo ranks: resume, ZeRO-1, FSDP2, metrics, plots, planners, a killed rank.
 
 The corpus is a seeded JSONL of English-like documents with long-tailed lengths (16..2000
 bytes, byte tokenizer), and the memory budget is set so that the longest sequence (MAX_LEN)
@@ -70,10 +70,21 @@ def config(corpus: tuple[str, str], out: Path, steps: int, **optimizer) -> Train
     return c
 
 
-def _train_all(configs: list[TrainConfig]) -> list[dict | None]:
+SHARDINGS = {"": {}, "-zero1": {"zero1": True}, "-fsdp": {"fsdp": True}}
+"""Suffix of a run's name -> its optimizer settings."""
+
+
+def _train_all(configs: list[TrainConfig], failing: TrainConfig) -> tuple[list[dict | None], str]:
+    """Trains every config, then returns the ValueError `failing` raises (on every rank, before
+    any collective, so the ranks stay in step)."""
     from ballast.train.trainer import train
 
-    return [train(c) for c in configs]
+    summaries = [train(c) for c in configs]
+    try:
+        train(failing)
+        return summaries, "no error"
+    except ValueError as e:
+        return summaries, str(e)
 
 
 def reference_ids(corpus: tuple[str, str], steps: int) -> list[list[int]]:
@@ -88,20 +99,22 @@ def losses(out: Path) -> list[float]:
 
 @pytest.fixture(scope="module")
 def runs(corpus, tmp_path_factory) -> dict[str, Path]:
-    """One spawn of 2 ranks: 6 steps; 3 steps then resume to 6; the same two with ZeRO-1."""
+    """One spawn of 2 ranks: 6 steps; 3 steps then resume to 6; the same two with ZeRO-1 and with
+    FSDP2; then an attempt to resume the FSDP2 checkpoint without FSDP (its error is "error")."""
     root = tmp_path_factory.mktemp("runs")
     build_corpus(corpus[0], cache_dir=corpus[1], progress=False)  # tokenise once, before the ranks
-    outs = {name: root / name for name in ("whole", "split", "whole-zero1", "split-zero1")}
+    outs = {f"{run}{suffix}": root / f"{run}{suffix}" for suffix in SHARDINGS for run in ("whole", "split")}
     configs = []
-    for suffix, zero1 in (("", False), ("-zero1", True)):
-        configs += [config(corpus, outs["whole" + suffix], 6, zero1=zero1),
-                    config(corpus, outs["split" + suffix], 3, zero1=zero1, decay_steps=6),
-                    config(corpus, outs["split" + suffix], 6, zero1=zero1, decay_steps=6)]
-    run_local(2, _train_all, configs, timeout=600)
+    for suffix, sharding in SHARDINGS.items():
+        configs += [config(corpus, outs["whole" + suffix], 6, **sharding),
+                    config(corpus, outs["split" + suffix], 3, decay_steps=6, **sharding),
+                    config(corpus, outs["split" + suffix], 6, decay_steps=6, **sharding)]
+    unsharded_resume = config(corpus, outs["whole-fsdp"], 8)
+    outs["error"] = run_local(2, _train_all, configs, unsharded_resume, timeout=600)[0][1]
     return outs
 
 
-@pytest.mark.parametrize("suffix", ["", "-zero1"])
+@pytest.mark.parametrize("suffix", list(SHARDINGS))
 def test_resume_equals_uninterrupted(runs, suffix):
     whole, split = runs["whole" + suffix], runs["split" + suffix]
     assert len(losses(whole)) == 6
@@ -110,6 +123,13 @@ def test_resume_equals_uninterrupted(runs, suffix):
     assert len(raw) == 6, "the resumed run re-ran no step: it started after the 3-step checkpoint"
     # keep_checkpoints=2: the newest two remain
     assert sorted(p.name for p in (whole / "checkpoints").iterdir()) == ["step-00000004", "step-00000006"]
+
+
+def test_fsdp_trains_like_replicated_parameters(runs):
+    # Same batches, same gradients (summed in another order: reduce-scatter), lockstep plans.
+    replicated, sharded = losses(runs["whole"]), losses(runs["whole-fsdp"])
+    assert sharded == pytest.approx(replicated, rel=LOSS_RTOL)
+    assert "saved with FSDP; resume with the same --fsdp setting" in runs["error"]
 
 
 def test_metrics_fields_and_every_sample_once(runs, corpus):

@@ -116,4 +116,4 @@ def pad_lockstep(wave: Wave, lengths: Sequence[int], cost: CostModel) -> Wave:
     for g in wave.groups:
         mbs = sorted(g.micro_batches, key=lambda mb: -mb_time(mb, lengths, g.degree, cost))
         groups.append(Group(g.start, g.degree, mbs + [MicroBatch([], 0.0) for _ in range(depth - len(mbs))]))
-    return Wave(groups)
+    return Wave(groups, list(wave.remap))

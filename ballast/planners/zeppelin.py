@@ -53,7 +53,7 @@ from ..plan import Group, MicroBatch, Plan, Wave, fill_idle
 from ..simulate import step_time, wave_time
 from . import register
 from .base import Planner
-from .packing import longest_processing_time, mb_time, micro_batch
+from .packing import longest_processing_time, mb_time, micro_batch, pad_lockstep
 
 THETAS = (1.25, 1.0, 0.6)
 """Targets as fractions of the lower bound: how long a sequence may run alone."""
@@ -260,11 +260,7 @@ class ZeppelinPlanner(Planner):
     def _wave(self, step: _Step, drafts: list[_Draft]) -> Wave:
         groups = fill_idle([Group(g.start, g.degree, self._pack(step.lengths, g.ids, g.degree)) for g in drafts],
                            self.cluster.world_size)
-        if self.options.lockstep:  # FSDP: every group, idle ones too, runs the same count
-            depth = max(len(g.micro_batches) for g in groups)
-            for g in groups:
-                g.micro_batches += [MicroBatch([], 0.0) for _ in range(depth - len(g.micro_batches))]
-        return Wave(groups)
+        return pad_lockstep(Wave(groups), step.lengths, self.cost) if self.options.lockstep else Wave(groups)
 
     def _pack(self, lengths: list[int], ids: list[int], degree: int) -> list[MicroBatch]:
         """The fastest token-balanced packing into k micro-batches, each at its least checkpoint."""

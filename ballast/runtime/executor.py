@@ -11,10 +11,11 @@ ahead while the others train).
 One step (`Executor.step`):
   - for every wave, this rank's group (`Plan.group_of`) runs its micro-batches one after
     another; in a remap domain of the wave (`Wave.remap`) all the domain's groups run theirs
-    slot by slot together, linear work balanced over the domain (`remap.py`). A micro-batch's packed stream is split contiguously over the group's ranks
-    (`StreamShard`); each rank runs forward and backward on its shard, with the plan's
-    checkpoint level (the first round(checkpoint * layers) blocks are recomputed), and its
-    loss is the sum of the per-token losses of its shard divided by `Plan.tokens`;
+    slot by slot together, linear work balanced over the domain (`remap.py`). A micro-batch's
+    packed stream is split contiguously over the group's ranks (`StreamShard`); each rank
+    runs forward and backward on its shard, with the plan's checkpoint level (the first
+    round(checkpoint * layers) blocks are recomputed), and its loss is the sum of the
+    per-token losses of its shard divided by `Plan.tokens`;
   - a wave ends with a barrier of the world (the plan's semantics: the next wave may regroup
     ranks), which also measures how long this rank waited for the wave's slowest group;
   - gradients accumulate locally and are all-reduced (SUM over the world) once, then AdamW.
@@ -32,9 +33,11 @@ to exactly one rank, and the remap all-to-alls are adjoint pairs like Ulysses'.
 A rank idle in a wave, or holding an empty shard, contributes zero. So sum over ranks and
 micro-batches = dL/dparam, whatever the plan.
 
-Empty micro-batches (`seq_ids == []`, the padding of lockstep plans) run nothing here: with
-replicated parameters no collective needs them. Under FSDP/ZeRO-3 they would still have to
-run a forward (on a dummy token) so that their rank joins the parameter all-gathers.
+Empty micro-batches (`seq_ids == []`, the padding of lockstep plans) run nothing with
+replicated parameters: no collective needs them. A model sharded with FSDP2 (`fsdp.py`) runs
+lockstep plans only, every empty micro-batch as a pass on a dummy token (its rank must join
+the parameter all-gathers), and every backward reduce-scatters the gradients, which accumulate
+sharded, instead of the final all-reduce: the same sum over ranks, each rank keeping its shard.
 """
 from __future__ import annotations
 
@@ -53,6 +56,7 @@ from ..cluster import Cluster
 from ..models.gpt import GPT, PackedStream
 from ..plan import Group, MicroBatch, Plan
 from .attention import StreamShard, parallelize, shard_sizes
+from .fsdp import is_sharded
 from .groups import ProcessGroups
 from .memory import ActivationMeter
 from .remap import RemappedStream, Route, overlaps
@@ -101,8 +105,11 @@ class StepResult:
 
 def make_optimizer(model: torch.nn.Module, zero1: bool = False, **adamw: float) -> torch.optim.Optimizer:
     """AdamW over the model's parameters; with `zero1`, its state sharded over the world (ZeRO-1):
-    each rank keeps and updates the state of its share of the parameters, then broadcasts them."""
+    each rank keeps and updates the state of its share of the parameters, then broadcasts them.
+    A model sharded with FSDP (`shard_model`) has sharded state already."""
     params = [p for p in model.parameters() if p.requires_grad]
+    if zero1 and is_sharded(model):
+        raise ValueError("ZeRO-1 and FSDP both shard the optimizer state: use one of them")
     if zero1:
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, **adamw)
     return torch.optim.AdamW(params, **adamw)
@@ -123,6 +130,7 @@ class Executor:
     def __init__(self, model: GPT, optimizer: torch.optim.Optimizer, cluster: Cluster,
                  groups: ProcessGroups, *, measure_activations: bool = False):
         cluster.check_world_size(groups.world_size)
+        self.fsdp = is_sharded(model)
         self.model = parallelize(model)
         self.optimizer = optimizer
         self.cluster = cluster
@@ -131,6 +139,8 @@ class Executor:
         self.measure_activations = measure_activations
         self.device = next(model.parameters()).device
         self._params = [p for p in model.parameters() if p.requires_grad]
+        if self.fsdp:  # `shard_model` started every rank from rank 0's weights
+            return
         # Ranks must start from the same weights for the summed gradient to mean anything.
         flat = torch.cat([p.detach().reshape(-1) for p in self._params])
         dist.broadcast(flat, src=0)
@@ -153,8 +163,8 @@ class Executor:
             start = time.perf_counter()
             if domain is None:
                 for mb in group.micro_batches:
-                    if sum(plan.mb_lengths(mb)) > 0:
-                        loss += self._run(plan, w, group, mb, samples, result)
+                    loss += self._run(plan, w, group, mb, samples, result) if sum(plan.mb_lengths(mb)) \
+                        else self._skip()
             else:
                 for slot in range(max(len(g.micro_batches) for g in wave.domain_groups(*domain))):
                     loss += self._run_slot(plan, w, domain, slot, samples, result)
@@ -180,6 +190,10 @@ class Executor:
             if sample.dim() != 1 or sample.numel() != length + 1:
                 raise ValueError(f"sample {i} has shape {tuple(sample.shape)}; the plan's length {length} "
                                  f"needs {length + 1} tokens ({length} inputs, each with its next token)")
+        if self.fsdp and not plan.lockstep:
+            raise ValueError(f"a model sharded with FSDP runs lockstep plans only (every group of a wave "
+                             f"runs as many micro-batches); plan {plan.planner!r} is not: make it with "
+                             f"PlannerOptions(lockstep=True)")
 
     def _run(self, plan: Plan, wave: int, group: Group, mb: MicroBatch, samples: Sequence[Tensor],
              result: StepResult) -> Tensor:
@@ -199,7 +213,7 @@ class Executor:
         seq_ids = [i for _, mb in parts for i in mb.seq_ids]
         attention = [n for g, mb in parts for n in shard_sizes(sum(plan.mb_lengths(mb)), g.degree)]
         if sum(attention) == 0:
-            return torch.zeros((), device=self.device)
+            return self._skip()
         balanced = shard_sizes(sum(attention), size)
         index = self.rank - start
         send, recv = overlaps(balanced, attention, index)
@@ -237,8 +251,22 @@ class Executor:
             time.perf_counter() - start, meter.bytes if meter else None))
         return loss.detach()
 
+    def _skip(self) -> Tensor:
+        """An empty micro-batch: nothing to run, except under FSDP, where this rank must still join
+        the pass's parameter all-gathers and gradient reduce-scatters: a pass on one dummy token
+        whose loss counts zero."""
+        if self.fsdp:
+            token = torch.zeros(1, dtype=torch.long, device=self.device)
+            logits = self.model(token, PackedStream.from_lengths([1], self.device))
+            (logits.sum() * 0.0).backward()
+        return torch.zeros((), device=self.device)
+
     def _synchronise(self, loss: Tensor) -> float:
-        """All-reduce every gradient and the loss in one collective; returns the batch loss."""
+        """All-reduce every gradient and the loss in one collective; returns the batch loss.
+        Under FSDP every backward has already reduce-scattered its gradients."""
+        if self.fsdp:
+            dist.all_reduce(loss)
+            return float(loss)
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                           for p in self._params] + [loss.reshape(1).to(self._params[0].dtype)])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)

@@ -17,6 +17,8 @@ every rank sees (a shared file system across nodes).
 ZeRO-1: every rank holds the AdamW state of its own share of the parameters only, so each
 saves it under a key of its own (`optimizer.rankR`), and resuming needs the same world size.
 Without ZeRO-1 the optimizer state is replicated and a checkpoint resumes on any world size.
+FSDP2: model and optimizer state are DTensors, which DCP saves shard by shard and reshards on
+load; the checkpoint records that it was sharded and resumes only under FSDP again.
 """
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from ..runtime import is_sharded
 
 PREFIX = "step-"
 TMP = ".tmp-"
@@ -106,7 +110,8 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.O
     if rank == 0:
         assert meta is not None
         _write_synced(tmp / META, json.dumps({**meta, "step": step, "world": dist.get_world_size(),
-                                              "zero1": isinstance(optimizer, ZeroRedundancyOptimizer)},
+                                              "zero1": isinstance(optimizer, ZeroRedundancyOptimizer),
+                                              "fsdp": is_sharded(model)},
                                              indent=1))
         if final.exists():  # the same step saved by an earlier attempt
             shutil.rmtree(final)
@@ -128,6 +133,9 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
     if meta["zero1"] != zero1:
         raise ValueError(f"checkpoint {path} was saved {'with' if meta['zero1'] else 'without'} "
                          f"ZeRO-1; resume with the same --zero1 setting")
+    if meta["fsdp"] != is_sharded(model):
+        raise ValueError(f"checkpoint {path} was saved {'with' if meta['fsdp'] else 'without'} "
+                         f"FSDP; resume with the same --fsdp setting")
     if zero1 and meta["world"] != dist.get_world_size():
         raise ValueError(f"checkpoint {path} holds ZeRO-1 optimizer shards of {meta['world']} ranks; "
                          f"resume it on {meta['world']} ranks, not {dist.get_world_size()}")

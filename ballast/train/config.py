@@ -86,6 +86,9 @@ class OptimizerConfig:
     """AdamW's second-moment decay."""
     zero1: bool = False
     """Shard AdamW's state over the ranks (ZeRO-1); a checkpoint then resumes on the same world size."""
+    fsdp: bool = False
+    """Shard parameters, gradients and AdamW's state over the ranks with FSDP2 (ZeRO-3); the
+    planner then makes lockstep plans (every group of a wave runs as many micro-batches)."""
 
 
 @dataclass
@@ -144,6 +147,8 @@ class TrainConfig:
                             "--min-lr": self.optimizer.min_lr}.items():
             if value < 0:
                 raise ValueError(f"{flag} must be >= 0, got {value}")
+        if self.optimizer.zero1 and self.optimizer.fsdp:
+            raise ValueError("--zero1 and --fsdp both shard the optimizer state: choose one")
         if self.data.max_len > self.data.tokens_per_step:
             raise ValueError(f"--max-len {self.data.max_len} exceeds --tokens-per-step "
                              f"{self.data.tokens_per_step}: a step could not hold its longest sequence")

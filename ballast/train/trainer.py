@@ -27,7 +27,7 @@ from ..dataset import BatchStream, TokenCorpus, build_corpus, check_vocab
 from ..models import build_gpt
 from ..plan import Plan
 from ..planners import Planner, PlannerOptions, get_planner
-from ..runtime import Executor, ProcessGroups, StepResult, make_optimizer
+from ..runtime import Executor, ProcessGroups, StepResult, make_optimizer, shard_model
 from ..shapes import ModelShape, get_model_shape
 from . import checkpoint
 from .ahead import Lookahead, StepInput
@@ -75,7 +75,8 @@ def open_data(config: TrainConfig, shape: ModelShape, progress: bool) -> TokenCo
 
 def make_planner(config: TrainConfig, setup: Setup) -> Planner:
     options = PlannerOptions(max_len=config.data.max_len, degree=config.planner.degree,
-                             seed=config.run.seed, time_limit=config.planner.time_limit)
+                             seed=config.run.seed, time_limit=config.planner.time_limit,
+                             lockstep=config.optimizer.fsdp)
     return get_planner(config.planner.planner, setup.cluster, setup.cost, options)
 
 
@@ -126,6 +127,8 @@ def train(config: TrainConfig) -> dict | None:
 
     model = build_gpt(setup.shape, config.run.seed).to(device)
     opt = config.optimizer
+    if opt.fsdp:
+        shard_model(model)
     optimizer = make_optimizer(model, opt.zero1, lr=opt.lr, betas=(opt.beta1, opt.beta2),
                                weight_decay=opt.weight_decay)
     executor = Executor(model, optimizer, setup.cluster, ProcessGroups())

@@ -1,0 +1,56 @@
+"""FSDP2 (ZeRO-3) for plans: parameters, gradients and optimizer state sharded over the world.
+
+`shard_model` applies `torch.distributed.fsdp.fully_shard` to every block and then to the root
+(embedding, final norm, output layer), the torchtitan layout: a block's parameters are
+all-gathered just before its forward (and again before its backward) and freed after, so a
+rank holds one block's full parameters at a time and 1/world of everything else.
+
+What this asks of the executor (`executor.py`):
+  - every rank joins every all-gather, so every rank must run the same number of forward and
+    backward passes per wave: plans must be lockstep (`Plan.lockstep`), and an empty filler
+    micro-batch still runs a pass, on one dummy token whose loss is multiplied by zero;
+  - activation checkpointing needs nothing: FSDP2's pre-backward hook gathers a block before
+    its recomputation, whose own forward hooks then do no communication, so ranks of different
+    checkpoint levels issue the same collectives;
+  - every backward reduce-scatters its gradients, which accumulate sharded: a rank never holds
+    a whole gradient, as the cost model's memory (states sharded over all ranks) assumes. The
+    alternative, FSDP2's `set_requires_gradient_sync(False)` until the step's last pass, would
+    save the per-pass reduce-scatters but keep an unsharded gradient for the whole step;
+  - the reduction is a plain SUM: the executor's loss is already divided by the step's tokens
+    (FSDP's default would divide again by the world size), and gloo has no PREMUL_SUM.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
+
+from ..models.gpt import GPT
+
+
+def shard_model(model: GPT) -> GPT:
+    """Shard `model` over the world with FSDP2 (in place; returns it). Collective: every rank
+    calls it; all ranks start from rank 0's weights, as in the replicated mode."""
+    params = list(model.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    dist.broadcast(flat, src=0)
+    torch.nn.utils.vector_to_parameters(flat, params)
+    for block in model.layers:
+        fully_shard(block)
+    fully_shard(model)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):  # both settings are per module, not recursive
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    return isinstance(model, FSDPModule)
+
+
+def full_tensor(t: Tensor) -> Tensor:
+    """The whole tensor of a sharded parameter or gradient (a collective), a plain one as it is."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
