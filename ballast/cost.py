@@ -221,11 +221,9 @@ class CostModel:
         slope = min(self.recompute * self.b / (1.0 - self.kept), self.g / cap)
         overhead = self.g + max(0.0, float(s.sum()) / n - cap) * slope
         # Zeppelin's remapping layer (Wave.remap) may spread a sequence's linear work over the
-        # whole cluster: alone it takes at least its attention (s^2 share of the work, and the
-        # all-to-alls) + b s / N, recomputation of the linear part left out.
-        comm = comm_area / degrees
-        work = np.where(np.isfinite(times), times - comm, 0.0)
-        attention = work * (self.a * s * s / np.maximum(self.a * s * s + self.b * s, _EPS)) + comm
+        # whole cluster: alone it takes at least its attention and all-to-alls at degree d plus
+        # b s / N, recomputation left out (spread over a domain, its tokens may fit without).
+        attention = self.a * s * s / degrees + comm_area / degrees
         alone = np.where(np.isfinite(times), np.minimum(times, attention + self.b * s / n), np.inf)
         longest = float(np.min(alone, axis=0).max()) + self.g
 
