@@ -16,17 +16,23 @@ class GroupEstimates:
     Besides F, a sequence longer than `cap` tokens per device must recompute its own excess
     whatever the micro-batch count (it cannot be split); that forced part is tracked per group
     and the larger of the two overheads charged.
+
+    The per-group sums live in Python lists, not arrays: the planner's greedy assignment reads
+    and updates one group at a time hundreds of thousands of times per plan, and a numpy scalar
+    access costs several times a list's. The vector methods convert them (same float64 values).
     """
 
     def __init__(self, cost: CostModel, degrees: np.ndarray):
         self.cost, self.deg = cost, degrees.astype(np.float64)
-        self.comm_per_token = np.array([0.0 if d == 1 else cost.bytes_per_token / (d * cost.bandwidth[d])
-                                        for d in degrees])
+        self._deg = self.deg.tolist()
+        self._comm = [0.0 if d == 1 else cost.bytes_per_token / (d * cost.bandwidth[d]) for d in degrees]
+        self.comm_per_token = np.array(self._comm)
         self.cap = (cost.device_memory - cost.states) / cost.act_per_token
         self.recompute_rate = cost.recompute / (1.0 - cost.kept)
-        self.quad = np.zeros(len(degrees))      # sum of a s^2 + b s
-        self.tokens = np.zeros(len(degrees))
-        self.forced = np.zeros(len(degrees))    # recomputation no packing avoids
+        self._a, self._b, self._g = cost.a, cost.b, cost.g
+        self.quad = [0.0] * len(degrees)      # sum of a s^2 + b s
+        self.tokens = [0.0] * len(degrees)
+        self.forced = [0.0] * len(degrees)    # recomputation no packing avoids
 
     def estimate(self, quad: np.ndarray, tokens: np.ndarray, forced: np.ndarray,
                  rows: slice | np.ndarray = slice(None)) -> np.ndarray:
@@ -38,7 +44,7 @@ class GroupEstimates:
         return np.where(tokens > 0, t, 0.0)
 
     def current(self) -> np.ndarray:
-        return self.estimate(self.quad, self.tokens, self.forced)
+        return self.estimate(np.array(self.quad), np.array(self.tokens), np.array(self.forced))
 
     def terms(self, length, deg):
         """(a s^2 + b s, forced recomputation) of sequences of `length` at degrees `deg`."""
@@ -48,29 +54,30 @@ class GroupEstimates:
 
     def with_added(self, length: float) -> np.ndarray:
         quad, forced = self.terms(length, self.deg)
-        return self.estimate(self.quad + quad, self.tokens + length, self.forced + forced)
+        return self.estimate(np.array(self.quad) + quad, np.array(self.tokens) + length,
+                             np.array(self.forced) + forced)
 
     def without(self, j: int, length: float) -> float:
         quad, forced = self.terms(length, self.deg[j])
         rows = slice(j, j + 1)
-        return float(self.estimate(self.quad[rows] - quad, self.tokens[rows] - length,
-                                   self.forced[rows] - forced, rows)[0])
+        return float(self.estimate(np.array([self.quad[j] - quad]), np.array([self.tokens[j] - length]),
+                                   np.array([self.forced[j] - forced]), rows)[0])
 
     def one(self, j: int, length: float) -> float:
         """estimate() of group j with a sequence added, in scalar arithmetic (the hot path)."""
-        cost, deg = self.cost, float(self.deg[j])
-        quad = float(self.quad[j]) + cost.a * length * length + cost.b * length
-        tokens = float(self.tokens[j]) + length
-        forced = float(self.forced[j])
-        if length > deg * self.cap:
-            forced += (length / deg - self.cap) * self.recompute_rate * (cost.a * length + cost.b)
-        slope = min(self.recompute_rate * quad / tokens, cost.g / self.cap)
-        over = cost.g + max(forced, max(0.0, tokens / deg - self.cap) * slope)
-        return quad / deg + tokens * float(self.comm_per_token[j]) + over
+        a, b, g, cap, rate, deg = self._a, self._b, self._g, self.cap, self.recompute_rate, self._deg[j]
+        quad = self.quad[j] + a * length * length + b * length
+        tokens = self.tokens[j] + length
+        forced = self.forced[j]
+        if length > deg * cap:
+            forced += (length / deg - cap) * rate * (a * length + b)
+        slope = min(rate * quad / tokens, g / cap)
+        over = g + max(forced, max(0.0, tokens / deg - cap) * slope)
+        return quad / deg + tokens * self._comm[j] + over
 
     def move(self, j: int, length: float, sign: int = 1) -> None:
-        cost, deg = self.cost, float(self.deg[j])
-        self.quad[j] += sign * (cost.a * length * length + cost.b * length)
+        a, b, deg = self._a, self._b, self._deg[j]
+        self.quad[j] += sign * (a * length * length + b * length)
         self.tokens[j] += sign * length
         if length > deg * self.cap:
-            self.forced[j] += sign * (length / deg - self.cap) * self.recompute_rate * (cost.a * length + cost.b)
+            self.forced[j] += sign * (length / deg - self.cap) * self.recompute_rate * (a * length + b)
