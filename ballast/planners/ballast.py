@@ -74,12 +74,13 @@ REPAIR_MOVES = 24
 MOVES_PER_GROUP = 2
 
 
-def class_load(times: np.ndarray, groups: int) -> float:
+def class_load(total: float, times: list[float], groups: int) -> float:
     """A lower bound on the slowest of `groups` groups sharing items of these times (longest
-    first): the mean, the longest item, and, by pigeonhole, two of the `groups` + 1 longest
-    in one group. Granularity matters: 3 equal sequences on 2 groups take 2 units, not 1.5."""
+    first, summing to `total`): the mean, the longest item, and, by pigeonhole, two of the
+    `groups` + 1 longest in one group. Granularity matters: 3 equal sequences on 2 groups
+    take 2 units, not 1.5."""
     pair = times[groups - 1] + times[groups] if len(times) > groups else 0.0
-    return max(float(times.sum()) / groups, float(times[0]), float(pair))
+    return max(total / groups, times[0], pair)
 
 
 @register
@@ -95,6 +96,10 @@ class BallastPlanner(Planner):
         self._row = {int(d): i for i, d in enumerate(self._deg)}
         # [degree index, sequence]: alone at that degree, least checkpointing, without g.
         self._work = self.cost.sequence_times(lengths)
+        # The proxy's estimates over all degree rows, and each sequence's forced recomputation
+        # at each row (recomputation no packing avoids), computed once per batch.
+        self._estimates = GroupEstimates(self.cost, self._deg)
+        _, self._forced = self._estimates.terms(s[None, :], self._deg[:, None].astype(np.float64))
         self._packer = GroupPacker(self.cost, self._length_list, self._work, self._quad, self._row)
         order = np.argsort(-np.min(self._work, axis=0), kind="stable")
         # Head sizes are compared by their layouts' proxies; only the best are built fully.
@@ -127,7 +132,8 @@ class BallastPlanner(Planner):
         sizes = {k for k in HEAD_SIZES if k < len(order) and fastest[order[k - 1]] > 0.25 * area}
         # ... or as Zeppelin splits by length class: the sequences that need wide groups at the
         # lower bound get the whole cluster first, so they run wider and recompute less.
-        choice = self._degrees(order, self.cost.lower_bound(self._length_list), self.cluster.world_size)
+        choice = self._degrees(self._work[:, order], self.cost.lower_bound(self._length_list),
+                               self.cluster.world_size)
         if choice is not None:
             degrees = self._deg[choice]
             sizes |= {int(k) for d in self._deg[1:] if 0 < (k := np.count_nonzero(degrees >= d)) < len(order)}
@@ -146,14 +152,24 @@ class BallastPlanner(Planner):
     def _layouts(self, ids: np.ndarray) -> list[tuple[float, list[int]]]:
         """Distinct group layouts for `ids`, one per makespan target, best proxy first."""
         lower = self.cost.lower_bound(self._lengths[ids].tolist())
+        work = self._work[:, ids]
+        allocations: dict[bytes, list[int] | None] = {}
+
+        def allocate(choice: np.ndarray) -> list[int] | None:
+            # Several targets and floors often give the same degrees: allocate each once.
+            key = choice.tobytes()
+            if key not in allocations:
+                allocations[key] = self._allocate(ids, choice)
+            return allocations[key]
+
         choices = []
         for factor in TARGETS:
             # Narrow the widest degree until every class gets ranks: a sequence that would
             # take the whole cluster at its best degree then runs slower beside the others.
             width, layout = self.cluster.world_size, None
             while width >= 1 and layout is None:
-                choice = self._degrees(ids, lower * factor, width)
-                layout = None if choice is None else self._allocate(ids, choice)
+                choice = self._degrees(work, lower * factor, width)
+                layout = None if choice is None else allocate(choice)
                 width //= 2
             choices.append((choice, layout))
         # Floored layouts too: every sequence at least at one degree (one degree for all at
@@ -161,12 +177,12 @@ class BallastPlanner(Planner):
         # once for many sequences and need no checkpointing, which wins where all-to-alls are
         # cheap; the longest keep the wider degree their target gave them.
         found = {choice.tobytes(): (choice, layout) for choice, layout in choices if layout is not None}
-        fits = np.isfinite(self._work[:, ids])
+        fits = np.isfinite(work)
         more = [np.maximum(choice, row) for choice, _ in found.values() for row in range(1, len(self._deg))]
         more += [np.full(len(ids), row) for row in range(len(self._deg))]
         for choice in more:
             if choice.tobytes() not in found and fits[choice, np.arange(len(ids))].all():
-                found[choice.tobytes()] = (choice, self._allocate(ids, choice))
+                found[choice.tobytes()] = (choice, allocate(choice))
         # The assignment sees only the layout: of choices giving the same one, the best proxy.
         best: dict[tuple[int, ...], float] = {}
         for choice, layout in found.values():
@@ -197,10 +213,11 @@ class BallastPlanner(Planner):
         return Wave(fill_idle([g for g in best[1] if g.micro_batches], self.cluster.world_size))
 
     # --- one candidate wave -------------------------------------------------------------------
-    def _degrees(self, ids: np.ndarray, target: float, width: int) -> np.ndarray | None:
-        """Degree index per sequence: least area within `target`, degrees <= `width`."""
+    def _degrees(self, work: np.ndarray, target: float, width: int) -> np.ndarray | None:
+        """Degree index per sequence (columns of `work`, a slice of `_work`): least area within
+        `target`, degrees <= `width`."""
         deg = self._deg
-        work = np.where((deg <= width)[:, None], self._work[:, ids], np.inf)
+        work = np.where((deg <= width)[:, None], work, np.inf)
         if not np.isfinite(work).any(axis=0).all():
             return None
         area = work * deg[:, None]
@@ -217,82 +234,61 @@ class BallastPlanner(Planner):
         quad = np.bincount(choice, weights=self._quad[ids], minlength=len(self._deg))
         tokens = np.bincount(choice, weights=self._lengths[ids], minlength=len(self._deg))
         used = groups > 0
-        loads = GroupEstimates(self.cost, self._deg[used])
-        s = self._lengths[ids].astype(np.float64)
-        _, forced = loads.terms(s, self._deg[choice])
-        forced = np.bincount(choice, weights=forced, minlength=len(self._deg))
-        spread = loads.estimate(quad[used] / groups[used], tokens[used] / groups[used],
-                                forced[used] / groups[used])
+        forced = np.bincount(choice, weights=self._forced[choice, ids], minlength=len(self._deg))
+        spread = self._estimates.estimate(quad[used] / groups[used], tokens[used] / groups[used],
+                                          forced[used] / groups[used], used)
         alone = self._work[choice, ids].max() + self.cost.g
         return max(float(spread.max()), float(alone))
 
     def _assign(self, ids: np.ndarray, layout: list[int]) -> tuple[GroupEstimates, list[int], list[list[int]]]:
-        """Longest first, each sequence to the group whose estimated time grows least.
-
-        Only the least-loaded group of each degree can be the best (within a degree the
-        estimate grows with the load), so one heap per degree keeps each placement at
-        O(degrees x log groups), linear in the batch for thousands of sequences.
-        """
+        """Longest first, each sequence to the group whose estimated time grows least."""
         loads = GroupEstimates(self.cost, np.asarray(layout))
-        members: list[list[int]] = [[] for _ in layout]
-        heaps: dict[int, list[tuple[float, int]]] = {}
-        for j, d in enumerate(layout):
-            heaps.setdefault(self._row[d], []).append((0.0, j))
-        by_row = sorted(heaps.items())
-        # Feasibility is monotone in the degree: the first row where a sequence fits memory.
-        first_row = np.argmax(np.isfinite(self._work[:, ids]), axis=0).tolist()
-        for s, n, fits_from in zip(ids.tolist(), self._lengths[ids].astype(float).tolist(), first_row):
-            best = (math.inf, -1, -1)
-            for row, heap in by_row:
-                if row >= fits_from:
-                    j = heap[0][1]
-                    grown = loads.one(j, n)
-                    if grown < best[0]:
-                        best = (grown, j, row)
-            grown, j, row = best
-            assert j >= 0, f"sequence {s} fits no group of the layout"
-            loads.move(j, n)
-            members[j].append(s)
-            heapq.heapreplace(heaps[row], (grown, j))
+        first_rows = np.argmax(np.isfinite(self._work[:, ids]), axis=0).tolist()
+        members = loads.fill(ids.tolist(), self._lengths[ids].astype(float).tolist(), first_rows,
+                             [self._row[d] for d in layout])
         return loads, layout, members
 
     def _allocate(self, ids: np.ndarray, choice: np.ndarray) -> list[int] | None:
         """Degrees of the wave's groups, largest first; None if the classes cannot all fit."""
-        n, deg = self.cluster.world_size, self._deg
-        areas = self._work[choice, ids] * deg[choice]
-        class_area = np.bincount(choice, weights=areas, minlength=len(deg))
-        members = np.bincount(choice, minlength=len(deg))
-        times = self._class_times(ids, choice)
-        per_rank = class_area.sum() / n
-        groups = np.zeros(len(deg), dtype=np.int64)
-        for i in np.nonzero(members)[0]:
-            ideal = class_area[i] / (per_rank * deg[i]) if per_rank > 0 else 1
-            groups[i] = min(members[i], max(1, int(ideal)))
+        n, deg = self.cluster.world_size, self._deg.tolist()
+        times = self._work[choice, ids]
+        class_area = np.bincount(choice, weights=times * self._deg[choice], minlength=len(deg))
+        per_rank = float(class_area.sum()) / n
+        # Each class's times longest first and their total: class_load's inputs, in Python
+        # scalars because the loops below evaluate it a few hundred times per plan.
+        order = np.lexsort((-times, choice))
+        starts = np.searchsorted(choice[order], np.arange(len(deg) + 1)).tolist()
+        classes = {i: times[order[starts[i]:starts[i + 1]]] for i in range(len(deg)) if starts[i + 1] > starts[i]}
+        totals = {i: float(t.sum()) for i, t in classes.items()}
+        longest = {i: t.tolist() for i, t in classes.items()}
+
+        def load(i: int, count: int) -> float:
+            return class_load(totals[i], longest[i], count)
+
+        groups = [0] * len(deg)
+        for i in classes:
+            ideal = float(class_area[i]) / (per_rank * deg[i]) if per_rank > 0 else 1
+            groups[i] = min(len(longest[i]), max(1, int(ideal)))
         # Rounding small classes up to one group can overflow: take groups back from the
         # class whose groups stay least loaded without one.
-        while (groups * deg).sum() > n:
-            shrinkable = [i for i in np.nonzero(groups > 1)[0]]
+        while sum(k * d for k, d in zip(groups, deg)) > n:
+            shrinkable = [i for i in classes if groups[i] > 1]
             if not shrinkable:
                 return None
-            i = min(shrinkable, key=lambda i: class_load(times[i], groups[i] - 1))
+            i = min(shrinkable, key=lambda i: load(i, groups[i] - 1))
             groups[i] -= 1
-        spare = n - int((groups * deg).sum())
+        spare = n - sum(k * d for k, d in zip(groups, deg))
         # Spare ranks go, a group at a time, to the class whose groups are most loaded.
-        heap = [(-class_load(times[i], groups[i]), i) for i in np.nonzero(groups)[0]]
+        heap = [(-load(i, groups[i]), i) for i in classes]
         heapq.heapify(heap)
         while heap and spare:
             _, i = heapq.heappop(heap)
-            if deg[i] > spare or groups[i] >= members[i]:
+            if deg[i] > spare or groups[i] >= len(longest[i]):
                 continue
             groups[i] += 1
             spare -= deg[i]
-            heapq.heappush(heap, (-class_load(times[i], groups[i]), i))
-        return [int(deg[i]) for i in reversed(range(len(deg))) for _ in range(groups[i])]
-
-    def _class_times(self, ids: np.ndarray, choice: np.ndarray) -> dict[int, np.ndarray]:
-        """Per degree row: its sequences' times alone at that degree, longest first."""
-        times = self._work[choice, ids]
-        return {int(i): -np.sort(-times[choice == i]) for i in np.unique(choice)}
+            heapq.heappush(heap, (-load(i, groups[i]), i))
+        return [deg[i] for i in reversed(range(len(deg))) for _ in range(groups[i])]
 
     def _improve(self, loads: GroupEstimates, members: list[list[int]], rows: np.ndarray) -> None:
         """Move the sequence off the slowest group that shortens the wave most, while one does."""
