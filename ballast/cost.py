@@ -2,7 +2,7 @@
 
 DESIGN.md's model, in seconds and bytes:
 
-    time(mb, d, c)   = [sum_s (a s^2 + b s)] (1 + c r) / d + comm(sum_s s, d) + g
+    time(mb, d, c)   = [sum_s (a s^2 (1 + c r_attn) + b s (1 + c r))] / d + comm(sum_s s, d) + g
     comm(n, d)       = bytes_per_token n / (d bw(d)) + latency(d)  (0 at d = 1; latency(d) is
                                                                 optional, profiled, default 0)
     memory(mb, d, c) = states + act_per_token (sum_s s) / d (c k + 1 - c)
@@ -11,6 +11,12 @@ Three sources of coefficients share this one class and its JSON format: `analyti
 model shape and a cluster), `published` (FlexSP's A100 profile) and `profiled` (written by
 `ballast profile`). Checkpoint levels are fractions of layers, so they are multiples of
 1 / layers.
+
+DESIGN.md has one recomputation factor r for both terms; r_attn (`recompute_attention`) is
+the s^2 term's own, and equals r unless a profile measured it apart. It must be apart where
+attention's forward is a different share of its forward + backward than a matmul's: on
+`tiny` on CPU, recomputing every layer costs about +20% at 8192 tokens (attention dominates)
+and +30-40% at 1024 (linear layers do), which no single r prices well at both.
 """
 from __future__ import annotations
 
@@ -78,7 +84,8 @@ class CostModel:
     world_size: int
     """Devices the coefficients were made for (states are sharded over them)."""
     recompute: float = RECOMPUTE_OVERHEAD
-    """r: extra compute of recomputing every layer, as a fraction of forward + backward."""
+    """r: extra compute of recomputing every layer, as a fraction of forward + backward (of the
+    linear term b s; also of the attention term a s^2 unless `recompute_attention` is set)."""
     kept: float = KEPT_UNDER_CHECKPOINT
     """k: fraction of a layer's activations kept when it is checkpointed."""
     comm_latency: dict[int, float] = field(default_factory=dict)
@@ -87,8 +94,13 @@ class CostModel:
     measures it, 0 where absent. comm() adds it, so a gloo run's many small exchanges are priced."""
     fit: dict = field(default_factory=dict)
     """Free-form report of how the coefficients were obtained (residuals of a profile fit)."""
+    recompute_attention: float | None = None
+    """r_attn: r of the attention term a s^2 alone; None (the default) means r, DESIGN.md's
+    single factor. `ballast profile` fits it apart from r."""
 
     def __post_init__(self) -> None:
+        if self.recompute_attention is None:
+            object.__setattr__(self, "recompute_attention", self.recompute)
         object.__setattr__(self, "bandwidth", {int(d): float(v) for d, v in self.bandwidth.items()})
         object.__setattr__(self, "comm_latency", {int(d): float(v) for d, v in self.comm_latency.items()})
         if self.states >= self.device_memory:
@@ -153,8 +165,15 @@ class CostModel:
 
     def time_from_sums(self, sum_sq: float, sum_s: float, degree: int, checkpoint: float) -> float:
         """time() from the sums over the micro-batch of s^2 and s (planners keep these)."""
-        compute = (self.a * sum_sq + self.b * sum_s) * (1.0 + checkpoint * self.recompute) / degree
+        compute = (self.a * sum_sq * (1.0 + checkpoint * self.recompute_attention)
+                   + self.b * sum_s * (1.0 + checkpoint * self.recompute)) / degree
         return compute + self.comm(sum_s, degree) + self.g
+
+    def work(self, lengths, checkpoint=0.0):
+        """a s^2 (1 + c r_attn) + b s (1 + c r) elementwise (floats or arrays of lengths and
+        levels): a sequence's compute at degree 1, without g and all-to-alls."""
+        return (self.a * lengths * lengths * (1.0 + checkpoint * self.recompute_attention)
+                + self.b * lengths * (1.0 + checkpoint * self.recompute))
 
     def time(self, lengths: Sequence[int], degree: int, checkpoint: float) -> float:
         s = np.asarray(lengths, dtype=np.float64)
@@ -176,7 +195,7 @@ class CostModel:
             need = self.act_per_token * s / d
             c = np.clip((1.0 - free / np.maximum(need, _EPS)) / (1.0 - self.kept), 0.0, None)
             c = np.ceil(c * self.layers - _EPS) / self.layers
-            work = (self.a * s * s + self.b * s) * (1.0 + c * self.recompute) / d
+            work = self.work(s, c) / d
             if d > 1:
                 work = work + self.bytes_per_token * s / (d * self.bandwidth[d])
             out[i] = np.where(c <= 1.0, work, np.inf)
@@ -194,7 +213,8 @@ class CostModel:
         memory:  the area bound without its per-sequence checkpointing, plus the least
                  overhead that memory forces on a rank that holds x tokens per device.
                  A micro-batch of y tokens per device recomputes at least (y - cap) / (1 - k)
-                 of them (cap = what fits without checkpointing), each costing r b, or the
+                 of them (cap = what fits without checkpointing), each costing at least r b
+                 (a token of a sequence s costs r b + r_attn a s), or the
                  rank splits its tokens over more micro-batches, each costing g. Relaxing the
                  micro-batch count to a real number, the least overhead is
                  F(x) = g + (x - cap)+ min(r b / (1 - k), g / cap), convex and increasing, so

@@ -131,7 +131,7 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
         return None
     measured = combine(grid + checks, per_rank, settings.statistic)
     fitted, verified = measured[:len(grid)], measured[len(grid):]
-    coefficients = fit(fitted, shape_bytes_per_token_layer(shape), reference_length=_median(settings.lengths))
+    coefficients = fit(fitted, shape_bytes_per_token_layer(shape))
     at = {d: _cost(coefficients, shape, d, world_size, device_memory)
           for d in {shape.layers, *(m.point.layers for m in measured)}}
     cost, points, extrapolation = at[shape.layers], compare(fitted, at), compare(verified, at)
@@ -181,11 +181,6 @@ def _cost(coefficients: Coefficients, shape: ModelShape, depth: int, world_size:
           device_memory: float) -> CostModel:
     at_depth = dataclasses.replace(shape, layers=depth)
     return coefficients.cost_model(at_depth, world_size, device_memory, state_bytes(at_depth))
-
-
-def _median(values) -> int:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -265,6 +260,7 @@ def print_report(console: Console, cost: CostModel) -> None:
                   f"(median {load['median']:.1f}) on {load['cpus']} CPUs; the ranks had "
                   f"{report['core_share']:.0%} of a core (CPU / wall time of a step)")
     console.print(f"a={cost.a:.3e} s/token^2  b={cost.b:.3e} s/token  g={cost.g * 1e3:.2f} ms  r={cost.recompute:.3f}  "
+                  f"r_attn={cost.recompute_attention:.3f}  "
                   f"k={cost.kept:.3f}  act={cost.act_per_token / 1e3:.1f} KB/token  states={cost.states / 1e6:.1f} MB")
     for d, bw in sorted(cost.bandwidth.items()):
         console.print(f"degree {d}: all-to-all {bw / 1e9:.3f} GB/s, fixed {cost.comm_latency.get(d, 0) * 1e3:.2f} ms "

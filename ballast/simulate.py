@@ -136,15 +136,16 @@ def remap_slots(plan: Plan, groups: list[Group], size: int, cost: CostModel) -> 
         if not busy:
             slots.append((cost.g, 0.0))
             continue
-        factor = 1.0 + min(mb.checkpoint for _, mb in busy) * cost.recompute
+        level = min(mb.checkpoint for _, mb in busy)
         attention = comm = linear = 0.0
         per_rank = []
         for g, mb in busy:
             lengths = plan.mb_lengths(mb)
             all_to_all = cost.comm(sum(lengths), g.degree)
-            attention = max(attention, cost.a * sum(s * s for s in lengths) * factor / g.degree + all_to_all)
+            quadratic = cost.a * sum(s * s for s in lengths) * (1.0 + level * cost.recompute_attention)
+            attention = max(attention, quadratic / g.degree + all_to_all)
             comm = max(comm, all_to_all)
-            linear += cost.b * sum(lengths) * factor
+            linear += cost.b * sum(lengths) * (1.0 + level * cost.recompute)
             per_rank += [sum(lengths) / g.degree] * g.degree
         mean = sum(per_rank) / size
         per_rank += [0.0] * (size - len(per_rank))  # ranks of idle groups take a share too

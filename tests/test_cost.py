@@ -31,6 +31,11 @@ def test_time_by_hand():
     assert cost.time([1000, 3000], 4, 1.0) == pytest.approx(5.262, rel=1e-12)
     assert cost.split_time([1000, 3000], 4, 1.0) == pytest.approx((5.26, 0.002), rel=1e-12)
     assert cost.time_from_sums(1e7, 4000, 2, 0.5) == cost.time([1000, 3000], 2, 0.5)
+    # attention's recomputation priced apart (r_attn = 0.1): d=2, c=0.5:
+    # (10 (1 + 0.05) + 4 (1 + 0.25)) / 2 = 7.75; + comm 0.002 + g 0.01
+    split = small_cost(recompute_attention=0.1)
+    assert split.time([1000, 3000], 2, 0.5) == pytest.approx(7.762, rel=1e-12)
+    assert small_cost().recompute_attention == 0.5  # unset: DESIGN.md's single r
     # packing is not free of quadratic cost: two sequences of 2000 cost less than one of 4000
     assert cost.time([2000, 2000], 1, 0) == pytest.approx(8e-6 * 1e6 + 4 + 0.01)
 

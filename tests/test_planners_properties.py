@@ -45,7 +45,9 @@ def setups(draw, lockstep=None):
     cap = draw(st.integers(32, 50_000))     # tokens a device holds without checkpointing
     memory = cost.states + cap * cost.act_per_token
     cluster = dataclasses.replace(cluster, device_memory=memory)
-    cost = dataclasses.replace(cost, device_memory=memory)
+    # Attention's recomputation priced like the rest (DESIGN.md) or apart, as profiles find it.
+    cost = dataclasses.replace(cost, device_memory=memory,
+                               recompute_attention=draw(st.sampled_from([cost.recompute, 0.1, 0.8])))
     limit = cost.max_tokens(cost.degrees[-1], 1.0)
     # fractions of the limit, cubed: mostly short sequences with a long tail up to the limit
     fractions = draw(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=48))

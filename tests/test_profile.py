@@ -24,9 +24,10 @@ TINY = get_model_shape("tiny")
 # A deeper tiny model, so extrapolating from depths 1 and 2 to 8 is a real extrapolation.
 DEEP = dataclasses.replace(TINY, name="tiny-8", layers=8)
 TRUE = Coefficients(a_layer=2e-8, b_layer=4e-5, b_fixed=2e-5, g_layer=4e-3, g_fixed=5e-3, recompute_layer=0.4,
+                    recompute_attention_layer=0.25,
                     latency_layer={2: 3e-3, 4: 5e-3}, bandwidth={2: 4e8, 4: 2e8}, call_latency={2: 6e-4, 4: 1e-3},
                     bytes_per_token_layer=shape_bytes_per_token_layer(TINY), act_fixed=2600.0, act_layer=11000.0,
-                    kept_layer=500.0, reference_length=1024)
+                    kept_layer=500.0)
 
 
 def synthetic(points: list[Point], true: Coefficients, noise: float, seed: int = 0) -> list[Measurement]:
@@ -39,7 +40,8 @@ def synthetic(points: list[Point], true: Coefficients, noise: float, seed: int =
         calls = 0 if d == 1 else 4 * depth + 2 * k
         comm_bytes = 0.0 if d == 1 else true.bytes_per_token_layer * shard * (depth + k / 2)
         comm = 0.0 if d == 1 else calls * true.call_latency[d] + comm_bytes / true.bandwidth[d]
-        seconds = (((depth + k * true.recompute_layer) * (true.a_layer * p.sum_sq + true.b_layer * p.tokens)
+        seconds = (((depth + k * true.recompute_attention_layer) * true.a_layer * p.sum_sq
+                    + (depth + k * true.recompute_layer) * true.b_layer * p.tokens
                     + true.b_fixed * p.tokens) / d + true.g_fixed + depth * true.g_layer
                    + (0.0 if d == 1 else depth * true.bytes_per_token_layer * p.tokens / (d * true.bandwidth[d])
                       + depth * true.latency_layer[d]))
@@ -54,9 +56,9 @@ def grid(depths=(1, 2), lengths=(128, 256, 512, 1024, 2048, 4096), degrees=(1, 2
 
 
 def test_fit_recovers_exact_coefficients():
-    got = fit(synthetic(grid(), TRUE, noise=0.0), TRUE.bytes_per_token_layer, TRUE.reference_length)
-    for name in ("a_layer", "b_layer", "b_fixed", "g_layer", "g_fixed", "recompute_layer", "act_fixed",
-                 "act_layer", "kept_layer"):
+    got = fit(synthetic(grid(), TRUE, noise=0.0), TRUE.bytes_per_token_layer)
+    for name in ("a_layer", "b_layer", "b_fixed", "g_layer", "g_fixed", "recompute_layer",
+                 "recompute_attention_layer", "act_fixed", "act_layer", "kept_layer"):
         assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-3, abs=1e-12), name
     for table in ("bandwidth", "call_latency", "latency_layer"):
         assert getattr(got, table) == pytest.approx(getattr(TRUE, table), rel=1e-3), table
@@ -66,7 +68,7 @@ def test_fit_with_noise_extrapolates_to_full_depth():
     """3% timing noise at depths 1 and 2: the depth-8 CostModel predicts depth-8 micro-batches
     (which the fit never saw) within a few percent, and its coefficients are close."""
     measured = synthetic(grid(), TRUE, noise=0.03, seed=1)
-    got = fit(measured, TRUE.bytes_per_token_layer, TRUE.reference_length)
+    got = fit(measured, TRUE.bytes_per_token_layer)
     memory = 1e10
     truth = TRUE.cost_model(DEEP, 4, memory, state_bytes(DEEP))
     cost = got.cost_model(DEEP, 4, memory, state_bytes(DEEP))
@@ -84,7 +86,7 @@ def test_fit_with_noise_extrapolates_to_full_depth():
 def test_fit_needs_checkpointed_points():
     points = [p for p in grid() if p.checkpoint_layers == 0]
     with pytest.raises(ValueError, match="checkpoint"):
-        fit(synthetic(points, TRUE, 0.0), TRUE.bytes_per_token_layer, 1024)
+        fit(synthetic(points, TRUE, 0.0), TRUE.bytes_per_token_layer)
 
 
 def test_grid_covers_lengths_degrees_and_checkpoint_levels():

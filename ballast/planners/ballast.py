@@ -92,6 +92,7 @@ class BallastPlanner(Planner):
         s = self._lengths.astype(np.float64)
         self._length_list = [int(x) for x in lengths]
         self._quad = self.cost.a * s * s + self.cost.b * s
+        self._attn = self.cost.a * s * s
         self._deg = np.asarray(self.cost.degrees)
         self._row = {int(d): i for i, d in enumerate(self._deg)}
         # [degree index, sequence]: alone at that degree, least checkpointing, without g.
@@ -99,7 +100,7 @@ class BallastPlanner(Planner):
         # The proxy's estimates over all degree rows, and each sequence's forced recomputation
         # at each row (recomputation no packing avoids), computed once per batch.
         self._estimates = GroupEstimates(self.cost, self._deg)
-        _, self._forced = self._estimates.terms(s[None, :], self._deg[:, None].astype(np.float64))
+        _, _, self._forced = self._estimates.terms(s[None, :], self._deg[:, None].astype(np.float64))
         self._packer = GroupPacker(self.cost, self._length_list, self._work, self._quad, self._row)
         order = np.argsort(-np.min(self._work, axis=0), kind="stable")
         # Head sizes are compared by their layouts' proxies; only the best are built fully.
@@ -232,10 +233,12 @@ class BallastPlanner(Planner):
         rows = np.searchsorted(self._deg, layout)
         groups = np.bincount(rows, minlength=len(self._deg))
         quad = np.bincount(choice, weights=self._quad[ids], minlength=len(self._deg))
+        attn = np.bincount(choice, weights=self._attn[ids], minlength=len(self._deg))
         tokens = np.bincount(choice, weights=self._lengths[ids], minlength=len(self._deg))
         used = groups > 0
         forced = np.bincount(choice, weights=self._forced[choice, ids], minlength=len(self._deg))
-        spread = self._estimates.estimate(quad[used] / groups[used], tokens[used] / groups[used],
+        spread = self._estimates.estimate(quad[used] / groups[used], attn[used] / groups[used],
+                                          tokens[used] / groups[used],
                                           forced[used] / groups[used], used)
         alone = self._work[choice, ids].max() + self.cost.g
         return max(float(spread.max()), float(alone))

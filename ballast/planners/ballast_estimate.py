@@ -18,7 +18,9 @@ class GroupEstimates:
 
     Besides F, a sequence longer than `cap` tokens per device must recompute its own excess
     whatever the micro-batch count (it cannot be split); that forced part is tracked per group
-    and the larger of the two overheads charged.
+    and the larger of the two overheads charged. Recomputing a token costs r rho / (1 - k) plus,
+    where the cost model prices attention's recomputation apart (r_attn != r), the difference
+    on the attention share of rho: so the sum of a s^2 is tracked too (`attn`).
 
     The per-group sums live in Python lists, not arrays: the planner's greedy assignment reads
     and updates one group at a time hundreds of thousands of times per plan, and a numpy scalar
@@ -32,39 +34,47 @@ class GroupEstimates:
         self.comm_per_token = np.array(self._comm)
         self.cap = (cost.device_memory - cost.states) / cost.act_per_token
         self.recompute_rate = cost.recompute / (1.0 - cost.kept)
+        # Exactly 0.0 under DESIGN.md's single r, which leaves every estimate as it was.
+        self.attention_rate = (cost.recompute_attention - cost.recompute) / (1.0 - cost.kept)
         self._a, self._b, self._g = cost.a, cost.b, cost.g
         self.quad = [0.0] * len(degrees)      # sum of a s^2 + b s
+        self.attn = [0.0] * len(degrees)      # sum of a s^2
         self.tokens = [0.0] * len(degrees)
         self.forced = [0.0] * len(degrees)    # recomputation no packing avoids
 
-    def estimate(self, quad: np.ndarray, tokens: np.ndarray, forced: np.ndarray,
+    def estimate(self, quad: np.ndarray, attn: np.ndarray, tokens: np.ndarray, forced: np.ndarray,
                  rows: slice | np.ndarray = slice(None)) -> np.ndarray:
         cost, deg = self.cost, self.deg[rows]
         per_token = np.divide(quad, tokens, out=np.zeros_like(quad), where=tokens > 0)
-        slope = np.minimum(self.recompute_rate * per_token, cost.g / self.cap)
+        attn_per_token = np.divide(attn, tokens, out=np.zeros_like(attn), where=tokens > 0)
+        slope = np.minimum(self.recompute_rate * per_token + self.attention_rate * attn_per_token,
+                           cost.g / self.cap)
         over = cost.g + np.maximum(forced, np.maximum(0.0, tokens / deg - self.cap) * slope)
         t = quad / deg + tokens * self.comm_per_token[rows] + over
         return np.where(tokens > 0, t, 0.0)
 
     def current(self) -> np.ndarray:
-        return self.estimate(np.array(self.quad), np.array(self.tokens), np.array(self.forced))
+        return self.estimate(np.array(self.quad), np.array(self.attn), np.array(self.tokens),
+                             np.array(self.forced))
 
     def terms(self, length, deg):
-        """(a s^2 + b s, forced recomputation) of sequences of `length` at degrees `deg`."""
-        cost = self.cost
-        forced = np.maximum(0.0, length / deg - self.cap) * self.recompute_rate * (cost.a * length + cost.b)
-        return cost.a * length * length + cost.b * length, forced
+        """(a s^2 + b s, a s^2, forced recomputation) of sequences of `length` at degrees `deg`."""
+        a, b = self._a, self._b
+        excess = np.maximum(0.0, length / deg - self.cap)
+        forced = excess * self.recompute_rate * (a * length + b) + excess * self.attention_rate * a * length
+        return a * length * length + b * length, a * length * length, forced
 
     def with_added(self, length: float) -> np.ndarray:
-        quad, forced = self.terms(length, self.deg)
-        return self.estimate(np.array(self.quad) + quad, np.array(self.tokens) + length,
-                             np.array(self.forced) + forced)
+        quad, attn, forced = self.terms(length, self.deg)
+        return self.estimate(np.array(self.quad) + quad, np.array(self.attn) + attn,
+                             np.array(self.tokens) + length, np.array(self.forced) + forced)
 
     def without(self, j: int, length: float) -> float:
-        quad, forced = self.terms(length, self.deg[j])
+        quad, attn, forced = self.terms(length, self.deg[j])
         rows = slice(j, j + 1)
-        return float(self.estimate(np.array([self.quad[j] - quad]), np.array([self.tokens[j] - length]),
-                                   np.array([self.forced[j] - forced]), rows)[0])
+        return float(self.estimate(np.array([self.quad[j] - quad]), np.array([self.attn[j] - attn]),
+                                   np.array([self.tokens[j] - length]), np.array([self.forced[j] - forced]),
+                                   rows)[0])
 
     def fill(self, seqs: list[int], lengths: list[float], first_rows: list[int],
              rows: list[int]) -> list[list[int]]:
@@ -77,8 +87,9 @@ class GroupEstimates:
         in the batch for thousands of sequences. The estimate is `estimate()` in scalar
         arithmetic, inlined: this loop is the planner's hot path.
         """
-        a, b, g, cap, rate = self._a, self._b, self._g, self.cap, self.recompute_rate
-        quads, tokens, forceds, degs, comms = self.quad, self.tokens, self.forced, self._deg, self._comm
+        a, b, g, cap, rate, attn_rate = self._a, self._b, self._g, self.cap, self.recompute_rate, self.attention_rate
+        quads, attns, tokens, forceds = self.quad, self.attn, self.tokens, self.forced
+        degs, comms = self._deg, self._comm
         slope_limit = g / cap
         members: list[list[int]] = [[] for _ in rows]
         heaps: dict[int, list[tuple[float, int]]] = {}
@@ -97,9 +108,9 @@ class GroupEstimates:
                 tok = tokens[j] + n
                 forced = forceds[j]
                 if n > d * cap:
-                    forced += (n / d - cap) * rate * (a * n + b)
+                    forced += (n / d - cap) * rate * (a * n + b) + (n / d - cap) * attn_rate * a * n
                 # Conditional expressions rather than min()/max(): same values, a third faster.
-                slope = rate * quad / tok
+                slope = (rate * quad + attn_rate * (attns[j] + quad_n)) / tok
                 slope = slope if slope <= slope_limit else slope_limit
                 excess = tok / d - cap
                 memory = excess * slope if excess > 0.0 else 0.0
@@ -109,16 +120,17 @@ class GroupEstimates:
             assert best_j >= 0, f"sequence {s} fits no group of the layout"
             d = degs[best_j]
             quads[best_j] += quad_n + linear_n
+            attns[best_j] += quad_n
             tokens[best_j] += n
             if n > d * cap:
-                forceds[best_j] += (n / d - cap) * rate * (a * n + b)
+                forceds[best_j] += (n / d - cap) * rate * (a * n + b) + (n / d - cap) * attn_rate * a * n
             members[best_j].append(s)
             heapq.heapreplace(heaps[best_row], (best, best_j))
         return members
 
     def move(self, j: int, length: float, sign: int = 1) -> None:
-        a, b, deg = self._a, self._b, self._deg[j]
-        self.quad[j] += sign * (a * length * length + b * length)
+        quad, attn, forced = self.terms(length, self._deg[j])
+        self.quad[j] += sign * quad
+        self.attn[j] += sign * attn
         self.tokens[j] += sign * length
-        if length > deg * self.cap:
-            self.forced[j] += sign * (length / deg - self.cap) * self.recompute_rate * (a * length + b)
+        self.forced[j] += sign * forced

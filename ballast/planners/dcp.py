@@ -136,7 +136,7 @@ class DCPPlanner(Planner):
         fit = np.floor(caps / L)
         bw = np.array([cost.bandwidth.get(x, np.inf) for x in cost.degrees])[None, :, None]
         comm = np.where(d > 1, cost.bytes_per_token * L / (d * bw), 0.0)
-        per_sample = (cost.a * L * L + cost.b * L) * (1.0 + c * cost.recompute) / d + comm
+        per_sample = cost.work(L, c) / d + comm
         batch = np.minimum(fit, np.maximum(np.floor((target - cost.g) / per_sample), 1.0))
         time = np.maximum(batch, 1.0) * per_sample + cost.g
         valid = fit >= 1

@@ -187,7 +187,7 @@ class HydraulisPlanner(Planner):
         cost = self.cost
         s = np.asarray([lengths[i] for i in items], dtype=np.float64)
         forced = np.array([cost.min_checkpoint(int(x), degree) for x in s])
-        compute = float(((cost.a * s * s + cost.b * s) * (1.0 + forced * cost.recompute)).sum()) / degree
+        compute = float(cost.work(s, forced).sum()) / degree
         return compute + cost.comm(float(s.sum()), degree)
 
     def _time(self, mb: MicroBatch, lengths: list[int], degree: int) -> float:

@@ -6,7 +6,7 @@ With measurements at two or more depths the fit separates them; at one depth it 
 fixed parts into the per-layer ones (exact at that depth). Per micro-batch of sequences s with
 S1 = sum s, S2 = sum s^2, n = S1 tokens, SP degree d and k checkpointed blocks:
 
-    time = [(L + k r_l)(a_l S2 + b_l S1) + b_0 S1] / d + g_0 + L g_l
+    time = [(L + k ra_l) a_l S2 + (L + k r_l) b_l S1 + b_0 S1] / d + g_0 + L g_l
            + L bytes_l n / (d bw(d)) + L lat_l(d)                 (the last two at d > 1 only)
     activation bytes = x (act_0 + (L - k) act_l + k kept_l),      x = tokens of the largest shard
 
@@ -14,12 +14,17 @@ Bandwidth comes from the all-to-all calls timed inside the runtime (per degree, 
 of seconds = calls lat_call + bytes / bw); the size-independent part of SP per layer, lat_l(d),
 from the micro-batch times, since it also holds the sharding work around the calls. Every
 other coefficient is a non-negative least-squares fit of relative errors (weights 1/measured:
-the check's targets are relative), with r_l found by a bounded scalar search around it.
+the check's targets are relative), around a search for the two recomputation factors.
 
-Mapped onto CostModel at depth L: a = L a_l, b = L b_l + b_0, g = g_0 + L g_l,
+Recomputing a block repeats its forward, whose share of forward + backward differs between
+attention (ra_l) and the rest of the block (r_l): one factor for both mis-prices checkpointing
+of long sequences or of short ones (on `tiny` on CPU a single r left the 8192-token points
+11% high), so ra_l and r_l are fitted apart (a coarse grid, then Nelder-Mead).
+
+Mapped onto CostModel at depth L, all exactly: a = L a_l, b = L b_l + b_0, g = g_0 + L g_l,
 comm_latency(d) = L lat_l(d), act_per_token = act_0 + L act_l, kept = (act_0 + L kept_l) /
-act_per_token -- all exact -- and r = r_l L (a_l s^2 + b_l s) / (a s^2 + b s) at a reference
-length s, because CostModel also charges recomputation on b_0's part, which is never recomputed.
+act_per_token, recompute_attention = ra_l and recompute = r_l L b_l / b (CostModel charges
+recomputation on b_0's part too, which is never recomputed).
 """
 from __future__ import annotations
 
@@ -28,15 +33,17 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy.optimize import minimize_scalar, nnls
+from scipy.optimize import minimize, nnls
 
 from ..cost import CostModel
 from ..shapes import ModelShape
 from .grid import Measurement, Point
 
 MAX_RECOMPUTE = 2.0
-"""Upper end of the search for r_l: recomputing a layer repeats its forward, about a third of
-forward + backward; twice the whole layer would mean the measurement is broken."""
+"""Upper end of the search for ra_l and r_l: recomputing a layer repeats its forward, about a
+third of forward + backward; twice the whole layer would mean the measurement is broken."""
+RECOMPUTE_GRID = 41
+"""Grid points per recomputation factor before the local refinement (steps of 0.05)."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +56,10 @@ class Coefficients:
     g_layer: float
     g_fixed: float
     recompute_layer: float
-    """r_l: extra time of recomputing one block, as a fraction of its forward + backward."""
+    """r_l: extra time of recomputing one block's linear work (b_l), as a fraction of its
+    forward + backward."""
+    recompute_attention_layer: float
+    """ra_l: the same for the block's attention (a_l)."""
     latency_layer: dict[int, float]
     """Size-independent seconds of SP per block and micro-batch, by degree."""
     bandwidth: dict[int, float]
@@ -60,22 +70,20 @@ class Coefficients:
     act_fixed: float
     act_layer: float
     kept_layer: float
-    reference_length: int
-    """Length at which r is mapped onto CostModel's single recomputation factor."""
 
     def cost_model(self, shape: ModelShape, world_size: int, device_memory: float, states: float,
                    fit: dict | None = None) -> CostModel:
         """The CostModel of `shape` (at its depth) with these coefficients."""
-        depth, s = shape.layers, float(self.reference_length)
+        depth = shape.layers
         a, b = depth * self.a_layer, depth * self.b_layer + self.b_fixed
         act = self.act_fixed + depth * self.act_layer
-        layer_work = depth * (self.a_layer * s * s + self.b_layer * s)
         return CostModel(
             source="profiled", model=shape.name, a=a, b=b, g=self.g_fixed + depth * self.g_layer,
             bandwidth=dict(self.bandwidth), bytes_per_token=depth * self.bytes_per_token_layer,
             act_per_token=act, states=states, device_memory=device_memory, layers=depth,
             heads=shape.heads, kv_heads=shape.kv_heads, world_size=world_size,
-            recompute=self.recompute_layer * layer_work / (a * s * s + b * s),
+            recompute=self.recompute_layer * depth * self.b_layer / b if b > 0 else 0.0,
+            recompute_attention=self.recompute_attention_layer,
             kept=(self.act_fixed + depth * self.kept_layer) / act,
             comm_latency={d: depth * v for d, v in self.latency_layer.items()}, fit=fit or {})
 
@@ -112,13 +120,14 @@ def fit_bandwidth(measurements: Sequence[Measurement]) -> tuple[dict[int, float]
     return bandwidth, latency
 
 
-def _time_columns(points: Sequence[Point], recompute: float, degrees: list[int],
+def _time_columns(points: Sequence[Point], attention: float, linear: float, degrees: list[int],
                   several_depths: bool) -> list[np.ndarray]:
+    """Columns of a_l, b_l, g_l[, b_0, g_0], lat_l(d) for recomputation factors (ra_l, r_l)."""
     layers = np.array([p.layers for p in points], dtype=float)
     ckpt = np.array([p.checkpoint_layers for p in points], dtype=float)
     d = np.array([p.degree for p in points], dtype=float)
     s2, s1 = np.array([p.sum_sq for p in points]), np.array([float(p.tokens) for p in points])
-    columns = [(layers + ckpt * recompute) * s2 / d, (layers + ckpt * recompute) * s1 / d, layers]
+    columns = [(layers + ckpt * attention) * s2 / d, (layers + ckpt * linear) * s1 / d, layers]
     if several_depths:
         columns += [s1 / d, np.ones(len(points))]
     return columns + [layers * (d == degree) for degree in degrees]
@@ -126,7 +135,7 @@ def _time_columns(points: Sequence[Point], recompute: float, degrees: list[int],
 
 def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
              bytes_per_token_layer: float) -> dict:
-    """a_l, b_l, b_0, g_l, g_0, r_l and lat_l(d) from the micro-batch times (see the module doc)."""
+    """a_l, b_l, b_0, g_l, g_0, ra_l, r_l and lat_l(d) from the micro-batch times (see the module doc)."""
     points = [m.point for m in measurements]
     if not any(p.checkpoint_layers for p in points):
         raise ValueError("the profile has no checkpointed micro-batch: the recomputation overhead "
@@ -139,21 +148,21 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
                      for p in points])
     target, weight = seconds - comm, 1.0 / seconds
 
-    def residual(recompute: float) -> float:
-        return _nnls(_time_columns(points, recompute, degrees, several_depths), target, weight)[1]
+    def residual(factors) -> float:
+        attention, linear = np.clip(factors, 0.0, MAX_RECOMPUTE)
+        return _nnls(_time_columns(points, attention, linear, degrees, several_depths), target, weight)[1]
 
-    grid = np.linspace(0.0, MAX_RECOMPUTE, 81)
-    best = float(grid[np.argmin([residual(r) for r in grid])])
-    step = grid[1] - grid[0]
-    refine = minimize_scalar(residual, bounds=(max(0.0, best - step), min(MAX_RECOMPUTE, best + step)),
-                             method="bounded", options={"xatol": 1e-4})
-    recompute = float(refine.x) if refine.fun <= residual(best) else best
-    theta, _ = _nnls(_time_columns(points, recompute, degrees, several_depths), target, weight)
+    grid = np.linspace(0.0, MAX_RECOMPUTE, RECOMPUTE_GRID)
+    coarse = min(((ra, r) for ra in grid for r in grid), key=residual)
+    refine = minimize(residual, np.array(coarse), method="Nelder-Mead",
+                      bounds=[(0.0, MAX_RECOMPUTE)] * 2, options={"xatol": 1e-4, "fatol": 1e-12})
+    attention, linear = (float(v) for v in (refine.x if refine.fun <= residual(coarse) else coarse))
+    theta, _ = _nnls(_time_columns(points, attention, linear, degrees, several_depths), target, weight)
     a_l, b_l, g_l, *rest = (float(v) for v in theta)
     b_0, g_0 = (rest[0], rest[1]) if several_depths else (0.0, 0.0)
     latency = dict(zip(degrees, rest[2:] if several_depths else rest))
     return dict(a_layer=a_l, b_layer=b_l, b_fixed=b_0, g_layer=g_l, g_fixed=g_0,
-                recompute_layer=recompute, latency_layer=latency)
+                recompute_layer=linear, recompute_attention_layer=attention, latency_layer=latency)
 
 
 def fit_activations(measurements: Sequence[Measurement]) -> dict:
@@ -170,7 +179,7 @@ def fit_activations(measurements: Sequence[Measurement]) -> dict:
                 act_fixed=float(theta[2]) if several_depths else 0.0)
 
 
-def fit(measurements: Sequence[Measurement], bytes_per_token_layer: float, reference_length: int) -> Coefficients:
+def fit(measurements: Sequence[Measurement], bytes_per_token_layer: float) -> Coefficients:
     """Every coefficient from the grid's measurements (any mix of depths)."""
     if not measurements:
         raise ValueError("nothing was measured")
@@ -178,7 +187,7 @@ def fit(measurements: Sequence[Measurement], bytes_per_token_layer: float, refer
     return Coefficients(**fit_time(measurements, bandwidth, bytes_per_token_layer),
                         bandwidth=bandwidth, call_latency=call_latency,
                         bytes_per_token_layer=bytes_per_token_layer,
-                        **fit_activations(measurements), reference_length=reference_length)
+                        **fit_activations(measurements))
 
 
 def compare(measurements: Sequence[Measurement], cost_at: dict[int, CostModel]) -> list[dict]:

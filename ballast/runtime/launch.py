@@ -9,6 +9,7 @@ hang.
 """
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import tempfile
@@ -117,4 +118,9 @@ def _rank_main(rank: int, world_size: int, port: int, collective_timeout: timede
         (Path(out) / f"{rank}.err").write_text(f"{time.time()}\n{traceback.format_exc()}")
         raise
     finally:
+        # Models, optimizers and FSDP states sit in reference cycles that hold process groups;
+        # left to interpreter shutdown, their gloo work objects are torn down after Python is
+        # half gone, and a rank occasionally aborts ("terminate called without an active
+        # exception"; see pytorch/pytorch#179291). Collect them while everything is alive.
+        gc.collect()
         dist.destroy_process_group()
