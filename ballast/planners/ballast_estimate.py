@@ -64,17 +64,16 @@ class GroupEstimates:
         forced = excess * self.recompute_rate * (a * length + b) + excess * self.attention_rate * a * length
         return a * length * length + b * length, a * length * length, forced
 
-    def with_added(self, length: float) -> np.ndarray:
-        quad, attn, forced = self.terms(length, self.deg)
-        return self.estimate(np.array(self.quad) + quad, np.array(self.attn) + attn,
-                             np.array(self.tokens) + length, np.array(self.forced) + forced)
-
-    def without(self, j: int, length: float) -> float:
-        quad, attn, forced = self.terms(length, self.deg[j])
-        rows = slice(j, j + 1)
-        return float(self.estimate(np.array([self.quad[j] - quad]), np.array([self.attn[j] - attn]),
-                                   np.array([self.tokens[j] - length]), np.array([self.forced[j] - forced]),
-                                   rows)[0])
+    def changed(self, groups: np.ndarray, removed: np.ndarray | float, added: np.ndarray | float) -> np.ndarray:
+        """Estimates of `groups` (indices) were each to lose a sequence of `removed` tokens and
+        gain one of `added` (0: none), elementwise; the sums themselves stay as they are."""
+        deg = self.deg[groups]
+        quad_r, attn_r, forced_r = self.terms(removed, deg)
+        quad_a, attn_a, forced_a = self.terms(added, deg)
+        return self.estimate(np.array(self.quad)[groups] - quad_r + quad_a,
+                             np.array(self.attn)[groups] - attn_r + attn_a,
+                             np.array(self.tokens)[groups] - removed + added,
+                             np.array(self.forced)[groups] - forced_r + forced_a, groups)
 
     def fill(self, seqs: list[int], lengths: list[float], first_rows: list[int],
              rows: list[int]) -> list[list[int]]:
