@@ -41,6 +41,12 @@ class Cluster:
     all-to-all payload per rank move per second. Fast inside a node, 10-20x slower across."""
     micro_batch_overhead: float = 0.0
     """Fixed seconds per micro-batch (kernel launches, parameter gathers, small collectives)."""
+    all_to_all_latency: float = 0.0
+    """Seconds one all-to-all call costs beyond moving its bytes, waits for peers included.
+    Negligible for NCCL next to a GPU micro-batch; about a millisecond for gloo on a CPU."""
+    value_bytes: int = 2
+    """Bytes of one activation value as the runtime trains on this device: 2 (bf16) on GPUs,
+    4 (fp32) on CPUs."""
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -60,6 +66,11 @@ class Cluster:
             raise ValueError(f"cluster {self.name!r}: efficiency must be in (0, 1], got {self.efficiency}")
         if self.micro_batch_overhead < 0:
             raise ValueError(f"cluster {self.name!r}: micro_batch_overhead must be >= 0")
+        if self.all_to_all_latency < 0:
+            raise ValueError(f"cluster {self.name!r}: all_to_all_latency must be >= 0")
+        if self.value_bytes not in (2, 4):
+            raise ValueError(f"cluster {self.name!r}: value_bytes must be 2 (bf16) or 4 (fp32), "
+                             f"got {self.value_bytes}")
         # JSON/TOML keys arrive as strings.
         bw = {int(d): float(v) for d, v in self.bandwidth.items()}
         object.__setattr__(self, "bandwidth", bw)
@@ -168,16 +179,26 @@ def _gpu_cluster(name: str, gpu: str, devices: int) -> Cluster:
                    bandwidth, _GPU_MICRO_BATCH_OVERHEAD)
 
 
+# gloo on a 2-core x86 host, from `ballast profile` of `tiny` (bench/results/*profile*.json):
+# all-to-alls move 0.7 GB/s and cost 0.8-1.0 ms per call, 6 ms per layer at degree 2 counting
+# the waits for the peer, so 1.5 ms for each of a layer's four calls; a micro-batch's fixed
+# cost is 2-4 ms. The runtime trains in fp32 on CPU.
+_CPU_ALL_TO_ALL = 0.7 * GB
+_CPU_ALL_TO_ALL_LATENCY = 1.5e-3
+_CPU_MICRO_BATCH_OVERHEAD = 2e-3
+
+
 def _cpu_cluster(world_size: int | None, device_memory_gb: float | None) -> Cluster:
-    # This machine: one node of `world_size` gloo ranks. Figures are placeholders of the right
-    # order until `ballast profile` measures them; memory is a setting that stands in for a
+    # This machine: one node of `world_size` gloo ranks. The figures are this kind of machine's
+    # until `ballast profile` measures the real one; memory is a setting that stands in for a
     # GPU's capacity.
     world = world_size or 2
     if not is_power_of_two(world):
         raise ValueError(f"cpu cluster: world size must be a power of two, got {world}")
     mem = (device_memory_gb or 4.0) * GB
-    bw = {1 << i: 1.0 * GB for i in range(1, world.bit_length())}
-    return Cluster("cpu", 1, world, mem, 5e10, 1.0, bw, 2e-3)
+    bw = {1 << i: _CPU_ALL_TO_ALL for i in range(1, world.bit_length())}
+    return Cluster("cpu", 1, world, mem, 5e10, 1.0, bw, _CPU_MICRO_BATCH_OVERHEAD,
+                   _CPU_ALL_TO_ALL_LATENCY, value_bytes=4)
 
 
 PRESETS = ("a100-64", "h100-32", "h200-32", "cpu")

@@ -35,10 +35,12 @@ from .shapes import ModelShape
 # Mixed-precision Adam: bf16 weights and grads + fp32 master weights, momentum and variance.
 STATE_BYTES_PER_PARAM = 16
 # Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"):
-# a block saves 34 h bytes per token in bf16 once flash attention drops the s^2 term; full
-# checkpointing keeps only the block input (2 h bytes).
-ACT_BYTES_PER_HIDDEN = 34
-KEPT_UNDER_CHECKPOINT = 2 / 34
+# a block saves 34 h bytes per token in bf16 (17 h values) once flash attention drops the s^2
+# term; full checkpointing keeps only the block input (h values).
+ACT_VALUES_PER_HIDDEN = 17
+KEPT_UNDER_CHECKPOINT = 1 / 17
+# A layer's all-to-alls in forward and backward: q, k, v together and the output, each way.
+ALL_TO_ALLS_PER_LAYER = 4
 # Recomputing a layer repeats its forward: one third of forward + backward.
 RECOMPUTE_OVERHEAD = 1 / 3
 _EPS = 1e-9
@@ -279,8 +281,10 @@ class CostModel:
             b=6.0 * linear / flops,
             g=cluster.micro_batch_overhead,
             bandwidth={d: cluster.bandwidth[d] for d in cluster.degrees if d > 1},
-            bytes_per_token=_all_to_all_bytes_per_token(shape),
-            act_per_token=float(ACT_BYTES_PER_HIDDEN * shape.hidden * shape.layers),
+            bytes_per_token=_all_to_all_bytes_per_token(shape, cluster.value_bytes),
+            act_per_token=float(ACT_VALUES_PER_HIDDEN * cluster.value_bytes * shape.hidden * shape.layers),
+            comm_latency={d: ALL_TO_ALLS_PER_LAYER * shape.layers * cluster.all_to_all_latency
+                          for d in cluster.degrees if d > 1 and cluster.all_to_all_latency > 0},
             states=STATE_BYTES_PER_PARAM * shape.params / cluster.world_size,
             device_memory=cluster.device_memory, layers=shape.layers, heads=shape.heads,
             kv_heads=shape.kv_heads, world_size=cluster.world_size)
@@ -294,7 +298,7 @@ class CostModel:
         return cls(
             source="published", model=shape.name, a=a_ms * 1e-3, b=b_ms * 1e-3, g=fixed_ms * 1e-3,
             bandwidth={d: cluster.bandwidth[d] for d in cluster.degrees if d > 1},
-            bytes_per_token=_all_to_all_bytes_per_token(shape), act_per_token=act_mb * 1e6,
+            bytes_per_token=_all_to_all_bytes_per_token(shape, 2), act_per_token=act_mb * 1e6,
             states=STATE_BYTES_PER_PARAM * shape.params / cluster.world_size,
             device_memory=cluster.device_memory, layers=shape.layers, heads=shape.heads,
             kv_heads=shape.kv_heads, world_size=cluster.world_size)
@@ -320,11 +324,11 @@ class CostModel:
             raise ValueError(f"cost model file {path}: {e}") from e
 
 
-def _all_to_all_bytes_per_token(shape: ModelShape) -> float:
+def _all_to_all_bytes_per_token(shape: ModelShape, value_bytes: int) -> float:
     # q and out carry `hidden` values per token, k and v `kv_dim`; each crosses an all-to-all
-    # in forward and again in backward, in bf16 (2 bytes). With kv_heads == heads this is
+    # in forward and again in backward. With kv_heads == heads and bf16 (2 bytes) this is
     # DESIGN.md's 4 tensors x 2 x layers x hidden x 2 bytes.
-    return 2.0 * shape.layers * (2 * shape.hidden + 2 * shape.kv_dim) * 2
+    return 2.0 * shape.layers * (2 * shape.hidden + 2 * shape.kv_dim) * value_bytes
 
 
 def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster) -> CostModel:

@@ -61,6 +61,8 @@ def test_cpu_preset_size_and_memory():
     assert (c.nodes, c.devices_per_node, c.world_size) == (1, 8, 8)
     assert c.device_memory == 1.5 * GB
     assert sorted(c.bandwidth) == [2, 4, 8]
+    assert c.value_bytes == 4 and c.all_to_all_latency > 0      # gloo ranks training in fp32
+    assert get_cluster("a100-64").value_bytes == 2 and get_cluster("a100-64").all_to_all_latency == 0
     with pytest.raises(ValueError, match="power of two"):
         get_cluster("cpu", world_size=6)
 
@@ -73,6 +75,7 @@ device_memory = 40e9
 peak_flops = 1e14
 efficiency = 0.4
 micro_batch_overhead = 0.001
+all_to_all_latency = 2e-5
 
 [bandwidth]
 2 = 1e11
@@ -85,7 +88,7 @@ def test_load_toml(tmp_path):
     path = tmp_path / "mine.toml"
     path.write_text(TOML)
     c = get_cluster(str(path))
-    assert c == Cluster("mine", 2, 4, 40e9, 1e14, 0.4, {2: 1e11, 4: 5e10, 8: 5e9}, 0.001)
+    assert c == Cluster("mine", 2, 4, 40e9, 1e14, 0.4, {2: 1e11, 4: 5e10, 8: 5e9}, 0.001, 2e-5)
     assert c.world_size == 8 and c.node_of(5) == 1
     # world_size is checked against the file too
     assert get_cluster(str(path), world_size=8) == c
@@ -126,6 +129,8 @@ BASE = dict(name="t", nodes=2, devices_per_node=4, device_memory=1e9, peak_flops
     ({"efficiency": 1.5}, r"efficiency must be in \(0, 1\], got 1.5"),
     ({"efficiency": 0}, r"efficiency must be in \(0, 1\]"),
     ({"micro_batch_overhead": -1e-3}, "micro_batch_overhead must be >= 0"),
+    ({"all_to_all_latency": -1e-3}, "all_to_all_latency must be >= 0"),
+    ({"value_bytes": 3}, r"value_bytes must be 2 \(bf16\) or 4 \(fp32\), got 3"),
     ({"bandwidth": {2: 1e10, 4: 1e10}}, "no positive all-to-all bandwidth for SP degree 8"),
     ({"bandwidth": {2: 1e10, 4: 0.0, 8: 1e9}}, "no positive all-to-all bandwidth for SP degree 4"),
 ])

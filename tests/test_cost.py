@@ -198,7 +198,8 @@ def test_analytic_activations_match_published_gpt_7b():
 
 def test_analytic_by_hand_for_tiny():
     # tiny: 4 layers, hidden 128, 8 heads, 4 kv heads (kv dim 64), SwiGLU ffn 352, vocab 256;
-    # cpu preset: 5e10 FLOP/s at efficiency 1, 1 GB/s, 2 ms per micro-batch.
+    # cpu preset: 5e10 FLOP/s at efficiency 1, 0.7 GB/s, 1.5 ms per all-to-all call, 2 ms per
+    # micro-batch, fp32 (4-byte) values.
     cost = CostModel.analytic(get_model_shape("tiny"), get_cluster("cpu", world_size=4, device_memory_gb=1.0))
     # a = 6 layers hidden / FLOP/s = 6 * 4 * 128 / 5e10
     assert cost.a == pytest.approx(6.144e-8, rel=1e-12)
@@ -206,11 +207,20 @@ def test_analytic_by_hand_for_tiny():
     # linear = 4 * 184320 + output layer 256 * 128 = 770048; b = 6 * 770048 / 5e10
     assert cost.b == pytest.approx(9.240576e-5, rel=1e-12)
     assert cost.g == 2e-3
-    # all-to-all: 2 (fwd, bwd) x layers x (q + out: 2 x 128, k + v: 2 x 64) x 2 bytes
-    assert cost.bytes_per_token == 2 * 4 * 384 * 2
-    assert cost.act_per_token == 34 * 128 * 4
+    # all-to-all: 2 (fwd, bwd) x layers x (q + out: 2 x 128, k + v: 2 x 64) x 4 bytes
+    assert cost.bytes_per_token == 2 * 4 * 384 * 4
+    # 4 all-to-all calls per layer (q/k/v and output, forward and backward) at 1.5 ms
+    assert cost.comm_latency == pytest.approx({2: 4 * 4 * 1.5e-3, 4: 4 * 4 * 1.5e-3}, rel=1e-12)
+    assert cost.act_per_token == 17 * 4 * 128 * 4
     assert cost.degrees == [1, 2, 4]
-    assert cost.bandwidth == {2: 1e9, 4: 1e9}
+    assert cost.bandwidth == {2: 0.7e9, 4: 0.7e9}
+
+
+def test_analytic_gpu_clusters_have_no_all_to_all_latency():
+    # NCCL's tens of microseconds per call are left out next to a GPU micro-batch's fixed cost.
+    cost = CostModel.analytic(get_model_shape("llama3-8b"), get_cluster("h100-32"))
+    assert cost.comm_latency == {}
+    assert cost.bytes_per_token == 2 * 32 * (2 * 4096 + 2 * 1024) * 2
 
 
 def test_states_larger_than_memory_raise():

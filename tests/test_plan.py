@@ -98,8 +98,8 @@ CASES = {
         lambda p: w(p, 1).insert(0, Group(-2, 2)),
         r"wave 1, group 0 \(ranks -2..-1\): outside the cluster's 4 ranks"),
     "memory overflow": (
-        lambda p: p.lengths.__setitem__(3, 60_000),
-        r"wave 0, group 1 \(ranks 2..2\), micro-batch 0: sequences \[3\] \(60000 tokens\) need "
+        lambda p: p.lengths.__setitem__(3, 30_000),
+        r"wave 0, group 1 \(ranks 2..2\), micro-batch 0: sequences \[3\] \(30000 tokens\) need "
         r"1\.0\d GB per device at SP degree 1 and checkpoint 0\.00; the device has 1\.00 GB"),
     "checkpoint above 1": (
         lambda p: setattr(w(p, 0)[0].micro_batches[1], "checkpoint", 1.5),
@@ -123,12 +123,12 @@ CASES = {
         lambda p: p.waves[1].remap.append((0, 2)),
         r"wave 1, remap domain ranks 0..1: group of ranks 0..3 is partly outside it"),
     "remapped slot over memory": (
-        # 56000 + 60000 tokens balanced over 2 ranks: 58000 per rank do not fit without
-        # checkpointing (~57K do), and the slot runs at its lowest level (0) although the 60000
-        # are at 1.
-        lambda p: (p.lengths.__setitem__(3, 56_000), p.lengths.__setitem__(4, 60_000),
+        # 28000 + 30000 tokens balanced over 2 ranks: 29000 per rank do not fit without
+        # checkpointing (~28.6K do), and the slot runs at its lowest level (0) although the
+        # 30000 are at 1.
+        lambda p: (p.lengths.__setitem__(3, 28_000), p.lengths.__setitem__(4, 30_000),
                    p.waves[0].remap.append((2, 2))),
-        r"wave 0, remap domain ranks 2..3: slot 0: a balanced share of 58000 tokens per rank does not "
+        r"wave 0, remap domain ranks 2..3: slot 0: a balanced share of 29000 tokens per rank does not "
         r"fit at checkpoint 0.00"),
     "non-positive loss normaliser": (
         lambda p: setattr(p, "tokens", 0),
@@ -145,15 +145,15 @@ def test_validate_catches(case, cpu4, tiny4):
 
 
 def test_memory_is_checked_at_the_groups_degree_and_checkpoint(cpu4, tiny4):
-    # 60000 tokens do not fit one device without checkpointing (~57K do), but they fit with
+    # 30000 tokens do not fit one device without checkpointing (~28.6K do), but they fit with
     # any checkpointing at degree 1, or at degree 2 without it: the same sequence passes there.
-    assert tiny4.max_tokens(1, 0.0) < 60_000 <= min(tiny4.max_tokens(1, 0.25), tiny4.max_tokens(2, 0.0))
-    plan = Plan([60_000], [Wave([Group(0, 1, [MicroBatch([0], 0.25)]), Group(1, 1), Group(2, 2)])])
+    assert tiny4.max_tokens(1, 0.0) < 30_000 <= min(tiny4.max_tokens(1, 0.25), tiny4.max_tokens(2, 0.0))
+    plan = Plan([30_000], [Wave([Group(0, 1, [MicroBatch([0], 0.25)]), Group(1, 1), Group(2, 2)])])
     plan.validate(cpu4, tiny4)
     plan.waves[0].groups[0].micro_batches[0].checkpoint = 0.0
     with pytest.raises(PlanError, match="micro-batch 0"):
         plan.validate(cpu4, tiny4)
-    plan = Plan([60_000], [Wave([Group(0, 2, [MicroBatch([0])]), Group(2, 2)])])
+    plan = Plan([30_000], [Wave([Group(0, 2, [MicroBatch([0])]), Group(2, 2)])])
     plan.validate(cpu4, tiny4)
 
 

@@ -18,9 +18,9 @@ BASELINES = ["static", "batch-adaptive", "bucket", "megatron-dynamic-cp"]
 
 
 def tiny8():
-    """8 CPU ranks with 0.1 GB each: the tiny model holds ~5.6K tokens per device without
-    checkpointing and ~96K with full checkpointing; degrees 1, 2, 4 (4 kv heads)."""
-    cluster = get_cluster("cpu", world_size=8, device_memory_gb=0.1)
+    """8 ranks with 0.1 GB each, activations in bf16: the tiny model holds ~5.6K tokens per
+    device without checkpointing and ~96K with full checkpointing; degrees 1, 2, 4 (4 kv heads)."""
+    cluster = dataclasses.replace(get_cluster("cpu", world_size=8, device_memory_gb=0.1), value_bytes=2)
     return cluster, CostModel.analytic(get_model_shape("tiny"), cluster)
 
 
@@ -223,11 +223,11 @@ def test_planner_rejects_cost_for_another_cluster():
 @pytest.mark.parametrize("name", list(PLANNERS))
 def test_sequence_at_exactly_the_limit(name):
     # check_fits admits up to max_tokens(largest degree, full checkpointing) tokens, so every
-    # planner must plan such a sequence. With 259 bytes over 5000 tokens of free memory the
+    # planner must plan such a sequence. With 519 bytes over 5000 tokens of free memory the
     # capacity is not a multiple of the degree: 4 ranks hold 340001 tokens, one rank 85000.
     cluster = get_cluster("cpu", world_size=4, device_memory_gb=0.1)
     cost = CostModel.analytic(get_model_shape("tiny"), cluster)
-    memory = cost.states + 5000 * cost.act_per_token + 259
+    memory = cost.states + 5000 * cost.act_per_token + 519
     cluster, cost = (dataclasses.replace(x, device_memory=memory) for x in (cluster, cost))
     limit = cost.max_tokens(4, 1.0)
     assert (limit, cost.max_tokens(1, 1.0)) == (340_001, 85_000)
