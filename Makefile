@@ -14,13 +14,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # A few minutes of real training: the tiny model on this machine's Python standard library,
-# 2 gloo ranks, the ballast planner. The 12 MB memory budget stands in for a GPU's capacity:
-# a 512-token sequence does not fit one rank without recomputation, so the planner chooses
-# between SP degree 2, checkpointing and more micro-batches every step.
+# 2 gloo ranks, the ballast planner. The 42 MB memory budget stands in for a GPU's capacity:
+# a 2048-token chunk fits one rank only with recomputation and two ranks without. Steps of
+# four such chunks run best at degree 1 with checkpointing; steps with a short document in
+# them get degree 2, or two waves mixing degrees 1 and 2, and less recomputation.
 demo: $(STAMP)
 	rm -rf runs/demo
-	$(VENV)/bin/ballast train --model tiny --data stdlib --planner ballast --world 2 --steps 100 \
-	    --max-len 512 --tokens-per-step 4096 --device-memory-gb 0.012 --out-dir runs/demo
+	$(VENV)/bin/ballast train --model tiny --data stdlib --planner ballast --world 2 --steps 80 \
+	    --max-len 2048 --tokens-per-step 8192 --device-memory-gb 0.042 --out-dir runs/demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -59,6 +59,9 @@ def gantt(plans: Mapping[str, Plan], cost: CostModel, world_size: int, path: str
             clock += wave_time
             ax.axvline(clock, color="red", linewidth=0.6, linestyle="--")
         ax.set_ylim(world_size, 0)
+        every = max(1, world_size // 16)  # at most 16 labels, each in the middle of its rank's row
+        ax.set_yticks([r + 0.5 for r in range(0, world_size, every)],
+                      [str(r) for r in range(0, world_size, every)])
         ax.set_ylabel("rank")
         ax.set_title(f"{name}: step {metrics.step_time:.2f} s, idle {metrics.idle_fraction:.0%}, "
                      f"{metrics.vs_lower_bound:.2f}x lower bound", fontsize=9, loc="left")
