@@ -119,16 +119,18 @@ def reference_at(shape: ModelShape, trajectory: Trajectory, batches: list[Batch]
 
 
 def train_distributed(shape: ModelShape, plans: list[dict], batches: list[Batch], seed: int, lr: float,
-                      groups: ProcessGroups, zero1: bool = False, fsdp: bool = False) -> Trajectory:
+                      groups: ProcessGroups, zero1: bool = False, fsdp: bool = False,
+                      precision: str = "auto") -> Trajectory:
     """The steps under `plans` (Plan.to_dict of rank 0's plans), on every rank of the job; with
-    `fsdp` the model is sharded with FSDP2 (the plans must be lockstep)."""
+    `fsdp` the model is sharded with FSDP2 (the plans must be lockstep); `precision` is the
+    executor's."""
     from .runtime import Executor, broadcast_plan, full_tensor, make_optimizer, shard_model
 
     cluster = get_cluster("cpu", world_size=dist.get_world_size())
     model = build_gpt(shape, seed)
     if fsdp:
         shard_model(model)
-    executor = Executor(model, make_optimizer(model, zero1, lr=lr), cluster, groups)
+    executor = Executor(model, make_optimizer(model, zero1, lr=lr), cluster, groups, precision=precision)
     losses, grads, starts = [], [], []
     for plan_data, batch in zip(plans, batches, strict=True):
         plan = broadcast_plan(Plan.from_dict(plan_data) if dist.get_rank() == 0 else None)

@@ -33,6 +33,12 @@ to exactly one rank, and the remap all-to-alls are adjoint pairs like Ulysses'.
 A rank idle in a wave, or holding an empty shard, contributes zero. So sum over ranks and
 micro-batches = dL/dparam, whatever the plan.
 
+Precision: on a GPU the forward runs under bf16 autocast (matmuls, attention and the
+all-to-alls in bf16, so flash-attn's varlen kernel serves the attention; parameters, gradients
+and AdamW stay fp32), as the cost model's GPU presets assume (`Cluster.value_bytes` = 2); on
+a CPU everything is fp32 (the `cpu` preset's 4 bytes). `precision="bf16"` forces autocast on
+a CPU too, which is how the tests run the GPU's path without one.
+
 Empty micro-batches (`seq_ids == []`, the padding of lockstep plans) run nothing with
 replicated parameters: no collective needs them. A model sharded with FSDP2 (`fsdp.py`) runs
 lockstep plans only, every empty micro-batch as a pass on a dummy token (its rank must join
@@ -60,6 +66,10 @@ from .fsdp import is_sharded
 from .groups import ProcessGroups
 from .memory import ActivationMeter
 from .remap import RemappedStream, Route, overlaps
+
+
+PRECISIONS = ("auto", "bf16", "fp32")
+"""auto: bf16 autocast on CUDA, fp32 elsewhere."""
 
 
 @dataclass
@@ -128,8 +138,10 @@ class Executor:
     """Runs plans on this rank: `Executor(model, optimizer, cluster, groups).step(plan, samples)`."""
 
     def __init__(self, model: GPT, optimizer: torch.optim.Optimizer, cluster: Cluster,
-                 groups: ProcessGroups, *, measure_activations: bool = False):
+                 groups: ProcessGroups, *, measure_activations: bool = False, precision: str = "auto"):
         cluster.check_world_size(groups.world_size)
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         self.fsdp = is_sharded(model)
         self.model = parallelize(model)
         self.optimizer = optimizer
@@ -138,6 +150,7 @@ class Executor:
         self.rank = groups.rank
         self.measure_activations = measure_activations
         self.device = next(model.parameters()).device
+        self.bf16 = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
         self._params = [p for p in model.parameters() if p.requires_grad]
         if self.fsdp:  # `shard_model` started every rank from rank 0's weights
             return
@@ -239,7 +252,7 @@ class Executor:
         targets = torch.cat([samples[i][1:] for i in seq_ids])[local].to(self.device)
         checkpoint_layers = round(checkpoint * self.model.shape.layers)
         meter = ActivationMeter(self._params) if self.measure_activations else None
-        with meter or contextlib.nullcontext():
+        with meter or contextlib.nullcontext(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             logits = self.model(inputs, stream, checkpoint_layers)
             # Summed, not averaged: the shard holds a part of a batch whose normaliser is global.
             loss = F.cross_entropy(logits, targets, reduction="sum") / plan.tokens
