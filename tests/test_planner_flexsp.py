@@ -76,6 +76,23 @@ def test_planning_honours_the_step_budget():
     plan.validate(cluster, cost)
 
 
+def test_setting_a_batch_that_hung_highs_presolve_plans_within_the_budget():
+    # Setting A's third batch made HiGHS 1.16's RENS sub-MIP presolve run for 10+ minutes past
+    # the 10 s limit (flexsp_milp._highs); it must now finish within the step's budget of five
+    # solves (6 s measured), and so a regression fails here instead of hanging a simulation.
+    import ballast
+    from ballast.lengths import BatchSampler, BatchSpec, get_length_source
+
+    cluster = get_cluster("a100-64")
+    cost = CostModel.published(get_model_shape("gpt-7b"), cluster)
+    sampler = BatchSampler(get_length_source("wikipedia"), BatchSpec(batch=512, max_len=393216), 0)
+    batch = [sampler.next_batch() for _ in range(3)][-1]
+    began = time.perf_counter()
+    plan = ballast.plan(batch, cluster, cost, planner="flexsp")
+    assert time.perf_counter() - began < 5 * PlannerOptions().time_limit + 5.0
+    plan.validate(cluster, cost)
+
+
 @pytest.mark.parametrize("field, value", [("time_limit", 0.0), ("buckets", 0)])
 def test_bad_options_are_value_errors(field, value):
     cluster, cost = small_setup()

@@ -267,6 +267,11 @@ def _highs(model: _Model, start: np.ndarray | None, time_limit: float,
     highs.setOptionValue("output_flag", False)
     highs.setOptionValue("time_limit", float(time_limit))
     highs.setOptionValue("mip_rel_gap", float(mip_rel_gap))
+    # RENS solves a sub-MIP whose presolve (HPresolve::strengthenInequalities) does not check
+    # the time limit: with highspy 1.16 one of setting A's batches ran there for 10+ minutes
+    # past a 10 s limit (HiGHS issues #1501, #2226 describe the class). Without RENS the same
+    # batch solves to optimality in 6 s; our own start point stands in for the heuristic.
+    highs.setOptionValue("mip_heuristic_run_rens", False)
     highs.passModel(lp)
     if start is not None:
         solution = core.HighsSolution()
