@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 from collections import Counter
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
@@ -11,7 +13,8 @@ from rich.console import Console
 from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
                            TransferSpeedColumn)
 
-from .cache import FORMAT, default_cache_dir, digest, file_stamps, token_dtype, write_entry
+from .cache import (FORMAT, content_digests, default_cache_dir, digest, memo_path, token_dtype,
+                    write_entry)
 from .corpus import TokenCorpus, load_tokens, open_entry
 from .sources import Bad, Doc, TextSource, parse_source
 from .tokenizer import Tokenizer, load_tokenizer
@@ -36,15 +39,21 @@ def build_corpus(source: str, tokenizer: str | None = None, cache_dir: str | Non
     if kind == "tokens" and arg:
         return load_tokens(arg, tok if tokenizer is not None else None)
     src = parse_source(source, text_field)
-    stamps = file_stamps(src.files)
-    key = digest([FORMAT, src.kind, src.text_field, skip_bad, tok.identity, stamps])
-    entry = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-    entry = entry / f"{src.kind}-{key[:24]}"
+    root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    contents = content_digests(src.files, memo_path(root, src.spec))
+    key = digest([FORMAT, src.kind, src.text_field, skip_bad, tok.identity, contents])
+    entry = root / f"{src.kind}-{key[:24]}"
     if entry.exists():  # entries appear whole (renamed into place): one without meta is damaged
-        return open_entry(entry, built=False)
-    total = sum(size for _, size, _ in stamps) if progress else None
+        return _open(entry, src, built=False)
+    total = sum(os.path.getsize(p) for p in src.files) if progress else None
     write_entry(entry, lambda tmp: _tokenise(src, tok, key, skip_bad, total, tmp))
-    return open_entry(entry, built=True)
+    return _open(entry, src, built=True)
+
+
+def _open(entry: Path, src: TextSource, built: bool) -> TokenCorpus:
+    """The entry, named by the source the user gave: the key holds contents, not paths, so the
+    entry may have been built from a copy of these files elsewhere."""
+    return dataclasses.replace(open_entry(entry, built), name=src.spec)
 
 
 def _tokenise(src: TextSource, tok: Tokenizer, key: str, skip_bad: bool, total: int | None,
