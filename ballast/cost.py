@@ -332,7 +332,10 @@ def _all_to_all_bytes_per_token(shape: ModelShape, value_bytes: int) -> float:
 
 
 def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster) -> CostModel:
-    """`analytic`, `published`, `auto` (published where FlexSP measured it) or a profile JSON path."""
+    """`analytic`, `published`, `auto` (published where FlexSP measured it) or a profile JSON path.
+
+    A profile must describe `shape` and `cluster`'s size: every caller (simulate, train, bench)
+    relies on this one check."""
     if spec == "auto":
         spec = "published" if shape.name in _PUBLISHED and cluster.name == "a100-64" else "analytic"
     if spec == "analytic":
@@ -340,6 +343,9 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster) -> CostModel:
     if spec == "published":
         return CostModel.published(shape, cluster)
     cost = CostModel.load(spec)
+    if cost.model != shape.name:
+        raise ValueError(f"cost model {spec} describes model {cost.model!r}, not {shape.name!r} "
+                         f"(the model asked for)")
     if cost.world_size != cluster.world_size:
         raise ValueError(f"cost model {spec} was made for {cost.world_size} devices, "
                          f"the cluster has {cluster.world_size}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 from rich.progress import Progress
@@ -19,28 +20,49 @@ from .shapes import get_model_shape
 HELP = "plan and simulate steps under several planners; print a table, write JSON"
 
 
+def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    """An argparse type: a `kind` above 0. A 0 or negative count, size or limit is refused by
+    name at once, not met later as a ZeroDivisionError or taken for "use the default"."""
+    what = "an integer" if kind is int else "a number"
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} > 0, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be {what} > 0, got {text}")
+        return value
+    return parse
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", default="wikipedia",
                    help="wikipedia | stdlib | file:PATH | lognormal:MU,SIGMA | zipf:ALPHA,MIN,MAX | video")
     p.add_argument("--cluster", default="a100-64", help="a100-64 | h100-32 | h200-32 | cpu | FILE.toml/json")
-    p.add_argument("--world", type=int, default=None, help="world size (required to match; sizes the cpu preset)")
-    p.add_argument("--device-memory-gb", type=float, default=None, help="usable memory per device (cpu preset)")
+    p.add_argument("--world", type=positive(int), default=None,
+                   help="world size (required to match; sizes the cpu preset)")
+    p.add_argument("--device-memory-gb", type=positive(float), default=None,
+                   help="usable memory per device (cpu preset)")
     p.add_argument("--model", default="gpt-7b", help="gpt-7b | gpt-13b | gpt-30b | llama3-8b | tiny | FILE.json")
     p.add_argument("--cost", default="auto",
                    help="auto | analytic | published | PROFILE.json (auto: published where FlexSP measured it)")
-    p.add_argument("--max-len", type=int, default=393216, help="longest sequence a plan must hold")
+    p.add_argument("--max-len", type=positive(int), default=393216, help="longest sequence a plan must hold")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--batch", type=int, default=None, help="sequences per step")
-    size.add_argument("--tokens-per-step", type=int, default=None, help="token budget per step")
+    size.add_argument("--batch", type=positive(int), default=None,
+                      help="sequences per step (512 when neither this nor --tokens-per-step is given)")
+    size.add_argument("--tokens-per-step", type=positive(int), default=None, help="token budget per step")
     p.add_argument("--overlong", choices=("split", "drop", "error"), default="split",
                    help="what to do with sequences longer than --max-len")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=positive(int), default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--planners", default="all", help="comma-separated planner names, or all")
-    p.add_argument("--degree", type=int, default=None, help="force the SP degree of static and bucket")
-    p.add_argument("--time-limit", type=float, default=10.0, help="seconds per MILP solve (flexsp)")
-    p.add_argument("--buckets", type=int, default=16, help="length buckets of flexsp's DP bucketing")
+    p.add_argument("--degree", type=positive(int), default=None, help="force the SP degree of static and bucket")
+    p.add_argument("--time-limit", type=positive(float), default=10.0, help="seconds per MILP solve (flexsp)")
+    p.add_argument("--buckets", type=positive(int), default=16, help="length buckets of flexsp's DP bucketing")
     p.add_argument("--dcp-mode", choices=("inter", "intra", "both"), default="both")
+    p.add_argument("--zeppelin-remap", choices=("on", "off"), default="on",
+                   help="zeppelin: model its remapping layer (default), or plan without it")
     p.add_argument("--lockstep", action="store_true",
                    help="plans for FSDP/ZeRO-3: equal micro-batch counts per group in every wave")
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
@@ -61,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     batches = [sampler.next_batch() for _ in range(args.steps)]
     options = PlannerOptions(max_len=args.max_len, degree=args.degree, seed=args.seed,
                              time_limit=args.time_limit, buckets=args.buckets, dcp_mode=args.dcp_mode,
-                             lockstep=args.lockstep)
+                             remap=args.zeppelin_remap == "on", lockstep=args.lockstep)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("planning", total=len(names) * len(batches))
         lower, results = compare(batches, names, cluster, cost, options,
@@ -72,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     setting = {"lengths": args.lengths, "cluster": cluster.name, "world_size": cluster.world_size,
                "model": shape.name, "cost": cost.source, "max_len": args.max_len, "batch": args.batch,
                "tokens_per_step": args.tokens_per_step, "overlong": args.overlong, "seed": args.seed,
+               "dcp_mode": args.dcp_mode, "zeppelin_remap": args.zeppelin_remap, "lockstep": args.lockstep,
                "data": sampler.report(), "mean_tokens_per_step": sum(map(sum, batches)) / len(batches)}
     title = (f"{args.lengths} on {cluster.name} ({cluster.world_size} devices), {shape.name}, "
              f"{cost.source} cost, {args.steps} steps")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -188,3 +189,34 @@ def test_missing_field_in_file_is_a_value_error(tmp_path):
     path.write_text(TOML.replace("peak_flops = 1e14\n", ""))
     with pytest.raises(ValueError, match="peak_flops"):
         get_cluster(str(path))
+
+
+# TOML and JSON spell a wrong type differently; each must name the field, the file and the type
+# (it used to surface as an AttributeError from 2.5.bit_length() or a TypeError from "2" < 1).
+@pytest.mark.parametrize("field, toml, value, expected", [
+    ("nodes", "nodes = 2.5", 2.5, "nodes must be an integer, got 2.5 \\(float\\)"),
+    ("nodes", 'nodes = "2"', "2", "nodes must be an integer, got '2' \\(str\\)"),
+    ("nodes", "nodes = true", True, "nodes must be an integer, got True \\(bool\\)"),
+    ("device_memory", 'device_memory = "40e9"', "40e9", "device_memory must be a number"),
+    ("efficiency", 'efficiency = "0.4"', "0.4", "efficiency must be a number"),
+])
+@pytest.mark.parametrize("suffix", ["toml", "json"])
+def test_wrong_field_type_in_file(tmp_path, suffix, field, toml, value, expected):
+    path = tmp_path / f"c.{suffix}"
+    if suffix == "toml":
+        line = next(x for x in TOML.splitlines() if x.startswith(f"{field} ="))
+        path.write_text(TOML.replace(line, toml))
+    else:
+        path.write_text(json.dumps({**BASE, field: value}))
+    with pytest.raises(ValueError, match=f"cluster file {re.escape(str(path))}: .*{expected}"):
+        get_cluster(str(path))
+
+
+@pytest.mark.parametrize("bandwidth", [{"2": "1e10", "4": 1e10, "8": 1e9}, {"two": 1e10, "4": 1e10, "8": 1e9}])
+def test_wrong_bandwidth_type_in_file(tmp_path, bandwidth):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({**BASE, "bandwidth": bandwidth}))
+    with pytest.raises(ValueError, match=f"cluster file {re.escape(str(path))}: .*bandwidth must map SP degrees"):
+        get_cluster(str(path))
+    with pytest.raises(ValueError, match="bandwidth must be a table"):
+        Cluster(**{**BASE, "bandwidth": [1e10]})

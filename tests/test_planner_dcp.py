@@ -9,13 +9,20 @@ from hypothesis import strategies as st
 
 from ballast import CostModel, PlannerOptions, get_cluster, get_cost_model, get_model_shape
 from ballast.planners import get_planner
-from ballast.planners.dcp import MAX_ACCUMULATION, bucket_uppers
+from ballast.planners import dcp
+from ballast.planners.dcp import MAX_ACCUMULATION, MAX_COUNT_RATIO, bucket_uppers
 from ballast.planners.packing import mb_time
 from strategies import SMALL, make_cluster, planner_setups
 
 def group_times(plan, cost, wave: int = 0) -> list[float]:
     return [sum(mb_time(mb, plan.lengths, g.degree, cost) for mb in g.micro_batches)
             for g in plan.waves[wave].groups if g.micro_batches]
+
+
+def busy_counts(wave) -> list[int]:
+    """Each busy group's micro-batch count, lockstep's empty fillers left out."""
+    counts = [sum(1 for mb in g.micro_batches if mb.seq_ids) for g in wave.groups]
+    return [n for n in counts if n]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
@@ -29,6 +36,11 @@ def test_plans_validate(setup, mode, lockstep, with_max_len):
     assert plan.planner == "dcp" and plan.lockstep == lockstep
     counts = [len(g.micro_batches) for w in plan.waves for g in w.groups if g.micro_batches]
     assert max(counts) <= MAX_ACCUMULATION or lockstep
+    # DCP bounds how far apart a wave's accumulation counts are; a group's count does not
+    # change its memory, so no budget forces an exception.
+    for wave in plan.waves:
+        counts = busy_counts(wave)
+        assert max(counts) <= MAX_COUNT_RATIO * min(counts), counts
 
 
 def test_buckets_hold_their_lengths():
@@ -136,3 +148,22 @@ def test_unknown_mode_and_overlong_sequence_are_errors():
         get_planner("dcp", cluster, cost, PlannerOptions(dcp_mode="sideways")).plan([10, 20])
     with pytest.raises(ValueError, match="max_len"):
         get_planner("dcp", cluster, cost, PlannerOptions(max_len=100)).plan([10, 200])
+
+
+@pytest.mark.parametrize("mode", ["inter", "intra", "both"])
+def test_count_ratio_bound_binds(mode, monkeypatch):
+    # A sequence that runs alone at SP degree 2 (it needs checkpointing at 1) beside short ones
+    # that fill a micro-batch each at degree 1: unbounded, the two degree-1 groups take six
+    # micro-batches each next to the long one's single one.
+    cluster = make_cluster(1, 4, 4e9)
+    cost = CostModel.analytic(SMALL, cluster)
+    assert cost.max_tokens(1, 0.0) < 20_000 <= cost.max_tokens(2, 0.0)
+    lengths = [20_000] + [6000] * 12
+    options = PlannerOptions(max_len=max(lengths), dcp_mode=mode)
+    plan = get_planner("dcp", cluster, cost, options).plan(lengths)
+    plan.validate(cluster, cost)
+    assert all(max(busy_counts(w)) <= MAX_COUNT_RATIO * min(busy_counts(w)) for w in plan.waves)
+    monkeypatch.setattr(dcp, "MAX_COUNT_RATIO", 10**6)
+    unbounded = get_planner("dcp", cluster, cost, options).plan(lengths)
+    assert max(max(busy_counts(w)) / min(busy_counts(w)) for w in unbounded.waves) > MAX_COUNT_RATIO
+    assert len(plan.waves) > len(unbounded.waves)  # the cut micro-batches ran in another wave

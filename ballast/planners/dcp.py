@@ -25,8 +25,10 @@ profile. One step:
    - without it (DCP with one accumulation count for everyone): the free ranks even out the
      micro-batches per group, dealt round-robin, so every group runs the same count
      whatever its micro-batches cost.
-   Counts are bounded as DCP bounds accumulation steps (`max_grad_accumulation_steps`): at
-   most MAX_ACCUMULATION micro-batches per group; the overflow waits for another wave.
+   Counts are bounded as DCP bounds accumulation steps, by a largest count
+   (`max_grad_accumulation_steps`: MAX_ACCUMULATION) and by MAX_COUNT_RATIO between the
+   largest and smallest count of a wave's busy groups; the overflow waits for another wave.
+   Memory never forces a wider ratio: a group's count does not change its memory.
 5. Checkpointing. Without DCP-intra the run has one level, the least at which `max_len` fits
    the largest degree, and the profile sizes batches at it. DCP-intra is VideoSys' pyramid
    activation checkpointing: its profiler lets a batch grow while it fits with every layer
@@ -63,6 +65,10 @@ from .packing import fixed_checkpoint, pad_lockstep
 
 BUCKETS_PER_OCTAVE = 2
 MAX_ACCUMULATION = 8
+# VideoSys keeps each group's count in [min_, max_grad_accumulation_steps] ([2, 3] in its
+# Open-Sora script). 2 is ours, not its 1.5: a group of one long sequence runs one micro-batch
+# here, and 1.5 would then hold every group of its wave to one.
+MAX_COUNT_RATIO = 2
 MODES = ("inter", "intra", "both")
 # Targets tried, as multiples of the step's lower bound; the fastest plan is kept.
 TARGETS = (0.75, 1.0, 1.5, 2.0)
@@ -190,11 +196,13 @@ class DCPPlanner(Planner):
         if balanced:
             # Two estimates of a class's slowest group, neither always right: keep the
             # allocation whose dealt groups finish first.
-            options = [deal_all(admitted, allocate_groups(times, free, estimate), deal_balanced)
+            options = [bound_count_ratio(deal_all(admitted, allocate_groups(times, free, estimate),
+                                                  deal_balanced))
                        for estimate in (lpt_bound, equal_rounds)]
             per_class, left = min(options, key=lambda o: slowest_group(o[0]))
         else:
-            per_class, left = deal_all(admitted, allocate_groups(times, free, per_group), deal_round_robin)
+            per_class, left = bound_count_ratio(
+                deal_all(admitted, allocate_groups(times, free, per_group), deal_round_robin))
         groups: list[Group] = []
         start = 0
         for d in sorted(per_class, reverse=True):
@@ -217,6 +225,20 @@ def deal_all(classes: dict[int, list[Pending]], counts: dict[int, int],
         per_class[d], rest = deal(mbs, counts[d])
         left += rest
     return per_class, left
+
+
+def bound_count_ratio(dealt: Dealt) -> Dealt:
+    """`dealt` with every group cut to MAX_COUNT_RATIO x the wave's smallest non-zero count;
+    the cut (each group's shortest micro-batches) joins the overflow for another wave."""
+    per_class, left = dealt
+    counts = [len(mbs) for groups in per_class.values() for mbs in groups if mbs]
+    if not counts:
+        return dealt
+    cap = MAX_COUNT_RATIO * min(counts)
+    # Dealt longest first, so each group's tail holds its shortest micro-batches.
+    kept = {d: [mbs[:cap] for mbs in groups] for d, groups in per_class.items()}
+    cut = [p for groups in per_class.values() for mbs in groups for p in mbs[cap:]]
+    return kept, left + cut
 
 
 def slowest_group(per_class: dict[int, list[list[Pending]]]) -> float:

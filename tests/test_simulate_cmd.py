@@ -1,0 +1,142 @@
+"""`ballast simulate` end to end (ballast/simulate_cmd.py, compare.py, report.py): its JSON, its
+table, its Gantt chart, its flags and its errors."""
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from ballast import simulate_cmd
+from ballast.cli import main
+from ballast.cluster import get_cluster
+from ballast.cost import CostModel, get_cost_model
+from ballast.lengths import BatchSampler, BatchSpec, get_length_source
+from ballast.planners import PlannerOptions, get_planner
+from ballast.shapes import get_model_shape
+from ballast.simulate import simulate
+
+UNSIZED = ["--lengths", "lognormal:7,1.2", "--cluster", "a100-8", "--model", "gpt-7b",
+           "--max-len", "32768", "--steps", "2"]
+SETTING = [*UNSIZED, "--batch", "32"]
+PLANNERS = ("static", "ballast", "hydraulis")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def wide(monkeypatch):
+    """Rich sizes its table to COLUMNS off a terminal: wide enough that no row wraps."""
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+def simulate_cli(*argv: str) -> int:
+    """`ballast simulate ARGV`'s exit status, argparse's own errors included."""
+    try:
+        return main(["simulate", *argv])
+    except SystemExit as e:
+        return e.code
+
+
+def fails(capsys, *argv: str) -> str:
+    """The message of a user error: exit status 2 and a message, never a traceback."""
+    code = simulate_cli(*argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and "error:" in err
+    return err
+
+
+def expected_steps(name: str) -> list:
+    """What the command must have averaged: the same batches planned and simulated here."""
+    cluster = get_cluster("a100-8")
+    cost = get_cost_model("auto", get_model_shape("gpt-7b"), cluster)
+    sampler = BatchSampler(get_length_source("lognormal:7,1.2"), BatchSpec(batch=32, max_len=32768), seed=0)
+    planner = get_planner(name, cluster, cost, PlannerOptions(max_len=32768))
+    return [simulate(planner.plan(sampler.next_batch()), cost, cluster.world_size) for _ in range(2)]
+
+
+def test_json_table_and_gantt(tmp_path, capsys, wide):
+    out, png = tmp_path / "out.json", tmp_path / "out.png"
+    assert simulate_cli(*SETTING, "--planners", ",".join(PLANNERS), "--json", str(out), "--gantt", str(png)) == 0
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert set(data) == {"setting", "steps", "lower_bound_s", "planners"} and data["steps"] == 2
+    setting = data["setting"]
+    assert (setting["cluster"], setting["world_size"], setting["model"]) == ("a100-8", 8, "gpt-7b")
+    assert (setting["batch"], setting["max_len"], setting["zeppelin_remap"]) == (32, 32768, "on")
+    assert set(data["planners"]) == set(PLANNERS)
+    steps = {name: expected_steps(name) for name in PLANNERS}
+    # Every figure is a mean over the K steps, tokens/s included (not total tokens / total time).
+    assert data["lower_bound_s"] == pytest.approx(np.mean([m.lower_bound for m in steps["static"]]), rel=1e-12)
+    for name, s in data["planners"].items():
+        metrics = steps[name]
+        assert s["step_time_s"] == pytest.approx(np.mean([m.step_time for m in metrics]), rel=1e-12)
+        assert s["tokens_per_s"] == pytest.approx(np.mean([m.tokens_per_s for m in metrics]), rel=1e-12)
+        assert s["idle_fraction"] == pytest.approx(np.mean([m.idle_fraction for m in metrics]), rel=1e-12)
+        assert s["vs_lower_bound"] == pytest.approx(np.mean([m.vs_lower_bound for m in metrics]), rel=1e-12)
+        assert s["vs_lower_bound"] >= 1 - 1e-9 and s["vs_lower_bound_max"] >= s["vs_lower_bound"]
+        assert s["waves"] >= 1 and 0 <= s["plan_ms"] <= s["plan_ms_max"]
+    # The table lists the planners fastest (most tokens/s) first.
+    ranked = sorted(PLANNERS, key=lambda n: -data["planners"][n]["tokens_per_s"])
+    first_cells = [line.split("│")[1].strip() for line in printed.splitlines() if line.count("│") > 1]
+    assert [cell for cell in first_cells if cell in PLANNERS] == ranked
+    assert png.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_batch_defaults_to_512_sequences(tmp_path, capsys):
+    out = tmp_path / "out.json"
+    assert simulate_cli("--cluster", "a100-8", "--max-len", "32768", "--steps", "1", "--planners", "static",
+                        "--json", str(out)) == 0
+    setting = json.loads(out.read_text())["setting"]
+    assert (setting["batch"], setting["tokens_per_step"]) == (512, None)
+
+
+@pytest.mark.parametrize("value", ["on", "off"])
+def test_zeppelin_remap_flag_reaches_the_planner(tmp_path, capsys, monkeypatch, value):
+    seen = []
+
+    def compare(batches, names, cluster, cost, options, on_step=None):
+        seen.append(options)
+        return real(batches, names, cluster, cost, options, on_step)
+
+    real = simulate_cmd.compare
+    monkeypatch.setattr(simulate_cmd, "compare", compare)
+    out = tmp_path / "out.json"
+    assert simulate_cli(*SETTING, "--planners", "zeppelin", "--zeppelin-remap", value, "--json", str(out)) == 0
+    assert [o.remap for o in seen] == [value == "on"]
+    assert json.loads(out.read_text())["setting"]["zeppelin_remap"] == value
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--planners", "static,nope"], "unknown planner.*nope"),
+    (["--planners", ","], "unknown planner"),
+    (["--cluster", "tpu-64"], "unknown cluster 'tpu-64'"),
+    (["--model", "gpt-1t"], "gpt-1t"),
+    (["--zeppelin-remap", "maybe"], "argument --zeppelin-remap: invalid choice"),
+    (["--tokens-per-step", "65536"], "argument --tokens-per-step: not allowed with argument --batch"),
+])
+def test_user_errors_are_messages(capsys, argv, message):
+    assert re.search(message, fails(capsys, *SETTING, *argv))
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--steps", "0"), ("--steps", "-1"), ("--batch", "0"), ("--tokens-per-step", "0"),
+    ("--max-len", "0"), ("--max-len", "-32768"), ("--time-limit", "0"), ("--buckets", "0"),
+    ("--degree", "0"), ("--world", "0"), ("--device-memory-gb", "0"), ("--steps", "two"),
+])
+def test_numeric_flags_must_be_positive(capsys, flag, value):
+    # --steps 0 used to end in a ZeroDivisionError; --world 0 and --degree 0 were taken for
+    # "not given". Each is now refused by name, with the limit.
+    err = fails(capsys, *(UNSIZED if flag == "--tokens-per-step" else SETTING), flag, value)
+    assert f"argument {flag}: " in err and "> 0" in err
+
+
+def test_bad_files_are_messages(tmp_path, capsys):
+    cluster = tmp_path / "c.toml"
+    cluster.write_text('nodes = "1"\ndevices_per_node = 8\ndevice_memory = 28e9\npeak_flops = 3e14\n')
+    assert "nodes must be an integer" in fails(capsys, "--cluster", str(cluster), "--steps", "1")
+    profile = tmp_path / "tiny.json"
+    CostModel.analytic(get_model_shape("tiny"), get_cluster("a100-8")).save(profile)
+    err = fails(capsys, *SETTING, "--cost", str(profile))
+    assert "describes model 'tiny', not 'gpt-7b'" in err
