@@ -1,6 +1,8 @@
 """Sequence-parallel attention, process groups and the local launcher (gloo, 4 ranks, one spawn)."""
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -20,6 +22,8 @@ HEADS, KV_HEADS, HEAD_DIM = 8, 4, 16
 # head-sharded rank runs the same per-sequence, per-head arithmetic as one process; only the
 # kernel's blocking over heads may differ, i.e. a few ulps (1.2e-7 each) of O(1) numbers.
 RTOL, ATOL = 1e-5, 1e-6
+COLLECTIVE_TIMEOUT = timedelta(seconds=97)
+"""Not torch's default for any backend, so the groups can only have it from the launcher."""
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -32,10 +36,17 @@ def _inputs(lengths: list[int]) -> tuple[torch.Tensor, ...]:
     return tuple(torch.randn(s, generator=generator) for s in shapes)
 
 
+def _group_timeout(group: dist.ProcessGroup) -> timedelta:
+    # torch has no public getter for a group's timeout; gloo's backend options hold it.
+    return group._get_backend(torch.device("cpu")).options._timeout
+
+
 def _attention_worker() -> dict:
     groups = ProcessGroups()
     rank = dist.get_rank()
-    out: dict = {"groups": len(groups), "results": []}
+    blocks = ((rank // 2 * 2, 2), (0, 4))  # a rank holds only its own groups
+    out: dict = {"groups": len(groups), "results": [],
+                 "timeouts": [_group_timeout(groups.get(start, degree)) for start, degree in blocks]}
     for lengths in STREAMS:
         q, k, v, grad_out = _inputs(lengths)
         for degree in (1, 2, 4):
@@ -67,13 +78,17 @@ def _attention_worker() -> dict:
 
 @pytest.fixture(scope="module")
 def ranks() -> list[dict]:
-    return run_local(WORLD, _attention_worker, timeout=240)
+    return run_local(WORLD, _attention_worker, timeout=240, collective_timeout=COLLECTIVE_TIMEOUT)
 
 
 def test_every_aligned_block_has_a_cached_group(ranks):
     # Blocks of two or more ranks in a world of 4: (0,1), (2,3) and the world itself.
     assert all(r["groups"] == WORLD - 1 for r in ranks)
     assert "ranks 1..2" in ranks[0]["unaligned_error"]
+
+
+def test_every_group_has_the_collective_timeout(ranks):
+    assert all(r["timeouts"] == [COLLECTIVE_TIMEOUT] * 2 for r in ranks)
 
 
 def test_sequence_parallel_attention_matches_one_process(ranks):

@@ -1,4 +1,5 @@
-"""`ballast train` for real on 2 gloo ranks: resume, ZeRO-1, FSDP2, metrics, plots, planners, a killed rank.
+"""`ballast train` for real on 2 gloo ranks: resume, ZeRO-1, FSDP2, metrics, plots, planners, a killed
+rank, rank 0's data preparation outlasting the collective timeout.
 
 The corpus is a seeded JSONL of English-like documents with long-tailed lengths (16..2000
 bytes, byte tokenizer), and the memory budget is set so that the longest sequence (MAX_LEN)
@@ -19,6 +20,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -43,6 +46,12 @@ LOSS_RTOL = 1e-5
 def corpus(tmp_path_factory) -> tuple[str, str]:
     """(source spec, cache dir) of 250 documents whose lengths are log-uniform in 16..2000."""
     return jsonl_corpus(tmp_path_factory.mktemp("corpus"), documents=250, longest=2000, seed=0)
+
+
+@pytest.fixture(scope="module")
+def one_epoch_corpus(tmp_path_factory) -> tuple[str, str]:
+    """A corpus of 7 steps per epoch (50 samples): a whole epoch trains in seconds."""
+    return jsonl_corpus(tmp_path_factory.mktemp("small-corpus"), documents=40, longest=600, seed=0)
 
 
 def small_memory_gb() -> float:
@@ -87,9 +96,13 @@ def _train_all(configs: list[TrainConfig], failing: TrainConfig) -> tuple[list[d
         return summaries, str(e)
 
 
+def reference_stream(corpus: tuple[str, str]) -> BatchStream:
+    return BatchStream(build_corpus(corpus[0], cache_dir=corpus[1], progress=False), BUDGET, MAX_LEN, 0)
+
+
 def reference_ids(corpus: tuple[str, str], steps: int) -> list[list[int]]:
     """The sample ids of the first `steps` batches, straight from the data pipeline."""
-    stream = BatchStream(build_corpus(corpus[0], cache_dir=corpus[1], progress=False), BUDGET, MAX_LEN, 0)
+    stream = reference_stream(corpus)
     return [stream.next_batch().sample_ids for _ in range(steps)]
 
 
@@ -177,22 +190,62 @@ def test_static_and_ballast_train_the_same_model(corpus, tmp_path, capsys):
     assert ours[-1]["loss"] < ours[0]["loss"] - 1.0
 
 
-def test_killed_rank_restarts_from_the_checkpoint(corpus, tmp_path):
-    """torchrun --max-restarts 1: rank 1 dies at step 3; the job resumes from step 2 and finishes."""
+def test_killed_rank_restarts_from_the_checkpoint(one_epoch_corpus, tmp_path):
+    """torchrun --max-restarts 1, one epoch: rank 1 is SIGKILLed in the middle of step 3 (its
+    peer then fails in a collective with it); the job resumes from step 2 and finishes, and its
+    history trains every sample of the epoch exactly once."""
+    stream = reference_stream(one_epoch_corpus)
+    epoch = []
+    while stream.epoch == 0:
+        epoch.append(stream.next_batch().sample_ids)
+    steps = len(epoch)
     out = tmp_path / "faulty"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                "--max-restarts", "1", "-m", "ballast.cli", "train",
-               *flags(corpus, out, 6, "--checkpoint-interval", "2")]
+               *flags(one_epoch_corpus, out, steps, "--checkpoint-interval", "2")]
     env = {**os.environ, "BALLAST_FAULT_AT_STEP": "3"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
-    assert "BALLAST_FAULT_AT_STEP=3: exiting abruptly" in output
-    assert "resumed from" in output and "trained 6 steps" in output
+    assert "BALLAST_FAULT_AT_STEP=3: SIGKILL after its first forward pass of the step" in output
+    assert "resumed from" in output and f"trained {steps} steps" in output
     raw = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert 3 not in [r["step"] for r in raw if r["attempt"] == 0], "the killed step completed"
     history = final_history(out / "metrics.jsonl")
-    assert [r["step"] for r in history] == list(range(6))
-    assert [r["attempt"] for r in history] == [0, 0, 1, 1, 1, 1]
+    assert [r["step"] for r in history] == list(range(steps))
+    assert [r["attempt"] for r in history] == [0, 0] + [1] * (steps - 2)
     rerun = [r["loss"] for r in raw if r["step"] == 2]
     assert len(rerun) == 2 and rerun[0] == rerun[1], "step 2, re-run from the checkpoint, changed"
-    assert [r["sample_ids"] for r in history] == reference_ids(corpus, 6)
+    assert [r["sample_ids"] for r in history] == epoch
+    trained = sorted(i for r in history for i in r["sample_ids"])
+    assert trained == list(range(stream.num_samples)) and {r["epoch"] for r in history} == {0}
+
+
+SLOW_PREPARATION = 6.0
+"""Seconds rank 0 prepares in `_wait_for_rank0`: longer than COLLECTIVE_TIMEOUT."""
+COLLECTIVE_TIMEOUT = timedelta(seconds=4)
+
+
+def _wait_for_rank0() -> list:
+    """`from_rank0` with a preparation slower than the collective timeout, then a failing one."""
+    from ballast.train.trainer import from_rank0
+
+    def slow() -> tuple[str, str]:
+        time.sleep(SLOW_PREPARATION)
+        return "rank 0's own", "everyone's"
+
+    def bad() -> tuple[str, str]:
+        raise ValueError("bad corpus")
+
+    got: list = [from_rank0(slow)]
+    try:
+        from_rank0(bad)
+    except ValueError as e:
+        got.append(str(e))
+    return got
+
+
+def test_ranks_wait_for_rank0_data_beyond_the_collective_timeout():
+    results = run_local(2, _wait_for_rank0, timeout=120, collective_timeout=COLLECTIVE_TIMEOUT)
+    assert results == [[("rank 0's own", "everyone's"), "bad corpus"],
+                       [(None, "everyone's"), "bad corpus"]]

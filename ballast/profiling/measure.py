@@ -109,10 +109,8 @@ def idle_plan(world_size: int) -> Plan:
 def measure_on_ranks(shape: ModelShape, points: Sequence[Point], warmup: int, repeats: int, seed: int,
                      progress: bool) -> dict:
     """Run on every rank (see `run_local`): each point's raw records, rounds of `repeats` after
-    `warmup` rounds; plus each depth's step overhead and the states it holds.
-
-    On a GPU the executor's clock stops before the kernels it queued have run, so there a
-    micro-batch's time is the synchronised step's minus the idle step's (`idle_plan`)."""
+    `warmup` rounds; plus each depth's step overhead and the states it holds. A micro-batch's
+    seconds are the executor's own, which synchronise the device (a GPU's too)."""
     from rich.progress import Progress
 
     from ..runtime import Executor, ProcessGroups, make_optimizer
@@ -155,8 +153,7 @@ def measure_on_ranks(shape: ModelShape, points: Sequence[Point], warmup: int, re
                 if r < warmup:
                     continue
                 (mb,) = result.micro_batches
-                records[i].append(dict(seconds=mb.seconds if device.type == "cpu" else wall - overhead[point.layers],
-                                       activation_bytes=mb.activation_bytes, tokens=mb.tokens,
+                records[i].append(dict(seconds=mb.seconds, activation_bytes=mb.activation_bytes, tokens=mb.tokens,
                                        comm_seconds=comm.seconds, comm_calls=comm.calls, comm_bytes=comm.bytes,
                                        step_seconds=wall, step_cpu_seconds=cpu))
     return dict(records=records, step_overhead=overhead, states=states)

@@ -173,7 +173,7 @@ class Executor:
         for w, wave in enumerate(plan.waves):
             group = plan.group_of(w, self.rank)
             domain = wave.domain_of(self.rank)
-            start = time.perf_counter()
+            start = self._clock()
             if domain is None:
                 for mb in group.micro_batches:
                     loss += self._run(plan, w, group, mb, samples, result) if sum(plan.mb_lengths(mb)) \
@@ -181,16 +181,25 @@ class Executor:
             else:
                 for slot in range(max(len(g.micro_batches) for g in wave.domain_groups(*domain))):
                     loss += self._run_slot(plan, w, domain, slot, samples, result)
-            busy = time.perf_counter() - start
+            busy = self._clock() - start
             dist.barrier()
-            result.waves.append(WaveTiming(busy, time.perf_counter() - start - busy))
-        start = time.perf_counter()
+            result.waves.append(WaveTiming(busy, self._clock() - start - busy))
+        start = self._clock()
         result.loss = self._synchronise(loss)
-        result.sync_seconds = time.perf_counter() - start
-        start = time.perf_counter()
+        result.sync_seconds = self._clock() - start
+        start = self._clock()
         self.optimizer.step()
-        result.optimizer_seconds = time.perf_counter() - start
+        result.optimizer_seconds = self._clock() - start
         return result
+
+    def _clock(self) -> float:
+        """Seconds on a wall clock, read once the device has run all the work queued so far:
+        CUDA kernels and NCCL calls return to Python before they run, so an unsynchronised
+        clock would time their launches and put the GPU's work into whichever timer reads next
+        (a wave's busy time into its barrier wait). On a CPU the work is done when it returns."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
 
     def _check(self, plan: Plan, samples: Sequence[Tensor]) -> None:
         plan.validate(self.cluster)
@@ -247,7 +256,7 @@ class Executor:
                           mine: tuple[int, Group, MicroBatch]) -> Tensor:
         """Forward and backward of this rank's tokens `local` of the stream of `seq_ids`, recorded
         as the rank's (wave, group, micro-batch) `mine`; returns the (detached) loss share."""
-        start = time.perf_counter()
+        start = self._clock()
         inputs = torch.cat([samples[i][:-1] for i in seq_ids])[local].to(self.device)
         targets = torch.cat([samples[i][1:] for i in seq_ids])[local].to(self.device)
         checkpoint_layers = round(checkpoint * self.model.shape.layers)
@@ -261,7 +270,7 @@ class Executor:
         wave, group, mb = mine
         result.micro_batches.append(MicroBatchRecord(
             wave, group.degree, list(mb.seq_ids), inputs.numel(), checkpoint_layers,
-            time.perf_counter() - start, meter.bytes if meter else None))
+            self._clock() - start, meter.bytes if meter else None))
         return loss.detach()
 
     def _skip(self) -> Tensor:

@@ -6,20 +6,27 @@ group, and a different one in every wave. Creating a group is a collective of th
 rendezvous, so it cannot happen in the step loop: `ProcessGroups` makes all of them in one
 fixed order when the job starts and the executor only looks them up by (start, degree).
 A world of N ranks has N/2 + N/4 + ... + 1 = N - 1 such blocks of two or more ranks.
+
+Every group gets the world's collective timeout (`world_timeout`): `new_group` without one
+falls back to torch's defaults (30 minutes under gloo, 10 under NCCL), so a dead peer in a
+sequence-parallel all-to-all would hang for that long whatever `--timeout` said.
 """
 from __future__ import annotations
 
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from .launch import world_timeout
+
 
 class ProcessGroups:
     """Cache of the process groups of all aligned power-of-two blocks of the default world."""
 
     def __init__(self) -> None:
-        if not dist.is_initialized():
-            raise ValueError("ProcessGroups needs torch.distributed to be initialised first "
-                             "(ballast.runtime.init_distributed or run_local)")
+        timeout = world_timeout()
+        if not dist.is_initialized() or timeout is None:
+            raise ValueError("ProcessGroups needs torch.distributed to be initialised first, by "
+                             "ballast.runtime.init_distributed or run_local (they record its timeout)")
         self.world_size = dist.get_world_size()
         self.rank = dist.get_rank()
         self._groups: dict[tuple[int, int], ProcessGroup] = {}
@@ -29,7 +36,7 @@ class ProcessGroups:
             for start in range(0, self.world_size - degree + 1, degree):
                 ranks = list(range(start, start + degree))
                 self._groups[(start, degree)] = (dist.group.WORLD if degree == self.world_size
-                                                 else dist.new_group(ranks))
+                                                 else dist.new_group(ranks, timeout=timeout))
             degree *= 2
 
     def get(self, start: int, degree: int) -> ProcessGroup | None:

@@ -5,7 +5,9 @@ is not a launcher for training: it lets tests and `ballast verify` start a whole
 this machine, bound to 127.0.0.1, and get every rank's return value back.
 
 Every process group gets a timeout, so a dead or diverging peer ends in an error instead of a
-hang.
+hang: the world's is the one it was joined with, and `world_timeout()` hands the same one to
+the groups made later (`ProcessGroups`), which torch would otherwise give its own defaults
+(30 minutes under gloo, 10 under NCCL).
 """
 from __future__ import annotations
 
@@ -25,11 +27,19 @@ import torch.multiprocessing as mp
 
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 _LOOPBACK = "127.0.0.1"
+_joined_timeout: timedelta | None = None
+"""The timeout of this process's world, once `_init_process_group` has joined it."""
 
 
 def under_torchrun() -> bool:
     """True in a process that torchrun started (it sets RANK and WORLD_SIZE)."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def world_timeout() -> timedelta | None:
+    """The collective timeout this process joined the world with (`init_distributed` or
+    `run_local`); None if it did not join through them."""
+    return _joined_timeout
 
 
 def init_distributed(backend: str | None = None, timeout: timedelta = COLLECTIVE_TIMEOUT) -> None:
@@ -51,8 +61,7 @@ def init_distributed(backend: str | None = None, timeout: timedelta = COLLECTIVE
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, hosts,
                           timeout, multi_tenant=hosts)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    dist.init_process_group(backend, store=dist.PrefixStore(f"ballast/attempt-{attempt}", store),
-                            rank=rank, world_size=world, timeout=timeout)
+    _init_process_group(backend, dist.PrefixStore(f"ballast/attempt-{attempt}", store), rank, world, timeout)
 
 
 def run_local(world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 300.0,
@@ -108,8 +117,7 @@ def _rank_main(rank: int, world_size: int, port: int, collective_timeout: timede
     # Ranks share this machine's cores; more threads each would only fight over them.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     store = dist.TCPStore(_LOOPBACK, port, None, False, collective_timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                            timeout=collective_timeout)
+    _init_process_group("gloo", store, rank, world_size, collective_timeout)
     try:
         result = fn(*args)
         torch.save(result, Path(out) / f"{rank}.pt")
@@ -124,3 +132,10 @@ def _rank_main(rank: int, world_size: int, port: int, collective_timeout: timede
         # exception"; see pytorch/pytorch#179291). Collect them while everything is alive.
         gc.collect()
         dist.destroy_process_group()
+
+
+def _init_process_group(backend: str, store: dist.Store, rank: int, world_size: int,
+                        timeout: timedelta) -> None:
+    global _joined_timeout
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    _joined_timeout = timeout

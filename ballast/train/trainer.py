@@ -13,9 +13,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -36,7 +39,12 @@ from .metrics import MetricsLog, ProgressDisplay, StepRecord, final_history, sum
 from .plots import write_report
 
 FAULT_AT_STEP = "BALLAST_FAULT_AT_STEP"
-"""Testing aid: rank 1 exits abruptly at the start of this step on torchrun's first attempt."""
+"""Testing aid: on torchrun's first attempt rank 1 is SIGKILLed in the middle of this step."""
+
+SETUP_TIMEOUT = timedelta(hours=24)
+"""How long the other ranks wait for rank 0 to prepare the data (`from_rank0`)."""
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -52,9 +60,6 @@ class Setup:
         shape = get_model_shape(config.model.model)
         cluster = get_cluster(config.planner.cluster, world, config.planner.device_memory_gb)
         cost = get_cost_model(config.planner.cost, shape, cluster)
-        if cost.model != shape.name:
-            raise ValueError(f"cost model {config.planner.cost} describes model {cost.model!r}, "
-                             f"not {shape.name!r}")
         cost.check_fits([config.data.max_len])  # a max_len no plan can hold fails here, not at step k
         return cls(shape, cluster, cost)
 
@@ -99,31 +104,8 @@ def train(config: TrainConfig) -> dict | None:
     setup = Setup.of(config, world)
 
     # Data, planner and the checkpoint to resume from are rank 0's; the others learn only
-    # whether that worked and where to resume, so a bad corpus stops every rank at once
-    # instead of leaving them waiting for a broadcast that never comes.
-    resume, failure = None, None
-    if rank == 0:
-        try:
-            corpus = open_data(config, setup.shape, progress=True)
-            stream = BatchStream(corpus, config.data.tokens_per_step, config.data.max_len, config.run.seed)
-            planner = make_planner(config, setup)
-            resume = _checkpoint_to_resume(config)
-            if resume is not None:  # a position of another corpus or seed fails here, on every rank
-                meta = checkpoint.read_meta(Path(resume))
-                stream.load_state_dict(meta["data"])
-                planner.load_state_dict(meta["planner"])
-            console.print(corpus.describe(), highlight=False)
-            console.print(setup.describe(), highlight=False)
-        except Exception as e:
-            failure = e
-    shared = [(None if failure is None else (isinstance(failure, ValueError), str(failure)), resume)]
-    dist.broadcast_object_list(shared, src=0)
-    error, resume = shared[0]
-    if failure is not None:
-        raise failure
-    if error is not None:
-        user_error, message = error
-        raise ValueError(message) if user_error else RuntimeError(f"rank 0 failed: {message}")
+    # whether that worked and where to resume.
+    data, resume = from_rank0(lambda: _prepare_data(config, setup, console))
 
     model = build_gpt(setup.shape, config.run.seed).to(device)
     opt = config.optimizer
@@ -142,14 +124,14 @@ def train(config: TrainConfig) -> dict | None:
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.toml").write_text(config.to_toml())
-        lookahead = Lookahead(stream, planner, steps, config.planner.plan_ahead)
+        lookahead = Lookahead(*data, steps, config.planner.plan_ahead)
         log = MetricsLog(out / "metrics.jsonl", fresh=start == 0)
         progress = ProgressDisplay(console, start, steps, config.run.log_interval)
         plans: dict[int, Plan] = {}
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     try:
         for step in range(start, steps):
-            _inject_fault(step, rank, attempt)
+            _inject_fault(model, step, rank, attempt)
             began = time.perf_counter()
             item = lookahead.get(step) if rank == 0 else None
             waited = time.perf_counter() - began
@@ -188,6 +170,54 @@ def train(config: TrainConfig) -> dict | None:
     return summary
 
 
+def from_rank0(prepare: Callable[[], tuple[T, Any]]) -> tuple[T | None, Any]:
+    """Run `prepare` -> (private, shared) on rank 0 alone; rank 0 gets both, the other ranks
+    (None, shared). An exception in `prepare` is raised on every rank (a ValueError as a
+    ValueError), so a bad corpus stops the job instead of leaving the others waiting.
+
+    The others wait in a broadcast over a gloo group of its own, bounded by SETUP_TIMEOUT and
+    not by the collective timeout (--timeout): under torchrun rank 0 tokenises the corpus in
+    `prepare` (local runs tokenise before spawning the ranks), which may take hours where a
+    step's collective should take seconds. A rank 0 that dies instead of raising does not keep
+    them waiting that long: torchrun's agent, or `run_local`, then stops every rank.
+    """
+    group = dist.new_group(backend="gloo", timeout=SETUP_TIMEOUT)
+    private, shared, failure = None, None, None
+    if dist.get_rank() == 0:
+        try:
+            private, shared = prepare()
+        except Exception as e:
+            failure = e
+    payload = [(None if failure is None else (isinstance(failure, ValueError), str(failure)), shared)]
+    try:
+        dist.broadcast_object_list(payload, src=0, group=group)
+    finally:
+        dist.destroy_process_group(group)
+    error, shared = payload[0]
+    if failure is not None:
+        raise failure
+    if error is not None:
+        user_error, message = error
+        raise ValueError(message) if user_error else RuntimeError(f"rank 0 failed: {message}")
+    return private, shared
+
+
+def _prepare_data(config: TrainConfig, setup: Setup, console: Console
+                  ) -> tuple[tuple[BatchStream, Planner], str | None]:
+    """Rank 0's ((stream, planner), checkpoint to resume from), both at the resumed position."""
+    corpus = open_data(config, setup.shape, progress=True)
+    stream = BatchStream(corpus, config.data.tokens_per_step, config.data.max_len, config.run.seed)
+    planner = make_planner(config, setup)
+    resume = _checkpoint_to_resume(config)
+    if resume is not None:  # a position of another corpus or seed fails here, on every rank
+        meta = checkpoint.read_meta(Path(resume))
+        stream.load_state_dict(meta["data"])
+        planner.load_state_dict(meta["planner"])
+    console.print(corpus.describe(), highlight=False)
+    console.print(setup.describe(), highlight=False)
+    return (stream, planner), resume
+
+
 def _checkpoint_to_resume(config: TrainConfig) -> str | None:
     found = checkpoint.latest(config.checkpoint_path)
     if found is None or config.checkpoint.resume:
@@ -196,10 +226,19 @@ def _checkpoint_to_resume(config: TrainConfig) -> str | None:
                      f"was given: remove them or choose another --checkpoint-dir")
 
 
-def _inject_fault(step: int, rank: int, attempt: int) -> None:
-    if os.environ.get(FAULT_AT_STEP) == str(step) and rank == 1 and attempt == 0:
-        print(f"rank 1: {FAULT_AT_STEP}={step}: exiting abruptly", flush=True)
-        os._exit(17)
+def _inject_fault(model: torch.nn.Module, step: int, rank: int, attempt: int) -> None:
+    """FAULT_AT_STEP: rank 1 dies by SIGKILL right after its first forward pass of the step, so
+    mid-step, holding activations and with its peers in (or on their way into) collectives
+    with it, and without running any Python clean-up: the way a process is lost to the OOM
+    killer or a failing node, which a cooperative exit at a step boundary would not test."""
+    if os.environ.get(FAULT_AT_STEP) != str(step) or rank != 1 or attempt != 0:
+        return
+
+    def kill(*_: object) -> None:
+        print(f"rank 1: {FAULT_AT_STEP}={step}: SIGKILL after its first forward pass of the step", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    model.register_forward_hook(kill)
 
 
 def _broadcast_step(item: StepInput | None) -> tuple[Plan, list[torch.Tensor]]:
