@@ -1,11 +1,14 @@
 """`ballast profile`: measure the real model with the real runtime, fit the cost model, save it.
 
-It runs the model with `Executor` on this machine's ranks (gloo on CPU) over a grid of sequence
-lengths x SP degrees (powers of two up to the world that divide the heads) x checkpoint levels
-(none, half the layers, all), with a warm-up round and repeated rounds (reduced by their median,
-or their minimum with `--statistic min`: see measure.STATISTICS), and fits
-DESIGN.md's coefficients (ballast.profiling.fit): a (s^2), b (s), g (per micro-batch), r, the
-all-to-all bandwidth and per-call latency by degree, activation bytes per token and k.
+It runs the model with `Executor` on this machine's ranks (local gloo ranks on the CPU, or
+torchrun's: NCCL on GPUs) over a grid of sequence lengths x SP degrees (powers of two up to the
+world that divide the heads) x checkpoint levels (none, half the layers, all), with a warm-up
+round and repeated rounds (reduced by their median, or their minimum with `--statistic min`:
+see measure.STATISTICS), and fits DESIGN.md's coefficients (ballast.profiling.fit): a (s^2),
+b (s), g (per micro-batch), r, the all-to-all bandwidth and per-call latency by degree,
+activation bytes per token and k. The all-to-all bytes per token are those the runs sent:
+4-byte values in fp32 on CPUs, 2-byte ones under the executor's bf16 autocast on GPUs
+(`all_to_all_value_bytes`).
 
 Fast profiling as DCP does it: the grid runs on reduced-depth copies of the model (1 and 2
 blocks by default), which separates per-block terms from fixed ones, and the fit extrapolates
@@ -13,9 +16,10 @@ to the full depth; a few full-depth points then measure how far off the extrapol
 
 The JSON is CostModel's (source "profiled"), usable wherever a cost model is
 (`ballast simulate --cost profile.json`); its `fit` holds residuals, the grid, every point
-measured vs predicted, the extrapolation check, the machine and its load average. The device
-memory is a setting (`--device-memory`, GB) so that a CPU run can stand in for a GPU's
-capacity; the report says how many tokens each degree holds in it.
+measured vs predicted, the extrapolation check, the machine (with the device and backend the
+ranks measured on) and its load average. The device memory is a setting (`--device-memory`,
+GB) so that a CPU run can stand in for a GPU's capacity; the report says how many tokens each
+degree holds in it.
 
 `ballast profile --check profile.json` runs random plans for real and compares them with the
 profile's predictions (ballast.profiling.check).
@@ -27,15 +31,17 @@ import dataclasses
 import os
 import time
 from datetime import timedelta
+from typing import Sequence
 
+import torch
 from rich.console import Console
 from rich.table import Table
 
 from .cost import CostModel, InfeasibleError
 from .profiling.fit import Coefficients, compare, error_summary, fit
-from .profiling.grid import Point, build_grid, checkpoint_levels, verification_points
+from .profiling.grid import Measurement, Point, build_grid, checkpoint_levels, verification_points
 from .profiling.machine import LoadMonitor, machine_info, physical_memory
-from .profiling.measure import STATISTICS, combine, core_share, measure_on_ranks
+from .profiling.measure import STATISTICS, combine, core_share, measure_on_ranks, rank_device
 from .runtime import run_local, under_torchrun
 from .shapes import ModelShape, get_model_shape
 
@@ -43,8 +49,6 @@ HELP = "measure the real model on this machine's ranks, fit and save the cost mo
 STATE_BYTES_PER_PARAM = 16
 """What the runtime holds per parameter on every rank: fp32 weight and gradient, AdamW's two
 fp32 moments (replicated: ZeRO-1 would shard the moments)."""
-BYTES_PER_ELEMENT = 4
-"""The runtime trains in fp32 on CPU, so its all-to-alls move 4-byte elements."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,18 +130,21 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
     with LoadMonitor() as load:
         args = (shape, grid + checks, settings.warmup, settings.repeats, settings.seed, progress)
         per_rank = (_measure_torchrun(world_size, args, timeout) if under_torchrun() else
-                    run_local(world_size, measure_on_ranks, *args, timeout=timeout))
+                    run_local(world_size, _measure_on_rank, *args, timeout=timeout))
     if per_rank is None:
         return None
     measured = combine(grid + checks, per_rank, settings.statistic)
     fitted, verified = measured[:len(grid)], measured[len(grid):]
-    coefficients = fit(fitted, shape_bytes_per_token_layer(shape))
+    value_bytes = all_to_all_value_bytes(measured, shape)
+    # Without a degree above 1 nothing is exchanged, and no prediction prices an exchange.
+    coefficients = fit(fitted, 0.0 if value_bytes is None else shape_bytes_per_token_layer(shape, value_bytes))
     at = {d: _cost(coefficients, shape, d, world_size, device_memory)
           for d in {shape.layers, *(m.point.layers for m in measured)}}
     cost, points, extrapolation = at[shape.layers], compare(fitted, at), compare(verified, at)
     report = dict(
         profiler="ballast profile", seconds=time.perf_counter() - start, load_average=load.summary(),
-        machine=machine_info(world_size), shape=shape.to_dict(), settings=dataclasses.asdict(settings),
+        machine=machine_info(world_size, per_rank[0]["device"], per_rank[0]["backend"]),
+        all_to_all_value_bytes=value_bytes, shape=shape.to_dict(), settings=dataclasses.asdict(settings),
         degrees=sp_degrees(shape, world_size), depths=sorted({p.layers for p in grid}),
         grid=[p.label() for p in grid + checks], coefficients=coefficients.to_dict(),
         step_overhead_s=per_rank[0]["step_overhead"], states_measured=per_rank[0]["states"],
@@ -164,7 +171,7 @@ def _measure_torchrun(world_size: int, args: tuple, timeout: float) -> list[dict
         raise ValueError(f"--world {world_size} does not match torchrun's WORLD_SIZE {os.environ['WORLD_SIZE']}")
     init_distributed(timeout=timedelta(seconds=timeout))
     try:
-        mine = measure_on_ranks(*args)
+        mine = _measure_on_rank(*args)
         gathered = [None] * world_size if dist.get_rank() == 0 else None
         dist.gather_object(mine, gathered, dst=0)
         return gathered
@@ -172,9 +179,38 @@ def _measure_torchrun(world_size: int, args: tuple, timeout: float) -> list[dict
         dist.destroy_process_group()
 
 
-def shape_bytes_per_token_layer(shape: ModelShape) -> float:
-    """All-to-all send bytes per token and block: q+k+v then out in forward, both again in backward."""
-    return 2.0 * (2 * shape.hidden + 2 * shape.kv_dim) * BYTES_PER_ELEMENT
+def _measure_on_rank(*args) -> dict:
+    """`measure_on_ranks`, and the device and backend this rank measured on (the profile records
+    what the ranks used, not what the machine has)."""
+    import torch.distributed as dist
+
+    return dict(measure_on_ranks(*args), device=rank_device().type, backend=dist.get_backend())
+
+
+def shape_bytes_per_token_layer(shape: ModelShape, value_bytes: int) -> float:
+    """All-to-all send bytes per token and block: q+k+v then out in forward, both again in
+    backward, `value_bytes` each (4 in fp32, 2 in bf16)."""
+    return 2.0 * (2 * shape.hidden + 2 * shape.kv_dim) * value_bytes
+
+
+def all_to_all_value_bytes(measurements: Sequence[Measurement], shape: ModelShape) -> int | None:
+    """Bytes per value the measured all-to-alls sent; None when no point ran above degree 1.
+
+    The executor picks the precision (bf16 autocast on CUDA, fp32 elsewhere), and the bytes the
+    runs actually sent say which one it picked, so the profile cannot price values of another
+    size than those its bandwidth was fitted from. A rank sends its padded shard (the largest
+    one, `shard_tokens` rows) through every exchange: a plain block once per direction and pass,
+    a checkpointed one's forward pair again when it is recomputed."""
+    sent = {m.comm_bytes / (m.shard_tokens * (m.point.layers + m.point.checkpoint_layers / 2)
+                            * shape_bytes_per_token_layer(shape, 1))
+            for m in measurements if m.point.degree > 1}
+    if not sent:
+        return None
+    if len(sent) > 1 or not sent <= {2.0, 4.0}:
+        raise ValueError(f"the all-to-alls sent {sorted(sent)} bytes per value of {shape.name!r}'s q, k, v and "
+                         f"output, not one of 2 (bf16) or 4 (fp32): the runtime no longer exchanges what "
+                         f"shape_bytes_per_token_layer counts")
+    return int(sent.pop())
 
 
 def _cost(coefficients: Coefficients, shape: ModelShape, depth: int, world_size: int,
@@ -239,6 +275,9 @@ def run(args: argparse.Namespace) -> int:
     memory = args.device_memory * 1e9 if args.device_memory is not None else physical_memory() / world
     settings = settings_from(args)
     ranks = "torchrun" if under_torchrun() else "local gloo"
+    if not under_torchrun() and torch.cuda.is_available():
+        console.print("[yellow]this machine has a GPU, but local gloo ranks measure the CPU (and the profile "
+                      "says so): launch under torchrun, one process per GPU, to profile the GPUs[/yellow]")
     console.print(f"profiling {shape.name} ({shape.layers} blocks) on {world} {ranks} ranks at depths "
                   f"{','.join(map(str, settings.depths))}: lengths {','.join(map(str, settings.lengths))}, "
                   f"{settings.warmup} warm-up + {settings.repeats} rounds ({settings.statistic})")

@@ -216,6 +216,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps < 1 or args.batch < 1 or args.max_len < 1:
         raise ValueError("--steps, --batch and --max-len must be >= 1")
+    if args.grad_tolerance < 0 or args.param_tolerance < 0:
+        raise ValueError(f"--grad-tolerance and --param-tolerance must be >= 0, got {args.grad_tolerance:g} "
+                         f"and {args.param_tolerance:g}")
     if args.zero1 and args.fsdp:
         raise ValueError("--zero1 and --fsdp both shard the optimizer state: choose one")
     shape = get_model_shape(args.model)

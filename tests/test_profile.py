@@ -13,8 +13,8 @@ from ballast.cli import main
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel, InfeasibleError, get_cost_model
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
-from ballast.profile import (Settings, check_states_fit, default_lengths, plan_grid, profile,
-                             shape_bytes_per_token_layer, state_bytes)
+from ballast.profile import (Settings, all_to_all_value_bytes, check_states_fit, default_lengths, plan_grid,
+                             profile, shape_bytes_per_token_layer, state_bytes)
 from ballast.profiling.fit import Coefficients, compare, fit
 from ballast.profiling.grid import Measurement, Point, build_grid, verification_points
 from ballast.shapes import get_model_shape
@@ -26,7 +26,7 @@ DEEP = dataclasses.replace(TINY, name="tiny-8", layers=8)
 TRUE = Coefficients(a_layer=2e-8, b_layer=4e-5, b_fixed=2e-5, g_layer=4e-3, g_fixed=5e-3, recompute_layer=0.4,
                     recompute_attention_layer=0.25,
                     latency_layer={2: 3e-3, 4: 5e-3}, bandwidth={2: 4e8, 4: 2e8}, call_latency={2: 6e-4, 4: 1e-3},
-                    bytes_per_token_layer=shape_bytes_per_token_layer(TINY), act_fixed=2600.0, act_layer=11000.0,
+                    bytes_per_token_layer=shape_bytes_per_token_layer(TINY, 4), act_fixed=2600.0, act_layer=11000.0,
                     kept_layer=500.0)
 
 
@@ -81,6 +81,36 @@ def test_fit_with_noise_extrapolates_to_full_depth():
     deep = synthetic(verification_points(8, [128, 1024, 4096], [1, 2, 4], 6), TRUE, noise=0.0)
     errors = [abs(row["time_error"]) for row in compare(deep, {8: cost})]
     assert max(errors) < 0.05, errors
+
+
+def test_all_to_all_bytes_follow_the_precision_the_runs_used():
+    """fp32 runs (CPU) send 4-byte values, bf16 autocast (GPU) 2-byte ones. The profile prices
+    the values its runs sent, read from the bytes they sent, the same bytes the bandwidth is
+    fitted from: a fixed 4 bytes made a GPU profile predict twice the transfer time it measured."""
+    assert shape_bytes_per_token_layer(TINY, 4) == 2 * shape_bytes_per_token_layer(TINY, 2)
+    # q and out carry `hidden` values, k and v `kv_dim`, each forward and backward.
+    assert shape_bytes_per_token_layer(TINY, 2) == 2 * (2 * 128 + 2 * 64) * 2
+    costs = {}
+    for value_bytes in (4, 2):
+        true = dataclasses.replace(TRUE, bytes_per_token_layer=shape_bytes_per_token_layer(TINY, value_bytes))
+        measured = synthetic(grid(), true, noise=0.0)
+        assert all_to_all_value_bytes(measured, TINY) == value_bytes
+        got = fit(measured, shape_bytes_per_token_layer(TINY, all_to_all_value_bytes(measured, TINY)))
+        assert got.bandwidth == pytest.approx(TRUE.bandwidth, rel=1e-3)  # the link is the same
+        at = {depth: got.cost_model(dataclasses.replace(TINY, layers=depth), 4, 1e10, state_bytes(TINY))
+              for depth in (1, 2)}
+        assert max(abs(row["time_error"]) for row in compare(measured, at)) < 1e-3
+        costs[value_bytes] = got.cost_model(TINY, 4, 1e10, state_bytes(TINY))
+    assert costs[2].bytes_per_token == costs[4].bytes_per_token / 2
+    # No degree above 1: nothing was exchanged, so no value size was seen.
+    assert all_to_all_value_bytes([m for m in synthetic(grid(), TRUE, 0.0) if m.point.degree == 1], TINY) is None
+
+
+def test_all_to_all_bytes_that_match_no_precision_are_an_error():
+    measured = synthetic(grid(), TRUE, noise=0.0)
+    measured[-1] = dataclasses.replace(measured[-1], comm_bytes=measured[-1].comm_bytes * 0.75)
+    with pytest.raises(ValueError, match="bytes per value"):
+        all_to_all_value_bytes(measured, TINY)
 
 
 def test_fit_needs_checkpointed_points():
@@ -142,6 +172,20 @@ def test_model_that_fits_no_degree_is_a_clear_error(capsys):
         TRUE.cost_model(TINY, 2, device_memory=1e6, states=state_bytes(TINY))
 
 
+def test_check_refuses_a_profile_measured_on_another_device(tmp_path, capsys):
+    """`--check` runs plans on local gloo ranks on the CPU: a GPU profile predicts another device,
+    so comparing the two would measure nothing but the difference of the devices."""
+    path = tmp_path / "gpu-profile.json"
+    # As `ballast profile` records it under torchrun on GPUs, and as profiles written before the
+    # device was recorded did (the backend alone).
+    for machine in (dict(device="cuda", backend="nccl", device_name="NVIDIA H100"), dict(backend="nccl")):
+        cost = profiled_cost(world=2)
+        dataclasses.replace(cost, fit={**cost.fit, "machine": machine}).save(path)
+        assert main(["profile", "--check", str(path), "--plans", "1"]) == 2  # before any rank starts
+        error = capsys.readouterr().err
+        assert "was measured on cuda (nccl ranks)" in error and "local gloo ranks on the cpu" in error
+
+
 def test_tiny_real_profile_and_check_on_two_ranks(tmp_path):
     """A minimal grid on 2 gloo ranks: depth 1 and 2, two lengths, one full-depth check; the
     JSON loads and plans, and `--check` runs plans from it for real."""
@@ -151,6 +195,10 @@ def test_tiny_real_profile_and_check_on_two_ranks(tmp_path):
     cost.save(path)
     loaded = get_cost_model(str(path), TINY, get_cluster("cpu", world_size=2, device_memory_gb=0.05))
     assert loaded.source == "profiled" and loaded.layers == TINY.layers and 2 in loaded.bandwidth
+    # Local ranks are gloo on the CPU in fp32, and the profile says so whatever the machine has.
+    machine = loaded.fit["machine"]
+    assert (machine["device"], machine["backend"], loaded.fit["all_to_all_value_bytes"]) == ("cpu", "gloo", 4)
+    assert loaded.bytes_per_token == TINY.layers * shape_bytes_per_token_layer(TINY, 4)
     assert loaded.a >= 0 and loaded.b > 0 and 0 < loaded.kept < 1 and loaded.act_per_token > 0
     # Fit quality is not asserted here: a loaded machine's timings are noise at these sizes, and
     # the fit's accuracy is what the synthetic tests check. The report must be complete.

@@ -3,7 +3,9 @@
 Random batches come from a length source (`stdlib` by default: real code files, split at
 --max-len); each is planned by the next planner in turn, validated, simulated under the
 profile (predicted step time of the plan as the runtime executes it, see `as_executed`, and
-peak activation bytes per device), then executed by the runtime on local gloo ranks. Measured
+peak activation bytes per device), then executed by the runtime on local gloo ranks, on the
+CPU: a profile measured on another device (GPUs under torchrun) is refused, since its
+predictions are for that device. Measured
 step time is what the simulator models: the sum over waves of the wave's wall time (its
 slowest group plus the barrier that ends it), the largest over ranks; the gradient
 all-reduce and optimizer step, a constant per step that no planner can change, are reported
@@ -38,11 +40,13 @@ from ..planners import PlannerOptions, get_planner, parse_planner_names
 from ..shapes import ModelShape
 from ..simulate import simulate
 from .fit import error_summary
-from .machine import LoadMonitor, machine_info
+from .machine import LoadMonitor, machine_info, measured_device
 from .measure import LEARNING_RATE, STATISTICS, core_share, random_samples
 
 MILP_SECONDS = 2.0
 """FlexSP's per-wave solve limit here: the check measures plans, not the solver."""
+CHECK_DEVICE = "cpu"
+"""Where the check runs its plans: `run_local`'s gloo ranks, on the CPU."""
 
 
 def as_executed(plan: Plan) -> Plan:
@@ -190,6 +194,11 @@ def run_check(args: argparse.Namespace) -> int:
     if "shape" not in cost.fit:
         raise ValueError(f"{args.check} is not a profile written by `ballast profile` (its fit has no model shape)")
     shape = ModelShape.from_dict(cost.fit["shape"])
+    machine = cost.fit["machine"]
+    if measured_device(machine) != CHECK_DEVICE:
+        raise ValueError(f"{args.check} was measured on {measured_device(machine)} ({machine['backend']} ranks), "
+                         f"but --check runs plans on local gloo ranks on the {CHECK_DEVICE}: its predictions "
+                         f"are for another device than the one the check would measure")
     statistic = cost.fit["settings"]["statistic"]
     if args.world is not None and args.world != cost.world_size:
         raise ValueError(f"{args.check} was profiled on {cost.world_size} ranks, not --world {args.world}")
@@ -233,6 +242,6 @@ def run_check(args: argparse.Namespace) -> int:
         Path(args.json_out).write_text(json.dumps(dict(
             setting=setting, summary=summary, seconds=seconds, load_average=loads,
             core_share=statistics.median(r["core_share"] for r in rows),
-            machine=machine_info(cost.world_size), plans=rows), indent=2))
+            machine=machine_info(cost.world_size, CHECK_DEVICE), plans=rows), indent=2))
         console.print(f"wrote {args.json_out}")
     return 0

@@ -67,6 +67,8 @@ class Coefficients:
     call_latency: dict[int, float]
     """Seconds per all-to-all call by degree (reported; lat_l holds it and the sharding work)."""
     bytes_per_token_layer: float
+    """All-to-all send bytes per token and block, in the values the runs sent (bf16 on GPUs, fp32
+    on CPUs); 0 when no degree above 1 was measured (nothing exchanged, nothing to price)."""
     act_fixed: float
     act_layer: float
     kept_layer: float

@@ -13,13 +13,26 @@ import threading
 import torch
 
 
-def machine_info(world_size: int) -> dict:
-    """Host, CPU, memory, library versions and how the ranks use the cores."""
+def machine_info(world_size: int, device: str = "cpu", backend: str = "gloo") -> dict:
+    """Host, CPU, memory, library versions, how the ranks use the cores, and what they measured on.
+
+    `device` (a torch device type) and `backend` are those the ranks actually used, not what
+    the machine has: local ranks (`run_local`) are gloo on the CPU even on a GPU machine. The
+    defaults are theirs; torchrun's ranks say what they ran on (`profile` asks them)."""
     cpus = os.cpu_count() or 1
-    return dict(host=platform.node(), platform=platform.platform(), processor=platform.processor(),
+    info = dict(host=platform.node(), platform=platform.platform(), processor=platform.processor(),
                 cpus=cpus, memory_bytes=physical_memory(), python=platform.python_version(), torch=torch.__version__,
-                backend="nccl" if torch.cuda.is_available() else "gloo", world_size=world_size,
-                threads_per_rank=max(1, cpus // world_size))
+                device=device, backend=backend, world_size=world_size, threads_per_rank=max(1, cpus // world_size))
+    if device == "cuda":
+        info["device_name"] = torch.cuda.get_device_name()
+    return info
+
+
+def measured_device(machine: dict) -> str:
+    """The device type a profile's ranks measured on. Profiles written before it was recorded
+    name only a backend, nccl whenever the machine had a GPU: read as GPU-measured, so that
+    `--check` refuses rather than compares them with the CPU."""
+    return machine.get("device", "cuda" if machine["backend"] == "nccl" else "cpu")
 
 
 def physical_memory() -> float:
