@@ -93,6 +93,43 @@ def brute_force(cost: CostModel, lengths: list[int]) -> tuple[float, Plan]:
     return best_time, Plan(lengths, [Wave(groups)])
 
 
+def submasks(mask: int):
+    """Every subset of `mask`, itself and the empty one included."""
+    sub = mask
+    while True:
+        yield sub
+        if sub == 0:
+            return
+        sub = (sub - 1) & mask
+
+
+def one_wave_optimum(cost: CostModel, lengths: list[int]) -> list[float]:
+    """For every subset (bitmask) of sequences: the least time of one wave running exactly them,
+    over every group layout, assignment and packing (a min-max over the layout's groups, so it
+    runs in 3^n per group instead of brute_force's layouts x groups^n)."""
+    n, world = len(lengths), cost.world_size
+    tables = {d: best_group_times(cost, lengths, d)[0] for d in (1, 2, 4, 8) if d <= world}
+    best = [np.inf] * (1 << n)
+    for layout in layouts(world):
+        reach = [0.0] + [np.inf] * ((1 << n) - 1)   # groups so far running exactly `mask`
+        for _, d in layout:
+            reach = [min(max(tables[d][sub], reach[mask ^ sub]) for sub in submasks(mask))
+                     for mask in range(1 << n)]
+        best = [min(b, r) for b, r in zip(best, reach)]
+    return best
+
+
+def optimum(cost: CostModel, lengths: list[int]) -> float:
+    """The fastest plan with any number of waves (none remapped): waves run one after another,
+    so the step is the cheapest split of the batch into subsets, each run as its best wave."""
+    wave = one_wave_optimum(cost, lengths)
+    best = [0.0] + [np.inf] * ((1 << len(lengths)) - 1)
+    for mask in range(1, len(best)):
+        low = mask & -mask
+        best[mask] = min(wave[sub] + best[mask ^ sub] for sub in submasks(mask) if sub & low)
+    return best[-1]
+
+
 @st.composite
 def tiny_instances(draw):
     world = draw(st.sampled_from([1, 2, 4]))

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from ballast import report
 from ballast.plan import Group, MicroBatch, Plan, Wave
 from ballast.planners import PlannerOptions, get_planner
-from exhaustive import brute_force, cluster_for, hand_cost, layouts, tiny_instances
+from exhaustive import brute_force, cluster_for, hand_cost, layouts, optimum, tiny_instances
 from ballast.simulate import simulate, step_time
 
 # 1e-12 relative: simulate() adds a handful of float terms; the hand values are exact decimals.
@@ -123,6 +123,10 @@ def test_brute_force_never_beats_lower_bound(instance):
     assert simulate(plan, cost, cost.world_size).step_time == pytest.approx(best, rel=EXACT)
     # relative 1e-9: the bound and the search add the same terms in different orders
     assert cost.lower_bound(lengths) <= best * (1 + 1e-9)
+    # and plans of several waves, which can be much faster (up to 4x measured), never beat it either
+    multi = optimum(cost, lengths)
+    assert multi <= best * (1 + 1e-12)
+    assert cost.lower_bound(lengths) <= multi * (1 + 1e-9)
 
 
 def test_brute_force_search_is_exhaustive():
@@ -134,6 +138,19 @@ def test_brute_force_search_is_exhaustive():
     best, plan = brute_force(cost, [1000] * 4)
     assert best == pytest.approx(cost.time([1000], 1, 0.0), rel=EXACT)
     assert [g.degree for g in plan.waves[0].groups] == [1, 1, 1, 1]
+    assert optimum(cost, [1000] * 4) == pytest.approx(best, rel=EXACT)   # a second wave cannot help
+
+
+def test_optimum_splits_into_waves_when_that_pays():
+    # A 5000-token sequence fits only at degree 2 (3000 tokens per rank without recomputation,
+    # 3333 with it); one wave must then be a degree-2 group, and the short ones pay its slow
+    # all-to-all. Two waves run them at degree 1 afterwards: one second less.
+    cost = hand_cost(world_size=2, device_memory=3000 * 1e5, states=0.0, kept=0.9, bandwidth={2: 1e6})
+    lengths = [5000, 1000, 1000]
+    one_wave, _ = brute_force(cost, lengths)
+    two_waves = cost.time([5000], 2, 0.0) + cost.time([1000], 1, 0.0)
+    assert two_waves < one_wave - 0.9
+    assert optimum(cost, lengths) == pytest.approx(two_waves, rel=EXACT)
 
 
 # --- Gantt charts ------------------------------------------------------------------------------

@@ -210,9 +210,14 @@ class BallastPlanner(Planner):
                 groups.append(Group(start, d, self._packer.pack(seqs, d)))
                 start += d
             times = [self._packer.mbs_time(g.micro_batches, g.degree) for g in groups]
+            donors = set()
             for _ in range(REPAIR_MOVES):
-                if not self._packer.repair(groups, times):
+                donor = self._packer.repair(groups, times)
+                if donor is None:
                     break
+                donors.add(donor)
+            for i in donors:
+                times[i] = self._packer.repack(groups[i], times[i])
             if best is None or max(times) < best[0]:
                 best = (max(times), groups)
         return Wave(fill_idle([g for g in best[1] if g.micro_batches], self.cluster.world_size))

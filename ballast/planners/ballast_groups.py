@@ -38,8 +38,9 @@ class GroupPacker:
         self.row = row
         """Row of `work` for each degree."""
 
-    def repair(self, groups: list[Group], times: list[float]) -> bool:
-        """Move one sequence off the slowest group, judged by exact times; False if none helps.
+    def repair(self, groups: list[Group], times: list[float]) -> int | None:
+        """Move one sequence off the slowest group, judged by exact times: the donor's index,
+        or None if no move helps.
 
         Moves are incremental (the sequence leaves its micro-batch, joins the receiver's
         lightest one or a new one, each at its least checkpoint level), so a repair costs
@@ -63,8 +64,18 @@ class GroupPacker:
                     if saved > 0:
                         groups[j].micro_batches, times[j] = joined, times[j] + added
                         donor.micro_batches, times[slow] = left, times[slow] - saved
-                        return True
-        return False
+                        return slow
+        return None
+
+    def repack(self, group: Group, time: float) -> float:
+        """Pack a group afresh if that is faster (moves only ever take sequences out of their
+        micro-batches, so a donor may keep more micro-batches than its rest needs); its time."""
+        packed = self.pack([s for mb in group.micro_batches for s in mb.seq_ids], group.degree)
+        packed_time = self.mbs_time(packed, group.degree)
+        if packed_time < time:
+            group.micro_batches = packed
+            return packed_time
+        return time
 
     def with_sequence(self, mbs: list[MicroBatch], s: int, degree: int) -> tuple[list[MicroBatch], float]:
         """`mbs` with sequence s added to the micro-batch of fewest tokens, or alone if faster,
@@ -115,6 +126,13 @@ class GroupPacker:
         if unchecked:
             mbs = [MicroBatch(b, 0.0) for b in unchecked]
             timed[-1] = (self.mbs_time(mbs, degree), mbs)
+        # Token balance is no bin packing: LPT may need a micro-batch more than memory does
+        # (1633 tokens in bins of 860 fit as 803 + 830, not as LPT's 902 + 731), which costs g.
+        # Bins of what fits under full recomputation, each then at its least level, are near
+        # the fewest micro-batches memory allows.
+        crammed = [MicroBatch(b, self.cost.min_checkpoint(sum(lengths[s] for s in b), degree))
+                   for b in best_fit_decreasing(seqs, lengths, self.cost.max_tokens(degree, 1.0))]
+        timed[-2] = (self.mbs_time(crammed, degree), crammed)
         best = min(filter(None, timed.values()), key=lambda v: v[0], default=None)
         if best is not None:
             centre = len(best[1])

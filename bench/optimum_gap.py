@@ -1,0 +1,77 @@
+"""ballast's plans against the exhaustive optimum on tiny instances (<= 4 ranks, <= 6 sequences).
+
+The same instances the tests draw (`tests/exhaustive.py`), many more of them: how often ballast
+is exactly optimal, the distribution of its miss, and the worst instances, as JSON. The test's
+MISS_BOUND (tests/test_planner_ballast.py) is set from this record.
+
+    .venv/bin/python bench/optimum_gap.py --instances 20000 --json bench/results/optimum-gap.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from exhaustive import brute_force, cluster_for, optimum, tiny_instances  # noqa: E402
+
+from ballast.planners import get_planner  # noqa: E402
+from ballast.simulate import step_time  # noqa: E402
+
+WORST_KEPT = 10
+
+
+def measure(instances: int) -> dict:
+    ratios, one_wave, worst = [], [], []
+
+    # derandomize: the same instances on every run, so a record can be reproduced
+    @settings(max_examples=instances, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(tiny_instances())
+    def run(instance):
+        cost, lengths = instance
+        best = optimum(cost, lengths)
+        plan = get_planner("ballast", cluster_for(cost), cost).plan(lengths)
+        ratio = step_time(plan, cost) / best
+        assert ratio >= 1 - 1e-9, f"a plan beat the exhaustive optimum on {lengths}"
+        ratios.append(ratio)
+        one_wave.append(brute_force(cost, lengths)[0] / best)
+        worst.append((ratio, lengths, cost.to_dict()))
+        worst.sort(key=lambda w: -w[0])
+        del worst[WORST_KEPT:]
+
+    began = time.perf_counter()
+    run()
+    r, o = np.array(ratios), np.array(one_wave)
+    return {
+        "instances": len(r),
+        "seconds": time.perf_counter() - began,
+        "exactly_optimal": float(np.mean(r <= 1 + 1e-9)),
+        "ratio_quantiles": {q: float(np.quantile(r, float(q))) for q in ("0.5", "0.9", "0.99", "0.999", "1.0")},
+        "above_1pct": int(np.sum(r > 1.01)),
+        "above_3pct": int(np.sum(r > 1.03)),
+        "best_one_wave_over_optimum_max": float(o.max()),
+        "multi_wave_optimum_share": float(np.mean(o > 1 + 1e-9)),
+        "worst": [{"ratio": w[0], "lengths": w[1], "cost": w[2]} for w in worst],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--instances", type=int, default=20000)
+    parser.add_argument("--json", default="bench/results/optimum-gap.json")
+    args = parser.parse_args()
+    result = measure(args.instances)
+    Path(args.json).write_text(json.dumps(result, indent=1))
+    q = result["ratio_quantiles"]
+    print(f"{result['instances']} instances in {result['seconds']:.0f} s: exactly optimal on "
+          f"{result['exactly_optimal']:.1%}; ratio to the optimum p99 {q['0.99']:.4f}, worst {q['1.0']:.4f}")
+
+
+if __name__ == "__main__":
+    main()
