@@ -30,13 +30,15 @@ bound tight. For a makespan target T the planner builds a wave in four moves:
    the fewest memory allows up to the count at which nothing is checkpointed, packs its
    sequences token-balanced, gives each micro-batch the least checkpoint level that fits
    (DCP-intra, per micro-batch), and keeps the fastest count; sequences do not split, so
-   best-fit bins of what fits without recomputation are tried too.
+   best-fit bins of what fits without recomputation, and of what fits with all of it (the
+   fewest micro-batches memory allows, which token balance can miss), are tried too.
 
 Targets T from the lower bound up to "least area everywhere" are all tried, each also with
 a floor on the degree (every sequence at least at degree D, the longest keeping their wider
 one; one degree for all at the top), which pays g once for many short sequences where
 all-to-alls are cheap. Distinct layouts are ranked by the proxy; the best few are assigned,
-the two best estimated waves packed exactly and the faster kept. Two-wave splits are tried
+the two best estimated waves packed exactly, repaired by moving sequences between groups on
+exact times (a group that gave sequences away is packed afresh), and the faster kept. Two-wave splits are tried
 too: the longest sequences in a wave of their own when one of them takes a large part of
 the step, and, as Zeppelin splits by class, the sequences that need wide groups at the
 lower bound ahead of the rest. Every candidate is a valid plan and the fastest under the
