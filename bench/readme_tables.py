@@ -179,6 +179,18 @@ def sweep_text() -> str:
             + (f". Behind by more than 1%: {behind}." if behind else "."))
 
 
+def optimum_gap_text() -> str:
+    """`bench/optimum_gap.py`: ballast against the exhaustive optimum on tiny instances."""
+    d = json.loads((RESULTS / "optimum-gap.json").read_text())
+    q = d["ratio_quantiles"]
+    return (f"**Against the exhaustive optimum** (`bench/optimum_gap.py`: {d['instances']:,} tiny instances, "
+            f"<= 4 ranks and <= 6 sequences, every plan of any number of waves searched). ballast was exactly "
+            f"optimal on {d['exactly_optimal']:.1%}; its step time over the optimum: 99th percentile "
+            f"{q['0.99']:.4f}, 99.9th {q['0.999']:.4f}, worst {q['1.0']:.4f} ({d['above_3pct']} instances more "
+            f"than 3% above). The best plan needed several waves on {d['multi_wave_optimum_share']:.1%} of them "
+            f"(the best one-wave plan was up to {d['best_one_wave_over_optimum_max']:.2f}x slower).")
+
+
 def replace(text: str, name: str, body: str) -> str:
     pattern = re.compile(rf"(<!-- results:{name} -->\n).*?(\n<!-- /results:{name} -->)", re.S)
     if not pattern.search(text):
@@ -196,6 +208,8 @@ def main() -> None:
         text = replace(text, "measured", measured_table())
     if (RESULTS / "sweep.json").exists():
         text = replace(text, "sweep", sweep_text())
+    if (RESULTS / "optimum-gap.json").exists():
+        text = replace(text, "optimum-gap", optimum_gap_text())
     if (RESULTS / "profile-tiny-summary.json").exists():
         text = replace(text, "profile", profile_text())
     if (RESULTS / "latency.json").exists():
