@@ -16,14 +16,17 @@ from exhaustive import cluster_for, optimum, tiny_instances
 
 # The optimum of `exhaustive.optimum`: every plan of <= 4 ranks and <= 6 sequences with any
 # number of waves (remapping aside, which ballast does not plan). ballast is a heuristic with no
-# proven ratio, so the bound is empirical. Over 20,000 drawn instances it was exactly optimal on
-# 95% and 1% above on the 99th percentile; the worst misses (up to 13.2%) come from two known
-# limits of its fast paths: the group estimate charges a sequence's forced recomputation per
-# token while real checkpoint levels come in steps of 1/layers (with 1-2 layers, a sequence that
-# just misses level 1/2 pays level 1 and is placed at a degree whose packed time is higher), and
-# token-balanced packing can checkpoint every micro-batch where one checkpointed bin beside
-# unchecked ones is cheaper. The bound leaves a margin above the measured worst.
-MISS_BOUND = 1.15
+# proven ratio, so the bound is empirical: bench/optimum_gap.py's 20,000 instances (recorded in
+# bench/results/optimum-gap.json) found it exactly optimal on 95%, within 0.7% on the 99th
+# percentile and 19.4% above at worst, and 20,000 random draws while tuning 13.2% at worst. The
+# worst misses come from three known limits of its fast paths, all where the fixed cost g per
+# micro-batch dominates or models have 1-2 layers: the group estimate charges a sequence's forced
+# recomputation per token while real checkpoint levels come in steps of 1/layers; token-balanced
+# packing can checkpoint every micro-batch where one checkpointed bin beside unchecked ones is
+# cheaper; and a two-wave split puts only the longest sequences in the first wave, never short ones
+# beside them where that saves the second wave a micro-batch. The bound leaves a margin above the
+# recorded worst, for rarer instances this test's random draws may find.
+MISS_BOUND = 1.25
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
