@@ -191,8 +191,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=16, help="sequences per step")
     parser.add_argument("--max-len", type=int, default=256, help="longest sequence")
     parser.add_argument("--device-memory-gb", type=float, default=None,
-                        help="memory per rank the planners plan for; default: the longest sequence "
-                             "needs SP degree 2 or checkpointing, so plans exercise both")
+                        help="memory per rank the planners plan for; default: the longest sequences "
+                             "need SP degree 2 or more even with every layer recomputed, shorter ones "
+                             "fit one rank with some recomputation, so plans exercise both")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--zero1", action="store_true", help="shard optimizer state (ZeRO-1)")
@@ -226,7 +227,11 @@ def run(args: argparse.Namespace) -> int:
     cluster = get_cluster("cpu", world_size=args.world, device_memory_gb=args.device_memory_gb)
     cost = CostModel.analytic(shape, cluster)
     if args.device_memory_gb is None:
-        memory = cost.states + cost.act_per_token * args.max_len / 2
+        # 1.2x what half the longest sequence keeps under full recomputation: it then fits
+        # degree 2 only when recomputed and never one rank. A looser budget (the longest at
+        # degree 2 without recomputation) let every planner choose degree 1 with checkpointing
+        # on CPU, where gloo's all-to-all latency is priced, and verify ran no all-to-all.
+        memory = cost.states + 1.2 * cost.act_per_token * cost.kept * args.max_len / 2
         cluster = get_cluster("cpu", world_size=args.world, device_memory_gb=memory / 1e9)
         cost = CostModel.analytic(shape, cluster)
     batches = random_batches(shape, args.steps, args.batch, args.max_len, args.seed)
