@@ -9,31 +9,15 @@ from __future__ import annotations
 import json
 import tomllib
 from dataclasses import asdict, dataclass, field
-from numbers import Integral, Real
 from pathlib import Path
 
-from .fields import from_fields
+from .fields import check_types, from_fields
 
 GB = 1e9
 
 
 def is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
-
-
-# What each field of a cluster file must hold (checked before any range check).
-_FIELD_TYPES: dict[str, tuple[type, str]] = {
-    "name": (str, "a string"),
-    "nodes": (Integral, "an integer"),
-    "devices_per_node": (Integral, "an integer"),
-    "device_memory": (Real, "a number (bytes)"),
-    "peak_flops": (Real, "a number (FLOP/s)"),
-    "efficiency": (Real, "a number"),
-    "bandwidth": (dict, "a table of SP degree = bytes/s"),
-    "micro_batch_overhead": (Real, "a number (seconds)"),
-    "all_to_all_latency": (Real, "a number (seconds)"),
-    "value_bytes": (Integral, "an integer"),
-}
 
 
 @dataclass(frozen=True)
@@ -65,7 +49,7 @@ class Cluster:
     4 (fp32) on CPUs."""
 
     def __post_init__(self) -> None:
-        self._check_types()
+        check_types(self, "cluster", self.name)
         if self.nodes < 1:
             raise ValueError(f"cluster {self.name!r}: nodes must be >= 1, got {self.nodes}")
         if self.devices_per_node < 1:
@@ -88,7 +72,7 @@ class Cluster:
         if self.value_bytes not in (2, 4):
             raise ValueError(f"cluster {self.name!r}: value_bytes must be 2 (bf16) or 4 (fp32), "
                              f"got {self.value_bytes}")
-        # JSON/TOML keys arrive as strings (_check_types let only digits through).
+        # JSON/TOML keys arrive as strings (check_types let only digits through).
         bw = {int(d): float(v) for d, v in self.bandwidth.items()}
         object.__setattr__(self, "bandwidth", bw)
         for d in self.degrees:
@@ -96,22 +80,6 @@ class Cluster:
                 raise ValueError(
                     f"cluster {self.name!r}: no positive all-to-all bandwidth for SP degree {d}; "
                     f"give bandwidth for every power of two up to {self.max_degree}")
-
-    def _check_types(self) -> None:
-        """Raise naming the first field of the wrong type: a file may say `nodes = "2"` or
-        `nodes = 2.5`, which the range checks below would meet as a TypeError or worse."""
-        for name, (kind, expected) in _FIELD_TYPES.items():
-            value = getattr(self, name)
-            # bool is an int to Python, but `nodes = true` is a mistake, not 1.
-            if isinstance(value, bool) or not isinstance(value, kind):
-                raise ValueError(f"cluster {self.name!r}: {name} must be {expected}, "
-                                 f"got {value!r} ({type(value).__name__})")
-        for degree, bw in self.bandwidth.items():
-            whole = (isinstance(degree, Integral) and not isinstance(degree, bool)
-                     or isinstance(degree, str) and degree.isdigit())
-            if not whole or isinstance(bw, bool) or not isinstance(bw, Real):
-                raise ValueError(f"cluster {self.name!r}: bandwidth must map SP degrees (integers) to "
-                                 f"bytes/s (numbers), got {degree!r} = {bw!r}")
 
     @property
     def world_size(self) -> int:

@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from .cluster import Cluster
-from .fields import from_fields
+from .fields import check_types, from_fields
 from .shapes import ModelShape
 
 # Mixed-precision Adam: bf16 weights and grads + fp32 master weights, momentum and variance.
@@ -101,6 +101,7 @@ class CostModel:
     single factor. `ballast profile` fits it apart from r."""
 
     def __post_init__(self) -> None:
+        check_types(self, "cost model", self.model)
         if self.recompute_attention is None:
             object.__setattr__(self, "recompute_attention", self.recompute)
         object.__setattr__(self, "bandwidth", {int(d): float(v) for d, v in self.bandwidth.items()})

@@ -1,8 +1,11 @@
 """Building the value objects (Cluster, ModelShape, CostModel) from user-written dicts."""
 from __future__ import annotations
 
+import functools
+import types
 from dataclasses import MISSING, fields
-from typing import Any, TypeVar
+from numbers import Integral, Real
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 T = TypeVar("T")
 
@@ -18,3 +21,50 @@ def from_fields(cls: type[T], data: dict[str, Any], what: str) -> T:
     if missing:
         raise ValueError(f"{what} {data.get('name', data.get('model', '?'))!r}: missing field(s) {sorted(missing)}")
     return cls(**data)
+
+
+def check_types(value_object: Any, what: str, label: str) -> None:
+    """Raise a ValueError naming the first field whose value does not have its annotated type.
+
+    A file may say `nodes = "2"`, `nodes = 2.5` or `layers = true`; the range checks of
+    `__post_init__` would meet them as TypeErrors, AttributeErrors or, worse, accept them.
+    Mapping keys may be digit strings: JSON and TOML keys always are."""
+    for name, hint in _hints(type(value_object)).items():
+        value = getattr(value_object, name)
+        if not _is(value, hint):
+            if get_origin(hint) is dict and isinstance(value, dict):
+                key, item = next((k, v) for k, v in value.items() if not (_is_key(k) and _is(v, get_args(hint)[1])))
+                raise ValueError(f"{what} {label!r}: {name} must map SP degrees (integers) to numbers, "
+                                 f"got {key!r} = {item!r}")
+            raise ValueError(f"{what} {label!r}: {name} must be {_describe(hint)}, "
+                             f"got {value!r} ({type(value).__name__})")
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _is(value: Any, hint: Any) -> bool:
+    """Whether `value` has type `hint` (bool is no int or float here: `true` is not 1)."""
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        return any(_is(value, h) for h in get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint in (int, float):
+        return isinstance(value, Integral if hint is int else Real) and not isinstance(value, bool)
+    if origin is dict:
+        return isinstance(value, dict) and all(_is_key(k) and _is(v, get_args(hint)[1]) for k, v in value.items())
+    return isinstance(value, origin or hint)
+
+
+def _is_key(key: Any) -> bool:
+    return isinstance(key, Integral) and not isinstance(key, bool) or isinstance(key, str) and key.isdigit()
+
+
+def _describe(hint: Any) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "none"}
+    if get_origin(hint) in (Union, types.UnionType):
+        return " or ".join(_describe(h) for h in get_args(hint))
+    return names.get(hint, "a table" if (get_origin(hint) or hint) is dict else getattr(hint, "__name__", str(hint)))

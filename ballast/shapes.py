@@ -5,7 +5,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .fields import from_fields
+from .fields import check_types, from_fields
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class ModelShape:
     """SwiGLU MLP (three matrices) rather than GELU (two)."""
 
     def __post_init__(self) -> None:
+        check_types(self, "model", self.name)
         for field_name in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab"):
             if getattr(self, field_name) < 1:
                 raise ValueError(f"model {self.name!r}: {field_name} must be >= 1")

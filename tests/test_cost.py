@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel, InfeasibleError, get_cost_model
-from ballast.shapes import get_model_shape
+from ballast.shapes import ModelShape, get_model_shape
 
 
 def small_cost(**change) -> CostModel:
@@ -364,3 +364,27 @@ def test_no_planner_beats_the_bound_on_presets(cluster, model):
 def test_lower_bound_rejects_unfittable():
     with pytest.raises(InfeasibleError, match="sequence 0"):
         small_cost().lower_bound([400_001])
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"layers": "32"}, "model 'gpt-7b': layers must be an integer, got '32' \\(str\\)"),
+    ({"gated_mlp": 1}, "gated_mlp must be true or false"),
+    ({"hidden": 4096.5}, "hidden must be an integer"),
+])
+def test_model_file_with_wrong_field_type(change, message):
+    # Model-shape JSON goes through the same annotation-driven check as cluster files.
+    with pytest.raises(ValueError, match=message):
+        ModelShape.from_dict({**get_model_shape("gpt-7b").to_dict(), **change})
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"a": "5e-6"}, "a must be a number, got '5e-6'"),
+    ({"recompute_attention": "0.1"}, "recompute_attention must be a number or none"),
+    ({"bandwidth": {"two": 1e9}}, "bandwidth must map SP degrees"),
+])
+def test_cost_model_file_with_wrong_field_type(tmp_path, change, message):
+    cost = CostModel.analytic(get_model_shape("tiny"), get_cluster("cpu", world_size=2))
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({**cost.to_dict(), **change}))
+    with pytest.raises(ValueError, match=message):
+        CostModel.load(path)
