@@ -38,9 +38,9 @@ a floor on the degree (every sequence at least at degree D, the longest keeping 
 one; one degree for all at the top), which pays g once for many short sequences where
 all-to-alls are cheap. Distinct layouts are ranked by the proxy; the best few are assigned,
 the two best estimated waves packed exactly, repaired by moving sequences between groups on
-exact times (a group that gave sequences away is packed afresh), and the faster kept. Two-wave splits are tried
-too: the longest sequences in a wave of their own when one of them takes a large part of
-the step, and, as Zeppelin splits by class, the sequences that need wide groups at the
+exact times (a group that gave sequences away is packed afresh), and the faster kept.
+Two-wave splits are tried too: the longest sequences in a wave of their own when one of
+them takes a large part of the step, and, as Zeppelin splits by class, the sequences that need wide groups at the
 lower bound ahead of the rest. Every candidate is a valid plan and the fastest under the
 cost model wins.
 """

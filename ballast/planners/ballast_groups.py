@@ -115,7 +115,7 @@ class GroupPacker:
         cap = self.cost.max_tokens(degree, 0.0)
         # Sequences do not split, so token balance alone may checkpoint at any count: bins of
         # `cap` tokens (best-fit decreasing) are the fewest micro-batches with no recomputation.
-        unchecked = (best_fit_decreasing(seqs, lengths, cap) if lengths[seqs[0]] <= cap else [])
+        unchecked = self.bins(seqs, degree, cap) if lengths[seqs[0]] <= cap else []
         no_ckpt = max(fewest, math.ceil(tokens / cap), len(unchecked))
         # Time against the count is roughly convex (g grows, recomputation shrinks): try the
         # ends, a geometric ladder between them, then the neighbours of the best.
@@ -123,16 +123,13 @@ class GroupPacker:
         ratio = (top / fewest) ** (1.0 / (LADDER - 1))
         ladder = {fewest, top, *(round(fewest * ratio ** i) for i in range(1, LADDER - 1))}
         timed = {m: self.timed(seqs, degree, m) for m in ladder}
-        if unchecked:
-            mbs = [MicroBatch(b, 0.0) for b in unchecked]
-            timed[-1] = (self.mbs_time(mbs, degree), mbs)
         # Token balance is no bin packing: LPT may need a micro-batch more than memory does
         # (1633 tokens in bins of 860 fit as 803 + 830, not as LPT's 902 + 731), which costs g.
-        # Bins of what fits under full recomputation, each then at its least level, are near
-        # the fewest micro-batches memory allows.
-        crammed = [MicroBatch(b, self.cost.min_checkpoint(sum(lengths[s] for s in b), degree))
-                   for b in best_fit_decreasing(seqs, lengths, self.cost.max_tokens(degree, 1.0))]
-        timed[-2] = (self.mbs_time(crammed, degree), crammed)
+        # Bins of what fits under full recomputation are near the fewest memory allows.
+        crammed = self.bins(seqs, degree, self.cost.max_tokens(degree, 1.0))
+        for key, mbs in ((-1, unchecked), (-2, crammed)):
+            if mbs:
+                timed[key] = (self.mbs_time(mbs, degree), mbs)
         best = min(filter(None, timed.values()), key=lambda v: v[0], default=None)
         if best is not None:
             centre = len(best[1])
@@ -145,6 +142,11 @@ class GroupPacker:
             assert mbs is not None, f"sequences {seqs[:5]} fit no packing at degree {degree}"
             return mbs
         return best[1]
+
+    def bins(self, seqs: list[int], degree: int, capacity: int) -> list[MicroBatch]:
+        """Best-fit-decreasing bins of at most `capacity` tokens, each at its least checkpoint level."""
+        return [MicroBatch(b, self.cost.min_checkpoint(sum(self.lengths[s] for s in b), degree))
+                for b in best_fit_decreasing(seqs, self.lengths, capacity)]
 
     def timed(self, seqs: list[int], degree: int, count: int) -> tuple[float, list[MicroBatch]] | None:
         mbs = self.micro_batches(seqs, degree, count)
