@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from .cluster import get_cluster
+from .cluster import Cluster, get_cluster
 from .cost import CostModel
 from .models.gpt import PackedStream, build_gpt
 from .plan import Plan
@@ -183,6 +183,23 @@ def param_drift(result: Trajectory, reference: Trajectory) -> float:
     return float((result.params - reference.params).norm()) / moved
 
 
+def budget(shape: ModelShape, world: int, max_len: int, device_memory_gb: float | None = None
+           ) -> tuple[Cluster, CostModel]:
+    """The cpu cluster of `world` ranks and its analytic cost model, at `device_memory_gb` per
+    rank or, by default, at a budget that makes plans exercise sequence parallelism: 1.2x what
+    half of a `max_len` sequence keeps under full recomputation, so the longest sequences fit
+    degree 2 only when recomputed and never one rank. (A looser budget, the longest at degree 2
+    without recomputation, let nearly every planner choose degree 1 with checkpointing on CPU,
+    where gloo's all-to-all latency is priced, and then no all-to-all ran.)"""
+    cluster = get_cluster("cpu", world_size=world, device_memory_gb=device_memory_gb)
+    cost = CostModel.analytic(shape, cluster)
+    if device_memory_gb is None:
+        memory = cost.states + 1.2 * cost.act_per_token * cost.kept * max_len / 2
+        cluster = get_cluster("cpu", world_size=world, device_memory_gb=memory / 1e9)
+        cost = CostModel.analytic(shape, cluster)
+    return cluster, cost
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world", type=int, default=2, help="local gloo ranks (a power of two)")
     parser.add_argument("--planners", default="all", help="`all` or a comma-separated list")
@@ -224,16 +241,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--zero1 and --fsdp both shard the optimizer state: choose one")
     shape = get_model_shape(args.model)
     names = parse_planner_names(args.planners)
-    cluster = get_cluster("cpu", world_size=args.world, device_memory_gb=args.device_memory_gb)
-    cost = CostModel.analytic(shape, cluster)
-    if args.device_memory_gb is None:
-        # 1.2x what half the longest sequence keeps under full recomputation: it then fits
-        # degree 2 only when recomputed and never one rank. A looser budget (the longest at
-        # degree 2 without recomputation) let every planner choose degree 1 with checkpointing
-        # on CPU, where gloo's all-to-all latency is priced, and verify ran no all-to-all.
-        memory = cost.states + 1.2 * cost.act_per_token * cost.kept * args.max_len / 2
-        cluster = get_cluster("cpu", world_size=args.world, device_memory_gb=memory / 1e9)
-        cost = CostModel.analytic(shape, cluster)
+    cluster, cost = budget(shape, args.world, args.max_len, args.device_memory_gb)
     batches = random_batches(shape, args.steps, args.batch, args.max_len, args.seed)
     plans: dict[str, list[Plan]] = {}
     for name in names:

@@ -13,8 +13,6 @@ import pytest
 import torch
 
 from ballast import verify
-from ballast.cluster import get_cluster
-from ballast.cost import CostModel
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
 from ballast.shapes import MODEL_PRESETS
 
@@ -34,13 +32,9 @@ def make_batches() -> list[verify.Batch]:
 
 
 def planner_plans(world: int, batches: list[verify.Batch], lockstep: bool = False) -> dict[str, list[dict]]:
-    """Every registered planner's plan of the first batch, on a CPU cluster whose memory makes
-    the longest sequence need SP or checkpointing (as `ballast verify` sizes it)."""
-    cluster = get_cluster("cpu", world_size=world)
-    states_and_half = CostModel.analytic(SHAPE, cluster)
-    memory = states_and_half.states + states_and_half.act_per_token * max(LENGTHS) / 2
-    cluster = get_cluster("cpu", world_size=world, device_memory_gb=memory / 1e9)
-    cost = CostModel.analytic(SHAPE, cluster)
+    """Every registered planner's plan of the first batch, at `ballast verify`'s default budget
+    (the longest sequence needs SP degree 2 or more: plans run all-to-alls)."""
+    cluster, cost = verify.budget(SHAPE, world, max(LENGTHS))
     options = PlannerOptions(time_limit=2.0, lockstep=lockstep)
     return {name: [get_planner(name, cluster, cost, options).plan(batches[0].lengths).to_dict()]
             for name in PLANNERS}

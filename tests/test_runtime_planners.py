@@ -12,8 +12,6 @@ import torch.distributed as dist
 from runtime_cases import PARAM_DRIFT, SHAPE, assert_single_process_gradients
 
 from ballast import verify
-from ballast.cluster import Cluster, get_cluster
-from ballast.cost import CostModel
 from ballast.plan import Plan
 from ballast.planners import PlannerOptions, get_planner
 from ballast.runtime import ProcessGroups, run_local
@@ -22,17 +20,6 @@ WORLD, STEPS, BATCH, MAX_LEN, LR = 2, 5, 12, 256, 1e-3
 PLANNERS = ("static", "ballast")
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-def budget_cost() -> tuple[Cluster, CostModel]:
-    """A memory budget in which a MAX_LEN-token sequence does not fit one rank even with every
-    block recomputed, but fits two (SP degree 2) so: 0.6 of the first need, above the second
-    (half of it). `static` then runs every step at degree 2; `ballast` puts a batch whose longest
-    sequence is shorter on single ranks."""
-    cost = CostModel.analytic(SHAPE, get_cluster("cpu", world_size=WORLD))
-    memory = cost.states + cost.act_per_token * MAX_LEN * cost.kept * 0.6
-    cluster = get_cluster("cpu", world_size=WORLD, device_memory_gb=memory / 1e9)
-    return cluster, CostModel.analytic(SHAPE, cluster)
 
 
 def _train(plans: dict[str, list[dict]], batches: list[verify.Batch]) -> dict[str, verify.Trajectory] | None:
@@ -48,7 +35,10 @@ def batches() -> list[verify.Batch]:
 
 @pytest.fixture(scope="module")
 def plans(batches) -> dict[str, list[Plan]]:
-    cluster, cost = budget_cost()
+    # verify's default budget: a MAX_LEN sequence fits two ranks only when recomputed, never
+    # one, so `static` runs every step at degree 2; `ballast` puts a batch whose longest
+    # sequence is shorter on single ranks.
+    cluster, cost = verify.budget(SHAPE, WORLD, MAX_LEN)
     out = {}
     for name in PLANNERS:
         planner = get_planner(name, cluster, cost, PlannerOptions(max_len=MAX_LEN, seed=0))
