@@ -1,10 +1,10 @@
 """ballast: data-centric parallelism for training Transformers on variable-length sequences."""
 from .cluster import Cluster, get_cluster
 from .cost import CostModel, get_cost_model
-from .plan import Group, MicroBatch, Plan, PlanError, Wave
+from .plans import Group, MicroBatch, Plan, PlanError, Wave
 from .planners import PlannerOptions, make_plan as plan
 from .runtime import parallelize
-from .shapes import ModelShape, get_model_shape
+from .model_shape import ModelShape, get_model_shape
 from .train import TrainConfig, Trainer
 
 __all__ = ["Cluster", "CostModel", "Group", "MicroBatch", "ModelShape", "Plan", "PlanError",

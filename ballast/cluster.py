@@ -11,7 +11,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .fields import check_types, from_fields
+from .value_checks import check_types, from_fields
 
 GB = 1e9
 

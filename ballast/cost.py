@@ -29,8 +29,8 @@ from typing import Sequence
 import numpy as np
 
 from .cluster import Cluster
-from .fields import check_types, from_fields
-from .shapes import ModelShape
+from .value_checks import check_types, from_fields
+from .model_shape import ModelShape
 
 # Mixed-precision Adam: bf16 weights and grads + fp32 master weights, momentum and variance.
 STATE_BYTES_PER_PARAM = 16

@@ -18,9 +18,9 @@ import numpy as np
 
 import ballast
 from ballast.cost import CostModel
-from ballast.lengths import BatchSampler, BatchSpec, get_length_source
+from ballast.dataset.lengths import BatchSampler, BatchSpec, get_length_source
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
-from ballast.simulate import simulate
+from ballast.timeline import simulate
 
 POINTS = ((64, 512), (128, 1024), (256, 2048), (1024, 4096))
 MAX_LEN = 393216

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from exhaustive import brute_force, cluster_for, optimum, tiny_instances  # noqa: E402
 
 from ballast.planners import get_planner  # noqa: E402
-from ballast.simulate import step_time  # noqa: E402
+from ballast.timeline import step_time  # noqa: E402
 
 WORST_KEPT = 10
 

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import ballast
-from ballast.compare import compare
+from ballast.simulate import simulate_planners
 from ballast.cost import InfeasibleError
-from ballast.lengths import BatchSampler, BatchSpec, get_length_source
+from ballast.dataset.lengths import BatchSampler, BatchSpec, get_length_source
 from ballast.planners import PLANNERS, PlannerOptions
 
 TIE = 0.01  # the planners issue counts ballast within 1% of a planner as a tie
@@ -53,7 +53,7 @@ def run_setting(setting: dict, names: list[str], steps: int, seed: int, time_lim
     sampler = BatchSampler(get_length_source(setting["lengths"]), spec, seed=seed)
     batches = [sampler.next_batch() for _ in range(steps)]
     options = PlannerOptions(max_len=setting["max_len"], seed=seed, time_limit=time_limit)
-    _, results = compare(batches, names, cluster, cost, options)
+    _, results = simulate_planners(batches, names, cluster, cost, options)
     return {name: {k: r.summary()[k] for k in ("tokens_per_s", "vs_lower_bound", "plan_ms")}
             for name, r in results.items()}
 

@@ -6,7 +6,7 @@ import torch
 
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel
-from ballast.shapes import get_model_shape
+from ballast.model_shape import get_model_shape
 
 
 @pytest.fixture

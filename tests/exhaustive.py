@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ballast.cluster import Cluster
 from ballast.cost import CostModel
-from ballast.plan import Group, MicroBatch, Plan, Wave
+from ballast.plans import Group, MicroBatch, Plan, Wave
 
 
 def hand_cost(**change) -> CostModel:

@@ -14,7 +14,7 @@ import torch
 
 from ballast import verify
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
-from ballast.shapes import MODEL_PRESETS
+from ballast.model_shape import MODEL_PRESETS
 
 SHAPE = MODEL_PRESETS["tiny"]
 GRAD_RTOL = verify.GRAD_TOLERANCE

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from ballast.cluster import Cluster
 from ballast.cost import CostModel, InfeasibleError
-from ballast.shapes import ModelShape, get_model_shape
+from ballast.model_shape import ModelShape, get_model_shape
 
 SMALL = ModelShape("small", 8, 1024, 16, 16, 4096, 32000, gated_mlp=False)
 

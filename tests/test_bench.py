@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from corpora import jsonl_corpus
 
-from ballast.benchmark import BenchSetting, prepare, schedule, summarise, targets
-from ballast.benchmark.ranks import batch_digest
+from ballast.bench import BenchSetting, prepare, schedule, summarise, targets
+from ballast.bench.ranks import batch_digest
 from ballast.cli import main
 
 PLANNERS = ("static", "ballast")

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel, InfeasibleError, get_cost_model
-from ballast.shapes import ModelShape, get_model_shape
+from ballast.model_shape import ModelShape, get_model_shape
 
 
 def small_cost(**change) -> CostModel:
@@ -346,7 +346,7 @@ def test_no_planner_beats_the_bound_on_presets(cluster, model):
     # The bound's purpose, on FlexSP's A100s (cheap all-to-alls, published profile) and on
     # H100s with llama3-8b (expensive relative to the compute): no plan is faster.
     from ballast.planners import PLANNERS, PlannerOptions, get_planner
-    from ballast.simulate import simulate
+    from ballast.timeline import simulate
 
     the_cluster = get_cluster(cluster)
     cost = get_cost_model("auto", get_model_shape(model), the_cluster)

@@ -21,8 +21,8 @@ from ballast import verify
 from ballast.cluster import get_cluster
 from ballast.models import PackedStream, build_gpt
 from ballast.models.kernels import KERNELS, attention_kernel, flash_attn_varlen_func, torch_varlen_supports, varlen_attn
-from ballast.plan import Group, MicroBatch, Plan, Wave
-from ballast.runtime import Executor, ProcessGroups, init_distributed, make_optimizer
+from ballast.plans import Group, MicroBatch, Plan, Wave
+from ballast.runtime import ProcessGroups, init_distributed, parallelize
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA device: the varlen attention kernels, bf16 autocast and "
@@ -129,8 +129,7 @@ def test_executor_on_one_cuda_rank_gives_the_cpu_fp32_gradient(one_cuda_rank):
     groups = ProcessGroups()
     for precision, tolerance in (("auto", BF16_GRAD_TOL), ("fp32", FP32_GRAD_TOL)):
         model = build_gpt(SHAPE).cuda()
-        executor = Executor(model, make_optimizer(model, lr=1e-3), get_cluster("cpu", world_size=1), groups,
-                            precision=precision)
+        executor = parallelize(model, get_cluster("cpu", world_size=1), groups=groups, precision=precision, lr=1e-3)
         assert executor.bf16 == (precision == "auto")  # auto is bf16 on CUDA
         start = verify.flatten(model.parameters()).cpu()
         result = executor.step(plan, batch.samples)

@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from ballast.dataset import ByteTokenizer, build_corpus, check_vocab, load_tokenizer
-from ballast.shapes import get_model_shape
+from ballast.model_shape import get_model_shape
 
 TEXTS = ["hello world", "the quick brown fox jumps over the lazy dog",
          "naïve café ∑ 🚀\nline two"]
@@ -193,7 +193,7 @@ def test_tokens_npy_source(tmp_path):
 
 
 def test_stdlib_matches_the_simulators_lengths(tmp_path):
-    from ballast.lengths import stdlib_source
+    from ballast.dataset.lengths import stdlib_source
 
     corpus = build("stdlib", tmp_path)
     assert corpus.skipped == 0

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ballast.lengths import (BatchSampler, BatchSpec, DiscreteSource, HistogramSource,
+from ballast.dataset.lengths import (BatchSampler, BatchSpec, DiscreteSource, HistogramSource,
                              ZipfSource, get_length_source, video_tokens)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,7 +25,7 @@ TAIL = [q for q in QUANTILES if q > 0.99]
 
 
 def shipped_histogram() -> dict:
-    return json.loads((importlib.resources.files("ballast") / "data" / "wikipedia_hist.json")
+    return json.loads((importlib.resources.files("ballast.dataset") / "wikipedia_hist.json")
                       .read_text())
 
 

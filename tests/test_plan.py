@@ -8,8 +8,8 @@ import pytest
 
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel
-from ballast.plan import Group, MicroBatch, Plan, PlanError, Wave, fill_idle
-from ballast.shapes import get_model_shape
+from ballast.plans import Group, MicroBatch, Plan, PlanError, Wave, fill_idle
+from ballast.model_shape import get_model_shape
 
 LENGTHS = [100, 200, 300, 400, 500, 600]
 

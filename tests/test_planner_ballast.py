@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, given, settings
 
 import ballast
 from ballast.cost import InfeasibleError
-from ballast.lengths import BatchSampler, BatchSpec, get_length_source
+from ballast.dataset.lengths import BatchSampler, BatchSpec, get_length_source
 from ballast.planners import PlannerOptions, get_planner
-from ballast.simulate import simulate, step_time
+from ballast.timeline import simulate, step_time
 from exhaustive import cluster_for, optimum, tiny_instances
 
 

@@ -17,8 +17,8 @@ from ballast.cost import CostModel
 from ballast.planners import PlannerOptions, get_planner
 from ballast.planners.flexsp import blast
 from ballast.planners.flexsp_milp import dp_buckets, optimal_bucket_ends, solve_wave
-from ballast.shapes import get_model_shape
-from ballast.simulate import simulate
+from ballast.model_shape import get_model_shape
+from ballast.timeline import simulate
 
 FAST = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -81,7 +81,7 @@ def test_setting_a_batch_that_hung_highs_presolve_plans_within_the_budget():
     # the 10 s limit (flexsp_milp._highs); it must now finish within the step's budget of five
     # solves (6 s measured), and so a regression fails here instead of hanging a simulation.
     import ballast
-    from ballast.lengths import BatchSampler, BatchSpec, get_length_source
+    from ballast.dataset.lengths import BatchSampler, BatchSpec, get_length_source
 
     cluster = get_cluster("a100-64")
     cost = CostModel.published(get_model_shape("gpt-7b"), cluster)

@@ -111,7 +111,7 @@ def test_long_sequences_get_large_replicas_and_the_rest_small_ones():
 def test_beats_static_on_wikipedia_like_batches():
     cluster = get_cluster("a100-64")
     cost = get_cost_model("auto", get_model_shape("gpt-7b"), cluster)
-    from ballast.simulate import step_time
+    from ballast.timeline import step_time
     lengths = _wiki_like(512, 3)
     ours = step_time(get_planner("hydraulis", cluster, cost).plan(lengths), cost)
     static = step_time(get_planner("static", cluster, cost, PlannerOptions(max_len=393216)).plan(lengths), cost)

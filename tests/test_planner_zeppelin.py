@@ -10,7 +10,7 @@ from ballast import CostModel, Group, MicroBatch, Plan, PlannerOptions, Wave, ge
 from ballast.cluster import Cluster
 from ballast.planners import get_planner
 from ballast.planners.zeppelin import balance_nodes, classify, crossovers
-from ballast.simulate import simulate, step_time
+from ballast.timeline import simulate, step_time
 from strategies import planner_setups
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import ballast
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel
 from ballast.planners import PLANNERS, PlannerOptions, get_planner, make_plan, parse_planner_names
-from ballast.shapes import get_model_shape
-from ballast.simulate import step_time
+from ballast.model_shape import get_model_shape
+from ballast.timeline import step_time
 
 BASELINES = ["static", "batch-adaptive", "bucket", "megatron-dynamic-cp"]
 

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from ballast.cluster import Cluster
 from ballast.cost import CostModel
-from ballast.plan import Plan
+from ballast.plans import Plan
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
-from ballast.shapes import ModelShape, get_model_shape
-from ballast.simulate import simulate, step_time
+from ballast.model_shape import ModelShape, get_model_shape
+from ballast.timeline import simulate, step_time
 
 EXAMPLES = 60
 SLOW = {"flexsp": 3}          # planners that may need > 1 s per plan: few examples

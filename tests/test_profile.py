@@ -13,12 +13,12 @@ from ballast.cli import main
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel, InfeasibleError, get_cost_model
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
-from ballast.profile import (Settings, all_to_all_value_bytes, check_states_fit, default_lengths, plan_grid,
+from ballast.profile.profiler import (Settings, all_to_all_value_bytes, check_states_fit, default_lengths, plan_grid,
                              profile, shape_bytes_per_token_layer, state_bytes)
-from ballast.profiling.fit import Coefficients, compare, fit
-from ballast.profiling.grid import Measurement, Point, build_grid, verification_points
-from ballast.shapes import get_model_shape
-from ballast.simulate import simulate
+from ballast.profile.fit import Coefficients, fit, prediction_errors as compare
+from ballast.profile.grid import Measurement, Point, build_grid, verification_points
+from ballast.model_shape import get_model_shape
+from ballast.timeline import simulate
 
 TINY = get_model_shape("tiny")
 # A deeper tiny model, so extrapolating from depths 1 and 2 to 8 is a real extrapolation.

@@ -15,9 +15,9 @@ from ballast import verify
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel
 from ballast.models import build_gpt
-from ballast.plan import Group, MicroBatch, Plan, Wave, fill_idle
-from ballast.runtime import ActivationMeter, Executor, ProcessGroups, make_optimizer, run_local
-from ballast.shapes import ModelShape
+from ballast.plans import Group, MicroBatch, Plan, Wave, fill_idle
+from ballast.runtime import ActivationMeter, ProcessGroups, parallelize, run_local
+from ballast.model_shape import ModelShape
 
 
 def mixed_plan() -> Plan:
@@ -90,9 +90,8 @@ def _errors(groups: ProcessGroups, batches: list[verify.Batch]) -> list[str]:
     """Messages of the ValueErrors a bad plan or batch raises (on every rank, no collective)."""
     cluster = get_cluster("cpu", world_size=dist.get_world_size())
     model = build_gpt(SHAPE)
-    executor = Executor(model, make_optimizer(model, lr=1e-3), cluster, groups)
-    odd_model = build_gpt(ModelShape("odd-heads", 1, 48, 6, 2, 64, 64))
-    odd = Executor(odd_model, make_optimizer(odd_model, lr=1e-3), cluster, groups)
+    executor = parallelize(model, cluster, groups=groups, lr=1e-3)
+    odd = parallelize(build_gpt(ModelShape("odd-heads", 1, 48, 6, 2, 64, 64)), cluster, groups=groups, lr=1e-3)
     samples = batches[0].samples
     cases = [
         (executor, Plan(LENGTHS, [Wave([Group(0, 2, [MicroBatch(list(range(10)))])])]), samples),
@@ -104,7 +103,7 @@ def _errors(groups: ProcessGroups, batches: list[verify.Batch]) -> list[str]:
     ]
     messages = []
     try:
-        Executor(model, make_optimizer(model, lr=1e-3), cluster, groups, precision="fp16")
+        parallelize(model, cluster, groups=groups, precision="fp16", lr=1e-3)
         messages.append("no error")
     except ValueError as e:
         messages.append(f"{type(e).__name__}: {e}")
@@ -131,11 +130,11 @@ def _world4_worker(batches: list[verify.Batch], planners: dict[str, list[dict]])
     cluster = get_cluster("cpu", world_size=4)
     for checkpoint in (0.0, 1.0):
         model = build_gpt(SHAPE)
-        executor = Executor(model, make_optimizer(model, lr=1e-3), cluster, groups, measure_activations=True)
+        executor = parallelize(model, cluster, groups=groups, measure_activations=True, lr=1e-3)
         result = executor.step(one_group_plan(4, checkpoint), batches[0].samples)
         out[f"checkpoint {checkpoint}"] = (verify.flatten(p.grad for p in model.parameters()), result)
     model = build_gpt(SHAPE)
-    executor = Executor(model, make_optimizer(model, lr=1e-3), cluster, groups)
+    executor = parallelize(model, cluster, groups=groups, lr=1e-3)
     out["mixed-step"] = executor.step(mixed_plan(), batches[0].samples)
     out["remapped-step"] = executor.step(remapped_plan(), batches[0].samples)
     return out

@@ -10,8 +10,8 @@ from runtime_cases import (LENGTHS, PARAM_DRIFT, SHAPE, STEPS, assert_single_pro
 from ballast import verify
 from ballast.cluster import get_cluster
 from ballast.models import build_gpt
-from ballast.plan import Group, MicroBatch, Plan, Wave
-from ballast.runtime import Executor, ProcessGroups, make_optimizer, run_local, shard_model
+from ballast.plans import Group, MicroBatch, Plan, Wave
+from ballast.runtime import ProcessGroups, make_optimizer, parallelize, run_local, shard_model
 
 
 def empty(count: int) -> list[MicroBatch]:
@@ -44,8 +44,8 @@ def remapped_lockstep_plan() -> Plan:
 def _errors(groups: ProcessGroups, batches: list[verify.Batch]) -> list[str]:
     """Messages of the ValueErrors raised before any collective."""
     cluster = get_cluster("cpu", world_size=4)
-    model = shard_model(build_gpt(SHAPE))
-    executor = Executor(model, make_optimizer(model, lr=1e-3), cluster, groups)
+    executor = parallelize(build_gpt(SHAPE), cluster, groups=groups, fsdp=True, lr=1e-3)
+    model = executor.model
     not_lockstep = Plan(LENGTHS, [Wave([Group(0, 4, [MicroBatch(list(range(len(LENGTHS))))])])], planner="one")
     messages = []
     for attempt in (lambda: make_optimizer(model, zero1=True, lr=1e-3),

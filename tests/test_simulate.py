@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from ballast import report
-from ballast.plan import Group, MicroBatch, Plan, Wave
+from ballast import gantt as report
+from ballast.plans import Group, MicroBatch, Plan, Wave
 from ballast.planners import PlannerOptions, get_planner
 from exhaustive import brute_force, cluster_for, hand_cost, layouts, optimum, tiny_instances
-from ballast.simulate import simulate, step_time
+from ballast.timeline import simulate, step_time
 
 # 1e-12 relative: simulate() adds a handful of float terms; the hand values are exact decimals.
 EXACT = 1e-12

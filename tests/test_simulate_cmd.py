@@ -8,14 +8,14 @@ import re
 import numpy as np
 import pytest
 
-from ballast import simulate_cmd
+from ballast.simulate import command as simulate_cmd
 from ballast.cli import main
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel, get_cost_model
-from ballast.lengths import BatchSampler, BatchSpec, get_length_source
+from ballast.dataset.lengths import BatchSampler, BatchSpec, get_length_source
 from ballast.planners import PlannerOptions, get_planner
-from ballast.shapes import get_model_shape
-from ballast.simulate import simulate
+from ballast.model_shape import get_model_shape
+from ballast.timeline import simulate
 
 UNSIZED = ["--lengths", "lognormal:7,1.2", "--cluster", "a100-8", "--model", "gpt-7b",
            "--max-len", "32768", "--steps", "2"]
@@ -100,8 +100,8 @@ def test_zeppelin_remap_flag_reaches_the_planner(tmp_path, capsys, monkeypatch, 
         seen.append(options)
         return real(batches, names, cluster, cost, options, on_step)
 
-    real = simulate_cmd.compare
-    monkeypatch.setattr(simulate_cmd, "compare", compare)
+    real = simulate_cmd.simulate_planners
+    monkeypatch.setattr(simulate_cmd, "simulate_planners", compare)
     out = tmp_path / "out.json"
     assert simulate_cli(*SETTING, "--planners", "zeppelin", "--zeppelin-remap", value, "--json", str(out)) == 0
     assert [o.remap for o in seen] == [value == "on"]

@@ -12,7 +12,7 @@ import ballast
 from ballast.train import checkpoint
 from ballast.train.config import TrainConfig, add_arguments, field_docs, from_args, load_toml
 from ballast.train.metrics import final_history, summarise
-from ballast.train.trainer import learning_rate
+from ballast.train.loop import learning_rate
 
 
 def parse(*argv: str) -> TrainConfig:
@@ -129,8 +129,8 @@ def test_cost_model_from_a_profile_file(tmp_path):
     """--cost PATH loads a `ballast profile` JSON; one made for another model is refused."""
     from ballast.cluster import get_cluster
     from ballast.cost import CostModel
-    from ballast.shapes import get_model_shape
-    from ballast.train.trainer import Setup
+    from ballast.model_shape import get_model_shape
+    from ballast.train.loop import Setup
 
     cluster = get_cluster("cpu", world_size=2, device_memory_gb=1.0)
     profiled = dataclasses.replace(CostModel.analytic(get_model_shape("tiny"), cluster), source="profiled")

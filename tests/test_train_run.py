@@ -33,7 +33,7 @@ from ballast.cluster import get_cluster
 from ballast.cost import CostModel
 from ballast.dataset import BatchStream, build_corpus
 from ballast.runtime import run_local
-from ballast.shapes import MODEL_PRESETS
+from ballast.model_shape import MODEL_PRESETS
 from ballast.train.config import TrainConfig
 from ballast.train.metrics import StepRecord, final_history
 
@@ -86,7 +86,7 @@ SHARDINGS = {"": {}, "-zero1": {"zero1": True}, "-fsdp": {"fsdp": True}}
 def _train_all(configs: list[TrainConfig], failing: TrainConfig) -> tuple[list[dict | None], str]:
     """Trains every config, then returns the ValueError `failing` raises (on every rank, before
     any collective, so the ranks stay in step)."""
-    from ballast.train.trainer import train
+    from ballast.train.loop import train
 
     summaries = [train(c) for c in configs]
     try:
@@ -228,7 +228,7 @@ COLLECTIVE_TIMEOUT = timedelta(seconds=4)
 
 def _wait_for_rank0() -> list:
     """`from_rank0` with a preparation slower than the collective timeout, then a failing one."""
-    from ballast.train.trainer import from_rank0
+    from ballast.train.loop import from_rank0
 
     def slow() -> tuple[str, str]:
         time.sleep(SLOW_PREPARATION)

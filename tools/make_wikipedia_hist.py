@@ -1,4 +1,4 @@
-"""Derive ballast/data/wikipedia_hist.json from the raw Wikipedia sequence lengths.
+"""Derive ballast/dataset/wikipedia_hist.json from the raw Wikipedia sequence lengths.
 
 ballast does not ship `data/lengths/wikipedia.txt` (1M lengths); it ships this histogram,
 which is small enough for the package and reproduces the file's quantiles within 2% when
@@ -19,7 +19,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_INPUT = REPO.parent / "shared" / "data" / "lengths" / "wikipedia.txt"
-DEFAULT_OUTPUT = REPO / "ballast" / "data" / "wikipedia_hist.json"
+DEFAULT_OUTPUT = REPO / "ballast" / "dataset" / "wikipedia_hist.json"
 RATIO = 1.01
 QUANTILES = (0.01, 0.05, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95, 0.99, 0.999, 0.9999)
 

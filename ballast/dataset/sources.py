@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from ..lengths import stdlib_files
+from .lengths import stdlib_files
 
 SYNTAX = "stdlib | folder:PATH | jsonl:PATH | parquet:PATH | tokens:PATH"
 

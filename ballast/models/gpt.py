@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..shapes import ModelShape
+from ..model_shape import ModelShape
 from .kernels import varlen_causal_attention
 
 ROPE_THETA = 10000.0

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from ..cluster import Cluster
 from ..cost import CostModel
-from ..plan import Plan
+from ..plans import Plan
 from .base import Planner, PlannerOptions
 
 PLANNERS: dict[str, type[Planner]] = {}

@@ -7,7 +7,7 @@ from typing import ClassVar, Sequence
 
 from ..cluster import Cluster
 from ..cost import CostModel
-from ..plan import Plan
+from ..plans import Plan
 
 
 @dataclass

@@ -5,8 +5,8 @@ least checkpoint level that fits that sequence) and keeps the fastest under the 
 """
 from __future__ import annotations
 
-from ..plan import Plan
-from ..simulate import step_time
+from ..plans import Plan
+from ..timeline import step_time
 from . import register
 from .base import Planner
 from .static import fixed_layout_plan

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..plan import Plan
+from ..plans import Plan
 from . import register
 from .base import Planner
 from .packing import deal_by_time, fixed_run, lockstep_wave, micro_batch

@@ -57,8 +57,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..plan import Group, MicroBatch, Plan, Wave, fill_idle
-from ..simulate import step_time
+from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
+from ..timeline import step_time
 from . import register
 from .base import Planner
 from .packing import fixed_checkpoint, pad_lockstep

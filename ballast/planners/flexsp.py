@@ -48,8 +48,8 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..cost import CostModel
-from ..plan import Group, MicroBatch, Plan, Wave, fill_idle
-from ..simulate import step_time
+from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
+from ..timeline import step_time
 from . import register
 from .base import Planner, PlannerOptions
 from .flexsp_milp import Buckets, WaveSolution, dp_buckets, solve_wave

@@ -49,7 +49,7 @@ import math
 
 import numpy as np
 
-from ..plan import Group, MicroBatch, Plan, Wave, fill_idle
+from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
 from . import register
 from .base import Planner
 from .packing import pad_lockstep

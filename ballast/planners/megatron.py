@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from ..plan import Group, MicroBatch, Plan, Wave, fill_idle
+from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
 from . import register
 from .base import Planner
 from .packing import fixed_run, pad_lockstep

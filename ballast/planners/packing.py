@@ -6,7 +6,7 @@ import heapq
 from typing import Sequence
 
 from ..cost import CostModel
-from ..plan import Group, MicroBatch, Wave, fill_idle
+from ..plans import Group, MicroBatch, Wave, fill_idle
 
 
 def best_fit_decreasing(seq_ids: Sequence[int], lengths: Sequence[int], capacity: int) -> list[list[int]]:

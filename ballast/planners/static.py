@@ -9,7 +9,7 @@ lockstep.
 """
 from __future__ import annotations
 
-from ..plan import Plan
+from ..plans import Plan
 from . import register
 from .base import Planner
 from .packing import best_fit_decreasing, fixed_run, lockstep_wave, longest_processing_time, micro_batch

@@ -49,8 +49,8 @@ from typing import Sequence
 import numpy as np
 
 from ..cost import CostModel
-from ..plan import Group, MicroBatch, Plan, Wave, fill_idle
-from ..simulate import step_time, wave_time
+from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
+from ..timeline import step_time, wave_time
 from . import register
 from .base import Planner
 from .packing import longest_processing_time, mb_time, micro_batch, pad_lockstep

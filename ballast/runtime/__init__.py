@@ -1,14 +1,27 @@
-"""Executes plans for real with torch.distributed: cached groups, Ulysses attention, remapping,
-FSDP2, the step loop."""
-from .attention import StreamShard, parallelize, sequence_parallel_attention, shard_sizes
-from .executor import (Executor, MicroBatchRecord, StepResult, WaveTiming, broadcast_plan,
-                       make_optimizer)
+"""Executes plans for real with torch.distributed.
+
+    parallelize.py  the one entry point: model + cluster -> Executor (SP attention, FSDP2 or
+                    replicated weights, AdamW with ZeRO-1 or not)
+    executor.py     Executor.step: a plan's waves, micro-batches, checkpointing, loss, grad sync
+    broadcast.py    rank 0's plan (and the batch's tokens) on every rank
+    attention.py    Ulysses attention over a packed stream sharded across a group
+    remap.py        Zeppelin's remapping layer: linear work on a balanced layout
+    all_to_all.py   the one all-to-all autograd function both of them exchange through
+    fsdp.py         FSDP2 sharding of the model
+    groups.py       cached process groups of every aligned power-of-two block
+    world.py        joining the job: torchrun, or N local gloo ranks
+    memory.py       bytes saved for backward, measured
+"""
+from .attention import StreamShard, install_attention, sequence_parallel_attention, shard_sizes
+from .broadcast import broadcast_plan
+from .executor import Executor, MicroBatchRecord, StepResult, WaveTiming
 from .fsdp import full_tensor, is_sharded, shard_model
 from .groups import ProcessGroups
-from .launch import init_distributed, run_local, under_torchrun
 from .memory import ActivationMeter
+from .parallelize import make_optimizer, parallelize
+from .world import init_distributed, run_local, under_torchrun
 
 __all__ = ["ActivationMeter", "Executor", "MicroBatchRecord", "ProcessGroups", "StepResult",
-           "StreamShard", "WaveTiming", "broadcast_plan", "full_tensor", "init_distributed", "is_sharded",
-           "make_optimizer", "parallelize", "run_local", "sequence_parallel_attention", "shard_model",
-           "shard_sizes", "under_torchrun"]
+           "StreamShard", "WaveTiming", "broadcast_plan", "full_tensor", "init_distributed",
+           "install_attention", "is_sharded", "make_optimizer", "parallelize", "run_local",
+           "sequence_parallel_attention", "shard_model", "shard_sizes", "under_torchrun"]

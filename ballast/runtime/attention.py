@@ -29,6 +29,7 @@ from torch.distributed import ProcessGroup
 
 from ..models.gpt import Attention, PackedStream
 from ..models.kernels import varlen_causal_attention
+from .all_to_all import all_to_all
 from .remap import RemappedStream, remapped_attention
 
 
@@ -117,32 +118,19 @@ def _head_to_seq(y: Tensor, shard: StreamShard) -> Tensor:
     return received.transpose(0, 1).reshape(chunk, d * heads_here, head_dim)[:shard.sizes[shard.index]]
 
 
-class SeqToHead(torch.autograd.Function):
-    """Forward: one all-to-all, sequence-sharded -> head-sharded.
-    Backward: one all-to-all of the gradient, head-sharded -> sequence-sharded."""
+@dataclass(frozen=True)
+class HeadExchange:
+    """Ulysses' exchange over the shard's group: to heads (`_seq_to_head`) or back (`_head_to_seq`),
+    each the other's reverse (see `all_to_all.py`)."""
 
-    @staticmethod
-    def forward(ctx, x: Tensor, shard: StreamShard) -> Tensor:
-        ctx.shard = shard
-        return _seq_to_head(x, shard)
+    shard: StreamShard
+    to_heads: bool
 
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        return _head_to_seq(grad.contiguous(), ctx.shard), None
+    def run(self, x: Tensor) -> Tensor:
+        return _seq_to_head(x, self.shard) if self.to_heads else _head_to_seq(x, self.shard)
 
-
-class HeadToSeq(torch.autograd.Function):
-    """Forward: one all-to-all, head-sharded -> sequence-sharded.
-    Backward: one all-to-all of the gradient, sequence-sharded -> head-sharded."""
-
-    @staticmethod
-    def forward(ctx, y: Tensor, shard: StreamShard) -> Tensor:
-        ctx.shard = shard
-        return _head_to_seq(y, shard)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        return _seq_to_head(grad.contiguous(), ctx.shard), None
+    def reversed(self) -> HeadExchange:
+        return HeadExchange(self.shard, not self.to_heads)
 
 
 def sequence_parallel_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedStream) -> Tensor:
@@ -170,16 +158,16 @@ def sequence_parallel_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedS
     assert rows == stream.sizes[stream.index], (rows, stream.sizes, stream.index)
     # One exchange for q, k and v: rank j's piece is [q heads of j | k heads of j | v heads of j].
     qkv = torch.cat([t.reshape(rows, d, t.shape[1] // d, head_dim) for t in (q, k, v)], dim=2)
-    qkv = SeqToHead.apply(qkv.reshape(rows, heads + 2 * kv_heads, head_dim), stream)
+    qkv = all_to_all(qkv.reshape(rows, heads + 2 * kv_heads, head_dim), HeadExchange(stream, to_heads=True))
     q, k, v = qkv.split([heads // d, kv_heads // d, kv_heads // d], dim=1)
-    return HeadToSeq.apply(varlen_causal_attention(q, k, v, stream.bounds), stream)
+    return all_to_all(varlen_causal_attention(q, k, v, stream.bounds), HeadExchange(stream, to_heads=False))
 
 
-def parallelize(model: nn.Module) -> nn.Module:
+def install_attention(model: nn.Module) -> nn.Module:
     """Make every attention layer of `model` sequence-parallel (in place; returns the model).
 
     Streams the model receives must then be `StreamShard`s for sharded execution; a plain
-    `PackedStream` still runs on one process, so a parallelized model stays usable alone.
+    `PackedStream` still runs on one process, so the model stays usable alone.
     """
     for module in model.modules():
         if isinstance(module, Attention):

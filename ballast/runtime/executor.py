@@ -1,12 +1,6 @@
-"""Run a `ballast.plan.Plan` for one optimizer step on every rank with torch.distributed.
+"""Run a `ballast.plans.Plan` for one optimizer step on every rank with torch.distributed.
 
-Which plan: rank 0 plans and `broadcast_plan` sends the plan to every rank. Letting every
-rank plan for itself would need bit-for-bit deterministic planners, which ballast does not
-demand: FlexSP's MILP stops at a wall-clock time limit, Hydraulis shuffles at random, and a
-float tie may break differently. Ranks holding different plans would not fail: they would
-wait in mismatched collectives until the timeout. A plan is a few KB, so one small
-broadcast per step is cheap, and only rank 0 spends CPU on planning (it can plan one step
-ahead while the others train).
+Every rank runs the same plan, rank 0's (`broadcast.py`), on a model `parallelize` prepared.
 
 One step (`Executor.step`):
   - for every wave, this rank's group (`Plan.group_of`) runs its micro-batches one after
@@ -56,12 +50,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ..cluster import Cluster
 from ..models.gpt import GPT, PackedStream
-from ..plan import Group, MicroBatch, Plan
-from .attention import StreamShard, parallelize, shard_sizes
+from ..plans import Group, MicroBatch, Plan
+from .attention import StreamShard, shard_sizes
 from .fsdp import is_sharded
 from .groups import ProcessGroups
 from .memory import ActivationMeter
@@ -113,37 +106,15 @@ class StepResult:
         return sum(w.wait for w in self.waves) / total if total > 0 else 0.0
 
 
-def make_optimizer(model: torch.nn.Module, zero1: bool = False, **adamw: float) -> torch.optim.Optimizer:
-    """AdamW over the model's parameters; with `zero1`, its state sharded over the world (ZeRO-1):
-    each rank keeps and updates the state of its share of the parameters, then broadcasts them.
-    A model sharded with FSDP (`shard_model`) has sharded state already."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    if zero1 and is_sharded(model):
-        raise ValueError("ZeRO-1 and FSDP both shard the optimizer state: use one of them")
-    if zero1:
-        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, **adamw)
-    return torch.optim.AdamW(params, **adamw)
-
-
-def broadcast_plan(plan: Plan | None, src: int = 0) -> Plan:
-    """Rank `src` passes its plan, the others None; every rank gets the plan of `src`."""
-    payload = [plan.to_dict() if dist.get_rank() == src else None]
-    if dist.get_rank() == src and plan is None:
-        raise ValueError(f"rank {src} must pass the plan to broadcast")
-    dist.broadcast_object_list(payload, src=src)
-    return Plan.from_dict(payload[0])
-
-
 class Executor:
-    """Runs plans on this rank: `Executor(model, optimizer, cluster, groups).step(plan, samples)`."""
+    """Runs plans on this rank: `executor.step(plan, samples)`. Made by `parallelize`, which
+    installs the sequence-parallel attention and starts every rank from the same weights."""
 
     def __init__(self, model: GPT, optimizer: torch.optim.Optimizer, cluster: Cluster,
                  groups: ProcessGroups, *, measure_activations: bool = False, precision: str = "auto"):
-        cluster.check_world_size(groups.world_size)
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        assert precision in PRECISIONS, precision
         self.fsdp = is_sharded(model)
-        self.model = parallelize(model)
+        self.model = model
         self.optimizer = optimizer
         self.cluster = cluster
         self.groups = groups
@@ -152,17 +123,11 @@ class Executor:
         self.device = next(model.parameters()).device
         self.bf16 = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
         self._params = [p for p in model.parameters() if p.requires_grad]
-        if self.fsdp:  # `shard_model` started every rank from rank 0's weights
-            return
-        # Ranks must start from the same weights for the summed gradient to mean anything.
-        flat = torch.cat([p.detach().reshape(-1) for p in self._params])
-        dist.broadcast(flat, src=0)
-        self._unflatten(flat, grads=False)
 
     def step(self, plan: Plan, samples: Sequence[Tensor]) -> StepResult:
         """One optimizer step of `plan`; samples[i] holds the lengths[i] + 1 tokens of sequence i.
 
-        Every rank must pass the same plan and samples (see `broadcast_plan`). Invalid input
+        Every rank must pass the same plan and samples (see `broadcast.broadcast_plan`). Invalid input
         raises ValueError (PlanError) on every rank before any collective.
         """
         self._check(plan, samples)
@@ -292,17 +257,12 @@ class Executor:
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                           for p in self._params] + [loss.reshape(1).to(self._params[0].dtype)])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        self._unflatten(flat[:-1], grads=True)
+        self._unflatten(flat[:-1])
         return float(flat[-1])
 
-    def _unflatten(self, flat: Tensor, grads: bool) -> None:
+    def _unflatten(self, flat: Tensor) -> None:
         offset = 0
         for p in self._params:
-            piece = flat[offset:offset + p.numel()].view_as(p)
-            if grads:
-                p.grad = piece
-            else:
-                with torch.no_grad():
-                    p.copy_(piece)
+            p.grad = flat[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
         assert offset == flat.numel()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-from .launch import world_timeout
+from .world import world_timeout
 
 
 class ProcessGroups:

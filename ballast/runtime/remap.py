@@ -32,6 +32,7 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 
 from ..models.gpt import PackedStream
+from .all_to_all import all_to_all
 
 
 def overlaps(source: Sequence[int], target: Sequence[int], index: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -51,7 +52,8 @@ def overlaps(source: Sequence[int], target: Sequence[int], index: int) -> tuple[
 
 @dataclass(frozen=True)
 class Route:
-    """One re-partition over a domain's process group, from this rank's point of view."""
+    """One re-partition over a domain's process group, from this rank's point of view: an
+    `all_to_all.Exchange` with uneven splits."""
 
     group: ProcessGroup | None
     send: tuple[int, ...]
@@ -59,29 +61,14 @@ class Route:
     recv: tuple[int, ...]
     """Rows received from each rank of the domain."""
 
+    def run(self, x: Tensor) -> Tensor:
+        assert x.shape[0] == sum(self.send), (x.shape, self.send)
+        out = x.new_empty((sum(self.recv), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), list(self.recv), list(self.send), group=self.group)
+        return out
+
     def reversed(self) -> Route:
         return Route(self.group, self.recv, self.send)
-
-
-def _exchange(x: Tensor, route: Route) -> Tensor:
-    assert x.shape[0] == sum(route.send), (x.shape, route.send)
-    out = x.new_empty((sum(route.recv), *x.shape[1:]))
-    dist.all_to_all_single(out, x.contiguous(), list(route.recv), list(route.send), group=route.group)
-    return out
-
-
-class Exchange(torch.autograd.Function):
-    """Forward: one all-to-all over the domain with uneven splits (`route.send` rows out,
-    `route.recv` rows in). Backward: the reverse all-to-all of the gradient."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, route: Route) -> Tensor:
-        ctx.route = route
-        return _exchange(x, route)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        return _exchange(grad, ctx.route.reversed()), None
 
 
 @dataclass(frozen=True)
@@ -105,10 +92,10 @@ def remapped_attention(q: Tensor, k: Tensor, v: Tensor, stream: RemappedStream,
     all-to-alls run on every rank of the domain.
     """
     heads, kv_heads = q.shape[1], k.shape[1]
-    qkv = Exchange.apply(torch.cat([q, k, v], dim=1), stream.route)
+    qkv = all_to_all(torch.cat([q, k, v], dim=1), stream.route)
     if stream.shard is None:
         out = qkv[:, :heads]
     else:
         q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
         out = attend(q, k, v, stream.shard)
-    return Exchange.apply(out, stream.route.reversed())
+    return all_to_all(out, stream.route.reversed())

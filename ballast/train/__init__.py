@@ -9,10 +9,10 @@
     launch.py      Trainer: runs the loop on local gloo ranks, or joins torchrun's job
     command.py     the CLI: flags -> TrainConfig -> Trainer
 
-In Python: `ballast.Trainer(config).fit()`; or `ballast.train.trainer.train(config)` on every
+In Python: `ballast.Trainer(config).fit()`; or `ballast.train.loop.train(config)` on every
 rank of a job you initialised yourself.
 """
 from .config import TrainConfig, load_toml
-from .launch import Trainer
+from .trainer import Trainer
 
 __all__ = ["TrainConfig", "Trainer", "load_toml"]

@@ -17,9 +17,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..dataset import Batch, BatchStream
-from ..plan import Plan
+from ..plans import Plan
 from ..planners import Planner
-from ..simulate import step_time
+from ..timeline import step_time
 
 
 @dataclass

@@ -10,7 +10,7 @@ import argparse
 from rich.console import Console
 
 from . import config as train_config
-from .launch import Trainer
+from .trainer import Trainer
 
 HELP = "train on a corpus with a planner (local gloo ranks or torchrun); checkpoints, metrics, plots"
 

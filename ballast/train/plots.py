@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 
 from ..cost import CostModel
-from ..plan import Plan
-from ..report import gantt
+from ..plans import Plan
+from ..gantt import gantt
 
 
 def _figure(width: float = 8.0, height: float = 4.0):

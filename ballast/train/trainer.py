@@ -1,275 +1,76 @@
-"""The training loop of `ballast train`, run by every rank of an initialised job.
+"""`ballast.Trainer`: the Python entry point of `ballast train`, on local ranks or under torchrun.
 
-    data -> plan (one step ahead, rank 0) -> broadcast -> executor step -> metrics, checkpoint
+    summary = ballast.Trainer(config).fit()
 
-Rank 0 owns the data stream and the planner (`Lookahead`); each step it broadcasts the plan
-and the batch's tokens, every rank runs its part of the plan (`Executor.step`: waves, grad
-all-reduce, AdamW), and rank 0 logs the step. The gradient of a step does not depend on the
-plan (the executor's loss is summed per token over the global batch), so any planner trains
-the same model from the same seed: planners change the speed, not the loss curve.
+Outside torchrun it spawns `config.run.world` gloo ranks on 127.0.0.1 (2 if unset). Under
+`torchrun` (RANK and WORLD_SIZE in the environment) it spawns nothing: each process joins the
+job torchrun describes (NCCL on GPUs, gloo otherwise), single- or multi-node, and a restarted
+job (`--max-restarts`) resumes from the newest checkpoint.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
-import signal
-import time
-from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
-from typing import Any, Callable, TypeVar
 
-import torch
-import torch.distributed as dist
-from rich.console import Console
+from ..runtime import under_torchrun
+from .config import TrainConfig
 
-from ..cluster import Cluster, get_cluster
-from ..cost import CostModel, get_cost_model
-from ..dataset import BatchStream, TokenCorpus, build_corpus, check_vocab
-from ..models import build_gpt
-from ..plan import Plan
-from ..planners import Planner, PlannerOptions, get_planner
-from ..runtime import Executor, ProcessGroups, StepResult, make_optimizer, shard_model
-from ..shapes import ModelShape, get_model_shape
-from . import checkpoint
-from .ahead import Lookahead, StepInput
-from .config import OptimizerConfig, TrainConfig
-from .metrics import MetricsLog, ProgressDisplay, StepRecord, final_history, summarise
-from .plots import write_report
-
-FAULT_AT_STEP = "BALLAST_FAULT_AT_STEP"
-"""Testing aid: on torchrun's first attempt rank 1 is SIGKILLed in the middle of this step."""
-
-SETUP_TIMEOUT = timedelta(hours=24)
-"""How long the other ranks wait for rank 0 to prepare the data (`from_rank0`)."""
-
-T = TypeVar("T")
+DEFAULT_WORLD = 2
 
 
-@dataclass
-class Setup:
-    """What every rank derives from the config alone (so every rank agrees on it)."""
+class Trainer:
+    """Trains `config.model` on `config.data` with `config.planner`'s plans; see `TrainConfig`."""
 
-    shape: ModelShape
-    cluster: Cluster
-    cost: CostModel
+    def __init__(self, config: TrainConfig):
+        config.validate()
+        self.config = config
 
-    @classmethod
-    def of(cls, config: TrainConfig, world: int) -> Setup:
-        shape = get_model_shape(config.model.model)
-        cluster = get_cluster(config.planner.cluster, world, config.planner.device_memory_gb)
-        cost = get_cost_model(config.planner.cost, shape, cluster)
-        cost.check_fits([config.data.max_len])  # a max_len no plan can hold fails here, not at step k
-        return cls(shape, cluster, cost)
+    def fit(self) -> dict | None:
+        """Train to `config.run.steps` (resuming from the newest checkpoint unless told not to).
+        Returns the run's summary (tokens/s, idle, loss, report paths) on rank 0, None elsewhere."""
+        return self._fit_torchrun() if under_torchrun() else self._fit_local()
 
-    def describe(self) -> str:
-        where = "" if self.cost.source != "analytic" else " (`ballast profile` measures a real one)"
-        return (f"cost model: {self.cost.source} for {self.shape.name} on {self.cluster.name} "
-                f"({self.cluster.world_size} ranks, {self.cost.device_memory / 1e9:.3g} GB each){where}")
+    def _fit_torchrun(self) -> dict | None:
+        import torch.distributed as dist
 
+        from ..runtime import init_distributed
+        from .loop import train
 
-def open_data(config: TrainConfig, shape: ModelShape, progress: bool) -> TokenCorpus:
-    """The corpus (tokenised once, then from the cache), checked against the model's vocab."""
-    data = config.data
-    corpus = build_corpus(data.source, tokenizer=data.tokenizer, cache_dir=data.cache_dir,
-                          text_field=data.text_field, skip_bad=data.skip_bad, progress=progress)
-    check_vocab(corpus.vocab_size, shape.vocab, shape.name)
-    return corpus
-
-
-def make_planner(config: TrainConfig, setup: Setup) -> Planner:
-    options = PlannerOptions(max_len=config.data.max_len, degree=config.planner.degree,
-                             seed=config.run.seed, time_limit=config.planner.time_limit,
-                             lockstep=config.optimizer.fsdp)
-    return get_planner(config.planner.planner, setup.cluster, setup.cost, options)
-
-
-def learning_rate(step: int, steps: int, opt: OptimizerConfig) -> float:
-    """Linear warm-up to `lr`, then cosine decay to `min_lr` at `decay_steps` (default: the
-    run's last step), as nanoGPT does."""
-    if step < opt.warmup_steps:
-        return opt.lr * (step + 1) / opt.warmup_steps
-    end = opt.decay_steps or steps
-    progress = (step - opt.warmup_steps) / max(1, end - 1 - opt.warmup_steps)
-    return opt.min_lr + 0.5 * (opt.lr - opt.min_lr) * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-
-def train(config: TrainConfig) -> dict | None:
-    """Train as the config says on the current torch.distributed job; rank 0 returns the summary."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device(f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu")
-    console = Console(soft_wrap=True)
-    out = Path(config.run.out_dir)
-    setup = Setup.of(config, world)
-
-    # Data, planner and the checkpoint to resume from are rank 0's; the others learn only
-    # whether that worked and where to resume.
-    data, resume = from_rank0(lambda: _prepare_data(config, setup, console))
-
-    model = build_gpt(setup.shape, config.run.seed).to(device)
-    opt = config.optimizer
-    if opt.fsdp:
-        shard_model(model)
-    optimizer = make_optimizer(model, opt.zero1, lr=opt.lr, betas=(opt.beta1, opt.beta2),
-                               weight_decay=opt.weight_decay)
-    executor = Executor(model, optimizer, setup.cluster, ProcessGroups())
-    start = 0
-    if resume is not None:
-        start = checkpoint.load(Path(resume), model, optimizer)["step"]
-        if rank == 0:
-            console.print(f"resumed from {resume} at step {start}", highlight=False)
-
-    steps = config.run.steps
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.toml").write_text(config.to_toml())
-        lookahead = Lookahead(*data, steps, config.planner.plan_ahead)
-        log = MetricsLog(out / "metrics.jsonl", fresh=start == 0)
-        progress = ProgressDisplay(console, start, steps, config.run.log_interval)
-        plans: dict[int, Plan] = {}
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    try:
-        for step in range(start, steps):
-            _inject_fault(model, step, rank, attempt)
-            began = time.perf_counter()
-            item = lookahead.get(step) if rank == 0 else None
-            waited = time.perf_counter() - began
-            plan, samples = _broadcast_step(item)
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(step, steps, opt)
-            result = executor.step(plan, samples)
-            idle = _idle(result, device)
-            seconds = time.perf_counter() - began
-            if rank == 0:
-                record = _record(step, attempt, item, result, idle, seconds, waited,
-                                 optimizer.param_groups[0]["lr"])
-                log.write(record)
-                progress.update(record)
-                plans[step] = plan
-            interval = config.checkpoint.checkpoint_interval
-            if step + 1 == steps or (interval and (step + 1) % interval == 0):
-                meta = None if rank != 0 else {"data": item.data_state, "planner": item.planner_state,
-                                               "config": config.to_dict()}
-                checkpoint.save(config.checkpoint_path, step + 1, model, optimizer, meta,
-                                config.checkpoint.keep_checkpoints)
-    finally:
-        if rank == 0:
-            lookahead.close()
-            progress.close()
-    if rank != 0:
-        return None
-    history = final_history(out / "metrics.jsonl")
-    summary = summarise(history)
-    title = f"{config.planner.planner} planner, {setup.shape.name}, {world} ranks"
-    paths = write_report(out / "report", history, plans, setup.cost, world, title)
-    summary.update(planner=config.planner.planner, world=world, cost_model=setup.cost.source,
-                   metrics=str(out / "metrics.jsonl"), report={k: str(v) for k, v in paths.items()},
-                   checkpoint=str(checkpoint.latest(config.checkpoint_path)))
-    (out / "report" / "summary.json").write_text(json.dumps(summary, indent=1))
-    return summary
-
-
-def from_rank0(prepare: Callable[[], tuple[T, Any]]) -> tuple[T | None, Any]:
-    """Run `prepare` -> (private, shared) on rank 0 alone; rank 0 gets both, the other ranks
-    (None, shared). An exception in `prepare` is raised on every rank (a ValueError as a
-    ValueError), so a bad corpus stops the job instead of leaving the others waiting.
-
-    The others wait in a broadcast over a gloo group of its own, bounded by SETUP_TIMEOUT and
-    not by the collective timeout (--timeout): under torchrun rank 0 tokenises the corpus in
-    `prepare` (local runs tokenise before spawning the ranks), which may take hours where a
-    step's collective should take seconds. A rank 0 that dies instead of raising does not keep
-    them waiting that long: torchrun's agent, or `run_local`, then stops every rank.
-    """
-    group = dist.new_group(backend="gloo", timeout=SETUP_TIMEOUT)
-    private, shared, failure = None, None, None
-    if dist.get_rank() == 0:
+        world = int(os.environ["WORLD_SIZE"])
+        if self.config.run.world is not None and self.config.run.world != world:
+            raise ValueError(f"--world {self.config.run.world} does not match torchrun's WORLD_SIZE {world}")
+        init_distributed(timeout=timedelta(seconds=self.config.run.timeout))
         try:
-            private, shared = prepare()
-        except Exception as e:
-            failure = e
-    payload = [(None if failure is None else (isinstance(failure, ValueError), str(failure)), shared)]
+            return train(self.config)
+        finally:
+            dist.destroy_process_group()
+
+    def _fit_local(self) -> dict | None:
+        from ..runtime import run_local
+        from .loop import Setup, make_planner, open_data
+
+        config = self.config
+        world = config.run.world or DEFAULT_WORLD
+        # Fail on user errors here, with a plain message, before any rank starts; the corpus is
+        # tokenised once here (with a progress bar) and the ranks read it from the cache.
+        setup = Setup.of(config, world)
+        open_data(config, setup.shape, progress=True)
+        make_planner(config, setup)
+        results = run_local(world, _local_rank, config, timeout=math.inf,
+                            collective_timeout=timedelta(seconds=config.run.timeout))
+        errors = [r["error"] for r in results if r["error"]]
+        if errors:
+            raise ValueError(errors[0])
+        return results[0]["summary"]
+
+
+def _local_rank(config: TrainConfig) -> dict:
+    """One spawned rank. A ValueError every rank raises together (a setup error rank 0
+    broadcast, a checkpoint that does not fit) comes back as a message, not a traceback."""
+    from .loop import train
+
     try:
-        dist.broadcast_object_list(payload, src=0, group=group)
-    finally:
-        dist.destroy_process_group(group)
-    error, shared = payload[0]
-    if failure is not None:
-        raise failure
-    if error is not None:
-        user_error, message = error
-        raise ValueError(message) if user_error else RuntimeError(f"rank 0 failed: {message}")
-    return private, shared
-
-
-def _prepare_data(config: TrainConfig, setup: Setup, console: Console
-                  ) -> tuple[tuple[BatchStream, Planner], str | None]:
-    """Rank 0's ((stream, planner), checkpoint to resume from), both at the resumed position."""
-    corpus = open_data(config, setup.shape, progress=True)
-    stream = BatchStream(corpus, config.data.tokens_per_step, config.data.max_len, config.run.seed)
-    planner = make_planner(config, setup)
-    resume = _checkpoint_to_resume(config)
-    if resume is not None:  # a position of another corpus or seed fails here, on every rank
-        meta = checkpoint.read_meta(Path(resume))
-        stream.load_state_dict(meta["data"])
-        planner.load_state_dict(meta["planner"])
-    console.print(corpus.describe(), highlight=False)
-    console.print(setup.describe(), highlight=False)
-    return (stream, planner), resume
-
-
-def _checkpoint_to_resume(config: TrainConfig) -> str | None:
-    found = checkpoint.latest(config.checkpoint_path)
-    if found is None or config.checkpoint.resume:
-        return None if found is None else str(found)
-    raise ValueError(f"{config.checkpoint_path} holds checkpoints (newest {found.name}) and --no-resume "
-                     f"was given: remove them or choose another --checkpoint-dir")
-
-
-def _inject_fault(model: torch.nn.Module, step: int, rank: int, attempt: int) -> None:
-    """FAULT_AT_STEP: rank 1 dies by SIGKILL right after its first forward pass of the step, so
-    mid-step, holding activations and with its peers in (or on their way into) collectives
-    with it, and without running any Python clean-up: the way a process is lost to the OOM
-    killer or a failing node, which a cooperative exit at a step boundary would not test."""
-    if os.environ.get(FAULT_AT_STEP) != str(step) or rank != 1 or attempt != 0:
-        return
-
-    def kill(*_: object) -> None:
-        print(f"rank 1: {FAULT_AT_STEP}={step}: SIGKILL after its first forward pass of the step", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    model.register_forward_hook(kill)
-
-
-def _broadcast_step(item: StepInput | None) -> tuple[Plan, list[torch.Tensor]]:
-    """Rank 0's plan and the batch's tokens, on every rank: one broadcast."""
-    payload = [None if item is None else (item.plan.to_dict(), torch.cat(item.batch.tokens))]
-    dist.broadcast_object_list(payload, src=0)
-    plan_data, tokens = payload[0]
-    plan = Plan.from_dict(plan_data)
-    return plan, list(torch.split(tokens, [s + 1 for s in plan.lengths]))
-
-
-def _idle(result: StepResult, device: torch.device) -> tuple[float, list[float]]:
-    """Idle share of all ranks' wave time, and of each rank's: every rank's (busy, wait) over
-    the step's waves, gathered by one all-reduce (each rank fills its own row)."""
-    times = torch.zeros(dist.get_world_size(), 2, dtype=torch.float64, device=device)
-    times[dist.get_rank()] = torch.tensor([sum(w.busy for w in result.waves),
-                                           sum(w.wait for w in result.waves)], dtype=torch.float64)
-    dist.all_reduce(times)
-    times = times.cpu()
-    overall = float(times[:, 1].sum() / times.sum().clamp_min(1e-12))
-    return overall, (times[:, 1] / times.sum(dim=1).clamp_min(1e-12)).tolist()
-
-
-def _record(step: int, attempt: int, item: StepInput, result: StepResult,
-            idle: tuple[float, list[float]], seconds: float, waited: float, lr: float) -> StepRecord:
-    plan = item.plan
-    return StepRecord(
-        step=step, attempt=attempt, loss=result.loss, lr=lr, tokens=plan.tokens,
-        sample_ids=item.batch.sample_ids, lengths=item.batch.lengths, epoch=item.batch.epoch,
-        step_time=seconds, tokens_per_s=plan.tokens / seconds, predicted_step_time=item.predicted_seconds,
-        idle_fraction=idle[0], rank_idle=idle[1], waves=len(plan.waves),
-        micro_batches=plan.busy_micro_batches(), degrees=plan.degrees_used(),
-        checkpointed=plan.checkpointed_fraction(),
-        plan_ms=1e3 * item.plan_seconds, plan_wait_ms=1e3 * waited)
+        return {"summary": train(config), "error": None}
+    except ValueError as e:
+        return {"summary": None, "error": str(e)}

@@ -9,13 +9,14 @@ from typing import Callable
 from rich.console import Console
 from rich.progress import Progress
 
-from .cluster import get_cluster
-from .compare import compare
-from .cost import get_cost_model
-from .lengths import BatchSampler, BatchSpec, get_length_source
-from .planners import PlannerOptions, parse_planner_names
-from .report import gantt, planner_table
-from .shapes import get_model_shape
+from ..cluster import get_cluster
+from .side_by_side import simulate_planners
+from ..cost import get_cost_model
+from ..dataset.lengths import BatchSampler, BatchSpec, get_length_source
+from ..planners import PlannerOptions, parse_planner_names
+from ..gantt import gantt
+from .table import planner_table
+from ..model_shape import get_model_shape
 
 HELP = "plan and simulate steps under several planners; print a table, write JSON"
 
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
                              remap=args.zeppelin_remap == "on", lockstep=args.lockstep)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("planning", total=len(names) * len(batches))
-        lower, results = compare(batches, names, cluster, cost, options,
+        lower, results = simulate_planners(batches, names, cluster, cost, options,
                                  on_step=lambda name, k: progress.update(task, advance=1,
                                                                          description=f"planning: {name}"))
     lower_mean = sum(lower) / len(lower)

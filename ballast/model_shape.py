@@ -5,7 +5,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .fields import check_types, from_fields
+from .value_checks import check_types, from_fields
 
 
 @dataclass(frozen=True)

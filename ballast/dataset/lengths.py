@@ -146,7 +146,7 @@ def video_source() -> DiscreteSource:
 @functools.cache
 def wikipedia_source() -> HistogramSource:
     """The shipped histogram of data/lengths/wikipedia.txt (tools/make_wikipedia_hist.py)."""
-    text = (importlib.resources.files("ballast") / "data" / "wikipedia_hist.json").read_text()
+    text = (importlib.resources.files("ballast.dataset") / "wikipedia_hist.json").read_text()
     lo, hi, counts = np.array(json.loads(text)["bins"], dtype=np.int64).T
     return HistogramSource("wikipedia", lo, hi, counts)
 

@@ -51,13 +51,13 @@ import math
 
 import numpy as np
 
-from ..plan import Group, Plan, Wave, fill_idle
-from ..simulate import step_time
-from . import register
-from .base import Planner
-from .ballast_estimate import GroupEstimates
-from .ballast_groups import GroupPacker
-from .packing import pad_lockstep
+from ...plans import Group, Plan, Wave, fill_idle
+from ...timeline import step_time
+from .. import register
+from ..base import Planner
+from .estimate import GroupEstimates
+from .groups import GroupPacker
+from ..packing import pad_lockstep
 
 # Makespan targets tried, as multiples of the batch's lower bound; inf = least area everywhere.
 TARGETS = (0.15, 0.25, 0.35, 0.5, 0.65, 0.8, 0.9, 1.0, 1.05, 1.12, 1.2, 1.35, 1.6, 2.0, 3.0, math.inf)

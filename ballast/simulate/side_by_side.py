@@ -1,4 +1,4 @@
-"""Plan and simulate the same batches under several planners: `ballast simulate`'s engine."""
+"""Plan and simulate the same batches under several planners, side by side."""
 from __future__ import annotations
 
 import time
@@ -7,11 +7,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .cluster import Cluster
-from .cost import CostModel
-from .plan import Plan
-from .planners import PlannerOptions, get_planner
-from .simulate import StepMetrics, simulate
+from ..cluster import Cluster
+from ..cost import CostModel
+from ..plans import Plan
+from ..planners import PlannerOptions, get_planner
+from ..timeline import StepMetrics, simulate
 
 
 @dataclass
@@ -52,7 +52,7 @@ class PlannerResult:
         return out
 
 
-def compare(batches: Sequence[list[int]], planners: Sequence[str], cluster: Cluster, cost: CostModel,
+def simulate_planners(batches: Sequence[list[int]], planners: Sequence[str], cluster: Cluster, cost: CostModel,
             options: PlannerOptions, on_step: Callable[[str, int], None] | None = None
             ) -> tuple[list[float], dict[str, PlannerResult]]:
     """Lower bound per batch, and each planner's results on the same batches (validated plans)."""

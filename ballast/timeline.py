@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .cost import CostModel
-from .plan import Group, MicroBatch, Plan, Wave
+from .plans import Group, MicroBatch, Plan, Wave
 
 
 @dataclass

@@ -24,163 +24,15 @@ Two checks, with two tolerances:
 from __future__ import annotations
 
 import argparse
-import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch import Tensor
-
-from .cluster import Cluster, get_cluster
-from .cost import CostModel
-from .models.gpt import PackedStream, build_gpt
-from .plan import Plan
-from .shapes import ModelShape, get_model_shape
-
-if TYPE_CHECKING:  # the runtime (torch.distributed) is imported only where ranks run
-    from .runtime import ProcessGroups
+from ..cluster import Cluster, get_cluster
+from ..cost import CostModel
+from ..model_shape import ModelShape, get_model_shape
+from ..plans import Plan
+from .errors import GRAD_TOLERANCE, PARAM_TOLERANCE, errors_against
+from .reference import random_batches, reference_at, train_reference
 
 HELP = "check that plans run on N local gloo ranks train exactly like one process"
-GRAD_TOLERANCE = 1e-5
-PARAM_TOLERANCE = 1e-3
-
-
-@dataclass
-class Batch:
-    lengths: list[int]
-    samples: list[Tensor]
-    """samples[i]: lengths[i] + 1 token ids (inputs and, shifted by one, their targets)."""
-
-
-@dataclass
-class Trajectory:
-    losses: list[float]
-    grads: list[Tensor]
-    """Per step, every parameter's gradient flattened into one vector."""
-    start_params: list[Tensor]
-    """Per step, the parameters the step started from, flattened."""
-    params: Tensor
-    """Parameters after the last step, flattened."""
-
-
-def random_batches(shape: ModelShape, steps: int, batch: int, max_len: int, seed: int) -> list[Batch]:
-    """Long-tailed lengths (log-uniform in 1..max_len) and uniformly random tokens."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(steps):
-        lengths = [int(s) for s in np.clip(np.round(np.exp(rng.uniform(0, math.log(max_len), batch))), 1, max_len)]
-        samples = [torch.from_numpy(rng.integers(0, shape.vocab, s + 1)) for s in lengths]
-        out.append(Batch(lengths, samples))
-    return out
-
-
-def flatten(tensors) -> Tensor:
-    """Detached copy of the tensors as one vector (parameters or gradients, in model order)."""
-    return torch.cat([t.detach().reshape(-1) for t in tensors]).clone()
-
-
-def _whole_batch_backward(model: torch.nn.Module, batch: Batch) -> float:
-    """Loss and gradient of the whole batch as one packed stream in this process."""
-    inputs = torch.cat([s[:-1] for s in batch.samples])
-    targets = torch.cat([s[1:] for s in batch.samples])
-    logits = model(inputs, PackedStream.from_lengths(batch.lengths))
-    loss = F.cross_entropy(logits, targets, reduction="sum") / sum(batch.lengths)
-    loss.backward()
-    return loss.item()
-
-
-def train_reference(shape: ModelShape, batches: list[Batch], seed: int, lr: float) -> Trajectory:
-    """The steps in one process: the whole batch as one packed stream, plain AdamW."""
-    model = build_gpt(shape, seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses, grads, starts = [], [], []
-    for batch in batches:
-        optimizer.zero_grad(set_to_none=True)
-        starts.append(flatten(model.parameters()))
-        losses.append(_whole_batch_backward(model, batch))
-        grads.append(flatten(p.grad for p in model.parameters()))
-        optimizer.step()
-    return Trajectory(losses, grads, starts, flatten(model.parameters()))
-
-
-def reference_at(shape: ModelShape, trajectory: Trajectory, batches: list[Batch]) -> Trajectory:
-    """Single-process loss and gradient of every step at the parameters `trajectory` started it from."""
-    model = build_gpt(shape)
-    losses, grads = [], []
-    for params, batch in zip(trajectory.start_params, batches, strict=True):
-        torch.nn.utils.vector_to_parameters(params, model.parameters())
-        model.zero_grad(set_to_none=True)
-        losses.append(_whole_batch_backward(model, batch))
-        grads.append(flatten(p.grad for p in model.parameters()))
-    return Trajectory(losses, grads, trajectory.start_params, trajectory.params)
-
-
-def train_distributed(shape: ModelShape, plans: list[dict], batches: list[Batch], seed: int, lr: float,
-                      groups: ProcessGroups, zero1: bool = False, fsdp: bool = False,
-                      precision: str = "auto") -> Trajectory:
-    """The steps under `plans` (Plan.to_dict of rank 0's plans), on every rank of the job; with
-    `fsdp` the model is sharded with FSDP2 (the plans must be lockstep); `precision` is the
-    executor's."""
-    from .runtime import Executor, broadcast_plan, full_tensor, make_optimizer, shard_model
-
-    cluster = get_cluster("cpu", world_size=dist.get_world_size())
-    model = build_gpt(shape, seed)
-    if fsdp:
-        shard_model(model)
-    executor = Executor(model, make_optimizer(model, zero1, lr=lr), cluster, groups, precision=precision)
-    losses, grads, starts = [], [], []
-    for plan_data, batch in zip(plans, batches, strict=True):
-        plan = broadcast_plan(Plan.from_dict(plan_data) if dist.get_rank() == 0 else None)
-        starts.append(flatten(full_tensor(p) for p in model.parameters()))
-        losses.append(executor.step(plan, batch.samples).loss)
-        # The step leaves the summed gradients in place (optimizers do not clear them).
-        grads.append(flatten(full_tensor(p.grad) for p in model.parameters()))
-    return Trajectory(losses, grads, starts, flatten(full_tensor(p) for p in model.parameters()))
-
-
-def _train_all_planners(shape: ModelShape, plans: dict[str, list[dict]], batches: list[Batch], seed: int,
-                        lr: float, zero1: bool, fsdp: bool) -> dict[str, Trajectory] | None:
-    from .runtime import ProcessGroups
-
-    groups = ProcessGroups()
-    out = {name: train_distributed(shape, p, batches, seed, lr, groups, zero1, fsdp) for name, p in plans.items()}
-    return out if dist.get_rank() == 0 else None
-
-
-@dataclass
-class Errors:
-    loss: float
-    """Largest relative error of a step's loss (at the same parameters)."""
-    grad_abs: float
-    grad_rel: float
-    """Largest error of a step's gradient (at the same parameters), relative to max |gradient|."""
-    param_abs: float
-    param_drift: float
-    """L2 error of the final parameters (independent trajectories), relative to the reference's
-    L2 distance from the initial parameters."""
-
-    def within(self, grad_tolerance: float, param_tolerance: float) -> bool:
-        return max(self.loss, self.grad_rel) <= grad_tolerance and self.param_drift <= param_tolerance
-
-
-def compare(result: Trajectory, at_same_params: Trajectory, reference: Trajectory) -> Errors:
-    """`result`'s steps against `at_same_params` (see `reference_at`), its end against `reference`'s."""
-    pairs = list(zip(result.grads, at_same_params.grads, strict=True))
-    loss = max(abs(a - b) / abs(b) for a, b in zip(result.losses, at_same_params.losses, strict=True))
-    grad_abs = max(float((g - r).abs().max()) for g, r in pairs)
-    grad_rel = max(float((g - r).abs().max() / r.abs().max()) for g, r in pairs)
-    param_abs = float((result.params - reference.params).abs().max())
-    return Errors(loss, grad_abs, grad_rel, param_abs, param_drift(result, reference))
-
-
-def param_drift(result: Trajectory, reference: Trajectory) -> float:
-    """||p - p_ref|| / ||p_ref - p_0||: how far apart two trajectories ended, relative to how far
-    the reference travelled."""
-    moved = float((reference.params - reference.start_params[0]).norm())
-    return float((result.params - reference.params).norm()) / moved
 
 
 def budget(shape: ModelShape, world: int, max_len: int, device_memory_gb: float | None = None
@@ -229,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .planners import PlannerOptions, get_planner, parse_planner_names
-    from .runtime import run_local
+    from ..planners import PlannerOptions, get_planner, parse_planner_names
+    from ..runtime import run_local
+    from .distributed import train_all_planners
 
     if args.steps < 1 or args.batch < 1 or args.max_len < 1:
         raise ValueError("--steps, --batch and --max-len must be >= 1")
@@ -255,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"verify: {args.world} gloo ranks{sharding}, model {shape.name}, {args.steps} step(s) of "
                   f"{args.batch} sequences up to {args.max_len} tokens, {len(names)} planner(s)")
     reference = train_reference(shape, batches, args.seed, args.lr)
-    results = run_local(args.world, _train_all_planners, shape,
+    results = run_local(args.world, train_all_planners, shape,
                         {n: [p.to_dict() for p in ps] for n, ps in plans.items()},
                         batches, args.seed, args.lr, args.zero1, args.fsdp, timeout=args.timeout)[0]
     table = Table(title=f"{args.world} ranks vs one process: step loss and gradient at the same "
@@ -266,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(column, justify="left" if column == "planner" else "right")
     failed = []
     for name in names:
-        errors = compare(results[name], reference_at(shape, results[name], batches), reference)
+        errors = errors_against(results[name], reference_at(shape, results[name], batches), reference)
         ok = errors.within(args.grad_tolerance, args.param_tolerance)
         if not ok:
             failed.append(name)

@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 
-from ..cost import CostModel
-from ..plan import Group, MicroBatch
-from .packing import best_fit_decreasing
+from ...cost import CostModel
+from ...plans import Group, MicroBatch
+from ..packing import best_fit_decreasing
 
 # Micro-batch counts tried per group: a geometric ladder of this many between the fewest that
 # memory allows and the count with no checkpointing, then this many either side of the best.

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ..cost import CostModel
+from ...cost import CostModel
 
 
 class GroupEstimates:

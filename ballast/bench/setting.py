@@ -15,7 +15,7 @@ from ..cluster import Cluster, get_cluster
 from ..cost import CostModel, get_cost_model
 from ..dataset import Batch, BatchStream, build_corpus, check_vocab
 from ..planners import parse_planner_names
-from ..shapes import ModelShape, get_model_shape
+from ..model_shape import ModelShape, get_model_shape
 
 ALL_PLANNERS = ("static", "batch-adaptive", "bucket", "megatron-dynamic-cp", "dcp", "flexsp", "hydraulis",
                 "zeppelin", "ballast")

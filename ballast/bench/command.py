@@ -2,8 +2,8 @@
 ranks, interleaved step by step; measured tokens/s, idle fraction, planning time and the cost
 model's prediction, side by side, as a table, a JSON file and a PNG bar chart.
 
-One gloo job runs the whole benchmark (ballast.benchmark.ranks); the batches are drawn once
-from one BatchStream (ballast.benchmark.setting); summary.py says what every number means.
+One gloo job runs the whole benchmark (ballast.bench.ranks); the batches are drawn once
+from one BatchStream (ballast.bench.setting); summary.py says what every number means.
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def describe(inputs: BenchInputs, setting: BenchSetting) -> str:
 
 def bench(setting: BenchSetting, inputs: BenchInputs, timeout: float) -> tuple[list[dict], dict]:
     """Run the benchmark's one gloo job; rank 0's records and the load average seen meanwhile."""
-    from ..profiling.machine import LoadMonitor
+    from ..profile.machine import LoadMonitor
     from ..runtime import run_local
     from .ranks import run_on_rank
 
@@ -83,7 +83,7 @@ def bench(setting: BenchSetting, inputs: BenchInputs, timeout: float) -> tuple[l
 def result_json(setting: BenchSetting, inputs: BenchInputs, records: list[dict], load: dict,
                 seconds: float) -> dict:
     """Everything the run measured, summarised, and the raw records."""
-    from ..profiling.machine import machine_info
+    from ..profile.machine import machine_info
 
     summary = summarise(records, setting.planners)
     cost = inputs.cost

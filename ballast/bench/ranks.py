@@ -21,10 +21,10 @@ import torch.distributed as dist
 
 from ..dataset import Batch
 from ..models import build_gpt
-from ..plan import Plan
+from ..plans import Plan
 from ..planners import Planner, PlannerOptions, get_planner
-from ..runtime import Executor, ProcessGroups, StepResult, broadcast_plan, make_optimizer
-from ..simulate import step_time
+from ..runtime import Executor, ProcessGroups, StepResult, broadcast_plan, parallelize
+from ..timeline import step_time
 from .setting import BenchInputs, BenchSetting, Slot, schedule
 
 LEARNING_RATE = 1e-3
@@ -50,7 +50,7 @@ def run_on_rank(inputs: BenchInputs, setting: BenchSetting) -> list[dict] | None
         plan, plan_seconds = None, None
         if rank == 0:
             plan, plan_seconds = _plan(planners[slot.planner], plans, slot, inputs.batches[slot.batch])
-        plan = broadcast_plan(plan)
+        plan, _ = broadcast_plan(plan)
         samples = inputs.batches[slot.batch].tokens
         dist.barrier()
         wall, cpu = time.perf_counter(), time.process_time()
@@ -64,7 +64,7 @@ def run_on_rank(inputs: BenchInputs, setting: BenchSetting) -> list[dict] | None
 
 def _executor(inputs: BenchInputs, groups: ProcessGroups, seed: int) -> Executor:
     model = build_gpt(inputs.shape, seed)
-    return Executor(model, make_optimizer(model, lr=LEARNING_RATE), inputs.cluster, groups)
+    return parallelize(model, inputs.cluster, groups=groups, lr=LEARNING_RATE)
 
 
 def _planners(inputs: BenchInputs, setting: BenchSetting) -> dict[str, Planner]:

@@ -33,12 +33,12 @@ from rich.table import Table
 
 from ..cluster import get_cluster
 from ..cost import CostModel
-from ..lengths import BatchSampler, BatchSpec, get_length_source
+from ..dataset.lengths import BatchSampler, BatchSpec, get_length_source
 from ..models.gpt import build_gpt
-from ..plan import Plan
+from ..plans import Plan
 from ..planners import PlannerOptions, get_planner, parse_planner_names
-from ..shapes import ModelShape
-from ..simulate import simulate
+from ..model_shape import ModelShape
+from ..timeline import simulate
 from .fit import error_summary
 from .machine import LoadMonitor, machine_info, measured_device
 from .measure import LEARNING_RATE, STATISTICS, core_share, random_samples
@@ -87,12 +87,11 @@ def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats:
     """Run on every rank: per plan, one record per round (after `warmup` steps of plan 0)."""
     import torch.distributed as dist
 
-    from ..runtime import Executor, ProcessGroups, make_optimizer
+    from ..runtime import parallelize
 
     world, rank = dist.get_world_size(), dist.get_rank()
     model = build_gpt(shape, seed)
-    executor = Executor(model, make_optimizer(model, lr=LEARNING_RATE),
-                        get_cluster("cpu", world_size=world), ProcessGroups(), measure_activations=True)
+    executor = parallelize(model, get_cluster("cpu", world_size=world), measure_activations=True, lr=LEARNING_RATE)
     parsed = [Plan.from_dict(p) for p in plans]
     samples = [random_samples(p.lengths, shape.vocab, seed + i) for i, p in enumerate(parsed)]
     for _ in range(warmup):

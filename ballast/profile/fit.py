@@ -36,7 +36,7 @@ import numpy as np
 from scipy.optimize import minimize, nnls
 
 from ..cost import CostModel
-from ..shapes import ModelShape
+from ..model_shape import ModelShape
 from .grid import Measurement, Point
 
 MAX_RECOMPUTE = 2.0
@@ -192,7 +192,7 @@ def fit(measurements: Sequence[Measurement], bytes_per_token_layer: float) -> Co
                         **fit_activations(measurements))
 
 
-def compare(measurements: Sequence[Measurement], cost_at: dict[int, CostModel]) -> list[dict]:
+def prediction_errors(measurements: Sequence[Measurement], cost_at: dict[int, CostModel]) -> list[dict]:
     """Every measurement next to the prediction of the CostModel of its depth."""
     rows = []
     for m in measurements:

@@ -1,30 +1,12 @@
-"""Tables and plots of simulated or measured steps."""
+"""A plan drawn as a Gantt chart of its ranks over time, as the timeline prices it."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Mapping
 
-from rich.table import Table
-
 from .cost import CostModel
-from .plan import Plan
-from .simulate import simulate
-
-
-def planner_table(title: str, summaries: Mapping[str, dict], lower_bound_s: float,
-                  baseline: str = "static") -> Table:
-    """One row per planner, fastest first; speed-up relative to `baseline` when it ran."""
-    table = Table(title=title)
-    for col in ("planner", "step s", "tokens/s", f"vs {baseline}", "idle", "x LB", "plan ms", "waves"):
-        table.add_column(col, justify="left" if col == "planner" else "right")
-    base = summaries.get(baseline, {}).get("tokens_per_s")
-    for name, s in sorted(summaries.items(), key=lambda kv: -kv[1]["tokens_per_s"]):
-        table.add_row(name, f"{s['step_time_s']:.3f}", f"{s['tokens_per_s']:,.0f}",
-                      f"{s['tokens_per_s'] / base:.2f}x" if base else "-",
-                      f"{s['idle_fraction']:.1%}", f"{s['vs_lower_bound']:.3f}",
-                      f"{s['plan_ms']:.1f}", f"{s['waves']:.1f}")
-    table.caption = f"lower bound {lower_bound_s:.3f} s per step (mean)"
-    return table
+from .plans import Plan
+from .timeline import simulate
 
 
 def gantt(plans: Mapping[str, Plan], cost: CostModel, world_size: int, path: str | Path) -> None:

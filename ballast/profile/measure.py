@@ -29,8 +29,8 @@ import torch.distributed as dist
 
 from ..cluster import get_cluster
 from ..models.gpt import build_gpt
-from ..plan import Group, MicroBatch, Plan, Wave
-from ..shapes import ModelShape
+from ..plans import Group, MicroBatch, Plan, Wave
+from ..model_shape import ModelShape
 from .grid import Measurement, Point
 
 LEARNING_RATE = 1e-5
@@ -113,7 +113,7 @@ def measure_on_ranks(shape: ModelShape, points: Sequence[Point], warmup: int, re
     seconds are the executor's own, which synchronise the device (a GPU's too)."""
     from rich.progress import Progress
 
-    from ..runtime import Executor, ProcessGroups, make_optimizer
+    from ..runtime import Executor, ProcessGroups, parallelize
 
     world, rank, device = dist.get_world_size(), dist.get_rank(), rank_device()
     cluster = get_cluster("cpu", world_size=world)
@@ -123,8 +123,7 @@ def measure_on_ranks(shape: ModelShape, points: Sequence[Point], warmup: int, re
     executors = {}
     for depth in sorted({p.layers for p in points}):
         model = build_gpt(dataclasses.replace(shape, layers=depth), seed).to(device)
-        executors[depth] = Executor(model, make_optimizer(model, lr=LEARNING_RATE), cluster, groups,
-                                    measure_activations=True)
+        executors[depth] = parallelize(model, cluster, groups=groups, measure_activations=True, lr=LEARNING_RATE)
 
     def timed_step(executor: Executor, plan: Plan, samples: list[torch.Tensor]):
         synchronize(device)

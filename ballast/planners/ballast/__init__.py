@@ -1,0 +1,9 @@
+"""ballast's own planner (registered as `ballast`).
+
+    planner.py   BallastPlanner: layouts of waves and group degrees, search, local repair
+    estimate.py  GroupEstimates: a group's time as sequences are added or moved (the hot path)
+    groups.py    GroupPacker: a group's sequences into micro-batches and checkpoint levels
+"""
+from .planner import BallastPlanner
+
+__all__ = ["BallastPlanner"]

@@ -1,0 +1,149 @@
+"""`ballast profile`: measure the real model with the real runtime, fit the cost model, save it.
+
+It runs the model with `Executor` on this machine's ranks (local gloo ranks on the CPU, or
+torchrun's: NCCL on GPUs) over a grid of sequence lengths x SP degrees (powers of two up to the
+world that divide the heads) x checkpoint levels (none, half the layers, all), with a warm-up
+round and repeated rounds (reduced by their median, or their minimum with `--statistic min`:
+see measure.STATISTICS), and fits DESIGN.md's coefficients (ballast.profile.fit): a (s^2),
+b (s), g (per micro-batch), r, the all-to-all bandwidth and per-call latency by degree,
+activation bytes per token and k. The all-to-all bytes per token are those the runs sent:
+4-byte values in fp32 on CPUs, 2-byte ones under the executor's bf16 autocast on GPUs
+(`all_to_all_value_bytes`).
+
+Fast profiling as DCP does it: the grid runs on reduced-depth copies of the model (1 and 2
+blocks by default), which separates per-block terms from fixed ones, and the fit extrapolates
+to the full depth; a few full-depth points then measure how far off the extrapolation is.
+
+The JSON is CostModel's (source "profiled"), usable wherever a cost model is
+(`ballast simulate --cost profile.json`); its `fit` holds residuals, the grid, every point
+measured vs predicted, the extrapolation check, the machine (with the device and backend the
+ranks measured on) and its load average. The device memory is a setting (`--device-memory`,
+GB) so that a CPU run can stand in for a GPU's capacity; the report says how many tokens each
+degree holds in it.
+
+`ballast profile --check profile.json` runs random plans for real and compares them with the
+profile's predictions (ballast.profile.check).
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from ..cost import CostModel
+from ..model_shape import get_model_shape
+from .machine import physical_memory
+from .measure import STATISTICS
+from ..runtime import under_torchrun
+from .profiler import Settings, default_lengths, profile
+
+HELP = "measure the real model on this machine's ranks, fit and save the cost model (or --check one)"
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", help="model preset or JSON ModelShape")
+    p.add_argument("--world", type=int, default=None, help="local gloo ranks, a power of two (default 2; "
+                   "--check: the profile's)")
+    p.add_argument("--lengths", default=None, help="profile: comma-separated grid lengths (default powers of "
+                   "two from 128 to --max-len); --check: a length source (default stdlib)")
+    p.add_argument("--max-len", type=int, default=4096, help="longest profiled / checked sequence")
+    p.add_argument("--out", default="profile.json", help="where the profile JSON goes")
+    p.add_argument("--quick", action="store_true", help="a smaller grid and fewer repeats (a first look)")
+    p.add_argument("--device-memory", type=float, default=None,
+                   help="usable GB per device (default: this machine's RAM / world)")
+    p.add_argument("--depths", default="1,2", help="reduced depths (blocks) the grid runs at, then "
+                   "extrapolated; the full depth, or a larger one, profiles the model as it is")
+    p.add_argument("--verify", type=int, default=None, help="full-depth points that check the "
+                   "extrapolation (default 4, quick 2)")
+    p.add_argument("--repeats", type=int, default=None, help="measured rounds (default 3, quick 2)")
+    p.add_argument("--statistic", choices=sorted(STATISTICS), default="median",
+                   help="how repeats become one time: median (resists bursts of load) or min (what the "
+                   "device does when no other job takes its cores; steadier on a shared, busy host); "
+                   "--check reads it from the profile")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the ranks are stopped")
+    check = p.add_argument_group("--check: random plans for real against the profile's predictions")
+    check.add_argument("--check", metavar="PROFILE", default=None, help="the profile JSON to check")
+    check.add_argument("--plans", type=int, default=30, help="random plans to run")
+    check.add_argument("--tokens-per-step", type=int, default=16384, help="tokens of each random batch")
+    check.add_argument("--planners", default="all", help="planners the plans come from, in turn")
+    check.add_argument("--png", default=None, help="scatter of predicted vs measured (default: next to "
+                       "the profile, -check.png)")
+    check.add_argument("--json", dest="json_out", default=None, help="write the comparison here")
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    try:
+        lengths = (default_lengths(args.max_len, args.quick) if args.lengths is None else
+                   tuple(int(x) for x in args.lengths.split(",") if x.strip()))
+        depths = tuple(int(x) for x in args.depths.split(",") if x.strip())
+    except ValueError as e:
+        raise ValueError(f"--lengths and --depths take comma-separated integers: {e}") from e
+    if not depths:
+        raise ValueError("--depths needs at least one depth")
+    return Settings(lengths, depths, verify=args.verify if args.verify is not None else 2 if args.quick else 4,
+                    repeats=args.repeats if args.repeats is not None else 2 if args.quick else 3,
+                    seed=args.seed, statistic=args.statistic)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.check:
+        from .check import run_check
+        return run_check(args)
+    console = Console(quiet=under_torchrun() and os.environ["RANK"] != "0")  # one report per job
+    shape = get_model_shape(args.model)
+    world = args.world or (int(os.environ["WORLD_SIZE"]) if under_torchrun() else 2)
+    memory = args.device_memory * 1e9 if args.device_memory is not None else physical_memory() / world
+    settings = settings_from(args)
+    ranks = "torchrun" if under_torchrun() else "local gloo"
+    if not under_torchrun() and torch.cuda.is_available():
+        console.print("[yellow]this machine has a GPU, but local gloo ranks measure the CPU (and the profile "
+                      "says so): launch under torchrun, one process per GPU, to profile the GPUs[/yellow]")
+    console.print(f"profiling {shape.name} ({shape.layers} blocks) on {world} {ranks} ranks at depths "
+                  f"{','.join(map(str, settings.depths))}: lengths {','.join(map(str, settings.lengths))}, "
+                  f"{settings.warmup} warm-up + {settings.repeats} rounds ({settings.statistic})")
+    cost = profile(shape, world, memory, settings, progress=True, timeout=args.timeout)
+    if cost is None:  # a torchrun rank other than 0
+        return 0
+    print_report(console, cost)
+    cost.save(args.out)
+    console.print(f"wrote {args.out}")
+    return 0
+
+
+def print_report(console: Console, cost: CostModel) -> None:
+    """Coefficients, residuals, the extrapolation check and each degree's capacity."""
+    report = cost.fit
+    load, res, ext = report["load_average"], report["residuals"], report["extrapolation_error"]
+    console.print(f"measured {len(report['points']) + len(report['extrapolation'])} points in "
+                  f"{report['seconds']:.0f} s; load average {load['min']:.1f}..{load['max']:.1f} "
+                  f"(median {load['median']:.1f}) on {load['cpus']} CPUs; the ranks had "
+                  f"{report['core_share']:.0%} of a core (CPU / wall time of a step)")
+    console.print(f"a={cost.a:.3e} s/token^2  b={cost.b:.3e} s/token  g={cost.g * 1e3:.2f} ms  r={cost.recompute:.3f}  "
+                  f"r_attn={cost.recompute_attention:.3f}  "
+                  f"k={cost.kept:.3f}  act={cost.act_per_token / 1e3:.1f} KB/token  states={cost.states / 1e6:.1f} MB")
+    for d, bw in sorted(cost.bandwidth.items()):
+        console.print(f"degree {d}: all-to-all {bw / 1e9:.3f} GB/s, fixed {cost.comm_latency.get(d, 0) * 1e3:.2f} ms "
+                      f"per micro-batch ({report['coefficients']['call_latency'][d] * 1e3:.2f} ms per call)")
+    table = Table(title="relative error of the fit |predicted / measured - 1|")
+    for column in ("", "points", "time median", "time p90", "time max", "act median", "act max"):
+        table.add_column(column, justify="right")
+    for name, summary in (("grid (reduced depth)", res), ("full depth (extrapolated)", ext)):
+        t, a = summary["time"], summary["act"]
+        if t["count"]:
+            table.add_row(name, str(t["count"]), f"{t['median']:.1%}", f"{t['p90']:.1%}", f"{t['max']:.1%}",
+                          f"{a['median']:.1%}", f"{a['max']:.1%}")
+    console.print(table)
+    if res["act"]["count"] and res["act"]["max"] > 0.1:
+        console.print("[yellow]activation bytes are not linear in tokens (worst point off by "
+                      f"{res['act']['max']:.0%}): the attention kernel may keep s^2 scores[/yellow]")
+    capacity = Table(title=f"tokens per micro-batch that fit {cost.device_memory / 1e9:.3f} GB (max_tokens)")
+    capacity.add_column("degree", justify="right")
+    levels = [c / cost.layers for c in checkpoint_levels(cost.layers)]
+    for c in levels:
+        capacity.add_column(f"checkpoint {c:.2f}", justify="right")
+    for d, row in report["max_tokens"].items():
+        capacity.add_row(str(d), *(str(row[c]) for c in levels))
+    console.print(capacity)
+

@@ -1,0 +1,195 @@
+"""The profiler behind `ballast profile`: the grid measured on ranks, the fit, the report.
+
+`profile(shape, world, memory, settings)` spawns local gloo ranks (or joins torchrun's job),
+runs `measure.measure_on_ranks` at every grid point, fits the coefficients (`fit.py`) at the
+reduced depths, checks the extrapolation to the full depth, and returns the profiled CostModel
+with its report in `fit`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from datetime import timedelta
+from typing import Sequence
+
+from ..cost import CostModel, InfeasibleError
+from ..model_shape import ModelShape
+from ..runtime import run_local, under_torchrun
+from .fit import Coefficients, error_summary, fit, prediction_errors
+from .grid import Measurement, Point, build_grid, checkpoint_levels, verification_points
+from .machine import LoadMonitor, machine_info
+from .measure import STATISTICS, combine, core_share, measure_on_ranks, rank_device
+
+
+STATE_BYTES_PER_PARAM = 16
+"""What the runtime holds per parameter on every rank: fp32 weight and gradient, AdamW's two
+fp32 moments (replicated: ZeRO-1 would shard the moments)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What to measure (`settings_from` reads it from the command line; --quick shrinks it)."""
+
+    lengths: tuple[int, ...]
+    depths: tuple[int, ...]
+    verify: int
+    warmup: int = 1
+    repeats: int = 3
+    seed: int = 0
+    statistic: str = "median"
+    """How repeats become one number: `median` or `min` (measure.STATISTICS)."""
+
+
+def default_lengths(max_len: int, quick: bool) -> tuple[int, ...]:
+    """Powers of two from 128 to max_len (max_len itself included); every other one when quick."""
+    lengths, s = [], 128
+    while s < max_len:
+        lengths.append(s)
+        s *= 2
+    lengths = lengths[::-2][::-1] if quick else lengths
+    return tuple(lengths + [max_len])
+
+
+def state_bytes(shape: ModelShape) -> float:
+    """Bytes of states every rank holds for this shape (see STATE_BYTES_PER_PARAM)."""
+    return float(STATE_BYTES_PER_PARAM * shape.params)
+
+
+def check_states_fit(shape: ModelShape, device_memory: float) -> None:
+    """Fail before measuring anything when no degree can hold the model: SP shards activations,
+    never the states, so every rank needs all of them."""
+    states = state_bytes(shape)
+    if states >= device_memory:
+        raise InfeasibleError(
+            f"model {shape.name!r} ({shape.params / 1e6:.1f}M parameters) needs {states / 1e9:.3f} GB of "
+            f"states per rank ({STATE_BYTES_PER_PARAM} B per parameter: fp32 weights, gradients and AdamW's "
+            f"two moments), which does not fit --device-memory {device_memory / 1e9:.3f} GB at any SP degree "
+            f"(SP shards activations, not states); give more than {states / 1e9:.3f} GB, or a smaller model")
+
+
+def sp_degrees(shape: ModelShape, world_size: int) -> list[int]:
+    """Powers of two up to the world that divide the heads and kv heads."""
+    return [1 << i for i in range(world_size.bit_length()) if (1 << i) <= world_size
+            and shape.supports_degree(1 << i)]
+
+
+def plan_grid(shape: ModelShape, world_size: int, settings: Settings) -> tuple[list[Point], list[Point]]:
+    """(grid at the reduced depths, full-depth points that check the extrapolation)."""
+    if world_size < 1 or world_size & (world_size - 1):
+        raise ValueError(f"--world must be a power of two, got {world_size}")
+    if not settings.lengths or min(settings.lengths) < 1:
+        raise ValueError(f"grid lengths must be positive, got {settings.lengths}")
+    if settings.repeats < 1 or settings.warmup < 0 or settings.verify < 0:
+        raise ValueError("repeats must be >= 1, warm-up and verify >= 0")
+    if settings.statistic not in STATISTICS:
+        raise ValueError(f"statistic must be one of {sorted(STATISTICS)}, got {settings.statistic!r}")
+    if min(settings.depths) < 1:
+        raise ValueError(f"profiled depths must be >= 1 block, got {settings.depths}")
+    degrees = sp_degrees(shape, world_size)
+    depths = sorted({min(d, shape.layers) for d in settings.depths})
+    grid = [p for depth in depths for p in build_grid(depth, settings.lengths, degrees)]
+    checks = ([] if shape.layers in depths else
+              verification_points(shape.layers, settings.lengths, degrees, settings.verify))
+    return grid, checks
+
+
+def profile(shape: ModelShape, world_size: int, device_memory: float, settings: Settings,
+            progress: bool = False, timeout: float = 3600.0) -> CostModel | None:
+    """Measure `shape` on `world_size` ranks and return its profiled CostModel.
+
+    Spawns local gloo ranks, or under torchrun joins its job (NCCL on GPUs): then every
+    process calls this and rank 0 alone gets the CostModel, the others None."""
+    grid, checks = plan_grid(shape, world_size, settings)
+    check_states_fit(shape, device_memory)
+    start = time.perf_counter()
+    with LoadMonitor() as load:
+        args = (shape, grid + checks, settings.warmup, settings.repeats, settings.seed, progress)
+        per_rank = (_measure_torchrun(world_size, args, timeout) if under_torchrun() else
+                    run_local(world_size, _measure_on_rank, *args, timeout=timeout))
+    if per_rank is None:
+        return None
+    measured = combine(grid + checks, per_rank, settings.statistic)
+    fitted, verified = measured[:len(grid)], measured[len(grid):]
+    value_bytes = all_to_all_value_bytes(measured, shape)
+    # Without a degree above 1 nothing is exchanged, and no prediction prices an exchange.
+    coefficients = fit(fitted, 0.0 if value_bytes is None else shape_bytes_per_token_layer(shape, value_bytes))
+    at = {d: _cost(coefficients, shape, d, world_size, device_memory)
+          for d in {shape.layers, *(m.point.layers for m in measured)}}
+    cost, points, extrapolation = at[shape.layers], prediction_errors(fitted, at), prediction_errors(verified, at)
+    report = dict(
+        profiler="ballast profile", seconds=time.perf_counter() - start, load_average=load.summary(),
+        machine=machine_info(world_size, per_rank[0]["device"], per_rank[0]["backend"]),
+        all_to_all_value_bytes=value_bytes, shape=shape.to_dict(), settings=dataclasses.asdict(settings),
+        degrees=sp_degrees(shape, world_size), depths=sorted({p.layers for p in grid}),
+        grid=[p.label() for p in grid + checks], coefficients=coefficients.to_dict(),
+        step_overhead_s=per_rank[0]["step_overhead"], states_measured=per_rank[0]["states"],
+        core_share=core_share([r for rank in per_rank for point in rank["records"].values() for r in point]),
+        points=points, extrapolation=extrapolation, residuals=_errors(points),
+        extrapolation_error=_errors(extrapolation),
+        max_tokens={d: {c / shape.layers: cost.max_tokens(d, c / shape.layers) for c in checkpoint_levels(shape.layers)}
+                    for d in cost.degrees},
+        measurements=[m.to_dict() for m in measured])
+    return dataclasses.replace(cost, fit=report)
+
+
+def _errors(rows: list[dict]) -> dict:
+    return {key: error_summary([row[f"{key}_error"] for row in rows]) for key in ("time", "act")}
+
+
+def _measure_torchrun(world_size: int, args: tuple, timeout: float) -> list[dict] | None:
+    """Join torchrun's job, measure on this rank, gather every rank's records on rank 0."""
+    import torch.distributed as dist
+
+    from ..runtime import init_distributed
+
+    if int(os.environ["WORLD_SIZE"]) != world_size:
+        raise ValueError(f"--world {world_size} does not match torchrun's WORLD_SIZE {os.environ['WORLD_SIZE']}")
+    init_distributed(timeout=timedelta(seconds=timeout))
+    try:
+        mine = _measure_on_rank(*args)
+        gathered = [None] * world_size if dist.get_rank() == 0 else None
+        dist.gather_object(mine, gathered, dst=0)
+        return gathered
+    finally:
+        dist.destroy_process_group()
+
+
+def _measure_on_rank(*args) -> dict:
+    """`measure_on_ranks`, and the device and backend this rank measured on (the profile records
+    what the ranks used, not what the machine has)."""
+    import torch.distributed as dist
+
+    return dict(measure_on_ranks(*args), device=rank_device().type, backend=dist.get_backend())
+
+
+def shape_bytes_per_token_layer(shape: ModelShape, value_bytes: int) -> float:
+    """All-to-all send bytes per token and block: q+k+v then out in forward, both again in
+    backward, `value_bytes` each (4 in fp32, 2 in bf16)."""
+    return 2.0 * (2 * shape.hidden + 2 * shape.kv_dim) * value_bytes
+
+
+def all_to_all_value_bytes(measurements: Sequence[Measurement], shape: ModelShape) -> int | None:
+    """Bytes per value the measured all-to-alls sent; None when no point ran above degree 1.
+
+    The executor picks the precision (bf16 autocast on CUDA, fp32 elsewhere), and the bytes the
+    runs actually sent say which one it picked, so the profile cannot price values of another
+    size than those its bandwidth was fitted from. A rank sends its padded shard (the largest
+    one, `shard_tokens` rows) through every exchange: a plain block once per direction and pass,
+    a checkpointed one's forward pair again when it is recomputed."""
+    sent = {m.comm_bytes / (m.shard_tokens * (m.point.layers + m.point.checkpoint_layers / 2)
+                            * shape_bytes_per_token_layer(shape, 1))
+            for m in measurements if m.point.degree > 1}
+    if not sent:
+        return None
+    if len(sent) > 1 or not sent <= {2.0, 4.0}:
+        raise ValueError(f"the all-to-alls sent {sorted(sent)} bytes per value of {shape.name!r}'s q, k, v and "
+                         f"output, not one of 2 (bf16) or 4 (fp32): the runtime no longer exchanges what "
+                         f"shape_bytes_per_token_layer counts")
+    return int(sent.pop())
+
+
+def _cost(coefficients: Coefficients, shape: ModelShape, depth: int, world_size: int,
+          device_memory: float) -> CostModel:
+    at_depth = dataclasses.replace(shape, layers=depth)
+    return coefficients.cost_model(at_depth, world_size, device_memory, state_bytes(at_depth))

@@ -1,0 +1,47 @@
+"""The one all-to-all of the runtime, as an autograd function: the backward is the reverse exchange.
+
+Both re-layouts of the runtime are exchanges that have an exact reverse:
+
+    HeadExchange (attention.py)  Ulysses: a stream sharded by tokens <-> the same stream sharded by heads
+    Route (remap.py)             one contiguous partition of a domain's rows <-> another
+
+An exchange only moves values between ranks, so it is a permutation of the values of the
+whole group, and the adjoint of a permutation is its inverse: the gradient of the forward
+exchange is the reverse exchange of the gradient, one all-to-all each way.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+
+class Exchange(Protocol):
+    """A layout change over a process group that `reversed()` undoes exactly."""
+
+    def run(self, x: Tensor) -> Tensor:
+        """This rank's rows after the exchange (one all-to-all, a collective of the group)."""
+        ...
+
+    def reversed(self) -> Exchange:
+        ...
+
+
+class AllToAll(torch.autograd.Function):
+    """Forward: one all-to-all, `exchange.run(x)`.
+    Backward: one all-to-all, `exchange.reversed().run(grad)`."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, exchange: Exchange) -> Tensor:
+        ctx.exchange = exchange
+        return exchange.run(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        return ctx.exchange.reversed().run(grad.contiguous()), None
+
+
+def all_to_all(x: Tensor, exchange: Exchange) -> Tensor:
+    """`exchange` applied to `x`, differentiably (see `AllToAll`)."""
+    return AllToAll.apply(x, exchange)

@@ -1,0 +1,78 @@
+"""The one place parallelism is applied to a model: `parallelize(model, cluster) -> Executor`.
+
+torchtitan's order, for a model built the same way on every rank:
+
+    1. checks that need no communication (world size against the cluster, precision, the
+       sharding options), so a user error stops every rank before any collective;
+    2. sequence-parallel attention installed in the model's attention layers (`attention.py`);
+    3. the weights: every rank starts from rank 0's, replicated, or sharded with FSDP2
+       (`fsdp.py`, which broadcasts them before sharding);
+    4. AdamW over the parameters, its state sharded over the world with ZeRO-1 or not (FSDP2
+       shards it with the parameters);
+    5. the `Executor` that runs plans with all of it.
+
+Train, verify, profile, check and bench all build their executor here.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from ..cluster import Cluster
+from .attention import install_attention
+from .executor import PRECISIONS, Executor
+from .fsdp import is_sharded, shard_model
+from .groups import ProcessGroups
+
+
+def parallelize(model: nn.Module, cluster: Cluster, *, groups: ProcessGroups | None = None,
+                fsdp: bool = False, zero1: bool = False, precision: str = "auto",
+                measure_activations: bool = False, **adamw: float) -> Executor:
+    """The executor that runs plans of `cluster` with `model` on this rank (a collective: every
+    rank of the job calls it with a model built alike).
+
+    groups: the job's cached process groups (made here when None; share one between executors).
+    fsdp / zero1: shard parameters, gradients and optimizer state (FSDP2), or the optimizer
+    state only (ZeRO-1); at most one. precision: "auto" (bf16 autocast on CUDA, fp32
+    elsewhere), "bf16" or "fp32". measure_activations: record the bytes each micro-batch saves
+    for backward. adamw: AdamW's keyword arguments (lr, betas, weight_decay, ...).
+    """
+    world = dist.get_world_size()
+    cluster.check_world_size(world)
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if zero1 and (fsdp or is_sharded(model)):
+        raise ValueError("ZeRO-1 and FSDP both shard the optimizer state: use one of them")
+    groups = groups or ProcessGroups()
+    install_attention(model)
+    if fsdp and not is_sharded(model):
+        shard_model(model)
+    elif not is_sharded(model):
+        _broadcast_weights(model)
+    return Executor(model, make_optimizer(model, zero1, **adamw), cluster, groups,
+                    measure_activations=measure_activations, precision=precision)
+
+
+def make_optimizer(model: nn.Module, zero1: bool = False, **adamw: float) -> torch.optim.Optimizer:
+    """AdamW over the model's parameters; with `zero1`, its state sharded over the world (ZeRO-1):
+    each rank keeps and updates the state of its share of the parameters, then broadcasts them.
+    A model sharded with FSDP (`shard_model`) has sharded state already."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if zero1 and is_sharded(model):
+        raise ValueError("ZeRO-1 and FSDP both shard the optimizer state: use one of them")
+    if zero1:
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, **adamw)
+    return torch.optim.AdamW(params, **adamw)
+
+
+def _broadcast_weights(model: nn.Module) -> None:
+    """Every rank takes rank 0's weights: the summed gradient means something only if all ranks
+    start from the same ones. One broadcast of all parameters flattened."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    dist.broadcast(flat, src=0)
+    with torch.no_grad():
+        for p, piece in zip(params, torch.split(flat, [p.numel() for p in params])):
+            p.copy_(piece.view_as(p))

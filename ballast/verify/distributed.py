@@ -1,0 +1,37 @@
+"""The same steps under plans, on every rank of a job: what `ballast verify` checks."""
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from ..cluster import get_cluster
+from ..model_shape import ModelShape
+from ..models.gpt import build_gpt
+from ..plans import Plan
+from ..runtime import ProcessGroups, broadcast_plan, full_tensor, parallelize
+from .reference import Batch, Trajectory, flatten
+
+
+def train_distributed(shape: ModelShape, plans: list[dict], batches: list[Batch], seed: int, lr: float,
+                      groups: ProcessGroups, zero1: bool = False, fsdp: bool = False,
+                      precision: str = "auto") -> Trajectory:
+    """The steps under `plans` (Plan.to_dict of rank 0's plans), on every rank of the job; with
+    `fsdp` the model is sharded with FSDP2 (the plans must be lockstep); `precision` is the
+    executor's."""
+    cluster = get_cluster("cpu", world_size=dist.get_world_size())
+    model = build_gpt(shape, seed)
+    executor = parallelize(model, cluster, groups=groups, fsdp=fsdp, zero1=zero1, precision=precision, lr=lr)
+    losses, grads, starts = [], [], []
+    for plan_data, batch in zip(plans, batches, strict=True):
+        plan, _ = broadcast_plan(Plan.from_dict(plan_data) if dist.get_rank() == 0 else None)
+        starts.append(flatten(full_tensor(p) for p in model.parameters()))
+        losses.append(executor.step(plan, batch.samples).loss)
+        # The step leaves the summed gradients in place (optimizers do not clear them).
+        grads.append(flatten(full_tensor(p.grad) for p in model.parameters()))
+    return Trajectory(losses, grads, starts, flatten(full_tensor(p) for p in model.parameters()))
+
+
+def train_all_planners(shape: ModelShape, plans: dict[str, list[dict]], batches: list[Batch], seed: int,
+                        lr: float, zero1: bool, fsdp: bool) -> dict[str, Trajectory] | None:
+    groups = ProcessGroups()
+    out = {name: train_distributed(shape, p, batches, seed, lr, groups, zero1, fsdp) for name, p in plans.items()}
+    return out if dist.get_rank() == 0 else None

@@ -1,0 +1,88 @@
+"""The single-process reference `ballast verify` and the runtime tests compare with.
+
+The whole batch runs as one packed stream in one process, with plain AdamW: no runtime, no
+plan. `train_reference` trains K steps that way; `reference_at` takes the loss and gradient of
+each step at the parameters a distributed run started it from.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..model_shape import ModelShape
+from ..models.gpt import PackedStream, build_gpt
+
+
+@dataclass
+class Batch:
+    lengths: list[int]
+    samples: list[Tensor]
+    """samples[i]: lengths[i] + 1 token ids (inputs and, shifted by one, their targets)."""
+
+
+@dataclass
+class Trajectory:
+    losses: list[float]
+    grads: list[Tensor]
+    """Per step, every parameter's gradient flattened into one vector."""
+    start_params: list[Tensor]
+    """Per step, the parameters the step started from, flattened."""
+    params: Tensor
+    """Parameters after the last step, flattened."""
+
+
+def random_batches(shape: ModelShape, steps: int, batch: int, max_len: int, seed: int) -> list[Batch]:
+    """Long-tailed lengths (log-uniform in 1..max_len) and uniformly random tokens."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        lengths = [int(s) for s in np.clip(np.round(np.exp(rng.uniform(0, math.log(max_len), batch))), 1, max_len)]
+        samples = [torch.from_numpy(rng.integers(0, shape.vocab, s + 1)) for s in lengths]
+        out.append(Batch(lengths, samples))
+    return out
+
+
+def flatten(tensors) -> Tensor:
+    """Detached copy of the tensors as one vector (parameters or gradients, in model order)."""
+    return torch.cat([t.detach().reshape(-1) for t in tensors]).clone()
+
+
+def _whole_batch_backward(model: torch.nn.Module, batch: Batch) -> float:
+    """Loss and gradient of the whole batch as one packed stream in this process."""
+    inputs = torch.cat([s[:-1] for s in batch.samples])
+    targets = torch.cat([s[1:] for s in batch.samples])
+    logits = model(inputs, PackedStream.from_lengths(batch.lengths))
+    loss = F.cross_entropy(logits, targets, reduction="sum") / sum(batch.lengths)
+    loss.backward()
+    return loss.item()
+
+
+def train_reference(shape: ModelShape, batches: list[Batch], seed: int, lr: float) -> Trajectory:
+    """The steps in one process: the whole batch as one packed stream, plain AdamW."""
+    model = build_gpt(shape, seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses, grads, starts = [], [], []
+    for batch in batches:
+        optimizer.zero_grad(set_to_none=True)
+        starts.append(flatten(model.parameters()))
+        losses.append(_whole_batch_backward(model, batch))
+        grads.append(flatten(p.grad for p in model.parameters()))
+        optimizer.step()
+    return Trajectory(losses, grads, starts, flatten(model.parameters()))
+
+
+def reference_at(shape: ModelShape, trajectory: Trajectory, batches: list[Batch]) -> Trajectory:
+    """Single-process loss and gradient of every step at the parameters `trajectory` started it from."""
+    model = build_gpt(shape)
+    losses, grads = [], []
+    for params, batch in zip(trajectory.start_params, batches, strict=True):
+        torch.nn.utils.vector_to_parameters(params, model.parameters())
+        model.zero_grad(set_to_none=True)
+        losses.append(_whole_batch_backward(model, batch))
+        grads.append(flatten(p.grad for p in model.parameters()))
+    return Trajectory(losses, grads, trajectory.start_params, trajectory.params)
