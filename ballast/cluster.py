@@ -136,7 +136,7 @@ class Cluster:
 
 # --- presets -------------------------------------------------------------------------------
 # FlexSP (Wang et al., ASPLOS'25) measured the effective all-to-all bandwidth of its A100
-# cluster per SP degree (DESIGN.md). Dividing by the links' specifications gives how much of a
+# cluster per SP degree (docs/design.md). Dividing by the links' specifications gives how much of a
 # link an all-to-all of that degree gets; we reuse those fractions for the Hopper presets so
 # that their tables have the same shape, scaled by their own links.
 _A100_NVLINK = 300 * GB   # NVLink 3: 600 GB/s bidirectional per A100 -> 300 GB/s each way

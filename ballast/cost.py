@@ -1,6 +1,6 @@
 """CostModel: time and memory of a micro-batch at an SP degree and checkpoint level.
 
-DESIGN.md's model, in seconds and bytes:
+docs/design.md's model, in seconds and bytes:
 
     time(mb, d, c)   = [sum_s (a s^2 (1 + c r_attn) + b s (1 + c r))] / d + comm(sum_s s, d) + g
     comm(n, d)       = bytes_per_token n / (d bw(d)) + latency(d)  (0 at d = 1; latency(d) is
@@ -12,7 +12,7 @@ model shape and a cluster), `published` (FlexSP's A100 profile) and `profiled` (
 `ballast profile`). Checkpoint levels are fractions of layers, so they are multiples of
 1 / layers.
 
-DESIGN.md has one recomputation factor r for both terms; r_attn (`recompute_attention`) is
+docs/design.md has one recomputation factor r for both terms; r_attn (`recompute_attention`) is
 the s^2 term's own, and equals r unless a profile measured it apart. It must be apart where
 attention's forward is a different share of its forward + backward than a matmul's: on
 `tiny` on CPU, recomputing every layer costs about +20% at 8192 tokens (attention dominates)
@@ -45,7 +45,7 @@ ALL_TO_ALLS_PER_LAYER = 4
 RECOMPUTE_OVERHEAD = 1 / 3
 _EPS = 1e-9
 
-# FlexSP's profile of GPT on 64 A100-40GB (DESIGN.md): ms per token^2, ms per token, ms, MB/token.
+# FlexSP's profile of GPT on 64 A100-40GB (docs/design.md): ms per token^2, ms per token, ms, MB/token.
 _PUBLISHED = {
     "gpt-7b": (5.128e-6, 0.18396, 629.0, 4.48),
     "gpt-13b": (9.285e-6, 0.30602, 1133.0, 4.22),
@@ -97,7 +97,7 @@ class CostModel:
     fit: dict = field(default_factory=dict)
     """Free-form report of how the coefficients were obtained (residuals of a profile fit)."""
     recompute_attention: float | None = None
-    """r_attn: r of the attention term a s^2 alone; None (the default) means r, DESIGN.md's
+    """r_attn: r of the attention term a s^2 alone; None (the default) means r, docs/design.md's
     single factor. `ballast profile` fits it apart from r."""
 
     def __post_init__(self) -> None:
@@ -210,7 +210,7 @@ class CostModel:
         longest: max_k min_d alone(s_k, d) + g -- a sequence is never faster than alone, where
                  alone is time() with the linear work spread over all N ranks (a remap
                  domain may do that).
-        area:    sum_k min_d d time(s_k, d) / N + g -- DESIGN.md's bound, with g counted once
+        area:    sum_k min_d d time(s_k, d) / N + g -- docs/design.md's bound, with g counted once
                  because sequences packed into one micro-batch share it (busy ranks B <= N each
                  pay at least one g, so makespan >= (work + B g) / B >= work / N + g).
         memory:  the area bound without its per-sequence checkpointing, plus the least
@@ -225,7 +225,7 @@ class CostModel:
         In a plan of makespan T a sequence runs at a degree where it alone takes at most T, so
         the minima above may range over those degrees only. Both sides then depend on T: the
         bound is the least T with T >= max(longest, area(T), memory(T)), found by bisection
-        (the right side never grows with T). DESIGN.md's plain area term ignores memory and
+        (the right side never grows with T). docs/design.md's plain area term ignores memory and
         this coupling; with FlexSP's published g they are worth 5-10% of a step.
         """
         if len(lengths) == 0:
@@ -292,7 +292,7 @@ class CostModel:
 
     @classmethod
     def published(cls, shape: ModelShape, cluster: Cluster) -> CostModel:
-        """FlexSP's measured GPT-7B/13B/30B coefficients on A100-40GB (DESIGN.md)."""
+        """FlexSP's measured GPT-7B/13B/30B coefficients on A100-40GB (docs/design.md)."""
         if shape.name not in _PUBLISHED:
             raise ValueError(f"no published profile for model {shape.name!r}; have {sorted(_PUBLISHED)}")
         a_ms, b_ms, fixed_ms, act_mb = _PUBLISHED[shape.name]
@@ -328,7 +328,7 @@ class CostModel:
 def _all_to_all_bytes_per_token(shape: ModelShape, value_bytes: int) -> float:
     # q and out carry `hidden` values per token, k and v `kv_dim`; each crosses an all-to-all
     # in forward and again in backward. With kv_heads == heads and bf16 (2 bytes) this is
-    # DESIGN.md's 4 tensors x 2 x layers x hidden x 2 bytes.
+    # docs/design.md's 4 tensors x 2 x layers x hidden x 2 bytes.
     return 2.0 * shape.layers * (2 * shape.hidden + 2 * shape.kv_dim) * value_bytes
 
 

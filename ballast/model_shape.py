@@ -77,7 +77,7 @@ class ModelShape:
 
 
 MODEL_PRESETS: dict[str, ModelShape] = {
-    # FlexSP's GPT models (DESIGN.md: 32/40/60 layers, hidden 4096/5120/6656, 64 heads).
+    # FlexSP's GPT models (docs/design.md: 32/40/60 layers, hidden 4096/5120/6656, 64 heads).
     "gpt-7b": ModelShape("gpt-7b", 32, 4096, 64, 64, 4 * 4096, 50304, gated_mlp=False),
     "gpt-13b": ModelShape("gpt-13b", 40, 5120, 64, 64, 4 * 5120, 50304, gated_mlp=False),
     "gpt-30b": ModelShape("gpt-30b", 60, 6656, 64, 64, 4 * 6656, 50304, gated_mlp=False),

@@ -139,7 +139,7 @@ def tiny_instances(draw):
         world_size=world, kept=kept, layers=draw(st.sampled_from([1, 2, 4])),
         a=draw(st.sampled_from([1e-9, 1e-7, 1e-6, 1e-5])), b=draw(st.sampled_from([1e-5, 1e-4, 1e-3])),
         g=draw(st.sampled_from([0.0, 1e-3, 0.05, 0.5])), recompute=draw(st.sampled_from([0.0, 1 / 3, 1.0])),
-        recompute_attention=draw(st.sampled_from([None, 0.1, 1.0])),  # None: DESIGN.md's single r
+        recompute_attention=draw(st.sampled_from([None, 0.1, 1.0])),  # None: docs/design.md's single r
         heads=draw(st.sampled_from([2, 8])), kv_heads=2, states=0.0, device_memory=cap * 1e5,
         bandwidth={d: draw(st.sampled_from([1e6, 1e8, 1e10])) for d in (2, 4) if d <= world},
         bytes_per_token=draw(st.sampled_from([10.0, 1e3, 1e5])))

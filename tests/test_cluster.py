@@ -9,7 +9,7 @@ import pytest
 from ballast.cluster import PRESETS, Cluster, get_cluster
 
 GB = 1e9
-# FlexSP's measured all-to-all bandwidth on 64 A100-40GB, GB/s by SP degree (DESIGN.md).
+# FlexSP's measured all-to-all bandwidth on 64 A100-40GB, GB/s by SP degree (docs/design.md).
 FLEXSP_BW_GBS = {2: 119.5, 4: 104.1, 8: 96.5, 16: 10.3, 32: 5.9, 64: 4.9}
 
 

@@ -1,4 +1,4 @@
-"""The cost model (ballast/cost.py) against DESIGN.md's formulas and FlexSP's published numbers."""
+"""The cost model (ballast/cost.py) against docs/design.md's formulas and FlexSP's published numbers."""
 from __future__ import annotations
 
 import json
@@ -21,7 +21,7 @@ def small_cost(**change) -> CostModel:
     return CostModel(**{**fields, **change})
 
 
-# --- DESIGN.md's formulas, by hand -------------------------------------------------------------
+# --- docs/design.md's formulas, by hand -------------------------------------------------------------
 def test_time_by_hand():
     cost = small_cost()
     # d=1, c=0: a (1000^2 + 3000^2) + b 4000 + g = 10 + 4 + 0.01, no all-to-all
@@ -36,7 +36,7 @@ def test_time_by_hand():
     # (10 (1 + 0.05) + 4 (1 + 0.25)) / 2 = 7.75; + comm 0.002 + g 0.01
     split = small_cost(recompute_attention=0.1)
     assert split.time([1000, 3000], 2, 0.5) == pytest.approx(7.762, rel=1e-12)
-    assert small_cost().recompute_attention == 0.5  # unset: DESIGN.md's single r
+    assert small_cost().recompute_attention == 0.5  # unset: docs/design.md's single r
     # packing is not free of quadratic cost: two sequences of 2000 cost less than one of 4000
     assert cost.time([2000, 2000], 1, 0) == pytest.approx(8e-6 * 1e6 + 4 + 0.01)
 
@@ -164,7 +164,7 @@ def test_profile_of_another_model_is_rejected(tmp_path):
     assert get_cost_model(str(path), get_model_shape("tiny"), get_cluster("cpu", world_size=4)).model == "tiny"
 
 
-# FlexSP's profile (DESIGN.md), ms per token^2, ms per token, ms fixed, MB per token, layers, hidden.
+# FlexSP's profile (docs/design.md), ms per token^2, ms per token, ms fixed, MB per token, layers, hidden.
 FLEXSP = {"gpt-7b": (5.128e-6, 0.18396, 629, 4.48, 32, 4096),
           "gpt-13b": (9.285e-6, 0.30602, 1133, 4.22, 40, 5120),
           "gpt-30b": (1.5426e-5, 0.80357, 2789, 3.42, 60, 6656)}
@@ -253,10 +253,10 @@ def test_check_fits_names_sequence_and_limit():
 
 # --- lower bound -------------------------------------------------------------------------------
 def design_lower_bound(cost: CostModel, lengths, remap: bool = False) -> float:
-    """DESIGN.md's bound: max(sum_k min_d d time(s_k, d) / N, max_k min_d time(s_k, d)),
+    """docs/design.md's bound: max(sum_k min_d d time(s_k, d) / N, max_k min_d time(s_k, d)),
     with the least checkpoint level at each degree.
 
-    One correction: DESIGN.md's area term charges the fixed cost g to every sequence, but
+    One correction: docs/design.md's area term charges the fixed cost g to every sequence, but
     sequences packed into one micro-batch share it, so that term is not a bound (5 one-token
     sequences on 4 ranks take g + 5(a + b), not 5 g / 4). As cost.py documents, the area term
     counts g once.
@@ -265,7 +265,7 @@ def design_lower_bound(cost: CostModel, lengths, remap: bool = False) -> float:
     alone may also run its attention and all-to-alls at degree d and its linear work spread
     over all N ranks, without recomputation, because a remap domain may do exactly that.
     """
-    assert not cost.comm_latency, "DESIGN.md's formula has no all-to-all latency"
+    assert not cost.comm_latency, "docs/design.md's formula has no all-to-all latency"
     n = cost.world_size
     best, area = [], []
     for s in lengths:
@@ -281,7 +281,7 @@ def design_lower_bound(cost: CostModel, lengths, remap: bool = False) -> float:
 
 def test_design_area_term_with_g_per_sequence_is_not_a_bound():
     # Why design_lower_bound counts g once: packing 5 one-token sequences into one
-    # micro-batch beats DESIGN.md's literal area term, and the model's bound stays below it.
+    # micro-batch beats docs/design.md's literal area term, and the model's bound stays below it.
     cost = small_cost(g=0.5)
     packed = cost.time([1] * 5, 1, 0.0)
     literal_area = 5 * cost.time([1], 1, 0.0) / cost.world_size
@@ -297,7 +297,7 @@ def test_lower_bound_single_sequence_is_exact():
     assert cost.lower_bound([]) == 0.0
 
 
-# All-to-all cost per token against the linear cost b = 1e-3 s: ~1e-6 (cheap, DESIGN.md's
+# All-to-all cost per token against the linear cost b = 1e-3 s: ~1e-6 (cheap, docs/design.md's
 # regime on NVLink) or ~1e-3 (expensive: the remap relaxation then matters). A world of 16
 # ranks has more ranks than the largest usable degree (4), so a remap spreads linear work wider
 # than any SP group can.
@@ -308,10 +308,10 @@ COMM = {"cheap": {2: 1e9, 4: 5e8}, "expensive": {2: 1e6, 4: 5e5}}
 @given(st.lists(st.integers(1, 400_000), min_size=1, max_size=30), st.floats(0.0, 0.5),
        st.sampled_from(sorted(COMM)), st.sampled_from([4, 16]))
 def test_lower_bound_at_least_design_formula_with_remap_relaxation(lengths, g, comm, world):
-    # What holds: the bound is DESIGN.md's, tightened in every term but one; that one, the
+    # What holds: the bound is docs/design.md's, tightened in every term but one; that one, the
     # longest term, is relaxed for remapping (README "Cost model and lower bound"), so the bound
-    # is at least DESIGN's formula with that relaxation, not DESIGN's own. With cheap all-to-alls
-    # and N = the largest degree (this file's old fixture, under which a test of DESIGN's own
+    # is at least docs/design.md's formula with that relaxation, not docs/design.md's own. With cheap all-to-alls
+    # and N = the largest degree (this file's old fixture, under which a test of docs/design.md's own
     # formula could not fail) the area term covers what the relaxation takes off; with expensive
     # ones, or N above the largest degree, it falls well below (under half on some batches here).
     # 1e-9: the same terms summed in another order (the bisection only raises the bound from
@@ -323,7 +323,7 @@ def test_lower_bound_at_least_design_formula_with_remap_relaxation(lengths, g, c
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.integers(1, 100_000), min_size=1, max_size=30), st.floats(0.0, 0.5))
 def test_lower_bound_at_least_design_formula_on_one_rank(lengths, g):
-    # On one rank no remap can spread anything, and DESIGN.md's bound holds as written.
+    # On one rank no remap can spread anything, and docs/design.md's bound holds as written.
     cost = small_cost(g=g, world_size=1, bandwidth={})
     assert cost.lower_bound(lengths) >= design_lower_bound(cost, lengths) * (1 - 1e-9)
 
@@ -334,7 +334,7 @@ def test_remap_relaxation_puts_the_bound_below_design_formula(cluster, model, le
     # A remap domain could run a sequence's linear work on all 32 ranks: wider than any SP
     # group of llama3-8b (8 kv heads: degree 8 at most), and, for a short gpt-13b sequence,
     # without the cross-node all-to-alls SP would pay to spread it (the relaxation charges a
-    # remap no transfer). The bound must allow that and sits well below DESIGN.md's formula.
+    # remap no transfer). The bound must allow that and sits well below docs/design.md's formula.
     cost = get_cost_model("auto", get_model_shape(model), get_cluster(cluster))
     bound = cost.lower_bound([length])
     assert bound < 0.8 * design_lower_bound(cost, [length])

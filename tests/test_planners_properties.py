@@ -45,7 +45,7 @@ def setups(draw, lockstep=None):
     cap = draw(st.integers(32, 50_000))     # tokens a device holds without checkpointing
     memory = cost.states + cap * cost.act_per_token
     cluster = dataclasses.replace(cluster, device_memory=memory)
-    # Attention's recomputation priced like the rest (DESIGN.md) or apart, as profiles find it.
+    # Attention's recomputation priced like the rest (docs/design.md) or apart, as profiles find it.
     cost = dataclasses.replace(cost, device_memory=memory,
                                recompute_attention=draw(st.sampled_from([cost.recompute, 0.1, 0.8])))
     limit = cost.max_tokens(cost.degrees[-1], 1.0)

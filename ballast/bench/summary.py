@@ -6,7 +6,7 @@ slows whichever steps it lands on, so the headline `tokens_per_s` is robust to i
 the median over rounds of the step time, then total tokens over the sum of those medians.
 `tokens_per_s_mean` is the plain total over every measured step.
 
-The cost model predicts the waves only (DESIGN.md's step time has no gradient sync or optimizer,
+The cost model predicts the waves only (docs/design.md's step time has no gradient sync or optimizer,
 a constant no planner changes), so predictions are compared with the measured waves: per batch,
 predicted / (median over rounds of the slowest rank's waves) - 1, then the median over batches.
 

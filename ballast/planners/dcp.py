@@ -45,7 +45,7 @@ Deviations from the paper: DCP streams a dataset and leaves unconsumed samples t
 iteration; a ballast step must place its whole batch, so a target time replaces VideoSys'
 median and overflow becomes another wave. A group may run micro-batches of several buckets
 of its degree (VideoSys gives a group one bucket per iteration). Mode names follow ballast's
-DESIGN.md; VideoSys calls dynamic SP alone "DCP-intra", the accumulation balancing
+docs/design.md; VideoSys calls dynamic SP alone "DCP-intra", the accumulation balancing
 "DCP-inter", and pyramid checkpointing an add-on to the latter.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ It runs the model with `Executor` on this machine's ranks (local gloo ranks on t
 torchrun's: NCCL on GPUs) over a grid of sequence lengths x SP degrees (powers of two up to the
 world that divide the heads) x checkpoint levels (none, half the layers, all), with a warm-up
 round and repeated rounds (reduced by their median, or their minimum with `--statistic min`:
-see measure.STATISTICS), and fits DESIGN.md's coefficients (ballast.profile.fit): a (s^2),
+see measure.STATISTICS), and fits docs/design.md's coefficients (ballast.profile.fit): a (s^2),
 b (s), g (per micro-batch), r, the all-to-all bandwidth and per-call latency by degree,
 activation bytes per token and k. The all-to-all bytes per token are those the runs sent:
 4-byte values in fp32 on CPUs, 2-byte ones under the executor's bf16 autocast on GPUs

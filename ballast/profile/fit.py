@@ -1,4 +1,4 @@
-"""Fit DESIGN.md's cost model to measured micro-batches, per layer, so any depth can be priced.
+"""Fit docs/design.md's cost model to measured micro-batches, per layer, so any depth can be priced.
 
 DCP's fast profiling runs a reduced-depth copy of the model and extrapolates: terms of the
 blocks grow with the depth L, those of the embedding, output layer, loss and step loop do not.

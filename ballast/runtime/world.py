@@ -1,6 +1,6 @@
 """Joining a distributed job: under torchrun, or as N local gloo ranks for tests and `verify`.
 
-Real jobs are launched with `torchrun` (DESIGN.md) and call `init_distributed()`. `run_local`
+Real jobs are launched with `torchrun` (docs/design.md) and call `init_distributed()`. `run_local`
 is not a launcher for training: it lets tests and `ballast verify` start a whole gloo world on
 this machine, bound to 127.0.0.1, and get every rank's return value back.
 

@@ -34,7 +34,7 @@ class GroupEstimates:
         self.comm_per_token = np.array(self._comm)
         self.cap = (cost.device_memory - cost.states) / cost.act_per_token
         self.recompute_rate = cost.recompute / (1.0 - cost.kept)
-        # Exactly 0.0 under DESIGN.md's single r, which leaves every estimate as it was.
+        # Exactly 0.0 under docs/design.md's single r, which leaves every estimate as it was.
         self.attention_rate = (cost.recompute_attention - cost.recompute) / (1.0 - cost.kept)
         self._a, self._b, self._g = cost.a, cost.b, cost.g
         self.quad = [0.0] * len(degrees)      # sum of a s^2 + b s
