@@ -1,20 +1,29 @@
-"""`ballast` command line: one subcommand per job; each lives in its own folder's `command.py`."""
+"""`ballast` command line: one subcommand per job; each lives in its own folder's `command.py`.
+
+Errors end a command once, as one message: a user error (a ValueError, raised here or on any
+rank) with `ballast <command>: error: ...` and exit 2; a defect on a rank with that rank's
+traceback and exit 1. A rank that stopped because a peer failed (`PeerFailed`, under torchrun)
+prints nothing: the peer prints its own error.
+"""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .bench import command as bench
 from .profile import command as profile
+from .runtime.world import PeerFailed, RankFailed, under_torchrun
 from .simulate import command as simulate
 from .train import command as train
 from .verify import command as verify
 
+DESCRIPTION = "data-centric parallelism for training Transformers on variable-length sequences"
 COMMANDS = {"simulate": simulate, "verify": verify, "train": train, "profile": profile, "bench": bench}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ballast", description=__doc__.splitlines()[0].strip("`"))
+    parser = argparse.ArgumentParser(prog="ballast", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module in COMMANDS.items():
         p = sub.add_parser(name, help=module.HELP, description=module.__doc__)
@@ -22,10 +31,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return COMMANDS[args.command].run(args)
+    except PeerFailed as e:
+        return 2 if e.user_error else 1
     except ValueError as e:
         # User errors (bad input, a plan that cannot exist) end with their message, not a trace.
-        print(f"ballast {args.command}: error: {e}", file=sys.stderr)
+        where = f"rank {os.environ['RANK']}: " if under_torchrun() else ""
+        print(f"ballast {args.command}: error: {where}{e}", file=sys.stderr)
         return 2
+    except RankFailed as e:
+        print(f"ballast {args.command}: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -6,12 +6,11 @@ custom clusters load from TOML or JSON with the same field names.
 """
 from __future__ import annotations
 
-import json
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .value_checks import check_types, from_fields
+from .value_checks import check_types, from_fields, read_json
 
 GB = 1e9
 
@@ -122,11 +121,13 @@ class Cluster:
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"cluster file {path} does not exist")
-        text = path.read_text()
-        try:
-            data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
-        except (tomllib.TOMLDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"cluster file {path}: cannot parse: {e}") from e
+        if path.suffix == ".toml":
+            try:
+                data = tomllib.loads(path.read_text())
+            except tomllib.TOMLDecodeError as e:
+                raise ValueError(f"cluster file {path}: cannot parse TOML: {e}") from None
+        else:
+            data = read_json(path, "cluster file")
         data.setdefault("name", path.stem)
         try:
             return cls.from_dict(data)

@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from .cluster import Cluster
-from .value_checks import check_types, from_fields
+from .value_checks import check_types, from_fields, read_json
 from .model_shape import ModelShape
 
 # Mixed-precision Adam: bf16 weights and grads + fp32 master weights, momentum and variance.
@@ -108,8 +108,8 @@ class CostModel:
         object.__setattr__(self, "comm_latency", {int(d): float(v) for d, v in self.comm_latency.items()})
         if self.states >= self.device_memory:
             raise InfeasibleError(
-                f"model {self.model!r}: its states ({self.states / 1e9:.2f} GB per device) do not fit "
-                f"the device memory ({self.device_memory / 1e9:.2f} GB) at any degree")
+                f"model {self.model!r}: its states ({self.states / 1e9:.3g} GB per device) do not fit "
+                f"the device memory ({self.device_memory / 1e9:.3g} GB, --device-memory-gb) at any degree")
 
     # --- degrees and memory ------------------------------------------------------------------
     @property
@@ -157,7 +157,8 @@ class CostModel:
                 raise InfeasibleError(
                     f"sequence {i} has {s} tokens, more than any plan can hold: at most {limit} "
                     f"tokens fit one micro-batch (SP degree {self.degrees[-1]}, full checkpointing, "
-                    f"{self.device_memory / 1e9:.1f} GB per device)")
+                    f"{self.device_memory / 1e9:.3g} GB per device); lower --max-len, or give each "
+                    f"device more memory (--device-memory-gb) or the job more ranks")
 
     # --- time ----------------------------------------------------------------------------------
     def comm(self, tokens: float, degree: int) -> float:
@@ -319,9 +320,10 @@ class CostModel:
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"cost model file {path} does not exist")
+        data = read_json(path, "cost model file")
         try:
-            return cls.from_dict(json.loads(path.read_text()))
-        except (json.JSONDecodeError, TypeError) as e:
+            return cls.from_dict(data)
+        except (ValueError, TypeError) as e:
             raise ValueError(f"cost model file {path}: {e}") from e
 
 

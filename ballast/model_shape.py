@@ -1,11 +1,10 @@
 """Model shapes: the numbers of a decoder that the cost model and the runtime's models share."""
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .value_checks import check_types, from_fields
+from .value_checks import check_types, from_fields, read_json
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ def get_model_shape(spec: str) -> ModelShape:
         return MODEL_PRESETS[spec]
     path = Path(spec)
     if path.suffix == ".json" and path.is_file():
-        data = json.loads(path.read_text())
+        data = read_json(path, "model file")
         data.setdefault("name", path.stem)
         return ModelShape.from_dict(data)
     raise ValueError(f"unknown model {spec!r}; presets: {', '.join(MODEL_PRESETS)} or a .json file")

@@ -1,13 +1,24 @@
-"""Building the value objects (Cluster, ModelShape, CostModel) from user-written dicts."""
+"""Building the value objects (Cluster, ModelShape, CostModel) from user-written files and dicts."""
 from __future__ import annotations
 
 import functools
+import json
 import types
 from dataclasses import MISSING, fields
 from numbers import Integral, Real
+from pathlib import Path
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 T = TypeVar("T")
+
+
+def read_json(path: Path, what: str) -> Any:
+    """The JSON value in `path`; a ValueError naming the file (as `what`), line and column when it
+    does not parse."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{what} {path}: cannot parse JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
 
 
 def from_fields(cls: type[T], data: dict[str, Any], what: str) -> T:

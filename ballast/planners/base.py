@@ -46,6 +46,23 @@ class Planner(ABC):
         self.cluster = cluster
         self.cost = cost
         self.options = options or PlannerOptions()
+        self._check_degree(self.options.degree)
+
+    def _check_degree(self, degree: int | None) -> None:
+        """A forced degree must exist on this cluster and model, and hold `max_len`: known before
+        any batch, so a run fails at its start (before ranks spawn), not at its first step."""
+        if degree is None:
+            return
+        if degree not in self.cost.degrees:
+            raise ValueError(f"SP degree {degree} is not usable: degrees are {self.cost.degrees} "
+                             f"(powers of two up to the world size of {self.cluster.world_size} "
+                             f"dividing the model's heads)")
+        max_len = self.options.max_len
+        if max_len is not None and self.cost.min_checkpoint(max_len, degree) is None:
+            raise ValueError(f"a {max_len}-token sequence (--max-len) does not fit SP degree {degree} even "
+                             f"with full checkpointing (at most {self.cost.max_tokens(degree, 1.0)} tokens at "
+                             f"{self.cost.device_memory / 1e9:.3g} GB per device): raise --degree or "
+                             f"--device-memory-gb, or lower --max-len")
 
     def plan(self, lengths: Sequence[int]) -> Plan:
         """The plan of one step for a batch with these sequence lengths."""

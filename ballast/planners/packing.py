@@ -93,9 +93,7 @@ def fixed_run(cost: CostModel, lengths: Sequence[int], max_len: int | None,
     degree = degree or cost.min_degree(max_len)
     if degree is None:
         raise ValueError(f"max_len {max_len} fits no SP degree up to {cost.degrees[-1]}")
-    if degree not in cost.degrees:
-        raise ValueError(f"SP degree {degree} is not usable: degrees are {cost.degrees} "
-                         f"(powers of two up to the world size dividing the heads)")
+    assert degree in cost.degrees, (degree, cost.degrees)  # a forced degree: Planner checked it
     return max_len, degree, fixed_checkpoint(cost, max_len, degree)
 
 

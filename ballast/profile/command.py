@@ -27,6 +27,7 @@ profile's predictions (ballast.profile.check).
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 from rich.console import Console
@@ -34,6 +35,7 @@ from rich.table import Table
 
 from ..cost import CostModel
 from ..model_shape import get_model_shape
+from .grid import checkpoint_levels
 from .machine import physical_memory
 from .measure import STATISTICS
 from ..runtime import under_torchrun

@@ -19,9 +19,10 @@ from .fsdp import full_tensor, is_sharded, shard_model
 from .groups import ProcessGroups
 from .memory import ActivationMeter
 from .parallelize import make_optimizer, parallelize
-from .world import init_distributed, run_local, under_torchrun
+from .world import PeerFailed, RankFailed, RankInputError, init_distributed, run_local, under_torchrun
 
-__all__ = ["ActivationMeter", "Executor", "MicroBatchRecord", "ProcessGroups", "StepResult",
+__all__ = ["ActivationMeter", "Executor", "MicroBatchRecord", "PeerFailed", "ProcessGroups", "RankFailed",
+           "RankInputError", "StepResult",
            "StreamShard", "WaveTiming", "broadcast_plan", "full_tensor", "init_distributed",
            "install_attention", "is_sharded", "make_optimizer", "parallelize", "run_local",
            "sequence_parallel_attention", "shard_model", "shard_sizes", "under_torchrun"]

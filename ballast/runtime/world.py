@@ -12,6 +12,8 @@ the groups made later (`ProcessGroups`), which torch would otherwise give its ow
 from __future__ import annotations
 
 import gc
+import json
+import logging
 import os
 import socket
 import tempfile
@@ -69,8 +71,10 @@ def run_local(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
     """Run `fn(*args)` on `world_size` gloo ranks of this machine; every rank's return value.
 
     `fn` must be importable (a module-level function): the ranks are fresh `spawn`ed processes.
-    An exception in a rank stops the others and raises `RankFailed` here with the traceback of
-    the rank that failed first (its peers then fail too, in collectives it walked out of);
+    An exception in a rank stops the others and is raised here once, as the first rank's
+    original error (its peers' echoes, `is_echo`, do not count): a ValueError as
+    `RankInputError` (a ValueError with the rank's message), anything else as `RankFailed`
+    with the rank's traceback;
     if the ranks have not all finished after `timeout` seconds they are stopped and
     TimeoutError is raised.
     """
@@ -83,6 +87,9 @@ def run_local(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
             _rank_main, args=(world_size, store.port, collective_timeout, fn, args, out),
             nprocs=world_size, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
+        # torch logs a warning per peer it terminates after a rank failed; the failure itself is
+        # what `_join` raises, once.
+        logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
         while not _join(context, out, max(0.0, min(1.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
                 for process in context.processes:
@@ -96,18 +103,65 @@ def run_local(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
 
 
 class RankFailed(RuntimeError):
-    """A rank of `run_local` raised; the message holds its traceback."""
+    """A rank of `run_local` raised a defect (not a user error); the message holds its rank and
+    traceback."""
+
+
+class RankInputError(ValueError):
+    """A rank of `run_local` raised a user error (a ValueError: bad input, a plan that cannot
+    exist); the message is the rank's message, prefixed with the rank."""
+
+
+class PeerFailed(RuntimeError):
+    """Raised on the ranks that learn from a broadcast that rank `rank` failed, so that they stop
+    too; the launcher reports the peer's own error, not this echo of it."""
+
+    def __init__(self, rank: int, message: str, user_error: bool):
+        super().__init__(f"stopped: rank {rank} failed: {message}")
+        self.rank, self.message, self.user_error = rank, message, user_error
+
+    @classmethod
+    def raise_for(cls, failure: tuple[int, str, bool] | None, here: BaseException | None) -> None:
+        """Raise a job's failure on this rank: `here` (this rank's own error) if it has one, else
+        the peer's as PeerFailed; nothing when `failure` (rank, message, user error) is None."""
+        if failure is None:
+            return
+        if here is not None:
+            raise here
+        raise cls(*failure)
+
+    @staticmethod
+    def describe(rank: int, error: BaseException) -> tuple[int, str, bool]:
+        """What the other ranks need of this rank's error: (rank, message, whether a user error)."""
+        return rank, str(error), isinstance(error, ValueError)
+
+
+def is_echo(error: BaseException) -> bool:
+    """Whether `error` is a consequence of another rank's failure, not a cause: a `PeerFailed`
+    (a peer reported its error in a broadcast), or a collective that broke because a peer left
+    (gloo: "Connection closed by peer" / "Connection reset"; NCCL: a DistBackendError) or
+    stopped answering (a timeout)."""
+    if isinstance(error, (PeerFailed, dist.DistBackendError)):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        mark in text for mark in ("Connection closed by peer", "Connection reset by peer", "Timed out",
+                                  "timed out", "Broken pipe"))
 
 
 def _join(context: mp.ProcessContext, out: str, timeout: float) -> bool:
     try:
         return context.join(timeout=timeout)
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
-        reports = [(p.stem, *p.read_text().split("\n", 1)) for p in Path(out).glob("*.err")]
+        reports = [json.loads(p.read_text()) for p in Path(out).glob("*.err")]
         if not reports:  # died without a Python exception (killed, segfault)
             raise
-        rank, _, trace = min(reports, key=lambda report: float(report[1]))
-        raise RankFailed(f"rank {rank} failed first:\n{trace}") from e
+        # The first cause, not its echoes: a rank that failed first may be outrun in writing its
+        # report by a peer whose collective broke an instant later, so echoes rank last.
+        first = min(reports, key=lambda r: (r["echo"], r["time"]))
+        if first["user_error"]:
+            raise RankInputError(f"rank {first['rank']}: {first['message']}") from e
+        raise RankFailed(f"rank {first['rank']} failed:\n{first['traceback']}") from e
 
 
 def _rank_main(rank: int, world_size: int, port: int, collective_timeout: timedelta,
@@ -121,9 +175,10 @@ def _rank_main(rank: int, world_size: int, port: int, collective_timeout: timede
     try:
         result = fn(*args)
         torch.save(result, Path(out) / f"{rank}.pt")
-    except BaseException:
-        # The time orders the failures: the first is the cause, the later ones its echoes.
-        (Path(out) / f"{rank}.err").write_text(f"{time.time()}\n{traceback.format_exc()}")
+    except BaseException as e:
+        (Path(out) / f"{rank}.err").write_text(json.dumps(dict(
+            rank=rank, time=time.time(), echo=is_echo(e), user_error=isinstance(e, ValueError),
+            message=str(e), traceback=traceback.format_exc())))
         raise
     finally:
         # Models, optimizers and FSDP states sit in reference cycles that hold process groups;

@@ -14,6 +14,12 @@ only looks at committed names, so a crash at any moment leaves the previous chec
 usable; a stale temporary folder is replaced by the next save. The folder must be one that
 every rank sees (a shared file system across nodes).
 
+Trusted only once checked (`check`): a checkpoint whose meta.json does not parse, whose DCP
+`.metadata` is missing or unreadable, or whose shard files are missing or shorter than the
+metadata says (a copy cut short, a full disk) is `Damaged`, and resuming falls back to the
+newest older checkpoint that checks out (`resumable`), saying so. A checkpoint of another
+model (its tensors' shapes differ from the model's) is refused before anything is loaded.
+
 ZeRO-1: every rank holds the AdamW state of its own share of the parameters only, so each
 saves it under a key of its own (`optimizer.rankR`), and resuming needs the same world size.
 Without ZeRO-1 the optimizer state is replicated and a checkpoint resumes on any world size.
@@ -27,6 +33,7 @@ import os
 import random
 import shutil
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -121,14 +128,97 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.O
     return final
 
 
+class Damaged(ValueError):
+    """A checkpoint that cannot be trusted; the message names its folder and what is wrong."""
+
+
+META_KEYS = ("step", "world", "zero1", "fsdp", "data", "planner", "config")
+
+
 def read_meta(path: Path) -> dict:
     """meta.json of a committed checkpoint: step, data position, planner state, world, config."""
-    return json.loads((path / META).read_text())
+    file = path / META
+    try:
+        meta = json.loads(file.read_text())
+    except OSError as e:
+        raise Damaged(f"checkpoint {path}: cannot read {META}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise Damaged(f"checkpoint {path}: {file.name} is not JSON ({e.msg} at line {e.lineno}, "
+                      f"column {e.colno})") from None
+    missing = [k for k in META_KEYS if not isinstance(meta, dict) or k not in meta]
+    if missing:
+        raise Damaged(f"checkpoint {path}: {META} lacks {', '.join(missing)}")
+    return meta
+
+
+def check(path: Path) -> dict:
+    """meta.json of the checkpoint at `path` once every file it needs is there whole; `Damaged`
+    naming the folder and the problem otherwise. Reads the metadata and file sizes only."""
+    meta = read_meta(path)
+    for rank in range(meta["world"]):
+        if not (path / f"rng-rank{rank}.pt").is_file():
+            raise Damaged(f"checkpoint {path}: rng-rank{rank}.pt is missing (saved by {meta['world']} ranks)")
+    needed: dict[str, int] = {}
+    for info in _metadata(path).storage_data.values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(needed.items()):
+        shard = path / name
+        if not shard.is_file():
+            raise Damaged(f"checkpoint {path}: shard {name} is missing")
+        if shard.stat().st_size < size:
+            raise Damaged(f"checkpoint {path}: shard {name} is truncated ({shard.stat().st_size} of "
+                          f"{size} bytes)")
+    return meta
+
+
+def _metadata(path: Path):
+    """DCP's `.metadata` of the checkpoint: what it holds and where."""
+    if not (path / ".metadata").is_file():
+        raise Damaged(f"checkpoint {path}: .metadata is missing (torch.distributed.checkpoint's index "
+                      f"of the shards)")
+    try:
+        return dcp.FileSystemReader(str(path)).read_metadata()
+    except Exception as e:  # a pickle cut short raises any of several types
+        raise Damaged(f"checkpoint {path}: .metadata is unreadable ({type(e).__name__}: {e})") from None
+
+
+def resumable(root: Path, warn: Callable[[str], None]) -> Path | None:
+    """The newest checkpoint under `root` that checks out; None when there is none at all.
+    Damaged ones are skipped with a warning naming them when an older one checks out; when
+    none does, the newest one's damage is the error."""
+    found = committed(root)
+    damage: list[Damaged] = []
+    for path in reversed(found):
+        try:
+            check(path)
+        except Damaged as e:
+            damage.append(e)
+            continue
+        for skipped in damage:
+            warn(f"{skipped}; resuming from the older {path.name}")
+        return path
+    if damage:
+        raise Damaged(f"{root} holds no usable checkpoint: {damage[0]}" +
+                      (f" (and {len(damage) - 1} older damaged one(s))" if len(damage) > 1 else ""))
+    return None
+
+
+def check_model(path: Path, model: torch.nn.Module) -> None:
+    """ValueError when the checkpoint holds another model: a parameter it lacks, or of another shape."""
+    saved = _metadata(path).state_dict_metadata
+    for name, tensor in get_model_state_dict(model).items():
+        entry = saved.get(f"model.{name}")
+        if entry is None:
+            raise ValueError(f"checkpoint {path} holds another model: it has no parameter {name}")
+        if tuple(entry.size) != tuple(tensor.shape):
+            raise ValueError(f"checkpoint {path} holds another model: {name} has shape {tuple(entry.size)} "
+                             f"there, {tuple(tensor.shape)} here")
 
 
 def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """Restore model, optimizer and this rank's RNG from `path` (collective); returns meta.json."""
     meta = read_meta(path)
+    check_model(path, model)
     zero1 = isinstance(optimizer, ZeroRedundancyOptimizer)
     if meta["zero1"] != zero1:
         raise ValueError(f"checkpoint {path} was saved {'with' if meta['zero1'] else 'without'} "

@@ -30,7 +30,7 @@ from ..dataset import BatchStream, TokenCorpus, build_corpus, check_vocab
 from ..models import build_gpt
 from ..plans import Plan
 from ..planners import Planner, PlannerOptions, get_planner
-from ..runtime import StepResult, broadcast_plan, parallelize
+from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize
 from ..model_shape import ModelShape, get_model_shape
 from . import checkpoint
 from .ahead import Lookahead, StepInput
@@ -131,10 +131,9 @@ def train(config: TrainConfig) -> dict | None:
         for step in range(start, steps):
             _inject_fault(model, step, rank, attempt)
             began = time.perf_counter()
-            item = lookahead.get(step) if rank == 0 else None
+            item, failure = _next_input(lookahead, step) if rank == 0 else (None, None)
             waited = time.perf_counter() - began
-            plan, samples = broadcast_plan(None if item is None else item.plan,
-                                           None if item is None else item.batch.tokens)
+            plan, samples = broadcast_plan(failure or (item and item.plan), item and item.batch.tokens)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, steps, opt)
             result = executor.step(plan, samples)
@@ -171,8 +170,8 @@ def train(config: TrainConfig) -> dict | None:
 
 def from_rank0(prepare: Callable[[], tuple[T, Any]]) -> tuple[T | None, Any]:
     """Run `prepare` -> (private, shared) on rank 0 alone; rank 0 gets both, the other ranks
-    (None, shared). An exception in `prepare` is raised on every rank (a ValueError as a
-    ValueError), so a bad corpus stops the job instead of leaving the others waiting.
+    (None, shared). An exception in `prepare` stops every rank: rank 0 raises it, the others
+    `PeerFailed`, so a bad corpus stops the job instead of leaving the others waiting.
 
     The others wait in a broadcast over a gloo group of its own, bounded by SETUP_TIMEOUT and
     not by the collective timeout (--timeout): under torchrun rank 0 tokenises the corpus in
@@ -187,27 +186,23 @@ def from_rank0(prepare: Callable[[], tuple[T, Any]]) -> tuple[T | None, Any]:
             private, shared = prepare()
         except Exception as e:
             failure = e
-    payload = [(None if failure is None else (isinstance(failure, ValueError), str(failure)), shared)]
+    payload = [(None if failure is None else PeerFailed.describe(0, failure), shared)]
     try:
         dist.broadcast_object_list(payload, src=0, group=group)
     finally:
         dist.destroy_process_group(group)
-    error, shared = payload[0]
-    if failure is not None:
-        raise failure
-    if error is not None:
-        user_error, message = error
-        raise ValueError(message) if user_error else RuntimeError(f"rank 0 failed: {message}")
+    reported, shared = payload[0]
+    PeerFailed.raise_for(reported, failure)
     return private, shared
 
 
 def _prepare_data(config: TrainConfig, setup: Setup, console: Console
                   ) -> tuple[tuple[BatchStream, Planner], str | None]:
     """Rank 0's ((stream, planner), checkpoint to resume from), both at the resumed position."""
+    resume = _checkpoint_to_resume(config, console)
     corpus = open_data(config, setup.shape, progress=True)
     stream = BatchStream(corpus, config.data.tokens_per_step, config.data.max_len, config.run.seed)
     planner = make_planner(config, setup)
-    resume = _checkpoint_to_resume(config)
     if resume is not None:  # a position of another corpus or seed fails here, on every rank
         meta = checkpoint.read_meta(Path(resume))
         stream.load_state_dict(meta["data"])
@@ -217,12 +212,33 @@ def _prepare_data(config: TrainConfig, setup: Setup, console: Console
     return (stream, planner), resume
 
 
-def _checkpoint_to_resume(config: TrainConfig) -> str | None:
-    found = checkpoint.latest(config.checkpoint_path)
-    if found is None or config.checkpoint.resume:
-        return None if found is None else str(found)
-    raise ValueError(f"{config.checkpoint_path} holds checkpoints (newest {found.name}) and --no-resume "
-                     f"was given: remove them or choose another --checkpoint-dir")
+def _checkpoint_to_resume(config: TrainConfig, console: Console) -> str | None:
+    """The checkpoint to resume from, said in the log's first line either way (resuming is the
+    default): the newest one that checks out, damaged newer ones skipped with a warning."""
+    root = config.checkpoint_path
+    if not config.checkpoint.resume:
+        found = checkpoint.latest(root)
+        if found is not None:
+            raise ValueError(f"{root} holds checkpoints (newest {found.name}) and --no-resume was given: "
+                             f"remove them or choose another --checkpoint-dir")
+        console.print(f"starting fresh (--no-resume): checkpoints go to {root}", highlight=False)
+        return None
+    found = checkpoint.resumable(root, warn=lambda message: console.print(
+        f"[yellow]warning:[/yellow] {message}", highlight=False))
+    if found is None:
+        console.print(f"starting fresh: no checkpoint in {root}", highlight=False)
+        return None
+    console.print(f"resuming from {found} (--no-resume starts fresh instead)", highlight=False)
+    return str(found)
+
+
+def _next_input(lookahead: Lookahead, step: int) -> tuple[StepInput | None, Exception | None]:
+    """Rank 0's input for `step`, or the error that kept it from drawing or planning the batch:
+    the error is broadcast in the plan's place, so every rank stops with it (`broadcast_plan`)."""
+    try:
+        return lookahead.get(step), None
+    except Exception as e:
+        return None, e
 
 
 def _inject_fault(model: torch.nn.Module, step: int, rank: int, attempt: int) -> None:

@@ -48,7 +48,7 @@ class Trainer:
 
     def _fit_local(self) -> dict | None:
         from ..runtime import run_local
-        from .loop import Setup, make_planner, open_data
+        from .loop import Setup, make_planner, open_data, train
 
         config = self.config
         world = config.run.world or DEFAULT_WORLD
@@ -57,20 +57,6 @@ class Trainer:
         setup = Setup.of(config, world)
         open_data(config, setup.shape, progress=True)
         make_planner(config, setup)
-        results = run_local(world, _local_rank, config, timeout=math.inf,
-                            collective_timeout=timedelta(seconds=config.run.timeout))
-        errors = [r["error"] for r in results if r["error"]]
-        if errors:
-            raise ValueError(errors[0])
-        return results[0]["summary"]
-
-
-def _local_rank(config: TrainConfig) -> dict:
-    """One spawned rank. A ValueError every rank raises together (a setup error rank 0
-    broadcast, a checkpoint that does not fit) comes back as a message, not a traceback."""
-    from .loop import train
-
-    try:
-        return {"summary": train(config), "error": None}
-    except ValueError as e:
-        return {"summary": None, "error": str(e)}
+        # A rank's error comes back once, as that rank's (a ValueError as `RankInputError`).
+        return run_local(world, train, config, timeout=math.inf,
+                         collective_timeout=timedelta(seconds=config.run.timeout))[0]
