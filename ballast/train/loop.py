@@ -39,7 +39,9 @@ from .metrics import MetricsLog, ProgressDisplay, StepRecord, final_history, sum
 from .plots import write_report
 
 FAULT_AT_STEP = "BALLAST_FAULT_AT_STEP"
-"""Testing aid: on torchrun's first attempt rank 1 is SIGKILLed in the middle of this step."""
+"""Testing aid: on torchrun's first attempt rank 1 fails in the middle of this step."""
+FAULT_KIND = "BALLAST_FAULT_KIND"
+"""How it fails: `kill` (SIGKILL, the default) or `raise` (a RuntimeError)."""
 
 SETUP_TIMEOUT = timedelta(hours=24)
 """How long the other ranks wait for rank 0 to prepare the data (`from_rank0`)."""
@@ -242,18 +244,22 @@ def _next_input(lookahead: Lookahead, step: int) -> tuple[StepInput | None, Exce
 
 
 def _inject_fault(model: torch.nn.Module, step: int, rank: int, attempt: int) -> None:
-    """FAULT_AT_STEP: rank 1 dies by SIGKILL right after its first forward pass of the step, so
-    mid-step, holding activations and with its peers in (or on their way into) collectives
-    with it, and without running any Python clean-up: the way a process is lost to the OOM
-    killer or a failing node, which a cooperative exit at a step boundary would not test."""
+    """FAULT_AT_STEP: rank 1 fails right after its first forward pass of the step, so mid-step,
+    holding activations and with its peers in (or on their way into) collectives with it.
+    `kill`: by SIGKILL, without any Python clean-up, the way a process is lost to the OOM killer
+    or a failing node (a cooperative exit at a step boundary would not test that). `raise`: by
+    an exception, the way a defect surfaces; the job must end with that rank's error."""
     if os.environ.get(FAULT_AT_STEP) != str(step) or rank != 1 or attempt != 0:
         return
+    kind = os.environ.get(FAULT_KIND, "kill")
 
-    def kill(*_: object) -> None:
+    def fail(*_: object) -> None:
+        if kind == "raise":
+            raise RuntimeError(f"{FAULT_AT_STEP}={step}: rank 1 raised after its first forward pass of the step")
         print(f"rank 1: {FAULT_AT_STEP}={step}: SIGKILL after its first forward pass of the step", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    model.register_forward_hook(kill)
+    model.register_forward_hook(fail)
 
 
 def _idle(result: StepResult, device: torch.device) -> tuple[float, list[float]]:

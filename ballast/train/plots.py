@@ -1,4 +1,5 @@
-"""The report folder of a run: PNG plots of its final history and of one typical plan."""
+"""The report folder of a run: PNG plots of its final history and of one plan that shows the
+planner's choices."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -73,18 +74,32 @@ def length_histogram(history: list[dict], path: Path, title: str) -> None:
     ax.set_xlabel("sequence length (tokens)")
     ax.set_ylabel("sequences")
     share = ax.twinx()
-    share.hist(lengths, bins=bins, weights=lengths / lengths.sum(), histtype="step", color="black",
-               label="share of tokens")
-    share.set_ylabel("share of tokens")
-    # Two axes: one figure legend for both (the axes' own legend would show only the bars).
-    fig.legend(loc="upper right", bbox_to_anchor=(0.88, 0.88), fontsize=8)
+    counts, _ = np.histogram(lengths, bins=bins, weights=lengths / lengths.sum())
+    share.stairs(counts, bins, color="tab:orange", linewidth=2.0, label="share of tokens")
+    share.set_ylabel("share of tokens", color="tab:orange")
+    share.tick_params(axis="y", colors="tab:orange")
+    share.set_ylim(bottom=0)
+    # Two axes: one legend for both, above the plot at the right of the title, off the data.
+    handles = [h for a in (ax, share) for h in a.get_legend_handles_labels()[0]]
+    ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=8, frameon=False)
     _save(plt, fig, ax, path, f"{title}: {lengths.size:,} sequences, {int(lengths.sum()):,} tokens", legend=False)
 
 
-def typical_step(history: list[dict], plans: dict[int, Plan]) -> int | None:
-    """The step (among those whose plan is at hand) with the median measured step time."""
-    candidates = sorted((r["step_time"], r["step"]) for r in history if r["step"] in plans)
-    return candidates[len(candidates) // 2][1] if candidates else None
+def showcase_step(history: list[dict], plans: dict[int, Plan]) -> int | None:
+    """The step (among those whose plan is at hand) whose plan shows most of what the planner
+    chose: distinct SP degrees, waves, micro-batches with and without recomputation; among
+    those, the one whose measured time is nearest the median (a typical step, not an outlier)."""
+    if not any(r["step"] in plans for r in history):
+        return None
+    times = sorted(r["step_time"] for r in history if r["step"] in plans)
+    median = times[len(times) // 2]
+
+    def choices(plan: Plan) -> int:
+        levels = {mb.checkpoint > 0 for _, _, mb in plan.micro_batches() if mb.seq_ids}
+        return len(plan.degrees_used()) + len(plan.waves) + len(levels)
+
+    return max((r for r in history if r["step"] in plans),
+               key=lambda r: (choices(plans[r["step"]]), -abs(r["step_time"] - median)))["step"]
 
 
 def write_report(folder: Path, history: list[dict], plans: dict[int, Plan], cost: CostModel,
@@ -95,7 +110,7 @@ def write_report(folder: Path, history: list[dict], plans: dict[int, Plan], cost
     loss_curve(history, paths["loss"], f"{title}: loss")
     throughput(history, paths["tokens_per_s"], f"{title}: throughput")
     length_histogram(history, paths["lengths"], "data seen")
-    step = typical_step(history, plans)
+    step = showcase_step(history, plans)
     if step is not None:
         paths["gantt"] = folder / "gantt.png"
         gantt({f"step {step} ({plans[step].planner}, {cost.source} cost model)": plans[step]}, cost,
