@@ -1,0 +1,208 @@
+"""The bad-input sweep: every command meets wrong data, configs, clusters, models, planners,
+degrees, memory, damaged checkpoints and conflicting flags with one clear error.
+
+Each case runs `ballast ...` in this process (`cli.main`) and asserts: the exit code (2 for a
+user error, 1 for a defect on a rank), that the message names the offending thing, that it is
+one error line and not a traceback, and that nothing hangs (a timeout per case). Multi-process
+cases spawn 2 gloo ranks: a degree no plan can use, checkpoints damaged in the ways a long run
+meets them, and a rank that raises in the middle of a step.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from corpora import jsonl_corpus
+
+from ballast.cli import main
+
+TRAIN = ["--model", "tiny", "--max-len", "256", "--tokens-per-step", "1024", "--steps", "2", "--timeout", "60"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, str]:
+    """Bad (and a few good) input files, by name."""
+    root = tmp_path_factory.mktemp("bad-inputs")
+    write = {
+        "lengths.txt": "12\n40\nabc\n",
+        "not.json": "{\"nodes\": 2,\n  oops}\n",
+        "odd-model.json": json.dumps({"layers": 1, "hidden": 100, "heads": 3, "kv_heads": 1, "ffn": 64,
+                                      "vocab": 256}),
+        "wide-model.json": json.dumps({"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 96,
+                                       "vocab": 256}),
+        "bad.jsonl": "{\"text\": \"fine\"}\n{\"text\": 3}\n",
+        "bad.toml": "[run]\nsteps = \"many\"\n",
+        "huge.txt": "100000000\n",
+    }
+    for name, text in write.items():
+        (root / name).write_text(text)
+    corpus, cache = jsonl_corpus(root, documents=60, longest=800, seed=1)
+    return {**{name: str(root / name) for name in write}, "corpus": corpus, "cache": cache, "root": str(root)}
+
+
+@pytest.fixture(scope="module")
+def trained(files) -> Path:
+    """A run folder with two committed checkpoints (after steps 1 and 2) of `tiny`."""
+    out = Path(files["root"]) / "trained"
+    assert main(["train", *TRAIN, "--data", files["corpus"], "--cache-dir", files["cache"],
+                 "--checkpoint-interval", "1", "--out-dir", str(out)]) == 0
+    return out
+
+
+def damaged(trained: Path, tmp_path: Path, how: str) -> Path:
+    """A copy of the trained run with its checkpoints damaged `how`."""
+    out = tmp_path / "run"
+    shutil.copytree(trained, out)
+    checkpoints = sorted((out / "checkpoints").iterdir())
+    newest = checkpoints[-1]
+    if how == "truncated shard":
+        shard = next(newest.glob("*.distcp"))
+        shard.write_bytes(shard.read_bytes()[:100])
+    elif how == "meta not JSON":
+        (newest / "meta.json").write_text("{\"step\": 2,\n  nope")
+    elif how == "metadata missing":
+        (newest / ".metadata").unlink()
+    elif how == "all damaged":
+        for path in checkpoints:
+            (path / ".metadata").unlink()
+    elif how == "empty folder":
+        for path in checkpoints:
+            shutil.rmtree(path)
+    return out
+
+
+# (command line, exit code, what the message must say). {name} is a path from `files`.
+CASES = [
+    # simulate: length sources, clusters, models, planners, degrees, memory, flags
+    ("simulate --lengths nonsense", 2, "unknown length source 'nonsense'"),
+    ("simulate --lengths file:/no/such/file", 2, "/no/such/file"),
+    ("simulate --lengths file:{lengths.txt}", 2, r"lengths.txt.*line 3"),
+    ("simulate --lengths lognormal:1", 2, "lognormal:1"),
+    ("simulate --cluster nosuch", 2, "nosuch"),
+    ("simulate --cluster {not.json}", 2, r"not.json: cannot parse JSON.*line 2"),
+    ("simulate --cluster cpu --world 3", 2, "3"),
+    ("simulate --model nosuch", 2, "unknown model 'nosuch'"),
+    ("simulate --model {not.json}", 2, r"model file .*not.json.*line 2"),
+    ("simulate --model {odd-model.json}", 2, "hidden 100 is not divisible by heads 3"),
+    ("simulate --planners nosuch", 2, "unknown planner"),
+    ("simulate --planners static --degree 3", 2, "SP degree 3 is not usable"),
+    ("simulate --steps 0", 2, "--steps"),
+    ("simulate --batch 4 --tokens-per-step 100", 2, "--tokens-per-step"),
+    ("simulate --cost {not.json}", 2, r"cost model file .*not.json"),
+    ("simulate --cluster cpu --world 2 --model tiny --device-memory-gb 0.00001", 2, "--device-memory-gb"),
+    ("simulate --cluster cpu --world 2 --model tiny --lengths file:{huge.txt} --max-len 100000000 --steps 1",
+     2, r"more than any plan can hold.*--max-len.*--device-memory-gb"),
+    # verify
+    ("verify --world 3", 2, "power of two"),
+    ("verify --zero1 --fsdp", 2, "--zero1 and --fsdp"),
+    ("verify --model nosuch", 2, "unknown model 'nosuch'"),
+    ("verify --planners nosuch", 2, "unknown planner"),
+    ("verify --grad-tolerance -1", 2, "--grad-tolerance"),
+    # train: data, config, planner, degree, memory, flags in conflict
+    ("train --planner static --degree 3", 2, "SP degree 3 is not usable"),
+    ("train --planner static --degree 4 --world 2", 2, r"SP degree 4 is not usable: degrees are \[1, 2\]"),
+    ("train --data nosuch:x", 2, "nosuch:x"),
+    ("train --data jsonl:{bad.jsonl}", 2, r"bad.jsonl.*line 2"),
+    ("train --data folder:/no/such/dir", 2, "/no/such/dir"),
+    ("train --world 3", 2, "world size must be a power of two, got 3"),
+    ("train --zero1 --fsdp", 2, "zero1"),
+    ("train --config {bad.toml}", 2, "steps"),
+    ("train --model tiny --data stdlib --max-len 100000000 --tokens-per-step 100000000 --device-memory-gb 0.042", 2,
+     r"more than any plan can hold.*--max-len"),
+    # profile
+    ("profile --world 3", 2, "power of two"),
+    ("profile --model nosuch", 2, "unknown model 'nosuch'"),
+    ("profile --check /no/such/profile.json", 2, "/no/such/profile.json"),
+    ("profile --device-memory 0.000001", 2, "--device-memory"),
+    # bench
+    ("bench --planners nosuch", 2, "unknown planner"),
+    ("bench --data nosuch:x", 2, "nosuch:x"),
+]
+
+
+def _run(argv: list[str], capture) -> tuple[int, str, str]:
+    """Exit code, stderr and stdout of `ballast argv` (`capture`: capsys, or capfd to see the
+    spawned ranks' output too)."""
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own usage errors
+        code = e.code
+    out, err = capture.readouterr()
+    return code, err, out
+
+
+def _assert_one_error(err: str, command: str, pattern: str) -> None:
+    assert "Traceback" not in err, err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1, err
+    assert re.search(pattern, err, re.S), f"{pattern!r} not in:\n{err}"
+    assert f"ballast {command}" in lines[0] or lines[0].startswith("ballast: error") or "usage:" in err, err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("line, code, pattern", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(line, code, pattern, files, capsys, tmp_path):
+    argv = [re.sub(r"\{([^}]+)\}", lambda m: files[m.group(1)], part) for part in line.split()]
+    if argv[0] == "train" and "--data" not in argv:
+        argv += ["--data", files["corpus"], "--cache-dir", files["cache"]]
+    if argv[0] == "train":
+        argv += ["--out-dir", str(tmp_path / "out")]
+    got, err, _ = _run(argv, capsys)
+    assert got == code, err
+    _assert_one_error(err, argv[0], pattern)
+
+
+CHECKPOINT_CASES = [
+    ("truncated shard", r"step-00000002: shard __\d_0.distcp is truncated \(100 of \d+ bytes\); resuming "
+                        r"from the older step-00000001", 0),
+    ("meta not JSON", r"step-00000002: meta.json is not JSON \(.* at line 2, column 3\); resuming from the "
+                      r"older step-00000001", 0),
+    ("metadata missing", r"step-00000002: .metadata is missing.*resuming from the older step-00000001", 0),
+    ("all damaged", r"checkpoints holds no usable checkpoint: checkpoint .*step-00000002: .metadata is missing "
+                    r".*\(and 1 older damaged one\(s\)\)", 2),
+    ("empty folder", r"starting fresh: no checkpoint in .*checkpoints", 0),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("how, pattern, code", CHECKPOINT_CASES, ids=[c[0] for c in CHECKPOINT_CASES])
+def test_damaged_checkpoint(how, pattern, code, files, trained, tmp_path, capfd):
+    """A damaged newest checkpoint: a warning naming it and a resume from the older one; none
+    usable: one error naming the folder; none at all: said, then a fresh start."""
+    run = damaged(trained, tmp_path, how)
+    got, err, out = _run(["train", *TRAIN, "--steps", "3", "--data", files["corpus"], "--cache-dir", files["cache"],
+                          "--out-dir", str(run)], capfd)
+    assert got == code, err
+    captured = err + out
+    assert re.search(pattern, captured, re.S), captured
+    assert "Traceback" not in captured
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_checkpoint_of_another_model(files, trained, tmp_path, capsys):
+    run = damaged(trained, tmp_path, "none")
+    got, err, _ = _run(["train", *TRAIN, "--steps", "3", "--model", files["wide-model.json"], "--data", files["corpus"],
+                        "--cache-dir", files["cache"], "--out-dir", str(run)], capsys)
+    assert got == 2, err
+    _assert_one_error(err, "train", r"step-00000002 holds another model: .* has shape")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_rank_raising_mid_step(files, tmp_path, capsys, monkeypatch):
+    """Rank 1 raises after its first forward pass of step 1: the job ends with rank 1's error,
+    once (its traceback: a defect, exit 1), not with rank 0's broken connection."""
+    monkeypatch.setenv("BALLAST_FAULT_AT_STEP", "1")
+    monkeypatch.setenv("BALLAST_FAULT_KIND", "raise")
+    got, err, _ = _run(["train", *TRAIN, "--data", files["corpus"], "--cache-dir", files["cache"],
+                     "--out-dir", str(tmp_path / "out")], capsys)
+    assert got == 1, err
+    assert err.startswith("ballast train: rank 1 failed:"), err
+    assert err.count("Traceback") == 1, err
+    assert "BALLAST_FAULT_AT_STEP=1: rank 1 raised" in err
+    assert "Connection closed" not in err
