@@ -2,7 +2,7 @@
 
 ballast does not ship `data/lengths/wikipedia.txt` (1M lengths); it ships this histogram,
 which is small enough for the package and reproduces the file's quantiles within 2% when
-sampled (see `ballast.lengths.HistogramSource`). Bin edges follow one rule,
+sampled (see `ballast.dataset.lengths.HistogramSource`). Bin edges follow one rule,
 `next = max(edge + 1, round(edge * 1.01))`: unit bins (exact counts) while 1% of the length
 is below one token, ~1% wide log bins above. Only non-empty bins are written. The file's own
 quantiles are recorded too, so tests can check the histogram without the raw file.

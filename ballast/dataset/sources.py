@@ -1,6 +1,6 @@
 """Text sources of the data pipeline: which files a spec names, and the documents in them.
 
-  stdlib          the standard library's .py files (ballast.lengths.stdlib_files: the same
+  stdlib          the standard library's .py files (lengths.stdlib_files: the same
                   corpus `ballast simulate --lengths stdlib` draws lengths from); one file, one
                   document; empty files are not documents there, so not here either
   folder:PATH     every non-hidden file under PATH, recursively; one file, one document

@@ -1,7 +1,7 @@
 """A Llama-style decoder over a packed token stream.
 
 RMSNorm, rotary positions that restart at every sequence, SwiGLU (or GELU) MLP and
-grouped-query attention, sized by a `ballast.shapes.ModelShape`. The model sees one token
+grouped-query attention, sized by a `ballast.model_shape.ModelShape`. The model sees one token
 stream of sequences packed end to end (`PackedStream`): no batch dimension, no padding.
 
 Parallel code stays out of the model (torchtitan style): every `Attention` calls its

@@ -24,7 +24,7 @@ Remapping (`options.remap`, on by default) is Zeppelin's remapping layer as the 
 it (`Wave.remap`, `ballast.runtime.remap`): the groups of a domain (a node, or the whole wave)
 run micro-batch slot by slot and spread each slot's tokens evenly over the domain for
 everything but attention. Per wave, the domains of one scope are remapped where that fits
-memory and their groups finish sooner under `simulate.remap_slots` (slowest attention + linear
+memory and their groups finish sooner under `timeline.remap_slots` (slowest attention + linear
 work / domain size + moving the largest per-rank surplus + g), and the scope is kept if the
 wave is faster. `info["remap"]` lists the domains and the step time with and without them;
 with remap on, one more candidate is built in Zeppelin's split (ranks balanced by attention

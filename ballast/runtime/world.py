@@ -1,8 +1,10 @@
-"""Joining a distributed job: under torchrun, or as N local gloo ranks for tests and `verify`.
+"""Joining a distributed job: under torchrun, or as N local gloo ranks of this machine.
 
-Real jobs are launched with `torchrun` (docs/design.md) and call `init_distributed()`. `run_local`
-is not a launcher for training: it lets tests and `ballast verify` start a whole gloo world on
-this machine, bound to 127.0.0.1, and get every rank's return value back.
+Multi-device and multi-node jobs are launched with `torchrun` (docs/design.md) and call
+`init_distributed()`. `run_local` starts a whole gloo world on this machine, bound to
+127.0.0.1, and gets every rank's return value back: what `ballast train`, `verify`, `profile`
+and `bench` run on without torchrun, and what the tests run on. A rank's error comes back once,
+as the original error of the first rank that failed (its peers' consequent errors are echoes).
 
 Every process group gets a timeout, so a dead or diverging peer ends in an error instead of a
 hang: the world's is the one it was joined with, and `world_timeout()` hands the same one to

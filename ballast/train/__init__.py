@@ -2,11 +2,11 @@
 
     config.py      TrainConfig: typed sections, TOML, one flag per field
     ahead.py       rank 0 draws and plans step k + 1 while step k trains
-    trainer.py     the loop: data -> plan -> executor -> metrics, checkpoints
+    loop.py        the loop: data -> plan -> executor -> metrics, checkpoints
     checkpoint.py  DCP model/optimizer state + data position, RNG, planner; atomic, resumable
     metrics.py     metrics.jsonl, progress display, summary
     plots.py       the report folder's PNGs
-    launch.py      Trainer: runs the loop on local gloo ranks, or joins torchrun's job
+    trainer.py     Trainer: runs the loop on local gloo ranks, or joins torchrun's job
     command.py     the CLI: flags -> TrainConfig -> Trainer
 
 In Python: `ballast.Trainer(config).fit()`; or `ballast.train.loop.train(config)` on every

@@ -32,7 +32,7 @@ class StepInput:
     plan_seconds: float
     """Wall-clock time the planner took for this batch."""
     predicted_seconds: float
-    """The plan's step time under the cost model (`ballast.simulate`)."""
+    """The plan's step time under the cost model (`ballast.timeline.step_time`)."""
     data_state: dict
     """`BatchStream.state_dict()` right after this batch: where step + 1 starts."""
     planner_state: dict

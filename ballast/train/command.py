@@ -1,6 +1,6 @@
 """`ballast train`: train a model on a real corpus with a planner, resumably, with metrics and plots.
 
-The flags (and `--config`) make a `TrainConfig`; `Trainer` (launch.py) runs it on local gloo
+The flags (and `--config`) make a `TrainConfig`; `Trainer` (trainer.py) runs it on local gloo
 ranks or under `torchrun`.
 """
 from __future__ import annotations

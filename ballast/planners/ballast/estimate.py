@@ -14,7 +14,7 @@ from ...cost import CostModel
 
 
 class GroupEstimates:
-    """Estimated times of a wave's groups (`est` in ballast.py's docstring), updated per sequence.
+    """Estimated times of a wave's groups (`est` in planner.py's docstring), updated per sequence.
 
     Besides F, a sequence longer than `cap` tokens per device must recompute its own excess
     whatever the micro-batch count (it cannot be split); that forced part is tracked per group
