@@ -4,7 +4,8 @@ docs/design.md's model, in seconds and bytes:
 
     time(mb, d, c)   = [sum_s (a s^2 (1 + c r_attn) + b s (1 + c r))] / d + comm(sum_s s, d) + g
     comm(n, d)       = bytes_per_token n / (d bw(d)) + latency(d)  (0 at d = 1; latency(d) is
-                                                                optional, profiled, default 0)
+                                                                profiled, or the cluster's
+                                                                per-call latency (analytic))
     memory(mb, d, c) = states + act_per_token (sum_s s) / d (c k + 1 - c)
 
 Three sources of coefficients share this one class and its JSON format: `analytic` (from a
@@ -12,8 +13,8 @@ model shape and a cluster), `published` (FlexSP's A100 profile) and `profiled` (
 `ballast profile`). Checkpoint levels are fractions of layers, so they are multiples of
 1 / layers.
 
-docs/design.md has one recomputation factor r for both terms; r_attn (`recompute_attention`) is
-the s^2 term's own, and equals r unless a profile measured it apart. It must be apart where
+The plain model (docs/design.md, section 4) has one recomputation factor r for both terms;
+r_attn (`recompute_attention`) is the s^2 term's own, and equals r unless a profile measured it apart. It must be apart where
 attention's forward is a different share of its forward + backward than a matmul's: on
 `tiny` on CPU, recomputing every layer costs about +20% at 8192 tokens (attention dominates)
 and +30-40% at 1024 (linear layers do), which no single r prices well at both.
