@@ -81,6 +81,7 @@ def test_summary_sees_different_batches():
     assert not summarise(records, PLANNERS)["same_batches"]
 
 
+@pytest.mark.slow
 def test_bench_two_ranks_two_planners_two_steps(corpus, tmp_path):
     out = tmp_path / "bench.json"
     flags = ["--data", corpus[0], "--cache-dir", corpus[1], "--planners", ",".join(PLANNERS), "--steps", "2",

@@ -1,4 +1,4 @@
-"""The plan contract (ballast/plan.py): invariants, plain data, table."""
+"""The plan contract (ballast/plans.py): invariants, plain data, table."""
 from __future__ import annotations
 
 import copy

@@ -1,4 +1,4 @@
-"""The simulator (ballast/simulate.py) by hand, the lower bound by brute force, Gantt charts."""
+"""The simulator (ballast/timeline.py) by hand, the lower bound by brute force, Gantt charts."""
 from __future__ import annotations
 
 

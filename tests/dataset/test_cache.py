@@ -13,7 +13,7 @@ import pytest
 import ballast.dataset.build as build_module
 import ballast.dataset.cache as cache_module
 from ballast.dataset import ByteTokenizer, build_corpus
-from tests.test_dataset_sources import word_level_tokenizer
+from test_sources import word_level_tokenizer  # this folder's test_sources.py (pytest puts the folder on sys.path)
 
 
 def build(source: str, cache: Path, **kw):

@@ -1,4 +1,4 @@
-"""Length sources and batch sampling (ballast/lengths.py)."""
+"""Length sources and batch sampling (ballast/dataset/lengths.py)."""
 from __future__ import annotations
 
 import importlib.resources
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from ballast.dataset.lengths import (BatchSampler, BatchSpec, DiscreteSource, HistogramSource,
                              ZipfSource, get_length_source, video_tokens)
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+REPO = Path(__file__).resolve().parents[2]
+SHARED = Path(__file__).resolve().parents[3] / "shared"
 WIKIPEDIA_TXT = SHARED / "data" / "lengths" / "wikipedia.txt"
 QUANTILES = (0.01, 0.05, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95, 0.99, 0.999, 0.9999)
 BODY = [q for q in QUANTILES if q <= 0.99]

@@ -2,7 +2,7 @@
 
 Every test but the first needs a CUDA device and is skipped without one (they collect and
 import everywhere). References are computed on the CPU in fp32: the per-sequence SDPA kernel
-that `test_runtime_attention` checks against one process, and `ballast.verify`'s whole-batch
+that `runtime/test_attention` checks against one process, and `ballast.verify`'s whole-batch
 single-process gradient.
 
 Tolerances are relative to the largest reference entry (max |got - want| / max |want|, as
@@ -38,7 +38,7 @@ HEADS, KV_HEADS, HEAD_DIM = 8, 4, 64
 # A mask that crosses a sequence boundary or sees the future moves outputs by O(1).
 ATTENTION_FORWARD_TOL, ATTENTION_BACKWARD_TOL = 1e-2, 2e-2
 # The executor under bf16 autocast (matmuls, attention and activations in bf16, parameters and
-# gradients fp32) against one fp32 process: as `test_runtime_executor`'s bf16 run on the CPU,
+# gradients fp32) against one fp32 process: as `runtime/test_executor`'s bf16 run on the CPU,
 # where 4 layers and the loss moved the gradient by 1.2e-2 of its largest entry and the loss
 # (a mean over 218 tokens) by 9e-6. A lost or doubled micro-batch moves the gradient by O(1).
 BF16_GRAD_TOL, BF16_LOSS_RTOL = 3e-2, 1e-3

@@ -186,6 +186,7 @@ def test_check_refuses_a_profile_measured_on_another_device(tmp_path, capsys):
         assert "was measured on cuda (nccl ranks)" in error and "local gloo ranks on the cpu" in error
 
 
+@pytest.mark.slow
 def test_tiny_real_profile_and_check_on_two_ranks(tmp_path):
     """A minimal grid on 2 gloo ranks: depth 1 and 2, two lengths, one full-depth check; the
     JSON loads and plans, and `--check` runs plans from it for real."""

@@ -81,16 +81,19 @@ def ranks() -> list[dict]:
     return run_local(WORLD, _attention_worker, timeout=240, collective_timeout=COLLECTIVE_TIMEOUT)
 
 
+@pytest.mark.slow
 def test_every_aligned_block_has_a_cached_group(ranks):
     # Blocks of two or more ranks in a world of 4: (0,1), (2,3) and the world itself.
     assert all(r["groups"] == WORLD - 1 for r in ranks)
     assert "ranks 1..2" in ranks[0]["unaligned_error"]
 
 
+@pytest.mark.slow
 def test_every_group_has_the_collective_timeout(ranks):
     assert all(r["timeouts"] == [COLLECTIVE_TIMEOUT] * 2 for r in ranks)
 
 
+@pytest.mark.slow
 def test_sequence_parallel_attention_matches_one_process(ranks):
     checked = set()
     for rank in ranks:
@@ -107,6 +110,7 @@ def test_sequence_parallel_attention_matches_one_process(ranks):
     assert len(checked) == len(STREAMS) * 3
 
 
+@pytest.mark.slow
 def test_heads_not_divisible_is_a_value_error_naming_both_numbers(ranks):
     for rank in ranks:
         message = rank["heads_error"]
@@ -138,6 +142,7 @@ def _failing_worker() -> None:
     dist.barrier()  # rank 0 would wait here forever without the launcher's clean-up
 
 
+@pytest.mark.slow
 def test_a_failing_rank_raises_in_the_parent_instead_of_hanging():
     with pytest.raises(Exception, match="rank 1 fails on purpose"):
         run_local(2, _failing_worker, timeout=120)

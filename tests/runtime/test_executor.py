@@ -175,11 +175,13 @@ def reference(batches) -> verify.Trajectory:
     return verify.train_reference(SHAPE, batches, 0, 1e-3)
 
 
+@pytest.mark.slow
 def test_hand_built_plans_give_the_single_process_gradient(world4, world2, batches):
     for result in (world4[0]["mixed"], world4[0]["data-parallel"], world2["two-waves"]):
         assert_single_process_gradients(result, batches)
 
 
+@pytest.mark.slow
 def test_remapped_plans_give_the_single_process_gradient(world4, world2, batches, reference):
     for result in (world4[0]["remapped"], world2["remapped"], world4[0]["zeppelin-remapped"],
                    world2["zeppelin-remapped"]):
@@ -187,6 +189,7 @@ def test_remapped_plans_give_the_single_process_gradient(world4, world2, batches
     assert verify.param_drift(world4[0]["remapped"], reference) <= PARAM_DRIFT
 
 
+@pytest.mark.slow
 def test_bf16_autocast_runs_the_gpu_path_and_stays_near_fp32(world2, batches):
     # The GPU's precision on CPU: matmuls, attention and all-to-alls in bf16 (8-bit mantissa,
     # 2^-9 = 2e-3 relative rounding per operation), parameters and gradients fp32. Through 4
@@ -201,6 +204,7 @@ def test_bf16_autocast_runs_the_gpu_path_and_stays_near_fp32(world2, batches):
     assert result.grads[0].dtype == torch.float32
 
 
+@pytest.mark.slow
 def test_remapping_balances_every_slot_over_its_domain(world4):
     # Wave 0 slot by slot: 103 tokens (42 + 61), then 12, then 3, each over all 4 ranks; its
     # slots run at their lowest checkpoint level (0.5, 0 and 1.0 of the layers).
@@ -210,12 +214,14 @@ def test_remapping_balances_every_slot_over_its_domain(world4):
     assert {tuple(mb.checkpoint_layers for mb in rank) for rank in records} == {(round(0.5 * layers), 0, layers)}
 
 
+@pytest.mark.slow
 def test_every_registered_planner_gives_the_single_process_gradient(world4, world2, batches):
     assert world4[0]["planners"] and world4[0]["planners"].keys() == world2["planners"].keys()
     for result in [*world4[0]["planners"].values(), *world2["planners"].values()]:
         assert_single_process_gradients(result, batches)
 
 
+@pytest.mark.slow
 def test_five_steps_under_two_plans_end_with_the_same_parameters(world4, reference):
     mixed, data_parallel = world4[0]["mixed"], world4[0]["data-parallel"]
     assert verify.param_drift(mixed, data_parallel) <= PARAM_DRIFT
@@ -223,11 +229,13 @@ def test_five_steps_under_two_plans_end_with_the_same_parameters(world4, referen
     assert verify.param_drift(data_parallel, reference) <= PARAM_DRIFT
 
 
+@pytest.mark.slow
 def test_zero1_matches_replicated_optimizer_state(world4):
     # Same gradients, same elementwise AdamW arithmetic: only the owner of the state differs.
     torch.testing.assert_close(world4[0]["mixed-zero1"].params, world4[0]["mixed"].params, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_checkpointing_keeps_gradients_and_saves_activation_memory(world4):
     for rank in world4:
         (grads_off, off), (grads_on, on) = rank["checkpoint 0.0"], rank["checkpoint 1.0"]
@@ -240,6 +248,7 @@ def test_checkpointing_keeps_gradients_and_saves_activation_memory(world4):
         assert 0 < saved_on < 0.5 * saved_off
 
 
+@pytest.mark.slow
 def test_step_reports_waves_and_micro_batches_per_rank(world4):
     results = [rank["mixed-step"] for rank in world4]
     assert len({round(r.loss, 6) for r in results}) == 1 and all(r.tokens == sum(LENGTHS) for r in results)
@@ -252,6 +261,7 @@ def test_step_reports_waves_and_micro_batches_per_rank(world4):
     assert [mb.tokens for mb in results[0].micro_batches if mb.seq_ids == [8]] == [1]
 
 
+@pytest.mark.slow
 def test_user_errors_are_value_errors_before_any_collective(world4):
     for rank in world4:
         precision, fewer_ranks, more_ranks, unknown_sequence, few_samples, short_sample, odd_heads = rank["errors"]

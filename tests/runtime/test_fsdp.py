@@ -89,7 +89,7 @@ def world4(batches, planners) -> list[dict]:
     return run_local(4, _worker, batches, planners, timeout=400)
 
 
-pytestmark = pytest.mark.usefixtures("single_thread")
+pytestmark = [pytest.mark.usefixtures("single_thread"), pytest.mark.slow]
 
 
 def test_lockstep_plans_give_the_single_process_gradient(world4, batches):

@@ -62,6 +62,7 @@ def test_the_budget_makes_the_planners_lay_out_steps_differently(plans):
     assert any(s.degrees_used() != b.degrees_used() for s, b in zip(static, ballast, strict=True))
 
 
+@pytest.mark.slow
 def test_five_steps_under_static_and_ballast_end_with_the_same_parameters(trained, batches):
     static, ballast = trained["static"], trained["ballast"]
     reference = verify.train_reference(SHAPE, batches, 0, LR)

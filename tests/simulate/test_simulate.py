@@ -1,5 +1,5 @@
-"""`ballast simulate` end to end (ballast/simulate_cmd.py, compare.py, report.py): its JSON, its
-table, its Gantt chart, its flags and its errors."""
+"""`ballast simulate` end to end (ballast/simulate/: command.py, side_by_side.py, table.py): its
+JSON, its table, its Gantt chart, its flags and its errors."""
 from __future__ import annotations
 
 import json

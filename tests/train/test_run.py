@@ -41,6 +41,8 @@ MAX_LEN = 256
 BUDGET = 1024
 LOSS_RTOL = 1e-5
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> tuple[str, str]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from ballast.cli import main
 
 PLANNERS = ["static", "ballast"]
@@ -18,11 +20,13 @@ def verdicts(out: str) -> list[tuple[str, str]]:
     return re.findall(rf"^\W*({'|'.join(PLANNERS)})\W.*\b(ok|FAIL)\W*$", out, re.MULTILINE)
 
 
+@pytest.mark.slow
 def test_verify_passes_and_reports_a_row_per_planner(capsys):
     assert main(ARGS) == 0
     assert verdicts(capsys.readouterr().out) == [(name, "ok") for name in PLANNERS]
 
 
+@pytest.mark.slow
 def test_verify_fails_when_a_tolerance_is_exceeded(capsys):
     # Two ranks sum the gradient in another order than one process, and AdamW turns the rounding
     # of small gradient entries into visible update differences: one step leaves a drift of
