@@ -2,7 +2,7 @@
 
 The same instances the tests draw (`tests/exhaustive.py`), many more of them: how often ballast
 is exactly optimal, the distribution of its miss, and the worst instances, as JSON. The test's
-MISS_BOUND (tests/test_planner_ballast.py) is set from this record.
+MISS_BOUND (tests/planners/test_ballast.py) is set from this record.
 
     .venv/bin/python bench/optimum_gap.py --instances 20000 --json bench/results/optimum-gap.json
 """

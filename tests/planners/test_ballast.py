@@ -47,7 +47,9 @@ def test_usually_exactly_optimal():
     # instances; 5% measured), or the heuristic has regressed even if no miss exceeds the bound.
     misses, total = 0, 0
 
-    @settings(max_examples=80, deadline=None, database=None,
+    # Derandomised: a count of misses over random draws is itself random (at a 5% miss rate,
+    # 80 draws exceed 8 misses about once in 20 runs), so the instances are a fixed sample.
+    @settings(max_examples=80, deadline=None, database=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors])
     @given(tiny_instances())
     def count(instance):

@@ -12,9 +12,6 @@ import torch.distributed as dist
 from ballast.runtime import PeerFailed, RankFailed, RankInputError, broadcast_plan, run_local
 from ballast.runtime.world import is_echo
 
-pytestmark = pytest.mark.slow
-
-
 def _rank0_cannot_plan() -> None:
     failure = ValueError("sequence 3 has 9999 tokens, more than any plan can hold")
     broadcast_plan(failure if dist.get_rank() == 0 else None)
@@ -36,11 +33,13 @@ def _peer_sees(rank_of_error: int) -> str:
     return "no error"
 
 
+@pytest.mark.slow
 def test_rank0_failure_to_plan_is_raised_once_as_rank0s():
     with pytest.raises(RankInputError, match=r"^rank 0: sequence 3 has 9999 tokens, more than any plan can hold$"):
         run_local(2, _rank0_cannot_plan, timeout=120)
 
 
+@pytest.mark.slow
 def test_a_defect_on_one_rank_is_reported_not_the_broken_connection_it_leaves():
     with pytest.raises(RankFailed) as failed:
         run_local(2, _rank1_raises_while_rank0_waits, timeout=120, collective_timeout=timedelta(seconds=30))
@@ -49,6 +48,7 @@ def test_a_defect_on_one_rank_is_reported_not_the_broken_connection_it_leaves():
     assert "Connection closed" not in str(failed.value)
 
 
+@pytest.mark.slow
 def test_peers_of_a_failed_rank_stop_with_peer_failed():
     # Each rank catches what broadcast_plan raised: the sender its own error, the others PeerFailed.
     assert run_local(2, _peer_sees, 1, timeout=120) == ["peer: stopped: rank 1 failed: bad batch", "own: bad batch"]

@@ -32,7 +32,7 @@ from ballast.cli import main
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel
 from ballast.dataset import BatchStream, build_corpus
-from ballast.runtime import run_local
+from ballast.runtime import PeerFailed, run_local
 from ballast.model_shape import MODEL_PRESETS
 from ballast.train.config import TrainConfig
 from ballast.train.metrics import StepRecord, final_history
@@ -242,7 +242,7 @@ def _wait_for_rank0() -> list:
     got: list = [from_rank0(slow)]
     try:
         from_rank0(bad)
-    except ValueError as e:
+    except (ValueError, PeerFailed) as e:  # rank 0's own error; the others stop with PeerFailed
         got.append(str(e))
     return got
 
@@ -250,4 +250,4 @@ def _wait_for_rank0() -> list:
 def test_ranks_wait_for_rank0_data_beyond_the_collective_timeout():
     results = run_local(2, _wait_for_rank0, timeout=120, collective_timeout=COLLECTIVE_TIMEOUT)
     assert results == [[("rank 0's own", "everyone's"), "bad corpus"],
-                       [(None, "everyone's"), "bad corpus"]]
+                       [(None, "everyone's"), "stopped: rank 0 failed: bad corpus"]]
