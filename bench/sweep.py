@@ -18,7 +18,8 @@ from pathlib import Path
 import ballast
 from ballast.simulate import simulate_planners
 from ballast.cost import InfeasibleError
-from ballast.dataset.lengths import BatchSampler, BatchSpec, get_length_source
+from ballast.dataset.length_stream import BatchSpec, LengthStream
+from ballast.dataset.lengths import get_length_source
 from ballast.planners import PLANNERS, PlannerOptions
 
 TIE = 0.01  # the planners issue counts ballast within 1% of a planner as a tie
@@ -50,7 +51,7 @@ def run_setting(setting: dict, names: list[str], steps: int, seed: int, time_lim
         return None
     spec = BatchSpec(batch=setting.get("batch"), tokens_per_step=setting.get("tokens_per_step"),
                      max_len=setting["max_len"])
-    sampler = BatchSampler(get_length_source(setting["lengths"]), spec, seed=seed)
+    sampler = LengthStream(get_length_source(setting["lengths"]), spec, seed=seed)
     batches = [sampler.next_batch() for _ in range(steps)]
     options = PlannerOptions(max_len=setting["max_len"], seed=seed, time_limit=time_limit)
     _, results = simulate_planners(batches, names, cluster, cost, options)

@@ -1,4 +1,6 @@
-"""The data pipeline of `ballast train`: text corpora to token files to seeded global batches.
+"""Every batch ballast plans comes from here: corpora for training, length sources for planning.
+
+Training (`ballast train`, `bench`): text corpora to token files to seeded global batches.
 
     corpus = build_corpus("jsonl:data/", tokenizer="tokenizer.json")   # tokenised once, cached
     check_vocab(corpus.vocab_size, shape.vocab, shape.name)
@@ -9,12 +11,22 @@
 sources.py says which files a source spec reads and how malformed input is reported,
 cache.py how the token cache is keyed and written, stream.py how documents become samples,
 sample ids and batches.
+
+Planning without training (`ballast simulate`, the benchmarks): lengths only.
+
+    stream = LengthStream(get_length_source("wikipedia"), BatchSpec(batch=512), seed=0)
+    lengths = stream.next_batch()      # -> planner
+
+lengths.py holds the sources (the shipped wikipedia histogram among them), length_stream.py
+how their draws become batches.
 """
 from .build import build_corpus
 from .corpus import TokenCorpus
+from .length_stream import BatchSpec, LengthStream
+from .lengths import LengthSource, get_length_source
 from .sources import SYNTAX
 from .stream import Batch, BatchStream
 from .tokenizer import ByteTokenizer, HFTokenizer, check_vocab, load_tokenizer
 
-__all__ = ["SYNTAX", "Batch", "BatchStream", "ByteTokenizer", "HFTokenizer", "TokenCorpus",
-           "build_corpus", "check_vocab", "load_tokenizer"]
+__all__ = ["SYNTAX", "Batch", "BatchSpec", "BatchStream", "ByteTokenizer", "HFTokenizer", "LengthSource",
+           "LengthStream", "TokenCorpus", "build_corpus", "check_vocab", "get_length_source", "load_tokenizer"]

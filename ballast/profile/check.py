@@ -33,7 +33,8 @@ from rich.table import Table
 
 from ..cluster import get_cluster
 from ..cost import CostModel
-from ..dataset.lengths import BatchSampler, BatchSpec, get_length_source
+from ..dataset.length_stream import BatchSpec, LengthStream
+from ..dataset.lengths import get_length_source
 from ..models.gpt import build_gpt
 from ..plans import Plan
 from ..planners import PlannerOptions, get_planner, parse_planner_names
@@ -70,13 +71,13 @@ def make_plans(cost: CostModel, lengths: str, count: int, tokens_per_step: int, 
                planners: list[str], seed: int) -> list[Plan]:
     """`count` random batches, planned by `planners` in turn and validated against `cost`."""
     cluster = get_cluster("cpu", world_size=cost.world_size, device_memory_gb=cost.device_memory / 1e9)
-    sampler = BatchSampler(get_length_source(lengths), BatchSpec(tokens_per_step=tokens_per_step,
+    stream = LengthStream(get_length_source(lengths), BatchSpec(tokens_per_step=tokens_per_step,
                                                                  max_len=max_len), seed)
     options = PlannerOptions(max_len=max_len, seed=seed, time_limit=MILP_SECONDS)
     made = {name: get_planner(name, cluster, cost, options) for name in planners}
     plans = []
     for i in range(count):
-        plan = made[planners[i % len(planners)]].plan(sampler.next_batch())
+        plan = made[planners[i % len(planners)]].plan(stream.next_batch())
         plan.validate(cluster, cost)
         plans.append(plan)
     return plans

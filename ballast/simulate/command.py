@@ -12,7 +12,8 @@ from rich.progress import Progress
 from ..cluster import get_cluster
 from .side_by_side import simulate_planners
 from ..cost import get_cost_model
-from ..dataset.lengths import BatchSampler, BatchSpec, get_length_source
+from ..dataset.length_stream import BatchSpec, LengthStream
+from ..dataset.lengths import get_length_source
 from ..planners import PlannerOptions, parse_planner_names
 from ..gantt import gantt
 from .table import planner_table
@@ -80,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
         args.batch = 512
     spec = BatchSpec(batch=args.batch, tokens_per_step=args.tokens_per_step, max_len=args.max_len,
                      overlong=args.overlong)
-    sampler = BatchSampler(get_length_source(args.lengths), spec, seed=args.seed)
-    batches = [sampler.next_batch() for _ in range(args.steps)]
+    lengths_stream = LengthStream(get_length_source(args.lengths), spec, seed=args.seed)
+    batches = [lengths_stream.next_batch() for _ in range(args.steps)]
     options = PlannerOptions(max_len=args.max_len, degree=args.degree, seed=args.seed,
                              time_limit=args.time_limit, buckets=args.buckets, dcp_mode=args.dcp_mode,
                              remap=args.zeppelin_remap == "on", lockstep=args.lockstep)
@@ -96,11 +97,11 @@ def run(args: argparse.Namespace) -> int:
                "model": shape.name, "cost": cost.source, "max_len": args.max_len, "batch": args.batch,
                "tokens_per_step": args.tokens_per_step, "overlong": args.overlong, "seed": args.seed,
                "dcp_mode": args.dcp_mode, "zeppelin_remap": args.zeppelin_remap, "lockstep": args.lockstep,
-               "data": sampler.report(), "mean_tokens_per_step": sum(map(sum, batches)) / len(batches)}
+               "data": lengths_stream.report(), "mean_tokens_per_step": sum(map(sum, batches)) / len(batches)}
     title = (f"{args.lengths} on {cluster.name} ({cluster.world_size} devices), {shape.name}, "
              f"{cost.source} cost, {args.steps} steps")
     console.print(planner_table(title, summaries, lower_mean))
-    console.print(f"data: {sampler.report()}")
+    console.print(f"data: {lengths_stream.report()}")
     if args.json_out:
         out = {"setting": setting, "steps": args.steps, "lower_bound_s": lower_mean, "planners": summaries}
         Path(args.json_out).write_text(json.dumps(out, indent=2))

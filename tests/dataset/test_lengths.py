@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ballast.dataset.lengths import (BatchSampler, BatchSpec, DiscreteSource, HistogramSource,
+from ballast.dataset.length_stream import BatchSpec, LengthStream
+from ballast.dataset.lengths import (DiscreteSource, HistogramSource,
                              ZipfSource, get_length_source, video_tokens)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -180,7 +181,7 @@ FIXED = DiscreteSource("fixed", np.array([10, 25]))  # 25 is overlong at max_len
 
 
 def test_batch_counts_documents_and_split_chunks_stay_in_step():
-    sampler = BatchSampler(FIXED, BatchSpec(batch=8, max_len=10), seed=3)
+    sampler = LengthStream(FIXED, BatchSpec(batch=8, max_len=10), seed=3)
     for batch in (next(sampler) for _ in range(20)):
         documents = len(batch) - 2 * batch.count(5)  # a 25 becomes [10, 10, 5]
         assert documents == 8 and max(batch) <= 10
@@ -194,7 +195,7 @@ def test_batch_counts_documents_and_split_chunks_stay_in_step():
 
 
 def test_drop_filters_and_counts():
-    sampler = BatchSampler(FIXED, BatchSpec(batch=8, max_len=10, overlong="drop"), seed=3)
+    sampler = LengthStream(FIXED, BatchSpec(batch=8, max_len=10, overlong="drop"), seed=3)
     batches = [sampler.next_batch() for _ in range(20)]
     assert all(b == [10] * 8 for b in batches)
     assert sampler.dropped_sequences == sampler.drawn_sequences - 160 > 0
@@ -203,16 +204,16 @@ def test_drop_filters_and_counts():
 
 
 def test_drop_everything_is_an_error():
-    sampler = BatchSampler(FIXED, BatchSpec(batch=1, max_len=9, overlong="drop"), seed=0)
+    sampler = LengthStream(FIXED, BatchSpec(batch=1, max_len=9, overlong="drop"), seed=0)
     with pytest.raises(ValueError, match="draws in a row were longer than max_len=9"):
         sampler.next_batch()
 
 
 def test_error_names_length_and_limit():
-    sampler = BatchSampler(FIXED, BatchSpec(batch=64, max_len=10, overlong="error"), seed=0)
+    sampler = LengthStream(FIXED, BatchSpec(batch=64, max_len=10, overlong="error"), seed=0)
     with pytest.raises(ValueError, match="sequence of 25 tokens is longer than max_len=10"):
         sampler.next_batch()
-    fine = BatchSampler(FIXED, BatchSpec(batch=4, max_len=25, overlong="error"), seed=0)
+    fine = LengthStream(FIXED, BatchSpec(batch=4, max_len=25, overlong="error"), seed=0)
     fine.next_batch()
     assert fine.report() == "no sequence longer than 25 tokens among 4 sequences drawn"
 
@@ -220,14 +221,14 @@ def test_error_names_length_and_limit():
 def test_same_seed_same_batches():
     source = get_length_source("wikipedia")
     for spec in (BatchSpec(batch=64, max_len=8192), BatchSpec(tokens_per_step=65536, max_len=8192)):
-        runs = [[BatchSampler(source, spec, seed).next_batch() for _ in range(30)]
+        runs = [[LengthStream(source, spec, seed).next_batch() for _ in range(30)]
                 for seed in (11, 11, 12)]
         assert runs[0] == runs[1] != runs[2]
 
 
 def test_token_budget_takes_longest_prefix():
     budget = 100_000
-    sampler = BatchSampler(get_length_source("wikipedia"),
+    sampler = LengthStream(get_length_source("wikipedia"),
                            BatchSpec(tokens_per_step=budget, max_len=32768), seed=5)
     batches = [sampler.next_batch() for _ in range(200)]
     for batch, following in zip(batches, batches[1:]):
@@ -236,7 +237,7 @@ def test_token_budget_takes_longest_prefix():
 
 
 def test_budget_below_max_len_still_makes_progress():
-    sampler = BatchSampler(FIXED, BatchSpec(tokens_per_step=5, max_len=100), seed=0)
+    sampler = LengthStream(FIXED, BatchSpec(tokens_per_step=5, max_len=100), seed=0)
     assert all(len(sampler.next_batch()) == 1 for _ in range(10))
 
 
@@ -255,7 +256,7 @@ def sampler_setups(draw):
 @settings(max_examples=100, deadline=None)
 def test_split_keeps_lengths_in_range_and_conserves_tokens(setup):
     source, spec, seed = setup
-    sampler = BatchSampler(source, spec, seed)
+    sampler = LengthStream(source, spec, seed)
     batches = [sampler.next_batch() for _ in range(5)]
     flat = [s for b in batches for s in b]
     assert flat and all(1 <= s <= spec.max_len for s in flat)

@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings
 
 import ballast
 from ballast.cost import InfeasibleError
-from ballast.dataset.lengths import BatchSampler, BatchSpec, get_length_source
+from ballast.dataset.length_stream import BatchSpec, LengthStream
+from ballast.dataset.lengths import get_length_source
 from ballast.planners import PlannerOptions, get_planner
 from ballast.timeline import simulate, step_time
 from exhaustive import cluster_for, optimum, tiny_instances
@@ -66,7 +67,7 @@ def test_usually_exactly_optimal():
 def _setting_a(steps: int):
     cluster = ballast.get_cluster("a100-64")
     cost = ballast.get_cost_model("auto", ballast.get_model_shape("gpt-7b"), cluster)
-    sampler = BatchSampler(get_length_source("wikipedia"), BatchSpec(batch=512, max_len=393216), seed=0)
+    sampler = LengthStream(get_length_source("wikipedia"), BatchSpec(batch=512, max_len=393216), seed=0)
     return cluster, cost, [sampler.next_batch() for _ in range(steps)]
 
 

@@ -81,11 +81,12 @@ def test_setting_a_batch_that_hung_highs_presolve_plans_within_the_budget():
     # the 10 s limit (flexsp_milp._highs); it must now finish within the step's budget of five
     # solves (6 s measured), and so a regression fails here instead of hanging a simulation.
     import ballast
-    from ballast.dataset.lengths import BatchSampler, BatchSpec, get_length_source
+    from ballast.dataset.length_stream import BatchSpec, LengthStream
+    from ballast.dataset.lengths import get_length_source
 
     cluster = get_cluster("a100-64")
     cost = CostModel.published(get_model_shape("gpt-7b"), cluster)
-    sampler = BatchSampler(get_length_source("wikipedia"), BatchSpec(batch=512, max_len=393216), 0)
+    sampler = LengthStream(get_length_source("wikipedia"), BatchSpec(batch=512, max_len=393216), 0)
     batch = [sampler.next_batch() for _ in range(3)][-1]
     began = time.perf_counter()
     plan = ballast.plan(batch, cluster, cost, planner="flexsp")

@@ -12,7 +12,8 @@ from ballast.simulate import command as simulate_cmd
 from ballast.cli import main
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel, get_cost_model
-from ballast.dataset.lengths import BatchSampler, BatchSpec, get_length_source
+from ballast.dataset.length_stream import BatchSpec, LengthStream
+from ballast.dataset.lengths import get_length_source
 from ballast.planners import PlannerOptions, get_planner
 from ballast.model_shape import get_model_shape
 from ballast.timeline import simulate
@@ -51,7 +52,7 @@ def expected_steps(name: str) -> list:
     """What the command must have averaged: the same batches planned and simulated here."""
     cluster = get_cluster("a100-8")
     cost = get_cost_model("auto", get_model_shape("gpt-7b"), cluster)
-    sampler = BatchSampler(get_length_source("lognormal:7,1.2"), BatchSpec(batch=32, max_len=32768), seed=0)
+    sampler = LengthStream(get_length_source("lognormal:7,1.2"), BatchSpec(batch=32, max_len=32768), seed=0)
     planner = get_planner(name, cluster, cost, PlannerOptions(max_len=32768))
     return [simulate(planner.plan(sampler.next_batch()), cost, cluster.world_size) for _ in range(2)]
 
