@@ -4,17 +4,15 @@ RMSNorm, rotary positions that restart at every sequence, SwiGLU (or GELU) MLP a
 grouped-query attention, sized by a `ballast.model_shape.ModelShape`. The model sees one token
 stream of sequences packed end to end (`PackedStream`): no batch dimension, no padding.
 
-Parallel code stays out of the model (torchtitan style): every `Attention` calls its
-`attend` attribute, a callable `(q, k, v, stream) -> out`; the default attends over the
-tokens this process holds, and `ballast.runtime.parallelize` swaps in the sequence-parallel
-one. The stream object is passed through untouched, so the runtime may hand the model a
-subclass that also says how the stream is sharded over a process group.
+Parallel code stays out of the model (torchtitan style): it implements the runtime's model
+protocol (`protocol.ParallelModel`). Every `Attention` calls its `attend` attribute, a callable
+`(q, k, v, stream) -> out`; the default attends over the tokens this process holds, and
+`GPT.install_attention` (which `ballast.runtime.parallelize` calls) swaps in the
+sequence-parallel one. The stream object is passed through untouched, so the runtime may hand
+the model a subclass that also says how the stream is sharded over a process group.
 """
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -23,36 +21,13 @@ from torch.utils.checkpoint import checkpoint
 
 from ..model_shape import ModelShape
 from .kernels import varlen_causal_attention
+from .protocol import AttentionFn, PackedStream
 
 ROPE_THETA = 10000.0
 NORM_EPS = 1e-5
 INIT_STD = 0.02
 
 
-@dataclass(frozen=True)
-class PackedStream:
-    """Sequences packed one after another into one token stream."""
-
-    bounds: tuple[int, ...]
-    """cu_seqlens of the whole stream as Python ints: (0, s1, s1 + s2, ..., tokens)."""
-    positions: Tensor
-    """Rotary position of every token this process holds; 0 at the start of each sequence."""
-
-    @classmethod
-    def from_lengths(cls, lengths: Sequence[int], device: torch.device | str | None = None) -> PackedStream:
-        """The whole stream of sequences of these lengths, held by one process."""
-        return cls(tuple(itertools.accumulate(lengths, initial=0)), sequence_positions(lengths, device))
-
-
-def sequence_positions(lengths: Sequence[int], device: torch.device | str | None = None) -> Tensor:
-    """0..s-1 for every sequence length s, concatenated."""
-    counts = torch.tensor(list(lengths), dtype=torch.long)
-    starts = torch.cumsum(counts, 0) - counts
-    total = int(counts.sum())
-    return (torch.arange(total) - torch.repeat_interleave(starts, counts)).to(device)
-
-
-AttentionFn = Callable[[Tensor, Tensor, Tensor, PackedStream], Tensor]
 
 
 def local_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedStream) -> Tensor:
@@ -88,7 +63,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(shape.hidden, shape.kv_dim, bias=False)
         self.wo = nn.Linear(shape.heads * shape.head_dim, shape.hidden, bias=False)
         self.attend: AttentionFn = local_attention
-        """Swapped by `ballast.runtime.parallelize` for the sequence-parallel attention."""
+        """Swapped by `GPT.install_attention` for the sequence-parallel attention."""
 
     def forward(self, x: Tensor, stream: PackedStream) -> Tensor:
         n = x.shape[0]
@@ -139,6 +114,13 @@ class GPT(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=INIT_STD)
+
+    def blocks(self) -> nn.ModuleList:
+        return self.layers
+
+    def install_attention(self, attend: AttentionFn) -> None:
+        for block in self.layers:
+            block.attention.attend = attend
 
     def forward(self, tokens: Tensor, stream: PackedStream, checkpoint_layers: int = 0) -> Tensor:
         """Logits [tokens, vocab] of the tokens this process holds.

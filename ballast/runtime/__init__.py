@@ -12,7 +12,7 @@
     world.py        joining the job: torchrun, or N local gloo ranks
     memory.py       bytes saved for backward, measured
 """
-from .attention import StreamShard, install_attention, sequence_parallel_attention, shard_sizes
+from .attention import StreamShard, sequence_parallel_attention, shard_sizes
 from .broadcast import broadcast_plan
 from .executor import Executor, MicroBatchRecord, StepResult, WaveTiming
 from .fsdp import full_tensor, is_sharded, shard_model
@@ -24,5 +24,5 @@ from .world import PeerFailed, RankFailed, RankInputError, init_distributed, run
 __all__ = ["ActivationMeter", "Executor", "MicroBatchRecord", "PeerFailed", "ProcessGroups", "RankFailed",
            "RankInputError", "StepResult",
            "StreamShard", "WaveTiming", "broadcast_plan", "full_tensor", "init_distributed",
-           "install_attention", "is_sharded", "make_optimizer", "parallelize", "run_local",
+           "is_sharded", "make_optimizer", "parallelize", "run_local",
            "sequence_parallel_attention", "shard_model", "shard_sizes", "under_torchrun"]

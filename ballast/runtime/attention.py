@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from ..models.gpt import Attention, PackedStream
+from ..models.protocol import PackedStream
 from ..models.kernels import varlen_causal_attention
 from .all_to_all import all_to_all
 from .remap import RemappedStream, remapped_attention
@@ -161,15 +161,3 @@ def sequence_parallel_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedS
     qkv = all_to_all(qkv.reshape(rows, heads + 2 * kv_heads, head_dim), HeadExchange(stream, to_heads=True))
     q, k, v = qkv.split([heads // d, kv_heads // d, kv_heads // d], dim=1)
     return all_to_all(varlen_causal_attention(q, k, v, stream.bounds), HeadExchange(stream, to_heads=False))
-
-
-def install_attention(model: nn.Module) -> nn.Module:
-    """Make every attention layer of `model` sequence-parallel (in place; returns the model).
-
-    Streams the model receives must then be `StreamShard`s for sharded execution; a plain
-    `PackedStream` still runs on one process, so the model stays usable alone.
-    """
-    for module in model.modules():
-        if isinstance(module, Attention):
-            module.attend = sequence_parallel_attention
-    return model

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..cluster import Cluster
-from ..models.gpt import GPT, PackedStream
+from ..models.protocol import PackedStream, ParallelModel
 from ..plans import Group, MicroBatch, Plan
 from .attention import StreamShard, shard_sizes
 from .fsdp import is_sharded
@@ -110,7 +110,7 @@ class Executor:
     """Runs plans on this rank: `executor.step(plan, samples)`. Made by `parallelize`, which
     installs the sequence-parallel attention and starts every rank from the same weights."""
 
-    def __init__(self, model: GPT, optimizer: torch.optim.Optimizer, cluster: Cluster,
+    def __init__(self, model: ParallelModel, optimizer: torch.optim.Optimizer, cluster: Cluster,
                  groups: ProcessGroups, *, measure_activations: bool = False, precision: str = "auto"):
         assert precision in PRECISIONS, precision
         self.fsdp = is_sharded(model)

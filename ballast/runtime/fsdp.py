@@ -1,7 +1,7 @@
 """FSDP2 (ZeRO-3) for plans: parameters, gradients and optimizer state sharded over the world.
 
-`shard_model` applies `torch.distributed.fsdp.fully_shard` to every block and then to the root
-(embedding, final norm, output layer), the torchtitan layout: a block's parameters are
+`shard_model` applies `torch.distributed.fsdp.fully_shard` to every block (`ParallelModel.blocks`)
+and then to the root (embedding, final norm, output layer), the torchtitan layout: a block's parameters are
 all-gathered just before its forward (and again before its backward) and freed after, so a
 rank holds one block's full parameters at a time and 1/world of everything else.
 
@@ -27,17 +27,17 @@ from torch import Tensor
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
-from ..models.gpt import GPT
+from ..models.protocol import ParallelModel
 
 
-def shard_model(model: GPT) -> GPT:
+def shard_model(model: ParallelModel) -> ParallelModel:
     """Shard `model` over the world with FSDP2 (in place; returns it). Collective: every rank
     calls it; all ranks start from rank 0's weights, as in the replicated mode."""
     params = list(model.parameters())
     flat = torch.cat([p.detach().reshape(-1) for p in params])
     dist.broadcast(flat, src=0)
     torch.nn.utils.vector_to_parameters(flat, params)
-    for block in model.layers:
+    for block in model.blocks():
         fully_shard(block)
     fully_shard(model)
     for module in model.modules():

@@ -4,7 +4,8 @@ torchtitan's order, for a model built the same way on every rank:
 
     1. checks that need no communication (world size against the cluster, precision, the
        sharding options), so a user error stops every rank before any collective;
-    2. sequence-parallel attention installed in the model's attention layers (`attention.py`);
+    2. sequence-parallel attention (`attention.py`) installed through the model's own hook
+       (`ParallelModel.install_attention`: the runtime knows no model family);
     3. the weights: every rank starts from rank 0's, replicated, or sharded with FSDP2
        (`fsdp.py`, which broadcasts them before sharding);
     4. AdamW over the parameters, its state sharded over the world with ZeRO-1 or not (FSDP2
@@ -21,13 +22,14 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ..cluster import Cluster
-from .attention import install_attention
+from ..models.protocol import ParallelModel
+from .attention import sequence_parallel_attention
 from .executor import PRECISIONS, Executor
 from .fsdp import is_sharded, shard_model
 from .groups import ProcessGroups
 
 
-def parallelize(model: nn.Module, cluster: Cluster, *, groups: ProcessGroups | None = None,
+def parallelize(model: ParallelModel, cluster: Cluster, *, groups: ProcessGroups | None = None,
                 fsdp: bool = False, zero1: bool = False, precision: str = "auto",
                 measure_activations: bool = False, **adamw: float) -> Executor:
     """The executor that runs plans of `cluster` with `model` on this rank (a collective: every
@@ -46,7 +48,7 @@ def parallelize(model: nn.Module, cluster: Cluster, *, groups: ProcessGroups | N
     if zero1 and (fsdp or is_sharded(model)):
         raise ValueError("ZeRO-1 and FSDP both shard the optimizer state: use one of them")
     groups = groups or ProcessGroups()
-    install_attention(model)
+    model.install_attention(sequence_parallel_attention)
     if fsdp and not is_sharded(model):
         shard_model(model)
     elif not is_sharded(model):

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from ..models.gpt import PackedStream
+from ..models.protocol import PackedStream
 from .all_to_all import all_to_all
 
 

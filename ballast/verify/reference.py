@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..model_shape import ModelShape
-from ..models.gpt import PackedStream, build_gpt
+from ..models import PackedStream, build_gpt
 
 
 @dataclass
