@@ -27,6 +27,11 @@ class ModelShape:
     """Vocabulary size (embedding and output layer)."""
     gated_mlp: bool = True
     """SwiGLU MLP (three matrices) rather than GELU (two)."""
+    tied_embeddings: bool = False
+    """The output layer is the embedding's transpose (one matrix, not two)."""
+    source: str | None = None
+    """Where the model comes from: None for ballast's own GPT built from this shape, or
+    `hf:PATH` for a Hugging Face causal LM folder (`ballast.models.build_model` reads it)."""
 
     def __post_init__(self) -> None:
         check_types(self, "model", self.name)
@@ -54,8 +59,9 @@ class ModelShape:
 
     @property
     def params(self) -> int:
-        """All parameters (untied embedding and output layer; norms included)."""
-        return self.layers * (self.layer_matmul_params + 2 * self.hidden) + 2 * self.vocab * self.hidden + self.hidden
+        """All parameters (embedding and output layer, one matrix if tied; norms included)."""
+        embeddings = (1 if self.tied_embeddings else 2) * self.vocab * self.hidden
+        return self.layers * (self.layer_matmul_params + 2 * self.hidden) + embeddings + self.hidden
 
     def check_degree(self, degree: int) -> None:
         """Raise ValueError if Ulysses cannot shard this model's heads over `degree` ranks."""
@@ -87,13 +93,48 @@ MODEL_PRESETS: dict[str, ModelShape] = {
 }
 
 
+HF_PREFIX = "hf:"
+
+
 def get_model_shape(spec: str) -> ModelShape:
-    """A preset name or a path to a JSON file with `ModelShape`'s fields."""
+    """A preset name, `hf:PATH` (a Hugging Face model folder), or a path to a JSON file with
+    `ModelShape`'s fields."""
     if spec in MODEL_PRESETS:
         return MODEL_PRESETS[spec]
+    if spec.startswith(HF_PREFIX):
+        return hf_model_shape(spec[len(HF_PREFIX):])
     path = Path(spec)
     if path.suffix == ".json" and path.is_file():
         data = read_json(path, "model file")
         data.setdefault("name", path.stem)
         return ModelShape.from_dict(data)
-    raise ValueError(f"unknown model {spec!r}; presets: {', '.join(MODEL_PRESETS)} or a .json file")
+    raise ValueError(f"unknown model {spec!r}; presets: {', '.join(MODEL_PRESETS)}, hf:PATH or a .json file")
+
+
+def hf_model_shape(folder: str) -> ModelShape:
+    """The shape of the Hugging Face causal LM in `folder`, from its `config.json` alone (no
+    weights read, transformers not imported): what the cost model and the planners need."""
+    path = Path(folder)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"hf:{folder}: no config.json there (a Hugging Face model folder has one)")
+    config = read_json(path / "config.json", "model config")
+    kind = config.get("model_type", "?")
+    architectures = config.get("architectures") or []
+    if architectures and not any(a.endswith("ForCausalLM") for a in architectures):
+        raise ValueError(f"hf:{folder}: model type {kind!r} is {', '.join(architectures)}, not a causal LM "
+                         f"(...ForCausalLM)")
+    missing = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+                           "vocab_size") if k not in config]
+    if missing:
+        raise ValueError(f"hf:{folder}: config.json of model type {kind!r} lacks {', '.join(missing)}: not a "
+                         f"decoder ballast can price")
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    if head_dim * heads != config["hidden_size"]:
+        raise ValueError(f"hf:{folder}: model type {kind!r} has head_dim {head_dim} x {heads} heads != hidden "
+                         f"{config['hidden_size']}: not supported")
+    return ModelShape(
+        name=path.name, layers=config["num_hidden_layers"], hidden=config["hidden_size"], heads=heads,
+        kv_heads=config.get("num_key_value_heads") or heads, ffn=config["intermediate_size"],
+        vocab=config["vocab_size"], gated_mlp=config.get("hidden_act", "silu") in ("silu", "swiglu"),
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)), source=f"{HF_PREFIX}{folder}")

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..dataset import Batch
-from ..models import build_gpt
+from ..models import build_model
 from ..plans import Plan
 from ..planners import Planner, PlannerOptions, get_planner
 from ..runtime import Executor, ProcessGroups, StepResult, broadcast_plan, parallelize
@@ -63,7 +63,7 @@ def run_on_rank(inputs: BenchInputs, setting: BenchSetting) -> list[dict] | None
 
 
 def _executor(inputs: BenchInputs, groups: ProcessGroups, seed: int) -> Executor:
-    model = build_gpt(inputs.shape, seed)
+    model = build_model(inputs.shape, seed)
     return parallelize(model, inputs.cluster, groups=groups, lr=LEARNING_RATE)
 
 

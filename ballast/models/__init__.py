@@ -3,11 +3,24 @@
 
     protocol.py  ParallelModel, PackedStream, AttentionFn: all the runtime knows of a model
     gpt.py       ballast's Llama-style decoder
+    hf.py        Hugging Face causal LMs (`hf:PATH`), through transformers' AttentionInterface
     kernels.py   causal attention per packed sequence (flash-attn / torch varlen on CUDA, SDPA)
 """
+from ..model_shape import HF_PREFIX, ModelShape
 from .gpt import GPT, build_gpt, local_attention
 from .kernels import varlen_causal_attention
 from .protocol import AttentionFn, PackedStream, ParallelModel, sequence_positions
 
-__all__ = ["GPT", "AttentionFn", "PackedStream", "ParallelModel", "build_gpt", "local_attention",
+
+def build_model(shape: ModelShape, seed: int = 0) -> ParallelModel:
+    """The model `shape` describes, with weights that depend only on `seed` unless it brings its
+    own: ballast's GPT, or the Hugging Face model of `shape.source` (transformers imported only then)."""
+    if shape.source is None:
+        return build_gpt(shape, seed)
+    if shape.source.startswith(HF_PREFIX):
+        from .hf import build_hf
+        return build_hf(shape, seed)
+    raise ValueError(f"model {shape.name!r}: unknown source {shape.source!r} (expected {HF_PREFIX}PATH)")
+
+__all__ = ["GPT", "AttentionFn", "PackedStream", "ParallelModel", "build_gpt", "build_model", "local_attention",
            "sequence_positions", "varlen_causal_attention"]

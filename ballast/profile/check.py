@@ -35,7 +35,7 @@ from ..cluster import get_cluster
 from ..cost import CostModel
 from ..dataset.length_stream import BatchSpec, LengthStream
 from ..dataset.lengths import get_length_source
-from ..models.gpt import build_gpt
+from ..models import build_model
 from ..plans import Plan
 from ..planners import PlannerOptions, get_planner, parse_planner_names
 from ..model_shape import ModelShape
@@ -91,7 +91,7 @@ def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats:
     from ..runtime import parallelize
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    model = build_gpt(shape, seed)
+    model = build_model(shape, seed)
     executor = parallelize(model, get_cluster("cpu", world_size=world), measure_activations=True, lr=LEARNING_RATE)
     parsed = [Plan.from_dict(p) for p in plans]
     samples = [random_samples(p.lengths, shape.vocab, seed + i) for i, p in enumerate(parsed)]

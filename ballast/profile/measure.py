@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ..cluster import get_cluster
-from ..models.gpt import build_gpt
+from ..models import build_model
 from ..plans import Group, MicroBatch, Plan, Wave
 from ..model_shape import ModelShape
 from .grid import Measurement, Point
@@ -122,7 +122,7 @@ def measure_on_ranks(shape: ModelShape, points: Sequence[Point], warmup: int, re
     states: dict[int, int] = {}
     executors = {}
     for depth in sorted({p.layers for p in points}):
-        model = build_gpt(dataclasses.replace(shape, layers=depth), seed).to(device)
+        model = build_model(dataclasses.replace(shape, layers=depth), seed).to(device)
         executors[depth] = parallelize(model, cluster, groups=groups, measure_activations=True, lr=LEARNING_RATE)
 
     def timed_step(executor: Executor, plan: Plan, samples: list[torch.Tensor]):

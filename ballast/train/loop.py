@@ -27,7 +27,7 @@ from rich.console import Console
 from ..cluster import Cluster, get_cluster
 from ..cost import CostModel, get_cost_model
 from ..dataset import BatchStream, TokenCorpus, build_corpus, check_vocab
-from ..models import build_gpt
+from ..models import build_model
 from ..plans import Plan
 from ..planners import Planner, PlannerOptions, get_planner
 from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize
@@ -109,7 +109,7 @@ def train(config: TrainConfig) -> dict | None:
     # whether that worked and where to resume.
     data, resume = from_rank0(lambda: _prepare_data(config, setup, console))
 
-    model = build_gpt(setup.shape, config.run.seed).to(device)
+    model = build_model(setup.shape, config.run.seed).to(device)
     opt = config.optimizer
     executor = parallelize(model, setup.cluster, fsdp=opt.fsdp, zero1=opt.zero1, lr=opt.lr,
                            betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay)

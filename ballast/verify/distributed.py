@@ -5,7 +5,7 @@ import torch.distributed as dist
 
 from ..cluster import get_cluster
 from ..model_shape import ModelShape
-from ..models.gpt import build_gpt
+from ..models import build_model
 from ..plans import Plan
 from ..runtime import ProcessGroups, broadcast_plan, full_tensor, parallelize
 from .reference import Batch, Trajectory, flatten
@@ -18,7 +18,7 @@ def train_distributed(shape: ModelShape, plans: list[dict], batches: list[Batch]
     `fsdp` the model is sharded with FSDP2 (the plans must be lockstep); `precision` is the
     executor's."""
     cluster = get_cluster("cpu", world_size=dist.get_world_size())
-    model = build_gpt(shape, seed)
+    model = build_model(shape, seed)
     executor = parallelize(model, cluster, groups=groups, fsdp=fsdp, zero1=zero1, precision=precision, lr=lr)
     losses, grads, starts = [], [], []
     for plan_data, batch in zip(plans, batches, strict=True):

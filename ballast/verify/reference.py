@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..model_shape import ModelShape
-from ..models import PackedStream, build_gpt
+from ..models import PackedStream, build_model
 
 
 @dataclass
@@ -64,7 +64,7 @@ def _whole_batch_backward(model: torch.nn.Module, batch: Batch) -> float:
 
 def train_reference(shape: ModelShape, batches: list[Batch], seed: int, lr: float) -> Trajectory:
     """The steps in one process: the whole batch as one packed stream, plain AdamW."""
-    model = build_gpt(shape, seed)
+    model = build_model(shape, seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     losses, grads, starts = [], [], []
     for batch in batches:
@@ -78,7 +78,7 @@ def train_reference(shape: ModelShape, batches: list[Batch], seed: int, lr: floa
 
 def reference_at(shape: ModelShape, trajectory: Trajectory, batches: list[Batch]) -> Trajectory:
     """Single-process loss and gradient of every step at the parameters `trajectory` started it from."""
-    model = build_gpt(shape)
+    model = build_model(shape)
     losses, grads = [], []
     for params, batch in zip(trajectory.start_params, batches, strict=True):
         torch.nn.utils.vector_to_parameters(params, model.parameters())

@@ -1,0 +1,154 @@
+"""Hugging Face causal LMs behind the runtime's model protocol, the model objects unmodified.
+
+`HFCausalLM` wraps a `transformers` causal LM (Llama, Qwen2, Mistral and their relatives: any
+whose attention goes through transformers' `AttentionInterface`) and implements
+`protocol.ParallelModel`. Nothing in the model class is patched:
+
+  - attention: ballast registers an attention function under the name "ballast" with
+    `AttentionInterface` and selects it on the model with `set_attn_implementation`. It has no
+    mask function (transformers then builds no mask: attention is causal per packed sequence,
+    from the stream's cu_seqlens, and a [tokens x tokens] mask would cost quadratic memory). transformers calls it with q, k, v after the model's own
+    projections and RoPE; it hands them to the installed `AttentionFn` (the runtime's Ulysses
+    attention, or attention over the tokens this process holds), reached through the forward's
+    keyword arguments, which transformers passes down to the attention function untouched;
+  - positions: `position_ids` is each token's position inside its own sequence
+    (`PackedStream.positions`), so the model's RoPE, scaled variants included, rotates the
+    tokens of a shard exactly as it would the whole sequence;
+  - checkpointing: transformers' decoder layers checkpoint themselves when their
+    `gradient_checkpointing` attribute is set; the plan's level sets it per layer and per
+    micro-batch (the first k layers), non-reentrant, instead of the model-wide switch.
+
+Loss, its normalisation by the step's tokens and the label shift across shard boundaries are
+the runtime's, as for every model: the wrapper returns logits of the tokens this process holds.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from ..model_shape import HF_PREFIX, ModelShape
+from .gpt import local_attention
+from .protocol import AttentionFn, PackedStream
+
+ATTENTION = "ballast"
+"""The name ballast's attention function is registered under in transformers."""
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+
+
+def _attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+               scaling: float | None = None, dropout: float = 0.0, **kwargs) -> tuple[Tensor, None]:
+    """transformers' attention-function signature over ballast's `AttentionFn`: q [1, H, n, hd],
+    k and v [1, KV, n, hd] in, [1, n, H, hd] out (the layout transformers' own functions return)."""
+    stream: PackedStream | None = kwargs.get("ballast_stream")
+    attend: AttentionFn | None = kwargs.get("ballast_attend")
+    if stream is None or attend is None:
+        raise ValueError(f"{type(module).__name__}: the 'ballast' attention runs inside ballast's HFCausalLM only "
+                         f"(it needs the packed stream); select another attn_implementation to use the model alone")
+    if dropout:
+        raise ValueError(f"{type(module).__name__}: attention dropout {dropout} is not supported (the gradient "
+                         f"would depend on the plan); set attention_dropout to 0")
+    window = kwargs.get("sliding_window")
+    longest = max(b - a for a, b in zip(stream.bounds, stream.bounds[1:]))
+    if window is not None and longest > window:
+        raise ValueError(f"{type(module).__name__}: sliding-window attention (window {window}) over a sequence "
+                         f"of {longest} tokens is not supported: ballast attends over whole sequences")
+    rows = query.shape[2] - kwargs.get("ballast_pad", 0)
+    q, k, v = (t[0, :, :rows].transpose(0, 1) for t in (query, key, value))
+    head_dim = q.shape[-1]
+    if scaling is not None and not math.isclose(scaling, head_dim ** -0.5, rel_tol=1e-12):
+        q = q * (scaling * math.sqrt(head_dim))  # the kernels scale by 1/sqrt(head_dim)
+    out = attend(q, k, v, stream)
+    if rows < query.shape[2]:  # the stand-in row of an empty shard (see HFCausalLM.forward)
+        out = torch.cat([out, out.new_zeros(query.shape[2] - rows, *out.shape[1:])])
+    return out[None], None
+
+
+@functools.cache
+def register() -> None:
+    """Register ballast's attention with transformers, once."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, _attention)
+
+
+class HFCausalLM(nn.Module):
+    """A transformers causal LM as a `ParallelModel`; `hf` is the model object itself."""
+
+    def __init__(self, hf: nn.Module, shape: ModelShape):
+        super().__init__()
+        check_supported(hf, shape)
+        register()
+        hf.set_attn_implementation(ATTENTION)
+        self.hf = hf
+        self.shape = shape
+        self._attend: AttentionFn = local_attention
+        for layer in self.blocks():
+            layer._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False)
+
+    def blocks(self) -> nn.ModuleList:
+        return self.hf.get_decoder().layers
+
+    def install_attention(self, attend: AttentionFn) -> None:
+        self._attend = attend
+
+    def forward(self, tokens: Tensor, stream: PackedStream, checkpoint_layers: int = 0) -> Tensor:
+        """Logits [tokens, vocab] of the tokens this process holds (see `protocol.ParallelModel`)."""
+        if tokens.dim() != 1 or tokens.shape[0] != stream.positions.shape[0]:
+            raise ValueError(f"tokens of shape {tuple(tokens.shape)} do not match the stream's "
+                             f"{stream.positions.shape[0]} positions")
+        if not 0 <= checkpoint_layers <= self.shape.layers:
+            raise ValueError(f"checkpoint_layers {checkpoint_layers} is outside 0..{self.shape.layers}")
+        for i, layer in enumerate(self.blocks()):
+            layer.gradient_checkpointing = i < checkpoint_layers
+        # A rank may hold no token of a micro-batch (a stream shorter than its group) and must
+        # still join the group's all-to-alls; transformers' layers cannot reshape zero tokens, so
+        # the rank runs one stand-in token that attention leaves out and the logits drop.
+        rows = tokens.shape[0]
+        pad = int(rows == 0)
+        positions = stream.positions
+        if pad:
+            tokens, positions = tokens.new_zeros(1), positions.new_zeros(1)
+        out = self.hf(input_ids=tokens[None], position_ids=positions[None], use_cache=False,
+                      ballast_stream=stream, ballast_attend=self._attend, ballast_pad=pad)
+        return out.logits[0, :rows]
+
+
+def check_supported(hf: nn.Module, shape: ModelShape) -> None:
+    """ValueError naming the model type and the feature ballast cannot train exactly, before any
+    rank communicates."""
+    config = hf.config
+    kind = getattr(config, "model_type", type(hf).__name__)
+    if not getattr(hf, "_supports_attention_backend", False):
+        raise ValueError(f"model type {kind!r}: its attention does not go through transformers' "
+                         f"AttentionInterface, so ballast cannot install sequence-parallel attention")
+    if getattr(config, "attention_dropout", 0.0):
+        raise ValueError(f"model type {kind!r}: attention_dropout {config.attention_dropout} is not supported "
+                         f"(the gradient would depend on the plan); set it to 0")
+    if not hasattr(hf.get_decoder(), "layers"):
+        raise ValueError(f"model type {kind!r}: no decoder layer list (model.layers) to checkpoint and shard")
+
+
+def build_hf(shape: ModelShape, seed: int = 0) -> HFCausalLM:
+    """The model of `shape.source` (`hf:PATH`) at `shape.layers` decoder layers: its weights when
+    the folder has them (`model.safetensors`, sharded or not), else a random init from its
+    config that depends only on `seed` (every rank builds the same model). Nothing is fetched."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    assert shape.source is not None and shape.source.startswith(HF_PREFIX), shape.source
+    folder = Path(shape.source[len(HF_PREFIX):])
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    config.num_hidden_layers = shape.layers  # profiling builds reduced-depth copies
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if any((folder / name).is_file() for name in WEIGHTS):
+            hf = AutoModelForCausalLM.from_pretrained(folder, config=config, local_files_only=True,
+                                                      dtype=torch.float32)
+        else:
+            hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    hf.train()
+    return HFCausalLM(hf, shape)
