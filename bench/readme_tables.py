@@ -45,11 +45,8 @@ def latency_table() -> str:
     return "\n".join(rows)
 
 
-def measured_table() -> str:
-    """`ballast bench`'s recorded run: the setting, the load it ran under, one row per planner, the targets."""
-    data = json.loads((RESULTS / "measured.json").read_text())
-    s, cost, load = data["setting"], data["cost_model"], data["load_average"]
-    noise, relative = data["noise"]["run_to_run"], data["noise"]["relative"]
+def bench_rows(data: dict) -> list[str]:
+    """One table row per planner of a `ballast bench` JSON, fastest first."""
     rows = ["| planner | tokens/s | vs static | paired | spread | step (s) | waves (s) | predicted (s) | error | "
             "idle | plan ms | degrees | ckpt |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
@@ -58,6 +55,27 @@ def measured_table() -> str:
                     f"{p['round_spread']:.1%} | {p['step_s']:.3f} | {p['waves_s']:.3f} | {p['predicted_s']:.3f} | "
                     f"{p['prediction_error']:+.1%} | {p['idle_fraction']:.1%} | {p['plan_ms']:.1f} | "
                     f"{','.join(map(str, p['degrees']))} | {p['checkpointed']:.2f} |")
+    return rows
+
+
+def hf_table() -> str:
+    """bench/hf.sh's recorded run: a tiny Hugging Face Llama, ballast against static at SP degree 2."""
+    data = json.loads((RESULTS / "hf-llama.json").read_text())
+    s, cost, load = data["setting"], data["cost_model"], data["load_average"]
+    head = (f"**Measured** ({s['model']}: a transformers LlamaForCausalLM, on {s['world']} gloo ranks, {s['data']} "
+            f"corpus, ~{s['tokens_per_step']:,} tokens/step, max-len {s['max_len']:,}, "
+            f"{cost['device_memory_gb'] * 1e3:.1f} MB per rank; {cost['source']} cost model; {s['warmup']} warm-up + "
+            f"{s['repeats']} rounds x {s['steps']} steps, interleaved; {data['seconds']:.0f} s wall, load average "
+            f"{load['min']:.1f}..{load['max']:.1f}; columns as in the measured table below):\n\n")
+    return head + "\n".join(bench_rows(data))
+
+
+def measured_table() -> str:
+    """`ballast bench`'s recorded run: the setting, the load it ran under, one row per planner, the targets."""
+    data = json.loads((RESULTS / "measured.json").read_text())
+    s, cost, load = data["setting"], data["cost_model"], data["load_average"]
+    noise, relative = data["noise"]["run_to_run"], data["noise"]["relative"]
+    rows = bench_rows(data)
     lengths = [n for b in data["batches"] if b["measured"] for n in b["lengths"]]
     head = (f"**Measured** ({s['model']} on {s['world']} gloo ranks, {s['data']} corpus, ~{s['tokens_per_step']:,} "
             f"tokens/step, max-len {s['max_len']:,} ({sum(n == s['max_len'] for n in lengths)} of the {len(lengths)} "
@@ -206,6 +224,8 @@ def main() -> None:
             text = replace(text, f"simulate-{name}", simulated_table(name))
     if (RESULTS / "measured.json").exists():
         text = replace(text, "measured", measured_table())
+    if (RESULTS / "hf-llama.json").exists():
+        text = replace(text, "hf", hf_table())
     if (RESULTS / "sweep.json").exists():
         text = replace(text, "sweep", sweep_text())
     if (RESULTS / "optimum-gap.json").exists():
