@@ -12,7 +12,9 @@ from .timeline import simulate
 def gantt(plans: Mapping[str, Plan], cost: CostModel, world_size: int, path: str | Path) -> None:
     """One panel per plan: ranks on the y axis, micro-batches as boxes coloured by SP degree.
 
-    The hatched tail of a box is its all-to-all time; empty lockstep fillers are grey.
+    The hatched tail of a box is its all-to-all time; empty lockstep fillers are grey; a box
+    with recomputation is labelled with its sequences and checkpoint level where it is wide
+    enough.
     """
     import matplotlib
     matplotlib.use("Agg")
@@ -29,10 +31,13 @@ def gantt(plans: Mapping[str, Plan], cost: CostModel, world_size: int, path: str
         for seg in metrics.segments:
             wave = plan.waves[seg.wave]
             group = next(g for g in wave.groups if g.start == seg.start_rank)
-            empty = not group.micro_batches[seg.micro_batch].seq_ids
-            face = "lightgrey" if empty else colour[seg.degree]
+            mb = group.micro_batches[seg.micro_batch]
+            face = "lightgrey" if not mb.seq_ids else colour[seg.degree]
             ax.broken_barh([(seg.begin, seg.compute)], (seg.start_rank, seg.degree), facecolors=face,
                            edgecolors="white", linewidth=0.4)
+            if mb.checkpoint > 0 and seg.compute > 0.04 * metrics.step_time:  # where the label fits
+                ax.text(seg.begin + seg.compute / 2, seg.start_rank + seg.degree / 2,
+                        f"{len(mb.seq_ids)} seq\nckpt {mb.checkpoint:.0%}", ha="center", va="center", fontsize=7)
             if seg.comm > 0:
                 ax.broken_barh([(seg.begin + seg.compute, seg.comm)], (seg.start_rank, seg.degree),
                                facecolors=face, edgecolors="black", hatch="///", linewidth=0.2)
