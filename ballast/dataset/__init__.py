@@ -8,8 +8,8 @@ Training (`ballast train`, `bench`): text corpora to token files to seeded globa
     batch = stream.next_batch()        # batch.lengths -> planner, batch.tokens -> runtime
     checkpoint["data"] = stream.state_dict()
 
-sources.py says which files a source spec reads and how malformed input is reported,
-cache.py how the token cache is keyed and written, stream.py how documents become samples,
+sources.py says which files a source spec reads and how malformed input is reported
+(hf_datasets.py: the `hf-dataset:PATH` source, read through Hugging Face `datasets`), cache.py how the token cache is keyed and written, stream.py how documents become samples,
 sample ids and batches.
 
 Planning without training (`ballast simulate`, the benchmarks): lengths only.

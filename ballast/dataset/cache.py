@@ -7,7 +7,8 @@ An entry is a folder `<cache_dir>/<kind>-<key>/` holding
 
 The key hashes the format version, the source kind and text field, `skip_bad`, the
 tokenizer's identity (its file's bytes) and the content digest (blake2b) of every input file
-in reading order: what the tokens are a function of. Paths are not in it, so a copy of the
+in reading order (of an `hf-dataset:` source, every file the dataset is made of): what the
+tokens are a function of. Paths are not in it, so a copy of the
 corpus at another path reuses the entry (reported under the path the user gave), and any
 change to a file's bytes misses it.
 

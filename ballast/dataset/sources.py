@@ -8,6 +8,11 @@
                   (its `text_field`); blank lines are ignored
   parquet:PATH    a .parquet file or a folder of them; one row, one document (column
                   `text_field`, a string column)
+  hf-dataset:PATH a Hugging Face `datasets` dataset on local disk (hf_datasets.py): a folder
+                  written by `save_to_disk` (read with `load_from_disk`; of a DatasetDict, its
+                  `train` split or its only one), or .parquet / .jsonl / .json files (a file or
+                  a folder of them) read with `load_dataset("parquet" / "json")`; one row, one
+                  document (field `text_field`); never the network
 
 Files are read in sorted order of their path, so a corpus is the same on every machine that
 holds the same files. Reading never raises on bad input: it yields a `Bad` naming the file
@@ -25,7 +30,9 @@ from typing import Iterator
 
 from .lengths import stdlib_files
 
-SYNTAX = "stdlib | folder:PATH | jsonl:PATH | parquet:PATH | tokens:PATH"
+HF_DATASET = "hf-dataset"
+
+SYNTAX = "stdlib | folder:PATH | jsonl:PATH | parquet:PATH | hf-dataset:PATH | tokens:PATH"
 
 
 @dataclass(frozen=True)
@@ -51,11 +58,18 @@ class TextSource:
     """Canonical spec (absolute path): part of the cache key and of reports."""
     kind: str
     files: tuple[str, ...]
-    """Absolute paths in reading order."""
+    """Absolute paths in reading order (for hf-dataset: every file the dataset is made of,
+    which is what its cache key hashes)."""
     text_field: str | None
     """The JSON key or Parquet column of the text; None for one-document-per-file kinds."""
+    root: str | None = None
+    """hf-dataset: the folder or file the spec names (a saved dataset is read as a whole)."""
 
     def read(self) -> Iterator[Doc | Bad]:
+        if self.kind == HF_DATASET:
+            from .hf_datasets import read_hf_dataset
+            yield from read_hf_dataset(self)
+            return
         reader = {"stdlib": _read_stdlib, "folder": _read_text_file,
                   "jsonl": _read_jsonl, "parquet": _read_parquet}[self.kind]
         for path in self.files:
@@ -82,6 +96,9 @@ def parse_source(spec: str, text_field: str = "text") -> TextSource:
         if not paths:
             raise ValueError(f"stdlib: no .py files under {root}")
         return TextSource("stdlib", "stdlib", tuple(sorted(paths)), None)
+    if kind == HF_DATASET and arg:
+        from .hf_datasets import parse_hf_dataset
+        return parse_hf_dataset(spec, arg, text_field)
     suffix = {"folder": "", "jsonl": ".jsonl", "parquet": ".parquet"}.get(kind)
     if suffix is None or not arg:
         raise ValueError(f"unknown data source {spec!r}: expected {SYNTAX}")
