@@ -34,11 +34,13 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     source: str = field(default="stdlib", metadata=_flag("--data"))
-    """Corpus: stdlib | folder:PATH | jsonl:PATH | parquet:PATH | tokens:PATH."""
-    tokenizer: str = "bytes"
-    """`bytes` (one token per UTF-8 byte, vocab 256) or a Hugging Face tokenizer.json file."""
+    """Corpus: stdlib | folder:PATH | jsonl:PATH | parquet:PATH | hf-dataset:PATH (a datasets
+    save_to_disk folder, or parquet/jsonl files read with datasets) | tokens:PATH."""
+    tokenizer: str | None = None
+    """`bytes` (one token per UTF-8 byte, vocab 256) or a Hugging Face tokenizer.json file;
+    unset: an hf:PATH model's own tokenizer.json when its folder has one, else bytes."""
     text_field: str = "text"
-    """JSON key or Parquet column holding a document's text."""
+    """JSON key, Parquet column or dataset field holding a document's text."""
     cache_dir: str | None = None
     """Where tokenised corpora are cached; default: the data pipeline's own."""
     skip_bad: bool = False
@@ -100,7 +102,8 @@ class RunConfig:
     world: int | None = None
     """Local gloo ranks to spawn (default 2); under torchrun its WORLD_SIZE, which this must match if set."""
     out_dir: str = "runs/train"
-    """Run folder: config.toml, metrics.jsonl, checkpoints/, report/."""
+    """Run folder: config.toml, metrics.jsonl, checkpoints/, report/, and for an hf:PATH model
+    hf-model/ (the trained model as a Hugging Face folder)."""
     log_interval: int = 10
     """Steps between log lines when the output is not a terminal (a progress bar otherwise)."""
     timeout: float = 300.0

@@ -33,6 +33,7 @@ from ..planners import Planner, PlannerOptions, get_planner
 from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize
 from ..model_shape import ModelShape, get_model_shape
 from . import checkpoint
+from .hf import check_tokenizer, is_hf, resolve_tokenizer, save_hf_model
 from .ahead import Lookahead, StepInput
 from .config import OptimizerConfig, TrainConfig
 from .metrics import MetricsLog, ProgressDisplay, StepRecord, final_history, summarise
@@ -56,6 +57,9 @@ class Setup:
     shape: ModelShape
     cluster: Cluster
     cost: CostModel
+    tokenizer: str
+    """The tokenizer the corpus is tokenised with: --tokenizer, else an hf:PATH model's own
+    tokenizer.json, else "bytes" (hf.resolve_tokenizer)."""
 
     @classmethod
     def of(cls, config: TrainConfig, world: int) -> Setup:
@@ -63,7 +67,7 @@ class Setup:
         cluster = get_cluster(config.planner.cluster, world, config.planner.device_memory_gb)
         cost = get_cost_model(config.planner.cost, shape, cluster)
         cost.check_fits([config.data.max_len])  # a max_len no plan can hold fails here, not at step k
-        return cls(shape, cluster, cost)
+        return cls(shape, cluster, cost, resolve_tokenizer(config.data.tokenizer, shape))
 
     def describe(self) -> str:
         where = "" if self.cost.source != "analytic" else " (`ballast profile` measures a real one)"
@@ -71,12 +75,14 @@ class Setup:
                 f"({self.cluster.world_size} ranks, {self.cost.device_memory / 1e9:.3g} GB each){where}")
 
 
-def open_data(config: TrainConfig, shape: ModelShape, progress: bool) -> TokenCorpus:
-    """The corpus (tokenised once, then from the cache), checked against the model's vocab."""
+def open_data(config: TrainConfig, setup: Setup, progress: bool) -> TokenCorpus:
+    """The corpus (tokenised once, then from the cache), checked against the model's vocab: the
+    tokenizer's before tokenising, the corpus's after (a `tokens:` source brings its own)."""
     data = config.data
-    corpus = build_corpus(data.source, tokenizer=data.tokenizer, cache_dir=data.cache_dir,
+    check_tokenizer(setup.tokenizer, data.tokenizer, setup.shape)
+    corpus = build_corpus(data.source, tokenizer=setup.tokenizer, cache_dir=data.cache_dir,
                           text_field=data.text_field, skip_bad=data.skip_bad, progress=progress)
-    check_vocab(corpus.vocab_size, shape.vocab, shape.name)
+    check_vocab(corpus.vocab_size, setup.shape.vocab, setup.shape.name)
     return corpus
 
 
@@ -157,6 +163,10 @@ def train(config: TrainConfig) -> dict | None:
         if rank == 0:
             lookahead.close()
             progress.close()
+    hf_model = None  # collective: the parameters are gathered to rank 0, which writes the folder
+    if is_hf(setup.shape):
+        hf_model = save_hf_model(model, setup.shape, setup.tokenizer, out,
+                                 {"steps": steps, "data": config.data.source, "seed": config.run.seed})
     if rank != 0:
         return None
     history = final_history(out / "metrics.jsonl")
@@ -165,7 +175,8 @@ def train(config: TrainConfig) -> dict | None:
     paths = write_report(out / "report", history, plans, setup.cost, world, title)
     summary.update(planner=config.planner.planner, world=world, cost_model=setup.cost.source,
                    metrics=str(out / "metrics.jsonl"), report={k: str(v) for k, v in paths.items()},
-                   checkpoint=str(checkpoint.latest(config.checkpoint_path)))
+                   checkpoint=str(checkpoint.latest(config.checkpoint_path)),
+                   hf_model=None if hf_model is None else str(hf_model))
     (out / "report" / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
@@ -202,7 +213,7 @@ def _prepare_data(config: TrainConfig, setup: Setup, console: Console
                   ) -> tuple[tuple[BatchStream, Planner], str | None]:
     """Rank 0's ((stream, planner), checkpoint to resume from), both at the resumed position."""
     resume = _checkpoint_to_resume(config, console)
-    corpus = open_data(config, setup.shape, progress=True)
+    corpus = open_data(config, setup, progress=True)
     stream = BatchStream(corpus, config.data.tokens_per_step, config.data.max_len, config.run.seed)
     planner = make_planner(config, setup)
     if resume is not None:  # a position of another corpus or seed fails here, on every rank

@@ -55,7 +55,7 @@ class Trainer:
         # Fail on user errors here, with a plain message, before any rank starts; the corpus is
         # tokenised once here (with a progress bar) and the ranks read it from the cache.
         setup = Setup.of(config, world)
-        open_data(config, setup.shape, progress=True)
+        open_data(config, setup, progress=True)
         make_planner(config, setup)
         # A rank's error comes back once, as that rank's (a ValueError as `RankInputError`).
         return run_local(world, train, config, timeout=math.inf,
