@@ -38,6 +38,10 @@ from .protocol import AttentionFn, PackedStream
 ATTENTION = "ballast"
 """The name ballast's attention function is registered under in transformers."""
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+UNSUPPORTED = {"softcap": "attention logit softcapping", "s_aux": "attention sinks", "sinks": "attention sinks",
+               "position_bias": "an additive attention position bias"}
+"""Keyword arguments some families pass their attention function that change what it computes
+(Gemma 2's softcapping, gpt-oss' sinks, ...): an error when set, never silently ignored."""
 
 
 def _attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
@@ -52,6 +56,13 @@ def _attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, att
     if dropout:
         raise ValueError(f"{type(module).__name__}: attention dropout {dropout} is not supported (the gradient "
                          f"would depend on the plan); set attention_dropout to 0")
+    for name, feature in UNSUPPORTED.items():
+        if kwargs.get(name) is not None:
+            raise ValueError(f"{type(module).__name__} uses {feature} ({name}), which ballast's attention (plain "
+                             f"causal softmax) does not implement: training would silently change the model")
+    if kwargs.get("is_causal", getattr(module, "is_causal", True)) is False:
+        raise ValueError(f"{type(module).__name__}: bidirectional (non-causal) attention is not supported: "
+                         f"ballast trains causal LMs")
     window = kwargs.get("sliding_window")
     longest = max(b - a for a, b in zip(stream.bounds, stream.bounds[1:]))
     if window is not None and longest > window:
