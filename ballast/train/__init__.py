@@ -4,9 +4,9 @@
     ahead.py       rank 0 draws and plans step k + 1 while step k trains
     loop.py        the loop: data -> plan -> executor -> metrics, checkpoints
     checkpoint.py  DCP model/optimizer state + data position, RNG, planner; atomic, resumable
-    hf.py          hf:PATH models: the tokenizer a run uses, the trained model as a Hugging Face folder
     metrics.py     metrics.jsonl, progress display, summary
     plots.py       the report folder's PNGs
+    hf_folder.py   Hugging Face models: the tokenizer they train with, the trained model as an HF folder
     trainer.py     Trainer: runs the loop on local gloo ranks, or joins torchrun's job
     command.py     the CLI: flags -> TrainConfig -> Trainer
 

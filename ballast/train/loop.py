@@ -33,7 +33,7 @@ from ..planners import Planner, PlannerOptions, get_planner
 from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize
 from ..model_shape import ModelShape, get_model_shape
 from . import checkpoint
-from .hf import check_tokenizer, is_hf, resolve_tokenizer, save_hf_model
+from .hf_folder import check_tokenizer, is_hf, resolve_tokenizer, save_hf_model
 from .ahead import Lookahead, StepInput
 from .config import OptimizerConfig, TrainConfig
 from .metrics import MetricsLog, ProgressDisplay, StepRecord, final_history, summarise

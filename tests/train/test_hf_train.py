@@ -35,7 +35,7 @@ from ballast.cost import CostModel
 from ballast.model_shape import get_model_shape
 from ballast.runtime import run_local
 from ballast.train.config import TrainConfig
-from ballast.train.hf import HF_MODEL_DIR, resolve_tokenizer
+from ballast.train.hf_folder import HF_MODEL_DIR, resolve_tokenizer
 from ballast.train.metrics import final_history
 from ballast.verify import PARAM_TOLERANCE
 
