@@ -44,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost", default=d.cost, help="analytic | PROFILE.json from `ballast profile` (the "
                    "planners' cost model and the predictions')")
     p.add_argument("--time-limit", type=float, default=d.time_limit, help=f"seconds per MILP solve, flexsp (default {d.time_limit:g})")
+    p.add_argument("--degree", type=int, default=d.degree,
+                   help="force the SP degree of static and bucket (default: the least that holds --max-len)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
     p.add_argument("--png", default=None, help="bar chart (default: next to --json)")
@@ -55,7 +57,7 @@ def setting_from(args: argparse.Namespace) -> BenchSetting:
                         planners=tuple(parse_planner_names(args.planners)), steps=args.steps,
                         warmup=args.warmup, repeats=args.repeats, tokens_per_step=args.tokens_per_step,
                         max_len=args.max_len, device_memory_gb=args.device_memory_gb, cost=args.cost,
-                        time_limit=args.time_limit, seed=args.seed)
+                        degree=args.degree, time_limit=args.time_limit, seed=args.seed)
 
 
 def describe(inputs: BenchInputs, setting: BenchSetting) -> str:
@@ -73,8 +75,9 @@ def bench(setting: BenchSetting, inputs: BenchInputs, timeout: float) -> tuple[l
     """Run the benchmark's one gloo job; rank 0's records and the load average seen meanwhile."""
     from ..profile.machine import LoadMonitor
     from ..runtime import run_local
-    from .ranks import run_on_rank
+    from .ranks import make_planners, run_on_rank
 
+    make_planners(inputs, setting)  # a planner option no plan can meet fails here, before any rank starts
     with LoadMonitor() as load:
         per_rank = run_local(setting.world, run_on_rank, inputs, setting, timeout=timeout)
     return per_rank[0], load.summary()

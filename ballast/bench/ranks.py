@@ -43,7 +43,7 @@ def run_on_rank(inputs: BenchInputs, setting: BenchSetting) -> list[dict] | None
     rank = dist.get_rank()
     groups = ProcessGroups()
     executors = {name: _executor(inputs, groups, setting.seed) for name in setting.planners}
-    planners = _planners(inputs, setting) if rank == 0 else {}
+    planners = make_planners(inputs, setting) if rank == 0 else {}
     plans: dict[tuple[str, int], Plan] = {}
     records = []
     for slot in schedule(setting.planners, setting.steps, setting.warmup, setting.repeats):
@@ -67,8 +67,9 @@ def _executor(inputs: BenchInputs, groups: ProcessGroups, seed: int) -> Executor
     return parallelize(model, inputs.cluster, groups=groups, lr=LEARNING_RATE)
 
 
-def _planners(inputs: BenchInputs, setting: BenchSetting) -> dict[str, Planner]:
-    options = PlannerOptions(max_len=setting.max_len, seed=setting.seed, time_limit=setting.time_limit)
+def make_planners(inputs: BenchInputs, setting: BenchSetting) -> dict[str, Planner]:
+    options = PlannerOptions(max_len=setting.max_len, degree=setting.degree, seed=setting.seed,
+                             time_limit=setting.time_limit)
     return {name: get_planner(name, inputs.cluster, inputs.cost, options) for name in setting.planners}
 
 

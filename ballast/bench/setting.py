@@ -46,6 +46,10 @@ class BenchSetting:
     """Memory budget per rank the planners plan for; None: `auto_device_memory`."""
     cost: str = "analytic"
     """`analytic` or a `ballast profile` JSON: the planners' cost model and the predictions'."""
+    degree: int | None = None
+    """Force the SP degree of the fixed-degree planners (`static`, `bucket`), as a user of a
+    fixed-layout framework sets it (e.g. transformers/accelerate's `sp_size`); None: the least
+    degree at which a max_len sequence fits."""
     time_limit: float = 2.0
     """Seconds per MILP solve (flexsp)."""
     seed: int = 0
