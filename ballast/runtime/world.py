@@ -178,9 +178,12 @@ def _rank_main(rank: int, world_size: int, port: int, collective_timeout: timede
         result = fn(*args)
         torch.save(result, Path(out) / f"{rank}.pt")
     except BaseException as e:
-        (Path(out) / f"{rank}.err").write_text(json.dumps(dict(
-            rank=rank, time=time.time(), echo=is_echo(e), user_error=isinstance(e, ValueError),
-            message=str(e), traceback=traceback.format_exc())))
+        # Written whole, then renamed: the parent may read the reports while a peer still writes.
+        report = Path(out) / f"{rank}.err.tmp"
+        report.write_text(json.dumps(dict(rank=rank, time=time.time(), echo=is_echo(e),
+                                          user_error=isinstance(e, ValueError), message=str(e),
+                                          traceback=traceback.format_exc())))
+        os.replace(report, report.with_suffix(""))
         raise
     finally:
         # Models, optimizers and FSDP states sit in reference cycles that hold process groups;
