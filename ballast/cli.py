@@ -2,8 +2,8 @@
 
 Errors end a command once, as one message: a user error (a ValueError, raised here or on any
 rank) with `ballast <command>: error: ...` and exit 2; a defect on a rank with that rank's
-traceback and exit 1. A rank that stopped because a peer failed (`PeerFailed`, under torchrun)
-prints nothing: the peer prints its own error.
+traceback and exit 1. A rank that stopped because a peer failed (`PeerFailed`, or under torchrun
+a collective the peer's death broke) prints nothing: the peer prints its own error.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import sys
 
 from .bench import command as bench
 from .profile import command as profile
-from .runtime.world import PeerFailed, RankFailed, under_torchrun
+from .runtime.world import PeerFailed, RankFailed, is_echo, under_torchrun
 from .simulate import command as simulate
 from .train import command as train
 from .verify import command as verify
@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     except RankFailed as e:
         print(f"ballast {args.command}: {e}", file=sys.stderr)
         return 1
+    except Exception as e:
+        if under_torchrun() and is_echo(e):  # a peer's failure broke this rank's collective
+            return 1
+        raise
 
 
 if __name__ == "__main__":

@@ -44,6 +44,13 @@ class ModelShape:
             raise ValueError(f"model {self.name!r}: heads {self.heads} not divisible by kv_heads {self.kv_heads}")
 
     @property
+    def hf_folder(self) -> Path | None:
+        """The Hugging Face model folder of an `hf:PATH` model; None for ballast's own."""
+        if self.source is None or not self.source.startswith(HF_PREFIX):
+            return None
+        return Path(self.source[len(HF_PREFIX):])
+
+    @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
 

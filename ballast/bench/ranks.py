@@ -47,10 +47,13 @@ def run_on_rank(inputs: BenchInputs, setting: BenchSetting) -> list[dict] | None
     plans: dict[tuple[str, int], Plan] = {}
     records = []
     for slot in schedule(setting.planners, setting.steps, setting.warmup, setting.repeats):
-        plan, plan_seconds = None, None
+        plan, plan_seconds, failure = None, None, None
         if rank == 0:
-            plan, plan_seconds = _plan(planners[slot.planner], plans, slot, inputs.batches[slot.batch])
-        plan, _ = broadcast_plan(plan)
+            try:
+                plan, plan_seconds = _plan(planners[slot.planner], plans, slot, inputs.batches[slot.batch])
+            except Exception as e:  # sent in the plan's place: every rank stops with it
+                failure = e
+        plan, _ = broadcast_plan(failure or plan)
         samples = inputs.batches[slot.batch].tokens
         dist.barrier()
         wall, cpu = time.perf_counter(), time.process_time()

@@ -23,10 +23,10 @@ how their draws become batches.
 from .build import build_corpus
 from .corpus import TokenCorpus
 from .length_stream import BatchSpec, LengthStream
-from .lengths import LengthSource, get_length_source
+from .lengths import LENGTH_SYNTAX, LengthSource, get_length_source
 from .sources import SYNTAX
 from .stream import Batch, BatchStream
 from .tokenizer import ByteTokenizer, HFTokenizer, check_vocab, load_tokenizer
 
-__all__ = ["SYNTAX", "Batch", "BatchSpec", "BatchStream", "ByteTokenizer", "HFTokenizer", "LengthSource",
+__all__ = ["LENGTH_SYNTAX", "SYNTAX", "Batch", "BatchSpec", "BatchStream", "ByteTokenizer", "HFTokenizer", "LengthSource",
            "LengthStream", "TokenCorpus", "build_corpus", "check_vocab", "get_length_source", "load_tokenizer"]

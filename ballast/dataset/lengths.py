@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-SYNTAX = ("wikipedia | stdlib | video | file:PATH | lognormal:MU,SIGMA | zipf:ALPHA,MIN,MAX "
+LENGTH_SYNTAX = ("wikipedia | stdlib | video | file:PATH | lognormal:MU,SIGMA | zipf:ALPHA,MIN,MAX "
           "(e.g. lognormal:6,1.5 or zipf:1.2,64,32768)")
 
 
@@ -236,4 +236,4 @@ def get_length_source(spec: str) -> LengthSource:
         if alpha < 0 or not lo.is_integer() or not hi.is_integer() or not 1 <= lo <= hi:
             raise ValueError(f"length source {spec!r}: expected {syntax}")
         return ZipfSource(alpha, int(lo), int(hi))
-    raise ValueError(f"unknown length source {spec!r}: expected {SYNTAX}")
+    raise ValueError(f"unknown length source {spec!r}: expected {LENGTH_SYNTAX}")

@@ -15,11 +15,11 @@ from .protocol import AttentionFn, PackedStream, ParallelModel, sequence_positio
 def build_model(shape: ModelShape, seed: int = 0) -> ParallelModel:
     """The model `shape` describes, with weights that depend only on `seed` unless it brings its
     own: ballast's GPT, or the Hugging Face model of `shape.source` (transformers imported only then)."""
-    if shape.source is None:
-        return build_gpt(shape, seed)
-    if shape.source.startswith(HF_PREFIX):
+    if shape.hf_folder is not None:
         from .hf import build_hf
         return build_hf(shape, seed)
+    if shape.source is None:
+        return build_gpt(shape, seed)
     raise ValueError(f"model {shape.name!r}: unknown source {shape.source!r} (expected {HF_PREFIX}PATH)")
 
 __all__ = ["GPT", "AttentionFn", "PackedStream", "ParallelModel", "build_gpt", "build_model", "local_attention",

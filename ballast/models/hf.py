@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import functools
 import math
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..model_shape import HF_PREFIX, ModelShape
+from ..model_shape import ModelShape
 from .gpt import local_attention
 from .protocol import AttentionFn, PackedStream
 
@@ -150,8 +149,8 @@ def build_hf(shape: ModelShape, seed: int = 0) -> HFCausalLM:
     config that depends only on `seed` (every rank builds the same model). Nothing is fetched."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    assert shape.source is not None and shape.source.startswith(HF_PREFIX), shape.source
-    folder = Path(shape.source[len(HF_PREFIX):])
+    folder = shape.hf_folder
+    assert folder is not None, shape.source
     config = AutoConfig.from_pretrained(folder, local_files_only=True)
     config.num_hidden_layers = shape.layers  # profiling builds reduced-depth copies
     with torch.random.fork_rng(devices=[]):

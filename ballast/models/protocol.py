@@ -1,7 +1,7 @@
 """What the runtime needs of a model: the protocol every model ballast trains implements.
 
-The runtime (`ballast.runtime`) depends on this, not on a model: ballast's GPT implements it,
-and so will Hugging Face causal LMs and video DiTs. A model is plain single-device code; the
+The runtime (`ballast.runtime`) depends on this, not on a model: ballast's GPT and Hugging Face
+causal LMs (`hf.py`) implement it, and video DiTs will. A model is plain single-device code; the
 runtime hands it a stream object that says which tokens this process holds and how they sit in
 the packed micro-batch, and installs the sequence-parallel attention through the model's own
 hook. No runtime, planner or CLI code names a model family.
@@ -54,7 +54,8 @@ AttentionFn = Callable[[Tensor, Tensor, Tensor, PackedStream], Tensor]
 
 @runtime_checkable
 class ParallelModel(Protocol):
-    """A model the runtime can run under any plan."""
+    """A model the runtime can run under any plan: an `nn.Module` (the runtime also uses its
+    `parameters()` and `modules()`) with these members."""
 
     shape: ModelShape
     """What the cost model prices; `shape.layers` blocks, `shape.heads`/`kv_heads` that every

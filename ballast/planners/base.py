@@ -8,6 +8,7 @@ from typing import ClassVar, Sequence
 from ..cluster import Cluster
 from ..cost import CostModel
 from ..plans import Plan
+from .packing import fixed_checkpoint
 
 
 @dataclass
@@ -57,12 +58,8 @@ class Planner(ABC):
             raise ValueError(f"SP degree {degree} is not usable: degrees are {self.cost.degrees} "
                              f"(powers of two up to the world size of {self.cluster.world_size} "
                              f"dividing the model's heads)")
-        max_len = self.options.max_len
-        if max_len is not None and self.cost.min_checkpoint(max_len, degree) is None:
-            raise ValueError(f"a {max_len}-token sequence (--max-len) does not fit SP degree {degree} even "
-                             f"with full checkpointing (at most {self.cost.max_tokens(degree, 1.0)} tokens at "
-                             f"{self.cost.device_memory / 1e9:.3g} GB per device): raise --degree or "
-                             f"--device-memory-gb, or lower --max-len")
+        if self.options.max_len is not None:
+            fixed_checkpoint(self.cost, self.options.max_len, degree)
 
     def plan(self, lengths: Sequence[int]) -> Plan:
         """The plan of one step for a batch with these sequence lengths."""

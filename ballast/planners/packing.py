@@ -101,8 +101,10 @@ def fixed_checkpoint(cost: CostModel, max_len: int, degree: int) -> float:
     """The least checkpoint level, set once for a run, at which `max_len` tokens fit `degree`."""
     level = cost.min_checkpoint(max_len, degree)
     if level is None:
-        raise ValueError(f"a {max_len}-token sequence does not fit SP degree {degree} even with full "
-                         f"checkpointing (at most {cost.max_tokens(degree, 1.0)} tokens)")
+        raise ValueError(f"a {max_len}-token sequence (--max-len) does not fit SP degree {degree} even with "
+                         f"full checkpointing (at most {cost.max_tokens(degree, 1.0)} tokens at "
+                         f"{cost.device_memory / 1e9:.3g} GB per device): raise --degree or "
+                         f"--device-memory-gb, or lower --max-len")
     return level
 
 

@@ -22,7 +22,6 @@ What this asks of the executor (`executor.py`):
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
@@ -32,11 +31,7 @@ from ..models.protocol import ParallelModel
 
 def shard_model(model: ParallelModel) -> ParallelModel:
     """Shard `model` over the world with FSDP2 (in place; returns it). Collective: every rank
-    calls it; all ranks start from rank 0's weights, as in the replicated mode."""
-    params = list(model.parameters())
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    dist.broadcast(flat, src=0)
-    torch.nn.utils.vector_to_parameters(flat, params)
+    calls it, with the same weights (`parallelize` broadcasts rank 0's first)."""
     for block in model.blocks():
         fully_shard(block)
     fully_shard(model)

@@ -6,8 +6,8 @@ torchtitan's order, for a model built the same way on every rank:
        sharding options), so a user error stops every rank before any collective;
     2. sequence-parallel attention (`attention.py`) installed through the model's own hook
        (`ParallelModel.install_attention`: the runtime knows no model family);
-    3. the weights: every rank starts from rank 0's, replicated, or sharded with FSDP2
-       (`fsdp.py`, which broadcasts them before sharding);
+    3. the weights: every rank starts from rank 0's (one broadcast), replicated or then sharded
+       with FSDP2 (`fsdp.py`);
     4. AdamW over the parameters, its state sharded over the world with ZeRO-1 or not (FSDP2
        shards it with the parameters);
     5. the `Executor` that runs plans with all of it.
@@ -45,14 +45,14 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, groups: ProcessGroups
     cluster.check_world_size(world)
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    if zero1 and (fsdp or is_sharded(model)):
+    if zero1 and fsdp:
         raise ValueError("ZeRO-1 and FSDP both shard the optimizer state: use one of them")
     groups = groups or ProcessGroups()
     model.install_attention(sequence_parallel_attention)
-    if fsdp and not is_sharded(model):
-        shard_model(model)
-    elif not is_sharded(model):
-        _broadcast_weights(model)
+    if not is_sharded(model):
+        broadcast_weights(model)
+        if fsdp:
+            shard_model(model)
     return Executor(model, make_optimizer(model, zero1, **adamw), cluster, groups,
                     measure_activations=measure_activations, precision=precision)
 
@@ -69,7 +69,7 @@ def make_optimizer(model: nn.Module, zero1: bool = False, **adamw: float) -> tor
     return torch.optim.AdamW(params, **adamw)
 
 
-def _broadcast_weights(model: nn.Module) -> None:
+def broadcast_weights(model: nn.Module) -> None:
     """Every rank takes rank 0's weights: the summed gradient means something only if all ranks
     start from the same ones. One broadcast of all parameters flattened."""
     params = [p for p in model.parameters() if p.requires_grad]

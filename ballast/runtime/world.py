@@ -89,9 +89,6 @@ def run_local(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
             _rank_main, args=(world_size, store.port, collective_timeout, fn, args, out),
             nprocs=world_size, join=False, start_method="spawn")
         deadline = time.monotonic() + timeout
-        # torch logs a warning per peer it terminates after a rank failed; the failure itself is
-        # what `_join` raises, once.
-        logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
         while not _join(context, out, max(0.0, min(1.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
                 for process in context.processes:
@@ -151,19 +148,42 @@ def is_echo(error: BaseException) -> bool:
                                   "timed out", "Broken pipe"))
 
 
+GRACE_SECONDS = 3.0
+"""How long the other ranks may take to report their own errors once one rank has failed,
+before they are terminated: the first failure to reach the parent is often an echo."""
+
+
 def _join(context: mp.ProcessContext, out: str, timeout: float) -> bool:
+    spawn_log = logging.getLogger("torch.multiprocessing.spawn")
+    level = spawn_log.level
+    # torch logs a warning per rank it terminates after one failed; the failure is what this raises.
+    spawn_log.setLevel(logging.ERROR)
     try:
-        return context.join(timeout=timeout)
+        return context.join(timeout=timeout, grace_period=GRACE_SECONDS)
     except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
-        reports = [json.loads(p.read_text()) for p in Path(out).glob("*.err")]
-        if not reports:  # died without a Python exception (killed, segfault)
-            raise
-        # The first cause, not its echoes: a rank that failed first may be outrun in writing its
-        # report by a peer whose collective broke an instant later, so echoes rank last.
-        first = min(reports, key=lambda r: (r["echo"], r["time"]))
-        if first["user_error"]:
-            raise RankInputError(f"rank {first['rank']}: {first['message']}") from e
-        raise RankFailed(f"rank {first['rank']} failed:\n{first['traceback']}") from e
+        raise _first_cause([json.loads(p.read_text()) for p in Path(out).glob("*.err")], e) from e
+    finally:
+        spawn_log.setLevel(level)
+
+
+def _first_cause(reports: list[dict], failure: Exception) -> Exception:
+    """The error to report for a failed job, from the ranks' reports: the first original error;
+    else the cause a PeerFailed echo carries (its rank may have been stopped before reporting);
+    else, when only broken connections were reported, the rank that died without a Python
+    exception (killed, segfault), whose death they echo."""
+    originals = sorted((r for r in reports if not r["echo"]), key=lambda r: r["time"])
+    causes = [r["cause"] for r in sorted(reports, key=lambda r: r["time"]) if r.get("cause")]
+    if originals:
+        first = originals[0]
+    elif causes:
+        first = causes[0]
+    elif isinstance(failure, mp.ProcessExitedException) or not reports:
+        return failure
+    else:
+        first = min(reports, key=lambda r: r["time"])
+    if first["user_error"]:
+        return RankInputError(f"rank {first['rank']}: {first['message']}")
+    return RankFailed(f"rank {first['rank']} failed:\n{first.get('traceback') or first['message']}")
 
 
 def _rank_main(rank: int, world_size: int, port: int, collective_timeout: timedelta,
@@ -180,7 +200,8 @@ def _rank_main(rank: int, world_size: int, port: int, collective_timeout: timede
     except BaseException as e:
         # Written whole, then renamed: the parent may read the reports while a peer still writes.
         report = Path(out) / f"{rank}.err.tmp"
-        report.write_text(json.dumps(dict(rank=rank, time=time.time(), echo=is_echo(e),
+        cause = dict(rank=e.rank, message=e.message, user_error=e.user_error) if isinstance(e, PeerFailed) else None
+        report.write_text(json.dumps(dict(rank=rank, time=time.time(), echo=is_echo(e), cause=cause,
                                           user_error=isinstance(e, ValueError), message=str(e),
                                           traceback=traceback.format_exc())))
         os.replace(report, report.with_suffix(""))

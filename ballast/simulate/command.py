@@ -13,7 +13,7 @@ from ..cluster import get_cluster
 from .side_by_side import simulate_planners
 from ..cost import get_cost_model
 from ..dataset.length_stream import BatchSpec, LengthStream
-from ..dataset.lengths import get_length_source
+from ..dataset.lengths import LENGTH_SYNTAX, get_length_source
 from ..planners import PlannerOptions, parse_planner_names
 from ..gantt import gantt
 from .table import planner_table
@@ -40,7 +40,7 @@ def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", default="wikipedia",
-                   help="wikipedia | stdlib | file:PATH | lognormal:MU,SIGMA | zipf:ALPHA,MIN,MAX | video")
+                   help=LENGTH_SYNTAX)
     p.add_argument("--cluster", default="a100-64", help="a100-64 | h100-32 | h200-32 | cpu | FILE.toml/json")
     p.add_argument("--world", type=positive(int), default=None,
                    help="world size (required to match; sizes the cpu preset)")

@@ -44,6 +44,7 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_o
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ..runtime import is_sharded
+from ..value_checks import read_json
 
 PREFIX = "step-"
 TMP = ".tmp-"
@@ -137,14 +138,12 @@ META_KEYS = ("step", "world", "zero1", "fsdp", "data", "planner", "config")
 
 def read_meta(path: Path) -> dict:
     """meta.json of a committed checkpoint: step, data position, planner state, world, config."""
-    file = path / META
     try:
-        meta = json.loads(file.read_text())
+        meta = read_json(path / META, "checkpoint file")
     except OSError as e:
         raise Damaged(f"checkpoint {path}: cannot read {META}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise Damaged(f"checkpoint {path}: {file.name} is not JSON ({e.msg} at line {e.lineno}, "
-                      f"column {e.colno})") from None
+    except ValueError as e:
+        raise Damaged(str(e)) from None
     missing = [k for k in META_KEYS if not isinstance(meta, dict) or k not in meta]
     if missing:
         raise Damaged(f"checkpoint {path}: {META} lacks {', '.join(missing)}")

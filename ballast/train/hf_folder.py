@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from ..dataset import load_tokenizer
-from ..model_shape import HF_PREFIX, ModelShape
+from ..dataset import check_vocab, load_tokenizer
+from ..model_shape import ModelShape
 
 HF_MODEL_DIR = "hf-model"
 """The trained model's Hugging Face folder, under --out-dir."""
@@ -45,22 +45,13 @@ BYTES_NOTE = ("no tokenizer files: trained with ballast's byte-level tokenizer, 
               "UTF-8 bytes of the text (ids = list(text.encode('utf-8')); text = bytes(ids).decode('utf-8'))")
 
 
-def is_hf(shape: ModelShape) -> bool:
-    return shape.source is not None and shape.source.startswith(HF_PREFIX)
-
-
-def model_folder(shape: ModelShape) -> Path:
-    assert is_hf(shape), shape.source
-    return Path(shape.source[len(HF_PREFIX):])
-
-
 def resolve_tokenizer(configured: str | None, shape: ModelShape) -> str:
     """The tokenizer a run uses: `configured` (--tokenizer) when given, else an hf:PATH model's
     own tokenizer.json when its folder has one, else "bytes"."""
     if configured is not None:
         return configured
-    if is_hf(shape) and (model_folder(shape) / TOKENIZER_JSON).is_file():
-        return str(model_folder(shape) / TOKENIZER_JSON)
+    if shape.hf_folder is not None and (shape.hf_folder / TOKENIZER_JSON).is_file():
+        return str(shape.hf_folder / TOKENIZER_JSON)
     return "bytes"
 
 
@@ -70,10 +61,9 @@ def check_tokenizer(tokenizer: str, configured: str | None, shape: ModelShape) -
     vocab = load_tokenizer(tokenizer).vocab_size
     if vocab <= shape.vocab:
         return
-    if not is_hf(shape):
-        raise ValueError(f"tokenizer {tokenizer} has a vocab of {vocab}, more than model {shape.name}'s vocab "
-                         f"{shape.vocab}: use a model with a vocab of at least {vocab} or a smaller tokenizer")
-    folder = model_folder(shape)
+    folder = shape.hf_folder
+    if folder is None:  # ballast's own models: the data pipeline's message (it raises here)
+        return check_vocab(vocab, shape.vocab, shape.name)
     model = f"the model's vocab_size {shape.vocab} ({folder / 'config.json'})"
     if configured is None and tokenizer == "bytes":
         raise ValueError(f"hf:{folder} has no {TOKENIZER_JSON}, so it would train with ballast's byte-level "
@@ -111,9 +101,14 @@ def save_hf_model(model: torch.nn.Module, shape: ModelShape, tokenizer: str, out
     (tmp / "ballast.json").write_text(json.dumps(
         {"trained_from": shape.source, "layers": shape.layers, **provenance, "tokenizer": tokenizer,
          "tokenizer_files": note}, indent=1) + "\n")
-    if final.exists():  # an earlier run's (this one resumed it, or a longer one ran here)
-        shutil.rmtree(final)
+    # An earlier run's folder (this run resumed it, or a longer one ran here) is moved aside, not
+    # deleted, until the new one is in place: a crash in between leaves one of them whole.
+    old = out / f".old-{HF_MODEL_DIR}"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
     tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
     return final
 
 
@@ -122,7 +117,7 @@ def _copy_tokenizer(shape: ModelShape, tokenizer: str, into: Path) -> str:
     if tokenizer == "bytes":
         return BYTES_NOTE
     given = Path(tokenizer)
-    own = model_folder(shape) / TOKENIZER_JSON
+    own = shape.hf_folder / TOKENIZER_JSON
     if own.is_file() and (given.resolve() == own.resolve() or given.read_bytes() == own.read_bytes()):
         copied = [name for name in TOKENIZER_FILES if (own.parent / name).is_file()]
         for name in copied:

@@ -33,7 +33,7 @@ from ..planners import Planner, PlannerOptions, get_planner
 from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize
 from ..model_shape import ModelShape, get_model_shape
 from . import checkpoint
-from .hf_folder import check_tokenizer, is_hf, resolve_tokenizer, save_hf_model
+from .hf_folder import check_tokenizer, resolve_tokenizer, save_hf_model
 from .ahead import Lookahead, StepInput
 from .config import OptimizerConfig, TrainConfig
 from .metrics import MetricsLog, ProgressDisplay, StepRecord, final_history, summarise
@@ -59,7 +59,7 @@ class Setup:
     cost: CostModel
     tokenizer: str
     """The tokenizer the corpus is tokenised with: --tokenizer, else an hf:PATH model's own
-    tokenizer.json, else "bytes" (hf.resolve_tokenizer)."""
+    tokenizer.json, else "bytes" (hf_folder.resolve_tokenizer)."""
 
     @classmethod
     def of(cls, config: TrainConfig, world: int) -> Setup:
@@ -164,7 +164,7 @@ def train(config: TrainConfig) -> dict | None:
             lookahead.close()
             progress.close()
     hf_model = None  # collective: the parameters are gathered to rank 0, which writes the folder
-    if is_hf(setup.shape):
+    if setup.shape.hf_folder is not None:
         hf_model = save_hf_model(model, setup.shape, setup.tokenizer, out,
                                  {"steps": steps, "data": config.data.source, "seed": config.run.seed})
     if rank != 0:

@@ -158,7 +158,7 @@ def test_bad_input(line, code, pattern, files, capsys, tmp_path):
 CHECKPOINT_CASES = [
     ("truncated shard", r"step-00000002: shard __\d_0.distcp is truncated \(100 of \d+ bytes\); resuming "
                         r"from the older step-00000001", 0),
-    ("meta not JSON", r"step-00000002: meta.json is not JSON \(.* at line 2, column 3\); resuming from the "
+    ("meta not JSON", r"step-00000002/meta.json: cannot parse JSON: .* at line 2, column 3; resuming from the "
                       r"older step-00000001", 0),
     ("metadata missing", r"step-00000002: .metadata is missing.*resuming from the older step-00000001", 0),
     ("all damaged", r"checkpoints holds no usable checkpoint: checkpoint .*step-00000002: .metadata is missing "

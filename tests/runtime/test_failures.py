@@ -60,3 +60,21 @@ def test_echoes_are_told_from_causes():
     assert is_echo(dist.DistBackendError("NCCL communicator was aborted"))
     assert not is_echo(RuntimeError("CUDA out of memory"))
     assert not is_echo(ValueError("SP degree 3 is not usable"))
+
+
+def _rank0_fails_slowly() -> None:
+    import time
+
+    if dist.get_rank() == 0:
+        try:
+            broadcast_plan(ValueError("rank 0 cannot plan this batch"))
+        finally:
+            time.sleep(1.5)  # rank 1's echo reaches the launcher first
+    else:
+        broadcast_plan(None)
+
+
+@pytest.mark.slow
+def test_an_echo_that_arrives_first_still_reports_the_cause_it_carries():
+    with pytest.raises(RankInputError, match=r"^rank 0: rank 0 cannot plan this batch$"):
+        run_local(2, _rank0_fails_slowly, timeout=120)
