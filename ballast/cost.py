@@ -100,6 +100,8 @@ class CostModel:
     recompute_attention: float | None = None
     """r_attn: r of the attention term a s^2 alone; None (the default) means r, docs/design.md's
     single factor. `ballast profile` fits it apart from r."""
+    attention_window: int | None = None
+    """The model's `ModelShape.attention_window`: no sequence may be longer (`check_fits`)."""
 
     def __post_init__(self) -> None:
         check_types(self, "cost model", self.model)
@@ -153,7 +155,12 @@ class CostModel:
     def check_fits(self, lengths: Sequence[int]) -> None:
         """Raise InfeasibleError naming the first sequence no plan can hold."""
         limit = self.max_tokens(self.degrees[-1], 1.0)
+        window = self.attention_window
         for i, s in enumerate(lengths):
+            if window is not None and s > window:
+                raise InfeasibleError(
+                    f"sequence {i} has {s} tokens, more than model {self.model!r}'s sliding-window attention "
+                    f"covers ({window}): ballast attends over whole sequences; lower --max-len to {window}")
             if s > limit:
                 raise InfeasibleError(
                     f"sequence {i} has {s} tokens, more than any plan can hold: at most {limit} "
@@ -290,7 +297,7 @@ class CostModel:
                           for d in cluster.degrees if d > 1 and cluster.all_to_all_latency > 0},
             states=STATE_BYTES_PER_PARAM * shape.params / cluster.world_size,
             device_memory=cluster.device_memory, layers=shape.layers, heads=shape.heads,
-            kv_heads=shape.kv_heads, world_size=cluster.world_size)
+            kv_heads=shape.kv_heads, world_size=cluster.world_size, attention_window=shape.attention_window)
 
     @classmethod
     def published(cls, shape: ModelShape, cluster: Cluster) -> CostModel:

@@ -29,6 +29,9 @@ class ModelShape:
     """SwiGLU MLP (three matrices) rather than GELU (two)."""
     tied_embeddings: bool = False
     """The output layer is the embedding's transpose (one matrix, not two)."""
+    attention_window: int | None = None
+    """Longest sequence the model's attention covers whole (a sliding window, e.g. Mistral's);
+    None: any length. ballast attends over whole sequences, so no sequence may be longer."""
     source: str | None = None
     """Where the model comes from: None for ballast's own GPT built from this shape, or
     `hf:PATH` for a Hugging Face causal LM folder (`ballast.models.build_model` reads it)."""
@@ -144,4 +147,6 @@ def hf_model_shape(folder: str) -> ModelShape:
         name=path.name, layers=config["num_hidden_layers"], hidden=config["hidden_size"], heads=heads,
         kv_heads=config.get("num_key_value_heads") or heads, ffn=config["intermediate_size"],
         vocab=config["vocab_size"], gated_mlp=config.get("hidden_act", "silu") in ("silu", "swiglu"),
-        tied_embeddings=bool(config.get("tie_word_embeddings", False)), source=f"{HF_PREFIX}{folder}")
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)), source=f"{HF_PREFIX}{folder}",
+        # Qwen2-style configs keep a window that is off unless use_sliding_window says otherwise.
+        attention_window=config.get("sliding_window") if config.get("use_sliding_window", True) else None)

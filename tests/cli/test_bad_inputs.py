@@ -39,8 +39,18 @@ def files(tmp_path_factory) -> dict[str, str]:
     }
     for name, text in write.items():
         (root / name).write_text(text)
+    mistral = root / "mistral"
+    mistral.mkdir()
+    (mistral / "config.json").write_text(json.dumps({
+        "architectures": ["MistralForCausalLM"], "model_type": "mistral", "num_hidden_layers": 1, "hidden_size": 64,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 256,
+        "sliding_window": 16}))
+    bert = root / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "model_type": "bert"}))
     corpus, cache = jsonl_corpus(root, documents=60, longest=800, seed=1)
-    return {**{name: str(root / name) for name in write}, "corpus": corpus, "cache": cache, "root": str(root)}
+    return {**{name: str(root / name) for name in write}, "corpus": corpus, "cache": cache, "root": str(root),
+            "mistral": str(mistral), "bert": str(bert)}
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +105,11 @@ CASES = [
     ("simulate --cluster cpu --world 2 --model tiny --device-memory-gb 0.00001", 2, "--device-memory-gb"),
     ("simulate --cluster cpu --world 2 --model tiny --lengths file:{huge.txt} --max-len 100000000 --steps 1",
      2, r"more than any plan can hold.*--max-len.*--device-memory-gb"),
+    # Hugging Face models: a missing folder, not a causal LM, a sliding window shorter than --max-len
+    ("simulate --model hf:/no/such/folder", 2, r"hf:/no/such/folder: no config.json"),
+    ("simulate --model hf:{bert}", 2, r"model type 'bert' is BertModel, not a causal LM"),
+    ("verify --model hf:{mistral} --max-len 32", 2, r"'mistral'.s sliding-window attention covers \(16\).*--max-len"),
+    ("train --model hf:{mistral} --max-len 32", 2, r"sliding-window attention covers \(16\).*--max-len to 16"),
     # verify
     ("verify --world 3", 2, "power of two"),
     ("verify --zero1 --fsdp", 2, "--zero1 and --fsdp"),
