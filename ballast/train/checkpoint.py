@@ -202,10 +202,11 @@ def resumable(root: Path, warn: Callable[[str], None]) -> Path | None:
     return None
 
 
-def check_model(path: Path, model: torch.nn.Module) -> None:
-    """ValueError when the checkpoint holds another model: a parameter it lacks, or of another shape."""
+def check_model(path: Path, model_state: dict) -> None:
+    """ValueError when the checkpoint holds another model than the one whose state dict (as DCP
+    saves it, `get_model_state_dict`) is `model_state`: a parameter it lacks, or of another shape."""
     saved = _metadata(path).state_dict_metadata
-    for name, tensor in get_model_state_dict(model).items():
+    for name, tensor in model_state.items():
         entry = saved.get(f"model.{name}")
         if entry is None:
             raise ValueError(f"checkpoint {path} holds another model: it has no parameter {name}")
@@ -217,7 +218,8 @@ def check_model(path: Path, model: torch.nn.Module) -> None:
 def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """Restore model, optimizer and this rank's RNG from `path` (collective); returns meta.json."""
     meta = read_meta(path)
-    check_model(path, model)
+    state = _state(model, optimizer)
+    check_model(path, state["model"])
     zero1 = isinstance(optimizer, ZeroRedundancyOptimizer)
     if meta["zero1"] != zero1:
         raise ValueError(f"checkpoint {path} was saved {'with' if meta['zero1'] else 'without'} "
@@ -228,7 +230,6 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
     if zero1 and meta["world"] != dist.get_world_size():
         raise ValueError(f"checkpoint {path} holds ZeRO-1 optimizer shards of {meta['world']} ranks; "
                          f"resume it on {meta['world']} ranks, not {dist.get_world_size()}")
-    state = _state(model, optimizer)
     dcp.load(state, checkpoint_id=path)
     set_model_state_dict(model, state["model"])
     key = next(k for k in state if k.startswith("optimizer"))
