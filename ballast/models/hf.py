@@ -24,6 +24,7 @@ the runtime's, as for every model: the wrapper returns logits of the tokens this
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 
 import torch
@@ -141,6 +142,9 @@ def check_supported(hf: nn.Module, shape: ModelShape) -> None:
                          f"(the gradient would depend on the plan); set it to 0")
     if not hasattr(hf.get_decoder(), "layers"):
         raise ValueError(f"model type {kind!r}: no decoder layer list (model.layers) to checkpoint and shard")
+    if "position_ids" not in inspect.signature(hf.forward).parameters:
+        raise ValueError(f"model type {kind!r}: its forward takes no position_ids, so a shard's tokens cannot be "
+                         f"given their positions inside their own sequences")
 
 
 def build_hf(shape: ModelShape, seed: int = 0) -> HFCausalLM:

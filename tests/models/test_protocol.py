@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
 import torch
 
 import ballast.runtime
@@ -37,3 +38,18 @@ def test_the_runtime_imports_no_model_family():
                 # the protocol, and the attention kernels every model family shares
                 assert node.module in ("models.protocol", "models.kernels"), f"{path.name} imports {node.module}"
     assert GPT.__module__ == "ballast.models.gpt"
+
+
+def test_hf_model_without_position_ids_is_refused():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from ballast.models.hf import check_supported
+
+    class NoPositions(LlamaForCausalLM):
+        def forward(self, input_ids=None, **kwargs):  # no position_ids: shards could not be placed
+            return super().forward(input_ids=input_ids, **kwargs)
+
+    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2)
+    with pytest.raises(ValueError, match="model type 'llama': its forward takes no position_ids"):
+        check_supported(NoPositions(config), None)
