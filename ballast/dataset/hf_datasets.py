@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from .sources import HF_DATASET, Bad, Doc, TextSource, _files
+from .sources import HF_DATASET, Bad, Doc, TextSource, files_under
 
 SAVED_MARKERS = ("state.json", "dataset_dict.json")
 """What `save_to_disk` writes at the top of its folder: a Dataset's state, or a DatasetDict's splits."""
@@ -51,9 +51,9 @@ def parse_hf_dataset(spec: str, arg: str, text_field: str) -> TextSource:
     if not path.exists():
         raise ValueError(f"data source {spec!r}: {path} does not exist (expected {EXPECTED})")
     if is_saved(path):
-        files = _files(path, "")
+        files = files_under(path, "")
     elif path.is_dir():
-        files = [f for f in _files(path, "") if Path(f).suffix in DATA_FILES]
+        files = [f for f in files_under(path, "") if Path(f).suffix in DATA_FILES]
         if not files:
             raise ValueError(f"data source {spec!r}: {path} holds neither a dataset saved with "
                              f"save_to_disk ({' or '.join(SAVED_MARKERS)}) nor .parquet / .jsonl / "

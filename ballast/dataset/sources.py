@@ -76,7 +76,7 @@ class TextSource:
             yield from reader(path, self.text_field)
 
 
-def _files(root: Path, suffix: str) -> list[str]:
+def files_under(root: Path, suffix: str) -> list[str]:
     """Regular files under root ending in suffix, sorted; hidden files and folders (.git,
     .DS_Store) are not data, and symlinked folders are not followed (no cycles)."""
     found = []
@@ -104,7 +104,7 @@ def parse_source(spec: str, text_field: str = "text") -> TextSource:
         raise ValueError(f"unknown data source {spec!r}: expected {SYNTAX}")
     path = Path(arg).expanduser().resolve()
     if path.is_dir():
-        files = _files(path, suffix)
+        files = files_under(path, suffix)
     elif path.is_file() and kind != "folder":
         files = [str(path)]
     else:
