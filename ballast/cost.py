@@ -31,7 +31,7 @@ import numpy as np
 
 from .cluster import Cluster
 from .value_checks import check_types, from_fields, read_json
-from .model_shape import ModelShape
+from .model_shape import ModelShape, exchanged_kv_heads
 
 # Mixed-precision Adam: bf16 weights and grads + fp32 master weights, momentum and variance.
 STATE_BYTES_PER_PARAM = 16
@@ -117,10 +117,12 @@ class CostModel:
     # --- degrees and memory ------------------------------------------------------------------
     @property
     def degrees(self) -> list[int]:
-        """SP degrees usable for this model on this cluster: powers of two dividing the heads."""
+        """SP degrees usable for this model on this cluster: powers of two up to the world size
+        that divide the attention heads and have a bandwidth (a profile knows the degrees it
+        measured)."""
         out, d = [], 1
         while d <= self.world_size:
-            if self.heads % d == 0 and self.kv_heads % d == 0:
+            if self.heads % d == 0 and (d == 1 or d in self.bandwidth):
                 out.append(d)
             d *= 2
         return out
@@ -169,10 +171,23 @@ class CostModel:
                     f"device more memory (--device-memory-gb) or the job more ranks")
 
     # --- time ----------------------------------------------------------------------------------
+    def exchange_bytes(self, degree: int) -> float:
+        """Bytes one token contributes to a micro-batch's all-to-alls at SP degree `degree`:
+        `bytes_per_token` with the kv heads replicated as the runtime does where the degree does
+        not divide them (`exchanged_kv_heads`)."""
+        kv = exchanged_kv_heads(self.kv_heads, degree)
+        if kv == self.kv_heads:
+            return self.bytes_per_token
+        return self.bytes_per_token * (self.heads + kv) / (self.heads + self.kv_heads)
+
+    def comm_per_token(self, degree: int) -> float:
+        """Seconds of all-to-all per token of a micro-batch at this degree (0 at degree 1)."""
+        return 0.0 if degree == 1 else self.exchange_bytes(degree) / (degree * self.bandwidth[degree])
+
     def comm(self, tokens: float, degree: int) -> float:
         if degree == 1 or tokens == 0:
             return 0.0
-        return (self.bytes_per_token * tokens / (degree * self.bandwidth[degree])
+        return (self.exchange_bytes(degree) * tokens / (degree * self.bandwidth[degree])
                 + self.comm_latency.get(degree, 0.0))
 
     def time_from_sums(self, sum_sq: float, sum_s: float, degree: int, checkpoint: float) -> float:
@@ -209,7 +224,7 @@ class CostModel:
             c = np.ceil(c * self.layers - _EPS) / self.layers
             work = self.work(s, c) / d
             if d > 1:
-                work = work + self.bytes_per_token * s / (d * self.bandwidth[d])
+                work = work + self.exchange_bytes(d) * s / (d * self.bandwidth[d])
             out[i] = np.where(c <= 1.0, work, np.inf)
         return out
 
@@ -247,7 +262,7 @@ class CostModel:
         area_at = times * degrees
         comm_area = np.zeros_like(times)
         for i, d in enumerate(self.degrees[1:], start=1):
-            comm_area[i] = self.bytes_per_token * s / self.bandwidth[d]
+            comm_area[i] = self.exchange_bytes(d) * s / self.bandwidth[d]
         memory_at = np.where(np.isfinite(times), self.a * s * s + self.b * s + comm_area, np.inf)
         cap = (self.device_memory - self.states) / self.act_per_token
         slope = min(self.recompute * self.b / (1.0 - self.kept), self.g / cap)

@@ -1,6 +1,7 @@
 """Model shapes: the numbers of a decoder that the cost model and the runtime's models share."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,7 +21,8 @@ class ModelShape:
     heads: int
     """Query heads; every SP degree must divide it (Ulysses shards heads)."""
     kv_heads: int
-    """Key/value heads (grouped-query attention); every SP degree must divide it too."""
+    """Key/value heads (grouped-query attention); a degree that does not divide them replicates
+    them (`exchanged_kv_heads`)."""
     ffn: int
     """Inner width of the MLP."""
     vocab: int
@@ -75,13 +77,11 @@ class ModelShape:
 
     def check_degree(self, degree: int) -> None:
         """Raise ValueError if Ulysses cannot shard this model's heads over `degree` ranks."""
-        if self.heads % degree or self.kv_heads % degree:
-            raise ValueError(
-                f"model {self.name!r}: SP degree {degree} must divide heads ({self.heads}) "
-                f"and kv heads ({self.kv_heads})")
+        if not self.supports_degree(degree):
+            raise ValueError(f"model {self.name!r}: SP degree {degree} must divide the attention heads ({self.heads})")
 
     def supports_degree(self, degree: int) -> bool:
-        return self.heads % degree == 0 and self.kv_heads % degree == 0
+        return self.heads % degree == 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -91,6 +91,16 @@ class ModelShape:
         return from_fields(cls, data, "model")
 
 
+def exchanged_kv_heads(kv_heads: int, degree: int) -> int:
+    """The kv heads Ulysses exchanges at SP degree `degree`: lcm(kv_heads, degree).
+
+    Each rank receives heads / degree query heads and the kv heads they read. When the degree
+    divides the kv heads that is kv_heads / degree of them; when it does not (kv_heads < degree,
+    common with GQA), every kv head is replicated degree / gcd(kv_heads, degree) times so each
+    rank receives the copies its query heads need. The replicas' gradients sum in backward."""
+    return math.lcm(kv_heads, degree)
+
+
 MODEL_PRESETS: dict[str, ModelShape] = {
     # FlexSP's GPT models (docs/design.md: 32/40/60 layers, hidden 4096/5120/6656, 64 heads).
     "gpt-7b": ModelShape("gpt-7b", 32, 4096, 64, 64, 4 * 4096, 50304, gated_mlp=False),
@@ -98,7 +108,7 @@ MODEL_PRESETS: dict[str, ModelShape] = {
     "gpt-30b": ModelShape("gpt-30b", 60, 6656, 64, 64, 4 * 6656, 50304, gated_mlp=False),
     # Llama 3 8B (Meta's model card / config.json).
     "llama3-8b": ModelShape("llama3-8b", 32, 4096, 32, 8, 14336, 128256),
-    # Trains on a CPU in seconds per step; 4 kv heads so that degrees 1, 2 and 4 all work.
+    # Trains on a CPU in seconds per step; 4 kv heads, so degrees 1, 2 and 4 exchange no replicas.
     "tiny": ModelShape("tiny", 4, 128, 8, 4, 352, 256),
 }
 

@@ -131,9 +131,9 @@ class Plan:
                         raise PlanError(f"{where}: rank {r} is also in another group of the wave")
                     covered[r] = True
                 busy = any(mb.seq_ids for mb in group.micro_batches)
-                if busy and cost is not None and (cost.heads % group.degree or cost.kv_heads % group.degree):
-                    raise PlanError(f"{where}: SP degree {group.degree} does not divide heads "
-                                    f"({cost.heads}) and kv heads ({cost.kv_heads})")
+                if busy and cost is not None and cost.heads % group.degree:
+                    raise PlanError(f"{where}: SP degree {group.degree} does not divide the attention heads "
+                                    f"({cost.heads})")
                 counts.add(len(group.micro_batches))
                 for m, mb in enumerate(group.micro_batches):
                     self._validate_micro_batch(f"{where}, micro-batch {m}", mb, group.degree, cost, seen)

@@ -127,8 +127,8 @@ def remap_slots(plan: Plan, groups: list[Group], size: int, cost: CostModel) -> 
     Slot m runs every group's m-th micro-batch at their lowest checkpoint level (as the runtime
     does) and lasts the slowest group's attention (s^2 work and Ulysses all-to-alls) + the
     slot's linear device-seconds (b s) / size + g + moving q, k, v and the output of the
-    largest per-rank surplus or deficit of tokens (`bytes_per_token`, forward and backward)
-    over the domain's bandwidth."""
+    largest per-rank surplus or deficit of tokens (`bytes_per_token`: their own heads, never
+    replicated; forward and backward) over the domain's bandwidth."""
     bandwidth = cost.bandwidth[max((k for k in cost.bandwidth if k <= size), default=min(cost.bandwidth))]
     slots = []
     for m in range(max((len(g.micro_batches) for g in groups), default=0)):

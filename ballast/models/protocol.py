@@ -58,8 +58,8 @@ class ParallelModel(Protocol):
     `parameters()` and `modules()`) with these members."""
 
     shape: ModelShape
-    """What the cost model prices; `shape.layers` blocks, `shape.heads`/`kv_heads` that every
-    SP degree must divide."""
+    """What the cost model prices; `shape.layers` blocks, `shape.heads` that every SP degree
+    must divide."""
 
     def __call__(self, tokens: Tensor, stream: PackedStream, checkpoint_layers: int = 0) -> Tensor:
         """Logits [tokens held, vocab] of the tokens this process holds (one per entry of

@@ -141,7 +141,8 @@ class DCPPlanner(Planner):
         caps = np.array([[[cost.max_tokens(x, float(y)) for y in levels] for x in cost.degrees]])
         fit = np.floor(caps / L)
         bw = np.array([cost.bandwidth.get(x, np.inf) for x in cost.degrees])[None, :, None]
-        comm = np.where(d > 1, cost.bytes_per_token * L / (d * bw), 0.0)
+        exchanged = np.array([cost.exchange_bytes(x) for x in cost.degrees])[None, :, None]
+        comm = np.where(d > 1, exchanged * L / (d * bw), 0.0)
         per_sample = cost.work(L, c) / d + comm
         batch = np.minimum(fit, np.maximum(np.floor((target - cost.g) / per_sample), 1.0))
         time = np.maximum(batch, 1.0) * per_sample + cost.g

@@ -136,7 +136,7 @@ def _time_columns(points: Sequence[Point], attention: float, linear: float, degr
 
 
 def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
-             bytes_per_token_layer: float) -> dict:
+             exchange_bytes_layer: dict[int, float]) -> dict:
     """a_l, b_l, b_0, g_l, g_0, ra_l, r_l and lat_l(d) from the micro-batch times (see the module doc)."""
     points = [m.point for m in measurements]
     if not any(p.checkpoint_layers for p in points):
@@ -146,7 +146,7 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
     degrees = sorted({p.degree for p in points if p.degree > 1})
     seconds = np.array([m.seconds for m in measurements])
     comm = np.array([0.0 if p.degree == 1 else
-                     p.layers * bytes_per_token_layer * p.tokens / (p.degree * bandwidth[p.degree])
+                     p.layers * exchange_bytes_layer[p.degree] * p.tokens / (p.degree * bandwidth[p.degree])
                      for p in points])
     target, weight = seconds - comm, 1.0 / seconds
 
@@ -181,14 +181,18 @@ def fit_activations(measurements: Sequence[Measurement]) -> dict:
                 act_fixed=float(theta[2]) if several_depths else 0.0)
 
 
-def fit(measurements: Sequence[Measurement], bytes_per_token_layer: float) -> Coefficients:
-    """Every coefficient from the grid's measurements (any mix of depths)."""
+def fit(measurements: Sequence[Measurement], exchange_bytes_layer: dict[int, float]) -> Coefficients:
+    """Every coefficient from the grid's measurements (any mix of depths).
+
+    exchange_bytes_layer: all-to-all send bytes per token and block by SP degree, for degree 1
+    (the tokens' own q, k, v and output: `Coefficients.bytes_per_token_layer`) and every measured
+    degree (kv heads replicated where the degree does not divide them)."""
     if not measurements:
         raise ValueError("nothing was measured")
     bandwidth, call_latency = fit_bandwidth(measurements)
-    return Coefficients(**fit_time(measurements, bandwidth, bytes_per_token_layer),
+    return Coefficients(**fit_time(measurements, bandwidth, exchange_bytes_layer),
                         bandwidth=bandwidth, call_latency=call_latency,
-                        bytes_per_token_layer=bytes_per_token_layer,
+                        bytes_per_token_layer=exchange_bytes_layer[1],
                         **fit_activations(measurements))
 
 

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Sequence
 
 from ..cost import CostModel, InfeasibleError
-from ..model_shape import ModelShape
+from ..model_shape import ModelShape, exchanged_kv_heads
 from ..runtime import run_local, under_torchrun
 from .fit import Coefficients, error_summary, fit, prediction_errors
 from .grid import Measurement, Point, build_grid, checkpoint_levels, verification_points
@@ -69,7 +69,7 @@ def check_states_fit(shape: ModelShape, device_memory: float) -> None:
 
 
 def sp_degrees(shape: ModelShape, world_size: int) -> list[int]:
-    """Powers of two up to the world that divide the heads and kv heads."""
+    """Powers of two up to the world that divide the attention heads."""
     return [1 << i for i in range(world_size.bit_length()) if (1 << i) <= world_size
             and shape.supports_degree(1 << i)]
 
@@ -113,7 +113,8 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
     fitted, verified = measured[:len(grid)], measured[len(grid):]
     value_bytes = all_to_all_value_bytes(measured, shape)
     # Without a degree above 1 nothing is exchanged, and no prediction prices an exchange.
-    coefficients = fit(fitted, 0.0 if value_bytes is None else shape_bytes_per_token_layer(shape, value_bytes))
+    coefficients = fit(fitted, {d: 0.0 if value_bytes is None else shape_bytes_per_token_layer(shape, value_bytes, d)
+                                for d in sp_degrees(shape, world_size)})
     at = {d: _cost(coefficients, shape, d, world_size, device_memory)
           for d in {shape.layers, *(m.point.layers for m in measured)}}
     cost, points, extrapolation = at[shape.layers], prediction_errors(fitted, at), prediction_errors(verified, at)
@@ -163,10 +164,12 @@ def _measure_on_rank(*args) -> dict:
     return dict(measure_on_ranks(*args), device=rank_device().type, backend=dist.get_backend())
 
 
-def shape_bytes_per_token_layer(shape: ModelShape, value_bytes: int) -> float:
-    """All-to-all send bytes per token and block: q+k+v then out in forward, both again in
-    backward, `value_bytes` each (4 in fp32, 2 in bf16)."""
-    return 2.0 * (2 * shape.hidden + 2 * shape.kv_dim) * value_bytes
+def shape_bytes_per_token_layer(shape: ModelShape, value_bytes: int, degree: int = 1) -> float:
+    """All-to-all send bytes per token and block at SP degree `degree`: q+k+v then out in
+    forward, both again in backward, `value_bytes` each (4 in fp32, 2 in bf16); k and v with
+    the kv heads the degree exchanges (`exchanged_kv_heads`; degree 1: the model's own)."""
+    kv_dim = exchanged_kv_heads(shape.kv_heads, degree) * shape.head_dim
+    return 2.0 * (2 * shape.hidden + 2 * kv_dim) * value_bytes
 
 
 def all_to_all_value_bytes(measurements: Sequence[Measurement], shape: ModelShape) -> int | None:
@@ -178,7 +181,7 @@ def all_to_all_value_bytes(measurements: Sequence[Measurement], shape: ModelShap
     one, `shard_tokens` rows) through every exchange: a plain block once per direction and pass,
     a checkpointed one's forward pair again when it is recomputed."""
     sent = {m.comm_bytes / (m.shard_tokens * (m.point.layers + m.point.checkpoint_layers / 2)
-                            * shape_bytes_per_token_layer(shape, 1))
+                            * shape_bytes_per_token_layer(shape, 1, m.point.degree))
             for m in measurements if m.point.degree > 1}
     if not sent:
         return None

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
+from ..model_shape import exchanged_kv_heads
 from ..models.protocol import PackedStream
 from ..models.kernels import varlen_causal_attention
 from .all_to_all import all_to_all
@@ -142,6 +143,8 @@ def sequence_parallel_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedS
       backward: one all-to-all of the output's gradient (sequence- to head-sharded) and one of
                 the gradients of q, k and v together (head- to sequence-sharded).
     A checkpointed layer repeats the two forward all-to-alls when it is recomputed in backward.
+    Where d does not divide the kv heads, they are replicated to lcm(kv heads, d) before the
+    exchange (the bytes `CostModel.exchange_bytes` prices).
     A stream one process holds whole (degree 1, or a plain `PackedStream`) needs none. A
     `RemappedStream` adds the remapping layer's two all-to-alls around this (`remap.py`).
     """
@@ -149,13 +152,22 @@ def sequence_parallel_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedS
         return remapped_attention(q, k, v, stream, sequence_parallel_attention)
     if not isinstance(stream, StreamShard) or stream.degree == 1:
         return varlen_causal_attention(q, k, v, stream.bounds)
-    d, heads, kv_heads = stream.degree, q.shape[1], k.shape[1]
-    if heads % d or kv_heads % d:
+    d, heads = stream.degree, q.shape[1]
+    if heads % d:
         # Raised on every rank of the group alike, before any communication: nobody waits.
-        raise ValueError(f"SP degree {d} must divide the attention heads ({heads}) and the kv heads "
-                         f"({kv_heads}) to shard them over {d} ranks")
+        raise ValueError(f"SP degree {d} must divide the attention heads ({heads}) to shard them over {d} ranks")
     rows, head_dim = q.shape[0], q.shape[2]
     assert rows == stream.sizes[stream.index], (rows, stream.sizes, stream.index)
+    kv_heads = exchanged_kv_heads(k.shape[1], d)
+    if kv_heads != k.shape[1]:
+        # GQA: query head h reads kv head h // (heads / kv). Repeating each kv head r times in
+        # place gives kv_heads = lcm(kv, d) heads, a divisor of heads (d and kv both divide it),
+        # and query head h reads repeated head h // (heads / kv_heads), a copy of the same kv
+        # head. Rank i receives the i-th 1/d of the query heads and the i-th 1/d of the repeated
+        # kv heads, exactly those they read, so the local attention is plain GQA with ratio
+        # heads / kv_heads. Autograd sums the replicas' gradients in backward.
+        r = kv_heads // k.shape[1]
+        k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
     # One exchange for q, k and v: rank j's piece is [q heads of j | k heads of j | v heads of j].
     qkv = torch.cat([t.reshape(rows, d, t.shape[1] // d, head_dim) for t in (q, k, v)], dim=2)
     qkv = all_to_all(qkv.reshape(rows, heads + 2 * kv_heads, head_dim), HeadExchange(stream, to_heads=True))

@@ -158,14 +158,16 @@ def test_memory_is_checked_at_the_groups_degree_and_checkpoint(cpu4, tiny4):
 
 
 def test_heads_not_divisible():
-    cluster = get_cluster("cpu", world_size=8, device_memory_gb=1.0)
-    cost = CostModel.analytic(get_model_shape("tiny"), cluster)   # 4 kv heads: degree 8 impossible
-    plan = Plan([100, 200], [Wave([Group(0, 8, [MicroBatch([0, 1])])])])
-    with pytest.raises(PlanError, match=r"wave 0, group 0 \(ranks 0..7\): SP degree 8 does not divide "
-                                        r"heads \(8\) and kv heads \(4\)"):
+    cluster = get_cluster("cpu", world_size=16, device_memory_gb=1.0)
+    cost = CostModel.analytic(get_model_shape("tiny"), cluster)   # 8 heads: degree 16 impossible
+    plan = Plan([100, 200], [Wave([Group(0, 16, [MicroBatch([0, 1])])])])
+    with pytest.raises(PlanError, match=r"wave 0, group 0 \(ranks 0..15\): SP degree 16 does not divide "
+                                        r"the attention heads \(8\)"):
         plan.validate(cluster, cost)
     # an idle group of that size runs nothing, so it does not matter
-    Plan([100], [Wave([Group(0, 4, [MicroBatch([0])]), Group(4, 4)])]).validate(cluster, cost)
+    Plan([100], [Wave([Group(0, 8, [MicroBatch([0])]), Group(8, 8)])]).validate(cluster, cost)
+    # degree 8 does not divide the 4 kv heads: the runtime replicates them, the plan is valid
+    Plan([100, 200], [Wave([Group(0, 8, [MicroBatch([0, 1])]), Group(8, 8)])]).validate(cluster, cost)
     # nor does the cluster alone, without a model
     plan.validate(cluster)
 

@@ -61,10 +61,13 @@ VARIANTS = {
     "mistral": ("MistralConfig", {}),
     "llama-rope-linear": ("LlamaConfig", {"rope_parameters": {"rope_type": "linear", "factor": 2.0,
                                                                "rope_theta": 10000.0}}),
-    # grouped-query attention: 2 kv heads for 4 query heads (degrees 1 and 2 only)
+    # grouped-query attention: 2 kv heads for 4 query heads (degree 4 replicates them), and
+    # multi-query attention: 1 kv head (degrees 2 and 4 replicate it)
     "qwen2-gqa": ("Qwen2Config", {"num_key_value_heads": 2}),
+    "llama-mqa": ("LlamaConfig", {"num_key_value_heads": 1}),
 }
-WORLD_VARIANTS = {2: list(VARIANTS), 4: [v for v in VARIANTS if v != "qwen2-gqa"]}
+# Not trained: 2 heads, which SP degree 4 does not divide (the executor's error).
+TWO_HEADS = ("LlamaConfig", {"num_attention_heads": 2, "num_key_value_heads": 2})
 
 
 def save_model(folder: Path, config_class: str, seed: int = 0, **overrides) -> Path:
@@ -164,7 +167,7 @@ def _step(shape: ModelShape, plan: dict, samples: list[torch.Tensor], groups: Pr
 
 
 def _degree_error(folder: str, samples: list[torch.Tensor], groups: ProcessGroups) -> str:
-    """The executor's error for a degree-4 plan on a model with 2 kv heads (before any collective)."""
+    """The executor's error for a degree-4 plan on a model with 2 heads (before any collective)."""
     shape = get_model_shape("hf:" + folder)
     executor = parallelize(build_model(shape), get_cluster("cpu", world_size=4), groups=groups, lr=1e-3)
     plan = Plan(LENGTHS, [Wave([Group(0, 4, [MicroBatch(list(range(len(LENGTHS))))])])])
@@ -182,7 +185,7 @@ def _world_worker(folders: dict[str, str], plans: dict[str, dict[str, dict[str, 
     groups = ProcessGroups()
     out: dict = {}
     if dist.get_world_size() == 4:
-        out["degree-error"] = _degree_error(folders["qwen2-gqa"], samples, groups)
+        out["degree-error"] = _degree_error(folders["two-heads"], samples, groups)
     for variant, by_mode in plans.items():
         shape = get_model_shape("hf:" + folders[variant])
         for mode, by_planner in by_mode.items():
@@ -199,8 +202,9 @@ def _world_worker(folders: dict[str, str], plans: dict[str, dict[str, dict[str, 
 def folders(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hf-models")
     # a seed per variant: Llama and Mistral of one config and seed would have equal weights
-    return {name: save_model(root / name, cls, seed, **overrides)
-            for seed, (name, (cls, overrides)) in enumerate(VARIANTS.items())}
+    out = {name: save_model(root / name, cls, seed, **overrides)
+           for seed, (name, (cls, overrides)) in enumerate(VARIANTS.items())}
+    return {**out, "two-heads": save_model(root / "two-heads", TWO_HEADS[0], **TWO_HEADS[1])}
 
 
 @pytest.fixture(scope="module")
@@ -211,12 +215,12 @@ def samples() -> list[torch.Tensor]:
 @pytest.fixture(scope="module")
 def references(folders, samples) -> dict[str, tuple[float, dict[str, torch.Tensor]]]:
     quiet()
-    return {name: transformers_reference(folder, samples) for name, folder in folders.items()}
+    return {name: transformers_reference(folders[name], samples) for name in VARIANTS}
 
 
 def _run_world(world: int, folders: dict[str, Path], samples: list[torch.Tensor]) -> tuple[dict, dict]:
     plans = {}
-    for variant in WORLD_VARIANTS[world]:
+    for variant in VARIANTS:
         shape = get_model_shape(f"hf:{folders[variant]}")
         plain, lockstep = planner_plans(shape, world, False), planner_plans(shape, world, True)
         plans[variant] = {"plain": plain, "zero1": plain, "fsdp": lockstep}
@@ -311,9 +315,9 @@ def test_tied_matrix_gets_embedding_and_head_gradient(world2, world4, references
 
 
 @pytest.mark.slow
-def test_degree_the_kv_heads_do_not_divide_is_a_value_error_before_any_collective(world4):
+def test_degree_the_heads_do_not_divide_is_a_value_error_before_any_collective(world4):
     message = world4[0]["degree-error"]
-    assert message.startswith("ValueError") and "SP degree 4" in message and "kv heads (2)" in message
+    assert message.startswith("ValueError") and "SP degree 4" in message and "heads (2)" in message
 
 
 @pytest.mark.slow
@@ -389,10 +393,10 @@ def test_not_a_causal_lm(tmp_path):
 
 
 def test_degree_the_heads_do_not_divide(tmp_path):
-    folder = save_model(tmp_path / "gqa", "Qwen2Config", num_key_value_heads=2)
+    folder = save_model(tmp_path / "two-heads", TWO_HEADS[0], **TWO_HEADS[1])
     shape = get_model_shape(f"hf:{folder}")
-    assert shape.kv_heads == 2
-    with pytest.raises(ValueError, match=r"SP degree 4 must divide heads \(4\) and kv heads \(2\)"):
+    assert shape.heads == 2
+    with pytest.raises(ValueError, match=r"SP degree 4 must divide the attention heads \(2\)"):
         shape.check_degree(4)
     cluster, cost = verify.budget(shape, 4, MAX_LEN)
     assert cost.degrees == [1, 2]
@@ -400,8 +404,19 @@ def test_degree_the_heads_do_not_divide(tmp_path):
         assert max(get_planner(name, cluster, cost, PlannerOptions(max_len=MAX_LEN)).plan(LENGTHS)
                    .degrees_used()) <= 2
     plan = Plan(LENGTHS, [Wave([Group(0, 4, [MicroBatch(list(range(len(LENGTHS))))])])])
-    with pytest.raises(PlanError, match="kv"):
+    with pytest.raises(PlanError, match="heads"):
         plan.validate(cluster, cost)
+
+
+def test_kv_heads_a_degree_does_not_divide_are_replicated_and_priced(tmp_path):
+    folder = save_model(tmp_path / "mqa", *VARIANTS["llama-mqa"][:1], **VARIANTS["llama-mqa"][1])
+    shape = get_model_shape(f"hf:{folder}")
+    assert (shape.heads, shape.kv_heads) == (4, 1)
+    shape.check_degree(4)
+    cluster, cost = verify.budget(shape, 4, MAX_LEN)
+    assert cost.degrees == [1, 2, 4]
+    # q and out 4 heads each; k and v 1, 2 and 4 heads at degrees 1, 2 and 4
+    assert [cost.exchange_bytes(d) / cost.bytes_per_token for d in (2, 4)] == pytest.approx([6 / 5, 8 / 5])
 
 
 def test_attention_dropout_is_refused_at_build(tmp_path):

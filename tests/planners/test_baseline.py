@@ -19,7 +19,7 @@ BASELINES = ["static", "batch-adaptive", "bucket", "megatron-dynamic-cp"]
 
 def tiny8():
     """8 ranks with 0.1 GB each, activations in bf16: the tiny model holds ~5.6K tokens per
-    device without checkpointing and ~96K with full checkpointing; degrees 1, 2, 4 (4 kv heads)."""
+    device without checkpointing and ~96K with full checkpointing; degrees 1, 2, 4, 8 (8 heads)."""
     cluster = dataclasses.replace(get_cluster("cpu", world_size=8, device_memory_gb=0.1), value_bytes=2)
     return cluster, CostModel.analytic(get_model_shape("tiny"), cluster)
 
@@ -68,8 +68,8 @@ def test_static_degree_option_overrides():
     assert [g.degree for g in plan.waves[0].groups] == [4, 4]
     with pytest.raises(ValueError, match="does not fit SP degree 1"):
         get_planner("static", cluster, cost, PlannerOptions(degree=1, max_len=100_000)).plan(BATCH)
-    with pytest.raises(ValueError, match=r"SP degree 8 is not usable: degrees are \[1, 2, 4\]"):
-        get_planner("static", cluster, cost, PlannerOptions(degree=8)).plan(BATCH)
+    with pytest.raises(ValueError, match=r"SP degree 16 is not usable: degrees are \[1, 2, 4, 8\]"):
+        get_planner("static", cluster, cost, PlannerOptions(degree=16)).plan(BATCH)
 
 
 def test_static_rejects_sequence_over_max_len():
@@ -164,7 +164,7 @@ def test_megatron_degree_per_sequence(setting, lengths, max_len):
 @pytest.mark.parametrize("name", list(PLANNERS))
 def test_sequence_longer_than_any_plan_can_hold(name):
     cluster, cost = tiny8()
-    limit = cost.max_tokens(4, 1.0)
+    limit = cost.max_tokens(cost.degrees[-1], 1.0)
     with pytest.raises(ValueError, match=rf"sequence 2 has {limit + 1} tokens.*at most {limit} tokens"):
         get_planner(name, cluster, cost, PlannerOptions(time_limit=0.5)).plan([10, 20, limit + 1, 5])
 
@@ -229,7 +229,7 @@ def test_sequence_at_exactly_the_limit(name):
     cost = CostModel.analytic(get_model_shape("tiny"), cluster)
     memory = cost.states + 5000 * cost.act_per_token + 519
     cluster, cost = (dataclasses.replace(x, device_memory=memory) for x in (cluster, cost))
-    limit = cost.max_tokens(4, 1.0)
+    limit = cost.max_tokens(cost.degrees[-1], 1.0)
     assert (limit, cost.max_tokens(1, 1.0)) == (340_001, 85_000)
     plan = get_planner(name, cluster, cost, PlannerOptions(time_limit=0.5)).plan([limit, 10])
     plan.validate(cluster, cost)

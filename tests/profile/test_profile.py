@@ -30,20 +30,27 @@ TRUE = Coefficients(a_layer=2e-8, b_layer=4e-5, b_fixed=2e-5, g_layer=4e-3, g_fi
                     kept_layer=500.0)
 
 
-def synthetic(points: list[Point], true: Coefficients, noise: float, seed: int = 0) -> list[Measurement]:
-    """Measurements that follow fit.py's model exactly, times multiplied by (1 + noise N(0,1))."""
+def layer_bytes(value_bytes: int, shape=TINY, degrees=(1, 2, 4)) -> dict[int, float]:
+    return {d: shape_bytes_per_token_layer(shape, value_bytes, d) for d in degrees}
+
+
+def synthetic(points: list[Point], true: Coefficients, noise: float, seed: int = 0,
+              shape=TINY) -> list[Measurement]:
+    """Measurements that follow fit.py's model exactly, times multiplied by (1 + noise N(0,1));
+    `shape`'s kv heads replicated where a degree does not divide them."""
     rng = np.random.default_rng(seed)
     out = []
     for p in points:
         d, depth, k = p.degree, p.layers, p.checkpoint_layers
         shard = math.ceil(p.tokens / d)
         calls = 0 if d == 1 else 4 * depth + 2 * k
-        comm_bytes = 0.0 if d == 1 else true.bytes_per_token_layer * shard * (depth + k / 2)
+        exchanged = true.bytes_per_token_layer * layer_bytes(1, shape, (1, d))[d] / layer_bytes(1, shape, (1,))[1]
+        comm_bytes = 0.0 if d == 1 else exchanged * shard * (depth + k / 2)
         comm = 0.0 if d == 1 else calls * true.call_latency[d] + comm_bytes / true.bandwidth[d]
         seconds = (((depth + k * true.recompute_attention_layer) * true.a_layer * p.sum_sq
                     + (depth + k * true.recompute_layer) * true.b_layer * p.tokens
                     + true.b_fixed * p.tokens) / d + true.g_fixed + depth * true.g_layer
-                   + (0.0 if d == 1 else depth * true.bytes_per_token_layer * p.tokens / (d * true.bandwidth[d])
+                   + (0.0 if d == 1 else depth * exchanged * p.tokens / (d * true.bandwidth[d])
                       + depth * true.latency_layer[d]))
         act = shard * (true.act_fixed + (depth - k) * true.act_layer + k * true.kept_layer)
         jitter = 1.0 + noise * rng.standard_normal(2)
@@ -56,7 +63,7 @@ def grid(depths=(1, 2), lengths=(128, 256, 512, 1024, 2048, 4096), degrees=(1, 2
 
 
 def test_fit_recovers_exact_coefficients():
-    got = fit(synthetic(grid(), TRUE, noise=0.0), TRUE.bytes_per_token_layer)
+    got = fit(synthetic(grid(), TRUE, noise=0.0), layer_bytes(4))
     for name in ("a_layer", "b_layer", "b_fixed", "g_layer", "g_fixed", "recompute_layer",
                  "recompute_attention_layer", "act_fixed", "act_layer", "kept_layer"):
         assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-3, abs=1e-12), name
@@ -68,7 +75,7 @@ def test_fit_with_noise_extrapolates_to_full_depth():
     """3% timing noise at depths 1 and 2: the depth-8 CostModel predicts depth-8 micro-batches
     (which the fit never saw) within a few percent, and its coefficients are close."""
     measured = synthetic(grid(), TRUE, noise=0.03, seed=1)
-    got = fit(measured, TRUE.bytes_per_token_layer)
+    got = fit(measured, layer_bytes(4))
     memory = 1e10
     truth = TRUE.cost_model(DEEP, 4, memory, state_bytes(DEEP))
     cost = got.cost_model(DEEP, 4, memory, state_bytes(DEEP))
@@ -95,7 +102,7 @@ def test_all_to_all_bytes_follow_the_precision_the_runs_used():
         true = dataclasses.replace(TRUE, bytes_per_token_layer=shape_bytes_per_token_layer(TINY, value_bytes))
         measured = synthetic(grid(), true, noise=0.0)
         assert all_to_all_value_bytes(measured, TINY) == value_bytes
-        got = fit(measured, shape_bytes_per_token_layer(TINY, all_to_all_value_bytes(measured, TINY)))
+        got = fit(measured, layer_bytes(all_to_all_value_bytes(measured, TINY)))
         assert got.bandwidth == pytest.approx(TRUE.bandwidth, rel=1e-3)  # the link is the same
         at = {depth: got.cost_model(dataclasses.replace(TINY, layers=depth), 4, 1e10, state_bytes(TINY))
               for depth in (1, 2)}
@@ -104,6 +111,23 @@ def test_all_to_all_bytes_follow_the_precision_the_runs_used():
     assert costs[2].bytes_per_token == costs[4].bytes_per_token / 2
     # No degree above 1: nothing was exchanged, so no value size was seen.
     assert all_to_all_value_bytes([m for m in synthetic(grid(), TRUE, 0.0) if m.point.degree == 1], TINY) is None
+
+
+def test_replicated_kv_heads_are_counted_in_the_bytes_and_the_fit():
+    """One kv head (multi-query attention): degrees 2 and 4 replicate it to 2 and 4 kv heads,
+    so k and v carry 2x and 4x the values. The profile reads the value size from the bytes the
+    runs sent only if it counts the replicas, fits the link's bandwidth from them, and its cost
+    model prices every degree's exchange as measured."""
+    mqa = dataclasses.replace(TINY, name="tiny-mqa", kv_heads=1)
+    assert shape_bytes_per_token_layer(mqa, 4, 1) == 2 * (2 * 128 + 2 * 16) * 4
+    assert shape_bytes_per_token_layer(mqa, 4, 4) == 2 * (2 * 128 + 2 * 4 * 16) * 4
+    true = dataclasses.replace(TRUE, bytes_per_token_layer=shape_bytes_per_token_layer(mqa, 4))
+    measured = synthetic(grid(), true, noise=0.0, shape=mqa)
+    assert all_to_all_value_bytes(measured, mqa) == 4
+    got = fit(measured, layer_bytes(4, mqa))
+    assert got.bandwidth == pytest.approx(TRUE.bandwidth, rel=1e-3)
+    at = {depth: got.cost_model(dataclasses.replace(mqa, layers=depth), 4, 1e10, state_bytes(mqa)) for depth in (1, 2)}
+    assert max(abs(row["time_error"]) for row in compare(measured, at)) < 1e-3
 
 
 def test_all_to_all_bytes_that_match_no_precision_are_an_error():
@@ -116,7 +140,7 @@ def test_all_to_all_bytes_that_match_no_precision_are_an_error():
 def test_fit_needs_checkpointed_points():
     points = [p for p in grid() if p.checkpoint_layers == 0]
     with pytest.raises(ValueError, match="checkpoint"):
-        fit(synthetic(points, TRUE, 0.0), TRUE.bytes_per_token_layer)
+        fit(synthetic(points, TRUE, 0.0), layer_bytes(4))
 
 
 def test_grid_covers_lengths_degrees_and_checkpoint_levels():

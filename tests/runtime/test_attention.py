@@ -17,7 +17,10 @@ WORLD = 4
 # Streams of several sequences whose total the degrees 2 and 4 do not divide (17 and 3 tokens:
 # 3 < 4 leaves one rank of a degree-4 group with an empty shard), and one that they do.
 STREAMS = [[5, 3, 7, 2], [1, 2], [8, 4, 12]]
-HEADS, KV_HEADS, HEAD_DIM = 8, 4, 16
+HEADS, HEAD_DIM = 8, 16
+# Grouped-query attention: 4 kv heads every degree divides; 2 and 1, which degree 4 (and 2) do
+# not, so the runtime replicates them (`exchanged_kv_heads`).
+KV_HEADS = (4, 2, 1)
 # fp32: each output is a softmax-weighted mean of at most 12 unit-variance values, and a
 # head-sharded rank runs the same per-sequence, per-head arithmetic as one process; only the
 # kernel's blocking over heads may differ, i.e. a few ulps (1.2e-7 each) of O(1) numbers.
@@ -29,10 +32,10 @@ COLLECTIVE_TIMEOUT = timedelta(seconds=97)
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def _inputs(lengths: list[int]) -> tuple[torch.Tensor, ...]:
-    generator = torch.Generator().manual_seed(sum(lengths))
+def _inputs(lengths: list[int], kv_heads: int) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(sum(lengths) + kv_heads)
     n = sum(lengths)
-    shapes = [(n, HEADS, HEAD_DIM), (n, KV_HEADS, HEAD_DIM), (n, KV_HEADS, HEAD_DIM), (n, HEADS, HEAD_DIM)]
+    shapes = [(n, HEADS, HEAD_DIM), (n, kv_heads, HEAD_DIM), (n, kv_heads, HEAD_DIM), (n, HEADS, HEAD_DIM)]
     return tuple(torch.randn(s, generator=generator) for s in shapes)
 
 
@@ -47,15 +50,15 @@ def _attention_worker() -> dict:
     blocks = ((rank // 2 * 2, 2), (0, 4))  # a rank holds only its own groups
     out: dict = {"groups": len(groups), "results": [],
                  "timeouts": [_group_timeout(groups.get(start, degree)) for start, degree in blocks]}
-    for lengths in STREAMS:
-        q, k, v, grad_out = _inputs(lengths)
+    for lengths, kv_heads in ((lengths, kv) for lengths in STREAMS for kv in KV_HEADS):
+        q, k, v, grad_out = _inputs(lengths, kv_heads)
         for degree in (1, 2, 4):
             start = rank // degree * degree
             shard = StreamShard.create(lengths, groups.get(start, degree), degree, rank - start)
             local = [t[shard.local].clone().requires_grad_() for t in (q, k, v)]
             output = sequence_parallel_attention(*local, shard)
             (output * grad_out[shard.local]).sum().backward()
-            out["results"].append((tuple(lengths), degree, shard.local, output.detach(),
+            out["results"].append((tuple(lengths), kv_heads, degree, shard.local, output.detach(),
                                    [t.grad for t in local], shard.positions))
     # Heads a degree does not divide: ValueError on every rank, before any communication...
     shard = StreamShard.create([6], groups.get(0, 4), 4, rank)
@@ -97,8 +100,8 @@ def test_every_group_has_the_collective_timeout(ranks):
 def test_sequence_parallel_attention_matches_one_process(ranks):
     checked = set()
     for rank in ranks:
-        for lengths, degree, local, output, grads, positions in rank["results"]:
-            q, k, v, grad_out = (t.clone().requires_grad_() for t in _inputs(list(lengths)))
+        for lengths, kv_heads, degree, local, output, grads, positions in rank["results"]:
+            q, k, v, grad_out = (t.clone().requires_grad_() for t in _inputs(list(lengths), kv_heads))
             expected = varlen_causal_attention(q, k, v, PackedStream.from_lengths(lengths).bounds)
             (expected * grad_out).sum().backward()
             torch.testing.assert_close(output, expected[local], rtol=RTOL, atol=ATOL)
@@ -106,15 +109,15 @@ def test_sequence_parallel_attention_matches_one_process(ranks):
                 torch.testing.assert_close(got, want[local], rtol=RTOL, atol=ATOL)
             # Each rank knows the global per-sequence positions of its shard.
             assert torch.equal(positions, PackedStream.from_lengths(lengths).positions[local])
-            checked.add((lengths, degree))
-    assert len(checked) == len(STREAMS) * 3
+            checked.add((lengths, kv_heads, degree))
+    assert len(checked) == len(STREAMS) * len(KV_HEADS) * 3
 
 
 @pytest.mark.slow
 def test_heads_not_divisible_is_a_value_error_naming_both_numbers(ranks):
     for rank in ranks:
         message = rank["heads_error"]
-        assert "degree 4" in message and "(6)" in message and "(2)" in message
+        assert "degree 4" in message and "heads (6)" in message
         assert rank["after_error"] == WORLD
 
 

@@ -30,7 +30,7 @@ class GroupEstimates:
     def __init__(self, cost: CostModel, degrees: np.ndarray):
         self.cost, self.deg = cost, degrees.astype(np.float64)
         self._deg = self.deg.tolist()
-        self._comm = [0.0 if d == 1 else cost.bytes_per_token / (d * cost.bandwidth[d]) for d in degrees]
+        self._comm = [cost.comm_per_token(int(d)) for d in degrees]
         self.comm_per_token = np.array(self._comm)
         self.cap = (cost.device_memory - cost.states) / cost.act_per_token
         self.recompute_rate = cost.recompute / (1.0 - cost.kept)
