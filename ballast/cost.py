@@ -2,11 +2,17 @@
 
 docs/design.md's model, in seconds and bytes:
 
-    time(mb, d, c)   = [sum_s (a s^2 (1 + c r_attn) + b s (1 + c r))] / d + comm(sum_s s, d) + g
+    time(mb, d, c)   = [sum_s (a q_s (1 + c r_attn) + b s (1 + c r))] / d + comm(sum_s s, d) + g
     comm(n, d)       = bytes_per_token n / (d bw(d)) + latency(d)  (0 at d = 1; latency(d) is
                                                                 profiled, or the cluster's
                                                                 per-call latency (analytic))
     memory(mb, d, c) = states + act_per_token (sum_s s) / d (c k + 1 - c)
+
+A sample s of the micro-batch has |s| tokens and q_s attention units (`samples.attention_units`
+under the model's attention pattern): |s|^2 for a text sequence under a causal decoder, what
+docs/design.md writes a s^2; a video clip's follow its frames x height x width. Planners and the
+lower bound read q from `units()`, never square lengths themselves. Every method that takes
+`samples` takes token counts (text) or (frames, height, width) shapes alike.
 
 Three sources of coefficients share this one class and its JSON format: `analytic` (from a
 model shape and a cluster), `published` (FlexSP's A100 profile) and `profiled` (written by
@@ -32,6 +38,7 @@ import numpy as np
 from .cluster import Cluster
 from .value_checks import check_types, from_fields, read_json
 from .model_shape import ModelShape, exchanged_kv_heads
+from .samples import Sample, attention_units, tokens as sample_tokens
 
 # Mixed-precision Adam: bf16 weights and grads + fp32 master weights, momentum and variance.
 STATE_BYTES_PER_PARAM = 16
@@ -65,7 +72,8 @@ class CostModel:
     model: str
     """Name of the model shape the coefficients describe."""
     a: float
-    """Seconds per token^2 of one sequence (attention, forward + backward, on one device)."""
+    """Seconds per attention unit (`samples.attention_units`: s^2 of a causal text sequence of s
+    tokens), forward + backward, on one device."""
     b: float
     """Seconds per token (linear layers, forward + backward, on one device)."""
     g: float
@@ -102,6 +110,10 @@ class CostModel:
     single factor. `ballast profile` fits it apart from r."""
     attention_window: int | None = None
     """The model's `ModelShape.attention_window`: no sequence may be longer (`check_fits`)."""
+    attention: str = "causal"
+    """The model's attention pattern (`ModelShape.attention`): how `units` prices a sample."""
+    spatial_share: float = 0.5
+    """The model's `ModelShape.spatial_share` (spatial-temporal attention only)."""
 
     def __post_init__(self) -> None:
         check_types(self, "cost model", self.model)
@@ -127,11 +139,16 @@ class CostModel:
             d *= 2
         return out
 
+    # --- samples -----------------------------------------------------------------------------
+    def units(self, samples: Sequence[Sample]) -> np.ndarray:
+        """Attention units of each sample under the model's pattern (float64)."""
+        return attention_units(samples, self.attention, self.spatial_share)
+
     def _kept_fraction(self, checkpoint: float) -> float:
         return checkpoint * self.kept + (1.0 - checkpoint)
 
-    def memory(self, lengths: Sequence[int], degree: int, checkpoint: float) -> float:
-        tokens = float(np.sum(lengths)) if len(lengths) else 0.0
+    def memory(self, samples: Sequence[Sample], degree: int, checkpoint: float) -> float:
+        tokens = float(sum(map(sample_tokens, samples))) if len(samples) else 0.0
         return self.states + self.act_per_token * tokens / degree * self._kept_fraction(checkpoint)
 
     def max_tokens(self, degree: int, checkpoint: float) -> int:
@@ -154,11 +171,11 @@ class CostModel:
         """The smallest degree at which `tokens` fit in one micro-batch at full checkpointing."""
         return next((d for d in self.degrees if self.max_tokens(d, 1.0) >= tokens), None)
 
-    def check_fits(self, lengths: Sequence[int]) -> None:
+    def check_fits(self, samples: Sequence[Sample]) -> None:
         """Raise InfeasibleError naming the first sequence no plan can hold."""
         limit = self.max_tokens(self.degrees[-1], 1.0)
         window = self.attention_window
-        for i, s in enumerate(lengths):
+        for i, s in enumerate(map(sample_tokens, samples)):
             if window is not None and s > window:
                 raise InfeasibleError(
                     f"sequence {i} has {s} tokens, more than model {self.model!r}'s sliding-window attention "
@@ -190,45 +207,51 @@ class CostModel:
         return (self.exchange_bytes(degree) * tokens / (degree * self.bandwidth[degree])
                 + self.comm_latency.get(degree, 0.0))
 
-    def time_from_sums(self, sum_sq: float, sum_s: float, degree: int, checkpoint: float) -> float:
-        """time() from the sums over the micro-batch of s^2 and s (planners keep these)."""
-        compute = (self.a * sum_sq * (1.0 + checkpoint * self.recompute_attention)
+    def time_from_sums(self, sum_units: float, sum_s: float, degree: int, checkpoint: float) -> float:
+        """time() from the sums over the micro-batch of attention units and tokens (planners
+        keep these)."""
+        compute = (self.a * sum_units * (1.0 + checkpoint * self.recompute_attention)
                    + self.b * sum_s * (1.0 + checkpoint * self.recompute)) / degree
         return compute + self.comm(sum_s, degree) + self.g
 
-    def work(self, lengths, checkpoint=0.0):
-        """a s^2 (1 + c r_attn) + b s (1 + c r) elementwise (floats or arrays of lengths and
-        levels): a sequence's compute at degree 1, without g and all-to-alls."""
-        return (self.a * lengths * lengths * (1.0 + checkpoint * self.recompute_attention)
-                + self.b * lengths * (1.0 + checkpoint * self.recompute))
+    def attention_time(self, tokens, units):
+        """a q elementwise, computed as (a (q / s)) s: for text q / s is s exactly, so this
+        rounds as the text-only model's a s s did and recorded text results stay bit-identical."""
+        return self.a * (units / tokens) * tokens
 
-    def time(self, lengths: Sequence[int], degree: int, checkpoint: float) -> float:
-        s = np.asarray(lengths, dtype=np.float64)
-        return self.time_from_sums(float(np.dot(s, s)), float(s.sum()), degree, checkpoint)
+    def work(self, tokens, units, checkpoint=0.0):
+        """a q (1 + c r_attn) + b s (1 + c r) elementwise (floats or arrays of tokens s, their
+        attention units q and levels): a sample's compute at degree 1, without g and
+        all-to-alls."""
+        return (self.attention_time(tokens, units) * (1.0 + checkpoint * self.recompute_attention)
+                + self.b * tokens * (1.0 + checkpoint * self.recompute))
 
-    def split_time(self, lengths: Sequence[int], degree: int, checkpoint: float) -> tuple[float, float]:
+    def time(self, samples: Sequence[Sample], degree: int, checkpoint: float) -> float:
+        s = _tokens_array(samples)
+        return self.time_from_sums(float(self.units(samples).sum()), float(s.sum()), degree, checkpoint)
+
+    def split_time(self, samples: Sequence[Sample], degree: int, checkpoint: float) -> tuple[float, float]:
         """(compute incl. the fixed overhead, communication) of one micro-batch, in seconds."""
-        s = np.asarray(lengths, dtype=np.float64)
-        comm = self.comm(float(s.sum()), degree)
-        return self.time(lengths, degree, checkpoint) - comm, comm
+        comm = self.comm(float(_tokens_array(samples).sum()), degree)
+        return self.time(samples, degree, checkpoint) - comm, comm
 
     # --- bounds --------------------------------------------------------------------------------
-    def sequence_times(self, lengths: Sequence[int]) -> np.ndarray:
+    def sequence_times(self, samples: Sequence[Sample]) -> np.ndarray:
         """Array [degree index, sequence] of time(s, d, c_min) without g; inf where it does not fit."""
-        s = np.asarray(lengths, dtype=np.float64)
+        s, q = _tokens_array(samples), self.units(samples)
         free = self.device_memory - self.states
         out = np.full((len(self.degrees), len(s)), np.inf)
         for i, d in enumerate(self.degrees):
             need = self.act_per_token * s / d
             c = np.clip((1.0 - free / np.maximum(need, _EPS)) / (1.0 - self.kept), 0.0, None)
             c = np.ceil(c * self.layers - _EPS) / self.layers
-            work = self.work(s, c) / d
+            work = self.work(s, q, c) / d
             if d > 1:
                 work = work + self.exchange_bytes(d) * s / (d * self.bandwidth[d])
             out[i] = np.where(c <= 1.0, work, np.inf)
         return out
 
-    def lower_bound(self, lengths: Sequence[int]) -> float:
+    def lower_bound(self, samples: Sequence[Sample]) -> float:
         """No plan's step time can be below this: the least T that passes three bounds.
 
         longest: max_k min_d alone(s_k, d) + g -- a sequence is never faster than alone, where
@@ -252,25 +275,25 @@ class CostModel:
         (the right side never grows with T). docs/design.md's plain area term ignores memory and
         this coupling; with FlexSP's published g they are worth 5-10% of a step.
         """
-        if len(lengths) == 0:
+        if len(samples) == 0:
             return 0.0
-        self.check_fits(lengths)
-        s = np.asarray(lengths, dtype=np.float64)
+        self.check_fits(samples)
+        s, q = _tokens_array(samples), self.units(samples)
         n = self.world_size
-        times = self.sequence_times(lengths)
+        times = self.sequence_times(samples)
         degrees = np.asarray(self.degrees, dtype=np.float64)[:, None]
         area_at = times * degrees
         comm_area = np.zeros_like(times)
         for i, d in enumerate(self.degrees[1:], start=1):
             comm_area[i] = self.exchange_bytes(d) * s / self.bandwidth[d]
-        memory_at = np.where(np.isfinite(times), self.a * s * s + self.b * s + comm_area, np.inf)
+        memory_at = np.where(np.isfinite(times), self.attention_time(s, q) + self.b * s + comm_area, np.inf)
         cap = (self.device_memory - self.states) / self.act_per_token
         slope = min(self.recompute * self.b / (1.0 - self.kept), self.g / cap)
         overhead = self.g + max(0.0, float(s.sum()) / n - cap) * slope
         # Zeppelin's remapping layer (Wave.remap) may spread a sequence's linear work over the
         # whole cluster: alone it takes at least its attention and all-to-alls at degree d plus
         # b s / N, recomputation left out (spread over a domain, its tokens may fit without).
-        attention = self.a * s * s / degrees + comm_area / degrees
+        attention = self.attention_time(s, q) / degrees + comm_area / degrees
         alone = np.where(np.isfinite(times), np.minimum(times, attention + self.b * s / n), np.inf)
         longest = float(np.min(alone, axis=0).max()) + self.g
 
@@ -298,10 +321,12 @@ class CostModel:
     def analytic(cls, shape: ModelShape, cluster: Cluster) -> CostModel:
         """Coefficients from FLOP counts of the shape and the cluster's peak and bandwidth."""
         flops = cluster.peak_flops * cluster.efficiency
-        linear = shape.layers * shape.layer_matmul_params + shape.vocab * shape.hidden
+        linear = shape.layers * shape.layer_token_params + shape.vocab * shape.hidden
         return cls(
             source="analytic", model=shape.name,
-            # Causal attention: QK^T and AV are 2 s^2 h FLOPs forward per layer; backward doubles.
+            # Per attention unit: causal attention over s tokens (s^2 units) does QK^T and AV in
+            # 2 s^2 h FLOPs forward per layer and twice that backward; other patterns have their
+            # FLOPs in their units (`samples.attention_units`).
             a=6.0 * shape.layers * shape.hidden / flops,
             b=6.0 * linear / flops,
             g=cluster.micro_batch_overhead,
@@ -312,7 +337,8 @@ class CostModel:
                           for d in cluster.degrees if d > 1 and cluster.all_to_all_latency > 0},
             states=STATE_BYTES_PER_PARAM * shape.params / cluster.world_size,
             device_memory=cluster.device_memory, layers=shape.layers, heads=shape.heads,
-            kv_heads=shape.kv_heads, world_size=cluster.world_size, attention_window=shape.attention_window)
+            kv_heads=shape.kv_heads, world_size=cluster.world_size, attention_window=shape.attention_window,
+            attention=shape.attention, spatial_share=shape.spatial_share)
 
     @classmethod
     def published(cls, shape: ModelShape, cluster: Cluster) -> CostModel:
@@ -348,6 +374,10 @@ class CostModel:
             return cls.from_dict(data)
         except (ValueError, TypeError) as e:
             raise ValueError(f"cost model file {path}: {e}") from e
+
+
+def _tokens_array(samples: Sequence[Sample]) -> np.ndarray:
+    return np.fromiter(map(sample_tokens, samples), dtype=np.float64, count=len(samples))
 
 
 def _all_to_all_bytes_per_token(shape: ModelShape, value_bytes: int) -> float:

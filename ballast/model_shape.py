@@ -1,16 +1,59 @@
-"""Model shapes: the numbers of a decoder that the cost model and the runtime's models share."""
+"""Model shapes: the numbers of a Transformer that the cost model and the runtime's models share."""
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .samples import ATTENTION_PATTERNS
 from .value_checks import check_types, from_fields, read_json
 
 
 @dataclass(frozen=True)
+class VideoGeometry:
+    """How a clip in pixels becomes latent patches: the VAE's compression, then patchify. The
+    one place the conversion is stated (`latent_patches`)."""
+
+    frames_in: int
+    """Pixel frames the VAE turns into `frames_out` latent frames (Open-Sora 1.2: 17 -> 5)."""
+    frames_out: int
+    causal_first_frame: bool = False
+    """The VAE encodes the first frame alone, then `frames_in` per `frames_out` (Wan 2.1's
+    causal VAE: 1 + (F - 1) / 4 latent frames)."""
+    space: int = 8
+    """Pixels per latent pixel along height and width."""
+    patch: tuple[int, int, int] = (1, 2, 2)
+    """Latent (frames, height, width) per token."""
+    latent_channels: int = 4
+
+    def __post_init__(self) -> None:
+        if min(self.frames_in, self.frames_out, self.space, self.latent_channels, *self.patch) < 1:
+            raise ValueError(f"video geometry {self}: every field must be >= 1")
+        object.__setattr__(self, "patch", tuple(self.patch))
+
+    def latent_patches(self, frames: int, height: int, width: int) -> tuple[int, int, int]:
+        """(frames, height, width) in latent patches of a clip of frames x height x width pixels."""
+        if min(frames, height, width) < 1:
+            raise ValueError(f"a clip of {frames} frames of {height} x {width} pixels: every size must be >= 1")
+        if self.causal_first_frame:
+            latent = 1 + math.ceil((frames - 1) * self.frames_out / self.frames_in)
+        else:
+            latent = max(1, round(frames * self.frames_out / self.frames_in))
+        pf, ph, pw = self.patch
+        return (math.ceil(latent / pf), math.ceil(height / (self.space * ph)), math.ceil(width / (self.space * pw)))
+
+
+# Open-Sora 1.2's VAE (17 frames -> 5 latent frames, 8x space, 4 channels) and STDiT3's 1x2x2
+# patches: the geometry of DCP's any-size video buckets, and the default for models without one.
+OPEN_SORA_VIDEO = VideoGeometry(frames_in=17, frames_out=5)
+# Wan 2.1's causal VAE (1 + (F - 1) / 4 latent frames, 8x space, 16 channels), 1x2x2 patches.
+WAN_VIDEO = VideoGeometry(frames_in=4, frames_out=1, causal_first_frame=True, latent_channels=16)
+
+
+@dataclass(frozen=True)
 class ModelShape:
-    """A Llama/GPT-style decoder: attention + MLP blocks, tied to nothing else."""
+    """A Transformer of attention + MLP blocks: a Llama/GPT-style decoder, or a video DiT (its
+    blocks also cross-attend to a condition; its "vocabulary" is a patch's latent values)."""
 
     name: str
     """Preset or file name, for reports."""
@@ -37,9 +80,27 @@ class ModelShape:
     source: str | None = None
     """Where the model comes from: None for ballast's own GPT built from this shape, or
     `hf:PATH` for a Hugging Face causal LM folder (`ballast.models.build_model` reads it)."""
+    attention: str = "causal"
+    """Attention pattern (`samples.ATTENTION_PATTERNS`): causal, full or spatial-temporal; it
+    decides what a sample of a given shape costs in attention (`samples.attention_units`)."""
+    spatial_share: float = 0.5
+    """spatial-temporal: the share of blocks that attend within a frame (the rest attend along
+    time); STDiT alternates them, 0.5."""
+    cross_attention: bool = False
+    """Every block also attends to a per-sample condition (a caption embedding): query and
+    output projections per token, keys and values per condition token."""
+    video: VideoGeometry | None = None
+    """How clips in pixels become this model's latent patches; None: Open-Sora 1.2's."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.video, dict):
+            object.__setattr__(self, "video", VideoGeometry(**self.video))
         check_types(self, "model", self.name)
+        if self.attention not in ATTENTION_PATTERNS:
+            raise ValueError(f"model {self.name!r}: attention {self.attention!r} is not one of "
+                             f"{', '.join(ATTENTION_PATTERNS)}")
+        if not 0.0 <= self.spatial_share <= 1.0:
+            raise ValueError(f"model {self.name!r}: spatial_share {self.spatial_share} is not in [0, 1]")
         for field_name in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab"):
             if getattr(self, field_name) < 1:
                 raise ValueError(f"model {self.name!r}: {field_name} must be >= 1")
@@ -65,9 +126,22 @@ class ModelShape:
 
     @property
     def layer_matmul_params(self) -> int:
+        """The matrices of one block (cross-attention's four included)."""
+        cross = 2 * self.hidden * self.hidden if self.cross_attention else 0
+        return self.layer_token_params + cross
+
+    @property
+    def layer_token_params(self) -> int:
+        """The matrix weights one token of a block goes through: q, k, v, output and the MLP,
+        and cross-attention's query and output (its keys and values are the condition's)."""
         attention = 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_dim
         mlp = (3 if self.gated_mlp else 2) * self.hidden * self.ffn
-        return attention + mlp
+        cross = 2 * self.hidden * self.hidden if self.cross_attention else 0
+        return attention + mlp + cross
+
+    @property
+    def video_geometry(self) -> VideoGeometry:
+        return self.video or OPEN_SORA_VIDEO
 
     @property
     def params(self) -> int:
@@ -110,6 +184,27 @@ MODEL_PRESETS: dict[str, ModelShape] = {
     "llama3-8b": ModelShape("llama3-8b", 32, 4096, 32, 8, 14336, 128256),
     # Trains on a CPU in seconds per step; 4 kv heads, so degrees 1, 2 and 4 exchange no replicas.
     "tiny": ModelShape("tiny", 4, 128, 8, 4, 352, 256),
+    # Video DiTs (shapes for the cost model). "Layers" count blocks; the "vocabulary" is a
+    # patch's latent values (channels x patch volume), what the patch embedding reads and the
+    # final layer writes. GELU MLPs (two matrices), no GQA, cross-attention to a caption.
+    # Open-Sora 1.2's STDiT3-XL/2: 28 spatial + 28 temporal blocks, hidden 1152, 16 heads, MLP 4x.
+    "stdit3-1b": ModelShape("stdit3-1b", 56, 1152, 16, 16, 4 * 1152, 4 * 4, gated_mlp=False,
+                            attention="spatial-temporal", cross_attention=True, video=OPEN_SORA_VIDEO),
+    # A 5B STDiT3 (no public one exists): 24 block pairs at hidden 2560, 5.0B parameters. Width
+    # grows 2.2x over the XL (DiT scales width first) and depth barely falls, and 32 heads of 80
+    # keep every SP degree up to 32 usable (heads must be a multiple of the degree).
+    "stdit3-5b": ModelShape("stdit3-5b", 48, 2560, 32, 32, 4 * 2560, 4 * 4, gated_mlp=False,
+                            attention="spatial-temporal", cross_attention=True, video=OPEN_SORA_VIDEO),
+    # Wan 2.1's full-attention DiTs (its configs: layers/hidden/heads/FFN).
+    "wan-1.3b": ModelShape("wan-1.3b", 30, 1536, 12, 12, 8960, 16 * 4, gated_mlp=False,
+                           attention="full", cross_attention=True, video=WAN_VIDEO),
+    "wan-14b": ModelShape("wan-14b", 40, 5120, 40, 40, 13824, 16 * 4, gated_mlp=False,
+                          attention="full", cross_attention=True, video=WAN_VIDEO),
+    # CPU-sized video DiTs (the video-model issue trains them): 2 block pairs / 4 blocks.
+    "stdit-tiny": ModelShape("stdit-tiny", 4, 128, 8, 8, 512, 4 * 4, gated_mlp=False,
+                             attention="spatial-temporal", cross_attention=True, video=OPEN_SORA_VIDEO),
+    "dit-tiny": ModelShape("dit-tiny", 4, 128, 8, 8, 512, 4 * 4, gated_mlp=False,
+                           attention="full", cross_attention=True, video=OPEN_SORA_VIDEO),
 }
 
 

@@ -15,6 +15,7 @@ from typing import Iterator, Sequence
 
 from .cluster import Cluster, is_power_of_two
 from .cost import CostModel
+from .samples import Sample, check_samples, tokens as sample_tokens
 
 _MEMORY_SLACK = 1e-6  # relative: float rounding in memory() must not reject an exact fit
 
@@ -75,11 +76,23 @@ class Plan:
     """Name of the planner that made the plan, for reports."""
     info: dict = field(default_factory=dict)
     """Planner-specific facts (solver gap, chosen degree, ...), carried into reports."""
+    shapes: list[Sample] | None = None
+    """Every sample as planned (`samples.Sample`) when the batch holds video clips, whose
+    attention work follows their (frames, height, width); None: text only, `lengths` is all."""
 
     def __post_init__(self) -> None:
         self.lengths = [int(s) for s in self.lengths]
         if self.tokens < 0:
             self.tokens = sum(self.lengths)
+        if self.shapes is not None:
+            self.shapes = check_samples(self.shapes)
+            if [sample_tokens(x) for x in self.shapes] != self.lengths:
+                raise PlanError("plan shapes do not match its lengths (tokens of every sample)")
+
+    @property
+    def samples(self) -> list[Sample]:
+        """What the cost model prices: the shapes of a video batch, else the lengths."""
+        return self.lengths if self.shapes is None else self.shapes
 
     # --- queries ------------------------------------------------------------------------------
     def micro_batches(self) -> Iterator[tuple[int, Group, MicroBatch]]:
@@ -90,6 +103,10 @@ class Plan:
 
     def mb_lengths(self, mb: MicroBatch) -> list[int]:
         return [self.lengths[i] for i in mb.seq_ids]
+
+    def mb_samples(self, mb: MicroBatch) -> list[Sample]:
+        samples = self.samples
+        return [samples[i] for i in mb.seq_ids]
 
     def degrees_used(self) -> list[int]:
         return sorted({g.degree for _, g, mb in self.micro_batches() if mb.seq_ids})
@@ -211,6 +228,7 @@ class Plan:
         return {
             "planner": self.planner, "tokens": self.tokens, "lockstep": self.lockstep,
             "lengths": self.lengths, "info": self.info,
+            **({} if self.shapes is None else {"shapes": [x if isinstance(x, int) else list(x) for x in self.shapes]}),
             "remap": [[w, start, size] for w, wave in enumerate(self.waves) for start, size in wave.remap],
             "waves": [[{"start": g.start, "degree": g.degree,
                         "micro_batches": [{"seq_ids": list(mb.seq_ids), "checkpoint": mb.checkpoint}
@@ -228,7 +246,7 @@ class Plan:
             for w, start, size in data.get("remap", []):
                 waves[int(w)].remap.append((int(start), int(size)))
             return cls(list(data["lengths"]), waves, int(data["tokens"]), bool(data["lockstep"]),
-                       str(data.get("planner", "")), dict(data.get("info", {})))
+                       str(data.get("planner", "")), dict(data.get("info", {})), data.get("shapes"))
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise PlanError(f"malformed plan data: missing or wrong field {e}") from e
 

@@ -93,7 +93,7 @@ def simulate(plan: Plan, cost: CostModel, world_size: int, timeline: bool = Fals
                 comm_time[group.start:group.start + group.degree] += comm
         wave_times.append(wave_time)
         clock += wave_time
-    lower = cost.lower_bound(plan.lengths)
+    lower = cost.lower_bound(plan.samples)
     return StepMetrics(clock, plan.tokens, lower, busy, comm_time, wave_times, segments)
 
 
@@ -125,7 +125,7 @@ def remap_slots(plan: Plan, groups: list[Group], size: int, cost: CostModel) -> 
     """(compute, comm) of every slot of a remap domain of `size` ranks holding `groups`.
 
     Slot m runs every group's m-th micro-batch at their lowest checkpoint level (as the runtime
-    does) and lasts the slowest group's attention (s^2 work and Ulysses all-to-alls) + the
+    does) and lasts the slowest group's attention (a q work and Ulysses all-to-alls) + the
     slot's linear device-seconds (b s) / size + g + moving q, k, v and the output of the
     largest per-rank surplus or deficit of tokens (`bytes_per_token`: their own heads, never
     replicated; forward and backward) over the domain's bandwidth."""
@@ -142,7 +142,8 @@ def remap_slots(plan: Plan, groups: list[Group], size: int, cost: CostModel) -> 
         for g, mb in busy:
             lengths = plan.mb_lengths(mb)
             all_to_all = cost.comm(sum(lengths), g.degree)
-            quadratic = cost.a * sum(s * s for s in lengths) * (1.0 + level * cost.recompute_attention)
+            units = float(cost.units(plan.mb_samples(mb)).sum())
+            quadratic = cost.a * units * (1.0 + level * cost.recompute_attention)
             attention = max(attention, quadratic / g.degree + all_to_all)
             comm = max(comm, all_to_all)
             linear += cost.b * sum(lengths) * (1.0 + level * cost.recompute)
@@ -159,4 +160,4 @@ def _mb_time(plan: Plan, mb: MicroBatch, degree: int, cost: CostModel) -> tuple[
     if not mb.seq_ids:
         # A lockstep filler: no tokens, but the forward still joins the parameter gathers.
         return cost.g, 0.0
-    return cost.split_time(plan.mb_lengths(mb), degree, mb.checkpoint)
+    return cost.split_time(plan.mb_samples(mb), degree, mb.checkpoint)

@@ -2,10 +2,13 @@
 
 `brute_force` finds the fastest one-wave plan over every aligned group layout, every
 assignment of sequences to groups and every packing into micro-batches (each at its least
-fitting checkpoint level); `tiny_instances` draws cost models and batches small enough for it.
+fitting checkpoint level); `tiny_instances` draws cost models and batches small enough for it,
+`tiny_shaped_instances` the same with video clips under every attention pattern. Batches are
+lists of samples (`ballast.samples`): lengths or (frames, height, width) clips.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -14,6 +17,7 @@ from hypothesis import strategies as st
 from ballast.cluster import Cluster
 from ballast.cost import CostModel
 from ballast.plans import Group, MicroBatch, Plan, Wave
+from ballast.samples import is_shaped, tokens
 
 
 def hand_cost(**change) -> CostModel:
@@ -45,14 +49,14 @@ def layouts(n: int, start: int = 0):
         d *= 2
 
 
-def best_group_times(cost: CostModel, lengths: list[int], degree: int):
+def best_group_times(cost: CostModel, lengths: list, degree: int):
     """For every subset (bitmask) of sequences: the least time a group of `degree` needs to run
     them, over every split into micro-batches, each at its least fitting checkpoint level."""
     n = len(lengths)
     single = [np.inf] * (1 << n)
     for mask in range(1, 1 << n):
         seqs = [lengths[i] for i in range(n) if mask >> i & 1]
-        c = cost.min_checkpoint(sum(seqs), degree)
+        c = cost.min_checkpoint(sum(map(tokens, seqs)), degree)
         if c is not None and degree in cost.degrees:
             single[mask] = cost.time(seqs, degree, c)
     best, split = [0.0] * (1 << n), [0] * (1 << n)
@@ -87,10 +91,11 @@ def brute_force(cost: CostModel, lengths: list[int]) -> tuple[float, Plan]:
         split, mbs = tables[d][1], []
         while mask:
             ids = [i for i in range(n) if split[mask] >> i & 1]
-            mbs.append(MicroBatch(ids, cost.min_checkpoint(sum(lengths[i] for i in ids), d)))
+            mbs.append(MicroBatch(ids, cost.min_checkpoint(sum(tokens(lengths[i]) for i in ids), d)))
             mask ^= split[mask]
         groups.append(Group(start, d, mbs))
-    return best_time, Plan(lengths, [Wave(groups)])
+    return best_time, Plan(list(map(tokens, lengths)), [Wave(groups)],
+                           shapes=list(lengths) if is_shaped(lengths) else None)
 
 
 def submasks(mask: int):
@@ -148,3 +153,19 @@ def tiny_instances(draw):
     return cost, lengths
 
 
+@st.composite
+def tiny_shaped_instances(draw):
+    """`tiny_instances` whose batches hold clips (frames, height, width) of up to a few hundred
+    tokens beside text, under a causal, full or spatial-temporal pattern: the attention work of
+    two samples of equal tokens differs, which the bound and the planners must see."""
+    cost, lengths = draw(tiny_instances())
+    pattern = draw(st.sampled_from(["causal", "full", "spatial-temporal"]))
+    cost = dataclasses.replace(cost, attention=pattern, spatial_share=draw(st.sampled_from([0.5, 0.2, 0.9])))
+    limit = cost.max_tokens(cost.degrees[-1], 1.0)
+    samples = []
+    for s in lengths:
+        frames, height = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+        width = max(1, s // (frames * height))
+        clip = draw(st.booleans()) and frames * height * width <= limit
+        samples.append((frames, height, width) if clip else s)
+    return cost, samples

@@ -1,4 +1,4 @@
-"""Batches of lengths for planning without training: a `LengthSource`'s draws cut into steps.
+"""Batches of samples for planning without training: a `LengthSource`'s draws cut into steps.
 
 `LengthStream` is the simulation's counterpart of `stream.BatchStream`: both cut a stream of
 sequences into global batches by a count or a token budget and apply `max_len` (here by a
@@ -14,6 +14,7 @@ from typing import Iterator, Literal
 
 import numpy as np
 
+from ..samples import Sample, split_sample, tokens
 from .lengths import LengthSource
 
 
@@ -35,8 +36,9 @@ class BatchSpec:
     max_len: int = 393216
     """Longest sequence a plan must hold; longer draws go through `overlong`."""
     overlong: Overlong = "split"
-    """"split": chunks of max_len plus the remainder; "drop": discard the draw (as a corpus
-    filter would); "error": ValueError naming the length and the limit."""
+    """"split": chunks of max_len plus the remainder (a clip: runs of whole frames); "drop":
+    discard the draw (as a corpus filter would); "error": ValueError naming the length and
+    the limit."""
 
     def __post_init__(self) -> None:
         if (self.batch is None) == (self.tokens_per_step is None):
@@ -52,7 +54,8 @@ class BatchSpec:
 
 
 class LengthStream:
-    """Endless, seeded stream of batches (lists of lengths) from a source under a BatchSpec: for
+    """Endless, seeded stream of batches (lists of samples: lengths or clip shapes) from a
+    source under a BatchSpec: for
     `ballast simulate`, what `BatchStream` is for training (which cuts a corpus's samples, with
     their tokens, by a token budget).
 
@@ -69,33 +72,34 @@ class LengthStream:
     def __init__(self, source: LengthSource, spec: BatchSpec, seed: int) -> None:
         self.source, self.spec = source, spec
         self._rng = np.random.default_rng(seed)
-        self._draws: deque[int] = deque()
-        self._pending: deque[int] = deque()  # sequences of a document not yet batched
+        self._draws: deque[Sample] = deque()
+        self._pending: deque[Sample] = deque()  # sequences of a document not yet batched
         self.drawn_sequences = self.drawn_tokens = 0
         self.split_sequences = self.split_chunks = self.split_tokens = 0
         self.dropped_sequences = self.dropped_tokens = 0
 
-    def _draw(self) -> int:
+    def _draw(self) -> Sample:
         if not self._draws:
-            self._draws.extend(self.source.sample(self._rng, self.DRAW_BLOCK).tolist())
-        length = self._draws.popleft()
+            draws = self.source.sample(self._rng, self.DRAW_BLOCK).tolist()
+            self._draws.extend(x if isinstance(x, int) else tuple(x) for x in draws)
+        sample = self._draws.popleft()
         self.drawn_sequences += 1
-        self.drawn_tokens += length
-        return length
+        self.drawn_tokens += tokens(sample)
+        return sample
 
-    def _next_document(self) -> list[int]:
+    def _next_document(self) -> list[Sample]:
         """The next draw as sequences that fit max_len: itself, its chunks, or (drop) the next."""
         limit = self.spec.max_len
         for _ in range(self.MAX_DROPS_IN_A_ROW):
-            length = self._draw()
+            sample = self._draw()
+            length = tokens(sample)
             if length <= limit:
-                return [length]
+                return [sample]
             if self.spec.overlong == "error":
                 raise ValueError(f"{self.source.name}: sequence of {length} tokens is longer than "
                                  f"max_len={limit} (overlong='error'; use 'split' or 'drop')")
             if self.spec.overlong == "split":
-                full, rest = divmod(length, limit)
-                chunks = [limit] * full + ([rest] if rest else [])
+                chunks = split_sample(sample, limit)
                 self.split_sequences += 1
                 self.split_chunks += len(chunks)
                 self.split_tokens += length
@@ -105,22 +109,22 @@ class LengthStream:
         raise ValueError(f"{self.source.name}: {self.MAX_DROPS_IN_A_ROW} draws in a row were longer than "
                          f"max_len={limit} and dropped; raise max_len or use overlong='split'")
 
-    def next_batch(self) -> list[int]:
+    def next_batch(self) -> list[Sample]:
         if self.spec.batch is not None:
             return [s for _ in range(self.spec.batch) for s in self._next_document()]
         budget, batch, total = self.spec.tokens_per_step, [], 0
         while True:
             if not self._pending:
                 self._pending.extend(self._next_document())
-            if batch and total + self._pending[0] > budget:
+            if batch and total + tokens(self._pending[0]) > budget:
                 return batch
-            total += self._pending[0]
+            total += tokens(self._pending[0])
             batch.append(self._pending.popleft())
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list[Sample]]:
         return self
 
-    def __next__(self) -> list[int]:
+    def __next__(self) -> list[Sample]:
         return self.next_batch()
 
     def report(self) -> str:

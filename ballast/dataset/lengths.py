@@ -1,7 +1,8 @@
 """Length sources: real corpora, files and synthetic distributions of sequence lengths.
 
-Planners only ever see sequence lengths, so a corpus is reduced to a `LengthSource`: iid draws
-of token counts. `get_length_source(spec)` parses the `--lengths` flag:
+Planners only ever see samples, so a corpus is reduced to a `LengthSource`: iid draws of token
+counts (text) or of clip shapes (video, `clips.py`). `get_length_source(spec)` parses the
+`--lengths` flag:
 
   wikipedia            1M real lengths, shipped as a log-binned histogram (the raw file is not
                        redistributed; `file:` reads it where a user has it)
@@ -9,7 +10,9 @@ of token counts. `get_length_source(spec)` parses the `--lengths` flag:
   file:PATH            one positive integer per line
   lognormal:MU,SIGMA   max(1, round(exp(N(MU, SIGMA))))
   zipf:ALPHA,MIN,MAX   P(s) ~ s^-ALPHA on the integers MIN..MAX
-  video                DCP's synthetic any-size video: resolution x frames buckets, Zipf weights
+  video                DCP's any-size video as clip shapes: resolution x frames buckets, Zipf
+                       weights, in the model's latent patches (`clips.py`)
+  videos:PATH          a clip list, `frames height width` in pixels per line (`clips.py`)
 
 `length_stream.LengthStream` cuts a source's draws into per-step batches.
 """
@@ -26,18 +29,21 @@ from pathlib import Path
 
 import numpy as np
 
-LENGTH_SYNTAX = ("wikipedia | stdlib | video | file:PATH | lognormal:MU,SIGMA | zipf:ALPHA,MIN,MAX "
+from ..model_shape import OPEN_SORA_VIDEO, VideoGeometry
+
+LENGTH_SYNTAX = ("wikipedia | stdlib | video | videos:PATH | file:PATH | lognormal:MU,SIGMA | zipf:ALPHA,MIN,MAX "
           "(e.g. lognormal:6,1.5 or zipf:1.2,64,32768)")
 
 
 class LengthSource(ABC):
-    """A distribution of sequence lengths in tokens; `name` is its canonical spec, for reports."""
+    """A distribution of samples; `name` is its canonical spec, for reports."""
 
     name: str
 
     @abstractmethod
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """`n` iid lengths (int64, each >= 1) drawn with `rng`, so a seed fixes the stream."""
+        """`n` iid samples drawn with `rng`, so a seed fixes the stream: int64 lengths >= 1
+        (shape [n]), or clips as int64 (frames, height, width) rows (shape [n, 3])."""
 
 
 class DiscreteSource(LengthSource):
@@ -119,27 +125,6 @@ class ZipfSource(LengthSource):
         return out
 
 
-# DCP's any-size video workload (Open-Sora's 16:9 buckets). A latent frame is 17/5 video
-# frames (Open-Sora 1.2's VAE) and a token is a 16x16 pixel patch (8x VAE, 2x2 patchify), so a
-# bucket holds round(frames*5/17) * ceil(H/16) * ceil(W/16) tokens. Buckets are ranked by
-# tokens and weighted 1/rank (Zipf exponent 1, our choice): short low-resolution clips are the
-# most common, long high-resolution ones a heavy tail (up to 489600 tokens at 1080p x 204).
-VIDEO_RESOLUTIONS = {"144p": (144, 256), "240p": (240, 426), "360p": (360, 640),
-                     "480p": (480, 854), "720p": (720, 1280), "1080p": (1080, 1920)}
-VIDEO_FRAMES = (16, 34, 51, 68, 102, 136, 204)
-
-
-def video_tokens(height: int, width: int, frames: int) -> int:
-    """Tokens of one clip: latent frames x H/16 x W/16 patches."""
-    return max(1, round(frames * 5 / 17)) * math.ceil(height / 16) * math.ceil(width / 16)
-
-
-def video_source() -> DiscreteSource:
-    tokens = np.sort([video_tokens(h, w, f) for h, w in VIDEO_RESOLUTIONS.values()
-                      for f in VIDEO_FRAMES])
-    return DiscreteSource("video", tokens, 1.0 / np.arange(1, tokens.size + 1))
-
-
 @functools.cache
 def wikipedia_source() -> HistogramSource:
     """The shipped histogram of data/lengths/wikipedia.txt (tools/make_wikipedia_hist.py)."""
@@ -216,12 +201,21 @@ def _numbers(spec: str, args: str, syntax: str, count: int) -> list[float]:
     return values
 
 
-def get_length_source(spec: str) -> LengthSource:
-    """Parse a `--lengths` spec; a malformed one is a ValueError stating the expected syntax."""
+def get_length_source(spec: str, video: VideoGeometry | None = None) -> LengthSource:
+    """Parse a `--lengths` spec; a malformed one is a ValueError stating the expected syntax.
+    Clip sources convert pixels to latent patches with `video` (the model's geometry; None:
+    Open-Sora 1.2's)."""
+    # clips.py builds on LengthSource, defined here.
+    from .clips import clip_list_source, video_source
+
     name, colon, args = spec.partition(":")
-    fixed = {"wikipedia": wikipedia_source, "stdlib": stdlib_source, "video": video_source}
+    fixed = {"wikipedia": wikipedia_source, "stdlib": stdlib_source}
     if name in fixed and not colon:
         return fixed[name]()
+    if name == "video" and not colon:
+        return video_source(video or OPEN_SORA_VIDEO)
+    if name == "videos" and args:
+        return clip_list_source(args, video or OPEN_SORA_VIDEO)
     if name == "file" and args:
         return file_source(args)
     if name == "lognormal":

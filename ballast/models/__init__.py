@@ -18,6 +18,10 @@ def build_model(shape: ModelShape, seed: int = 0) -> ParallelModel:
     if shape.hf_folder is not None:
         from .hf import build_hf
         return build_hf(shape, seed)
+    if shape.attention != "causal" or shape.cross_attention:
+        # The cost model and every planner price video DiTs; their modules are not built yet.
+        raise ValueError(f"model {shape.name!r} is a video DiT ({shape.attention} attention): ballast can plan "
+                         f"and simulate it (ballast simulate) but not yet train, profile or verify it")
     if shape.source is None:
         return build_gpt(shape, seed)
     raise ValueError(f"model {shape.name!r}: unknown source {shape.source!r} (expected {HF_PREFIX}PATH)")

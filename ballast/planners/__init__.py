@@ -9,6 +9,7 @@ from typing import Sequence
 from ..cluster import Cluster
 from ..cost import CostModel
 from ..plans import Plan
+from ..samples import Sample
 from .base import Planner, PlannerOptions
 
 PLANNERS: dict[str, type[Planner]] = {}
@@ -35,9 +36,11 @@ def parse_planner_names(spec: str) -> list[str]:
     return names
 
 
-def make_plan(lengths: Sequence[int], cluster: Cluster, cost: CostModel, planner: str = "ballast",
+def make_plan(samples: Sequence[Sample], cluster: Cluster, cost: CostModel, planner: str = "ballast",
               options: PlannerOptions | None = None) -> Plan:
-    return get_planner(planner, cluster, cost, options).plan(lengths)
+    """The plan of one step for these samples: sequence lengths (text) and/or (frames, height,
+    width) clips in latent patches."""
+    return get_planner(planner, cluster, cost, options).plan(samples)
 
 
 # Registration order is the order of `--planners all` and of reports: baselines first.

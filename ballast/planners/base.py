@@ -1,4 +1,4 @@
-"""The planner interface: a Planner turns the lengths of one global batch into a Plan."""
+"""The planner interface: a Planner turns the samples of one global batch into a Plan."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -8,6 +8,7 @@ from typing import ClassVar, Sequence
 from ..cluster import Cluster
 from ..cost import CostModel
 from ..plans import Plan
+from ..samples import Batch, Sample
 from .packing import fixed_checkpoint
 
 
@@ -61,21 +62,21 @@ class Planner(ABC):
         if self.options.max_len is not None:
             fixed_checkpoint(self.cost, self.options.max_len, degree)
 
-    def plan(self, lengths: Sequence[int]) -> Plan:
-        """The plan of one step for a batch with these sequence lengths."""
-        lengths = [int(s) for s in lengths]
-        if not lengths:
+    def plan(self, samples: Sequence[Sample]) -> Plan:
+        """The plan of one step for a batch of these samples: sequence lengths (text) or
+        (frames, height, width) clips in latent patches, mixed freely."""
+        if not len(samples):
             raise ValueError("cannot plan an empty batch")
-        if min(lengths) < 1:
-            raise ValueError(f"sequence {lengths.index(min(lengths))} has length {min(lengths)} < 1")
-        self.cost.check_fits(lengths)
-        plan = self._plan(lengths)
+        batch = Batch.of(samples, self.cost)
+        self.cost.check_fits(batch.lengths)
+        plan = self._plan(batch)
         plan.planner = self.name
+        assert plan.shapes == batch.shapes, "a planner's plan must carry its batch's shapes"
         return plan
 
     @abstractmethod
-    def _plan(self, lengths: list[int]) -> Plan:
-        """Plan a non-empty batch whose every sequence fits some degree."""
+    def _plan(self, batch: Batch) -> Plan:
+        """Plan a non-empty batch whose every sample fits some degree."""
 
     def state_dict(self) -> dict:
         """Planner state to checkpoint (most planners are stateless)."""

@@ -6,6 +6,7 @@ least checkpoint level that fits that sequence) and keeps the fastest under the 
 from __future__ import annotations
 
 from ..plans import Plan
+from ..samples import Batch
 from ..timeline import step_time
 from . import register
 from .base import Planner
@@ -16,11 +17,11 @@ from .static import fixed_layout_plan
 class BatchAdaptivePlanner(Planner):
     name = "batch-adaptive"
 
-    def _plan(self, lengths: list[int]) -> Plan:
-        longest = max(lengths)
+    def _plan(self, batch: Batch) -> Plan:
+        longest = max(batch.lengths)
         candidates = []
         for degree in self.cost.degrees:
             checkpoint = self.cost.min_checkpoint(longest, degree)
             if checkpoint is not None:
-                candidates.append(fixed_layout_plan(lengths, degree, checkpoint, self))
+                candidates.append(fixed_layout_plan(batch, degree, checkpoint, self))
         return min(candidates, key=lambda p: step_time(p, self.cost))

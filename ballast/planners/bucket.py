@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..plans import Plan
+from ..samples import Batch
 from . import register
 from .base import Planner
 from .packing import deal_by_time, fixed_run, lockstep_wave, micro_batch
@@ -19,7 +20,8 @@ from .packing import deal_by_time, fixed_run, lockstep_wave, micro_batch
 class BucketPlanner(Planner):
     name = "bucket"
 
-    def _plan(self, lengths: list[int]) -> Plan:
+    def _plan(self, batch: Batch) -> Plan:
+        lengths = batch.lengths
         max_len, degree, run_checkpoint = fixed_run(self.cost, lengths, self.options.max_len, self.options.degree)
         buckets: dict[int, list[int]] = defaultdict(list)
         for i, s in enumerate(lengths):
@@ -36,6 +38,6 @@ class BucketPlanner(Planner):
             for k in range(0, len(ids), per_mb):
                 mbs.append(micro_batch(ids[k:k + per_mb], lengths, degree, self.cost, level))
         world = self.cluster.world_size
-        per_group = deal_by_time(mbs, lengths, degree, self.cost, world // degree)
-        wave = lockstep_wave(per_group, lengths, degree, self.cost, world)
-        return Plan(lengths, [wave], lockstep=True, info={"degree": degree})
+        per_group = deal_by_time(mbs, batch, degree, self.cost, world // degree)
+        wave = lockstep_wave(per_group, batch, degree, self.cost, world)
+        return Plan(lengths, [wave], lockstep=True, shapes=batch.shapes, info={"degree": degree})

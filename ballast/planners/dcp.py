@@ -5,8 +5,10 @@ device-second that fits memory (VideoSys' profiler ranks its runs by bs / sp / t
 run time fills the cluster with SP groups of those degrees. Here the cost model is the
 profile. One step:
 
-1. Buckets: lengths fall into geometric buckets (BUCKETS_PER_OCTAVE per doubling); a bucket
-   is profiled at its upper length, clamped to `max_len`, as DCP profiles its bucket sizes.
+1. Buckets: token counts fall into geometric buckets (BUCKETS_PER_OCTAVE per doubling); a
+   bucket is profiled at its upper length L, clamped to `max_len`, as DCP profiles its bucket
+   sizes, and at the attention units of an L-token sample as dense as its densest member
+   (`bucket_units`): L^2 for text under causal attention.
 2. Profile: for every degree, the batch size is as many bucket-length sequences as fit
    memory, shrunk so that a micro-batch takes at most a target time; the degree with the most
    samples per device-second wins, and a bucket whose single sequence exceeds the target at
@@ -58,6 +60,7 @@ from typing import Callable
 import numpy as np
 
 from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
+from ..samples import Batch
 from ..timeline import step_time
 from . import register
 from .base import Planner
@@ -100,12 +103,25 @@ def bucket_uppers(lengths: np.ndarray, max_len: int) -> np.ndarray:
     return np.minimum(upper, max_len)
 
 
+def bucket_units(upper: np.ndarray, inverse: np.ndarray, batch: Batch) -> np.ndarray:
+    """Attention units each bucket is profiled at: its upper length L squared times the largest
+    density (units / tokens^2) of its members, so at least any member's units (it has at most
+    L tokens), as DCP's profile of a bucket's upper size holds all its samples. Text under
+    causal attention has density exactly 1.0, hence L^2 as before; the members' largest units
+    (or units per token x L) would fall short of that and change the profiled layouts."""
+    tokens = np.asarray(batch.lengths, dtype=np.float64)
+    density = np.zeros(len(upper))
+    np.maximum.at(density, inverse, batch.units / (tokens * tokens))
+    L = upper.astype(np.float64)
+    return density * L * L
+
+
 @register
 class DCPPlanner(Planner):
     name = "dcp"
 
-    def _plan(self, lengths: list[int]) -> Plan:
-        mode = self.options.dcp_mode
+    def _plan(self, batch: Batch) -> Plan:
+        lengths, mode = batch.lengths, self.options.dcp_mode
         if mode not in MODES:
             raise ValueError(f"dcp_mode must be one of {MODES}, got {mode!r}")
         max_len = self.options.max_len or max(lengths)
@@ -113,27 +129,30 @@ class DCPPlanner(Planner):
             raise ValueError(f"sequence {lengths.index(max(lengths))} has {max(lengths)} tokens, "
                              f"more than max_len {max_len}")
         level = fixed_checkpoint(self.cost, max_len, self.cost.degrees[-1])
-        bound = self.cost.lower_bound(lengths)
-        plans = [self.plan_for_target(lengths, max_len, level, bound * f, mode) for f in TARGETS]
+        bound = self.cost.lower_bound(batch.samples)
+        plans = [self.plan_for_target(batch, max_len, level, bound * f, mode) for f in TARGETS]
         return min(plans, key=lambda p: step_time(p, self.cost))
 
-    def plan_for_target(self, lengths: list[int], max_len: int, level: float, target: float,
+    def plan_for_target(self, batch: Batch, max_len: int, level: float, target: float,
                         mode: str) -> Plan:
         """DCP's plan when bucket micro-batches may take up to `target` seconds."""
         intra, inter = mode in ("intra", "both"), mode in ("inter", "both")
-        pending = self._micro_batches(lengths, max_len, target, level, intra)
+        pending = self._micro_batches(batch, max_len, target, level, intra)
         waves = []
         while pending:
             groups, pending = self._wave(pending, balanced=inter)
             wave = Wave(fill_idle(groups, self.cluster.world_size))
-            waves.append(pad_lockstep(wave, lengths, self.cost) if self.options.lockstep else wave)
-        return Plan(lengths, waves, lockstep=self.options.lockstep,
+            waves.append(pad_lockstep(wave, batch, self.cost) if self.options.lockstep else wave)
+        return Plan(batch.lengths, waves, lockstep=self.options.lockstep, shapes=batch.shapes,
                     info={"mode": mode, "target_s": target, "run_checkpoint": level})
 
     # --- profile ------------------------------------------------------------------------------
-    def profile(self, upper: np.ndarray, target: float, levels: np.ndarray) -> list[BucketChoice]:
-        """The (degree, batch size) of each bucket upper length for a target time, with the
-        checkpoint level free among `levels` (the least one a batch needs is the one that wins)."""
+    def profile(self, upper: np.ndarray, units: np.ndarray, target: float,
+                levels: np.ndarray) -> list[BucketChoice]:
+        """The (degree, batch size) of each bucket for a target time, its samples priced at
+        `upper` tokens (memory, all-to-alls) and `units` attention units (`bucket_units`), with
+        the checkpoint level free among `levels` (the least one a batch needs is the one that
+        wins)."""
         cost = self.cost
         d = np.asarray(cost.degrees, dtype=np.float64)[None, :, None]
         c = levels[None, None, :]
@@ -143,7 +162,7 @@ class DCPPlanner(Planner):
         bw = np.array([cost.bandwidth.get(x, np.inf) for x in cost.degrees])[None, :, None]
         exchanged = np.array([cost.exchange_bytes(x) for x in cost.degrees])[None, :, None]
         comm = np.where(d > 1, exchanged * L / (d * bw), 0.0)
-        per_sample = cost.work(L, c) / d + comm
+        per_sample = cost.work(L, units[:, None, None], c) / d + comm
         batch = np.minimum(fit, np.maximum(np.floor((target - cost.g) / per_sample), 1.0))
         time = np.maximum(batch, 1.0) * per_sample + cost.g
         valid = fit >= 1
@@ -157,29 +176,30 @@ class DCPPlanner(Planner):
             choices.append(BucketChoice(int(d[0, j, 0]), int(batch[i, j, k])))
         return choices
 
-    def _micro_batches(self, lengths: list[int], max_len: int, target: float, level: float,
+    def _micro_batches(self, batch: Batch, max_len: int, target: float, level: float,
                        intra: bool) -> list[Pending]:
-        s = np.asarray(lengths, dtype=np.int64)
+        s = np.asarray(batch.lengths, dtype=np.int64)
         buckets, inverse = np.unique(bucket_uppers(s, max_len), return_inverse=True)
+        units = bucket_units(buckets, inverse, batch)
         out = []
         # Pyramid checkpointing profiles every level, the fixed setting only the run's.
         levels = np.arange(self.cost.layers + 1) / self.cost.layers if intra else np.array([level])
-        for b, choice in enumerate(self.profile(buckets, target, levels)):
+        for b, choice in enumerate(self.profile(buckets, units, target, levels)):
             ids = np.flatnonzero(inverse == b)
             ids = ids[np.argsort(-s[ids], kind="stable")]
             for chunk in np.array_split(ids, math.ceil(len(ids) / choice.batch)):
-                out.append(self._pending(chunk.tolist(), lengths, choice.degree, level, intra))
+                out.append(self._pending(chunk.tolist(), batch, choice.degree, level, intra))
         return out
 
-    def _pending(self, seq_ids: list[int], lengths: list[int], degree: int, level: float,
+    def _pending(self, seq_ids: list[int], batch: Batch, degree: int, level: float,
                  intra: bool) -> Pending:
-        tokens = sum(lengths[i] for i in seq_ids)
+        tokens = sum(batch.lengths[i] for i in seq_ids)
         if intra:
             # Pyramid checkpointing: only as much recomputation as these tokens need.
             level = self.cost.min_checkpoint(tokens, degree)
         assert level is not None, f"micro-batch {seq_ids} does not fit SP degree {degree}"
-        sq = sum(lengths[i] ** 2 for i in seq_ids)
-        return Pending(MicroBatch(seq_ids, level), degree, self.cost.time_from_sums(sq, tokens, degree, level))
+        time = self.cost.time_from_sums(batch.units_of(seq_ids), tokens, degree, level)
+        return Pending(MicroBatch(seq_ids, level), degree, time)
 
     # --- groups -------------------------------------------------------------------------------
     def _wave(self, pending: list[Pending], balanced: bool) -> tuple[list[Group], list[Pending]]:

@@ -17,12 +17,13 @@ the wave lasts as long as its slowest group. Per step:
    possible and the search over M weighs that against recomputation. If the MILP finds no
    solution at c_w, it is retried at higher levels. After solving, every group gets the least
    level its real tokens need (<= c_w), so the MILP's times are upper bounds on that score.
-3. DP bucketing. The wave's lengths go into `options.buckets` (16) buckets chosen by DP for the
-   least padding (bucket max - length); the MILP has integer bucket counts per group instead
-   of a binary per sequence. Memory rows use the bucket maximum (always safe), time rows the
-   bucket's average (exact in sum; see flexsp_milp). FlexSP's code grows the bucket count
-   while padding eats half the memory headroom; here it doubles (up to 4x) while padding
-   would force a higher checkpoint level than the raw tokens need.
+3. DP bucketing. The wave's token counts go into `options.buckets` (16) buckets chosen by DP
+   for the least padding (bucket max - length); the MILP has integer bucket counts per group
+   instead of a binary per sequence. Memory rows use the bucket maximum (always safe), time
+   rows the bucket's average (its members' attention units and tokens: exact in sum; see
+   flexsp_milp). FlexSP's code grows the bucket count while padding eats half the memory
+   headroom; here it doubles (up to 4x) while padding would force a higher checkpoint level
+   than the raw tokens need.
 4. MILP per wave (flexsp_milp): how many groups of each degree and which bucket counts each
    gets, minimising the slowest group under the cost model, solved by HiGHS with
    `options.time_limit` seconds (stopping at a 1% gap), started from the best of a few
@@ -49,6 +50,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..cost import CostModel
 from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
+from ..samples import Batch
 from ..timeline import step_time
 from . import register
 from .base import Planner, PlannerOptions
@@ -136,15 +138,17 @@ class FlexSPPlanner(Planner):
             k *= 2
 
     # --- one wave --------------------------------------------------------------------------------
-    def _solve(self, wave: list[int], limit_s: float) -> tuple[WaveSolution, float, int] | None:
-        """The wave's best MILP solution, its checkpoint cap and bucket count; None if none fits."""
+    def _solve(self, batch: Batch, ids: list[int], limit_s: float) -> tuple[WaveSolution, float, int] | None:
+        """The best MILP solution of the wave of samples `ids`, its checkpoint cap and bucket
+        count; None if none fits."""
         deadline = time.perf_counter() + limit_s
+        wave = [batch.lengths[i] for i in ids]
         buckets, level = self._bucket(wave)
         if level is None:
             return None
         ladder = [level, self._level(1.25 * sum(wave), max(wave)), 1.0]
         for c in sorted({c for c in ladder if c is not None and c >= level}):
-            sol = solve_wave(wave, self.cost, c, buckets, max(0.0, deadline - time.perf_counter()))
+            sol = solve_wave(batch.pick(ids), self.cost, c, buckets, max(0.0, deadline - time.perf_counter()))
             self._solve_s += sol.seconds
             if sol.groups is not None:
                 return sol, c, len(buckets.members)
@@ -166,18 +170,18 @@ class FlexSPPlanner(Planner):
         return wave
 
     # --- the step ----------------------------------------------------------------------------------
-    def _plan_chunks(self, lengths: list[int], chunks: list[list[int]], budget_s: float) -> Plan | None:
+    def _plan_chunks(self, batch: Batch, chunks: list[list[int]], budget_s: float) -> Plan | None:
         end = time.perf_counter() + budget_s
         waves, facts = [], []
         for w, ids in enumerate(chunks):
             left = max(0.0, end - time.perf_counter())
-            solved = self._solve([lengths[i] for i in ids], min(self.options.time_limit, left / (len(chunks) - w)))
+            solved = self._solve(batch, ids, min(self.options.time_limit, left / (len(chunks) - w)))
             if solved is None:
                 return None
             sol, level, k = solved
-            waves.append(self._wave(ids, sol, lengths))
+            waves.append(self._wave(ids, sol, batch.lengths))
             facts.append((sol, level, k))
-        return Plan(lengths, waves, lockstep=self.options.lockstep, info={
+        return Plan(batch.lengths, waves, lockstep=self.options.lockstep, shapes=batch.shapes, info={
             "waves": len(waves),
             "mip_gap": float(max(sol.gap for sol, _, _ in facts)),
             "predicted_s": float(sum(sol.predicted for sol, _, _ in facts)),
@@ -185,8 +189,8 @@ class FlexSPPlanner(Planner):
             "buckets": [k for _, _, k in facts],
             "status": [sol.status for sol, _, _ in facts]})
 
-    def _plan(self, lengths: list[int]) -> Plan:
-        began = time.perf_counter()
+    def _plan(self, batch: Batch) -> Plan:
+        began, lengths = time.perf_counter(), batch.lengths
         deadline = began + BUDGET_SOLVES * self.options.time_limit
         self._solve_s = 0.0
         m_min = self.min_waves(lengths)
@@ -197,12 +201,12 @@ class FlexSPPlanner(Planner):
         m = m_min
         while m <= len(lengths) and (m in candidates or best is None):
             chunks = blast(lengths, m)
-            bound = sum(self.cost.lower_bound([lengths[i] for i in c]) for c in chunks)
+            bound = sum(self.cost.lower_bound(batch.pick(c)) for c in chunks)
             if bound >= best_time:  # no plan with these waves can win
                 tried[str(m)] = None
             else:
                 later = max(1, len([c for c in candidates if c >= m]))
-                plan = self._plan_chunks(lengths, chunks, max(0.0, deadline - time.perf_counter()) / later)
+                plan = self._plan_chunks(batch, chunks, max(0.0, deadline - time.perf_counter()) / later)
                 tried[str(m)] = None if plan is None else step_time(plan, self.cost)
                 if plan is not None and tried[str(m)] < best_time:
                     best, best_time = plan, tried[str(m)]

@@ -1,7 +1,7 @@
 """FlexSP's per-wave MILP and the DP length bucketing that keeps it small (helpers of `flexsp`).
 
 One wave = one round in which every SP group runs ONE micro-batch (its sequences packed).
-Given the wave's sequences in length buckets (counts n_j, longest u_j), the MILP picks how many
+Given the wave's samples in length buckets (counts n_j, longest u_j), the MILP picks how many
 SP groups of each degree to form and how many sequences of each bucket each group gets:
 
     minimise T
@@ -13,11 +13,12 @@ SP groups of each degree to form and how many sequences of each bucket each grou
 
 with a slot p for each group a degree could have (N/d of degree d, fewer if few sequences fit),
 y_p binary (slot used), x[p,j] integer. t(j, d) is the time of an average sequence of bucket
-j at degree d (a s^2 + b s compute over d, plus its all-to-all), so summed over a bucket it is
-exact; FlexSP's code charges every sequence the bucket's maximum instead, which overstates the
-work of the wide buckets (with exact buckets the two coincide). Slots of one degree are
-interchangeable; explicit symmetry-breaking rows (y and W descending) made HiGHS weaker on
-these models, as it detects that symmetry itself, so there are none.
+j at degree d (a q + b s compute over d, for its attention units q and tokens s, plus its
+all-to-all), so summed over a bucket it is exact; FlexSP's code charges every sequence the
+bucket's maximum instead, which overstates the work of the wide buckets (with exact buckets
+the two coincide). Slots of one degree are interchangeable; explicit symmetry-breaking rows
+(y and W descending) made HiGHS weaker on these models, as it detects that symmetry itself,
+so there are none.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import numpy as np
 from scipy.sparse import csc_matrix
 
 from ..cost import CostModel
+from ..samples import Sample, tokens
 
 
 @dataclass(frozen=True)
@@ -128,13 +130,14 @@ class _Model:
         return sum(self.t[d, j] * sol[self.x[p][j]] for j in fits) + self.g * sol[self.y[p]]
 
 
-def _per_sequence_time(lengths: np.ndarray, members: list[int], d: int, cost: CostModel,
-                       checkpoint: float) -> float:
-    s = lengths[members].astype(np.float64)
-    return (cost.time_from_sums(float(s @ s), float(s.sum()), d, checkpoint) - cost.g) / len(members)
+def _per_sequence_time(lengths: np.ndarray, units: np.ndarray, members: list[int], d: int,
+                       cost: CostModel, checkpoint: float) -> float:
+    total = cost.time_from_sums(float(units[members].sum()), float(lengths[members].sum()), d, checkpoint)
+    return (total - cost.g) / len(members)
 
 
-def _build(lengths: np.ndarray, buckets: Buckets, cost: CostModel, checkpoint: float) -> _Model:
+def _build(lengths: np.ndarray, units: np.ndarray, buckets: Buckets, cost: CostModel,
+           checkpoint: float) -> _Model:
     counts = [len(m) for m in buckets.members]
     slots: list[tuple[int, list[int]]] = []
     for d in cost.degrees:
@@ -147,7 +150,7 @@ def _build(lengths: np.ndarray, buckets: Buckets, cost: CostModel, checkpoint: f
         y.append(n_var)
         x.append({j: n_var + 1 + k for k, j in enumerate(fits)})
         n_var += 1 + len(fits)
-    t = {(d, j): _per_sequence_time(lengths, buckets.members[j], d, cost, checkpoint)
+    t = {(d, j): _per_sequence_time(lengths, units, buckets.members[j], d, cost, checkpoint)
          for d in {d for d, _ in slots} for j in range(len(counts))}
 
     def work(p: int, sign: float = 1.0) -> dict[int, float]:
@@ -288,13 +291,15 @@ def _highs(model: _Model, start: np.ndarray | None, time_limit: float,
     return x, bound, "optimal" if status == core.HighsModelStatus.kOptimal else "time limit"
 
 
-def solve_wave(lengths: Sequence[int], cost: CostModel, checkpoint: float, buckets: Buckets,
+def solve_wave(samples: Sequence[Sample], cost: CostModel, checkpoint: float, buckets: Buckets,
                time_limit: float, mip_rel_gap: float = 1e-2) -> WaveSolution:
-    """FlexSP's MILP for one wave under a wall-clock limit, its bucket counts mapped to sequences.
+    """FlexSP's MILP for one wave under a wall-clock limit, its bucket counts mapped to samples
+    (`buckets` of their token counts).
 
     Every group's memory is capped at checkpoint level `checkpoint` (the caller's choice)."""
-    s = np.asarray(lengths, dtype=np.int64)
-    model = _build(s, buckets, cost, checkpoint)
+    s = np.fromiter(map(tokens, samples), dtype=np.int64, count=len(samples))
+    q = cost.units(samples)
+    model = _build(s, q, buckets, cost, checkpoint)
     if not model.slots or any(not any(j in fits for _, fits in model.slots) for j in range(len(model.counts))):
         return WaveSolution(None, np.inf, np.inf, 1.0, 0.0, "infeasible")
     began = time.perf_counter()
@@ -314,26 +319,26 @@ def solve_wave(lengths: Sequence[int], cost: CostModel, checkpoint: float, bucke
     predicted = max(works)
     gap = max(0.0, (predicted - bound) / predicted) if np.isfinite(bound) else 1.0
     quotas = [(d, {j: int(x[model.x[p][j]]) for j in fits}) for p, (d, fits) in enumerate(model.slots)]
-    groups = _assign(s, buckets, [q for q in quotas if sum(q[1].values())], cost, checkpoint)
+    groups = _assign(s, q, buckets, [quota for quota in quotas if sum(quota[1].values())], cost, checkpoint)
     return WaveSolution(groups, predicted, bound, gap, seconds, status)
 
 
-def _assign(s: np.ndarray, buckets: Buckets, quotas: list[tuple[int, dict[int, int]]],
+def _assign(s: np.ndarray, q: np.ndarray, buckets: Buckets, quotas: list[tuple[int, dict[int, int]]],
             cost: CostModel, checkpoint: float) -> list[tuple[int, list[int]]]:
     """Concrete sequences for the MILP's bucket counts: within each bucket, longest first, each
     sequence goes to the group (with quota left for the bucket) whose real time is least so
     far, so the spread inside a bucket evens out instead of piling up in one group."""
     seqs: list[list[int]] = [[] for _ in quotas]
-    sq, tok = np.zeros(len(quotas)), np.zeros(len(quotas))
-    left = [dict(q) for _, q in quotas]
+    units, tok = np.zeros(len(quotas)), np.zeros(len(quotas))
+    left = [dict(quota) for _, quota in quotas]
     for j in reversed(range(len(buckets.members))):
         for i in buckets.members[j]:
             open_ = [p for p in range(len(quotas)) if left[p].get(j, 0) > 0]
             assert open_, f"bucket {j}: the MILP's counts do not cover its sequences"
-            p = min(open_, key=lambda p: cost.time_from_sums(sq[p], tok[p], quotas[p][0], checkpoint))
+            p = min(open_, key=lambda p: cost.time_from_sums(units[p], tok[p], quotas[p][0], checkpoint))
             seqs[p].append(int(i))
             left[p][j] -= 1
-            sq[p] += float(s[i]) ** 2
+            units[p] += q[i]
             tok[p] += float(s[i])
-    assert all(v == 0 for q in left for v in q.values()), "the MILP placed more sequences than exist"
+    assert all(v == 0 for quota in left for v in quota.values()), "the MILP placed more sequences than exist"
     return [(d, ids) for (d, _), ids in zip(quotas, seqs)]

@@ -2,7 +2,8 @@
 
 Hydraulis (Li et al., 2024) names two imbalances of variable-length training: sampling
 imbalance (a step's lengths differ across steps and replicas) and packing imbalance (memory
-grows linearly with a micro-batch's tokens, time quadratically). It answers each step with
+grows linearly with a micro-batch's tokens, time quadratically: with its attention units,
+`samples.attention_units`, s^2 for a text sequence). It answers each step with
 model replicas of heterogeneous parallel strategies and a two-stage assignment. Here a
 replica is an SP group, its strategy its degree. One step, one wave, groups independent:
 
@@ -21,12 +22,12 @@ replica is an SP group, its strategy its degree. One step, one wave, groups inde
 1. Sequences to replicas: randomised greedy. Sequences in an order go one by one to the
    replica that would finish them first (replicas of a degree that cannot hold a sequence
    are skipped), which minimises the slowest replica's estimated time. The first order is
-   longest first; TRIALS - 1 more are seeded shuffles of it (`PlannerOptions.seed`; each
-   sequence's key is its work times a lognormal factor, so similar lengths swap places and
-   long ones still come early). The order with the smallest slowest-replica time wins; a seed
-   fixes the plan.
-2. Micro-batches inside a replica: for a count m, sequences longest-work first go to the
-   micro-batch of least quadratic time (a s^2 + b s) that still has room under the token cap
+   most work first (work: a q + b s, q the attention units); TRIALS - 1 more are seeded
+   shuffles of it (`PlannerOptions.seed`; each sequence's key is its work times a lognormal
+   factor, so similar sequences swap places and heavy ones still come early). The order with
+   the smallest slowest-replica time wins; a seed fixes the plan.
+2. Micro-batches inside a replica: for a count m, sequences most work first go to the
+   micro-batch of least work (a q + b s) that still has room under the token cap
    (full checkpointing at the replica's degree); each micro-batch then runs at the least
    checkpoint level its tokens need. Counts are tried from the fewest that can hold the
    tokens upward, and the count whose micro-batches take the least total time wins: fewer
@@ -46,15 +47,17 @@ from __future__ import annotations
 
 import heapq
 import math
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
+from ..samples import Batch
 from . import register
 from .base import Planner
-from .packing import pad_lockstep
+from .packing import mb_time, pad_lockstep
 
-TRIALS = 8  # orders tried by the randomised greedy, longest first included
+TRIALS = 8  # orders tried by the randomised greedy, most work first included
 NOISE = 0.3  # sigma of the lognormal factor that shuffles an order
 TARGETS = (1.0, 1.25, 1.5, 2.0, 3.0)  # replica target times, multiples of the lower bound
 LAYOUTS_DISPATCHED = 3  # layouts, best by the histogram estimate, that get a full stage 1
@@ -64,36 +67,37 @@ LAYOUTS_DISPATCHED = 3  # layouts, best by the histogram estimate, that get a fu
 class HydraulisPlanner(Planner):
     name = "hydraulis"
 
-    def _plan(self, lengths: list[int]) -> Plan:
-        s = np.asarray(lengths, dtype=np.float64)
-        estimates = self.sequence_estimates(s)
-        layouts = self.candidate_layouts(estimates, self.cost.lower_bound(lengths))
-        work = self.cost.a * s * s + self.cost.b * s
-        longest_first = np.argsort(-work, kind="stable")
-        (slowest, replicas), layout = min(((self.dispatch(lay, longest_first, estimates), lay)
+    def _plan(self, batch: Batch) -> Plan:
+        estimates = self.sequence_estimates(batch)
+        layouts = self.candidate_layouts(estimates, self.cost.lower_bound(batch.samples))
+        work = self.cost.work(np.asarray(batch.lengths, dtype=np.float64), batch.units)
+        heaviest_first = np.argsort(-work, kind="stable")
+        (slowest, replicas), layout = min(((self.dispatch(lay, heaviest_first, estimates), lay)
                                            for lay in layouts), key=lambda r: r[0][0])
         rng = np.random.default_rng(self.options.seed)
         for _ in range(TRIALS - 1):
-            order = np.argsort(-work * np.exp(NOISE * rng.standard_normal(len(s))), kind="stable")
+            order = np.argsort(-work * np.exp(NOISE * rng.standard_normal(len(batch))), kind="stable")
             trial = self.dispatch(layout, order, estimates)
             if trial[0] < slowest:
                 slowest, replicas = trial
         groups, start = [], 0
         for degree, seq_ids in zip(layout, replicas):
-            groups.append(Group(start, degree, self.pack(seq_ids, lengths, degree)))
+            groups.append(Group(start, degree, self.pack(seq_ids, batch, degree)))
             start += degree
         wave = Wave(fill_idle(groups, self.cluster.world_size))
         if self.options.lockstep:
-            wave = pad_lockstep(wave, lengths, self.cost)
-        return Plan(lengths, [wave], lockstep=self.options.lockstep,
+            wave = pad_lockstep(wave, batch, self.cost)
+        return Plan(batch.lengths, [wave], lockstep=self.options.lockstep, shapes=batch.shapes,
                     info={"replicas": list(layout), "estimate_s": slowest})
 
     # --- stage 0: replicas --------------------------------------------------------------------
-    def sequence_estimates(self, s: np.ndarray) -> np.ndarray:
-        """[degree index, sequence]: seconds alone at the least level, with its share of g."""
+    def sequence_estimates(self, batch: Batch) -> np.ndarray:
+        """[degree index, sequence]: seconds alone at the least level, with its share of g (by
+        tokens: what fills a micro-batch is memory)."""
         cost = self.cost
+        s = np.asarray(batch.lengths, dtype=np.float64)
         share = np.array([np.minimum(1.0, s / max(1, cost.max_tokens(d, 0.0))) for d in cost.degrees])
-        return cost.sequence_times(s) + cost.g * share
+        return cost.sequence_times(batch.samples) + cost.g * share
 
     def candidate_layouts(self, estimates: np.ndarray, bound: float) -> list[tuple[int, ...]]:
         """The most promising replica layouts (degrees, largest first) for this histogram."""
@@ -158,23 +162,24 @@ class HydraulisPlanner(Planner):
         return max(load for heap in heaps.values() for load, _ in heap), replicas
 
     # --- stage 2: micro-batches inside a replica ----------------------------------------------
-    def pack(self, seq_ids: list[int], lengths: list[int], degree: int) -> list[MicroBatch]:
+    def pack(self, seq_ids: list[int], batch: Batch, degree: int) -> list[MicroBatch]:
         """The replica's micro-batches at the count that minimises its time."""
         if not seq_ids:
             return []
-        cost = self.cost
+        cost, lengths = self.cost, batch.lengths
         cap = cost.max_tokens(degree, 1.0)
-        items = sorted(seq_ids, key=lambda i: -(cost.a * lengths[i] ** 2 + cost.b * lengths[i]))
-        floor = self._floor(items, lengths, degree)
+        work = {i: float(cost.work(lengths[i], batch.units[i])) for i in seq_ids}
+        items = sorted(seq_ids, key=lambda i: -work[i])
+        floor = self._floor(items, batch, degree)
         best, best_time = None, math.inf
         for m in range(max(1, math.ceil(sum(lengths[i] for i in items) / cap)), len(items) + 1):
             if floor + m * cost.g >= best_time:
                 break
-            bins = balance_under_cap(items, lengths, m, cap, cost.a, cost.b)
+            bins = balance_under_cap(items, lengths, work, m, cap)
             if bins is None:
                 continue
             mbs = [MicroBatch(b, cost.min_checkpoint(sum(lengths[i] for i in b), degree)) for b in bins]
-            total = sum(self._time(mb, lengths, degree) for mb in mbs)
+            total = sum(mb_time(mb, batch, degree, cost) for mb in mbs)
             if total < best_time:
                 best, best_time = mbs, total
             if total <= floor + m * cost.g + 1e-12:
@@ -182,17 +187,13 @@ class HydraulisPlanner(Planner):
         assert best is not None
         return best
 
-    def _floor(self, items: list[int], lengths: list[int], degree: int) -> float:
+    def _floor(self, items: list[int], batch: Batch, degree: int) -> float:
         """Replica time without g that no count can beat: work, all-to-alls, forced recomputation."""
         cost = self.cost
-        s = np.asarray([lengths[i] for i in items], dtype=np.float64)
+        s = np.asarray([batch.lengths[i] for i in items], dtype=np.float64)
         forced = np.array([cost.min_checkpoint(int(x), degree) for x in s])
-        compute = float(cost.work(s, forced).sum()) / degree
+        compute = float(cost.work(s, batch.units[items], forced).sum()) / degree
         return compute + cost.comm(float(s.sum()), degree)
-
-    def _time(self, mb: MicroBatch, lengths: list[int], degree: int) -> float:
-        s = [lengths[i] for i in mb.seq_ids]
-        return self.cost.time_from_sums(float(sum(x * x for x in s)), float(sum(s)), degree, mb.checkpoint)
 
 
 def first_fit_decreasing(times: np.ndarray, capacity: float) -> list[float]:
@@ -207,10 +208,11 @@ def first_fit_decreasing(times: np.ndarray, capacity: float) -> list[float]:
     return loads
 
 
-def balance_under_cap(items: list[int], lengths: list[int], m: int, cap: int,
-                      a: float, b: float) -> list[list[int]] | None:
-    """`items` (heaviest first) into m micro-batches by least quadratic time with room; None if
-    some sequence finds no micro-batch with room."""
+def balance_under_cap(items: list[int], lengths: Sequence[int], work: Mapping[int, float], m: int,
+                      cap: int) -> list[list[int]] | None:
+    """`items` (heaviest first) into m micro-batches by least `work` (seconds per sequence id)
+    with room for `lengths` tokens under `cap`; None if some sequence finds no micro-batch with
+    room."""
     heap = [(0.0, k) for k in range(m)]
     bins: list[list[int]] = [[] for _ in range(m)]
     tokens = [0] * m
@@ -224,7 +226,7 @@ def balance_under_cap(items: list[int], lengths: list[int], m: int, cap: int,
         load, k = heapq.heappop(heap)
         bins[k].append(i)
         tokens[k] += s
-        heapq.heappush(heap, (load + a * s * s + b * s, k))
+        heapq.heappush(heap, (load + work[i], k))
         for entry in skipped:
             heapq.heappush(heap, entry)
     return [bin_ for bin_ in bins if bin_]

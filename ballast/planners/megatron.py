@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
+from ..samples import Batch
 from . import register
 from .base import Planner
 from .packing import fixed_run, pad_lockstep
@@ -24,8 +25,8 @@ SLACK = 0.05
 class MegatronDynamicCPPlanner(Planner):
     name = "megatron-dynamic-cp"
 
-    def _plan(self, lengths: list[int]) -> Plan:
-        cost, world = self.cost, self.cluster.world_size
+    def _plan(self, batch: Batch) -> Plan:
+        cost, world, lengths = self.cost, self.cluster.world_size, batch.lengths
         _, smallest, checkpoint = fixed_run(cost, lengths, self.options.max_len)
         # Per rank as the run's smallest degree sees it, so that max_len needs that degree
         # exactly (max_tokens rounds down per degree, not per rank).
@@ -36,7 +37,7 @@ class MegatronDynamicCPPlanner(Planner):
             # A size the heads cannot be sharded over rounds up to the next one they can.
             degree_of[i] = next(d for d in cost.degrees if d >= need)
         # Workload without g: sequences packed into one micro-batch share its fixed cost.
-        work = {i: cost.time([lengths[i]], degree_of[i], checkpoint) - cost.g for i in degree_of}
+        work = {i: cost.time(batch.pick([i]), degree_of[i], checkpoint) - cost.g for i in degree_of}
         # The balanced per-rank workload; a sequence heavier than that gets a group of its own.
         target = sum(work[i] * degree_of[i] for i in work) / world
         pending = sorted(work, key=lambda i: -work[i])
@@ -51,8 +52,8 @@ class MegatronDynamicCPPlanner(Planner):
                 for mb in g.micro_batches:
                     mb.checkpoint = checkpoint
         if self.options.lockstep:
-            waves = [pad_lockstep(wave, lengths, cost) for wave in waves]
-        return Plan(lengths, waves, lockstep=self.options.lockstep,
+            waves = [pad_lockstep(wave, batch, cost) for wave in waves]
+        return Plan(lengths, waves, lockstep=self.options.lockstep, shapes=batch.shapes,
                     info={"checkpoint": checkpoint, "tokens_per_rank": per_rank})
 
     def _round(self, pending, lengths, degree_of, work, per_rank, limit):

@@ -7,6 +7,7 @@ from typing import Sequence
 
 from ..cost import CostModel
 from ..plans import Group, MicroBatch, Wave, fill_idle
+from ..samples import Batch
 
 
 def best_fit_decreasing(seq_ids: Sequence[int], lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -38,10 +39,9 @@ def micro_batch(seq_ids: list[int], lengths: Sequence[int], degree: int, cost: C
     return MicroBatch(list(seq_ids), checkpoint)
 
 
-def mb_time(mb: MicroBatch, lengths: Sequence[int], degree: int, cost: CostModel) -> float:
-    sq = sum(lengths[i] ** 2 for i in mb.seq_ids)
-    s = sum(lengths[i] for i in mb.seq_ids)
-    return cost.time_from_sums(sq, s, degree, mb.checkpoint)
+def mb_time(mb: MicroBatch, batch: Batch, degree: int, cost: CostModel) -> float:
+    s = sum(batch.lengths[i] for i in mb.seq_ids)
+    return cost.time_from_sums(batch.units_of(mb.seq_ids), s, degree, mb.checkpoint)
 
 
 def longest_processing_time(times: Sequence[float], bins: int) -> list[list[int]]:
@@ -55,14 +55,14 @@ def longest_processing_time(times: Sequence[float], bins: int) -> list[list[int]
     return out
 
 
-def deal_by_time(micro_batches: list[MicroBatch], lengths: Sequence[int], degree: int,
+def deal_by_time(micro_batches: list[MicroBatch], batch: Batch, degree: int,
                  cost: CostModel, groups: int) -> list[list[MicroBatch]]:
     """Micro-batches spread over `groups` equal groups by LPT on their time."""
-    times = [mb_time(mb, lengths, degree, cost) for mb in micro_batches]
+    times = [mb_time(mb, batch, degree, cost) for mb in micro_batches]
     return [[micro_batches[i] for i in idx] for idx in longest_processing_time(times, groups)]
 
 
-def lockstep_wave(per_group: list[list[MicroBatch]], lengths: Sequence[int], degree: int,
+def lockstep_wave(per_group: list[list[MicroBatch]], batch: Batch, degree: int,
                   cost: CostModel, world_size: int) -> Wave:
     """One lockstep wave: group g (ranks g*degree...) runs per_group[g], padded to equal counts.
 
@@ -72,7 +72,7 @@ def lockstep_wave(per_group: list[list[MicroBatch]], lengths: Sequence[int], deg
     depth = max(len(mbs) for mbs in per_group)
     groups = []
     for g, mbs in enumerate(per_group):
-        mbs = sorted(mbs, key=lambda mb: -mb_time(mb, lengths, degree, cost))
+        mbs = sorted(mbs, key=lambda mb: -mb_time(mb, batch, degree, cost))
         groups.append(Group(g * degree, degree, mbs + [MicroBatch([], 0.0) for _ in range(depth - len(mbs))]))
     return Wave(fill_idle(groups, world_size))
 
@@ -108,12 +108,12 @@ def fixed_checkpoint(cost: CostModel, max_len: int, degree: int) -> float:
     return level
 
 
-def pad_lockstep(wave: Wave, lengths: Sequence[int], cost: CostModel) -> Wave:
+def pad_lockstep(wave: Wave, batch: Batch, cost: CostModel) -> Wave:
     """The wave made lockstep: every group runs its micro-batches longest first, padded with
     empty ones to the wave's largest count (groups may have different degrees)."""
     depth = max((len(g.micro_batches) for g in wave.groups), default=0)
     groups = []
     for g in wave.groups:
-        mbs = sorted(g.micro_batches, key=lambda mb: -mb_time(mb, lengths, g.degree, cost))
+        mbs = sorted(g.micro_batches, key=lambda mb: -mb_time(mb, batch, g.degree, cost))
         groups.append(Group(g.start, g.degree, mbs + [MicroBatch([], 0.0) for _ in range(depth - len(mbs))]))
     return Wave(groups, list(wave.remap))

@@ -10,26 +10,27 @@ lockstep.
 from __future__ import annotations
 
 from ..plans import Plan
+from ..samples import Batch
 from . import register
 from .base import Planner
 from .packing import best_fit_decreasing, fixed_run, lockstep_wave, longest_processing_time, micro_batch
 
 
-def fixed_layout_plan(lengths: list[int], degree: int, checkpoint: float, planner: Planner) -> Plan:
+def fixed_layout_plan(batch: Batch, degree: int, checkpoint: float, planner: Planner) -> Plan:
     """Token-balanced groups of one degree, each packing best-fit-decreasing, in one lockstep wave."""
-    cost, world = planner.cost, planner.cluster.world_size
+    cost, world, lengths = planner.cost, planner.cluster.world_size, batch.lengths
     capacity = cost.max_tokens(degree, checkpoint)
     shares = longest_processing_time(lengths, world // degree)
     per_group = [[micro_batch(b, lengths, degree, cost, checkpoint)
                   for b in best_fit_decreasing(share, lengths, capacity)] for share in shares]
-    wave = lockstep_wave(per_group, lengths, degree, cost, world)
-    return Plan(lengths, [wave], lockstep=True, info={"degree": degree, "checkpoint": checkpoint})
+    wave = lockstep_wave(per_group, batch, degree, cost, world)
+    return Plan(lengths, [wave], lockstep=True, shapes=batch.shapes, info={"degree": degree, "checkpoint": checkpoint})
 
 
 @register
 class StaticPlanner(Planner):
     name = "static"
 
-    def _plan(self, lengths: list[int]) -> Plan:
-        _, degree, checkpoint = fixed_run(self.cost, lengths, self.options.max_len, self.options.degree)
-        return fixed_layout_plan(lengths, degree, checkpoint, self)
+    def _plan(self, batch: Batch) -> Plan:
+        _, degree, checkpoint = fixed_run(self.cost, batch.lengths, self.options.max_len, self.options.degree)
+        return fixed_layout_plan(batch, degree, checkpoint, self)

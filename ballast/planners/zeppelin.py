@@ -8,7 +8,9 @@ cost model's lower bound (theta in THETAS; every theta and layout is built, the 
 1. Classes from cost crossovers: a sequence takes, of the degrees where it fits and alone ends
    within T, the one of least device-seconds d time(s, d): it moves to 2d where that is cheaper
    per device-second (less recomputation) or where d is too slow beside the balanced per-rank
-   load. Degree 1 is local, up to devices_per_node intra-node, more inter-node (`crossovers()`).
+   load. Degree 1 is local, up to devices_per_node intra-node, more inter-node. time(s, d) is
+   the sample's own (`CostModel.sequence_times`: its tokens and attention units), so a video
+   clip is classed by its shape; `crossovers()` reports the boundaries as text lengths.
 2. Node level: inter-node sequences get aligned blocks of whole nodes, one group each running
    its sequences in turn (a block opens when the least-loaded one would pass T). The rest go to
    the other nodes by LPT on estimated node-seconds under a cap; the overflow runs in a later
@@ -50,6 +52,7 @@ import numpy as np
 
 from ..cost import CostModel
 from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
+from ..samples import Batch, is_shaped
 from ..timeline import step_time, wave_time
 from . import register
 from .base import Planner
@@ -75,7 +78,10 @@ class _Draft:
 class _Step:
     """Per-step estimates shared by the candidate builds: per degree, per sequence, per-rank
     seconds (with a token-proportional memory overhead), in total and without the b s term."""
-    lengths: list[int]
+    batch: Batch
+    shapes: list | None
+    """`Plan.shapes` of the candidates (None for text), so that the timeline prices the clips
+    of the candidates compared inside the planner by their shapes."""
     total: dict[int, list[float]]
     attention: dict[int, list[float]]
     cls: list[int] = field(default_factory=list)
@@ -102,9 +108,13 @@ def classify(times: np.ndarray, degrees: Sequence[int], budget: float) -> np.nda
 
 
 def crossovers(cost: CostModel, budget: float, devices_per_node: int) -> dict[str, int]:
-    """The longest lengths (on a ~1% grid) that stay local, and that stay inside a node."""
+    """The longest text sequences (token counts on a ~1% grid) that stay local, and that stay
+    inside a node: a report of the classes, not what sets them. `classify` reads each sample's
+    own `sequence_times` (tokens and attention units), so a clip gets the class its time gives it;
+    under `causal` or `full` attention a clip's units follow its tokens as a text sequence's do
+    and these lengths bound its class too; under `spatial-temporal` they do not."""
     grid = np.unique(np.geomspace(1, cost.max_tokens(cost.degrees[-1], 1.0), 800).astype(np.int64))
-    cls = classify(cost.sequence_times(grid), cost.degrees, budget)
+    cls = classify(cost.sequence_times(grid.tolist()), cost.degrees, budget)
     local, intra = grid[cls == 1], grid[cls <= devices_per_node]
     return {"local_max_len": int(local.max()) if local.size else 0,
             "intra_max_len": int(intra.max()) if intra.size else 0}
@@ -130,19 +140,21 @@ def balance_nodes(weights: Sequence[float], nodes: int, cap: float = math.inf) -
 class ZeppelinPlanner(Planner):
     name = "zeppelin"
 
-    def _plan(self, lengths: list[int]) -> Plan:
+    def _plan(self, batch: Batch) -> Plan:
         cost, ppn = self.cost, self.cluster.devices_per_node
-        s = np.asarray(lengths, dtype=np.float64)
+        s = np.asarray(batch.lengths, dtype=np.float64)
         deg = np.asarray(cost.degrees, dtype=np.float64)[:, None]
-        times = cost.sequence_times(lengths)
+        # Each sample's own times (its tokens and attention units): the classes below follow them.
+        times = cost.sequence_times(batch.samples)
         # Past what fits without checkpointing a rank pays per token recomputation or another
         # micro-batch's g (the lower bound's memory term): charged per token, it makes the
-        # balance token-aware as well as s^2-aware.
+        # balance token-aware as well as attention-aware.
         free_tokens = (cost.device_memory - cost.states) / cost.act_per_token
         est = times + min(cost.recompute * cost.b / (1.0 - cost.kept), cost.g / free_tokens) * s / deg
-        step = _Step(lengths, dict(zip(cost.degrees, est.tolist())),
+        step = _Step(batch, batch.samples if is_shaped(batch.samples) else None,
+                     dict(zip(cost.degrees, est.tolist())),
                      dict(zip(cost.degrees, (est - cost.b * s / deg).tolist())))
-        target = cost.lower_bound(lengths)
+        target = cost.lower_bound(batch.samples)
         best: tuple[float, Plan, float, np.ndarray] | None = None
         seen: set[bytes] = set()
         for theta in THETAS:
@@ -175,8 +187,8 @@ class ZeppelinPlanner(Planner):
     # --- node level ----------------------------------------------------------------------------
     def _build(self, step: _Step, target: float, layout: str) -> Plan:
         ppn, nodes = self.cluster.devices_per_node, self.cluster.nodes
-        inter = [i for i in range(len(step.lengths)) if step.cls[i] > ppn]
-        rest = [i for i in range(len(step.lengths)) if step.cls[i] <= ppn]
+        inter = [i for i in range(len(step.batch)) if step.cls[i] > ppn]
+        rest = [i for i in range(len(step.batch)) if step.cls[i] <= ppn]
         waves: list[Wave] = []
         while inter:
             drafts, inter = self._place_inter(step, inter, 0.0 if layout == "separate" else target)
@@ -191,7 +203,7 @@ class ZeppelinPlanner(Planner):
             placed, left = self._spread(step, rest, list(range(nodes)), math.inf)
             assert not left
             waves.append(self._wave(step, placed))
-        return Plan(step.lengths, waves, lockstep=self.options.lockstep)
+        return Plan(step.batch.lengths, waves, lockstep=self.options.lockstep, shapes=step.shapes)
 
     def _place_inter(self, step: _Step, ids: list[int], target: float) -> tuple[list[_Draft], list[int]]:
         """Inter-node sequences onto aligned blocks of whole nodes; those left for a later wave."""
@@ -258,13 +270,13 @@ class ZeppelinPlanner(Planner):
 
     # --- micro-batches -------------------------------------------------------------------------
     def _wave(self, step: _Step, drafts: list[_Draft]) -> Wave:
-        groups = fill_idle([Group(g.start, g.degree, self._pack(step.lengths, g.ids, g.degree)) for g in drafts],
+        groups = fill_idle([Group(g.start, g.degree, self._pack(step.batch, g.ids, g.degree)) for g in drafts],
                            self.cluster.world_size)
-        return pad_lockstep(Wave(groups), step.lengths, self.cost) if self.options.lockstep else Wave(groups)
+        return pad_lockstep(Wave(groups), step.batch, self.cost) if self.options.lockstep else Wave(groups)
 
-    def _pack(self, lengths: list[int], ids: list[int], degree: int) -> list[MicroBatch]:
+    def _pack(self, batch: Batch, ids: list[int], degree: int) -> list[MicroBatch]:
         """The fastest token-balanced packing into k micro-batches, each at its least checkpoint."""
-        cost = self.cost
+        cost, lengths = self.cost, batch.lengths
         sizes = [lengths[i] for i in ids]
         hi = cost.max_tokens(degree, 1.0)
         k_min = max(1, math.ceil(sum(sizes) / hi))
@@ -275,12 +287,12 @@ class ZeppelinPlanner(Planner):
             sums = [sum(sizes[j] for j in b) for b in bins]
             if max(sums) > hi:
                 continue  # LPT overshot the capacity; more micro-batches will fit
-            total = sum(cost.time_from_sums(sum(sizes[j] ** 2 for j in b), n, degree, cost.min_checkpoint(n, degree))
-                        for b, n in zip(bins, sums))
+            total = sum(cost.time_from_sums(batch.units_of([ids[j] for j in b]), n, degree,
+                                            cost.min_checkpoint(n, degree)) for b, n in zip(bins, sums))
             best = min(best, (total, bins), key=lambda x: x[0])
         mbs = [micro_batch([ids[j] for j in b], lengths, degree, cost) for b in best[1]]
         # Longest first, so that slots of a remapped domain line up like sizes.
-        return sorted(mbs, key=lambda mb: -mb_time(mb, lengths, degree, cost)) if len(mbs) > 1 else mbs
+        return sorted(mbs, key=lambda mb: -mb_time(mb, batch, degree, cost)) if len(mbs) > 1 else mbs
 
     # --- remapping -----------------------------------------------------------------------------
     def _remap(self, plan: Plan) -> dict:
@@ -314,6 +326,6 @@ class ZeppelinPlanner(Planner):
         if plan.remap_overflow(w, *domain, self.cost) is not None:
             return False
         groups = plan.waves[w].domain_groups(*domain)
-        alone = Plan(plan.lengths, [Wave(groups)], lockstep=plan.lockstep)
-        remapped = Plan(plan.lengths, [Wave(groups, [domain])], lockstep=plan.lockstep)
+        alone = Plan(plan.lengths, [Wave(groups)], lockstep=plan.lockstep, shapes=plan.shapes)
+        remapped = Plan(plan.lengths, [Wave(groups, [domain])], lockstep=plan.lockstep, shapes=plan.shapes)
         return step_time(remapped, self.cost) < step_time(alone, self.cost)

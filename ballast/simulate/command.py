@@ -17,7 +17,8 @@ from ..dataset.lengths import LENGTH_SYNTAX, get_length_source
 from ..planners import PlannerOptions, parse_planner_names
 from ..gantt import gantt
 from .table import planner_table
-from ..model_shape import get_model_shape
+from ..model_shape import MODEL_PRESETS, get_model_shape
+from ..samples import tokens
 
 HELP = "plan and simulate steps under several planners; print a table, write JSON"
 
@@ -46,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="world size (required to match; sizes the cpu preset)")
     p.add_argument("--device-memory-gb", type=positive(float), default=None,
                    help="usable memory per device (cpu preset)")
-    p.add_argument("--model", default="gpt-7b", help="gpt-7b | gpt-13b | gpt-30b | llama3-8b | tiny | FILE.json")
+    p.add_argument("--model", default="gpt-7b",
+                   help=f"{' | '.join(MODEL_PRESETS)} | hf:PATH | FILE.json")
     p.add_argument("--cost", default="auto",
                    help="auto | analytic | published | PROFILE.json (auto: published where FlexSP measured it)")
     p.add_argument("--max-len", type=positive(int), default=393216, help="longest sequence a plan must hold")
@@ -67,6 +69,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="zeppelin: model its remapping layer (default), or plan without it")
     p.add_argument("--lockstep", action="store_true",
                    help="plans for FSDP/ZeRO-3: equal micro-batch counts per group in every wave")
+    p.add_argument("--as-lengths", action="store_true",
+                   help="plan as if every sample were a causal text sequence of its tokens (shape-blind), "
+                        "then simulate the plans under the model's real attention pattern")
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
     p.add_argument("--gantt", default=None, help="write a Gantt chart (PNG) of the first step")
 
@@ -81,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         args.batch = 512
     spec = BatchSpec(batch=args.batch, tokens_per_step=args.tokens_per_step, max_len=args.max_len,
                      overlong=args.overlong)
-    lengths_stream = LengthStream(get_length_source(args.lengths), spec, seed=args.seed)
+    lengths_stream = LengthStream(get_length_source(args.lengths, shape.video_geometry), spec, seed=args.seed)
     batches = [lengths_stream.next_batch() for _ in range(args.steps)]
     options = PlannerOptions(max_len=args.max_len, degree=args.degree, seed=args.seed,
                              time_limit=args.time_limit, buckets=args.buckets, dcp_mode=args.dcp_mode,
@@ -89,17 +94,21 @@ def run(args: argparse.Namespace) -> int:
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("planning", total=len(names) * len(batches))
         lower, results = simulate_planners(batches, names, cluster, cost, options,
-                                 on_step=lambda name, k: progress.update(task, advance=1,
-                                                                         description=f"planning: {name}"))
+                                           on_step=lambda name, k: progress.update(task, advance=1,
+                                                                                   description=f"planning: {name}"),
+                                           as_lengths=args.as_lengths)
     lower_mean = sum(lower) / len(lower)
     summaries = {name: r.summary() for name, r in results.items()}
     setting = {"lengths": args.lengths, "cluster": cluster.name, "world_size": cluster.world_size,
-               "model": shape.name, "cost": cost.source, "max_len": args.max_len, "batch": args.batch,
+               "model": shape.name, "attention": shape.attention, "as_lengths": args.as_lengths,
+               "cost": cost.source, "max_len": args.max_len, "batch": args.batch,
                "tokens_per_step": args.tokens_per_step, "overlong": args.overlong, "seed": args.seed,
                "dcp_mode": args.dcp_mode, "zeppelin_remap": args.zeppelin_remap, "lockstep": args.lockstep,
-               "data": lengths_stream.report(), "mean_tokens_per_step": sum(map(sum, batches)) / len(batches)}
-    title = (f"{args.lengths} on {cluster.name} ({cluster.world_size} devices), {shape.name}, "
-             f"{cost.source} cost, {args.steps} steps")
+               "data": lengths_stream.report(),
+               "mean_tokens_per_step": sum(tokens(x) for b in batches for x in b) / len(batches)}
+    title = (f"{args.lengths} on {cluster.name} ({cluster.world_size} devices), {shape.name} "
+             f"({shape.attention} attention), {cost.source} cost, {args.steps} steps"
+             f"{', planned as lengths' if args.as_lengths else ''}")
     console.print(planner_table(title, summaries, lower_mean))
     console.print(f"data: {lengths_stream.report()}")
     if args.json_out:

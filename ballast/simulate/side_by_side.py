@@ -1,6 +1,7 @@
 """Plan and simulate the same batches under several planners, side by side."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -11,6 +12,7 @@ from ..cluster import Cluster
 from ..cost import CostModel
 from ..plans import Plan
 from ..planners import PlannerOptions, get_planner
+from ..samples import Sample, check_samples, is_shaped, tokens
 from ..timeline import StepMetrics, simulate
 
 
@@ -52,19 +54,26 @@ class PlannerResult:
         return out
 
 
-def simulate_planners(batches: Sequence[list[int]], planners: Sequence[str], cluster: Cluster, cost: CostModel,
-            options: PlannerOptions, on_step: Callable[[str, int], None] | None = None
-            ) -> tuple[list[float], dict[str, PlannerResult]]:
-    """Lower bound per batch, and each planner's results on the same batches (validated plans)."""
+def simulate_planners(batches: Sequence[list[Sample]], planners: Sequence[str], cluster: Cluster, cost: CostModel,
+                      options: PlannerOptions, on_step: Callable[[str, int], None] | None = None,
+                      as_lengths: bool = False) -> tuple[list[float], dict[str, PlannerResult]]:
+    """Lower bound per batch, and each planner's results on the same batches (validated plans).
+
+    as_lengths: the planners see every sample as a text sequence of its tokens under causal
+    attention (what a length-only planner believes), and their plans run under `cost`'s own
+    pattern with the real shapes: what shape-blind planning costs."""
     lower = [cost.lower_bound(b) for b in batches]
+    planning_cost = dataclasses.replace(cost, attention="causal") if as_lengths else cost
     results = {}
     for name in planners:
-        planner = get_planner(name, cluster, cost, options)
+        planner = get_planner(name, cluster, planning_cost, options)
         result = PlannerResult(name)
         for k, batch in enumerate(batches):
             begin = time.perf_counter()
-            plan = planner.plan(batch)
+            plan = planner.plan([tokens(x) for x in batch] if as_lengths else batch)
             elapsed = time.perf_counter() - begin
+            if as_lengths and is_shaped(batch):
+                plan.shapes = check_samples(batch)
             plan.validate(cluster, cost)
             result.add(plan, simulate(plan, cost, cluster.world_size), elapsed)
             if on_step:

@@ -1,6 +1,7 @@
 """The `dcp` planner: valid plans everywhere, DCP's profile, DCP-inter and DCP-intra."""
 from __future__ import annotations
 
+import dataclasses
 
 import numpy as np
 import pytest
@@ -10,12 +11,14 @@ from hypothesis import strategies as st
 from ballast import CostModel, PlannerOptions, get_cluster, get_cost_model, get_model_shape
 from ballast.planners import get_planner
 from ballast.planners import dcp
-from ballast.planners.dcp import MAX_ACCUMULATION, MAX_COUNT_RATIO, bucket_uppers
+from ballast.planners.dcp import MAX_ACCUMULATION, MAX_COUNT_RATIO, bucket_units, bucket_uppers
 from ballast.planners.packing import mb_time
+from ballast.samples import Batch
 from strategies import SMALL, make_cluster, planner_setups
 
 def group_times(plan, cost, wave: int = 0) -> list[float]:
-    return [sum(mb_time(mb, plan.lengths, g.degree, cost) for mb in g.micro_batches)
+    batch = Batch.of(plan.samples, cost)
+    return [sum(mb_time(mb, batch, g.degree, cost) for mb in g.micro_batches)
             for g in plan.waves[wave].groups if g.micro_batches]
 
 
@@ -50,13 +53,33 @@ def test_buckets_hold_their_lengths():
     assert len(np.unique(upper[(s > 1024) & (s <= 2048)])) == 2  # two buckets per octave
 
 
+@pytest.mark.parametrize("pattern", ["causal", "full", "spatial-temporal"])
+def test_bucket_units_bound_every_member(pattern):
+    cost = CostModel.analytic(dataclasses.replace(SMALL, attention=pattern), make_cluster(1, 8, 8e10))
+    batch = Batch.of([300, 4096, (15, 45, 80), (5, 23, 40), (10, 15, 27), (1, 90, 160), 17, (60, 4, 4)], cost)
+    uppers, inverse = np.unique(bucket_uppers(np.array(batch.lengths), 10**6), return_inverse=True)
+    units = bucket_units(uppers, inverse, batch)
+    assert np.all(units[inverse] >= batch.units)
+    # A bucket's units are its upper length squared times its densest member's units / tokens^2.
+    density = batch.units / np.array(batch.lengths, dtype=float) ** 2
+    expected = [uppers[b] ** 2.0 * density[inverse == b].max() for b in range(len(uppers))]
+    assert units == pytest.approx(expected)
+
+
+def test_text_buckets_are_priced_at_their_upper_length_squared():
+    cost = CostModel.analytic(SMALL, make_cluster(1, 8, 8e10))
+    batch = Batch.of([1, 2, 3, 100, 1000, 1023, 1025, 40000], cost)
+    uppers, inverse = np.unique(bucket_uppers(np.array(batch.lengths), 10**6), return_inverse=True)
+    assert bucket_units(uppers, inverse, batch).tolist() == (uppers.astype(float) ** 2).tolist()
+
+
 def test_profile_maximises_samples_per_device_second():
     cluster = get_cluster("a100-64")
     cost = get_cost_model("auto", get_model_shape("gpt-7b"), cluster)
     planner = get_planner("dcp", cluster, cost)
     uppers = np.array([100, 1024, 6000, 40000, 300000])
     level = 0.0625
-    for upper, choice in zip(uppers, planner.profile(uppers, np.inf, np.array([level]))):
+    for upper, choice in zip(uppers, planner.profile(uppers, uppers ** 2.0, np.inf, np.array([level]))):
         def rate(d: int) -> float:
             batch = cost.max_tokens(d, level) // upper
             return batch / (d * cost.time([int(upper)] * batch, d, level)) if batch else 0.0
@@ -70,7 +93,7 @@ def test_profile_caps_micro_batch_time_at_the_target():
     planner = get_planner("dcp", cluster, cost)
     uppers = np.array([256, 4096, 65536])
     for target in (1.0, 3.0):
-        for upper, choice in zip(uppers, planner.profile(uppers, target, np.array([0.0625]))):
+        for upper, choice in zip(uppers, planner.profile(uppers, uppers ** 2.0, target, np.array([0.0625]))):
             took = cost.time([int(upper)] * choice.batch, choice.degree, 0.0625)
             fastest = min(cost.time([int(upper)], d, 0.0625) for d in cost.degrees
                           if cost.max_tokens(d, 0.0625) >= upper)
@@ -91,8 +114,9 @@ def test_intra_turns_checkpointing_off_for_short_sequences():
     cluster, cost, lengths, max_len = _low_memory()
     planner = get_planner("dcp", cluster, cost, PlannerOptions(max_len=max_len))
     target = 2 * cost.lower_bound(lengths)
-    inter = planner.plan_for_target(lengths, max_len, 1.0, target, "inter")
-    both = planner.plan_for_target(lengths, max_len, 1.0, target, "both")
+    batch = Batch.of(lengths, cost)
+    inter = planner.plan_for_target(batch, max_len, 1.0, target, "inter")
+    both = planner.plan_for_target(batch, max_len, 1.0, target, "both")
     assert {mb.checkpoint for _, _, mb in inter.micro_batches() if mb.seq_ids} == {1.0}
     levels = []
     for _, g, mb in both.micro_batches():
@@ -101,7 +125,7 @@ def test_intra_turns_checkpointing_off_for_short_sequences():
         levels.append((max(both.mb_lengths(mb)), mb.checkpoint))
     assert all(level == 0.0 for longest, level in levels if longest < 400)
     assert max(level for _, level in levels) > 0.0  # the longest still recompute
-    busy = lambda p: sum(mb_time(mb, p.lengths, g.degree, cost) for _, g, mb in p.micro_batches())
+    busy = lambda p: sum(mb_time(mb, batch, g.degree, cost) for _, g, mb in p.micro_batches())
     assert busy(both) < busy(inter)
     for plan in (inter, both):
         plan.validate(cluster, cost)
@@ -115,8 +139,9 @@ def test_inter_balances_group_times(seed):
     lengths = np.clip(rng.lognormal(6, 1.5, 512), 1, 200000).astype(int).tolist()
     planner = get_planner("dcp", cluster, cost)
     target = 1.5 * cost.lower_bound(lengths)
-    balanced = planner.plan_for_target(lengths, max(lengths), 0.0625, target, "both")
-    naive = planner.plan_for_target(lengths, max(lengths), 0.0625, target, "intra")
+    batch = Batch.of(lengths, cost)
+    balanced = planner.plan_for_target(batch, max(lengths), 0.0625, target, "both")
+    naive = planner.plan_for_target(batch, max(lengths), 0.0625, target, "intra")
     assert len(balanced.waves) == len(naive.waves) == 1
     fast, slow = group_times(balanced, cost), group_times(naive, cost)
     assert max(fast) <= max(slow) * (1 + 1e-9)

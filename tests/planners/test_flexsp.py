@@ -18,6 +18,7 @@ from ballast.planners import PlannerOptions, get_planner
 from ballast.planners.flexsp import blast
 from ballast.planners.flexsp_milp import dp_buckets, optimal_bucket_ends, solve_wave
 from ballast.model_shape import get_model_shape
+from ballast.samples import tokens
 from ballast.timeline import simulate
 
 FAST = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -113,36 +114,51 @@ def set_partitions(items: list[int]):
         yield [[first]] + part
 
 
-def brute_force_wave(lengths: list[int], cost: CostModel, checkpoint: float) -> float:
-    """The least slowest-group time over every way to form groups and assign the sequences."""
+def brute_force_wave(samples: list, cost: CostModel, checkpoint: float) -> float:
+    """The least slowest-group time over every way to form groups and assign the samples."""
     best = math.inf
-    for part in set_partitions(list(range(len(lengths)))):
+    for part in set_partitions(list(range(len(samples)))):
         for degrees in itertools.product(cost.degrees, repeat=len(part)):
             if sum(degrees) > cost.world_size:
                 continue
-            if any(sum(lengths[i] for i in block) > cost.max_tokens(d, checkpoint) for block, d in zip(part, degrees)):
+            if any(sum(tokens(samples[i]) for i in block) > cost.max_tokens(d, checkpoint)
+                   for block, d in zip(part, degrees)):
                 continue
-            best = min(best, max(cost.time([lengths[i] for i in block], d, checkpoint)
+            best = min(best, max(cost.time([samples[i] for i in block], d, checkpoint)
                                  for block, d in zip(part, degrees)))
     return best
 
 
-@FAST
-@given(lengths=st.lists(st.integers(1, 3500), min_size=1, max_size=5))
-def test_wave_milp_matches_brute_force(lengths):
-    cost = toy_cost()
+def check_wave_milp_against_brute_force(samples: list, cost: CostModel) -> None:
+    lengths = [tokens(x) for x in samples]
     exact = dp_buckets(lengths, len(set(lengths)))  # exact bucketing: the MILP is the real problem
-    sol = solve_wave(lengths, cost, 0.0, exact, time_limit=5.0, mip_rel_gap=0.0)
-    best = brute_force_wave(lengths, cost, 0.0)
+    sol = solve_wave(samples, cost, 0.0, exact, time_limit=5.0, mip_rel_gap=0.0)
+    best = brute_force_wave(samples, cost, 0.0)
     if math.isinf(best):
         assert sol.groups is None
         return
     assert sol.groups is not None and sol.status == "optimal"
     assert sol.predicted == pytest.approx(best, rel=1e-6, abs=1e-6)
-    real = max(cost.time([lengths[i] for i in ids], d, 0.0) for d, ids in sol.groups)
+    real = max(cost.time([samples[i] for i in ids], d, 0.0) for d, ids in sol.groups)
     assert real == pytest.approx(best, rel=1e-6, abs=1e-6)
-    assert sorted(i for _, ids in sol.groups for i in ids) == list(range(len(lengths)))
+    assert sorted(i for _, ids in sol.groups for i in ids) == list(range(len(samples)))
     assert sum(d for d, _ in sol.groups) <= cost.world_size
+
+
+@FAST
+@given(lengths=st.lists(st.integers(1, 3500), min_size=1, max_size=5))
+def test_wave_milp_matches_brute_force(lengths):
+    check_wave_milp_against_brute_force(lengths, toy_cost())
+
+
+@FAST
+@given(samples=st.lists(st.one_of(st.integers(1, 3500), st.tuples(st.integers(1, 8), st.integers(1, 20),
+                                                                   st.integers(1, 20))),
+                        min_size=1, max_size=5, unique_by=tokens),
+       pattern=st.sampled_from(["full", "spatial-temporal"]))
+def test_wave_milp_prices_clips_by_their_attention_units(samples, pattern):
+    # Distinct token counts: exact buckets never mix two shapes of one size, whose units differ.
+    check_wave_milp_against_brute_force(samples, dataclasses.replace(toy_cost(), attention=pattern))
 
 
 # --- DP bucketing and the sequence blaster against brute force -----------------------------------

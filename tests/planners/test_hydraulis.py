@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 
 from ballast import CostModel, PlannerOptions, get_cluster, get_cost_model, get_model_shape
 from ballast.planners import get_planner
+from ballast.timeline import simulate
 from ballast.planners.hydraulis import balance_under_cap
+from ballast.samples import Batch
 from strategies import SMALL, make_cluster, planner_setups
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
@@ -49,11 +51,12 @@ def test_micro_batch_count_is_optimal_on_a_tiny_replica(case):
     lengths = [int(x) for x in rng.integers(1, cap // 2, int(rng.integers(1, 7)))]
     ids = list(range(len(lengths)))
     planner = get_planner("hydraulis", cluster, cost)
-    ours = _time(cost, [mb.seq_ids for mb in planner.pack(ids, lengths, degree)], lengths, degree)
+    ours = _time(cost, [mb.seq_ids for mb in planner.pack(ids, Batch.of(lengths, cost), degree)], lengths, degree)
     # Brute force over the count, with the same balanced packing for each count.
-    items = sorted(ids, key=lambda i: -(cost.a * lengths[i] ** 2 + cost.b * lengths[i]))
+    work = {i: cost.a * lengths[i] ** 2 + cost.b * lengths[i] for i in ids}
+    items = sorted(ids, key=lambda i: -work[i])
     by_count = [_time(cost, bins, lengths, degree) for m in range(1, len(ids) + 1)
-                if (bins := balance_under_cap(items, lengths, m, cap, cost.a, cost.b)) is not None]
+                if (bins := balance_under_cap(items, lengths, work, m, cap)) is not None]
     assert ours == pytest.approx(min(by_count), rel=1e-12)
     # Brute force over every partition: the balanced packing is a heuristic, but a close one.
     best = min(_time(cost, part, lengths, degree) for part in _partitions(ids)
@@ -63,10 +66,10 @@ def test_micro_batch_count_is_optimal_on_a_tiny_replica(case):
 
 def test_packing_respects_the_token_cap():
     lengths = [50, 40, 30, 20, 10]
-    bins = balance_under_cap([0, 1, 2, 3, 4], lengths, 2, 80, 1.0, 0.0)
+    bins = balance_under_cap([0, 1, 2, 3, 4], lengths, {i: s * s for i, s in enumerate(lengths)}, 2, 80)
     assert sorted(i for b in bins for i in b) == [0, 1, 2, 3, 4]
     assert all(sum(lengths[i] for i in b) <= 80 for b in bins)
-    assert balance_under_cap([0, 1, 2], [50, 50, 50], 1, 80, 1.0, 0.0) is None
+    assert balance_under_cap([0, 1, 2], [50, 50, 50], {i: 2500 for i in range(3)}, 1, 80) is None
 
 
 def _wiki_like(n: int, seed: int = 0) -> list[int]:
@@ -88,10 +91,10 @@ def test_best_of_shuffles_is_no_worse_than_longest_first():
         lengths = _wiki_like(512, seed)
         planner = get_planner("hydraulis", cluster, cost, PlannerOptions(seed=seed))
         plan = planner.plan(lengths)
-        s = np.asarray(lengths, dtype=np.float64)
-        estimates = planner.sequence_estimates(s)
-        longest_first = np.argsort(-(cost.a * s * s + cost.b * s), kind="stable")
-        alone, _ = planner.dispatch(tuple(plan.info["replicas"]), longest_first, estimates)
+        batch = Batch.of(lengths, cost)
+        estimates = planner.sequence_estimates(batch)
+        heaviest_first = np.argsort(-cost.work(np.asarray(lengths, dtype=np.float64), batch.units), kind="stable")
+        alone, _ = planner.dispatch(tuple(plan.info["replicas"]), heaviest_first, estimates)
         assert plan.info["estimate_s"] <= alone
 
 
@@ -116,3 +119,25 @@ def test_beats_static_on_wikipedia_like_batches():
     ours = step_time(get_planner("hydraulis", cluster, cost).plan(lengths), cost)
     static = step_time(get_planner("static", cluster, cost, PlannerOptions(max_len=393216)).plan(lengths), cost)
     assert ours < static
+
+
+@pytest.mark.parametrize("model", ["stdit3-1b", "wan-1.3b"])
+def test_clips_are_weighed_by_their_attention_units(model):
+    """A batch mixing clips and text plans validly above the bound, and the planner orders and
+    estimates by attention units: a single 216K-token frame outweighs 60 frames of 45 x 80."""
+    cluster = get_cluster("h200-32")
+    cost = get_cost_model("analytic", get_model_shape(model), cluster)
+    rng = np.random.default_rng(8)
+    samples = [(int(f), 45, 80) for f in rng.integers(1, 61, 120)] + _wiki_like(60) + [(60, 45, 80), (1, 360, 600)]
+    planner = get_planner("hydraulis", cluster, cost, PlannerOptions(seed=1))
+    plan = planner.plan(samples)
+    plan.validate(cluster, cost)
+    assert sorted(i for _, _, mb in plan.micro_batches() for i in mb.seq_ids) == list(range(len(samples)))
+    metrics = simulate(plan, cost, cluster.world_size)
+    assert metrics.step_time >= metrics.lower_bound * (1 - 1e-9)
+    clip, frame = len(samples) - 2, len(samples) - 1
+    estimates = planner.sequence_estimates(Batch.of(samples, cost))
+    if model == "stdit3-1b":  # spatial-temporal: the frame attends over all its tokens, the clip per frame
+        assert (estimates[:, frame] > estimates[:, clip]).all()
+    else:  # full attention: equal tokens, equal units
+        assert (estimates[:, frame] == estimates[:, clip]).all()

@@ -175,3 +175,24 @@ def test_remapped_plan_does_not_beat_the_lower_bound():
     assert plan.waves[0].remap, "the case needs a remapped plan"
     metrics = simulate(plan, cost, cluster.world_size)
     assert metrics.step_time >= metrics.lower_bound * (1 - 1e-9)
+
+
+def test_clips_are_classed_and_priced_by_their_shapes():
+    """Classes follow each sample's own time (tokens and attention units, not a length grid),
+    and the candidates compared inside the planner are priced with their shapes: its predicted
+    step time is the timeline's."""
+    cluster = get_cluster("h200-32")
+    cost = get_cost_model("analytic", get_model_shape("stdit3-1b"), cluster)
+    rng = np.random.default_rng(6)
+    samples = [(int(f), 45, 80) for f in rng.integers(1, 61, 150)] + wiki_like(rng, 50, 100_000)
+    for remap in (True, False):
+        plan = get_planner("zeppelin", cluster, cost, PlannerOptions(remap=remap)).plan(samples)
+        plan.validate(cluster, cost)
+        assert plan.info["remap"]["predicted_step_s"] == step_time(plan, cost)
+        metrics = simulate(plan, cost, cluster.world_size)
+        assert metrics.step_time >= metrics.lower_bound * (1 - 1e-9)
+        budget = plan.info["theta"] * plan.info["target_s"] - cost.g
+        cls = classify(cost.sequence_times(samples), cost.degrees, budget)
+        ppn = cluster.devices_per_node
+        assert plan.info["classes"] == {"local": int((cls == 1).sum()), "intra_node": int(((cls > 1) & (cls <= ppn)).sum()),
+                                        "inter_node": int((cls > ppn).sum())}

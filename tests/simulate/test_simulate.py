@@ -97,7 +97,7 @@ def test_batch_defaults_to_512_sequences(tmp_path, capsys):
 def test_zeppelin_remap_flag_reaches_the_planner(tmp_path, capsys, monkeypatch, value):
     seen = []
 
-    def compare(batches, names, cluster, cost, options, on_step=None):
+    def compare(batches, names, cluster, cost, options, on_step=None, as_lengths=False):
         seen.append(options)
         return real(batches, names, cluster, cost, options, on_step)
 

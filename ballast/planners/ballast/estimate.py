@@ -16,11 +16,17 @@ from ...cost import CostModel
 class GroupEstimates:
     """Estimated times of a wave's groups (`est` in planner.py's docstring), updated per sequence.
 
-    Besides F, a sequence longer than `cap` tokens per device must recompute its own excess
+    A sample enters as its tokens n and its span p = q / n (`Batch.units` per token: the
+    causal-equivalent tokens each of its tokens attends to, n for a text sequence), so its
+    attention is a p n and its attention per token a p. For text p == n exactly (n n / n is
+    exact in float64), and `a * p * n` rounds as `CostModel.attention_time` and the text-only
+    `a * n * n` do.
+
+    Besides F, a sample longer than `cap` tokens per device must recompute its own excess
     whatever the micro-batch count (it cannot be split); that forced part is tracked per group
     and the larger of the two overheads charged. Recomputing a token costs r rho / (1 - k) plus,
     where the cost model prices attention's recomputation apart (r_attn != r), the difference
-    on the attention share of rho: so the sum of a s^2 is tracked too (`attn`).
+    on the attention share of rho: so the sum of a p n is tracked too (`attn`).
 
     The per-group sums live in Python lists, not arrays: the planner's greedy assignment reads
     and updates one group at a time hundreds of thousands of times per plan, and a numpy scalar
@@ -37,8 +43,8 @@ class GroupEstimates:
         # Exactly 0.0 under docs/design.md's single r, which leaves every estimate as it was.
         self.attention_rate = (cost.recompute_attention - cost.recompute) / (1.0 - cost.kept)
         self._a, self._b, self._g = cost.a, cost.b, cost.g
-        self.quad = [0.0] * len(degrees)      # sum of a s^2 + b s
-        self.attn = [0.0] * len(degrees)      # sum of a s^2
+        self.quad = [0.0] * len(degrees)      # sum of a p n + b n
+        self.attn = [0.0] * len(degrees)      # sum of a p n
         self.tokens = [0.0] * len(degrees)
         self.forced = [0.0] * len(degrees)    # recomputation no packing avoids
 
@@ -57,29 +63,32 @@ class GroupEstimates:
         return self.estimate(np.array(self.quad), np.array(self.attn), np.array(self.tokens),
                              np.array(self.forced))
 
-    def terms(self, length, deg):
-        """(a s^2 + b s, a s^2, forced recomputation) of sequences of `length` at degrees `deg`."""
+    def terms(self, length, span, deg):
+        """(a p n + b n, a p n, forced recomputation) of samples of `length` tokens n and
+        `span` p at degrees `deg`."""
         a, b = self._a, self._b
         excess = np.maximum(0.0, length / deg - self.cap)
-        forced = excess * self.recompute_rate * (a * length + b) + excess * self.attention_rate * a * length
-        return a * length * length + b * length, a * length * length, forced
+        forced = excess * self.recompute_rate * (a * span + b) + excess * self.attention_rate * a * span
+        return a * span * length + b * length, a * span * length, forced
 
-    def changed(self, groups: np.ndarray, removed: np.ndarray | float, added: np.ndarray | float) -> np.ndarray:
-        """Estimates of `groups` (indices) were each to lose a sequence of `removed` tokens and
-        gain one of `added` (0: none), elementwise; the sums themselves stay as they are."""
+    def changed(self, groups: np.ndarray, removed: tuple = (0.0, 0.0), added: tuple = (0.0, 0.0)) -> np.ndarray:
+        """Estimates of `groups` (indices) were each to lose a sample of (tokens, span)
+        `removed` and gain one of `added` ((0, 0): none), elementwise; the sums themselves stay
+        as they are."""
         deg = self.deg[groups]
-        quad_r, attn_r, forced_r = self.terms(removed, deg)
-        quad_a, attn_a, forced_a = self.terms(added, deg)
+        quad_r, attn_r, forced_r = self.terms(*removed, deg)
+        quad_a, attn_a, forced_a = self.terms(*added, deg)
         return self.estimate(np.array(self.quad)[groups] - quad_r + quad_a,
                              np.array(self.attn)[groups] - attn_r + attn_a,
-                             np.array(self.tokens)[groups] - removed + added,
+                             np.array(self.tokens)[groups] - removed[0] + added[0],
                              np.array(self.forced)[groups] - forced_r + forced_a, groups)
 
-    def fill(self, seqs: list[int], lengths: list[float], first_rows: list[int],
+    def fill(self, seqs: list[int], lengths: list[float], spans: list[float], first_rows: list[int],
              rows: list[int]) -> list[list[int]]:
-        """Place `seqs` (longest first) one by one on the group whose estimate grows least;
-        the members of each group. Group j has degree row `rows[j]`; sequence k fits rows
-        from `first_rows[k]` on (feasibility is monotone in the degree).
+        """Place `seqs` (slowest first) one by one on the group whose estimate grows least;
+        the members of each group. Sample k has `lengths[k]` tokens and span `spans[k]`; group j
+        has degree row `rows[j]`; sample k fits rows from `first_rows[k]` on (feasibility is
+        monotone in the degree).
 
         Within a row the estimate grows with the load, so only each row's least-loaded group
         can be the best: one heap per row keeps a placement at O(rows x log groups), linear
@@ -95,8 +104,8 @@ class GroupEstimates:
         for j, row in enumerate(rows):
             heaps.setdefault(row, []).append((0.0, j))
         by_row = sorted(heaps.items())
-        for s, n, fits_from in zip(seqs, lengths, first_rows):
-            quad_n, linear_n = a * n * n, b * n
+        for s, n, p, fits_from in zip(seqs, lengths, spans, first_rows):
+            quad_n, linear_n = a * p * n, b * n
             best, best_j, best_row = math.inf, -1, -1
             for row, heap in by_row:
                 if row < fits_from:
@@ -107,7 +116,7 @@ class GroupEstimates:
                 tok = tokens[j] + n
                 forced = forceds[j]
                 if n > d * cap:
-                    forced += (n / d - cap) * rate * (a * n + b) + (n / d - cap) * attn_rate * a * n
+                    forced += (n / d - cap) * rate * (a * p + b) + (n / d - cap) * attn_rate * a * p
                 # Conditional expressions rather than min()/max(): same values, a third faster.
                 slope = (rate * quad + attn_rate * (attns[j] + quad_n)) / tok
                 slope = slope if slope <= slope_limit else slope_limit
@@ -122,13 +131,13 @@ class GroupEstimates:
             attns[best_j] += quad_n
             tokens[best_j] += n
             if n > d * cap:
-                forceds[best_j] += (n / d - cap) * rate * (a * n + b) + (n / d - cap) * attn_rate * a * n
+                forceds[best_j] += (n / d - cap) * rate * (a * p + b) + (n / d - cap) * attn_rate * a * p
             members[best_j].append(s)
             heapq.heapreplace(heaps[best_row], (best, best_j))
         return members
 
-    def move(self, j: int, length: float, sign: int = 1) -> None:
-        quad, attn, forced = self.terms(length, self._deg[j])
+    def move(self, j: int, length: float, span: float, sign: int = 1) -> None:
+        quad, attn, forced = self.terms(length, span, self._deg[j])
         self.quad[j] += sign * quad
         self.attn[j] += sign * attn
         self.tokens[j] += sign * length

@@ -13,6 +13,7 @@ import numpy as np
 
 from ...cost import CostModel
 from ...plans import Group, MicroBatch
+from ...samples import Batch
 from ..packing import best_fit_decreasing
 
 # Micro-batch counts tried per group: a geometric ladder of this many between the fewest that
@@ -24,17 +25,18 @@ REPAIR_RECEIVERS = 4
 
 
 class GroupPacker:
-    """Exact micro-batch packing and timing for the sequences of one batch."""
+    """Exact micro-batch packing and timing for the samples of one batch. Memory, and so
+    packing, follows tokens; time follows tokens and attention units."""
 
-    def __init__(self, cost: CostModel, lengths: list[int], work: np.ndarray, quad: np.ndarray,
+    def __init__(self, cost: CostModel, batch: Batch, work: np.ndarray, quad: np.ndarray,
                  row: dict[int, int]):
         self.cost = cost
-        self.lengths = lengths
-        self.squares = [n * n for n in lengths]
+        self.lengths = batch.lengths
+        self.units = batch.units.tolist()
         self.work = work
         """[degree row, sequence]: time alone at that degree (inf where it does not fit)."""
         self.quad = quad
-        """a s^2 + b s of every sequence."""
+        """a q + b s of every sample (q its attention units, s its tokens)."""
         self.row = row
         """Row of `work` for each degree."""
 
@@ -171,9 +173,9 @@ class GroupPacker:
         return mbs
 
     def mb_time(self, mb: MicroBatch, degree: int) -> float:
-        # Integer sums (exact in any order) through map: the packer times tens of thousands
-        # of micro-batches per plan.
-        return self.cost.time_from_sums(sum(map(self.squares.__getitem__, mb.seq_ids)),
+        # Sums through map over lists: the packer times tens of thousands of micro-batches per
+        # plan. A text sample's units are integers in float64, summed exactly below 2^53.
+        return self.cost.time_from_sums(sum(map(self.units.__getitem__, mb.seq_ids)),
                                         sum(map(self.lengths.__getitem__, mb.seq_ids)), degree, mb.checkpoint)
 
     def mbs_time(self, mbs: list[MicroBatch], degree: int) -> float:

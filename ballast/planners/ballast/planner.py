@@ -5,10 +5,11 @@ Inside a group, compute and all-to-all time do not depend on how the sequences a
 only the fixed cost g per micro-batch and the recomputation of checkpointed layers do, and
 memory decides between them. The planner therefore sees a group's time as
 
-    est = sum_s (a s^2 + b s) / d + comm(tokens, d) + F(tokens / d)
+    est = sum_s (a q_s + b |s|) / d + comm(tokens, d) + F(tokens / d)
     F(x) = g + (x - cap)+ min(r rho / (1 - k), g / cap)
 
-where cap is what fits a device without checkpointing and rho the group's compute per token:
+where q_s is sample s's attention units (|s|^2 for a text sequence, `samples.attention_units`),
+cap is what fits a device without checkpointing and rho the group's compute per token:
 beyond cap a group either recomputes (r rho per token, at the least level that fits) or
 opens another micro-batch (g), whichever is cheaper. The same F makes the cost model's lower
 bound tight. For a makespan target T the planner builds a wave in four moves:
@@ -52,6 +53,7 @@ import math
 import numpy as np
 
 from ...plans import Group, Plan, Wave, fill_idle
+from ...samples import Batch
 from ...timeline import step_time
 from .. import register
 from ..base import Planner
@@ -93,21 +95,22 @@ def class_load(total: float, times: list[float], groups: int) -> float:
 class BallastPlanner(Planner):
     name = "ballast"
 
-    def _plan(self, lengths: list[int]) -> Plan:
-        self._lengths = np.asarray(lengths, dtype=np.int64)
-        s = self._lengths.astype(np.float64)
-        self._length_list = [int(x) for x in lengths]
-        self._quad = self.cost.a * s * s + self.cost.b * s
-        self._attn = self.cost.a * s * s
+    def _plan(self, batch: Batch) -> Plan:
+        self._batch = batch
+        self._tokens = s = np.asarray(batch.lengths, dtype=np.float64)
+        # Attention units per token (`GroupEstimates`' span): exactly s for a text sequence.
+        self._span = batch.units / s
+        self._attn = self.cost.attention_time(s, batch.units)
+        self._quad = self._attn + self.cost.b * s
         self._deg = np.asarray(self.cost.degrees)
         self._row = {int(d): i for i, d in enumerate(self._deg)}
         # [degree index, sequence]: alone at that degree, least checkpointing, without g.
-        self._work = self.cost.sequence_times(lengths)
+        self._work = self.cost.sequence_times(batch.samples)
         # The proxy's estimates over all degree rows, and each sequence's forced recomputation
         # at each row (recomputation no packing avoids), computed once per batch.
         self._estimates = GroupEstimates(self.cost, self._deg)
-        _, _, self._forced = self._estimates.terms(s[None, :], self._deg[:, None].astype(np.float64))
-        self._packer = GroupPacker(self.cost, self._length_list, self._work, self._quad, self._row)
+        _, _, self._forced = self._estimates.terms(s[None, :], self._span[None, :], self._deg[:, None].astype(float))
+        self._packer = GroupPacker(self.cost, batch, self._work, self._quad, self._row)
         order = np.argsort(-np.min(self._work, axis=0), kind="stable")
         # Head sizes are compared by their layouts' proxies; only the best are built fully.
         options = []
@@ -122,13 +125,13 @@ class BallastPlanner(Planner):
         for _, _, parts, layouts in options:
             waves = [wave for part, found in zip(parts, layouts)
                      for wave in ([self._finish(part, found)] if found else self._waves(part))]
-            t = step_time(Plan(lengths, waves), self.cost)
+            t = step_time(Plan(batch.lengths, waves, shapes=batch.shapes), self.cost)
             if best is None or t < best[0]:
                 best = (t, waves)
         waves = best[1]
         if self.options.lockstep:
-            waves = [pad_lockstep(wave, lengths, self.cost) for wave in waves]
-        return Plan(lengths, waves, lockstep=self.options.lockstep)
+            waves = [pad_lockstep(wave, batch, self.cost) for wave in waves]
+        return Plan(batch.lengths, waves, lockstep=self.options.lockstep, shapes=batch.shapes)
 
     # --- candidates ---------------------------------------------------------------------------
     def _head_sizes(self, order: np.ndarray) -> list[int]:
@@ -139,7 +142,7 @@ class BallastPlanner(Planner):
         sizes = {k for k in HEAD_SIZES if k < len(order) and fastest[order[k - 1]] > 0.25 * area}
         # ... or as Zeppelin splits by length class: the sequences that need wide groups at the
         # lower bound get the whole cluster first, so they run wider and recompute less.
-        choice = self._degrees(self._work[:, order], self.cost.lower_bound(self._length_list),
+        choice = self._degrees(self._work[:, order], self.cost.lower_bound(self._batch.samples),
                                self.cluster.world_size)
         if choice is not None:
             degrees = self._deg[choice]
@@ -158,7 +161,7 @@ class BallastPlanner(Planner):
 
     def _layouts(self, ids: np.ndarray) -> list[tuple[float, list[int]]]:
         """Distinct group layouts for `ids`, one per makespan target, best proxy first."""
-        lower = self.cost.lower_bound(self._lengths[ids].tolist())
+        lower = self.cost.lower_bound(self._batch.pick(ids))
         work = self._work[:, ids]
         allocations: dict[bytes, list[int] | None] = {}
 
@@ -245,7 +248,7 @@ class BallastPlanner(Planner):
         groups = np.bincount(rows, minlength=len(self._deg))
         quad = np.bincount(choice, weights=self._quad[ids], minlength=len(self._deg))
         attn = np.bincount(choice, weights=self._attn[ids], minlength=len(self._deg))
-        tokens = np.bincount(choice, weights=self._lengths[ids], minlength=len(self._deg))
+        tokens = np.bincount(choice, weights=self._tokens[ids], minlength=len(self._deg))
         used = groups > 0
         forced = np.bincount(choice, weights=self._forced[choice, ids], minlength=len(self._deg))
         spread = self._estimates.estimate(quad[used] / groups[used], attn[used] / groups[used],
@@ -255,10 +258,10 @@ class BallastPlanner(Planner):
         return max(float(spread.max()), float(alone))
 
     def _assign(self, ids: np.ndarray, layout: list[int]) -> tuple[GroupEstimates, list[int], list[list[int]]]:
-        """Longest first, each sequence to the group whose estimated time grows least."""
+        """Slowest first, each sequence to the group whose estimated time grows least."""
         loads = GroupEstimates(self.cost, np.asarray(layout))
         first_rows = np.argmax(np.isfinite(self._work[:, ids]), axis=0).tolist()
-        members = loads.fill(ids.tolist(), self._lengths[ids].astype(float).tolist(), first_rows,
+        members = loads.fill(ids.tolist(), self._tokens[ids].tolist(), self._span[ids].tolist(), first_rows,
                              [self._row[d] for d in layout])
         return loads, layout, members
 
@@ -306,19 +309,18 @@ class BallastPlanner(Planner):
 
     def _improve(self, loads: GroupEstimates, members: list[list[int]], rows: np.ndarray) -> None:
         """Move a sequence off the slowest group, or, where no move helps, swap one of its
-        sequences for a shorter one of another group; the change that shortens the wave most,
+        sequences for a lighter one of another group; the change that shortens the wave most,
         while one does. (Moves alone stall where every group holds a long sequence:
-        longest-first placement can leave two long ones together and the short ones elsewhere.)"""
+        slowest-first placement can leave two long ones together and the short ones elsewhere.)"""
         everyone = np.arange(len(members))
         for _ in range(MOVES_PER_GROUP * len(members)):
             times = loads.current()
             slow = int(np.argmax(times))
             mine = np.array(members[slow])
-            n = self._lengths[mine].astype(np.float64)
             # Moves: each s to the group it grows least.
-            left = loads.changed(np.full(len(mine), slow), n, 0.0)
+            left = loads.changed(np.full(len(mine), slow), removed=self._pair(mine))
             grown = np.where(np.isfinite(self._work[rows][:, mine].T),
-                             loads.changed(everyone[None, :], 0.0, n[:, None]), np.inf)
+                             loads.changed(everyone[None, :], added=self._pair(mine[:, None])), np.inf)
             grown[:, slow] = np.inf
             target = np.argmin(grown, axis=1)
             after = np.maximum(left, grown[np.arange(len(mine)), target])
@@ -326,16 +328,18 @@ class BallastPlanner(Planner):
             if after[k] < times[slow] - 1e-12:
                 self._exchange(loads, members, slow, int(mine[k]), int(target[k]), -1)
                 continue
-            # Swaps: s for a shorter t of another group, where both groups can hold what they get.
+            # Swaps: s for a t of less work (`_quad`) in another group, where both groups can
+            # hold what they get.
             owner = np.array([j for j, seqs in enumerate(members) if j != slow for _ in seqs], dtype=np.int64)
             others = np.array([t for j, seqs in enumerate(members) if j != slow for t in seqs], dtype=np.int64)
             if not len(others):
                 return
-            short = self._lengths[others].astype(np.float64)
-            ok = ((short[None, :] < n[:, None]) & np.isfinite(self._work[rows[slow], others])[None, :]
+            ours, theirs = self._pair(mine[:, None]), self._pair(others[None, :])
+            ok = ((self._quad[others][None, :] < self._quad[mine][:, None])
+                  & np.isfinite(self._work[rows[slow], others])[None, :]
                   & np.isfinite(self._work[rows[owner][:, None], mine[None, :]]).T)
-            after = np.maximum(loads.changed(np.full(ok.shape, slow), n[:, None], short[None, :]),
-                               loads.changed(owner[None, :], short[None, :], n[:, None]))
+            after = np.maximum(loads.changed(np.full(ok.shape, slow), ours, theirs),
+                               loads.changed(owner[None, :], theirs, ours))
             after = np.where(ok, after, np.inf)
             s, t = np.unravel_index(int(np.argmin(after)), after.shape)
             if not after[s, t] < times[slow] * (1.0 - SWAP_GAIN):
@@ -349,5 +353,10 @@ class BallastPlanner(Planner):
             if seq >= 0:
                 members[src].remove(seq)
                 members[dst].append(seq)
-                loads.move(src, float(self._lengths[seq]), -1)
-                loads.move(dst, float(self._lengths[seq]))
+                n, p = float(self._tokens[seq]), float(self._span[seq])
+                loads.move(src, n, p, -1)
+                loads.move(dst, n, p)
+
+    def _pair(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, span) of samples `ids`, shaped as `ids`: what `GroupEstimates.changed` takes."""
+        return self._tokens[ids], self._span[ids]
