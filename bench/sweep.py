@@ -1,7 +1,8 @@
 """ballast against every other planner on random settings: how often is it the fastest?
 
 Settings A, B and C are three points; this draws `--settings` random ones (cluster kind and
-size, model, length source, max-len, batch) from a seed, simulates `--steps` batches of each
+size, model -- text decoders and video DiTs, the latter on clips --, length source, max-len,
+batch) from a seed, simulates `--steps` batches of each
 under every planner (flexsp with a short MILP time limit, or left out with --no-flexsp), and
 records per setting each planner's tokens/s and ballast's ratio to the best other planner.
 Writes JSON and a PNG of the ratios, and prints the settings where ballast is not the best.
@@ -23,6 +24,7 @@ from ballast.dataset.lengths import get_length_source
 from ballast.planners import PLANNERS, PlannerOptions
 
 TIE = 0.01  # the planners issue counts ballast within 1% of a planner as a tie
+PANDA_LIKE = "bench/data/panda70m-like.txt"  # bench/panda_like_clips.py; run from the repository root
 
 
 def draw_setting(rng: random.Random) -> dict:
@@ -30,8 +32,11 @@ def draw_setting(rng: random.Random) -> dict:
     lengths = rng.choice(("wikipedia", "stdlib", "video",
                           f"lognormal:{rng.uniform(6, 9):.2f},{rng.uniform(0.8, 2.0):.2f}",
                           f"zipf:{rng.uniform(1.05, 1.6):.2f},64,{rng.choice((32768, 131072, 262144))}"))
-    setting = {"cluster": f"{rng.choice(('a100', 'h100', 'h200'))}-{devices}",
-               "model": rng.choice(("gpt-7b", "gpt-13b", "gpt-30b", "llama3-8b")),
+    model = rng.choice(("gpt-7b", "gpt-13b", "gpt-30b", "llama3-8b", "stdit3-1b", "stdit3-5b", "wan-1.3b", "wan-14b"))
+    if ballast.get_model_shape(model).attention != "causal":
+        # Video DiTs train on clips: DCP's buckets or the Panda-70M-like list, as their shapes.
+        lengths = rng.choice(("video", f"videos:{PANDA_LIKE}"))
+    setting = {"cluster": f"{rng.choice(('a100', 'h100', 'h200'))}-{devices}", "model": model,
                "lengths": lengths, "max_len": rng.choice((32768, 65536, 131072, 262144, 393216))}
     if rng.random() < 0.5:
         setting["batch"] = devices * rng.choice((2, 4, 8, 16))
@@ -51,7 +56,7 @@ def run_setting(setting: dict, names: list[str], steps: int, seed: int, time_lim
         return None
     spec = BatchSpec(batch=setting.get("batch"), tokens_per_step=setting.get("tokens_per_step"),
                      max_len=setting["max_len"])
-    sampler = LengthStream(get_length_source(setting["lengths"]), spec, seed=seed)
+    sampler = LengthStream(get_length_source(setting["lengths"], shape.video_geometry), spec, seed=seed)
     batches = [sampler.next_batch() for _ in range(steps)]
     options = PlannerOptions(max_len=setting["max_len"], seed=seed, time_limit=time_limit)
     _, results = simulate_planners(batches, names, cluster, cost, options)

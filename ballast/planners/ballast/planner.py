@@ -74,6 +74,8 @@ MIN_ASSIGNED = 8
 EXACT_CANDIDATES = 2
 # Exact-repair moves per candidate wave (a count, not a clock, so plans are reproducible).
 REPAIR_MOVES = 24
+# Rank moves between degree classes after the proportional allocation (`_rebalance`).
+REBALANCE_MOVES = 16
 # Local-search moves per group, so planning time stays linear in the cluster size.
 MOVES_PER_GROUP = 2
 # Least relative gain of a swap: each costs a pass over the wave's sequences, and the many
@@ -305,7 +307,30 @@ class BallastPlanner(Planner):
             groups[i] += 1
             spare -= deg[i]
             heapq.heappush(heap, (-load(i, groups[i]), i))
+        self._rebalance(groups, classes, spare, load)
         return [deg[i] for i in reversed(range(len(deg))) for _ in range(groups[i])]
+
+    def _rebalance(self, groups: list[int], classes, spare: int, load) -> None:
+        """Move ranks to the most loaded class from the class that stays least loaded without
+        them, while that lowers the larger of the two loads. Whole-group rounding by area can
+        starve a class of few long sequences: two 38K-token sequences sharing one degree-4
+        group while 52 degree-1 groups wait at half that load."""
+        deg = self._deg.tolist()
+        for _ in range(REBALANCE_MOVES):
+            i = max(classes, key=lambda c: load(c, groups[c]))
+            if groups[i] >= len(classes[i]):
+                return
+            need = max(0, deg[i] - spare)
+            donors = [(load(j, groups[j] - k), j, k) for j in classes if j != i
+                      for k in [-(-need // deg[j])] if groups[j] - k >= 1]
+            if not donors:
+                return
+            after, j, k = min(donors)
+            if max(after, load(i, groups[i] + 1)) >= load(i, groups[i]) - 1e-12:
+                return
+            groups[j] -= k
+            groups[i] += 1
+            spare += k * deg[j] - deg[i]
 
     def _improve(self, loads: GroupEstimates, members: list[list[int]], rows: np.ndarray) -> None:
         """Move a sequence off the slowest group, or, where no move helps, swap one of its
