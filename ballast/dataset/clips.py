@@ -9,12 +9,10 @@ so the same clip list prices differently under Open-Sora's and Wan's VAEs.
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from ..model_shape import OPEN_SORA_VIDEO, VideoGeometry
-from .lengths import LengthSource
+from .lengths import LengthSource, numbered_lines
 
 # DCP's any-size video workload (Open-Sora's 16:9 buckets). Buckets are ranked by tokens and
 # weighted 1/rank (Zipf exponent 1, our choice): short low-resolution clips are the most
@@ -49,17 +47,10 @@ def video_source(geometry: VideoGeometry = OPEN_SORA_VIDEO) -> ClipSource:
 def clip_list_source(path: str, geometry: VideoGeometry = OPEN_SORA_VIDEO) -> ClipSource:
     """Clips from a text file, one per line: `frames height width` in pixels (integers >= 1).
 
-    Blank lines and lines starting with `#` are skipped; anything else malformed is a
+    Blank lines and `#` comments are skipped (`numbered_lines`); anything else malformed is a
     ValueError naming the file and the line."""
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as e:
-        raise ValueError(f"videos:{path}: cannot read clip list ({e.strerror or e})") from e
     clips = []
-    for number, line in enumerate(lines, start=1):
-        text = line.strip()
-        if not text or text.startswith("#"):
-            continue
+    for number, text in numbered_lines(f"videos:{path}", "clip list"):
         fields = text.split()
         if len(fields) != 3 or not all(f.isascii() and f.isdigit() and int(f) >= 1 for f in fields):
             raise ValueError(f"videos:{path} line {number}: expected `frames height width` in pixels "

@@ -26,6 +26,7 @@ import os
 import sysconfig
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -167,20 +168,26 @@ def stdlib_source() -> DiscreteSource:
     return DiscreteSource("stdlib", np.array(sizes))
 
 
-def file_source(path: str) -> DiscreteSource:
-    """Lengths from a text file, one positive integer per line.
-
-    Blank lines (and surrounding whitespace) are ignored, so trailing newlines and hand-edited
-    files work; anything else that is not a positive integer is an error naming the line.
-    """
+def numbered_lines(spec: str, what: str) -> Iterator[tuple[int, str]]:
+    """(line number, stripped text) of every line of the file `spec` names (`file:PATH`,
+    `videos:PATH`) that holds something: blank lines and `#` comments are skipped, so trailing
+    newlines and hand-edited files work. An unreadable file is a ValueError naming it."""
+    path = spec.partition(":")[2]
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as e:
-        raise ValueError(f"file:{path}: cannot read length file ({e.strerror or e})") from e
-    lengths = []
+        raise ValueError(f"{spec}: cannot read {what} ({e.strerror or e})") from e
     for number, line in enumerate(lines, start=1):
-        if not (text := line.strip()):
-            continue
+        text = line.strip()
+        if text and not text.startswith("#"):
+            yield number, text
+
+
+def file_source(path: str) -> DiscreteSource:
+    """Lengths from a text file, one positive integer per line (`numbered_lines`); anything
+    else is an error naming the line."""
+    lengths = []
+    for number, text in numbered_lines(f"file:{path}", "length file"):
         if not (text.isascii() and text.isdigit()) or int(text) < 1:
             raise ValueError(f"file:{path} line {number}: expected a positive integer length, "
                              f"got {text[:40]!r}")

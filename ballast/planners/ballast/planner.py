@@ -19,7 +19,8 @@ bound tight. For a makespan target T the planner builds a wave in four moves:
    sequence grows its degree only as far as T demands: Zeppelin's crossovers, per step.
 2. **Groups in proportion to work.** Each degree class gets ranks in proportion to its area
    (whole groups, at least one per non-empty class, spare ranks to the class whose groups
-   are slowest, granularity counted: three equal sequences on two groups take two units);
+   are slowest, granularity counted: three equal sequences on two groups take two units;
+   then ranks move between classes while that shortens the slowest: `allocation.py`);
    blocks are laid out largest first, so every block is aligned and stays inside a node
    unless its degree is wider. Groups of different degrees share the wave (FlexSP), each
    with its own accumulation count (DCP-inter).
@@ -47,7 +48,6 @@ cost model wins.
 """
 from __future__ import annotations
 
-import heapq
 import math
 
 import numpy as np
@@ -57,6 +57,7 @@ from ...samples import Batch
 from ...timeline import step_time
 from .. import register
 from ..base import Planner
+from .allocation import allocate
 from .estimate import GroupEstimates
 from .groups import GroupPacker
 from ..packing import pad_lockstep
@@ -74,23 +75,12 @@ MIN_ASSIGNED = 8
 EXACT_CANDIDATES = 2
 # Exact-repair moves per candidate wave (a count, not a clock, so plans are reproducible).
 REPAIR_MOVES = 24
-# Rank moves between degree classes after the proportional allocation (`_rebalance`).
-REBALANCE_MOVES = 16
 # Local-search moves per group, so planning time stays linear in the cluster size.
 MOVES_PER_GROUP = 2
 # Least relative gain of a swap: each costs a pass over the wave's sequences, and the many
 # swaps worth less than this made planning 7x slower on setting A (430 ms, not 59) for 0.04%
 # of step time.
 SWAP_GAIN = 1e-3
-
-
-def class_load(total: float, times: list[float], groups: int) -> float:
-    """A lower bound on the slowest of `groups` groups sharing items of these times (longest
-    first, summing to `total`): the mean, the longest item, and, by pigeonhole, two of the
-    `groups` + 1 longest in one group. Granularity matters: 3 equal sequences on 2 groups
-    take 2 units, not 1.5."""
-    pair = times[groups - 1] + times[groups] if len(times) > groups else 0.0
-    return max(total / groups, times[0], pair)
 
 
 @register
@@ -269,68 +259,7 @@ class BallastPlanner(Planner):
 
     def _allocate(self, ids: np.ndarray, choice: np.ndarray) -> list[int] | None:
         """Degrees of the wave's groups, largest first; None if the classes cannot all fit."""
-        n, deg = self.cluster.world_size, self._deg.tolist()
-        times = self._work[choice, ids]
-        class_area = np.bincount(choice, weights=times * self._deg[choice], minlength=len(deg))
-        per_rank = float(class_area.sum()) / n
-        # Each class's times longest first and their total: class_load's inputs, in Python
-        # scalars because the loops below evaluate it a few hundred times per plan.
-        order = np.lexsort((-times, choice))
-        starts = np.searchsorted(choice[order], np.arange(len(deg) + 1)).tolist()
-        classes = {i: times[order[starts[i]:starts[i + 1]]] for i in range(len(deg)) if starts[i + 1] > starts[i]}
-        totals = {i: float(t.sum()) for i, t in classes.items()}
-        longest = {i: t.tolist() for i, t in classes.items()}
-
-        def load(i: int, count: int) -> float:
-            return class_load(totals[i], longest[i], count)
-
-        groups = [0] * len(deg)
-        for i in classes:
-            ideal = float(class_area[i]) / (per_rank * deg[i]) if per_rank > 0 else 1
-            groups[i] = min(len(longest[i]), max(1, int(ideal)))
-        # Rounding small classes up to one group can overflow: take groups back from the
-        # class whose groups stay least loaded without one.
-        while sum(k * d for k, d in zip(groups, deg)) > n:
-            shrinkable = [i for i in classes if groups[i] > 1]
-            if not shrinkable:
-                return None
-            i = min(shrinkable, key=lambda i: load(i, groups[i] - 1))
-            groups[i] -= 1
-        spare = n - sum(k * d for k, d in zip(groups, deg))
-        # Spare ranks go, a group at a time, to the class whose groups are most loaded.
-        heap = [(-load(i, groups[i]), i) for i in classes]
-        heapq.heapify(heap)
-        while heap and spare:
-            _, i = heapq.heappop(heap)
-            if deg[i] > spare or groups[i] >= len(longest[i]):
-                continue
-            groups[i] += 1
-            spare -= deg[i]
-            heapq.heappush(heap, (-load(i, groups[i]), i))
-        self._rebalance(groups, classes, spare, load)
-        return [deg[i] for i in reversed(range(len(deg))) for _ in range(groups[i])]
-
-    def _rebalance(self, groups: list[int], classes, spare: int, load) -> None:
-        """Move ranks to the most loaded class from the class that stays least loaded without
-        them, while that lowers the larger of the two loads. Whole-group rounding by area can
-        starve a class of few long sequences: two 38K-token sequences sharing one degree-4
-        group while 52 degree-1 groups wait at half that load."""
-        deg = self._deg.tolist()
-        for _ in range(REBALANCE_MOVES):
-            i = max(classes, key=lambda c: load(c, groups[c]))
-            if groups[i] >= len(classes[i]):
-                return
-            need = max(0, deg[i] - spare)
-            donors = [(load(j, groups[j] - k), j, k) for j in classes if j != i
-                      for k in [-(-need // deg[j])] if groups[j] - k >= 1]
-            if not donors:
-                return
-            after, j, k = min(donors)
-            if max(after, load(i, groups[i] + 1)) >= load(i, groups[i]) - 1e-12:
-                return
-            groups[j] -= k
-            groups[i] += 1
-            spare += k * deg[j] - deg[i]
+        return allocate(self._work[choice, ids], choice, self._deg.tolist(), self.cluster.world_size)
 
     def _improve(self, loads: GroupEstimates, members: list[list[int]], rows: np.ndarray) -> None:
         """Move a sequence off the slowest group, or, where no move helps, swap one of its
