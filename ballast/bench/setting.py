@@ -16,6 +16,7 @@ from ..cost import CostModel, get_cost_model
 from ..dataset import Batch, BatchStream, build_corpus, check_vocab
 from ..planners import parse_planner_names
 from ..model_shape import ModelShape, get_model_shape
+from ..models import check_buildable
 
 ALL_PLANNERS = ("static", "batch-adaptive", "bucket", "megatron-dynamic-cp", "dcp", "flexsp", "hydraulis",
                 "zeppelin", "ballast")
@@ -143,6 +144,7 @@ def prepare(setting: BenchSetting, progress: bool = True) -> BenchInputs:
     """Cost model, cluster and the benchmark's batches (warm-up + measured), drawn once."""
     setting.validate()
     shape = get_model_shape(setting.model)
+    check_buildable(shape)
     cluster, cost = make_cost(setting, shape)
     corpus = build_corpus(setting.data, cache_dir=setting.cache_dir, progress=progress)
     check_vocab(corpus.vocab_size, shape.vocab, shape.name)

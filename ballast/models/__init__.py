@@ -12,19 +12,26 @@ from .kernels import varlen_causal_attention
 from .protocol import AttentionFn, PackedStream, ParallelModel, sequence_positions
 
 
+def check_buildable(shape: ModelShape) -> None:
+    """Raise ValueError unless `build_model` can build `shape`: what train, profile, verify and
+    bench check before any rank starts."""
+    if shape.attention != "causal" or shape.cross_attention:
+        # The cost model and every planner price video DiTs; their modules are not built yet.
+        raise ValueError(f"model {shape.name!r} is a video DiT ({shape.attention} attention): ballast can plan "
+                         f"and simulate it (ballast simulate) but not yet train, profile or verify it")
+
+
 def build_model(shape: ModelShape, seed: int = 0) -> ParallelModel:
     """The model `shape` describes, with weights that depend only on `seed` unless it brings its
     own: ballast's GPT, or the Hugging Face model of `shape.source` (transformers imported only then)."""
     if shape.hf_folder is not None:
         from .hf import build_hf
         return build_hf(shape, seed)
-    if shape.attention != "causal" or shape.cross_attention:
-        # The cost model and every planner price video DiTs; their modules are not built yet.
-        raise ValueError(f"model {shape.name!r} is a video DiT ({shape.attention} attention): ballast can plan "
-                         f"and simulate it (ballast simulate) but not yet train, profile or verify it")
+    check_buildable(shape)
     if shape.source is None:
         return build_gpt(shape, seed)
     raise ValueError(f"model {shape.name!r}: unknown source {shape.source!r} (expected {HF_PREFIX}PATH)")
 
-__all__ = ["GPT", "AttentionFn", "PackedStream", "ParallelModel", "build_gpt", "build_model", "local_attention",
+__all__ = ["GPT", "AttentionFn", "PackedStream", "ParallelModel", "build_gpt", "build_model", "check_buildable",
+           "local_attention",
            "sequence_positions", "varlen_causal_attention"]

@@ -39,6 +39,7 @@ from .grid import checkpoint_levels
 from .machine import physical_memory
 from .measure import STATISTICS
 from ..runtime import under_torchrun
+from ..models import check_buildable
 from .profiler import Settings, default_lengths, profile
 
 HELP = "measure the real model on this machine's ranks, fit and save the cost model (or --check one)"
@@ -95,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         return run_check(args)
     console = Console(quiet=under_torchrun() and os.environ["RANK"] != "0")  # one report per job
     shape = get_model_shape(args.model)
+    check_buildable(shape)
     world = args.world or (int(os.environ["WORLD_SIZE"]) if under_torchrun() else 2)
     memory = args.device_memory * 1e9 if args.device_memory is not None else physical_memory() / world
     settings = settings_from(args)

@@ -27,7 +27,7 @@ from rich.console import Console
 from ..cluster import Cluster, get_cluster
 from ..cost import CostModel, get_cost_model
 from ..dataset import BatchStream, TokenCorpus, build_corpus, check_vocab
-from ..models import build_model
+from ..models import build_model, check_buildable
 from ..plans import Plan
 from ..planners import Planner, PlannerOptions, get_planner
 from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize
@@ -64,6 +64,7 @@ class Setup:
     @classmethod
     def of(cls, config: TrainConfig, world: int) -> Setup:
         shape = get_model_shape(config.model.model)
+        check_buildable(shape)
         cluster = get_cluster(config.planner.cluster, world, config.planner.device_memory_gb)
         cost = get_cost_model(config.planner.cost, shape, cluster)
         cost.check_fits([config.data.max_len])  # a max_len no plan can hold fails here, not at step k

@@ -29,6 +29,7 @@ from ..cluster import Cluster, get_cluster
 from ..cost import CostModel
 from ..model_shape import ModelShape, get_model_shape
 from ..plans import Plan
+from ..models import check_buildable
 from .errors import GRAD_TOLERANCE, PARAM_TOLERANCE, errors_against
 from .reference import random_batches, reference_at, train_reference
 
@@ -93,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if args.zero1 and args.fsdp:
         raise ValueError("--zero1 and --fsdp both shard the optimizer state: choose one")
     shape = get_model_shape(args.model)
+    check_buildable(shape)
     names = parse_planner_names(args.planners)
     cluster, cost = budget(shape, args.world, args.max_len, args.device_memory_gb)
     batches = random_batches(shape, args.steps, args.batch, args.max_len, args.seed)

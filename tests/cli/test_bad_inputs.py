@@ -36,6 +36,7 @@ def files(tmp_path_factory) -> dict[str, str]:
         "bad.jsonl": "{\"text\": \"fine\"}\n{\"text\": 3}\n",
         "bad.toml": "[run]\nsteps = \"many\"\n",
         "huge.txt": "100000000\n",
+        "bad-clips.txt": "81 480 832\n81 480\n",
     }
     for name, text in write.items():
         (root / name).write_text(text)
@@ -135,6 +136,15 @@ CASES = [
     # bench
     ("bench --planners nosuch", 2, "unknown planner"),
     ("bench --data nosuch:x", 2, "nosuch:x"),
+    # video: clip lists, shapes that no --max-len holds, DiTs that only simulate so far
+    ("simulate --lengths videos:{bad-clips.txt} --model wan-1.3b", 2, r"bad-clips.txt line 2: expected `frames height width`"),
+    ("simulate --lengths videos:/no/such/clips.txt --model wan-1.3b", 2, r"/no/such/clips.txt: cannot read clip list"),
+    ("simulate --lengths video --model stdit3-1b --cluster h200-32 --max-len 4000 --steps 1", 2,
+     r"68 x 120 patches per frame \(8160 tokens\).*at least 8160"),
+    ("train --model stdit-tiny", 2, r"'stdit-tiny' is a video DiT .*not yet train"),
+    ("profile --model dit-tiny", 2, r"'dit-tiny' is a video DiT"),
+    ("verify --model wan-1.3b", 2, r"'wan-1.3b' is a video DiT"),
+    ("bench --model stdit-tiny", 2, r"'stdit-tiny' is a video DiT"),
 ]
 
 
