@@ -251,6 +251,12 @@ class CostModel:
             out[i] = np.where(c <= 1.0, work, np.inf)
         return out
 
+    def longest_alone(self, samples: Sequence[Sample]) -> float:
+        """The slowest sample alone at its best degree (least checkpointing) plus g: no plan
+        without remapping ends the step sooner. The lower bound may sit below it, since a remap
+        domain may spread a sample's linear work wider than its group."""
+        return float(np.min(self.sequence_times(samples), axis=0).max()) + self.g if len(samples) else 0.0
+
     def lower_bound(self, samples: Sequence[Sample]) -> float:
         """No plan's step time can be below this: the least T that passes three bounds.
 

@@ -117,7 +117,7 @@ def split_sample(sample: Sample, max_len: int) -> list[Sample]:
 
 
 @dataclass(frozen=True)
-class Batch:
+class SampleBatch:
     """One step's samples as a planner sees them. Sequence ids index all three."""
 
     samples: list[Sample]
@@ -129,7 +129,7 @@ class Batch:
     planner never squares a length itself."""
 
     @classmethod
-    def of(cls, samples: Sequence, cost: CostModel) -> Batch:
+    def of(cls, samples: Sequence, cost: CostModel) -> SampleBatch:
         """The checked samples with their tokens and their attention units under `cost`."""
         samples = check_samples(samples)
         return cls(samples, [tokens(x) for x in samples], cost.units(samples))

@@ -8,7 +8,7 @@ from typing import ClassVar, Sequence
 from ..cluster import Cluster
 from ..cost import CostModel
 from ..plans import Plan
-from ..samples import Batch, Sample
+from ..samples import SampleBatch, Sample
 from .packing import fixed_checkpoint
 
 
@@ -67,7 +67,7 @@ class Planner(ABC):
         (frames, height, width) clips in latent patches, mixed freely."""
         if not len(samples):
             raise ValueError("cannot plan an empty batch")
-        batch = Batch.of(samples, self.cost)
+        batch = SampleBatch.of(samples, self.cost)
         self.cost.check_fits(batch.lengths)
         plan = self._plan(batch)
         plan.planner = self.name
@@ -75,7 +75,7 @@ class Planner(ABC):
         return plan
 
     @abstractmethod
-    def _plan(self, batch: Batch) -> Plan:
+    def _plan(self, batch: SampleBatch) -> Plan:
         """Plan a non-empty batch whose every sample fits some degree."""
 
     def state_dict(self) -> dict:

@@ -6,7 +6,7 @@ least checkpoint level that fits that sequence) and keeps the fastest under the 
 from __future__ import annotations
 
 from ..plans import Plan
-from ..samples import Batch
+from ..samples import SampleBatch
 from ..timeline import step_time
 from . import register
 from .base import Planner
@@ -17,7 +17,7 @@ from .static import fixed_layout_plan
 class BatchAdaptivePlanner(Planner):
     name = "batch-adaptive"
 
-    def _plan(self, batch: Batch) -> Plan:
+    def _plan(self, batch: SampleBatch) -> Plan:
         longest = max(batch.lengths)
         candidates = []
         for degree in self.cost.degrees:

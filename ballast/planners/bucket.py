@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..plans import Plan
-from ..samples import Batch
+from ..samples import SampleBatch
 from . import register
 from .base import Planner
 from .packing import deal_by_time, fixed_run, lockstep_wave, micro_batch
@@ -20,7 +20,7 @@ from .packing import deal_by_time, fixed_run, lockstep_wave, micro_batch
 class BucketPlanner(Planner):
     name = "bucket"
 
-    def _plan(self, batch: Batch) -> Plan:
+    def _plan(self, batch: SampleBatch) -> Plan:
         lengths = batch.lengths
         max_len, degree, run_checkpoint = fixed_run(self.cost, lengths, self.options.max_len, self.options.degree)
         buckets: dict[int, list[int]] = defaultdict(list)

@@ -60,7 +60,7 @@ from typing import Callable
 import numpy as np
 
 from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
-from ..samples import Batch
+from ..samples import SampleBatch
 from ..timeline import step_time
 from . import register
 from .base import Planner
@@ -103,7 +103,7 @@ def bucket_uppers(lengths: np.ndarray, max_len: int) -> np.ndarray:
     return np.minimum(upper, max_len)
 
 
-def bucket_units(upper: np.ndarray, inverse: np.ndarray, batch: Batch) -> np.ndarray:
+def bucket_units(upper: np.ndarray, inverse: np.ndarray, batch: SampleBatch) -> np.ndarray:
     """Attention units each bucket is profiled at: its upper length L squared times the largest
     density (units / tokens^2) of its members, so at least any member's units (it has at most
     L tokens), as DCP's profile of a bucket's upper size holds all its samples. Text under
@@ -120,7 +120,7 @@ def bucket_units(upper: np.ndarray, inverse: np.ndarray, batch: Batch) -> np.nda
 class DCPPlanner(Planner):
     name = "dcp"
 
-    def _plan(self, batch: Batch) -> Plan:
+    def _plan(self, batch: SampleBatch) -> Plan:
         lengths, mode = batch.lengths, self.options.dcp_mode
         if mode not in MODES:
             raise ValueError(f"dcp_mode must be one of {MODES}, got {mode!r}")
@@ -133,7 +133,7 @@ class DCPPlanner(Planner):
         plans = [self.plan_for_target(batch, max_len, level, bound * f, mode) for f in TARGETS]
         return min(plans, key=lambda p: step_time(p, self.cost))
 
-    def plan_for_target(self, batch: Batch, max_len: int, level: float, target: float,
+    def plan_for_target(self, batch: SampleBatch, max_len: int, level: float, target: float,
                         mode: str) -> Plan:
         """DCP's plan when bucket micro-batches may take up to `target` seconds."""
         intra, inter = mode in ("intra", "both"), mode in ("inter", "both")
@@ -176,7 +176,7 @@ class DCPPlanner(Planner):
             choices.append(BucketChoice(int(d[0, j, 0]), int(batch[i, j, k])))
         return choices
 
-    def _micro_batches(self, batch: Batch, max_len: int, target: float, level: float,
+    def _micro_batches(self, batch: SampleBatch, max_len: int, target: float, level: float,
                        intra: bool) -> list[Pending]:
         s = np.asarray(batch.lengths, dtype=np.int64)
         buckets, inverse = np.unique(bucket_uppers(s, max_len), return_inverse=True)
@@ -191,7 +191,7 @@ class DCPPlanner(Planner):
                 out.append(self._pending(chunk.tolist(), batch, choice.degree, level, intra))
         return out
 
-    def _pending(self, seq_ids: list[int], batch: Batch, degree: int, level: float,
+    def _pending(self, seq_ids: list[int], batch: SampleBatch, degree: int, level: float,
                  intra: bool) -> Pending:
         tokens = sum(batch.lengths[i] for i in seq_ids)
         if intra:

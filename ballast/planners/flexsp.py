@@ -50,7 +50,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..cost import CostModel
 from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
-from ..samples import Batch
+from ..samples import SampleBatch
 from ..timeline import step_time
 from . import register
 from .base import Planner, PlannerOptions
@@ -138,7 +138,7 @@ class FlexSPPlanner(Planner):
             k *= 2
 
     # --- one wave --------------------------------------------------------------------------------
-    def _solve(self, batch: Batch, ids: list[int], limit_s: float) -> tuple[WaveSolution, float, int] | None:
+    def _solve(self, batch: SampleBatch, ids: list[int], limit_s: float) -> tuple[WaveSolution, float, int] | None:
         """The best MILP solution of the wave of samples `ids`, its checkpoint cap and bucket
         count; None if none fits."""
         deadline = time.perf_counter() + limit_s
@@ -170,7 +170,7 @@ class FlexSPPlanner(Planner):
         return wave
 
     # --- the step ----------------------------------------------------------------------------------
-    def _plan_chunks(self, batch: Batch, chunks: list[list[int]], budget_s: float) -> Plan | None:
+    def _plan_chunks(self, batch: SampleBatch, chunks: list[list[int]], budget_s: float) -> Plan | None:
         end = time.perf_counter() + budget_s
         waves, facts = [], []
         for w, ids in enumerate(chunks):
@@ -189,7 +189,7 @@ class FlexSPPlanner(Planner):
             "buckets": [k for _, _, k in facts],
             "status": [sol.status for sol, _, _ in facts]})
 
-    def _plan(self, batch: Batch) -> Plan:
+    def _plan(self, batch: SampleBatch) -> Plan:
         began, lengths = time.perf_counter(), batch.lengths
         deadline = began + BUDGET_SOLVES * self.options.time_limit
         self._solve_s = 0.0

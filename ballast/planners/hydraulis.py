@@ -52,7 +52,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
-from ..samples import Batch
+from ..samples import SampleBatch
 from . import register
 from .base import Planner
 from .packing import mb_time, pad_lockstep
@@ -67,7 +67,7 @@ LAYOUTS_DISPATCHED = 3  # layouts, best by the histogram estimate, that get a fu
 class HydraulisPlanner(Planner):
     name = "hydraulis"
 
-    def _plan(self, batch: Batch) -> Plan:
+    def _plan(self, batch: SampleBatch) -> Plan:
         estimates = self.sequence_estimates(batch)
         layouts = self.candidate_layouts(estimates, self.cost.lower_bound(batch.samples))
         work = self.cost.work(np.asarray(batch.lengths, dtype=np.float64), batch.units)
@@ -91,7 +91,7 @@ class HydraulisPlanner(Planner):
                     info={"replicas": list(layout), "estimate_s": slowest})
 
     # --- stage 0: replicas --------------------------------------------------------------------
-    def sequence_estimates(self, batch: Batch) -> np.ndarray:
+    def sequence_estimates(self, batch: SampleBatch) -> np.ndarray:
         """[degree index, sequence]: seconds alone at the least level, with its share of g (by
         tokens: what fills a micro-batch is memory)."""
         cost = self.cost
@@ -162,7 +162,7 @@ class HydraulisPlanner(Planner):
         return max(load for heap in heaps.values() for load, _ in heap), replicas
 
     # --- stage 2: micro-batches inside a replica ----------------------------------------------
-    def pack(self, seq_ids: list[int], batch: Batch, degree: int) -> list[MicroBatch]:
+    def pack(self, seq_ids: list[int], batch: SampleBatch, degree: int) -> list[MicroBatch]:
         """The replica's micro-batches at the count that minimises its time."""
         if not seq_ids:
             return []
@@ -187,7 +187,7 @@ class HydraulisPlanner(Planner):
         assert best is not None
         return best
 
-    def _floor(self, items: list[int], batch: Batch, degree: int) -> float:
+    def _floor(self, items: list[int], batch: SampleBatch, degree: int) -> float:
         """Replica time without g that no count can beat: work, all-to-alls, forced recomputation."""
         cost = self.cost
         s = np.asarray([batch.lengths[i] for i in items], dtype=np.float64)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
-from ..samples import Batch
+from ..samples import SampleBatch
 from . import register
 from .base import Planner
 from .packing import fixed_run, pad_lockstep
@@ -25,7 +25,7 @@ SLACK = 0.05
 class MegatronDynamicCPPlanner(Planner):
     name = "megatron-dynamic-cp"
 
-    def _plan(self, batch: Batch) -> Plan:
+    def _plan(self, batch: SampleBatch) -> Plan:
         cost, world, lengths = self.cost, self.cluster.world_size, batch.lengths
         _, smallest, checkpoint = fixed_run(cost, lengths, self.options.max_len)
         # Per rank as the run's smallest degree sees it, so that max_len needs that degree

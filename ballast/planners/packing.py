@@ -7,7 +7,7 @@ from typing import Sequence
 
 from ..cost import CostModel
 from ..plans import Group, MicroBatch, Wave, fill_idle
-from ..samples import Batch
+from ..samples import SampleBatch
 
 
 def best_fit_decreasing(seq_ids: Sequence[int], lengths: Sequence[int], capacity: int) -> list[list[int]]:
@@ -39,7 +39,7 @@ def micro_batch(seq_ids: list[int], lengths: Sequence[int], degree: int, cost: C
     return MicroBatch(list(seq_ids), checkpoint)
 
 
-def mb_time(mb: MicroBatch, batch: Batch, degree: int, cost: CostModel) -> float:
+def mb_time(mb: MicroBatch, batch: SampleBatch, degree: int, cost: CostModel) -> float:
     s = sum(batch.lengths[i] for i in mb.seq_ids)
     return cost.time_from_sums(batch.units_of(mb.seq_ids), s, degree, mb.checkpoint)
 
@@ -55,14 +55,14 @@ def longest_processing_time(times: Sequence[float], bins: int) -> list[list[int]
     return out
 
 
-def deal_by_time(micro_batches: list[MicroBatch], batch: Batch, degree: int,
+def deal_by_time(micro_batches: list[MicroBatch], batch: SampleBatch, degree: int,
                  cost: CostModel, groups: int) -> list[list[MicroBatch]]:
     """Micro-batches spread over `groups` equal groups by LPT on their time."""
     times = [mb_time(mb, batch, degree, cost) for mb in micro_batches]
     return [[micro_batches[i] for i in idx] for idx in longest_processing_time(times, groups)]
 
 
-def lockstep_wave(per_group: list[list[MicroBatch]], batch: Batch, degree: int,
+def lockstep_wave(per_group: list[list[MicroBatch]], batch: SampleBatch, degree: int,
                   cost: CostModel, world_size: int) -> Wave:
     """One lockstep wave: group g (ranks g*degree...) runs per_group[g], padded to equal counts.
 
@@ -108,7 +108,7 @@ def fixed_checkpoint(cost: CostModel, max_len: int, degree: int) -> float:
     return level
 
 
-def pad_lockstep(wave: Wave, batch: Batch, cost: CostModel) -> Wave:
+def pad_lockstep(wave: Wave, batch: SampleBatch, cost: CostModel) -> Wave:
     """The wave made lockstep: every group runs its micro-batches longest first, padded with
     empty ones to the wave's largest count (groups may have different degrees)."""
     depth = max((len(g.micro_batches) for g in wave.groups), default=0)

@@ -10,13 +10,13 @@ lockstep.
 from __future__ import annotations
 
 from ..plans import Plan
-from ..samples import Batch
+from ..samples import SampleBatch
 from . import register
 from .base import Planner
 from .packing import best_fit_decreasing, fixed_run, lockstep_wave, longest_processing_time, micro_batch
 
 
-def fixed_layout_plan(batch: Batch, degree: int, checkpoint: float, planner: Planner) -> Plan:
+def fixed_layout_plan(batch: SampleBatch, degree: int, checkpoint: float, planner: Planner) -> Plan:
     """Token-balanced groups of one degree, each packing best-fit-decreasing, in one lockstep wave."""
     cost, world, lengths = planner.cost, planner.cluster.world_size, batch.lengths
     capacity = cost.max_tokens(degree, checkpoint)
@@ -31,6 +31,6 @@ def fixed_layout_plan(batch: Batch, degree: int, checkpoint: float, planner: Pla
 class StaticPlanner(Planner):
     name = "static"
 
-    def _plan(self, batch: Batch) -> Plan:
+    def _plan(self, batch: SampleBatch) -> Plan:
         _, degree, checkpoint = fixed_run(self.cost, batch.lengths, self.options.max_len, self.options.degree)
         return fixed_layout_plan(batch, degree, checkpoint, self)

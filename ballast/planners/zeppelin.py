@@ -52,7 +52,7 @@ import numpy as np
 
 from ..cost import CostModel
 from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
-from ..samples import Batch, is_shaped
+from ..samples import SampleBatch, is_shaped
 from ..timeline import step_time, wave_time
 from . import register
 from .base import Planner
@@ -78,7 +78,7 @@ class _Draft:
 class _Step:
     """Per-step estimates shared by the candidate builds: per degree, per sequence, per-rank
     seconds (with a token-proportional memory overhead), in total and without the b s term."""
-    batch: Batch
+    batch: SampleBatch
     shapes: list | None
     """`Plan.shapes` of the candidates (None for text), so that the timeline prices the clips
     of the candidates compared inside the planner by their shapes."""
@@ -140,7 +140,7 @@ def balance_nodes(weights: Sequence[float], nodes: int, cap: float = math.inf) -
 class ZeppelinPlanner(Planner):
     name = "zeppelin"
 
-    def _plan(self, batch: Batch) -> Plan:
+    def _plan(self, batch: SampleBatch) -> Plan:
         cost, ppn = self.cost, self.cluster.devices_per_node
         s = np.asarray(batch.lengths, dtype=np.float64)
         deg = np.asarray(cost.degrees, dtype=np.float64)[:, None]
@@ -274,7 +274,7 @@ class ZeppelinPlanner(Planner):
                            self.cluster.world_size)
         return pad_lockstep(Wave(groups), step.batch, self.cost) if self.options.lockstep else Wave(groups)
 
-    def _pack(self, batch: Batch, ids: list[int], degree: int) -> list[MicroBatch]:
+    def _pack(self, batch: SampleBatch, ids: list[int], degree: int) -> list[MicroBatch]:
         """The fastest token-balanced packing into k micro-batches, each at its least checkpoint."""
         cost, lengths = self.cost, batch.lengths
         sizes = [lengths[i] for i in ids]

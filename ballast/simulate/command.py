@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
                                                                                    description=f"planning: {name}"),
                                            as_lengths=args.as_lengths)
     lower_mean = sum(lower) / len(lower)
+    longest = sum(map(cost.longest_alone, batches)) / len(batches)
     summaries = {name: r.summary() for name, r in results.items()}
     setting = {"lengths": args.lengths, "cluster": cluster.name, "world_size": cluster.world_size,
                "model": shape.name, "attention": shape.attention, "as_lengths": args.as_lengths,
@@ -112,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
     console.print(planner_table(title, summaries, lower_mean))
     console.print(f"data: {lengths_stream.report()}")
     if args.json_out:
-        out = {"setting": setting, "steps": args.steps, "lower_bound_s": lower_mean, "planners": summaries}
+        out = {"setting": setting, "steps": args.steps, "lower_bound_s": lower_mean, "longest_alone_s": longest,
+               "planners": summaries}
         Path(args.json_out).write_text(json.dumps(out, indent=2))
         console.print(f"wrote {args.json_out}")
     if args.gantt:

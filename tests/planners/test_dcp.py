@@ -13,11 +13,11 @@ from ballast.planners import get_planner
 from ballast.planners import dcp
 from ballast.planners.dcp import MAX_ACCUMULATION, MAX_COUNT_RATIO, bucket_units, bucket_uppers
 from ballast.planners.packing import mb_time
-from ballast.samples import Batch
+from ballast.samples import SampleBatch
 from strategies import SMALL, make_cluster, planner_setups
 
 def group_times(plan, cost, wave: int = 0) -> list[float]:
-    batch = Batch.of(plan.samples, cost)
+    batch = SampleBatch.of(plan.samples, cost)
     return [sum(mb_time(mb, batch, g.degree, cost) for mb in g.micro_batches)
             for g in plan.waves[wave].groups if g.micro_batches]
 
@@ -56,7 +56,7 @@ def test_buckets_hold_their_lengths():
 @pytest.mark.parametrize("pattern", ["causal", "full", "spatial-temporal"])
 def test_bucket_units_bound_every_member(pattern):
     cost = CostModel.analytic(dataclasses.replace(SMALL, attention=pattern), make_cluster(1, 8, 8e10))
-    batch = Batch.of([300, 4096, (15, 45, 80), (5, 23, 40), (10, 15, 27), (1, 90, 160), 17, (60, 4, 4)], cost)
+    batch = SampleBatch.of([300, 4096, (15, 45, 80), (5, 23, 40), (10, 15, 27), (1, 90, 160), 17, (60, 4, 4)], cost)
     uppers, inverse = np.unique(bucket_uppers(np.array(batch.lengths), 10**6), return_inverse=True)
     units = bucket_units(uppers, inverse, batch)
     assert np.all(units[inverse] >= batch.units)
@@ -68,7 +68,7 @@ def test_bucket_units_bound_every_member(pattern):
 
 def test_text_buckets_are_priced_at_their_upper_length_squared():
     cost = CostModel.analytic(SMALL, make_cluster(1, 8, 8e10))
-    batch = Batch.of([1, 2, 3, 100, 1000, 1023, 1025, 40000], cost)
+    batch = SampleBatch.of([1, 2, 3, 100, 1000, 1023, 1025, 40000], cost)
     uppers, inverse = np.unique(bucket_uppers(np.array(batch.lengths), 10**6), return_inverse=True)
     assert bucket_units(uppers, inverse, batch).tolist() == (uppers.astype(float) ** 2).tolist()
 
@@ -114,7 +114,7 @@ def test_intra_turns_checkpointing_off_for_short_sequences():
     cluster, cost, lengths, max_len = _low_memory()
     planner = get_planner("dcp", cluster, cost, PlannerOptions(max_len=max_len))
     target = 2 * cost.lower_bound(lengths)
-    batch = Batch.of(lengths, cost)
+    batch = SampleBatch.of(lengths, cost)
     inter = planner.plan_for_target(batch, max_len, 1.0, target, "inter")
     both = planner.plan_for_target(batch, max_len, 1.0, target, "both")
     assert {mb.checkpoint for _, _, mb in inter.micro_batches() if mb.seq_ids} == {1.0}
@@ -139,7 +139,7 @@ def test_inter_balances_group_times(seed):
     lengths = np.clip(rng.lognormal(6, 1.5, 512), 1, 200000).astype(int).tolist()
     planner = get_planner("dcp", cluster, cost)
     target = 1.5 * cost.lower_bound(lengths)
-    batch = Batch.of(lengths, cost)
+    batch = SampleBatch.of(lengths, cost)
     balanced = planner.plan_for_target(batch, max(lengths), 0.0625, target, "both")
     naive = planner.plan_for_target(batch, max(lengths), 0.0625, target, "intra")
     assert len(balanced.waves) == len(naive.waves) == 1

@@ -10,7 +10,7 @@ from ballast import CostModel, PlannerOptions, get_cluster, get_cost_model, get_
 from ballast.planners import get_planner
 from ballast.timeline import simulate
 from ballast.planners.hydraulis import balance_under_cap
-from ballast.samples import Batch
+from ballast.samples import SampleBatch
 from strategies import SMALL, make_cluster, planner_setups
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
@@ -51,7 +51,7 @@ def test_micro_batch_count_is_optimal_on_a_tiny_replica(case):
     lengths = [int(x) for x in rng.integers(1, cap // 2, int(rng.integers(1, 7)))]
     ids = list(range(len(lengths)))
     planner = get_planner("hydraulis", cluster, cost)
-    ours = _time(cost, [mb.seq_ids for mb in planner.pack(ids, Batch.of(lengths, cost), degree)], lengths, degree)
+    ours = _time(cost, [mb.seq_ids for mb in planner.pack(ids, SampleBatch.of(lengths, cost), degree)], lengths, degree)
     # Brute force over the count, with the same balanced packing for each count.
     work = {i: cost.a * lengths[i] ** 2 + cost.b * lengths[i] for i in ids}
     items = sorted(ids, key=lambda i: -work[i])
@@ -91,7 +91,7 @@ def test_best_of_shuffles_is_no_worse_than_longest_first():
         lengths = _wiki_like(512, seed)
         planner = get_planner("hydraulis", cluster, cost, PlannerOptions(seed=seed))
         plan = planner.plan(lengths)
-        batch = Batch.of(lengths, cost)
+        batch = SampleBatch.of(lengths, cost)
         estimates = planner.sequence_estimates(batch)
         heaviest_first = np.argsort(-cost.work(np.asarray(lengths, dtype=np.float64), batch.units), kind="stable")
         alone, _ = planner.dispatch(tuple(plan.info["replicas"]), heaviest_first, estimates)
@@ -136,7 +136,7 @@ def test_clips_are_weighed_by_their_attention_units(model):
     metrics = simulate(plan, cost, cluster.world_size)
     assert metrics.step_time >= metrics.lower_bound * (1 - 1e-9)
     clip, frame = len(samples) - 2, len(samples) - 1
-    estimates = planner.sequence_estimates(Batch.of(samples, cost))
+    estimates = planner.sequence_estimates(SampleBatch.of(samples, cost))
     if model == "stdit3-1b":  # spatial-temporal: the frame attends over all its tokens, the clip per frame
         assert (estimates[:, frame] > estimates[:, clip]).all()
     else:  # full attention: equal tokens, equal units

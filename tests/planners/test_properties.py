@@ -105,6 +105,9 @@ def test_plans_are_valid_and_never_beat_the_lower_bound(name):
         # no plan beats the lower bound (1e-9: the same terms summed in different orders)
         assert metrics.step_time >= metrics.lower_bound * (1 - 1e-9), \
             f"{name}: step {metrics.step_time} < lower bound {metrics.lower_bound}"
+        # nor, without a remap domain, the slowest sample alone at its best degree
+        if not any(wave.remap for wave in plan.waves):
+            assert metrics.step_time >= cost.longest_alone(samples) * (1 - 1e-9)
     run(name, EXAMPLES, check)
 
 

@@ -62,7 +62,9 @@ def test_json_table_and_gantt(tmp_path, capsys, wide):
     assert simulate_cli(*SETTING, "--planners", ",".join(PLANNERS), "--json", str(out), "--gantt", str(png)) == 0
     printed = capsys.readouterr().out
     data = json.loads(out.read_text())
-    assert set(data) == {"setting", "steps", "lower_bound_s", "planners"} and data["steps"] == 2
+    assert set(data) == {"setting", "steps", "lower_bound_s", "longest_alone_s", "planners"} and data["steps"] == 2
+    # no planner's step beats the floor of plans without remapping by more than remapping can
+    assert 0 < data["longest_alone_s"] <= max(p["step_time_s"] for p in data["planners"].values())
     setting = data["setting"]
     assert (setting["cluster"], setting["world_size"], setting["model"]) == ("a100-8", 8, "gpt-7b")
     assert (setting["batch"], setting["max_len"], setting["zeppelin_remap"]) == (32, 32768, "on")

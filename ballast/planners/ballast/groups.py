@@ -13,7 +13,7 @@ import numpy as np
 
 from ...cost import CostModel
 from ...plans import Group, MicroBatch
-from ...samples import Batch
+from ...samples import SampleBatch
 from ..packing import best_fit_decreasing
 
 # Micro-batch counts tried per group: a geometric ladder of this many between the fewest that
@@ -28,7 +28,7 @@ class GroupPacker:
     """Exact micro-batch packing and timing for the samples of one batch. Memory, and so
     packing, follows tokens; time follows tokens and attention units."""
 
-    def __init__(self, cost: CostModel, batch: Batch, work: np.ndarray, quad: np.ndarray,
+    def __init__(self, cost: CostModel, batch: SampleBatch, work: np.ndarray, quad: np.ndarray,
                  row: dict[int, int]):
         self.cost = cost
         self.lengths = batch.lengths

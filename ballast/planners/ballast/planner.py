@@ -53,7 +53,7 @@ import math
 import numpy as np
 
 from ...plans import Group, Plan, Wave, fill_idle
-from ...samples import Batch
+from ...samples import SampleBatch
 from ...timeline import step_time
 from .. import register
 from ..base import Planner
@@ -87,7 +87,7 @@ SWAP_GAIN = 1e-3
 class BallastPlanner(Planner):
     name = "ballast"
 
-    def _plan(self, batch: Batch) -> Plan:
+    def _plan(self, batch: SampleBatch) -> Plan:
         self._batch = batch
         self._tokens = s = np.asarray(batch.lengths, dtype=np.float64)
         # Attention units per token (`GroupEstimates`' span): exactly s for a text sequence.
