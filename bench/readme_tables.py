@@ -142,9 +142,9 @@ def peers_table() -> str:
             f"{min(x['cpu_share'] for x in data['systems'].values()):.0%}..{max(x['cpu_share'] for x in data['systems'].values()):.0%}; "
             f"loss: largest difference to `static`'s on the same step; peak RSS: each system alone in a job of its own"
             f"{mem_load}):\n\n")
-    rows = ["| system | tokens/s | vs DeepSpeed | paired | spread | step (s) | loss max abs diff | max rel | "
-            "peak RSS / rank (MB) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| system | tokens/s | vs DeepSpeed | paired | spread | step (s) | micro-batches | degrees | "
+            "loss max abs diff | max rel | peak RSS / rank (MB) |",
+            "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     names = {"deepspeed-ulysses": "DeepSpeed-Ulysses", "static": "ballast `static` (degree 2)",
              "ballast": "ballast `ballast`"}
     for name, p in sorted(data["systems"].items(), key=lambda kv: -kv[1]["tokens_per_s"]):
@@ -153,14 +153,38 @@ def peers_table() -> str:
                 "" if agree is None else f"{agree['max_rel']:.1e}")
         rss = " / ".join(f"{x:,.0f}" for x in p["peak_rss_mb"]) or "n/a"
         rows.append(f"| {names.get(name, name)} | {p['tokens_per_s']:,.0f} | {p['vs_deepspeed']:.2f}x | "
-                    f"{p['vs_deepspeed_paired']:.2f}x | {p['round_spread']:.1%} | {p['step_s']:.3f} | {diff[0]} | "
-                    f"{diff[1]} | {rss} |")
+                    f"{p['vs_deepspeed_paired']:.2f}x | {p['round_spread']:.1%} | {p['step_s']:.3f} | "
+                    f"{_layout(data, name)} | {diff[0]} | {diff[1]} | {rss} |")
     t = data["targets"]
     verdict = lambda x: "met" if x["met"] else "not met"  # noqa: E731
     tail = (f"\n\nTargets: ballast {t['ballast_vs_deepspeed']['value']:.2f}x DeepSpeed-Ulysses (>= 1.3x: "
             f"{verdict(t['ballast_vs_deepspeed'])}); static {t['static_vs_deepspeed']['value']:.2f}x (within the "
             f"{t['static_vs_deepspeed']['noise']:.1%} noise or faster: {verdict(t['static_vs_deepspeed'])}).")
+    roomy = RESULTS / "peers-deepspeed-8gb.json"
+    if roomy.exists():
+        d = json.loads(roomy.read_text())
+        p, load = d["systems"], d["load_average"]
+        agree = max(x["loss_vs_static"]["max_rel"] for x in p.values() if "loss_vs_static" in x)
+        tail += (f"\n\nAt 8 GB per rank (`peers-deepspeed-8gb.json`, {d['seconds']:.0f} s, load average "
+                 f"{load['min']:.1f}..{load['max']:.1f}), `static` runs the peer's layout exactly (micro-batches "
+                 f"{_layout(d, 'static', ' per step, degrees ')}): {p['static']['tokens_per_s']:,.0f} tokens/s, "
+                 f"{p['static']['vs_deepspeed']:.2f}x DeepSpeed-Ulysses (paired {p['static']['vs_deepspeed_paired']:.2f}x; "
+                 f"noise {d['relative_noise']:.1%}); ballast (micro-batches {_layout(d, 'ballast', ' per step, degrees ')}) "
+                 f"{p['ballast']['tokens_per_s']:,.0f} tokens/s, {p['ballast']['vs_deepspeed']:.2f}x (paired "
+                 f"{p['ballast']['vs_deepspeed_paired']:.2f}x); peak RSS per rank static "
+                 f"{' / '.join(f'{x:,.0f}' for x in p['static']['peak_rss_mb']) or 'n/a'} MB, DeepSpeed "
+                 f"{' / '.join(f'{x:,.0f}' for x in p['deepspeed-ulysses']['peak_rss_mb']) or 'n/a'} MB; "
+                 f"losses within {agree:.1e} (relative) of static's.")
     return head + "\n".join(rows) + tail
+
+
+def _layout(data: dict, name: str, sep: str = " | ") -> str:
+    """Mean micro-batches per measured step and the SP degrees used, from a peers JSON's records."""
+    mine = [r for r in data["records"] if r["planner"] == name and r["round"] >= 0 and "micro_batches" in r]
+    if not mine:
+        return f"n/a{sep}n/a"
+    degrees = sorted({d for r in mine for d in r["degrees"]})
+    return f"{sum(r['micro_batches'] for r in mine) / len(mine):.2f}{sep}{','.join(map(str, degrees))}"
 
 
 def measured_table() -> str:
