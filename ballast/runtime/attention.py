@@ -9,9 +9,8 @@ sequences, so it re-shards by heads:
     causal attention per sequence over the whole stream (for heads/d heads)
     out      [n, heads/d, hd] per rank  --all-to-all-->  [n_r, heads, hd] per rank
 
-All-to-alls need equal pieces, so every shard is padded to the longest one (ceil(n/d) rows)
-inside the layer; after the exchange the pad rows are dropped before attention, and re-inserted
-as zeros (then dropped again) on the way back. Users never pad.
+Shards differ by a token where d does not divide n, so the exchanges use uneven splits: each
+rank sends its own rows and receives the whole stream in order, with no padding. Users never pad.
 
 Rotary positions are applied before the exchange, on the shard, from the global
 per-sequence positions that `StreamShard.positions` holds for the shard's tokens.
@@ -23,7 +22,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
@@ -78,45 +76,31 @@ class StreamShard(PackedStream):
         """Where this rank's tokens sit in the whole stream."""
         return _shard_slice(self.sizes, self.index)
 
-    @property
-    def chunk(self) -> int:
-        """Rows of every rank's all-to-all piece: the longest shard."""
-        return self.sizes[0]
-
-    @functools.cached_property
-    def real_rows(self) -> Tensor | None:
-        """Rows of the gathered [degree * chunk] layout that hold tokens (not pad); None: all."""
-        if self.bounds[-1] % self.degree == 0:
-            return None
-        return torch.cat([torch.arange(i * self.chunk, i * self.chunk + s) for i, s in enumerate(self.sizes)]
-                         ).to(self.positions.device)
-
 
 def _seq_to_head(x: Tensor, shard: StreamShard) -> Tensor:
     """[n_r, H, hd] on each rank (its tokens, all heads) -> [n, H/d, hd] (all tokens, its heads)."""
-    d, chunk = shard.degree, shard.chunk
-    rows, heads, head_dim = x.shape
-    padded = F.pad(x, (0, 0, 0, 0, 0, chunk - rows))
-    # Piece j (sent to rank j) is this rank's tokens for rank j's heads.
-    send = padded.view(chunk, d, heads // d, head_dim).transpose(0, 1).contiguous()
-    received = torch.empty_like(send)
-    dist.all_to_all_single(received, send, group=shard.group)
-    # Piece i came from rank i: its (padded) shard, in stream order.
-    gathered = received.view(d * chunk, heads // d, head_dim)
-    return gathered if shard.real_rows is None else gathered.index_select(0, shard.real_rows)
+    d, rows = shard.degree, shard.sizes[shard.index]
+    _, heads, head_dim = x.shape
+    # Piece j (sent to rank j) is this rank's tokens for rank j's heads; piece i received is
+    # rank i's shard, so the output is the stream in order. Uneven splits: no pad rows to
+    # write, send and drop (they cost as much local copying as the exchange itself on CPU).
+    send = x.view(rows, d, heads // d, head_dim).transpose(0, 1).contiguous()
+    received = x.new_empty(shard.bounds[-1], heads // d, head_dim)
+    dist.all_to_all_single(received, send.view(d * rows, heads // d, head_dim),
+                           output_split_sizes=list(shard.sizes), input_split_sizes=[rows] * d, group=shard.group)
+    return received
 
 
 def _head_to_seq(y: Tensor, shard: StreamShard) -> Tensor:
     """The inverse (and adjoint) of `_seq_to_head`: [n, H/d, hd] -> [n_r, H, hd]."""
-    d, chunk = shard.degree, shard.chunk
+    d, rows = shard.degree, shard.sizes[shard.index]
     _, heads_here, head_dim = y.shape
-    if shard.real_rows is not None:
-        y = y.new_zeros(d * chunk, heads_here, head_dim).index_copy_(0, shard.real_rows, y)
-    send = y.reshape(d, chunk, heads_here, head_dim).contiguous()
-    received = torch.empty_like(send)
-    dist.all_to_all_single(received, send, group=shard.group)
-    # Piece j holds this rank's tokens for rank j's heads: put the heads back in order.
-    return received.transpose(0, 1).reshape(chunk, d * heads_here, head_dim)[:shard.sizes[shard.index]]
+    # Piece j (sent to rank j) is rank j's tokens, contiguous in the stream; piece i received
+    # is this rank's tokens for rank i's heads: put the heads back in order.
+    received = y.new_empty(d * rows, heads_here, head_dim)
+    dist.all_to_all_single(received, y.contiguous(), output_split_sizes=[rows] * d,
+                           input_split_sizes=list(shard.sizes), group=shard.group)
+    return received.view(d, rows, heads_here, head_dim).transpose(0, 1).reshape(rows, d * heads_here, head_dim)
 
 
 @dataclass(frozen=True)
