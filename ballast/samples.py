@@ -78,26 +78,15 @@ def attention_units(samples: Sequence[Sample], pattern: str = "causal", spatial_
     """
     if pattern not in ATTENTION_PATTERNS:
         raise ValueError(f"attention pattern {pattern!r}: expected one of {', '.join(ATTENTION_PATTERNS)}")
-    if not is_shaped(samples):
-        # Text fast path: float64 s * s, bit-identical to the text-only model's s^2.
-        s = np.asarray(samples, dtype=np.float64)
-        if pattern == "causal":
-            return s * s
-        if pattern == "full":
-            return 2.0 * s * s
-        return 2.0 * (spatial_share * s * s + (1.0 - spatial_share) * s)
-    out = np.empty(len(samples))
-    for i, x in enumerate(samples):
-        frames, per_frame = (x[0], x[1] * x[2]) if _is_shape(x) else (1, x)
-        n = float(frames * per_frame)
-        if pattern == "causal":
-            out[i] = n * n
-        elif pattern == "full":
-            out[i] = 2.0 * n * n
-        else:
-            out[i] = 2.0 * (spatial_share * frames * per_frame * per_frame
-                            + (1.0 - spatial_share) * per_frame * frames * frames)
-    return out
+    # frames F and patches per frame S of every sample; a text sequence is one frame of s.
+    frames = np.array([x[0] if _is_shape(x) else 1 for x in samples], dtype=np.float64)
+    per_frame = np.array([x[1] * x[2] if _is_shape(x) else x for x in samples], dtype=np.float64)
+    n = frames * per_frame  # exact: integers far below 2^53, so text's n * n is its s * s
+    if pattern == "causal":
+        return n * n
+    if pattern == "full":
+        return 2.0 * n * n
+    return 2.0 * (spatial_share * frames * per_frame * per_frame + (1.0 - spatial_share) * per_frame * frames * frames)
 
 
 def split_sample(sample: Sample, max_len: int) -> list[Sample]:

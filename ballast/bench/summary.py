@@ -37,8 +37,10 @@ def _spread(values: Sequence[float]) -> float:
     return (max(values) - min(values)) / statistics.median(values) if len(values) > 1 else 0.0
 
 
-def planner_summary(mine: list[dict]) -> dict:
-    """One planner's measured records summarised (see the module docstring)."""
+def timing_summary(mine: list[dict]) -> dict:
+    """Throughput of one system's measured records (`round`, `step`, `tokens`, `step_s`,
+    `cpu_share` each; see the module docstring): what any system measured on the same schedule
+    reports, ballast's planners and a peer alike."""
     rounds: dict[int, list[dict]] = defaultdict(list)
     steps: dict[int, list[dict]] = defaultdict(list)
     for r in mine:
@@ -46,19 +48,27 @@ def planner_summary(mine: list[dict]) -> dict:
         steps[r["step"]].append(r)
     per_round = [_throughput(rs) for _, rs in sorted(rounds.items())]
     median_step = [statistics.median(r["step_s"] for r in rs) for rs in steps.values()]
+    return dict(
+        tokens_per_s=sum(rs[0]["tokens"] for rs in steps.values()) / sum(median_step),
+        tokens_per_s_mean=_throughput(mine), tokens_per_s_rounds=per_round, round_spread=_spread(per_round),
+        step_s=statistics.median(median_step), cpu_share=statistics.fmean(r["cpu_share"] for r in mine))
+
+
+def planner_summary(mine: list[dict]) -> dict:
+    """One planner's measured records summarised (see the module docstring)."""
+    steps: dict[int, list[dict]] = defaultdict(list)
+    for r in mine:
+        steps[r["step"]].append(r)
     errors = [rs[0]["predicted_s"] / statistics.median(r["waves_s"] for r in rs) - 1.0 for rs in steps.values()]
     busy = sum(sum(r["rank_busy_s"]) for r in mine)
     wait = sum(sum(r["rank_wait_s"]) for r in mine)
     planned = [r["plan_ms"] for r in mine if r["plan_ms"] is not None]
     return dict(
-        tokens_per_s=sum(rs[0]["tokens"] for rs in steps.values()) / sum(median_step),
-        tokens_per_s_mean=_throughput(mine), tokens_per_s_rounds=per_round, round_spread=_spread(per_round),
-        step_s=statistics.median(median_step), waves_s=statistics.median(r["waves_s"] for r in mine),
+        **timing_summary(mine), waves_s=statistics.median(r["waves_s"] for r in mine),
         predicted_s=statistics.median(r["predicted_s"] for r in mine),
         prediction_error=statistics.median(errors), prediction_abs_error=statistics.median(abs(e) for e in errors),
         idle_fraction=wait / max(1e-12, busy + wait),
         sync_optimizer_s=statistics.median(r["sync_s"] + r["optimizer_s"] for r in mine),
-        cpu_share=statistics.fmean(r["cpu_share"] for r in mine),
         plan_ms=statistics.fmean(planned), plan_ms_max=max(planned),
         waves=statistics.fmean(r["waves"] for r in mine),
         micro_batches=statistics.fmean(r["micro_batches"] for r in mine),

@@ -52,7 +52,7 @@ import numpy as np
 
 from ..cost import CostModel
 from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
-from ..samples import SampleBatch, is_shaped
+from ..samples import SampleBatch
 from ..timeline import step_time, wave_time
 from . import register
 from .base import Planner
@@ -79,9 +79,6 @@ class _Step:
     """Per-step estimates shared by the candidate builds: per degree, per sequence, per-rank
     seconds (with a token-proportional memory overhead), in total and without the b s term."""
     batch: SampleBatch
-    shapes: list | None
-    """`Plan.shapes` of the candidates (None for text), so that the timeline prices the clips
-    of the candidates compared inside the planner by their shapes."""
     total: dict[int, list[float]]
     attention: dict[int, list[float]]
     cls: list[int] = field(default_factory=list)
@@ -151,8 +148,7 @@ class ZeppelinPlanner(Planner):
         # balance token-aware as well as attention-aware.
         free_tokens = (cost.device_memory - cost.states) / cost.act_per_token
         est = times + min(cost.recompute * cost.b / (1.0 - cost.kept), cost.g / free_tokens) * s / deg
-        step = _Step(batch, batch.samples if is_shaped(batch.samples) else None,
-                     dict(zip(cost.degrees, est.tolist())),
+        step = _Step(batch, dict(zip(cost.degrees, est.tolist())),
                      dict(zip(cost.degrees, (est - cost.b * s / deg).tolist())))
         target = cost.lower_bound(batch.samples)
         best: tuple[float, Plan, float, np.ndarray] | None = None
@@ -203,7 +199,7 @@ class ZeppelinPlanner(Planner):
             placed, left = self._spread(step, rest, list(range(nodes)), math.inf)
             assert not left
             waves.append(self._wave(step, placed))
-        return Plan(step.batch.lengths, waves, lockstep=self.options.lockstep, shapes=step.shapes)
+        return Plan(step.batch.lengths, waves, lockstep=self.options.lockstep, shapes=step.batch.shapes)
 
     def _place_inter(self, step: _Step, ids: list[int], target: float) -> tuple[list[_Draft], list[int]]:
         """Inter-node sequences onto aligned blocks of whole nodes; those left for a later wave."""

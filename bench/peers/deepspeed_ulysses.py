@@ -46,7 +46,6 @@ import resource
 import statistics
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -233,20 +232,6 @@ def run_on_rank(inputs, setting, folder: str, systems: tuple[str, ...], repeats:
 
 # --- summary -----------------------------------------------------------------------------------
 
-def throughput(mine: list[dict]) -> dict:
-    """`ballast.bench.summary`'s tokens/s (per batch, median over rounds; total / sum) and rounds."""
-    steps, rounds = defaultdict(list), defaultdict(list)
-    for r in mine:
-        steps[r["step"]].append(r)
-        rounds[r["round"]].append(r)
-    medians = [statistics.median(r["step_s"] for r in rs) for rs in steps.values()]
-    per_round = [sum(r["tokens"] for r in rs) / sum(r["step_s"] for r in rs) for _, rs in sorted(rounds.items())]
-    spread = (max(per_round) - min(per_round)) / statistics.median(per_round) if len(per_round) > 1 else 0.0
-    return dict(tokens_per_s=sum(rs[0]["tokens"] for rs in steps.values()) / sum(medians),
-                tokens_per_s_rounds=per_round, round_spread=spread, step_s=statistics.median(medians),
-                cpu_share=statistics.fmean(r["cpu_share"] for r in mine))
-
-
 def loss_agreement(records: list[dict], system: str, reference: str = "static") -> dict:
     """Per (round, step) in schedule order, `system`'s loss against `reference`'s on the same batch."""
     by = {(r["round"], r["step"], r["planner"]): r["loss"] for r in records}
@@ -261,10 +246,10 @@ def loss_agreement(records: list[dict], system: str, reference: str = "static") 
 
 
 def summarise(records: list[dict], systems: tuple[str, ...], peak_rss: dict[str, list[float]]) -> dict:
-    from ballast.bench.summary import paired_speedups, same_batches
+    from ballast.bench.summary import paired_speedups, same_batches, timing_summary
 
     measured = [r for r in records if r["round"] >= 0]
-    out = {name: throughput([r for r in measured if r["planner"] == name]) for name in systems}
+    out = {name: timing_summary([r for r in measured if r["planner"] == name]) for name in systems}
     paired = paired_speedups(measured, PEER)
     for name, s in out.items():
         s["vs_deepspeed"] = s["tokens_per_s"] / out[PEER]["tokens_per_s"]
