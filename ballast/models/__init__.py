@@ -4,12 +4,13 @@
     protocol.py  ParallelModel, PackedStream, AttentionFn: all the runtime knows of a model
     gpt.py       ballast's Llama-style decoder
     hf.py        Hugging Face causal LMs (`hf:PATH`), through transformers' AttentionInterface
-    kernels.py   causal attention per packed sequence (flash-attn / torch varlen on CUDA, SDPA)
+    next_token.py  the text models' objective (next-token cross-entropy over a packed stream)
+    kernels.py   attention inside every span of a packed stream (flash-attn / torch varlen on CUDA, SDPA)
 """
 from ..model_shape import HF_PREFIX, ModelShape
-from .gpt import GPT, build_gpt, local_attention
-from .kernels import varlen_causal_attention
-from .protocol import AttentionFn, PackedStream, ParallelModel, sequence_positions
+from .gpt import GPT, build_gpt
+from .kernels import local_attention, varlen_attention
+from .protocol import INPUT, PATTERNS, AttentionFn, PackedStream, ParallelModel, attention_spans, sequence_positions
 
 
 def check_buildable(shape: ModelShape) -> None:
@@ -32,6 +33,5 @@ def build_model(shape: ModelShape, seed: int = 0) -> ParallelModel:
         return build_gpt(shape, seed)
     raise ValueError(f"model {shape.name!r}: unknown source {shape.source!r} (expected {HF_PREFIX}PATH)")
 
-__all__ = ["GPT", "AttentionFn", "PackedStream", "ParallelModel", "build_gpt", "build_model", "check_buildable",
-           "local_attention",
-           "sequence_positions", "varlen_causal_attention"]
+__all__ = ["GPT", "INPUT", "PATTERNS", "AttentionFn", "PackedStream", "ParallelModel", "attention_spans", "build_gpt",
+           "build_model", "check_buildable", "local_attention", "sequence_positions", "varlen_attention"]

@@ -13,6 +13,7 @@ the model a subclass that also says how the stream is sharded over a process gro
 """
 from __future__ import annotations
 
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -20,19 +21,13 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..model_shape import ModelShape
-from .kernels import varlen_causal_attention
+from .kernels import local_attention
+from .next_token import next_token_loss, text_dummy_sample, text_sample_shape
 from .protocol import AttentionFn, PackedStream
 
 ROPE_THETA = 10000.0
 NORM_EPS = 1e-5
 INIT_STD = 0.02
-
-
-
-
-def local_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedStream) -> Tensor:
-    """Attention when this process holds the whole stream."""
-    return varlen_causal_attention(q, k, v, stream.bounds)
 
 
 def apply_rotary(x: Tensor, positions: Tensor) -> Tensor:
@@ -121,6 +116,16 @@ class GPT(nn.Module):
     def install_attention(self, attend: AttentionFn) -> None:
         for block in self.layers:
             block.attention.attend = attend
+
+    def loss(self, samples: Sequence[Tensor], stream: PackedStream, local: slice, checkpoint_layers: int = 0) -> Tensor:
+        """Summed next-token cross-entropy of the held tokens (`protocol.ParallelModel.loss`)."""
+        return next_token_loss(self, samples, stream, local, checkpoint_layers)
+
+    def sample_shape(self, sample: Tensor) -> int:
+        return text_sample_shape(sample)
+
+    def dummy_sample(self) -> Tensor:
+        return text_dummy_sample()
 
     def forward(self, tokens: Tensor, stream: PackedStream, checkpoint_layers: int = 0) -> Tensor:
         """Logits [tokens, vocab] of the tokens this process holds.

@@ -1,6 +1,8 @@
-"""Causal attention over a packed stream of sequences: the one attention kernel the models call.
+"""Attention over a packed stream of spans: the one attention kernel the models call.
 
-Attention never crosses a sequence boundary. The implementation is picked at call time
+Attention never crosses a span boundary (a span is a sequence, or for a video model a frame,
+a patch column or a whole clip; `protocol.attention_spans`), and is causal inside each span
+(text decoders) or bidirectional (video DiTs). The implementation is picked at call time
 (`attention_kernel`), best first:
   - `flash-attn`: flash-attn's varlen kernel, when the tensors are on a GPU in half precision
     and `flash_attn` is importable;
@@ -8,19 +10,23 @@ Attention never crosses a sequence boundary. The implementation is picked at cal
     torch >= 2.12), when flash-attn is not installed and PyTorch's flash attention takes the
     tensors (a CUDA build, a GPU it supports, fp16/bf16, a head size it handles). It has no
     CPU implementation;
-  - `sdpa`: one `scaled_dot_product_attention` per sequence (CPU, fp32, or neither kernel),
-    which needs no block-diagonal mask and, through PyTorch's CPU flash kernel, no memory
-    quadratic in the sequence. On a GPU it is a Python loop of one launch per sequence: the
-    varlen kernels above run a whole packed stream in one.
+  - `sdpa`: one `scaled_dot_product_attention` per run of equally long spans (CPU, fp32, or
+    neither kernel): the frames of a clip, or its patch columns, go as one batch. It needs no
+    block-diagonal mask and, through PyTorch's CPU flash kernel, no memory quadratic in the
+    span. On a GPU it is a Python loop of one launch per run: the varlen kernels above run a
+    whole packed stream in one.
 """
 from __future__ import annotations
 
 import inspect
+import itertools
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .protocol import PackedStream, attention_spans
 
 try:
     from flash_attn import flash_attn_varlen_func
@@ -46,33 +52,46 @@ def _cu_seqlens(bounds: Sequence[int], device: torch.device) -> tuple[Tensor, in
             max(b - a for a, b in zip(bounds, bounds[1:])))
 
 
-def _flash_attn(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int]) -> Tensor:
+def _flash_attn(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal: bool) -> Tensor:
     cu_seqlens, longest = _cu_seqlens(bounds, q.device)
-    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=True)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=causal)
 
 
-def _torch_varlen(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int]) -> Tensor:
+def _torch_varlen(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal: bool) -> Tensor:
     cu_seqlens, longest = _cu_seqlens(bounds, q.device)
-    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, longest, longest, window_size=(-1, 0),
-                       enable_gqa=k.shape[1] != q.shape[1])
+    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, longest, longest,
+                       window_size=(-1, 0) if causal else (-1, -1), enable_gqa=k.shape[1] != q.shape[1])
 
 
-def _per_sequence_sdpa(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int]) -> Tensor:
-    # A batch dimension of one matters: on CPU, 4-D inputs reach PyTorch's flash kernel, which
-    # saves O(s) for backward; 3-D ones fall back to the math path, which keeps the s^2 scores
-    # (measured on `tiny`: 570 KB instead of 46 KB per token at 4096 tokens, and 13x slower).
+def _equal_runs(bounds: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(start, span length, spans) of every run of consecutive non-empty spans of one length."""
+    runs = []
+    spans = [(a, b - a) for a, b in zip(bounds, bounds[1:]) if b > a]  # an empty span attends to nothing
+    for length, run in itertools.groupby(spans, key=lambda span: span[1]):
+        run = list(run)
+        runs.append((run[0][0], length, len(run)))
+    return runs
+
+
+def _batched_sdpa(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal: bool) -> Tensor:
+    # Equal spans in a row go as one batch: a clip's F frames (or S columns) are one call, not
+    # F. A 4-D input matters too: on CPU it reaches PyTorch's flash kernel, which saves O(s) for
+    # backward; 3-D ones fall back to the math path, which keeps the s^2 scores (measured on
+    # `tiny`: 570 KB instead of 46 KB per token at 4096 tokens, and 13x slower).
+    def batch(t: Tensor, start: int, length: int, count: int) -> Tensor:
+        return t[start:start + length * count].view(count, length, *t.shape[1:]).transpose(1, 2)
+
     outputs = [
-        F.scaled_dot_product_attention(q[a:b].transpose(0, 1)[None], k[a:b].transpose(0, 1)[None],
-                                       v[a:b].transpose(0, 1)[None], is_causal=True, enable_gqa=True)
-        [0].transpose(0, 1)
-        for a, b in zip(bounds, bounds[1:]) if b > a  # an empty sequence attends to nothing
+        F.scaled_dot_product_attention(batch(q, *run), batch(k, *run), batch(v, *run), is_causal=causal,
+                                       enable_gqa=True).transpose(1, 2).reshape(run[1] * run[2], *q.shape[1:])
+        for run in _equal_runs(bounds)
     ]
     assert outputs, "an empty stream has nothing to attend to; callers skip it"
     return torch.cat(outputs)
 
 
-KERNELS: dict[str, Callable[[Tensor, Tensor, Tensor, Sequence[int]], Tensor]] = {
-    "flash-attn": _flash_attn, "torch-varlen": _torch_varlen, "sdpa": _per_sequence_sdpa}
+KERNELS: dict[str, Callable[[Tensor, Tensor, Tensor, Sequence[int], bool], Tensor]] = {
+    "flash-attn": _flash_attn, "torch-varlen": _torch_varlen, "sdpa": _batched_sdpa}
 
 
 def torch_varlen_supports(q: Tensor, k: Tensor, v: Tensor) -> bool:
@@ -88,7 +107,7 @@ def torch_varlen_supports(q: Tensor, k: Tensor, v: Tensor) -> bool:
 
 
 def attention_kernel(q: Tensor, k: Tensor, v: Tensor) -> str:
-    """Name (a key of KERNELS) of the implementation `varlen_causal_attention` uses for these tensors."""
+    """Name (a key of KERNELS) of the implementation `varlen_attention` uses for these tensors."""
     if flash_attn_varlen_func is not None and q.is_cuda and q.dtype in _HALF:
         return "flash-attn"
     if torch_varlen_supports(q, k, v):
@@ -96,12 +115,22 @@ def attention_kernel(q: Tensor, k: Tensor, v: Tensor) -> str:
     return "sdpa"
 
 
-def varlen_causal_attention(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int]) -> Tensor:
-    """Causal attention inside every sequence of a packed stream.
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal: bool = True) -> Tensor:
+    """Attention inside every span of a packed stream, causal or bidirectional.
 
     q: [tokens, heads, head_dim]; k, v: [tokens, kv_heads, head_dim] (grouped-query attention:
-    heads is a multiple of kv_heads); bounds: cu_seqlens of the stream as Python ints,
+    heads is a multiple of kv_heads); bounds: the spans' cu_seqlens as Python ints,
     (0, s1, s1 + s2, ..., tokens). Returns [tokens, heads, head_dim].
     """
     assert bounds[0] == 0 and bounds[-1] == q.shape[0], (bounds[-1], q.shape)
-    return KERNELS[attention_kernel(q, k, v)](q, k, v, bounds)
+    return KERNELS[attention_kernel(q, k, v)](q, k, v, bounds, causal)
+
+
+def local_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedStream) -> Tensor:
+    """Attention of `stream.pattern` when this process holds the whole stream (in stream order)."""
+    order, bounds = attention_spans(stream)
+    causal = stream.pattern == "causal"
+    if order is None:
+        return varlen_attention(q, k, v, bounds, causal)
+    out = varlen_attention(q[order], k[order], v[order], bounds, causal)
+    return torch.empty_like(out).index_copy_(0, order, out)

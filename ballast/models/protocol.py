@@ -1,44 +1,89 @@
 """What the runtime needs of a model: the protocol every model ballast trains implements.
 
-The runtime (`ballast.runtime`) depends on this, not on a model: ballast's GPT and Hugging Face
-causal LMs (`hf.py`) implement it, and video DiTs will. A model is plain single-device code; the
+The runtime (`ballast.runtime`) depends on this, not on a model: ballast's GPT, Hugging Face
+causal LMs (`hf.py`) and the video DiTs implement it. A model is plain single-device code; the
 runtime hands it a stream object that says which tokens this process holds and how they sit in
 the packed micro-batch, and installs the sequence-parallel attention through the model's own
 hook. No runtime, planner or CLI code names a model family.
 
-    PackedStream      sequences packed end to end: cu_seqlens of the whole stream, and the
-                      position inside its own sequence of every token this process holds
-    AttentionFn       (q, k, v, stream) -> out, each [tokens held, heads, head_dim]; causal per
-                      sequence over the whole stream however it is sharded
-    ParallelModel     shape (what the cost model prices), forward of this process's tokens,
+    PackedStream      samples packed end to end: their bounds and shapes in the whole stream,
+                      where every token this process holds sits, the attention pattern, and
+                      `arrange`, the layout hook a video model calls before each attention
+    AttentionFn       (q, k, v, stream) -> out, each [tokens held, heads, head_dim]: attention
+                      of `stream.pattern` inside every sample, however the stream is sharded
+    ParallelModel     shape (what the cost model prices), the loss of this process's tokens,
                       blocks (checkpointing and FSDP units), install_attention
+
+Token order. A text sample's tokens are its sequence; a clip's (frames, height, width) latent
+patches are packed frame by frame, each frame row by row ("frame-major"). The runtime only
+ever hands a model a contiguous slice of that order (`local`); a layout that holds whole patch
+columns instead (2D sequence parallelism) is one `arrange` returns and takes back.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import math
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import torch
 from torch import Tensor, nn
 
 from ..model_shape import ModelShape
+from ..samples import Sample
+
+PATTERNS = ("causal", "full", "spatial", "temporal")
+"""What one attention call attends over, inside each sample: causal (each token to the tokens
+before it), full (every token of the sample), spatial (the tokens of its frame) and temporal
+(the tokens of its patch column: the same row and column in every frame). All but causal are
+bidirectional."""
+INPUT = "input"
+"""`PackedStream.arrange` target: the layout the model was handed (its `local` slice), where
+its inputs and targets are."""
 
 
 @dataclass(frozen=True)
 class PackedStream:
-    """Sequences packed one after another into one token stream."""
+    """Samples packed one after another into one token stream."""
 
     bounds: tuple[int, ...]
-    """cu_seqlens of the whole stream as Python ints: (0, s1, s1 + s2, ..., tokens)."""
+    """Where every sample starts in the whole stream, as Python ints: (0, n1, n1 + n2, ..., tokens)."""
     positions: Tensor
-    """Position of every token this process holds inside its own sequence (0 at its start):
-    the rotary position a model applies."""
+    """Where every token this process holds sits in its own sample: [tokens held] positions
+    (0 at the sample's start; the rotary position a text model applies) for a text stream;
+    [tokens held, 4] (sample index in the stream, frame, row, column) for a video stream."""
+    grids: tuple[tuple[int, int, int], ...] | None = None
+    """(frames, height, width) in latent patches of every sample of a video stream; None for text."""
+    pattern: str = "causal"
+    """What the next attention call attends over (`PATTERNS`); set by `arrange`."""
 
     @classmethod
     def from_lengths(cls, lengths: Sequence[int], device: torch.device | str | None = None) -> PackedStream:
-        """The whole stream of sequences of these lengths, held by one process."""
+        """The whole stream of text sequences of these lengths, held by one process."""
         return cls(tuple(itertools.accumulate(lengths, initial=0)), sequence_positions(lengths, device))
+
+    @classmethod
+    def of(cls, samples: Sequence[Sample], device: torch.device | str | None = None) -> PackedStream:
+        """The whole stream of these samples (text lengths, or clip shapes), held by one process."""
+        if not any(isinstance(x, tuple) for x in samples):
+            return cls.from_lengths(samples, device)
+        grids = video_grids(samples)
+        bounds = tuple(itertools.accumulate((math.prod(g) for g in grids), initial=0))
+        return cls(bounds, video_positions(grids, torch.arange(bounds[-1]), bounds).to(device), grids)
+
+    def arrange(self, x: Tensor, pattern: str) -> tuple[Tensor, PackedStream]:
+        """The rows `x` of the tokens held, laid out for attention of `pattern` (or back in the
+        `INPUT` layout), with the stream that describes them: what a model calls before every
+        attention whose pattern differs from the last. A stream held in stream order keeps its
+        rows; the runtime's 2D sequence-parallel streams move whole frames or patch columns
+        between ranks. `x` is [tokens held, ...]; per-token values that depend on where a token
+        sits (positions, the sample a token belongs to) come from the returned stream."""
+        if pattern == INPUT:
+            return x, self
+        if pattern not in PATTERNS:
+            raise ValueError(f"attention pattern {pattern!r}: expected one of {', '.join(PATTERNS)} or {INPUT!r}")
+        return x, dataclasses.replace(self, pattern=pattern)
 
 
 def sequence_positions(lengths: Sequence[int], device: torch.device | str | None = None) -> Tensor:
@@ -47,6 +92,42 @@ def sequence_positions(lengths: Sequence[int], device: torch.device | str | None
     starts = torch.cumsum(counts, 0) - counts
     total = int(counts.sum())
     return (torch.arange(total) - torch.repeat_interleave(starts, counts)).to(device)
+
+
+def video_grids(samples: Sequence[Sample]) -> tuple[tuple[int, int, int], ...]:
+    """Every sample as a (frames, height, width) grid: a text sequence of s tokens is one row."""
+    return tuple(tuple(x) if isinstance(x, tuple) else (1, 1, int(x)) for x in samples)
+
+
+def video_positions(grids: Sequence[tuple[int, int, int]], tokens: Tensor, bounds: Sequence[int]) -> Tensor:
+    """(sample, frame, row, column) [n, 4] of the stream's tokens `tokens` (indices into the
+    frame-major stream whose samples have these grids and bounds)."""
+    starts = torch.tensor(bounds[:-1], dtype=torch.long)
+    sample = torch.searchsorted(torch.tensor(bounds[1:], dtype=torch.long), tokens, right=True)
+    offset = tokens - starts[sample]
+    height = torch.tensor([g[1] for g in grids], dtype=torch.long)[sample]
+    width = torch.tensor([g[2] for g in grids], dtype=torch.long)[sample]
+    per_frame = height * width
+    return torch.stack([sample, offset // per_frame, offset % per_frame // width, offset % width], dim=1)
+
+
+def attention_spans(stream: PackedStream) -> tuple[Tensor | None, tuple[int, ...]]:
+    """(order, bounds) of `stream.pattern` over the whole stream in stream order: the attention
+    is attention inside every span `bounds` of the stream's tokens taken in `order` (None:
+    stream order). Frames are contiguous in the frame-major stream; patch columns are not, so
+    `temporal` gathers every clip's tokens column by column."""
+    if stream.pattern in ("causal", "full"):
+        return None, stream.bounds
+    grids = stream.grids or video_grids([b - a for a, b in zip(stream.bounds, stream.bounds[1:])])
+    spans, order = [0], []
+    for start, (frames, height, width) in zip(stream.bounds, grids):
+        per_frame = height * width
+        if stream.pattern == "spatial":
+            spans.extend(spans[-1] + per_frame * (f + 1) for f in range(frames))
+        else:
+            order.append(start + torch.arange(frames * per_frame).view(frames, per_frame).t().reshape(-1))
+            spans.extend(spans[-1] + frames * (c + 1) for c in range(per_frame))
+    return (torch.cat(order) if order else None), tuple(spans)
 
 
 AttentionFn = Callable[[Tensor, Tensor, Tensor, PackedStream], Tensor]
@@ -61,10 +142,22 @@ class ParallelModel(Protocol):
     """What the cost model prices; `shape.layers` blocks, `shape.heads` that every SP degree
     must divide."""
 
-    def __call__(self, tokens: Tensor, stream: PackedStream, checkpoint_layers: int = 0) -> Tensor:
-        """Logits [tokens held, vocab] of the tokens this process holds (one per entry of
-        `stream.positions`); the first `checkpoint_layers` blocks keep only their input and
-        are recomputed in backward (non-reentrant `torch.utils.checkpoint`)."""
+    def loss(self, samples: Sequence[Any], stream: PackedStream, local: slice, checkpoint_layers: int = 0) -> Tensor:
+        """The summed per-token loss of the tokens this process holds: `samples` are the
+        micro-batch's samples in stream order (as the data gives them: token ids, clips),
+        `local` the contiguous slice of the whole stream this process holds (what
+        `stream.positions` describes). The first `checkpoint_layers` blocks keep only their
+        input and are recomputed in backward (non-reentrant `torch.utils.checkpoint`)."""
+        ...
+
+    def sample_shape(self, sample: Any) -> Sample:
+        """What the planner and the stream see of a sample: a text sample's trained tokens, a
+        clip's (frames, height, width) in latent patches. ValueError if the model cannot take it."""
+        ...
+
+    def dummy_sample(self) -> Any:
+        """A smallest sample (one token): the pass a rank makes when it has nothing to run but
+        must join a sharded model's parameter gathers."""
         ...
 
     def blocks(self) -> Sequence[nn.Module]:

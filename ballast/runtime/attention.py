@@ -6,7 +6,7 @@ attention is per token, so each rank runs it on its shard alone. Attention needs
 sequences, so it re-shards by heads:
 
     q, k, v  [n_r, heads, hd] per rank  --all-to-all-->  [n, heads/d, hd] per rank
-    causal attention per sequence over the whole stream (for heads/d heads)
+    attention of the stream's pattern inside every sample over the whole stream (heads/d heads)
     out      [n, heads/d, hd] per rank  --all-to-all-->  [n_r, heads, hd] per rank
 
 Shards differ by a token where d does not divide n, so the exchanges use uneven splits: each
@@ -26,8 +26,9 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 
 from ..model_shape import exchanged_kv_heads
+from ..samples import Sample
 from ..models.protocol import PackedStream
-from ..models.kernels import varlen_causal_attention
+from ..models.kernels import local_attention
 from .all_to_all import all_to_all
 from .remap import RemappedStream, remapped_attention
 
@@ -43,7 +44,7 @@ def _shard_slice(sizes: tuple[int, ...], index: int) -> slice:
     return slice(start, start + sizes[index])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StreamShard(PackedStream):
     """This rank's contiguous slice of a packed stream that a process group shares.
 
@@ -59,13 +60,13 @@ class StreamShard(PackedStream):
     """This rank's place in the group (its shard is the index-th)."""
 
     @classmethod
-    def create(cls, lengths: list[int], group: ProcessGroup | None, degree: int, index: int,
+    def create(cls, samples: list[Sample], group: ProcessGroup | None, degree: int, index: int,
                device: torch.device | str | None = None) -> StreamShard:
-        """The index-th shard of the stream of sequences of these lengths."""
+        """The index-th shard of the stream of these samples (text lengths or clip shapes)."""
         assert 0 <= index < degree, (index, degree)
-        whole = PackedStream.from_lengths(lengths, device)
+        whole = PackedStream.of(samples, device)
         local = _shard_slice(shard_sizes(whole.bounds[-1], degree), index)
-        return cls(whole.bounds, whole.positions[local], group, degree, index)
+        return cls(whole.bounds, whole.positions[local], whole.grids, group=group, degree=degree, index=index)
 
     @functools.cached_property
     def sizes(self) -> tuple[int, ...]:
@@ -119,7 +120,8 @@ class HeadExchange:
 
 
 def sequence_parallel_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedStream) -> Tensor:
-    """Causal per-sequence attention of a stream sharded over `stream.group` (Ulysses).
+    """Attention of `stream.pattern` inside every sample of a stream sharded over `stream.group`
+    (Ulysses): with the whole stream on every rank for its heads, any pattern is local.
 
     Communication per call, for a group of degree d > 1:
       forward:  one all-to-all of q, k and v together (sequence- to head-sharded) and one of the
@@ -135,7 +137,7 @@ def sequence_parallel_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedS
     if isinstance(stream, RemappedStream):
         return remapped_attention(q, k, v, stream, sequence_parallel_attention)
     if not isinstance(stream, StreamShard) or stream.degree == 1:
-        return varlen_causal_attention(q, k, v, stream.bounds)
+        return local_attention(q, k, v, stream)
     d, heads = stream.degree, q.shape[1]
     if heads % d:
         # Raised on every rank of the group alike, before any communication: nobody waits.
@@ -156,4 +158,4 @@ def sequence_parallel_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedS
     qkv = torch.cat([t.reshape(rows, d, t.shape[1] // d, head_dim) for t in (q, k, v)], dim=2)
     qkv = all_to_all(qkv.reshape(rows, heads + 2 * kv_heads, head_dim), HeadExchange(stream, to_heads=True))
     q, k, v = qkv.split([heads // d, kv_heads // d, kv_heads // d], dim=1)
-    return all_to_all(varlen_causal_attention(q, k, v, stream.bounds), HeadExchange(stream, to_heads=False))
+    return all_to_all(local_attention(q, k, v, stream), HeadExchange(stream, to_heads=False))

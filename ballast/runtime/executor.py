@@ -8,8 +8,8 @@ One step (`Executor.step`):
     slot by slot together, linear work balanced over the domain (`remap.py`). A micro-batch's
     packed stream is split contiguously over the group's ranks (`StreamShard`); each rank
     runs forward and backward on its shard, with the plan's checkpoint level (the first
-    round(checkpoint * layers) blocks are recomputed), and its loss is the sum of the
-    per-token losses of its shard divided by `Plan.tokens`;
+    round(checkpoint * layers) blocks are recomputed), and its loss is the model's summed
+    per-token loss of its shard (`ParallelModel.loss`) divided by `Plan.tokens`;
   - a wave ends with a barrier of the world (the plan's semantics: the next wave may regroup
     ranks), which also measures how long this rank waited for the wave's slowest group;
   - gradients accumulate locally and are all-reduced (SUM over the world) once, then AdamW.
@@ -44,11 +44,10 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..cluster import Cluster
@@ -124,8 +123,9 @@ class Executor:
         self.bf16 = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
         self._params = [p for p in model.parameters() if p.requires_grad]
 
-    def step(self, plan: Plan, samples: Sequence[Tensor]) -> StepResult:
-        """One optimizer step of `plan`; samples[i] holds the lengths[i] + 1 tokens of sequence i.
+    def step(self, plan: Plan, samples: Sequence[Any]) -> StepResult:
+        """One optimizer step of `plan`; samples[i] is sample i as the model takes it (a text
+        sequence's lengths[i] + 1 token ids, a clip), of the shape the plan has for it.
 
         Every rank must pass the same plan and samples (see `broadcast.broadcast_plan`). Invalid input
         raises ValueError (PlanError) on every rank before any collective.
@@ -166,31 +166,31 @@ class Executor:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    def _check(self, plan: Plan, samples: Sequence[Tensor]) -> None:
+    def _check(self, plan: Plan, samples: Sequence[Any]) -> None:
         plan.validate(self.cluster)
         for _, group, mb in plan.micro_batches():
             if mb.seq_ids:
                 self.model.shape.check_degree(group.degree)
         if len(samples) != len(plan.lengths):
-            raise ValueError(f"the plan has {len(plan.lengths)} sequences but {len(samples)} samples were given")
-        for i, (sample, length) in enumerate(zip(samples, plan.lengths)):
-            if sample.dim() != 1 or sample.numel() != length + 1:
-                raise ValueError(f"sample {i} has shape {tuple(sample.shape)}; the plan's length {length} "
-                                 f"needs {length + 1} tokens ({length} inputs, each with its next token)")
+            raise ValueError(f"the plan has {len(plan.lengths)} samples but {len(samples)} were given")
+        for i, (sample, planned) in enumerate(zip(samples, plan.samples)):
+            if (got := self.model.sample_shape(sample)) != planned:
+                raise ValueError(f"sample {i} is {got} for the model (a text sample's trained tokens, a clip's "
+                                 f"latent patches); the plan has it as {planned}")
         if self.fsdp and not plan.lockstep:
             raise ValueError(f"a model sharded with FSDP runs lockstep plans only (every group of a wave "
                              f"runs as many micro-batches); plan {plan.planner!r} is not: make it with "
                              f"PlannerOptions(lockstep=True)")
 
-    def _run(self, plan: Plan, wave: int, group: Group, mb: MicroBatch, samples: Sequence[Tensor],
+    def _run(self, plan: Plan, wave: int, group: Group, mb: MicroBatch, samples: Sequence[Any],
              result: StepResult) -> Tensor:
-        shard = StreamShard.create(plan.mb_lengths(mb), self.groups.get(group.start, group.degree),
+        shard = StreamShard.create(plan.mb_samples(mb), self.groups.get(group.start, group.degree),
                                    group.degree, self.rank - group.start, self.device)
         return self._forward_backward(plan, mb.seq_ids, shard, shard.local, mb.checkpoint, samples, result,
                                       (wave, group, mb))
 
     def _run_slot(self, plan: Plan, wave: int, domain: tuple[int, int], slot: int,
-                  samples: Sequence[Tensor], result: StepResult) -> Tensor:
+                  samples: Sequence[Any], result: StepResult) -> Tensor:
         """Slot `slot` of a remap domain: every group's slot-th micro-batch, linear work balanced
         over the domain (`remap.py`). Every rank of the domain runs it, at the slot's lowest
         checkpoint level (a layer's recomputation repeats collectives: all must recompute alike)."""
@@ -205,36 +205,33 @@ class Executor:
         index = self.rank - start
         send, recv = overlaps(balanced, attention, index)
         group, mb = next((g, mb) for g, mb in parts if self.rank in g.ranks)
-        shard = (StreamShard.create(plan.mb_lengths(mb), self.groups.get(group.start, group.degree),
+        shard = (StreamShard.create(plan.mb_samples(mb), self.groups.get(group.start, group.degree),
                                     group.degree, self.rank - group.start, self.device)
                  if sum(plan.mb_lengths(mb)) else None)
-        whole = PackedStream.from_lengths([plan.lengths[i] for i in seq_ids], self.device)
+        whole = PackedStream.of([plan.samples[i] for i in seq_ids], self.device)
         local = slice(sum(balanced[:index]), sum(balanced[:index + 1]))
-        stream = RemappedStream(whole.bounds, whole.positions[local], shard,
-                                Route(self.groups.get(start, size), send, recv))
+        stream = RemappedStream(whole.bounds, whole.positions[local], whole.grids, shard=shard,
+                                route=Route(self.groups.get(start, size), send, recv))
         checkpoint = min(mb.checkpoint for _, mb in parts if mb.seq_ids)
         return self._forward_backward(plan, seq_ids, stream, local, checkpoint, samples, result,
                                       (wave, group, mb))
 
     def _forward_backward(self, plan: Plan, seq_ids: list[int], stream: PackedStream, local: slice,
-                          checkpoint: float, samples: Sequence[Tensor], result: StepResult,
+                          checkpoint: float, samples: Sequence[Any], result: StepResult,
                           mine: tuple[int, Group, MicroBatch]) -> Tensor:
         """Forward and backward of this rank's tokens `local` of the stream of `seq_ids`, recorded
         as the rank's (wave, group, micro-batch) `mine`; returns the (detached) loss share."""
         start = self._clock()
-        inputs = torch.cat([samples[i][:-1] for i in seq_ids])[local].to(self.device)
-        targets = torch.cat([samples[i][1:] for i in seq_ids])[local].to(self.device)
         checkpoint_layers = round(checkpoint * self.model.shape.layers)
         meter = ActivationMeter(self._params) if self.measure_activations else None
         with meter or contextlib.nullcontext(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            logits = self.model(inputs, stream, checkpoint_layers)
-            # Summed, not averaged: the shard holds a part of a batch whose normaliser is global.
-            loss = F.cross_entropy(logits, targets, reduction="sum") / plan.tokens
+            # The model's loss is summed over its tokens: the normaliser is the whole batch's.
+            loss = self.model.loss([samples[i] for i in seq_ids], stream, local, checkpoint_layers) / plan.tokens
         # Every rank of the group runs backward, an empty shard too: its all-to-alls are awaited.
         loss.backward()
         wave, group, mb = mine
         result.micro_batches.append(MicroBatchRecord(
-            wave, group.degree, list(mb.seq_ids), inputs.numel(), checkpoint_layers,
+            wave, group.degree, list(mb.seq_ids), local.stop - local.start, checkpoint_layers,
             self._clock() - start, meter.bytes if meter else None))
         return loss.detach()
 
@@ -243,9 +240,9 @@ class Executor:
         the pass's parameter all-gathers and gradient reduce-scatters: a pass on one dummy token
         whose loss counts zero."""
         if self.fsdp:
-            token = torch.zeros(1, dtype=torch.long, device=self.device)
-            logits = self.model(token, PackedStream.from_lengths([1], self.device))
-            (logits.sum() * 0.0).backward()
+            dummy = self.model.dummy_sample()
+            stream = PackedStream.of([self.model.sample_shape(dummy)], self.device)
+            (self.model.loss([dummy], stream, slice(0, stream.bounds[-1])) * 0.0).backward()
         return torch.zeros((), device=self.device)
 
     def _synchronise(self, loss: Tensor) -> float:

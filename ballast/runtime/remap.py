@@ -22,6 +22,7 @@ interval with the other ranks' intervals, so the all-to-alls have uneven (mostly
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -71,7 +72,7 @@ class Route:
         return Route(self.group, self.recv, self.send)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RemappedStream(PackedStream):
     """This rank's balanced share of a remapped slot; `positions` are its tokens' positions,
     `bounds` the cu_seqlens of the slot's whole stream in domain order."""
@@ -97,5 +98,5 @@ def remapped_attention(q: Tensor, k: Tensor, v: Tensor, stream: RemappedStream,
         out = qkv[:, :heads]
     else:
         q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
-        out = attend(q, k, v, stream.shard)
+        out = attend(q, k, v, dataclasses.replace(stream.shard, pattern=stream.pattern))
     return all_to_all(out, stream.route.reversed())

@@ -11,11 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..model_shape import ModelShape
-from ..models import PackedStream, build_model
+from ..models import PackedStream, ParallelModel, build_model
 
 
 @dataclass
@@ -52,12 +51,10 @@ def flatten(tensors) -> Tensor:
     return torch.cat([t.detach().reshape(-1) for t in tensors]).clone()
 
 
-def _whole_batch_backward(model: torch.nn.Module, batch: Batch) -> float:
+def _whole_batch_backward(model: ParallelModel, batch: Batch) -> float:
     """Loss and gradient of the whole batch as one packed stream in this process."""
-    inputs = torch.cat([s[:-1] for s in batch.samples])
-    targets = torch.cat([s[1:] for s in batch.samples])
-    logits = model(inputs, PackedStream.from_lengths(batch.lengths))
-    loss = F.cross_entropy(logits, targets, reduction="sum") / sum(batch.lengths)
+    stream = PackedStream.of([model.sample_shape(s) for s in batch.samples])
+    loss = model.loss(batch.samples, stream, slice(0, stream.bounds[-1])) / sum(batch.lengths)
     loss.backward()
     return loss.item()
 

@@ -62,20 +62,22 @@ def _packed_inputs() -> tuple[torch.Tensor, ...]:
 
 def _check_attention_kernel(kernel) -> None:
     """`kernel` on CUDA bf16 tensors against per-sequence fp32 SDPA on the CPU of the same
-    (bf16-rounded) values, forward and backward: the comparison measures the kernel alone."""
+    (bf16-rounded) values, forward and backward, causal (text) and bidirectional (video DiTs):
+    the comparison measures the kernel alone."""
     bounds = PackedStream.from_lengths(STREAM).bounds
     q, k, v, grad_out = _packed_inputs()
-    reference = [t.clone().requires_grad_() for t in (q, k, v)]
-    want = KERNELS["sdpa"](*reference, bounds)
-    want.backward(grad_out)
-    on_gpu = [t.cuda().bfloat16().requires_grad_() for t in (q, k, v)]
-    got = kernel(*on_gpu, bounds)
-    got.backward(grad_out.cuda().bfloat16())
-    assert got.dtype == torch.bfloat16 and got.shape == want.shape
-    # Measured with per-sequence SDPA in bf16 on the CPU: 2.2e-3 forward, 8e-3 backward.
-    assert relative_error(got, want.detach()) <= ATTENTION_FORWARD_TOL
-    for name, g, r in zip("qkv", on_gpu, reference):
-        assert relative_error(g.grad, r.grad) <= ATTENTION_BACKWARD_TOL, name
+    for causal in (True, False):
+        reference = [t.clone().requires_grad_() for t in (q, k, v)]
+        want = KERNELS["sdpa"](*reference, bounds, causal)
+        want.backward(grad_out)
+        on_gpu = [t.cuda().bfloat16().requires_grad_() for t in (q, k, v)]
+        got = kernel(*on_gpu, bounds, causal)
+        got.backward(grad_out.cuda().bfloat16())
+        assert got.dtype == torch.bfloat16 and got.shape == want.shape
+        # Measured with per-sequence SDPA in bf16 on the CPU: 2.2e-3 forward, 8e-3 backward.
+        assert relative_error(got, want.detach()) <= ATTENTION_FORWARD_TOL, causal
+        for name, g, r in zip("qkv", on_gpu, reference):
+            assert relative_error(g.grad, r.grad) <= ATTENTION_BACKWARD_TOL, (name, causal)
 
 
 def test_cpu_tensors_run_per_sequence_sdpa_whatever_their_precision():

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ballast.models import PackedStream, build_gpt, varlen_causal_attention
+from ballast.models import PackedStream, build_gpt, varlen_attention
 from ballast.runtime import ProcessGroups, StreamShard, run_local, sequence_parallel_attention, shard_sizes
 from ballast.model_shape import MODEL_PRESETS
 
@@ -102,7 +102,7 @@ def test_sequence_parallel_attention_matches_one_process(ranks):
     for rank in ranks:
         for lengths, kv_heads, degree, local, output, grads, positions in rank["results"]:
             q, k, v, grad_out = (t.clone().requires_grad_() for t in _inputs(list(lengths), kv_heads))
-            expected = varlen_causal_attention(q, k, v, PackedStream.from_lengths(lengths).bounds)
+            expected = varlen_attention(q, k, v, PackedStream.from_lengths(lengths).bounds)
             (expected * grad_out).sum().backward()
             torch.testing.assert_close(output, expected[local], rtol=RTOL, atol=ATOL)
             for got, want in zip(grads, (q.grad, k.grad, v.grad)):

@@ -269,8 +269,8 @@ def test_user_errors_are_value_errors_before_any_collective(world4):
         assert "PlanError" in fewer_ranks and "rank 2 is in no group" in fewer_ranks
         assert "PlanError" in more_ranks and "outside the cluster's 4 ranks" in more_ranks
         assert "PlanError" in unknown_sequence and "sequence 99 is not in the batch" in unknown_sequence
-        assert "10 sequences but 9 samples" in few_samples
-        assert "sample 9" in short_sample and "27 tokens" in short_sample
+        assert "the plan has 10 samples but 9 were given" in few_samples
+        assert "sample 9 is 25 " in short_sample and "the plan has it as 26" in short_sample
         assert "SP degree 4" in odd_heads and "attention heads (6)" in odd_heads
 
 

@@ -1,0 +1,41 @@
+"""The text models' objective: next-token cross-entropy over a packed stream (GPT and Hugging
+Face causal LMs share it; they differ only in the forward that gives the logits).
+
+A text sample is lengths + 1 token ids: inputs t[:-1], targets t[1:]. The stream packs the
+inputs; a process holding the slice `local` of it scores exactly those positions, so the label
+shift never crosses a shard boundary and every target is scored by exactly one process.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .protocol import PackedStream
+
+Forward = Callable[[Tensor, PackedStream, int], Tensor]
+"""(token ids held, stream, checkpoint_layers) -> logits [tokens held, vocab]."""
+
+
+def next_token_loss(forward: Forward, samples: Sequence[Tensor], stream: PackedStream, local: slice,
+                    checkpoint_layers: int) -> Tensor:
+    """Summed cross-entropy of the held tokens' next-token predictions."""
+    inputs = torch.cat([s[:-1] for s in samples])[local].to(stream.positions.device)
+    targets = torch.cat([s[1:] for s in samples])[local].to(stream.positions.device)
+    # Summed, not averaged: the shard holds a part of a batch whose normaliser is global.
+    return F.cross_entropy(forward(inputs, stream, checkpoint_layers), targets, reduction="sum")
+
+
+def text_sample_shape(sample: Tensor) -> int:
+    """Trained tokens of a text sample (its token ids but the last)."""
+    if not isinstance(sample, Tensor) or sample.dim() != 1 or sample.numel() < 2:
+        shape = tuple(sample.shape) if isinstance(sample, Tensor) else type(sample).__name__
+        raise ValueError(f"a text sample is a 1-D tensor of at least 2 token ids (inputs and, shifted by "
+                         f"one, targets); got {shape}")
+    return sample.numel() - 1
+
+
+def text_dummy_sample() -> Tensor:
+    return torch.zeros(2, dtype=torch.long)
