@@ -54,7 +54,7 @@ def run_on_rank(inputs: BenchInputs, setting: BenchSetting) -> list[dict] | None
             except Exception as e:  # sent in the plan's place: every rank stops with it
                 failure = e
         plan, _ = broadcast_plan(failure or plan)
-        samples = inputs.batches[slot.batch].tokens
+        samples = inputs.batches[slot.batch].samples
         dist.barrier()
         wall, cpu = time.perf_counter(), time.process_time()
         result = executors[slot.planner].step(plan, samples)

@@ -5,7 +5,7 @@ Training (`ballast train`, `bench`): text corpora to token files to seeded globa
     corpus = build_corpus("jsonl:data/", tokenizer="tokenizer.json")   # tokenised once, cached
     check_vocab(corpus.vocab_size, shape.vocab, shape.name)
     stream = BatchStream(corpus, tokens_per_step=65536, max_len=8192, seed=0)
-    batch = stream.next_batch()        # batch.lengths -> planner, batch.tokens -> runtime
+    batch = stream.next_batch()        # batch.lengths -> planner, batch.samples -> runtime
     checkpoint["data"] = stream.state_dict()
 
 sources.py says which files a source spec reads and how malformed input is reported

@@ -38,13 +38,22 @@ STATE_FORMAT = 1
 
 @dataclass(frozen=True)
 class Batch:
-    """One optimizer step's sequences. tokens[i] holds lengths[i] + 1 ids: the inputs are
-    tokens[i][:-1] and the targets tokens[i][1:]."""
+    """One optimizer step's samples. A text sample samples[i] holds lengths[i] + 1 ids: the
+    inputs are samples[i][:-1] and the targets samples[i][1:]. A video sample is a `Clip`."""
 
     sample_ids: list[int]
     lengths: list[int]
-    tokens: list[torch.Tensor]
+    """Training tokens of every sample."""
+    samples: list
+    """What the model trains on (`ParallelModel.loss`)."""
     epoch: int
+    shapes: list | None = None
+    """Every clip's (frames, height, width) in latent patches; None for text (its lengths)."""
+
+    @property
+    def planned(self) -> list:
+        """What the planner plans: the clips' shapes, or the text lengths."""
+        return self.lengths if self.shapes is None else self.shapes
 
     @property
     def num_tokens(self) -> int:
@@ -116,7 +125,7 @@ class BatchStream:
         if end == self.num_samples:  # so `epoch` is always the next batch's
             self.epoch, self._cursor = epoch + 1, 0
         return Batch(sample_ids=ids.tolist(), lengths=self.sample_lengths(ids).tolist(),
-                     tokens=[torch.from_numpy(self.sample_tokens(int(i))) for i in ids],
+                     samples=[torch.from_numpy(self.sample_tokens(int(i))) for i in ids],
                      epoch=epoch)
 
     def __iter__(self) -> Iterator[Batch]:

@@ -51,7 +51,7 @@ class Lookahead:
         batch = self.stream.next_batch()
         data_state = self.stream.state_dict()
         start = time.perf_counter()
-        plan = self.planner.plan(batch.lengths)
+        plan = self.planner.plan(batch.planned)
         seconds = time.perf_counter() - start
         return StepInput(step, batch, plan, seconds, step_time(plan, self.planner.cost), data_state,
                          self.planner.state_dict())

@@ -142,7 +142,7 @@ def train(config: TrainConfig) -> dict | None:
             began = time.perf_counter()
             item, failure = _next_input(lookahead, step) if rank == 0 else (None, None)
             waited = time.perf_counter() - began
-            plan, samples = broadcast_plan(failure or (item and item.plan), item and item.batch.tokens)
+            plan, samples = broadcast_plan(failure or (item and item.plan), item and item.batch.samples)
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, steps, opt)
             result = executor.step(plan, samples)

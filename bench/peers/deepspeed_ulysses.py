@@ -200,7 +200,7 @@ def run_on_rank(inputs, setting, folder: str, systems: tuple[str, ...], repeats:
         engine = build_engine(Path(folder), setting.seed, LEARNING_RATE, zero_stage)
     plans, records = {}, []
     for slot in schedule(systems, setting.steps, setting.warmup, repeats or setting.repeats):
-        samples = inputs.batches[slot.batch].tokens
+        samples = inputs.batches[slot.batch].samples
         if slot.planner != PEER:
             plan = None
             if rank == 0:

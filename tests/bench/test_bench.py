@@ -107,7 +107,7 @@ def test_bench_two_ranks_two_planners_two_steps(corpus, tmp_path):
     batches = prepare(setting, progress=False).batches
     assert [b["sample_ids"] for b in result["batches"]] == [b.sample_ids for b in batches]
     for r in records:
-        assert r["digests"] == [batch_digest(batches[r["batch"]].tokens)] * 2
+        assert r["digests"] == [batch_digest(batches[r["batch"]].samples)] * 2
 
 
 @pytest.mark.parametrize("bad", [["--steps", "0"], ["--planners", "static,static"], ["--planners", "nope"],

@@ -54,8 +54,8 @@ def test_batches_fit_the_budget_and_are_maximal():
     batches = one_epoch(stream)
     for b, after in zip(batches, batches[1:] + [None]):
         assert b.num_tokens <= 70 or len(b.lengths) == 1
-        assert [t.numel() for t in b.tokens] == [s + 1 for s in b.lengths]
-        assert all(t.dtype == torch.int64 for t in b.tokens)
+        assert [t.numel() for t in b.samples] == [s + 1 for s in b.lengths]
+        assert all(t.dtype == torch.int64 for t in b.samples)
         assert b.lengths == stream.sample_lengths(b.sample_ids).tolist()
         if after is not None:  # the next sample would not have fitted
             assert b.num_tokens + after.lengths[0] > 70
@@ -102,7 +102,7 @@ def test_resume_from_state_dict_gives_the_same_batches():
     for want, got in zip(expected, (resumed.next_batch() for _ in range(15))):
         assert (got.sample_ids, got.lengths, got.epoch) == (want.sample_ids, want.lengths,
                                                              want.epoch)
-        assert all(torch.equal(a, b) for a, b in zip(got.tokens, want.tokens))
+        assert all(torch.equal(a, b) for a, b in zip(got.samples, want.samples))
 
 
 @pytest.mark.parametrize("change,error", [
@@ -144,5 +144,5 @@ def test_stdlib_end_to_end(tmp_path: Path):
     batch = next(iter(stream))
     assert 65536 - 8192 < batch.num_tokens <= 65536
     assert max(batch.lengths) <= 8192
-    text = bytes(batch.tokens[0].to(torch.uint8).tolist()).decode("utf-8", errors="replace")
+    text = bytes(batch.samples[0].to(torch.uint8).tolist()).decode("utf-8", errors="replace")
     assert text  # real source code, one token per byte
