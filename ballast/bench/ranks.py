@@ -83,7 +83,7 @@ def _plan(planner: Planner, plans: dict[tuple[str, int], Plan], slot: Slot, batc
     if key in plans:
         return plans[key], None
     start = time.perf_counter()
-    plan = planner.plan(batch.lengths)
+    plan = planner.plan(batch.planned)
     seconds = time.perf_counter() - start
     plan.validate(planner.cluster, planner.cost)
     plans[key] = plan

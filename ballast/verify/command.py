@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     for name in names:
         planner = get_planner(name, cluster, cost, PlannerOptions(max_len=args.max_len, seed=args.seed,
                                                                   lockstep=args.fsdp))
-        plans[name] = [planner.plan(b.lengths) for b in batches]
+        plans[name] = [planner.plan(b.planned) for b in batches]
         for plan in plans[name]:
             plan.validate(cluster, cost)
     console = Console(width=max(Console().width, 120))

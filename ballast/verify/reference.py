@@ -15,13 +15,22 @@ from torch import Tensor
 
 from ..model_shape import ModelShape
 from ..models import PackedStream, ParallelModel, build_model
+from ..models.clip import Clip
 
 
 @dataclass
 class Batch:
     lengths: list[int]
-    samples: list[Tensor]
-    """samples[i]: lengths[i] + 1 token ids (inputs and, shifted by one, their targets)."""
+    """Training tokens of every sample."""
+    samples: list
+    """samples[i]: lengths[i] + 1 token ids (inputs and, shifted by one, their targets), or a `Clip`."""
+    shapes: list[tuple[int, int, int]] | None = None
+    """Every clip's (frames, height, width) in latent patches; None for text."""
+
+    @property
+    def planned(self) -> list:
+        """What a planner plans: the clips' shapes, or the text lengths."""
+        return self.lengths if self.shapes is None else self.shapes
 
 
 @dataclass
@@ -36,14 +45,35 @@ class Trajectory:
 
 
 def random_batches(shape: ModelShape, steps: int, batch: int, max_len: int, seed: int) -> list[Batch]:
-    """Long-tailed lengths (log-uniform in 1..max_len) and uniformly random tokens."""
+    """Long-tailed sizes (log-uniform in 1..max_len tokens): random token ids for a text model,
+    random latent clips for a video model (`random_clips`)."""
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(steps):
         lengths = [int(s) for s in np.clip(np.round(np.exp(rng.uniform(0, math.log(max_len), batch))), 1, max_len)]
-        samples = [torch.from_numpy(rng.integers(0, shape.vocab, s + 1)) for s in lengths]
-        out.append(Batch(lengths, samples))
+        if shape.attention == "causal":
+            out.append(Batch(lengths, [torch.from_numpy(rng.integers(0, shape.vocab, s + 1)) for s in lengths]))
+        else:
+            out.append(random_clips(shape, lengths, rng))
     return out
+
+
+def random_clips(shape: ModelShape, sizes: list[int], rng: np.random.Generator) -> Batch:
+    """A clip of at most each size in tokens, of every kind a video model must take: a random
+    split of the size into frames x height x width patches (single images, single-patch frames
+    and long thin clips among them), Gaussian latents, a random label and key."""
+    geometry = shape.video_geometry
+    clips, grids = [], []
+    for size in sizes:
+        frames = int(rng.integers(1, size + 1))
+        height = int(rng.integers(1, size // frames + 1))
+        width = int(rng.integers(1, size // (frames * height) + 1))
+        pf, ph, pw = geometry.patch
+        latent = rng.standard_normal((geometry.latent_channels, frames * pf, height * ph, width * pw))
+        clips.append(Clip(torch.from_numpy(latent.astype(np.float32)), int(rng.integers(0, 16)),
+                          int(rng.integers(0, 2 ** 62))))
+        grids.append((frames, height, width))
+    return Batch([f * h * w for f, h, w in grids], clips, grids)
 
 
 def flatten(tensors) -> Tensor:
