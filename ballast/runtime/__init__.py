@@ -6,7 +6,8 @@
     broadcast.py    rank 0's plan (and the batch's tokens) on every rank
     attention.py    Ulysses attention over a packed stream sharded across a group
     remap.py        Zeppelin's remapping layer: linear work on a balanced layout
-    all_to_all.py   the one all-to-all autograd function both of them exchange through
+    video_sp.py     2D sequence parallelism of video DiTs: whole frames / patch columns per rank
+    all_to_all.py   the one all-to-all autograd function all of them exchange through
     fsdp.py         FSDP2 sharding of the model
     groups.py       cached process groups of every aligned power-of-two block
     world.py        joining the job: torchrun, or N local gloo ranks
@@ -19,10 +20,11 @@ from .fsdp import full_tensor, is_sharded, shard_model
 from .groups import ProcessGroups
 from .memory import ActivationMeter
 from .parallelize import make_optimizer, parallelize
+from .video_sp import BALANCE, Layout, Relayout, VideoLayouts, VideoShard, video_layouts
 from .world import PeerFailed, RankFailed, RankInputError, init_distributed, run_local, under_torchrun
 
-__all__ = ["ActivationMeter", "Executor", "MicroBatchRecord", "PeerFailed", "ProcessGroups", "RankFailed",
-           "RankInputError", "StepResult",
-           "StreamShard", "WaveTiming", "broadcast_plan", "full_tensor", "init_distributed",
-           "is_sharded", "make_optimizer", "parallelize", "run_local",
-           "sequence_parallel_attention", "shard_model", "shard_sizes", "under_torchrun"]
+__all__ = ["ActivationMeter", "BALANCE", "Executor", "Layout", "MicroBatchRecord", "PeerFailed", "ProcessGroups",
+           "RankFailed", "RankInputError", "Relayout", "StepResult",
+           "StreamShard", "VideoLayouts", "VideoShard", "WaveTiming", "broadcast_plan", "full_tensor",
+           "init_distributed", "is_sharded", "make_optimizer", "parallelize", "run_local",
+           "sequence_parallel_attention", "shard_model", "shard_sizes", "under_torchrun", "video_layouts"]

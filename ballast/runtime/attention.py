@@ -14,6 +14,11 @@ rank sends its own rows and receives the whole stream in order, with no padding.
 
 Rotary positions are applied before the exchange, on the shard, from the global
 per-sequence positions that `StreamShard.positions` holds for the shard's tokens.
+
+A video stream under 2D sequence parallelism (`video_sp.VideoShard`) may instead hold whole
+frames (spatial blocks) or whole patch columns (temporal blocks): that attention is local over
+the spans a rank holds (`StreamShard.held_spans`), with no communication; on its `tokens`
+layout it is the Ulysses attention above.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from torch.distributed import ProcessGroup
 from ..model_shape import exchanged_kv_heads
 from ..samples import Sample
 from ..models.protocol import PackedStream
-from ..models.kernels import local_attention
+from ..models.kernels import local_attention, varlen_attention
 from .all_to_all import all_to_all
 from .remap import RemappedStream, remapped_attention
 
@@ -76,6 +81,13 @@ class StreamShard(PackedStream):
     def local(self) -> slice:
         """Where this rank's tokens sit in the whole stream."""
         return _shard_slice(self.sizes, self.index)
+
+    @property
+    def held_spans(self) -> tuple[int, ...] | None:
+        """cu_seqlens of the spans of `pattern` over this rank's rows when it holds every span it
+        attends over whole (a 2D sequence-parallel video layout, `video_sp.py`); None for a
+        contiguous shard, whose attention is Ulysses'."""
+        return None
 
 
 def _seq_to_head(x: Tensor, shard: StreamShard) -> Tensor:
@@ -131,11 +143,18 @@ def sequence_parallel_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedS
     A checkpointed layer repeats the two forward all-to-alls when it is recomputed in backward.
     Where d does not divide the kv heads, they are replicated to lcm(kv heads, d) before the
     exchange (the bytes `CostModel.exchange_bytes` prices).
-    A stream one process holds whole (degree 1, or a plain `PackedStream`) needs none. A
-    `RemappedStream` adds the remapping layer's two all-to-alls around this (`remap.py`).
+    A stream one process holds whole (degree 1, or a plain `PackedStream`) needs none, nor does
+    a 2D sequence-parallel video stream holding whole frames for a spatial block or whole patch
+    columns for a temporal one (`video_sp.VideoShard`: bidirectional attention over the spans
+    it holds; its `tokens` layout is Ulysses'). A `RemappedStream` adds the remapping layer's
+    two all-to-alls around this (`remap.py`).
     """
     if isinstance(stream, RemappedStream):
         return remapped_attention(q, k, v, stream, sequence_parallel_attention)
+    if isinstance(stream, StreamShard) and (spans := stream.held_spans) is not None:
+        if not q.shape[0]:  # nothing held: an empty output, still on q, k, v's graph
+            return q.new_zeros(0, q.shape[1], v.shape[2]) + 0 * (q.sum() + k.sum() + v.sum())
+        return varlen_attention(q, k, v, spans, causal=False)
     if not isinstance(stream, StreamShard) or stream.degree == 1:
         return local_attention(q, k, v, stream)
     d, heads = stream.degree, q.shape[1]

@@ -6,7 +6,9 @@ One step (`Executor.step`):
   - for every wave, this rank's group (`Plan.group_of`) runs its micro-batches one after
     another; in a remap domain of the wave (`Wave.remap`) all the domain's groups run theirs
     slot by slot together, linear work balanced over the domain (`remap.py`). A micro-batch's
-    packed stream is split contiguously over the group's ranks (`StreamShard`); each rank
+    packed stream is split contiguously over the group's ranks (`StreamShard`; for a
+    spatial-temporal video model, `video_sp.VideoShard`: whole frames when they balance, which
+    the model's `arrange` switches to whole patch columns for temporal blocks); each rank
     runs forward and backward on its shard, with the plan's checkpoint level (the first
     round(checkpoint * layers) blocks are recomputed), and its loss is the model's summed
     per-token loss of its shard (`ParallelModel.loss`) divided by `Plan.tokens`;
@@ -58,6 +60,7 @@ from .fsdp import is_sharded
 from .groups import ProcessGroups
 from .memory import ActivationMeter
 from .remap import RemappedStream, Route, overlaps
+from .video_sp import VideoShard
 
 
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -184,8 +187,12 @@ class Executor:
 
     def _run(self, plan: Plan, wave: int, group: Group, mb: MicroBatch, samples: Sequence[Any],
              result: StepResult) -> Tensor:
-        shard = StreamShard.create(plan.mb_samples(mb), self.groups.get(group.start, group.degree),
-                                   group.degree, self.rank - group.start, self.device)
+        # A spatial-temporal video model's group runs 2D sequence parallelism: `local` is then the
+        # initial layout's slice (whole frames, or the even split when frames do not balance).
+        video = group.degree > 1 and self.model.shape.attention == "spatial-temporal"
+        shard = (VideoShard if video else StreamShard).create(
+            plan.mb_samples(mb), self.groups.get(group.start, group.degree), group.degree,
+            self.rank - group.start, self.device)
         return self._forward_backward(plan, mb.seq_ids, shard, shard.local, mb.checkpoint, samples, result,
                                       (wave, group, mb))
 
@@ -193,7 +200,14 @@ class Executor:
                   samples: Sequence[Any], result: StepResult) -> Tensor:
         """Slot `slot` of a remap domain: every group's slot-th micro-batch, linear work balanced
         over the domain (`remap.py`). Every rank of the domain runs it, at the slot's lowest
-        checkpoint level (a layer's recomputation repeats collectives: all must recompute alike)."""
+        checkpoint level (a layer's recomputation repeats collectives: all must recompute alike).
+
+        A video model's spatial and temporal blocks need no 2D layouts here: `RemappedStream`
+        inherits `PackedStream.arrange`, which keeps the rows on the balanced layout (so the
+        positions of `whole.positions[local]` stay right) and only sets the pattern, and
+        `remapped_attention` passes that pattern to the group's plain `StreamShard`, whose
+        Ulysses attention holds the group's whole stream per head and takes the pattern's spans
+        over it (`attention_spans`: frames, or patch columns gathered column by column)."""
         start, size = domain
         parts = [(g, g.micro_batches[slot] if slot < len(g.micro_batches) else MicroBatch([]))
                  for g in plan.waves[wave].domain_groups(start, size)]

@@ -1,0 +1,274 @@
+"""2D sequence parallelism for spatial-temporal video DiTs (STDiT): whole frames for spatial
+blocks, whole patch columns for temporal ones (VideoSys' dynamic sequence parallelism).
+
+A micro-batch's stream (clips packed frame-major, `protocol.py`) is laid out over the d ranks of
+its group in one of three layouts, each a contiguous split of one order of the stream's tokens:
+
+    tokens   the frame-major order split evenly (`StreamShard`'s shards)
+    frames   the frame-major order split at frame boundaries, balanced by tokens: whole frames
+    columns  every clip column by column (a column's F tokens in frame order), clip after clip,
+             split at column boundaries, balanced by tokens: whole patch columns
+
+In every layout a rank's tokens are grouped by sample in stream order. A spatial block on the
+`frames` layout, or a temporal one on `columns`, attends over the frames (columns) each rank
+holds whole: no communication at all. Switching layouts costs one all-to-all of the hidden
+states (`Relayout`). A layout whose largest shard exceeds the even share by too much
+(`BALANCE`: one huge frame, a long clip of tiny frames, d > a clip's frames or columns) is not
+used: that block runs on the `tokens` layout with Ulysses' head exchange (`attention.py`),
+which takes any pattern. The model is handed the `frames` layout's slice when it balances
+(else `tokens`'s), both contiguous in stream order, and gets it back with `arrange(x, INPUT)`.
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import functools
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor
+from torch.distributed import ProcessGroup
+
+from ..models.protocol import INPUT, PATTERNS, video_grids, video_positions
+from ..samples import Sample
+from .all_to_all import all_to_all
+from .attention import StreamShard, shard_sizes
+from .remap import Route, overlaps
+
+BALANCE = 1.25
+"""A frames or columns layout is used when its largest shard holds at most BALANCE x ceil(n/d)
+tokens. The planner priced the group's work as shared evenly over its d ranks, and every
+per-token op between two `arrange`s (projections, MLP, the attention itself) runs on the
+layout's shards, so the largest one sets the block's time: up to 25% over the even share is
+accepted to save Ulysses' two exchanges per attention (q, k, v in and the output back, about
+2-4x the hidden states' bytes and two latencies) for one exchange of the hidden states per
+layout switch. Beyond that the fallback's communication is the cheaper price."""
+
+LAYOUTS = ("tokens", "frames", "columns")
+_HOLDS_WHOLE = {"frames": "spatial", "columns": "temporal"}
+"""The pattern whose spans a layout holds whole."""
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """A contiguous split of `order` (every token index of the stream once) over a group."""
+
+    name: str
+    order: Tensor
+    sizes: tuple[int, ...]
+
+    @functools.cached_property
+    def starts(self) -> tuple[int, ...]:
+        return tuple(itertools.accumulate(self.sizes, initial=0))
+
+    def held(self, index: int) -> Tensor:
+        """Stream indices of the tokens rank `index` holds, in its order."""
+        return self.order[self.starts[index]:self.starts[index + 1]]
+
+    def ranks(self) -> list[list[int]]:
+        return [self.held(i).tolist() for i in range(len(self.sizes))]
+
+    @functools.cached_property
+    def owner(self) -> Tensor:
+        """[n] the rank holding each stream token."""
+        ranks = torch.repeat_interleave(torch.arange(len(self.sizes)), torch.tensor(self.sizes, dtype=torch.long))
+        return torch.empty_like(ranks).index_copy_(0, self.order, ranks)
+
+    @functools.cached_property
+    def where(self) -> Tensor:
+        """[n] each stream token's place in `order`."""
+        return torch.empty_like(self.order).index_copy_(0, self.order, torch.arange(len(self.order)))
+
+    def balances(self, factor: float = BALANCE) -> bool:
+        return max(self.sizes) <= factor * math.ceil(sum(self.sizes) / len(self.sizes))
+
+
+def _split(units: Sequence[int], degree: int) -> tuple[int, ...]:
+    """Sizes of a split of consecutive units (their token counts) over `degree` ranks at unit
+    boundaries with the smallest largest shard: each cut at the boundary nearest the even
+    split's (`shard_sizes`) when that is as good (a shard then exceeds the even share by less
+    than the largest unit), else the ranks filled in turn up to the smallest feasible size."""
+    ends = list(itertools.accumulate(units, initial=0))
+    n = ends[-1]
+
+    def nearest(target: int) -> int:
+        above = bisect.bisect_left(ends, target)
+        return ends[above] if above and ends[above] - target < target - ends[above - 1] else ends[max(above - 1, 0)]
+
+    def filled(cap: int) -> list[int] | None:
+        cuts = [0]
+        for _ in range(degree - 1):
+            cuts.append(ends[bisect.bisect_right(ends, cuts[-1] + cap) - 1])
+        return cuts[1:] if n - cuts[-1] <= cap else None
+
+    def sizes(cuts: list[int]) -> tuple[int, ...]:
+        return tuple(b - a for a, b in zip([0, *cuts], [*cuts, n]))
+
+    even = sizes([nearest(t) for t in list(itertools.accumulate(shard_sizes(n, degree)))[:-1]])
+    low, high = max(units, default=0), max(even)
+    while low < high:  # the smallest largest shard: greedy filling decides feasibility
+        middle = (low + high) // 2
+        low, high = (low, middle) if filled(middle) is not None else (middle + 1, high)
+    return even if max(even) <= low else sizes(filled(low))
+
+
+def video_layouts(grids: Sequence[tuple[int, int, int]], degree: int) -> dict[str, Layout]:
+    """The `tokens`, `frames` and `columns` layouts of the stream of clips `grids` over `degree` ranks."""
+    bounds = tuple(itertools.accumulate((math.prod(g) for g in grids), initial=0))
+    frame_major = torch.arange(bounds[-1])
+    frames = [h * w for f, h, w in grids for _ in range(f)]
+    columns = [f for f, h, w in grids for _ in range(h * w)]
+    column_major = torch.cat([start + torch.arange(f * h * w).view(f, h * w).t().reshape(-1)
+                              for start, (f, h, w) in zip(bounds, grids)])
+    return {"tokens": Layout("tokens", frame_major, shard_sizes(bounds[-1], degree)),
+            "frames": Layout("frames", frame_major, _split(frames, degree)),
+            "columns": Layout("columns", column_major, _split(columns, degree))}
+
+
+@dataclass(frozen=True, eq=False)
+class Relayout:
+    """One rank's side of a switch between two layouts: an `all_to_all.Exchange`.
+
+    Forward (`run`): gather the rows to send, grouped by destination rank in the target's
+    order; one `all_to_all_single` with uneven splits (`Route`); place the rows received (from
+    each source in the target's order) where the target layout has them.
+    Backward (`reversed`, what `all_to_all` runs on the gradient): the same all-to-all with
+    the splits swapped, gathering by `place` and placing by `gather`.
+    Between two splits of the same order (`frames` <-> `tokens`) both index maps are the
+    identity (None) and the splits are `remap.overlaps`. One rank (d = 1): no collective.
+    """
+
+    route: Route | None
+    gather: Tensor | None
+    place: Tensor | None
+
+    @classmethod
+    def between(cls, source: Layout, target: Layout, group: ProcessGroup | None, index: int,
+                device: torch.device | str | None = None) -> Relayout:
+        d = len(source.sizes)
+        if source.order is target.order:
+            send, recv = overlaps(source.sizes, target.sizes, index)
+            return cls(Route(group, send, recv) if d > 1 else None, None, None)
+        mine, theirs = source.held(index), target.held(index)
+        to, source_of = target.owner[mine], source.owner[theirs]
+        route = Route(group, tuple(torch.bincount(to, minlength=d).tolist()),
+                      tuple(torch.bincount(source_of, minlength=d).tolist())) if d > 1 else None
+        return cls(route, torch.argsort(target.where[mine], stable=True).to(device),
+                   torch.argsort(source_of, stable=True).to(device))
+
+    def run(self, x: Tensor) -> Tensor:
+        if self.gather is not None:
+            x = x.index_select(0, self.gather)
+        if self.route is not None:
+            x = self.route.run(x)
+        return x if self.place is None else torch.empty_like(x).index_copy_(0, self.place, x)
+
+    def reversed(self) -> Relayout:
+        return Relayout(self.route.reversed() if self.route is not None else None, self.place, self.gather)
+
+
+class VideoLayouts:
+    """The layouts of one micro-batch's stream over its group from one rank's side, with what
+    each `arrange` needs (positions, spans, exchanges) made once and shared by every stream."""
+
+    def __init__(self, grids: Sequence[tuple[int, int, int]], group: ProcessGroup | None, degree: int,
+                 index: int, device: torch.device | str | None = None):
+        self.grids, self.group, self.index, self.device = tuple(grids), group, index, device
+        self.bounds = tuple(itertools.accumulate((math.prod(g) for g in self.grids), initial=0))
+        self.layouts = video_layouts(self.grids, degree)
+        self.balanced = {name: layout.balances() for name, layout in self.layouts.items()}
+        self._positions: dict[str, Tensor] = {}
+        self._spans: dict[str, tuple[int, ...]] = {}
+        self._exchanges: dict[tuple[str, str], Relayout] = {}
+
+    def __getitem__(self, name: str) -> Layout:
+        return self.layouts[name]
+
+    def target(self, pattern: str) -> str:
+        """The layout attention of `pattern` runs on: the one holding its spans whole if it balances."""
+        whole = next((name for name, p in _HOLDS_WHOLE.items() if p == pattern), "tokens")
+        return whole if self.balanced[whole] else "tokens"
+
+    def positions(self, name: str) -> Tensor:
+        if name not in self._positions:
+            held = self.layouts[name].held(self.index)
+            self._positions[name] = video_positions(self.grids, held, self.bounds).to(self.device)
+        return self._positions[name]
+
+    def spans(self, name: str) -> tuple[int, ...]:
+        """cu_seqlens of the whole frames (columns) this rank holds in layout `name`."""
+        if name not in self._spans:
+            positions = self.positions(name).cpu()
+            key = positions[:, :2] if name == "frames" else positions[:, [0, 2, 3]]
+            starts = ((key[1:] != key[:-1]).any(dim=1).nonzero().view(-1) + 1).tolist()
+            self._spans[name] = (0, *starts, len(key)) if len(key) else (0,)
+        return self._spans[name]
+
+    def exchange(self, source: str, target: str) -> Relayout:
+        if (source, target) not in self._exchanges:
+            self._exchanges[(source, target)] = Relayout.between(
+                self.layouts[source], self.layouts[target], self.group, self.index, self.device)
+        return self._exchanges[(source, target)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class VideoShard(StreamShard):
+    """This rank's tokens of a micro-batch under 2D sequence parallelism: `layout` says which
+    (`held`), `positions` are theirs; `initial` is the layout the model was handed (`local`)."""
+
+    layouts: VideoLayouts
+    layout: str
+    initial: str
+
+    @classmethod
+    def create(cls, samples: list[Sample], group: ProcessGroup | None, degree: int, index: int,
+               device: torch.device | str | None = None) -> VideoShard:
+        assert 0 <= index < degree, (index, degree)
+        plan = VideoLayouts(video_grids(samples), group, degree, index, device)
+        initial = "frames" if plan.balanced["frames"] else "tokens"
+        return cls(plan.bounds, plan.positions(initial), plan.grids, group=group, degree=degree, index=index,
+                   layouts=plan, layout=initial, initial=initial)
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Every rank's token count in the current layout (`tokens`: `StreamShard`'s)."""
+        return self.layouts[self.layout].sizes
+
+    @property
+    def local(self) -> slice:
+        """Where the initial layout's tokens of this rank sit in the stream (frames and tokens
+        are both contiguous splits of the stream order)."""
+        starts = self.layouts[self.initial].starts
+        return slice(starts[self.index], starts[self.index + 1])
+
+    @property
+    def held(self) -> Tensor:
+        """Stream indices of the tokens this rank holds, in their order."""
+        return self.layouts[self.layout].held(self.index)
+
+    @property
+    def held_spans(self) -> tuple[int, ...] | None:
+        if self.layout == "tokens":
+            return None
+        if _HOLDS_WHOLE[self.layout] != self.pattern:
+            raise ValueError(f"a {self.layout} layout holds {_HOLDS_WHOLE[self.layout]} spans, not "
+                             f"{self.pattern!r} ones: arrange(x, {self.pattern!r}) before attending")
+        return self.layouts.spans(self.layout)
+
+    def arrange(self, x: Tensor, pattern: str) -> tuple[Tensor, VideoShard]:
+        """`x` (rows of the tokens held) on the layout for `pattern` (`VideoLayouts.target`; the
+        initial one for INPUT), moved by one all-to-all (`Relayout`) if the layout changes;
+        every rank of the group takes part, an empty one too."""
+        if pattern == INPUT:
+            target, pattern = self.initial, self.pattern
+        elif pattern in PATTERNS:
+            target = self.layouts.target(pattern)
+        else:
+            raise ValueError(f"attention pattern {pattern!r}: expected one of {', '.join(PATTERNS)} or {INPUT!r}")
+        assert x.shape[0] == self.sizes[self.index], (x.shape, self.layout, self.sizes, self.index)
+        if target != self.layout:
+            x = all_to_all(x, self.layouts.exchange(self.layout, target))
+        return x, dataclasses.replace(self, positions=self.layouts.positions(target), layout=target, pattern=pattern)
