@@ -19,14 +19,24 @@ Planning without training (`ballast simulate`, the benchmarks): lengths only.
 
 lengths.py holds the sources (the shipped wikipedia histogram among them), length_stream.py
 how their draws become batches.
+
+Video diffusion training (`--data video-synthetic[:SEED[:PATH]]` or `video-latents:PATH`): whole
+latent clips, batched like text (video.py; the content in video_synthetic.py, video_latents.py).
+
+    if is_video_data(spec):
+        stream = open_clip_stream(spec, shape.video_geometry, tokens_per_step=8192, max_len=2048, seed=0)
+        batch = stream.next_batch()    # batch.planned (clip shapes) -> planner, batch.samples (Clips) -> model
 """
 from .build import build_corpus
 from .corpus import TokenCorpus
 from .length_stream import BatchSpec, LengthStream
 from .lengths import LENGTH_SYNTAX, LengthSource, get_length_source
 from .sources import SYNTAX
-from .stream import Batch, BatchStream
+from .stream import Batch, BatchStream, EpochStream
 from .tokenizer import ByteTokenizer, HFTokenizer, check_vocab, load_tokenizer
+from .video import VIDEO_DATA_SYNTAX, ClipStream, clip_key, is_video_data, open_clip_dataset, open_clip_stream
 
-__all__ = ["LENGTH_SYNTAX", "SYNTAX", "Batch", "BatchSpec", "BatchStream", "ByteTokenizer", "HFTokenizer", "LengthSource",
-           "LengthStream", "TokenCorpus", "build_corpus", "check_vocab", "get_length_source", "load_tokenizer"]
+__all__ = ["LENGTH_SYNTAX", "SYNTAX", "VIDEO_DATA_SYNTAX", "Batch", "BatchSpec", "BatchStream", "ByteTokenizer",
+           "ClipStream", "EpochStream", "HFTokenizer", "LengthSource", "LengthStream", "TokenCorpus", "build_corpus",
+           "check_vocab", "clip_key", "get_length_source", "is_video_data", "load_tokenizer", "open_clip_dataset",
+           "open_clip_stream"]

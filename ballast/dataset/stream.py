@@ -22,9 +22,13 @@ last one of an epoch may be small, and an epoch is a whole number of batches.
 State. The stream's position is (epoch, samples of the epoch consumed): `state_dict()` after
 a batch and `load_state_dict` in a fresh stream over the same corpus, seed and max_len give the
 same following batches. The budget may differ on resume (the position is in samples).
+
+Order, batches and state are `EpochStream`'s, shared with the video clip streams (`video.py`),
+which differ only in what a sample is.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -61,31 +65,103 @@ class Batch:
         return sum(self.lengths)
 
 
-class BatchStream:
-    """Endless stream of global batches over `corpus` (see the module docstring)."""
+class EpochStream(ABC):
+    """What BatchStream and the video streams (`video.ClipStream`) share: the seeded epoch
+    order, the budgeted batches, the position and its state (see the module docstring).
+    A subclass sets `num_samples` and says each sample's tokens, how ids become a `Batch` and
+    what its state is only valid for besides the seed and max_len."""
 
-    def __init__(self, corpus: TokenCorpus, tokens_per_step: int, max_len: int, seed: int) -> None:
+    num_samples: int
+    """Samples per epoch; ids are 0..num_samples-1."""
+
+    def __init__(self, tokens_per_step: int, max_len: int, seed: int) -> None:
+        kind = type(self).__name__
         for name, value in (("tokens_per_step", tokens_per_step), ("max_len", max_len)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"BatchStream: {name} must be a positive integer, got {value!r}")
+                raise ValueError(f"{kind}: {name} must be a positive integer, got {value!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"BatchStream: seed must be a non-negative integer, got {seed!r}")
-        self.corpus, self.tokens_per_step, self.max_len, self.seed = (
-            corpus, tokens_per_step, max_len, seed)
-        self._doc_len = corpus.document_lengths()
-        chunks = (np.maximum(self._doc_len - 1, 0) + max_len - 1) // max_len
-        self._chunks = chunks
-        self._first = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
-        self.num_samples = int(self._first[-1])
-        """Samples per epoch; ids are 0..num_samples-1."""
-        if self.num_samples == 0:
-            raise ValueError(f"{corpus.name}: no document has the 2 tokens a sample needs")
+            raise ValueError(f"{kind}: seed must be a non-negative integer, got {seed!r}")
+        self.tokens_per_step, self.max_len, self.seed = tokens_per_step, max_len, seed
         self.epoch = 0
         """Epoch of the next batch."""
         self._cursor = 0
         """Samples of `epoch` already yielded; always < num_samples."""
         self._order_epoch = -1
         self._order = self._cum = np.zeros(0, np.int64)
+
+    @abstractmethod
+    def sample_lengths(self, sample_ids: np.ndarray | list[int]) -> np.ndarray:
+        """Training tokens of each sample id."""
+
+    @abstractmethod
+    def make_batch(self, sample_ids: np.ndarray, epoch: int) -> Batch:
+        """The batch of these samples, drawn in `epoch`."""
+
+    @abstractmethod
+    def state_identity(self) -> dict:
+        """What a state is valid for besides seed and max_len, e.g. {"corpus": fingerprint}."""
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """Sample ids of `epoch` in the order the stream yields them."""
+        return np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
+
+    def next_batch(self) -> Batch:
+        if self._order_epoch != self.epoch:  # one epoch's order and running lengths are kept
+            self._order = self.epoch_order(self.epoch)
+            self._cum = np.cumsum(self.sample_lengths(self._order))
+            self._order_epoch = self.epoch
+        start, epoch = self._cursor, self.epoch
+        before = int(self._cum[start - 1]) if start else 0
+        end = int(np.searchsorted(self._cum, before + self.tokens_per_step, side="right"))
+        end = max(end, start + 1)
+        ids = self._order[start:end]
+        self._cursor = end
+        if end == self.num_samples:  # so `epoch` is always the next batch's
+            self.epoch, self._cursor = epoch + 1, 0
+        return self.make_batch(ids, epoch)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self
+
+    def __next__(self) -> Batch:
+        return self.next_batch()
+
+    def state_dict(self) -> dict:
+        """The stream's position and what it is only valid for; JSON-serialisable."""
+        return {"format": STATE_FORMAT, **self.state_identity(), "seed": self.seed,
+                "max_len": self.max_len, "tokens_per_step": self.tokens_per_step,
+                "epoch": self.epoch, "position": self._cursor}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume at `state`'s position; ValueError if it belongs to another stream."""
+        kind = type(self).__name__
+        expected = {"format": STATE_FORMAT, **self.state_identity(),
+                    "seed": self.seed, "max_len": self.max_len}
+        for key, value in expected.items():
+            if state.get(key) != value:
+                raise ValueError(f"{kind} state is for {key}={state.get(key)!r}, "
+                                 f"this stream has {key}={value!r}")
+        epoch, position = state.get("epoch"), state.get("position")
+        if not (isinstance(epoch, int) and epoch >= 0 and isinstance(position, int)
+                and 0 <= position < self.num_samples):
+            raise ValueError(f"{kind} state has an invalid position "
+                             f"(epoch {epoch!r}, position {position!r} of {self.num_samples})")
+        self.epoch, self._cursor = epoch, position
+
+
+class BatchStream(EpochStream):
+    """Endless stream of global batches over `corpus` (see the module docstring)."""
+
+    def __init__(self, corpus: TokenCorpus, tokens_per_step: int, max_len: int, seed: int) -> None:
+        super().__init__(tokens_per_step, max_len, seed)
+        self.corpus = corpus
+        self._doc_len = corpus.document_lengths()
+        chunks = (np.maximum(self._doc_len - 1, 0) + max_len - 1) // max_len
+        self._chunks = chunks
+        self._first = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
+        self.num_samples = int(self._first[-1])
+        if self.num_samples == 0:
+            raise ValueError(f"{corpus.name}: no document has the 2 tokens a sample needs")
 
     def locate(self, sample_ids: np.ndarray | list[int]) -> tuple[np.ndarray, np.ndarray]:
         """(document, chunk) of each sample id."""
@@ -107,50 +183,10 @@ class BatchStream:
         assert out.size >= 2
         return out
 
-    def epoch_order(self, epoch: int) -> np.ndarray:
-        """Sample ids of `epoch` in the order the stream yields them."""
-        return np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
-
-    def next_batch(self) -> Batch:
-        if self._order_epoch != self.epoch:  # one epoch's order and running lengths are kept
-            self._order = self.epoch_order(self.epoch)
-            self._cum = np.cumsum(self.sample_lengths(self._order))
-            self._order_epoch = self.epoch
-        start, epoch = self._cursor, self.epoch
-        before = int(self._cum[start - 1]) if start else 0
-        end = int(np.searchsorted(self._cum, before + self.tokens_per_step, side="right"))
-        end = max(end, start + 1)
-        ids = self._order[start:end]
-        self._cursor = end
-        if end == self.num_samples:  # so `epoch` is always the next batch's
-            self.epoch, self._cursor = epoch + 1, 0
-        return Batch(sample_ids=ids.tolist(), lengths=self.sample_lengths(ids).tolist(),
-                     samples=[torch.from_numpy(self.sample_tokens(int(i))) for i in ids],
+    def make_batch(self, sample_ids: np.ndarray, epoch: int) -> Batch:
+        return Batch(sample_ids=sample_ids.tolist(), lengths=self.sample_lengths(sample_ids).tolist(),
+                     samples=[torch.from_numpy(self.sample_tokens(int(i))) for i in sample_ids],
                      epoch=epoch)
 
-    def __iter__(self) -> Iterator[Batch]:
-        return self
-
-    def __next__(self) -> Batch:
-        return self.next_batch()
-
-    def state_dict(self) -> dict:
-        """The stream's position and what it is only valid for; JSON-serialisable."""
-        return {"format": STATE_FORMAT, "corpus": self.corpus.fingerprint, "seed": self.seed,
-                "max_len": self.max_len, "tokens_per_step": self.tokens_per_step,
-                "epoch": self.epoch, "position": self._cursor}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Resume at `state`'s position; ValueError if it belongs to another stream."""
-        expected = {"format": STATE_FORMAT, "corpus": self.corpus.fingerprint,
-                    "seed": self.seed, "max_len": self.max_len}
-        for key, value in expected.items():
-            if state.get(key) != value:
-                raise ValueError(f"BatchStream state is for {key}={state.get(key)!r}, "
-                                 f"this stream has {key}={value!r}")
-        epoch, position = state.get("epoch"), state.get("position")
-        if not (isinstance(epoch, int) and epoch >= 0 and isinstance(position, int)
-                and 0 <= position < self.num_samples):
-            raise ValueError(f"BatchStream state has an invalid position "
-                             f"(epoch {epoch!r}, position {position!r} of {self.num_samples})")
-        self.epoch, self._cursor = epoch, position
+    def state_identity(self) -> dict:
+        return {"corpus": self.corpus.fingerprint}
