@@ -122,11 +122,11 @@ def attention_spans(stream: PackedStream) -> tuple[Tensor | None, tuple[int, ...
     spans, order = [0], []
     for start, (frames, height, width) in zip(stream.bounds, grids):
         per_frame = height * width
-        if stream.pattern == "spatial":
-            spans.extend(spans[-1] + per_frame * (f + 1) for f in range(frames))
-        else:
+        # A sample's spans: its frames (spatial) or its columns (temporal), one after another.
+        count, size = (frames, per_frame) if stream.pattern == "spatial" else (per_frame, frames)
+        spans.extend(start + size * (i + 1) for i in range(count))
+        if stream.pattern == "temporal":
             order.append(start + torch.arange(frames * per_frame).view(frames, per_frame).t().reshape(-1))
-            spans.extend(spans[-1] + frames * (c + 1) for c in range(per_frame))
     return (torch.cat(order) if order else None), tuple(spans)
 
 

@@ -22,19 +22,6 @@ from ballast.runtime import (BALANCE, ProcessGroups, StreamShard, VideoShard, ru
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def _spans_are_right() -> bool:
-    # protocol.attention_spans extends its span list from a generator that reads the list's own
-    # last entry, so clips of several frames (columns) get spans that overrun the stream and
-    # local_attention (the reference here, and what Ulysses runs after its head exchange) fails
-    # for spatial and temporal patterns. protocol.py is not this module's; the fix is to read
-    # spans[-1] once per clip. These tests pass with it (checked on a patched copy).
-    spatial = dataclasses.replace(PackedStream.of([(2, 1, 2)]), pattern="spatial")
-    return attention_spans(spatial)[1] == (0, 2, 4)
-
-
-needs_spans = pytest.mark.xfail(not _spans_are_right(), strict=True,
-                                reason="protocol.attention_spans overruns the stream for multi-frame clips")
-
 WORLD = 4
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN = 4, 2, 8, 16  # 2 kv heads: degree 4 replicates them (GQA)
 CLIPS = {
@@ -138,8 +125,7 @@ def _dense(q, k, v, positions, pattern):
     return torch.einsum("hij,jhd->ihd", scores.masked_fill(~same, -math.inf).softmax(-1), v)
 
 
-@pytest.mark.parametrize("pattern", ["full", pytest.param("spatial", marks=needs_spans),
-                                     pytest.param("temporal", marks=needs_spans)])
+@pytest.mark.parametrize("pattern", ["full", "spatial", "temporal"])
 def test_local_attention_matches_a_dense_masked_oracle(pattern):
     # What (b) and (c) compare against is itself right.
     clips = CLIPS["mixed"] + CLIPS["1x1 frames"]
@@ -221,7 +207,6 @@ def ranks() -> list[dict]:
 
 
 @pytest.mark.slow
-@needs_spans
 def test_block_program_on_2d_layouts_matches_one_process(ranks):
     checked, layouts_seen = set(), {}
     for rank in ranks:
@@ -253,7 +238,6 @@ def test_block_program_on_2d_layouts_matches_one_process(ranks):
 
 
 @pytest.mark.slow
-@needs_spans
 def test_ulysses_takes_full_spatial_and_temporal_patterns(ranks):
     checked = set()
     for rank in ranks:
