@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ..dataset import SYNTAX
+from ..dataset import SYNTAX, VIDEO_DATA_SYNTAX
 from ..planners import parse_planner_names
 from .output import bar_chart, bench_table
 from .setting import ALL_PLANNERS, BenchInputs, BenchSetting, prepare
@@ -28,7 +28,7 @@ HELP = "train every planner side by side on this machine's ranks; measured token
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = BenchSetting()
     p.add_argument("--model", default=d.model, help="model preset or ModelShape JSON")
-    p.add_argument("--data", default=d.data, help=f"corpus: {SYNTAX}")
+    p.add_argument("--data", default=d.data, help=f"corpus: {SYNTAX}; clips for video DiTs: {VIDEO_DATA_SYNTAX}")
     p.add_argument("--cache-dir", default=None, help="token cache folder (default: the data pipeline's)")
     p.add_argument("--world", type=int, default=d.world, help=f"local gloo ranks (default {d.world})")
     p.add_argument("--planners", default=",".join(ALL_PLANNERS), help="comma-separated planner names, or all")

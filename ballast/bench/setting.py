@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from ..cluster import Cluster, get_cluster
 from ..cost import CostModel, get_cost_model
-from ..dataset import Batch, BatchStream, build_corpus, check_vocab
+from ..dataset import (Batch, BatchStream, EpochStream, build_corpus, check_data_kind, check_vocab, is_video_data,
+                       open_clip_stream)
 from ..planners import parse_planner_names
 from ..model_shape import ModelShape, get_model_shape
 from ..models import check_buildable
@@ -146,8 +147,18 @@ def prepare(setting: BenchSetting, progress: bool = True) -> BenchInputs:
     shape = get_model_shape(setting.model)
     check_buildable(shape)
     cluster, cost = make_cost(setting, shape)
+    stream, described = open_stream(setting, shape, progress)
+    batches = [stream.next_batch() for _ in range(setting.warmup + setting.steps)]
+    return BenchInputs(shape, cluster, cost, batches, described)
+
+
+def open_stream(setting: BenchSetting, shape: ModelShape, progress: bool) -> tuple[EpochStream, str]:
+    """The benchmark's batches, described: clips for a video DiT, else the tokenised corpus."""
+    check_data_kind(setting.data, shape)
+    if is_video_data(setting.data):
+        clips = open_clip_stream(setting.data, shape.video_geometry, setting.tokens_per_step, setting.max_len,
+                                 setting.seed)
+        return clips, clips.describe()
     corpus = build_corpus(setting.data, cache_dir=setting.cache_dir, progress=progress)
     check_vocab(corpus.vocab_size, shape.vocab, shape.name)
-    stream = BatchStream(corpus, setting.tokens_per_step, setting.max_len, setting.seed)
-    batches = [stream.next_batch() for _ in range(setting.warmup + setting.steps)]
-    return BenchInputs(shape, cluster, cost, batches, corpus.describe())
+    return BatchStream(corpus, setting.tokens_per_step, setting.max_len, setting.seed), corpus.describe()

@@ -34,9 +34,10 @@ from .lengths import LENGTH_SYNTAX, LengthSource, get_length_source
 from .sources import SYNTAX
 from .stream import Batch, BatchStream, EpochStream
 from .tokenizer import ByteTokenizer, HFTokenizer, check_vocab, load_tokenizer
-from .video import VIDEO_DATA_SYNTAX, ClipStream, clip_key, is_video_data, open_clip_dataset, open_clip_stream
+from .video import (VIDEO_DATA_SYNTAX, ClipStream, check_data_kind, clip_key, is_video_data, open_clip_dataset,
+                    open_clip_stream)
 
 __all__ = ["LENGTH_SYNTAX", "SYNTAX", "VIDEO_DATA_SYNTAX", "Batch", "BatchSpec", "BatchStream", "ByteTokenizer",
            "ClipStream", "EpochStream", "HFTokenizer", "LengthSource", "LengthStream", "TokenCorpus", "build_corpus",
-           "check_vocab", "clip_key", "get_length_source", "is_video_data", "load_tokenizer", "open_clip_dataset",
+           "check_data_kind", "check_vocab", "clip_key", "get_length_source", "is_video_data", "load_tokenizer", "open_clip_dataset",
            "open_clip_stream"]

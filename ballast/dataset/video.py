@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..model_shape import VideoGeometry
+from ..model_shape import ModelShape, VideoGeometry
 from ..models.clip import Clip
 from .stream import Batch, EpochStream
 from .video_latents import LATENTS_PREFIX, LatentFolder
@@ -116,6 +116,15 @@ class ClipStream(EpochStream):
 def is_video_data(spec: str) -> bool:
     """Whether a `--data` spec names clips (`open_clip_stream`) rather than a text corpus."""
     return spec.partition(":")[0] in (SYNTHETIC_PREFIX, LATENTS_PREFIX)
+
+
+def check_data_kind(spec: str, shape: ModelShape) -> None:
+    """ValueError unless the data suits the model: clips for a video DiT, text for a language model."""
+    video_model, video_data = shape.attention != "causal", is_video_data(spec)
+    if video_model != video_data:
+        raise ValueError(f"model {shape.name!r} is a {'video DiT' if video_model else 'language model'} but "
+                         f"--data {spec!r} is {'video clips' if video_data else 'text'}: "
+                         f"{'use video-synthetic or video-latents:PATH' if video_model else 'use a text corpus'}")
 
 
 def open_clip_dataset(spec: str, geometry: VideoGeometry, max_len: int) -> ClipDataset:

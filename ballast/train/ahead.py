@@ -16,7 +16,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..dataset import Batch, BatchStream
+from ..dataset import Batch, EpochStream
 from ..plans import Plan
 from ..planners import Planner
 from ..timeline import step_time
@@ -34,7 +34,7 @@ class StepInput:
     predicted_seconds: float
     """The plan's step time under the cost model (`ballast.timeline.step_time`)."""
     data_state: dict
-    """`BatchStream.state_dict()` right after this batch: where step + 1 starts."""
+    """The stream's `state_dict()` right after this batch: where step + 1 starts."""
     planner_state: dict
     """`Planner.state_dict()` right after planning this batch."""
 
@@ -42,7 +42,7 @@ class StepInput:
 class Lookahead:
     """`get(k)` returns step k's input and starts preparing step k + 1 (while it is < `steps`)."""
 
-    def __init__(self, stream: BatchStream, planner: Planner, steps: int, ahead: bool):
+    def __init__(self, stream: EpochStream, planner: Planner, steps: int, ahead: bool):
         self.stream, self.planner, self.steps = stream, planner, steps
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ballast-plan") if ahead else None
         self._next: Future[StepInput] | None = None

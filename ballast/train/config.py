@@ -28,14 +28,18 @@ def _flag(name: str) -> Any:
 @dataclass
 class ModelConfig:
     model: str = field(default="tiny", metadata=_flag("--model"))
-    """Model preset (gpt-7b, gpt-13b, gpt-30b, llama3-8b, tiny) or a ModelShape JSON file."""
+    """Model preset (gpt-7b, gpt-13b, gpt-30b, llama3-8b, tiny; video DiTs stdit-tiny, dit-tiny), a
+    ModelShape JSON file, or hf:PATH (a Hugging Face causal LM folder)."""
 
 
 @dataclass
 class DataConfig:
     source: str = field(default="stdlib", metadata=_flag("--data"))
-    """Corpus: stdlib | folder:PATH | jsonl:PATH | parquet:PATH | hf-dataset:PATH (a datasets
-    save_to_disk folder, or parquet/jsonl files read with datasets) | tokens:PATH."""
+    """Text corpus: stdlib | folder:PATH | jsonl:PATH | parquet:PATH | hf-dataset:PATH (a datasets
+    save_to_disk folder, or parquet/jsonl files read with datasets) | tokens:PATH. Video clips
+    (for video DiTs): video-synthetic[:SEED[:PATH]] (procedural latent clips, shaped like DCP's
+    any-size buckets or a `videos:` clip list at PATH) | video-latents:PATH (a folder of
+    .safetensors/.npy latents [C, F, H, W])."""
     tokenizer: str | None = None
     """`bytes` (one token per UTF-8 byte, vocab 256) or a Hugging Face tokenizer.json file;
     unset: an hf:PATH model's own tokenizer.json when its folder has one, else bytes."""
@@ -48,7 +52,8 @@ class DataConfig:
     tokens_per_step: int = 8192
     """Token budget of one optimizer step (the global batch)."""
     max_len: int = 1024
-    """Longest sequence; longer documents are cut into chunks of at most this many tokens."""
+    """Longest sequence; longer documents are cut into chunks of at most this many tokens. A clip
+    over it (in latent patches) is an error: clips are never cut."""
 
 
 @dataclass

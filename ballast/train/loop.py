@@ -26,7 +26,8 @@ from rich.console import Console
 
 from ..cluster import Cluster, get_cluster
 from ..cost import CostModel, get_cost_model
-from ..dataset import BatchStream, TokenCorpus, build_corpus, check_vocab
+from ..dataset import (BatchStream, ClipStream, build_corpus, check_data_kind, check_vocab, is_video_data,
+                       open_clip_stream)
 from ..models import build_model, check_buildable
 from ..plans import Plan
 from ..planners import Planner, PlannerOptions, get_planner
@@ -65,6 +66,7 @@ class Setup:
     def of(cls, config: TrainConfig, world: int) -> Setup:
         shape = get_model_shape(config.model.model)
         check_buildable(shape)
+        check_data_kind(config.data.source, shape)
         cluster = get_cluster(config.planner.cluster, world, config.planner.device_memory_gb)
         cost = get_cost_model(config.planner.cost, shape, cluster)
         cost.check_fits([config.data.max_len])  # a max_len no plan can hold fails here, not at step k
@@ -76,15 +78,20 @@ class Setup:
                 f"({self.cluster.world_size} ranks, {self.cost.device_memory / 1e9:.3g} GB each){where}")
 
 
-def open_data(config: TrainConfig, setup: Setup, progress: bool) -> TokenCorpus:
-    """The corpus (tokenised once, then from the cache), checked against the model's vocab: the
-    tokenizer's before tokenising, the corpus's after (a `tokens:` source brings its own)."""
-    data = config.data
+def open_data(config: TrainConfig, setup: Setup, progress: bool) -> tuple[BatchStream | ClipStream, str]:
+    """The run's batches and what they are, said in the log. Text: the corpus (tokenised once,
+    then from the cache), checked against the model's vocab: the tokenizer's before tokenising,
+    the corpus's after (a `tokens:` source brings its own). Video: the clips, every one checked
+    against max_len up front."""
+    data, seed = config.data, config.run.seed
+    if is_video_data(data.source):
+        clips = open_clip_stream(data.source, setup.shape.video_geometry, data.tokens_per_step, data.max_len, seed)
+        return clips, clips.describe()
     check_tokenizer(setup.tokenizer, data.tokenizer, setup.shape)
     corpus = build_corpus(data.source, tokenizer=setup.tokenizer, cache_dir=data.cache_dir,
                           text_field=data.text_field, skip_bad=data.skip_bad, progress=progress)
     check_vocab(corpus.vocab_size, setup.shape.vocab, setup.shape.name)
-    return corpus
+    return BatchStream(corpus, data.tokens_per_step, data.max_len, seed), corpus.describe()
 
 
 def make_planner(config: TrainConfig, setup: Setup) -> Planner:
@@ -211,17 +218,16 @@ def from_rank0(prepare: Callable[[], tuple[T, Any]]) -> tuple[T | None, Any]:
 
 
 def _prepare_data(config: TrainConfig, setup: Setup, console: Console
-                  ) -> tuple[tuple[BatchStream, Planner], str | None]:
+                  ) -> tuple[tuple[BatchStream | ClipStream, Planner], str | None]:
     """Rank 0's ((stream, planner), checkpoint to resume from), both at the resumed position."""
     resume = _checkpoint_to_resume(config, console)
-    corpus = open_data(config, setup, progress=True)
-    stream = BatchStream(corpus, config.data.tokens_per_step, config.data.max_len, config.run.seed)
+    stream, described = open_data(config, setup, progress=True)
     planner = make_planner(config, setup)
-    if resume is not None:  # a position of another corpus or seed fails here, on every rank
+    if resume is not None:  # a position of other data or another seed fails here, on every rank
         meta = checkpoint.read_meta(Path(resume))
         stream.load_state_dict(meta["data"])
         planner.load_state_dict(meta["planner"])
-    console.print(corpus.describe(), highlight=False)
+    console.print(described, highlight=False)
     console.print(setup.describe(), highlight=False)
     return (stream, planner), resume
 

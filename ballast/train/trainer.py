@@ -52,7 +52,7 @@ class Trainer:
 
         config = self.config
         world = config.run.world or DEFAULT_WORLD
-        # Fail on user errors here, with a plain message, before any rank starts; the corpus is
+        # Fail on user errors here, with a plain message, before any rank starts; a corpus is
         # tokenised once here (with a progress bar) and the ranks read it from the cache.
         setup = Setup.of(config, world)
         open_data(config, setup, progress=True)
