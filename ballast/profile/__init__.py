@@ -1,9 +1,11 @@
 """`ballast profile`: measure the real model with the real runtime, fit the cost model, check it.
 
     command.py   the CLI: flags -> Settings -> measure on ranks -> fit -> JSON (or --check)
-    grid.py      what to measure: points of lengths x SP degrees x checkpoint levels x depths
+    grid.py      what to measure: points of lengths (or video clips) x SP degrees x checkpoint
+                 levels x depths
     measure.py   the points run for real on local ranks (or torchrun's), timed
-    fit.py       the cost model's coefficients from the measurements, per layer
+    fit.py       the cost model's coefficients from the measurements, per layer (a video DiT's
+                 attention by its pattern: spatial and temporal blocks apart)
     check.py     random plans run for real against the profile's predictions
     machine.py   what the profile ran on and how loaded the machine was
 """

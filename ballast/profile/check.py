@@ -1,7 +1,12 @@
 """`ballast profile --check`: random plans run for real, against the profile's predictions.
 
 Random batches come from a length source (`stdlib` by default: real code files, split at
---max-len); each is planned by the next planner in turn, validated, simulated under the
+--max-len). A video model's come from a clip source (`video` by default: DCP's any-size video
+buckets in the model's latent patches) scaled down so that its largest clip has --max-len
+tokens (`scaled_clips`: every clip's frames, height and width times the same factor, the
+Zipf weights kept), --max-len defaulting to the profile's largest grid clip: the real clips
+(up to ~490k tokens) do not run on a CPU, and a frame longer than --max-len could not be split.
+Each is planned by the next planner in turn, validated, simulated under the
 profile (predicted step time of the plan as the runtime executes it, see `as_executed`, and
 peak activation bytes per device), then executed by the runtime on local gloo ranks, on the
 CPU: a profile measured on another device (GPUs under torchrun) is refused, since its
@@ -33,8 +38,9 @@ from rich.table import Table
 
 from ..cluster import get_cluster
 from ..cost import CostModel
+from ..dataset.clips import ClipSource
 from ..dataset.length_stream import BatchSpec, LengthStream
-from ..dataset.lengths import get_length_source
+from ..dataset.lengths import LengthSource, get_length_source
 from ..models import build_model
 from ..plans import Plan
 from ..planners import PlannerOptions, get_planner, parse_planner_names
@@ -42,12 +48,18 @@ from ..model_shape import ModelShape
 from ..timeline import simulate
 from .fit import error_summary
 from .machine import LoadMonitor, machine_info, measured_device
-from .measure import LEARNING_RATE, STATISTICS, core_share, random_samples
+from .measure import LEARNING_RATE, STATISTICS, core_share, plan_samples
 
 MILP_SECONDS = 2.0
 """FlexSP's per-wave solve limit here: the check measures plans, not the solver."""
 CHECK_DEVICE = "cpu"
 """Where the check runs its plans: `run_local`'s gloo ranks, on the CPU."""
+DEFAULT_MAX_LEN = 4096
+"""--max-len of a text model's check."""
+DEFAULT_TOKENS_PER_STEP = 16384
+"""--tokens-per-step of a text model's check."""
+VIDEO_BATCHES = 4
+"""A video model's check steps hold VIDEO_BATCHES x --max-len tokens (by default)."""
 
 
 def as_executed(plan: Plan) -> Plan:
@@ -67,12 +79,32 @@ def predicted_activation(plan: Plan, cost: CostModel) -> float:
                for _, group, mb in plan.micro_batches() if mb.seq_ids)
 
 
-def make_plans(cost: CostModel, lengths: str, count: int, tokens_per_step: int, max_len: int,
+def scaled_clips(source: ClipSource, max_tokens: int) -> ClipSource:
+    """`source` shrunk so that its largest clip has at most `max_tokens` tokens: every clip's
+    frames, height and width times f = (max_tokens / largest)^(1/3) (rounded, at least 1; a
+    clip rounded over max_tokens loses a patch of its longest side until it fits), with the
+    source's weights. Clips keep their aspect, long clips stay long and wide ones wide."""
+    shapes = source.shapes.astype(float)
+    factor = min(1.0, (max_tokens / shapes.prod(axis=1).max()) ** (1 / 3))
+    scaled = np.maximum(1, np.round(shapes * factor)).astype(np.int64)
+    for clip in scaled:
+        while clip.prod() > max_tokens:
+            clip[np.argmax(clip)] -= 1
+    return ClipSource(f"{source.name} scaled to {max_tokens} tokens", scaled, source.p)
+
+
+def check_source(spec: str, shape: ModelShape, max_len: int) -> LengthSource:
+    """The length source `spec` in `shape`'s geometry; clip sources scaled to `max_len` tokens."""
+    source = get_length_source(spec, shape.video_geometry)
+    return scaled_clips(source, max_len) if isinstance(source, ClipSource) else source
+
+
+def make_plans(cost: CostModel, lengths: str | LengthSource, count: int, tokens_per_step: int, max_len: int,
                planners: list[str], seed: int) -> list[Plan]:
     """`count` random batches, planned by `planners` in turn and validated against `cost`."""
     cluster = get_cluster("cpu", world_size=cost.world_size, device_memory_gb=cost.device_memory / 1e9)
-    stream = LengthStream(get_length_source(lengths), BatchSpec(tokens_per_step=tokens_per_step,
-                                                                 max_len=max_len), seed)
+    source = get_length_source(lengths) if isinstance(lengths, str) else lengths
+    stream = LengthStream(source, BatchSpec(tokens_per_step=tokens_per_step, max_len=max_len), seed)
     options = PlannerOptions(max_len=max_len, seed=seed, time_limit=MILP_SECONDS)
     made = {name: get_planner(name, cluster, cost, options) for name in planners}
     plans = []
@@ -94,7 +126,7 @@ def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats:
     model = build_model(shape, seed)
     executor = parallelize(model, get_cluster("cpu", world_size=world), measure_activations=True, lr=LEARNING_RATE)
     parsed = [Plan.from_dict(p) for p in plans]
-    samples = [random_samples(p.lengths, shape.vocab, seed + i) for i, p in enumerate(parsed)]
+    samples = [plan_samples(p, shape, seed + i, model) for i, p in enumerate(parsed)]
     for _ in range(warmup):
         executor.step(parsed[0], samples[0])
     records: list[list[dict]] = [[] for _ in parsed]
@@ -202,17 +234,24 @@ def run_check(args: argparse.Namespace) -> int:
     statistic = cost.fit["settings"]["statistic"]
     if args.world is not None and args.world != cost.world_size:
         raise ValueError(f"{args.check} was profiled on {cost.world_size} ranks, not --world {args.world}")
-    if args.plans < 1 or args.tokens_per_step < 1:
-        raise ValueError("--plans and --tokens-per-step must be >= 1")
-    lengths = args.lengths or "stdlib"
+    if args.plans < 1:
+        raise ValueError("--plans must be >= 1")
+    video = shape.attention != "causal"
+    lengths = args.lengths or ("video" if video else "stdlib")
     names = parse_planner_names(args.planners)
     repeats = args.repeats if args.repeats is not None else 3
     longest = max(cost.fit["settings"]["lengths"])
-    if args.max_len > longest:
-        console.print(f"[yellow]--max-len {args.max_len} is longer than the profile's longest length {longest}: "
+    max_len = args.max_len if args.max_len is not None else longest if video else DEFAULT_MAX_LEN
+    tokens_per_step = (args.tokens_per_step if args.tokens_per_step is not None else
+                       VIDEO_BATCHES * max_len if video else DEFAULT_TOKENS_PER_STEP)
+    if max_len < 1 or tokens_per_step < 1:
+        raise ValueError("--max-len and --tokens-per-step must be >= 1")
+    if max_len > longest:
+        console.print(f"[yellow]--max-len {max_len} is longer than the profile's longest length {longest}: "
                       f"its predictions extrapolate[/yellow]")
-    plans = make_plans(cost, lengths, args.plans, args.tokens_per_step, args.max_len, names, args.seed)
-    console.print(f"check: {len(plans)} plans of {args.tokens_per_step} tokens from {lengths} (max {args.max_len}) "
+    source = check_source(lengths, shape, max_len)
+    plans = make_plans(cost, source, args.plans, tokens_per_step, max_len, names, args.seed)
+    console.print(f"check: {len(plans)} plans of {tokens_per_step} tokens from {source.name} (max {max_len}) "
                   f"by {', '.join(names)}; {cost.world_size} ranks, {repeats} rounds ({statistic})")
     start = time.perf_counter()
     with LoadMonitor() as load:
@@ -233,11 +272,12 @@ def run_check(args: argparse.Namespace) -> int:
                   f"{statistics.median(r['core_share'] for r in rows):.0%} of a core (the profile: load "
                   f"{cost.fit['load_average']['median']:.1f}, {cost.fit['core_share']:.0%})")
     png = args.png or str(Path(args.check).with_name(Path(args.check).stem + "-check.png"))
-    scatter(rows, png, f"{shape.name}, {cost.world_size} ranks, {len(rows)} plans from {lengths} (max {args.max_len}): "
+    scatter(rows, png, f"{shape.name}, {cost.world_size} ranks, {len(rows)} plans from {lengths} (max {max_len}): "
                        f"step time |error| median {t['median']:.1%}, p90 {t['p90']:.1%} ({statistic} of {repeats})")
     console.print(f"wrote {png}")
     if args.json_out:
-        setting = dict(profile=args.check, lengths=lengths, max_len=args.max_len, tokens_per_step=args.tokens_per_step,
+        setting = dict(profile=args.check, lengths=lengths, **(dict(source=source.name) if video else {}),
+                       max_len=max_len, tokens_per_step=tokens_per_step,
                        planners=names, plans=len(rows), repeats=repeats, statistic=statistic, seed=args.seed)
         Path(args.json_out).write_text(json.dumps(dict(
             setting=setting, summary=summary, seconds=seconds, load_average=loads,

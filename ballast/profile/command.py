@@ -23,6 +23,12 @@ degree holds in it.
 
 `ballast profile --check profile.json` runs random plans for real and compares them with the
 profile's predictions (ballast.profile.check).
+
+Video models (`stdit-tiny`, `dit-tiny`, any shape whose attention is `full` or
+`spatial-temporal`) profile on clips: --lengths / --max-len give the grid's token counts
+(default --max-len 2048; `profiler.default_video_sizes`), each made into clips that separate the
+pattern's attention terms (`grid.video_clips`): a small grid, a few minutes on 2 CPU ranks. Their
+`--check` runs plans of clips from the `video` source scaled down to the profile's largest clip.
 """
 from __future__ import annotations
 
@@ -34,13 +40,14 @@ from rich.console import Console
 from rich.table import Table
 
 from ..cost import CostModel
-from ..model_shape import get_model_shape
+from ..model_shape import ModelShape, get_model_shape
 from .grid import checkpoint_levels
 from .machine import physical_memory
 from .measure import STATISTICS
 from ..runtime import under_torchrun
 from ..models import check_buildable
-from .profiler import Settings, default_lengths, profile
+from .profiler import (VIDEO_MAX_TOKENS, Settings, default_depths, default_lengths, default_video_sizes, is_video,
+                       profile)
 
 HELP = "measure the real model on this machine's ranks, fit and save the cost model (or --check one)"
 
@@ -49,14 +56,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world", type=int, default=None, help="local gloo ranks, a power of two (default 2; "
                    "--check: the profile's)")
     p.add_argument("--lengths", default=None, help="profile: comma-separated grid lengths (default powers of "
-                   "two from 128 to --max-len); --check: a length source (default stdlib)")
-    p.add_argument("--max-len", type=int, default=4096, help="longest profiled / checked sequence")
+                   "two from 128 to --max-len; a video model: token counts of its grid's clips, default --max-len "
+                   "and a quarter of it for spatial-temporal attention, powers of two from 256 for full); --check: a length source (default stdlib; a video model: video, scaled "
+                   "down to --max-len tokens)")
+    p.add_argument("--max-len", type=int, default=None, help="longest profiled / checked sequence (default 4096; "
+                   f"a video model: {VIDEO_MAX_TOKENS}-token clips, a small grid that profiles in a few minutes on "
+                   "2 CPU ranks; --check: the profile's largest clip)")
     p.add_argument("--out", default="profile.json", help="where the profile JSON goes")
     p.add_argument("--quick", action="store_true", help="a smaller grid and fewer repeats (a first look)")
     p.add_argument("--device-memory", type=float, default=None,
                    help="usable GB per device (default: this machine's RAM / world)")
-    p.add_argument("--depths", default="1,2", help="reduced depths (blocks) the grid runs at, then "
-                   "extrapolated; the full depth, or a larger one, profiles the model as it is")
+    p.add_argument("--depths", default=None, help="reduced depths (blocks) the grid runs at, then "
+                   "extrapolated; the full depth, or a larger one, profiles the model as it is (default 1,2; "
+                   "2,4 for a spatial-temporal model, whose blocks come in spatial + temporal pairs)")
     p.add_argument("--verify", type=int, default=None, help="full-depth points that check the "
                    "extrapolation (default 4, quick 2)")
     p.add_argument("--repeats", type=int, default=None, help="measured rounds (default 3, quick 2)")
@@ -69,18 +81,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     check = p.add_argument_group("--check: random plans for real against the profile's predictions")
     check.add_argument("--check", metavar="PROFILE", default=None, help="the profile JSON to check")
     check.add_argument("--plans", type=int, default=30, help="random plans to run")
-    check.add_argument("--tokens-per-step", type=int, default=16384, help="tokens of each random batch")
+    check.add_argument("--tokens-per-step", type=int, default=None, help="tokens of each random batch "
+                       "(default 16384; a video model: 4 x --max-len)")
     check.add_argument("--planners", default="all", help="planners the plans come from, in turn")
     check.add_argument("--png", default=None, help="scatter of predicted vs measured (default: next to "
                        "the profile, -check.png)")
     check.add_argument("--json", dest="json_out", default=None, help="write the comparison here")
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
+def settings_from(args: argparse.Namespace, shape: ModelShape | None = None) -> Settings:
+    """The profile's settings; a video model's lengths are its grid clips' token counts."""
+    video = shape is not None and is_video(shape)
+    depths_spec = args.depths if args.depths is not None else ",".join(
+        map(str, default_depths(shape) if shape is not None else (1, 2)))
+    max_len = args.max_len if args.max_len is not None else VIDEO_MAX_TOKENS if video else 4096
     try:
-        lengths = (default_lengths(args.max_len, args.quick) if args.lengths is None else
-                   tuple(int(x) for x in args.lengths.split(",") if x.strip()))
-        depths = tuple(int(x) for x in args.depths.split(",") if x.strip())
+        lengths = (tuple(int(x) for x in args.lengths.split(",") if x.strip()) if args.lengths is not None
+                   else default_video_sizes(max_len, args.quick, shape.attention) if video
+                   else default_lengths(max_len, args.quick))
+        depths = tuple(int(x) for x in depths_spec.split(",") if x.strip())
     except ValueError as e:
         raise ValueError(f"--lengths and --depths take comma-separated integers: {e}") from e
     if not depths:
@@ -99,13 +118,15 @@ def run(args: argparse.Namespace) -> int:
     check_buildable(shape)
     world = args.world or (int(os.environ["WORLD_SIZE"]) if under_torchrun() else 2)
     memory = args.device_memory * 1e9 if args.device_memory is not None else physical_memory() / world
-    settings = settings_from(args)
+    settings = settings_from(args, shape)
     ranks = "torchrun" if under_torchrun() else "local gloo"
     if not under_torchrun() and torch.cuda.is_available():
         console.print("[yellow]this machine has a GPU, but local gloo ranks measure the CPU (and the profile "
                       "says so): launch under torchrun, one process per GPU, to profile the GPUs[/yellow]")
+    sizes = ",".join(map(str, settings.lengths))
+    what = f"{shape.attention} attention, clips of {sizes} tokens" if is_video(shape) else f"lengths {sizes}"
     console.print(f"profiling {shape.name} ({shape.layers} blocks) on {world} {ranks} ranks at depths "
-                  f"{','.join(map(str, settings.depths))}: lengths {','.join(map(str, settings.lengths))}, "
+                  f"{','.join(map(str, settings.depths))}: {what}, "
                   f"{settings.warmup} warm-up + {settings.repeats} rounds ({settings.statistic})")
     cost = profile(shape, world, memory, settings, progress=True, timeout=args.timeout)
     if cost is None:  # a torchrun rank other than 0
@@ -124,9 +145,19 @@ def print_report(console: Console, cost: CostModel) -> None:
                   f"{report['seconds']:.0f} s; load average {load['min']:.1f}..{load['max']:.1f} "
                   f"(median {load['median']:.1f}) on {load['cpus']} CPUs; the ranks had "
                   f"{report['core_share']:.0%} of a core (CPU / wall time of a step)")
-    console.print(f"a={cost.a:.3e} s/token^2  b={cost.b:.3e} s/token  g={cost.g * 1e3:.2f} ms  r={cost.recompute:.3f}  "
+    per = "s/token^2" if cost.attention == "causal" else "s/unit"
+    console.print(f"a={cost.a:.3e} {per}  b={cost.b:.3e} s/token  g={cost.g * 1e3:.2f} ms  r={cost.recompute:.3f}  "
                   f"r_attn={cost.recompute_attention:.3f}  "
                   f"k={cost.kept:.3f}  act={cost.act_per_token / 1e3:.1f} KB/token  states={cost.states / 1e6:.1f} MB")
+    video = report.get("video")
+    if video is not None:
+        console.print(f"{video['attention']} attention on clips {', '.join('x'.join(map(str, c)) for c in video['clips'])}")
+        if video["attention"] == "spatial-temporal":
+            console.print(f"c_s={video['spatial_s_per_pair']:.3e} s per pair of a spatial block, "
+                          f"c_t={video['temporal_s_per_pair']:.3e} of a temporal one: at {cost.layers} blocks "
+                          f"({video['spatial_blocks']} spatial, {video['temporal_blocks']} temporal) a={cost.a:.3e} s/unit "
+                          f"and a measured spatial_share {cost.spatial_share:.3f} (the shape's: "
+                          f"{video['shape_spatial_share']:.3f})")
     for d, bw in sorted(cost.bandwidth.items()):
         console.print(f"degree {d}: all-to-all {bw / 1e9:.3f} GB/s, fixed {cost.comm_latency.get(d, 0) * 1e3:.2f} ms "
                       f"per micro-batch ({report['coefficients']['call_latency'][d] * 1e3:.2f} ms per call)")

@@ -25,10 +25,29 @@ Mapped onto CostModel at depth L, all exactly: a = L a_l, b = L b_l + b_0, g = g
 comm_latency(d) = L lat_l(d), act_per_token = act_0 + L act_l, kept = (act_0 + L kept_l) /
 act_per_token, recompute_attention = ra_l and recompute = r_l L b_l / b (CostModel charges
 recomputation on b_0's part too, which is never recomputed).
+
+Video models. The attention term follows the model's pattern (`samples.attention_units`):
+under `full` (Wan-style DiTs) a_l multiplies a clip's units 2 n^2 (S2 above becomes 2 sum n^2);
+the rest of the model is the text one. Under `spatial-temporal` (STDiT) a block attends either
+within every frame or along time at every patch position (`attention_blocks` says which,
+block by block), so a micro-batch of clips (F frames of S patches) at depth L, with n_s(L)
+spatial and n_t(L) temporal blocks among its first L and n_s(k), n_t(k) among the k
+checkpointed ones, spends
+
+    [(n_s(L) + ra_l n_s(k)) c_s sum F S^2 + (n_t(L) + ra_l n_t(k)) c_t sum S F^2] / d
+
+in attention instead of the a_l term: c_s and c_t are the seconds per attended (query, key)
+pair of one spatial and one temporal block, both fitted (two columns; the video grid makes
+them non-collinear). At depth L they become CostModel's a and spatial_share exactly
+(`spatial_temporal_a`): a = (n_s(L) c_s + n_t(L) c_t) / 2 and the measured spatial share
+sigma = n_s(L) c_s / (n_s(L) c_s + n_t(L) c_t), the share of the attention time a clip with
+F = S spends in spatial blocks (not the share of spatial blocks: a spatial pair and a temporal
+one need not cost alike).
 """
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -72,26 +91,83 @@ class Coefficients:
     act_fixed: float
     act_layer: float
     kept_layer: float
+    attention: str = "causal"
+    """The attention pattern the coefficients price (`ModelShape.attention`)."""
+    spatial_layer: float | None = None
+    """c_s: seconds per attended pair (F S^2 per clip) of one spatial block (`spatial-temporal`
+    only; a_layer then is (c_s + c_t) / 2, a per layer when half the blocks are of each kind
+    is half of it)."""
+    temporal_layer: float | None = None
+    """c_t: seconds per attended pair (S F^2 per clip) of one temporal block."""
+
+    def attention_at(self, depth: int) -> tuple[float, float | None]:
+        """(a, spatial_share) of the CostModel at `depth` blocks; spatial_share None unless the
+        pattern is `spatial-temporal` (then the measured one: `spatial_temporal_a`)."""
+        if self.attention != "spatial-temporal":
+            return depth * self.a_layer, None
+        spatial, temporal = attention_blocks(depth)
+        return spatial_temporal_a(spatial * self.spatial_layer, temporal * self.temporal_layer)
 
     def cost_model(self, shape: ModelShape, world_size: int, device_memory: float, states: float,
                    fit: dict | None = None) -> CostModel:
         """The CostModel of `shape` (at its depth) with these coefficients."""
         depth = shape.layers
-        a, b = depth * self.a_layer, depth * self.b_layer + self.b_fixed
+        if shape.attention != self.attention:
+            raise ValueError(f"coefficients of {self.attention} attention cannot price model {shape.name!r} "
+                             f"({shape.attention} attention)")
+        a, share = self.attention_at(depth)
+        b = depth * self.b_layer + self.b_fixed
         act = self.act_fixed + depth * self.act_layer
         return CostModel(
             source="profiled", model=shape.name, a=a, b=b, g=self.g_fixed + depth * self.g_layer,
             bandwidth=dict(self.bandwidth), bytes_per_token=depth * self.bytes_per_token_layer,
             act_per_token=act, states=states, device_memory=device_memory, layers=depth,
             heads=shape.heads, kv_heads=shape.kv_heads, world_size=world_size, attention_window=shape.attention_window,
-            attention=shape.attention, spatial_share=shape.spatial_share,
+            attention=shape.attention, spatial_share=shape.spatial_share if share is None else share,
             recompute=self.recompute_layer * depth * self.b_layer / b if b > 0 else 0.0,
             recompute_attention=self.recompute_attention_layer,
             kept=(self.act_fixed + depth * self.kept_layer) / act,
             comm_latency={d: depth * v for d, v in self.latency_layer.items()}, fit=fit or {})
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The fields; a text model's as they always were (no attention pattern, no c_s, c_t)."""
+        out = dataclasses.asdict(self)
+        if self.attention == "causal":
+            del out["attention"]
+        return {key: value for key, value in out.items() if value is not None}
+
+
+def attention_blocks(depth: int) -> tuple[int, int]:
+    """(spatial, temporal) blocks among the first `depth` blocks of a spatial-temporal model:
+    they alternate, spatial first (STDiT3's spatial_blocks[i] then temporal_blocks[i])."""
+    return (depth + 1) // 2, depth // 2
+
+
+def spatial_temporal_a(spatial: float, temporal: float) -> tuple[float, float]:
+    """CostModel's (a, spatial_share) of a spatial-temporal model whose spatial blocks together
+    cost `spatial` seconds per attended pair (sum over its spatial blocks of c_s) and temporal
+    ones `temporal`.
+
+    CostModel prices a clip of F frames of S patches at a q with q = 2 (sigma F S^2 + (1 - sigma)
+    S F^2) (`samples.attention_units`); the model spends spatial F S^2 + temporal S F^2. For the
+    two to agree on every clip, both linear in F S^2 and S F^2, the coefficients must match
+    (the grid's clips make the two terms independent):
+
+        2 a sigma = spatial,   2 a (1 - sigma) = temporal
+        => a = (spatial + temporal) / 2,   sigma = spatial / (spatial + temporal).
+
+    With one spatial and one temporal block per layer (spatial = L c_s, temporal = L c_t) that
+    is a = L (c_s + c_t) / 2. A negative part (a fit left unconstrained) is clamped to 0 with a
+    warning, which clamps sigma into [0, 1]; with no attention time at all, a = 0 and sigma is
+    0.5 (nothing to share)."""
+    if spatial < 0 or temporal < 0:
+        warnings.warn(f"spatial-temporal fit: spatial {spatial:.3g} and temporal {temporal:.3g} s per pair; "
+                      f"the negative one is clamped to 0 (spatial_share clamped into [0, 1])", stacklevel=2)
+        spatial, temporal = max(spatial, 0.0), max(temporal, 0.0)
+    total = spatial + temporal
+    if total <= 0:
+        return 0.0, 0.5
+    return total / 2.0, spatial / total
 
 
 def _nnls(columns: list[np.ndarray], target: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, float]:
@@ -123,26 +199,48 @@ def fit_bandwidth(measurements: Sequence[Measurement]) -> tuple[dict[int, float]
     return bandwidth, latency
 
 
-def _time_columns(points: Sequence[Point], attention: float, linear: float, degrees: list[int],
-                  several_depths: bool) -> list[np.ndarray]:
-    """Columns of a_l, b_l, g_l[, b_0, g_0], lat_l(d) for recomputation factors (ra_l, r_l)."""
+def _attention_columns(points: Sequence[Point], attention: str, recompute: float) -> list[np.ndarray]:
+    """The attention term's columns for a recomputation factor ra_l: one (a_l's) for causal and
+    full attention, two (c_s's, c_t's) for spatial-temporal (see the module doc)."""
     layers = np.array([p.layers for p in points], dtype=float)
     ckpt = np.array([p.checkpoint_layers for p in points], dtype=float)
     d = np.array([p.degree for p in points], dtype=float)
-    s2, s1 = np.array([p.sum_sq for p in points]), np.array([float(p.tokens) for p in points])
-    columns = [(layers + ckpt * attention) * s2 / d, (layers + ckpt * linear) * s1 / d, layers]
+    if attention in ("causal", "full"):
+        s2 = np.array([p.sum_sq for p in points]) * (2.0 if attention == "full" else 1.0)
+        return [(layers + ckpt * recompute) * s2 / d]
+    if attention != "spatial-temporal":
+        raise ValueError(f"no fit for attention {attention!r}")
+    blocks = np.array([attention_blocks(p.layers) for p in points], dtype=float)
+    checkpointed = np.array([attention_blocks(p.checkpoint_layers) for p in points], dtype=float)
+    pairs = np.array([(p.spatial_pairs, p.temporal_pairs) for p in points])
+    return [(blocks[:, i] + recompute * checkpointed[:, i]) * pairs[:, i] / d for i in range(2)]
+
+
+def _time_columns(points: Sequence[Point], attention: float, linear: float, degrees: list[int],
+                  several_depths: bool, pattern: str = "causal") -> list[np.ndarray]:
+    """Columns of a_l (c_s, c_t), b_l, g_l[, b_0, g_0], lat_l(d) for recomputation factors (ra_l, r_l)."""
+    layers = np.array([p.layers for p in points], dtype=float)
+    ckpt = np.array([p.checkpoint_layers for p in points], dtype=float)
+    d = np.array([p.degree for p in points], dtype=float)
+    s1 = np.array([float(p.tokens) for p in points])
+    columns = _attention_columns(points, pattern, attention) + [(layers + ckpt * linear) * s1 / d, layers]
     if several_depths:
         columns += [s1 / d, np.ones(len(points))]
     return columns + [layers * (d == degree) for degree in degrees]
 
 
 def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
-             exchange_bytes_layer: dict[int, float]) -> dict:
-    """a_l, b_l, b_0, g_l, g_0, ra_l, r_l and lat_l(d) from the micro-batch times (see the module doc)."""
+             exchange_bytes_layer: dict[int, float], attention: str = "causal") -> dict:
+    """a_l (or c_s and c_t), b_l, b_0, g_l, g_0, ra_l, r_l and lat_l(d) from the micro-batch
+    times (see the module doc)."""
     points = [m.point for m in measurements]
     if not any(p.checkpoint_layers for p in points):
         raise ValueError("the profile has no checkpointed micro-batch: the recomputation overhead "
                          "cannot be fitted")
+    if attention == "spatial-temporal":
+        for i, kind in enumerate(("spatial", "temporal")):
+            if not any(attention_blocks(p.layers)[i] for p in points):
+                raise ValueError(f"no profiled depth has a {kind} block: profile at a depth of 2 blocks or more")
     several_depths = len({p.layers for p in points}) > 1
     degrees = sorted({p.degree for p in points if p.degree > 1})
     seconds = np.array([m.seconds for m in measurements])
@@ -151,21 +249,29 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
                      for p in points])
     target, weight = seconds - comm, 1.0 / seconds
 
+    def columns(attention_factor: float, linear: float) -> list[np.ndarray]:
+        return _time_columns(points, attention_factor, linear, degrees, several_depths, attention)
+
     def residual(factors) -> float:
-        attention, linear = np.clip(factors, 0.0, MAX_RECOMPUTE)
-        return _nnls(_time_columns(points, attention, linear, degrees, several_depths), target, weight)[1]
+        return _nnls(columns(*np.clip(factors, 0.0, MAX_RECOMPUTE)), target, weight)[1]
 
     grid = np.linspace(0.0, MAX_RECOMPUTE, RECOMPUTE_GRID)
     coarse = min(((ra, r) for ra in grid for r in grid), key=residual)
     refine = minimize(residual, np.array(coarse), method="Nelder-Mead",
                       bounds=[(0.0, MAX_RECOMPUTE)] * 2, options={"xatol": 1e-4, "fatol": 1e-12})
-    attention, linear = (float(v) for v in (refine.x if refine.fun <= residual(coarse) else coarse))
-    theta, _ = _nnls(_time_columns(points, attention, linear, degrees, several_depths), target, weight)
-    a_l, b_l, g_l, *rest = (float(v) for v in theta)
+    recompute_attention, linear = (float(v) for v in (refine.x if refine.fun <= residual(coarse) else coarse))
+    theta, _ = _nnls(columns(recompute_attention, linear), target, weight)
+    theta = [float(v) for v in theta]
+    if attention == "spatial-temporal":
+        (c_s, c_t), rest = theta[:2], theta[2:]
+        attention_terms = dict(a_layer=(c_s + c_t) / 2.0, spatial_layer=c_s, temporal_layer=c_t)
+    else:
+        attention_terms, rest = dict(a_layer=theta[0]), theta[1:]
+    b_l, g_l, *rest = rest
     b_0, g_0 = (rest[0], rest[1]) if several_depths else (0.0, 0.0)
     latency = dict(zip(degrees, rest[2:] if several_depths else rest))
-    return dict(a_layer=a_l, b_layer=b_l, b_fixed=b_0, g_layer=g_l, g_fixed=g_0,
-                recompute_layer=linear, recompute_attention_layer=attention, latency_layer=latency)
+    return dict(**attention_terms, b_layer=b_l, b_fixed=b_0, g_layer=g_l, g_fixed=g_0,
+                recompute_layer=linear, recompute_attention_layer=recompute_attention, latency_layer=latency)
 
 
 def fit_activations(measurements: Sequence[Measurement]) -> dict:
@@ -182,8 +288,10 @@ def fit_activations(measurements: Sequence[Measurement]) -> dict:
                 act_fixed=float(theta[2]) if several_depths else 0.0)
 
 
-def fit(measurements: Sequence[Measurement], exchange_bytes_layer: dict[int, float]) -> Coefficients:
-    """Every coefficient from the grid's measurements (any mix of depths).
+def fit(measurements: Sequence[Measurement], exchange_bytes_layer: dict[int, float],
+        attention: str = "causal") -> Coefficients:
+    """Every coefficient from the grid's measurements (any mix of depths) of a model of this
+    attention pattern (`ModelShape.attention`).
 
     exchange_bytes_layer: all-to-all send bytes per token and block by SP degree, for degree 1
     (the tokens' own q, k, v and output: `Coefficients.bytes_per_token_layer`) and every measured
@@ -191,10 +299,10 @@ def fit(measurements: Sequence[Measurement], exchange_bytes_layer: dict[int, flo
     if not measurements:
         raise ValueError("nothing was measured")
     bandwidth, call_latency = fit_bandwidth(measurements)
-    return Coefficients(**fit_time(measurements, bandwidth, exchange_bytes_layer),
+    return Coefficients(**fit_time(measurements, bandwidth, exchange_bytes_layer, attention),
                         bandwidth=bandwidth, call_latency=call_latency,
                         bytes_per_token_layer=exchange_bytes_layer[1],
-                        **fit_activations(measurements))
+                        **fit_activations(measurements), attention=attention)
 
 
 def prediction_errors(measurements: Sequence[Measurement], cost_at: dict[int, CostModel]) -> list[dict]:
@@ -202,9 +310,10 @@ def prediction_errors(measurements: Sequence[Measurement], cost_at: dict[int, Co
     rows = []
     for m in measurements:
         p, cost = m.point, cost_at[m.point.layers]
-        predicted = cost.time(p.lengths, p.degree, p.checkpoint)
+        predicted = cost.time(p.samples, p.degree, p.checkpoint)
         saved = cost.act_per_token * m.shard_tokens * (p.checkpoint * cost.kept + 1.0 - p.checkpoint)
-        rows.append(dict(point=p.label(), layers=p.layers, lengths=list(p.lengths), degree=p.degree,
+        rows.append(dict(point=p.label(), layers=p.layers, lengths=list(p.lengths),
+                         **({} if p.shapes is None else dict(shapes=[list(c) for c in p.shapes])), degree=p.degree,
                          checkpoint_layers=p.checkpoint_layers, measured_s=m.seconds, predicted_s=predicted,
                          time_error=predicted / m.seconds - 1.0, comm_s=m.comm_seconds,
                          measured_act_bytes=m.activation_bytes, predicted_act_bytes=saved,

@@ -1,16 +1,30 @@
 """What the profiler measures: grid points (one micro-batch shape each) and their measurements.
 
-A point is one micro-batch: the lengths of its packed sequences, an SP degree, how many of the
-model's layers are checkpointed, and the depth of the model it runs on (the profiler runs
-reduced-depth copies of the model and extrapolates, as DCP does). The grid crosses single
-sequences of every grid length with every degree and checkpoint level; a few packed
-micro-batches (several short sequences in one stream) check that packing costs what the
-per-sequence sum says, since the runtime attends sequence by sequence.
+A point is one micro-batch: its packed samples (text sequences, or video clips of (frames,
+height, width) latent patches), an SP degree, how many of the model's layers are checkpointed,
+and the depth of the model it runs on (the profiler runs reduced-depth copies of the model and
+extrapolates, as DCP does). The text grid crosses single sequences of every grid length with
+every degree and checkpoint level; a few packed micro-batches (several short sequences in one
+stream) check that packing costs what the per-sequence sum says, since the runtime attends
+sequence by sequence.
+
+The video grid (`build_video_grid`) does the same with clips. Which clips depends on what the
+fit must separate (`video_clips`): under `full` attention a clip costs by its token count n
+alone (2 n^2 units), so clips of several token counts; under `spatial-temporal` a clip of F
+frames of S patches costs F S^2 in its spatial blocks and S F^2 in its temporal ones, so at
+every token count n = F S clips of few large frames (S >> F), of many small frames (F >> S)
+and one in between: the columns n, n S and n F of the fit then have full rank (at one aspect
+per token count, F S^2 and S F^2 would be proportional to n^2 and collinear).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
+
+from ..samples import Sample, tokens as sample_tokens
+
+Shape = tuple[int, int, int]
 
 
 @dataclass(frozen=True)
@@ -22,6 +36,42 @@ class Point:
     degree: int
     checkpoint_layers: int
     """Blocks recomputed in backward (the runtime checkpoints the first ones)."""
+    shapes: tuple[Shape, ...] | None = None
+    """The clips' (frames, height, width) in latent patches when the micro-batch holds video
+    clips (`lengths` are then their token counts); None for text."""
+
+    def __post_init__(self) -> None:
+        if self.shapes is not None:
+            shapes = tuple(tuple(int(x) for x in shape) for shape in self.shapes)
+            object.__setattr__(self, "shapes", shapes)
+            if tuple(math.prod(shape) for shape in shapes) != tuple(self.lengths):
+                raise ValueError(f"point shapes {shapes} do not match its lengths {self.lengths}")
+
+    @classmethod
+    def of(cls, layers: int, samples: Sequence[Sample], degree: int, checkpoint_layers: int) -> Point:
+        """A point of these samples: text lengths, or (frames, height, width) clip shapes."""
+        shaped = any(isinstance(x, (tuple, list)) for x in samples)
+        return cls(layers, tuple(sample_tokens(x) for x in samples), degree, checkpoint_layers,
+                   tuple(tuple(x) for x in samples) if shaped else None)
+
+    @property
+    def samples(self) -> list[Sample]:
+        """What the cost model prices: the clips' shapes, or the text lengths."""
+        return list(self.lengths) if self.shapes is None else list(self.shapes)
+
+    @property
+    def spatial_pairs(self) -> float:
+        """sum F S^2 over the clips: the (query, key) pairs one spatial block attends (a text
+        sequence is one frame)."""
+        return float(sum(f * (h * w) ** 2 for f, h, w in self._grids()))
+
+    @property
+    def temporal_pairs(self) -> float:
+        """sum S F^2 over the clips: the pairs one temporal block attends."""
+        return float(sum(h * w * f * f for f, h, w in self._grids()))
+
+    def _grids(self) -> tuple[Shape, ...]:
+        return self.shapes if self.shapes is not None else tuple((1, 1, s) for s in self.lengths)
 
     @property
     def checkpoint(self) -> float:
@@ -37,8 +87,13 @@ class Point:
         return float(sum(s * s for s in self.lengths))
 
     def label(self) -> str:
-        packed = f"{len(self.lengths)}x{self.lengths[0]}" if len(set(self.lengths)) == 1 else "+".join(
-            map(str, self.lengths))
+        if self.shapes is None:
+            packed = f"{len(self.lengths)}x{self.lengths[0]}" if len(set(self.lengths)) == 1 else "+".join(
+                map(str, self.lengths))
+        else:  # clips as FxHxW; k copies of one clip as k*(FxHxW)
+            names = ["x".join(map(str, shape)) for shape in self.shapes]
+            packed = (names[0] if len(names) == 1 else f"{len(names)}*({names[0]})" if len(set(names)) == 1
+                      else "+".join(names))
         return f"L{self.layers} {packed} d{self.degree} ckpt{self.checkpoint_layers}/{self.layers}"
 
 
@@ -66,11 +121,17 @@ class Measurement:
     def to_dict(self) -> dict:
         out = asdict(self)
         out["point"]["lengths"] = list(self.point.lengths)
+        if self.point.shapes is None:
+            del out["point"]["shapes"]  # text points as they always were
+        else:
+            out["point"]["shapes"] = [list(shape) for shape in self.point.shapes]
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> Measurement:
-        point = Point(**{**data["point"], "lengths": tuple(data["point"]["lengths"])})
+        shapes = data["point"].get("shapes")
+        point = Point(**{**data["point"], "lengths": tuple(data["point"]["lengths"]),
+                         "shapes": None if shapes is None else tuple(map(tuple, shapes))})
         return cls(**{**data, "point": point})
 
 
@@ -102,3 +163,57 @@ def verification_points(layers: int, lengths: Sequence[int], degrees: Sequence[i
                (lengths[len(lengths) // 2], degrees[-1], 0), (lengths[len(lengths) // 2], degrees[0], layers),
                (lengths[-1], degrees[-1], layers // 2), (lengths[0], degrees[0], 0)]
     return [Point(layers, (s,), d, c) for s, d, c in dict.fromkeys(choices)][:count]
+
+
+def clip_shape(tokens: int, frames: int) -> Shape:
+    """A clip of about `tokens` patches in `frames` frames (at least one patch per frame), its
+    frames as square as the patches per frame allow: (F, H, W) with H <= W."""
+    frames = max(1, min(frames, tokens))
+    per_frame = max(1, round(tokens / frames))
+    height = max(h for h in range(1, math.isqrt(per_frame) + 1) if per_frame % h == 0)
+    return frames, height, per_frame // height
+
+
+def video_clips(attention: str, sizes: Sequence[int], degrees: Sequence[int]) -> list[Shape]:
+    """The clips of the video grid, by token count (see the module doc).
+
+    `full`: one clip per size, frames and patches per frame alike (the shape does not matter).
+    `spatial-temporal`: per size n, few large frames (F = max(2, largest degree)), many small
+    ones (S = max(4, largest degree) patches per frame) and F ~ S ~ sqrt(n); both layouts of the
+    2D sequence parallelism (whole frames, whole patch columns per rank) then have at least one
+    frame or column per rank.
+    """
+    if attention not in ("full", "spatial-temporal"):
+        raise ValueError(f"no video grid for attention {attention!r}")
+    clips: list[Shape] = []
+    widest = max(degrees)
+    for n in sorted(set(sizes)):
+        balanced = 1 << (max(n, 1).bit_length() - 1) // 2
+        frames = ([balanced] if attention == "full" else
+                  [max(2, widest), balanced, max(1, n // max(4, widest))])
+        clips += [clip_shape(n, f) for f in frames]
+    return list(dict.fromkeys(clips))
+
+
+def build_video_grid(layers: int, clips: Sequence[Shape], degrees: Sequence[int]) -> list[Point]:
+    """Single clips x degree x checkpoint level, plus packed micro-batches: the clips of the
+    smallest token count together (several copies of it when there is only one), at every
+    degree without checkpointing, to see that a stream of several clips costs their sum."""
+    clips = sorted(dict.fromkeys(tuple(c) for c in clips), key=lambda c: (math.prod(c), c))
+    points = [Point.of(layers, [c], d, k) for c in clips for d in degrees for k in checkpoint_levels(layers)]
+    smallest = [c for c in clips if math.prod(c) == math.prod(clips[0])]
+    packed = smallest if len(smallest) > 1 else smallest * 4
+    return points + [Point.of(layers, packed, d, 0) for d in degrees]
+
+
+def video_verification_points(layers: int, clips: Sequence[Shape], degrees: Sequence[int],
+                              count: int) -> list[Point]:
+    """Full-depth points that check the depth extrapolation on clips: the largest clips of
+    every aspect, then a middle one, alternating the extreme degrees and checkpoint levels."""
+    clips = sorted(dict.fromkeys(tuple(c) for c in clips), key=lambda c: (math.prod(c), c))
+    largest = [c for c in clips if math.prod(c) == math.prod(clips[-1])]
+    middle = clips[len(clips) // 2]
+    choices = [(largest[0], degrees[0], 0), (largest[-1], degrees[-1], layers),
+               (middle, degrees[-1], 0), (largest[len(largest) // 2], degrees[0], layers),
+               (largest[0], degrees[-1], layers // 2), (clips[0], degrees[0], 0)]
+    return [Point.of(layers, [c], d, k) for c, d, k in dict.fromkeys(choices)][:count]

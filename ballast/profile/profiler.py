@@ -4,10 +4,16 @@
 runs `measure.measure_on_ranks` at every grid point, fits the coefficients (`fit.py`) at the
 reduced depths, checks the extrapolation to the full depth, and returns the profiled CostModel
 with its report in `fit`.
+
+Video models (`ModelShape.attention` `full` or `spatial-temporal`) profile on clips: the
+settings' lengths are the grid's token counts, each turned into clips by `grid.video_clips`;
+the all-to-all bytes per token are those the runs sent (`measured_bytes_per_token_layer`: the
+2D sequence parallelism exchanges hidden states, not q, k, v and outputs).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
 from datetime import timedelta
@@ -16,8 +22,9 @@ from typing import Sequence
 from ..cost import CostModel, InfeasibleError
 from ..model_shape import ModelShape, exchanged_kv_heads
 from ..runtime import run_local, under_torchrun
-from .fit import Coefficients, error_summary, fit, prediction_errors
-from .grid import Measurement, Point, build_grid, checkpoint_levels, verification_points
+from .fit import Coefficients, attention_blocks, error_summary, fit, prediction_errors
+from .grid import (Measurement, Point, build_grid, build_video_grid, checkpoint_levels, verification_points,
+                   video_clips, video_verification_points)
 from .machine import LoadMonitor, machine_info
 from .measure import STATISTICS, combine, core_share, measure_on_ranks, rank_device
 
@@ -49,6 +56,35 @@ def default_lengths(max_len: int, quick: bool) -> tuple[int, ...]:
         s *= 2
     lengths = lengths[::-2][::-1] if quick else lengths
     return tuple(lengths + [max_len])
+
+
+VIDEO_MAX_TOKENS = 2048
+"""Default largest clip (tokens) of a video model's grid: CPU-sized, a few minutes on 2 ranks."""
+
+
+def default_video_sizes(max_tokens: int, quick: bool, attention: str = "spatial-temporal") -> tuple[int, ...]:
+    """Token counts of a video model's grid (`grid.video_clips` makes clips of them).
+
+    `spatial-temporal`: max_tokens and a quarter of it, each made into three clips of different
+    aspects, which separate the spatial and temporal terms and the linear one (quick changes
+    nothing: fewer would not). `full`: one clip per count, so several counts tell the n^2 term
+    from the linear one: powers of two from 256 to max_tokens (the largest three when quick)."""
+    if attention == "spatial-temporal":
+        return tuple(sorted({max(16, max_tokens // 4), max_tokens}))
+    sizes = default_lengths(max_tokens, quick=False)
+    sizes = tuple(s for s in sizes if s >= 256) or (max_tokens,)
+    return sizes[-3:] if quick else sizes
+
+
+def default_depths(shape: ModelShape) -> tuple[int, ...]:
+    """Reduced depths to profile at: 1 and 2 blocks; 2 and 4 for a spatial-temporal model, whose
+    blocks come in (spatial, temporal) pairs (its depth must be even)."""
+    return (2, 4) if shape.attention == "spatial-temporal" else (1, 2)
+
+
+def is_video(shape: ModelShape) -> bool:
+    """Whether the model trains on clips (its grid is of clips, see the module doc)."""
+    return shape.attention != "causal"
 
 
 def state_bytes(shape: ModelShape) -> float:
@@ -88,6 +124,16 @@ def plan_grid(shape: ModelShape, world_size: int, settings: Settings) -> tuple[l
         raise ValueError(f"profiled depths must be >= 1 block, got {settings.depths}")
     degrees = sp_degrees(shape, world_size)
     depths = sorted({min(d, shape.layers) for d in settings.depths})
+    if is_video(shape):
+        if shape.attention == "spatial-temporal" and any(d % 2 for d in depths):
+            raise ValueError(f"model {shape.name!r} alternates spatial and temporal blocks, so its copies have an "
+                             f"even depth: --depths {','.join(map(str, depths))} has an odd one (default "
+                             f"{','.join(map(str, default_depths(shape)))})")
+        clips = video_clips(shape.attention, settings.lengths, degrees)
+        grid = [p for depth in depths for p in build_video_grid(depth, clips, degrees)]
+        checks = ([] if shape.layers in depths else
+                  video_verification_points(shape.layers, clips, degrees, settings.verify))
+        return grid, checks
     grid = [p for depth in depths for p in build_grid(depth, settings.lengths, degrees)]
     checks = ([] if shape.layers in depths else
               verification_points(shape.layers, settings.lengths, degrees, settings.verify))
@@ -111,10 +157,15 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
         return None
     measured = combine(grid + checks, per_rank, settings.statistic)
     fitted, verified = measured[:len(grid)], measured[len(grid):]
-    value_bytes = all_to_all_value_bytes(measured, shape)
-    # Without a degree above 1 nothing is exchanged, and no prediction prices an exchange.
-    coefficients = fit(fitted, {d: 0.0 if value_bytes is None else shape_bytes_per_token_layer(shape, value_bytes, d)
-                                for d in sp_degrees(shape, world_size)})
+    if is_video(shape):
+        value_bytes, per_token = None, measured_bytes_per_token_layer(measured)
+        exchanged = {d: per_token for d in sp_degrees(shape, world_size)}
+    else:
+        value_bytes = all_to_all_value_bytes(measured, shape)
+        # Without a degree above 1 nothing is exchanged, and no prediction prices an exchange.
+        exchanged = {d: 0.0 if value_bytes is None else shape_bytes_per_token_layer(shape, value_bytes, d)
+                     for d in sp_degrees(shape, world_size)}
+    coefficients = fit(fitted, exchanged, shape.attention)
     at = {d: _cost(coefficients, shape, d, world_size, device_memory)
           for d in {shape.layers, *(m.point.layers for m in measured)}}
     cost, points, extrapolation = at[shape.layers], prediction_errors(fitted, at), prediction_errors(verified, at)
@@ -131,7 +182,41 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
         max_tokens={d: {c / shape.layers: cost.max_tokens(d, c / shape.layers) for c in checkpoint_levels(shape.layers)}
                     for d in cost.degrees},
         measurements=[m.to_dict() for m in measured])
+    if is_video(shape):
+        report["video"] = video_report(coefficients, shape, grid + checks, exchanged)
     return dataclasses.replace(cost, fit=report)
+
+
+def video_report(coefficients: Coefficients, shape: ModelShape, points: Sequence[Point],
+                 exchanged: dict[int, float]) -> dict:
+    """What a video profile adds to the report: the pattern, the clips, the exchanged bytes per
+    token and block the runs sent, and for spatial-temporal both attention coefficients (per
+    attended pair of one spatial / temporal block) with the spatial share they measure next to
+    the shape's."""
+    clips = sorted({c for p in points for c in p.shapes}, key=lambda c: (math.prod(c), c))
+    out = dict(attention=shape.attention, clips=[list(c) for c in clips],
+               all_to_all_bytes_per_token_layer=exchanged)
+    if shape.attention == "spatial-temporal":
+        a, share = coefficients.attention_at(shape.layers)
+        spatial, temporal = attention_blocks(shape.layers)
+        out.update(spatial_s_per_pair=coefficients.spatial_layer, temporal_s_per_pair=coefficients.temporal_layer,
+                   spatial_blocks=spatial, temporal_blocks=temporal, a=a, spatial_share=share,
+                   shape_spatial_share=shape.spatial_share)
+    return out
+
+
+def measured_bytes_per_token_layer(measurements: Sequence[Measurement]) -> float:
+    """All-to-all send bytes per token (of the largest shard) and block that the runs without
+    checkpointing sent above degree 1, pooled over degrees; 0 when none ran above degree 1.
+
+    A video model's exchanges depend on its sequence parallelism (2D: the hidden states at every
+    switch between the frames and columns layouts; Ulysses: q, k, v and outputs) and on how a
+    micro-batch's clips split, so the profile prices the bytes its runs sent rather than a
+    formula. CostModel charges no exchange to recomputation (the fit of r and r_attn holds it),
+    so checkpointed points are left out, as `fit_time` leaves their extra bytes."""
+    rows = [m for m in measurements if m.point.degree > 1 and m.point.checkpoint_layers == 0]
+    tokens = sum(m.shard_tokens * m.point.layers for m in rows)
+    return sum(m.comm_bytes for m in rows) / tokens if tokens else 0.0
 
 
 def _errors(rows: list[dict]) -> dict:
