@@ -91,6 +91,9 @@ class ModelShape:
     output projections per token, keys and values per condition token."""
     video: VideoGeometry | None = None
     """How clips in pixels become this model's latent patches; None: Open-Sora 1.2's."""
+    caption_dim: int = 0
+    """Width of a caption embedding token, what a video DiT's condition encoder reads (T5-XXL's
+    and umT5-XXL's 4096); 0: the model is conditioned on class labels only."""
 
     def __post_init__(self) -> None:
         if isinstance(self.video, dict):
@@ -99,6 +102,8 @@ class ModelShape:
         if self.attention not in ATTENTION_PATTERNS:
             raise ValueError(f"model {self.name!r}: attention {self.attention!r} is not one of "
                              f"{', '.join(ATTENTION_PATTERNS)}")
+        if self.caption_dim < 0:
+            raise ValueError(f"model {self.name!r}: caption_dim {self.caption_dim} must be >= 0 (0: labels only)")
         if not 0.0 <= self.spatial_share <= 1.0:
             raise ValueError(f"model {self.name!r}: spatial_share {self.spatial_share} is not in [0, 1]")
         for field_name in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab"):
@@ -187,19 +192,23 @@ MODEL_PRESETS: dict[str, ModelShape] = {
     # Video DiTs (shapes for the cost model). "Layers" count blocks; the "vocabulary" is a
     # patch's latent values (channels x patch volume), what the patch embedding reads and the
     # final layer writes. GELU MLPs (two matrices), no GQA, cross-attention to a caption.
+    # Captions: STDiT3 reads T5-XXL embeddings (caption_channels 4096), Wan umT5-XXL's (text_dim
+    # 4096); the tiny ones are conditioned on the synthetic data's class labels.
     # Open-Sora 1.2's STDiT3-XL/2: 28 spatial + 28 temporal blocks, hidden 1152, 16 heads, MLP 4x.
     "stdit3-1b": ModelShape("stdit3-1b", 56, 1152, 16, 16, 4 * 1152, 4 * 4, gated_mlp=False,
-                            attention="spatial-temporal", cross_attention=True, video=OPEN_SORA_VIDEO),
+                            attention="spatial-temporal", cross_attention=True, video=OPEN_SORA_VIDEO,
+                            caption_dim=4096),
     # A 5B STDiT3 (no public one exists): 24 block pairs at hidden 2560, 5.0B parameters. Width
     # grows 2.2x over the XL (DiT scales width first) and depth barely falls, and 32 heads of 80
     # keep every SP degree up to 32 usable (heads must be a multiple of the degree).
     "stdit3-5b": ModelShape("stdit3-5b", 48, 2560, 32, 32, 4 * 2560, 4 * 4, gated_mlp=False,
-                            attention="spatial-temporal", cross_attention=True, video=OPEN_SORA_VIDEO),
+                            attention="spatial-temporal", cross_attention=True, video=OPEN_SORA_VIDEO,
+                            caption_dim=4096),
     # Wan 2.1's full-attention DiTs (its configs: layers/hidden/heads/FFN).
     "wan-1.3b": ModelShape("wan-1.3b", 30, 1536, 12, 12, 8960, 16 * 4, gated_mlp=False,
-                           attention="full", cross_attention=True, video=WAN_VIDEO),
+                           attention="full", cross_attention=True, video=WAN_VIDEO, caption_dim=4096),
     "wan-14b": ModelShape("wan-14b", 40, 5120, 40, 40, 13824, 16 * 4, gated_mlp=False,
-                          attention="full", cross_attention=True, video=WAN_VIDEO),
+                          attention="full", cross_attention=True, video=WAN_VIDEO, caption_dim=4096),
     # CPU-sized video DiTs (the video-model issue trains them): 2 block pairs / 4 blocks.
     "stdit-tiny": ModelShape("stdit-tiny", 4, 128, 8, 8, 512, 4 * 4, gated_mlp=False,
                              attention="spatial-temporal", cross_attention=True, video=OPEN_SORA_VIDEO),

@@ -1,0 +1,301 @@
+"""The layers the video DiTs (`stdit.py`, `dit.py`) share, over a packed stream of clips.
+
+There is no batch dimension: every per-sample value (a clip's timestep modulation, its
+condition tokens) reaches a token through the sample index of `stream.positions[:, 0]`, and is
+looked up again after every `arrange`, since arrange may move tokens between ranks.
+
+    TimestepEmbedding  t -> sinusoids of t * 1000 -> MLP (DiT, Open-Sora, Wan)
+    ConditionEncoder   a clip's condition -> its condition tokens: a class label picks
+                       CONDITION_TOKENS learned tokens, a caption embedding [L, caption_dim] goes
+                       through an MLP (STDiT3's CaptionEmbedder, Wan's text_embedding)
+    Conditioning       what every block reads of the samples: their adaLN modulation, time
+                       embedding and condition tokens
+    HeldSamples        which samples the held tokens belong to, after an arrange
+    VideoBlock         adaLN-zero self-attention of one pattern (with RoPE), cross-attention
+                       to the condition, adaLN-zero MLP
+    FinalLayer         adaLN-modulated LayerNorm + linear to a token's patch values
+
+adaLN-zero (DiT; STDiT3's and Wan's form): one projection shared by all blocks turns the time
+embedding into 6 x hidden values per sample; each block adds its own learned [6, hidden] table
+and splits the sum into shift, scale and gate for attention and MLP. The shared projection and
+the tables start at zero, so every gate is zero and every block starts as the identity (the
+cross-attention, which has no gate, starts with a zero output projection, as in STDiT3).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..model_shape import ModelShape
+from .flow import TIMESTEP_SCALE
+from .gpt import MLP, RMSNorm
+from .kernels import local_attention
+from .protocol import AttentionFn, PackedStream
+
+LABELS = 16
+"""Class labels a label-conditioned model knows (0..15: the synthetic data's labels)."""
+CONDITION_TOKENS = 4
+"""Condition tokens a class label becomes (learned, per label)."""
+FREQUENCY_DIM = 256
+"""Sinusoids of the timestep embedding (DiT's, Open-Sora's and Wan's 256)."""
+ROPE_THETA = 10000.0
+NORM_EPS = 1e-6
+ROPE_AXES = {"temporal": (1,), "spatial": (2, 3), "full": (1, 2, 3)}
+"""Columns of a video stream's positions (sample, frame, row, column) each pattern's RoPE
+rotates by: the coordinates that vary inside one of its attention spans."""
+
+
+def rope_pairs(head_dim: int, axes: int) -> tuple[int, ...]:
+    """Rotation pairs of a head given to each axis. Wan's 3-D split: of c = head_dim / 2 pairs,
+    row and column get c // 3 each and frame the rest; a 2-D split halves c (row gets the odd
+    one); 1-D takes all."""
+    pairs = head_dim // 2
+    if head_dim % 2 or pairs < axes:
+        raise ValueError(f"head_dim {head_dim}: RoPE over {axes} axes needs an even head_dim of at least {2 * axes}")
+    if axes == 3:
+        return (pairs - 2 * (pairs // 3), pairs // 3, pairs // 3)
+    if axes == 2:
+        return (pairs - pairs // 2, pairs // 2)
+    return (pairs,)
+
+
+def rope_angles(coordinates: Tensor, pairs: Sequence[int]) -> tuple[Tensor, Tensor]:
+    """(cos, sin) [tokens, 1, sum(pairs)] of the rotation of each pair: axis a's p pairs turn by
+    coordinate_a * theta ** (-i / p), i < p, each axis with its own frequency ladder (Wan)."""
+    angles = []
+    for axis, count in enumerate(pairs):
+        freqs = ROPE_THETA ** (-torch.arange(count, device=coordinates.device, dtype=torch.float32) / count)
+        angles.append(coordinates[:, axis].to(torch.float32)[:, None] * freqs[None, :])
+    angle = torch.cat(angles, dim=1)[:, None, :]
+    return angle.cos(), angle.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate adjacent pairs (2i, 2i + 1) of x [tokens, heads, head_dim] (Wan's pairing)."""
+    pairs = x.float().unflatten(-1, (-1, 2))
+    x1, x2 = pairs[..., 0], pairs[..., 1]
+    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2).to(x.dtype)
+
+
+def modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+    return x * (1 + scale) + shift
+
+
+def layer_norm(width: int) -> nn.LayerNorm:
+    """LayerNorm without affine weights: adaLN's shift and scale replace them."""
+    return nn.LayerNorm(width, eps=NORM_EPS, elementwise_affine=False)
+
+
+class TimestepEmbedding(nn.Module):
+    """t in (0, 1) [samples] -> [samples, hidden]: sinusoids of t * 1000, then Linear, SiLU, Linear."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(FREQUENCY_DIM, hidden), nn.SiLU(), nn.Linear(hidden, hidden))
+
+    def forward(self, t: Tensor) -> Tensor:
+        half = FREQUENCY_DIM // 2
+        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=t.device, dtype=torch.float32) / half)
+        angles = (t.float() * TIMESTEP_SCALE)[:, None] * freqs[None, :]
+        return self.mlp(torch.cat([angles.cos(), angles.sin()], dim=1).to(self.mlp[0].weight.dtype))
+
+
+def condition_tokens(condition: Any, caption_dim: int, where: str) -> int:
+    """How many condition tokens `condition` gives a model of this caption_dim (0: labels only);
+    ValueError naming `where` (the sample) if the model cannot take it."""
+    if caption_dim == 0:
+        label = condition.item() if isinstance(condition, Tensor) and condition.dim() == 0 else condition
+        if isinstance(label, bool) or not isinstance(label, int):
+            shape = f"a tensor of shape {tuple(condition.shape)}" if isinstance(condition, Tensor) else repr(condition)
+            raise ValueError(f"{where}: the model is conditioned on class labels (caption_dim 0), got {shape}")
+        if not 0 <= label < LABELS:
+            raise ValueError(f"{where}: label {label} is outside the model's {LABELS} classes (0..{LABELS - 1})")
+        return CONDITION_TOKENS
+    if not isinstance(condition, Tensor) or condition.dim() != 2 or not condition.is_floating_point():
+        got = f"a tensor of shape {tuple(condition.shape)}" if isinstance(condition, Tensor) else repr(condition)
+        raise ValueError(f"{where}: the model is conditioned on caption embeddings [tokens, {caption_dim}] "
+                         f"(float), got {got}")
+    if condition.shape[1] != caption_dim or condition.shape[0] < 1:
+        raise ValueError(f"{where}: caption embedding of shape {tuple(condition.shape)}; the model takes "
+                         f"[tokens >= 1, {caption_dim}]")
+    return condition.shape[0]
+
+
+class ConditionEncoder(nn.Module):
+    """Every sample's condition -> its condition tokens [tokens, hidden], packed sample after
+    sample. A model reads one kind: class labels (caption_dim 0) or caption embeddings. Every
+    rank encodes every sample's condition (an arrange may bring it tokens of any sample), so
+    the encoder's weights get a gradient on every rank, as FSDP2's reduce-scatter needs."""
+
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.caption_dim = shape.caption_dim
+        if self.caption_dim == 0:
+            self.labels = nn.Embedding(LABELS * CONDITION_TOKENS, shape.hidden)
+        else:
+            self.caption = nn.Sequential(nn.Linear(self.caption_dim, shape.hidden), nn.GELU(approximate="tanh"),
+                                         nn.Linear(shape.hidden, shape.hidden))
+
+    def forward(self, conditions: Sequence[Any], device: torch.device) -> tuple[Tensor, tuple[int, ...]]:
+        """(condition tokens [sum of tokens, hidden], bounds of every sample's tokens in them)."""
+        counts = [condition_tokens(c, self.caption_dim, f"sample {i} of the micro-batch")
+                  for i, c in enumerate(conditions)]
+        bounds = tuple(itertools.accumulate(counts, initial=0))
+        if self.caption_dim == 0:
+            labels = torch.tensor([int(c) for c in conditions], dtype=torch.long)
+            rows = (labels[:, None] * CONDITION_TOKENS + torch.arange(CONDITION_TOKENS)).reshape(-1)
+            return self.labels(rows.to(device)), bounds
+        weight = self.caption[0].weight
+        captions = [c.to(weight.dtype) for c in conditions] or [weight.new_zeros(0, self.caption_dim)]
+        return self.caption(torch.cat(captions).to(device)), bounds
+
+
+@dataclass(frozen=True)
+class Conditioning:
+    """What the blocks read of the micro-batch's samples (every sample, in stream order)."""
+
+    modulation: Tensor
+    """[samples, 6, hidden]: the shared adaLN projection of each sample's time embedding."""
+    time: Tensor
+    """[samples, hidden]: each sample's time embedding (the final layer's modulation)."""
+    tokens: Tensor
+    """[condition tokens, hidden]: every sample's condition tokens, sample after sample."""
+    bounds: tuple[int, ...]
+    """Where each sample's condition tokens start in `tokens`, and the end."""
+
+
+@dataclass(frozen=True)
+class HeldSamples:
+    """The samples of the tokens a process holds in one layout. Tokens are grouped by sample in
+    stream order in every layout (the protocol's guarantee), so each sample is one run of rows."""
+
+    index: Tensor
+    """[tokens held]: the sample of every held token."""
+    runs: tuple[tuple[int, int, int], ...]
+    """(sample, first row, rows) of every sample with held tokens."""
+
+    @classmethod
+    def of(cls, stream: PackedStream) -> HeldSamples:
+        index = stream.positions[:, 0]
+        samples, counts = torch.unique_consecutive(index, return_counts=True)
+        runs, row = [], 0
+        for sample, count in zip(samples.tolist(), counts.tolist()):
+            runs.append((sample, row, count))
+            row += count
+        return cls(index, tuple(runs))
+
+
+class SelfAttention(nn.Module):
+    """q/k/v/o projections, per-head q/k RMSNorm (STDiT3, Wan), RoPE over the pattern's axes;
+    the attention itself is `attend` (the runtime installs the sequence-parallel one)."""
+
+    def __init__(self, shape: ModelShape, pattern: str):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
+        self.axes = ROPE_AXES[pattern]
+        self.pairs = rope_pairs(shape.head_dim, len(self.axes))
+        self.q = nn.Linear(shape.hidden, shape.heads * shape.head_dim)
+        self.k = nn.Linear(shape.hidden, shape.kv_dim)
+        self.v = nn.Linear(shape.hidden, shape.kv_dim)
+        self.o = nn.Linear(shape.heads * shape.head_dim, shape.hidden)
+        self.q_norm, self.k_norm = RMSNorm(shape.head_dim), RMSNorm(shape.head_dim)
+        self.attend: AttentionFn = local_attention
+        """Swapped by the model's `install_attention` for the sequence-parallel attention."""
+
+    def forward(self, x: Tensor, stream: PackedStream) -> Tensor:
+        n = x.shape[0]
+        cos, sin = rope_angles(stream.positions[:, self.axes], self.pairs)
+        q = apply_rope(self.q_norm(self.q(x).view(n, self.heads, self.head_dim)), cos, sin)
+        k = apply_rope(self.k_norm(self.k(x).view(n, self.kv_heads, self.head_dim)), cos, sin)
+        v = self.v(x).view(n, self.kv_heads, self.head_dim)
+        return self.o(self.attend(q, k, v, stream).reshape(n, self.heads * self.head_dim))
+
+
+class CrossAttention(nn.Module):
+    """Every held token attends to its own sample's condition tokens (Wan's normed input).
+
+    One SDPA per sample with held tokens, its queries (a run of rows) against its condition
+    tokens: no mask, so the kernel never scores a token against other samples' conditions (a
+    block mask over all of them would cost tokens x all condition tokens, mostly masked), and a
+    micro-batch has few samples. Always local: every process has every sample's condition."""
+
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
+        self.norm = nn.LayerNorm(shape.hidden, eps=NORM_EPS)
+        self.q = nn.Linear(shape.hidden, shape.heads * shape.head_dim)
+        # No key bias: it would add the same q . b to all of a query's scores, which softmax
+        # ignores (its gradient is 0; self-attention's keys are normalised after it, so keep it).
+        self.k = nn.Linear(shape.hidden, shape.kv_dim, bias=False)
+        self.v = nn.Linear(shape.hidden, shape.kv_dim)
+        self.o = nn.Linear(shape.heads * shape.head_dim, shape.hidden)
+
+    def forward(self, x: Tensor, held: HeldSamples, condition: Conditioning) -> Tensor:
+        n, bounds = x.shape[0], condition.bounds
+        q = self.q(self.norm(x)).view(n, self.heads, self.head_dim)
+        rows = [torch.arange(bounds[s], bounds[s + 1]) for s, _, _ in held.runs]
+        rows = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
+        context = condition.tokens.index_select(0, rows.to(condition.tokens.device))
+        k = self.k(context).view(-1, self.kv_heads, self.head_dim)
+        v = self.v(context).view(-1, self.kv_heads, self.head_dim)
+        outputs, key = [], 0
+        for sample, first, count in held.runs:
+            length = bounds[sample + 1] - bounds[sample]
+            out = F.scaled_dot_product_attention(
+                *(t.transpose(0, 1)[None] for t in (q[first:first + count], k[key:key + length], v[key:key + length])),
+                enable_gqa=True)
+            outputs.append(out[0].transpose(0, 1))
+            key += length
+        # No held token: an empty output that keeps k and v (empty too, so their sums are 0) on
+        # the graph, so that their weights get a (zero) gradient as on every other rank.
+        out = torch.cat(outputs) if outputs else q + (k.sum() + v.sum())
+        return self.o(out.reshape(n, self.heads * self.head_dim))
+
+
+class VideoBlock(nn.Module):
+    """arrange for `pattern` (unless the block before had the same one: `arranges` False);
+    adaLN-zero self-attention; cross-attention; adaLN-zero MLP."""
+
+    def __init__(self, shape: ModelShape, pattern: str, arranges: bool = True):
+        super().__init__()
+        self.pattern, self.arranges = pattern, arranges
+        self.attention_norm = layer_norm(shape.hidden)
+        self.attention = SelfAttention(shape, pattern)
+        self.cross_attention = CrossAttention(shape)
+        self.mlp_norm = layer_norm(shape.hidden)
+        self.mlp = MLP(shape)
+        self.modulation = nn.Parameter(torch.zeros(6, shape.hidden))
+        """This block's table added to the shared projection: shift, scale, gate of attention, then of the MLP."""
+
+    def forward(self, x: Tensor, stream: PackedStream, condition: Conditioning) -> tuple[Tensor, PackedStream]:
+        if self.arranges:
+            x, stream = stream.arrange(x, self.pattern)
+        held = HeldSamples.of(stream)
+        # Per token, gathered from its sample: the stream has no batch dimension to broadcast over.
+        modulation = self.modulation + condition.modulation[held.index]
+        shift, scale, gate, mlp_shift, mlp_scale, mlp_gate = modulation.unbind(1)
+        x = x + gate * self.attention(modulate(self.attention_norm(x), shift, scale), stream)
+        x = x + self.cross_attention(x, held, condition)
+        x = x + mlp_gate * self.mlp(modulate(self.mlp_norm(x), mlp_shift, mlp_scale))
+        return x, stream
+
+
+class FinalLayer(nn.Module):
+    """LayerNorm modulated by the time embedding and a learned [2, hidden] table, then a linear
+    to a token's patch values (zero-initialised: the model starts predicting 0)."""
+
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.norm = layer_norm(shape.hidden)
+        self.modulation = nn.Parameter(torch.zeros(2, shape.hidden))
+        self.linear = nn.Linear(shape.hidden, shape.vocab)
+
+    def forward(self, x: Tensor, stream: PackedStream, condition: Conditioning) -> Tensor:
+        shift, scale = (self.modulation + condition.time[stream.positions[:, 0]][:, None]).unbind(1)
+        return self.linear(modulate(self.norm(x), shift, scale))
