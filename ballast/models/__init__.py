@@ -14,6 +14,11 @@
     stdit.py     STDiT3-style DiT: spatial and temporal blocks in turn
     dit.py       Wan-style DiT: full attention over every clip
 """
+from typing import Callable
+
+import torch
+from torch import nn
+
 from ..model_shape import HF_PREFIX, ModelShape
 from .dit import DiT, build_dit
 from .gpt import GPT, build_gpt
@@ -22,30 +27,35 @@ from .protocol import INPUT, PATTERNS, AttentionFn, PackedStream, ParallelModel,
 from .stdit import STDiT, build_stdit
 
 
+VIDEO_MODELS: dict[str, Callable[[ModelShape], nn.Module]] = {"spatial-temporal": STDiT, "full": DiT}
+"""The video DiT of each attention pattern (`ModelShape.attention`)."""
+
+
 def check_buildable(shape: ModelShape) -> None:
     """Raise ValueError unless `build_model` can build `shape`: what train, profile, verify and
-    bench check before any rank starts."""
-    if shape.attention != "causal" or shape.cross_attention:
-        # The cost model and every planner price video DiTs; their modules are not built yet.
-        raise ValueError(f"model {shape.name!r} is a video DiT ({shape.attention} attention): ballast can plan "
-                         f"and simulate it (ballast simulate) but not yet train, profile or verify it")
+    bench check before any rank starts. A video DiT's constructor checks its shape (even depth
+    for STDiT, the patch values as vocab, ...): it runs here on the meta device, which
+    allocates nothing."""
+    if shape.source is not None and shape.hf_folder is None:
+        raise ValueError(f"model {shape.name!r}: unknown source {shape.source!r} (expected {HF_PREFIX}PATH)")
+    if shape.source is None and shape.attention in VIDEO_MODELS:
+        with torch.device("meta"):
+            VIDEO_MODELS[shape.attention](shape)
 
 
 def build_model(shape: ModelShape, seed: int = 0) -> ParallelModel:
     """The model `shape` describes, with weights that depend only on `seed` unless it brings its
     own: ballast's GPT, a video DiT (STDiT for spatial-temporal attention, DiT for full), or the
     Hugging Face model of `shape.source` (transformers imported only then)."""
+    check_buildable(shape)
     if shape.hf_folder is not None:
         from .hf import build_hf
         return build_hf(shape, seed)
-    if shape.source is None and shape.attention == "spatial-temporal":
+    if shape.attention == "spatial-temporal":
         return build_stdit(shape, seed)
-    if shape.source is None and shape.attention == "full":
+    if shape.attention == "full":
         return build_dit(shape, seed)
-    check_buildable(shape)
-    if shape.source is None:
-        return build_gpt(shape, seed)
-    raise ValueError(f"model {shape.name!r}: unknown source {shape.source!r} (expected {HF_PREFIX}PATH)")
+    return build_gpt(shape, seed)
 
 __all__ = ["DiT", "GPT", "INPUT", "PATTERNS", "STDiT", "AttentionFn", "PackedStream", "ParallelModel",
            "attention_spans", "build_dit", "build_gpt", "build_model", "build_stdit", "check_buildable",

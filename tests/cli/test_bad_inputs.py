@@ -37,6 +37,10 @@ def files(tmp_path_factory) -> dict[str, str]:
         "bad.toml": "[run]\nsteps = \"many\"\n",
         "huge.txt": "100000000\n",
         "bad-clips.txt": "81 480 832\n81 480\n",
+        "long-clips.txt": "17 144 256\n# a long clip at 720p\n68 720 1280\n",
+        "odd-stdit.json": json.dumps({"name": "odd-stdit", "layers": 3, "hidden": 64, "heads": 4, "kv_heads": 4,
+                                      "ffn": 128, "vocab": 16, "gated_mlp": False, "attention": "spatial-temporal",
+                                      "cross_attention": True}),
     }
     for name, text in write.items():
         (root / name).write_text(text)
@@ -136,15 +140,18 @@ CASES = [
     # bench
     ("bench --planners nosuch", 2, "unknown planner"),
     ("bench --data nosuch:x", 2, "nosuch:x"),
-    # video: clip lists, shapes that no --max-len holds, DiTs that only simulate so far
+    # video: clip lists, shapes that no --max-len holds, data that does not suit the model
     ("simulate --lengths videos:{bad-clips.txt} --model wan-1.3b", 2, r"bad-clips.txt line 2: expected `frames height width`"),
     ("simulate --lengths videos:/no/such/clips.txt --model wan-1.3b", 2, r"/no/such/clips.txt: cannot read clip list"),
     ("simulate --lengths video --model stdit3-1b --cluster h200-32 --max-len 4000 --steps 1", 2,
      r"68 x 120 patches per frame \(8160 tokens\).*at least 8160"),
-    ("train --model stdit-tiny", 2, r"'stdit-tiny' is a video DiT .*not yet train"),
-    ("profile --model dit-tiny", 2, r"'dit-tiny' is a video DiT"),
-    ("verify --model wan-1.3b", 2, r"'wan-1.3b' is a video DiT"),
-    ("bench --model stdit-tiny", 2, r"'stdit-tiny' is a video DiT"),
+    ("train --model stdit-tiny", 2, r"'stdit-tiny' is a video DiT but --data .* is text"),
+    ("train --model tiny --data video-synthetic", 2, r"'tiny' is a language model but --data 'video-synthetic' is video"),
+    ("train --model stdit-tiny --data video-latents:/no/such/dir", 2, "/no/such/dir"),
+    ("train --model stdit-tiny --data video-synthetic:0:{long-clips.txt} --max-len 2048", 2,
+     r"long-clips.txt line 3 .*20 x 45 x 80 latent patches = 72000 tokens, over max_len 2048"),
+    ("verify --model {odd-stdit.json}", 2, "layers must be even, got 3"),
+    ("bench --model dit-tiny --data stdlib", 2, r"'dit-tiny' is a video DiT but --data 'stdlib' is text"),
 ]
 
 
