@@ -125,6 +125,41 @@ def hf_table() -> str:
     return head + "\n".join(bench_rows(data))
 
 
+VIDEO_SPEEDUP_TARGET = 1.3
+"""The video-model issue's target: ballast >= 1.3x static (one SP degree for every clip)."""
+
+
+def video_measured_table() -> str:
+    """bench/video_dit.sh's recorded run: stdit-tiny on video-synthetic, every planner, and the
+    200-step training run."""
+    data = json.loads((RESULTS / "video-measured.json").read_text())
+    s, cost, load, t = data["setting"], data["cost_model"], data["load_average"], data["targets"]
+    clips = [n for b in data["batches"] if b["measured"] for n in b["lengths"]]
+    head = (f"**Measured** ({s['model']} on {s['world']} gloo ranks, {data['data']}; ~{s['tokens_per_step']:,} "
+            f"tokens/step ({len(clips) / max(1, sum(b['measured'] for b in data['batches'])):.0f} clips per step on "
+            f"average, {min(clips)} to {max(clips):,} tokens each), max-len {s['max_len']:,}, "
+            f"{cost['device_memory_gb'] * 1e3:.1f} MB per rank; {cost['source']} cost model; static at SP degree "
+            f"{s['degree']}; {s['warmup']} warm-up + {s['repeats']} rounds x {s['steps']} steps, interleaved; "
+            f"{data['seconds']:.0f} s wall, load average {load['min']:.1f}..{load['max']:.1f}; columns as in the "
+            f"measured table below):\n\n")
+    ours = data["planners"]["ballast"]["vs_static"]
+    others = t["ballast_vs_others"]
+    worst = max(t["prediction"]["abs_errors"], key=t["prediction"]["abs_errors"].get)
+    verdict = {True: "met", False: "**not met**"}
+    lines = [f"ballast vs static {ours:.2f}x (>= {VIDEO_SPEEDUP_TARGET}x: {verdict[ours >= VIDEO_SPEEDUP_TARGET]})",
+             f"ballast vs the best other planner ({others['worst']}) {others['ratio']:.2f}x (>= 1 - noise = "
+             f"{1 - others['noise']:.2f}x: {verdict[others['met']]})",
+             f"the profiled cost model's largest median |error| {t['prediction']['abs_errors'][worst]:.1%} ({worst})"]
+    text = head + "\n".join(bench_rows(data)) + "\n\nTargets: " + "; ".join(lines) + "."
+    if (RESULTS / "video-train-summary.json").exists():
+        run = json.loads((RESULTS / "video-train-summary.json").read_text())
+        text += (f"\n\nTraining (`ballast train --model stdit-tiny --data video-synthetic --world 2 --steps "
+                 f"{run['steps']}`, {run['planner']} planner, {run['cost_model']} cost model): loss "
+                 f"{run['loss_first']:.3f} -> {run['loss_last']:.3f}, {run['tokens_per_s']:,.0f} tokens/s, "
+                 f"{run['step_time_s']:.2f} s per step.\n\n![stdit-tiny loss](bench/results/video-train-loss.png)")
+    return text
+
+
 def peers_table() -> str:
     """bench/peers.sh's recorded run: DeepSpeed-Ulysses (its own code) against ballast's static
     (SP degree 2) and ballast plans, the same HF model and batches, interleaved in one gloo job."""
@@ -346,6 +381,8 @@ def main() -> None:
         text = replace(text, "measured", measured_table())
     if (RESULTS / "hf-llama.json").exists():
         text = replace(text, "hf", hf_table())
+    if (RESULTS / "video-measured.json").exists():
+        text = replace(text, "video-measured", video_measured_table())
     if (RESULTS / "peers-deepspeed.json").exists():
         text = replace(text, "peers", peers_table())
     if (RESULTS / "sweep.json").exists():
