@@ -14,7 +14,7 @@ import torch
 
 from ballast import verify
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
-from ballast.model_shape import MODEL_PRESETS
+from ballast.model_shape import MODEL_PRESETS, ModelShape
 
 SHAPE = MODEL_PRESETS["tiny"]
 GRAD_RTOL = verify.GRAD_TOLERANCE
@@ -47,3 +47,47 @@ def assert_single_process_gradients(result: verify.Trajectory, batches: list[ver
         assert float((got - want).abs().max() / want.abs().max()) <= GRAD_RTOL
     for got, want in zip(result.losses, expected.losses, strict=True):
         assert got == pytest.approx(want, rel=GRAD_RTOL)
+
+
+# --------------------------------------------------------------------------------------------
+# video DiTs (`test_video_planners.py`)
+
+
+def clip_batch(shape: ModelShape, grids: list[tuple[int, int, int]], seed: int = 0) -> verify.Batch:
+    """Clips of exactly these (frames, height, width) patch grids for a video `shape`: seeded
+    Gaussian latents, labels 0, 1, 2, ... (mod 16) and distinct keys (`random_clips` draws the
+    grids at random; these tests need chosen ones)."""
+    from ballast.models.clip import Clip
+
+    geometry = shape.video_geometry
+    generator = torch.Generator().manual_seed(seed)
+    clips = [Clip(torch.randn(geometry.latent_channels, *(g * p for g, p in zip(grid, geometry.patch)),
+                              generator=generator), i % 16, 1000 + 7 * i + seed)
+             for i, grid in enumerate(grids)]
+    return verify.Batch([f * h * w for f, h, w in grids], clips, [tuple(g) for g in grids])
+
+
+def perturbed_params(shape: ModelShape, seed: int = 0, scale: float = 0.05) -> torch.Tensor:
+    """`build_model(shape, seed)`'s parameters, each moved by `scale` x N(0, 1), flattened: a
+    video DiT starts from adaLN-zero (zero gates, zero final layer), where most gradients are
+    exactly zero and a comparison of them proves nothing."""
+    from ballast.models import build_model
+
+    model = build_model(shape, seed)
+    generator = torch.Generator().manual_seed(seed + 1)
+    return verify.flatten(p.detach() + scale * torch.randn(p.shape, generator=generator) for p in model.parameters())
+
+
+def load_params(model: torch.nn.Module, flat: torch.Tensor) -> None:
+    """Set every parameter from `flat` (model order, as `verify.flatten`), replicated or sharded
+    with FSDP2 (each rank copies its own shard: no collective)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    params = list(model.parameters())
+    with torch.no_grad():
+        for p, piece in zip(params, torch.split(flat, [p.numel() for p in params]), strict=True):
+            full = piece.view(p.shape).to(p.dtype)
+            if isinstance(p, DTensor):
+                p.copy_(distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None))
+            else:
+                p.copy_(full)

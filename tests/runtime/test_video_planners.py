@@ -1,0 +1,323 @@
+"""The video DiTs under every planner's plans train exactly like one process.
+
+`stdit-tiny` (spatial and temporal blocks in turn: 2D sequence parallelism, `video_sp.py`) and
+`dit-tiny` (full attention: Ulysses) run one step of one batch of clips under the plan of every
+registered planner, plus hand-made plans with remap domains, on 2 and 4 gloo ranks, with
+replicated parameters, ZeRO-1 and FSDP2 (lockstep plans, `PlannerOptions(lockstep=True)`). The
+step's loss and every parameter's gradient must be those of one process running the whole
+batch as one packed stream (`verify.reference_at`), which equals the sum of each clip alone
+(`tests/models/test_video_models.py` proves that). One `run_local` spawn per world size runs
+everything: an executor per (model, sharding), reused across plans, its parameters reset to the
+same values before every step; rank 0 compares with the reference inside the job and returns
+only the errors.
+
+The batch (`GRIDS`, patches frames x height x width) holds a single image (F = 1), clips of
+fewer frames than the degree, single-patch frames, a one-token clip, one huge frame (at degree
+4 its frames do not balance: the spatial blocks fall back to Ulysses) and a long clip that at
+`verify.budget` (as `ballast verify` plans) needs SP degree 2 or more even fully recomputed.
+`test_the_plans_exercise_every_path` asserts what the plans and the ranks actually ran: every
+degree, mixed degrees within a wave, several waves, recomputation, remap domains, the 2D
+layouts and the Ulysses fallback.
+
+The parameters are the initial ones moved by noise (`runtime_cases.perturbed_params`):
+adaLN-zero starts with zero gates and a zero final layer, under which most gradients are zero.
+
+Tolerance: GRAD_RTOL of `runtime_cases` (1e-5; only the order of float sums differs), applied
+per parameter, relative to the largest entry of that parameter's reference gradient (stricter
+than verify's over all parameters at once, as in `tests/models/test_hf_causal_lm.py`), and to
+the loss relative to itself. Measured (`test_print_measured_errors`, -s): gradients 1.4e-6 to
+1.7e-6 (norm weights, whose gradient sums over every token), losses 1e-7, over every model,
+sharding, plan and world size. Losing the one-token clip moves the gradient by 6e-2 and the
+loss by 1.3e-3; losing the 5-token one by 0.26 and 4.7e-3.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from runtime_cases import GRAD_RTOL, clip_batch, load_params, perturbed_params
+
+from ballast import verify
+from ballast.cluster import get_cluster
+from ballast.model_shape import MODEL_PRESETS
+from ballast.models import build_model
+from ballast.planners import PLANNERS, PlannerOptions, get_planner
+from ballast.plans import Group, MicroBatch, Plan, Wave
+from ballast.runtime import (ProcessGroups, StreamShard, VideoShard, full_tensor, parallelize, run_local,
+                             sequence_parallel_attention, video_layouts)
+from ballast.runtime.remap import RemappedStream
+
+MODELS = ("stdit-tiny", "dit-tiny")
+MODES = ("plain", "zero1", "fsdp")
+GRIDS = [
+    (4, 8, 8),    # 0: 256 tokens, the longest: SP degree 2 or more under verify.budget
+    (1, 14, 14),  # 1: one huge frame: alone at degree 4 its frames layout does not balance
+    (3, 4, 5),    # 2: F = 3 < 4
+    (1, 6, 6),    # 3: a single image
+    (2, 3, 4),    # 4: F = 2
+    (5, 1, 1),    # 5: single-patch frames (one column of 5 tokens)
+    (1, 1, 1),    # 6: one token: alone at degree 4, three ranks hold nothing
+    (6, 2, 3),    # 7
+    (2, 5, 3),    # 8
+    (3, 2, 2),    # 9
+]
+LENGTHS = [math.prod(g) for g in GRIDS]
+MAX_LEN = max(LENGTHS)
+
+
+def remapped_plan_4() -> Plan:
+    """For 4 ranks, lockstep (so every sharding runs it): wave 0 one remap domain over the whole
+    cluster (degrees 2 and 1 side by side, an idle rank in slot 0, the long clip recomputed
+    fully in its slot, the slot's lowest level applied to all of it); wave 1 two domains, one a
+    single group of degree 2 whose second slot is empty; wave 2 the one-token clip and the
+    column of single-patch frames at degree 4 (no remap: 2D layouts with empty shards)."""
+    return Plan(LENGTHS, [
+        Wave([Group(0, 2, [MicroBatch([0], 1.0), MicroBatch([9])]),
+              Group(2, 1, [MicroBatch([2], 0.5), MicroBatch([4])]),
+              Group(3, 1, [MicroBatch([]), MicroBatch([3])])], remap=[(0, 4)]),
+        Wave([Group(0, 1, [MicroBatch([7]), MicroBatch([8])]), Group(1, 1, [MicroBatch([]), MicroBatch([])]),
+              Group(2, 2, [MicroBatch([1], 0.75), MicroBatch([])])], remap=[(0, 2), (2, 2)]),
+        Wave([Group(0, 4, [MicroBatch([6]), MicroBatch([5], 0.5)])]),
+    ], lockstep=True, planner="remapped", shapes=GRIDS)
+
+
+def remapped_plan_2() -> Plan:
+    """For 2 ranks, lockstep: a remap domain over both single-rank groups, then degree 2."""
+    return Plan(LENGTHS, [
+        Wave([Group(0, 1, [MicroBatch([0], 1.0), MicroBatch([6])]),
+              Group(1, 1, [MicroBatch([1, 5], 0.5), MicroBatch([])])], remap=[(0, 2)]),
+        Wave([Group(0, 2, [MicroBatch([2, 3, 4, 7, 8, 9], 0.25)])]),
+    ], lockstep=True, planner="remapped", shapes=GRIDS)
+
+
+HAND_PLANS = {2: [remapped_plan_2], 4: [remapped_plan_4]}
+
+
+def planner_plans(name: str, world: int, lockstep: bool) -> dict[str, dict]:
+    """Every registered planner's plan of the batch at `verify.budget`, and the hand-made ones."""
+    shape = MODEL_PRESETS[name]
+    cluster, cost = verify.budget(shape, world, MAX_LEN)
+    options = PlannerOptions(max_len=MAX_LEN, lockstep=lockstep, time_limit=2.0, seed=0)
+    out = {}
+    for planner in PLANNERS:
+        plan = get_planner(planner, cluster, cost, options).plan(GRIDS)
+        plan.validate(cluster, cost)
+        out[planner] = plan.to_dict()
+    for make in HAND_PLANS[world]:
+        plan = make()
+        plan.validate(get_cluster("cpu", world_size=world))
+        out[plan.planner] = plan.to_dict()
+    return out
+
+
+def all_plans(world: int) -> dict[str, dict[str, dict[str, dict]]]:
+    """model -> sharding -> planner -> plan (FSDP2 runs the lockstep ones)."""
+    out = {}
+    for name in MODELS:
+        plain = planner_plans(name, world, lockstep=False)
+        out[name] = {"plain": plain, "zero1": plain, "fsdp": planner_plans(name, world, lockstep=True)}
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# on the ranks
+
+
+def _recording(seen: set, model: str):
+    """The runtime's attention, recording what each call ran on: (model, kind, pattern,
+    degree, layout); kind is `2d` (a VideoShard), `ulysses` (a StreamShard of degree > 1),
+    `remapped` (a remap domain's slot; degree: the rank's group's) or `local`."""
+    def attend(q, k, v, stream):
+        if isinstance(stream, RemappedStream):
+            shard = stream.shard
+            seen.add((model, "remapped", stream.pattern, shard.degree if isinstance(shard, StreamShard) else 1, None))
+        elif isinstance(stream, VideoShard):
+            seen.add((model, "2d", stream.pattern, stream.degree, stream.layout))
+        elif isinstance(stream, StreamShard) and stream.degree > 1:
+            seen.add((model, "ulysses", stream.pattern, stream.degree, None))
+        else:
+            seen.add((model, "local", stream.pattern, 1, None))
+        return sequence_parallel_attention(q, k, v, stream)
+    return attend
+
+
+def errors_of(loss: float, grads: dict[str, torch.Tensor], reference: tuple[float, dict[str, torch.Tensor]]
+              ) -> tuple[float, float, str]:
+    """Relative loss error, the largest per-parameter gradient error (relative to that
+    parameter's largest reference entry) and the parameter where it occurs."""
+    want_loss, want = reference
+    assert grads.keys() == want.keys()
+    worst, where = 0.0, ""
+    for name, expected in want.items():
+        error = float((grads[name] - expected).abs().max() / expected.abs().max())
+        if error >= worst:
+            worst, where = error, name
+    return abs(loss - want_loss) / abs(want_loss), worst, where
+
+
+def _world_worker(plans: dict, params: dict[str, torch.Tensor], references: dict, batch: verify.Batch) -> dict:
+    """Every model x sharding x plan: one step from `params`; rank 0 returns the errors, every
+    rank what its attention calls ran on."""
+    groups = ProcessGroups()
+    cluster = get_cluster("cpu", world_size=dist.get_world_size())
+    rank0 = dist.get_rank() == 0
+    out: dict = {"errors": {}, "attention": set()}
+    for name, by_mode in plans.items():
+        for mode, by_planner in by_mode.items():
+            model = build_model(MODEL_PRESETS[name], seed=0)
+            executor = parallelize(model, cluster, groups=groups, fsdp=mode == "fsdp", zero1=mode == "zero1",
+                                   lr=1e-3)
+            model.install_attention(_recording(out["attention"], name))
+            for i, (planner, plan) in enumerate(by_planner.items()):
+                load_params(model, params[name])  # the previous step's AdamW update undone
+                if i == 0:  # the reset reaches every shard
+                    assert torch.equal(verify.flatten(full_tensor(p) for p in model.parameters()), params[name])
+                result = executor.step(Plan.from_dict(plan), batch.samples)
+                grads = {n: full_tensor(p.grad) for n, p in model.named_parameters()}
+                if rank0:
+                    out["errors"][name, mode, planner] = errors_of(result.loss, grads, references[name])
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# fixtures
+
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture(scope="module")
+def batch() -> verify.Batch:
+    return clip_batch(MODEL_PRESETS[MODELS[0]], GRIDS)
+
+
+@pytest.fixture(scope="module")
+def params() -> dict[str, torch.Tensor]:
+    return {name: perturbed_params(MODEL_PRESETS[name]) for name in MODELS}
+
+
+@pytest.fixture(scope="module")
+def references(batch, params) -> dict[str, tuple[float, dict[str, torch.Tensor]]]:
+    """One process, the whole batch as one packed stream: loss and every parameter's gradient."""
+    out = {}
+    for name in MODELS:
+        shape = MODEL_PRESETS[name]
+        start = verify.Trajectory([], [], [params[name]], params[name])
+        reference = verify.reference_at(shape, start, [batch])
+        names = [(n, p.shape) for n, p in build_model(shape).named_parameters()]
+        pieces = torch.split(reference.grads[0], [math.prod(s) for _, s in names])
+        out[name] = (reference.losses[0], {n: g.view(s) for (n, s), g in zip(names, pieces, strict=True)})
+    return out
+
+
+def _run_world(world: int, batch, params, references) -> tuple[list[dict], dict]:
+    plans = all_plans(world)
+    return run_local(world, _world_worker, plans, params, references, batch, timeout=600), plans
+
+
+@pytest.fixture(scope="module")
+def world2(batch, params, references):
+    return _run_world(2, batch, params, references)
+
+
+@pytest.fixture(scope="module")
+def world4(batch, params, references):
+    return _run_world(4, batch, params, references)
+
+
+# --------------------------------------------------------------------------------------------
+# in this process
+
+
+def test_the_batch_has_every_kind_of_clip(batch, references):
+    frames = [f for f, _, _ in GRIDS]
+    assert 1 in frames and any(1 < f < 4 for f in frames)
+    assert any(h * w == 1 and f > 1 for f, h, w in GRIDS)
+    assert [MODEL_PRESETS[m].video_geometry.latent_channels for m in MODELS] == [4, 4]  # one batch fits both
+    for world in (2, 4):
+        _, cost = verify.budget(MODEL_PRESETS["stdit-tiny"], world, MAX_LEN)
+        assert cost.max_tokens(1, 1.0) < MAX_LEN <= cost.max_tokens(2, 1.0)
+    layouts = video_layouts([GRIDS[1]], 4)
+    assert not layouts["frames"].balances() and layouts["columns"].balances()
+    # Every parameter has a gradient: the comparison is not of zeros.
+    for _, grads in references.values():
+        assert all(float(g.abs().max()) > 0 for g in grads.values()), [n for n, g in grads.items() if not g.any()]
+
+
+# --------------------------------------------------------------------------------------------
+# on 2 and 4 ranks
+
+
+def check_world(world: int, ranks: list[dict], plans: dict) -> None:
+    errors = ranks[0]["errors"]
+    failures = []
+    for name, by_mode in plans.items():
+        for mode, by_planner in by_mode.items():
+            assert by_planner.keys() == {*PLANNERS, *(make().planner for make in HAND_PLANS[world])}
+            assert mode != "fsdp" or all(plan["lockstep"] for plan in by_planner.values())
+            for planner in by_planner:
+                loss, grad, where = errors[name, mode, planner]
+                if loss > GRAD_RTOL or grad > GRAD_RTOL:
+                    failures.append(f"{world} ranks {name} {mode} {planner}: loss {loss:.1e}, "
+                                    f"gradient {grad:.1e} ({where})")
+    assert len(errors) == sum(len(p) for by_mode in plans.values() for p in by_mode.values())
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.slow
+def test_every_planners_plans_give_the_single_process_gradient_on_2_ranks(world2):
+    check_world(2, *world2)
+
+
+@pytest.mark.slow
+def test_every_planners_plans_give_the_single_process_gradient_on_4_ranks(world4):
+    check_world(4, *world4)
+
+
+@pytest.mark.slow
+def test_the_plans_exercise_every_path(world2, world4):
+    for world, (ranks, plans) in ((2, world2), (4, world4)):
+        for name in MODELS:
+            ran = [Plan.from_dict(p) for by_mode in plans[name].values() for p in by_mode.values()]
+            made = [p for p in ran if p.planner in PLANNERS]
+            # the planners' own plans: every degree, several waves, recomputation at several levels
+            assert {d for p in made for d in p.degrees_used()} == ({1, 2} if world == 2 else {1, 2, 4})
+            assert max(len(p.waves) for p in made) >= 2
+            levels = {mb.checkpoint for p in made for _, _, mb in p.micro_batches() if mb.seq_ids}
+            assert 1.0 in levels and 0.0 in levels and len(levels) >= 3
+            # the long clip never on one rank
+            assert all(g.degree >= 2 for p in made for _, g, mb in p.micro_batches() if 0 in mb.seq_ids)
+            # mixed degrees within a wave (4 ranks), remap domains (the hand-made plans)
+            if world == 4:
+                assert any(len({g.degree for g in w.groups if any(mb.seq_ids for mb in g.micro_batches)}) > 1
+                           for p in made for w in p.waves)
+            assert any(w.remap for p in ran for w in p.waves)
+    seen = set().union(*(rank["attention"] for ranks, _ in (world2, world4) for rank in ranks))
+    for degree in (2, 4):
+        # STDiT: whole frames for spatial blocks, whole columns for temporal ones...
+        assert ("stdit-tiny", "2d", "spatial", degree, "frames") in seen
+        assert ("stdit-tiny", "2d", "temporal", degree, "columns") in seen
+        # DiT: Ulysses on every degree
+        assert ("dit-tiny", "ulysses", "full", degree, None) in seen
+    # ...and Ulysses where frames do not balance (the huge frame at degree 4)
+    assert ("stdit-tiny", "2d", "spatial", 4, "tokens") in seen
+    # remap domains for both models and both block kinds, degree 1 and 2 groups inside them
+    for pattern, model in (("spatial", "stdit-tiny"), ("temporal", "stdit-tiny"), ("full", "dit-tiny")):
+        assert {(model, "remapped", pattern, d, None) for d in (1, 2)} <= seen
+    # and single ranks
+    assert {("stdit-tiny", "local", "spatial", 1, None), ("dit-tiny", "local", "full", 1, None)} <= seen
+
+
+@pytest.mark.slow
+def test_print_measured_errors(world2, world4):
+    for world, (ranks, plans) in ((2, world2), (4, world4)):
+        errors = ranks[0]["errors"]
+        for name, by_mode in plans.items():
+            for mode, by_planner in by_mode.items():
+                found = [errors[name, mode, p] for p in by_planner]
+                grad, where = max((e[1], e[2]) for e in found)
+                print(f"{world} ranks {name:10} {mode:6} loss {max(e[0] for e in found):.1e} "
+                      f"gradient {grad:.1e} ({where})")
