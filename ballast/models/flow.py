@@ -65,12 +65,52 @@ def unpatchify(tokens: Tensor, grid: Sequence[int], patch: Sequence[int]) -> Ten
     return blocks.permute(3, 0, 4, 1, 5, 2, 6).reshape(channels, frames * pf, height * ph, width * pw)
 
 
+def _patch_index(shapes: Sequence[Sequence[int]], patch: Sequence[int]) -> Tensor:
+    """[tokens, C pf ph pw]: where every value of `patchify`'s tokens of latents of these
+    [C, F, H, W] shapes sits in their latents flattened and concatenated. One gather by it
+    patchifies a whole stream of clips at once (a permutation per clip, vectorised)."""
+    pf, ph, pw = patch
+    shape = torch.tensor([tuple(s) for s in shapes], dtype=torch.long).view(-1, 4)
+    channels, frames, height, width = shape.unbind(1)
+    grid_f, grid_h, grid_w = frames // pf, height // ph, width // pw
+    tokens = grid_f * grid_h * grid_w
+    total = int(tokens.sum())
+    clip = torch.repeat_interleave(torch.arange(len(shapes)), tokens, output_size=total)
+    base = torch.cumsum(channels * frames * height * width, 0) - channels * frames * height * width
+    token = torch.arange(total) - (torch.cumsum(tokens, 0) - tokens)[clip]  # frame-major, row-major
+    per_frame = (grid_h * grid_w)[clip]
+    f, h, w = token // per_frame, token % per_frame // grid_w[clip], token % grid_w[clip]
+    plane, row = (height * width)[clip], width[clip]
+    start = base[clip] + f * pf * plane + h * ph * row + w * pw
+    # A token's values in (C, pf, ph, pw) order; C is the same for every clip of a stream.
+    c, a, b, d = torch.meshgrid(*(torch.arange(n) for n in (int(channels[0]) if len(shapes) else 0, pf, ph, pw)),
+                                indexing="ij")
+    c, a, b, d = (x.reshape(1, -1) for x in (c, a, b, d))
+    return start[:, None] + c * (frames[clip] * plane)[:, None] + a * plane[:, None] + b * row[:, None] + d
+
+
+def _flow(clips: Sequence[Clip], patch: Sequence[int]) -> tuple[Tensor, Tensor, list[float]]:
+    """(x_t tokens, target velocity tokens, t of every clip) of clips packed in stream order.
+    Each clip draws from its own generator (`clip_noise`); the rest is one op over the stream."""
+    draws = [clip_noise(clip) for clip in clips]
+    latents = [clip.latent for clip in clips]
+    x0 = torch.cat([latent.reshape(-1) for latent in latents]).to(torch.float32)
+    noise = torch.cat([n.reshape(-1) for _, n in draws])
+    ts = [t for t, _ in draws]
+    # Per value: (1 - t) and t of its clip, rounded to float32 as a float32 tensor times a
+    # Python float is.
+    sizes = torch.tensor([latent.numel() for latent in latents], dtype=torch.long)
+    t = torch.repeat_interleave(torch.tensor(ts, dtype=torch.float64), sizes, output_size=x0.numel())
+    one_minus_t, t = (1.0 - t).to(torch.float32).to(x0.device), t.to(torch.float32).to(x0.device)
+    x_t = one_minus_t * x0 + t * noise
+    index = _patch_index([latent.shape for latent in latents], patch).to(x0.device)
+    return x_t[index], (noise - x0)[index], ts
+
+
 def flow_pair(clip: Clip, patch: Sequence[int]) -> tuple[Tensor, Tensor, float]:
     """(x_t tokens, target velocity tokens, t) of one clip, in float32."""
-    t, noise = clip_noise(clip)
-    x0 = clip.latent.to(torch.float32)
-    x_t = (1.0 - t) * x0 + t * noise
-    return patchify(x_t, patch), patchify(noise - x0, patch), t
+    x_t, target, (t,) = _flow([clip], patch)
+    return x_t, target, t
 
 
 def flow_targets(clips: Sequence[Clip], patch: Sequence[int]) -> tuple[Tensor, Tensor, Tensor]:
@@ -78,9 +118,8 @@ def flow_targets(clips: Sequence[Clip], patch: Sequence[int]) -> tuple[Tensor, T
     whole stream of clips, packed in stream order."""
     if not clips:
         raise ValueError("flow_targets of no clips: a stream has at least one")
-    pairs = [flow_pair(clip, patch) for clip in clips]
-    return (torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs]),
-            torch.tensor([p[2] for p in pairs], dtype=torch.float32))
+    x_t, target, ts = _flow(clips, patch)
+    return x_t, target, torch.tensor(ts, dtype=torch.float32)
 
 
 def token_loss(predicted: Tensor, target: Tensor) -> Tensor:

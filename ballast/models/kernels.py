@@ -10,16 +10,16 @@ a patch column or a whole clip; `protocol.attention_spans`), and is causal insid
     torch >= 2.12), when flash-attn is not installed and PyTorch's flash attention takes the
     tensors (a CUDA build, a GPU it supports, fp16/bf16, a head size it handles). It has no
     CPU implementation;
-  - `sdpa`: one `scaled_dot_product_attention` per run of equally long spans (CPU, fp32, or
-    neither kernel): the frames of a clip, or its patch columns, go as one batch. It needs no
+  - `sdpa`: one `scaled_dot_product_attention` per span length (CPU, fp32, or neither
+    kernel): all equally long spans of the stream (the frames of a clip, its patch columns,
+    the frames of all tiny clips of one size) go as one batch. It needs no
     block-diagonal mask and, through PyTorch's CPU flash kernel, no memory quadratic in the
-    span. On a GPU it is a Python loop of one launch per run: the varlen kernels above run a
+    span. On a GPU it is a Python loop of one launch per length: the varlen kernels above run a
     whole packed stream in one.
 """
 from __future__ import annotations
 
 import inspect
-import itertools
 from typing import Callable, Sequence
 
 import torch
@@ -63,31 +63,79 @@ def _torch_varlen(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal
                        window_size=(-1, 0) if causal else (-1, -1), enable_gqa=k.shape[1] != q.shape[1])
 
 
-def _equal_runs(bounds: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(start, span length, spans) of every run of consecutive non-empty spans of one length."""
-    runs = []
-    spans = [(a, b - a) for a, b in zip(bounds, bounds[1:]) if b > a]  # an empty span attends to nothing
-    for length, run in itertools.groupby(spans, key=lambda span: span[1]):
-        run = list(run)
-        runs.append((run[0][0], length, len(run)))
-    return runs
+def equal_groups(sizes: Tensor) -> tuple[Tensor | None, list[int], list[int]]:
+    """Items (spans, samples' runs) grouped by equal size, however far apart they sit.
+
+    sizes: [items] int64 (CPU). Returns (order, group sizes, group counts): taking the items in
+    `order` (None: the items' own order) puts every group's items together, in their own order,
+    groups ordered by where their first item is (so items that already come in runs of equal
+    sizes, each size in one run, keep their order); group g has `counts[g]` items of size
+    `sizes[g]`. All vectorised: the Python work is per group, not per item."""
+    if sizes.numel() == 0:
+        return None, [], []
+    values, inverse = torch.unique(sizes, return_inverse=True)
+    positions = torch.arange(sizes.numel())
+    first = torch.full((values.numel(),), sizes.numel(), dtype=torch.long).scatter_reduce_(
+        0, inverse, positions, "amin")
+    key = first[inverse]  # a group's key: where its first item is
+    order = torch.sort(key, stable=True).indices
+    sorted_key = key[order]
+    group_keys, counts = torch.unique_consecutive(sorted_key, return_counts=True)
+    if torch.equal(order, positions):
+        order = None
+    return order, sizes[group_keys].tolist(), counts.tolist()
+
+
+def token_order(starts: Tensor, lengths: Tensor) -> Tensor:
+    """The rows of consecutive spans (start, length): starts[0] .. + lengths[0], then the next."""
+    total = int(lengths.sum())
+    span_offsets = torch.cumsum(lengths, 0) - lengths
+    return torch.repeat_interleave(starts - span_offsets, lengths, output_size=total) + torch.arange(total)
+
+
+def _equal_runs(bounds: Sequence[int]) -> tuple[Tensor | None, list[tuple[int, int]]]:
+    """(order, [(span length, spans)]): the rows of the non-empty spans (an empty span attends
+    to nothing) taken in `order` (None: stream order) are groups of equally long spans, one
+    after another; a group holds every span of its length, wherever it sits in the stream."""
+    edges = torch.tensor(bounds, dtype=torch.long)
+    starts, lengths = edges[:-1], edges[1:] - edges[:-1]
+    spans, group_lengths, counts = equal_groups(lengths)
+    groups = [(length, count) for length, count in zip(group_lengths, counts) if length > 0]
+    if spans is None:
+        return None, groups  # already in runs of equal spans, each length in one run
+    spans = spans[lengths[spans] > 0]
+    order = token_order(starts[spans], lengths[spans])
+    # Spans apart only by empty ones are in order already.
+    return (None if torch.equal(order, torch.arange(order.numel())) else order), groups
 
 
 def _batched_sdpa(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal: bool) -> Tensor:
-    # Equal spans in a row go as one batch: a clip's F frames (or S columns) are one call, not
-    # F. A 4-D input matters too: on CPU it reaches PyTorch's flash kernel, which saves O(s) for
+    # All spans of one length go as one batch: a clip's F frames (or S columns) are one call,
+    # and so are all the equally long frames of all the clips of a micro-batch (hundreds of tiny
+    # clips have few distinct lengths: n tokens have at most ~sqrt(2n) of them). Spans that are
+    # not consecutive are gathered into place by one index over the rows and put back by one
+    # (not a slice per span: each slice's backward fills a zero gradient of the whole input,
+    # quadratic in the spans). Every span's attention is the same computation as alone.
+    # A 4-D input matters too: on CPU it reaches PyTorch's flash kernel, which saves O(s) for
     # backward; 3-D ones fall back to the math path, which keeps the s^2 scores (measured on
     # `tiny`: 570 KB instead of 46 KB per token at 4096 tokens, and 13x slower).
-    def batch(t: Tensor, start: int, length: int, count: int) -> Tensor:
-        return t[start:start + length * count].view(count, length, *t.shape[1:]).transpose(1, 2)
-
+    order, groups = _equal_runs(bounds)
+    assert groups, "an empty stream has nothing to attend to; callers skip it"
+    if order is not None:
+        order = order.to(q.device)
+        q, k, v = q.index_select(0, order), k.index_select(0, order), v.index_select(0, order)
+    sizes = [length * count for length, count in groups]
     outputs = [
-        F.scaled_dot_product_attention(batch(q, *run), batch(k, *run), batch(v, *run), is_causal=causal,
-                                       enable_gqa=True).transpose(1, 2).reshape(run[1] * run[2], *q.shape[1:])
-        for run in _equal_runs(bounds)
+        F.scaled_dot_product_attention(*(t.view(count, length, *t.shape[1:]).transpose(1, 2) for t in (qg, kg, vg)),
+                                       is_causal=causal, enable_gqa=True).transpose(1, 2).reshape(length * count,
+                                                                                                   *q.shape[1:])
+        for (length, count), qg, kg, vg in zip(groups, q.split(sizes), k.split(sizes), v.split(sizes))
     ]
-    assert outputs, "an empty stream has nothing to attend to; callers skip it"
-    return torch.cat(outputs)
+    out = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
+    if order is None:
+        return out
+    # Back to stream order (`order` is a permutation of the rows: empty spans hold none).
+    return torch.empty_like(out).index_copy(0, order, out)
 
 
 KERNELS: dict[str, Callable[[Tensor, Tensor, Tensor, Sequence[int], bool], Tensor]] = {

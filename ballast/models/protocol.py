@@ -105,8 +105,8 @@ def video_positions(grids: Sequence[tuple[int, int, int]], tokens: Tensor, bound
     starts = torch.tensor(bounds[:-1], dtype=torch.long)
     sample = torch.searchsorted(torch.tensor(bounds[1:], dtype=torch.long), tokens, right=True)
     offset = tokens - starts[sample]
-    height = torch.tensor([g[1] for g in grids], dtype=torch.long)[sample]
-    width = torch.tensor([g[2] for g in grids], dtype=torch.long)[sample]
+    grid = torch.tensor(grids, dtype=torch.long).view(-1, 3)[sample]
+    height, width = grid[:, 1], grid[:, 2]
     per_frame = height * width
     return torch.stack([sample, offset // per_frame, offset % per_frame // width, offset % width], dim=1)
 
@@ -119,15 +119,25 @@ def attention_spans(stream: PackedStream) -> tuple[Tensor | None, tuple[int, ...
     if stream.pattern in ("causal", "full"):
         return None, stream.bounds
     grids = stream.grids or video_grids([b - a for a, b in zip(stream.bounds, stream.bounds[1:])])
-    spans, order = [0], []
-    for start, (frames, height, width) in zip(stream.bounds, grids):
-        per_frame = height * width
-        # A sample's spans: its frames (spatial) or its columns (temporal), one after another.
-        count, size = (frames, per_frame) if stream.pattern == "spatial" else (per_frame, frames)
-        spans.extend(start + size * (i + 1) for i in range(count))
-        if stream.pattern == "temporal":
-            order.append(start + torch.arange(frames * per_frame).view(frames, per_frame).t().reshape(-1))
-    return (torch.cat(order) if order else None), tuple(spans)
+    if not grids:
+        return None, (0,)
+    # Vectorised over the samples (a micro-batch may hold hundreds of tiny clips).
+    grid = torch.tensor(grids, dtype=torch.long).view(-1, 3)
+    frames, per_frame = grid[:, 0], grid[:, 1] * grid[:, 2]
+    # A sample's spans: its frames (spatial) or its columns (temporal), one after another.
+    count, size = (frames, per_frame) if stream.pattern == "spatial" else (per_frame, frames)
+    spans = torch.cumsum(torch.repeat_interleave(size, count), 0)
+    bounds = (0, *spans.tolist())
+    if stream.pattern == "spatial":
+        return None, bounds
+    # Temporal: every clip's tokens column by column, each column frame by frame.
+    tokens = frames * per_frame
+    total = int(tokens.sum())
+    starts = torch.tensor(stream.bounds[:-1], dtype=torch.long)
+    sample = torch.repeat_interleave(torch.arange(len(grids)), tokens, output_size=total)
+    offset = torch.arange(total) - (torch.cumsum(tokens, 0) - tokens)[sample]
+    column, frame = offset // frames[sample], offset % frames[sample]
+    return starts[sample] + frame * per_frame[sample] + column, bounds
 
 
 AttentionFn = Callable[[Tensor, Tensor, Tensor, PackedStream], Tensor]

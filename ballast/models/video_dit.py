@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..model_shape import ModelShape
 from .clip import Clip
-from .flow import clip_timestep, flow_pair, token_loss
+from .flow import clip_timestep, flow_targets, token_loss
 from .protocol import INPUT, AttentionFn, PackedStream
 from .video_layers import ConditionEncoder, Conditioning, FinalLayer, TimestepEmbedding, VideoBlock, condition_tokens
 
@@ -110,8 +110,9 @@ class VideoDiT(nn.Module):
     def conditioning(self, timesteps: Tensor, conditions: Sequence[Any], device: torch.device) -> Conditioning:
         """Every sample's adaLN modulation, time embedding and condition tokens."""
         time = self.timestep(timesteps.to(device))
-        tokens, bounds = self.condition(conditions, device)
-        return Conditioning(self.time_modulation(time).unflatten(1, (6, self.shape.hidden)), time, tokens, bounds)
+        tokens, bounds, rows = self.condition(conditions, device)
+        return Conditioning(self.time_modulation(time).unflatten(1, (6, self.shape.hidden)), time, tokens, bounds,
+                            rows)
 
     def forward(self, tokens: Tensor, timesteps: Tensor, conditions: Sequence[Any], stream: PackedStream,
                 checkpoint_layers: int = 0) -> Tensor:
@@ -154,14 +155,18 @@ class VideoDiT(nn.Module):
         # Noise and targets of the clips this slice touches; the timestep of every clip, since
         # an arrange may bring tokens of any of them here.
         touched = [i for i in range(len(samples)) if bounds[i] < stop and bounds[i + 1] > start]
+        drawn = {}
         if touched:
-            pairs = [flow_pair(samples[i], self.patch) for i in touched]
+            # One pass over the touched clips (`flow_targets`: a generator per clip, the rest
+            # batched); their t come with it, the others' from `clip_timestep`.
+            noisy, target, ts = flow_targets([samples[i] for i in touched], self.patch)
             offset = start - bounds[touched[0]]
-            noisy = torch.cat([p[0] for p in pairs])[offset:offset + stop - start]
-            target = torch.cat([p[1] for p in pairs])[offset:offset + stop - start]
+            noisy, target = noisy[offset:offset + stop - start], target[offset:offset + stop - start]
+            drawn = dict(zip(touched, ts.tolist()))
         else:
             noisy = target = torch.zeros(0, self.shape.vocab)
-        timesteps = torch.tensor([clip_timestep(s) for s in samples], dtype=torch.float32)
+        timesteps = torch.tensor([drawn[i] if i in drawn else clip_timestep(s) for i, s in enumerate(samples)],
+                                 dtype=torch.float32)
         predicted = self(noisy, timesteps, [s.condition for s in samples], stream, checkpoint_layers)
         # Summed, not averaged: the runtime divides by the step's tokens. An empty slice sums to
         # a zero still on the graph (its rank runs backward like the others).

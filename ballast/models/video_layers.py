@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from ..model_shape import ModelShape
 from .flow import TIMESTEP_SCALE
 from .gpt import MLP, RMSNorm
-from .kernels import local_attention
+from .kernels import equal_groups, local_attention, token_order
 from .protocol import AttentionFn, PackedStream
 
 LABELS = 16
@@ -142,18 +142,23 @@ class ConditionEncoder(nn.Module):
             self.caption = nn.Sequential(nn.Linear(self.caption_dim, shape.hidden), nn.GELU(approximate="tanh"),
                                          nn.Linear(shape.hidden, shape.hidden))
 
-    def forward(self, conditions: Sequence[Any], device: torch.device) -> tuple[Tensor, tuple[int, ...]]:
-        """(condition tokens [sum of tokens, hidden], bounds of every sample's tokens in them)."""
+    def forward(self, conditions: Sequence[Any], device: torch.device) -> tuple[Tensor, tuple[int, ...], Tensor]:
+        """(distinct condition tokens [rows, hidden], bounds of every sample's tokens in the
+        packed sequence of all samples' tokens, the row of `tokens` of each of those [sum of
+        tokens]). Samples of one label share their rows: a micro-batch of hundreds of clips
+        has at most LABELS x CONDITION_TOKENS of them to project in every block."""
         counts = [condition_tokens(c, self.caption_dim, f"sample {i} of the micro-batch")
                   for i, c in enumerate(conditions)]
         bounds = tuple(itertools.accumulate(counts, initial=0))
         if self.caption_dim == 0:
             labels = torch.tensor([int(c) for c in conditions], dtype=torch.long)
-            rows = (labels[:, None] * CONDITION_TOKENS + torch.arange(CONDITION_TOKENS)).reshape(-1)
-            return self.labels(rows.to(device)), bounds
+            distinct, which = torch.unique(labels, return_inverse=True)
+            slots = torch.arange(CONDITION_TOKENS)
+            rows = (distinct[:, None] * CONDITION_TOKENS + slots).reshape(-1)
+            return self.labels(rows.to(device)), bounds, (which[:, None] * CONDITION_TOKENS + slots).reshape(-1)
         weight = self.caption[0].weight
         captions = [c.to(weight.dtype) for c in conditions] or [weight.new_zeros(0, self.caption_dim)]
-        return self.caption(torch.cat(captions).to(device)), bounds
+        return self.caption(torch.cat(captions).to(device)), bounds, torch.arange(bounds[-1])
 
 
 @dataclass(frozen=True)
@@ -165,9 +170,12 @@ class Conditioning:
     time: Tensor
     """[samples, hidden]: each sample's time embedding (the final layer's modulation)."""
     tokens: Tensor
-    """[condition tokens, hidden]: every sample's condition tokens, sample after sample."""
+    """[rows, hidden]: the distinct condition tokens of the samples (`rows` picks them)."""
     bounds: tuple[int, ...]
-    """Where each sample's condition tokens start in `tokens`, and the end."""
+    """Where each sample's condition tokens start in `rows`, and the end."""
+    rows: Tensor
+    """[sum of condition tokens] (CPU, int64): every sample's condition tokens, sample after
+    sample, as rows of `tokens`."""
 
 
 @dataclass(frozen=True)
@@ -177,18 +185,16 @@ class HeldSamples:
 
     index: Tensor
     """[tokens held]: the sample of every held token."""
-    runs: tuple[tuple[int, int, int], ...]
-    """(sample, first row, rows) of every sample with held tokens."""
+    samples: Tensor
+    """[runs] (CPU, int64): the sample of every run of rows, one per sample with held tokens."""
+    counts: Tensor
+    """[runs] (CPU, int64): the rows of every run; the runs follow one another from row 0."""
 
     @classmethod
     def of(cls, stream: PackedStream) -> HeldSamples:
         index = stream.positions[:, 0]
         samples, counts = torch.unique_consecutive(index, return_counts=True)
-        runs, row = [], 0
-        for sample, count in zip(samples.tolist(), counts.tolist()):
-            runs.append((sample, row, count))
-            row += count
-        return cls(index, tuple(runs))
+        return cls(index, samples.cpu(), counts.cpu())
 
 
 class SelfAttention(nn.Module):
@@ -220,10 +226,19 @@ class SelfAttention(nn.Module):
 class CrossAttention(nn.Module):
     """Every held token attends to its own sample's condition tokens (Wan's normed input).
 
-    One SDPA per sample with held tokens, its queries (a run of rows) against its condition
-    tokens: no mask, so the kernel never scores a token against other samples' conditions (a
-    block mask over all of them would cost tokens x all condition tokens, mostly masked), and a
-    micro-batch has few samples. Always local: every process has every sample's condition."""
+    Samples are batched by how many rows they hold: all samples with c held tokens go as one
+    SDPA call [samples, heads, c, head_dim] against their own condition tokens, gathered into
+    place by one index over the rows and put back by one, so a micro-batch of hundreds of tiny
+    clips makes a few calls (at most one per distinct clip size: n tokens have ~sqrt(2n) sizes
+    at most), not one per sample. The kernel never scores a token against another sample's
+    condition (a block mask over all of them would cost tokens x all condition tokens, mostly
+    masked). Class labels give every sample CONDITION_TOKENS tokens: no padding. Captions vary
+    in length: a batch's captions are padded to its longest with a key mask, after the key and
+    value projections (padding rows are gathered copies, masked out). That keeps memory at most
+    samples x longest caption x kv_dim per batch, the order of the captions themselves; padding
+    queries too, into one call, would cost samples x longest clip (one large clip beside hundreds
+    of tiny ones), and gathering each token's own keys tokens x caption length x kv_dim.
+    Always local: every process has every sample's condition."""
 
     def __init__(self, shape: ModelShape):
         super().__init__()
@@ -237,24 +252,56 @@ class CrossAttention(nn.Module):
         self.o = nn.Linear(shape.heads * shape.head_dim, shape.hidden)
 
     def forward(self, x: Tensor, held: HeldSamples, condition: Conditioning) -> Tensor:
-        n, bounds = x.shape[0], condition.bounds
+        n, device = x.shape[0], x.device
         q = self.q(self.norm(x)).view(n, self.heads, self.head_dim)
-        rows = [torch.arange(bounds[s], bounds[s + 1]) for s, _, _ in held.runs]
-        rows = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
-        context = condition.tokens.index_select(0, rows.to(condition.tokens.device))
-        k = self.k(context).view(-1, self.kv_heads, self.head_dim)
-        v = self.v(context).view(-1, self.kv_heads, self.head_dim)
-        outputs, key = [], 0
-        for sample, first, count in held.runs:
-            length = bounds[sample + 1] - bounds[sample]
+        edges = torch.tensor(condition.bounds, dtype=torch.long)
+        # The held runs batched by their rows (`equal_groups`: runs of one size, wherever they are).
+        order, rows, runs = equal_groups(held.counts)
+        picked = order if order is not None else torch.arange(held.counts.numel())
+        samples, counts = held.samples[picked], held.counts[picked]
+        lengths = (edges[1:] - edges[:-1])[samples]
+        # Every held sample's condition tokens, in batch order. Projected before the gather when
+        # that is fewer rows (labels: a few distinct rows shared by many samples), else after.
+        context = condition.rows[token_order(edges[:-1][samples], lengths)].to(condition.tokens.device)
+        if n and condition.tokens.shape[0] <= context.numel():
+            k, v = (proj(condition.tokens).index_select(0, context) for proj in (self.k, self.v))
+        else:
+            tokens = condition.tokens.index_select(0, context)
+            k, v = self.k(tokens), self.v(tokens)
+        k, v = k.view(-1, self.kv_heads, self.head_dim), v.view(-1, self.kv_heads, self.head_dim)
+        if n == 0:
+            # No held token: an empty output that keeps k and v (empty too, so their sums are
+            # 0) on the graph, so that their weights get a (zero) gradient as on every other rank.
+            return self.o((q + (k.sum() + v.sum())).reshape(n, self.heads * self.head_dim))
+        if order is not None:
+            firsts = (torch.cumsum(held.counts, 0) - held.counts)[picked]
+            order = token_order(firsts, counts).to(device)
+            q = q.index_select(0, order)
+        key_lengths = lengths.tolist()
+        firsts = list(itertools.accumulate(runs, initial=0))
+        batches = [key_lengths[a:b] for a, b in zip(firsts, firsts[1:])]
+        outputs = []
+        for size, count, run, batch_lengths, q_batch, k_batch, v_batch in zip(
+                rows, runs, firsts, batches, q.split([r * c for r, c in zip(rows, runs)]),
+                k.split([sum(b) for b in batches]), v.split([sum(b) for b in batches])):
+            longest, mask = max(batch_lengths), None
+            if longest == min(batch_lengths):
+                k_batch, v_batch = (t.view(count, longest, self.kv_heads, self.head_dim) for t in (k_batch, v_batch))
+            else:  # captions of several lengths: pad to the longest, mask the padding
+                own = lengths[run:run + count]
+                slot = torch.arange(longest)
+                pick = (torch.cumsum(own, 0) - own)[:, None] + torch.minimum(slot[None, :], own[:, None] - 1)
+                pick = pick.reshape(-1).to(device)
+                k_batch, v_batch = (t.index_select(0, pick).view(count, longest, self.kv_heads, self.head_dim)
+                                    for t in (k_batch, v_batch))
+                mask = (slot[None, :] < own[:, None]).to(device)[:, None, None, :]
             out = F.scaled_dot_product_attention(
-                *(t.transpose(0, 1)[None] for t in (q[first:first + count], k[key:key + length], v[key:key + length])),
-                enable_gqa=True)
-            outputs.append(out[0].transpose(0, 1))
-            key += length
-        # No held token: an empty output that keeps k and v (empty too, so their sums are 0) on
-        # the graph, so that their weights get a (zero) gradient as on every other rank.
-        out = torch.cat(outputs) if outputs else q + (k.sum() + v.sum())
+                q_batch.view(count, size, self.heads, self.head_dim).transpose(1, 2), k_batch.transpose(1, 2),
+                v_batch.transpose(1, 2), attn_mask=mask, enable_gqa=True)
+            outputs.append(out.transpose(1, 2).reshape(count * size, self.heads, self.head_dim))
+        out = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
+        if order is not None:
+            out = torch.empty_like(out).index_copy(0, order, out)
         return self.o(out.reshape(n, self.heads * self.head_dim))
 
 

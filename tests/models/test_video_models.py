@@ -5,16 +5,18 @@ nothing, an empty shard still runs every attention and every gradient, bad clips
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from ballast.model_shape import MODEL_PRESETS, ModelShape
 from ballast.models import DiT, PackedStream, ParallelModel, STDiT, build_dit, build_model, build_stdit
 from ballast.models.clip import Clip
 from ballast.models.flow import clip_noise, clip_timestep, flow_pair, flow_targets, patchify, unpatchify
-from ballast.models.kernels import local_attention
+from ballast.models.kernels import _batched_sdpa, local_attention
 from ballast.models.protocol import INPUT, video_positions
 from ballast.models.video_layers import CONDITION_TOKENS, LABELS, apply_rope, rope_angles, rope_pairs
 
@@ -99,6 +101,45 @@ def test_a_packed_stream_is_the_sum_of_its_clips(name, caption_dim):
         error = (g - expected).abs().max().item()
         assert error <= 1e-5 * expected.abs().max().item() + 1e-8, f"{n}: off by {error}"
         assert g.abs().sum() > 0, f"{n}: no gradient, the test proves nothing of it"
+
+
+@pytest.mark.parametrize("name, caption_dim", [("stdit-tiny", 0), ("dit-tiny", 0), ("stdit-tiny", CAPTION_DIM),
+                                               ("dit-tiny", CAPTION_DIM)])
+def test_a_many_tiny_clips_are_the_sum_of_their_clips(name, caption_dim):
+    # Clip sizes, frame sizes and column lengths repeat far apart in the stream, and captions
+    # of several lengths go with one clip size: the attention kernel and cross-attention batch
+    # them by size (index gathers; captions padded to the longest with a key mask).
+    grids = [(1, 1, 2), (2, 1, 1), (1, 1, 1), (1, 2, 3), (1, 1, 2), (1, 1, 1), (2, 1, 1), (1, 1, 1), (2, 3, 1),
+             (1, 1, 2)]
+    model = model_of(name, caption_dim)
+    clips = clips_of(grids, caption_dim)
+    if caption_dim:  # caption lengths 1..3, unlike their clips' sizes
+        clips = [Clip(c.latent, c.condition[:1 + i % 3], c.key) for i, c in enumerate(clips)]
+    loss, grads = loss_and_grads(model, clips)
+    alone = [loss_and_grads(model, [clip]) for clip in clips]
+    torch.testing.assert_close(loss, sum(l for l, _ in alone), rtol=1e-6, atol=2e-5)
+    for n, g in grads.items():
+        expected = sum(a[n] for _, a in alone)
+        error = (g - expected).abs().max().item()
+        assert error <= 1e-5 * expected.abs().max().item() + 1e-8, f"{n}: off by {error}"
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_b_sdpa_kernel_groups_equal_spans_wherever_they_are(causal):
+    # Spans of equal length far apart and empty ones: one batched call per length, exact.
+    lengths = [2, 3, 0, 1, 2, 5, 1, 0, 3, 2, 1]
+    bounds = (0, *itertools.accumulate(lengths))
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(bounds[-1], heads, 8, generator=generator, requires_grad=True) for heads in (4, 2, 2))
+    out = _batched_sdpa(q, k, v, bounds, causal)
+    expected = torch.cat([
+        F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1)[None] for t in (q, k, v)), is_causal=causal,
+                                       enable_gqa=True)[0].transpose(0, 1)
+        for a, b in zip(bounds, bounds[1:]) if b > a])
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn(out.shape, generator=generator)
+    for got, want in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad)):
+        torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("name, block, pattern, attend", [
@@ -192,6 +233,15 @@ def test_c_patch_tokens_are_in_stream_order():
     noisy, target, t = flow_targets(clips, (1, 2, 2))
     assert noisy.shape == target.shape == (5, 16) and t.shape == (2,)
     assert torch.equal(noisy[1:], flow_pair(clips[1], (1, 2, 2))[0])
+    # The stream's one gather is every clip's own patchify, whatever the clips' shapes.
+    clips = [Clip(torch.randn(3, f * 2, h * 2, w * 3), 0, key)
+             for key, (f, h, w) in enumerate([(1, 1, 1), (2, 3, 1), (3, 1, 2), (1, 1, 1), (2, 2, 2)])]
+    noisy, target, t = flow_targets(clips, patch)
+    draws = [clip_noise(clip) for clip in clips]
+    assert t.tolist() == [torch.tensor(d[0], dtype=torch.float32).item() for d in draws]
+    assert torch.equal(target, torch.cat([patchify(n - c.latent, patch) for c, (_, n) in zip(clips, draws)]))
+    torch.testing.assert_close(noisy, torch.cat([patchify((1 - t_) * c.latent + t_ * n, patch)
+                                                 for c, (t_, n) in zip(clips, draws)]))
 
 
 @pytest.mark.parametrize("name", MODELS)

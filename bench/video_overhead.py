@@ -1,0 +1,73 @@
+"""Per-clip overhead of the video DiTs: forward + backward time per token of one packed stream,
+by clips per micro-batch (one clip of ~900 tokens, 96 of ~10, 480 of ~2), for stdit-tiny and
+dit-tiny on one CPU thread. Printed as a table and written as JSON.
+
+Clips are `ballast.verify.reference.random_clips` (random frame/height/width splits, labels and
+keys), one generator per model drawing the three streams in turn. Each point is the median of
+`--repeats` timed runs of `loss(...).backward()` after one warm-up run; `ratio` is the point's
+time per token over the one-clip stream's.
+
+    python bench/video_overhead.py [--repeats 5] [--out bench/results/video-overhead.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ballast.model_shape import MODEL_PRESETS
+from ballast.models import PackedStream, build_model
+from ballast.verify.reference import random_clips
+
+MODELS = ("stdit-tiny", "dit-tiny")
+STREAMS = ((1, 960), (96, 10), (480, 2))
+"""(clips, at most tokens per clip) of each stream."""
+
+
+def measure(name: str, repeats: int) -> list[dict]:
+    shape = MODEL_PRESETS[name]
+    model = build_model(shape)
+    rng = np.random.default_rng(0)
+    rows = []
+    for clips, size in STREAMS:
+        batch = random_clips(shape, [size] * clips, rng)
+        stream = PackedStream.of(batch.shapes)
+        tokens = stream.bounds[-1]
+        seconds = []
+        for run in range(repeats + 1):
+            model.zero_grad(set_to_none=True)
+            start = time.perf_counter()
+            model.loss(batch.samples, stream, slice(0, tokens)).backward()
+            if run:  # the first is a warm-up
+                seconds.append(time.perf_counter() - start)
+        ms = statistics.median(seconds) * 1e3
+        rows.append({"model": name, "clips": clips, "tokens": tokens, "ms": round(ms, 2),
+                     "us_per_token": round(ms * 1e3 / tokens, 1)})
+    for row in rows:
+        row["ratio"] = round(row["us_per_token"] / rows[0]["us_per_token"], 2)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "video-overhead.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    rows = [row for name in MODELS for row in measure(name, args.repeats)]
+    print(f"{'model':<12}{'clips':>6}{'tokens':>8}{'ms':>10}{'us/token':>10}{'ratio':>7}")
+    for row in rows:
+        print(f"{row['model']:<12}{row['clips']:>6}{row['tokens']:>8}{row['ms']:>10.1f}{row['us_per_token']:>10.1f}"
+              f"{row['ratio']:>7.2f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"threads": 1, "repeats": args.repeats, "points": rows}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
