@@ -22,6 +22,7 @@ import torch.distributed as dist
 from ..dataset import Batch
 from ..models import build_model
 from ..plans import Plan
+from ..models.clip import Clip
 from ..planners import Planner, PlannerOptions, get_planner
 from ..runtime import Executor, ProcessGroups, StepResult, broadcast_plan, parallelize
 from ..timeline import step_time
@@ -33,9 +34,16 @@ TIMINGS = ("wall", "busy", "wait", "sync", "optimizer", "cpu", "digest")
 optimizer, the process's CPU seconds during the step, and a checksum of the tokens it trained on."""
 
 
-def batch_digest(batch_tokens: list[torch.Tensor]) -> float:
-    """A checksum of a batch's tokens and their order (exact in float64 for any real batch)."""
-    return float(sum((i + 1) * int(t.sum()) for i, t in enumerate(batch_tokens)))
+def batch_digest(samples: list) -> float:
+    """A checksum of a batch's samples and their order: token ids (exact in float64 for any real
+    batch), or a clip's latent values and key."""
+    return float(sum((i + 1) * _sample_sum(s) for i, s in enumerate(samples)))
+
+
+def _sample_sum(sample: torch.Tensor | Clip) -> float:
+    if isinstance(sample, Clip):
+        return float(sample.latent.double().sum()) + sample.key % 2 ** 20
+    return int(sample.sum())
 
 
 def run_on_rank(inputs: BenchInputs, setting: BenchSetting) -> list[dict] | None:

@@ -110,6 +110,22 @@ def test_bench_two_ranks_two_planners_two_steps(corpus, tmp_path):
         assert r["digests"] == [batch_digest(batches[r["batch"]].samples)] * 2
 
 
+def test_bench_a_video_dit_on_clips(tmp_path):
+    """stdit-tiny on video-synthetic: the same clips for every planner and rank, static at SP degree 2."""
+    out = tmp_path / "video.json"
+    flags = ["--model", "stdit-tiny", "--data", "video-synthetic", "--planners", ",".join(PLANNERS), "--degree", "2",
+             "--steps", "1", "--warmup", "1", "--repeats", "1", "--max-len", "256", "--tokens-per-step", "1024",
+             "--json", str(out), "--timeout", "120"]
+    assert main(["bench", *flags]) == 0
+    result = json.loads(out.read_text())
+    assert result["same_batches"] and result["loss_spread"] < 1e-4
+    assert all(r["degrees"] == [2] for r in result["records"] if r["planner"] == "static")
+    setting = BenchSetting(model="stdit-tiny", data="video-synthetic", planners=PLANNERS, steps=1, warmup=1,
+                           max_len=256, tokens_per_step=1024)
+    batches = prepare(setting, progress=False).batches
+    assert all(r["digests"] == [batch_digest(batches[r["batch"]].samples)] * 2 for r in result["records"])
+
+
 @pytest.mark.parametrize("bad", [["--steps", "0"], ["--planners", "static,static"], ["--planners", "nope"],
                                  ["--max-len", "4096", "--tokens-per-step", "1024"], ["--device-memory-gb", "0.001"]])
 def test_bench_rejects_bad_settings(bad, capsys):
