@@ -38,14 +38,14 @@ def _smooth(values: np.ndarray, window: int) -> np.ndarray:
     return (cumulative[idx] - cumulative[lo]) / (idx - lo)
 
 
-def loss_curve(history: list[dict], path: Path, title: str) -> None:
+def loss_curve(history: list[dict], path: Path, title: str, unit: str = "nats per token") -> None:
     steps = np.array([r["step"] for r in history])
     loss = np.array([r["loss"] for r in history])
     plt, fig, ax = _figure()
     ax.plot(steps, loss, color="tab:blue", alpha=0.35, linewidth=0.8, label="loss per step")
     ax.plot(steps, _smooth(loss, max(1, len(loss) // 20)), color="tab:blue", label="trailing mean")
     ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats per token)")
+    ax.set_ylabel(f"loss ({unit})")
     _save(plt, fig, ax, path, title)
 
 
@@ -107,7 +107,9 @@ def write_report(folder: Path, history: list[dict], plans: dict[int, Plan], cost
     """Every plot of the run into `folder`; the paths by name."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = {name: folder / f"{name}.png" for name in ("loss", "tokens_per_s", "lengths")}
-    loss_curve(history, paths["loss"], f"{title}: loss")
+    # Text models' cross-entropy is in nats; video DiTs' rectified-flow loss is a squared error.
+    unit = "nats per token" if cost.attention == "causal" else "velocity MSE per token"
+    loss_curve(history, paths["loss"], f"{title}: loss", unit)
     throughput(history, paths["tokens_per_s"], f"{title}: throughput")
     length_histogram(history, paths["lengths"], "data seen")
     step = showcase_step(history, plans)
