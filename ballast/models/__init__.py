@@ -8,8 +8,9 @@
     kernels.py   attention inside every span of a packed stream (flash-attn / torch varlen on CUDA, SDPA)
     clip.py      Clip, the video sample: a latent, its condition (label or caption) and its key
     flow.py      the video models' objective: rectified flow on patch tokens
-    video_layers.py  the video DiTs' layers: timestep and condition embeddings, adaLN-zero blocks
-                 with RoPE self-attention of one pattern and cross-attention, final layer
+    video_conditioning.py  the video DiTs' timestep and condition embeddings, held samples
+    video_layers.py  the video DiTs' layers: adaLN-zero blocks with RoPE self-attention of one
+                 pattern and cross-attention, final layer
     video_dit.py VideoDiT: what both video DiTs share (the protocol, the loss)
     stdit.py     STDiT3-style DiT: spatial and temporal blocks in turn
     dit.py       Wan-style DiT: full attention over every clip

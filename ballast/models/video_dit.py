@@ -23,7 +23,8 @@ from ..model_shape import ModelShape
 from .clip import Clip
 from .flow import clip_timestep, flow_targets, token_loss
 from .protocol import INPUT, AttentionFn, PackedStream
-from .video_layers import ConditionEncoder, Conditioning, FinalLayer, TimestepEmbedding, VideoBlock, condition_tokens
+from .video_conditioning import ConditionEncoder, Conditioning, TimestepEmbedding, condition_tokens
+from .video_layers import FinalLayer, VideoBlock
 
 INIT_STD = 0.02
 

@@ -18,7 +18,8 @@ from ballast.models.clip import Clip
 from ballast.models.flow import clip_noise, clip_timestep, flow_pair, flow_targets, patchify, unpatchify
 from ballast.models.kernels import _batched_sdpa, local_attention
 from ballast.models.protocol import INPUT, video_positions
-from ballast.models.video_layers import CONDITION_TOKENS, LABELS, apply_rope, rope_angles, rope_pairs
+from ballast.models.video_conditioning import CONDITION_TOKENS, LABELS
+from ballast.models.video_layers import apply_rope, rope_angles, rope_pairs
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
