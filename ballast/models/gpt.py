@@ -13,7 +13,6 @@ the model a subclass that also says how the stream is sharded over a process gro
 """
 from __future__ import annotations
 
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..model_shape import ModelShape
 from .kernels import local_attention
-from .next_token import next_token_loss, text_dummy_sample, text_sample_shape
+from .next_token import NextTokenObjective
 from .protocol import AttentionFn, PackedStream
 
 ROPE_THETA = 10000.0
@@ -96,7 +95,7 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
-class GPT(nn.Module):
+class GPT(NextTokenObjective, nn.Module):
     """Decoder: token embedding, `shape.layers` blocks, final norm, untied output layer."""
 
     def __init__(self, shape: ModelShape):
@@ -116,16 +115,6 @@ class GPT(nn.Module):
     def install_attention(self, attend: AttentionFn) -> None:
         for block in self.layers:
             block.attention.attend = attend
-
-    def loss(self, samples: Sequence[Tensor], stream: PackedStream, local: slice, checkpoint_layers: int = 0) -> Tensor:
-        """Summed next-token cross-entropy of the held tokens (`protocol.ParallelModel.loss`)."""
-        return next_token_loss(self, samples, stream, local, checkpoint_layers)
-
-    def sample_shape(self, sample: Tensor) -> int:
-        return text_sample_shape(sample)
-
-    def dummy_sample(self) -> Tensor:
-        return text_dummy_sample()
 
     def forward(self, tokens: Tensor, stream: PackedStream, checkpoint_layers: int = 0) -> Tensor:
         """Logits [tokens, vocab] of the tokens this process holds.

@@ -26,7 +26,6 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from typing import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -34,7 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..model_shape import ModelShape
 from .kernels import local_attention
-from .next_token import next_token_loss, text_dummy_sample, text_sample_shape
+from .next_token import NextTokenObjective
 from .protocol import AttentionFn, PackedStream
 
 ATTENTION = "ballast"
@@ -89,7 +88,7 @@ def register() -> None:
     AttentionInterface.register(ATTENTION, _attention)
 
 
-class HFCausalLM(nn.Module):
+class HFCausalLM(NextTokenObjective, nn.Module):
     """A transformers causal LM as a `ParallelModel`; `hf` is the model object itself."""
 
     def __init__(self, hf: nn.Module, shape: ModelShape):
@@ -108,16 +107,6 @@ class HFCausalLM(nn.Module):
 
     def install_attention(self, attend: AttentionFn) -> None:
         self._attend = attend
-
-    def loss(self, samples: Sequence[Tensor], stream: PackedStream, local: slice, checkpoint_layers: int = 0) -> Tensor:
-        """Summed next-token cross-entropy of the held tokens (`protocol.ParallelModel.loss`)."""
-        return next_token_loss(self, samples, stream, local, checkpoint_layers)
-
-    def sample_shape(self, sample: Tensor) -> int:
-        return text_sample_shape(sample)
-
-    def dummy_sample(self) -> Tensor:
-        return text_dummy_sample()
 
     def forward(self, tokens: Tensor, stream: PackedStream, checkpoint_layers: int = 0) -> Tensor:
         """Logits [tokens, vocab] of the tokens this process holds (see `protocol.ParallelModel`)."""

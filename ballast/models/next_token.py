@@ -28,14 +28,23 @@ def next_token_loss(forward: Forward, samples: Sequence[Tensor], stream: PackedS
     return F.cross_entropy(forward(inputs, stream, checkpoint_layers), targets, reduction="sum")
 
 
-def text_sample_shape(sample: Tensor) -> int:
-    """Trained tokens of a text sample (its token ids but the last)."""
-    if not isinstance(sample, Tensor) or sample.dim() != 1 or sample.numel() < 2:
-        shape = tuple(sample.shape) if isinstance(sample, Tensor) else type(sample).__name__
-        raise ValueError(f"a text sample is a 1-D tensor of at least 2 token ids (inputs and, shifted by "
-                         f"one, targets); got {shape}")
-    return sample.numel() - 1
+class NextTokenObjective:
+    """The protocol's sample and loss members for a text model whose forward gives the logits
+    of the held tokens (`Forward`): mixed into GPT and HFCausalLM."""
 
+    def loss(self, samples: Sequence[Tensor], stream: PackedStream, local: slice, checkpoint_layers: int = 0) -> Tensor:
+        """Summed next-token cross-entropy of the held tokens (`protocol.ParallelModel.loss`)."""
+        return next_token_loss(self, samples, stream, local, checkpoint_layers)
 
-def text_dummy_sample() -> Tensor:
-    return torch.zeros(2, dtype=torch.long)
+    @staticmethod
+    def sample_shape(sample: Tensor) -> int:
+        """Trained tokens of a text sample (its token ids but the last)."""
+        if not isinstance(sample, Tensor) or sample.dim() != 1 or sample.numel() < 2:
+            shape = tuple(sample.shape) if isinstance(sample, Tensor) else type(sample).__name__
+            raise ValueError(f"a text sample is a 1-D tensor of at least 2 token ids (inputs and, shifted by "
+                             f"one, targets); got {shape}")
+        return sample.numel() - 1
+
+    @staticmethod
+    def dummy_sample() -> Tensor:
+        return torch.zeros(2, dtype=torch.long)
