@@ -151,6 +151,13 @@ def video_measured_table() -> str:
              f"{1 - others['noise']:.2f}x: {verdict[others['met']]})",
              f"the profiled cost model's largest median |error| {t['prediction']['abs_errors'][worst]:.1%} ({worst})"]
     text = head + "\n".join(bench_rows(data)) + "\n\nTargets: " + "; ".join(lines) + "."
+    if (RESULTS / "video-profile-check.json").exists():
+        check = json.loads((RESULTS / "video-profile-check.json").read_text())
+        time, act = check["summary"]["time"], check["summary"]["act"]
+        text += (f"\n\n`ballast profile --check` of that profile on {time['count']} random video plans of six "
+                 f"planners: step time within {time['median']:.1%} of the prediction (median; {time['max']:.1%} "
+                 f"worst), activation memory within {act['median']:.1%} "
+                 f"(`bench/results/video-profile-check.png`).")
     if (RESULTS / "video-train-summary.json").exists():
         run = json.loads((RESULTS / "video-train-summary.json").read_text())
         text += (f"\n\nTraining (`ballast train --model stdit-tiny --data video-synthetic --world 2 --steps "

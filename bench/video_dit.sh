@@ -5,7 +5,8 @@
 # per step, 3 rounds; `static` is forced to SP degree 2 for every clip, as VideoSys / Open-Sora
 # users run it. Cost model: a `ballast profile` of stdit-tiny made here first, at its full depth
 # (bench/results/video-profile.json: the spatial and temporal attention coefficients), so the
-# JSON's prediction error is the profiled model's. Then the 200-step training run whose loss
+# JSON's prediction error is the profiled model's, and its check on random video plans of six
+# planners (video-profile-check.json). Then the 200-step training run whose loss
 # curve the README shows (bench/results/video-train-loss.png).
 #
 # Usage: bench/video_dit.sh     (about 15 minutes; waits for a quiet machine first, see bench/quiet.sh)
@@ -20,6 +21,9 @@ mkdir -p "$OUT"
 
 wait_for_quiet
 $BALLAST profile --model stdit-tiny --world 2 --max-len $MAX_LEN --depths 4 --out "$OUT/video-profile.json"
+wait_for_quiet
+$BALLAST profile --check "$OUT/video-profile.json" --plans 6 --json "$OUT/video-profile-check.json" \
+    --png "$OUT/video-profile-check.png"
 wait_for_quiet
 $BALLAST bench --model stdit-tiny --data video-synthetic --world 2 --degree 2 \
     --planners static,batch-adaptive,bucket,megatron-dynamic-cp,dcp,flexsp,hydraulis,zeppelin,ballast \
