@@ -207,7 +207,9 @@ class VideoBlock(nn.Module):
             x, stream = stream.arrange(x, self.pattern)
         held = HeldSamples.of(stream)
         # Per token, gathered from its sample: the stream has no batch dimension to broadcast over.
-        modulation = self.modulation + condition.modulation[held.index]
+        # index_select, not [held.index]: its backward is an index_add, not advanced indexing's
+        # accumulating index_put (which sorts the index: ~0.7 ms a block for 2k tokens on CPU).
+        modulation = self.modulation + condition.modulation.index_select(0, held.index)
         shift, scale, gate, mlp_shift, mlp_scale, mlp_gate = modulation.unbind(1)
         x = x + gate * self.attention(modulate(self.attention_norm(x), shift, scale), stream)
         x = x + self.cross_attention(x, held, condition)
@@ -226,5 +228,6 @@ class FinalLayer(nn.Module):
         self.linear = nn.Linear(shape.hidden, shape.vocab)
 
     def forward(self, x: Tensor, stream: PackedStream, condition: Conditioning) -> Tensor:
-        shift, scale = (self.modulation + condition.time[stream.positions[:, 0]][:, None]).unbind(1)
+        time = condition.time.index_select(0, stream.positions[:, 0])  # not [...]: see VideoBlock
+        shift, scale = (self.modulation + time[:, None]).unbind(1)
         return self.linear(modulate(self.norm(x), shift, scale))
