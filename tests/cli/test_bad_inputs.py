@@ -38,6 +38,9 @@ def files(tmp_path_factory) -> dict[str, str]:
         "huge.txt": "100000000\n",
         "bad-clips.txt": "81 480 832\n81 480\n",
         "long-clips.txt": "17 144 256\n# a long clip at 720p\n68 720 1280\n",
+        "six-head-dit.json": json.dumps({"name": "six-head-dit", "layers": 2, "hidden": 96, "heads": 6,
+                                          "kv_heads": 6, "ffn": 192, "vocab": 16, "gated_mlp": False,
+                                          "attention": "full", "cross_attention": True}),
         "odd-stdit.json": json.dumps({"name": "odd-stdit", "layers": 3, "hidden": 64, "heads": 4, "kv_heads": 4,
                                       "ffn": 128, "vocab": 16, "gated_mlp": False, "attention": "spatial-temporal",
                                       "cross_attention": True}),
@@ -151,6 +154,8 @@ CASES = [
     ("train --model stdit-tiny --data video-synthetic:0:{long-clips.txt} --max-len 2048", 2,
      r"long-clips.txt line 3 .*20 x 45 x 80 latent patches = 72000 tokens, over max_len 2048"),
     ("verify --model {odd-stdit.json}", 2, "layers must be even, got 3"),
+    ("train --model {six-head-dit.json} --data video-synthetic --planner static --degree 4 --world 4", 2,
+     r"SP degree 4 is not usable"),
     ("bench --model dit-tiny --data stdlib", 2, r"'dit-tiny' is a video DiT but --data 'stdlib' is text"),
 ]
 
