@@ -119,25 +119,33 @@ def attention_spans(stream: PackedStream) -> tuple[Tensor | None, tuple[int, ...
     if stream.pattern in ("causal", "full"):
         return None, stream.bounds
     grids = stream.grids or video_grids([b - a for a, b in zip(stream.bounds, stream.bounds[1:])])
+    return pattern_spans(grids, stream.bounds, stream.pattern)
+
+
+def pattern_spans(grids: Sequence[tuple[int, int, int]], bounds: Sequence[int], pattern: str
+                  ) -> tuple[Tensor | None, tuple[int, ...]]:
+    """(order, span bounds) of the frames (`spatial`) or patch columns (`temporal`) of a
+    frame-major stream of clips with these grids and sample bounds (`attention_spans`; the
+    runtime's 2D layouts cut the same orders at the same spans)."""
+    assert pattern in ("spatial", "temporal"), pattern
     if not grids:
         return None, (0,)
     # Vectorised over the samples (a micro-batch may hold hundreds of tiny clips).
     grid = torch.tensor(grids, dtype=torch.long).view(-1, 3)
     frames, per_frame = grid[:, 0], grid[:, 1] * grid[:, 2]
     # A sample's spans: its frames (spatial) or its columns (temporal), one after another.
-    count, size = (frames, per_frame) if stream.pattern == "spatial" else (per_frame, frames)
-    spans = torch.cumsum(torch.repeat_interleave(size, count), 0)
-    bounds = (0, *spans.tolist())
-    if stream.pattern == "spatial":
-        return None, bounds
+    count, size = (frames, per_frame) if pattern == "spatial" else (per_frame, frames)
+    spans = (0, *torch.cumsum(torch.repeat_interleave(size, count), 0).tolist())
+    if pattern == "spatial":
+        return None, spans
     # Temporal: every clip's tokens column by column, each column frame by frame.
     tokens = frames * per_frame
     total = int(tokens.sum())
-    starts = torch.tensor(stream.bounds[:-1], dtype=torch.long)
+    starts = torch.tensor(bounds[:-1], dtype=torch.long)
     sample = torch.repeat_interleave(torch.arange(len(grids)), tokens, output_size=total)
     offset = torch.arange(total) - (torch.cumsum(tokens, 0) - tokens)[sample]
     column, frame = offset // frames[sample], offset % frames[sample]
-    return starts[sample] + frame * per_frame[sample] + column, bounds
+    return starts[sample] + frame * per_frame[sample] + column, spans
 
 
 AttentionFn = Callable[[Tensor, Tensor, Tensor, PackedStream], Tensor]

@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import operator
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -32,7 +33,7 @@ import torch
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from ..models.protocol import INPUT, PATTERNS, video_grids, video_positions
+from ..models.protocol import INPUT, PATTERNS, pattern_spans, video_grids, video_positions
 from ..samples import Sample
 from .all_to_all import all_to_all
 from .attention import StreamShard, shard_sizes
@@ -119,10 +120,10 @@ def video_layouts(grids: Sequence[tuple[int, int, int]], degree: int) -> dict[st
     """The `tokens`, `frames` and `columns` layouts of the stream of clips `grids` over `degree` ranks."""
     bounds = tuple(itertools.accumulate((math.prod(g) for g in grids), initial=0))
     frame_major = torch.arange(bounds[-1])
-    frames = [h * w for f, h, w in grids for _ in range(f)]
-    columns = [f for f, h, w in grids for _ in range(h * w)]
-    column_major = torch.cat([start + torch.arange(f * h * w).view(f, h * w).t().reshape(-1)
-                              for start, (f, h, w) in zip(bounds, grids)])
+    # The frames and the columns are the spans of spatial and temporal attention.
+    _, frame_bounds = pattern_spans(grids, bounds, "spatial")
+    column_major, column_bounds = pattern_spans(grids, bounds, "temporal")
+    frames, columns = (list(map(operator.sub, b[1:], b[:-1])) for b in (frame_bounds, column_bounds))
     return {"tokens": Layout("tokens", frame_major, shard_sizes(bounds[-1], degree)),
             "frames": Layout("frames", frame_major, _split(frames, degree)),
             "columns": Layout("columns", column_major, _split(columns, degree))}
