@@ -23,6 +23,23 @@ VIDEO_RESOLUTIONS = {"144p": (144, 256), "240p": (240, 426), "360p": (360, 640),
 VIDEO_FRAMES = (16, 34, 51, 68, 102, 136, 204)
 
 
+def scale_shapes(shapes: np.ndarray, max_len: int) -> tuple[np.ndarray, float]:
+    """(shapes scaled by one factor per side, the factor): the largest factor <= 1 under which
+    every scaled shape, max(1, round(side * factor)), holds at most max_len tokens."""
+    shapes = np.asarray(shapes, dtype=np.int64)
+
+    def scaled(factor: float) -> np.ndarray:
+        return np.maximum(1, np.round(shapes * factor)).astype(np.int64)
+
+    if scaled(1.0).prod(axis=1).max() <= max_len:
+        return scaled(1.0), 1.0
+    lo, hi = 0.0, 1.0  # tokens never fall as the factor grows: bisect for the largest that fits
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if scaled(mid).prod(axis=1).max() <= max_len else (lo, mid)
+    return scaled(lo), lo
+
+
 class ClipSource(LengthSource):
     """Draws clips from a finite list, uniformly or with weights, as latent-patch shapes:
     `sample` returns an int64 array [n, 3] of (frames, height, width)."""

@@ -25,29 +25,12 @@ import numpy as np
 import torch
 
 from ..model_shape import VideoGeometry
-from .clips import clip_list_source, video_source
+from .clips import clip_list_source, scale_shapes, video_source
 from .lengths import numbered_lines
 
 SYNTHETIC_PREFIX = "video-synthetic"
 EPOCH_CLIPS = 100_000
 KINDS = ("disc", "square", "ring", "stripes", "cross", "triangle", "bar", "checker")
-
-
-def scale_buckets(shapes: np.ndarray, max_len: int) -> tuple[np.ndarray, float]:
-    """(shapes scaled by one factor per side, the factor): the largest factor <= 1 under which
-    every scaled shape, max(1, round(side * factor)), holds at most max_len tokens."""
-    shapes = np.asarray(shapes, dtype=np.int64)
-
-    def scaled(factor: float) -> np.ndarray:
-        return np.maximum(1, np.round(shapes * factor)).astype(np.int64)
-
-    if scaled(1.0).prod(axis=1).max() <= max_len:
-        return scaled(1.0), 1.0
-    lo, hi = 0.0, 1.0  # tokens never fall as the factor grows: bisect for the largest that fits
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if scaled(mid).prod(axis=1).max() <= max_len else (lo, mid)
-    return scaled(lo), lo
 
 
 def _palette(kind: int, channels: int) -> np.ndarray:
@@ -129,7 +112,7 @@ class SyntheticClips:
         if clip_list is None:
             self.name = f"{SYNTHETIC_PREFIX}:{seed}"
             source = video_source(geometry)
-            self.buckets, self.factor = scale_buckets(source.shapes, max_len)
+            self.buckets, self.factor = scale_shapes(source.shapes, max_len)
             self._bucket = np.random.default_rng([seed, 2]).choice(len(self.buckets), EPOCH_CLIPS, p=source.p)
             self.shapes = self.buckets[self._bucket]
             content = "buckets"

@@ -21,11 +21,10 @@ import torch
 from torch import Tensor, nn
 
 from ..model_shape import ModelShape
+from .clip import LABELS
 from .flow import TIMESTEP_SCALE
 from .protocol import PackedStream
 
-LABELS = 16
-"""Class labels a label-conditioned model knows (0..15: the synthetic data's labels)."""
 CONDITION_TOKENS = 4
 """Condition tokens a class label becomes (learned, per label)."""
 FREQUENCY_DIM = 256

@@ -3,8 +3,8 @@
 Random batches come from a length source (`stdlib` by default: real code files, split at
 --max-len). A video model's come from a clip source (`video` by default: DCP's any-size video
 buckets in the model's latent patches) scaled down so that its largest clip has --max-len
-tokens (`scaled_clips`: every clip's frames, height and width times the same factor, the
-Zipf weights kept), --max-len defaulting to the profile's largest grid clip: the real clips
+tokens (`scaled_clips`: every clip's frames, height and width times the same factor, as
+video-synthetic scales them, the Zipf weights kept), --max-len defaulting to the profile's largest grid clip: the real clips
 (up to ~490k tokens) do not run on a CPU, and a frame longer than --max-len could not be split.
 Each is planned by the next planner in turn, validated, simulated under the
 profile (predicted step time of the plan as the runtime executes it, see `as_executed`, and
@@ -38,7 +38,7 @@ from rich.table import Table
 
 from ..cluster import get_cluster
 from ..cost import CostModel
-from ..dataset.clips import ClipSource
+from ..dataset.clips import ClipSource, scale_shapes
 from ..dataset.length_stream import BatchSpec, LengthStream
 from ..dataset.lengths import LengthSource, get_length_source
 from ..models import build_model
@@ -80,17 +80,12 @@ def predicted_activation(plan: Plan, cost: CostModel) -> float:
 
 
 def scaled_clips(source: ClipSource, max_tokens: int) -> ClipSource:
-    """`source` shrunk so that its largest clip has at most `max_tokens` tokens: every clip's
-    frames, height and width times f = (max_tokens / largest)^(1/3) (rounded, at least 1; a
-    clip rounded over max_tokens loses a patch of its longest side until it fits), with the
-    source's weights. Clips keep their aspect, long clips stay long and wide ones wide."""
-    shapes = source.shapes.astype(float)
-    factor = min(1.0, (max_tokens / shapes.prod(axis=1).max()) ** (1 / 3))
-    scaled = np.maximum(1, np.round(shapes * factor)).astype(np.int64)
-    for clip in scaled:
-        while clip.prod() > max_tokens:
-            clip[np.argmax(clip)] -= 1
-    return ClipSource(f"{source.name} scaled to {max_tokens} tokens", scaled, source.p)
+    """`source` shrunk so that its largest clip has at most `max_tokens` tokens, with the
+    source's weights: every clip's frames, height and width times one factor, as
+    `video-synthetic` scales DCP's buckets (`clips.scale_shapes`). Clips keep their aspect, long
+    clips stay long and wide ones wide."""
+    return ClipSource(f"{source.name} scaled to {max_tokens} tokens", scale_shapes(source.shapes, max_tokens)[0],
+                      source.p)
 
 
 def check_source(spec: str, shape: ModelShape, max_len: int) -> LengthSource:
@@ -126,7 +121,7 @@ def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats:
     model = build_model(shape, seed)
     executor = parallelize(model, get_cluster("cpu", world_size=world), measure_activations=True, lr=LEARNING_RATE)
     parsed = [Plan.from_dict(p) for p in plans]
-    samples = [plan_samples(p, shape, seed + i, model) for i, p in enumerate(parsed)]
+    samples = [plan_samples(p, shape, seed + i) for i, p in enumerate(parsed)]
     for _ in range(warmup):
         executor.step(parsed[0], samples[0])
     records: list[list[dict]] = [[] for _ in parsed]

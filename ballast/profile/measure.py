@@ -8,8 +8,8 @@ executor reports the micro-batch's forward + backward seconds and, with `measure
 the bytes saved for backward; the all-to-alls are timed where they happen, by wrapping
 `torch.distributed.all_to_all_single` for the duration of the measurement.
 
-A video model's points run clips (`random_clips`: Gaussian latents of the point's (frames,
-height, width) grids, a random label or caption), and their plans carry the grids (`Plan.shapes`),
+A video model's points run clips (`models.clip.gaussian_clips`: Gaussian latents of the
+point's (frames, height, width) grids, a random label or caption), and their plans carry the grids (`Plan.shapes`),
 which the executor checks against the model's view of every clip.
 
 Rounds, not back-to-back repeats: a warm-up round over every point, then `repeats` rounds,
@@ -33,15 +33,11 @@ import torch.distributed as dist
 
 from ..cluster import get_cluster
 from ..models import build_model
-from ..models.clip import Clip
+from ..models.clip import gaussian_clips
 from ..plans import Group, MicroBatch, Plan, Wave
 from ..model_shape import ModelShape
 from .grid import Measurement, Point
 
-CAPTION_TOKENS = 8
-"""Tokens of the random caption embeddings clips of a caption-conditioned model get."""
-LABELS = 16
-"""Class labels random clips draw from (the video models' label table has 16)."""
 LEARNING_RATE = 1e-5
 """Steps do update the weights (the executor always steps the optimizer); keep them small."""
 
@@ -103,31 +99,11 @@ def random_samples(lengths: Sequence[int], vocab: int, seed: int) -> list[torch.
     return [torch.randint(0, vocab, (s + 1,), generator=generator) for s in lengths]
 
 
-def random_clips(shapes: Sequence[tuple[int, int, int]], shape: ModelShape, seed: int,
-                 like: Clip | None = None) -> list[Clip]:
-    """Clips of these (frames, height, width) latent-patch grids for `shape`'s model, the same
-    on every rank: Gaussian latents [channels, F pf, H ph, W pw] (`shape.video_geometry`), a
-    condition of the kind `like` has (the model's `dummy_sample()`: a class label, or a caption
-    embedding of its size), a key. As `verify.reference.random_clips` draws them, at given grids."""
-    geometry = shape.video_geometry
-    pf, ph, pw = geometry.patch
-    generator = torch.Generator().manual_seed(seed)
-    clips = []
-    for frames, height, width in shapes:
-        latent = torch.randn((geometry.latent_channels, frames * pf, height * ph, width * pw), generator=generator)
-        template = None if like is None else like.condition
-        condition = (torch.randn((CAPTION_TOKENS, template.shape[-1]), generator=generator, dtype=template.dtype)
-                     if isinstance(template, torch.Tensor) else int(torch.randint(0, LABELS, (), generator=generator)))
-        clips.append(Clip(latent, condition, int(torch.randint(0, 2 ** 62, (), generator=generator))))
-    return clips
-
-
-def plan_samples(plan: Plan, shape: ModelShape, seed: int, model=None) -> list:
+def plan_samples(plan: Plan, shape: ModelShape, seed: int) -> list:
     """The samples a plan runs: token ids of its lengths (text), or clips of its shapes."""
     if plan.shapes is None:
         return random_samples(plan.lengths, shape.vocab, seed)
-    like = model.dummy_sample() if model is not None and hasattr(model, "dummy_sample") else None
-    return random_clips(plan.shapes, shape, seed, like if isinstance(like, Clip) else None)
+    return gaussian_clips(plan.shapes, shape, seed)
 
 
 def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -183,7 +159,7 @@ def measure_on_ranks(shape: ModelShape, points: Sequence[Point], warmup: int, re
                 point, executor = points[i], executors[points[i].layers]
                 bar.update(task, advance=1, description=f"profiling: {point.label()}")
                 plan = point_plan(point, world)
-                samples = plan_samples(plan, shape, seed + i, executor.model)
+                samples = plan_samples(plan, shape, seed + i)
                 with timed_all_to_alls(device) as comm:
                     result, wall, cpu = timed_step(executor, plan, samples)
                 states.setdefault(point.layers, state_bytes(executor.model, executor.optimizer))

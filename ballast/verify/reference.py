@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..model_shape import ModelShape
 from ..models import PackedStream, ParallelModel, build_model
-from ..models.clip import Clip
+from ..models.clip import gaussian_clips
 
 
 @dataclass
@@ -61,18 +61,15 @@ def random_batches(shape: ModelShape, steps: int, batch: int, max_len: int, seed
 def random_clips(shape: ModelShape, sizes: list[int], rng: np.random.Generator) -> Batch:
     """A clip of at most each size in tokens, of every kind a video model must take: a random
     split of the size into frames x height x width patches (single images, single-patch frames
-    and long thin clips among them), Gaussian latents, a random label and key."""
-    geometry = shape.video_geometry
-    clips, grids = [], []
+    and long thin clips among them), with Gaussian latents, conditions and keys
+    (`gaussian_clips`)."""
+    grids = []
     for size in sizes:
         frames = int(rng.integers(1, size + 1))
         height = int(rng.integers(1, size // frames + 1))
         width = int(rng.integers(1, size // (frames * height) + 1))
-        pf, ph, pw = geometry.patch
-        latent = rng.standard_normal((geometry.latent_channels, frames * pf, height * ph, width * pw))
-        clips.append(Clip(torch.from_numpy(latent.astype(np.float32)), int(rng.integers(0, 16)),
-                          int(rng.integers(0, 2 ** 62))))
         grids.append((frames, height, width))
+    clips = gaussian_clips(grids, shape, int(rng.integers(0, 2 ** 62)))
     return Batch([f * h * w for f, h, w in grids], clips, grids)
 
 

@@ -13,7 +13,8 @@ from safetensors.torch import save_file
 from ballast.dataset import (VIDEO_DATA_SYNTAX, Batch, ClipStream, clip_key, is_video_data,
                              open_clip_dataset, open_clip_stream)
 from ballast.dataset.clips import video_source
-from ballast.dataset.video_synthetic import EPOCH_CLIPS, KINDS, scale_buckets, synthetic_clip
+from ballast.dataset.clips import scale_shapes
+from ballast.dataset.video_synthetic import EPOCH_CLIPS, KINDS, synthetic_clip
 from ballast.model_shape import OPEN_SORA_VIDEO, WAN_VIDEO, VideoGeometry
 from ballast.models.clip import Clip
 
@@ -80,7 +81,7 @@ def test_labels_cover_the_kinds_and_fix_the_palette():
 @pytest.mark.parametrize("max_len", [1, 7, 100, 1000, 4096, 10**7])
 def test_scaling_keeps_every_bucket_under_max_len(geometry, max_len):
     shapes = video_source(geometry).shapes
-    scaled, factor = scale_buckets(shapes, max_len)
+    scaled, factor = scale_shapes(shapes, max_len)
     tokens = scaled.prod(axis=1)
     assert scaled.min() >= 1 and tokens.max() <= max_len
     if tokens.max() == shapes.prod(axis=1).max():
