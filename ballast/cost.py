@@ -47,6 +47,10 @@ STATE_BYTES_PER_PARAM = 16
 # term; full checkpointing keeps only the block input (h values).
 ACT_VALUES_PER_HIDDEN = 17
 KEPT_UNDER_CHECKPOINT = 1 / 17
+# Of those 17, the values attention itself saves (q, k, v and its output: flash attention's
+# backward needs them) live in the attention layout; a remap domain (`Wave.remap`) keeps the
+# other 13 and a checkpointed layer's input on its balanced layout (`remap_memory`).
+ATTENTION_SHARE = 4 / 17
 # A layer's all-to-alls in forward and backward: q, k, v together and the output, each way.
 ALL_TO_ALLS_PER_LAYER = 4
 # Recomputing a layer repeats its forward: one third of forward + backward.
@@ -151,6 +155,28 @@ class CostModel:
         tokens = float(sum(map(sample_tokens, samples))) if len(samples) else 0.0
         return self.states + self.act_per_token * tokens / degree * self._kept_fraction(checkpoint)
 
+    def remap_memory(self, attention: float, balanced: float, checkpoint: float) -> float:
+        """Bytes on a rank of a remap domain holding `attention` tokens in its group's attention
+        layout and `balanced` tokens in the domain's balanced layout: a layer keeps q, k, v and
+        the attention output (`ATTENTION_SHARE`) where attention runs and the rest where the
+        linear modules run; a checkpointed layer keeps only its input, on the balanced layout.
+        With both layouts equal this is `memory()`."""
+        values = (1.0 - checkpoint) * (ATTENTION_SHARE * attention + (1.0 - ATTENTION_SHARE) * balanced)
+        return self.states + self.act_per_token * (values + checkpoint * self.kept * balanced)
+
+    def remap_checkpoint(self, attention: float, balanced: float) -> float | None:
+        """The smallest checkpoint level (a multiple of 1/layers) at which a remap-domain rank
+        holding `attention` and `balanced` tokens fits (`remap_memory`), or None."""
+        free = (self.device_memory - self.states) / self.act_per_token
+        full = ATTENTION_SHARE * attention + (1.0 - ATTENTION_SHARE) * balanced
+        if full <= free * (1 + _EPS):
+            return 0.0
+        saved = full - self.kept * balanced
+        if saved <= 0.0:
+            return None
+        level = math.ceil((full - free) / saved * self.layers - _EPS) / self.layers
+        return level if level <= 1.0 else None
+
     def max_tokens(self, degree: int, checkpoint: float) -> int:
         """The most tokens one micro-batch can hold at this degree and checkpoint level."""
         free = self.device_memory - self.states
@@ -253,74 +279,19 @@ class CostModel:
 
     def longest_alone(self, samples: Sequence[Sample]) -> float:
         """The slowest sample alone at its best degree (least checkpointing) plus g: no plan
-        without remapping ends the step sooner. The lower bound may sit below it, since a remap
-        domain may spread a sample's linear work wider than its group."""
-        return float(np.min(self.sequence_times(samples), axis=0).max()) + self.g if len(samples) else 0.0
+        without remapping ends the step sooner (`bounds.py`)."""
+        from .bounds import longest_alone
+        return longest_alone(self, samples)
 
     def lower_bound(self, samples: Sequence[Sample]) -> float:
-        """No plan's step time can be below this: the least T that passes three bounds.
+        """No plan's step time can be below this (`bounds.py`, docs/design.md section 5)."""
+        from .bounds import lower_bound
+        return lower_bound(self, samples)
 
-        longest: max_k min_d alone(s_k, d) + g -- a sequence is never faster than alone, where
-                 alone is time() with the linear work spread over all N ranks (a remap
-                 domain may do that).
-        area:    sum_k min_d d time(s_k, d) / N + g -- docs/design.md's bound, with g counted once
-                 because sequences packed into one micro-batch share it (busy ranks B <= N each
-                 pay at least one g, so makespan >= (work + B g) / B >= work / N + g).
-        memory:  the area bound without its per-sequence checkpointing, plus the least
-                 overhead that memory forces on a rank that holds x tokens per device.
-                 A micro-batch of y tokens per device recomputes at least (y - cap) / (1 - k)
-                 of them (cap = what fits without checkpointing), each costing at least r b
-                 (a token of a sequence s costs r b + r_attn a s), or the
-                 rank splits its tokens over more micro-batches, each costing g. Relaxing the
-                 micro-batch count to a real number, the least overhead is
-                 F(x) = g + (x - cap)+ min(r b / (1 - k), g / cap), convex and increasing, so
-                 by Jensen the busiest rank pays at least F(total tokens / N).
-        In a plan of makespan T a sequence runs at a degree where it alone takes at most T, so
-        the minima above may range over those degrees only. Both sides then depend on T: the
-        bound is the least T with T >= max(longest, area(T), memory(T)), found by bisection
-        (the right side never grows with T). docs/design.md's plain area term ignores memory and
-        this coupling; with FlexSP's published g they are worth 5-10% of a step.
-        """
-        if len(samples) == 0:
-            return 0.0
-        self.check_fits(samples)
-        s, q = _tokens_array(samples), self.units(samples)
-        n = self.world_size
-        times = self.sequence_times(samples)
-        degrees = np.asarray(self.degrees, dtype=np.float64)[:, None]
-        area_at = times * degrees
-        comm_area = np.zeros_like(times)
-        for i, d in enumerate(self.degrees[1:], start=1):
-            comm_area[i] = self.exchange_bytes(d) * s / self.bandwidth[d]
-        memory_at = np.where(np.isfinite(times), self.attention_time(s, q) + self.b * s + comm_area, np.inf)
-        cap = (self.device_memory - self.states) / self.act_per_token
-        slope = min(self.recompute * self.b / (1.0 - self.kept), self.g / cap)
-        overhead = self.g + max(0.0, float(s.sum()) / n - cap) * slope
-        # Zeppelin's remapping layer (Wave.remap) may spread a sequence's linear work over the
-        # whole cluster: alone it takes at least its attention and all-to-alls at degree d plus
-        # b s / N, recomputation left out (spread over a domain, its tokens may fit without).
-        attention = self.attention_time(s, q) / degrees + comm_area / degrees
-        alone = np.where(np.isfinite(times), np.minimum(times, attention + self.b * s / n), np.inf)
-        longest = float(np.min(alone, axis=0).max()) + self.g
-
-        def bound(target: float) -> float:
-            allowed = alone + self.g <= target
-            area = float(np.min(np.where(allowed, area_at, np.inf), axis=0).sum()) / n + self.g
-            memory = float(np.min(np.where(allowed, memory_at, np.inf), axis=0).sum()) / n + overhead
-            return max(longest, area, memory)
-
-        low = bound(math.inf)
-        high = bound(low)
-        if high <= low:
-            return low
-        # Below `low` no T passes; `high` passes (the right side only falls as T grows).
-        while high - low > 1e-6 * high:
-            mid = 0.5 * (low + high)
-            if bound(mid) <= mid:
-                high = mid
-            else:
-                low = mid
-        return low
+    def remap_bandwidth(self, size: int) -> float:
+        """All-to-all bytes/s over a remap domain of `size` ranks: the widest profiled degree
+        within it."""
+        return self.bandwidth[max((k for k in self.bandwidth if k <= size), default=min(self.bandwidth))]
 
     # --- construction and JSON -----------------------------------------------------------------
     @classmethod

@@ -152,8 +152,10 @@ class Plan:
                     raise PlanError(f"{where}: SP degree {group.degree} does not divide the attention heads "
                                     f"({cost.heads})")
                 counts.add(len(group.micro_batches))
+                # A remap domain's memory is its slots' (`remap_overflow`), not each group's own.
+                own = None if wave.domain_of(group.start) else cost
                 for m, mb in enumerate(group.micro_batches):
-                    self._validate_micro_batch(f"{where}, micro-batch {m}", mb, group.degree, cost, seen)
+                    self._validate_micro_batch(f"{where}, micro-batch {m}", mb, group.degree, own, seen)
             if not all(covered):
                 raise PlanError(f"wave {w}: rank {covered.index(False)} is in no group")
             self._validate_remap(w, wave, n)
@@ -189,19 +191,30 @@ class Plan:
 
     def remap_overflow(self, wave: int, start: int, size: int, cost: CostModel) -> str | None:
         """Why the remap domain (start, size) of a wave would not fit device memory, or None.
-        Each slot's balanced share of tokens must fit one rank at the slot's checkpoint level
-        (its micro-batches' lowest, which the runtime applies to the whole slot)."""
-        groups = self.waves[wave].domain_groups(start, size)
-        for m in range(max((len(g.micro_batches) for g in groups), default=0)):
-            mbs = [g.micro_batches[m] for g in groups if m < len(g.micro_batches) and g.micro_batches[m].seq_ids]
-            if not mbs:
-                continue
-            share = -(-sum(sum(self.mb_lengths(mb)) for mb in mbs) // size)
-            level = min(mb.checkpoint for mb in mbs)
-            if share > (limit := cost.max_tokens(1, level)):
-                return (f"slot {m}: a balanced share of {share} tokens per rank does not fit at "
-                        f"checkpoint {level:.2f} (at most {limit} tokens per rank)")
+        The runtime runs slot m at its micro-batches' lowest checkpoint level; there each rank
+        holds its group's share of the micro-batch in the attention layout and the slot's even
+        share in the balanced layout (`CostModel.remap_memory`), the busiest rank the most."""
+        for m, (attention, balanced, level) in enumerate(self.slot_loads(wave, start, size)):
+            used = cost.remap_memory(attention, balanced, level)
+            if used > cost.device_memory * (1 + _MEMORY_SLACK):
+                return (f"slot {m}: a rank holding {attention} tokens for attention and {balanced} balanced "
+                        f"needs {used / 1e9:.2f} GB at checkpoint {level:.2f}; the device has "
+                        f"{cost.device_memory / 1e9:.2f} GB")
         return None
+
+    def slot_loads(self, wave: int, start: int, size: int) -> list[tuple[int, int, float]]:
+        """Per slot of the remap domain (start, size) of a wave: (the most tokens a rank holds in
+        the attention layout, the tokens every rank holds in the balanced layout, the slot's
+        checkpoint level: its micro-batches' lowest); (0, 0, 0.0) for a slot nobody uses."""
+        groups = self.waves[wave].domain_groups(start, size)
+        loads = []
+        for m in range(max((len(g.micro_batches) for g in groups), default=0)):
+            busy = [(g.degree, g.micro_batches[m]) for g in groups
+                    if m < len(g.micro_batches) and g.micro_batches[m].seq_ids]
+            tokens = [sum(self.mb_lengths(mb)) for _, mb in busy]
+            loads.append((max((-(-n // d) for (d, _), n in zip(busy, tokens)), default=0),
+                          -(-sum(tokens) // size), min((mb.checkpoint for _, mb in busy), default=0.0)))
+        return loads
 
     def _validate_micro_batch(self, where: str, mb: MicroBatch, degree: int,
                               cost: CostModel | None, seen: dict[int, str]) -> None:

@@ -129,7 +129,7 @@ def remap_slots(plan: Plan, groups: list[Group], size: int, cost: CostModel) -> 
     slot's linear device-seconds (b s) / size + g + moving q, k, v and the output of the
     largest per-rank surplus or deficit of tokens (`bytes_per_token`: their own heads, never
     replicated; forward and backward) over the domain's bandwidth."""
-    bandwidth = cost.bandwidth[max((k for k in cost.bandwidth if k <= size), default=min(cost.bandwidth))]
+    bandwidth = cost.remap_bandwidth(size)
     slots = []
     for m in range(max((len(g.micro_batches) for g in groups), default=0)):
         busy = [(g, g.micro_batches[m]) for g in groups if m < len(g.micro_batches) and g.micro_batches[m].seq_ids]

@@ -27,7 +27,7 @@ WORST_KEPT = 10
 
 
 def measure(instances: int) -> dict:
-    ratios, one_wave, worst = [], [], []
+    ratios, one_wave, worst, remapped = [], [], [], []
 
     # derandomize: the same instances on every run, so a record can be reproduced
     @settings(max_examples=instances, deadline=None, database=None, derandomize=True,
@@ -38,7 +38,9 @@ def measure(instances: int) -> dict:
         best = optimum(cost, lengths)
         plan = get_planner("ballast", cluster_for(cost), cost).plan(lengths)
         ratio = step_time(plan, cost) / best
-        assert ratio >= 1 - 1e-9, f"a plan beat the exhaustive optimum on {lengths}"
+        # The exhaustive search does not remap: only a remapped plan (a long pole's) may beat it.
+        remapped.append(any(wave.remap for wave in plan.waves))
+        assert ratio >= 1 - 1e-9 or remapped[-1], f"a plan beat the exhaustive optimum on {lengths}"
         ratios.append(ratio)
         one_wave.append(brute_force(cost, lengths)[0] / best)
         worst.append((ratio, lengths, cost.to_dict()))
@@ -55,6 +57,8 @@ def measure(instances: int) -> dict:
         "ratio_quantiles": {q: float(np.quantile(r, float(q))) for q in ("0.5", "0.9", "0.99", "0.999", "1.0")},
         "above_1pct": int(np.sum(r > 1.01)),
         "above_3pct": int(np.sum(r > 1.03)),
+        "remapped": int(np.sum(remapped)),
+        "below_optimum_remapped": int(np.sum(r < 1 - 1e-9)),
         "best_one_wave_over_optimum_max": float(o.max()),
         "multi_wave_optimum_share": float(np.mean(o > 1 + 1e-9)),
         "worst": [{"ratio": w[0], "lengths": w[1], "cost": w[2]} for w in worst],

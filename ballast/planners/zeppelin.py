@@ -26,7 +26,8 @@ Remapping (`options.remap`, on by default) is Zeppelin's remapping layer as the 
 it (`Wave.remap`, `ballast.runtime.remap`): the groups of a domain (a node, or the whole wave)
 run micro-batch slot by slot and spread each slot's tokens evenly over the domain for
 everything but attention. Per wave, the domains of one scope are remapped where that fits
-memory and their groups finish sooner under `timeline.remap_slots` (slowest attention + linear
+memory (each slot at the least checkpoint level it needs there, `remapping.leveled`) and
+their groups finish sooner under `timeline.remap_slots` (slowest attention + linear
 work / domain size + moving the largest per-rank surplus + g), and the scope is kept if the
 wave is faster. `info["remap"]` lists the domains and the step time with and without them;
 with remap on, one more candidate is built in Zeppelin's split (ranks balanced by attention
@@ -56,6 +57,7 @@ from ..samples import SampleBatch
 from ..timeline import step_time, wave_time
 from . import register
 from .base import Planner
+from .remapping import leveled
 from .packing import longest_processing_time, mb_time, micro_batch, pad_lockstep
 
 THETAS = (1.25, 1.0, 0.6)
@@ -298,12 +300,19 @@ class ZeppelinPlanner(Planner):
         if not self.options.remap:
             return {"enabled": False, "domains": [], "predicted_step_s": plain, "step_s_without_remap": plain}
         for w, wave in enumerate(plan.waves):
-            best = (wave_time(plan, wave, self.cost), [])
+            best = (wave_time(plan, wave, self.cost), wave.groups, [])
             for width in (self.cluster.devices_per_node, self.cluster.world_size):
-                wave.remap = [d for d in self._domains(wave, width) if self._worth(plan, w, d)]
-                if wave.remap and (t := wave_time(plan, wave, self.cost)) < best[0]:
-                    best = (t, wave.remap)
-            wave.remap = best[1]
+                groups, domains = list(wave.groups), []
+                for domain in self._domains(wave, width):
+                    if (remapped := self._remapped(plan, w, domain)) is not None:
+                        start, size = domain
+                        groups = [g for g in groups if not start <= g.start < start + size] + remapped
+                        domains.append(domain)
+                if domains:
+                    candidate = Wave(sorted(groups, key=lambda g: g.start), domains)
+                    if (t := wave_time(plan, candidate, self.cost)) < best[0]:
+                        best = (t, candidate.groups, domains)
+            wave.groups, wave.remap = best[1], best[2]
         return {"enabled": True, "domains": [[w, *d] for w, wave in enumerate(plan.waves) for d in wave.remap],
                 "predicted_step_s": step_time(plan, self.cost), "step_s_without_remap": plain}
 
@@ -317,11 +326,13 @@ class ZeppelinPlanner(Planner):
             blocks[key] = blocks.get(key, 0) + 1
         return sorted(d for d, groups in blocks.items() if groups > 1 and d[1] > 1)
 
-    def _worth(self, plan: Plan, w: int, domain: tuple[int, int]) -> bool:
-        """Remapping the domain fits memory and its groups finish sooner."""
-        if plan.remap_overflow(w, *domain, self.cost) is not None:
-            return False
-        groups = plan.waves[w].domain_groups(*domain)
-        alone = Plan(plan.lengths, [Wave(groups)], lockstep=plan.lockstep, shapes=plan.shapes)
+    def _remapped(self, plan: Plan, w: int, domain: tuple[int, int]) -> list[Group] | None:
+        """The domain's groups at the checkpoint levels its slots need remapped (`leveled`), if
+        that fits memory and they finish sooner than unremapped; else None."""
+        groups = leveled(plan, w, domain, self.cost)
+        if groups is None:
+            return None
+        alone = Plan(plan.lengths, [Wave(plan.waves[w].domain_groups(*domain))], lockstep=plan.lockstep,
+                     shapes=plan.shapes)
         remapped = Plan(plan.lengths, [Wave(groups, [domain])], lockstep=plan.lockstep, shapes=plan.shapes)
-        return step_time(remapped, self.cost) < step_time(alone, self.cost)
+        return groups if step_time(remapped, self.cost) < step_time(alone, self.cost) else None

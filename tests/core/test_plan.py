@@ -123,13 +123,14 @@ CASES = {
         lambda p: p.waves[1].remap.append((0, 2)),
         r"wave 1, remap domain ranks 0..1: group of ranks 0..3 is partly outside it"),
     "remapped slot over memory": (
-        # 28000 + 30000 tokens balanced over 2 ranks: 29000 per rank do not fit without
-        # checkpointing (~28.6K do), and the slot runs at its lowest level (0) although the
-        # 30000 are at 1.
+        # 28000 + 30000 tokens balanced over 2 ranks: 29000 per rank beside the 30000 one rank
+        # holds for attention (4/17 of them) need 29000 + 1000 x 4/17 ~ 29.2K token-equivalents
+        # without checkpointing (~28.6K fit), and the slot runs at its lowest level (0) although
+        # the 30000 are at 1.
         lambda p: (p.lengths.__setitem__(3, 28_000), p.lengths.__setitem__(4, 30_000),
                    p.waves[0].remap.append((2, 2))),
-        r"wave 0, remap domain ranks 2..3: slot 0: a balanced share of 29000 tokens per rank does not "
-        r"fit at checkpoint 0.00"),
+        r"wave 0, remap domain ranks 2..3: slot 0: a rank holding 30000 tokens for attention and 29000 "
+        r"balanced needs 1.02 GB at checkpoint 0.00; the device has 1.00 GB"),
     "non-positive loss normaliser": (
         lambda p: setattr(p, "tokens", 0),
         r"loss normaliser tokens=0 must be positive"),
@@ -155,6 +156,19 @@ def test_memory_is_checked_at_the_groups_degree_and_checkpoint(cpu4, tiny4):
         plan.validate(cpu4, tiny4)
     plan = Plan([30_000], [Wave([Group(0, 2, [MicroBatch([0])]), Group(2, 2)])])
     plan.validate(cpu4, tiny4)
+
+
+def test_remapped_micro_batch_is_checked_by_its_domain_not_its_group(cpu4, tiny4):
+    # 80000 tokens at degree 2 hold 40000 per rank, over what fits without checkpointing
+    # (~28.6K). In a remap domain of all 4 ranks they keep 4/17 of those 40000 where attention
+    # runs and 13/17 of their 20000 balanced share: ~24.7K token-equivalents, which fit.
+    assert tiny4.min_checkpoint(80_000, 2) > 0 and tiny4.remap_checkpoint(40_000, 20_000) == 0.0
+    plan = Plan([80_000, 10], [Wave([Group(0, 2, [MicroBatch([0])]), Group(2, 1, [MicroBatch([1])]), Group(3, 1)],
+                                    [(0, 4)])])
+    plan.validate(cpu4, tiny4)
+    plan.waves[0].remap.clear()
+    with pytest.raises(PlanError, match=r"group 0 .*micro-batch 0: sequences \[0\] \(80000 tokens\)"):
+        plan.validate(cpu4, tiny4)
 
 
 def test_heads_not_divisible():

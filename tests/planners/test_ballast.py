@@ -7,16 +7,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import ballast
-from ballast.cost import InfeasibleError
+from ballast.cost import CostModel, InfeasibleError
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
 from ballast.planners import PlannerOptions, get_planner
+from ballast.plans import Plan
+from ballast.samples import SampleBatch
 from ballast.timeline import simulate, step_time
 from exhaustive import cluster_for, optimum, tiny_instances
 
 
 # The optimum of `exhaustive.optimum`: every plan of <= 4 ranks and <= 6 sequences with any
-# number of waves (remapping aside, which ballast does not plan). ballast is a heuristic with no
+# number of waves (remapping aside: ballast remaps a step's long poles, `poles.py`, and is held to
+# the bound there). ballast is a heuristic with no
 # proven ratio, so the bound is empirical: bench/optimum_gap.py's 20,000 instances (recorded in
 # bench/results/optimum-gap.json) found it exactly optimal on 95%, within 0.7% on the 99th
 # percentile and 19.4% above at worst, and 20,000 random draws while tuning 13.2% at worst. The
@@ -38,8 +41,14 @@ def test_reaches_the_exhaustive_optimum_or_close(instance):
     cluster = cluster_for(cost)
     plan = get_planner("ballast", cluster, cost).plan(lengths)
     plan.validate(cluster, cost)
-    ratio = simulate(plan, cost, cost.world_size).step_time / best
-    assert ratio >= 1 - 1e-9, "the exhaustive search missed a plan"
+    metrics = simulate(plan, cost, cost.world_size)
+    ratio = metrics.step_time / best
+    if any(wave.remap for wave in plan.waves):
+        # The exhaustive search does not remap (`exhaustive.py`); a remapped plan may beat it,
+        # never the bound.
+        assert metrics.step_time >= metrics.lower_bound * (1 - 1e-9)
+    else:
+        assert ratio >= 1 - 1e-9, "the exhaustive search missed a plan"
     assert ratio <= MISS_BOUND, f"ballast {ratio - 1:.1%} above the optimum on {lengths}"
 
 
@@ -110,3 +119,27 @@ def test_a_sequence_no_plan_can_hold_is_named():
     limit = cost.max_tokens(64, 1.0)
     with pytest.raises(InfeasibleError, match=rf"sequence 1 has {limit + 1} tokens.*at most {limit}"):
         get_planner("ballast", cluster, cost).plan([100, limit + 1, 5])
+
+
+def test_a_long_pole_is_remapped_when_that_ends_the_step_sooner():
+    # Two heads cap SP at degree 2, where the 40000-token sequence holds 20000 tokens per rank
+    # of the 10000 that fit: alone in its group it recomputes 3 of 4 layers (1.375 s, the step).
+    # In a remap domain its ranks keep 4/17 of those for attention and 13/17 of an even share:
+    # it recomputes less, its linear work spreads, and the 60 short sequences fill the rest.
+    cost = CostModel(source="test", model="two-heads", a=1e-9, b=1e-5, g=0.0, bandwidth={2: 1e9, 4: 1e9, 8: 1e9},
+                     bytes_per_token=1000.0, act_per_token=1e5, states=1e8, device_memory=1.1e9, layers=4,
+                     heads=2, kv_heads=2, world_size=8, recompute=0.5, kept=0.1)
+    cluster = cluster_for(cost)
+    lengths = [40_000] + [2_000] * 60
+    planner = get_planner("ballast", cluster, cost)
+    plain = Plan(lengths, planner.waves(SampleBatch.of(lengths, cost), 8))
+    plan = planner.plan(lengths)
+    plan.validate(cluster, cost)
+    (start, size), = plan.waves[0].remap
+    pole = next(g for g in plan.waves[0].groups if 0 in g.micro_batches[0].seq_ids)
+    assert start <= pole.start < start + size and pole.micro_batches[0].seq_ids == [0]
+    assert pole.micro_batches[0].checkpoint < cost.min_checkpoint(40_000, 2) == 0.75
+    metrics = simulate(plan, cost, 8)
+    assert metrics.step_time < 0.8 * step_time(plain, cost)
+    assert metrics.step_time >= metrics.lower_bound * (1 - 1e-9)
+    assert step_time(plain, cost) == pytest.approx(cost.longest_alone(lengths))

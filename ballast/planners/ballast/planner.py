@@ -44,7 +44,8 @@ exact times (a group that gave sequences away is packed afresh), and the faster 
 Two-wave splits are tried too: the longest sequences in a wave of their own when one of
 them takes a large part of the step, and, as Zeppelin splits by class, the sequences that need wide groups at the
 lower bound ahead of the rest. Every candidate is a valid plan and the fastest under the
-cost model wins.
+cost model wins. Last, a step that a few sequences decide alone gets those sequences remapped
+where that is faster (`poles.py`; not under lockstep).
 """
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ from ..base import Planner
 from .allocation import allocate
 from .estimate import GroupEstimates
 from .groups import GroupPacker
+from .poles import remap_poles
 from ..packing import pad_lockstep
 
 # Makespan targets tried, as multiples of the batch's lower bound; inf = least area everywhere.
@@ -88,16 +90,25 @@ class BallastPlanner(Planner):
     name = "ballast"
 
     def _plan(self, batch: SampleBatch) -> Plan:
-        self._batch = batch
+        waves = self.waves(batch, self.cluster.world_size)
+        if self.options.lockstep:
+            waves = [pad_lockstep(wave, batch, self.cost) for wave in waves]
+        else:
+            waves = remap_poles(self, batch, waves)
+        return Plan(batch.lengths, waves, lockstep=self.options.lockstep, shapes=batch.shapes)
+
+    def waves(self, batch: SampleBatch, ranks: int) -> list[Wave]:
+        """The fastest waves for `batch` on ranks 0..ranks-1 (the rest of the cluster idle)."""
+        self._batch, self._ranks = batch, ranks
         self._tokens = s = np.asarray(batch.lengths, dtype=np.float64)
         # Attention units per token (`GroupEstimates`' span): exactly s for a text sequence.
         self._span = batch.units / s
         self._attn = self.cost.attention_time(s, batch.units)
         self._quad = self._attn + self.cost.b * s
-        self._deg = np.asarray(self.cost.degrees)
+        self._deg = np.asarray([d for d in self.cost.degrees if d <= ranks])
         self._row = {int(d): i for i, d in enumerate(self._deg)}
         # [degree index, sequence]: alone at that degree, least checkpointing, without g.
-        self._work = self.cost.sequence_times(batch.samples)
+        self._work = self.cost.sequence_times(batch.samples)[:len(self._deg)]
         # The proxy's estimates over all degree rows, and each sequence's forced recomputation
         # at each row (recomputation no packing avoids), computed once per batch.
         self._estimates = GroupEstimates(self.cost, self._deg)
@@ -120,22 +131,19 @@ class BallastPlanner(Planner):
             t = step_time(Plan(batch.lengths, waves, shapes=batch.shapes), self.cost)
             if best is None or t < best[0]:
                 best = (t, waves)
-        waves = best[1]
-        if self.options.lockstep:
-            waves = [pad_lockstep(wave, batch, self.cost) for wave in waves]
-        return Plan(batch.lengths, waves, lockstep=self.options.lockstep, shapes=batch.shapes)
+        return best[1]
 
     # --- candidates ---------------------------------------------------------------------------
     def _head_sizes(self, order: np.ndarray) -> list[int]:
         """How many of the longest sequences to try in a wave of their own (0 = none)."""
         fastest = np.min(self._work, axis=0)
-        area = np.min(self._work * self._deg[:, None], axis=0).sum() / self.cluster.world_size
+        area = np.min(self._work * self._deg[:, None], axis=0).sum() / self._ranks
         # Worth a wave when the k-th longest alone takes a large part of the step ...
         sizes = {k for k in HEAD_SIZES if k < len(order) and fastest[order[k - 1]] > 0.25 * area}
         # ... or as Zeppelin splits by length class: the sequences that need wide groups at the
         # lower bound get the whole cluster first, so they run wider and recompute less.
         choice = self._degrees(self._work[:, order], self.cost.lower_bound(self._batch.samples),
-                               self.cluster.world_size)
+                               self._ranks)
         if choice is not None:
             degrees = self._deg[choice]
             sizes |= {int(k) for d in self._deg[1:] if 0 < (k := np.count_nonzero(degrees >= d)) < len(order)}
@@ -168,7 +176,7 @@ class BallastPlanner(Planner):
         for factor in TARGETS:
             # Narrow the widest degree until every class gets ranks: a sequence that would
             # take the whole cluster at its best degree then runs slower beside the others.
-            width, layout = self.cluster.world_size, None
+            width, layout = self._ranks, None
             while width >= 1 and layout is None:
                 choice = self._degrees(work, lower * factor, width)
                 layout = None if choice is None else allocate(choice)
@@ -217,7 +225,7 @@ class BallastPlanner(Planner):
                 times[i] = self._packer.repack(groups[i], times[i])
             if best is None or max(times) < best[0]:
                 best = (max(times), groups)
-        return Wave(fill_idle([g for g in best[1] if g.micro_batches], self.cluster.world_size))
+        return Wave(fill_idle([g for g in best[1] if g.micro_batches], self._ranks))
 
     # --- one candidate wave -------------------------------------------------------------------
     def _degrees(self, work: np.ndarray, target: float, width: int) -> np.ndarray | None:
@@ -259,7 +267,7 @@ class BallastPlanner(Planner):
 
     def _allocate(self, ids: np.ndarray, choice: np.ndarray) -> list[int] | None:
         """Degrees of the wave's groups, largest first; None if the classes cannot all fit."""
-        return allocate(self._work[choice, ids], choice, self._deg.tolist(), self.cluster.world_size)
+        return allocate(self._work[choice, ids], choice, self._deg.tolist(), self._ranks)
 
     def _improve(self, loads: GroupEstimates, members: list[list[int]], rows: np.ndarray) -> None:
         """Move a sequence off the slowest group, or, where no move helps, swap one of its

@@ -1,0 +1,133 @@
+"""Remapping the long poles: ballast's move for steps that a few sequences decide.
+
+When a sequence alone takes about the whole step (its degree capped by the heads, it
+recomputes to fit its group's memory), no placement of the others shortens the step. In a
+remap domain (`Wave.remap`) the same sequence keeps only attention's q, k, v and output in its
+group's layout and the rest on the domain's balanced layout (`CostModel.remap_memory`), so
+it recomputes less or not at all, and its linear work spreads over the domain.
+
+The move puts the poles (sequences alone within `POLE_SHARE` of the plain plan's step), each
+in a group of the degree that runs its attention fastest, at the start of an aligned domain
+of `size` ranks at the end of the cluster. The domain's other ranks (helpers) each run one
+micro-batch beside the poles, of the other sequences, as long as that adds neither
+recomputation nor attention time beyond the poles'; the planner itself plans the rest on the
+ranks before the domain. Every domain size whose poles alone would beat the plain step is
+built, each slot at the level it needs (`remapping.leveled`), and the fastest plan is kept:
+the plain one unless a remapped one is faster under the cost model.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ...cost import CostModel
+from ...plans import Group, MicroBatch, Plan, Wave, fill_idle
+from ...samples import SampleBatch
+from ...timeline import step_time
+from ..remapping import leveled
+
+if TYPE_CHECKING:
+    from .planner import BallastPlanner
+
+# A sequence alone within this share of the plain plan's step is a pole.
+POLE_SHARE = 0.95
+
+
+def remap_poles(planner: BallastPlanner, batch: SampleBatch, waves: list[Wave]) -> list[Wave]:
+    """`waves`, or a faster plan of `batch` with its poles in a remap domain."""
+    cost, n = planner.cost, planner.cluster.world_size
+    best = (step_time(Plan(batch.lengths, waves, shapes=batch.shapes), cost), waves)
+    alone = np.min(cost.sequence_times(batch.samples), axis=0) + cost.g
+    poles = [int(i) for i in np.argsort(-alone, kind="stable") if alone[i] >= POLE_SHARE * best[0]]
+    if not poles:
+        return waves
+    s = np.asarray(batch.lengths, dtype=np.float64)
+    attention = [cost.attention_time(s[poles], batch.units[poles]) / d + cost.comm_per_token(d) * s[poles]
+                 for d in cost.degrees]
+    degree = cost.degrees[int(np.argmin([a.max() for a in attention]))]
+    size = 2
+    while size < degree * len(poles):
+        size *= 2
+    while size <= n:
+        if n % size == 0 and _promising(cost, batch, poles, degree, size, best[0]):
+            found = _remapped(planner, batch, poles, degree, size)
+            if found is not None and (t := step_time(Plan(batch.lengths, found, shapes=batch.shapes), cost)) < best[0]:
+                best = (t, found)
+        size *= 2
+    return best[1]
+
+
+def _promising(cost: CostModel, batch: SampleBatch, poles: list[int], degree: int, size: int,
+               plain: float) -> bool:
+    """The poles alone in the domain, at the level their memory needs there, beat `plain`."""
+    tokens = [batch.lengths[i] for i in poles]
+    level = cost.remap_checkpoint(-(-max(tokens) // degree), -(-sum(tokens) // size))
+    if level is None:
+        return False
+    pole = max(cost.time([batch.samples[i]], degree, level) for i in poles)
+    linear = cost.b * sum(tokens) * (1.0 + level * cost.recompute)
+    return pole - linear / degree + linear / size < plain
+
+
+def _remapped(planner: BallastPlanner, batch: SampleBatch, poles: list[int], degree: int,
+              size: int) -> list[Wave] | None:
+    """Waves with the poles and helpers in the domain of the last `size` ranks and the rest
+    planned before it; None if the rest cannot run there or a slot fits at no level."""
+    cost, n = planner.cost, planner.cluster.world_size
+    start = n - size
+    groups = [Group(start + k * degree, degree, [MicroBatch([i])]) for k, i in enumerate(poles)]
+    rest = [i for i in range(len(batch)) if i not in set(poles)]
+    helpers = _helpers(cost, batch, poles, degree, size, rest)
+    groups += [Group(start + len(poles) * degree + h, 1, [MicroBatch(ids)]) for h, ids in enumerate(helpers) if ids]
+    rest = sorted(set(rest) - {i for ids in helpers for i in ids})
+    before: list[Wave] = []
+    if rest:
+        if start == 0:
+            return None
+        sub = SampleBatch.of(batch.pick(rest), cost)
+        if not np.isfinite(cost.sequence_times(sub.samples)[[d <= start for d in cost.degrees]]).any(axis=0).all():
+            return None
+        before = type(planner)(planner.cluster, cost, planner.options).waves(sub, start)
+        for wave in before:
+            for g in wave.groups:
+                for mb in g.micro_batches:
+                    mb.seq_ids = [rest[i] for i in mb.seq_ids]
+    first = [g for g in before[0].groups if g.micro_batches] if before else []
+    waves = [Wave(fill_idle(first + groups, n), [(start, size)])]
+    waves += [Wave(fill_idle([g for g in wave.groups if g.micro_batches], n)) for wave in before[1:]]
+    plan = Plan(batch.lengths, waves, shapes=batch.shapes)
+    remapped = leveled(plan, 0, (start, size), cost)
+    if remapped is None:
+        return None
+    waves[0].groups = fill_idle([g for g in first if g.micro_batches] + remapped, n)
+    return waves
+
+
+def _helpers(cost: CostModel, batch: SampleBatch, poles: list[int], degree: int, size: int,
+             rest: list[int]) -> list[list[int]]:
+    """Sequences for each helper rank's one micro-batch, longest first to the least loaded
+    helper, while neither its attention time outgrows the poles' nor the slot's memory level."""
+    tokens = [batch.lengths[i] for i in poles]
+    pole_rank = -(-max(tokens) // degree)
+    level = cost.remap_checkpoint(pole_rank, -(-sum(tokens) // size))
+    s = np.asarray(batch.lengths, dtype=np.float64)
+    quadratic = cost.attention_time(s, batch.units) * (1.0 + level * cost.recompute_attention)
+    limit = max(quadratic[i] / degree + cost.comm(batch.lengths[i], degree) for i in poles)
+    helpers: list[list[int]] = [[] for _ in range(size - degree * len(poles))]
+    load = np.zeros(len(helpers))
+    held = np.zeros(len(helpers), dtype=np.int64)
+    total = sum(tokens)
+    for i in sorted(rest, key=lambda i: -quadratic[i]):
+        h = int(np.argmin(load)) if len(helpers) else -1
+        if h < 0 or load[h] + quadratic[i] > limit:
+            continue
+        att = max(pole_rank, int(held.max()), int(held[h]) + batch.lengths[i])
+        fits = cost.remap_checkpoint(att, -(-(total + batch.lengths[i]) // size))
+        if fits is None or fits > level:
+            continue
+        helpers[h].append(i)
+        load[h] += quadratic[i]
+        held[h] += batch.lengths[i]
+        total += batch.lengths[i]
+    return helpers
