@@ -7,6 +7,9 @@ docs/design.md's model, in seconds and bytes:
                                                                 profiled, or the cluster's
                                                                 per-call latency (analytic))
     memory(mb, d, c) = states + act_per_token (sum_s s) / d (c k + 1 - c)
+    remap_memory(att, bal, c) = states + act_per_token [(1 - c)(4/17 att + 13/17 bal) + c k bal]
+                       (a remap-domain rank: att tokens in its group's attention layout, bal
+                        in the domain's balanced one)
 
 A sample s of the micro-batch has |s| tokens and q_s attention units (`samples.attention_units`
 under the model's attention pattern): |s|^2 for a text sequence under a causal decoder, what

@@ -77,7 +77,7 @@ def _remapped(planner: BallastPlanner, batch: SampleBatch, poles: list[int], deg
     cost, n = planner.cost, planner.cluster.world_size
     start = n - size
     groups = [Group(start + k * degree, degree, [MicroBatch([i])]) for k, i in enumerate(poles)]
-    rest = [i for i in range(len(batch)) if i not in set(poles)]
+    rest = sorted(set(range(len(batch))) - set(poles))
     helpers = _helpers(cost, batch, poles, degree, size, rest)
     groups += [Group(start + len(poles) * degree + h, 1, [MicroBatch(ids)]) for h, ids in enumerate(helpers) if ids]
     rest = sorted(set(rest) - {i for ids in helpers for i in ids})
