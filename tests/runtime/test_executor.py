@@ -86,6 +86,34 @@ def remapping_zeppelin_plan(world: int) -> Plan:
     return plan
 
 
+# A long pole and five short sequences: ballast remaps the pole (`poles.py`).
+POLE_LENGTHS = [120, 3, 4, 5, 2, 7]
+
+
+def remapping_ballast_plan() -> Plan:
+    """ballast's plan where a long pole decides the step: two heads cap SP at degree 2, where
+    the 120-token sequence holds 60 tokens per rank of the 45 that fit, so alone it recomputes;
+    remapped over all 4 ranks it keeps 4/17 of those for attention beside an even share and
+    needs no recomputation, and the short ones run beside it on the other two ranks."""
+    from ballast.planners import get_planner
+
+    cluster = get_cluster("cpu", world_size=4)
+    base = CostModel.analytic(SHAPE, cluster)
+    cost = CostModel.from_dict({**base.to_dict(), "g": 0.0, "heads": 2, "kv_heads": 2, "comm_latency": {},
+                                "device_memory": base.states + 45 * base.act_per_token,
+                                "bandwidth": {d: 1e13 for d in base.bandwidth}})
+    plan = get_planner("ballast", cluster, cost).plan(POLE_LENGTHS)
+    assert plan.waves[0].remap == [(0, 4)] and cost.min_checkpoint(120, 2) > 0, plan.table()
+    assert [mb.checkpoint for g in plan.waves[0].groups for mb in g.micro_batches] == [0.0] * 3
+    return plan
+
+
+def pole_batches() -> list[verify.Batch]:
+    generator = torch.Generator().manual_seed(1)
+    return [verify.Batch(POLE_LENGTHS, [torch.randint(0, SHAPE.vocab, (s + 1,), generator=generator)
+                                        for s in POLE_LENGTHS]) for _ in range(2)]
+
+
 def _errors(groups: ProcessGroups, batches: list[verify.Batch]) -> list[str]:
     """Messages of the ValueErrors a bad plan or batch raises (on every rank, no collective)."""
     cluster = get_cluster("cpu", world_size=dist.get_world_size())
@@ -116,9 +144,11 @@ def _errors(groups: ProcessGroups, batches: list[verify.Batch]) -> list[str]:
     return messages
 
 
-def _world4_worker(batches: list[verify.Batch], planners: dict[str, list[dict]]) -> dict:
+def _world4_worker(batches: list[verify.Batch], planners: dict[str, list[dict]], poles: list[verify.Batch]) -> dict:
     groups = ProcessGroups()
     out = {"errors": _errors(groups, batches)}
+    out["ballast-poles"] = verify.train_distributed(SHAPE, [remapping_ballast_plan().to_dict()] * len(poles), poles,
+                                                    0, 1e-3, groups)
     # Errors left every rank in step: training goes on.
     for name, plan in (("mixed", mixed_plan()), ("data-parallel", data_parallel_plan(4)),
                        ("remapped", remapped_plan()), ("zeppelin-remapped", remapping_zeppelin_plan(4))):
@@ -162,7 +192,7 @@ def batches() -> list[verify.Batch]:
 
 @pytest.fixture(scope="module")
 def world4(batches) -> list[dict]:
-    return run_local(4, _world4_worker, batches, planner_plans(4, batches), timeout=400)
+    return run_local(4, _world4_worker, batches, planner_plans(4, batches), pole_batches(), timeout=400)
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +217,11 @@ def test_remapped_plans_give_the_single_process_gradient(world4, world2, batches
                    world2["zeppelin-remapped"]):
         assert_single_process_gradients(result, batches)
     assert verify.param_drift(world4[0]["remapped"], reference) <= PARAM_DRIFT
+
+
+@pytest.mark.slow
+def test_a_remapped_long_pole_gives_the_single_process_gradient(world4):
+    assert_single_process_gradients(world4[0]["ballast-poles"], pole_batches())
 
 
 @pytest.mark.slow
