@@ -47,17 +47,18 @@ def remapped(cost: CostModel, s: np.ndarray, q: np.ndarray) -> tuple[np.ndarray,
     levels = np.arange(cost.layers + 1)[:, None] / cost.layers
     alone = np.full((len(cost.degrees), len(s)), np.inf)
     area = np.full_like(alone, np.inf)
+    attention = cost.attention_time(s, q)
     for i, d in enumerate(cost.degrees):
         # Summed in the order the bound always had, so that unremapped results stay bit-identical.
         comm = cost.exchange_bytes(d) * s / cost.bandwidth[d] / d if d > 1 else np.zeros_like(s)
-        alone[i] = cost.attention_time(s, q) / d + comm + cost.b * s / n
+        alone[i] = attention / d + comm + cost.b * s / n
         tight = np.flatnonzero(s / d > free)
         if not len(tight):
             continue
         held = s[tight] / d
         most = ((free - (1.0 - levels) * ATTENTION_SHARE * held)
                 / ((1.0 - levels) * (1.0 - ATTENTION_SHARE) + levels * cost.kept))
-        group = cost.attention_time(s[tight], q[tight]) * (1.0 + levels * cost.recompute_attention) / d + comm[tight]
+        group = attention[tight] * (1.0 + levels * cost.recompute_attention) / d + comm[tight]
         linear = cost.b * s[tight] * (1.0 + levels * cost.recompute)
         slot, used = np.full(len(tight), np.inf), np.full(len(tight), np.inf)
         for size in sizes:

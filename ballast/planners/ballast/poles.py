@@ -38,7 +38,8 @@ def remap_poles(planner: BallastPlanner, batch: SampleBatch, waves: list[Wave]) 
     """`waves`, or a faster plan of `batch` with its poles in a remap domain."""
     cost, n = planner.cost, planner.cluster.world_size
     best = (step_time(Plan(batch.lengths, waves, shapes=batch.shapes), cost), waves)
-    alone = np.min(cost.sequence_times(batch.samples), axis=0) + cost.g
+    times = cost.sequence_times(batch.samples)
+    alone = np.min(times, axis=0) + cost.g
     poles = [int(i) for i in np.argsort(-alone, kind="stable") if alone[i] >= POLE_SHARE * best[0]]
     if not poles:
         return waves
@@ -50,8 +51,8 @@ def remap_poles(planner: BallastPlanner, batch: SampleBatch, waves: list[Wave]) 
     while size < degree * len(poles):
         size *= 2
     while size <= n:
-        if n % size == 0 and _promising(cost, batch, poles, degree, size, best[0]):
-            found = _remapped(planner, batch, poles, degree, size)
+        if n % size == 0 and (level := _promising(cost, batch, poles, degree, size, best[0])) is not None:
+            found = _remapped(planner, batch, times, poles, degree, size, level)
             if found is not None and (t := step_time(Plan(batch.lengths, found, shapes=batch.shapes), cost)) < best[0]:
                 best = (t, found)
         size *= 2
@@ -59,35 +60,36 @@ def remap_poles(planner: BallastPlanner, batch: SampleBatch, waves: list[Wave]) 
 
 
 def _promising(cost: CostModel, batch: SampleBatch, poles: list[int], degree: int, size: int,
-               plain: float) -> bool:
-    """The poles alone in the domain, at the level their memory needs there, beat `plain`."""
+               plain: float) -> float | None:
+    """The level the poles' memory needs alone in the domain, if there they beat `plain`."""
     tokens = [batch.lengths[i] for i in poles]
     level = cost.remap_checkpoint(-(-max(tokens) // degree), -(-sum(tokens) // size))
     if level is None:
-        return False
+        return None
     pole = max(cost.time([batch.samples[i]], degree, level) for i in poles)
     linear = cost.b * sum(tokens) * (1.0 + level * cost.recompute)
-    return pole - linear / degree + linear / size < plain
+    return level if pole - linear / degree + linear / size < plain else None
 
 
-def _remapped(planner: BallastPlanner, batch: SampleBatch, poles: list[int], degree: int,
-              size: int) -> list[Wave] | None:
-    """Waves with the poles and helpers in the domain of the last `size` ranks and the rest
-    planned before it; None if the rest cannot run there or a slot fits at no level."""
+def _remapped(planner: BallastPlanner, batch: SampleBatch, times: np.ndarray, poles: list[int], degree: int,
+              size: int, level: float) -> list[Wave] | None:
+    """Waves with the poles (at `level`) and helpers in the domain of the last `size` ranks and
+    the rest planned before it; None if the rest cannot run there (`times`: the batch's
+    `sequence_times`) or a slot fits at no level."""
     cost, n = planner.cost, planner.cluster.world_size
     start = n - size
     groups = [Group(start + k * degree, degree, [MicroBatch([i])]) for k, i in enumerate(poles)]
     rest = sorted(set(range(len(batch))) - set(poles))
-    helpers = _helpers(cost, batch, poles, degree, size, rest)
+    helpers = _helpers(cost, batch, poles, degree, size, level, rest)
     groups += [Group(start + len(poles) * degree + h, 1, [MicroBatch(ids)]) for h, ids in enumerate(helpers) if ids]
     rest = sorted(set(rest) - {i for ids in helpers for i in ids})
     before: list[Wave] = []
     if rest:
         if start == 0:
             return None
-        sub = SampleBatch.of(batch.pick(rest), cost)
-        if not np.isfinite(cost.sequence_times(sub.samples)[[d <= start for d in cost.degrees]]).any(axis=0).all():
+        if not np.isfinite(times[[d <= start for d in cost.degrees]][:, rest]).any(axis=0).all():
             return None
+        sub = SampleBatch.of(batch.pick(rest), cost)
         before = type(planner)(planner.cluster, cost, planner.options).waves(sub, start)
         for wave in before:
             for g in wave.groups:
@@ -100,17 +102,17 @@ def _remapped(planner: BallastPlanner, batch: SampleBatch, poles: list[int], deg
     remapped = leveled(plan, 0, (start, size), cost)
     if remapped is None:
         return None
-    waves[0].groups = fill_idle([g for g in first if g.micro_batches] + remapped, n)
+    waves[0].groups = fill_idle(first + remapped, n)
     return waves
 
 
-def _helpers(cost: CostModel, batch: SampleBatch, poles: list[int], degree: int, size: int,
+def _helpers(cost: CostModel, batch: SampleBatch, poles: list[int], degree: int, size: int, level: float,
              rest: list[int]) -> list[list[int]]:
     """Sequences for each helper rank's one micro-batch, longest first to the least loaded
-    helper, while neither its attention time outgrows the poles' nor the slot's memory level."""
+    helper, while neither its attention time outgrows the poles' nor the slot's memory its
+    `level`."""
     tokens = [batch.lengths[i] for i in poles]
     pole_rank = -(-max(tokens) // degree)
-    level = cost.remap_checkpoint(pole_rank, -(-sum(tokens) // size))
     s = np.asarray(batch.lengths, dtype=np.float64)
     quadratic = cost.attention_time(s, batch.units) * (1.0 + level * cost.recompute_attention)
     limit = max(quadratic[i] / degree + cost.comm(batch.lengths[i], degree) for i in poles)
