@@ -7,12 +7,12 @@ docs/design.md's model, in seconds and bytes:
                                                                 profiled, or the cluster's
                                                                 per-call latency (analytic))
     memory(mb, d, c) = states + act_per_token (sum_s s) / d (c k + 1 - c)
-    remap_memory(att, bal, c) = states + act_per_token [(1 - c)(4/17 att + 13/17 bal) + c k bal]
-                       (a remap-domain rank: att tokens in its group's attention layout, bal
-                        in the domain's balanced one)
+
+A remap domain's memory, slots and bound terms are `remapping.py`'s; the lower bound is
+`bounds.py`'s (both price with this model).
 
 A sample s of the micro-batch has |s| tokens and q_s attention units (`samples.attention_units`
-under the model's attention pattern): |s|^2 for a text sequence under a causal decoder, what
+under the model's attention pattern, `patterns.py`): |s|^2 for a text sequence under a causal decoder, what
 docs/design.md writes a s^2; a video clip's follow its frames x height x width. Planners and the
 lower bound read q from `units()`, never square lengths themselves. Every method that takes
 `samples` takes token counts (text) or (frames, height, width) shapes alike.
@@ -40,7 +40,8 @@ import numpy as np
 
 from .cluster import Cluster
 from .value_checks import check_types, from_fields, read_json
-from .model_shape import ModelShape, exchanged_kv_heads
+from .model_shape import ModelShape
+from .patterns import AttentionPattern, attention_pattern
 from .samples import Sample, attention_units, tokens as sample_tokens
 
 # Mixed-precision Adam: bf16 weights and grads + fp32 master weights, momentum and variance.
@@ -50,15 +51,11 @@ STATE_BYTES_PER_PARAM = 16
 # term; full checkpointing keeps only the block input (h values).
 ACT_VALUES_PER_HIDDEN = 17
 KEPT_UNDER_CHECKPOINT = 1 / 17
-# Of those 17, the values attention itself saves (q, k, v and its output: flash attention's
-# backward needs them) live in the attention layout; a remap domain (`Wave.remap`) keeps the
-# other 13 and a checkpointed layer's input on its balanced layout (`remap_memory`).
-ATTENTION_SHARE = 4 / 17
 # A layer's all-to-alls in forward and backward: q, k, v together and the output, each way.
 ALL_TO_ALLS_PER_LAYER = 4
 # Recomputing a layer repeats its forward: one third of forward + backward.
 RECOMPUTE_OVERHEAD = 1 / 3
-_EPS = 1e-9
+LEVEL_EPS = 1e-9  # relative slack of a level or fit computed in floats
 
 # FlexSP's profile of GPT on 64 A100-40GB (docs/design.md): ms per token^2, ms per token, ms, MB/token.
 _PUBLISHED = {
@@ -118,12 +115,14 @@ class CostModel:
     attention_window: int | None = None
     """The model's `ModelShape.attention_window`: no sequence may be longer (`check_fits`)."""
     attention: str = "causal"
-    """The model's attention pattern (`ModelShape.attention`): how `units` prices a sample."""
+    """The model's attention pattern by name (`ModelShape.attention`); `pattern` is the value:
+    how `units` prices a sample, and the layout whose degree rule `degrees` follows."""
     spatial_share: float = 0.5
     """The model's `ModelShape.spatial_share` (spatial-temporal attention only)."""
 
     def __post_init__(self) -> None:
         check_types(self, "cost model", self.model)
+        attention_pattern(self.attention)  # a ValueError naming the patterns, where the name enters
         if self.recompute_attention is None:
             object.__setattr__(self, "recompute_attention", self.recompute)
         object.__setattr__(self, "bandwidth", {int(d): float(v) for d, v in self.bandwidth.items()})
@@ -135,13 +134,17 @@ class CostModel:
 
     # --- degrees and memory ------------------------------------------------------------------
     @property
+    def pattern(self) -> AttentionPattern:
+        return attention_pattern(self.attention)
+
+    @property
     def degrees(self) -> list[int]:
         """SP degrees usable for this model on this cluster: powers of two up to the world size
-        that divide the attention heads and have a bandwidth (a profile knows the degrees it
-        measured)."""
-        out, d = [], 1
+        that the model's layout allows (`layouts.Layout.allows`) and that have a bandwidth (a
+        profile knows the degrees it measured)."""
+        layout, out, d = self.pattern.layout, [], 1
         while d <= self.world_size:
-            if self.heads % d == 0 and (d == 1 or d in self.bandwidth):
+            if layout.allows(d, self.heads) and (d == 1 or d in self.bandwidth):
                 out.append(d)
             d *= 2
         return out
@@ -149,7 +152,7 @@ class CostModel:
     # --- samples -----------------------------------------------------------------------------
     def units(self, samples: Sequence[Sample]) -> np.ndarray:
         """Attention units of each sample under the model's pattern (float64)."""
-        return attention_units(samples, self.attention, self.spatial_share)
+        return attention_units(samples, self.pattern, self.spatial_share)
 
     def _kept_fraction(self, checkpoint: float) -> float:
         return checkpoint * self.kept + (1.0 - checkpoint)
@@ -157,28 +160,6 @@ class CostModel:
     def memory(self, samples: Sequence[Sample], degree: int, checkpoint: float) -> float:
         tokens = float(sum(map(sample_tokens, samples))) if len(samples) else 0.0
         return self.states + self.act_per_token * tokens / degree * self._kept_fraction(checkpoint)
-
-    def remap_memory(self, attention: float, balanced: float, checkpoint: float) -> float:
-        """Bytes on a rank of a remap domain holding `attention` tokens in its group's attention
-        layout and `balanced` tokens in the domain's balanced layout: a layer keeps q, k, v and
-        the attention output (`ATTENTION_SHARE`) where attention runs and the rest where the
-        linear modules run; a checkpointed layer keeps only its input, on the balanced layout.
-        With both layouts equal this is `memory()`."""
-        values = (1.0 - checkpoint) * (ATTENTION_SHARE * attention + (1.0 - ATTENTION_SHARE) * balanced)
-        return self.states + self.act_per_token * (values + checkpoint * self.kept * balanced)
-
-    def remap_checkpoint(self, attention: float, balanced: float) -> float | None:
-        """The smallest checkpoint level (a multiple of 1/layers) at which a remap-domain rank
-        holding `attention` and `balanced` tokens fits (`remap_memory`), or None."""
-        free = (self.device_memory - self.states) / self.act_per_token
-        full = ATTENTION_SHARE * attention + (1.0 - ATTENTION_SHARE) * balanced
-        if full <= free * (1 + _EPS):
-            return 0.0
-        saved = full - self.kept * balanced
-        if saved <= 0.0:
-            return None
-        level = math.ceil((full - free) / saved * self.layers - _EPS) / self.layers
-        return level if level <= 1.0 else None
 
     def max_tokens(self, degree: int, checkpoint: float) -> int:
         """The most tokens one micro-batch can hold at this degree and checkpoint level."""
@@ -190,10 +171,10 @@ class CostModel:
         """The smallest checkpoint level (a multiple of 1/layers) at which `tokens` fit, or None."""
         free = self.device_memory - self.states
         need = self.act_per_token * tokens / degree
-        if need <= free * (1 + _EPS):
+        if need <= free * (1 + LEVEL_EPS):
             return 0.0
         c = (1.0 - free / need) / (1.0 - self.kept)
-        level = math.ceil(c * self.layers - _EPS) / self.layers
+        level = math.ceil(c * self.layers - LEVEL_EPS) / self.layers
         return level if level <= 1.0 else None
 
     def min_degree(self, tokens: int) -> int | None:
@@ -220,11 +201,8 @@ class CostModel:
     def exchange_bytes(self, degree: int) -> float:
         """Bytes one token contributes to a micro-batch's all-to-alls at SP degree `degree`:
         `bytes_per_token` with the kv heads replicated as the runtime does where the degree does
-        not divide them (`exchanged_kv_heads`)."""
-        kv = exchanged_kv_heads(self.kv_heads, degree)
-        if kv == self.kv_heads:
-            return self.bytes_per_token
-        return self.bytes_per_token * (self.heads + kv) / (self.heads + self.kv_heads)
+        not divide them (`layouts.Layout.exchange_bytes`)."""
+        return self.pattern.layout.exchange_bytes(self.bytes_per_token, self.heads, self.kv_heads, degree)
 
     def comm_per_token(self, degree: int) -> float:
         """Seconds of all-to-all per token of a micro-batch at this degree (0 at degree 1)."""
@@ -272,29 +250,13 @@ class CostModel:
         out = np.full((len(self.degrees), len(s)), np.inf)
         for i, d in enumerate(self.degrees):
             need = self.act_per_token * s / d
-            c = np.clip((1.0 - free / np.maximum(need, _EPS)) / (1.0 - self.kept), 0.0, None)
-            c = np.ceil(c * self.layers - _EPS) / self.layers
+            c = np.clip((1.0 - free / np.maximum(need, LEVEL_EPS)) / (1.0 - self.kept), 0.0, None)
+            c = np.ceil(c * self.layers - LEVEL_EPS) / self.layers
             work = self.work(s, q, c) / d
             if d > 1:
                 work = work + self.exchange_bytes(d) * s / (d * self.bandwidth[d])
             out[i] = np.where(c <= 1.0, work, np.inf)
         return out
-
-    def longest_alone(self, samples: Sequence[Sample]) -> float:
-        """The slowest sample alone at its best degree (least checkpointing) plus g: no plan
-        without remapping ends the step sooner (`bounds.py`)."""
-        from .bounds import longest_alone
-        return longest_alone(self, samples)
-
-    def lower_bound(self, samples: Sequence[Sample]) -> float:
-        """No plan's step time can be below this (`bounds.py`, docs/design.md section 5)."""
-        from .bounds import lower_bound
-        return lower_bound(self, samples)
-
-    def remap_bandwidth(self, size: int) -> float:
-        """All-to-all bytes/s over a remap domain of `size` ranks: the widest profiled degree
-        within it."""
-        return self.bandwidth[max((k for k in self.bandwidth if k <= size), default=min(self.bandwidth))]
 
     # --- construction and JSON -----------------------------------------------------------------
     @classmethod

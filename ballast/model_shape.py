@@ -5,7 +5,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .samples import ATTENTION_PATTERNS
+from .patterns import AttentionPattern, attention_pattern
 from .value_checks import check_types, from_fields, read_json
 
 
@@ -62,10 +62,10 @@ class ModelShape:
     hidden: int
     """Model width."""
     heads: int
-    """Query heads; every SP degree must divide it (Ulysses shards heads)."""
+    """Query heads; every SP degree must divide it (Ulysses shards heads: `layouts.py`)."""
     kv_heads: int
     """Key/value heads (grouped-query attention); a degree that does not divide them replicates
-    them (`exchanged_kv_heads`)."""
+    them (`layouts.Layout.exchanged_kv_heads`)."""
     ffn: int
     """Inner width of the MLP."""
     vocab: int
@@ -81,8 +81,9 @@ class ModelShape:
     """Where the model comes from: None for ballast's own GPT built from this shape, or
     `hf:PATH` for a Hugging Face causal LM folder (`ballast.models.build_model` reads it)."""
     attention: str = "causal"
-    """Attention pattern (`samples.ATTENTION_PATTERNS`): causal, full or spatial-temporal; it
-    decides what a sample of a given shape costs in attention (`samples.attention_units`)."""
+    """Attention pattern, by name (`patterns.PATTERNS`: causal, full or spatial-temporal); the
+    value is `pattern`. It decides what a sample of a given shape costs in attention, which
+    layout the model's groups run and which model family builds it."""
     spatial_share: float = 0.5
     """spatial-temporal: the share of blocks that attend within a frame (the rest attend along
     time); STDiT alternates them, 0.5."""
@@ -99,9 +100,10 @@ class ModelShape:
         if isinstance(self.video, dict):
             object.__setattr__(self, "video", VideoGeometry(**self.video))
         check_types(self, "model", self.name)
-        if self.attention not in ATTENTION_PATTERNS:
-            raise ValueError(f"model {self.name!r}: attention {self.attention!r} is not one of "
-                             f"{', '.join(ATTENTION_PATTERNS)}")
+        try:
+            attention_pattern(self.attention)
+        except ValueError as e:
+            raise ValueError(f"model {self.name!r}: {e}") from None
         if self.caption_dim < 0:
             raise ValueError(f"model {self.name!r}: caption_dim {self.caption_dim} must be >= 0 (0: labels only)")
         if not 0.0 <= self.spatial_share <= 1.0:
@@ -120,6 +122,11 @@ class ModelShape:
         if self.source is None or not self.source.startswith(HF_PREFIX):
             return None
         return Path(self.source[len(HF_PREFIX):])
+
+    @property
+    def pattern(self) -> AttentionPattern:
+        """The attention pattern `attention` names."""
+        return attention_pattern(self.attention)
 
     @property
     def head_dim(self) -> int:
@@ -155,12 +162,11 @@ class ModelShape:
         return self.layers * (self.layer_matmul_params + 2 * self.hidden) + embeddings + self.hidden
 
     def check_degree(self, degree: int) -> None:
-        """Raise ValueError if Ulysses cannot shard this model's heads over `degree` ranks."""
-        if not self.supports_degree(degree):
-            raise ValueError(f"model {self.name!r}: SP degree {degree} must divide the attention heads ({self.heads})")
+        """Raise ValueError unless a group of `degree` ranks can run this model's attention."""
+        self.pattern.layout.check(degree, self.heads, f"model {self.name!r}")
 
     def supports_degree(self, degree: int) -> bool:
-        return self.heads % degree == 0
+        return self.pattern.layout.allows(degree, self.heads)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -168,16 +174,6 @@ class ModelShape:
     @classmethod
     def from_dict(cls, data: dict) -> ModelShape:
         return from_fields(cls, data, "model")
-
-
-def exchanged_kv_heads(kv_heads: int, degree: int) -> int:
-    """The kv heads Ulysses exchanges at SP degree `degree`: lcm(kv_heads, degree).
-
-    Each rank receives heads / degree query heads and the kv heads they read. When the degree
-    divides the kv heads that is kv_heads / degree of them; when it does not (kv_heads < degree,
-    common with GQA), every kv head is replicated degree / gcd(kv_heads, degree) times so each
-    rank receives the copies its query heads need. The replicas' gradients sum in backward."""
-    return math.lcm(kv_heads, degree)
 
 
 MODEL_PRESETS: dict[str, ModelShape] = {

@@ -13,11 +13,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
+from . import remapping
 from .cluster import Cluster, is_power_of_two
 from .cost import CostModel
+from .remapping import MEMORY_SLACK
 from .samples import Sample, check_samples, tokens as sample_tokens
-
-_MEMORY_SLACK = 1e-6  # relative: float rounding in memory() must not reject an exact fit
 
 
 class PlanError(ValueError):
@@ -148,11 +148,10 @@ class Plan:
                         raise PlanError(f"{where}: rank {r} is also in another group of the wave")
                     covered[r] = True
                 busy = any(mb.seq_ids for mb in group.micro_batches)
-                if busy and cost is not None and cost.heads % group.degree:
-                    raise PlanError(f"{where}: SP degree {group.degree} does not divide the attention heads "
-                                    f"({cost.heads})")
+                if busy and cost is not None and (why := cost.pattern.layout.why_not(group.degree, cost.heads)):
+                    raise PlanError(f"{where}: {why}")
                 counts.add(len(group.micro_batches))
-                # A remap domain's memory is its slots' (`remap_overflow`), not each group's own.
+                # A remap domain's memory is its slots' (`remapping.overflow`), not each group's own.
                 own = None if wave.domain_of(group.start) else cost
                 for m, mb in enumerate(group.micro_batches):
                     self._validate_micro_batch(f"{where}, micro-batch {m}", mb, group.degree, own, seen)
@@ -160,7 +159,7 @@ class Plan:
                 raise PlanError(f"wave {w}: rank {covered.index(False)} is in no group")
             self._validate_remap(w, wave, n)
             for start, size in wave.remap if cost is not None else ():
-                if (why := self.remap_overflow(w, start, size, cost)) is not None:
+                if (why := remapping.overflow(self, w, start, size, cost)) is not None:
                     raise PlanError(f"wave {w}, remap domain ranks {start}..{start + size - 1}: {why}")
             if self.lockstep and len(counts) > 1:
                 raise PlanError(f"wave {w}: lockstep plan but groups run {sorted(counts)} micro-batches")
@@ -189,33 +188,6 @@ class Plan:
                     raise PlanError(f"{where}: group of ranks {group.start}..{group.start + group.degree - 1} "
                                     f"is partly outside it")
 
-    def remap_overflow(self, wave: int, start: int, size: int, cost: CostModel) -> str | None:
-        """Why the remap domain (start, size) of a wave would not fit device memory, or None.
-        The runtime runs slot m at its micro-batches' lowest checkpoint level; there each rank
-        holds its group's share of the micro-batch in the attention layout and the slot's even
-        share in the balanced layout (`CostModel.remap_memory`), the busiest rank the most."""
-        for m, (attention, balanced, level) in enumerate(self.slot_loads(wave, start, size)):
-            used = cost.remap_memory(attention, balanced, level)
-            if used > cost.device_memory * (1 + _MEMORY_SLACK):
-                return (f"slot {m}: a rank holding {attention} tokens for attention and {balanced} balanced "
-                        f"needs {used / 1e9:.2f} GB at checkpoint {level:.2f}; the device has "
-                        f"{cost.device_memory / 1e9:.2f} GB")
-        return None
-
-    def slot_loads(self, wave: int, start: int, size: int) -> list[tuple[int, int, float]]:
-        """Per slot of the remap domain (start, size) of a wave: (the most tokens a rank holds in
-        the attention layout, the tokens every rank holds in the balanced layout, the slot's
-        checkpoint level: its micro-batches' lowest); (0, 0, 0.0) for a slot nobody uses."""
-        groups = self.waves[wave].domain_groups(start, size)
-        loads = []
-        for m in range(max((len(g.micro_batches) for g in groups), default=0)):
-            busy = [(g.degree, g.micro_batches[m]) for g in groups
-                    if m < len(g.micro_batches) and g.micro_batches[m].seq_ids]
-            tokens = [sum(self.mb_lengths(mb)) for _, mb in busy]
-            loads.append((max((-(-n // d) for (d, _), n in zip(busy, tokens)), default=0),
-                          -(-sum(tokens) // size), min((mb.checkpoint for _, mb in busy), default=0.0)))
-        return loads
-
     def _validate_micro_batch(self, where: str, mb: MicroBatch, degree: int,
                               cost: CostModel | None, seen: dict[int, str]) -> None:
         if not 0.0 <= mb.checkpoint <= 1.0:
@@ -229,7 +201,7 @@ class Plan:
         if cost is not None and mb.seq_ids:
             lengths = self.mb_lengths(mb)
             used = cost.memory(lengths, degree, mb.checkpoint)
-            if used > cost.device_memory * (1 + _MEMORY_SLACK):
+            if used > cost.device_memory * (1 + MEMORY_SLACK):
                 raise PlanError(
                     f"{where}: sequences {mb.seq_ids[:8]}{'...' if len(mb.seq_ids) > 8 else ''} "
                     f"({sum(lengths)} tokens) need {used / 1e9:.2f} GB per device at SP degree "

@@ -15,17 +15,12 @@ from typing import TYPE_CHECKING, Sequence, Union
 
 import numpy as np
 
+from .patterns import CAUSAL_LM, AttentionPattern, attention_pattern
+
 if TYPE_CHECKING:
     from .cost import CostModel
 
 Sample = Union[int, tuple[int, int, int]]
-
-ATTENTION_PATTERNS = ("causal", "full", "spatial-temporal")
-"""causal: each token attends to the tokens before it in its sample (text decoders);
-full: every token to every token of its sample (Wan-style video DiTs);
-spatial-temporal: blocks alternate between attending within a frame and along time at one
-patch position (STDiT), both bidirectional."""
-
 
 def check_sample(sample, index: int) -> Sample:
     """`sample` as a Sample (a 1-tuple is a text length); ValueError naming sample `index`."""
@@ -65,28 +60,18 @@ def is_shaped(samples: Sequence[Sample]) -> bool:
     return any(map(_is_shape, samples))
 
 
-def attention_units(samples: Sequence[Sample], pattern: str = "causal", spatial_share: float = 0.5) -> np.ndarray:
-    """Attention work of each sample, in units of one causal s x s attention (a text sequence
-    of s tokens under `causal` costs s^2 units, exactly as the text-only cost model priced it).
-
-    A bidirectional attention over n tokens does twice a causal one's QK^T and AV FLOPs (2 n^2
-    units). Under `spatial-temporal` a clip (F, H, W) with S = H W patches per frame spends a
-    share `spatial_share` of its blocks attending within each of its F frames (F S^2 pairs)
-    and the rest along time at each of its S positions (S F^2 pairs), both bidirectional: 2
-    (share F S^2 + (1 - share) S F^2) units. A text sample under `spatial-temporal` is one
-    frame; a clip under `causal` or `full` is its F H W tokens in one sequence.
-    """
-    if pattern not in ATTENTION_PATTERNS:
-        raise ValueError(f"attention pattern {pattern!r}: expected one of {', '.join(ATTENTION_PATTERNS)}")
+def attention_units(samples: Sequence[Sample], pattern: AttentionPattern | str = CAUSAL_LM,
+                    spatial_share: float = 0.5) -> np.ndarray:
+    """Attention work of each sample under `pattern` (a value or its name), in units of one
+    causal s x s attention (`patterns.AttentionPattern.units`: a text sequence of s tokens under
+    a causal decoder costs s^2 units, exactly as the text-only cost model priced it).
+    `spatial_share`: the share of a spatial-temporal model's blocks that attend within a frame."""
+    if isinstance(pattern, str):
+        pattern = attention_pattern(pattern)
     # frames F and patches per frame S of every sample; a text sequence is one frame of s.
     frames = np.array([x[0] if _is_shape(x) else 1 for x in samples], dtype=np.float64)
     per_frame = np.array([x[1] * x[2] if _is_shape(x) else x for x in samples], dtype=np.float64)
-    n = frames * per_frame  # exact: integers far below 2^53, so text's n * n is its s * s
-    if pattern == "causal":
-        return n * n
-    if pattern == "full":
-        return 2.0 * n * n
-    return 2.0 * (spatial_share * frames * per_frame * per_frame + (1.0 - spatial_share) * per_frame * frames * frames)
+    return pattern.units(frames, per_frame, spatial_share)
 
 
 def split_sample(sample: Sample, max_len: int) -> list[Sample]:

@@ -6,8 +6,8 @@ each forward all-gathers parameters with every rank: micro-batch i of the wave e
 slowest group's micro-batch i ends.
 
 A remap domain of a wave (Zeppelin's remapping layer, `Wave.remap`) runs its groups slot by
-slot with linear work spread evenly over its ranks; `remap_slots` prices its slots, and every
-group of the domain is busy for all of each one.
+slot with linear work spread evenly over its ranks; `remapping.slot_times` prices its slots,
+and every group of the domain is busy for all of each one.
 """
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .bounds import lower_bound
 from .cost import CostModel
-from .plans import Group, MicroBatch, Plan, Wave
+from .plans import MicroBatch, Plan, Wave
+from .remapping import slot_times
 
 
 @dataclass
@@ -93,7 +95,7 @@ def simulate(plan: Plan, cost: CostModel, world_size: int, timeline: bool = Fals
                 comm_time[group.start:group.start + group.degree] += comm
         wave_times.append(wave_time)
         clock += wave_time
-    lower = cost.lower_bound(plan.samples)
+    lower = lower_bound(cost, plan.samples)
     return StepMetrics(clock, plan.tokens, lower, busy, comm_time, wave_times, segments)
 
 
@@ -115,45 +117,10 @@ def _durations(plan: Plan, wave: Wave, cost: CostModel) -> list[list[tuple[float
     durations = [[_mb_time(plan, mb, g.degree, cost) for mb in g.micro_batches] for g in wave.groups]
     for start, size in wave.remap:
         members = [i for i, g in enumerate(wave.groups) if start <= g.start < start + size]
-        slots = remap_slots(plan, [wave.groups[i] for i in members], size, cost)
+        slots = slot_times(plan, [wave.groups[i] for i in members], size, cost)
         for i in members:
             durations[i] = slots
     return durations
-
-
-def remap_slots(plan: Plan, groups: list[Group], size: int, cost: CostModel) -> list[tuple[float, float]]:
-    """(compute, comm) of every slot of a remap domain of `size` ranks holding `groups`.
-
-    Slot m runs every group's m-th micro-batch at their lowest checkpoint level (as the runtime
-    does) and lasts the slowest group's attention (a q work and Ulysses all-to-alls) + the
-    slot's linear device-seconds (b s) / size + g + moving q, k, v and the output of the
-    largest per-rank surplus or deficit of tokens (`bytes_per_token`: their own heads, never
-    replicated; forward and backward) over the domain's bandwidth."""
-    bandwidth = cost.remap_bandwidth(size)
-    slots = []
-    for m in range(max((len(g.micro_batches) for g in groups), default=0)):
-        busy = [(g, g.micro_batches[m]) for g in groups if m < len(g.micro_batches) and g.micro_batches[m].seq_ids]
-        if not busy:
-            slots.append((cost.g, 0.0))
-            continue
-        level = min(mb.checkpoint for _, mb in busy)
-        attention = comm = linear = 0.0
-        per_rank = []
-        for g, mb in busy:
-            lengths = plan.mb_lengths(mb)
-            all_to_all = cost.comm(sum(lengths), g.degree)
-            units = float(cost.units(plan.mb_samples(mb)).sum())
-            quadratic = cost.a * units * (1.0 + level * cost.recompute_attention)
-            attention = max(attention, quadratic / g.degree + all_to_all)
-            comm = max(comm, all_to_all)
-            linear += cost.b * sum(lengths) * (1.0 + level * cost.recompute)
-            per_rank += [sum(lengths) / g.degree] * g.degree
-        mean = sum(per_rank) / size
-        per_rank += [0.0] * (size - len(per_rank))  # ranks of idle groups take a share too
-        transfer = max(abs(n - mean) for n in per_rank) * cost.bytes_per_token / bandwidth
-        total = attention + linear / size + cost.g + transfer
-        slots.append((total - comm - transfer, comm + transfer))
-    return slots
 
 
 def _mb_time(plan: Plan, mb: MicroBatch, degree: int, cost: CostModel) -> tuple[float, float]:

@@ -120,7 +120,7 @@ def is_video_data(spec: str) -> bool:
 
 def check_data_kind(spec: str, shape: ModelShape) -> None:
     """ValueError unless the data suits the model: clips for a video DiT, text for a language model."""
-    video_model, video_data = shape.attention != "causal", is_video_data(spec)
+    video_model, video_data = shape.pattern.clips, is_video_data(spec)
     if video_model != video_data:
         raise ValueError(f"model {shape.name!r} is a {'video DiT' if video_model else 'language model'} but "
                          f"--data {spec!r} is {'video clips' if video_data else 'text'}: "

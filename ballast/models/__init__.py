@@ -21,15 +21,19 @@ import torch
 from torch import nn
 
 from ..model_shape import HF_PREFIX, ModelShape
+from ..patterns import CAUSAL_LM, AttentionPattern
 from .dit import DiT, build_dit
 from .gpt import GPT, build_gpt
 from .kernels import local_attention, varlen_attention
-from .protocol import INPUT, PATTERNS, AttentionFn, PackedStream, ParallelModel, attention_spans, sequence_positions
+from .protocol import INPUT, AttentionFn, PackedStream, ParallelModel, attention_spans, sequence_positions
 from .stdit import STDiT, build_stdit
 
 
-VIDEO_MODELS: dict[str, Callable[[ModelShape], nn.Module]] = {"spatial-temporal": STDiT, "full": DiT}
-"""The video DiT of each attention pattern (`ModelShape.attention`)."""
+VIDEO_MODELS: dict[AttentionPattern, Callable[[ModelShape], nn.Module]] = {STDiT.PATTERN: STDiT, DiT.PATTERN: DiT}
+"""The video DiT of each attention pattern (`ModelShape.pattern`)."""
+BUILDERS: dict[AttentionPattern, Callable[[ModelShape, int], ParallelModel]] = {
+    CAUSAL_LM: build_gpt, STDiT.PATTERN: build_stdit, DiT.PATTERN: build_dit}
+"""ballast's own model of each attention pattern."""
 
 
 def check_buildable(shape: ModelShape) -> None:
@@ -39,9 +43,9 @@ def check_buildable(shape: ModelShape) -> None:
     allocates nothing."""
     if shape.source is not None and shape.hf_folder is None:
         raise ValueError(f"model {shape.name!r}: unknown source {shape.source!r} (expected {HF_PREFIX}PATH)")
-    if shape.source is None and shape.attention in VIDEO_MODELS:
+    if shape.source is None and shape.pattern in VIDEO_MODELS:
         with torch.device("meta"):
-            VIDEO_MODELS[shape.attention](shape)
+            VIDEO_MODELS[shape.pattern](shape)
 
 
 def build_model(shape: ModelShape, seed: int = 0) -> ParallelModel:
@@ -52,12 +56,8 @@ def build_model(shape: ModelShape, seed: int = 0) -> ParallelModel:
     if shape.hf_folder is not None:
         from .hf import build_hf
         return build_hf(shape, seed)
-    if shape.attention == "spatial-temporal":
-        return build_stdit(shape, seed)
-    if shape.attention == "full":
-        return build_dit(shape, seed)
-    return build_gpt(shape, seed)
+    return BUILDERS[shape.pattern](shape, seed)
 
-__all__ = ["DiT", "GPT", "INPUT", "PATTERNS", "STDiT", "AttentionFn", "PackedStream", "ParallelModel",
+__all__ = ["DiT", "GPT", "INPUT", "STDiT", "AttentionFn", "PackedStream", "ParallelModel",
            "attention_spans", "build_dit", "build_gpt", "build_model", "build_stdit", "check_buildable",
            "local_attention", "sequence_positions", "varlen_attention"]

@@ -11,14 +11,17 @@ from __future__ import annotations
 import torch
 
 from ..model_shape import ModelShape
+from ..patterns import FULL_DIT
 from .video_dit import VideoDiT
 
 
 class DiT(VideoDiT):
     """`shape.layers` full-attention blocks."""
 
+    PATTERN = FULL_DIT
+
     def __init__(self, shape: ModelShape):
-        super().__init__(shape, ["full"] * shape.layers)
+        super().__init__(shape, self.PATTERN.block_spans(shape.layers))
 
 
 def build_dit(shape: ModelShape, seed: int = 0) -> DiT:

@@ -214,7 +214,7 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], cau
 def local_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedStream) -> Tensor:
     """Attention of `stream.pattern` when this process holds the whole stream (in stream order)."""
     order, bounds = attention_spans(stream)
-    causal = stream.pattern == "causal"
+    causal = stream.pattern.causal
     if order is None:
         return varlen_attention(q, k, v, bounds, causal)
     # index_select, not q[order]: its backward is an index_add, not an accumulating index_put.

@@ -31,13 +31,9 @@ import torch
 from torch import Tensor, nn
 
 from ..model_shape import ModelShape
+from ..patterns import CAUSAL, Span, span
 from ..samples import Sample
 
-PATTERNS = ("causal", "full", "spatial", "temporal")
-"""What one attention call attends over, inside each sample: causal (each token to the tokens
-before it), full (every token of the sample), spatial (the tokens of its frame) and temporal
-(the tokens of its patch column: the same row and column in every frame). All but causal are
-bidirectional."""
 INPUT = "input"
 """`PackedStream.arrange` target: the layout the model was handed (its `local` slice), where
 its inputs and targets are."""
@@ -55,8 +51,12 @@ class PackedStream:
     [tokens held, 4] (sample index in the stream, frame, row, column) for a video stream."""
     grids: tuple[tuple[int, int, int], ...] | None = None
     """(frames, height, width) in latent patches of every sample of a video stream; None for text."""
-    pattern: str = "causal"
-    """What the next attention call attends over (`PATTERNS`); set by `arrange`."""
+    pattern: Span = CAUSAL
+    """What the next attention call attends over (`patterns.Span`; a name is resolved to it when
+    the stream is made); set by `arrange`."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pattern", check_span(self.pattern))
 
     @classmethod
     def from_lengths(cls, lengths: Sequence[int], device: torch.device | str | None = None) -> PackedStream:
@@ -72,7 +72,7 @@ class PackedStream:
         bounds = tuple(itertools.accumulate((math.prod(g) for g in grids), initial=0))
         return cls(bounds, video_positions(grids, torch.arange(bounds[-1]), bounds).to(device), grids)
 
-    def arrange(self, x: Tensor, pattern: str) -> tuple[Tensor, PackedStream]:
+    def arrange(self, x: Tensor, pattern: Span | str) -> tuple[Tensor, PackedStream]:
         """The rows `x` of the tokens held, laid out for attention of `pattern` (or back in the
         `INPUT` layout), with the stream that describes them: what a model calls before every
         attention whose pattern differs from the last. A stream held in stream order keeps its
@@ -81,9 +81,13 @@ class PackedStream:
         sits (positions, the sample a token belongs to) come from the returned stream."""
         if pattern == INPUT:
             return x, self
-        if pattern not in PATTERNS:
-            raise ValueError(f"attention pattern {pattern!r}: expected one of {', '.join(PATTERNS)} or {INPUT!r}")
-        return x, dataclasses.replace(self, pattern=pattern)
+        return x, dataclasses.replace(self, pattern=check_span(pattern))
+
+
+def check_span(pattern: Span | str) -> Span:
+    """`pattern` as an `arrange` target: a `patterns.Span`, or its name resolved here (a
+    ValueError naming the spans for any other)."""
+    return pattern if isinstance(pattern, Span) else span(pattern)
 
 
 def sequence_positions(lengths: Sequence[int], device: torch.device | str | None = None) -> Tensor:
@@ -116,27 +120,27 @@ def attention_spans(stream: PackedStream) -> tuple[Tensor | None, tuple[int, ...
     is attention inside every span `bounds` of the stream's tokens taken in `order` (None:
     stream order). Frames are contiguous in the frame-major stream; patch columns are not, so
     `temporal` gathers every clip's tokens column by column."""
-    if stream.pattern in ("causal", "full"):
+    if stream.pattern.whole_sample:
         return None, stream.bounds
     grids = stream.grids or video_grids([b - a for a, b in zip(stream.bounds, stream.bounds[1:])])
     return pattern_spans(grids, stream.bounds, stream.pattern)
 
 
-def pattern_spans(grids: Sequence[tuple[int, int, int]], bounds: Sequence[int], pattern: str
+def pattern_spans(grids: Sequence[tuple[int, int, int]], bounds: Sequence[int], pattern: Span
                   ) -> tuple[Tensor | None, tuple[int, ...]]:
-    """(order, span bounds) of the frames (`spatial`) or patch columns (`temporal`) of a
+    """(order, span bounds) of the frames (SPATIAL) or patch columns (TEMPORAL) of a
     frame-major stream of clips with these grids and sample bounds (`attention_spans`; the
     runtime's 2D layouts cut the same orders at the same spans)."""
-    assert pattern in ("spatial", "temporal"), pattern
+    assert not pattern.whole_sample, pattern
     if not grids:
         return None, (0,)
     # Vectorised over the samples (a micro-batch may hold hundreds of tiny clips).
     grid = torch.tensor(grids, dtype=torch.long).view(-1, 3)
     frames, per_frame = grid[:, 0], grid[:, 1] * grid[:, 2]
     # A sample's spans: its frames (spatial) or its columns (temporal), one after another.
-    count, size = (frames, per_frame) if pattern == "spatial" else (per_frame, frames)
+    count, size = (frames, per_frame) if pattern.frames else (per_frame, frames)
     spans = (0, *torch.cumsum(torch.repeat_interleave(size, count), 0).tolist())
-    if pattern == "spatial":
+    if pattern.frames:
         return None, spans
     # Temporal: every clip's tokens column by column, each column frame by frame.
     tokens = frames * per_frame

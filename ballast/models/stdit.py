@@ -16,17 +16,20 @@ from __future__ import annotations
 import torch
 
 from ..model_shape import ModelShape
+from ..patterns import SPATIAL_TEMPORAL
 from .video_dit import VideoDiT
 
 
 class STDiT(VideoDiT):
     """`shape.layers` blocks: spatial, temporal, spatial, temporal, ... (layers must be even)."""
 
+    PATTERN = SPATIAL_TEMPORAL
+
     def __init__(self, shape: ModelShape):
-        if shape.layers % 2:
+        if shape.layers % self.PATTERN.depth_step:
             raise ValueError(f"model {shape.name!r}: an STDiT alternates spatial and temporal blocks, so its "
                              f"layers must be even, got {shape.layers}")
-        super().__init__(shape, ["spatial", "temporal"] * (shape.layers // 2))
+        super().__init__(shape, self.PATTERN.block_spans(shape.layers))
 
 
 def build_stdit(shape: ModelShape, seed: int = 0) -> STDiT:

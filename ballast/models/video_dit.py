@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..model_shape import ModelShape
+from ..patterns import Span
 from .clip import Clip
 from .flow import clip_timestep, flow_targets, token_loss
 from .protocol import INPUT, AttentionFn, PackedStream
@@ -33,7 +34,7 @@ class VideoDiT(nn.Module):
     """Patch embedding, one `VideoBlock` per entry of `patterns`, final layer; conditioned on
     each clip's timestep (adaLN-zero) and condition (cross-attention)."""
 
-    def __init__(self, shape: ModelShape, patterns: Sequence[str]):
+    def __init__(self, shape: ModelShape, patterns: Sequence[Span]):
         super().__init__()
         geometry = shape.video_geometry
         if not shape.cross_attention:

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..model_shape import ModelShape
+from ..patterns import FULL, SPATIAL, TEMPORAL, Span
 from .gpt import MLP, RMSNorm
 from .kernels import equal_groups, local_attention, token_order
 from .protocol import AttentionFn, PackedStream
@@ -33,7 +34,7 @@ from .video_conditioning import Conditioning, HeldSamples
 
 ROPE_THETA = 10000.0
 NORM_EPS = 1e-6
-ROPE_AXES = {"temporal": (1,), "spatial": (2, 3), "full": (1, 2, 3)}
+ROPE_AXES = {TEMPORAL: (1,), SPATIAL: (2, 3), FULL: (1, 2, 3)}
 """Columns of a video stream's positions (sample, frame, row, column) each pattern's RoPE
 rotates by: the coordinates that vary inside one of its attention spans."""
 
@@ -83,7 +84,7 @@ class SelfAttention(nn.Module):
     """q/k/v/o projections, per-head q/k RMSNorm (STDiT3, Wan), RoPE over the pattern's axes;
     the attention itself is `attend` (the runtime installs the sequence-parallel one)."""
 
-    def __init__(self, shape: ModelShape, pattern: str):
+    def __init__(self, shape: ModelShape, pattern: Span):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
         self.axes = ROPE_AXES[pattern]
@@ -191,7 +192,7 @@ class VideoBlock(nn.Module):
     """arrange for `pattern` (unless the block before had the same one: `arranges` False);
     adaLN-zero self-attention; cross-attention; adaLN-zero MLP."""
 
-    def __init__(self, shape: ModelShape, pattern: str, arranges: bool = True):
+    def __init__(self, shape: ModelShape, pattern: Span, arranges: bool = True):
         super().__init__()
         self.pattern, self.arranges = pattern, arranges
         self.attention_norm = layer_norm(shape.hidden)

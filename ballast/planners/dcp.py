@@ -65,6 +65,7 @@ from ..timeline import step_time
 from . import register
 from .base import Planner
 from .packing import fixed_checkpoint, pad_lockstep
+from ..bounds import lower_bound
 
 BUCKETS_PER_OCTAVE = 2
 MAX_ACCUMULATION = 8
@@ -129,7 +130,7 @@ class DCPPlanner(Planner):
             raise ValueError(f"sequence {lengths.index(max(lengths))} has {max(lengths)} tokens, "
                              f"more than max_len {max_len}")
         level = fixed_checkpoint(self.cost, max_len, self.cost.degrees[-1])
-        bound = self.cost.lower_bound(batch.samples)
+        bound = lower_bound(self.cost, batch.samples)
         plans = [self.plan_for_target(batch, max_len, level, bound * f, mode) for f in TARGETS]
         return min(plans, key=lambda p: step_time(p, self.cost))
 

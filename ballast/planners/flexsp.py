@@ -55,6 +55,7 @@ from ..timeline import step_time
 from . import register
 from .base import Planner, PlannerOptions
 from .flexsp_milp import Buckets, WaveSolution, dp_buckets, solve_wave
+from ..bounds import lower_bound
 
 EXTRA_WAVES = 4
 """Candidates are M_min..M_min + EXTRA_WAVES waves."""
@@ -201,7 +202,7 @@ class FlexSPPlanner(Planner):
         m = m_min
         while m <= len(lengths) and (m in candidates or best is None):
             chunks = blast(lengths, m)
-            bound = sum(self.cost.lower_bound(batch.pick(c)) for c in chunks)
+            bound = sum(lower_bound(self.cost, batch.pick(c)) for c in chunks)
             if bound >= best_time:  # no plan with these waves can win
                 tried[str(m)] = None
             else:

@@ -56,6 +56,7 @@ from ..samples import SampleBatch
 from . import register
 from .base import Planner
 from .packing import mb_time, pad_lockstep
+from ..bounds import lower_bound
 
 TRIALS = 8  # orders tried by the randomised greedy, most work first included
 NOISE = 0.3  # sigma of the lognormal factor that shuffles an order
@@ -69,7 +70,7 @@ class HydraulisPlanner(Planner):
 
     def _plan(self, batch: SampleBatch) -> Plan:
         estimates = self.sequence_estimates(batch)
-        layouts = self.candidate_layouts(estimates, self.cost.lower_bound(batch.samples))
+        layouts = self.candidate_layouts(estimates, lower_bound(self.cost, batch.samples))
         work = self.cost.work(np.asarray(batch.lengths, dtype=np.float64), batch.units)
         heaviest_first = np.argsort(-work, kind="stable")
         (slowest, replicas), layout = min(((self.dispatch(lay, heaviest_first, estimates), lay)

@@ -57,8 +57,9 @@ from ..samples import SampleBatch
 from ..timeline import step_time, wave_time
 from . import register
 from .base import Planner
-from .remapping import leveled
+from ..remapping import leveled
 from .packing import longest_processing_time, mb_time, micro_batch, pad_lockstep
+from ..bounds import lower_bound
 
 THETAS = (1.25, 1.0, 0.6)
 """Targets as fractions of the lower bound: how long a sequence may run alone."""
@@ -152,7 +153,7 @@ class ZeppelinPlanner(Planner):
         est = times + min(cost.recompute * cost.b / (1.0 - cost.kept), cost.g / free_tokens) * s / deg
         step = _Step(batch, dict(zip(cost.degrees, est.tolist())),
                      dict(zip(cost.degrees, (est - cost.b * s / deg).tolist())))
-        target = cost.lower_bound(batch.samples)
+        target = lower_bound(cost, batch.samples)
         best: tuple[float, Plan, float, np.ndarray] | None = None
         seen: set[bytes] = set()
         for theta in THETAS:

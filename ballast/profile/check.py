@@ -231,7 +231,7 @@ def run_check(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.check} was profiled on {cost.world_size} ranks, not --world {args.world}")
     if args.plans < 1:
         raise ValueError("--plans must be >= 1")
-    video = shape.attention != "causal"
+    video = shape.pattern.clips
     lengths = args.lengths or ("video" if video else "stdlib")
     names = parse_planner_names(args.planners)
     repeats = args.repeats if args.repeats is not None else 3

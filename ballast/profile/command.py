@@ -40,6 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..cost import CostModel
+from ..patterns import attention_pattern
 from ..model_shape import ModelShape, get_model_shape
 from .grid import checkpoint_levels
 from .machine import physical_memory
@@ -145,14 +146,14 @@ def print_report(console: Console, cost: CostModel) -> None:
                   f"{report['seconds']:.0f} s; load average {load['min']:.1f}..{load['max']:.1f} "
                   f"(median {load['median']:.1f}) on {load['cpus']} CPUs; the ranks had "
                   f"{report['core_share']:.0%} of a core (CPU / wall time of a step)")
-    per = "s/token^2" if cost.attention == "causal" else "s/unit"
+    per = f"s/{cost.pattern.unit_label}"
     console.print(f"a={cost.a:.3e} {per}  b={cost.b:.3e} s/token  g={cost.g * 1e3:.2f} ms  r={cost.recompute:.3f}  "
                   f"r_attn={cost.recompute_attention:.3f}  "
                   f"k={cost.kept:.3f}  act={cost.act_per_token / 1e3:.1f} KB/token  states={cost.states / 1e6:.1f} MB")
     video = report.get("video")
     if video is not None:
         console.print(f"{video['attention']} attention on clips {', '.join('x'.join(map(str, c)) for c in video['clips'])}")
-        if video["attention"] == "spatial-temporal":
+        if attention_pattern(video["attention"]).split_fit:
             console.print(f"c_s={video['spatial_s_per_pair']:.3e} s per pair of a spatial block, "
                           f"c_t={video['temporal_s_per_pair']:.3e} of a temporal one: at {cost.layers} blocks "
                           f"({video['spatial_blocks']} spatial, {video['temporal_blocks']} temporal) a={cost.a:.3e} s/unit "

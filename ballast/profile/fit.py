@@ -26,11 +26,12 @@ comm_latency(d) = L lat_l(d), act_per_token = act_0 + L act_l, kept = (act_0 + L
 act_per_token, recompute_attention = ra_l and recompute = r_l L b_l / b (CostModel charges
 recomputation on b_0's part too, which is never recomputed).
 
-Video models. The attention term follows the model's pattern (`samples.attention_units`):
+Video models. The attention term follows the model's pattern (`patterns.AttentionPattern`:
+its units and its `fit_terms`, one coefficient per term):
 under `full` (Wan-style DiTs) a_l multiplies a clip's units 2 n^2 (S2 above becomes 2 sum n^2);
 the rest of the model is the text one. Under `spatial-temporal` (STDiT) a block attends either
-within every frame or along time at every patch position (`attention_blocks` says which,
-block by block), so a micro-batch of clips (F frames of S patches) at depth L, with n_s(L)
+within every frame or along time at every patch position (`AttentionPattern.block_counts`
+says how many of each), so a micro-batch of clips (F frames of S patches) at depth L, with n_s(L)
 spatial and n_t(L) temporal blocks among its first L and n_s(k), n_t(k) among the k
 checkpointed ones, spends
 
@@ -39,7 +40,7 @@ checkpointed ones, spends
 in attention instead of the a_l term: c_s and c_t are the seconds per attended (query, key)
 pair of one spatial and one temporal block, both fitted (two columns; the video grid makes
 them non-collinear). At depth L they become CostModel's a and spatial_share exactly
-(`spatial_temporal_a`): a = (n_s(L) c_s + n_t(L) c_t) / 2 and the measured spatial share
+(`patterns.fit_attention`): a = (n_s(L) c_s + n_t(L) c_t) / 2 and the measured spatial share
 sigma = n_s(L) c_s / (n_s(L) c_s + n_t(L) c_t), the share of the attention time a clip with
 F = S spends in spatial blocks (not the share of spatial blocks: a spatial pair and a temporal
 one need not cost alike).
@@ -56,6 +57,7 @@ from scipy.optimize import minimize, nnls
 
 from ..cost import CostModel
 from ..model_shape import ModelShape
+from ..patterns import AttentionPattern, as_pattern, attention_pattern, fit_attention
 from .grid import Measurement, Point
 
 MAX_RECOMPUTE = 2.0
@@ -102,17 +104,18 @@ class Coefficients:
 
     def attention_at(self, depth: int) -> tuple[float, float | None]:
         """(a, spatial_share) of the CostModel at `depth` blocks; spatial_share None unless the
-        pattern is `spatial-temporal` (then the measured one: `spatial_temporal_a`)."""
-        if self.attention != "spatial-temporal":
+        pattern fits a coefficient per span (then the measured one: `patterns.fit_attention`)."""
+        pattern = attention_pattern(self.attention)
+        if not pattern.split_fit:
             return depth * self.a_layer, None
-        spatial, temporal = attention_blocks(depth)
-        return spatial_temporal_a(spatial * self.spatial_layer, temporal * self.temporal_layer)
+        return fit_attention(pattern, [blocks * getattr(self, term.name) for blocks, term
+                                       in zip(pattern.block_counts(depth), pattern.fit_terms)])
 
     def cost_model(self, shape: ModelShape, world_size: int, device_memory: float, states: float,
                    fit: dict | None = None) -> CostModel:
         """The CostModel of `shape` (at its depth) with these coefficients."""
         depth = shape.layers
-        if shape.attention != self.attention:
+        if shape.pattern is not attention_pattern(self.attention):
             raise ValueError(f"coefficients of {self.attention} attention cannot price model {shape.name!r} "
                              f"({shape.attention} attention)")
         a, share = self.attention_at(depth)
@@ -132,42 +135,9 @@ class Coefficients:
     def to_dict(self) -> dict:
         """The fields; a text model's as they always were (no attention pattern, no c_s, c_t)."""
         out = dataclasses.asdict(self)
-        if self.attention == "causal":
+        if not attention_pattern(self.attention).clips:
             del out["attention"]
         return {key: value for key, value in out.items() if value is not None}
-
-
-def attention_blocks(depth: int) -> tuple[int, int]:
-    """(spatial, temporal) blocks among the first `depth` blocks of a spatial-temporal model:
-    they alternate, spatial first (STDiT3's spatial_blocks[i] then temporal_blocks[i])."""
-    return (depth + 1) // 2, depth // 2
-
-
-def spatial_temporal_a(spatial: float, temporal: float) -> tuple[float, float]:
-    """CostModel's (a, spatial_share) of a spatial-temporal model whose spatial blocks together
-    cost `spatial` seconds per attended pair (sum over its spatial blocks of c_s) and temporal
-    ones `temporal`.
-
-    CostModel prices a clip of F frames of S patches at a q with q = 2 (sigma F S^2 + (1 - sigma)
-    S F^2) (`samples.attention_units`); the model spends spatial F S^2 + temporal S F^2. For the
-    two to agree on every clip, both linear in F S^2 and S F^2, the coefficients must match
-    (the grid's clips make the two terms independent):
-
-        2 a sigma = spatial,   2 a (1 - sigma) = temporal
-        => a = (spatial + temporal) / 2,   sigma = spatial / (spatial + temporal).
-
-    With one spatial and one temporal block per layer (spatial = L c_s, temporal = L c_t) that
-    is a = L (c_s + c_t) / 2. A negative part (a fit left unconstrained) is clamped to 0 with a
-    warning, which clamps sigma into [0, 1]; with no attention time at all, a = 0 and sigma is
-    0.5 (nothing to share)."""
-    if spatial < 0 or temporal < 0:
-        warnings.warn(f"spatial-temporal fit: spatial {spatial:.3g} and temporal {temporal:.3g} s per pair; "
-                      f"the negative one is clamped to 0 (spatial_share clamped into [0, 1])", stacklevel=2)
-        spatial, temporal = max(spatial, 0.0), max(temporal, 0.0)
-    total = spatial + temporal
-    if total <= 0:
-        return 0.0, 0.5
-    return total / 2.0, spatial / total
 
 
 def _nnls(columns: list[np.ndarray], target: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, float]:
@@ -199,48 +169,46 @@ def fit_bandwidth(measurements: Sequence[Measurement]) -> tuple[dict[int, float]
     return bandwidth, latency
 
 
-def _attention_columns(points: Sequence[Point], attention: str, recompute: float) -> list[np.ndarray]:
-    """The attention term's columns for a recomputation factor ra_l: one (a_l's) for causal and
-    full attention, two (c_s's, c_t's) for spatial-temporal (see the module doc)."""
-    layers = np.array([p.layers for p in points], dtype=float)
-    ckpt = np.array([p.checkpoint_layers for p in points], dtype=float)
+def _attention_columns(points: Sequence[Point], pattern: AttentionPattern, recompute: float) -> list[np.ndarray]:
+    """The attention term's columns for a recomputation factor ra_l, one per fit term of the
+    pattern (a_l's for causal and full attention; c_s's and c_t's for spatial-temporal): the
+    term's blocks among the point's (plus ra_l times those checkpointed) x its feature / d."""
     d = np.array([p.degree for p in points], dtype=float)
-    if attention in ("causal", "full"):
-        s2 = np.array([p.sum_sq for p in points]) * (2.0 if attention == "full" else 1.0)
-        return [(layers + ckpt * recompute) * s2 / d]
-    if attention != "spatial-temporal":
-        raise ValueError(f"no fit for attention {attention!r}")
-    blocks = np.array([attention_blocks(p.layers) for p in points], dtype=float)
-    checkpointed = np.array([attention_blocks(p.checkpoint_layers) for p in points], dtype=float)
-    pairs = np.array([(p.spatial_pairs, p.temporal_pairs) for p in points])
-    return [(blocks[:, i] + recompute * checkpointed[:, i]) * pairs[:, i] / d for i in range(2)]
+    blocks = np.array([pattern.block_counts(p.layers) for p in points], dtype=float)
+    checkpointed = np.array([pattern.block_counts(p.checkpoint_layers) for p in points], dtype=float)
+    columns = []
+    for i, term in enumerate(pattern.fit_terms):
+        feature = np.array([float(sum(term.span.pairs(f, h * w) for f, h, w in p.grids())) for p in points])
+        columns.append((blocks[:, i] + checkpointed[:, i] * recompute) * (feature * term.scale) / d)
+    return columns
 
 
 def _time_columns(points: Sequence[Point], attention: float, linear: float, degrees: list[int],
-                  several_depths: bool, pattern: str = "causal") -> list[np.ndarray]:
+                  several_depths: bool, pattern: AttentionPattern | str) -> list[np.ndarray]:
     """Columns of a_l (c_s, c_t), b_l, g_l[, b_0, g_0], lat_l(d) for recomputation factors (ra_l, r_l)."""
     layers = np.array([p.layers for p in points], dtype=float)
     ckpt = np.array([p.checkpoint_layers for p in points], dtype=float)
     d = np.array([p.degree for p in points], dtype=float)
     s1 = np.array([float(p.tokens) for p in points])
-    columns = _attention_columns(points, pattern, attention) + [(layers + ckpt * linear) * s1 / d, layers]
+    columns = _attention_columns(points, as_pattern(pattern), attention) + [(layers + ckpt * linear) * s1 / d, layers]
     if several_depths:
         columns += [s1 / d, np.ones(len(points))]
     return columns + [layers * (d == degree) for degree in degrees]
 
 
 def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
-             exchange_bytes_layer: dict[int, float], attention: str = "causal") -> dict:
+             exchange_bytes_layer: dict[int, float], attention: AttentionPattern | str = "causal") -> dict:
     """a_l (or c_s and c_t), b_l, b_0, g_l, g_0, ra_l, r_l and lat_l(d) from the micro-batch
     times (see the module doc)."""
     points = [m.point for m in measurements]
     if not any(p.checkpoint_layers for p in points):
         raise ValueError("the profile has no checkpointed micro-batch: the recomputation overhead "
                          "cannot be fitted")
-    if attention == "spatial-temporal":
-        for i, kind in enumerate(("spatial", "temporal")):
-            if not any(attention_blocks(p.layers)[i] for p in points):
-                raise ValueError(f"no profiled depth has a {kind} block: profile at a depth of 2 blocks or more")
+    pattern = as_pattern(attention)
+    for i, span in enumerate(pattern.spans):
+        if not any(pattern.block_counts(p.layers)[i] for p in points):
+            raise ValueError(f"no profiled depth has a {span} block: profile at a depth of "
+                             f"{pattern.depth_step} blocks or more")
     several_depths = len({p.layers for p in points}) > 1
     degrees = sorted({p.degree for p in points if p.degree > 1})
     seconds = np.array([m.seconds for m in measurements])
@@ -250,7 +218,7 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
     target, weight = seconds - comm, 1.0 / seconds
 
     def columns(attention_factor: float, linear: float) -> list[np.ndarray]:
-        return _time_columns(points, attention_factor, linear, degrees, several_depths, attention)
+        return _time_columns(points, attention_factor, linear, degrees, several_depths, pattern)
 
     def residual(factors) -> float:
         return _nnls(columns(*np.clip(factors, 0.0, MAX_RECOMPUTE)), target, weight)[1]
@@ -262,11 +230,11 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
     recompute_attention, linear = (float(v) for v in (refine.x if refine.fun <= residual(coarse) else coarse))
     theta, _ = _nnls(columns(recompute_attention, linear), target, weight)
     theta = [float(v) for v in theta]
-    if attention == "spatial-temporal":
-        (c_s, c_t), rest = theta[:2], theta[2:]
-        attention_terms = dict(a_layer=(c_s + c_t) / 2.0, spatial_layer=c_s, temporal_layer=c_t)
-    else:
-        attention_terms, rest = dict(a_layer=theta[0]), theta[1:]
+    count = len(pattern.fit_terms)
+    attention_terms = {term.name: c for term, c in zip(pattern.fit_terms, theta[:count])}
+    if pattern.split_fit:  # a per layer when every span has one block of it: sum of c / units
+        attention_terms["a_layer"] = sum(c / term.units_per_feature for term, c in zip(pattern.fit_terms, theta))
+    rest = theta[count:]
     b_l, g_l, *rest = rest
     b_0, g_0 = (rest[0], rest[1]) if several_depths else (0.0, 0.0)
     latency = dict(zip(degrees, rest[2:] if several_depths else rest))
@@ -289,7 +257,7 @@ def fit_activations(measurements: Sequence[Measurement]) -> dict:
 
 
 def fit(measurements: Sequence[Measurement], exchange_bytes_layer: dict[int, float],
-        attention: str = "causal") -> Coefficients:
+        attention: AttentionPattern | str = "causal") -> Coefficients:
     """Every coefficient from the grid's measurements (any mix of depths) of a model of this
     attention pattern (`ModelShape.attention`).
 
@@ -302,7 +270,7 @@ def fit(measurements: Sequence[Measurement], exchange_bytes_layer: dict[int, flo
     return Coefficients(**fit_time(measurements, bandwidth, exchange_bytes_layer, attention),
                         bandwidth=bandwidth, call_latency=call_latency,
                         bytes_per_token_layer=exchange_bytes_layer[1],
-                        **fit_activations(measurements), attention=attention)
+                        **fit_activations(measurements), attention=as_pattern(attention).name)
 
 
 def prediction_errors(measurements: Sequence[Measurement], cost_at: dict[int, CostModel]) -> list[dict]:

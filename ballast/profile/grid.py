@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 from ..samples import Sample, tokens as sample_tokens
+from ..patterns import AttentionPattern, as_pattern
 
 Shape = tuple[int, int, int]
 
@@ -63,14 +64,14 @@ class Point:
     def spatial_pairs(self) -> float:
         """sum F S^2 over the clips: the (query, key) pairs one spatial block attends (a text
         sequence is one frame)."""
-        return float(sum(f * (h * w) ** 2 for f, h, w in self._grids()))
+        return float(sum(f * (h * w) ** 2 for f, h, w in self.grids()))
 
     @property
     def temporal_pairs(self) -> float:
         """sum S F^2 over the clips: the pairs one temporal block attends."""
-        return float(sum(h * w * f * f for f, h, w in self._grids()))
+        return float(sum(h * w * f * f for f, h, w in self.grids()))
 
-    def _grids(self) -> tuple[Shape, ...]:
+    def grids(self) -> tuple[Shape, ...]:
         return self.shapes if self.shapes is not None else tuple((1, 1, s) for s in self.lengths)
 
     @property
@@ -174,7 +175,7 @@ def clip_shape(tokens: int, frames: int) -> Shape:
     return frames, height, per_frame // height
 
 
-def video_clips(attention: str, sizes: Sequence[int], degrees: Sequence[int]) -> list[Shape]:
+def video_clips(attention: AttentionPattern | str, sizes: Sequence[int], degrees: Sequence[int]) -> list[Shape]:
     """The clips of the video grid, by token count (see the module doc).
 
     `full`: one clip per size, frames and patches per frame alike (the shape does not matter).
@@ -183,13 +184,14 @@ def video_clips(attention: str, sizes: Sequence[int], degrees: Sequence[int]) ->
     2D sequence parallelism (whole frames, whole patch columns per rank) then have at least one
     frame or column per rank.
     """
-    if attention not in ("full", "spatial-temporal"):
-        raise ValueError(f"no video grid for attention {attention!r}")
+    pattern = as_pattern(attention)
+    if not pattern.clips:
+        raise ValueError(f"no video grid for attention {pattern!r}")
     clips: list[Shape] = []
     widest = max(degrees)
     for n in sorted(set(sizes)):
         balanced = 1 << (max(n, 1).bit_length() - 1) // 2
-        frames = ([balanced] if attention == "full" else
+        frames = ([balanced] if not pattern.split_fit else
                   [max(2, widest), balanced, max(1, n // max(4, widest))])
         clips += [clip_shape(n, f) for f in frames]
     return list(dict.fromkeys(clips))

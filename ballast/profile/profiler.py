@@ -20,9 +20,10 @@ from datetime import timedelta
 from typing import Sequence
 
 from ..cost import CostModel, InfeasibleError
-from ..model_shape import ModelShape, exchanged_kv_heads
+from ..model_shape import ModelShape
+from ..patterns import SPATIAL_TEMPORAL, AttentionPattern, as_pattern
 from ..runtime import run_local, under_torchrun
-from .fit import Coefficients, attention_blocks, error_summary, fit, prediction_errors
+from .fit import Coefficients, error_summary, fit, prediction_errors
 from .grid import (Measurement, Point, build_grid, build_video_grid, checkpoint_levels, verification_points,
                    video_clips, video_verification_points)
 from .machine import LoadMonitor, machine_info
@@ -62,14 +63,16 @@ VIDEO_MAX_TOKENS = 2048
 """Default largest clip (tokens) of a video model's grid: CPU-sized, a few minutes on 2 ranks."""
 
 
-def default_video_sizes(max_tokens: int, quick: bool, attention: str = "spatial-temporal") -> tuple[int, ...]:
+def default_video_sizes(max_tokens: int, quick: bool, attention: AttentionPattern | str = SPATIAL_TEMPORAL
+                        ) -> tuple[int, ...]:
     """Token counts of a video model's grid (`grid.video_clips` makes clips of them).
 
-    `spatial-temporal`: max_tokens and a quarter of it, each made into three clips of different
-    aspects, which separate the spatial and temporal terms and the linear one (quick changes
-    nothing: fewer would not). `full`: one clip per count, so several counts tell the n^2 term
-    from the linear one: powers of two from 256 to max_tokens (the largest three when quick)."""
-    if attention == "spatial-temporal":
+    A pattern with one fit term per span (`split_fit`: spatial-temporal): max_tokens and a
+    quarter of it, each made into three clips of different aspects, which separate the spatial
+    and temporal terms and the linear one (quick changes nothing: fewer would not). One term
+    (`full`): one clip per count, so several counts tell the n^2 term from the linear one:
+    powers of two from 256 to max_tokens (the largest three when quick)."""
+    if as_pattern(attention).split_fit:
         return tuple(sorted({max(16, max_tokens // 4), max_tokens}))
     sizes = default_lengths(max_tokens, quick=False)
     sizes = tuple(s for s in sizes if s >= 256) or (max_tokens,)
@@ -78,13 +81,15 @@ def default_video_sizes(max_tokens: int, quick: bool, attention: str = "spatial-
 
 def default_depths(shape: ModelShape) -> tuple[int, ...]:
     """Reduced depths to profile at: 1 and 2 blocks; 2 and 4 for a spatial-temporal model, whose
-    blocks come in (spatial, temporal) pairs (its depth must be even)."""
-    return (2, 4) if shape.attention == "spatial-temporal" else (1, 2)
+    blocks come in (spatial, temporal) pairs (its depth must be even): one and two rounds of the
+    pattern's spans."""
+    step = shape.pattern.depth_step
+    return (step, 2 * step)
 
 
 def is_video(shape: ModelShape) -> bool:
     """Whether the model trains on clips (its grid is of clips, see the module doc)."""
-    return shape.attention != "causal"
+    return shape.pattern.clips
 
 
 def state_bytes(shape: ModelShape) -> float:
@@ -125,11 +130,11 @@ def plan_grid(shape: ModelShape, world_size: int, settings: Settings) -> tuple[l
     degrees = sp_degrees(shape, world_size)
     depths = sorted({min(d, shape.layers) for d in settings.depths})
     if is_video(shape):
-        if shape.attention == "spatial-temporal" and any(d % 2 for d in depths):
+        if any(d % shape.pattern.depth_step for d in depths):
             raise ValueError(f"model {shape.name!r} alternates spatial and temporal blocks, so its copies have an "
                              f"even depth: --depths {','.join(map(str, depths))} has an odd one (default "
                              f"{','.join(map(str, default_depths(shape)))})")
-        clips = video_clips(shape.attention, settings.lengths, degrees)
+        clips = video_clips(shape.pattern, settings.lengths, degrees)
         grid = [p for depth in depths for p in build_video_grid(depth, clips, degrees)]
         checks = ([] if shape.layers in depths else
                   video_verification_points(shape.layers, clips, degrees, settings.verify))
@@ -196,9 +201,9 @@ def video_report(coefficients: Coefficients, shape: ModelShape, points: Sequence
     clips = sorted({c for p in points for c in p.shapes}, key=lambda c: (math.prod(c), c))
     out = dict(attention=shape.attention, clips=[list(c) for c in clips],
                all_to_all_bytes_per_token_layer=exchanged)
-    if shape.attention == "spatial-temporal":
+    if shape.pattern.split_fit:
         a, share = coefficients.attention_at(shape.layers)
-        spatial, temporal = attention_blocks(shape.layers)
+        spatial, temporal = shape.pattern.block_counts(shape.layers)
         out.update(spatial_s_per_pair=coefficients.spatial_layer, temporal_s_per_pair=coefficients.temporal_layer,
                    spatial_blocks=spatial, temporal_blocks=temporal, a=a, spatial_share=share,
                    shape_spatial_share=shape.spatial_share)
@@ -252,8 +257,8 @@ def _measure_on_rank(*args) -> dict:
 def shape_bytes_per_token_layer(shape: ModelShape, value_bytes: int, degree: int = 1) -> float:
     """All-to-all send bytes per token and block at SP degree `degree`: q+k+v then out in
     forward, both again in backward, `value_bytes` each (4 in fp32, 2 in bf16); k and v with
-    the kv heads the degree exchanges (`exchanged_kv_heads`; degree 1: the model's own)."""
-    kv_dim = exchanged_kv_heads(shape.kv_heads, degree) * shape.head_dim
+    the kv heads the degree exchanges (`layouts.Layout.exchanged_kv_heads`; degree 1: the model's own)."""
+    kv_dim = shape.pattern.layout.exchanged_kv_heads(shape.kv_heads, degree) * shape.head_dim
     return 2.0 * (2 * shape.hidden + 2 * kv_dim) * value_bytes
 
 

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from ..model_shape import exchanged_kv_heads
+from ..layouts import ULYSSES
 from ..samples import Sample
 from ..models.protocol import PackedStream
 from ..models.kernels import local_attention, varlen_attention
@@ -158,12 +158,10 @@ def sequence_parallel_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedS
     if not isinstance(stream, StreamShard) or stream.degree == 1:
         return local_attention(q, k, v, stream)
     d, heads = stream.degree, q.shape[1]
-    if heads % d:
-        # Raised on every rank of the group alike, before any communication: nobody waits.
-        raise ValueError(f"SP degree {d} must divide the attention heads ({heads}) to shard them over {d} ranks")
+    ULYSSES.check(d, heads)  # raised on every rank of the group alike, before any communication
     rows, head_dim = q.shape[0], q.shape[2]
     assert rows == stream.sizes[stream.index], (rows, stream.sizes, stream.index)
-    kv_heads = exchanged_kv_heads(k.shape[1], d)
+    kv_heads = ULYSSES.exchanged_kv_heads(k.shape[1], d)
     if kv_heads != k.shape[1]:
         # GQA: query head h reads kv head h // (heads / kv). Repeating each kv head r times in
         # place gives kv_heads = lcm(kv, d) heads, a divisor of heads (d and kv both divide it),

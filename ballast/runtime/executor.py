@@ -53,6 +53,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..cluster import Cluster
+from ..layouts import ULYSSES, VIDEO_2D, Layout
 from ..models.protocol import PackedStream, ParallelModel
 from ..plans import Group, MicroBatch, Plan
 from .attention import StreamShard, shard_sizes
@@ -65,6 +66,10 @@ from .video_sp import VideoShard
 
 PRECISIONS = ("auto", "bf16", "fp32")
 """auto: bf16 autocast on CUDA, fp32 elsewhere."""
+
+SHARDS: dict[Layout, type[StreamShard]] = {ULYSSES: StreamShard, VIDEO_2D: VideoShard}
+"""How a group's ranks hold a micro-batch in each layout (`layouts.py`; a group of one rank
+holds its stream whole, a `StreamShard` of degree 1)."""
 
 
 @dataclass
@@ -187,10 +192,10 @@ class Executor:
 
     def _run(self, plan: Plan, wave: int, group: Group, mb: MicroBatch, samples: Sequence[Any],
              result: StepResult) -> Tensor:
-        # A spatial-temporal video model's group runs 2D sequence parallelism: `local` is then the
-        # initial layout's slice (whole frames, or the even split when frames do not balance).
-        video = group.degree > 1 and self.model.shape.attention == "spatial-temporal"
-        shard = (VideoShard if video else StreamShard).create(
+        # Under 2D sequence parallelism `local` is the initial layout's slice (whole frames, or
+        # the even split when frames do not balance).
+        holder = SHARDS[self.model.shape.pattern.layout] if group.degree > 1 else StreamShard
+        shard = holder.create(
             plan.mb_samples(mb), self.groups.get(group.start, group.degree), group.degree,
             self.rank - group.start, self.device)
         return self._forward_backward(plan, mb.seq_ids, shard, shard.local, mb.checkpoint, samples, result,

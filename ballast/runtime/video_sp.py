@@ -33,7 +33,8 @@ import torch
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from ..models.protocol import INPUT, PATTERNS, pattern_spans, video_grids, video_positions
+from ..models.protocol import INPUT, check_span, pattern_spans, video_grids, video_positions
+from ..patterns import SPATIAL, TEMPORAL, Span
 from ..samples import Sample
 from .all_to_all import all_to_all
 from .attention import StreamShard, shard_sizes
@@ -49,7 +50,7 @@ accepted to save Ulysses' two exchanges per attention (q, k, v in and the output
 layout switch. Beyond that the fallback's communication is the cheaper price."""
 
 LAYOUTS = ("tokens", "frames", "columns")
-_HOLDS_WHOLE = {"frames": "spatial", "columns": "temporal"}
+_HOLDS_WHOLE = {"frames": SPATIAL, "columns": TEMPORAL}
 """The pattern whose spans a layout holds whole."""
 
 
@@ -121,8 +122,8 @@ def video_layouts(grids: Sequence[tuple[int, int, int]], degree: int) -> dict[st
     bounds = tuple(itertools.accumulate((math.prod(g) for g in grids), initial=0))
     frame_major = torch.arange(bounds[-1])
     # The frames and the columns are the spans of spatial and temporal attention.
-    _, frame_bounds = pattern_spans(grids, bounds, "spatial")
-    column_major, column_bounds = pattern_spans(grids, bounds, "temporal")
+    _, frame_bounds = pattern_spans(grids, bounds, SPATIAL)
+    column_major, column_bounds = pattern_spans(grids, bounds, TEMPORAL)
     frames, columns = (list(map(operator.sub, b[1:], b[:-1])) for b in (frame_bounds, column_bounds))
     return {"tokens": Layout("tokens", frame_major, shard_sizes(bounds[-1], degree)),
             "frames": Layout("frames", frame_major, _split(frames, degree)),
@@ -188,7 +189,7 @@ class VideoLayouts:
     def __getitem__(self, name: str) -> Layout:
         return self.layouts[name]
 
-    def target(self, pattern: str) -> str:
+    def target(self, pattern: Span) -> str:
         """The layout attention of `pattern` runs on: the one holding its spans whole if it balances."""
         whole = next((name for name, p in _HOLDS_WHOLE.items() if p == pattern), "tokens")
         return whole if self.balanced[whole] else "tokens"
@@ -259,16 +260,15 @@ class VideoShard(StreamShard):
                              f"{self.pattern!r} ones: arrange(x, {self.pattern!r}) before attending")
         return self.layouts.spans(self.layout)
 
-    def arrange(self, x: Tensor, pattern: str) -> tuple[Tensor, VideoShard]:
+    def arrange(self, x: Tensor, pattern: Span | str) -> tuple[Tensor, VideoShard]:
         """`x` (rows of the tokens held) on the layout for `pattern` (`VideoLayouts.target`; the
         initial one for INPUT), moved by one all-to-all (`Relayout`) if the layout changes;
         every rank of the group takes part, an empty one too."""
         if pattern == INPUT:
             target, pattern = self.initial, self.pattern
-        elif pattern in PATTERNS:
-            target = self.layouts.target(pattern)
         else:
-            raise ValueError(f"attention pattern {pattern!r}: expected one of {', '.join(PATTERNS)} or {INPUT!r}")
+            pattern = check_span(pattern)
+            target = self.layouts.target(pattern)
         assert x.shape[0] == self.sizes[self.index], (x.shape, self.layout, self.sizes, self.index)
         if target != self.layout:
             x = all_to_all(x, self.layouts.exchange(self.layout, target))

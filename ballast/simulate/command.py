@@ -9,6 +9,7 @@ from typing import Callable
 from rich.console import Console
 from rich.progress import Progress
 
+from ..bounds import longest_alone
 from ..cluster import get_cluster
 from .side_by_side import simulate_planners
 from ..cost import get_cost_model
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                                                                                    description=f"planning: {name}"),
                                            as_lengths=args.as_lengths)
     lower_mean = sum(lower) / len(lower)
-    longest = sum(map(cost.longest_alone, batches)) / len(batches)
+    longest = sum(longest_alone(cost, b) for b in batches) / len(batches)
     summaries = {name: r.summary() for name, r in results.items()}
     setting = {"lengths": args.lengths, "cluster": cluster.name, "world_size": cluster.world_size,
                "model": shape.name, "attention": shape.attention, "as_lengths": args.as_lengths,

@@ -10,10 +10,12 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..cost import CostModel
+from ..patterns import CAUSAL_LM
 from ..plans import Plan
 from ..planners import PlannerOptions, get_planner
 from ..samples import Sample, check_samples, is_shaped, tokens
 from ..timeline import StepMetrics, simulate
+from ..bounds import lower_bound
 
 
 @dataclass
@@ -54,6 +56,11 @@ class PlannerResult:
         return out
 
 
+def lengths_only(cost: CostModel) -> CostModel:
+    """`cost` as a length-only planner sees it: every sample a causal text sequence."""
+    return dataclasses.replace(cost, attention=CAUSAL_LM.name)
+
+
 def simulate_planners(batches: Sequence[list[Sample]], planners: Sequence[str], cluster: Cluster, cost: CostModel,
                       options: PlannerOptions, on_step: Callable[[str, int], None] | None = None,
                       as_lengths: bool = False) -> tuple[list[float], dict[str, PlannerResult]]:
@@ -62,8 +69,8 @@ def simulate_planners(batches: Sequence[list[Sample]], planners: Sequence[str], 
     as_lengths: the planners see every sample as a text sequence of its tokens under causal
     attention (what a length-only planner believes), and their plans run under `cost`'s own
     pattern with the real shapes: what shape-blind planning costs."""
-    lower = [cost.lower_bound(b) for b in batches]
-    planning_cost = dataclasses.replace(cost, attention="causal") if as_lengths else cost
+    lower = [lower_bound(cost, b) for b in batches]
+    planning_cost = lengths_only(cost) if as_lengths else cost
     results = {}
     for name in planners:
         planner = get_planner(name, cluster, planning_cost, options)

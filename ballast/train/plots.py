@@ -108,7 +108,7 @@ def write_report(folder: Path, history: list[dict], plans: dict[int, Plan], cost
     folder.mkdir(parents=True, exist_ok=True)
     paths = {name: folder / f"{name}.png" for name in ("loss", "tokens_per_s", "lengths")}
     # Text models' cross-entropy is in nats; video DiTs' rectified-flow loss is a squared error.
-    unit = "nats per token" if cost.attention == "causal" else "velocity MSE per token"
+    unit = cost.pattern.loss_unit
     loss_curve(history, paths["loss"], f"{title}: loss", unit)
     throughput(history, paths["tokens_per_s"], f"{title}: throughput")
     length_histogram(history, paths["lengths"], "data seen")

@@ -51,7 +51,7 @@ def random_batches(shape: ModelShape, steps: int, batch: int, max_len: int, seed
     out = []
     for _ in range(steps):
         lengths = [int(s) for s in np.clip(np.round(np.exp(rng.uniform(0, math.log(max_len), batch))), 1, max_len)]
-        if shape.attention == "causal":
+        if not shape.pattern.clips:
             out.append(Batch(lengths, [torch.from_numpy(rng.integers(0, shape.vocab, s + 1)) for s in lengths]))
         else:
             out.append(random_clips(shape, lengths, rng))

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel, InfeasibleError, get_cost_model
 from ballast.model_shape import ModelShape, get_model_shape
+from ballast.bounds import lower_bound
+from ballast import remapping
 
 
 def small_cost(**change) -> CostModel:
@@ -53,21 +55,21 @@ def test_remap_memory_by_hand():
     cost = small_cost()
     # A remap-domain rank holding 20000 tokens for attention and 4000 balanced, no checkpointing:
     # act (4/17 20000 + 13/17 4000) = 1e5 (4705.9 + 3058.8) -> 1e8 + 7.765e8
-    assert cost.remap_memory(20_000, 4_000, 0.0) == pytest.approx(1e8 + 1e5 * (80_000 + 52_000) / 17, rel=1e-12)
+    assert remapping.memory(cost, 20_000, 4_000, 0.0) == pytest.approx(1e8 + 1e5 * (80_000 + 52_000) / 17, rel=1e-12)
     # at level c the balanced layout keeps k of a checkpointed layer's input as well:
     # (1 - c)(...) + c k 4000 at c = 0.5: 0.5 * 7764.7 + 0.5 * 0.1 * 4000
-    assert cost.remap_memory(20_000, 4_000, 0.5) == pytest.approx(
+    assert remapping.memory(cost, 20_000, 4_000, 0.5) == pytest.approx(
         1e8 + 1e5 * (0.5 * 132_000 / 17 + 200), rel=1e-12)
     # equal layouts: a group alone (`memory`)
     for level in (0.0, 0.25, 1.0):
-        assert cost.remap_memory(5_000, 5_000, level) == pytest.approx(cost.memory([10_000], 2, level), rel=1e-12)
+        assert remapping.memory(cost, 5_000, 5_000, level) == pytest.approx(cost.memory([10_000], 2, level), rel=1e-12)
     # 7764.7 token-equivalents fit the 10000 free without checkpointing; 20000 x 2 do not:
     # (1 - c) 15529.4 + c 800 <= 10000 -> c >= 0.375 -> 2/4
-    assert cost.remap_checkpoint(20_000, 4_000) == 0.0
-    assert cost.remap_checkpoint(40_000, 8_000) == 0.5
+    assert remapping.checkpoint(cost, 20_000, 4_000) == 0.0
+    assert remapping.checkpoint(cost, 40_000, 8_000) == 0.5
     # the group alone at those 40000 tokens per rank needs more: 1 - 0.9 c <= 0.25 -> c = 1
     assert cost.min_checkpoint(80_000, 2) == 1.0
-    assert cost.remap_checkpoint(200_000, 200_000) is None
+    assert remapping.checkpoint(cost, 200_000, 200_000) is None
 
 
 def test_max_tokens_and_min_checkpoint_by_hand():
@@ -297,7 +299,7 @@ def design_lower_bound(cost: CostModel, lengths, remap: bool = False) -> float:
     counts g once.
 
     With `remap`, a sequence may also run alone in a remap slot (`remap_slot`, every domain
-    size and level tried), in both terms: CostModel.lower_bound's relaxation.
+    size and level tried), in both terms: bounds.lower_bound's relaxation.
     """
     assert not cost.comm_latency, "docs/design.md's formula has no all-to-all latency"
     n = cost.world_size
@@ -325,14 +327,14 @@ def remap_slot(cost: CostModel, s: int, d: int) -> tuple[float, float] | None:
     sizes = {n} | {2 ** i for i in range(1, 12) if 2 ** i <= n}
     for size in sorted(x for x in sizes if x >= max(2, d)):
         for level in (i / cost.layers for i in range(cost.layers + 1)):
-            if cost.remap_memory(s / d, s / size, level) > cost.device_memory:
+            if remapping.memory(cost, s / d, s / size, level) > cost.device_memory:
                 continue
             low, high = s / size, 1e12  # the most balanced tokens that fit, by bisection
             for _ in range(200):
                 mid = (low + high) / 2
-                low, high = (mid, high) if cost.remap_memory(s / d, mid, level) <= cost.device_memory else (low, mid)
+                low, high = (mid, high) if remapping.memory(cost, s / d, mid, level) <= cost.device_memory else (low, mid)
             group = cost.a * s * s * (1 + level * cost.recompute_attention) / d + cost.comm(s, d)
-            moved = max(s / d - low, 0.0) * cost.bytes_per_token / cost.remap_bandwidth(size)
+            moved = max(s / d - low, 0.0) * cost.bytes_per_token / remapping.bandwidth(cost, size)
             linear = cost.b * s * (1 + level * cost.recompute)
             slot = (group + linear / size + moved, d * (group + moved) + linear)
             found = slot if found is None else (min(found[0], slot[0]), min(found[1], slot[1]))
@@ -346,15 +348,15 @@ def test_design_area_term_with_g_per_sequence_is_not_a_bound():
     packed = cost.time([1] * 5, 1, 0.0)
     literal_area = 5 * cost.time([1], 1, 0.0) / cost.world_size
     assert packed < literal_area
-    assert cost.lower_bound([1] * 5) <= packed
+    assert lower_bound(cost, [1] * 5) <= packed
 
 
 def test_lower_bound_single_sequence_is_exact():
     cost = small_cost(world_size=1, bandwidth={})
     # one sequence on one device: the bound is the sequence's own time (bisection to 1e-6)
-    assert cost.lower_bound([5000]) == pytest.approx(cost.time([5000], 1, 0.0), rel=1e-6)
-    assert cost.lower_bound([20_000]) == pytest.approx(cost.time([20_000], 1, 0.75), rel=1e-6)
-    assert cost.lower_bound([]) == 0.0
+    assert lower_bound(cost, [5000]) == pytest.approx(cost.time([5000], 1, 0.0), rel=1e-6)
+    assert lower_bound(cost, [20_000]) == pytest.approx(cost.time([20_000], 1, 0.75), rel=1e-6)
+    assert lower_bound(cost, []) == 0.0
 
 
 # All-to-all cost per token against the linear cost b = 1e-3 s: ~1e-6 (cheap, docs/design.md's
@@ -377,7 +379,7 @@ def test_lower_bound_at_least_design_formula_with_remap_relaxation(lengths, g, c
     # 1e-6: the same terms summed in another order, and the reference's most balanced tokens
     # found by bisection (the bisection only raises the bound from max(area, longest, memory)).
     cost = small_cost(g=g, bandwidth=COMM[comm], world_size=world)
-    assert cost.lower_bound(lengths) >= design_lower_bound(cost, lengths, remap=True) * (1 - 1e-6)
+    assert lower_bound(cost, lengths) >= design_lower_bound(cost, lengths, remap=True) * (1 - 1e-6)
 
 
 @settings(max_examples=40, deadline=None)
@@ -385,7 +387,7 @@ def test_lower_bound_at_least_design_formula_with_remap_relaxation(lengths, g, c
 def test_lower_bound_at_least_design_formula_on_one_rank(lengths, g):
     # On one rank no remap can spread anything, and docs/design.md's bound holds as written.
     cost = small_cost(g=g, world_size=1, bandwidth={})
-    assert cost.lower_bound(lengths) >= design_lower_bound(cost, lengths) * (1 - 1e-9)
+    assert lower_bound(cost, lengths) >= design_lower_bound(cost, lengths) * (1 - 1e-9)
 
 
 @pytest.mark.parametrize("cluster, model, length", [("h100-128", "llama3-8b", 131_072),
@@ -396,7 +398,7 @@ def test_remap_relaxation_puts_the_bound_below_design_formula(cluster, model, le
     # without the cross-node all-to-alls SP would pay to spread it (the relaxation charges a
     # remap no transfer). The bound must allow that and sits well below docs/design.md's formula.
     cost = get_cost_model("auto", get_model_shape(model), get_cluster(cluster))
-    bound = cost.lower_bound([length])
+    bound = lower_bound(cost, [length])
     assert bound < 0.9 * design_lower_bound(cost, [length])
     assert bound == pytest.approx(design_lower_bound(cost, [length], remap=True), rel=1e-6)
 
@@ -423,7 +425,7 @@ def test_no_planner_beats_the_bound_on_presets(cluster, model):
 
 def test_lower_bound_rejects_unfittable():
     with pytest.raises(InfeasibleError, match="sequence 0"):
-        small_cost().lower_bound([400_001])
+        lower_bound(small_cost(), [400_001])
 
 
 @pytest.mark.parametrize("change, message", [

@@ -10,6 +10,7 @@ from ballast.cluster import get_cluster
 from ballast.cost import CostModel
 from ballast.plans import Group, MicroBatch, Plan, PlanError, Wave, fill_idle
 from ballast.model_shape import get_model_shape
+from ballast import remapping
 
 LENGTHS = [100, 200, 300, 400, 500, 600]
 
@@ -162,7 +163,7 @@ def test_remapped_micro_batch_is_checked_by_its_domain_not_its_group(cpu4, tiny4
     # 80000 tokens at degree 2 hold 40000 per rank, over what fits without checkpointing
     # (~28.6K). In a remap domain of all 4 ranks they keep 4/17 of those 40000 where attention
     # runs and 13/17 of their 20000 balanced share: ~24.7K token-equivalents, which fit.
-    assert tiny4.min_checkpoint(80_000, 2) > 0 and tiny4.remap_checkpoint(40_000, 20_000) == 0.0
+    assert tiny4.min_checkpoint(80_000, 2) > 0 and remapping.checkpoint(tiny4, 40_000, 20_000) == 0.0
     plan = Plan([80_000, 10], [Wave([Group(0, 2, [MicroBatch([0])]), Group(2, 1, [MicroBatch([1])]), Group(3, 1)],
                                     [(0, 4)])])
     plan.validate(cpu4, tiny4)

@@ -15,6 +15,7 @@ from ballast.cost import CostModel
 from ballast.model_shape import MODEL_PRESETS, get_model_shape
 from ballast.plans import Group, MicroBatch, Plan, PlanError, Wave
 from ballast.samples import attention_units, check_samples
+from ballast.bounds import lower_bound
 
 PATTERNS = ("causal", "full", "spatial-temporal")
 
@@ -53,7 +54,7 @@ def test_text_is_priced_exactly_as_before():
     assert (cost.units(lengths) == s * s).all()
     assert (cost.units([(1, 1, x) for x in lengths]) == s * s).all()
     assert cost.time(lengths, 4, 0.5) == cost.time([(1, 1, x) for x in lengths], 4, 0.5)
-    assert cost.lower_bound(lengths) == cost.lower_bound([(1, 1, x) for x in lengths])
+    assert lower_bound(cost, lengths) == lower_bound(cost, [(1, 1, x) for x in lengths])
     assert check_samples([(5,), [2, 3, 4]]) == [5, (2, 3, 4)]
 
 

@@ -10,6 +10,7 @@ from ballast.plans import Group, MicroBatch, Plan, Wave
 from ballast.planners import PlannerOptions, get_planner
 from exhaustive import brute_force, cluster_for, hand_cost, layouts, optimum, tiny_instances, tiny_shaped_instances
 from ballast.timeline import simulate, step_time
+from ballast.bounds import lower_bound
 
 # 1e-12 relative: simulate() adds a handful of float terms; the hand values are exact decimals.
 EXACT = 1e-12
@@ -67,8 +68,8 @@ def test_metric_definitions():
     busy = 2 * t + 34.524 + 28.524
     assert m.idle_fraction == pytest.approx(1 - busy / (4 * t), rel=EXACT)
     assert m.idle_fraction == pytest.approx((0.013 + 6.013) / (4 * t), rel=1e-9)
-    assert m.lower_bound == cost.lower_bound(LENGTHS)
-    assert m.vs_lower_bound == pytest.approx(t / cost.lower_bound(LENGTHS), rel=EXACT)
+    assert m.lower_bound == lower_bound(cost, LENGTHS)
+    assert m.vs_lower_bound == pytest.approx(t / lower_bound(cost, LENGTHS), rel=EXACT)
     assert m.vs_lower_bound >= 1.0
 
 
@@ -134,11 +135,11 @@ def check_bound_below_optimum(instance) -> None:
     plan.validate(cluster_for(cost), cost)
     assert simulate(plan, cost, cost.world_size).step_time == pytest.approx(best, rel=EXACT)
     # relative 1e-9: the bound and the search add the same terms in different orders
-    assert cost.lower_bound(lengths) <= best * (1 + 1e-9)
+    assert lower_bound(cost, lengths) <= best * (1 + 1e-9)
     # and plans of several waves, which can be much faster (up to 4x measured), never beat it either
     multi = optimum(cost, lengths)
     assert multi <= best * (1 + 1e-12)
-    assert cost.lower_bound(lengths) <= multi * (1 + 1e-9)
+    assert lower_bound(cost, lengths) <= multi * (1 + 1e-9)
 
 
 def test_brute_force_search_is_exhaustive():

@@ -396,7 +396,7 @@ def test_degree_the_heads_do_not_divide(tmp_path):
     folder = save_model(tmp_path / "two-heads", TWO_HEADS[0], **TWO_HEADS[1])
     shape = get_model_shape(f"hf:{folder}")
     assert shape.heads == 2
-    with pytest.raises(ValueError, match=r"SP degree 4 must divide the attention heads \(2\)"):
+    with pytest.raises(ValueError, match=r"SP degree 4 does not divide the attention heads \(2\)"):
         shape.check_degree(4)
     cluster, cost = verify.budget(shape, 4, MAX_LEN)
     assert cost.degrees == [1, 2]

@@ -15,6 +15,7 @@ from ballast.planners.dcp import MAX_ACCUMULATION, MAX_COUNT_RATIO, bucket_units
 from ballast.planners.packing import mb_time
 from ballast.samples import SampleBatch
 from strategies import SMALL, make_cluster, planner_setups
+from ballast.bounds import lower_bound
 
 def group_times(plan, cost, wave: int = 0) -> list[float]:
     batch = SampleBatch.of(plan.samples, cost)
@@ -113,7 +114,7 @@ def _low_memory():
 def test_intra_turns_checkpointing_off_for_short_sequences():
     cluster, cost, lengths, max_len = _low_memory()
     planner = get_planner("dcp", cluster, cost, PlannerOptions(max_len=max_len))
-    target = 2 * cost.lower_bound(lengths)
+    target = 2 * lower_bound(cost, lengths)
     batch = SampleBatch.of(lengths, cost)
     inter = planner.plan_for_target(batch, max_len, 1.0, target, "inter")
     both = planner.plan_for_target(batch, max_len, 1.0, target, "both")
@@ -138,7 +139,7 @@ def test_inter_balances_group_times(seed):
     rng = np.random.default_rng(seed)
     lengths = np.clip(rng.lognormal(6, 1.5, 512), 1, 200000).astype(int).tolist()
     planner = get_planner("dcp", cluster, cost)
-    target = 1.5 * cost.lower_bound(lengths)
+    target = 1.5 * lower_bound(cost, lengths)
     batch = SampleBatch.of(lengths, cost)
     balanced = planner.plan_for_target(batch, max(lengths), 0.0625, target, "both")
     naive = planner.plan_for_target(batch, max(lengths), 0.0625, target, "intra")

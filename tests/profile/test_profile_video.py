@@ -18,14 +18,23 @@ from ballast.dataset.clips import video_source
 from ballast.model_shape import get_model_shape
 from ballast.planners import PlannerOptions, get_planner
 from ballast.profile.check import scaled_clips
-from ballast.profile.fit import (Coefficients, _time_columns, attention_blocks, fit, prediction_errors,
-                                 spatial_temporal_a)
+from ballast.patterns import SPATIAL_TEMPORAL, fit_attention
+from ballast.profile.fit import Coefficients, _time_columns, fit, prediction_errors
 from ballast.profile.grid import Measurement, Point, build_video_grid, video_clips
 from ballast.profile.measure import point_plan
 from ballast.profile.profiler import (Settings, default_video_sizes, measured_bytes_per_token_layer, plan_grid,
                                       profile, shape_bytes_per_token_layer, state_bytes)
 from ballast.samples import attention_units
 from ballast.timeline import simulate
+
+
+def attention_blocks(depth: int) -> tuple[int, ...]:
+    return SPATIAL_TEMPORAL.block_counts(depth)
+
+
+def spatial_temporal_a(spatial: float, temporal: float) -> tuple[float, float]:
+    return fit_attention(SPATIAL_TEMPORAL, [spatial, temporal])
+
 
 STDIT = get_model_shape("stdit-tiny")
 DIT = get_model_shape("dit-tiny")

@@ -63,6 +63,7 @@ from .estimate import GroupEstimates
 from .groups import GroupPacker
 from .poles import remap_poles
 from ..packing import pad_lockstep
+from ...bounds import lower_bound
 
 # Makespan targets tried, as multiples of the batch's lower bound; inf = least area everywhere.
 TARGETS = (0.15, 0.25, 0.35, 0.5, 0.65, 0.8, 0.9, 1.0, 1.05, 1.12, 1.2, 1.35, 1.6, 2.0, 3.0, math.inf)
@@ -142,7 +143,7 @@ class BallastPlanner(Planner):
         sizes = {k for k in HEAD_SIZES if k < len(order) and fastest[order[k - 1]] > 0.25 * area}
         # ... or as Zeppelin splits by length class: the sequences that need wide groups at the
         # lower bound get the whole cluster first, so they run wider and recompute less.
-        choice = self._degrees(self._work[:, order], self.cost.lower_bound(self._batch.samples),
+        choice = self._degrees(self._work[:, order], lower_bound(self.cost, self._batch.samples),
                                self._ranks)
         if choice is not None:
             degrees = self._deg[choice]
@@ -161,7 +162,7 @@ class BallastPlanner(Planner):
 
     def _layouts(self, ids: np.ndarray) -> list[tuple[float, list[int]]]:
         """Distinct group layouts for `ids`, one per makespan target, best proxy first."""
-        lower = self.cost.lower_bound(self._batch.pick(ids))
+        lower = lower_bound(self.cost, self._batch.pick(ids))
         work = self._work[:, ids]
         allocations: dict[bytes, list[int] | None] = {}
 

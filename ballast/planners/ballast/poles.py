@@ -25,7 +25,7 @@ from ...cost import CostModel
 from ...plans import Group, MicroBatch, Plan, Wave, fill_idle
 from ...samples import SampleBatch
 from ...timeline import step_time
-from ..remapping import leveled
+from ... import remapping
 
 if TYPE_CHECKING:
     from .planner import BallastPlanner
@@ -63,7 +63,7 @@ def _promising(cost: CostModel, batch: SampleBatch, poles: list[int], degree: in
                plain: float) -> float | None:
     """The level the poles' memory needs alone in the domain, if there they beat `plain`."""
     tokens = [batch.lengths[i] for i in poles]
-    level = cost.remap_checkpoint(-(-max(tokens) // degree), -(-sum(tokens) // size))
+    level = remapping.checkpoint(cost, -(-max(tokens) // degree), -(-sum(tokens) // size))
     if level is None:
         return None
     pole = max(cost.time([batch.samples[i]], degree, level) for i in poles)
@@ -99,7 +99,7 @@ def _remapped(planner: BallastPlanner, batch: SampleBatch, times: np.ndarray, po
     waves = [Wave(fill_idle(first + groups, n), [(start, size)])]
     waves += [Wave(fill_idle([g for g in wave.groups if g.micro_batches], n)) for wave in before[1:]]
     plan = Plan(batch.lengths, waves, shapes=batch.shapes)
-    remapped = leveled(plan, 0, (start, size), cost)
+    remapped = remapping.leveled(plan, 0, (start, size), cost)
     if remapped is None:
         return None
     waves[0].groups = fill_idle(first + remapped, n)
@@ -125,7 +125,7 @@ def _helpers(cost: CostModel, batch: SampleBatch, poles: list[int], degree: int,
         if h < 0 or load[h] + quadratic[i] > limit:
             continue
         att = max(pole_rank, int(held.max()), int(held[h]) + batch.lengths[i])
-        fits = cost.remap_checkpoint(att, -(-(total + batch.lengths[i]) // size))
+        fits = remapping.checkpoint(cost, att, -(-(total + batch.lengths[i]) // size))
         if fits is None or fits > level:
             continue
         helpers[h].append(i)

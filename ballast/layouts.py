@@ -1,0 +1,75 @@
+"""Sharding layouts: how a group of SP degree d lays a micro-batch's tokens over its ranks for
+attention, with the one degree rule of each.
+
+    ULYSSES   the packed stream split contiguously over the group (shards differ by at most one
+              token); attention all-to-alls q, k, v to head shards and the output back, so the
+              degree must divide the query heads; kv heads a degree does not divide are
+              replicated to lcm(kv heads, d) before the exchange.
+    VIDEO_2D  2D sequence parallelism for spatial-temporal DiTs: whole frames or whole patch
+              columns per rank where they balance, one hidden-state exchange per switch; a block
+              whose frames or columns cannot balance falls back to ULYSSES, so its degree rule
+              is Ulysses'.
+
+A rank of either holds ceil(tokens / d) of a micro-batch's tokens, the share the cost model's
+memory prices. Remap domains (`remap.py`) keep each group's layout for attention and add a
+token-balanced one for the rest. The cost model (`CostModel.degrees`, `exchange_bytes`),
+`Plan.validate`, the planners' forced degree and the runtime ask `Layout.check` or
+`Layout.allows`; nothing else re-derives the rule. `patterns.AttentionPattern.layout` names the
+layout of a model's groups; the runtime keeps the table from layout to shard class.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A group's attention layout over its ranks."""
+
+    name: str
+    description: str
+
+    def allows(self, degree: int, heads: int) -> bool:
+        """Whether a group of `degree` ranks can run a model of `heads` query heads in this
+        layout: the degree divides the heads (Ulysses shards heads, and 2D SP falls back to it)."""
+        return heads % degree == 0
+
+    def why_not(self, degree: int, heads: int) -> str | None:
+        """Why a group of `degree` ranks cannot run `heads` query heads, or None."""
+        if self.allows(degree, heads):
+            return None
+        return (f"SP degree {degree} does not divide the attention heads ({heads}): the {self.name} layout "
+                f"shards the heads over the group's {degree} ranks")
+
+    def check(self, degree: int, heads: int, what: str = "") -> None:
+        """Raise ValueError (prefixed by `what`) unless `allows`."""
+        if (why := self.why_not(degree, heads)) is not None:
+            raise ValueError(f"{what}: {why}" if what else why)
+
+    @staticmethod
+    def exchanged_kv_heads(kv_heads: int, degree: int) -> int:
+        """The kv heads the head exchange moves at SP degree `degree`: lcm(kv_heads, degree).
+
+        Each rank receives heads / degree query heads and the kv heads they read. When the degree
+        divides the kv heads that is kv_heads / degree of them; when it does not (kv_heads <
+        degree, common with GQA), every kv head is replicated degree / gcd(kv_heads, degree)
+        times so each rank receives the copies its query heads need. The replicas' gradients
+        sum in backward."""
+        return math.lcm(kv_heads, degree)
+
+    def exchange_bytes(self, bytes_per_token: float, heads: int, kv_heads: int, degree: int) -> float:
+        """Bytes one token moves in a micro-batch's exchanges at `degree`, given
+        `bytes_per_token` with the model's own kv heads (q, k, v, out; forward and backward):
+        the replicated kv heads add their share."""
+        kv = self.exchanged_kv_heads(kv_heads, degree)
+        if kv == kv_heads:
+            return bytes_per_token
+        return bytes_per_token * (heads + kv) / (heads + kv_heads)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+ULYSSES = Layout("ulysses", "contiguous shards; all-to-all q, k, v to head shards and the output back")
+VIDEO_2D = Layout("video-2d", "whole frames or patch columns per rank where they balance, else Ulysses")

@@ -1,0 +1,88 @@
+"""Digest every plan of every deterministic planner on the recorded simulated settings.
+
+A restructuring that must not change behaviour runs this before and after and compares the
+two JSON files: equal digests mean byte-identical plans (`Plan.to_json`) and lower bounds.
+flexsp is left out: it stops its MILPs at a wall clock, so its plans vary run to run.
+
+    python bench/plan_digests.py OUT.json [SETTING ...]     (settings: A B C V1 V2 V3)
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+
+from ballast.cluster import get_cluster
+from ballast.cost import get_cost_model
+from ballast.dataset.length_stream import BatchSpec, LengthStream
+from ballast.dataset.lengths import get_length_source
+from ballast.model_shape import get_model_shape
+from ballast.planners import PlannerOptions, get_planner, parse_planner_names
+from ballast.samples import tokens
+from ballast.simulate.command import add_arguments
+from ballast.simulate.side_by_side import lengths_only
+from ballast.bounds import lower_bound
+
+# The settings of bench/simulated.sh (A, B, C) and bench/video.sh (V1-V3), as simulate flags.
+SETTINGS = {
+    "A": "--lengths wikipedia --cluster a100-64 --model gpt-7b --max-len 393216 --batch 512 --steps 20",
+    "B": "--lengths stdlib --cluster h100-32 --model llama3-8b --max-len 131072 --tokens-per-step 1048576 --steps 20",
+    "C": "--lengths lognormal:7,1.6 --cluster h200-32 --model gpt-13b --max-len 262144 --batch 256 --steps 20",
+    "V1": "--lengths video --model stdit3-1b --cluster h200-32 --batch 256 --max-len 393216 --steps 5",
+    "V2": "--lengths video --model wan-1.3b --cluster h100-32 --batch 256 --max-len 393216 --steps 5",
+    "V3": "--lengths videos:bench/data/panda70m-like.txt --model wan-14b --cluster h200-64 --batch 256 "
+          "--max-len 393216 --steps 5",
+}
+SETTINGS.update({f"{name}-as-lengths": f"{SETTINGS[name]} --as-lengths" for name in ("V1", "V2", "V3")})
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def setting_digests(flags: str) -> dict:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(flags.split())
+    cluster = get_cluster(args.cluster, args.world, args.device_memory_gb)
+    shape = get_model_shape(args.model)
+    cost = get_cost_model(args.cost, shape, cluster)
+    spec = BatchSpec(batch=args.batch, tokens_per_step=args.tokens_per_step, max_len=args.max_len,
+                     overlong=args.overlong)
+    stream = LengthStream(get_length_source(args.lengths, shape.video_geometry), spec, seed=args.seed)
+    batches = [stream.next_batch() for _ in range(args.steps)]
+    if args.as_lengths:  # plan as a length-only planner would (simulate --as-lengths)
+        batches = [[tokens(x) for x in b] for b in batches]
+        cost = lengths_only(cost)
+    options = PlannerOptions(max_len=args.max_len, seed=args.seed, time_limit=args.time_limit,
+                             buckets=args.buckets, dcp_mode=args.dcp_mode, remap=True)
+    out = {"lower_bounds": digest(json.dumps([lower_bound(cost, b) for b in batches])), "planners": {}}
+    for name in parse_planner_names("all"):
+        if name == "flexsp":
+            continue
+        planner = get_planner(name, cluster, cost, options)
+        began = time.perf_counter()
+        plans = [planner.plan(b).to_json() for b in batches]
+        out["planners"][name] = {"plans": digest("\n".join(plans)),
+                                 "plan_ms": (time.perf_counter() - began) * 1e3 / len(batches)}
+        print(f"  {name}: {out['planners'][name]}", file=sys.stderr)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out")
+    p.add_argument("settings", nargs="*", default=list(SETTINGS))
+    args = p.parse_args()
+    result = {}
+    for name in args.settings:
+        print(name, file=sys.stderr)
+        result[name] = setting_digests(SETTINGS[name])
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
