@@ -3,7 +3,7 @@
 When a sequence alone takes about the whole step (its degree capped by the heads, it
 recomputes to fit its group's memory), no placement of the others shortens the step. In a
 remap domain (`Wave.remap`) the same sequence keeps only attention's q, k, v and output in its
-group's layout and the rest on the domain's balanced layout (`CostModel.remap_memory`), so
+group's layout and the rest on the domain's balanced layout (`remapping.memory`), so
 it recomputes less or not at all, and its linear work spreads over the domain.
 
 The move puts the poles (sequences alone within `POLE_SHARE` of the plain plan's step), each
@@ -11,13 +11,13 @@ in a group of the degree that runs its attention fastest, at the start of an ali
 of `size` ranks at the end of the cluster. The domain's other ranks (helpers) each run one
 micro-batch beside the poles, of the other sequences, as long as that adds neither
 recomputation nor attention time beyond the poles'; the planner itself plans the rest on the
-ranks before the domain. Every domain size whose poles alone would beat the plain step is
+ranks before the domain (the `plan_rest` it passes). Every domain size whose poles alone would beat the plain step is
 built, each slot at the level it needs (`remapping.leveled`), and the fastest plan is kept:
 the plain one unless a remapped one is faster under the cost model.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import numpy as np
 
@@ -27,16 +27,18 @@ from ...samples import SampleBatch
 from ...timeline import step_time
 from ... import remapping
 
-if TYPE_CHECKING:
-    from .planner import BallastPlanner
-
 # A sequence alone within this share of the plain plan's step is a pole.
 POLE_SHARE = 0.95
 
 
-def remap_poles(planner: BallastPlanner, batch: SampleBatch, waves: list[Wave]) -> list[Wave]:
-    """`waves`, or a faster plan of `batch` with its poles in a remap domain."""
-    cost, n = planner.cost, planner.cluster.world_size
+PlanRest = Callable[[SampleBatch, int], list[Wave]]
+"""The planner's waves for a batch on ranks 0..ranks-1 (`BallastPlanner.waves`)."""
+
+
+def remap_poles(cost: CostModel, batch: SampleBatch, waves: list[Wave], plan_rest: PlanRest) -> list[Wave]:
+    """`waves`, or a faster plan of `batch` with its poles in a remap domain and the rest planned
+    by `plan_rest` on the ranks before it."""
+    n = cost.world_size
     best = (step_time(Plan(batch.lengths, waves, shapes=batch.shapes), cost), waves)
     times = cost.sequence_times(batch.samples)
     alone = np.min(times, axis=0) + cost.g
@@ -52,7 +54,7 @@ def remap_poles(planner: BallastPlanner, batch: SampleBatch, waves: list[Wave]) 
         size *= 2
     while size <= n:
         if n % size == 0 and (level := _promising(cost, batch, poles, degree, size, best[0])) is not None:
-            found = _remapped(planner, batch, times, poles, degree, size, level)
+            found = _remapped(cost, plan_rest, batch, times, poles, degree, size, level)
             if found is not None and (t := step_time(Plan(batch.lengths, found, shapes=batch.shapes), cost)) < best[0]:
                 best = (t, found)
         size *= 2
@@ -71,12 +73,12 @@ def _promising(cost: CostModel, batch: SampleBatch, poles: list[int], degree: in
     return level if pole - linear / degree + linear / size < plain else None
 
 
-def _remapped(planner: BallastPlanner, batch: SampleBatch, times: np.ndarray, poles: list[int], degree: int,
-              size: int, level: float) -> list[Wave] | None:
+def _remapped(cost: CostModel, plan_rest: PlanRest, batch: SampleBatch, times: np.ndarray, poles: list[int],
+              degree: int, size: int, level: float) -> list[Wave] | None:
     """Waves with the poles (at `level`) and helpers in the domain of the last `size` ranks and
     the rest planned before it; None if the rest cannot run there (`times`: the batch's
     `sequence_times`) or a slot fits at no level."""
-    cost, n = planner.cost, planner.cluster.world_size
+    n = cost.world_size
     start = n - size
     groups = [Group(start + k * degree, degree, [MicroBatch([i])]) for k, i in enumerate(poles)]
     rest = sorted(set(range(len(batch))) - set(poles))
@@ -90,7 +92,7 @@ def _remapped(planner: BallastPlanner, batch: SampleBatch, times: np.ndarray, po
         if not np.isfinite(times[[d <= start for d in cost.degrees]][:, rest]).any(axis=0).all():
             return None
         sub = SampleBatch.of(batch.pick(rest), cost)
-        before = type(planner)(planner.cluster, cost, planner.options).waves(sub, start)
+        before = plan_rest(sub, start)
         for wave in before:
             for g in wave.groups:
                 for mb in g.micro_batches:
