@@ -33,9 +33,9 @@ from torch.distributed import ProcessGroup
 from ..layouts import ULYSSES
 from ..samples import Sample
 from ..models.protocol import PackedStream
-from ..models.kernels import local_attention, varlen_attention
+from ..models.kernels import local_attention
 from .all_to_all import all_to_all
-from .remap import RemappedStream, remapped_attention
+from .remap import RemappedStream
 
 
 def shard_sizes(tokens: int, degree: int) -> tuple[int, ...]:
@@ -89,6 +89,13 @@ class StreamShard(PackedStream):
         contiguous shard, whose attention is Ulysses'."""
         return None
 
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Attention of `pattern` for this rank's rows: local at degree 1, else Ulysses over the
+        group (`ulysses_attention`)."""
+        if self.degree == 1:
+            return local_attention(q, k, v, self)
+        return ulysses_attention(q, k, v, self)
+
 
 def _seq_to_head(x: Tensor, shard: StreamShard) -> Tensor:
     """[n_r, H, hd] on each rank (its tokens, all heads) -> [n, H/d, hd] (all tokens, its heads)."""
@@ -132,6 +139,17 @@ class HeadExchange:
 
 
 def sequence_parallel_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedStream) -> Tensor:
+    """Attention of `stream.pattern` inside every sample of a stream however the runtime holds
+    it: each of its stream classes attends in its own layout (`StreamShard.attend`: Ulysses;
+    `video_sp.VideoShard`: the 2D layouts; `remap.RemappedStream`: the remapping layer's
+    exchanges around its group's); a stream one process holds whole attends locally. A new
+    layout is a new stream class with its `attend`, not a branch here."""
+    if isinstance(stream, (StreamShard, RemappedStream)):
+        return stream.attend(q, k, v)
+    return local_attention(q, k, v, stream)
+
+
+def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, stream: StreamShard) -> Tensor:
     """Attention of `stream.pattern` inside every sample of a stream sharded over `stream.group`
     (Ulysses): with the whole stream on every rank for its heads, any pattern is local.
 
@@ -143,20 +161,7 @@ def sequence_parallel_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedS
     A checkpointed layer repeats the two forward all-to-alls when it is recomputed in backward.
     Where d does not divide the kv heads, they are replicated to lcm(kv heads, d) before the
     exchange (the bytes `CostModel.exchange_bytes` prices).
-    A stream one process holds whole (degree 1, or a plain `PackedStream`) needs none, nor does
-    a 2D sequence-parallel video stream holding whole frames for a spatial block or whole patch
-    columns for a temporal one (`video_sp.VideoShard`: bidirectional attention over the spans
-    it holds; its `tokens` layout is Ulysses'). A `RemappedStream` adds the remapping layer's
-    two all-to-alls around this (`remap.py`).
     """
-    if isinstance(stream, RemappedStream):
-        return remapped_attention(q, k, v, stream, sequence_parallel_attention)
-    if isinstance(stream, StreamShard) and (spans := stream.held_spans) is not None:
-        if not q.shape[0]:  # nothing held: an empty output, still on q, k, v's graph
-            return q.new_zeros(0, q.shape[1], v.shape[2]) + 0 * (q.sum() + k.sum() + v.sum())
-        return varlen_attention(q, k, v, spans, causal=False)
-    if not isinstance(stream, StreamShard) or stream.degree == 1:
-        return local_attention(q, k, v, stream)
     d, heads = stream.degree, q.shape[1]
     ULYSSES.check(d, heads)  # raised on every rank of the group alike, before any communication
     rows, head_dim = q.shape[0], q.shape[2]

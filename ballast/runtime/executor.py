@@ -210,7 +210,7 @@ class Executor:
         A video model's spatial and temporal blocks need no 2D layouts here: `RemappedStream`
         inherits `PackedStream.arrange`, which keeps the rows on the balanced layout (so the
         positions of `whole.positions[local]` stay right) and only sets the pattern, and
-        `remapped_attention` passes that pattern to the group's plain `StreamShard`, whose
+        `RemappedStream.attend` passes that pattern to the group's plain `StreamShard`, whose
         Ulysses attention holds the group's whole stream per head and takes the pattern's spans
         over it (`attention_spans`: frames, or patch columns gathered column by column)."""
         start, size = domain

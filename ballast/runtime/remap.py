@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -78,25 +78,25 @@ class RemappedStream(PackedStream):
     `bounds` the cu_seqlens of the slot's whole stream in domain order."""
 
     shard: PackedStream | None
-    """This rank's attention-layout shard of its group's stream; None when the group is idle."""
+    """This rank's attention-layout shard of its group's stream (an `attention.StreamShard`,
+    whose `attend` runs the group's attention); None when the group is idle."""
     route: Route
     """Balanced layout -> attention layout over the domain."""
 
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The group's attention (`shard.attend`) on the attention layout, for q, k, v and a
+        result on the balanced layout.
 
-def remapped_attention(q: Tensor, k: Tensor, v: Tensor, stream: RemappedStream,
-                       attend: Callable[[Tensor, Tensor, Tensor, PackedStream], Tensor]) -> Tensor:
-    """`attend` on the attention layout, for q, k, v and a result on the balanced layout.
-
-    Communication: forward, one all-to-all of q, k and v together and one of the output over
-    the domain; backward, the same two in reverse. A rank whose group is idle in the slot still
-    takes part in both, and its (empty) output stays on q, k, v's graph so that backward's
-    all-to-alls run on every rank of the domain.
-    """
-    heads, kv_heads = q.shape[1], k.shape[1]
-    qkv = all_to_all(torch.cat([q, k, v], dim=1), stream.route)
-    if stream.shard is None:
-        out = qkv[:, :heads]
-    else:
-        q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
-        out = attend(q, k, v, dataclasses.replace(stream.shard, pattern=stream.pattern))
-    return all_to_all(out, stream.route.reversed())
+        Communication: forward, one all-to-all of q, k and v together and one of the output over
+        the domain; backward, the same two in reverse. A rank whose group is idle in the slot
+        still takes part in both, and its (empty) output stays on q, k, v's graph so that
+        backward's all-to-alls run on every rank of the domain.
+        """
+        heads, kv_heads = q.shape[1], k.shape[1]
+        qkv = all_to_all(torch.cat([q, k, v], dim=1), self.route)
+        if self.shard is None:
+            out = qkv[:, :heads]
+        else:
+            q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
+            out = dataclasses.replace(self.shard, pattern=self.pattern).attend(q, k, v)
+        return all_to_all(out, self.route.reversed())

@@ -37,6 +37,7 @@ from ..models.protocol import INPUT, check_span, pattern_spans, video_grids, vid
 from ..patterns import SPATIAL, TEMPORAL, Span
 from ..samples import Sample
 from .all_to_all import all_to_all
+from ..models.kernels import varlen_attention
 from .attention import StreamShard, shard_sizes
 from .remap import Route, overlaps
 
@@ -259,6 +260,15 @@ class VideoShard(StreamShard):
             raise ValueError(f"a {self.layout} layout holds {_HOLDS_WHOLE[self.layout]} spans, not "
                              f"{self.pattern!r} ones: arrange(x, {self.pattern!r}) before attending")
         return self.layouts.spans(self.layout)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Bidirectional attention over the whole frames or patch columns this rank holds, with no
+        communication; Ulysses on the `tokens` layout."""
+        if (spans := self.held_spans) is None:
+            return super().attend(q, k, v)
+        if not q.shape[0]:  # nothing held: an empty output, still on q, k, v's graph
+            return q.new_zeros(0, q.shape[1], v.shape[2]) + 0 * (q.sum() + k.sum() + v.sum())
+        return varlen_attention(q, k, v, spans, causal=False)
 
     def arrange(self, x: Tensor, pattern: Span | str) -> tuple[Tensor, VideoShard]:
         """`x` (rows of the tokens held) on the layout for `pattern` (`VideoLayouts.target`; the
