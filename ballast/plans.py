@@ -9,6 +9,7 @@ Plans are plain data: `to_dict`/`from_dict` round-trip through JSON, `table()` p
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -16,7 +17,7 @@ from typing import Iterator, Sequence
 from . import remapping
 from .cluster import Cluster, is_power_of_two
 from .cost import CostModel
-from .remapping import MEMORY_SLACK
+from .remapping import MEMORY_SLACK, SlotPart
 from .samples import Sample, check_samples, tokens as sample_tokens
 
 
@@ -151,7 +152,7 @@ class Plan:
                 if busy and cost is not None and (why := cost.pattern.layout.why_not(group.degree, cost.heads)):
                     raise PlanError(f"{where}: {why}")
                 counts.add(len(group.micro_batches))
-                # A remap domain's memory is its slots' (`remapping.overflow`), not each group's own.
+                # A remap domain's memory is its slots' (`remap_overflow`), not each group's own.
                 own = None if wave.domain_of(group.start) else cost
                 for m, mb in enumerate(group.micro_batches):
                     self._validate_micro_batch(f"{where}, micro-batch {m}", mb, group.degree, own, seen)
@@ -159,7 +160,7 @@ class Plan:
                 raise PlanError(f"wave {w}: rank {covered.index(False)} is in no group")
             self._validate_remap(w, wave, n)
             for start, size in wave.remap if cost is not None else ():
-                if (why := remapping.overflow(self, w, start, size, cost)) is not None:
+                if (why := self.remap_overflow(w, start, size, cost)) is not None:
                     raise PlanError(f"wave {w}, remap domain ranks {start}..{start + size - 1}: {why}")
             if self.lockstep and len(counts) > 1:
                 raise PlanError(f"wave {w}: lockstep plan but groups run {sorted(counts)} micro-batches")
@@ -169,6 +170,34 @@ class Plan:
                             + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
         if self.tokens <= 0 and self.lengths:
             raise PlanError(f"loss normaliser tokens={self.tokens} must be positive")
+
+    # --- remap domains (priced by `remapping.py`) ---------------------------------------------------
+    def slot_parts(self, wave: Wave, start: int, size: int) -> list[list[SlotPart]]:
+        """Every slot of the remap domain (start, size) of a wave of this plan: the busy
+        micro-batches of its groups (in the wave's order) that run in it."""
+        groups = [g for g in wave.groups if start <= g.start < start + size]
+        return [[SlotPart(g.degree, self.mb_samples(g.micro_batches[m]), g.micro_batches[m].checkpoint)
+                 for g in groups if m < len(g.micro_batches) and g.micro_batches[m].seq_ids]
+                for m in range(max((len(g.micro_batches) for g in groups), default=0))]
+
+    def slot_loads(self, wave: int, start: int, size: int) -> list[tuple[int, int, float]]:
+        """`remapping.slot_load` of every slot of the remap domain (start, size) of a wave."""
+        return [remapping.slot_load(parts, size) for parts in self.slot_parts(self.waves[wave], start, size)]
+
+    def remap_overflow(self, wave: int, start: int, size: int, cost: CostModel) -> str | None:
+        """Why the remap domain (start, size) of a wave would not fit device memory, or None
+        (`remapping.overflow`)."""
+        return remapping.overflow(cost, self.slot_loads(wave, start, size))
+
+    def leveled(self, wave: int, domain: tuple[int, int], cost: CostModel) -> list[Group] | None:
+        """Copies of the domain's groups with every slot's micro-batches at the least checkpoint
+        level that slot fits at (`remapping.levels`); None if some slot fits at none."""
+        levels = remapping.levels(cost, self.slot_loads(wave, *domain))
+        if any(level is None for level in levels):
+            return None
+        return [dataclasses.replace(g, micro_batches=[dataclasses.replace(mb, checkpoint=level if mb.seq_ids else 0.0)
+                                                      for mb, level in zip(g.micro_batches, levels)])
+                for g in self.waves[wave].domain_groups(*domain)]
 
     @staticmethod
     def _validate_remap(w: int, wave: Wave, n: int) -> None:

@@ -10,27 +10,24 @@ all ranks of the domain recompute alike). The runtime's side is `runtime/remap.p
     memory          a rank keeps attention's saved q, k, v and output (`ATTENTION_SHARE`) for its
                     group's shard and the rest (and a checkpointed layer's input) for its
                     balanced share (`memory`, `checkpoint`)
-    slot_loads      per slot: the busiest rank's attention tokens, the balanced share, the level
+    slot_load       a slot's busiest attention rank, balanced share and level
     overflow        why a domain would not fit (what `Plan.validate` raises)
-    leveled         a planner's copy of a domain's groups at the least level each slot fits
-    slot_times      the timeline's price of every slot
+    levels          the least level each slot fits at (`Plan.leveled`, for planners)
+    slot_time       the timeline's price of a slot
     bound_terms     the least slot a sequence can run in, for the lower bound (`bounds.py`)
 
-Every function takes the CostModel it prices with; plans are read, never imported (plans.py
-imports this module).
+A slot is what plans.py hands over, its micro-batches as `SlotPart`s (`Plan.slot_parts`):
+this module prices and never reads a plan, so the plan contract can ask it.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import TYPE_CHECKING
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from .cost import CostModel, LEVEL_EPS
-
-if TYPE_CHECKING:
-    from .plans import Group, Plan
+from .cost import LEVEL_EPS, CostModel
+from .samples import Sample, tokens as sample_tokens
 
 # Of a layer's 17 saved values per hidden (cost.ACT_VALUES_PER_HIDDEN), those attention itself
 # saves (q, k, v and its output: flash attention's backward needs them) live in the attention
@@ -69,26 +66,28 @@ def bandwidth(cost: CostModel, size: int) -> float:
     return cost.bandwidth[max((k for k in cost.bandwidth if k <= size), default=min(cost.bandwidth))]
 
 
-# --- a plan's domains ----------------------------------------------------------------------------
-def slot_loads(plan: Plan, wave: int, start: int, size: int) -> list[tuple[int, int, float]]:
-    """Per slot of the remap domain (start, size) of a wave: (the most tokens a rank holds in
-    the attention layout, the tokens every rank holds in the balanced layout, the slot's
-    checkpoint level: its micro-batches' lowest); (0, 0, 0.0) for a slot nobody uses."""
-    groups = plan.waves[wave].domain_groups(start, size)
-    loads = []
-    for m in range(max((len(g.micro_batches) for g in groups), default=0)):
-        busy = [(g.degree, g.micro_batches[m]) for g in groups
-                if m < len(g.micro_batches) and g.micro_batches[m].seq_ids]
-        tokens = [sum(plan.mb_lengths(mb)) for _, mb in busy]
-        loads.append((max((-(-n // d) for (d, _), n in zip(busy, tokens)), default=0),
-                      -(-sum(tokens) // size), min((mb.checkpoint for _, mb in busy), default=0.0)))
-    return loads
+# --- slots -----------------------------------------------------------------------------------
+class SlotPart(NamedTuple):
+    """One group's micro-batch in a slot of a remap domain (`Plan.slot_parts` lists them)."""
+
+    degree: int
+    samples: list[Sample]
+    checkpoint: float
 
 
-def overflow(plan: Plan, wave: int, start: int, size: int, cost: CostModel) -> str | None:
-    """Why the remap domain (start, size) of a wave would not fit device memory, or None: the
-    busiest rank of every slot, at the slot's level (the runtime's), priced by `memory`."""
-    for m, (attention, balanced, level) in enumerate(slot_loads(plan, wave, start, size)):
+def slot_load(parts: Sequence[SlotPart], size: int) -> tuple[int, int, float]:
+    """(the most tokens a rank holds in the attention layout, the tokens every rank holds in the
+    balanced layout, the slot's checkpoint level: its micro-batches' lowest) of a slot of a
+    domain of `size` ranks; (0, 0, 0.0) for a slot nobody uses."""
+    tokens = [sum(map(sample_tokens, p.samples)) for p in parts]
+    return (max((-(-n // p.degree) for p, n in zip(parts, tokens)), default=0),
+            -(-sum(tokens) // size), min((p.checkpoint for p in parts), default=0.0))
+
+
+def overflow(cost: CostModel, loads: Sequence[tuple[int, int, float]]) -> str | None:
+    """Why a domain whose slots have these `slot_load`s would not fit device memory, or None:
+    the busiest rank of every slot, at the slot's level (the runtime's), priced by `memory`."""
+    for m, (attention, balanced, level) in enumerate(loads):
         used = memory(cost, attention, balanced, level)
         if used > cost.device_memory * (1 + MEMORY_SLACK):
             return (f"slot {m}: a rank holding {attention} tokens for attention and {balanced} balanced "
@@ -97,52 +96,41 @@ def overflow(plan: Plan, wave: int, start: int, size: int, cost: CostModel) -> s
     return None
 
 
-def leveled(plan: Plan, wave: int, domain: tuple[int, int], cost: CostModel) -> list[Group] | None:
-    """Copies of the domain's groups with every slot's micro-batches at the least checkpoint
-    level that slot fits at; None if some slot fits at none. A planner that remaps groups gives
-    every slot that level: a long sequence may then recompute less than in its group alone, and
-    the sequences beside it recompute as much as it must."""
-    levels = [checkpoint(cost, attention, balanced) for attention, balanced, _ in slot_loads(plan, wave, *domain)]
-    if any(level is None for level in levels):
-        return None
-    return [dataclasses.replace(g, micro_batches=[dataclasses.replace(mb, checkpoint=level if mb.seq_ids else 0.0)
-                                                  for mb, level in zip(g.micro_batches, levels)])
-            for g in plan.waves[wave].domain_groups(*domain)]
+def levels(cost: CostModel, loads: Sequence[tuple[int, int, float]]) -> list[float | None]:
+    """The least checkpoint level every slot of these `slot_load`s fits at (None: none). A
+    planner that remaps groups gives every slot that level (`Plan.leveled`): a long sequence
+    may then recompute less than in its group alone, and the sequences beside it recompute as
+    much as it must."""
+    return [checkpoint(cost, attention, balanced) for attention, balanced, _ in loads]
 
 
-def slot_times(plan: Plan, groups: list[Group], size: int, cost: CostModel) -> list[tuple[float, float]]:
-    """(compute, comm) of every slot of a remap domain of `size` ranks holding `groups`.
+def slot_time(cost: CostModel, parts: Sequence[SlotPart], size: int) -> tuple[float, float]:
+    """(compute, comm) of a slot of a remap domain of `size` ranks.
 
-    Slot m runs every group's m-th micro-batch at their lowest checkpoint level (as the runtime
+    The slot runs every group's micro-batch at their lowest checkpoint level (as the runtime
     does) and lasts the slowest group's attention (a q work and its all-to-alls) + the slot's
     linear device-seconds (b s) / size + g + moving q, k, v and the output of the largest
     per-rank surplus or deficit of tokens (`bytes_per_token`: their own heads, never
     replicated; forward and backward) over the domain's bandwidth."""
-    link = bandwidth(cost, size)
-    slots = []
-    for m in range(max((len(g.micro_batches) for g in groups), default=0)):
-        busy = [(g, g.micro_batches[m]) for g in groups if m < len(g.micro_batches) and g.micro_batches[m].seq_ids]
-        if not busy:
-            slots.append((cost.g, 0.0))
-            continue
-        level = min(mb.checkpoint for _, mb in busy)
-        attention = comm = linear = 0.0
-        per_rank = []
-        for g, mb in busy:
-            lengths = plan.mb_lengths(mb)
-            all_to_all = cost.comm(sum(lengths), g.degree)
-            units = float(cost.units(plan.mb_samples(mb)).sum())
-            quadratic = cost.a * units * (1.0 + level * cost.recompute_attention)
-            attention = max(attention, quadratic / g.degree + all_to_all)
-            comm = max(comm, all_to_all)
-            linear += cost.b * sum(lengths) * (1.0 + level * cost.recompute)
-            per_rank += [sum(lengths) / g.degree] * g.degree
-        mean = sum(per_rank) / size
-        per_rank += [0.0] * (size - len(per_rank))  # ranks of idle groups take a share too
-        transfer = max(abs(n - mean) for n in per_rank) * cost.bytes_per_token / link
-        total = attention + linear / size + cost.g + transfer
-        slots.append((total - comm - transfer, comm + transfer))
-    return slots
+    if not parts:
+        return cost.g, 0.0
+    level = min(p.checkpoint for p in parts)
+    attention = comm = linear = 0.0
+    per_rank = []
+    for p in parts:
+        tokens = sum(map(sample_tokens, p.samples))
+        all_to_all = cost.comm(tokens, p.degree)
+        units = float(cost.units(p.samples).sum())
+        quadratic = cost.a * units * (1.0 + level * cost.recompute_attention)
+        attention = max(attention, quadratic / p.degree + all_to_all)
+        comm = max(comm, all_to_all)
+        linear += cost.b * tokens * (1.0 + level * cost.recompute)
+        per_rank += [tokens / p.degree] * p.degree
+    mean = sum(per_rank) / size
+    per_rank += [0.0] * (size - len(per_rank))  # ranks of idle groups take a share too
+    transfer = max(abs(n - mean) for n in per_rank) * cost.bytes_per_token / bandwidth(cost, size)
+    total = attention + linear / size + cost.g + transfer
+    return total - comm - transfer, comm + transfer
 
 
 # --- the lower bound's terms -----------------------------------------------------------------

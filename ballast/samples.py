@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence, Union
+from typing import Protocol, Sequence, Union
 
 import numpy as np
 
 from .patterns import CAUSAL_LM, AttentionPattern, attention_pattern
-
-if TYPE_CHECKING:
-    from .cost import CostModel
 
 Sample = Union[int, tuple[int, int, int]]
 
@@ -90,6 +87,12 @@ def split_sample(sample: Sample, max_len: int) -> list[Sample]:
     return [(min(step, frames - f), height, width) for f in range(0, frames, step)]
 
 
+class UnitsPricer(Protocol):
+    """What prices samples' attention units (`CostModel.units`)."""
+
+    def units(self, samples: Sequence[Sample]) -> np.ndarray: ...
+
+
 @dataclass(frozen=True)
 class SampleBatch:
     """One step's samples as a planner sees them. Sequence ids index all three."""
@@ -103,7 +106,7 @@ class SampleBatch:
     planner never squares a length itself."""
 
     @classmethod
-    def of(cls, samples: Sequence, cost: CostModel) -> SampleBatch:
+    def of(cls, samples: Sequence, cost: UnitsPricer) -> SampleBatch:
         """The checked samples with their tokens and their attention units under `cost`."""
         samples = check_samples(samples)
         return cls(samples, [tokens(x) for x in samples], cost.units(samples))

@@ -6,7 +6,7 @@ each forward all-gathers parameters with every rank: micro-batch i of the wave e
 slowest group's micro-batch i ends.
 
 A remap domain of a wave (Zeppelin's remapping layer, `Wave.remap`) runs its groups slot by
-slot with linear work spread evenly over its ranks; `remapping.slot_times` prices its slots,
+slot with linear work spread evenly over its ranks; `remapping.slot_time` prices its slots,
 and every group of the domain is busy for all of each one.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 from .bounds import lower_bound
 from .cost import CostModel
 from .plans import MicroBatch, Plan, Wave
-from .remapping import slot_times
+from .remapping import slot_time
 
 
 @dataclass
@@ -116,9 +116,8 @@ def _durations(plan: Plan, wave: Wave, cost: CostModel) -> list[list[tuple[float
     """[g][m] = (compute, comm) of group g's micro-batch m (in a remap domain: of slot m)."""
     durations = [[_mb_time(plan, mb, g.degree, cost) for mb in g.micro_batches] for g in wave.groups]
     for start, size in wave.remap:
-        members = [i for i, g in enumerate(wave.groups) if start <= g.start < start + size]
-        slots = slot_times(plan, [wave.groups[i] for i in members], size, cost)
-        for i in members:
+        slots = [slot_time(cost, parts, size) for parts in plan.slot_parts(wave, start, size)]
+        for i in (i for i, g in enumerate(wave.groups) if start <= g.start < start + size):
             durations[i] = slots
     return durations
 

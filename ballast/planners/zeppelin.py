@@ -26,7 +26,7 @@ Remapping (`options.remap`, on by default) is Zeppelin's remapping layer as the 
 it (`Wave.remap`, `ballast.runtime.remap`): the groups of a domain (a node, or the whole wave)
 run micro-batch slot by slot and spread each slot's tokens evenly over the domain for
 everything but attention. Per wave, the domains of one scope are remapped where that fits
-memory (each slot at the least checkpoint level it needs there, `remapping.leveled`) and
+memory (each slot at the least checkpoint level it needs there, `Plan.leveled`) and
 their groups finish sooner under `timeline.remap_slots` (slowest attention + linear
 work / domain size + moving the largest per-rank surplus + g), and the scope is kept if the
 wave is faster. `info["remap"]` lists the domains and the step time with and without them;
@@ -57,7 +57,6 @@ from ..samples import SampleBatch
 from ..timeline import step_time, wave_time
 from . import register
 from .base import Planner
-from ..remapping import leveled
 from .packing import longest_processing_time, mb_time, micro_batch, pad_lockstep
 from ..bounds import lower_bound
 
@@ -328,9 +327,9 @@ class ZeppelinPlanner(Planner):
         return sorted(d for d, groups in blocks.items() if groups > 1 and d[1] > 1)
 
     def _remapped(self, plan: Plan, w: int, domain: tuple[int, int]) -> list[Group] | None:
-        """The domain's groups at the checkpoint levels its slots need remapped (`leveled`), if
+        """The domain's groups at the checkpoint levels its slots need remapped (`Plan.leveled`), if
         that fits memory and they finish sooner than unremapped; else None."""
-        groups = leveled(plan, w, domain, self.cost)
+        groups = plan.leveled(w, domain, self.cost)
         if groups is None:
             return None
         alone = Plan(plan.lengths, [Wave(plan.waves[w].domain_groups(*domain))], lockstep=plan.lockstep,

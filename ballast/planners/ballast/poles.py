@@ -12,7 +12,7 @@ of `size` ranks at the end of the cluster. The domain's other ranks (helpers) ea
 micro-batch beside the poles, of the other sequences, as long as that adds neither
 recomputation nor attention time beyond the poles'; the planner itself plans the rest on the
 ranks before the domain (the `plan_rest` it passes). Every domain size whose poles alone would beat the plain step is
-built, each slot at the level it needs (`remapping.leveled`), and the fastest plan is kept:
+built, each slot at the level it needs (`Plan.leveled`), and the fastest plan is kept:
 the plain one unless a remapped one is faster under the cost model.
 """
 from __future__ import annotations
@@ -101,7 +101,7 @@ def _remapped(cost: CostModel, plan_rest: PlanRest, batch: SampleBatch, times: n
     waves = [Wave(fill_idle(first + groups, n), [(start, size)])]
     waves += [Wave(fill_idle([g for g in wave.groups if g.micro_batches], n)) for wave in before[1:]]
     plan = Plan(batch.lengths, waves, shapes=batch.shapes)
-    remapped = remapping.leveled(plan, 0, (start, size), cost)
+    remapped = plan.leveled(0, (start, size), cost)
     if remapped is None:
         return None
     waves[0].groups = fill_idle(first + remapped, n)
