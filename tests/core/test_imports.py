@@ -161,6 +161,18 @@ def test_no_import_cycle_among_ballast_modules():
     assert not found, "import cycles (a shortest one through each module on one):\n" + "\n".join(found)
 
 
+def test_dataset_imports_no_layer_above_the_vocabulary():
+    # docs/design.md section 2: the data pipeline knows samples, clips and model shapes, never
+    # models, runtime, planners, cost model or the commands.
+    above = ("models", "runtime", "planners", "cost", "bounds", "plans", "timeline", "gantt", "cluster",
+             "simulate", "verify", "profile", "train", "bench", "cli")
+    graph = import_graph(ROOT / "ballast")
+    upward = sorted(f"{module} imports {target}" for module, targets in graph.items()
+                    if module.startswith("ballast.dataset") for target in targets
+                    if target.split(".")[1] in above)
+    assert not upward, "\n".join(upward)
+
+
 def test_bench_takes_nothing_from_tests():
     tests = ROOT / "tests"
     test_modules = {"tests"} | {p.stem for p in tests.rglob("*.py")}

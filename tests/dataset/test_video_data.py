@@ -16,7 +16,7 @@ from ballast.dataset.clips import video_source
 from ballast.dataset.clips import scale_shapes
 from ballast.dataset.video_synthetic import EPOCH_CLIPS, KINDS, synthetic_clip
 from ballast.model_shape import OPEN_SORA_VIDEO, WAN_VIDEO, VideoGeometry
-from ballast.models.clip import Clip
+from ballast.clip import Clip
 
 GEOMETRY = OPEN_SORA_VIDEO  # 4 channels, 1x2x2 patches (stdit-tiny, dit-tiny)
 
