@@ -1,6 +1,6 @@
 """Import structure, read from the source (nothing is imported): no cycle among ballast's
-modules, whether the import sits at module level or inside a function, and no bench script
-taking code from tests/."""
+modules, whether the import sits at module level, inside a function or under TYPE_CHECKING; the
+data pipeline below the layers that consume it; no bench script taking code from tests/."""
 from __future__ import annotations
 
 import ast
@@ -128,7 +128,8 @@ def chains(graph: dict[str, set[str]], component: list[str]) -> list[str]:
 
 def test_graph_reader_sees_every_kind_of_import(tmp_path):
     # A package whose every cycle goes through a different kind of import: function-level,
-    # `from . import submodule`, `from .pkg import name` (the package's __init__) and absolute.
+    # `from . import submodule`, `from .pkg import name` (the package's __init__), absolute,
+    # annotation-only; and a module that imports a submodule of a package and so its __init__.
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)
     sources = {
@@ -141,11 +142,14 @@ def test_graph_reader_sees_every_kind_of_import(tmp_path):
         "e.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .d import x\n",
         "f.py": "from .f import y\n",
         "g.py": "from . import a, sub\n",
+        "h.py": "from .sub import mod\nfrom pkg.sub.mod import z\n",
+        "sub/mod.py": "",
     }
     for file, text in sources.items():
         (pkg / file).write_text(text)
     graph = import_graph(pkg)
     assert graph["pkg.g"] == {"pkg.a", "pkg.sub"}     # submodules of its own package, not pkg
+    assert graph["pkg.h"] == {"pkg.sub", "pkg.sub.mod"}
     assert cycles(graph) == [["pkg.a", "pkg.b"], ["pkg.c", "pkg.sub"], ["pkg.d", "pkg.e"], ["pkg.f"]]
     assert chains(graph, ["pkg.c", "pkg.sub"]) == ["pkg.c -> pkg.sub -> pkg.c"]
 
