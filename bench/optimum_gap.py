@@ -1,8 +1,8 @@
 """ballast's plans against the exhaustive optimum on tiny instances (<= 4 ranks, <= 6 sequences).
 
-The same instances the tests draw (`tests/exhaustive.py`), many more of them: how often ballast
-is exactly optimal, the distribution of its miss, and the worst instances, as JSON. The test's
-MISS_BOUND (tests/planners/test_ballast.py) is set from this record.
+The same instances the tests draw (`ballast/exhaustive_instances.py`), many more of them: how
+often ballast is exactly optimal, the distribution of its miss, and the worst instances, as
+JSON. The test's MISS_BOUND (tests/planners/test_ballast.py) is set from this record.
 
     .venv/bin/python bench/optimum_gap.py --instances 20000 --json bench/results/optimum-gap.json
 """
@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from exhaustive import brute_force, cluster_for, optimum, tiny_instances  # noqa: E402
-
-from ballast.planners import get_planner  # noqa: E402
-from ballast.timeline import step_time  # noqa: E402
+from ballast.exhaustive import brute_force, cluster_for, optimum
+from ballast.exhaustive_instances import tiny_instances
+from ballast.planners import get_planner
+from ballast.timeline import step_time
 
 WORST_KEPT = 10
 

@@ -19,10 +19,10 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..clip import Clip
 from ..dataset import Batch
 from ..models import build_model
 from ..plans import Plan
-from ..models.clip import Clip
 from ..planners import Planner, PlannerOptions, get_planner
 from ..runtime import Executor, ProcessGroups, StepResult, broadcast_plan, parallelize
 from ..timeline import step_time

@@ -30,7 +30,8 @@ latent clips, batched like text (video.py; the content in video_synthetic.py, vi
 from .build import build_corpus
 from .corpus import TokenCorpus
 from .length_stream import BatchSpec, LengthStream
-from .lengths import LENGTH_SYNTAX, LengthSource, get_length_source
+from .length_source import LengthSource
+from .lengths import LENGTH_SYNTAX, get_length_source
 from .sources import SYNTAX
 from .stream import Batch, BatchStream, EpochStream
 from .tokenizer import ByteTokenizer, HFTokenizer, check_vocab, load_tokenizer

@@ -16,7 +16,8 @@ from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, Time
 from .cache import (FORMAT, content_digests, default_cache_dir, digest, memo_path, token_dtype,
                     write_entry)
 from .corpus import TokenCorpus, load_tokens, open_entry
-from .sources import Bad, Doc, TextSource, parse_source
+from .sources import parse_source, read_documents
+from .text_source import Bad, Doc, TextSource
 from .tokenizer import Tokenizer, load_tokenizer
 
 ENCODE_DOCS = 1024
@@ -77,7 +78,7 @@ def _tokenise(src: TextSource, tok: Tokenizer, key: str, skip_bad: bool, total: 
 
     with open(out / "tokens.bin", "wb") as f, _progress_bar(src.kind, total) as advance:
         chars = 0
-        for item in src.read():
+        for item in read_documents(src):
             advance(item.nbytes)
             if isinstance(item, Bad):
                 if not skip_bad:

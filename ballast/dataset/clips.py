@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..model_shape import OPEN_SORA_VIDEO, VideoGeometry
-from .lengths import LengthSource, numbered_lines
+from .length_source import LengthSource, numbered_lines
 
 # DCP's any-size video workload (Open-Sora's 16:9 buckets). Buckets are ranked by tokens and
 # weighted 1/rank (Zipf exponent 1, our choice): short low-resolution clips are the most

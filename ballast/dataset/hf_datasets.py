@@ -30,8 +30,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
-from .sources import HF_DATASET, Bad, Doc, TextSource, files_under
+from .text_source import Bad, Doc, TextSource, files_under
 
+HF_DATASET = "hf-dataset"
+"""The kind (`TextSource.kind`) and spec prefix of this source."""
 SAVED_MARKERS = ("state.json", "dataset_dict.json")
 """What `save_to_disk` writes at the top of its folder: a Dataset's state, or a DatasetDict's splits."""
 DATA_FILES = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}

@@ -15,7 +15,7 @@ from typing import Iterator, Literal
 import numpy as np
 
 from ..samples import Sample, split_sample, tokens
-from .lengths import LengthSource
+from .length_source import LengthSource
 
 
 Overlong = Literal["split", "drop", "error"]

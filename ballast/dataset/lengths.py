@@ -1,8 +1,8 @@
 """Length sources: real corpora, files and synthetic distributions of sequence lengths.
 
-Planners only ever see samples, so a corpus is reduced to a `LengthSource`: iid draws of token
-counts (text) or of clip shapes (video, `clips.py`). `get_length_source(spec)` parses the
-`--lengths` flag:
+Planners only ever see samples, so a corpus is reduced to a `LengthSource` (`length_source.py`):
+iid draws of token counts (text) or of clip shapes (video, `clips.py`). `get_length_source(spec)`
+parses the `--lengths` flag:
 
   wikipedia            1M real lengths, shipped as a log-binned histogram (the raw file is not
                        redistributed; `file:` reads it where a user has it)
@@ -24,27 +24,15 @@ import json
 import math
 import os
 import sysconfig
-from abc import ABC, abstractmethod
-from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
 from ..model_shape import OPEN_SORA_VIDEO, VideoGeometry
+from .clips import clip_list_source, video_source
+from .length_source import LengthSource, numbered_lines
 
 LENGTH_SYNTAX = ("wikipedia | stdlib | video | videos:PATH | file:PATH | lognormal:MU,SIGMA | zipf:ALPHA,MIN,MAX "
           "(e.g. lognormal:6,1.5 or zipf:1.2,64,32768)")
-
-
-class LengthSource(ABC):
-    """A distribution of samples; `name` is its canonical spec, for reports."""
-
-    name: str
-
-    @abstractmethod
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """`n` iid samples drawn with `rng`, so a seed fixes the stream: int64 lengths >= 1
-        (shape [n]), or clips as int64 (frames, height, width) rows (shape [n, 3])."""
 
 
 class DiscreteSource(LengthSource):
@@ -168,21 +156,6 @@ def stdlib_source() -> DiscreteSource:
     return DiscreteSource("stdlib", np.array(sizes))
 
 
-def numbered_lines(spec: str, what: str) -> Iterator[tuple[int, str]]:
-    """(line number, stripped text) of every line of the file `spec` names (`file:PATH`,
-    `videos:PATH`) that holds something: blank lines and `#` comments are skipped, so trailing
-    newlines and hand-edited files work. An unreadable file is a ValueError naming it."""
-    path = spec.partition(":")[2]
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as e:
-        raise ValueError(f"{spec}: cannot read {what} ({e.strerror or e})") from e
-    for number, line in enumerate(lines, start=1):
-        text = line.strip()
-        if text and not text.startswith("#"):
-            yield number, text
-
-
 def file_source(path: str) -> DiscreteSource:
     """Lengths from a text file, one positive integer per line (`numbered_lines`); anything
     else is an error naming the line."""
@@ -212,9 +185,6 @@ def get_length_source(spec: str, video: VideoGeometry | None = None) -> LengthSo
     """Parse a `--lengths` spec; a malformed one is a ValueError stating the expected syntax.
     Clip sources convert pixels to latent patches with `video` (the model's geometry; None:
     Open-Sora 1.2's)."""
-    # clips.py builds on LengthSource, defined here.
-    from .clips import clip_list_source, video_source
-
     name, colon, args = spec.partition(":")
     fixed = {"wikipedia": wikipedia_source, "stdlib": stdlib_source}
     if name in fixed and not colon:

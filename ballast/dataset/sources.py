@@ -24,68 +24,25 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from .hf_datasets import HF_DATASET, parse_hf_dataset, read_hf_dataset
 from .lengths import stdlib_files
-
-HF_DATASET = "hf-dataset"
+from .text_source import Bad, Doc, TextSource, files_under
 
 SYNTAX = "stdlib | folder:PATH | jsonl:PATH | parquet:PATH | hf-dataset:PATH | tokens:PATH"
 
 
-@dataclass(frozen=True)
-class Doc:
-    text: str
-    nbytes: int
-    """Input bytes this document accounts for (progress only)."""
-
-
-@dataclass(frozen=True)
-class Bad:
-    where: str
-    """File, and line or row when the problem is in one."""
-    reason: str
-    kind: str
-    """Short category the skip counts are reported by ("bad JSON", "empty", ...)."""
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class TextSource:
-    spec: str
-    """Canonical spec (absolute path): part of the cache key and of reports."""
-    kind: str
-    files: tuple[str, ...]
-    """Absolute paths in reading order (for hf-dataset: every file the dataset is made of,
-    which is what its cache key hashes)."""
-    text_field: str | None
-    """The JSON key or Parquet column of the text; None for one-document-per-file kinds."""
-    root: str | None = None
-    """hf-dataset: the folder or file the spec names (a saved dataset is read as a whole)."""
-
-    def read(self) -> Iterator[Doc | Bad]:
-        if self.kind == HF_DATASET:
-            from .hf_datasets import read_hf_dataset
-            yield from read_hf_dataset(self)
-            return
-        reader = {"stdlib": _read_stdlib, "folder": _read_text_file,
-                  "jsonl": _read_jsonl, "parquet": _read_parquet}[self.kind]
-        for path in self.files:
-            yield from reader(path, self.text_field)
-
-
-def files_under(root: Path, suffix: str) -> list[str]:
-    """Regular files under root ending in suffix, sorted; hidden files and folders (.git,
-    .DS_Store) are not data, and symlinked folders are not followed (no cycles)."""
-    found = []
-    for folder, subdirs, names in os.walk(root):
-        subdirs[:] = [d for d in subdirs if not d.startswith(".")]
-        found += [os.path.join(folder, n) for n in names
-                  if not n.startswith(".") and n.endswith(suffix)
-                  and os.path.isfile(os.path.join(folder, n))]
-    return sorted(found)
+def read_documents(src: TextSource) -> Iterator[Doc | Bad]:
+    """Every document of the source, or the `Bad` saying what is wrong with one."""
+    if src.kind == HF_DATASET:
+        yield from read_hf_dataset(src)
+        return
+    reader = {"stdlib": _read_stdlib, "folder": _read_text_file,
+              "jsonl": _read_jsonl, "parquet": _read_parquet}[src.kind]
+    for path in src.files:
+        yield from reader(path, src.text_field)
 
 
 def parse_source(spec: str, text_field: str = "text") -> TextSource:
@@ -97,7 +54,6 @@ def parse_source(spec: str, text_field: str = "text") -> TextSource:
             raise ValueError(f"stdlib: no .py files under {root}")
         return TextSource("stdlib", "stdlib", tuple(sorted(paths)), None)
     if kind == HF_DATASET and arg:
-        from .hf_datasets import parse_hf_dataset
         return parse_hf_dataset(spec, arg, text_field)
     suffix = {"folder": "", "jsonl": ".jsonl", "parquet": ".parquet"}.get(kind)
     if suffix is None or not arg:

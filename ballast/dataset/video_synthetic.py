@@ -26,7 +26,7 @@ import torch
 
 from ..model_shape import VideoGeometry
 from .clips import clip_list_source, scale_shapes, video_source
-from .lengths import numbered_lines
+from .length_source import numbered_lines
 
 SYNTHETIC_PREFIX = "video-synthetic"
 EPOCH_CLIPS = 100_000

@@ -1,11 +1,12 @@
-"""A video sample as the video models train on it: a latent clip, its condition and its key."""
+"""The video models' conditions (`LABELS`, `CAPTION_TOKENS`) and the Gaussian clips
+(`ballast.clip.Clip`) verify and the profiler run."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import torch
-from torch import Tensor
+
+from ..clip import Clip
 
 if TYPE_CHECKING:
     from ..model_shape import ModelShape
@@ -15,21 +16,6 @@ LABELS = 16
 what the synthetic data draws."""
 CAPTION_TOKENS = 8
 """Tokens of the random caption embeddings `gaussian_clips` gives a caption-conditioned model."""
-
-
-@dataclass(frozen=True)
-class Clip:
-    """One training clip in the VAE's latent space (VAE encoding happens offline, as users
-    precompute it; ballast trains the diffusion transformer on latents)."""
-
-    latent: Tensor
-    """[channels, frames, height, width] float32 latents; height and width in latent pixels
-    (the model's patch size divides them)."""
-    condition: int | Tensor
-    """What the clip is conditioned on: a class label, or a caption embedding [tokens, dim]."""
-    key: int
-    """Seeds the clip's noise and timestep (`flow.py`): depends on the draw, never on the plan,
-    so a clip's loss is the same on whichever rank and in whichever micro-batch it lands."""
 
 
 def gaussian_clips(grids: Sequence[tuple[int, int, int]], shape: ModelShape, seed: int) -> list[Clip]:

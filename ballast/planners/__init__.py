@@ -1,54 +1,18 @@
-"""Planners by name. Each module registers one `Planner` subclass.
+"""Planners by name (`registry.py`); importing this package registers every planner.
 
 `ballast.plan(lengths, cluster, cost, planner="ballast")` is the one-call entry point.
 """
 from __future__ import annotations
 
-from typing import Sequence
-
-from ..cluster import Cluster
-from ..cost import CostModel
-from ..plans import Plan
-from ..samples import Sample
 from .base import Planner, PlannerOptions
-
-PLANNERS: dict[str, type[Planner]] = {}
-
-
-def register(cls: type[Planner]) -> type[Planner]:
-    assert cls.name not in PLANNERS, f"planner {cls.name} registered twice"
-    PLANNERS[cls.name] = cls
-    return cls
-
-
-def get_planner(name: str, cluster: Cluster, cost: CostModel, options: PlannerOptions | None = None) -> Planner:
-    if name not in PLANNERS:
-        raise ValueError(f"unknown planner {name!r}; planners: {', '.join(PLANNERS)}")
-    return PLANNERS[name](cluster, cost, options)
-
-
-def parse_planner_names(spec: str) -> list[str]:
-    """`all` or a comma-separated list of registered names."""
-    names = list(PLANNERS) if spec == "all" else [n.strip() for n in spec.split(",") if n.strip()]
-    unknown = [n for n in names if n not in PLANNERS]
-    if unknown or not names:
-        raise ValueError(f"unknown planner(s) {unknown or spec!r}; planners: {', '.join(PLANNERS)}")
-    return names
-
-
-def make_plan(samples: Sequence[Sample], cluster: Cluster, cost: CostModel, planner: str = "ballast",
-              options: PlannerOptions | None = None) -> Plan:
-    """The plan of one step for these samples: sequence lengths (text) and/or (frames, height,
-    width) clips in latent patches."""
-    return get_planner(planner, cluster, cost, options).plan(samples)
-
+from .registry import PLANNERS, get_planner, make_plan, parse_planner_names, register
 
 # Registration order is the order of `--planners all` and of reports: baselines first.
 from . import static, batch_adaptive, bucket, megatron  # noqa: E402,F401
 from . import ballast  # noqa: E402,F401
-
-__all__ = ["PLANNERS", "Planner", "PlannerOptions", "get_planner", "make_plan", "parse_planner_names", "register"]
 from . import dcp  # noqa: E402,F401
 from . import hydraulis  # noqa: E402,F401
 from . import zeppelin  # noqa: E402,F401
 from . import flexsp  # noqa: E402,F401
+
+__all__ = ["PLANNERS", "Planner", "PlannerOptions", "get_planner", "make_plan", "parse_planner_names", "register"]

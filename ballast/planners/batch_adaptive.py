@@ -8,8 +8,8 @@ from __future__ import annotations
 from ..plans import Plan
 from ..samples import SampleBatch
 from ..timeline import step_time
-from . import register
 from .base import Planner
+from .registry import register
 from .static import fixed_layout_plan
 
 

@@ -11,9 +11,9 @@ from collections import defaultdict
 
 from ..plans import Plan
 from ..samples import SampleBatch
-from . import register
 from .base import Planner
 from .packing import deal_by_time, fixed_run, lockstep_wave, micro_batch
+from .registry import register
 
 
 @register

@@ -62,10 +62,10 @@ import numpy as np
 from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
 from ..samples import SampleBatch
 from ..timeline import step_time
-from . import register
 from .base import Planner
 from .packing import fixed_checkpoint, pad_lockstep
 from ..bounds import lower_bound
+from .registry import register
 
 BUCKETS_PER_OCTAVE = 2
 MAX_ACCUMULATION = 8

@@ -52,10 +52,10 @@ from ..cost import CostModel
 from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
 from ..samples import SampleBatch
 from ..timeline import step_time
-from . import register
 from .base import Planner, PlannerOptions
 from .flexsp_milp import Buckets, WaveSolution, dp_buckets, solve_wave
 from ..bounds import lower_bound
+from .registry import register
 
 EXTRA_WAVES = 4
 """Candidates are M_min..M_min + EXTRA_WAVES waves."""

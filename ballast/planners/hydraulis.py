@@ -53,10 +53,10 @@ import numpy as np
 
 from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
 from ..samples import SampleBatch
-from . import register
 from .base import Planner
 from .packing import mb_time, pad_lockstep
 from ..bounds import lower_bound
+from .registry import register
 
 TRIALS = 8  # orders tried by the randomised greedy, most work first included
 NOISE = 0.3  # sigma of the lognormal factor that shuffles an order

@@ -14,9 +14,9 @@ import math
 
 from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
 from ..samples import SampleBatch
-from . import register
 from .base import Planner
 from .packing import fixed_run, pad_lockstep
+from .registry import register
 
 SLACK = 0.05
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from ..plans import Plan
 from ..samples import SampleBatch
-from . import register
 from .base import Planner
 from .packing import best_fit_decreasing, fixed_run, lockstep_wave, longest_processing_time, micro_batch
+from .registry import register
 
 
 def fixed_layout_plan(batch: SampleBatch, degree: int, checkpoint: float, planner: Planner) -> Plan:

@@ -55,10 +55,10 @@ from ..cost import CostModel
 from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
 from ..samples import SampleBatch
 from ..timeline import step_time, wave_time
-from . import register
 from .base import Planner
 from .packing import longest_processing_time, mb_time, micro_batch, pad_lockstep
 from ..bounds import lower_bound
+from .registry import register
 
 THETAS = (1.25, 1.0, 0.6)
 """Targets as fractions of the lower bound: how long a sequence may run alone."""

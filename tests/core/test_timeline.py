@@ -1,14 +1,14 @@
 """The simulator (ballast/timeline.py) by hand, the lower bound by brute force, Gantt charts."""
 from __future__ import annotations
 
-
 import pytest
 from hypothesis import given, settings
 
 from ballast import gantt as report
-from ballast.plans import Group, MicroBatch, Plan, Wave
+from ballast.exhaustive import brute_force, cluster_for, layouts, optimum
+from ballast.exhaustive_instances import hand_cost, tiny_instances, tiny_shaped_instances
 from ballast.planners import PlannerOptions, get_planner
-from exhaustive import brute_force, cluster_for, hand_cost, layouts, optimum, tiny_instances, tiny_shaped_instances
+from ballast.plans import Group, MicroBatch, Plan, Wave
 from ballast.timeline import simulate, step_time
 from ballast.bounds import lower_bound
 

@@ -9,7 +9,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from ballast.dataset import Batch, BatchStream, TokenCorpus, build_corpus
+from ballast.dataset import BatchStream, TokenCorpus, build_corpus
+
+from epochs import one_epoch
 
 
 def token_corpus(lengths: list[int], seed: int = 0) -> TokenCorpus:
@@ -20,15 +22,6 @@ def token_corpus(lengths: list[int], seed: int = 0) -> TokenCorpus:
 
 
 LENGTHS = [1, 2, 3, 10, 50, 0, 7, 130, 5, 64, 65, 33, 2, 200, 9, 17]  # 0 and 1: no sample
-
-
-def one_epoch(stream: BatchStream) -> list[Batch]:
-    epoch, batches = stream.epoch, []
-    while stream.epoch == epoch:
-        batches.append(stream.next_batch())
-        assert batches[-1].epoch == epoch
-    assert stream.state_dict()["position"] == 0
-    return batches
 
 
 def test_chunks_cover_every_document_exactly():

@@ -10,24 +10,17 @@ import torch
 from hypothesis import given, settings, strategies as st
 from safetensors.torch import save_file
 
-from ballast.dataset import (VIDEO_DATA_SYNTAX, Batch, ClipStream, clip_key, is_video_data,
-                             open_clip_dataset, open_clip_stream)
+from ballast.clip import Clip
+from ballast.dataset import (VIDEO_DATA_SYNTAX, ClipStream, clip_key, is_video_data, open_clip_dataset,
+                             open_clip_stream)
 from ballast.dataset.clips import video_source
 from ballast.dataset.clips import scale_shapes
 from ballast.dataset.video_synthetic import EPOCH_CLIPS, KINDS, synthetic_clip
 from ballast.model_shape import OPEN_SORA_VIDEO, WAN_VIDEO, VideoGeometry
-from ballast.models.clip import Clip
+
+from epochs import one_epoch
 
 GEOMETRY = OPEN_SORA_VIDEO  # 4 channels, 1x2x2 patches (stdit-tiny, dit-tiny)
-
-
-def one_epoch(stream: ClipStream) -> list[Batch]:
-    epoch, batches = stream.epoch, []
-    while stream.epoch == epoch:
-        batches.append(stream.next_batch())
-        assert batches[-1].epoch == epoch
-    assert stream.state_dict()["position"] == 0
-    return batches
 
 
 def clip_list(tmp_path: Path, lines: list[str]) -> str:

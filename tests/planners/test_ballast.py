@@ -1,7 +1,6 @@
 """ballast's own planner: against exhaustive search, against the other planners, and its speed."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -10,11 +9,12 @@ import ballast
 from ballast.cost import CostModel, InfeasibleError
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
+from ballast.exhaustive import cluster_for, optimum
+from ballast.exhaustive_instances import tiny_instances
 from ballast.planners import PlannerOptions, get_planner
 from ballast.plans import Plan
 from ballast.samples import SampleBatch
 from ballast.timeline import simulate, step_time
-from exhaustive import cluster_for, optimum, tiny_instances
 from ballast.bounds import longest_alone, lower_bound
 
 

@@ -20,6 +20,7 @@ from ballast.planners.flexsp_milp import dp_buckets, optimal_bucket_ends, solve_
 from ballast.model_shape import get_model_shape
 from ballast.samples import tokens
 from ballast.timeline import simulate
+from partitions import set_partitions
 
 FAST = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -103,17 +104,6 @@ def test_bad_options_are_value_errors(field, value):
 
 
 # --- the wave MILP against brute force -----------------------------------------------------------
-def set_partitions(items: list[int]):
-    if not items:
-        yield []
-        return
-    first, rest = items[0], items[1:]
-    for part in set_partitions(rest):
-        for k in range(len(part)):
-            yield part[:k] + [[first] + part[k]] + part[k + 1:]
-        yield [[first]] + part
-
-
 def brute_force_wave(samples: list, cost: CostModel, checkpoint: float) -> float:
     """The least slowest-group time over every way to form groups and assign the samples."""
     best = math.inf

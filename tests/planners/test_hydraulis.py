@@ -11,6 +11,7 @@ from ballast.planners import get_planner
 from ballast.timeline import simulate
 from ballast.planners.hydraulis import balance_under_cap
 from ballast.samples import SampleBatch
+from partitions import set_partitions
 from strategies import SMALL, make_cluster, planner_setups
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
@@ -23,17 +24,6 @@ def test_plans_validate(setup, seed, lockstep):
     for _, g, mb in plan.micro_batches():
         if mb.seq_ids:  # every micro-batch at the least level its tokens need
             assert mb.checkpoint == cost.min_checkpoint(sum(plan.mb_lengths(mb)), g.degree)
-
-
-def _partitions(items: list[int]):
-    if not items:
-        yield []
-        return
-    first, rest = items[0], items[1:]
-    for part in _partitions(rest):
-        yield [[first], *part]
-        for k in range(len(part)):
-            yield part[:k] + [[first, *part[k]]] + part[k + 1:]
 
 
 def _time(cost, bins, lengths, degree) -> float:
@@ -59,7 +49,7 @@ def test_micro_batch_count_is_optimal_on_a_tiny_replica(case):
                 if (bins := balance_under_cap(items, lengths, work, m, cap)) is not None]
     assert ours == pytest.approx(min(by_count), rel=1e-12)
     # Brute force over every partition: the balanced packing is a heuristic, but a close one.
-    best = min(_time(cost, part, lengths, degree) for part in _partitions(ids)
+    best = min(_time(cost, part, lengths, degree) for part in set_partitions(ids)
                if all(sum(lengths[i] for i in b) <= cap for b in part))
     assert best <= ours * (1 + 1e-12) and ours <= best * 1.05
 

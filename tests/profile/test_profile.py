@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 
-import numpy as np
 import pytest
 
 from ballast.cli import main
@@ -16,9 +14,11 @@ from ballast.planners import PLANNERS, PlannerOptions, get_planner
 from ballast.profile.profiler import (Settings, all_to_all_value_bytes, check_states_fit, default_lengths, plan_grid,
                              profile, shape_bytes_per_token_layer, state_bytes)
 from ballast.profile.fit import Coefficients, fit, prediction_errors as compare
-from ballast.profile.grid import Measurement, Point, build_grid, verification_points
+from ballast.profile.grid import Point, build_grid, verification_points
 from ballast.model_shape import get_model_shape
 from ballast.timeline import simulate
+
+from synthetic_measurements import synthetic
 
 TINY = get_model_shape("tiny")
 # A deeper tiny model, so extrapolating from depths 1 and 2 to 8 is a real extrapolation.
@@ -32,30 +32,6 @@ TRUE = Coefficients(a_layer=2e-8, b_layer=4e-5, b_fixed=2e-5, g_layer=4e-3, g_fi
 
 def layer_bytes(value_bytes: int, shape=TINY, degrees=(1, 2, 4)) -> dict[int, float]:
     return {d: shape_bytes_per_token_layer(shape, value_bytes, d) for d in degrees}
-
-
-def synthetic(points: list[Point], true: Coefficients, noise: float, seed: int = 0,
-              shape=TINY) -> list[Measurement]:
-    """Measurements that follow fit.py's model exactly, times multiplied by (1 + noise N(0,1));
-    `shape`'s kv heads replicated where a degree does not divide them."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for p in points:
-        d, depth, k = p.degree, p.layers, p.checkpoint_layers
-        shard = math.ceil(p.tokens / d)
-        calls = 0 if d == 1 else 4 * depth + 2 * k
-        exchanged = true.bytes_per_token_layer * layer_bytes(1, shape, (1, d))[d] / layer_bytes(1, shape, (1,))[1]
-        comm_bytes = 0.0 if d == 1 else exchanged * shard * (depth + k / 2)
-        comm = 0.0 if d == 1 else calls * true.call_latency[d] + comm_bytes / true.bandwidth[d]
-        seconds = (((depth + k * true.recompute_attention_layer) * true.a_layer * p.sum_sq
-                    + (depth + k * true.recompute_layer) * true.b_layer * p.tokens
-                    + true.b_fixed * p.tokens) / d + true.g_fixed + depth * true.g_layer
-                   + (0.0 if d == 1 else depth * exchanged * p.tokens / (d * true.bandwidth[d])
-                      + depth * true.latency_layer[d]))
-        act = shard * (true.act_fixed + (depth - k) * true.act_layer + k * true.kept_layer)
-        jitter = 1.0 + noise * rng.standard_normal(2)
-        out.append(Measurement(p, seconds * jitter[0], comm * jitter[1], calls, comm_bytes, act, shard))
-    return out
 
 
 def grid(depths=(1, 2), lengths=(128, 256, 512, 1024, 2048, 4096), degrees=(1, 2, 4)) -> list[Point]:

@@ -13,7 +13,7 @@ import pytest
 
 from ballast.cli import main
 from ballast.cluster import get_cluster
-from ballast.cost import CostModel, get_cost_model
+from ballast.cost import get_cost_model
 from ballast.dataset.clips import video_source
 from ballast.model_shape import get_model_shape
 from ballast.planners import PlannerOptions, get_planner
@@ -27,6 +27,7 @@ from ballast.profile.profiler import (Settings, default_video_sizes, measured_by
 from ballast.samples import attention_units
 from ballast.timeline import simulate
 
+from synthetic_measurements import synthetic
 
 def attention_blocks(depth: int) -> tuple[int, ...]:
     return SPATIAL_TEMPORAL.block_counts(depth)
@@ -51,37 +52,6 @@ TRUE_ST = Coefficients(a_layer=(C_S + C_T) / 2, spatial_layer=C_S, temporal_laye
                        **COMMON)
 TRUE_FULL = Coefficients(a_layer=2e-8, attention="full", **COMMON)
 DEGREES = (1, 2, 4)
-
-
-def attention_seconds(p: Point, true: Coefficients) -> float:
-    """What the model's blocks spend attending, forward + backward, at degree 1, recomputation included."""
-    ra = true.recompute_attention_layer
-    if true.attention == "full":
-        return (p.layers + ra * p.checkpoint_layers) * true.a_layer * 2.0 * p.sum_sq
-    (spatial, temporal), (k_s, k_t) = attention_blocks(p.layers), attention_blocks(p.checkpoint_layers)
-    return ((spatial + ra * k_s) * true.spatial_layer * p.spatial_pairs
-            + (temporal + ra * k_t) * true.temporal_layer * p.temporal_pairs)
-
-
-def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed: int = 0) -> list[Measurement]:
-    """Measurements that follow fit.py's model exactly (spatial and temporal blocks priced per
-    pair, block by block), times multiplied by (1 + noise N(0, 1))."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for p in points:
-        d, depth, k = p.degree, p.layers, p.checkpoint_layers
-        shard = math.ceil(p.tokens / d)
-        calls = 0 if d == 1 else 4 * depth + 2 * k
-        comm_bytes = 0.0 if d == 1 else true.bytes_per_token_layer * shard * depth
-        comm = 0.0 if d == 1 else calls * true.call_latency[d] + comm_bytes / true.bandwidth[d]
-        seconds = ((attention_seconds(p, true) + (depth + k * true.recompute_layer) * true.b_layer * p.tokens
-                    + true.b_fixed * p.tokens) / d + true.g_fixed + depth * true.g_layer
-                   + (0.0 if d == 1 else depth * true.bytes_per_token_layer * p.tokens / (d * true.bandwidth[d])
-                      + depth * true.latency_layer[d]))
-        act = shard * (true.act_fixed + (depth - k) * true.act_layer + k * true.kept_layer)
-        jitter = 1.0 + noise * rng.standard_normal(2)
-        out.append(Measurement(p, seconds * jitter[0], comm * jitter[1], calls, comm_bytes, act, shard))
-    return out
 
 
 def video_grid(attention: str, depths=(2, 4), sizes=(512, 2048), degrees=DEGREES) -> list[Point]:

@@ -26,12 +26,11 @@ from pathlib import Path
 import pytest
 import torch
 from corpora import jsonl_corpus
+from train_runs import run_config, text_memory_gb
 
 import ballast
 import ballast.runtime
 from ballast.cli import main
-from ballast.cluster import get_cluster
-from ballast.cost import CostModel
 from ballast.model_shape import get_model_shape
 from ballast.runtime import run_local
 from ballast.train.config import TrainConfig
@@ -70,25 +69,11 @@ def word_tokenizer(path: Path, words: list[str]) -> Path:
     return path
 
 
-def small_memory_gb(model: str) -> float:
-    """Per-rank memory in which MAX_LEN tokens need SP degree 2 or checkpointing (as test_run.py)."""
-    cost = CostModel.analytic(get_model_shape(model), get_cluster("cpu", world_size=2))
-    return (cost.states + cost.act_per_token * MAX_LEN / 2) / 1e9
-
-
 def config(model: str, corpus: tuple[str, str], out: Path, steps: int, planner: str = "ballast",
            **optimizer) -> TrainConfig:
-    c = TrainConfig()
-    c.model.model = model
-    c.data.source, c.data.cache_dir = corpus
-    c.data.max_len, c.data.tokens_per_step = MAX_LEN, BUDGET
-    c.planner.planner, c.planner.device_memory_gb = planner, small_memory_gb(model)
-    c.optimizer.warmup_steps, c.optimizer.decay_steps = 2, STEPS
-    for key, value in optimizer.items():
-        setattr(c.optimizer, key, value)
-    c.run.steps, c.run.out_dir, c.run.timeout = steps, str(out), 60.0
-    c.checkpoint.checkpoint_interval = 2
-    return c
+    return run_config(out, steps, model=model, source=corpus[0], cache_dir=corpus[1], max_len=MAX_LEN,
+                      tokens_per_step=BUDGET, device_memory_gb=text_memory_gb(model, MAX_LEN), planner=planner,
+                      decay_steps=STEPS, **optimizer)
 
 
 # --- the tokenizer, checked before any rank starts (no ranks: not slow) ---

@@ -26,14 +26,12 @@ from pathlib import Path
 
 import pytest
 from corpora import jsonl_corpus
+from train_runs import run_config, text_memory_gb
 
 import ballast
 from ballast.cli import main
-from ballast.cluster import get_cluster
-from ballast.cost import CostModel
 from ballast.dataset import BatchStream, build_corpus
 from ballast.runtime import PeerFailed, run_local
-from ballast.model_shape import MODEL_PRESETS
 from ballast.train.config import TrainConfig
 from ballast.train.metrics import StepRecord, final_history
 
@@ -56,29 +54,15 @@ def one_epoch_corpus(tmp_path_factory) -> tuple[str, str]:
     return jsonl_corpus(tmp_path_factory.mktemp("small-corpus"), documents=40, longest=600, seed=0)
 
 
-def small_memory_gb() -> float:
-    """Per-rank memory in which MAX_LEN tokens need SP degree 2 or checkpointing (as `verify`)."""
-    cost = CostModel.analytic(MODEL_PRESETS["tiny"], get_cluster("cpu", world_size=2))
-    return (cost.states + cost.act_per_token * MAX_LEN / 2) / 1e9
-
-
 def flags(corpus: tuple[str, str], out: Path, steps: int, *extra: str) -> list[str]:
     return ["--model", "tiny", "--data", corpus[0], "--cache-dir", corpus[1], "--max-len", str(MAX_LEN),
-            "--tokens-per-step", str(BUDGET), "--device-memory-gb", f"{small_memory_gb():.6f}",
+            "--tokens-per-step", str(BUDGET), "--device-memory-gb", f"{text_memory_gb('tiny', MAX_LEN):.6f}",
             "--warmup-steps", "2", "--steps", str(steps), "--out-dir", str(out), "--timeout", "60", *extra]
 
 
 def config(corpus: tuple[str, str], out: Path, steps: int, **optimizer) -> TrainConfig:
-    c = TrainConfig()
-    c.data.source, c.data.cache_dir = corpus
-    c.data.max_len, c.data.tokens_per_step = MAX_LEN, BUDGET
-    c.planner.device_memory_gb = small_memory_gb()
-    c.optimizer.warmup_steps = 2
-    for key, value in optimizer.items():
-        setattr(c.optimizer, key, value)
-    c.run.steps, c.run.out_dir, c.run.timeout = steps, str(out), 60.0
-    c.checkpoint.checkpoint_interval = 2
-    return c
+    return run_config(out, steps, model="tiny", source=corpus[0], cache_dir=corpus[1], max_len=MAX_LEN,
+                      tokens_per_step=BUDGET, device_memory_gb=text_memory_gb("tiny", MAX_LEN), **optimizer)
 
 
 SHARDINGS = {"": {}, "-zero1": {"zero1": True}, "-fsdp": {"fsdp": True}}

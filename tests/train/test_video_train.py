@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
+from train_runs import run_config
 
 from ballast.dataset import open_clip_stream
 from ballast.model_shape import MODEL_PRESETS
@@ -51,17 +52,10 @@ def small_memory_gb(model: str) -> float:
 
 
 def config(out: Path, steps: int, planner: str = "ballast", model: str = "stdit-tiny", **optimizer) -> TrainConfig:
-    c = TrainConfig()
-    c.model.model = model
-    c.data.source, c.data.max_len, c.data.tokens_per_step = DATA, MAX_LEN, BUDGET
-    c.planner.planner, c.planner.device_memory_gb = planner, small_memory_gb(model)
-    c.planner.degree = 2 if planner == "static" else None
-    c.optimizer.warmup_steps, c.optimizer.decay_steps = 2, STEPS
-    for key, value in optimizer.items():
-        setattr(c.optimizer, key, value)
-    c.run.steps, c.run.out_dir, c.run.timeout = steps, str(out), 120.0
-    c.checkpoint.checkpoint_interval = 1
-    return c
+    return run_config(out, steps, model=model, source=DATA, max_len=MAX_LEN, tokens_per_step=BUDGET,
+                      device_memory_gb=small_memory_gb(model), planner=planner,
+                      degree=2 if planner == "static" else None, decay_steps=STEPS, timeout=120.0,
+                      checkpoint_interval=1, **optimizer)
 
 
 def _train_all(configs: list[TrainConfig]) -> list[dict | None]:

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from ...plans import Plan, Wave
 from ...samples import SampleBatch
-from .. import register
+from ..registry import register
 from ..base import Planner
 from ..packing import pad_lockstep
 from .poles import remap_poles

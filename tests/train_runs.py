@@ -1,0 +1,35 @@
+"""The short training runs the train tests spawn on 2 gloo ranks (text, Hugging Face, video)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ballast.cluster import get_cluster
+from ballast.cost import CostModel
+from ballast.model_shape import get_model_shape
+from ballast.train.config import TrainConfig
+
+
+def text_memory_gb(model: str, max_len: int) -> float:
+    """Per-rank memory (of 2 CPU ranks) in which `max_len` tokens need SP degree 2 or
+    checkpointing (as `verify`)."""
+    cost = CostModel.analytic(get_model_shape(model), get_cluster("cpu", world_size=2))
+    return (cost.states + cost.act_per_token * max_len / 2) / 1e9
+
+
+def run_config(out: Path, steps: int, *, model: str, source: str, max_len: int, tokens_per_step: int,
+               device_memory_gb: float, cache_dir: str | None = None, planner: str = "ballast",
+               degree: int | None = None, decay_steps: int | None = None, timeout: float = 60.0,
+               checkpoint_interval: int = 2, **optimizer) -> TrainConfig:
+    """`steps` steps of `model` on `source` written to `out`, after a 2-step warm-up; `optimizer`
+    sets the optimizer's other fields (`zero1=True`, `fsdp=True`, `lr=...`)."""
+    c = TrainConfig()
+    c.model.model = model
+    c.data.source, c.data.cache_dir = source, cache_dir
+    c.data.max_len, c.data.tokens_per_step = max_len, tokens_per_step
+    c.planner.planner, c.planner.device_memory_gb, c.planner.degree = planner, device_memory_gb, degree
+    c.optimizer.warmup_steps, c.optimizer.decay_steps = 2, decay_steps
+    for key, value in optimizer.items():
+        setattr(c.optimizer, key, value)
+    c.run.steps, c.run.out_dir, c.run.timeout = steps, str(out), timeout
+    c.checkpoint.checkpoint_interval = checkpoint_interval
+    return c
