@@ -14,7 +14,11 @@ One step (`Executor.step`):
     per-token loss of its shard (`ParallelModel.loss`) divided by `Plan.tokens`;
   - a wave ends with a barrier of the world (the plan's semantics: the next wave may regroup
     ranks), which also measures how long this rank waited for the wave's slowest group;
-  - gradients accumulate locally and are all-reduced (SUM over the world) once, then AdamW.
+  - gradients accumulate locally and are all-reduced (SUM over the world) once, then AdamW,
+    unless the step's loss or gradient norm is not finite: both come out of that all-reduce
+    (with, per sample, whether a micro-batch holding it had a non-finite loss on some rank), so
+    every rank sees the same values and skips the optimizer alike (`StepResult.applied`); the
+    weights and AdamW's state are then as they were before the step.
 
 Why a plain SUM over the world is the full-batch gradient: the step's loss is
 L = sum over micro-batches m, ranks r of m's group of L_{m,r}, with L_{m,r} the summed token
@@ -44,6 +48,7 @@ sharded, instead of the final all-reduce: the same sum over ranks, each rank kee
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -97,6 +102,12 @@ class StepResult:
     tokens: int
     waves: list[WaveTiming]
     micro_batches: list[MicroBatchRecord] = field(default_factory=list)
+    grad_norm: float = 0.0
+    """L2 norm of the batch's whole gradient (the same on every rank)."""
+    nonfinite_samples: list[int] = field(default_factory=list)
+    """The plan's samples (indices) whose micro-batch had a non-finite loss on some rank."""
+    applied: bool = True
+    """False when the loss or the gradient norm was not finite: the optimizer did not step."""
     sync_seconds: float = 0.0
     """Gradient all-reduce."""
     optimizer_seconds: float = 0.0
@@ -125,6 +136,9 @@ class Executor:
         self.device = next(model.parameters()).device
         self.bf16 = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
         self._params = [p for p in model.parameters() if p.requires_grad]
+        self._nonfinite = torch.zeros(0, device=self.device)
+        """Per sample of the running step: whether a micro-batch holding it had a non-finite loss
+        share on this rank (kept on the device: a check per micro-batch would wait for it)."""
 
     def step(self, plan: Plan, samples: Sequence[Any]) -> StepResult:
         """One optimizer step of `plan`; samples[i] is sample i as the model takes it (a text
@@ -137,6 +151,7 @@ class Executor:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss = torch.zeros((), dtype=torch.float32, device=self.device)
+        self._nonfinite = torch.zeros(len(plan.lengths), dtype=torch.float32, device=self.device)
         result = StepResult(loss=0.0, tokens=plan.tokens, waves=[])
         for w, wave in enumerate(plan.waves):
             group = plan.group_of(w, self.rank)
@@ -153,11 +168,14 @@ class Executor:
             dist.barrier()
             result.waves.append(WaveTiming(busy, self._clock() - start - busy))
         start = self._clock()
-        result.loss = self._synchronise(loss)
+        result.loss, result.grad_norm, nonfinite = self._synchronise(loss, self._nonfinite)
+        result.nonfinite_samples = torch.nonzero(nonfinite).flatten().tolist()
         result.sync_seconds = self._clock() - start
-        start = self._clock()
-        self.optimizer.step()
-        result.optimizer_seconds = self._clock() - start
+        result.applied = math.isfinite(result.loss) and math.isfinite(result.grad_norm)
+        if result.applied:
+            start = self._clock()
+            self.optimizer.step()
+            result.optimizer_seconds = self._clock() - start
         return result
 
     def _clock(self) -> float:
@@ -243,6 +261,7 @@ class Executor:
             loss = self.model.loss([samples[i] for i in seq_ids], stream, local, checkpoint_layers) / plan.tokens
         # Every rank of the group runs backward, an empty shard too: its all-to-alls are awaited.
         loss.backward()
+        self._nonfinite[seq_ids] += (~torch.isfinite(loss.detach())).float()
         wave, group, mb = mine
         result.micro_batches.append(MicroBatchRecord(
             wave, group.degree, list(mb.seq_ids), local.stop - local.start, checkpoint_layers,
@@ -259,17 +278,24 @@ class Executor:
             (self.model.loss([dummy], stream, slice(0, stream.bounds[-1])) * 0.0).backward()
         return torch.zeros((), device=self.device)
 
-    def _synchronise(self, loss: Tensor) -> float:
-        """All-reduce every gradient and the loss in one collective; returns the batch loss.
-        Under FSDP every backward has already reduce-scattered its gradients."""
+    def _synchronise(self, loss: Tensor, nonfinite: Tensor) -> tuple[float, float, Tensor]:
+        """All-reduce every gradient, the loss and the per-sample non-finite flags in one
+        collective; returns the batch loss, the gradient norm and the summed flags. Under FSDP
+        every backward has already reduce-scattered its gradients: the sum of squares of this
+        rank's shards rides along instead, and its sum over the world is the norm's square."""
         if self.fsdp:
-            dist.all_reduce(loss)
-            return float(loss)
+            squares = sum((p.grad.to_local().float().pow(2).sum() for p in self._params if p.grad is not None),
+                          torch.zeros((), device=self.device))
+            stats = torch.cat([loss.reshape(1), nonfinite, squares.reshape(1)])
+            dist.all_reduce(stats)
+            return float(stats[0]), math.sqrt(float(stats[-1])), stats[1:-1]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in self._params] + [loss.reshape(1).to(self._params[0].dtype)])
+                          for p in self._params] + [loss.reshape(1).to(self._params[0].dtype),
+                                                    nonfinite.to(self._params[0].dtype)])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        self._unflatten(flat[:-1])
-        return float(flat[-1])
+        grads = flat[:-1 - nonfinite.numel()]
+        self._unflatten(grads)
+        return float(flat[grads.numel()]), float(torch.linalg.vector_norm(grads)), flat[grads.numel() + 1:]
 
     def _unflatten(self, flat: Tensor) -> None:
         offset = 0
