@@ -83,8 +83,8 @@ class PlannerConfig:
 class OptimizerConfig:
     lr: float = 3e-3
     """Peak learning rate of AdamW."""
-    min_lr: float = 3e-4
-    """Learning rate the cosine decay after warm-up ends at."""
+    min_lr: float | None = None
+    """Learning rate the cosine decay after warm-up ends at, at most --lr; default --lr / 10."""
     warmup_steps: int = 10
     """Steps of linear warm-up from 0 to --lr."""
     decay_steps: int | None = None
@@ -105,6 +105,11 @@ class OptimizerConfig:
     fsdp: bool = False
     """Shard parameters, gradients and AdamW's state over the ranks with FSDP2 (ZeRO-3); the
     planner then makes lockstep plans (every group of a wave runs as many micro-batches)."""
+
+    @property
+    def final_lr(self) -> float:
+        """The rate the decay ends at: --min-lr, or --lr / 10 (a --lr alone keeps its schedule's shape)."""
+        return self.lr / 10 if self.min_lr is None else self.min_lr
 
 
 @dataclass
@@ -169,7 +174,7 @@ class TrainConfig:
                 raise ValueError(f"{flag} must be >= 1, got {value}")
         for flag, value in {"--checkpoint-interval": self.checkpoint.checkpoint_interval,
                             "--warmup-steps": self.optimizer.warmup_steps,
-                            "--min-lr": self.optimizer.min_lr}.items():
+                            "--min-lr": self.optimizer.final_lr}.items():
             if value < 0:
                 raise ValueError(f"{flag} must be >= 0, got {value}")
         opt = self.optimizer
@@ -178,8 +183,8 @@ class TrainConfig:
                 raise ValueError(f"{flag} must be in [0, 1) (AdamW's moment decay), got {value}")
         if opt.weight_decay < 0:
             raise ValueError(f"--weight-decay must be >= 0, got {opt.weight_decay}")
-        if opt.min_lr > opt.lr:
-            raise ValueError(f"--min-lr {opt.min_lr:g} is above --lr {opt.lr:g}: the cosine decay would raise "
+        if opt.final_lr > opt.lr:
+            raise ValueError(f"--min-lr {opt.final_lr:g} is above --lr {opt.lr:g}: the cosine decay would raise "
                              f"the rate; give a --min-lr of at most --lr")
         if self.run.timeout < MIN_TIMEOUT:
             raise ValueError(f"--timeout {self.run.timeout:g} is below {MIN_TIMEOUT:g} seconds: the ranks meet in "

@@ -103,13 +103,13 @@ def make_planner(config: TrainConfig, setup: Setup) -> Planner:
 
 
 def learning_rate(step: int, steps: int, opt: OptimizerConfig) -> float:
-    """Linear warm-up to `lr`, then cosine decay to `min_lr` at `decay_steps` (default: the
+    """Linear warm-up to `lr`, then cosine decay to `final_lr` at `decay_steps` (default: the
     run's last step), as nanoGPT does."""
     if step < opt.warmup_steps:
         return opt.lr * (step + 1) / opt.warmup_steps
     end = opt.decay_steps or steps
     progress = (step - opt.warmup_steps) / max(1, end - 1 - opt.warmup_steps)
-    return opt.min_lr + 0.5 * (opt.lr - opt.min_lr) * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return opt.final_lr + 0.5 * (opt.lr - opt.final_lr) * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
 def train(config: TrainConfig) -> dict | None:
