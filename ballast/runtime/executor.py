@@ -15,10 +15,8 @@ One step (`Executor.step`):
   - a wave ends with a barrier of the world (the plan's semantics: the next wave may regroup
     ranks), which also measures how long this rank waited for the wave's slowest group;
   - gradients accumulate locally and are all-reduced (SUM over the world) once, then AdamW,
-    unless the step's loss or gradient norm is not finite: both come out of that all-reduce
-    (with, per sample, whether a micro-batch holding it had a non-finite loss on some rank), so
-    every rank sees the same values and skips the optimizer alike (`StepResult.applied`); the
-    weights and AdamW's state are then as they were before the step.
+    skipped on every rank alike when the all-reduced loss or gradient norm is not finite
+    (`StepResult.applied`; per-sample flags of non-finite losses ride in the same all-reduce).
 
 Why a plain SUM over the world is the full-batch gradient: the step's loss is
 L = sum over micro-batches m, ranks r of m's group of L_{m,r}, with L_{m,r} the summed token
@@ -136,9 +134,9 @@ class Executor:
         self.device = next(model.parameters()).device
         self.bf16 = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
         self._params = [p for p in model.parameters() if p.requires_grad]
-        self._nonfinite = torch.zeros(0, device=self.device)
-        """Per sample of the running step: whether a micro-batch holding it had a non-finite loss
-        share on this rank (kept on the device: a check per micro-batch would wait for it)."""
+        # The running step's (seq_ids, loss share) of every micro-batch this rank ran: checked for
+        # finiteness once, at the end, not per micro-batch (each check would wait for the device).
+        self._shares: list[tuple[list[int], Tensor]] = []
 
     def step(self, plan: Plan, samples: Sequence[Any]) -> StepResult:
         """One optimizer step of `plan`; samples[i] is sample i as the model takes it (a text
@@ -151,7 +149,7 @@ class Executor:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss = torch.zeros((), dtype=torch.float32, device=self.device)
-        self._nonfinite = torch.zeros(len(plan.lengths), dtype=torch.float32, device=self.device)
+        self._shares = []
         result = StepResult(loss=0.0, tokens=plan.tokens, waves=[])
         for w, wave in enumerate(plan.waves):
             group = plan.group_of(w, self.rank)
@@ -168,7 +166,7 @@ class Executor:
             dist.barrier()
             result.waves.append(WaveTiming(busy, self._clock() - start - busy))
         start = self._clock()
-        result.loss, result.grad_norm, nonfinite = self._synchronise(loss, self._nonfinite)
+        result.loss, result.grad_norm, nonfinite = self._synchronise(loss, self._nonfinite_flags(len(plan.lengths)))
         result.nonfinite_samples = torch.nonzero(nonfinite).flatten().tolist()
         result.sync_seconds = self._clock() - start
         result.applied = math.isfinite(result.loss) and math.isfinite(result.grad_norm)
@@ -261,7 +259,7 @@ class Executor:
             loss = self.model.loss([samples[i] for i in seq_ids], stream, local, checkpoint_layers) / plan.tokens
         # Every rank of the group runs backward, an empty shard too: its all-to-alls are awaited.
         loss.backward()
-        self._nonfinite[seq_ids] += (~torch.isfinite(loss.detach())).float()
+        self._shares.append((seq_ids, loss.detach()))
         wave, group, mb = mine
         result.micro_batches.append(MicroBatchRecord(
             wave, group.degree, list(mb.seq_ids), local.stop - local.start, checkpoint_layers,
@@ -277,6 +275,16 @@ class Executor:
             stream = PackedStream.of([self.model.sample_shape(dummy)], self.device)
             (self.model.loss([dummy], stream, slice(0, stream.bounds[-1])) * 0.0).backward()
         return torch.zeros((), device=self.device)
+
+    def _nonfinite_flags(self, samples: int) -> Tensor:
+        """Per sample: 1 (or more) where a micro-batch holding it had a non-finite loss share here."""
+        flags = torch.zeros(samples, dtype=torch.float32, device=self.device)
+        if self._shares:
+            owners = torch.tensor([k for k, (ids, _) in enumerate(self._shares) for _ in ids], device=self.device)
+            ids = torch.tensor([i for ids, _ in self._shares for i in ids], device=self.device)
+            bad = (~torch.isfinite(torch.stack([share for _, share in self._shares]))).float()
+            flags.index_add_(0, ids, bad[owners])
+        return flags
 
     def _synchronise(self, loss: Tensor, nonfinite: Tensor) -> tuple[float, float, Tensor]:
         """All-reduce every gradient, the loss and the per-sample non-finite flags in one
