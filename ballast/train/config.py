@@ -21,10 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-MIN_TIMEOUT = 30.0
-"""Least --timeout: rank start-up and the store's rendezvous must fit in it (see `RunConfig.timeout`)."""
-
+from ..value_checks import check_timeout
 
 def _flag(name: str) -> Any:
     return {"flag": name}
@@ -186,9 +183,7 @@ class TrainConfig:
         if opt.final_lr > opt.lr:
             raise ValueError(f"--min-lr {opt.final_lr:g} is above --lr {opt.lr:g}: the cosine decay would raise "
                              f"the rate; give a --min-lr of at most --lr")
-        if self.run.timeout < MIN_TIMEOUT:
-            raise ValueError(f"--timeout {self.run.timeout:g} is below {MIN_TIMEOUT:g} seconds: the ranks meet in "
-                             f"the store within it while they start (importing torch takes seconds)")
+        check_timeout(self.run.timeout)
         path = self.checkpoint_path
         if path.exists() and not path.is_dir():
             raise ValueError(f"the checkpoint folder {path} (--checkpoint-dir, default OUT_DIR/checkpoints) is a "

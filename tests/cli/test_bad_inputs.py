@@ -150,7 +150,6 @@ CASES = [
     ("train --lr nan", 2, r"--lr must be a finite number, got nan"),
     ("train --beta1 1.5", 2, r"--beta1 must be in \[0, 1\) \(AdamW's moment decay\), got 1.5"),
     ("train --weight-decay -0.1", 2, r"--weight-decay must be >= 0"),
-    ("train --timeout 0.01", 2, r"--timeout 0.01 is below 30 seconds: the ranks meet in the store"),
     ("train --checkpoint-dir {lengths.txt}", 2, r"checkpoint folder .*lengths.txt \(--checkpoint-dir.*\) is a file"),
     ("train --world 3", 2, "world size must be a power of two, got 3"),
     ("train --zero1 --fsdp", 2, "zero1"),
@@ -165,6 +164,9 @@ CASES = [
     # bench
     ("bench --planners nosuch", 2, "unknown planner"),
     ("bench --data nosuch:x", 2, "nosuch:x"),
+    # every command that starts ranks: a --timeout they cannot start in
+    *[(f"{command} --timeout 0.01", 2, r"--timeout 0.01 is below 30 seconds: the ranks need seconds to start")
+      for command in ("train", "verify", "profile", "bench")],
     # video: clip lists, shapes that no --max-len holds, data that does not suit the model
     ("simulate --lengths videos:{bad-clips.txt} --model wan-1.3b", 2, r"bad-clips.txt line 2: expected `frames height width`"),
     ("simulate --lengths videos:/no/such/clips.txt --model wan-1.3b", 2, r"/no/such/clips.txt: cannot read clip list"),
