@@ -263,6 +263,18 @@ def test_same_size_damage_resumes_from_the_older_exactly(files, trained, tmp_pat
     assert checkpoint_parameters(run).equal(checkpoint_parameters(trained))
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_resume_with_another_tokens_per_step_warns(files, trained, tmp_path, capfd):
+    run = damaged(trained, tmp_path, "none")
+    got, err, out = _run(["train", *TRAIN, "--steps", "3", "--tokens-per-step", "2048", "--data", files["corpus"],
+                          "--cache-dir", files["cache"], "--out-dir", str(run)], capfd)
+    assert got == 0, err
+    assert re.search(r"warning: resuming .*step-00000002 with --tokens-per-step 2048; it was saved with 1024: the "
+                     r"steps from 2 on draw batches of the new size", out + err), out + err
+    assert final_history(run / "metrics.jsonl")[-1]["tokens"] > 1024
+
+
 def checkpoint_parameters(out: Path) -> torch.Tensor:
     """The tiny model's parameters in the run's newest checkpoint, read in this process."""
     model = build_model(MODEL_PRESETS["tiny"])
