@@ -100,7 +100,8 @@ def damaged(trained: Path, tmp_path: Path, how: str) -> Path:
     elif how == "overwritten middle":  # the size the metadata says, other bytes
         shard = next(newest.glob("*.distcp"))
         data = bytearray(shard.read_bytes())
-        data[len(data) // 2:len(data) // 2 + 16] = bytes(16)
+        middle = len(data) // 2
+        data[middle:middle + 16] = bytes(b ^ 0xFF for b in data[middle:middle + 16])  # surely other bytes
         shard.write_bytes(bytes(data))
     elif how == "no manifests":  # as a ballast before checksums wrote them
         for path in checkpoints:
