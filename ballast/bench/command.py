@@ -51,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
     p.add_argument("--png", default=None, help="bar chart (default: next to --json)")
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the ranks are stopped (at least 30: they need seconds to start)")
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="seconds before the ranks are stopped (at least 30: they need seconds to start)")
 
 
 def setting_from(args: argparse.Namespace) -> BenchSetting:

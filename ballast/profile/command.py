@@ -78,7 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "device does when no other job takes its cores; steadier on a shared, busy host); "
                    "--check reads it from the profile")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the ranks are stopped (at least 30: they need seconds to start)")
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="seconds before the ranks are stopped (at least 30: they need seconds to start)")
     check = p.add_argument_group("--check: random plans for real against the profile's predictions")
     check.add_argument("--check", metavar="PROFILE", default=None, help="the profile JSON to check")
     check.add_argument("--plans", type=int, default=30, help="random plans to run")

@@ -76,7 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--param-tolerance", type=float, default=PARAM_TOLERANCE,
                         help="largest drift of the parameters after the steps, relative to how far "
                              "the steps moved them")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds before the ranks are stopped (at least 30: they need seconds to start)")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds before the ranks are stopped (at least 30: they need seconds to start)")
 
 
 def run(args: argparse.Namespace) -> int:
