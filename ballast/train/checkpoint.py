@@ -201,15 +201,16 @@ def resumable(root: Path, warn: Callable[[str], None]) -> Path | None:
     damage: list[Damaged] = []
     for path in reversed(found):
         try:
-            check(path)
+            meta = check(path)
         except Damaged as e:
             damage.append(e)
             continue
         for skipped in damage:
             warn(f"{skipped}; resuming from the older {path.name}")
         if not checksums.present(path):
+            model = "" if "model" in meta else ", and its model by tensor shapes"
             warn(f"checkpoint {path} has no {checksums.MANIFEST} (written by a ballast before checksums): its "
-                 f"files are checked by size only, and its model by tensor shapes")
+                 f"files are checked by size only{model}")
         return path
     if damage:
         raise Damaged(f"{root} holds no usable checkpoint: {damage[0]}" +
