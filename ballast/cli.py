@@ -3,7 +3,9 @@
 Errors end a command once, as one message: a user error (a ValueError, raised here or on any
 rank) with `ballast <command>: error: ...` and exit 2; a defect on a rank with that rank's
 traceback and exit 1. A rank that stopped because a peer failed (`PeerFailed`, or under torchrun
-a collective the peer's death broke) prints nothing: the peer prints its own error.
+a collective the peer's death broke) prints nothing: the peer prints its own error. Under torchrun a
+user error raised before the ranks joined the job (flags, config, files: the same on every rank)
+is printed by each node's local rank 0 alone.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import sys
 
 from .bench import command as bench
 from .profile import command as profile
-from .runtime.world import PeerFailed, RankFailed, is_echo, under_torchrun
+from .runtime.world import PeerFailed, RankFailed, is_echo, under_torchrun, world_timeout
 from .simulate import command as simulate
 from .train import command as train
 from .verify import command as verify
@@ -36,6 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         # User errors (bad input, a plan that cannot exist) end with their message, not a trace.
         where = f"rank {os.environ['RANK']}: " if under_torchrun() else ""
+        if under_torchrun() and world_timeout() is None:
+            # Raised before joining the job: every rank checked the same flags and files and
+            # failed alike, so one line per node says it (torchrun then reports the exit code).
+            if os.environ.get("LOCAL_RANK", "0") != "0":
+                return 2
+            where = ""
         print(f"ballast {args.command}: error: {where}{e}", file=sys.stderr)
         return 2
     except RankFailed as e:

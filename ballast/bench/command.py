@@ -17,6 +17,7 @@ from rich.console import Console
 
 from ..dataset import SYNTAX, VIDEO_DATA_SYNTAX
 from ..planners import parse_planner_names
+from ..value_checks import check_timeout
 from .output import bar_chart, bench_table
 from .setting import ALL_PLANNERS, BenchInputs, BenchSetting, prepare
 from .summary import summarise, targets
@@ -50,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
     p.add_argument("--png", default=None, help="bar chart (default: next to --json)")
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the ranks are stopped")
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="seconds before the ranks are stopped (at least 30: they need seconds to start)")
 
 
 def setting_from(args: argparse.Namespace) -> BenchSetting:
@@ -124,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
     if not console.is_terminal:  # a log file: the table's 14 columns need more than 80
         console.width = TABLE_WIDTH
     start = time.perf_counter()
+    check_timeout(args.timeout)
     setting = setting_from(args)
     inputs = prepare(setting)
     console.print(describe(inputs, setting), highlight=False)

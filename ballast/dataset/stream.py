@@ -101,6 +101,10 @@ class EpochStream(ABC):
     def state_identity(self) -> dict:
         """What a state is valid for besides seed and max_len, e.g. {"corpus": fingerprint}."""
 
+    @abstractmethod
+    def sample_name(self, sample_id: int) -> str:
+        """The sample and where it comes from (a document, a clip's file), for messages."""
+
     def epoch_order(self, epoch: int) -> np.ndarray:
         """Sample ids of `epoch` in the order the stream yields them."""
         return np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
@@ -190,3 +194,7 @@ class BatchStream(EpochStream):
 
     def state_identity(self) -> dict:
         return {"corpus": self.corpus.fingerprint}
+
+    def sample_name(self, sample_id: int) -> str:
+        doc, chunk = (int(x[0]) for x in self.locate([sample_id]))
+        return f"sample {sample_id} ({self.corpus.name} document {doc}, chunk {chunk})"

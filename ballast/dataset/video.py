@@ -89,6 +89,9 @@ class ClipStream(EpochStream):
         """Tokens (latent patches) of each sample id."""
         return self._tokens[np.asarray(sample_ids, dtype=np.int64)]
 
+    def sample_name(self, sample_id: int) -> str:
+        return f"sample {sample_id} ({self.dataset.clip_name(sample_id)})"
+
     def sample_clip(self, sample_id: int, epoch: int) -> Clip:
         """The clip `sample_id` as drawn in `epoch` (its key depends on both)."""
         latent, condition = self.dataset.content(sample_id)

@@ -125,9 +125,14 @@ class HFCausalLM(NextTokenObjective, nn.Module):
         positions = stream.positions
         if pad:
             tokens, positions = tokens.new_zeros(1), positions.new_zeros(1)
-        out = self.hf(input_ids=tokens[None], position_ids=positions[None], use_cache=False,
+        # A boolean `logits_to_keep` makes transformers select the kept positions' hidden states
+        # (batch dimension and stand-in token dropped) before its output layer, whose logits are
+        # then the [rows, vocab] this returns. Slicing its [1, tokens, vocab] logits instead would
+        # return a view, which FSDP2 warns may lose the root's pre-backward hook to an in-place op.
+        keep = torch.full((1, tokens.shape[0]), not pad, dtype=torch.bool, device=tokens.device)
+        out = self.hf(input_ids=tokens[None], position_ids=positions[None], use_cache=False, logits_to_keep=keep,
                       ballast_stream=stream, ballast_attend=self._attend, ballast_pad=pad)
-        return out.logits[0, :rows]
+        return out.logits
 
 
 def check_supported(hf: nn.Module, shape: ModelShape) -> None:
@@ -146,6 +151,9 @@ def check_supported(hf: nn.Module, shape: ModelShape) -> None:
     if "position_ids" not in inspect.signature(hf.forward).parameters:
         raise ValueError(f"model type {kind!r}: its forward takes no position_ids, so a shard's tokens cannot be "
                          f"given their positions inside their own sequences")
+    if "logits_to_keep" not in inspect.signature(hf.forward).parameters:
+        raise ValueError(f"model type {kind!r}: its forward takes no logits_to_keep, so the logits of a shard's "
+                         f"tokens cannot be selected before its output layer")
 
 
 def build_hf(shape: ModelShape, seed: int = 0) -> HFCausalLM:

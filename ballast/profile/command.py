@@ -47,6 +47,7 @@ from .machine import physical_memory
 from .measure import STATISTICS
 from ..runtime import under_torchrun
 from ..models import check_buildable
+from ..value_checks import check_timeout
 from .profiler import (VIDEO_MAX_TOKENS, Settings, default_depths, default_lengths, default_video_sizes, is_video,
                        profile)
 
@@ -78,7 +79,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "device does when no other job takes its cores; steadier on a shared, busy host); "
                    "--check reads it from the profile")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the ranks are stopped")
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="seconds before the ranks are stopped (at least 30: they need seconds to start)")
     check = p.add_argument_group("--check: random plans for real against the profile's predictions")
     check.add_argument("--check", metavar="PROFILE", default=None, help="the profile JSON to check")
     check.add_argument("--plans", type=int, default=30, help="random plans to run")
@@ -111,6 +113,7 @@ def settings_from(args: argparse.Namespace, shape: ModelShape | None = None) -> 
 
 
 def run(args: argparse.Namespace) -> int:
+    check_timeout(args.timeout)
     if args.check:
         from .check import run_check
         return run_check(args)

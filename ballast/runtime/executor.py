@@ -14,7 +14,9 @@ One step (`Executor.step`):
     per-token loss of its shard (`ParallelModel.loss`) divided by `Plan.tokens`;
   - a wave ends with a barrier of the world (the plan's semantics: the next wave may regroup
     ranks), which also measures how long this rank waited for the wave's slowest group;
-  - gradients accumulate locally and are all-reduced (SUM over the world) once, then AdamW.
+  - gradients accumulate locally and are all-reduced (SUM over the world) once, then AdamW,
+    skipped on every rank alike when the all-reduced loss or gradient norm is not finite
+    (`StepResult.applied`; per-sample flags of non-finite losses ride in the same all-reduce).
 
 Why a plain SUM over the world is the full-batch gradient: the step's loss is
 L = sum over micro-batches m, ranks r of m's group of L_{m,r}, with L_{m,r} the summed token
@@ -44,9 +46,10 @@ sharded, instead of the final all-reduce: the same sum over ranks, each rank kee
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -102,6 +105,12 @@ class StepResult:
     tokens: int
     waves: list[WaveTiming]
     micro_batches: list[MicroBatchRecord] = field(default_factory=list)
+    grad_norm: float = 0.0
+    """L2 norm of the batch's whole gradient (the same on every rank)."""
+    nonfinite_samples: list[int] = field(default_factory=list)
+    """The plan's samples (indices) whose micro-batch had a non-finite loss on some rank."""
+    applied: bool = True
+    """False when the loss or the gradient norm was not finite: the optimizer did not step."""
     sync_seconds: float = 0.0
     """Gradient all-reduce."""
     optimizer_seconds: float = 0.0
@@ -130,6 +139,9 @@ class Executor:
         self.device = next(model.parameters()).device
         self.bf16 = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
         self._params = [p for p in model.parameters() if p.requires_grad]
+        # The running step's (seq_ids, loss share) of every micro-batch this rank ran: checked for
+        # finiteness once, at the end, not per micro-batch (each check would wait for the device).
+        self._shares: list[tuple[list[int], Tensor]] = []
 
     def step(self, plan: Plan, samples: Sequence[Any]) -> StepResult:
         """One optimizer step of `plan`; samples[i] is sample i as the model takes it (a text
@@ -142,6 +154,7 @@ class Executor:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         loss = torch.zeros((), dtype=torch.float32, device=self.device)
+        self._shares = []
         result = StepResult(loss=0.0, tokens=plan.tokens, waves=[])
         for w, wave in enumerate(plan.waves):
             group = plan.group_of(w, self.rank)
@@ -158,11 +171,14 @@ class Executor:
             dist.barrier()
             result.waves.append(WaveTiming(busy, self._clock() - start - busy))
         start = self._clock()
-        result.loss = self._synchronise(loss)
+        result.loss, result.grad_norm, nonfinite = self._synchronise(loss, self._nonfinite_flags(len(plan.lengths)))
+        result.nonfinite_samples = torch.nonzero(nonfinite).flatten().tolist()
         result.sync_seconds = self._clock() - start
-        start = self._clock()
-        self.optimizer.step()
-        result.optimizer_seconds = self._clock() - start
+        result.applied = math.isfinite(result.loss) and math.isfinite(result.grad_norm)
+        if result.applied:
+            start = self._clock()
+            self.optimizer.step()
+            result.optimizer_seconds = self._clock() - start
         return result
 
     def _clock(self) -> float:
@@ -248,6 +264,7 @@ class Executor:
             loss = self.model.loss([samples[i] for i in seq_ids], stream, local, checkpoint_layers) / plan.tokens
         # Every rank of the group runs backward, an empty shard too: its all-to-alls are awaited.
         loss.backward()
+        self._shares.append((seq_ids, loss.detach()))
         wave, group, mb = mine
         result.micro_batches.append(MicroBatchRecord(
             wave, group.degree, list(mb.seq_ids), local.stop - local.start, checkpoint_layers,
@@ -264,17 +281,39 @@ class Executor:
             (self.model.loss([dummy], stream, slice(0, stream.bounds[-1])) * 0.0).backward()
         return torch.zeros((), device=self.device)
 
-    def _synchronise(self, loss: Tensor) -> float:
-        """All-reduce every gradient and the loss in one collective; returns the batch loss.
-        Under FSDP every backward has already reduce-scattered its gradients."""
+    def _nonfinite_flags(self, samples: int) -> Tensor:
+        """Per sample: 1 (or more) where a micro-batch holding it had a non-finite loss share here."""
+        flags = torch.zeros(samples, dtype=torch.float32, device=self.device)
+        if self._shares:
+            owners = torch.tensor([k for k, (ids, _) in enumerate(self._shares) for _ in ids], device=self.device)
+            ids = torch.tensor([i for ids, _ in self._shares for i in ids], device=self.device)
+            bad = (~torch.isfinite(torch.stack([share for _, share in self._shares]))).float()
+            flags.index_add_(0, ids, bad[owners])
+        return flags
+
+    def _synchronise(self, loss: Tensor, nonfinite: Tensor) -> tuple[float, float, Tensor]:
+        """All-reduce every gradient, the loss and the per-sample non-finite flags in one
+        collective; returns the batch loss, the gradient norm and the summed flags. Under FSDP
+        every backward has already reduce-scattered its gradients: the sum of squares of this
+        rank's shards rides along instead, and its sum over the world is the norm's square."""
         if self.fsdp:
-            dist.all_reduce(loss)
-            return float(loss)
+            squares = self._squares(p.grad.to_local() for p in self._params if p.grad is not None)
+            stats = torch.cat([loss.reshape(1), nonfinite, squares.reshape(1)])
+            dist.all_reduce(stats)
+            return float(stats[0]), math.sqrt(float(stats[-1])), stats[1:-1]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in self._params] + [loss.reshape(1).to(self._params[0].dtype)])
+                          for p in self._params] + [loss.reshape(1).to(self._params[0].dtype),
+                                                    nonfinite.to(self._params[0].dtype)])
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        self._unflatten(flat[:-1])
-        return float(flat[-1])
+        grads = flat[:-1 - nonfinite.numel()]
+        self._unflatten(grads)
+        norm = math.sqrt(float(self._squares(p.grad for p in self._params)))
+        return float(flat[grads.numel()]), norm, flat[grads.numel() + 1:]
+
+    def _squares(self, grads: Iterable[Tensor]) -> Tensor:
+        """The summed squares of `grads`, parameter by parameter: `torch.sum`'s cascade keeps it
+        to float32 rounding, where one vector_norm over all gradients drifted by 5e-5 (tiny)."""
+        return sum((g.pow(2).sum() for g in grads), torch.zeros((), device=self.device))
 
     def _unflatten(self, flat: Tensor) -> None:
         offset = 0

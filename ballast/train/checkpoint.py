@@ -5,8 +5,10 @@ A checkpoint is a folder `step-NNNNNNNN` (NNNNNNNN = steps completed) holding
     writes its share in parallel and DCP de-duplicates the replicated tensors, so the same
     code serves one host or many, CPU or GPU;
   - `rng-rankR.pt`: rank R's random generators (torch, CUDA, numpy, Python);
-  - `meta.json` (rank 0): the step, the data stream's position, the planner's state, the world
-    size and the config. Only rank 0 knows the data position: it alone draws batches.
+  - `meta.json` (rank 0): the step, the model (`model_record`), the data stream's position, the
+    planner's state, the world size and the config. Only rank 0 knows the data position: it
+    alone draws batches;
+  - `sha256.json` (rank 0): every other file's SHA-256 (`checksums.py`).
 
 Atomic: everything is written into `.tmp-step-NNNNNNNN`, and once every rank has finished
 (a barrier) rank 0 renames it into place. A rename within a folder is atomic, and `latest`
@@ -15,10 +17,13 @@ usable; a stale temporary folder is replaced by the next save. The folder must b
 every rank sees (a shared file system across nodes).
 
 Trusted only once checked (`check`): a checkpoint whose meta.json does not parse, whose DCP
-`.metadata` is missing or unreadable, or whose shard files are missing or shorter than the
-metadata says (a copy cut short, a full disk) is `Damaged`, and resuming falls back to the
-newest older checkpoint that checks out (`resumable`), saying so. A checkpoint of another
-model (its tensors' shapes differ from the model's) is refused before anything is loaded.
+`.metadata` is missing or unreadable, whose shard files are missing or shorter than the
+metadata says (a copy cut short, a full disk), or whose files do not match their SHA-256 (bytes
+overwritten in place) is `Damaged`, and resuming falls back to the newest older checkpoint that
+checks out (`resumable`), saying so. A checkpoint of another model is refused before anything is
+loaded, the data stream's position included: its meta.json's model against the run's
+(`check_same_model`: architecture and shape, not the name or path), then, when DCP loads, the
+tensors' names and shapes (`check_model`; all an older checkpoint without a model record gets).
 
 ZeRO-1: every rank holds the AdamW state of its own share of the parameters only, so each
 saves it under a key of its own (`optimizer.rankR`), and resuming needs the same world size.
@@ -43,8 +48,10 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_o
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from ..model_shape import ModelShape
 from ..runtime import is_sharded
 from ..value_checks import read_json
+from . import checksums
 
 PREFIX = "step-"
 TMP = ".tmp-"
@@ -115,12 +122,14 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.O
     dcp.save(_state(model, optimizer), checkpoint_id=tmp)
     torch.save(_rng_state(), tmp / f"rng-rank{rank}.pt")
     dist.barrier()  # every rank's files are in tmp
+    digests = checksums.hash_shares(tmp)
     if rank == 0:
-        assert meta is not None
+        assert meta is not None and digests is not None
         _write_synced(tmp / META, json.dumps({**meta, "step": step, "world": dist.get_world_size(),
                                               "zero1": isinstance(optimizer, ZeroRedundancyOptimizer),
                                               "fsdp": is_sharded(model)},
                                              indent=1))
+        _write_synced(tmp / checksums.MANIFEST, checksums.manifest({**digests, META: checksums.digest(tmp / META)}))
         if final.exists():  # the same step saved by an earlier attempt
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -151,8 +160,9 @@ def read_meta(path: Path) -> dict:
 
 
 def check(path: Path) -> dict:
-    """meta.json of the checkpoint at `path` once every file it needs is there whole; `Damaged`
-    naming the folder and the problem otherwise. Reads the metadata and file sizes only."""
+    """meta.json of the checkpoint at `path` once every file it needs is there whole and, when it
+    has a manifest, matches its SHA-256 (every byte is read); `Damaged` naming the folder and the
+    problem otherwise."""
     meta = read_meta(path)
     for rank in range(meta["world"]):
         if not (path / f"rng-rank{rank}.pt").is_file():
@@ -167,6 +177,8 @@ def check(path: Path) -> dict:
         if shard.stat().st_size < size:
             raise Damaged(f"checkpoint {path}: shard {name} is truncated ({shard.stat().st_size} of "
                           f"{size} bytes)")
+    if checksums.present(path) and (wrong := checksums.verify(path)) is not None:
+        raise Damaged(f"checkpoint {path}: {wrong}")
     return meta
 
 
@@ -189,17 +201,60 @@ def resumable(root: Path, warn: Callable[[str], None]) -> Path | None:
     damage: list[Damaged] = []
     for path in reversed(found):
         try:
-            check(path)
+            meta = check(path)
         except Damaged as e:
             damage.append(e)
             continue
         for skipped in damage:
             warn(f"{skipped}; resuming from the older {path.name}")
+        if not checksums.present(path):
+            model = "" if "model" in meta else ", and its model by tensor shapes"
+            warn(f"checkpoint {path} has no {checksums.MANIFEST} (written by a ballast before checksums): its "
+                 f"files are checked by size only{model}")
         return path
     if damage:
         raise Damaged(f"{root} holds no usable checkpoint: {damage[0]}" +
                       (f" (and {len(damage) - 1} older damaged one(s))" if len(damage) > 1 else ""))
     return None
+
+
+MODEL_LABELS = ("name", "source")
+"""What `model_record` holds besides the model's identity: a renamed file or a moved folder holds
+the same model."""
+
+
+def model_record(shape: ModelShape) -> dict:
+    """What meta.json says of the model: its name and source, its shape's numbers and, for an
+    hf:PATH model, the architecture its config.json names (two families may share the numbers).
+    As JSON gives it back (tuples as lists), so that records compare equal."""
+    record = {**shape.to_dict(), "architecture": None}
+    if shape.hf_folder is not None:
+        config = read_json(shape.hf_folder / "config.json", "model config")
+        record["architecture"] = ", ".join(config.get("architectures") or [config.get("model_type", "?")])
+    return json.loads(json.dumps(record))
+
+
+def check_same_model(path: Path, meta: dict, shape: ModelShape) -> None:
+    """ValueError naming the checkpoint, its model and the run's when meta.json records another
+    model than `shape` (a field of either record the other lacks, a newer ballast's, is not
+    compared). A checkpoint without a record is left to `check_model`."""
+    saved = meta.get("model")
+    if not isinstance(saved, dict):
+        return
+    mine = model_record(shape)
+    differ = [key for key in mine if key in saved and key not in MODEL_LABELS and saved[key] != mine[key]]
+    if differ:
+        listed = "; ".join(f"{key} {saved[key]} there, {mine[key]} here" for key in differ[:3])
+        more = f"; {len(differ) - 3} more" if len(differ) > 3 else ""
+        raise ValueError(f"checkpoint {path} holds another model: {_label(saved)}, not this run's {_label(mine)} "
+                         f"({listed}{more}): resume it with its own model, or give this run another "
+                         f"--checkpoint-dir or --out-dir")
+
+
+def _label(record: dict) -> str:
+    source = record.get("source") or "ballast's own"
+    kind = f", {record['architecture']}" if record.get("architecture") else ""
+    return f"{record.get('name')!r} ({source}{kind})"
 
 
 def check_model(path: Path, model_state: dict) -> None:

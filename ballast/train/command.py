@@ -37,6 +37,9 @@ def print_summary(summary: dict) -> None:
     console.print(f"  idle        {summary['idle_fraction']:.1%} of rank time waiting for other groups")
     console.print(f"  loss        {summary['loss_first']:.4f} -> {summary['loss_last']:.4f} "
                   f"(first step -> mean of the last tenth)")
+    if summary["skipped_steps"]:
+        console.print(f"  skipped     {summary['skipped_steps']} step(s) whose loss or gradient norm was not "
+                      f"finite (--skip-nonfinite; metrics.jsonl marks them)")
     console.print(f"  planning    {summary['plan_ms']:.1f} ms per step; steps waited "
                   f"{summary['plan_wait_ms']:.1f} ms for their plan")
     console.print(f"  metrics     {summary['metrics']}")

@@ -14,12 +14,14 @@ import dataclasses
 import functools
 import inspect
 import json
+import math
 import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..value_checks import check_timeout
 
 def _flag(name: str) -> Any:
     return {"flag": name}
@@ -78,8 +80,8 @@ class PlannerConfig:
 class OptimizerConfig:
     lr: float = 3e-3
     """Peak learning rate of AdamW."""
-    min_lr: float = 3e-4
-    """Learning rate the cosine decay after warm-up ends at."""
+    min_lr: float | None = None
+    """Learning rate the cosine decay after warm-up ends at, at most --lr; default --lr / 10."""
     warmup_steps: int = 10
     """Steps of linear warm-up from 0 to --lr."""
     decay_steps: int | None = None
@@ -91,11 +93,20 @@ class OptimizerConfig:
     """AdamW's first-moment decay."""
     beta2: float = 0.95
     """AdamW's second-moment decay."""
+    skip_nonfinite: bool = False
+    """Skip a step whose loss or gradient norm is not finite (the weights and AdamW's state stay as
+    they were; counted in metrics.jsonl and the log) instead of stopping the run with an error
+    naming the step and its samples."""
     zero1: bool = False
     """Shard AdamW's state over the ranks (ZeRO-1); a checkpoint then resumes on the same world size."""
     fsdp: bool = False
     """Shard parameters, gradients and AdamW's state over the ranks with FSDP2 (ZeRO-3); the
     planner then makes lockstep plans (every group of a wave runs as many micro-batches)."""
+
+    @property
+    def final_lr(self) -> float:
+        """The rate the decay ends at: --min-lr, or --lr / 10 (a --lr alone keeps its schedule's shape)."""
+        return self.lr / 10 if self.min_lr is None else self.min_lr
 
 
 @dataclass
@@ -112,7 +123,9 @@ class RunConfig:
     log_interval: int = 10
     """Steps between log lines when the output is not a terminal (a progress bar otherwise)."""
     timeout: float = 300.0
-    """Seconds a collective may wait for a peer before the job fails (a dead rank ends in an error)."""
+    """Seconds a collective may wait for a peer before the job fails (a dead rank ends in an error);
+    at least 30: the ranks meet in the store with it while they start (importing torch takes
+    seconds, more on a busy machine), and a step's collectives wait for its slowest group."""
 
 
 @dataclass
@@ -138,11 +151,17 @@ class TrainConfig:
 
     def validate(self) -> None:
         """ValueError for values no run can use (checked before any rank starts)."""
+        for section in dataclasses.fields(self):
+            values = getattr(self, section.name)
+            for f in dataclasses.fields(values):
+                value = getattr(values, f.name)
+                if isinstance(value, float) and not math.isfinite(value):
+                    raise ValueError(f"{_flag_of(f)} must be a finite number, got {value}")
         positive = {"--tokens-per-step": self.data.tokens_per_step, "--max-len": self.data.max_len,
                     "--steps": self.run.steps, "--log-interval": self.run.log_interval,
                     "--keep-checkpoints": self.checkpoint.keep_checkpoints,
                     "--lr": self.optimizer.lr, "--device-memory-gb": self.planner.device_memory_gb,
-                    "--timeout": self.run.timeout}
+                    "--time-limit": self.planner.time_limit}
         for flag, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{flag} must be positive, got {value}")
@@ -152,10 +171,24 @@ class TrainConfig:
                 raise ValueError(f"{flag} must be >= 1, got {value}")
         for flag, value in {"--checkpoint-interval": self.checkpoint.checkpoint_interval,
                             "--warmup-steps": self.optimizer.warmup_steps,
-                            "--min-lr": self.optimizer.min_lr}.items():
+                            "--min-lr": self.optimizer.final_lr}.items():
             if value < 0:
                 raise ValueError(f"{flag} must be >= 0, got {value}")
-        if self.optimizer.zero1 and self.optimizer.fsdp:
+        opt = self.optimizer
+        for flag, value in {"--beta1": opt.beta1, "--beta2": opt.beta2}.items():
+            if not 0 <= value < 1:
+                raise ValueError(f"{flag} must be in [0, 1) (AdamW's moment decay), got {value}")
+        if opt.weight_decay < 0:
+            raise ValueError(f"--weight-decay must be >= 0, got {opt.weight_decay}")
+        if opt.final_lr > opt.lr:
+            raise ValueError(f"--min-lr {opt.final_lr:g} is above --lr {opt.lr:g}: the cosine decay would raise "
+                             f"the rate; give a --min-lr of at most --lr")
+        check_timeout(self.run.timeout)
+        path = self.checkpoint_path
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"the checkpoint folder {path} (--checkpoint-dir, default OUT_DIR/checkpoints) is a "
+                             f"file, not a folder")
+        if opt.zero1 and opt.fsdp:
             raise ValueError("--zero1 and --fsdp both shard the optimizer state: choose one")
         if self.data.max_len > self.data.tokens_per_step:
             raise ValueError(f"--max-len {self.data.max_len} exceeds --tokens-per-step "

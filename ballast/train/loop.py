@@ -37,6 +37,7 @@ from . import checkpoint
 from .hf_folder import check_tokenizer, resolve_tokenizer, save_hf_model
 from .ahead import Lookahead, StepInput
 from .config import OptimizerConfig, TrainConfig
+from .nonfinite import nonfinite_step
 from .metrics import MetricsLog, ProgressDisplay, StepRecord, final_history, summarise
 from .plots import write_report
 
@@ -102,13 +103,13 @@ def make_planner(config: TrainConfig, setup: Setup) -> Planner:
 
 
 def learning_rate(step: int, steps: int, opt: OptimizerConfig) -> float:
-    """Linear warm-up to `lr`, then cosine decay to `min_lr` at `decay_steps` (default: the
+    """Linear warm-up to `lr`, then cosine decay to `final_lr` at `decay_steps` (default: the
     run's last step), as nanoGPT does."""
     if step < opt.warmup_steps:
         return opt.lr * (step + 1) / opt.warmup_steps
     end = opt.decay_steps or steps
     progress = (step - opt.warmup_steps) / max(1, end - 1 - opt.warmup_steps)
-    return opt.min_lr + 0.5 * (opt.lr - opt.min_lr) * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return opt.final_lr + 0.5 * (opt.lr - opt.final_lr) * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
 def train(config: TrainConfig) -> dict | None:
@@ -153,6 +154,9 @@ def train(config: TrainConfig) -> dict | None:
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, steps, opt)
             result = executor.step(plan, samples)
+            if not result.applied:
+                nonfinite_step(step, steps, result, item, lookahead.stream if rank == 0 else None,
+                               opt.skip_nonfinite, console)
             idle = _idle(result, device)
             seconds = time.perf_counter() - began
             if rank == 0:
@@ -164,6 +168,7 @@ def train(config: TrainConfig) -> dict | None:
             interval = config.checkpoint.checkpoint_interval
             if step + 1 == steps or (interval and (step + 1) % interval == 0):
                 meta = None if rank != 0 else {"data": item.data_state, "planner": item.planner_state,
+                                               "model": checkpoint.model_record(setup.shape),
                                                "config": config.to_dict()}
                 checkpoint.save(config.checkpoint_path, step + 1, model, optimizer, meta,
                                 config.checkpoint.keep_checkpoints)
@@ -221,10 +226,17 @@ def _prepare_data(config: TrainConfig, setup: Setup, console: Console
                   ) -> tuple[tuple[BatchStream | ClipStream, Planner], str | None]:
     """Rank 0's ((stream, planner), checkpoint to resume from), both at the resumed position."""
     resume = _checkpoint_to_resume(config, console)
+    meta = None if resume is None else checkpoint.read_meta(Path(resume))
+    if meta is not None:  # another model fails here, before anything of the checkpoint is used
+        checkpoint.check_same_model(Path(resume), meta, setup.shape)
+        saved = meta["data"].get("tokens_per_step")
+        if saved != config.data.tokens_per_step:
+            console.print(f"[yellow]warning:[/yellow] resuming {resume} with --tokens-per-step "
+                          f"{config.data.tokens_per_step}; it was saved with {saved}: the steps from "
+                          f"{meta['step']} on draw batches of the new size", highlight=False)
     stream, described = open_data(config, setup, progress=True)
     planner = make_planner(config, setup)
-    if resume is not None:  # a position of other data or another seed fails here, on every rank
-        meta = checkpoint.read_meta(Path(resume))
+    if meta is not None:  # a position of other data or another seed fails here, on every rank
         stream.load_state_dict(meta["data"])
         planner.load_state_dict(meta["planner"])
     console.print(described, highlight=False)
@@ -296,7 +308,8 @@ def _record(step: int, attempt: int, item: StepInput, result: StepResult,
             idle: tuple[float, list[float]], seconds: float, waited: float, lr: float) -> StepRecord:
     plan = item.plan
     return StepRecord(
-        step=step, attempt=attempt, loss=result.loss, lr=lr, tokens=plan.tokens,
+        step=step, attempt=attempt, loss=result.loss, grad_norm=result.grad_norm, skipped=not result.applied,
+        lr=lr, tokens=plan.tokens,
         sample_ids=item.batch.sample_ids, lengths=item.batch.lengths, epoch=item.batch.epoch,
         step_time=seconds, tokens_per_s=plan.tokens / seconds, predicted_step_time=item.predicted_seconds,
         idle_fraction=idle[0], rank_idle=idle[1], waves=len(plan.waves),

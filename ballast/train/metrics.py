@@ -25,6 +25,10 @@ class StepRecord:
     """torchrun's restart count (0 on the first attempt and outside torchrun)."""
     loss: float
     """Mean per-token loss of the global batch."""
+    grad_norm: float
+    """L2 norm of the batch's gradient, before AdamW."""
+    skipped: bool
+    """The loss or gradient norm was not finite and --skip-nonfinite skipped the optimizer step."""
     lr: float
     tokens: int
     """Loss tokens of the step (the batch's training tokens)."""
@@ -83,7 +87,8 @@ def summarise(history: list[dict]) -> dict:
         raise ValueError("no steps recorded")
     timed = history[1:] or history
     busy = sum(r["step_time"] for r in timed)
-    tail = history[-max(1, len(history) // 10):]
+    applied = [r for r in history if not r.get("skipped")] or history
+    tail = applied[-max(1, len(applied) // 10):]
     return {
         "steps": len(history),
         "tokens": sum(r["tokens"] for r in history),
@@ -91,11 +96,12 @@ def summarise(history: list[dict]) -> dict:
         "step_time_s": busy / len(timed),
         "predicted_step_time_s": sum(r["predicted_step_time"] for r in timed) / len(timed),
         "idle_fraction": sum(r["idle_fraction"] * r["step_time"] for r in timed) / busy if busy > 0 else 0.0,
-        "loss_first": history[0]["loss"],
+        "loss_first": applied[0]["loss"],
         "loss_last": sum(r["loss"] for r in tail) / len(tail),
         "plan_ms": sum(r["plan_ms"] for r in history) / len(history),
         "plan_wait_ms": sum(r["plan_wait_ms"] for r in timed) / len(timed),
         "attempts": max(r["attempt"] for r in history) + 1,
+        "skipped_steps": sum(bool(r.get("skipped")) for r in history),
     }
 
 

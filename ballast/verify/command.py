@@ -29,6 +29,7 @@ from ..cluster import Cluster, get_cluster
 from ..cost import CostModel
 from ..model_shape import ModelShape, get_model_shape
 from ..plans import Plan
+from ..value_checks import check_timeout
 from ..models import check_buildable
 from .errors import GRAD_TOLERANCE, PARAM_TOLERANCE, errors_against
 from .reference import random_batches, reference_at, train_reference
@@ -75,7 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--param-tolerance", type=float, default=PARAM_TOLERANCE,
                         help="largest drift of the parameters after the steps, relative to how far "
                              "the steps moved them")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds before the ranks are stopped")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds before the ranks are stopped (at least 30: they need seconds to start)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime import run_local
     from .distributed import train_all_planners
 
+    check_timeout(args.timeout)
     if args.steps < 1 or args.batch < 1 or args.max_len < 1:
         raise ValueError("--steps, --batch and --max-len must be >= 1")
     if args.grad_tolerance < 0 or args.param_tolerance < 0:

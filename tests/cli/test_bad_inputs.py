@@ -15,9 +15,16 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
 from corpora import jsonl_corpus
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from ballast.cli import main
+from ballast.model_shape import MODEL_PRESETS
+from ballast.models import build_model
+from ballast.train import checkpoint, checksums
+from ballast.train.metrics import final_history
 
 TRAIN = ["--model", "tiny", "--max-len", "256", "--tokens-per-step", "1024", "--steps", "2", "--timeout", "60"]
 
@@ -38,6 +45,7 @@ def files(tmp_path_factory) -> dict[str, str]:
         "huge.txt": "100000000\n",
         "bad-clips.txt": "81 480 832\n81 480\n",
         "long-clips.txt": "17 144 256\n# a long clip at 720p\n68 720 1280\n",
+        "short-clips.txt": "17 64 64\n17 64 128\n",
         "six-head-dit.json": json.dumps({"name": "six-head-dit", "layers": 2, "hidden": 96, "heads": 6,
                                           "kv_heads": 6, "ffn": 192, "vocab": 16, "gated_mlp": False,
                                           "attention": "full", "cross_attention": True}),
@@ -89,6 +97,15 @@ def damaged(trained: Path, tmp_path: Path, how: str) -> Path:
     elif how == "empty folder":
         for path in checkpoints:
             shutil.rmtree(path)
+    elif how == "overwritten middle":  # the size the metadata says, other bytes
+        shard = next(newest.glob("*.distcp"))
+        data = bytearray(shard.read_bytes())
+        middle = len(data) // 2
+        data[middle:middle + 16] = bytes(b ^ 0xFF for b in data[middle:middle + 16])  # surely other bytes
+        shard.write_bytes(bytes(data))
+    elif how == "no manifests":  # as a ballast before checksums wrote them
+        for path in checkpoints:
+            (path / checksums.MANIFEST).unlink()
     return out
 
 
@@ -130,6 +147,11 @@ CASES = [
     ("train --data nosuch:x", 2, "nosuch:x"),
     ("train --data jsonl:{bad.jsonl}", 2, r"bad.jsonl.*line 2"),
     ("train --data folder:/no/such/dir", 2, "/no/such/dir"),
+    ("train --min-lr 1e-2 --lr 1e-4", 2, r"--min-lr 0.01 is above --lr 0.0001: the cosine decay would raise the rate"),
+    ("train --lr nan", 2, r"--lr must be a finite number, got nan"),
+    ("train --beta1 1.5", 2, r"--beta1 must be in \[0, 1\) \(AdamW's moment decay\), got 1.5"),
+    ("train --weight-decay -0.1", 2, r"--weight-decay must be >= 0"),
+    ("train --checkpoint-dir {lengths.txt}", 2, r"checkpoint folder .*lengths.txt \(--checkpoint-dir.*\) is a file"),
     ("train --world 3", 2, "world size must be a power of two, got 3"),
     ("train --zero1 --fsdp", 2, "zero1"),
     ("train --config {bad.toml}", 2, "steps"),
@@ -143,6 +165,9 @@ CASES = [
     # bench
     ("bench --planners nosuch", 2, "unknown planner"),
     ("bench --data nosuch:x", 2, "nosuch:x"),
+    # every command that starts ranks: a --timeout they cannot start in
+    *[(f"{command} --timeout 0.01", 2, r"--timeout 0.01 is below 30 seconds: the ranks need seconds to start")
+      for command in ("train", "verify", "profile", "bench")],
     # video: clip lists, shapes that no --max-len holds, data that does not suit the model
     ("simulate --lengths videos:{bad-clips.txt} --model wan-1.3b", 2, r"bad-clips.txt line 2: expected `frames height width`"),
     ("simulate --lengths videos:/no/such/clips.txt --model wan-1.3b", 2, r"/no/such/clips.txt: cannot read clip list"),
@@ -201,6 +226,10 @@ CHECKPOINT_CASES = [
     ("all damaged", r"checkpoints holds no usable checkpoint: checkpoint .*step-00000002: .metadata is missing "
                     r".*\(and 1 older damaged one\(s\)\)", 2),
     ("empty folder", r"starting fresh: no checkpoint in .*checkpoints", 0),
+    ("overwritten middle", r"step-00000002: __\d_0.distcp does not match its SHA-256 in sha256.json \(its bytes "
+                           r"changed after it was written\); resuming from the older step-00000001", 0),
+    ("no manifests", r"step-00000002 has no sha256.json \(written by a ballast before checksums\): its files are "
+                     r"checked by size only.*resuming from .*step-00000002", 0),
 ]
 
 
@@ -221,12 +250,82 @@ def test_damaged_checkpoint(how, pattern, code, files, trained, tmp_path, capfd)
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_checkpoint_of_another_model(files, trained, tmp_path, capsys):
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP reads in this one process
+def test_same_size_damage_resumes_from_the_older_exactly(files, trained, tmp_path, capfd):
+    """The newest checkpoint's shard overwritten in the middle (its size intact): found by its
+    checksum, and the run redoes step 2 from step 1's checkpoint to the same loss and weights."""
+    run = damaged(trained, tmp_path, "overwritten middle")
+    got, err, out = _run(["train", *TRAIN, "--data", files["corpus"], "--cache-dir", files["cache"],
+                          "--out-dir", str(run)], capfd)
+    assert got == 0, err
+    assert "resumed from" in out and "step-00000001 at step 1" in out
+    assert [r["loss"] for r in final_history(run / "metrics.jsonl")] == \
+        [r["loss"] for r in final_history(trained / "metrics.jsonl")]
+    assert checkpoint_parameters(run).equal(checkpoint_parameters(trained))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_resume_with_another_tokens_per_step_warns(files, trained, tmp_path, capfd):
     run = damaged(trained, tmp_path, "none")
-    got, err, _ = _run(["train", *TRAIN, "--steps", "3", "--model", files["wide-model.json"], "--data", files["corpus"],
-                        "--cache-dir", files["cache"], "--out-dir", str(run)], capsys)
+    got, err, out = _run(["train", *TRAIN, "--steps", "3", "--tokens-per-step", "2048", "--data", files["corpus"],
+                          "--cache-dir", files["cache"], "--out-dir", str(run)], capfd)
+    assert got == 0, err
+    assert re.search(r"warning: resuming .*step-00000002 with --tokens-per-step 2048; it was saved with 1024: the "
+                     r"steps from 2 on draw batches of the new size", out + err), out + err
+    assert final_history(run / "metrics.jsonl")[-1]["tokens"] > 1024
+
+
+def checkpoint_parameters(out: Path) -> torch.Tensor:
+    """The tiny model's parameters in the run's newest checkpoint, read in this process."""
+    model = build_model(MODEL_PRESETS["tiny"])
+    state = {"model": get_model_state_dict(model)}
+    dcp.load(state, checkpoint_id=checkpoint.latest(out / "checkpoints"))
+    return torch.cat([t.reshape(-1) for t in state["model"].values()])
+
+
+@pytest.fixture(scope="module")
+def trained_qwen3(files) -> Path:
+    """A run folder with a checkpoint of a Qwen3 whose numbers a Gemma folder shares, and that Gemma."""
+    from transformers import GemmaConfig, Qwen3Config
+
+    root = Path(files["root"])
+    common = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                  num_key_value_heads=4, head_dim=16, tie_word_embeddings=True)
+    Qwen3Config(**common, architectures=["Qwen3ForCausalLM"]).save_pretrained(root / "qwen3")
+    GemmaConfig(**common, architectures=["GemmaForCausalLM"]).save_pretrained(root / "gemma")
+    out = root / "trained-qwen3"
+    assert main(["train", *TRAIN, "--steps", "1", "--model", f"hf:{root / 'qwen3'}", "--data", files["corpus"],
+                 "--cache-dir", files["cache"], "--out-dir", str(out)]) == 0
+    return out
+
+
+# (run folder fixture, the resuming run's flags, what the error must say)
+ANOTHER_MODEL = [
+    ("trained", "--model {wide-model.json}",
+     r"step-00000002 holds another model: 'tiny' \(ballast's own\), not this run's 'wide-model' \(ballast's own\) "
+     r"\(layers 4 there, 2 here; .*\): resume it with its own model, or give this run another --checkpoint-dir"),
+    # another family: the data stream's state is never reached
+    ("trained", "--model stdit-tiny --data video-synthetic:0:{short-clips.txt}",
+     r"step-00000002 holds another model: 'tiny' .*not this run's 'stdit-tiny'"),
+    # the same numbers, another architecture: every tensor of the Gemma is in the Qwen3's checkpoint
+    ("trained_qwen3", "--model hf:{root}/gemma",
+     r"step-00000001 holds another model: 'qwen3' \(hf:.*qwen3, Qwen3ForCausalLM\), not this run's 'gemma' "
+     r"\(hf:.*gemma, GemmaForCausalLM\) \(.*architecture Qwen3ForCausalLM there, GemmaForCausalLM here"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("run, flags, pattern", ANOTHER_MODEL, ids=[c[1] for c in ANOTHER_MODEL])
+def test_checkpoint_of_another_model(run, flags, pattern, files, tmp_path, capsys, request):
+    folder = tmp_path / "run"
+    shutil.copytree(request.getfixturevalue(run), folder)
+    argv = [re.sub(r"\{([^}]+)\}", lambda m: files[m.group(1)], part) for part in flags.split()]
+    data = [] if "--data" in argv else ["--data", files["corpus"], "--cache-dir", files["cache"]]
+    got, err, _ = _run(["train", *TRAIN, "--steps", "3", *argv, *data, "--out-dir", str(folder)], capsys)
     assert got == 2, err
-    _assert_one_error(err, "train", r"step-00000002 holds another model: .* has shape")
+    _assert_one_error(err, "train", pattern)
 
 
 @pytest.mark.slow

@@ -88,7 +88,7 @@ def test_learning_rate_warms_up_then_decays_to_min():
     lrs = [learning_rate(k, 100, opt) for k in range(100)]
     assert lrs[0] == pytest.approx(opt.lr / opt.warmup_steps)
     assert max(lrs) == pytest.approx(opt.lr)
-    assert lrs[-1] == pytest.approx(opt.min_lr)
+    assert lrs[-1] == pytest.approx(opt.lr / 10) and opt.min_lr is None  # the default: --lr / 10
     assert all(a >= b for a, b in zip(lrs[opt.warmup_steps:], lrs[opt.warmup_steps + 1:]))
     # A fixed decay horizon makes the schedule independent of the run length.
     fixed = dataclasses.replace(opt, decay_steps=100)
@@ -148,3 +148,34 @@ def test_trainer_validates_before_any_rank_starts():
     config.run.steps = 0
     with pytest.raises(ValueError, match="--steps must be positive"):
         ballast.Trainer(config)
+
+
+def test_a_checkpoints_model_is_its_numbers_not_its_name(tmp_path):
+    from ballast.model_shape import MODEL_PRESETS
+
+    tiny = MODEL_PRESETS["tiny"]
+    renamed = {"model": checkpoint.model_record(dataclasses.replace(tiny, name="moved", source="elsewhere"))}
+    checkpoint.check_same_model(tmp_path, renamed, tiny)
+    with pytest.raises(ValueError, match=r"holds another model: 'tiny' \(ballast's own\), not this run's 'tiny' "
+                                         r"\(ballast's own\) \(hidden 128 there, 64 here\)"):
+        checkpoint.check_same_model(tmp_path, {"model": checkpoint.model_record(tiny)},
+                                    dataclasses.replace(tiny, hidden=64))
+    checkpoint.check_same_model(tmp_path, {"data": {}}, tiny)  # no record (older ballast): left to check_model
+    newer = {"model": {**checkpoint.model_record(tiny), "field_of_a_newer_ballast": 1}}
+    checkpoint.check_same_model(tmp_path, newer, tiny)
+
+
+def test_checksums_find_bytes_changed_at_the_same_size(tmp_path):
+    from ballast.train import checksums
+
+    for name, data in {"a.bin": b"x" * 100, "b.bin": b"y" * 10}.items():
+        (tmp_path / name).write_bytes(data)
+    (tmp_path / checksums.MANIFEST).write_text(checksums.manifest(
+        {name: checksums.digest(tmp_path / name) for name in ("a.bin", "b.bin")}))
+    assert checksums.verify(tmp_path) is None
+    (tmp_path / "a.bin").write_bytes(b"x" * 50 + b"z" + b"x" * 49)
+    assert checksums.verify(tmp_path) == "a.bin does not match its SHA-256 in sha256.json (its bytes changed after " \
+                                        "it was written)"
+    (tmp_path / "b.bin").unlink()
+    (tmp_path / checksums.MANIFEST).write_text("{\"sha256\": [")
+    assert checksums.verify(tmp_path).startswith("sha256.json is unreadable (JSONDecodeError")

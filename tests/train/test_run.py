@@ -128,6 +128,9 @@ def test_fsdp_trains_like_replicated_parameters(runs):
     # Same batches, same gradients (summed in another order: reduce-scatter), lockstep plans.
     replicated, sharded = losses(runs["whole"]), losses(runs["whole-fsdp"])
     assert sharded == pytest.approx(replicated, rel=LOSS_RTOL)
+    # the gradient norm, from the shards' squares under FSDP, is the replicated gradient's
+    norms = [[r["grad_norm"] for r in final_history(runs[run] / "metrics.jsonl")] for run in ("whole", "whole-fsdp")]
+    assert norms[1] == pytest.approx(norms[0], rel=LOSS_RTOL) and min(norms[0]) > 0
     assert "saved with FSDP; resume with the same --fsdp setting" in runs["error"]
 
 

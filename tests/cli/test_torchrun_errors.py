@@ -1,0 +1,27 @@
+"""`ballast train` under torchrun with flags no run can use: one line per node, before any rank
+joins the job (so without waiting for the ranks' rendezvous), and exit code 2 in torchrun's own
+report of the failed workers."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("flags, message", [
+    (["--world", "3"], "--world 3 does not match torchrun's WORLD_SIZE 2"),
+    (["--lr", "nan"], "--lr must be a finite number, got nan"),
+    (["--beta1", "1.5"], r"--beta1 must be in [0, 1) (AdamW's moment decay), got 1.5"),
+], ids=["world", "lr", "beta1"])
+def test_torchrun_user_error_is_one_line(flags, message, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "ballast.cli", "train", *flags, "--out-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=150)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert [line for line in output.splitlines() if "error:" in line] == [f"ballast train: error: {message}"], output
+    assert "exitcode  : 2" in output, output
