@@ -41,13 +41,14 @@ def budget(shape: ModelShape, world: int, max_len: int, device_memory_gb: float 
     """The cpu cluster of `world` ranks and its analytic cost model, at `device_memory_gb` per
     rank or, by default, at a budget that makes plans exercise sequence parallelism: 1.2x what
     half of a `max_len` sequence keeps under full recomputation, so the longest sequences fit
-    degree 2 only when recomputed and never one rank. (A looser budget, the longest at degree 2
+    degree 2 only when recomputed and never one rank (a whole one where the heads allow no degree
+    above 1, else nothing could hold it). (A looser budget, the longest at degree 2
     without recomputation, let nearly every planner choose degree 1 with checkpointing on CPU,
     where gloo's all-to-all latency is priced, and then no all-to-all ran.)"""
     cluster = get_cluster("cpu", world_size=world, device_memory_gb=device_memory_gb)
     cost = CostModel.analytic(shape, cluster)
     if device_memory_gb is None:
-        memory = cost.states + 1.2 * cost.act_per_token * cost.kept * max_len / 2
+        memory = cost.states + 1.2 * cost.act_per_token * cost.kept * max_len / min(2, cost.degrees[-1])
         cluster = get_cluster("cpu", world_size=world, device_memory_gb=memory / 1e9)
         cost = CostModel.analytic(shape, cluster)
     return cluster, cost
@@ -97,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     check_buildable(shape)
     names = parse_planner_names(args.planners)
     cluster, cost = budget(shape, args.world, args.max_len, args.device_memory_gb)
+    cost.check_fits([args.max_len])  # a --device-memory-gb that cannot hold --max-len: before planning
     batches = random_batches(shape, args.steps, args.batch, args.max_len, args.seed)
     plans: dict[str, list[Plan]] = {}
     for name in names:
