@@ -19,6 +19,7 @@ from ..planners import PlannerOptions, parse_planner_names
 from ..gantt import gantt
 from .table import planner_table
 from ..model_shape import MODEL_PRESETS, get_model_shape
+from ..output_paths import check_output_file
 from ..samples import tokens
 
 HELP = "plan and simulate steps under several planners; print a table, write JSON"
@@ -80,6 +81,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     console = Console(soft_wrap=True)
+    check_output_file(args.json_out, "--json")
+    check_output_file(args.gantt, "--gantt")
     cluster = get_cluster(args.cluster, args.world, args.device_memory_gb)
     shape = get_model_shape(args.model)
     cost = get_cost_model(args.cost, shape, cluster, args.device_memory_gb)
