@@ -118,6 +118,8 @@ class CostModel:
     single factor. `ballast profile` fits it apart from r."""
     attention_window: int | None = None
     """The model's `ModelShape.attention_window`: no sequence may be longer (`check_fits`)."""
+    max_positions: int | None = None
+    """The model's `ModelShape.max_positions`: no sequence may be longer (`check_fits`)."""
     attention: str = "causal"
     """The model's attention pattern (`ModelShape.attention`): how `units` prices a sample."""
     spatial_share: float = 0.5
@@ -211,6 +213,12 @@ class CostModel:
                 raise InfeasibleError(
                     f"sequence {i} has {s} tokens, more than model {self.model!r}'s sliding-window attention "
                     f"covers ({window}): ballast attends over whole sequences; lower --max-len to {window}")
+            if self.max_positions is not None and s > self.max_positions:
+                raise InfeasibleError(
+                    f"sequence {i} has {s} tokens, more than model {self.model!r}'s positions cover "
+                    f"(max_position_embeddings {self.max_positions}): its last tokens would train at positions "
+                    f"the model was not made for; lower --max-len to {self.max_positions}, or raise "
+                    f"max_position_embeddings in its config.json (with a RoPE scaling where it needs one)")
             if s > limit:
                 raise InfeasibleError(
                     f"sequence {i} has {s} tokens, more than any plan can hold: at most {limit} "
@@ -331,6 +339,7 @@ class CostModel:
             states=STATE_BYTES_PER_PARAM * shape.params / cluster.world_size,
             device_memory=cluster.device_memory, layers=shape.layers, heads=shape.heads,
             kv_heads=shape.kv_heads, world_size=cluster.world_size, attention_window=shape.attention_window,
+            max_positions=shape.max_positions,
             attention=shape.attention, spatial_share=shape.spatial_share)
 
     @classmethod
