@@ -109,8 +109,10 @@ def run(args: argparse.Namespace) -> int:
             plan.validate(cluster, cost)
     console = Console(width=max(Console().width, 120))
     sharding = " under FSDP2" if args.fsdp else " with ZeRO-1" if args.zero1 else ""
+    whose = "--device-memory-gb" if args.device_memory_gb is not None else "verify's default; --device-memory-gb sets one"
     console.print(f"verify: {args.world} gloo ranks{sharding}, model {shape.name}, {args.steps} step(s) of "
-                  f"{args.batch} sequences up to {args.max_len} tokens, {len(names)} planner(s)")
+                  f"{args.batch} sequences up to {args.max_len} tokens, {len(names)} planner(s), "
+                  f"{cost.device_memory / 1e6:.3g} MB per rank ({whose})")
     reference = train_reference(shape, batches, args.seed, args.lr)
     results = run_local(args.world, train_all_planners, shape,
                         {n: [p.to_dict() for p in ps] for n, ps in plans.items()},
