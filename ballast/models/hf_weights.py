@@ -18,6 +18,9 @@ from ..value_checks import read_json
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
+OTHER_FORMATS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack")
+"""Weights in formats ballast does not load: a folder with only these would train from a random
+init as if it had none."""
 SHOWN = 3
 """Keys an error names (then the count of the rest)."""
 
@@ -29,6 +32,11 @@ def weight_files(folder: Path) -> list[Path]:
         return [folder / SINGLE]
     index = folder / INDEX
     if not index.is_file():
+        other = [name for name in OTHER_FORMATS if (folder / name).is_file()]
+        if other:
+            raise ValueError(f"hf:{folder}: its weights are {', '.join(other)}, and ballast loads safetensors "
+                             f"only ({SINGLE}, sharded or not): it would train from a random init instead; "
+                             f"convert them (save_pretrained writes safetensors)")
         return []
     data = read_json(index, f"hf:{folder}:")
     weight_map = data.get("weight_map") if isinstance(data, dict) else None

@@ -99,6 +99,8 @@ def hf_folders(root: Path) -> dict[str, str]:
     (sharded / "model.safetensors").rename(sharded / "model-00001-of-00002.safetensors")
     (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {
         key: f"model-0000{1 + i % 2}-of-00002.safetensors" for i, key in enumerate(sorted(weights))}}))
+    legacy = copy("hf-bin")
+    (legacy / "model.safetensors").rename(legacy / "pytorch_model.bin")
     short = copy("hf-short-positions")
     (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
     return out
@@ -213,6 +215,8 @@ CASES = [
      r"\(.*incomplete metadata, file not fully covered\): a copy cut short or damaged; \d+ bytes"),
     ("bench --model hf:{hf-sharded}", 2, r"hf-sharded: model.safetensors.index.json names "
      r"model-00002-of-00002.safetensors \(1 of its 2 shard files\), which are not in the folder"),
+    ("verify --model hf:{hf-bin}", 2, r"hf-bin: its weights are pytorch_model.bin, and ballast loads safetensors "
+     r"only .*it would train from a random init instead"),
     ("simulate --model hf:{gpt2}", 2, r"model type 'gpt2' \(GPT2LMHeadModel\) is not a Llama-style decoder.*lacks "
      r"num_hidden_layers, hidden_size, num_attention_heads, intermediate_size$"),
     ("train --model hf:{hf-short-positions} --max-len 128", 2, r"128 tokens, more than model 'hf-short-positions'.s "
