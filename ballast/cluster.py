@@ -6,6 +6,7 @@ custom clusters load from TOML or JSON with the same field names.
 """
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -191,16 +192,19 @@ _CPU_ALL_TO_ALL_LATENCY = 1.5e-3
 _CPU_MICRO_BATCH_OVERHEAD = 2e-3
 
 
-def _cpu_cluster(world_size: int | None, device_memory_gb: float | None) -> Cluster:
+_CPU_DEVICE_MEMORY = 4 * GB
+"""The cpu preset's budget per rank unless --device-memory-gb sets one."""
+
+
+def _cpu_cluster(world_size: int | None) -> Cluster:
     # This machine: one node of `world_size` gloo ranks. The figures are this kind of machine's
     # until `ballast profile` measures the real one; memory is a setting that stands in for a
     # GPU's capacity.
     world = world_size or 2
     if not is_power_of_two(world):
         raise ValueError(f"cpu cluster: world size must be a power of two, got {world}")
-    mem = (device_memory_gb or 4.0) * GB
     bw = {1 << i: _CPU_ALL_TO_ALL for i in range(1, world.bit_length())}
-    return Cluster("cpu", 1, world, mem, 5e10, 1.0, bw, _CPU_MICRO_BATCH_OVERHEAD,
+    return Cluster("cpu", 1, world, _CPU_DEVICE_MEMORY, 5e10, 1.0, bw, _CPU_MICRO_BATCH_OVERHEAD,
                    _CPU_ALL_TO_ALL_LATENCY, value_bytes=4)
 
 
@@ -213,10 +217,12 @@ def get_cluster(spec: str, world_size: int | None = None, device_memory_gb: floa
     path to a TOML/JSON file.
 
     `world_size`, when given, must match the cluster (the `cpu` preset takes it as its size).
+    `device_memory_gb`, when given, is every device's usable memory whatever the cluster (a GPU
+    preset's or a file's is replaced: what-if budgets, a card with less free memory).
     """
     gpu, _, devices = spec.partition("-")
     if spec == "cpu":
-        cluster = _cpu_cluster(world_size, device_memory_gb)
+        cluster = _cpu_cluster(world_size)
     elif gpu in _GPUS and devices.isdigit():
         cluster = _gpu_cluster(spec, gpu, int(devices))
     elif Path(spec).suffix in (".toml", ".json"):
@@ -226,4 +232,6 @@ def get_cluster(spec: str, world_size: int | None = None, device_memory_gb: floa
                          f"h200-N with N a multiple of 8), or give a .toml/.json file")
     if world_size is not None:
         cluster.check_world_size(world_size)
+    if device_memory_gb is not None:
+        cluster = dataclasses.replace(cluster, device_memory=device_memory_gb * GB)
     return cluster

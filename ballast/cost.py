@@ -30,6 +30,7 @@ and +30-40% at 1024 (linear layers do), which no single r prices well at both.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -114,6 +115,8 @@ class CostModel:
     single factor. `ballast profile` fits it apart from r."""
     attention_window: int | None = None
     """The model's `ModelShape.attention_window`: no sequence may be longer (`check_fits`)."""
+    max_positions: int | None = None
+    """The model's `ModelShape.max_positions`: no sequence may be longer (`check_fits`)."""
     attention: str = "causal"
     """The model's attention pattern by name (`ModelShape.attention`); `pattern` is the value:
     how `units` prices a sample, and the layout whose degree rule `degrees` follows."""
@@ -129,8 +132,9 @@ class CostModel:
         object.__setattr__(self, "comm_latency", {int(d): float(v) for d, v in self.comm_latency.items()})
         if self.states >= self.device_memory:
             raise InfeasibleError(
-                f"model {self.model!r}: its states ({self.states / 1e9:.3g} GB per device) do not fit "
-                f"the device memory ({self.device_memory / 1e9:.3g} GB, --device-memory-gb) at any degree")
+                f"model {self.model!r}: its states ({self.states / 1e9:.3g} GB per device, sharded over "
+                f"{self.world_size} devices) do not fit the device memory ({self.device_memory / 1e9:.3g} GB) "
+                f"at any degree: give the job more devices, or each device more memory (--device-memory-gb)")
 
     # --- degrees and memory ------------------------------------------------------------------
     @property
@@ -190,12 +194,29 @@ class CostModel:
                 raise InfeasibleError(
                     f"sequence {i} has {s} tokens, more than model {self.model!r}'s sliding-window attention "
                     f"covers ({window}): ballast attends over whole sequences; lower --max-len to {window}")
+            if self.max_positions is not None and s > self.max_positions:
+                raise InfeasibleError(
+                    f"sequence {i} has {s} tokens, more than model {self.model!r}'s positions cover "
+                    f"(max_position_embeddings {self.max_positions}): its last tokens would train at positions "
+                    f"the model was not made for; lower --max-len to {self.max_positions}, or raise "
+                    f"max_position_embeddings in its config.json (with a RoPE scaling where it needs one)")
             if s > limit:
                 raise InfeasibleError(
                     f"sequence {i} has {s} tokens, more than any plan can hold: at most {limit} "
                     f"tokens fit one micro-batch (SP degree {self.degrees[-1]}, full checkpointing, "
                     f"{self.device_memory / 1e9:.3g} GB per device); lower --max-len, or give each "
-                    f"device more memory (--device-memory-gb) or the job more ranks")
+                    f"device more memory (--device-memory-gb){self._degree_lever()}")
+
+    def _degree_lever(self) -> str:
+        """What would allow an SP degree above the largest usable one, for check_fits' message:
+        more ranks only where the heads (and a profile's measured degrees) allow the next one."""
+        top = self.degrees[-1]
+        if self.heads % (2 * top):
+            return (f"; no SP degree above {top} is usable, however many ranks: Ulysses shards the model's "
+                    f"{self.heads} attention heads, and {2 * top} does not divide them")
+        if 2 * top > self.world_size:
+            return " or the job more ranks"
+        return f"; the cost profile measured no SP degree above {top} (profile more ranks)"
 
     # --- time ----------------------------------------------------------------------------------
     def exchange_bytes(self, degree: int) -> float:
@@ -280,6 +301,7 @@ class CostModel:
             states=STATE_BYTES_PER_PARAM * shape.params / cluster.world_size,
             device_memory=cluster.device_memory, layers=shape.layers, heads=shape.heads,
             kv_heads=shape.kv_heads, world_size=cluster.world_size, attention_window=shape.attention_window,
+            max_positions=shape.max_positions,
             attention=shape.attention, spatial_share=shape.spatial_share)
 
     @classmethod
@@ -329,11 +351,13 @@ def _all_to_all_bytes_per_token(shape: ModelShape, value_bytes: int) -> float:
     return 2.0 * shape.layers * (2 * shape.hidden + 2 * shape.kv_dim) * value_bytes
 
 
-def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster) -> CostModel:
+def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster,
+                   device_memory_gb: float | None = None) -> CostModel:
     """`analytic`, `published`, `auto` (published where FlexSP measured it) or a profile JSON path.
 
     A profile must describe `shape` and `cluster`'s size: every caller (simulate, train, bench)
-    relies on this one check."""
+    relies on this one check. It brings the device memory it was made for unless
+    `device_memory_gb` (the flag, which `get_cluster` gave the cluster too) replaces it."""
     if spec == "auto":
         spec = "published" if shape.name in _PUBLISHED and cluster.name == "a100-64" else "analytic"
     if spec == "analytic":
@@ -347,4 +371,6 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster) -> CostModel:
     if cost.world_size != cluster.world_size:
         raise ValueError(f"cost model {spec} was made for {cost.world_size} devices, "
                          f"the cluster has {cluster.world_size}")
+    if device_memory_gb is not None:
+        cost = dataclasses.replace(cost, device_memory=device_memory_gb * 1e9)
     return cost

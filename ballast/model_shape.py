@@ -77,6 +77,10 @@ class ModelShape:
     attention_window: int | None = None
     """Longest sequence the model's attention covers whole (a sliding window, e.g. Mistral's);
     None: any length. ballast attends over whole sequences, so no sequence may be longer."""
+    max_positions: int | None = None
+    """Positions the model was made for (a Hugging Face config's max_position_embeddings); None:
+    any. No sequence may be longer: its last tokens would sit at positions the model never
+    trained (RoPE) or has no embedding for (a position table)."""
     source: str | None = None
     """Where the model comes from: None for ballast's own GPT built from this shape, or
     `hf:PATH` for a Hugging Face causal LM folder (`ballast.models.build_model` reads it)."""
@@ -214,6 +218,10 @@ MODEL_PRESETS: dict[str, ModelShape] = {
 
 
 HF_PREFIX = "hf:"
+CAUSAL_LM_CLASSES = ("ForCausalLM", "LMHeadModel")
+"""How transformers names its causal-LM classes (LlamaForCausalLM, GPT2LMHeadModel)."""
+LLAMA_STYLE_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+"""The config.json keys ballast reads a decoder's shape from."""
 
 
 def get_model_shape(spec: str) -> ModelShape:
@@ -240,14 +248,18 @@ def hf_model_shape(folder: str) -> ModelShape:
     config = read_json(path / "config.json", "model config")
     kind = config.get("model_type", "?")
     architectures = config.get("architectures") or []
-    if architectures and not any(a.endswith("ForCausalLM") for a in architectures):
+    if architectures and not any(a.endswith(CAUSAL_LM_CLASSES) for a in architectures):
         raise ValueError(f"hf:{folder}: model type {kind!r} is {', '.join(architectures)}, not a causal LM "
-                         f"(...ForCausalLM)")
-    missing = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
-                           "vocab_size") if k not in config]
+                         f"(...ForCausalLM or ...LMHeadModel)")
+    missing = [k for k in LLAMA_STYLE_SIZES if k not in config]
     if missing:
-        raise ValueError(f"hf:{folder}: config.json of model type {kind!r} lacks {', '.join(missing)}: not a "
-                         f"decoder ballast can price")
+        # GPT-2 and its kin are causal LMs of another layout: own size names (n_layer, n_embd,
+        # ...), blocks at transformer.h where ballast switches checkpointing at model.layers,
+        # dropout in the residual stream that would make the gradient depend on the plan.
+        raise ValueError(f"hf:{folder}: model type {kind!r} ({', '.join(architectures) or 'no architectures'}) is "
+                         f"not a Llama-style decoder, the layout ballast trains (Llama, Qwen2, Mistral and "
+                         f"relatives: decoder layers at model.layers, sizes named {', '.join(LLAMA_STYLE_SIZES)}): "
+                         f"its config.json lacks {', '.join(missing)}")
     heads = config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     if head_dim * heads != config["hidden_size"]:
@@ -259,4 +271,5 @@ def hf_model_shape(folder: str) -> ModelShape:
         vocab=config["vocab_size"], gated_mlp=config.get("hidden_act", "silu") in ("silu", "swiglu"),
         tied_embeddings=bool(config.get("tie_word_embeddings", False)), source=f"{HF_PREFIX}{folder}",
         # Qwen2-style configs keep a window that is off unless use_sliding_window says otherwise.
-        attention_window=config.get("sliding_window") if config.get("use_sliding_window", True) else None)
+        attention_window=config.get("sliding_window") if config.get("use_sliding_window", True) else None,
+        max_positions=config.get("max_position_embeddings"))

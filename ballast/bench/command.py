@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ..dataset import SYNTAX, VIDEO_DATA_SYNTAX
+from ..output_paths import check_output_file
 from ..planners import parse_planner_names
 from ..value_checks import check_timeout
 from .output import bar_chart, bench_table
@@ -125,6 +126,9 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     if not console.is_terminal:  # a log file: the table's 14 columns need more than 80
         console.width = TABLE_WIDTH
+    png = args.png or (str(Path(args.json_out).with_suffix(".png")) if args.json_out else None)
+    check_output_file(args.json_out, "--json")
+    check_output_file(png, "--png" if args.png else "--png (next to --json)")
     start = time.perf_counter()
     check_timeout(args.timeout)
     setting = setting_from(args)
@@ -143,7 +147,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=1))
         console.print(f"wrote {args.json_out}")
-    png = args.png or (str(Path(args.json_out).with_suffix(".png")) if args.json_out else None)
     if png:
         bar_chart(result, title, png)
         console.print(f"wrote {png}")

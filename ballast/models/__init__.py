@@ -43,6 +43,9 @@ def check_buildable(shape: ModelShape) -> None:
     allocates nothing."""
     if shape.source is not None and shape.hf_folder is None:
         raise ValueError(f"model {shape.name!r}: unknown source {shape.source!r} (expected {HF_PREFIX}PATH)")
+    if shape.hf_folder is not None:
+        from .hf_weights import check_weights
+        check_weights(shape.hf_folder)
     if shape.source is None and shape.pattern in VIDEO_MODELS:
         with torch.device("meta"):
             VIDEO_MODELS[shape.pattern](shape)

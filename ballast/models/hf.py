@@ -32,13 +32,13 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..model_shape import ModelShape
+from .hf_weights import weight_files
 from .kernels import local_attention
 from .next_token import NextTokenObjective
 from .protocol import AttentionFn, PackedStream
 
 ATTENTION = "ballast"
 """The name ballast's attention function is registered under in transformers."""
-WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
 UNSUPPORTED = {"softcap": "attention logit softcapping", "s_aux": "attention sinks", "sinks": "attention sinks",
                "position_bias": "an additive attention position bias"}
 """Keyword arguments some families pass their attention function that change what it computes
@@ -168,7 +168,7 @@ def build_hf(shape: ModelShape, seed: int = 0) -> HFCausalLM:
     config.num_hidden_layers = shape.layers  # profiling builds reduced-depth copies
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if any((folder / name).is_file() for name in WEIGHTS):
+        if weight_files(folder):  # check_weights (check_buildable) found them whole and fitting
             hf = AutoModelForCausalLM.from_pretrained(folder, config=config, local_files_only=True,
                                                       dtype=torch.float32)
         else:

@@ -115,7 +115,9 @@ class FlexSPPlanner(Planner):
 
     def min_waves(self, lengths: list[int]) -> int:
         """Least M whose sequence-blaster chunks all fit the cluster at full checkpointing."""
-        capacity = self.cost.world_size * self.cost.max_tokens(1, 1.0) / (1 + PACKING_SLACK)
+        # The whole cluster's tokens at once, not world x one rank's: a budget may hold a token
+        # only across ranks (max_tokens(1, 1.0) == 0).
+        capacity = self.cost.max_tokens(self.cost.world_size, 1.0) / (1 + PACKING_SLACK)
         m = max(1, math.ceil(sum(lengths) / capacity))
         while m < len(lengths) and any(sum(lengths[i] for i in c) > capacity for c in blast(lengths, m)):
             m += 1

@@ -255,7 +255,10 @@ def _highs(model: _Model, start: np.ndarray | None, time_limit: float,
     scipy.optimize.milp cannot take a starting point, so this talks to HiGHS's own Python
     bindings (`highspy`, a dependency).
     """
-    highs = core.Highs()
+    # The bindings' solver class itself: highspy's `Highs` wrapper adds Python callbacks (unused
+    # here) whose installation prints HiGHS's banner to stdout, before any option can turn
+    # output off, into `ballast simulate`'s table.
+    highs = core._Highs()
     n_row, n_col = model.matrix.shape
     lp = core.HighsLp()
     lp.num_col_, lp.num_row_ = n_col, n_row

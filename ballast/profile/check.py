@@ -45,6 +45,7 @@ from ..models import build_model
 from ..plans import Plan
 from ..planners import PlannerOptions, get_planner, parse_planner_names
 from ..model_shape import ModelShape
+from ..output_paths import check_output_file
 from ..timeline import simulate
 from .fit import error_summary
 from .machine import LoadMonitor, machine_info, measured_device
@@ -218,6 +219,9 @@ def run_check(args: argparse.Namespace) -> int:
 
     console = Console()
     cost = CostModel.load(args.check)
+    png = args.png or str(Path(args.check).with_name(Path(args.check).stem + "-check.png"))
+    check_output_file(png, "--png" if args.png else "--png (next to the profile)")
+    check_output_file(args.json_out, "--json")
     if "shape" not in cost.fit:
         raise ValueError(f"{args.check} is not a profile written by `ballast profile` (its fit has no model shape)")
     shape = ModelShape.from_dict(cost.fit["shape"])
@@ -266,7 +270,6 @@ def run_check(args: argparse.Namespace) -> int:
                   f"{loads['min']:.1f}..{loads['max']:.1f} on {loads['cpus']} CPUs, the ranks had "
                   f"{statistics.median(r['core_share'] for r in rows):.0%} of a core (the profile: load "
                   f"{cost.fit['load_average']['median']:.1f}, {cost.fit['core_share']:.0%})")
-    png = args.png or str(Path(args.check).with_name(Path(args.check).stem + "-check.png"))
     scatter(rows, png, f"{shape.name}, {cost.world_size} ranks, {len(rows)} plans from {lengths} (max {max_len}): "
                        f"step time |error| median {t['median']:.1%}, p90 {t['p90']:.1%} ({statistic} of {repeats})")
     console.print(f"wrote {png}")

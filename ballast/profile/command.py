@@ -42,6 +42,7 @@ from rich.table import Table
 from ..cost import CostModel
 from ..patterns import attention_pattern
 from ..model_shape import ModelShape, get_model_shape
+from ..output_paths import check_output_file
 from .grid import checkpoint_levels
 from .machine import physical_memory
 from .measure import STATISTICS
@@ -104,7 +105,8 @@ def settings_from(args: argparse.Namespace, shape: ModelShape | None = None) -> 
                    else default_lengths(max_len, args.quick))
         depths = tuple(int(x) for x in depths_spec.split(",") if x.strip())
     except ValueError as e:
-        raise ValueError(f"--lengths and --depths take comma-separated integers: {e}") from e
+        raise ValueError(f"--lengths and --depths take comma-separated integers when profiling (a length "
+                         f"source such as stdlib is for --check): {e}") from e
     if not depths:
         raise ValueError("--depths needs at least one depth")
     return Settings(lengths, depths, verify=args.verify if args.verify is not None else 2 if args.quick else 4,
@@ -118,6 +120,8 @@ def run(args: argparse.Namespace) -> int:
         from .check import run_check
         return run_check(args)
     console = Console(quiet=under_torchrun() and os.environ["RANK"] != "0")  # one report per job
+    if not console.quiet:  # rank 0 writes the profile
+        check_output_file(args.out, "--out")
     shape = get_model_shape(args.model)
     check_buildable(shape)
     world = args.world or (int(os.environ["WORLD_SIZE"]) if under_torchrun() else 2)

@@ -126,6 +126,7 @@ class Coefficients:
             bandwidth=dict(self.bandwidth), bytes_per_token=depth * self.bytes_per_token_layer,
             act_per_token=act, states=states, device_memory=device_memory, layers=depth,
             heads=shape.heads, kv_heads=shape.kv_heads, world_size=world_size, attention_window=shape.attention_window,
+            max_positions=shape.max_positions,
             attention=shape.attention, spatial_share=shape.spatial_share if share is None else share,
             recompute=self.recompute_layer * depth * self.b_layer / b if b > 0 else 0.0,
             recompute_attention=self.recompute_attention_layer,

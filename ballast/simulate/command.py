@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import Progress
 
 from ..bounds import longest_alone
@@ -19,6 +20,7 @@ from ..planners import PlannerOptions, parse_planner_names
 from ..gantt import gantt
 from .table import planner_table
 from ..model_shape import MODEL_PRESETS, get_model_shape
+from ..output_paths import check_output_file
 from ..samples import tokens
 
 HELP = "plan and simulate steps under several planners; print a table, write JSON"
@@ -47,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world", type=positive(int), default=None,
                    help="world size (required to match; sizes the cpu preset)")
     p.add_argument("--device-memory-gb", type=positive(float), default=None,
-                   help="usable memory per device (cpu preset)")
+                   help="usable memory per device, for any cluster or --cost profile (default: the "
+                        "cluster's own; cpu: 4)")
     p.add_argument("--model", default="gpt-7b",
                    help=f"{' | '.join(MODEL_PRESETS)} | hf:PATH | FILE.json")
     p.add_argument("--cost", default="auto",
@@ -78,10 +81,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    console = Console()
+    console = Console(soft_wrap=True)
+    check_output_file(args.json_out, "--json")
+    check_output_file(args.gantt, "--gantt")
     cluster = get_cluster(args.cluster, args.world, args.device_memory_gb)
     shape = get_model_shape(args.model)
-    cost = get_cost_model(args.cost, shape, cluster)
+    cost = get_cost_model(args.cost, shape, cluster, args.device_memory_gb)
     names = parse_planner_names(args.planners)
     if args.batch is None and args.tokens_per_step is None:
         args.batch = 512
@@ -111,7 +116,11 @@ def run(args: argparse.Namespace) -> int:
     title = (f"{args.lengths} on {cluster.name} ({cluster.world_size} devices), {shape.name} "
              f"({shape.attention} attention), {cost.source} cost, {args.steps} steps"
              f"{', planned as lengths' if args.as_lengths else ''}")
-    console.print(planner_table(title, summaries, lower_mean))
+    table = planner_table(title, summaries, lower_mean)
+    if not console.is_terminal:  # a pipe or a file: as wide as the table needs, no column cut
+        needed = Measurement.get(console, console.options.update_width(10_000), table).maximum
+        console.width = max(console.width, needed)
+    console.print(table)
     console.print(f"data: {lengths_stream.report()}")
     if args.json_out:
         out = {"setting": setting, "steps": args.steps, "lower_bound_s": lower_mean, "longest_alone_s": longest,

@@ -65,9 +65,10 @@ class PlannerConfig:
     cost: str = "analytic"
     """Cost model: `analytic` (from the model shape and cluster) or a `ballast profile` JSON."""
     cluster: str = "cpu"
-    """Cluster preset or TOML/JSON file; `cpu` takes the world size and --device-memory-gb."""
-    device_memory_gb: float = 4.0
-    """Memory budget per rank the planner plans for (cpu cluster), in GB; a --cost profile brings its own."""
+    """Cluster preset or TOML/JSON file; `cpu` takes the world size."""
+    device_memory_gb: float | None = None
+    """Memory budget per rank the planner plans for, in GB, whatever the cluster or --cost profile;
+    unset: the cluster's own (cpu: 4) or the profile's."""
     plan_ahead: bool = True
     """Plan step k+1 in a background thread on rank 0 while step k trains."""
     degree: int | None = None
@@ -163,7 +164,7 @@ class TrainConfig:
                     "--lr": self.optimizer.lr, "--device-memory-gb": self.planner.device_memory_gb,
                     "--time-limit": self.planner.time_limit}
         for flag, value in positive.items():
-            if value <= 0:
+            if value is not None and value <= 0:
                 raise ValueError(f"{flag} must be positive, got {value}")
         for flag, value in {"--world": self.run.world, "--decay-steps": self.optimizer.decay_steps,
                             "--degree": self.planner.degree}.items():

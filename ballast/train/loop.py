@@ -69,7 +69,7 @@ class Setup:
         check_buildable(shape)
         check_data_kind(config.data.source, shape)
         cluster = get_cluster(config.planner.cluster, world, config.planner.device_memory_gb)
-        cost = get_cost_model(config.planner.cost, shape, cluster)
+        cost = get_cost_model(config.planner.cost, shape, cluster, config.planner.device_memory_gb)
         cost.check_fits([config.data.max_len])  # a max_len no plan can hold fails here, not at step k
         return cls(shape, cluster, cost, resolve_tokenizer(config.data.tokenizer, shape))
 

@@ -42,13 +42,14 @@ def budget(shape: ModelShape, world: int, max_len: int, device_memory_gb: float 
     """The cpu cluster of `world` ranks and its analytic cost model, at `device_memory_gb` per
     rank or, by default, at a budget that makes plans exercise sequence parallelism: 1.2x what
     half of a `max_len` sequence keeps under full recomputation, so the longest sequences fit
-    degree 2 only when recomputed and never one rank. (A looser budget, the longest at degree 2
+    degree 2 only when recomputed and never one rank (a whole one where the heads allow no degree
+    above 1, else nothing could hold it). (A looser budget, the longest at degree 2
     without recomputation, let nearly every planner choose degree 1 with checkpointing on CPU,
     where gloo's all-to-all latency is priced, and then no all-to-all ran.)"""
     cluster = get_cluster("cpu", world_size=world, device_memory_gb=device_memory_gb)
     cost = CostModel.analytic(shape, cluster)
     if device_memory_gb is None:
-        memory = cost.states + 1.2 * cost.act_per_token * cost.kept * max_len / 2
+        memory = cost.states + 1.2 * cost.act_per_token * cost.kept * max_len / min(2, cost.degrees[-1])
         cluster = get_cluster("cpu", world_size=world, device_memory_gb=memory / 1e9)
         cost = CostModel.analytic(shape, cluster)
     return cluster, cost
@@ -100,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     check_buildable(shape)
     names = parse_planner_names(args.planners)
     cluster, cost = budget(shape, args.world, args.max_len, args.device_memory_gb)
+    cost.check_fits([args.max_len])  # a --device-memory-gb that cannot hold --max-len: before planning
     batches = random_batches(shape, args.steps, args.batch, args.max_len, args.seed)
     plans: dict[str, list[Plan]] = {}
     for name in names:
@@ -110,8 +112,10 @@ def run(args: argparse.Namespace) -> int:
             plan.validate(cluster, cost)
     console = Console(width=max(Console().width, 120))
     sharding = " under FSDP2" if args.fsdp else " with ZeRO-1" if args.zero1 else ""
+    whose = "--device-memory-gb" if args.device_memory_gb is not None else "verify's default; --device-memory-gb sets one"
     console.print(f"verify: {args.world} gloo ranks{sharding}, model {shape.name}, {args.steps} step(s) of "
-                  f"{args.batch} sequences up to {args.max_len} tokens, {len(names)} planner(s)")
+                  f"{args.batch} sequences up to {args.max_len} tokens, {len(names)} planner(s), "
+                  f"{cost.device_memory / 1e6:.3g} MB per rank ({whose})")
     reference = train_reference(shape, batches, args.seed, args.lr)
     results = run_local(args.world, train_all_planners, shape,
                         {n: [p.to_dict() for p in ps] for n, ps in plans.items()},

@@ -19,6 +19,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from corpora import jsonl_corpus
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
+from hf_folders import save_model
 
 from ballast.cli import main
 from ballast.model_shape import MODEL_PRESETS
@@ -52,6 +53,10 @@ def files(tmp_path_factory) -> dict[str, str]:
         "odd-stdit.json": json.dumps({"name": "odd-stdit", "layers": 3, "hidden": 64, "heads": 4, "kv_heads": 4,
                                       "ffn": 128, "vocab": 16, "gated_mlp": False, "attention": "spatial-temporal",
                                       "cross_attention": True}),
+        "three-heads.json": json.dumps({"layers": 2, "hidden": 96, "heads": 3, "kv_heads": 3, "ffn": 192,
+                                        "vocab": 256}),
+        "two-gpus.json": json.dumps({"nodes": 1, "devices_per_node": 2, "device_memory": 40e9,
+                                     "peak_flops": 312e12, "bandwidth": {"2": 1e11}}),
     }
     for name, text in write.items():
         (root / name).write_text(text)
@@ -64,9 +69,49 @@ def files(tmp_path_factory) -> dict[str, str]:
     bert = root / "bert"
     bert.mkdir()
     (bert / "config.json").write_text(json.dumps({"architectures": ["BertModel"], "model_type": "bert"}))
+    (root / "gpt2").mkdir()
+    (root / "gpt2" / "config.json").write_text(json.dumps({
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4,
+        "n_inner": None, "n_positions": 128, "vocab_size": 256}))
     corpus, cache = jsonl_corpus(root, documents=60, longest=800, seed=1)
     return {**{name: str(root / name) for name in write}, "corpus": corpus, "cache": cache, "root": str(root),
-            "mistral": str(mistral), "bert": str(bert)}
+            "mistral": str(mistral), "bert": str(bert), "gpt2": str(root / "gpt2"), **hf_folders(root)}
+
+
+def hf_folders(root: Path) -> dict[str, str]:
+    """Tiny Llama folders whose weights do not fit their config or are damaged, and one whose
+    positions end before --max-len."""
+    from safetensors.torch import load_file, save_file
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    good = save_model(root / "hf-good", "LlamaConfig")
+    weights = load_file(good / "model.safetensors")
+    out = {}
+
+    def copy(name: str) -> Path:
+        out[name] = str(shutil.copytree(good, root / name))
+        return root / name
+
+    config = json.loads((good / "config.json").read_text())
+    wide = copy("hf-wide")  # config hidden 128 over weights of hidden 64
+    (wide / "config.json").write_text(json.dumps({**config, "hidden_size": 128, "intermediate_size": 256,
+                                                  "head_dim": 32}))
+    save_file({k: v for k, v in weights.items() if ".layers.1." not in k},
+              copy("hf-missing") / "model.safetensors", metadata={"format": "pt"})
+    save_file({**weights, "model.layers.9.mlp.up_proj.weight": weights["model.layers.1.mlp.up_proj.weight"].clone()},
+              copy("hf-extra") / "model.safetensors", metadata={"format": "pt"})
+    data = (good / "model.safetensors").read_bytes()
+    (copy("hf-truncated") / "model.safetensors").write_bytes(data[:len(data) // 2])
+    sharded = copy("hf-sharded")  # an index naming two shards, of which one is there
+    (sharded / "model.safetensors").rename(sharded / "model-00001-of-00002.safetensors")
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {
+        key: f"model-0000{1 + i % 2}-of-00002.safetensors" for i, key in enumerate(sorted(weights))}}))
+    legacy = copy("hf-bin")
+    (legacy / "model.safetensors").rename(legacy / "pytorch_model.bin")
+    short = copy("hf-short-positions")
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +227,51 @@ CASES = [
     ("train --model {six-head-dit.json} --data video-synthetic --planner static --degree 4 --world 4", 2,
      r"SP degree 4 is not usable"),
     ("bench --model dit-tiny --data stdlib", 2, r"'dit-tiny' is a video DiT but --data 'stdlib' is text"),
+    # Hugging Face folders: weights that do not fit the config, damaged files, another layout,
+    # positions that end before --max-len (all before any rank starts)
+    ("verify --model hf:{hf-wide}", 2, r"hf-wide: its weights \(model.safetensors\) do not match the model its "
+     r"config.json describes.*mis-shaped: model.embed_tokens.weight \[256, 64\] \(config: \[256, 128\], in "
+     r"model.safetensors\), .* and 18 more: fix config.json or the weights"),
+    ("train --model hf:{hf-missing}", 2, r"hf-missing: .*missing from the files: model.layers.1.self_attn.q_proj.weight, "
+     r".* and 6 more"),
+    ("profile --model hf:{hf-extra}", 2, r"hf-extra: .*not in the model: model.layers.9.mlp.up_proj.weight \(in "
+     r"model.safetensors\)"),
+    ("verify --model hf:{hf-truncated}", 2, r"hf-truncated: model.safetensors is not a readable safetensors file "
+     r"\(.*incomplete metadata, file not fully covered\): a copy cut short or damaged; \d+ bytes"),
+    ("bench --model hf:{hf-sharded}", 2, r"hf-sharded: model.safetensors.index.json names "
+     r"model-00002-of-00002.safetensors \(1 of its 2 shard files\), which are not in the folder"),
+    ("verify --model hf:{hf-bin}", 2, r"hf-bin: its weights are pytorch_model.bin, and ballast loads safetensors "
+     r"only .*it would train from a random init instead"),
+    ("simulate --model hf:{gpt2}", 2, r"model type 'gpt2' \(GPT2LMHeadModel\) is not a Llama-style decoder.*lacks "
+     r"num_hidden_layers, hidden_size, num_attention_heads, intermediate_size$"),
+    ("train --model hf:{hf-short-positions} --max-len 128", 2, r"128 tokens, more than model 'hf-short-positions'.s "
+     r"positions cover \(max_position_embeddings 64\).*lower --max-len to 64, or raise max_position_embeddings"),
+    ("verify --model hf:{hf-short-positions} --max-len 128", 2, r"max_position_embeddings 64"),
+    # --device-memory-gb applies to every cluster, and the states error names both levers
+    ("simulate --cluster a100-64 --device-memory-gb 1 --steps 1", 2,
+     r"states \(1.71 GB per device, sharded over 64 devices\) do not fit the device memory \(1 GB\)"),
+    ("train --cluster {two-gpus.json} --device-memory-gb 0.001", 2, r"do not fit the device memory \(0.001 GB\)"),
+    ("simulate --model gpt-30b --cluster a100-8 --steps 1", 2, r"\(65.1 GB per device, sharded over 8 devices\) do not "
+     r"fit the device memory \(28 GB\) at any degree: give the job more devices, or each device more memory "
+     r"\(--device-memory-gb\)"),
+    # the levers of a sequence no plan holds: the heads, not more ranks, where no degree divides them
+    ("verify --model {three-heads.json} --device-memory-gb 0.0019", 2, r"256 tokens, more than any plan can hold: "
+     r"at most \d+ tokens fit one micro-batch \(SP degree 1, .*--device-memory-gb\); no SP degree above 1 is usable, "
+     r"however many ranks: Ulysses shards the model's 3 attention heads, and 2 does not divide them"),
+    ("simulate --cluster cpu --world 4 --model {three-heads.json} --device-memory-gb 0.01 --max-len 100000", 2,
+     r"\(SP degree 1,.* 3 attention heads, and 2 does not divide them"),
+    # output paths no command could write, found before the work
+    ("simulate --json {lengths.txt}/out.json", 2, r"--json .*lengths.txt/out.json: .*lengths.txt is not a folder"),
+    ("simulate --gantt /no/such/dir/gantt.png", 2, r"--gantt /no/such/dir/gantt.png: /no/such/dir does not exist"),
+    ("simulate --json {root}", 2, r"--json .*: is a folder; give a file name"),
+    ("train --out-dir {lengths.txt}/run", 2, r"--out-dir .*lengths.txt/run: cannot write in .*\(Not a directory\)"),
+    ("train --out-dir {lengths.txt}", 2, r"--out-dir .*lengths.txt: is a file, not a folder"),
+    ("bench --json {lengths.txt}/bench.json", 2, r"--json .*lengths.txt/bench.json: .*is not a folder"),
+    ("bench --png /no/such/dir/bench.png", 2, r"--png /no/such/dir/bench.png: /no/such/dir does not exist"),
+    ("profile --out {lengths.txt}/profile.json", 2, r"--out .*lengths.txt/profile.json: .*is not a folder"),
+    # the README's profile example as it was: --lengths takes integers when profiling
+    ("profile --lengths stdlib", 2, r"--lengths and --depths take comma-separated integers when profiling \(a length "
+     r"source such as stdlib is for --check\)"),
 ]
 
 
@@ -210,7 +300,7 @@ def test_bad_input(line, code, pattern, files, capsys, tmp_path):
     argv = [re.sub(r"\{([^}]+)\}", lambda m: files[m.group(1)], part) for part in line.split()]
     if argv[0] == "train" and "--data" not in argv:
         argv += ["--data", files["corpus"], "--cache-dir", files["cache"]]
-    if argv[0] == "train":
+    if argv[0] == "train" and "--out-dir" not in argv:
         argv += ["--out-dir", str(tmp_path / "out")]
     got, err, _ = _run(argv, capsys)
     assert got == code, err

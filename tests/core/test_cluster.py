@@ -220,3 +220,26 @@ def test_wrong_bandwidth_type_in_file(tmp_path, bandwidth):
         get_cluster(str(path))
     with pytest.raises(ValueError, match="bandwidth must be a table"):
         Cluster(**{**BASE, "bandwidth": [1e10]})
+
+
+def test_device_memory_applies_to_every_cluster_and_profile(tmp_path):
+    """--device-memory-gb replaces a GPU preset's, a file's and a profile's memory (it was ignored
+    for all but the cpu preset); unset, each keeps its own."""
+    from ballast.cost import get_cost_model
+    from ballast.model_shape import get_model_shape
+
+    assert get_cluster("a100-64").device_memory == 28 * GB
+    assert get_cluster("a100-64", device_memory_gb=10).device_memory == 10 * GB
+    assert get_cluster("h100-16", 16, device_memory_gb=0.5).device_memory == 0.5 * GB
+    assert get_cluster("cpu").device_memory == 4 * GB
+    path = tmp_path / "two.json"
+    path.write_text('{"nodes": 1, "devices_per_node": 2, "device_memory": 4e10, "peak_flops": 1e14, '
+                    '"bandwidth": {"2": 1e11}}')
+    assert get_cluster(str(path), device_memory_gb=3).device_memory == 3 * GB
+    tiny, cpu = get_model_shape("tiny"), get_cluster("cpu", 2, 1.0)
+    profile = tmp_path / "profile.json"
+    get_cost_model("analytic", tiny, cpu).save(profile)
+    assert get_cost_model(str(profile), tiny, get_cluster("cpu", 2)).device_memory == 1 * GB  # its own
+    assert get_cost_model(str(profile), tiny, get_cluster("cpu", 2, 2.5), 2.5).device_memory == 2.5 * GB
+    assert get_cost_model("auto", get_model_shape("gpt-7b"), get_cluster("a100-64", device_memory_gb=30)
+                          ).device_memory == 30 * GB

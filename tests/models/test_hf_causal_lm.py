@@ -33,6 +33,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from hf_folders import COMMON, save_model
+
 from ballast import verify
 from ballast.cluster import get_cluster
 from ballast.dataset import check_vocab
@@ -49,10 +51,6 @@ MAX_LEN = 128
 # lengths are not divisible by 2 or 4; the 1-token sequence leaves ranks with empty shards.
 LENGTHS = [128, 97, 70, 51, 33, 24, 15, 9, 6, 3, 2, 1]
 MODES = ("plain", "zero1", "fsdp")
-# initializer_range 0.1, not 0.02: at 0.02 the attention scores of a random model are ~0.1 and
-# softmax is nearly uniform, so positions (RoPE and its scaling) would barely move the logits.
-COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=4, initializer_range=0.1)
 # name: (config class, overrides). Llama and Mistral untied (their default), Qwen2 tied (as its
 # small checkpoints are); Mistral's default window (4096) is longer than every sequence.
 VARIANTS = {
@@ -68,20 +66,6 @@ VARIANTS = {
 }
 # Not trained: 2 heads, which SP degree 4 does not divide (the executor's error).
 TWO_HEADS = ("LlamaConfig", {"num_attention_heads": 2, "num_key_value_heads": 2})
-
-
-def save_model(folder: Path, config_class: str, seed: int = 0, **overrides) -> Path:
-    """A tiny causal LM of `config_class` with seeded weights, saved with `save_pretrained`
-    (config.json and model.safetensors)."""
-    import transformers
-
-    config = getattr(transformers, config_class)(**{**COMMON, **overrides})
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = transformers.AutoModelForCausalLM.from_config(config)
-    model.save_pretrained(folder)
-    assert (folder / "model.safetensors").is_file()
-    return folder
 
 
 def quiet() -> None:

@@ -3,7 +3,10 @@ JSON, its table, its Gantt chart, its flags and its errors."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -143,3 +146,32 @@ def test_bad_files_are_messages(tmp_path, capsys):
     CostModel.analytic(get_model_shape("tiny"), get_cluster("a100-8")).save(profile)
     err = fails(capsys, *SETTING, "--cost", str(profile))
     assert "describes model 'tiny', not 'gpt-7b'" in err
+
+
+def test_output_paths_are_checked_before_planning(tmp_path, capsys, monkeypatch):
+    """An unwritable --json ends simulate before any plan, not after the whole run."""
+    def no_planning(*args, **kwargs):
+        raise AssertionError("planned before checking --json")
+
+    monkeypatch.setattr(simulate_cmd, "simulate_planners", no_planning)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert simulate_cli(*SETTING, "--json", str(blocker / "out.json")) == 2
+    assert f"--json {blocker}/out.json: {blocker} is not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_piped_output_has_whole_columns_and_no_solver_banner():
+    """Through a pipe (no terminal, 80 columns by default) the table keeps every column and
+    planner name whole, and HiGHS prints nothing: a fresh process, since HiGHS's banner comes
+    once per process."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    run = subprocess.run([sys.executable, "-m", "ballast.cli", "simulate", "--cluster", "cpu", "--world", "2",
+                          "--model", "tiny", "--max-len", "4096", "--batch", "64", "--steps", "1",
+                          "--planners", "flexsp,megatron-dynamic-cp,batch-adaptive"],
+                         capture_output=True, text=True, env=env, timeout=300, check=True)
+    assert "HiGHS" not in run.stdout + run.stderr
+    header = next(line for line in run.stdout.splitlines() if "planner" in line)
+    assert [cell.strip() for cell in header.strip("┃ ").split("┃")] == [
+        "planner", "step s", "tokens/s", "vs static", "idle", "x LB", "plan ms", "waves"]
+    assert {"flexsp", "megatron-dynamic-cp", "batch-adaptive"} <= set(re.findall(r"[a-z-]+", run.stdout))

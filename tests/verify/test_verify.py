@@ -7,6 +7,10 @@ import re
 import pytest
 
 from ballast.cli import main
+from ballast.model_shape import ModelShape, get_model_shape
+from ballast.planners import PLANNERS as PLANNERS_ALL, PlannerOptions, get_planner
+from ballast.verify.command import budget
+from ballast.verify.reference import random_batches
 
 PLANNERS = ["static", "ballast"]
 # One step of 6 sequences up to 64 tokens: enough for both planners to lay out a batch that
@@ -40,3 +44,29 @@ def test_verify_fails_when_a_tolerance_is_exceeded(capsys):
 def test_negative_tolerances_are_refused_before_any_rank_starts(capsys):
     assert main([*ARGS, "--grad-tolerance", "-1"]) == 2
     assert "--grad-tolerance and --param-tolerance must be >= 0, got -1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model", ["tiny", "stdit-tiny"])
+@pytest.mark.parametrize("max_len", [1, 2, 8, 16])
+def test_every_planner_plans_at_verifys_budget_for_a_tiny_max_len(model, max_len):
+    """verify's default budget at a tiny --max-len holds less than one token per rank without
+    recomputation (1.2 x half a sequence's checkpointed activations): every planner still lays
+    out valid plans (ballast's packer divided by that zero capacity, flexsp by one rank's)."""
+    shape = get_model_shape(model)
+    cluster, cost = budget(shape, 2, max_len)
+    assert cost.max_tokens(1, 0.0) == 0
+    batches = random_batches(shape, 3, 16, max_len, seed=0)  # verify's defaults
+    for name in PLANNERS_ALL:
+        planner = get_planner(name, cluster, cost, PlannerOptions(max_len=max_len, time_limit=2.0))
+        for batch in batches:
+            planner.plan(batch.planned).validate(cluster, cost)
+
+
+def test_default_budget_holds_max_len_where_the_heads_allow_degree_1_only():
+    """3 heads: no SP degree above 1; the default budget must hold a --max-len sequence on one
+    rank (it held only 0.6 of one: 'at most 153 tokens fit' for --max-len 256)."""
+    shape = ModelShape("three-heads", 2, 96, 3, 3, 192, 256)
+    _, cost = budget(shape, 2, 256)
+    assert cost.degrees == [1]
+    cost.check_fits([256])
+    assert cost.max_tokens(1, 1.0) < 1.3 * 256  # still a budget that needs recomputation

@@ -117,8 +117,10 @@ class GroupPacker:
         cap = self.cost.max_tokens(degree, 0.0)
         # Sequences do not split, so token balance alone may checkpoint at any count: bins of
         # `cap` tokens (best-fit decreasing) are the fewest micro-batches with no recomputation.
+        # A budget may hold no token at all without recomputation (cap 0): then no count avoids
+        # it, and one sequence per micro-batch is the most there is to try.
         unchecked = self.bins(seqs, degree, cap) if lengths[seqs[0]] <= cap else []
-        no_ckpt = max(fewest, math.ceil(tokens / cap), len(unchecked))
+        no_ckpt = max(fewest, math.ceil(tokens / cap), len(unchecked)) if cap else len(seqs)
         # Time against the count is roughly convex (g grows, recomputation shrinks): try the
         # ends, a geometric ladder between them, then the neighbours of the best.
         top = max(fewest, min(no_ckpt, len(seqs)))

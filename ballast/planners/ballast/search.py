@@ -239,12 +239,17 @@ class WaveSearch:
             if after[k] < times[slow] - 1e-12:
                 self._exchange(loads, members, slow, int(mine[k]), int(target[k]), -1)
                 continue
-            # Swaps: s for a t of less work (`_quad`) in another group, where both groups can
-            # hold what they get.
+            # Swaps: s for a t of less work (`quad`) in another group, where both groups can
+            # hold what they get. Alike samples swap alike, so only the first of each kind
+            # (per group) is tried: the same choice, and a batch of thousands of one- and
+            # two-token clips no longer makes the search quadratic.
             owner = np.array([j for j, seqs in enumerate(members) if j != slow for _ in seqs], dtype=np.int64)
             others = np.array([t for j, seqs in enumerate(members) if j != slow for t in seqs], dtype=np.int64)
             if not len(others):
                 return
+            mine = mine[self._first_of_kind(mine)]
+            keep = self._first_of_kind(others, owner)
+            owner, others = owner[keep], others[keep]
             ours, theirs = self._pair(mine[:, None]), self._pair(others[None, :])
             ok = ((self.quad[others][None, :] < self.quad[mine][:, None])
                   & np.isfinite(self.work[rows[slow], others])[None, :]
@@ -267,6 +272,12 @@ class WaveSearch:
                 n, p = float(self.tokens[seq]), float(self.span[seq])
                 loads.move(src, n, p, -1)
                 loads.move(dst, n, p)
+
+    def _first_of_kind(self, ids: np.ndarray, owner: np.ndarray | None = None) -> np.ndarray:
+        """Ascending indices into `ids` of the first sample of each (tokens, span) (and owner):
+        what a swap's effect depends on."""
+        keys = [self.tokens[ids], self.span[ids]] + ([owner] if owner is not None else [])
+        return np.sort(np.unique(np.stack(keys, axis=1), axis=0, return_index=True)[1])
 
     def _pair(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(tokens, span) of samples `ids`, shaped as `ids`: what `GroupEstimates.changed` takes."""
