@@ -210,10 +210,10 @@ class CostModel:
     def _degree_lever(self) -> str:
         """What would allow an SP degree above the largest usable one, for check_fits' message:
         more ranks only where the heads (and a profile's measured degrees) allow the next one."""
-        top = self.degrees[-1]
-        if self.heads % (2 * top):
-            return (f"; no SP degree above {top} is usable, however many ranks: Ulysses shards the model's "
-                    f"{self.heads} attention heads, and {2 * top} does not divide them")
+        top, layout = self.degrees[-1], self.pattern.layout
+        if not layout.allows(2 * top, self.heads):
+            return (f"; no SP degree above {top} is usable, however many ranks: "
+                    f"{layout.why_not(2 * top, self.heads)}")
         if 2 * top > self.world_size:
             return " or the job more ranks"
         return f"; the cost profile measured no SP degree above {top} (profile more ranks)"
