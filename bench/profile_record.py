@@ -1,7 +1,7 @@
 """Record `ballast profile` on this machine: full and quick profiles of the tiny model on 2 gloo
 ranks, the check of random plans against the full one, and a simulate run under it.
 
-    .venv/bin/python bench/profile_record.py [--name tiny] [--statistic median|min] [--device-memory 0.1]
+    .venv/bin/python bench/profile_record.py [--name tiny] [--statistic median|min] [--device-memory-gb 0.1]
                                       [--max-len 4096] [--tokens-per-step 16384] [--quiet-load 1.5]
 
 Writes bench/results/profile-NAME.json (the profile), profile-NAME-quick.json,
@@ -57,7 +57,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--name", default="tiny", help="result files are profile-NAME*")
     parser.add_argument("--statistic", choices=("median", "min"), default="median")
-    parser.add_argument("--device-memory", default="0.1", help="GB per rank the plans must fit")
+    parser.add_argument("--device-memory-gb", default="0.1", help="GB per rank the plans must fit")
     parser.add_argument("--max-len", default="4096", help="longest sequence (stdlib files are split at it)")
     parser.add_argument("--tokens-per-step", default="16384")
     parser.add_argument("--plans", default="30")
@@ -66,7 +66,7 @@ def main() -> int:
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     out = {stage: RESULTS / f"profile-{args.name}{stage}.json" for stage in ("", "-quick", "-check", "-simulate")}
-    common = ["--model", "tiny", "--world", "2", "--device-memory", args.device_memory, "--max-len", args.max_len,
+    common = ["--model", "tiny", "--world", "2", "--device-memory-gb", args.device_memory_gb, "--max-len", args.max_len,
               "--statistic", args.statistic]
     stages = {
         "profile": ["profile", *common, "--out", str(out[""])],

@@ -16,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ..dataset import SYNTAX, VIDEO_DATA_SYNTAX
+from ..options import COST, DEVICE_MEMORY, MAX_LEN, MODEL, WORLD
 from ..output_paths import check_output_file
 from ..planners import parse_planner_names
 from ..value_checks import check_timeout
@@ -29,10 +30,10 @@ HELP = "train every planner side by side on this machine's ranks; measured token
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = BenchSetting()
-    p.add_argument("--model", default=d.model, help="model preset or ModelShape JSON")
+    MODEL.add(p, d.model, "trains every planner on this machine's CPU ranks in minutes")
     p.add_argument("--data", default=d.data, help=f"corpus: {SYNTAX}; clips for video DiTs: {VIDEO_DATA_SYNTAX}")
     p.add_argument("--cache-dir", default=None, help="token cache folder (default: the data pipeline's)")
-    p.add_argument("--world", type=int, default=d.world, help=f"local gloo ranks (default {d.world})")
+    WORLD.add(p, d.world, "the smallest world with sequence parallelism")
     p.add_argument("--planners", default=",".join(ALL_PLANNERS), help="comma-separated planner names, or all")
     p.add_argument("--steps", type=int, default=d.steps, help=f"measured steps (batches) per round (default {d.steps})")
     p.add_argument("--warmup", type=int, default=d.warmup, help=f"unmeasured steps every planner runs first (default {d.warmup})")
@@ -40,12 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"rounds over the measured batches (same plans): their spread is the run-to-run noise "
                         f"(default {d.repeats})")
     p.add_argument("--tokens-per-step", type=int, default=d.tokens_per_step, help=f"token budget of a step (default {d.tokens_per_step})")
-    p.add_argument("--max-len", type=int, default=d.max_len, help=f"longer documents are cut into chunks (default {d.max_len})")
-    p.add_argument("--device-memory-gb", type=float, default=None,
-                   help="memory budget per rank the planners plan for (default: a max-len sequence runs without "
-                        "checkpointing only at SP degree 2)")
-    p.add_argument("--cost", default=d.cost, help="analytic | PROFILE.json from `ballast profile` (the "
-                   "planners' cost model and the predictions')")
+    MAX_LEN.add(p, d.max_len, "longer documents are cut into chunks of it")
+    DEVICE_MEMORY.add(p, None, "a budget at which a max-len sequence runs without checkpointing only at SP "
+                               "degree 2")
+    COST.add(p, d.cost, "the planners' cost model and the predictions the measurements are held against; "
+                        "`ballast profile` measures this machine's")
     p.add_argument("--time-limit", type=float, default=d.time_limit, help=f"seconds per MILP solve, flexsp (default {d.time_limit:g})")
     p.add_argument("--degree", type=int, default=d.degree,
                    help="force the SP degree of static and bucket (default: the least that holds --max-len)")

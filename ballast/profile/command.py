@@ -17,7 +17,7 @@ to the full depth; a few full-depth points then measure how far off the extrapol
 The JSON is CostModel's (source "profiled"), usable wherever a cost model is
 (`ballast simulate --cost profile.json`); its `fit` holds residuals, the grid, every point
 measured vs predicted, the extrapolation check, the machine (with the device and backend the
-ranks measured on) and its load average. The device memory is a setting (`--device-memory`,
+ranks measured on) and its load average. The device memory is a setting (`--device-memory-gb`,
 GB) so that a CPU run can stand in for a GPU's capacity; the report says how many tokens each
 degree holds in it.
 
@@ -40,6 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..cost import CostModel
+from ..options import DEVICE_MEMORY, MAX_LEN, MODEL, WORLD
 from ..patterns import attention_pattern
 from ..model_shape import ModelShape, get_model_shape
 from ..output_paths import check_output_file
@@ -55,20 +56,19 @@ from .profiler import (VIDEO_MAX_TOKENS, Settings, default_depths, default_lengt
 HELP = "measure the real model on this machine's ranks, fit and save the cost model (or --check one)"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="tiny", help="model preset or JSON ModelShape")
-    p.add_argument("--world", type=int, default=None, help="local gloo ranks, a power of two (default 2; "
-                   "--check: the profile's)")
+    MODEL.add(p, "tiny", "profiles on this machine's CPU ranks in minutes")
+    WORLD.add(p, None, "2; --check: the profile's")
     p.add_argument("--lengths", default=None, help="profile: comma-separated grid lengths (default powers of "
                    "two from 128 to --max-len; a video model: token counts of its grid's clips, default --max-len "
                    "and a quarter of it for spatial-temporal attention, powers of two from 256 for full); --check: a length source (default stdlib; a video model: video, scaled "
                    "down to --max-len tokens)")
-    p.add_argument("--max-len", type=int, default=None, help="longest profiled / checked sequence (default 4096; "
-                   f"a video model: {VIDEO_MAX_TOKENS}-token clips, a small grid that profiles in a few minutes on "
-                   "2 CPU ranks; --check: the profile's largest clip)")
+    MAX_LEN.add(p, None, f"4096, the longest profiled sequence; a video model: {VIDEO_MAX_TOKENS}-token "
+                         f"clips, a small grid that profiles in a few minutes on 2 CPU ranks; --check: the "
+                         f"profile's largest clip")
     p.add_argument("--out", default="profile.json", help="where the profile JSON goes")
     p.add_argument("--quick", action="store_true", help="a smaller grid and fewer repeats (a first look)")
-    p.add_argument("--device-memory", type=float, default=None,
-                   help="usable GB per device (default: this machine's RAM / world)")
+    DEVICE_MEMORY.add(p, None, "this machine's RAM / world; it stands in for a GPU's and decides which "
+                               "lengths each degree is profiled at")
     p.add_argument("--depths", default=None, help="reduced depths (blocks) the grid runs at, then "
                    "extrapolated; the full depth, or a larger one, profiles the model as it is (default 1,2; "
                    "2,4 for a spatial-temporal model, whose blocks come in spatial + temporal pairs)")
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     shape = get_model_shape(args.model)
     check_buildable(shape)
     world = args.world or (int(os.environ["WORLD_SIZE"]) if under_torchrun() else 2)
-    memory = args.device_memory * 1e9 if args.device_memory is not None else physical_memory() / world
+    memory = args.device_memory_gb * 1e9 if args.device_memory_gb is not None else physical_memory() / world
     settings = settings_from(args, shape)
     ranks = "torchrun" if under_torchrun() else "local gloo"
     if not under_torchrun() and torch.cuda.is_available():

@@ -105,7 +105,7 @@ def check_states_fit(shape: ModelShape, device_memory: float) -> None:
         raise InfeasibleError(
             f"model {shape.name!r} ({shape.params / 1e6:.1f}M parameters) needs {states / 1e9:.3f} GB of "
             f"states per rank ({STATE_BYTES_PER_PARAM} B per parameter: fp32 weights, gradients and AdamW's "
-            f"two moments), which does not fit --device-memory {device_memory / 1e9:.3f} GB at any SP degree "
+            f"two moments), which does not fit --device-memory-gb {device_memory / 1e9:.3f} GB at any SP degree "
             f"(SP shards activations, not states); give more than {states / 1e9:.3f} GB, or a smaller model")
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Callable
 
 from rich.console import Console
 from rich.measure import Measurement
@@ -19,43 +18,23 @@ from ..dataset.lengths import LENGTH_SYNTAX, get_length_source
 from ..planners import PlannerOptions, parse_planner_names
 from ..gantt import gantt
 from .table import planner_table
-from ..model_shape import MODEL_PRESETS, get_model_shape
+from ..model_shape import get_model_shape
+from ..options import CLUSTER, COST, DEVICE_MEMORY, MAX_LEN, MODEL, WORLD, positive
 from ..output_paths import check_output_file
 from ..samples import tokens
 
 HELP = "plan and simulate steps under several planners; print a table, write JSON"
 
 
-def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
-    """An argparse type: a `kind` above 0. A 0 or negative count, size or limit is refused by
-    name at once, not met later as a ZeroDivisionError or taken for "use the default"."""
-    what = "an integer" if kind is int else "a number"
-
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what} > 0, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be {what} > 0, got {text}")
-        return value
-    return parse
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lengths", default="wikipedia",
                    help=LENGTH_SYNTAX)
-    p.add_argument("--cluster", default="a100-64", help="a100-64 | h100-32 | h200-32 | cpu | FILE.toml/json")
-    p.add_argument("--world", type=positive(int), default=None,
-                   help="world size (required to match; sizes the cpu preset)")
-    p.add_argument("--device-memory-gb", type=positive(float), default=None,
-                   help="usable memory per device, for any cluster or --cost profile (default: the "
-                        "cluster's own; cpu: 4)")
-    p.add_argument("--model", default="gpt-7b",
-                   help=f"{' | '.join(MODEL_PRESETS)} | hf:PATH | FILE.json")
-    p.add_argument("--cost", default="auto",
-                   help="auto | analytic | published | PROFILE.json (auto: published where FlexSP measured it)")
-    p.add_argument("--max-len", type=positive(int), default=393216, help="longest sequence a plan must hold")
+    CLUSTER.add(p, "a100-64", "FlexSP's 8 x 8 A100-40GB, the setting its published profile was measured on")
+    WORLD.add(p, None, "the cluster's own size; it sizes the cpu preset")
+    DEVICE_MEMORY.add(p, None, "the cluster's own; cpu: 4")
+    MODEL.add(p, "gpt-7b", "a model of the GPU clusters simulate prices, FlexSP's GPT-7B")
+    COST.add(p, "auto")
+    MAX_LEN.add(p, 393216, "FlexSP's longest wikipedia sequence; --overlong says what becomes of longer ones")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--batch", type=positive(int), default=None,
                       help="sequences per step (512 when neither this nor --tokens-per-step is given)")

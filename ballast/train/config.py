@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..options import SHARED
+
 from ..value_checks import check_timeout
 
 def _flag(name: str) -> Any:
@@ -30,8 +32,7 @@ def _flag(name: str) -> Any:
 @dataclass
 class ModelConfig:
     model: str = field(default="tiny", metadata=_flag("--model"))
-    """Model preset (gpt-7b, gpt-13b, gpt-30b, llama3-8b, tiny; video DiTs stdit-tiny, dit-tiny), a
-    ModelShape JSON file, or hf:PATH (a Hugging Face causal LM folder)."""
+    """The run's model (`options.MODEL`); tiny trains on this machine's CPU ranks in seconds per step."""
 
 
 @dataclass
@@ -54,8 +55,8 @@ class DataConfig:
     tokens_per_step: int = 8192
     """Token budget of one optimizer step (the global batch)."""
     max_len: int = 1024
-    """Longest sequence; longer documents are cut into chunks of at most this many tokens. A clip
-    over it (in latent patches) is an error: clips are never cut."""
+    """The longest sample (`options.MAX_LEN`): longer documents are cut into chunks of it; a longer
+    clip is an error, clips are never cut."""
 
 
 @dataclass
@@ -63,12 +64,13 @@ class PlannerConfig:
     planner: str = field(default="ballast", metadata=_flag("--planner"))
     """Planner that lays out every step (static, ballast, dcp, flexsp, ...)."""
     cost: str = "analytic"
-    """Cost model: `analytic` (from the model shape and cluster) or a `ballast profile` JSON."""
+    """The planner's cost model (`options.COST`); analytic figures until `ballast profile` measures
+    the machine."""
     cluster: str = "cpu"
-    """Cluster preset or TOML/JSON file; `cpu` takes the world size."""
+    """The cluster (`options.CLUSTER`); cpu: one node of the run's ranks."""
     device_memory_gb: float | None = None
-    """Memory budget per rank the planner plans for, in GB, whatever the cluster or --cost profile;
-    unset: the cluster's own (cpu: 4) or the profile's."""
+    """The budget per rank plans must fit (`options.DEVICE_MEMORY`); unset: the cluster's own (cpu: 4)
+    or the profile's."""
     plan_ahead: bool = True
     """Plan step k+1 in a background thread on rank 0 while step k trains."""
     degree: int | None = None
@@ -117,7 +119,8 @@ class RunConfig:
     seed: int = 0
     """Seeds the model's initial weights and the data order."""
     world: int | None = None
-    """Local gloo ranks to spawn (default 2); under torchrun its WORLD_SIZE, which this must match if set."""
+    """The run's ranks (`options.WORLD`): spawned locally (2 when unset), or under torchrun its
+    WORLD_SIZE, which this must match if set."""
     out_dir: str = "runs/train"
     """Run folder: config.toml, metrics.jsonl, checkpoints/, report/, and for an hf:PATH model
     hf-model/ (the trained model as a Hugging Face folder)."""
@@ -283,12 +286,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         docs = field_docs(cls)
         for f in dataclasses.fields(cls):
             kind = _scalar_type(cls, f.name)
-            common = {"dest": f"{section}.{f.name}", "default": argparse.SUPPRESS,
-                      "help": f"{docs[f.name]} (default: {f.default})"}
+            flag = _flag_of(f)
+            # A flag other commands share keeps their meaning; its field's docstring says why
+            # train's default suits a run.
+            text = SHARED[flag].help(f.default, docs[f.name]) if flag in SHARED else f"{docs[f.name]} (default: {f.default})"
+            common = {"dest": f"{section}.{f.name}", "default": argparse.SUPPRESS, "help": text}
             if kind is bool:
-                group.add_argument(_flag_of(f), action=argparse.BooleanOptionalAction, **common)
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, **common)
             else:
-                group.add_argument(_flag_of(f), type=kind, metavar={int: "N", float: "X"}.get(kind, "TEXT"), **common)
+                group.add_argument(flag, type=kind, metavar={int: "N", float: "X"}.get(kind, "TEXT"), **common)
 
 
 def from_args(args: argparse.Namespace) -> TrainConfig:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 
 from ..cluster import Cluster, get_cluster
+from ..options import DEVICE_MEMORY, MAX_LEN, MODEL, WORLD
 from ..cost import CostModel
 from ..model_shape import ModelShape, get_model_shape
 from ..plans import Plan
@@ -56,16 +57,16 @@ def budget(shape: ModelShape, world: int, max_len: int, device_memory_gb: float 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--world", type=int, default=2, help="local gloo ranks (a power of two)")
+    WORLD.add(parser, 2, "the smallest world with sequence parallelism")
     parser.add_argument("--planners", default="all", help="`all` or a comma-separated list")
-    parser.add_argument("--model", default="tiny", help="model preset or JSON file")
+    MODEL.add(parser, "tiny", "verifies every planner on this machine's CPU ranks in seconds")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per planner")
     parser.add_argument("--batch", type=int, default=16, help="sequences per step")
-    parser.add_argument("--max-len", type=int, default=256, help="longest sequence")
-    parser.add_argument("--device-memory-gb", type=float, default=None,
-                        help="memory per rank the planners plan for; default: the longest sequences "
-                             "need SP degree 2 or more even with every layer recomputed, shorter ones "
-                             "fit one rank with some recomputation, so plans exercise both")
+    MAX_LEN.add(parser, 256, "the random batches' longest sequence: short enough that one process "
+                             "runs the reference of every step in a second")
+    DEVICE_MEMORY.add(parser, None, "a budget at which the longest sequences need the largest SP degree "
+                                    "the heads allow even with every layer recomputed, and shorter ones fit "
+                                    "one rank with some recomputation, so plans exercise both")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--zero1", action="store_true", help="shard optimizer state (ZeRO-1)")

@@ -206,7 +206,7 @@ CASES = [
     ("profile --world 3", 2, "power of two"),
     ("profile --model nosuch", 2, "unknown model 'nosuch'"),
     ("profile --check /no/such/profile.json", 2, "/no/such/profile.json"),
-    ("profile --device-memory 0.000001", 2, "--device-memory"),
+    ("profile --device-memory-gb 0.000001", 2, "--device-memory-gb"),
     # bench
     ("bench --planners nosuch", 2, "unknown planner"),
     ("bench --data nosuch:x", 2, "nosuch:x"),

@@ -163,10 +163,10 @@ def test_profile_json_round_trips_and_plans_with_every_planner(tmp_path):
 
 
 def test_model_that_fits_no_degree_is_a_clear_error(capsys):
-    with pytest.raises(InfeasibleError, match="does not fit --device-memory 1.000 GB at any SP degree"):
+    with pytest.raises(InfeasibleError, match="does not fit --device-memory-gb 1.000 GB at any SP degree"):
         check_states_fit(get_model_shape("gpt-7b"), 1e9)
     # The command line says so before it spawns any rank.
-    assert main(["profile", "--model", "gpt-7b", "--device-memory", "1"]) == 2
+    assert main(["profile", "--model", "gpt-7b", "--device-memory-gb", "1"]) == 2
     assert "give more than" in capsys.readouterr().err
     with pytest.raises(InfeasibleError):
         TRUE.cost_model(TINY, 2, device_memory=1e6, states=state_bytes(TINY))

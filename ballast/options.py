@@ -1,0 +1,73 @@
+"""The options several commands share, each defined once with one meaning.
+
+`--model`, `--max-len`, `--cluster`, `--world`, `--cost` and `--device-memory-gb` mean the same
+in `simulate`, `verify`, `profile`, `bench` and `train`: each command adds an option with
+`SharedOption.add` (argparse) or, for `train`'s config fields, `SharedOption.help`, giving its
+own default and why that default suits it. Only defaults differ between commands.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .model_shape import MODEL_PRESETS
+
+
+def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    """An argparse type: a `kind` above 0. A 0 or negative count, size or limit is refused by
+    name at once, not met later as a ZeroDivisionError or taken for "use the default"."""
+    what = "an integer" if kind is int else "a number"
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} > 0, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be {what} > 0, got {text}")
+        return value
+    return parse
+
+
+@dataclass(frozen=True)
+class SharedOption:
+    """A flag with one meaning across the commands."""
+
+    flag: str
+    meaning: str
+    type: Callable[[str], Any]
+    metavar: str
+
+    def help(self, default: Any, why: str = "") -> str:
+        """The flag's help: its meaning, then this command's default and why it suits it."""
+        if default is None:
+            return f"{self.meaning} (default: {why or 'unset'})"
+        return f"{self.meaning} (default: {default}{'; ' + why if why else ''})"
+
+    def add(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: Any, why: str = "",
+            **kwargs: Any) -> None:
+        parser.add_argument(self.flag, type=self.type, default=default, metavar=self.metavar,
+                            help=self.help(default, why), **kwargs)
+
+
+MODEL = SharedOption(
+    "--model", f"the model: a preset ({', '.join(MODEL_PRESETS)}), hf:PATH (a Hugging Face causal LM "
+               f"folder) or a .json file with ModelShape's fields", str, "MODEL")
+MAX_LEN = SharedOption(
+    "--max-len", "the longest sample a step holds, in tokens (a clip: its latent patches); every plan "
+                 "must hold it", positive(int), "N")
+CLUSTER = SharedOption(
+    "--cluster", "the cluster: a preset (a100-64, h100-32, h200-32, any a100-N / h100-N / h200-N, cpu: "
+                 "one node of --world ranks) or a .toml/.json file with Cluster's fields", str, "CLUSTER")
+WORLD = SharedOption(
+    "--world", "ranks: the local gloo ranks a command spawns (a power of two), or the cluster size a "
+               "simulation must match", positive(int), "N")
+COST = SharedOption(
+    "--cost", "the cost model: analytic (from the model shape and the cluster), published (FlexSP's "
+              "GPT profile on A100s), auto (published where FlexSP measured the model and cluster, else "
+              "analytic) or a `ballast profile` JSON", str, "COST")
+DEVICE_MEMORY = SharedOption(
+    "--device-memory-gb", "usable memory per device in GB that plans must fit, on any cluster and over a "
+                          "--cost profile's", positive(float), "GB")
+SHARED = {option.flag: option for option in (MODEL, MAX_LEN, CLUSTER, WORLD, COST, DEVICE_MEMORY)}
