@@ -4,7 +4,11 @@ A restructuring that must not change behaviour runs this before and after and co
 two JSON files: equal digests mean byte-identical plans (`Plan.to_json`) and lower bounds.
 flexsp is left out: it stops its MILPs at a wall clock, so its plans vary run to run.
 
-    python bench/plan_digests.py OUT.json [SETTING ...]     (settings: A B C V1 V2 V3)
+    python bench/plan_digests.py OUT.json [SETTING ...] [--against BEFORE.json]
+    (settings: A B C V1 V2 V3 and V1-V3-as-lengths; --against names every plan that differs
+    and exits 1 if one does)
+
+bench/results/plan-digests.json is the record of the last restructuring's check.
 """
 from __future__ import annotations
 
@@ -75,6 +79,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out")
     p.add_argument("settings", nargs="*", default=list(SETTINGS))
+    p.add_argument("--against", default=None, help="digests recorded before the change")
     args = p.parse_args()
     result = {}
     for name in args.settings:
@@ -82,6 +87,22 @@ def main() -> None:
         result[name] = setting_digests(SETTINGS[name])
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
+    if args.against:
+        differ = differences(json.load(open(args.against)), result)
+        print("\n".join(differ) or f"every plan and lower bound identical to {args.against}")
+        sys.exit(1 if differ else 0)
+
+
+def differences(before: dict, after: dict) -> list[str]:
+    """The settings' lower bounds and planners' plans that differ between two records."""
+    out = []
+    for name in before.keys() & after.keys():
+        if before[name]["lower_bounds"] != after[name]["lower_bounds"]:
+            out.append(f"{name}: lower bounds differ")
+        for planner, digests in before[name]["planners"].items():
+            if digests["plans"] != after[name]["planners"].get(planner, {}).get("plans"):
+                out.append(f"{name}: {planner}'s plans differ")
+    return out
 
 
 if __name__ == "__main__":
