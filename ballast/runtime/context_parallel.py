@@ -118,6 +118,8 @@ def _chunk_attention(q: Tensor, k: Tensor, v: Tensor, shard: ContextShard) -> Te
     those up to the chunk's last position (causal)."""
     causal = shard.pattern.causal
     chunks = shard.chunks_of(shard.index)
+    if not chunks:
+        return q.clone()  # no rows: still in the graph, so backward runs the reduce-scatter
     # A causal chunk [a, b) of a sequence starting at s reads keys [s, b); bidirectional, the
     # whole sequence.
     ends = {a: b for a, b in zip(shard.bounds, shard.bounds[1:])}
@@ -140,7 +142,7 @@ def _chunk_attention(q: Tensor, k: Tensor, v: Tensor, shard: ContextShard) -> Te
         rows = slice(row, row + b - a)
         out.append(_chunk_sdpa(q[rows], k[s:e], v[s:e], shard.positions[rows], causal))
         row += b - a
-    return torch.cat(out) if out else q.clone()  # no rows: still in the graph, zero gradients
+    return torch.cat(out)
 
 
 class ContextParallelAttention(torch.autograd.Function):

@@ -37,7 +37,7 @@ def test_every_token_held_once_in_balanced_chunks(lengths, degree, causal):
     held = torch.cat([s.held for s in shards])
     assert sorted(held.tolist()) == list(range(bounds[-1]))
     whole = PackedStream.from_lengths(lengths).positions
-    for j, shard in enumerate(shards):
+    for shard in shards:
         assert torch.equal(shard.positions, whole[shard.held])
         assert shard.sizes == tuple(len(s.held) for s in shards)
     pieces = 2 * degree if causal else degree
