@@ -9,8 +9,12 @@ attention, with the one degree rule of each.
               columns per rank where they balance, one hidden-state exchange per switch; a block
               whose frames or columns cannot balance falls back to ULYSSES, so its degree rule
               is Ulysses'.
+    CONTEXT   context parallelism (`runtime/context_parallel.py`): every sequence cut into 2c
+              head-tail chunks (c for bidirectional attention) over the c ranks, K and V
+              all-gathered for attention; no head constraint, any power-of-two degree. Not yet
+              taken by the plan contract, the executor, the cost model or the planners.
 
-A rank of either holds ceil(tokens / d) of a micro-batch's tokens, the share the cost model's
+A rank of ULYSSES or VIDEO_2D holds ceil(tokens / d) of a micro-batch's tokens, the share the cost model's
 memory prices. Remap domains (`remap.py`) keep each group's layout for attention and add a
 token-balanced one for the rest. The cost model (`CostModel.degrees`, `exchange_bytes`),
 `Plan.validate`, the planners' forced degree and the runtime ask `Layout.check` or
@@ -73,3 +77,26 @@ class Layout:
 
 ULYSSES = Layout("ulysses", "contiguous shards; all-to-all q, k, v to head shards and the output back")
 VIDEO_2D = Layout("video-2d", "whole frames or patch columns per rank where they balance, else Ulysses")
+
+
+class ContextLayout(Layout):
+    """Context parallelism's layout: the degree rule is any power of two, whatever the heads."""
+
+    def allows(self, degree: int, heads: int) -> bool:
+        return degree >= 1 and degree & (degree - 1) == 0
+
+    def why_not(self, degree: int, heads: int) -> str | None:
+        if self.allows(degree, heads):
+            return None
+        return f"CP degree {degree} is not a power of two: the {self.name} layout cuts sequences in 2 x degree chunks"
+
+    def kv_exchange_bytes(self, kv_heads: int, head_dim: int, tokens: int, degree: int,
+                       element_bytes: int) -> float:
+        """Bytes one rank receives per layer and training pass for a micro-batch of `tokens`:
+        K and V (2 x kv_heads x head_dim per token) of the other ranks' (c-1)/c of the tokens in
+        the forward all-gather, and as much again in the backward reduce-scatter of dK and dV."""
+        per_pass = 2 * kv_heads * head_dim * element_bytes * tokens * (degree - 1) / degree
+        return 2 * per_pass
+
+
+CONTEXT = ContextLayout("context", "each sequence in 2c head-tail chunks; K and V all-gathered, dK and dV reduce-scattered")

@@ -1,0 +1,184 @@
+"""Context-parallel (CP) attention over a packed varlen stream (Llama 3's context parallelism).
+
+Each rank of a CP group of degree c holds chunks of every sequence (`context_shard.py`: head-tail
+pairs for causal attention) with all heads. Attention gathers K and V over the group, so every
+rank has every sequence's keys, and attends its own queries to them under each document's mask
+with the queries' global positions: a causal query at position p sees its sequence's keys at
+positions <= p. Only kv heads travel, which grouped-query attention makes cheap
+(`layouts.CONTEXT.kv_exchange_bytes`). Not yet wired into the plan contract, the executor, the cost
+model or the planners.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+from torch.distributed import ProcessGroup
+
+from ..models.kernels import attention_kernel, flash_attn_varlen_func
+from ..models.protocol import PackedStream
+from ..patterns import CAUSAL, SAMPLE, Span
+from ..samples import Sample
+from .context_shard import held_chunks, held_indices
+
+Chunks = tuple[tuple[int, int, int], ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContextShard(PackedStream):
+    """This rank's chunks of a packed text stream that a CP group shares (`held_chunks`).
+
+    `positions` holds the rotary positions of this rank's rows only; `bounds` describes the
+    whole stream."""
+
+    group: ProcessGroup | None
+    degree: int
+    index: int
+    causal_balance: bool
+    """Whether the chunks were cut for causal work (2c head-tail chunks) or bidirectional (c)."""
+
+    @classmethod
+    def create(cls, samples: list[Sample], group: ProcessGroup | None, degree: int, index: int,
+               device: torch.device | str | None = None, pattern: Span = CAUSAL) -> ContextShard:
+        """The index-th CP shard of the stream of these text samples, balanced for `pattern`."""
+        if any(isinstance(x, tuple) for x in samples):
+            raise ValueError("context parallelism shards text streams only; video clips use the video-2d layout")
+        whole = PackedStream.of(samples, device)
+        held = held_indices(held_chunks(whole.bounds, degree, index, pattern.causal)).to(whole.positions.device)
+        return cls(whole.bounds, whole.positions[held], pattern=pattern, group=group, degree=degree,
+                   index=index, causal_balance=pattern.causal)
+
+    def chunks_of(self, index: int) -> Chunks:
+        """Rank `index`'s chunks: (sequence start, chunk start, chunk end) in the stream."""
+        return held_chunks(self.bounds, self.degree, index, self.causal_balance)
+
+    @functools.cached_property
+    def held(self) -> Tensor:
+        """The stream indices of this rank's rows, in row order."""
+        return held_indices(self.chunks_of(self.index)).to(self.positions.device)
+
+    @functools.cached_property
+    def sizes(self) -> tuple[int, ...]:
+        """Rows every rank of the group holds."""
+        return tuple(sum(b - a for _, a, b in self.chunks_of(i)) for i in range(self.degree))
+
+    @functools.cached_property
+    def gathered(self) -> Tensor:
+        """The stream indices of every rank's rows, rank after rank (the order a gather receives)."""
+        return torch.cat([held_indices(self.chunks_of(i)) for i in range(self.degree)]).to(self.positions.device)
+
+    @functools.cached_property
+    def gathered_order(self) -> Tensor:
+        """Where each stream token sits among the gathered rows: `gathered`'s inverse."""
+        return torch.empty_like(self.gathered).index_copy_(
+            0, self.gathered, torch.arange(len(self.gathered), device=self.gathered.device))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return context_parallel_attention(q, k, v, self)
+
+
+def _gather(x: Tensor, shard: ContextShard) -> Tensor:
+    """Every rank's rows of `x`, in stream order: an all-gather with uneven sizes, as one
+    all-to-all whose pieces are all this rank's rows (no padding rows to leak)."""
+    rows = shard.sizes[shard.index]
+    received = x.new_empty(sum(shard.sizes), *x.shape[1:])
+    dist.all_to_all_single(received, x.repeat(shard.degree, *[1] * (x.dim() - 1)),
+                           output_split_sizes=list(shard.sizes), input_split_sizes=[rows] * shard.degree,
+                           group=shard.group)
+    return received.index_select(0, shard.gathered_order)
+
+
+def _reduce_scatter(grad: Tensor, shard: ContextShard) -> Tensor:
+    """The adjoint of `_gather`: the sum over ranks of each rank's gradient for this rank's rows."""
+    by_rank = grad.index_select(0, shard.gathered)
+    rows = shard.sizes[shard.index]
+    received = grad.new_empty(shard.degree * rows, *grad.shape[1:])
+    dist.all_to_all_single(received, by_rank.contiguous(), output_split_sizes=[rows] * shard.degree,
+                           input_split_sizes=list(shard.sizes), group=shard.group)
+    return received.view(shard.degree, rows, *grad.shape[1:]).sum(0)
+
+
+def _chunk_sdpa(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, causal: bool) -> Tensor:
+    """One chunk's queries [m, H, hd] against its sequence's keys [L, kv, hd] (CPU path): an
+    explicit mask, since a chunk's causal diagonal is offset by its start (bottom-right for the
+    keys it may see, not SDPA's top-left)."""
+    mask = torch.arange(k.shape[0], device=q.device) <= q_pos[:, None] if causal else None
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                         attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
+    return out.transpose(0, 1)
+
+
+def _chunk_attention(q: Tensor, k: Tensor, v: Tensor, shard: ContextShard) -> Tensor:
+    """This rank's queries [rows, H, hd] against the whole stream's keys and values
+    [tokens, kv, hd]: each chunk attends its sequence's keys, all of them (bidirectional) or
+    those up to the chunk's last position (causal)."""
+    causal = shard.pattern.causal
+    chunks = shard.chunks_of(shard.index)
+    if not chunks:
+        return q.clone()  # no rows: still in the graph, so backward runs the reduce-scatter
+    # A causal chunk [a, b) of a sequence starting at s reads keys [s, b); bidirectional, the
+    # whole sequence.
+    ends = {a: b for a, b in zip(shard.bounds, shard.bounds[1:])}
+    keys = [(s, b if causal else ends[s]) for s, _, b in chunks]
+    if attention_kernel(q, k, v) == "flash-attn":
+        # CUDA path, untested here (no GPU): one varlen call with separate query and key
+        # cu_seqlens. flash-attn aligns the causal diagonal bottom-right, so each chunk is its
+        # own query "sequence" whose key sequence ends at the chunk's last token: query i of
+        # chunk [a, b) then sees keys up to a + i, its global position. A rank's head and tail
+        # chunks of one document are separate entries (their key prefixes differ), and the
+        # prefixes are copied into one packed key buffer, as cu_seqlens_k must not overlap.
+        index = torch.cat([torch.arange(s, e, device=q.device) for s, e in keys])
+        q_lens = torch.tensor([0] + [b - a for _, a, b in chunks], device=q.device)
+        k_lens = torch.tensor([0] + [e - s for s, e in keys], device=q.device)
+        return flash_attn_varlen_func(q, k.index_select(0, index), v.index_select(0, index),
+                                      q_lens.cumsum(0).to(torch.int32), k_lens.cumsum(0).to(torch.int32),
+                                      int(q_lens.max()), int(k_lens.max()), causal=causal)
+    out, row = [], 0
+    for (s, a, b), (_, e) in zip(chunks, keys):
+        rows = slice(row, row + b - a)
+        out.append(_chunk_sdpa(q[rows], k[s:e], v[s:e], shard.positions[rows], causal))
+        row += b - a
+    return torch.cat(out)
+
+
+class ContextParallelAttention(torch.autograd.Function):
+    """Llama 3's context-parallel attention for one CP rank.
+
+    Forward:  one all-gather of K and V together over the CP group (uneven shard sizes, as an
+              all-to-all without padding), then this rank's queries against the gathered keys.
+    Backward: the local attention's gradients, then one reduce-scatter of dK and dV together
+              (each rank's gradient for the keys another rank owns, summed at the owner).
+    Every rank runs both collectives, including one that holds no token of the micro-batch
+    (its gradients are zero)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, shard: ContextShard) -> Tensor:
+        kv_heads = k.shape[1]
+        kv = _gather(torch.cat([k, v], dim=1), shard)
+        with torch.enable_grad():
+            q_ = q.detach().requires_grad_()
+            kv_ = kv.detach().requires_grad_()
+            out = _chunk_attention(q_, kv_[:, :kv_heads], kv_[:, kv_heads:], shard)
+        ctx.graph, ctx.shard, ctx.kv_heads = (q_, kv_, out), shard, kv_heads
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+        q_, kv_, out = ctx.graph
+        dq, dkv = torch.autograd.grad(out, (q_, kv_), grad, allow_unused=True, materialize_grads=True)
+        dkv = _reduce_scatter(dkv, ctx.shard)
+        return dq, dkv[:, :ctx.kv_heads], dkv[:, ctx.kv_heads:], None
+
+
+def context_parallel_attention(q: Tensor, k: Tensor, v: Tensor, shard: ContextShard) -> Tensor:
+    """Attention of `shard.pattern` (causal or full, inside every sequence) for this CP rank's
+    rows: q [rows, heads, hd], k and v [rows, kv heads, hd] (see `ContextParallelAttention`)."""
+    if shard.pattern.within != SAMPLE:
+        raise ValueError(f"context-parallel attention runs whole-sequence patterns (causal, full), "
+                         f"not {shard.pattern.name}")
+    assert q.shape[0] == shard.sizes[shard.index], (q.shape, shard.sizes, shard.index)
+    return ContextParallelAttention.apply(q, k, v, shard)

@@ -1,0 +1,143 @@
+"""Context-parallel attention: the head-tail sharding, and attention on 2 and 4 gloo ranks
+against one process running each sequence alone."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ballast.layouts import CONTEXT, ULYSSES
+from ballast.models import PackedStream, varlen_attention
+from ballast.models.kernels import flash_attn_varlen_func
+from ballast.patterns import CAUSAL, FULL, SPATIAL
+from ballast.runtime import ProcessGroups, run_local
+from ballast.runtime.context_parallel import ContextShard, _chunk_attention
+from ballast.runtime.context_shard import held_chunks
+
+# Sequences shorter than 2c (1, 3 tokens), lengths 2c does not divide (5, 7, 9), a single
+# token, and one that is long enough for every chunk.
+STREAMS = [[5, 1, 9, 3], [1], [7, 16]]
+HEADS, HEAD_DIM = 4, 8
+KV_HEADS = (4, 2)  # MHA and GQA
+# fp32: each output is a softmax-weighted mean of at most 16 unit-variance values; a CP rank runs
+# the same per-query dot products as one process over the same keys, with masked keys instead
+# of absent ones (exact zeros after softmax), so only summation order differs: a few ulps.
+RTOL, ATOL = 1e-5, 1e-6
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=6), st.sampled_from([1, 2, 4, 8]), st.booleans())
+def test_every_token_held_once_in_balanced_chunks(lengths, degree, causal):
+    bounds = PackedStream.from_lengths(lengths).bounds
+    pattern = CAUSAL if causal else FULL
+    shards = [ContextShard.create(lengths, None, degree, j, pattern=pattern) for j in range(degree)]
+    held = torch.cat([s.held for s in shards])
+    assert sorted(held.tolist()) == list(range(bounds[-1]))
+    whole = PackedStream.from_lengths(lengths).positions
+    for shard in shards:
+        assert torch.equal(shard.positions, whole[shard.held])
+        assert shard.sizes == tuple(len(s.held) for s in shards)
+    pieces = 2 * degree if causal else degree
+    for start, end in zip(bounds, bounds[1:]):
+        # Chunks of one sequence differ by at most a token; rank j holds chunks j and 2c-1-j.
+        sizes = [sum(b - a for s, a, b in held_chunks(bounds, degree, j, causal) if s == start)
+                 for j in range(degree)]
+        base, extra = divmod(end - start, pieces)
+        for j, size in enumerate(sizes):
+            mine = (j, pieces - 1 - j) if causal else (j,)
+            assert size == sum(base + (p < extra) for p in mine)
+
+
+def test_head_tail_pairs():
+    # 16 tokens over c = 2: chunks of 4, rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2.
+    assert held_chunks((0, 16), 2, 0, True) == ((0, 0, 4), (0, 12, 16))
+    assert held_chunks((0, 16), 2, 1, True) == ((0, 4, 8), (0, 8, 12))
+    assert held_chunks((0, 16), 2, 1, False) == ((0, 8, 16),)
+
+
+def test_context_layout_rule_and_bytes():
+    assert CONTEXT.allows(8, 28) and not ULYSSES.allows(8, 28)
+    with pytest.raises(ValueError, match="CP degree 6 is not a power of two"):
+        CONTEXT.check(6, 8)
+    # 2 kv heads x 8 dims x 4 bytes x 100 tokens x 3/4, for K and V, forward and backward.
+    assert CONTEXT.kv_exchange_bytes(2, 8, 100, 4, 4) == 2 * 2 * (2 * 8 * 4 * 100 * 3 / 4)
+
+
+def test_video_and_frame_patterns_are_value_errors():
+    with pytest.raises(ValueError, match="text streams only"):
+        ContextShard.create([(2, 2, 2)], None, 2, 0)
+    shard = ContextShard.create([4], None, 1, 0, pattern=SPATIAL)
+    with pytest.raises(ValueError, match="not spatial"):
+        shard.attend(*(torch.zeros(4, 1, 2) for _ in range(3)))
+
+
+@pytest.mark.skipif(flash_attn_varlen_func is None or not torch.cuda.is_available(),
+                    reason="the flash-attn varlen path needs a CUDA GPU with flash-attn installed")
+def test_flash_attn_chunks_match_one_process():  # pragma: no cover - no GPU on the CI machine
+    # Each held chunk is its own query sequence against its key prefix (bottom-right causal).
+    lengths = [5, 1, 9, 3, 16]
+    q, k, v, _ = _inputs(lengths, 2)
+    expected = varlen_attention(q, k, v, PackedStream.from_lengths(lengths).bounds)
+    for j in range(2):
+        shard = ContextShard.create(lengths, None, 2, j, device="cuda")
+        q_, k_, v_ = (t.to("cuda", torch.bfloat16) for t in (q[shard.held], k, v))
+        got = _chunk_attention(q_, k_, v_, shard).float().cpu()
+        torch.testing.assert_close(got, expected[shard.held], rtol=2e-2, atol=2e-2)  # bf16: 8 bits
+
+
+def _inputs(lengths, kv_heads):
+    generator = torch.Generator().manual_seed(sum(lengths) * 10 + kv_heads)
+    n = sum(lengths)
+    shapes = [(n, HEADS, HEAD_DIM), (n, kv_heads, HEAD_DIM), (n, kv_heads, HEAD_DIM), (n, HEADS, HEAD_DIM)]
+    return tuple(torch.randn(s, generator=generator) for s in shapes)
+
+
+def _worker(degrees):
+    torch.set_num_threads(1)
+    groups, rank, results = ProcessGroups(), dist.get_rank(), []
+    for degree in degrees:
+        start = rank // degree * degree
+        for lengths in STREAMS:
+            for kv_heads in KV_HEADS:
+                for pattern in (CAUSAL, FULL):
+                    q, k, v, grad_out = _inputs(lengths, kv_heads)
+                    shard = ContextShard.create(lengths, groups.get(start, degree), degree, rank - start,
+                                                pattern=pattern)
+                    local = [t[shard.held].clone().requires_grad_() for t in (q, k, v)]
+                    output = shard.attend(*local)
+                    (output * grad_out[shard.held]).sum().backward()
+                    results.append((degree, tuple(lengths), kv_heads, pattern.name, shard.held,
+                                    output.detach(), [t.grad for t in local]))
+    return results
+
+
+def _check(ranks, degrees):
+    checked, empty = set(), 0
+    for results in ranks:
+        for degree, lengths, kv_heads, name, held, output, grads in results:
+            q, k, v, grad_out = (t.clone().requires_grad_() for t in _inputs(list(lengths), kv_heads))
+            expected = varlen_attention(q, k, v, PackedStream.from_lengths(lengths).bounds, causal=name == "causal")
+            (expected * grad_out).sum().backward()
+            torch.testing.assert_close(output, expected[held], rtol=RTOL, atol=ATOL)
+            for got, want in zip(grads, (q.grad, k.grad, v.grad)):
+                # An empty shard (the 1-token stream on c >= 2) gets empty, i.e. zero, gradients.
+                torch.testing.assert_close(got, want[held], rtol=RTOL, atol=ATOL)
+            checked.add((degree, lengths, kv_heads, name))
+            empty += len(held) == 0
+    # The 1-token stream leaves c - 1 ranks empty: they ran the collectives (or their peers
+    # would have hung) and returned their (empty) gradients.
+    assert empty > 0
+    assert len(checked) == len(degrees) * len(STREAMS) * len(KV_HEADS) * 2
+
+
+@pytest.mark.slow
+def test_context_parallel_attention_on_2_ranks_matches_one_process():
+    _check(run_local(2, _worker, (2,), timeout=240), (2,))
+
+
+@pytest.mark.slow
+def test_context_parallel_attention_on_4_ranks_matches_one_process():
+    _check(run_local(4, _worker, (2, 4), timeout=240), (2, 4))
