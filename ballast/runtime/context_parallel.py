@@ -21,7 +21,7 @@ from torch.distributed import ProcessGroup
 
 from ..models.kernels import attention_kernel, flash_attn_varlen_func
 from ..models.protocol import PackedStream
-from ..patterns import CAUSAL, SAMPLE, Span
+from ..patterns import CAUSAL, Span
 from ..samples import Sample
 from .context_shard import held_chunks, held_indices
 
@@ -177,7 +177,7 @@ class ContextParallelAttention(torch.autograd.Function):
 def context_parallel_attention(q: Tensor, k: Tensor, v: Tensor, shard: ContextShard) -> Tensor:
     """Attention of `shard.pattern` (causal or full, inside every sequence) for this CP rank's
     rows: q [rows, heads, hd], k and v [rows, kv heads, hd] (see `ContextParallelAttention`)."""
-    if shard.pattern.within != SAMPLE:
+    if not shard.pattern.whole_sample:
         raise ValueError(f"context-parallel attention runs whole-sequence patterns (causal, full), "
                          f"not {shard.pattern.name}")
     assert q.shape[0] == shard.sizes[shard.index], (q.shape, shard.sizes, shard.index)
