@@ -222,7 +222,7 @@ class CostModel:
     def exchange_bytes(self, degree: int) -> float:
         """Bytes one token contributes to a micro-batch's all-to-alls at SP degree `degree`:
         `bytes_per_token` with the kv heads replicated as the runtime does where the degree does
-        not divide them (`layouts.Layout.exchange_bytes`)."""
+        not divide them (`layouts.HeadLayout.exchange_bytes`)."""
         return self.pattern.layout.exchange_bytes(self.bytes_per_token, self.heads, self.kv_heads, degree)
 
     def comm_per_token(self, degree: int) -> float:

@@ -15,7 +15,7 @@ attention, with the one degree rule of each.
               taken by the plan contract, the executor, the cost model or the planners.
 
 A rank of ULYSSES or VIDEO_2D holds ceil(tokens / d) of a micro-batch's tokens, the share the cost model's
-memory prices. Remap domains (`remap.py`) keep each group's layout for attention and add a
+memory prices. Remap domains (`remapping.py`, `runtime/remap.py`) keep each group's layout for attention and add a
 token-balanced one for the rest. The cost model (`CostModel.degrees`, `exchange_bytes`),
 `Plan.validate`, the planners' forced degree and the runtime ask `Layout.check` or
 `Layout.allows`; nothing else re-derives the rule. `patterns.AttentionPattern.layout` names the
@@ -24,32 +24,43 @@ layout of a model's groups; the runtime keeps the table from layout to shard cla
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class Layout:
-    """A group's attention layout over its ranks."""
+class Layout(ABC):
+    """A group's attention layout over its ranks; its degree rule is `why_not`."""
 
     name: str
     description: str
 
-    def allows(self, degree: int, heads: int) -> bool:
-        """Whether a group of `degree` ranks can run a model of `heads` query heads in this
-        layout: the degree divides the heads (Ulysses shards heads, and 2D SP falls back to it)."""
-        return heads % degree == 0
-
+    @abstractmethod
     def why_not(self, degree: int, heads: int) -> str | None:
-        """Why a group of `degree` ranks cannot run `heads` query heads, or None."""
-        if self.allows(degree, heads):
-            return None
-        return (f"SP degree {degree} does not divide the attention heads ({heads}): the {self.name} layout "
-                f"shards the heads over the group's {degree} ranks")
+        """Why a group of `degree` ranks cannot run a model of `heads` query heads in this
+        layout, or None."""
+
+    def allows(self, degree: int, heads: int) -> bool:
+        return self.why_not(degree, heads) is None
 
     def check(self, degree: int, heads: int, what: str = "") -> None:
         """Raise ValueError (prefixed by `what`) unless `allows`."""
         if (why := self.why_not(degree, heads)) is not None:
             raise ValueError(f"{what}: {why}" if what else why)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class HeadLayout(Layout):
+    """A layout whose attention shards the heads over the group (Ulysses; 2D SP falls back to
+    it): the degree must divide the heads, and kv heads it does not divide are replicated."""
+
+    def why_not(self, degree: int, heads: int) -> str | None:
+        if heads % degree == 0:
+            return None
+        return (f"SP degree {degree} does not divide the attention heads ({heads}): the {self.name} layout "
+                f"shards the heads over the group's {degree} ranks")
 
     @staticmethod
     def exchanged_kv_heads(kv_heads: int, degree: int) -> int:
@@ -71,22 +82,16 @@ class Layout:
             return bytes_per_token
         return bytes_per_token * (heads + kv) / (heads + kv_heads)
 
-    def __repr__(self) -> str:
-        return self.name
 
-
-ULYSSES = Layout("ulysses", "contiguous shards; all-to-all q, k, v to head shards and the output back")
-VIDEO_2D = Layout("video-2d", "whole frames or patch columns per rank where they balance, else Ulysses")
+ULYSSES = HeadLayout("ulysses", "contiguous shards; all-to-all q, k, v to head shards and the output back")
+VIDEO_2D = HeadLayout("video-2d", "whole frames or patch columns per rank where they balance, else Ulysses")
 
 
 class ContextLayout(Layout):
     """Context parallelism's layout: the degree rule is any power of two, whatever the heads."""
 
-    def allows(self, degree: int, heads: int) -> bool:
-        return degree >= 1 and degree & (degree - 1) == 0
-
     def why_not(self, degree: int, heads: int) -> str | None:
-        if self.allows(degree, heads):
+        if degree >= 1 and degree & (degree - 1) == 0:
             return None
         return f"CP degree {degree} is not a power of two: the {self.name} layout cuts sequences in 2 x degree chunks"
 

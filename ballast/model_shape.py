@@ -65,7 +65,7 @@ class ModelShape:
     """Query heads; every SP degree must divide it (Ulysses shards heads: `layouts.py`)."""
     kv_heads: int
     """Key/value heads (grouped-query attention); a degree that does not divide them replicates
-    them (`layouts.Layout.exchanged_kv_heads`)."""
+    them (`layouts.HeadLayout.exchanged_kv_heads`)."""
     ffn: int
     """Inner width of the MLP."""
     vocab: int

@@ -18,12 +18,13 @@ A new pattern is a new value here (and, for a new model family, an entry in the 
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
-from .layouts import ULYSSES, VIDEO_2D, Layout
+from .layouts import ULYSSES, VIDEO_2D, HeadLayout
 
 SAMPLE, FRAME, COLUMN = "sample", "frame", "column"
 
@@ -105,7 +106,7 @@ class AttentionPattern:
     spans: tuple[Span, ...]
     """The spans the model's blocks take in turn, first block first."""
     units_formula: UnitsFormula
-    layout: Layout
+    layout: HeadLayout
     """How a group of degree > 1 lays a micro-batch over its ranks for attention."""
     clips: bool
     """Its models train on video clips (DiTs), not text."""
@@ -212,8 +213,6 @@ def fit_attention(pattern: AttentionPattern, per_term: Sequence[float]) -> tuple
     a = sum_i per_term[i] / u_i, and the share of the first span per_term[0] / u_0 / a. A
     negative part (an unconstrained fit) is clamped to 0 with a warning; with no attention
     time at all, a = 0 and the share is 0.5 (nothing to share)."""
-    import warnings
-
     if any(v < 0 for v in per_term):
         warnings.warn(f"{pattern.name} fit: {', '.join(f'{t.span.name} {v:.3g}' for t, v in zip(pattern.fit_terms, per_term))}"
                       f" s per pair; the negative one is clamped to 0 (spatial_share clamped into [0, 1])", stacklevel=3)

@@ -61,6 +61,7 @@ def build_model(shape: ModelShape, seed: int = 0) -> ParallelModel:
         return build_hf(shape, seed)
     return BUILDERS[shape.pattern](shape, seed)
 
+
 __all__ = ["DiT", "GPT", "INPUT", "STDiT", "AttentionFn", "PackedStream", "ParallelModel",
            "attention_spans", "build_dit", "build_gpt", "build_model", "build_stdit", "check_buildable",
            "local_attention", "sequence_positions", "varlen_attention"]

@@ -257,7 +257,7 @@ def _measure_on_rank(*args) -> dict:
 def shape_bytes_per_token_layer(shape: ModelShape, value_bytes: int, degree: int = 1) -> float:
     """All-to-all send bytes per token and block at SP degree `degree`: q+k+v then out in
     forward, both again in backward, `value_bytes` each (4 in fp32, 2 in bf16); k and v with
-    the kv heads the degree exchanges (`layouts.Layout.exchanged_kv_heads`; degree 1: the model's own)."""
+    the kv heads the degree exchanges (`layouts.HeadLayout.exchanged_kv_heads`; degree 1: the model's own)."""
     kv_dim = shape.pattern.layout.exchanged_kv_heads(shape.kv_heads, degree) * shape.head_dim
     return 2.0 * (2 * shape.hidden + 2 * kv_dim) * value_bytes
 

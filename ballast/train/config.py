@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ..options import SHARED
-
 from ..value_checks import check_timeout
+
 
 def _flag(name: str) -> Any:
     return {"flag": name}

@@ -55,6 +55,8 @@ def files(tmp_path_factory) -> dict[str, str]:
                                       "cross_attention": True}),
         "three-heads.json": json.dumps({"layers": 2, "hidden": 96, "heads": 3, "kv_heads": 3, "ffn": 192,
                                         "vocab": 256}),
+        "sparse-model.json": json.dumps({"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 4, "ffn": 128,
+                                         "vocab": 256, "attention": "sparse"}),
         "two-gpus.json": json.dumps({"nodes": 1, "devices_per_node": 2, "device_memory": 40e9,
                                      "peak_flops": 312e12, "bandwidth": {"2": 1e11}}),
     }
@@ -207,6 +209,12 @@ CASES = [
     ("profile --model nosuch", 2, "unknown model 'nosuch'"),
     ("profile --check /no/such/profile.json", 2, "/no/such/profile.json"),
     ("profile --device-memory-gb 0.000001", 2, "--device-memory-gb"),
+    # the shared options take one type in every command; a pattern is resolved where its name enters
+    ("verify --max-len 0", 2, r"--max-len: must be an integer > 0, got 0"),
+    ("profile --device-memory-gb 0", 2, r"--device-memory-gb: must be a number > 0, got 0"),
+    ("bench --world 0", 2, r"--world: must be an integer > 0, got 0"),
+    ("simulate --model {sparse-model.json}", 2,
+     r"model 'sparse-model': attention pattern 'sparse': expected one of causal, full, spatial-temporal"),
     # bench
     ("bench --planners nosuch", 2, "unknown planner"),
     ("bench --data nosuch:x", 2, "nosuch:x"),
