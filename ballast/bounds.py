@@ -11,19 +11,30 @@ from typing import Sequence
 import numpy as np
 
 from .cost import CostModel
+from .layouts import ANY_SPLIT
 from .remapping import bound_terms
 from .samples import Sample, tokens as sample_tokens
 
 
+def uncapped_lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
+    """`lower_bound` over every split of every degree (Ulysses x CP): what reports compare plans to."""
+    return lower_bound(cost.under(ANY_SPLIT), samples)
+
+
 def longest_alone(cost: CostModel, samples: Sequence[Sample]) -> float:
-    """The slowest sample alone at its best degree (least checkpointing) plus g: no plan
+    """The slowest sample alone at its best degree and split (least checkpointing) plus g: no plan
     without remapping ends the step sooner. The lower bound may sit below it, since a remap
     domain may spread a sample's linear work wider than its group."""
-    return float(np.min(cost.sequence_times(samples), axis=0).max()) + cost.g if len(samples) else 0.0
+    if not len(samples):
+        return 0.0
+    return float(np.min(cost.under(ANY_SPLIT).sequence_times(samples, every_split=True), axis=0).max()) + cost.g
 
 
 def lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
-    """No plan's step time can be below this: the least T that passes three bounds.
+    """No plan's step time can be below this: the least T that passes three bounds. Plans of
+    every split `cost.splits` allows count (each term takes the least over them): a planner
+    bounds its own plans with its own model; reports pass `cost.under(ANY_SPLIT)`, the bound of
+    every plan the hardware allows, whatever the heads.
 
     longest: max_k min_d alone(s_k, d) + g -- a sequence is never faster than alone, where
              alone is time() in its group or a remap slot's (`remapping.bound_terms`).
@@ -52,14 +63,15 @@ def lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
     s = np.fromiter(map(sample_tokens, samples), dtype=np.float64, count=len(samples))
     q = cost.units(samples)
     n = cost.world_size
-    times = cost.sequence_times(samples)
+    times = cost.sequence_times(samples, every_split=True)
     remapped_alone, remapped_area = bound_terms(cost, s, q)
     degrees = np.asarray(cost.degrees, dtype=np.float64)[:, None]
     # A remap domain may hold a sequence with less recomputation than its group alone.
     area_at = np.minimum(times * degrees, remapped_area)
     comm_area = np.zeros_like(times)
     for i, d in enumerate(cost.degrees[1:], start=1):
-        comm_area[i] = cost.exchange_bytes(d) * s / cost.bandwidth[d]
+        comm_area[i] = np.min([cost.exchange_bytes(d) * s / cost.bandwidth[d] if cp == 1
+                               else cost.comm_per_token(d, cp) * d * s for cp in cost.context_parts(d)], axis=0)
     cap = (cost.device_memory - cost.states) / cost.act_per_token
     slope = min(cost.recompute * cost.b / (1.0 - cost.kept), cost.g / cap)
     overhead = cost.g + max(0.0, float(s.sum()) / n - cap) * slope

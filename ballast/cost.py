@@ -8,6 +8,19 @@ docs/design.md's model, in seconds and bytes:
                                                                 per-call latency (analytic))
     memory(mb, d, c) = states + act_per_token (sum_s s) / d (c k + 1 - c)
 
+A group of degree d = u x cp (Ulysses over u ranks times context parallelism over cp,
+`layouts.Splits`; `plans.Group.cp`) adds, where cp > 1:
+
+    attention        a q_s times `context_attention` (the CP kernel's work as measured)
+    comm(n, d, cp)   = comm(n / cp, u) of the Ulysses sub-group (its own bandwidth and latency)
+                       + 2 G n (cp - 1) / cp / bw(d) + context_latency(d): K and V of the other
+                       CP ranks gathered forward and dK, dV reduce-scattered backward, G the
+                       K + V bytes of a token for a rank's share of the heads (`gathered_per_token`)
+    memory           + G n (1 - c): each layer that is not recomputed keeps the gathered K, V
+
+Planners price degrees only: the split at a degree is the planner's rule's (`split`, from
+`splits`), and a plan's group records it; whoever prices a plan passes the group's `cp`.
+
 A remap domain's memory, slots and bound terms are `remapping.py`'s; the lower bound is
 `bounds.py`'s (both price with this model).
 
@@ -41,6 +54,7 @@ import numpy as np
 
 from .cluster import Cluster
 from .value_checks import check_types, from_fields, read_json
+from .layouts import CONTEXT, ULYSSES_ONLY, HeadLayout, Splits
 from .model_shape import ModelShape
 from .patterns import AttentionPattern, attention_pattern
 from .samples import Sample, attention_units, tokens as sample_tokens
@@ -54,6 +68,8 @@ ACT_VALUES_PER_HIDDEN = 17
 KEPT_UNDER_CHECKPOINT = 1 / 17
 # A layer's all-to-alls in forward and backward: q, k, v together and the output, each way.
 ALL_TO_ALLS_PER_LAYER = 4
+# A layer's CP collectives: the K, V all-gather forward and the dK, dV reduce-scatter backward.
+CONTEXT_COLLECTIVES_PER_LAYER = 2
 # Recomputing a layer repeats its forward: one third of forward + backward.
 RECOMPUTE_OVERHEAD = 1 / 3
 LEVEL_EPS = 1e-9  # relative slack of a level or fit computed in floats
@@ -122,6 +138,16 @@ class CostModel:
     how `units` prices a sample, and the layout whose degree rule `degrees` follows."""
     spatial_share: float = 0.5
     """The model's `ModelShape.spatial_share` (spatial-temporal attention only)."""
+    context_attention: float = 1.0
+    """Attention work under context parallelism relative to the same queries' work in one
+    process (the head-tail chunks' kernel calls and masks, as `ballast profile` measures them;
+    1.0 analytic: flash-attn skips the masked tiles and the chunks balance causal work)."""
+    context_latency: dict[int, float] = field(default_factory=dict)
+    """Fixed seconds a micro-batch's CP collectives cost in a group of degree d whatever their
+    size (2 x layers calls), like `comm_latency`; 0 where absent."""
+    splits: Splits = field(default=ULYSSES_ONLY, compare=False)
+    """Which (Ulysses x CP) splits of a degree the planner that holds this model may run
+    (`under`); not part of the coefficients, so not in the JSON."""
 
     def __post_init__(self) -> None:
         check_types(self, "cost model", self.model)
@@ -130,6 +156,20 @@ class CostModel:
             object.__setattr__(self, "recompute_attention", self.recompute)
         object.__setattr__(self, "bandwidth", {int(d): float(v) for d, v in self.bandwidth.items()})
         object.__setattr__(self, "comm_latency", {int(d): float(v) for d, v in self.comm_latency.items()})
+        object.__setattr__(self, "context_latency", {int(d): float(v) for d, v in self.context_latency.items()})
+        if not self.context_attention > 0:
+            raise ValueError(f"cost model {self.model!r}: context_attention must be > 0, got {self.context_attention}")
+        # Split of every degree under `splits`, and the splits it allows, cached: planners ask per micro-batch.
+        parts = {}
+        d = 1
+        while d <= self.world_size:
+            allowed = [c for c in self.splits.context_parts(d, self.heads, self.pattern.layout,
+                                                            self.pattern.context_parallel)
+                       if d == 1 or d in self.bandwidth and (c == d or d // c in self.bandwidth)]
+            if allowed:
+                parts[d] = allowed
+            d *= 2
+        object.__setattr__(self, "_parts", parts)
         if self.states >= self.device_memory:
             raise InfeasibleError(
                 f"model {self.model!r}: its states ({self.states / 1e9:.3g} GB per device, sharded over "
@@ -144,14 +184,36 @@ class CostModel:
     @property
     def degrees(self) -> list[int]:
         """SP degrees usable for this model on this cluster: powers of two up to the world size
-        that the model's layout allows (`layouts.Layout.allows`) and that have a bandwidth (a
-        profile knows the degrees it measured)."""
-        layout, out, d = self.pattern.layout, [], 1
-        while d <= self.world_size:
-            if layout.allows(d, self.heads) and (d == 1 or d in self.bandwidth):
-                out.append(d)
-            d *= 2
-        return out
+        with a split `splits` allows (the Ulysses part's layout rule, `layouts.Layout.allows`,
+        and CONTEXT's) and a bandwidth (a profile knows the degrees it measured)."""
+        return list(self._parts)
+
+    def under(self, splits: Splits) -> CostModel:
+        """This model for a planner that runs the splits `splits` allows."""
+        return self if splits == self.splits else dataclasses.replace(self, splits=splits)
+
+    def split(self, degree: int) -> int:
+        """cp of the split planners price a group of `degree` at under `splits`: the least cp
+        it allows (heads first: Ulysses holds no gathered K and V, and its exchange stays inside
+        the smaller block). `planners.base` may give a group another allowed split where that
+        runs its micro-batches faster (`Plan` records each group's)."""
+        return self._parts[degree][0]
+
+    def context_parts(self, degree: int) -> list[int]:
+        """Every cp `splits` allows at `degree` (empty where none)."""
+        return self._parts.get(degree, [])
+
+    def gathered_per_token(self, degree: int, cp: int) -> float:
+        """Bytes of K and V one token of a micro-batch brings to each rank of a group of degree
+        `degree` split `cp` ways for context parallelism, over all layers and one pass: its
+        Ulysses sub-group of u = degree / cp ranks shards the kv heads (replicated to lcm(kv,
+        u) where u does not divide them), each rank gathering its share. 0 at cp 1."""
+        if cp == 1:
+            return 0.0
+        u = degree // cp
+        # bytes_per_token counts q, k, v and out both ways: K and V one way are kv / (heads + kv) of half.
+        kv = self.bytes_per_token / 2 * self.kv_heads / (self.heads + self.kv_heads)
+        return kv * HeadLayout.exchanged_kv_heads(self.kv_heads, u) / self.kv_heads / u
 
     # --- samples -----------------------------------------------------------------------------
     def units(self, samples: Sequence[Sample]) -> np.ndarray:
@@ -161,23 +223,43 @@ class CostModel:
     def _kept_fraction(self, checkpoint: float) -> float:
         return checkpoint * self.kept + (1.0 - checkpoint)
 
-    def memory(self, samples: Sequence[Sample], degree: int, checkpoint: float) -> float:
-        tokens = float(sum(map(sample_tokens, samples))) if len(samples) else 0.0
-        return self.states + self.act_per_token * tokens / degree * self._kept_fraction(checkpoint)
+    def _cp(self, degree: int, cp: int | None) -> int:
+        # A degree no split allows prices as Ulysses alone (memory questions about it still have answers).
+        return (self._parts[degree][0] if degree in self._parts else 1) if cp is None else cp
 
-    def max_tokens(self, degree: int, checkpoint: float) -> int:
-        """The most tokens one micro-batch can hold at this degree and checkpoint level."""
+    def per_token_memory(self, degree: int, checkpoint: float, cp: int | None = None) -> float:
+        """Bytes per device one token of a micro-batch takes at this degree, level and split."""
+        gathered = self.gathered_per_token(degree, self._cp(degree, cp)) * (1.0 - checkpoint)
+        return self.act_per_token / degree * self._kept_fraction(checkpoint) + gathered
+
+    def memory(self, samples: Sequence[Sample], degree: int, checkpoint: float, cp: int | None = None) -> float:
+        tokens = float(sum(map(sample_tokens, samples))) if len(samples) else 0.0
+        if self._cp(degree, cp) == 1:  # today's expression, so recorded results stay bit-identical
+            return self.states + self.act_per_token * tokens / degree * self._kept_fraction(checkpoint)
+        return self.states + tokens * self.per_token_memory(degree, checkpoint, cp)
+
+    def max_tokens(self, degree: int, checkpoint: float, cp: int | None = None) -> int:
+        """The most tokens one micro-batch can hold at this degree, checkpoint level and split."""
         free = self.device_memory - self.states
         # A relative margin: above ~1e7 tokens one ulp exceeds an absolute 1e-9 (exact fits lost).
-        return int(free * degree / (self.act_per_token * self._kept_fraction(checkpoint)) * (1 + 1e-12))
+        if self._cp(degree, cp) == 1:
+            return int(free * degree / (self.act_per_token * self._kept_fraction(checkpoint)) * (1 + 1e-12))
+        return int(free / self.per_token_memory(degree, checkpoint, cp) * (1 + 1e-12))
 
-    def min_checkpoint(self, tokens: int, degree: int) -> float | None:
+    def min_checkpoint(self, tokens: int, degree: int, cp: int | None = None) -> float | None:
         """The smallest checkpoint level (a multiple of 1/layers) at which `tokens` fit, or None."""
         free = self.device_memory - self.states
-        need = self.act_per_token * tokens / degree
-        if need <= free * (1 + LEVEL_EPS):
-            return 0.0
-        c = (1.0 - free / need) / (1.0 - self.kept)
+        if self._cp(degree, cp) == 1:  # today's expression, so recorded results stay bit-identical
+            need = self.act_per_token * tokens / degree
+            if need <= free * (1 + LEVEL_EPS):
+                return 0.0
+            c = (1.0 - free / need) / (1.0 - self.kept)
+        else:
+            need = self.per_token_memory(degree, 0.0, cp) * tokens
+            if need <= free * (1 + LEVEL_EPS):
+                return 0.0
+            # need(c) = need(0) - c x saved: a recomputed layer keeps k of its activations and no gathered K, V.
+            c = (need - free) / (need - self.per_token_memory(degree, 1.0, cp) * tokens)
         level = math.ceil(c * self.layers - LEVEL_EPS) / self.layers
         return level if level <= 1.0 else None
 
@@ -211,12 +293,19 @@ class CostModel:
         """What would allow an SP degree above the largest usable one, for check_fits' message:
         more ranks only where the heads (and a profile's measured degrees) allow the next one."""
         top, layout = self.degrees[-1], self.pattern.layout
-        if not layout.allows(2 * top, self.heads):
-            return (f"; no SP degree above {top} is usable, however many ranks: "
-                    f"{layout.why_not(2 * top, self.heads)}")
         if 2 * top > self.world_size:
             return " or the job more ranks"
-        return f"; the cost profile measured no SP degree above {top} (profile more ranks)"
+        if 2 * top not in self.bandwidth:
+            return f"; the cost profile measured no SP degree above {top} (profile more ranks)"
+        if self.pattern.context_parallel and not self.splits.context:
+            return (f"; SP degree {2 * top} needs context parallelism ({layout.why_not(2 * top, self.heads)}): "
+                    f"use a planner that runs it (ballast, megatron-dynamic-cp, zeppelin, wlb-llm) or "
+                    f"static with --cp")
+        if not self.pattern.context_parallel:
+            return (f"; no SP degree above {top} is usable, however many ranks: "
+                    f"{layout.why_not(2 * top, self.heads)}, and {self.pattern.name} attention "
+                    f"cannot run context parallelism")
+        return f"; no split of SP degree {2 * top} is allowed under {self.splits.name}"
 
     # --- time ----------------------------------------------------------------------------------
     def exchange_bytes(self, degree: int) -> float:
@@ -225,22 +314,37 @@ class CostModel:
         not divide them (`layouts.HeadLayout.exchange_bytes`)."""
         return self.pattern.layout.exchange_bytes(self.bytes_per_token, self.heads, self.kv_heads, degree)
 
-    def comm_per_token(self, degree: int) -> float:
-        """Seconds of all-to-all per token of a micro-batch at this degree (0 at degree 1)."""
-        return 0.0 if degree == 1 else self.exchange_bytes(degree) / (degree * self.bandwidth[degree])
+    def comm_per_token(self, degree: int, cp: int | None = None) -> float:
+        """Seconds of exchanges per token of a micro-batch at this degree and split (0 at degree 1)."""
+        if degree == 1:
+            return 0.0
+        cp = self._cp(degree, cp)
+        u = degree // cp
+        ulysses = 0.0 if u == 1 else self.exchange_bytes(u) / (degree * self.bandwidth[u])
+        if cp == 1:
+            return ulysses
+        return ulysses + 2.0 * self.gathered_per_token(degree, cp) * (cp - 1) / cp / self.bandwidth[degree]
 
-    def comm(self, tokens: float, degree: int) -> float:
+    def comm(self, tokens: float, degree: int, cp: int | None = None) -> float:
         if degree == 1 or tokens == 0:
             return 0.0
-        return (self.exchange_bytes(degree) * tokens / (degree * self.bandwidth[degree])
-                + self.comm_latency.get(degree, 0.0))
+        cp = self._cp(degree, cp)
+        if cp == 1:  # today's expression, so recorded results stay bit-identical
+            return (self.exchange_bytes(degree) * tokens / (degree * self.bandwidth[degree])
+                    + self.comm_latency.get(degree, 0.0))
+        u = degree // cp
+        return (self.comm_per_token(degree, cp) * tokens + self.comm_latency.get(u, 0.0) * (u > 1)
+                + self.context_latency.get(degree, 0.0))
 
-    def time_from_sums(self, sum_units: float, sum_s: float, degree: int, checkpoint: float) -> float:
+    def time_from_sums(self, sum_units: float, sum_s: float, degree: int, checkpoint: float,
+                       cp: int | None = None) -> float:
         """time() from the sums over the micro-batch of attention units and tokens (planners
         keep these)."""
-        compute = (self.a * sum_units * (1.0 + checkpoint * self.recompute_attention)
-                   + self.b * sum_s * (1.0 + checkpoint * self.recompute)) / degree
-        return compute + self.comm(sum_s, degree) + self.g
+        attention = self.a * sum_units * (1.0 + checkpoint * self.recompute_attention)
+        if self._cp(degree, cp) > 1:
+            attention *= self.context_attention
+        compute = (attention + self.b * sum_s * (1.0 + checkpoint * self.recompute)) / degree
+        return compute + self.comm(sum_s, degree, cp) + self.g
 
     def attention_time(self, tokens, units):
         """a q elementwise, computed as (a (q / s)) s: for text q / s is s exactly, so this
@@ -254,30 +358,47 @@ class CostModel:
         return (self.attention_time(tokens, units) * (1.0 + checkpoint * self.recompute_attention)
                 + self.b * tokens * (1.0 + checkpoint * self.recompute))
 
-    def time(self, samples: Sequence[Sample], degree: int, checkpoint: float) -> float:
+    def time(self, samples: Sequence[Sample], degree: int, checkpoint: float, cp: int | None = None) -> float:
         s = _tokens_array(samples)
-        return self.time_from_sums(float(self.units(samples).sum()), float(s.sum()), degree, checkpoint)
+        return self.time_from_sums(float(self.units(samples).sum()), float(s.sum()), degree, checkpoint, cp)
 
-    def split_time(self, samples: Sequence[Sample], degree: int, checkpoint: float) -> tuple[float, float]:
+    def split_time(self, samples: Sequence[Sample], degree: int, checkpoint: float,
+                   cp: int | None = None) -> tuple[float, float]:
         """(compute incl. the fixed overhead, communication) of one micro-batch, in seconds."""
-        comm = self.comm(float(_tokens_array(samples).sum()), degree)
-        return self.time(samples, degree, checkpoint) - comm, comm
+        comm = self.comm(float(_tokens_array(samples).sum()), degree, cp)
+        return self.time(samples, degree, checkpoint, cp) - comm, comm
 
     # --- bounds --------------------------------------------------------------------------------
-    def sequence_times(self, samples: Sequence[Sample]) -> np.ndarray:
-        """Array [degree index, sequence] of time(s, d, c_min) without g; inf where it does not fit."""
+    def sequence_times(self, samples: Sequence[Sample], every_split: bool = False) -> np.ndarray:
+        """Array [degree index, sequence] of time(s, d, c_min) without g at the degree's `split`
+        (`every_split`: the least over every split `splits` allows, for bounds); inf where it
+        does not fit."""
         s, q = _tokens_array(samples), self.units(samples)
         free = self.device_memory - self.states
         out = np.full((len(self.degrees), len(s)), np.inf)
         for i, d in enumerate(self.degrees):
+            parts = self.context_parts(d) if every_split else [self.split(d)]
+            out[i] = np.min([self._alone(s, q, d, cp, free) for cp in parts], axis=0)
+        return out
+
+    def _alone(self, s: np.ndarray, q: np.ndarray, d: int, cp: int, free: float) -> np.ndarray:
+        """sequence_times' row of degree d at split cp."""
+        if cp == 1:  # today's expressions, so recorded results stay bit-identical
             need = self.act_per_token * s / d
             c = np.clip((1.0 - free / np.maximum(need, LEVEL_EPS)) / (1.0 - self.kept), 0.0, None)
-            c = np.ceil(c * self.layers - LEVEL_EPS) / self.layers
+        else:
+            need = self.per_token_memory(d, 0.0, cp) * s
+            saved = need - self.per_token_memory(d, 1.0, cp) * s
+            c = np.clip((need - free) / np.maximum(saved, LEVEL_EPS), 0.0, None)
+        c = np.ceil(c * self.layers - LEVEL_EPS) / self.layers
+        if cp == 1:
             work = self.work(s, q, c) / d
             if d > 1:
                 work = work + self.exchange_bytes(d) * s / (d * self.bandwidth[d])
-            out[i] = np.where(c <= 1.0, work, np.inf)
-        return out
+        else:
+            attention = self.attention_time(s, q) * (1.0 + c * self.recompute_attention) * self.context_attention
+            work = (attention + self.b * s * (1.0 + c * self.recompute)) / d + self.comm_per_token(d, cp) * s
+        return np.where(c <= 1.0, work, np.inf)
 
     # --- construction and JSON -----------------------------------------------------------------
     @classmethod
@@ -298,6 +419,8 @@ class CostModel:
             act_per_token=float(ACT_VALUES_PER_HIDDEN * cluster.value_bytes * shape.hidden * shape.layers),
             comm_latency={d: ALL_TO_ALLS_PER_LAYER * shape.layers * cluster.all_to_all_latency
                           for d in cluster.degrees if d > 1 and cluster.all_to_all_latency > 0},
+            context_latency={d: CONTEXT_COLLECTIVES_PER_LAYER * shape.layers * cluster.all_to_all_latency
+                             for d in cluster.degrees if d > 1 and cluster.all_to_all_latency > 0},
             states=STATE_BYTES_PER_PARAM * shape.params / cluster.world_size,
             device_memory=cluster.device_memory, layers=shape.layers, heads=shape.heads,
             kv_heads=shape.kv_heads, world_size=cluster.world_size, attention_window=shape.attention_window,
@@ -319,7 +442,7 @@ class CostModel:
             kv_heads=shape.kv_heads, world_size=cluster.world_size)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "splits"}
 
     @classmethod
     def from_dict(cls, data: dict) -> CostModel:

@@ -11,8 +11,13 @@ attention, with the one degree rule of each.
               is Ulysses'.
     CONTEXT   context parallelism (`runtime/context_parallel.py`): every sequence cut into 2c
               head-tail chunks (c for bidirectional attention) over the c ranks, K and V
-              all-gathered for attention; no head constraint, any power-of-two degree. Not yet
-              taken by the plan contract, the executor, the cost model or the planners.
+              all-gathered for attention; no head constraint, any power-of-two degree.
+
+A group of degree d may run its attention as Ulysses (the model's head layout) over u ranks times
+CONTEXT over c ranks, d = u c (`plans.Group.cp` is c): the Ulysses sub-groups are contiguous, the
+CP dimension spans them (USP's 2D mesh). `Splits` says which (u, c) a planner may use: Ulysses
+alone (the published DCP, FlexSP, Hydraulis), context parallelism alone (Megatron's dynamic CP),
+Ulysses inside a node times CP across (Zeppelin, USP), a fixed c (static), or any (ballast).
 
 A rank of ULYSSES or VIDEO_2D holds ceil(tokens / d) of a micro-batch's tokens, the share the cost model's
 memory prices. Remap domains (`remapping.py`, `runtime/remap.py`) keep each group's layout for attention and add a
@@ -105,3 +110,61 @@ class ContextLayout(Layout):
 
 
 CONTEXT = ContextLayout("context", "each sequence in 2c head-tail chunks; K and V all-gathered, dK and dV reduce-scattered")
+
+
+@dataclass(frozen=True)
+class Splits:
+    """Which splits d = u x c of a group's degree a planner may run: u ranks of the model's head
+    layout times c of CONTEXT. Each rule is a value (`ULYSSES_ONLY`, `CONTEXT_ONLY`, `ANY_SPLIT`,
+    `ulysses_in_node`, `fixed_context`); `CostModel.splits` holds the planner's."""
+
+    name: str
+    ulysses: bool = True
+    """u > 1 allowed."""
+    context: bool = True
+    """c > 1 allowed."""
+    node: int | None = None
+    """u is the largest allowed one up to this many ranks (one node), c the rest."""
+    fixed: int | None = None
+    """c is this at every degree it divides (and 1 at smaller degrees)."""
+
+    def context_parts(self, degree: int, heads: int, layout: HeadLayout | Layout, context_ok: bool) -> list[int]:
+        """The c of every split of `degree` this rule allows for a model of `heads` heads whose
+        head layout is `layout` (`context_ok`: its pattern can run CONTEXT), ascending."""
+        allowed = [c for c in _powers(degree)
+                   if layout.allows(degree // c, heads) and (c == 1 or context_ok and self.context)
+                   and (degree // c == 1 or self.ulysses)]
+        if self.fixed is not None:
+            want = min(self.fixed, degree)
+            allowed = [c for c in allowed if c == want]
+        if self.node is not None and allowed:
+            inside = [c for c in allowed if degree // c <= self.node]
+            allowed = inside[:1] if inside else []
+        return allowed
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _powers(n: int) -> list[int]:
+    """1, 2, 4, ... up to n (a power of two)."""
+    return [1 << i for i in range(n.bit_length()) if 1 << i <= n]
+
+
+ULYSSES_ONLY = Splits("ulysses-only", context=False)
+"""u = d: the model's head layout alone (no CP), so degrees stop where the heads do."""
+CONTEXT_ONLY = Splits("context-only", ulysses=False)
+"""c = d: context parallelism alone (Megatron-Core's dynamic CP)."""
+ANY_SPLIT = Splits("any")
+"""Every split the heads allow (ballast; the bound of every plan)."""
+
+
+def ulysses_in_node(devices_per_node: int) -> Splits:
+    """u the largest the heads allow inside one node, c across nodes (USP, Zeppelin)."""
+    return Splits(f"ulysses-in-node-{devices_per_node}", node=devices_per_node)
+
+
+def fixed_context(cp: int) -> Splits:
+    """c fixed (static USP: `--degree` with `--cp`); degrees below c run CP over all their ranks."""
+    CONTEXT.check(cp, 1, "--cp")
+    return Splits(f"cp-{cp}", fixed=cp)

@@ -131,6 +131,12 @@ class AttentionPattern:
         return tuple((depth - i + k - 1) // k for i in range(k))
 
     @property
+    def context_parallel(self) -> bool:
+        """Its groups may run context parallelism (`layouts.CONTEXT`): every block attends over
+        whole samples, which head-tail chunks cut evenly; a frame or column span is not cut."""
+        return all(span.whole_sample for span in self.spans)
+
+    @property
     def split_fit(self) -> bool:
         """The profile fits one coefficient per span, so its grid must make their features
         independent (clips of several aspects per token count)."""

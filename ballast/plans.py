@@ -41,10 +41,19 @@ class Group:
     """Number of ranks = SP degree; a power of two."""
     micro_batches: list[MicroBatch] = field(default_factory=list)
     """Run one after another; their count is this group's gradient-accumulation count."""
+    cp: int = 1
+    """c, the context-parallel part of the degree: attention runs Ulysses over `ulysses`
+    contiguous ranks times context parallelism over `cp` ranks spanning them (`layouts.CONTEXT`);
+    1 is Ulysses (or the model's own layout) alone over the whole group."""
 
     @property
     def ranks(self) -> range:
         return range(self.start, self.start + self.degree)
+
+    @property
+    def ulysses(self) -> int:
+        """u = degree / cp: ranks of each Ulysses sub-group (the head-sharded part)."""
+        return self.degree // self.cp
 
 
 @dataclass
@@ -148,14 +157,17 @@ class Plan:
                     if covered[r]:
                         raise PlanError(f"{where}: rank {r} is also in another group of the wave")
                     covered[r] = True
+                if not is_power_of_two(group.cp) or group.degree % group.cp:
+                    raise PlanError(f"{where}: CP part {group.cp} is not a power of two dividing the "
+                                    f"group's size {group.degree}")
                 busy = any(mb.seq_ids for mb in group.micro_batches)
-                if busy and cost is not None and (why := cost.pattern.layout.why_not(group.degree, cost.heads)):
+                if busy and cost is not None and (why := self._split_why_not(group, cost)):
                     raise PlanError(f"{where}: {why}")
                 counts.add(len(group.micro_batches))
                 # A remap domain's memory is its slots' (`remap_overflow`), not each group's own.
                 own = None if wave.domain_of(group.start) else cost
                 for m, mb in enumerate(group.micro_batches):
-                    self._validate_micro_batch(f"{where}, micro-batch {m}", mb, group.degree, own, seen)
+                    self._validate_micro_batch(f"{where}, micro-batch {m}", mb, group, own, seen)
             if not all(covered):
                 raise PlanError(f"wave {w}: rank {covered.index(False)} is in no group")
             self._validate_remap(w, wave, n)
@@ -176,23 +188,23 @@ class Plan:
         """Every slot of the remap domain (start, size) of a wave of this plan: the busy
         micro-batches of its groups (in the wave's order) that run in it."""
         groups = [g for g in wave.groups if start <= g.start < start + size]
-        return [[SlotPart(g.degree, self.mb_samples(g.micro_batches[m]), g.micro_batches[m].checkpoint)
+        return [[SlotPart(g.degree, self.mb_samples(g.micro_batches[m]), g.micro_batches[m].checkpoint, g.cp)
                  for g in groups if m < len(g.micro_batches) and g.micro_batches[m].seq_ids]
                 for m in range(max((len(g.micro_batches) for g in groups), default=0))]
 
-    def slot_loads(self, wave: int, start: int, size: int) -> list[tuple[int, int, float]]:
+    def slot_loads(self, wave: int, start: int, size: int, cost: CostModel) -> list[tuple[float, int, float]]:
         """`remapping.slot_load` of every slot of the remap domain (start, size) of a wave."""
-        return [remapping.slot_load(parts, size) for parts in self.slot_parts(self.waves[wave], start, size)]
+        return [remapping.slot_load(cost, parts, size) for parts in self.slot_parts(self.waves[wave], start, size)]
 
     def remap_overflow(self, wave: int, start: int, size: int, cost: CostModel) -> str | None:
         """Why the remap domain (start, size) of a wave would not fit device memory, or None
         (`remapping.overflow`)."""
-        return remapping.overflow(cost, self.slot_loads(wave, start, size))
+        return remapping.overflow(cost, self.slot_loads(wave, start, size, cost))
 
     def leveled(self, wave: int, domain: tuple[int, int], cost: CostModel) -> list[Group] | None:
         """Copies of the domain's groups with every slot's micro-batches at the least checkpoint
         level that slot fits at (`remapping.levels`); None if some slot fits at none."""
-        levels = remapping.levels(cost, self.slot_loads(wave, *domain))
+        levels = remapping.levels(cost, self.slot_loads(wave, *domain, cost))
         if any(level is None for level in levels):
             return None
         return [dataclasses.replace(g, micro_batches=[dataclasses.replace(mb, checkpoint=level if mb.seq_ids else 0.0)
@@ -217,7 +229,18 @@ class Plan:
                     raise PlanError(f"{where}: group of ranks {group.start}..{group.start + group.degree - 1} "
                                     f"is partly outside it")
 
-    def _validate_micro_batch(self, where: str, mb: MicroBatch, degree: int,
+    @staticmethod
+    def _split_why_not(group: Group, cost: CostModel) -> str | None:
+        """Why the model cannot run attention in the group's split (u Ulysses x cp CP), or None."""
+        if (why := cost.pattern.layout.why_not(group.ulysses, cost.heads)) is not None:
+            return why + (f" (the Ulysses part of {group.degree} = {group.ulysses} x CP {group.cp})"
+                          if group.cp > 1 else "")
+        if group.cp > 1 and not cost.pattern.context_parallel:
+            return (f"CP part {group.cp}: {cost.pattern.name} attention cannot run context parallelism "
+                    f"(its blocks attend within frames or columns, which head-tail chunks would cut)")
+        return None
+
+    def _validate_micro_batch(self, where: str, mb: MicroBatch, group: Group,
                               cost: CostModel | None, seen: dict[int, str]) -> None:
         if not 0.0 <= mb.checkpoint <= 1.0:
             raise PlanError(f"{where}: checkpoint level {mb.checkpoint} is outside 0..1")
@@ -229,12 +252,12 @@ class Plan:
             seen[i] = where
         if cost is not None and mb.seq_ids:
             lengths = self.mb_lengths(mb)
-            used = cost.memory(lengths, degree, mb.checkpoint)
+            used = cost.memory(lengths, group.degree, mb.checkpoint, group.cp)
             if used > cost.device_memory * (1 + MEMORY_SLACK):
                 raise PlanError(
                     f"{where}: sequences {mb.seq_ids[:8]}{'...' if len(mb.seq_ids) > 8 else ''} "
                     f"({sum(lengths)} tokens) need {used / 1e9:.2f} GB per device at SP degree "
-                    f"{degree} and checkpoint {mb.checkpoint:.2f}; the device has "
+                    f"{group.degree}{f' (CP {group.cp})' if group.cp > 1 else ''} and checkpoint {mb.checkpoint:.2f}; the device has "
                     f"{cost.device_memory / 1e9:.2f} GB")
 
     # --- plain data ---------------------------------------------------------------------------
@@ -244,7 +267,7 @@ class Plan:
             "lengths": self.lengths, "info": self.info,
             **({} if self.shapes is None else {"shapes": [x if isinstance(x, int) else list(x) for x in self.shapes]}),
             "remap": [[w, start, size] for w, wave in enumerate(self.waves) for start, size in wave.remap],
-            "waves": [[{"start": g.start, "degree": g.degree,
+            "waves": [[{"start": g.start, "degree": g.degree, **({"cp": g.cp} if g.cp != 1 else {}),
                         "micro_batches": [{"seq_ids": list(mb.seq_ids), "checkpoint": mb.checkpoint}
                                           for mb in g.micro_batches]}
                        for g in wave.groups] for wave in self.waves],
@@ -255,7 +278,7 @@ class Plan:
         try:
             waves = [Wave([Group(int(g["start"]), int(g["degree"]),
                                  [MicroBatch([int(i) for i in mb["seq_ids"]], float(mb["checkpoint"]))
-                                  for mb in g["micro_batches"]])
+                                  for mb in g["micro_batches"]], int(g.get("cp", 1)))
                            for g in wave]) for wave in data["waves"]]
             for w, start, size in data.get("remap", []):
                 waves[int(w)].remap.append((int(start), int(size)))
@@ -287,7 +310,8 @@ class Plan:
                     continue
                 lengths = [self.lengths[i] for mb in busy for i in mb.seq_ids]
                 ckpt = sum(mb.checkpoint for mb in busy) / len(busy)
-                rows.append(f"{w:>4} {f'{g.start}-{g.start + g.degree - 1}':>9} {g.degree:>4} "
+                degree = f"{g.ulysses}x{g.cp}" if g.cp > 1 else str(g.degree)
+                rows.append(f"{w:>4} {f'{g.start}-{g.start + g.degree - 1}':>9} {degree:>4} "
                             f"{len(g.micro_batches):>4} {len(lengths):>5} {sum(lengths):>9} {ckpt:>5.2f}  "
                             f"{max(lengths)}")
         if len(rows) > max_rows + 1:

@@ -73,14 +73,20 @@ class SlotPart(NamedTuple):
     degree: int
     samples: list[Sample]
     checkpoint: float
+    cp: int = 1
+    """The group's context-parallel part (`plans.Group.cp`)."""
 
 
-def slot_load(parts: Sequence[SlotPart], size: int) -> tuple[int, int, float]:
+def slot_load(cost: CostModel, parts: Sequence[SlotPart], size: int) -> tuple[float, int, float]:
     """(the most tokens a rank holds in the attention layout, the tokens every rank holds in the
     balanced layout, the slot's checkpoint level: its micro-batches' lowest) of a slot of a
-    domain of `size` ranks; (0, 0, 0.0) for a slot nobody uses."""
+    domain of `size` ranks; (0, 0, 0.0) for a slot nobody uses. A context-parallel group's
+    gathered K and V (`CostModel.gathered_per_token`, kept where attention's values are) count
+    as the attention tokens that would take as many bytes."""
     tokens = [sum(map(sample_tokens, p.samples)) for p in parts]
-    return (max((-(-n // p.degree) for p, n in zip(parts, tokens)), default=0),
+    per_value = cost.act_per_token * ATTENTION_SHARE
+    return (max((-(-n // p.degree) + cost.gathered_per_token(p.degree, p.cp) * n / per_value
+                 for p, n in zip(parts, tokens)), default=0),
             -(-sum(tokens) // size), min((p.checkpoint for p in parts), default=0.0))
 
 
@@ -90,7 +96,7 @@ def overflow(cost: CostModel, loads: Sequence[tuple[int, int, float]]) -> str | 
     for m, (attention, balanced, level) in enumerate(loads):
         used = memory(cost, attention, balanced, level)
         if used > cost.device_memory * (1 + MEMORY_SLACK):
-            return (f"slot {m}: a rank holding {attention} tokens for attention and {balanced} balanced "
+            return (f"slot {m}: a rank holding {attention:.0f} tokens for attention and {balanced} balanced "
                     f"needs {used / 1e9:.2f} GB at checkpoint {level:.2f}; the device has "
                     f"{cost.device_memory / 1e9:.2f} GB")
     return None
@@ -119,9 +125,11 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], size: int) -> tuple[fl
     per_rank = []
     for p in parts:
         tokens = sum(map(sample_tokens, p.samples))
-        all_to_all = cost.comm(tokens, p.degree)
+        all_to_all = cost.comm(tokens, p.degree, p.cp)
         units = float(cost.units(p.samples).sum())
         quadratic = cost.a * units * (1.0 + level * cost.recompute_attention)
+        if p.cp > 1:
+            quadratic *= cost.context_attention
         attention = max(attention, quadratic / p.degree + all_to_all)
         comm = max(comm, all_to_all)
         linear += cost.b * tokens * (1.0 + level * cost.recompute)
@@ -158,7 +166,8 @@ def bound_terms(cost: CostModel, s: np.ndarray, q: np.ndarray) -> tuple[np.ndarr
     attention = cost.attention_time(s, q)
     for i, d in enumerate(cost.degrees):
         # Summed in the order the bound always had, so that unremapped results stay bit-identical.
-        comm = cost.exchange_bytes(d) * s / cost.bandwidth[d] / d if d > 1 else np.zeros_like(s)
+        comm = np.min([cost.exchange_bytes(d) * s / cost.bandwidth[d] / d if cp == 1 else cost.comm_per_token(d, cp) * s
+                       for cp in cost.context_parts(d)], axis=0) if d > 1 else np.zeros_like(s)
         alone[i] = attention / d + comm + cost.b * s / n
         tight = np.flatnonzero(s / d > free)
         if not len(tight):

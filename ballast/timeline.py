@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .bounds import lower_bound
+from .bounds import uncapped_lower_bound
 from .cost import CostModel
-from .plans import MicroBatch, Plan, Wave
+from .plans import Group, MicroBatch, Plan, Wave
 from .remapping import slot_time
 
 
@@ -95,7 +95,7 @@ def simulate(plan: Plan, cost: CostModel, world_size: int, timeline: bool = Fals
                 comm_time[group.start:group.start + group.degree] += comm
         wave_times.append(wave_time)
         clock += wave_time
-    lower = lower_bound(cost, plan.samples)
+    lower = uncapped_lower_bound(cost, plan.samples)
     return StepMetrics(clock, plan.tokens, lower, busy, comm_time, wave_times, segments)
 
 
@@ -114,7 +114,7 @@ def wave_time(plan: Plan, wave: Wave, cost: CostModel) -> float:
 
 def _durations(plan: Plan, wave: Wave, cost: CostModel) -> list[list[tuple[float, float]]]:
     """[g][m] = (compute, comm) of group g's micro-batch m (in a remap domain: of slot m)."""
-    durations = [[_mb_time(plan, mb, g.degree, cost) for mb in g.micro_batches] for g in wave.groups]
+    durations = [[_mb_time(plan, mb, g, cost) for mb in g.micro_batches] for g in wave.groups]
     for start, size in wave.remap:
         slots = [slot_time(cost, parts, size) for parts in plan.slot_parts(wave, start, size)]
         for i in (i for i, g in enumerate(wave.groups) if start <= g.start < start + size):
@@ -122,8 +122,8 @@ def _durations(plan: Plan, wave: Wave, cost: CostModel) -> list[list[tuple[float
     return durations
 
 
-def _mb_time(plan: Plan, mb: MicroBatch, degree: int, cost: CostModel) -> tuple[float, float]:
+def _mb_time(plan: Plan, mb: MicroBatch, group: Group, cost: CostModel) -> tuple[float, float]:
     if not mb.seq_ids:
         # A lockstep filler: no tokens, but the forward still joins the parameter gathers.
         return cost.g, 0.0
-    return cost.split_time(plan.mb_samples(mb), degree, mb.checkpoint)
+    return cost.split_time(plan.mb_samples(mb), group.degree, mb.checkpoint, group.cp)

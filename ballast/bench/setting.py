@@ -18,6 +18,7 @@ from ..dataset import (Batch, BatchStream, EpochStream, build_corpus, check_data
 from ..planners import parse_planner_names
 from ..model_shape import ModelShape, get_model_shape
 from ..models import check_buildable
+from ..layouts import ANY_SPLIT
 
 ALL_PLANNERS = ("static", "batch-adaptive", "bucket", "megatron-dynamic-cp", "dcp", "flexsp", "hydraulis",
                 "zeppelin", "ballast")
@@ -137,7 +138,7 @@ def make_cost(setting: BenchSetting, shape: ModelShape) -> tuple[Cluster, CostMo
     memory = (setting.device_memory_gb * 1e9 if setting.device_memory_gb is not None
               else auto_device_memory(cost, setting.max_len))
     cost = dataclasses.replace(cost, device_memory=memory)
-    cost.check_fits([setting.max_len])
+    cost.under(ANY_SPLIT).check_fits([setting.max_len])
     return get_cluster("cpu", setting.world, memory / 1e9), cost
 
 

@@ -7,7 +7,8 @@ from typing import ClassVar, Sequence
 
 from ..cluster import Cluster
 from ..cost import CostModel
-from ..plans import Plan
+from ..layouts import ULYSSES_ONLY, Splits
+from ..plans import Group, Plan
 from ..samples import SampleBatch, Sample
 from .packing import fixed_checkpoint
 
@@ -21,6 +22,9 @@ class PlannerOptions:
     None: the longest sequence of each batch."""
     degree: int | None = None
     """Force the SP degree of fixed-degree planners (`static`, `bucket`)."""
+    cp: int | None = None
+    """`static`: the context-parallel part of its degree (static USP: `degree` = Ulysses x `cp`);
+    None: Ulysses alone."""
     seed: int = 0
     """Seed of randomised planners (Hydraulis' shuffles)."""
     time_limit: float = 10.0
@@ -46,9 +50,14 @@ class Planner(ABC):
             raise ValueError(f"cost model made for {cost.world_size} devices, cluster {cluster.name!r} "
                              f"has {cluster.world_size}")
         self.cluster = cluster
-        self.cost = cost
         self.options = options or PlannerOptions()
+        self.cost = cost.under(self.splits())
         self._check_degree(self.options.degree)
+
+    def splits(self) -> Splits:
+        """The (Ulysses x CP) splits of a degree this planner runs (`layouts.Splits`): Ulysses
+        alone unless a planner says otherwise, so published rivals keep their behaviour."""
+        return ULYSSES_ONLY
 
     def _check_degree(self, degree: int | None) -> None:
         """A forced degree must exist on this cluster and model, and hold `max_len`: known before
@@ -56,9 +65,10 @@ class Planner(ABC):
         if degree is None:
             return
         if degree not in self.cost.degrees:
-            raise ValueError(f"SP degree {degree} is not usable: degrees are {self.cost.degrees} "
-                             f"(powers of two up to the world size of {self.cluster.world_size} "
-                             f"dividing the model's heads)")
+            raise ValueError(f"SP degree {degree} is not usable by planner {self.name!r}: degrees are "
+                             f"{self.cost.degrees} (powers of two up to the world size of "
+                             f"{self.cluster.world_size} with a split of Ulysses dividing the model's heads "
+                             f"x context parallelism that {self.cost.splits.name} allows)")
         if self.options.max_len is not None:
             fixed_checkpoint(self.cost, self.options.max_len, degree)
 
@@ -71,8 +81,35 @@ class Planner(ABC):
         self.cost.check_fits(batch.lengths)
         plan = self._plan(batch)
         plan.planner = self.name
+        for wave in plan.waves:
+            for group in wave.groups:
+                self._split(plan, group, in_domain=wave.domain_of(group.start) is not None)
         assert plan.shapes == batch.shapes, "a planner's plan must carry its batch's shapes"
         return plan
+
+    def _split(self, plan: Plan, group: Group, in_domain: bool) -> None:
+        """Give the group the split its micro-batches run fastest at among those the planner's
+        rule allows at its degree (the planner priced them at `CostModel.split`, so this never
+        slows a group), each micro-batch at the least checkpoint level it then needs, never below
+        the planner's. In a remap domain memory is the domain's: the priced split stays."""
+        parts = self.cost.context_parts(group.degree)
+        busy = [mb for mb in group.micro_batches if mb.seq_ids]
+        if len(parts) <= 1 or in_domain or not busy:
+            group.cp = self.cost.split(group.degree) if parts else 1
+            return
+        best = None
+        for cp in parts:
+            levels = [self.cost.min_checkpoint(sum(plan.mb_lengths(mb)), group.degree, cp) for mb in busy]
+            if any(level is None for level in levels):
+                continue
+            levels = [max(level, mb.checkpoint) for level, mb in zip(levels, busy)]
+            seconds = sum(self.cost.time(plan.mb_samples(mb), group.degree, level, cp) for mb, level in zip(busy, levels))
+            if best is None or seconds < best[0]:
+                best = (seconds, cp, levels)
+        assert best is not None, "the priced split fits every micro-batch"
+        group.cp = best[1]
+        for mb, level in zip(busy, best[2]):
+            mb.checkpoint = level
 
     @abstractmethod
     def _plan(self, batch: SampleBatch) -> Plan:

@@ -15,7 +15,7 @@ from ..plans import Plan
 from ..planners import PlannerOptions, get_planner
 from ..samples import Sample, check_samples, is_shaped, tokens
 from ..timeline import StepMetrics, simulate
-from ..bounds import lower_bound
+from ..bounds import uncapped_lower_bound
 
 
 @dataclass
@@ -69,7 +69,7 @@ def simulate_planners(batches: Sequence[list[Sample]], planners: Sequence[str], 
     as_lengths: the planners see every sample as a text sequence of its tokens under causal
     attention (what a length-only planner believes), and their plans run under `cost`'s own
     pattern with the real shapes: what shape-blind planning costs."""
-    lower = [lower_bound(cost, b) for b in batches]
+    lower = [uncapped_lower_bound(cost, b) for b in batches]
     planning_cost = lengths_only(cost) if as_lengths else cost
     results = {}
     for name in planners:

@@ -33,6 +33,7 @@ from ..plans import Plan
 from ..planners import Planner, PlannerOptions, get_planner
 from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize
 from ..model_shape import ModelShape, get_model_shape
+from ..layouts import ANY_SPLIT
 from . import checkpoint
 from .hf_folder import check_tokenizer, resolve_tokenizer, save_hf_model
 from .ahead import Lookahead, StepInput
@@ -70,7 +71,7 @@ class Setup:
         check_data_kind(config.data.source, shape)
         cluster = get_cluster(config.planner.cluster, world, config.planner.device_memory_gb)
         cost = get_cost_model(config.planner.cost, shape, cluster, config.planner.device_memory_gb)
-        cost.check_fits([config.data.max_len])  # a max_len no plan can hold fails here, not at step k
+        cost.under(ANY_SPLIT).check_fits([config.data.max_len])  # a max_len no plan can hold fails here, not at step k
         return cls(shape, cluster, cost, resolve_tokenizer(config.data.tokenizer, shape))
 
     def describe(self) -> str:

@@ -190,7 +190,7 @@ CASES = [
     ("verify --grad-tolerance -1", 2, "--grad-tolerance"),
     # train: data, config, planner, degree, memory, flags in conflict
     ("train --planner static --degree 3", 2, "SP degree 3 is not usable"),
-    ("train --planner static --degree 4 --world 2", 2, r"SP degree 4 is not usable: degrees are \[1, 2\]"),
+    ("train --planner static --degree 4 --world 2", 2, r"SP degree 4 is not usable by planner .static.: degrees are \[1, 2\]"),
     ("train --data nosuch:x", 2, "nosuch:x"),
     ("train --data jsonl:{bad.jsonl}", 2, r"bad.jsonl.*line 2"),
     ("train --data folder:/no/such/dir", 2, "/no/such/dir"),
@@ -262,12 +262,13 @@ CASES = [
     ("simulate --model gpt-30b --cluster a100-8 --steps 1", 2, r"\(65.1 GB per device, sharded over 8 devices\) do not "
      r"fit the device memory \(28 GB\) at any degree: give the job more devices, or each device more memory "
      r"\(--device-memory-gb\)"),
-    # the levers of a sequence no plan holds: the heads, not more ranks, where no degree divides them
+    # the levers of a sequence no plan holds: context parallelism lifts the head cap, so more ranks help
     ("verify --model {three-heads.json} --device-memory-gb 0.0019", 2, r"256 tokens, more than any plan can hold: "
-     r"at most \d+ tokens fit one micro-batch \(SP degree 1, .*--device-memory-gb\); no SP degree above 1 is usable, "
-     r"however many ranks: SP degree 2 does not divide the attention heads \(3\)"),
-    ("simulate --cluster cpu --world 4 --model {three-heads.json} --device-memory-gb 0.01 --max-len 100000", 2,
-     r"\(SP degree 1,.* SP degree 2 does not divide the attention heads \(3\)"),
+     r"at most \d+ tokens fit one micro-batch \(SP degree 2, .*--device-memory-gb\) or the job more ranks"),
+    # ... a planner of Ulysses alone is told which lever it lacks
+    ("simulate --cluster cpu --world 4 --planners dcp --model {three-heads.json} --device-memory-gb 0.01 "
+     "--max-len 40000", 2, r"\(SP degree 1,.* SP degree 2 needs context parallelism \(SP degree 2 does not divide "
+     r"the attention heads \(3\).*use a planner that runs it .* or static with --cp"),
     # output paths no command could write, found before the work
     ("simulate --json {lengths.txt}/out.json", 2, r"--json .*lengths.txt/out.json: .*lengths.txt is not a folder"),
     ("simulate --gantt /no/such/dir/gantt.png", 2, r"--gantt /no/such/dir/gantt.png: /no/such/dir does not exist"),

@@ -68,7 +68,7 @@ def test_static_degree_option_overrides():
     assert [g.degree for g in plan.waves[0].groups] == [4, 4]
     with pytest.raises(ValueError, match="does not fit SP degree 1"):
         get_planner("static", cluster, cost, PlannerOptions(degree=1, max_len=100_000)).plan(BATCH)
-    with pytest.raises(ValueError, match=r"SP degree 16 is not usable: degrees are \[1, 2, 4, 8\]"):
+    with pytest.raises(ValueError, match=r"SP degree 16 is not usable by planner .static.: degrees are \[1, 2, 4, 8\]"):
         get_planner("static", cluster, cost, PlannerOptions(degree=16)).plan(BATCH)
 
 
