@@ -40,14 +40,26 @@ def layouts(n: int, start: int = 0):
 
 def best_group_times(cost: CostModel, lengths: list, degree: int):
     """For every subset (bitmask) of sequences: the least time a group of `degree` needs to run
-    them, over every split into micro-batches, each at its least fitting checkpoint level."""
+    them, over every (Ulysses x CP) split the cost's rule allows and every packing into
+    micro-batches, each at its least fitting checkpoint level; and the packing and split."""
+    tables = [(_split_times(cost, lengths, degree, cp), cp) for cp in cost.context_parts(degree)]
+    if not tables:
+        return [0.0] + [np.inf] * ((1 << len(lengths)) - 1), [0] * (1 << len(lengths)), [1] * (1 << len(lengths))
+    best = [min(range(len(tables)), key=lambda k: tables[k][0][0][mask]) for mask in range(1 << len(lengths))]
+    return ([tables[k][0][0][mask] for mask, k in enumerate(best)],
+            [tables[k][0][1][mask] for mask, k in enumerate(best)],
+            [tables[k][1] for k in best])
+
+
+def _split_times(cost: CostModel, lengths: list, degree: int, cp: int):
+    """best_group_times at one split."""
     n = len(lengths)
     single = [np.inf] * (1 << n)
     for mask in range(1, 1 << n):
         seqs = [lengths[i] for i in range(n) if mask >> i & 1]
-        c = cost.min_checkpoint(sum(map(tokens, seqs)), degree)
-        if c is not None and degree in cost.degrees:
-            single[mask] = cost.time(seqs, degree, c)
+        c = cost.min_checkpoint(sum(map(tokens, seqs)), degree, cp)
+        if c is not None:
+            single[mask] = cost.time(seqs, degree, c, cp)
     best, split = [0.0] * (1 << n), [0] * (1 << n)
     for mask in range(1, 1 << n):
         low = mask & -mask
@@ -77,12 +89,12 @@ def brute_force(cost: CostModel, lengths: list[int]) -> tuple[float, Plan]:
     layout, masks = best_plan
     groups = []
     for (start, d), mask in zip(layout, masks):
-        split, mbs = tables[d][1], []
+        split, mbs, cp = tables[d][1], [], tables[d][2][mask]
         while mask:
             ids = [i for i in range(n) if split[mask] >> i & 1]
-            mbs.append(MicroBatch(ids, cost.min_checkpoint(sum(tokens(lengths[i]) for i in ids), d)))
+            mbs.append(MicroBatch(ids, cost.min_checkpoint(sum(tokens(lengths[i]) for i in ids), d, cp)))
             mask ^= split[mask]
-        groups.append(Group(start, d, mbs))
+        groups.append(Group(start, d, mbs, cp))
     return best_time, Plan(list(map(tokens, lengths)), [Wave(groups)],
                            shapes=list(lengths) if is_shaped(lengths) else None)
 

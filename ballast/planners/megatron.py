@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from ..layouts import CONTEXT_ONLY, Splits
 from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
 from ..samples import SampleBatch
 from .base import Planner
@@ -24,6 +25,9 @@ SLACK = 0.05
 @register
 class MegatronDynamicCPPlanner(Planner):
     name = "megatron-dynamic-cp"
+
+    def splits(self) -> Splits:
+        return CONTEXT_ONLY
 
     def _plan(self, batch: SampleBatch) -> Plan:
         cost, world, lengths = self.cost, self.cluster.world_size, batch.lengths

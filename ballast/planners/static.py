@@ -9,6 +9,7 @@ lockstep.
 """
 from __future__ import annotations
 
+from ..layouts import ULYSSES_ONLY, Splits, fixed_context
 from ..plans import Plan
 from ..samples import SampleBatch
 from .base import Planner
@@ -30,6 +31,10 @@ def fixed_layout_plan(batch: SampleBatch, degree: int, checkpoint: float, planne
 @register
 class StaticPlanner(Planner):
     name = "static"
+
+    def splits(self) -> Splits:
+        """Ulysses alone (DeepSpeed-Ulysses), or static USP with a fixed CP part (`--cp`)."""
+        return ULYSSES_ONLY if self.options.cp is None else fixed_context(self.options.cp)
 
     def _plan(self, batch: SampleBatch) -> Plan:
         _, degree, checkpoint = fixed_run(self.cost, batch.lengths, self.options.max_len, self.options.degree)

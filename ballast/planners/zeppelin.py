@@ -52,6 +52,7 @@ from typing import Sequence
 import numpy as np
 
 from ..cost import CostModel
+from ..layouts import Splits, ulysses_in_node
 from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
 from ..samples import SampleBatch
 from ..timeline import step_time, wave_time
@@ -138,6 +139,10 @@ def balance_nodes(weights: Sequence[float], nodes: int, cap: float = math.inf) -
 @register
 class ZeppelinPlanner(Planner):
     name = "zeppelin"
+
+    def splits(self) -> Splits:
+        """Its hierarchical partitioning: Ulysses inside a node, context parallelism across."""
+        return ulysses_in_node(self.cluster.devices_per_node)
 
     def _plan(self, batch: SampleBatch) -> Plan:
         cost, ppn = self.cost, self.cluster.devices_per_node

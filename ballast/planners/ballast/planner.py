@@ -49,6 +49,7 @@ where that is faster (`poles.py`; not under lockstep).
 """
 from __future__ import annotations
 
+from ...layouts import ANY_SPLIT, Splits
 from ...plans import Plan, Wave
 from ...samples import SampleBatch
 from ..registry import register
@@ -61,6 +62,10 @@ from .search import WaveSearch
 @register
 class BallastPlanner(Planner):
     name = "ballast"
+
+    def splits(self) -> Splits:
+        """Every split the heads allow; each group runs its fastest (`Planner._split`)."""
+        return ANY_SPLIT
 
     def _plan(self, batch: SampleBatch) -> Plan:
         waves = self.waves(batch, self.cluster.world_size)
