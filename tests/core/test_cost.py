@@ -450,3 +450,81 @@ def test_cost_model_file_with_wrong_field_type(tmp_path, change, message):
     path.write_text(json.dumps({**cost.to_dict(), **change}))
     with pytest.raises(ValueError, match=message):
         CostModel.load(path)
+
+
+# --- Ulysses x CP splits (docs/design.md, section 4) --------------------------------------------
+def test_split_rules_by_hand():
+    from ballast.layouts import ANY_SPLIT, CONTEXT_ONLY, ULYSSES, ULYSSES_ONLY, fixed_context, ulysses_in_node
+    # 6 heads: Ulysses parts 1 and 2 only; every CP part is a power of two
+    assert ULYSSES_ONLY.context_parts(4, 6, ULYSSES, True) == []
+    assert ANY_SPLIT.context_parts(4, 6, ULYSSES, True) == [2, 4]        # (u, c) = (2, 2), (1, 4)
+    assert ANY_SPLIT.context_parts(4, 6, ULYSSES, False) == []           # a pattern that cannot run CP
+    assert CONTEXT_ONLY.context_parts(4, 8, ULYSSES, True) == [4]
+    assert ulysses_in_node(2).context_parts(8, 8, ULYSSES, True) == [4]  # u = 2 inside the node
+    assert ulysses_in_node(8).context_parts(8, 8, ULYSSES, True) == [1]
+    assert fixed_context(2).context_parts(8, 8, ULYSSES, True) == [2]
+    assert fixed_context(4).context_parts(2, 8, ULYSSES, True) == [2]    # below c: CP over all ranks
+    with pytest.raises(ValueError, match="--cp: CP degree 3 is not a power of two"):
+        fixed_context(3)
+
+
+def test_degrees_past_the_heads_with_context_parallelism():
+    from ballast.layouts import ANY_SPLIT
+    cost = small_cost(heads=6, kv_heads=2, bandwidth={2: 1e9, 4: 5e8})
+    assert cost.degrees == [1, 2]                         # Ulysses alone: 4 does not divide 6
+    wide = cost.under(ANY_SPLIT)
+    assert wide.degrees == [1, 2, 4] and wide.split(4) == 2 and wide.context_parts(4) == [2, 4]
+    assert wide.split(2) == 1                             # heads first where they allow
+    assert wide.to_dict() == cost.to_dict()               # the rule is the planner's, not the profile's
+
+
+def test_context_parallel_terms_by_hand():
+    # 8 heads, 2 kv heads, 1000 bytes per token of exchanges (q, k, v, out both ways): K and V one
+    # way are 1000 / 2 x 2 / (8 + 2) = 100 bytes per token for all heads.
+    cost = small_cost(kv_heads=2, context_latency={4: 0.5}, comm_latency={2: 0.25})
+    # (u, c) = (1, 4): a rank gathers every kv head, 100 bytes a token
+    assert cost.gathered_per_token(4, 4) == pytest.approx(100.0, rel=1e-12)
+    # (2, 2): its Ulysses pair holds 1 kv head of 2 each: 50 bytes a token
+    assert cost.gathered_per_token(4, 2) == pytest.approx(50.0, rel=1e-12)
+    assert cost.gathered_per_token(4, 1) == 0.0
+    # comm at (1, 4), 4000 tokens: K, V forward and dK, dV backward of 3/4 of them over bw(4) + latency
+    assert cost.comm(4000, 4, cp=4) == pytest.approx(2 * 100.0 * 4000 * 3 / 4 / 5e8 + 0.5, rel=1e-12)
+    # (2, 2): Ulysses over the pair on its 2000 tokens (1000 bytes a token, bw(2), its latency)
+    # + CP of the other half of the K, V of its heads over bw(4)
+    assert cost.comm(4000, 4, cp=2) == pytest.approx(1000.0 * 4000 / (4 * 1e9) + 0.25
+                                                    + 2 * 50.0 * 4000 / 2 / 5e8 + 0.5, rel=1e-12)
+    # memory: activations of 4000 / 4 tokens as ever, plus the gathered K, V of layers not recomputed
+    assert cost.memory([4000], 4, 0.0, cp=4) == pytest.approx(1e8 + 1e5 * 1000 + 100.0 * 4000, rel=1e-12)
+    assert cost.memory([4000], 4, 1.0, cp=4) == pytest.approx(1e8 + 1e5 * 1000 * 0.1, rel=1e-12)
+    # the CP kernel's work as measured scales attention only
+    slow = small_cost(kv_heads=2, context_attention=1.5)
+    base = slow.time([4000], 4, 0.0, cp=4) - slow.comm(4000, 4, cp=4) - slow.g
+    assert base == pytest.approx((1e-6 * 4000 ** 2 * 1.5 + 1e-3 * 4000) / 4, rel=1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(costs(), st.sampled_from([(2, 2), (8, 2), (8, 8), (64, 4)]), st.floats(0.0, 1.2))
+def test_split_memory_boundaries(cost, split, fraction):
+    degree, cp = split
+    c = 0.5
+    n = cost.max_tokens(degree, c, cp)
+    assert cost.memory([n], degree, c, cp) <= cost.device_memory * FIT
+    assert cost.memory([n + 1], degree, c, cp) > cost.device_memory
+    tokens = max(1, int(fraction * cost.max_tokens(degree, 1.0, cp)))
+    level = cost.min_checkpoint(tokens, degree, cp)
+    if level is None:
+        assert cost.memory([tokens], degree, 1.0, cp) > cost.device_memory
+        return
+    assert cost.memory([tokens], degree, level, cp) <= cost.device_memory * FIT
+    if level > 0:
+        assert cost.memory([tokens], degree, level - 1 / cost.layers, cp) > cost.device_memory
+
+
+def test_the_uncapped_bound_is_below_every_rule():
+    from ballast.bounds import uncapped_lower_bound
+    from ballast.layouts import ANY_SPLIT, CONTEXT_ONLY
+    cost = small_cost(heads=6, kv_heads=2, bandwidth={2: 1e9, 4: 5e8})
+    lengths = [30_000, 9_000, 4_000, 1_000]
+    bound = uncapped_lower_bound(cost, lengths)
+    assert bound == lower_bound(cost.under(ANY_SPLIT), lengths)
+    assert bound <= lower_bound(cost, lengths) and bound <= lower_bound(cost.under(CONTEXT_ONLY), lengths)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -132,6 +133,12 @@ CASES = {
                    p.waves[0].remap.append((2, 2))),
         r"wave 0, remap domain ranks 2..3: slot 0: a rank holding 30000 tokens for attention and 29000 "
         r"balanced needs 1.02 GB at checkpoint 0.00; the device has 1.00 GB"),
+    "CP part not a power of two": (
+        lambda p: setattr(w(p, 1)[0], "cp", 3),
+        r"wave 1, group 0 \(ranks 0..3\): CP part 3 is not a power of two dividing the group's size 4"),
+    "CP part above the group": (
+        lambda p: setattr(w(p, 0)[0], "cp", 4),
+        r"wave 0, group 0 \(ranks 0..1\): CP part 4 is not a power of two dividing the group's size 2"),
     "non-positive loss normaliser": (
         lambda p: setattr(p, "tokens", 0),
         r"loss normaliser tokens=0 must be positive"),
@@ -187,6 +194,34 @@ def test_heads_not_divisible():
     plan.validate(cluster)
 
 
+def test_context_parallelism_lifts_the_head_rule():
+    cluster = get_cluster("cpu", world_size=16, device_memory_gb=1.0)
+    cost = CostModel.analytic(get_model_shape("tiny"), cluster)   # 8 heads
+    # degree 16 as Ulysses 8 x CP 2, or CP 16 alone: valid; Ulysses 16 x CP 1 is not
+    for cp in (2, 16):
+        Plan([100, 200], [Wave([Group(0, 16, [MicroBatch([0, 1])], cp)])]).validate(cluster, cost)
+    # the Ulysses part must still divide the heads: 16 = 16 x 1 fails above, and a 6-head model's 4 = 4 x 1
+    six = dataclasses.replace(cost, heads=6, kv_heads=2)
+    with pytest.raises(PlanError, match=r"SP degree 4 does not divide the attention heads \(6\)"):
+        Plan([100], [Wave([Group(0, 4, [MicroBatch([0])]), *fill_idle([], 16)[4:]])]).validate(cluster, six)
+    Plan([100], [Wave([Group(0, 4, [MicroBatch([0])], 2), *fill_idle([], 16)[4:]])]).validate(cluster, six)
+    # spatial-temporal attention attends within frames and columns, which CP's chunks would cut
+    video = CostModel.analytic(get_model_shape("stdit-tiny"), cluster)
+    with pytest.raises(PlanError, match=r"CP part 2: spatial-temporal attention cannot run context parallelism"):
+        Plan([100], [Wave([Group(0, 2, [MicroBatch([0])], 2), *fill_idle([], 16)[2:]])]).validate(cluster, video)
+
+
+def test_memory_is_checked_at_the_split(cpu4, tiny4):
+    # gathered K and V take memory Ulysses does not: a micro-batch that fits at (4, 1) need not at (1, 4)
+    tokens = tiny4.max_tokens(4, 0.0, 1)
+    assert tiny4.max_tokens(4, 0.0, 4) < tokens
+    plan = Plan([tokens], [Wave([Group(0, 4, [MicroBatch([0])], 1)])])
+    plan.validate(cpu4, tiny4)
+    plan.waves[0].groups[0].cp = 4
+    with pytest.raises(PlanError, match=r"at SP degree 4 \(CP 4\) and checkpoint 0.00"):
+        plan.validate(cpu4, tiny4)
+
+
 def test_lockstep_plan_with_fillers_validates(cpu4, tiny4):
     plan = Plan([10, 20, 30], [Wave([Group(0, 2, [MicroBatch([0]), MicroBatch([1])]),
                                      Group(2, 2, [MicroBatch([2]), MicroBatch([])])])], lockstep=True)
@@ -198,8 +233,11 @@ def test_json_round_trip():
     plan = good_plan()
     plan.lockstep, plan.tokens = False, 1234
     plan.waves[0].remap.append((0, 4))
+    plan.waves[1].groups[0].cp = 2
     text = plan.to_json()
     assert isinstance(json.loads(text), dict)
+    # a group's CP part is written only where there is one, so plans without it read as before
+    assert [[g.get("cp") for g in wave] for wave in json.loads(text)["waves"]] == [[None, None, None], [2]]
     back = Plan.from_json(text)
     assert back == plan
     assert back.to_json() == text
