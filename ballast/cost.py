@@ -263,9 +263,10 @@ class CostModel:
         level = math.ceil(c * self.layers - LEVEL_EPS) / self.layers
         return level if level <= 1.0 else None
 
-    def min_degree(self, tokens: int) -> int | None:
-        """The smallest degree at which `tokens` fit in one micro-batch at full checkpointing."""
-        return next((d for d in self.degrees if self.max_tokens(d, 1.0) >= tokens), None)
+    def min_degree(self, tokens: int, at_least: int = 1) -> int | None:
+        """The smallest degree, from `at_least` up, at which `tokens` fit in one micro-batch at
+        full checkpointing."""
+        return next((d for d in self.degrees if d >= at_least and self.max_tokens(d, 1.0) >= tokens), None)
 
     def check_fits(self, samples: Sequence[Sample]) -> None:
         """Raise InfeasibleError naming the first sequence no plan can hold."""

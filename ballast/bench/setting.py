@@ -53,6 +53,8 @@ class BenchSetting:
     """Force the SP degree of the fixed-degree planners (`static`, `bucket`), as a user of a
     fixed-layout framework sets it (e.g. transformers/accelerate's `sp_size`); None: the least
     degree at which a max_len sequence fits."""
+    cp: int | None = None
+    """`static`'s context-parallel part (static USP, `options.CP`); None: Ulysses alone."""
     time_limit: float = 2.0
     """Seconds per MILP solve (flexsp)."""
     seed: int = 0
