@@ -37,7 +37,7 @@ def ulysses_alone(planner, group) -> bool:
 
 
 def fixed_context(planner, group) -> bool:
-    return group.cp == min(planner.options.cp, group.degree)
+    return group.cp == planner.options.cp   # its degree is at least --cp
 
 
 RULES = {"megatron-dynamic-cp": context_alone, "wlb-llm": context_alone, "zeppelin": ulysses_in_node,
@@ -96,3 +96,12 @@ def test_context_parallel_planners_pass_the_head_cap(name):
     plan.validate(cluster, cost)
     longest = next(g for _, g, mb in plan.micro_batches() if 0 in mb.seq_ids)
     assert longest.degree >= 4 and longest.cp == longest.degree
+
+
+@pytest.mark.parametrize("forced, cp, split", [(None, 4, (4, 4)), (8, 2, (8, 2)), (4, 1, (4, 1))])
+def test_static_usp_runs_the_split_asked(forced, cp, split):
+    # Short sequences fit one rank: without --degree the degree is still --cp's.
+    cluster, cost = budget(make_cluster(1, 8, 1e12), ModelShape("eight-heads", 2, 128, 8, 8, 256, 256), 20_000)
+    plan = get_planner("static", cluster, cost, PlannerOptions(degree=forced, cp=cp)).plan([3_000, 900, 40])
+    plan.validate(cluster, cost)
+    assert {(g.degree, g.cp) for g in plan.waves[0].groups} == {split}
