@@ -263,9 +263,10 @@ class CostModel:
         level = math.ceil(c * self.layers - LEVEL_EPS) / self.layers
         return level if level <= 1.0 else None
 
-    def min_degree(self, tokens: int) -> int | None:
-        """The smallest degree at which `tokens` fit in one micro-batch at full checkpointing."""
-        return next((d for d in self.degrees if self.max_tokens(d, 1.0) >= tokens), None)
+    def min_degree(self, tokens: int, at_least: int = 1) -> int | None:
+        """The smallest degree, from `at_least` up, at which `tokens` fit in one micro-batch at
+        full checkpointing."""
+        return next((d for d in self.degrees if d >= at_least and self.max_tokens(d, 1.0) >= tokens), None)
 
     def check_fits(self, samples: Sequence[Sample]) -> None:
         """Raise InfeasibleError naming the first sequence no plan can hold."""
@@ -301,6 +302,10 @@ class CostModel:
             return (f"; SP degree {2 * top} needs context parallelism ({layout.why_not(2 * top, self.heads)}): "
                     f"use a planner that runs it (ballast, megatron-dynamic-cp, zeppelin, wlb-llm) or "
                     f"static with --cp")
+        if not self.splits.ulysses and layout.allows(2 * top, self.heads):  # so CP is what the pattern refuses
+            return (f"; {self.pattern.why_no_context}, and planners of context parallelism alone "
+                    f"(megatron-dynamic-cp, wlb-llm) run no {layout.name} layout, which SP degree {2 * top} "
+                    f"needs: use another planner")
         if not self.pattern.context_parallel:
             return (f"; no SP degree above {top} is usable, however many ranks: "
                     f"{layout.why_not(2 * top, self.heads)}, and {self.pattern.name} attention "
@@ -396,9 +401,19 @@ class CostModel:
             if d > 1:
                 work = work + self.exchange_bytes(d) * s / (d * self.bandwidth[d])
         else:
-            attention = self.attention_time(s, q) * (1.0 + c * self.recompute_attention) * self.context_attention
-            work = (attention + self.b * s * (1.0 + c * self.recompute)) / d + self.comm_per_token(d, cp) * s
+            work = self.marginal_times(s, q, d, c, cp)
         return np.where(c <= 1.0, work, np.inf)
+
+    def marginal_times(self, tokens, units, degree: int, checkpoint, cp: int | None = None):
+        """What each sample adds to its micro-batch's time at this degree, level and split,
+        elementwise (arrays of tokens, their attention units and levels): time() is these summed
+        plus g and the collectives' fixed latency."""
+        cp = self._cp(degree, cp)
+        attention = self.attention_time(tokens, units) * (1.0 + checkpoint * self.recompute_attention)
+        if cp > 1:
+            attention = attention * self.context_attention
+        linear = self.b * tokens * (1.0 + checkpoint * self.recompute)
+        return (attention + linear) / degree + self.comm_per_token(degree, cp) * tokens
 
     # --- construction and JSON -----------------------------------------------------------------
     @classmethod

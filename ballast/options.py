@@ -1,7 +1,8 @@
 """The options several commands share, each defined once with one meaning.
 
 `--model`, `--max-len`, `--cluster`, `--world`, `--cost` and `--device-memory-gb` mean the same
-in `simulate`, `verify`, `profile`, `bench` and `train`: each command adds an option with
+in `simulate`, `verify`, `profile`, `bench` and `train`, `--degree` and `--cp` in those that plan
+with a fixed-degree planner (`simulate`, `bench`, `train`): each command adds an option with
 `SharedOption.add` (argparse) or, for `train`'s config fields, `SharedOption.help`, giving its
 own default and why that default suits it. Only defaults differ between commands.
 """
@@ -70,4 +71,9 @@ COST = SharedOption(
 DEVICE_MEMORY = SharedOption(
     "--device-memory-gb", "usable memory per device in GB that plans must fit, on any cluster and over a "
                           "--cost profile's", positive(float), "GB")
-SHARED = {option.flag: option for option in (MODEL, MAX_LEN, CLUSTER, WORLD, COST, DEVICE_MEMORY)}
+DEGREE = SharedOption(
+    "--degree", "the SP degree of the fixed-degree planners (static, bucket)", positive(int), "N")
+CP = SharedOption(
+    "--cp", "static's context-parallel part c, a power of two: static USP, Ulysses over --degree / c ranks "
+            "times context parallelism over c", positive(int), "C")
+SHARED = {option.flag: option for option in (MODEL, MAX_LEN, CLUSTER, WORLD, COST, DEVICE_MEMORY, DEGREE, CP)}

@@ -137,6 +137,14 @@ class AttentionPattern:
         return all(span.whole_sample for span in self.spans)
 
     @property
+    def why_no_context(self) -> str | None:
+        """Why its groups cannot run context parallelism (for errors), or None where they can."""
+        if self.context_parallel:
+            return None
+        return (f"{self.name} attention cannot run context parallelism (its blocks attend within frames or "
+                f"columns, which head-tail chunks would cut)")
+
+    @property
     def split_fit(self) -> bool:
         """The profile fits one coefficient per span, so its grid must make their features
         independent (clips of several aspects per token count)."""

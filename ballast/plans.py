@@ -236,8 +236,7 @@ class Plan:
             return why + (f" (the Ulysses part of {group.degree} = {group.ulysses} x CP {group.cp})"
                           if group.cp > 1 else "")
         if group.cp > 1 and not cost.pattern.context_parallel:
-            return (f"CP part {group.cp}: {cost.pattern.name} attention cannot run context parallelism "
-                    f"(its blocks attend within frames or columns, which head-tail chunks would cut)")
+            return f"CP part {group.cp}: {cost.pattern.why_no_context}"
         return None
 
     def _validate_micro_batch(self, where: str, mb: MicroBatch, group: Group,

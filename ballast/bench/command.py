@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ..dataset import SYNTAX, VIDEO_DATA_SYNTAX
-from ..options import COST, DEVICE_MEMORY, MAX_LEN, MODEL, WORLD
+from ..options import COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, WORLD
 from ..output_paths import check_output_file
 from ..planners import parse_planner_names
 from ..value_checks import check_timeout
@@ -47,8 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     COST.add(p, d.cost, "the planners' cost model and the predictions the measurements are held against; "
                         "`ballast profile` measures this machine's")
     p.add_argument("--time-limit", type=float, default=d.time_limit, help=f"seconds per MILP solve, flexsp (default {d.time_limit:g})")
-    p.add_argument("--degree", type=int, default=d.degree,
-                   help="force the SP degree of static and bucket (default: the least that holds --max-len)")
+    DEGREE.add(p, d.degree, "the least that holds --max-len")
+    CP.add(p, d.cp, "Ulysses alone")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
     p.add_argument("--png", default=None, help="bar chart (default: next to --json)")
@@ -61,7 +61,7 @@ def setting_from(args: argparse.Namespace) -> BenchSetting:
                         planners=tuple(parse_planner_names(args.planners)), steps=args.steps,
                         warmup=args.warmup, repeats=args.repeats, tokens_per_step=args.tokens_per_step,
                         max_len=args.max_len, device_memory_gb=args.device_memory_gb, cost=args.cost,
-                        degree=args.degree, time_limit=args.time_limit, seed=args.seed)
+                        degree=args.degree, cp=args.cp, time_limit=args.time_limit, seed=args.seed)
 
 
 def describe(inputs: BenchInputs, setting: BenchSetting) -> str:

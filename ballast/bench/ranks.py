@@ -79,7 +79,7 @@ def _executor(inputs: BenchInputs, groups: ProcessGroups, seed: int) -> Executor
 
 
 def make_planners(inputs: BenchInputs, setting: BenchSetting) -> dict[str, Planner]:
-    options = PlannerOptions(max_len=setting.max_len, degree=setting.degree, seed=setting.seed,
+    options = PlannerOptions(max_len=setting.max_len, degree=setting.degree, cp=setting.cp, seed=setting.seed,
                              time_limit=setting.time_limit)
     return {name: get_planner(name, inputs.cluster, inputs.cost, options) for name in setting.planners}
 

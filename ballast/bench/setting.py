@@ -20,7 +20,7 @@ from ..model_shape import ModelShape, get_model_shape
 from ..models import check_buildable
 from ..layouts import ANY_SPLIT
 
-ALL_PLANNERS = ("static", "batch-adaptive", "bucket", "megatron-dynamic-cp", "dcp", "flexsp", "hydraulis",
+ALL_PLANNERS = ("static", "batch-adaptive", "bucket", "megatron-dynamic-cp", "wlb-llm", "dcp", "flexsp", "hydraulis",
                 "zeppelin", "ballast")
 """The default line-up: every planner, baselines first."""
 MEMORY_SLACK = 1.01
@@ -30,7 +30,7 @@ MEMORY_SLACK = 1.01
 @dataclass(frozen=True)
 class BenchSetting:
     """One benchmark's knobs (the command line's flags). The defaults are bench/measured.sh's
-    setting: with every planner, about 8 minutes on 2 quiet CPU cores."""
+    setting: with its nine planners (every one but wlb-llm), about 8 minutes on 2 quiet CPU cores."""
 
     model: str = "tiny"
     data: str = "stdlib"
@@ -53,6 +53,8 @@ class BenchSetting:
     """Force the SP degree of the fixed-degree planners (`static`, `bucket`), as a user of a
     fixed-layout framework sets it (e.g. transformers/accelerate's `sp_size`); None: the least
     degree at which a max_len sequence fits."""
+    cp: int | None = None
+    """`static`'s context-parallel part (static USP, `options.CP`); None: Ulysses alone."""
     time_limit: float = 2.0
     """Seconds per MILP solve (flexsp)."""
     seed: int = 0

@@ -14,5 +14,6 @@ from . import dcp  # noqa: E402,F401
 from . import hydraulis  # noqa: E402,F401
 from . import zeppelin  # noqa: E402,F401
 from . import flexsp  # noqa: E402,F401
+from . import wlb_llm  # noqa: E402,F401
 
 __all__ = ["PLANNERS", "Planner", "PlannerOptions", "get_planner", "make_plan", "parse_planner_names", "register"]

@@ -78,31 +78,34 @@ def lockstep_wave(per_group: list[list[MicroBatch]], batch: SampleBatch, degree:
 
 
 def fixed_run(cost: CostModel, lengths: Sequence[int], max_len: int | None,
-              degree: int | None = None) -> tuple[int, int, float]:
+              degree: int | None = None, at_least: int = 1) -> tuple[int, int, float]:
     """(max_len, SP degree, checkpoint level) of a run whose layout is fixed in advance.
 
-    The degree is the given one or the smallest that holds `max_len`; the checkpoint level is
-    the least at which `max_len` fits that degree, set once for the run as users of static
-    frameworks set it.
+    The degree is the given one or the smallest from `at_least` up that holds `max_len`; the
+    checkpoint level is the least at which `max_len` fits that degree, set once for the run as
+    users of static frameworks set it.
     """
     max_len = max_len or max(lengths)
     longest = max(lengths)
     if longest > max_len:
         raise ValueError(f"sequence {list(lengths).index(longest)} has {longest} tokens, more than "
                          f"max_len {max_len}")
-    degree = degree or cost.min_degree(max_len)
+    degree = degree or cost.min_degree(max_len, at_least)
     if degree is None:
-        raise ValueError(f"max_len {max_len} fits no SP degree up to {cost.degrees[-1]}")
+        raise ValueError(f"max_len {max_len} fits no SP degree from {at_least} up to {cost.degrees[-1]}")
     assert degree in cost.degrees, (degree, cost.degrees)  # a forced degree: Planner checked it
     return max_len, degree, fixed_checkpoint(cost, max_len, degree)
 
 
 def fixed_checkpoint(cost: CostModel, max_len: int, degree: int) -> float:
-    """The least checkpoint level, set once for a run, at which `max_len` tokens fit `degree`."""
-    level = cost.min_checkpoint(max_len, degree)
+    """The least checkpoint level, set once for a run, at which `max_len` tokens fit `degree`
+    at the split the planner's rule gives it (`CostModel.split`)."""
+    cp = cost.split(degree)
+    level = cost.min_checkpoint(max_len, degree, cp)
     if level is None:
-        raise ValueError(f"a {max_len}-token sequence (--max-len) does not fit SP degree {degree} even with "
-                         f"full checkpointing (at most {cost.max_tokens(degree, 1.0)} tokens at "
+        split = f" (Ulysses {degree // cp} x CP {cp})" if cp > 1 else ""
+        raise ValueError(f"a {max_len}-token sequence (--max-len) does not fit SP degree {degree}{split} even with "
+                         f"full checkpointing (at most {cost.max_tokens(degree, 1.0, cp)} tokens at "
                          f"{cost.device_memory / 1e9:.3g} GB per device): raise --degree or "
                          f"--device-memory-gb, or lower --max-len")
     return level
@@ -115,5 +118,5 @@ def pad_lockstep(wave: Wave, batch: SampleBatch, cost: CostModel) -> Wave:
     groups = []
     for g in wave.groups:
         mbs = sorted(g.micro_batches, key=lambda mb: -mb_time(mb, batch, g.degree, cost))
-        groups.append(Group(g.start, g.degree, mbs + [MicroBatch([], 0.0) for _ in range(depth - len(mbs))]))
+        groups.append(Group(g.start, g.degree, mbs + [MicroBatch([], 0.0) for _ in range(depth - len(mbs))], g.cp))
     return Wave(groups, list(wave.remap))

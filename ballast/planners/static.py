@@ -6,6 +6,10 @@ that degree. Each step deals the sequences to the equal groups balancing tokens 
 packing data loader does for its data-parallel replicas), and each group packs its share
 best-fit-decreasing into micro-batches of that capacity; under ZeRO-3 the groups run in
 lockstep.
+
+With `--cp` (`PlannerOptions.cp`) it is static USP (xDiT, USP's 2D mesh): every group runs
+Ulysses over degree / cp ranks times context parallelism over cp, the degree `--degree` or the
+smallest from cp up that holds `max_len`.
 """
 from __future__ import annotations
 
@@ -36,6 +40,27 @@ class StaticPlanner(Planner):
         """Ulysses alone (DeepSpeed-Ulysses), or static USP with a fixed CP part (`--cp`)."""
         return ULYSSES_ONLY if self.options.cp is None else fixed_context(self.options.cp)
 
+    def _check_degree(self, degree: int | None) -> None:
+        if self.options.cp is not None:
+            self._check_cp(self.options.cp, degree)
+        super()._check_degree(degree)
+
+    def _check_cp(self, cp: int, degree: int | None) -> None:
+        """The CP part must be one this model and cluster can run, and leave a Ulysses part of a
+        forced degree that the heads allow (`fixed_context` checked it is a power of two)."""
+        if cp > 1 and (why := self.cost.pattern.why_no_context) is not None:
+            raise ValueError(f"--cp {cp}: model {self.cost.model!r}: {why}")
+        if cp > self.cluster.world_size:
+            raise ValueError(f"--cp {cp} is more ranks than the cluster's {self.cluster.world_size}")
+        if degree is None:
+            return
+        if degree % cp:
+            raise ValueError(f"--cp {cp} does not divide --degree {degree}: static USP runs Ulysses over "
+                             f"--degree / --cp ranks times context parallelism over --cp")
+        self.cost.pattern.layout.check(degree // cp, self.cost.heads,
+                                       f"--degree {degree} with --cp {cp} leaves Ulysses over {degree // cp} ranks")
+
     def _plan(self, batch: SampleBatch) -> Plan:
-        _, degree, checkpoint = fixed_run(self.cost, batch.lengths, self.options.max_len, self.options.degree)
+        _, degree, checkpoint = fixed_run(self.cost, batch.lengths, self.options.max_len, self.options.degree,
+                                          at_least=self.options.cp or 1)
         return fixed_layout_plan(batch, degree, checkpoint, self)

@@ -273,8 +273,9 @@ class ZeppelinPlanner(Planner):
 
     # --- micro-batches -------------------------------------------------------------------------
     def _wave(self, step: _Step, drafts: list[_Draft]) -> Wave:
-        groups = fill_idle([Group(g.start, g.degree, self._pack(step.batch, g.ids, g.degree)) for g in drafts],
-                           self.cluster.world_size)
+        # Each group at the split it is priced at, so a remap domain's memory and time see its gathered K, V.
+        groups = fill_idle([Group(g.start, g.degree, self._pack(step.batch, g.ids, g.degree), self.cost.split(g.degree))
+                            for g in drafts], self.cluster.world_size)
         return pad_lockstep(Wave(groups), step.batch, self.cost) if self.options.lockstep else Wave(groups)
 
     def _pack(self, batch: SampleBatch, ids: list[int], degree: int) -> list[MicroBatch]:

@@ -19,7 +19,7 @@ from ..planners import PlannerOptions, parse_planner_names
 from ..gantt import gantt
 from .table import planner_table
 from ..model_shape import get_model_shape
-from ..options import CLUSTER, COST, DEVICE_MEMORY, MAX_LEN, MODEL, WORLD, positive
+from ..options import CLUSTER, COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, WORLD, positive
 from ..output_paths import check_output_file
 from ..samples import tokens
 
@@ -44,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=positive(int), default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--planners", default="all", help="comma-separated planner names, or all")
-    p.add_argument("--degree", type=positive(int), default=None, help="force the SP degree of static and bucket")
+    DEGREE.add(p, None, "the least that holds --max-len")
+    CP.add(p, None, "Ulysses alone")
     p.add_argument("--time-limit", type=positive(float), default=10.0, help="seconds per MILP solve (flexsp)")
     p.add_argument("--buckets", type=positive(int), default=16, help="length buckets of flexsp's DP bucketing")
     p.add_argument("--dcp-mode", choices=("inter", "intra", "both"), default="both")
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                      overlong=args.overlong)
     lengths_stream = LengthStream(get_length_source(args.lengths, shape.video_geometry), spec, seed=args.seed)
     batches = [lengths_stream.next_batch() for _ in range(args.steps)]
-    options = PlannerOptions(max_len=args.max_len, degree=args.degree, seed=args.seed,
+    options = PlannerOptions(max_len=args.max_len, degree=args.degree, cp=args.cp, seed=args.seed,
                              time_limit=args.time_limit, buckets=args.buckets, dcp_mode=args.dcp_mode,
                              remap=args.zeppelin_remap == "on", lockstep=args.lockstep)
     with Progress(console=console, transient=True) as progress:

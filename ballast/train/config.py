@@ -74,7 +74,9 @@ class PlannerConfig:
     plan_ahead: bool = True
     """Plan step k+1 in a background thread on rank 0 while step k trains."""
     degree: int | None = None
-    """Force the SP degree of fixed-degree planners (static, bucket)."""
+    """The SP degree of fixed-degree planners (`options.DEGREE`); unset: the least that holds --max-len."""
+    cp: int | None = None
+    """static's context-parallel part (`options.CP`), dividing --degree; unset: Ulysses alone."""
     time_limit: float = 2.0
     """Seconds per MILP solve (flexsp)."""
 
@@ -170,7 +172,7 @@ class TrainConfig:
             if value is not None and value <= 0:
                 raise ValueError(f"{flag} must be positive, got {value}")
         for flag, value in {"--world": self.run.world, "--decay-steps": self.optimizer.decay_steps,
-                            "--degree": self.planner.degree}.items():
+                            "--degree": self.planner.degree, "--cp": self.planner.cp}.items():
             if value is not None and value < 1:
                 raise ValueError(f"{flag} must be >= 1, got {value}")
         for flag, value in {"--checkpoint-interval": self.checkpoint.checkpoint_interval,

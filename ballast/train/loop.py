@@ -97,7 +97,7 @@ def open_data(config: TrainConfig, setup: Setup, progress: bool) -> tuple[BatchS
 
 
 def make_planner(config: TrainConfig, setup: Setup) -> Planner:
-    options = PlannerOptions(max_len=config.data.max_len, degree=config.planner.degree,
+    options = PlannerOptions(max_len=config.data.max_len, degree=config.planner.degree, cp=config.planner.cp,
                              seed=config.run.seed, time_limit=config.planner.time_limit,
                              lockstep=config.optimizer.fsdp)
     return get_planner(config.planner.planner, setup.cluster, setup.cost, options)

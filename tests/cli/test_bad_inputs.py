@@ -269,6 +269,25 @@ CASES = [
     ("simulate --cluster cpu --world 4 --planners dcp --model {three-heads.json} --device-memory-gb 0.01 "
      "--max-len 40000", 2, r"\(SP degree 1,.* SP degree 2 needs context parallelism \(SP degree 2 does not divide "
      r"the attention heads \(3\).*use a planner that runs it .* or static with --cp"),
+    # static USP's CP part (--cp): checked where it enters, naming the value and its limit
+    ("simulate --planners static --cp 3", 2, r"--cp: CP degree 3 is not a power of two"),
+    ("simulate --planners static --degree 2 --cp 4", 2, r"--cp 4 does not divide --degree 2"),
+    ("simulate --planners static --cp 128", 2, r"--cp 128 is more ranks than the cluster's 64"),
+    ("simulate --cluster cpu --world 8 --planners static --model {three-heads.json} --degree 8 --cp 2", 2,
+     r"--degree 8 with --cp 2 leaves Ulysses over 4 ranks: SP degree 4 does not divide the attention heads \(3\)"),
+    ("simulate --lengths video --model stdit3-1b --cluster h200-32 --planners static --cp 2 --steps 1", 2,
+     r"--cp 2: model 'stdit3-1b': spatial-temporal attention cannot run context parallelism"),
+    ("simulate --cluster cpu --world 4 --planners static --model {three-heads.json} --degree 2 --cp 2 "
+     "--device-memory-gb 0.01 --max-len 40000", 2, r"a 40000-token sequence \(--max-len\) does not fit SP degree 2 "
+     r"\(Ulysses 1 x CP 2\) even with full checkpointing \(at most \d+ tokens"),
+    ("train --planner static --degree 1 --cp 2", 2, r"--cp 2 does not divide --degree 1"),
+    ("train --planner static --cp 4", 2, r"--cp 4 is more ranks than the cluster's 2"),
+    ("bench --planners static --cp 3", 2, r"--cp: CP degree 3 is not a power of two"),
+    ("train --planner static --cp 0", 2, r"--cp must be >= 1, got 0"),
+    # a planner of context parallelism alone on a pattern that cannot run it: the lever it lacks
+    ("simulate --lengths video --model stdit3-1b --cluster h200-32 --device-memory-gb 30 --planners wlb-llm --steps 1", 2,
+     r"spatial-temporal attention cannot run context parallelism .*planners of context parallelism alone "
+     r"\(megatron-dynamic-cp, wlb-llm\) run no video-2d layout, which SP degree 2 needs: use another planner"),
     # output paths no command could write, found before the work
     ("simulate --json {lengths.txt}/out.json", 2, r"--json .*lengths.txt/out.json: .*lengths.txt is not a folder"),
     ("simulate --gantt /no/such/dir/gantt.png", 2, r"--gantt /no/such/dir/gantt.png: /no/such/dir does not exist"),

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 import ballast
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel
+from ballast.layouts import CONTEXT_ONLY
 from ballast.planners import PLANNERS, PlannerOptions, get_planner, make_plan, parse_planner_names
 from ballast.model_shape import get_model_shape
 from ballast.timeline import step_time
@@ -138,8 +139,11 @@ def next_power_of_two_at_least(x: float) -> int:
 ])
 def test_megatron_degree_per_sequence(setting, lengths, max_len):
     cluster, cost = {"tiny8": tiny8, "gpt7b": gpt7b}[setting]()
-    plan = get_planner("megatron-dynamic-cp", cluster, cost, PlannerOptions(max_len=max_len)).plan(lengths)
+    planner = get_planner("megatron-dynamic-cp", cluster, cost, PlannerOptions(max_len=max_len))
+    plan = planner.plan(lengths)
     plan.validate(cluster, cost)
+    cost = planner.cost   # priced at its rule's split: context parallelism over the whole group
+    assert cost.splits == CONTEXT_ONLY
     longest = max_len or max(lengths)
     # tokens per rank: the capacity per rank of the least degree that can hold max_len, at the
     # run's checkpoint level (the least that holds max_len there)
@@ -152,7 +156,7 @@ def test_megatron_degree_per_sequence(setting, lengths, max_len):
         assert mb.checkpoint == level
         for i in mb.seq_ids:
             want = next_power_of_two_at_least(lengths[i] / per_rank)
-            want = min(d for d in cost.degrees if d >= want)   # a degree the heads allow
+            want = min(d for d in cost.degrees if d >= want)   # a degree the cluster has
             assert group.degree == want, (i, lengths[i], per_rank)
             seen.add(i)
     assert seen == set(range(len(lengths)))

@@ -48,10 +48,10 @@ def sample(draw, tokens: int, limit: int, shaped: bool):
 
 
 @st.composite
-def setups(draw, lockstep=None):
+def setups(draw, name, lockstep=None):
     """(cluster, cost, samples, options): 1-16 ranks in 1-2 nodes, a memory budget from a few
-    dozen to 50K tokens per device, and a long-tailed batch up to the longest plannable (half
-    the time with clips, under a random attention pattern)."""
+    dozen to 50K tokens per device, and a long-tailed batch up to the longest planner `name`
+    can plan under its split rule (half the time with clips, under a random attention pattern)."""
     nodes = draw(st.sampled_from([1, 2]))
     per_node = draw(st.sampled_from([1, 2, 4, 8]))
     intra = draw(st.sampled_from([1e9, 1e11]))
@@ -71,7 +71,8 @@ def setups(draw, lockstep=None):
     # Attention's recomputation priced like the rest (docs/design.md) or apart, as profiles find it.
     cost = dataclasses.replace(cost, device_memory=memory,
                                recompute_attention=draw(st.sampled_from([cost.recompute, 0.1, 0.8])))
-    limit = cost.max_tokens(cost.degrees[-1], 1.0)
+    ruled = get_planner(name, cluster, cost, PlannerOptions()).cost
+    limit = ruled.max_tokens(ruled.degrees[-1], 1.0)
     # fractions of the limit, cubed: mostly short sequences with a long tail up to the limit
     fractions = draw(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=48))
     samples = [sample(draw, max(1, round(f ** 3 * limit)), limit, shaped) for f in fractions]
@@ -84,7 +85,7 @@ def setups(draw, lockstep=None):
 def run(name: str, examples: int, check, lockstep=None) -> None:
     @settings(max_examples=min(examples, SLOW.get(name, examples)), deadline=None,
               suppress_health_check=[HealthCheck.too_slow])
-    @given(setups(lockstep))
+    @given(setups(name, lockstep))
     def inner(setup):
         check(*setup)
     inner()
