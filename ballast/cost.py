@@ -302,10 +302,6 @@ class CostModel:
             return (f"; SP degree {2 * top} needs context parallelism ({layout.why_not(2 * top, self.heads)}): "
                     f"use a planner that runs it (ballast, megatron-dynamic-cp, zeppelin, wlb-llm) or "
                     f"static with --cp")
-        if not self.splits.ulysses and layout.allows(2 * top, self.heads):  # so CP is what the pattern refuses
-            return (f"; {self.pattern.why_no_context}, and planners of context parallelism alone "
-                    f"(megatron-dynamic-cp, wlb-llm) run no {layout.name} layout, which SP degree {2 * top} "
-                    f"needs: use another planner")
         if not self.pattern.context_parallel:
             return (f"; no SP degree above {top} is usable, however many ranks: "
                     f"{layout.why_not(2 * top, self.heads)}, and {self.pattern.name} attention "

@@ -130,7 +130,12 @@ class Splits:
 
     def context_parts(self, degree: int, heads: int, layout: HeadLayout | Layout, context_ok: bool) -> list[int]:
         """The c of every split of `degree` this rule allows for a model of `heads` heads whose
-        head layout is `layout` (`context_ok`: its pattern can run CONTEXT), ascending."""
+        head layout is `layout` (`context_ok`: its pattern can run CONTEXT), ascending. A pattern
+        that cannot run CONTEXT has its head layout alone under every rule: a planner of CP then
+        runs sequence parallelism as it would without CP (Megatron-Core falls back to its other
+        parallelisms where a model cannot be split by context)."""
+        if not context_ok:
+            return [1] if layout.allows(degree, heads) else []
         allowed = [c for c in _powers(degree)
                    if layout.allows(degree // c, heads) and (c == 1 or context_ok and self.context)
                    and (degree // c == 1 or self.ulysses)]

@@ -105,3 +105,16 @@ def test_static_usp_runs_the_split_asked(forced, cp, split):
     plan = get_planner("static", cluster, cost, PlannerOptions(degree=forced, cp=cp)).plan([3_000, 900, 40])
     plan.validate(cluster, cost)
     assert {(g.degree, g.cp) for g in plan.waves[0].groups} == {split}
+
+
+@pytest.mark.parametrize("name", ["megatron-dynamic-cp", "wlb-llm", "zeppelin"])
+def test_a_pattern_that_cannot_run_context_parallelism_keeps_its_own_layout(name):
+    # spatial-temporal blocks attend within frames and columns, which CP's chunks would cut: a
+    # planner of CP runs the model's 2D layout as it would without CP, at every degree the heads allow
+    from ballast.cluster import get_cluster
+    from ballast.model_shape import get_model_shape
+    shape = get_model_shape("stdit3-1b")
+    cluster = get_cluster("h200-32")
+    cost = CostModel.analytic(shape, cluster)
+    planner = get_planner(name, cluster, cost)
+    assert planner.cost.degrees == cost.degrees and all(planner.cost.context_parts(d) == [1] for d in cost.degrees)
