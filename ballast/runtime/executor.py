@@ -56,12 +56,13 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..cluster import Cluster
-from ..layouts import ULYSSES, VIDEO_2D, Layout
-from ..models.protocol import PackedStream, ParallelModel
+from ..layouts import CONTEXT, ULYSSES, VIDEO_2D, Layout
+from ..models.protocol import Local, PackedStream, ParallelModel, held_tokens
 from ..plans import Group, MicroBatch, Plan
 from .attention import StreamShard, shard_sizes
 from .fsdp import is_sharded
 from .groups import ProcessGroups
+from .hybrid import HybridShard
 from .memory import ActivationMeter
 from .remap import RemappedStream, Route, overlaps
 from .video_sp import VideoShard
@@ -70,9 +71,10 @@ from .video_sp import VideoShard
 PRECISIONS = ("auto", "bf16", "fp32")
 """auto: bf16 autocast on CUDA, fp32 elsewhere."""
 
-SHARDS: dict[Layout, type[StreamShard]] = {ULYSSES: StreamShard, VIDEO_2D: VideoShard}
+SHARDS: dict[Layout, type[StreamShard]] = {ULYSSES: StreamShard, VIDEO_2D: VideoShard, CONTEXT: HybridShard}
 """How a group's ranks hold a micro-batch in each layout (`layouts.py`; a group of one rank
-holds its stream whole, a `StreamShard` of degree 1)."""
+holds its stream whole, a `StreamShard` of degree 1; a group with a CP part, `Group.cp` > 1,
+runs CONTEXT, Ulysses over `Group.ulysses` ranks inside it)."""
 
 
 @dataclass
@@ -194,7 +196,7 @@ class Executor:
         plan.validate(self.cluster)
         for _, group, mb in plan.micro_batches():
             if mb.seq_ids:
-                self.model.shape.check_degree(group.degree)
+                self.model.shape.check_degree(group.degree, group.cp)
         if len(samples) != len(plan.lengths):
             raise ValueError(f"the plan has {len(plan.lengths)} samples but {len(samples)} were given")
         for i, (sample, planned) in enumerate(zip(samples, plan.samples)):
@@ -209,10 +211,12 @@ class Executor:
     def _run(self, plan: Plan, wave: int, group: Group, mb: MicroBatch, samples: Sequence[Any],
              result: StepResult) -> Tensor:
         # Under 2D sequence parallelism `local` is the initial layout's slice (whole frames, or
-        # the even split when frames do not balance).
-        holder = SHARDS[self.model.shape.pattern.layout] if group.degree > 1 else StreamShard
+        # the even split when frames do not balance); with a CP part, the stream indices of the
+        # rank's rows (its CP shard's head and tail chunks are not contiguous).
+        layout = CONTEXT if group.cp > 1 else self.model.shape.pattern.layout
+        holder = SHARDS[layout] if group.degree > 1 else StreamShard
         shard = holder.create(
-            plan.mb_samples(mb), self.groups.get(group.start, group.degree), group.degree,
+            plan.mb_samples(mb), self.groups.get(group.start, group.degree, group.cp), group.degree,
             self.rank - group.start, self.device)
         return self._forward_backward(plan, mb.seq_ids, shard, shard.local, mb.checkpoint, samples, result,
                                       (wave, group, mb))
@@ -251,7 +255,7 @@ class Executor:
         return self._forward_backward(plan, seq_ids, stream, local, checkpoint, samples, result,
                                       (wave, group, mb))
 
-    def _forward_backward(self, plan: Plan, seq_ids: list[int], stream: PackedStream, local: slice,
+    def _forward_backward(self, plan: Plan, seq_ids: list[int], stream: PackedStream, local: Local,
                           checkpoint: float, samples: Sequence[Any], result: StepResult,
                           mine: tuple[int, Group, MicroBatch]) -> Tensor:
         """Forward and backward of this rank's tokens `local` of the stream of `seq_ids`, recorded
@@ -267,7 +271,7 @@ class Executor:
         self._shares.append((seq_ids, loss.detach()))
         wave, group, mb = mine
         result.micro_batches.append(MicroBatchRecord(
-            wave, group.degree, list(mb.seq_ids), local.stop - local.start, checkpoint_layers,
+            wave, group.degree, list(mb.seq_ids), held_tokens(local, stream.bounds[-1]), checkpoint_layers,
             self._clock() - start, meter.bytes if meter else None))
         return loss.detach()
 
