@@ -8,7 +8,8 @@ One step (`Executor.step`):
     slot by slot together, linear work balanced over the domain (`remap.py`). A micro-batch's
     packed stream is split contiguously over the group's ranks (`StreamShard`; for a
     spatial-temporal video model, `video_sp.VideoShard`: whole frames when they balance, which
-    the model's `arrange` switches to whole patch columns for temporal blocks); each rank
+    the model's `arrange` switches to whole patch columns for temporal blocks; for a group
+    with a CP part, `hybrid.HybridShard`: head-tail chunks, `local` their stream indices); each rank
     runs forward and backward on its shard, with the plan's checkpoint level (the first
     round(checkpoint * layers) blocks are recomputed), and its loss is the model's summed
     per-token loss of its shard (`ParallelModel.loss`) divided by `Plan.tokens`;
@@ -46,6 +47,7 @@ sharded, instead of the final all-reduce: the same sum over ranks, each rank kee
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -57,7 +59,7 @@ from torch import Tensor
 
 from ..cluster import Cluster
 from ..layouts import CONTEXT, ULYSSES, VIDEO_2D, Layout
-from ..models.protocol import Local, PackedStream, ParallelModel, held_tokens
+from ..models.protocol import Local, PackedStream, ParallelModel, held_tokens, take
 from ..plans import Group, MicroBatch, Plan
 from .attention import StreamShard, shard_sizes
 from .fsdp import is_sharded
@@ -197,6 +199,9 @@ class Executor:
         for _, group, mb in plan.micro_batches():
             if mb.seq_ids:
                 self.model.shape.check_degree(group.degree, group.cp)
+                if group.cp > 1 and self.model.shape.pattern.clips:
+                    raise ValueError(f"model {self.model.shape.name!r}: the runtime runs context parallelism "
+                                     f"(CP part {group.cp}) for text streams only, not yet video clips")
         if len(samples) != len(plan.lengths):
             raise ValueError(f"the plan has {len(plan.lengths)} samples but {len(samples)} were given")
         for i, (sample, planned) in enumerate(zip(samples, plan.samples)):
@@ -237,23 +242,41 @@ class Executor:
         parts = [(g, g.micro_batches[slot] if slot < len(g.micro_batches) else MicroBatch([]))
                  for g in plan.waves[wave].domain_groups(start, size)]
         seq_ids = [i for _, mb in parts for i in mb.seq_ids]
-        attention = [n for g, mb in parts for n in shard_sizes(sum(plan.mb_lengths(mb)), g.degree)]
+        rows = [self._attention_rows(plan, g, mb) for g, mb in parts]
+        attention = [len(r) for held in rows for r in held]
         if sum(attention) == 0:
             return self._skip()
         balanced = shard_sizes(sum(attention), size)
         index = self.rank - start
         send, recv = overlaps(balanced, attention, index)
         group, mb = next((g, mb) for g, mb in parts if self.rank in g.ranks)
-        shard = (StreamShard.create(plan.mb_samples(mb), self.groups.get(group.start, group.degree),
-                                    group.degree, self.rank - group.start, self.device)
-                 if sum(plan.mb_lengths(mb)) else None)
+        shard = (SHARDS[CONTEXT if group.cp > 1 else ULYSSES].create(
+            plan.mb_samples(mb), self.groups.get(group.start, group.degree, group.cp), group.degree,
+            self.rank - group.start, self.device) if sum(plan.mb_lengths(mb)) else None)
         whole = PackedStream.of([plan.samples[i] for i in seq_ids], self.device)
-        local = slice(sum(balanced[:index]), sum(balanced[:index + 1]))
-        stream = RemappedStream(whole.bounds, whole.positions[local], whole.grids, shard=shard,
+        local: Local = slice(sum(balanced[:index]), sum(balanced[:index + 1]))
+        if any(g.cp > 1 for g, _ in parts):
+            # The domain order: every rank's attention rows in rank order, each group's stream
+            # offset to its place in the slot's; both layouts cut it contiguously.
+            offsets = itertools.accumulate((sum(plan.mb_lengths(mb)) for _, mb in parts), initial=0)
+            order = torch.cat([r + o for held, o in zip(rows, offsets) for r in held]).to(self.device)
+            local = order[local]
+        stream = RemappedStream(whole.bounds, take(whole.positions, local), whole.grids, shard=shard,
                                 route=Route(self.groups.get(start, size), send, recv))
         checkpoint = min(mb.checkpoint for _, mb in parts if mb.seq_ids)
         return self._forward_backward(plan, seq_ids, stream, local, checkpoint, samples, result,
                                       (wave, group, mb))
+
+    @staticmethod
+    def _attention_rows(plan: Plan, group: Group, mb: MicroBatch) -> list[Tensor]:
+        """The stream indices every rank of `group` holds of `mb` for attention, rank by rank:
+        contiguous shards (`shard_sizes`), or with a CP part `HybridShard`'s head-tail rows."""
+        tokens = sum(plan.mb_lengths(mb))
+        if group.cp > 1 and tokens:
+            bounds = PackedStream.of(plan.mb_samples(mb)).bounds
+            return [HybridShard.rows_of(bounds, group.degree, group.cp, i) for i in range(group.degree)]
+        cuts = list(itertools.accumulate(shard_sizes(tokens, group.degree), initial=0))
+        return [torch.arange(a, b) for a, b in zip(cuts, cuts[1:])]
 
     def _forward_backward(self, plan: Plan, seq_ids: list[int], stream: PackedStream, local: Local,
                           checkpoint: float, samples: Sequence[Any], result: StepResult,

@@ -33,6 +33,7 @@ from ..patterns import CAUSAL, Span
 from ..samples import Sample
 from .attention import StreamShard, _shard_slice, shard_sizes
 from .context_parallel import ContextShard
+from .context_shard import held_chunks, held_indices
 from .groups import ContextGroups
 
 
@@ -57,6 +58,14 @@ class HybridShard(StreamShard):
         rows = _shard_slice(shard_sizes(context.sizes[context.index], u), index % u)
         return cls(context.bounds, context.positions[rows], context.grids, pattern=pattern, group=group.ulysses,
                    degree=u, index=index % u, context=context)
+
+    @staticmethod
+    def rows_of(bounds: tuple[int, ...], degree: int, cp: int, index: int) -> Tensor:
+        """The stream indices of group rank `index`'s rows (causal balance), computed without
+        the group: what a remap domain lays its attention layout out by (`executor._run_slot`)."""
+        u = degree // cp
+        held = held_indices(held_chunks(bounds, cp, index // u, True))
+        return held[_shard_slice(shard_sizes(len(held), u), index % u)]
 
     @functools.cached_property
     def sizes(self) -> tuple[int, ...]:
