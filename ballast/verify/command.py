@@ -120,6 +120,9 @@ def run(args: argparse.Namespace) -> int:
         plans[name] = [planner.plan(b.planned) for b in batches]
         for plan in plans[name]:
             plan.validate(cluster, cost)
+    if not plans:
+        raise ValueError(f"no planner of --planners {args.planners} can hold --max-len {args.max_len}: "
+                         + "; ".join(f"{n} {why}" for n, why in cannot.items()))
     names = [n for n in names if n in plans]
     console = Console(width=max(Console().width, 120))
     sharding = " under FSDP2" if args.fsdp else " with ZeRO-1" if args.zero1 else ""

@@ -43,3 +43,11 @@ def test_verify_runs_degree_4_with_context_parallelism_for_six_heads(tmp_path, c
     assert any(split in rows[name].split(",") for name in CP_PLANNERS for split in ("2x2", "1x4")), rows
     for name in set(PLANNERS) - set(CP_PLANNERS):
         assert f"{name}: not run: it holds at most" in out
+
+
+def test_no_planner_that_can_hold_max_len_is_an_error_before_any_rank_starts(tmp_path, capsys):
+    args = ["verify", "--world", "4", "--planners", "dcp,static", "--model", six_head_json(tmp_path),
+            "--max-len", "224", "--device-memory-gb", "0.00017"]
+    assert main(args) == 2
+    assert ("no planner of --planners dcp,static can hold --max-len 224: dcp holds at most 112 tokens "
+            "(ulysses-only splits, degrees up to 2)") in capsys.readouterr().err
