@@ -29,10 +29,10 @@ Chunks = tuple[tuple[int, int, int], ...]
 
 @dataclass(frozen=True, kw_only=True)
 class ContextShard(PackedStream):
-    """This rank's chunks of a packed text stream that a CP group shares (`held_chunks`).
+    """This rank's chunks of a packed stream that a CP group shares (`held_chunks`).
 
-    `positions` holds the rotary positions of this rank's rows only; `bounds` describes the
-    whole stream."""
+    `positions` holds the positions of this rank's rows only (a text token's rotary position, a
+    clip token's (sample, frame, row, column)); `bounds` and `grids` describe the whole stream."""
 
     group: ProcessGroup | None
     degree: int
@@ -43,12 +43,11 @@ class ContextShard(PackedStream):
     @classmethod
     def create(cls, samples: list[Sample], group: ProcessGroup | None, degree: int, index: int,
                device: torch.device | str | None = None, pattern: Span = CAUSAL) -> ContextShard:
-        """The index-th CP shard of the stream of these text samples, balanced for `pattern`."""
-        if any(isinstance(x, tuple) for x in samples):
-            raise ValueError("context parallelism shards text streams only; video clips use the video-2d layout")
+        """The index-th CP shard of the stream of these samples (text lengths, or clip shapes:
+        a clip is one sequence of its frame-major tokens), balanced for `pattern`."""
         whole = PackedStream.of(samples, device)
         held = held_indices(held_chunks(whole.bounds, degree, index, pattern.causal)).to(whole.positions.device)
-        return cls(whole.bounds, whole.positions[held], pattern=pattern, group=group, degree=degree,
+        return cls(whole.bounds, whole.positions[held], whole.grids, pattern=pattern, group=group, degree=degree,
                    index=index, causal_balance=pattern.causal)
 
     def chunks_of(self, index: int) -> Chunks:

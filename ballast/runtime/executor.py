@@ -199,9 +199,6 @@ class Executor:
         for _, group, mb in plan.micro_batches():
             if mb.seq_ids:
                 self.model.shape.check_degree(group.degree, group.cp)
-                if group.cp > 1 and self.model.shape.pattern.clips:
-                    raise ValueError(f"model {self.model.shape.name!r}: the runtime runs context parallelism "
-                                     f"(CP part {group.cp}) for text streams only, not yet video clips")
         if len(samples) != len(plan.lengths):
             raise ValueError(f"the plan has {len(plan.lengths)} samples but {len(samples)} were given")
         for i, (sample, planned) in enumerate(zip(samples, plan.samples)):
@@ -273,8 +270,7 @@ class Executor:
         contiguous shards (`shard_sizes`), or with a CP part `HybridShard`'s head-tail rows."""
         tokens = sum(plan.mb_lengths(mb))
         if group.cp > 1 and tokens:
-            bounds = PackedStream.of(plan.mb_samples(mb)).bounds
-            return [HybridShard.rows_of(bounds, group.degree, group.cp, i) for i in range(group.degree)]
+            return [HybridShard.rows_of(plan.mb_samples(mb), group.degree, group.cp, i) for i in range(group.degree)]
         cuts = list(itertools.accumulate(shard_sizes(tokens, group.degree), initial=0))
         return [torch.arange(a, b) for a, b in zip(cuts, cuts[1:])]
 

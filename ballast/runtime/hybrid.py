@@ -18,7 +18,8 @@ and V over the CP group, the all-to-all of the output; backward, the all-to-all 
 gradient, the CP reduce-scatter of dK and dV, the all-to-all of dq, dk, dv. u = 1 is pure
 context parallelism (no Ulysses exchange); c = 1 is `attention.StreamShard`.
 
-Rotary positions stay each token's global position in its sequence.
+Rotary positions stay each token's global position in its sequence (a clip token's (sample,
+frame, row, column)); a full-attention DiT's clips run CP like text, in c contiguous chunks.
 """
 from __future__ import annotations
 
@@ -29,12 +30,20 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..patterns import CAUSAL, Span
+from ..models.protocol import PackedStream
+from ..patterns import CAUSAL, FULL, Span
 from ..samples import Sample
 from .attention import StreamShard, _shard_slice, shard_sizes
 from .context_parallel import ContextShard
 from .context_shard import held_chunks, held_indices
 from .groups import ContextGroups
+
+
+def balance_of(samples: list[Sample]) -> Span:
+    """The pattern CP chunks of these samples are balanced for: the only patterns that run
+    context parallelism (`AttentionPattern.context_parallel`) are a causal LM's over text and a
+    full-attention DiT's over clips, so the samples say which."""
+    return FULL if any(isinstance(x, tuple) for x in samples) else CAUSAL
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,24 +56,27 @@ class HybridShard(StreamShard):
 
     @classmethod
     def create(cls, samples: list[Sample], group: ContextGroups, degree: int, index: int,
-               device: torch.device | str | None = None, pattern: Span = CAUSAL) -> HybridShard:
-        """Group rank `index`'s rows of the stream of these text samples, for a group of `degree`
+               device: torch.device | str | None = None, pattern: Span | None = None) -> HybridShard:
+        """Group rank `index`'s rows of the stream of these samples, for a group of `degree`
         ranks split `group.cp` ways context-parallel (`ProcessGroups.get(start, degree, cp)`),
-        its chunks balanced for `pattern` (a text stream is a causal LM's). Attention takes the
-        stream's pattern, whichever the chunks were cut for: only their balance differs."""
+        its chunks balanced for `pattern` (by default `balance_of` the samples). Attention takes
+        the stream's pattern, whichever the chunks were cut for: only their balance differs."""
         assert 0 <= index < degree and degree % group.cp == 0, (index, degree, group.cp)
         u = degree // group.cp
-        context = ContextShard.create(samples, group.context, group.cp, index // u, device, pattern)
+        context = ContextShard.create(samples, group.context, group.cp, index // u, device,
+                                      pattern or balance_of(samples))
         rows = _shard_slice(shard_sizes(context.sizes[context.index], u), index % u)
-        return cls(context.bounds, context.positions[rows], context.grids, pattern=pattern, group=group.ulysses,
-                   degree=u, index=index % u, context=context)
+        return cls(context.bounds, context.positions[rows], context.grids, pattern=context.pattern,
+                   group=group.ulysses, degree=u, index=index % u, context=context)
 
     @staticmethod
-    def rows_of(bounds: tuple[int, ...], degree: int, cp: int, index: int) -> Tensor:
-        """The stream indices of group rank `index`'s rows (causal balance), computed without
-        the group: what a remap domain lays its attention layout out by (`executor._run_slot`)."""
+    def rows_of(samples: list[Sample], degree: int, cp: int, index: int) -> Tensor:
+        """The stream indices of group rank `index`'s rows (as `create` cuts them by default),
+        computed without the group: what a remap domain lays its attention layout out by
+        (`executor._run_slot`)."""
         u = degree // cp
-        held = held_indices(held_chunks(bounds, cp, index // u, True))
+        bounds = PackedStream.of(samples).bounds
+        held = held_indices(held_chunks(bounds, cp, index // u, balance_of(samples).causal))
         return held[_shard_slice(shard_sizes(len(held), u), index % u)]
 
     @functools.cached_property

@@ -5,17 +5,32 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runtime_cases import LENGTHS, SHAPE, assert_single_process_gradients, make_batches
+from runtime_cases import (LENGTHS, SHAPE, assert_single_process_gradients, clip_batch, load_params, make_batches,
+                           perturbed_params)
 
 from ballast import verify
 from ballast.cluster import get_cluster
-from ballast.model_shape import ModelShape
-from ballast.models import build_gpt
+from ballast.model_shape import MODEL_PRESETS, ModelShape
+from ballast.models import build_gpt, build_model
 from ballast.plans import Group, MicroBatch, Plan, Wave
 from ballast.runtime import ProcessGroups, parallelize, run_local
 
 # 6 heads, 2 kv heads: Ulysses reaches degree 2 only; 4 = 2 x CP 2 or 1 x CP 4.
 SIX_HEADS = ModelShape("six-heads", 2, 48, 6, 2, 64, 64)
+# dit-tiny (full attention over whole clips) with CP: the longest clip, a single image, a
+# single-patch-frame clip, and clips too short for every rank to hold a token.
+DIT = MODEL_PRESETS["dit-tiny"]
+GRIDS = [(4, 8, 8), (3, 4, 5), (1, 6, 6), (5, 1, 1), (1, 1, 3)]
+
+
+def dit_plan() -> Plan:
+    """1 x 4, then 2 x 2 beside... a remap domain holding a 1 x 2 CP group."""
+    lengths = [f * h * w for f, h, w in GRIDS]
+    return Plan(lengths, [
+        Wave([Group(0, 4, [MicroBatch([0]), MicroBatch([4], 1.0)], cp=4)]),
+        Wave([Group(0, 4, [MicroBatch([1, 3], 0.5)], cp=2)]),
+        Wave([Group(0, 2, [MicroBatch([2])], cp=2), Group(2, 2)], remap=[(0, 4)]),
+    ], shapes=GRIDS, planner="dit-context")
 
 
 def context_plan() -> Plan:
@@ -62,6 +77,12 @@ def _worker(batches: list[verify.Batch], six: list[verify.Batch]) -> dict | None
                                   ("remapped", remapped_context_plan(), {}))}
     six_plans = [Plan(LENGTHS, [Wave([Group(0, 4, [MicroBatch(list(range(10)))], cp=cp)])]).to_dict() for cp in (2, 4)]
     out["six-heads"] = verify.train_distributed(SIX_HEADS, six_plans, six, 0, 1e-3, groups)
+    # dit-tiny from perturbed parameters (adaLN-zero's zeros would make most gradients zero).
+    model = build_model(DIT, seed=0)
+    executor = parallelize(model, get_cluster("cpu", world_size=4), groups=groups, lr=1e-3)
+    load_params(model, perturbed_params(DIT))
+    result = executor.step(dit_plan(), clip_batch(DIT, GRIDS).samples)
+    out["dit"] = (result.loss, verify.flatten(p.grad for p in model.parameters()))
     # Activations saved for backward: full recomputation keeps only the layers' inputs, the
     # gathered K/V included (the CP function saves it where checkpointing can drop it).
     cluster = get_cluster("cpu", world_size=4)
@@ -83,6 +104,17 @@ def test_context_parallel_plans_give_the_single_process_gradient(world4):
     ranks, batches = world4
     for name in ("context", "zero1", "fsdp", "remapped"):
         assert_single_process_gradients(ranks[0][name], batches)
+
+
+@pytest.mark.slow
+def test_full_attention_clips_run_context_parallel_with_the_single_process_gradient(world4):
+    ranks, _ = world4
+    loss, grads = ranks[0]["dit"]
+    params = perturbed_params(DIT)
+    expected = verify.reference_at(DIT, verify.Trajectory([], [], [params], params), [clip_batch(DIT, GRIDS)])
+    want = expected.grads[0]
+    assert float((grads - want).abs().max() / want.abs().max()) <= verify.GRAD_TOLERANCE
+    assert loss == pytest.approx(expected.losses[0], rel=verify.GRAD_TOLERANCE)
 
 
 @pytest.mark.slow

@@ -67,9 +67,18 @@ def test_context_layout_rule_and_bytes():
     assert CONTEXT.kv_exchange_bytes(2, 8, 100, 4, 4) == 2 * 2 * (2 * 8 * 4 * 100 * 3 / 4)
 
 
-def test_video_and_frame_patterns_are_value_errors():
-    with pytest.raises(ValueError, match="text streams only"):
-        ContextShard.create([(2, 2, 2)], None, 2, 0)
+def test_clips_are_cut_as_whole_sequences_with_their_video_positions():
+    # A clip is one sequence of its frame-major tokens; its rows keep (sample, frame, row, column).
+    clips = [(2, 2, 3), (1, 1, 5)]
+    whole = PackedStream.of(clips)
+    for j in range(2):
+        shard = ContextShard.create(clips, None, 2, j, pattern=FULL)
+        assert shard.grids == whole.grids
+        assert torch.equal(shard.positions, whole.positions[shard.held])
+    assert ContextShard.create(clips, None, 2, 1, pattern=FULL).held.tolist() == [*range(6, 12), 15, 16]
+
+
+def test_frame_patterns_are_value_errors():
     shard = ContextShard.create([4], None, 1, 0, pattern=SPATIAL)
     with pytest.raises(ValueError, match="not spatial"):
         shard.attend(*(torch.zeros(4, 1, 2) for _ in range(3)))
