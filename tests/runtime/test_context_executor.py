@@ -24,7 +24,8 @@ GRIDS = [(4, 8, 8), (3, 4, 5), (1, 6, 6), (5, 1, 1), (1, 1, 3)]
 
 
 def dit_plan() -> Plan:
-    """1 x 4, then 2 x 2 beside... a remap domain holding a 1 x 2 CP group."""
+    """1 x 4 (two micro-batches, one fully recomputed), 2 x 2, then a remap domain of the world
+    holding a 1 x 2 CP group and an idle group."""
     lengths = [f * h * w for f, h, w in GRIDS]
     return Plan(lengths, [
         Wave([Group(0, 4, [MicroBatch([0]), MicroBatch([4], 1.0)], cp=4)]),
@@ -53,8 +54,8 @@ def lockstep_context_plan() -> Plan:
 
 
 def remapped_context_plan() -> Plan:
-    """A remap domain of the whole world over a 1 x 2 CP group, a Ulysses group and an idle
-    rank... then one over a 2 x 2 group alone."""
+    """A remap domain of the whole world over a 1 x 2 CP group, a rank with two sequences and
+    an idle rank; then one over a 2 x 2 group alone."""
     return Plan(LENGTHS, [
         Wave([Group(0, 2, [MicroBatch([0, 1], 0.5), MicroBatch([2])], cp=2), Group(2, 1, [MicroBatch([3, 4])]),
               Group(3, 1)], remap=[(0, 4)]),
