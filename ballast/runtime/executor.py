@@ -64,7 +64,7 @@ from ..plans import Group, MicroBatch, Plan
 from .attention import StreamShard, shard_sizes
 from .fsdp import is_sharded
 from .groups import ProcessGroups
-from .hybrid import HybridShard
+from .hybrid import HybridShard, attention_rows
 from .memory import ActivationMeter
 from .remap import RemappedStream, Route, overlaps
 from .video_sp import VideoShard
@@ -239,7 +239,7 @@ class Executor:
         parts = [(g, g.micro_batches[slot] if slot < len(g.micro_batches) else MicroBatch([]))
                  for g in plan.waves[wave].domain_groups(start, size)]
         seq_ids = [i for _, mb in parts for i in mb.seq_ids]
-        rows = [self._attention_rows(plan, g, mb) for g, mb in parts]
+        rows = [attention_rows(plan.mb_samples(mb), g.degree, g.cp) for g, mb in parts]
         attention = [len(r) for held in rows for r in held]
         if sum(attention) == 0:
             return self._skip()
@@ -263,16 +263,6 @@ class Executor:
         checkpoint = min(mb.checkpoint for _, mb in parts if mb.seq_ids)
         return self._forward_backward(plan, seq_ids, stream, local, checkpoint, samples, result,
                                       (wave, group, mb))
-
-    @staticmethod
-    def _attention_rows(plan: Plan, group: Group, mb: MicroBatch) -> list[Tensor]:
-        """The stream indices every rank of `group` holds of `mb` for attention, rank by rank:
-        contiguous shards (`shard_sizes`), or with a CP part `HybridShard`'s head-tail rows."""
-        tokens = sum(plan.mb_lengths(mb))
-        if group.cp > 1 and tokens:
-            return [HybridShard.rows_of(plan.mb_samples(mb), group.degree, group.cp, i) for i in range(group.degree)]
-        cuts = list(itertools.accumulate(shard_sizes(tokens, group.degree), initial=0))
-        return [torch.arange(a, b) for a, b in zip(cuts, cuts[1:])]
 
     def _forward_backward(self, plan: Plan, seq_ids: list[int], stream: PackedStream, local: Local,
                           checkpoint: float, samples: Sequence[Any], result: StepResult,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +45,21 @@ def balance_of(samples: list[Sample]) -> Span:
     context parallelism (`AttentionPattern.context_parallel`) are a causal LM's over text and a
     full-attention DiT's over clips, so the samples say which."""
     return FULL if any(isinstance(x, tuple) for x in samples) else CAUSAL
+
+
+def attention_rows(samples: list[Sample], degree: int, cp: int) -> list[Tensor]:
+    """The stream indices every rank of a group of `degree` ranks split u x `cp` holds of a
+    micro-batch of `samples` for attention, rank by rank (`HybridShard.create`'s default cut;
+    at cp = 1 `StreamShard`'s contiguous shards), computed without the group: what a remap
+    domain lays its attention layout out by (`executor._run_slot`)."""
+    u, bounds = degree // cp, PackedStream.of(samples).bounds
+    rows = []
+    for j in range(cp):
+        held = (torch.arange(bounds[-1]) if cp == 1
+                else held_indices(held_chunks(bounds, cp, j, balance_of(samples).causal)))
+        cuts = list(itertools.accumulate(shard_sizes(len(held), u), initial=0))
+        rows += [held[a:b] for a, b in zip(cuts, cuts[1:])]
+    return rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,16 +84,6 @@ class HybridShard(StreamShard):
         rows = _shard_slice(shard_sizes(context.sizes[context.index], u), index % u)
         return cls(context.bounds, context.positions[rows], context.grids, pattern=context.pattern,
                    group=group.ulysses, degree=u, index=index % u, context=context)
-
-    @staticmethod
-    def rows_of(samples: list[Sample], degree: int, cp: int, index: int) -> Tensor:
-        """The stream indices of group rank `index`'s rows (as `create` cuts them by default),
-        computed without the group: what a remap domain lays its attention layout out by
-        (`executor._run_slot`)."""
-        u = degree // cp
-        bounds = PackedStream.of(samples).bounds
-        held = held_indices(held_chunks(bounds, cp, index // u, balance_of(samples).causal))
-        return held[_shard_slice(shard_sizes(len(held), u), index % u)]
 
     @functools.cached_property
     def sizes(self) -> tuple[int, ...]:

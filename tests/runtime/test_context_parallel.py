@@ -15,7 +15,7 @@ from ballast.patterns import CAUSAL, FULL, SPATIAL
 from ballast.runtime import ProcessGroups, run_local, sequence_parallel_attention
 from ballast.runtime.context_parallel import ContextShard, _chunk_attention
 from ballast.runtime.context_shard import held_chunks
-from ballast.runtime.hybrid import HybridShard
+from ballast.runtime.hybrid import HybridShard, attention_rows
 
 # Sequences shorter than 2c (1, 3 tokens), lengths 2c does not divide (5, 7, 9), a single
 # token, and one that is long enough for every chunk.
@@ -52,6 +52,23 @@ def test_every_token_held_once_in_balanced_chunks(lengths, degree, causal):
         for j, size in enumerate(sizes):
             mine = (j, pieces - 1 - j) if causal else (j,)
             assert size == sum(base + (p < extra) for p in mine)
+
+
+@given(st.lists(st.integers(1, 40), min_size=0, max_size=5),
+       st.sampled_from([(1, 1), (2, 1), (1, 2), (2, 2), (1, 4), (4, 2)]), st.booleans())
+def test_a_groups_attention_rows_are_its_cp_shards_split_over_each_ulysses_sub_group(lengths, split, clips):
+    u, c = split
+    samples = [(1, 1, n) for n in lengths] if clips else lengths
+    rows = attention_rows(samples, u * c, c)
+    assert sorted(torch.cat([*rows, torch.zeros(0, dtype=torch.long)]).tolist()) == list(range(sum(lengths)))
+    for j in range(c):  # sub-group j: the contiguous u ranks of CP index j
+        mine = torch.cat([*rows[j * u:(j + 1) * u], torch.zeros(0, dtype=torch.long)])
+        if c == 1:
+            assert mine.tolist() == list(range(sum(lengths)))
+        else:
+            pattern = FULL if clips else CAUSAL
+            assert torch.equal(mine, ContextShard.create(samples, None, c, j, pattern=pattern).held)
+        assert max(map(len, rows[j * u:(j + 1) * u])) - min(map(len, rows[j * u:(j + 1) * u])) <= 1
 
 
 def test_head_tail_pairs():
