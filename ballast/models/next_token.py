@@ -2,8 +2,9 @@
 Face causal LMs share it; they differ only in the forward that gives the logits).
 
 A text sample is lengths + 1 token ids: inputs t[:-1], targets t[1:]. The stream packs the
-inputs; a process holding the slice `local` of it scores exactly those positions, so the label
-shift never crosses a shard boundary and every target is scored by exactly one process.
+inputs; a process holding the tokens `local` of it (a slice, or stream indices under context
+parallelism) scores exactly those positions, so the label shift never crosses a shard boundary
+and every target is scored by exactly one process.
 """
 from __future__ import annotations
 
@@ -13,17 +14,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .protocol import PackedStream
+from .protocol import Local, PackedStream, take
 
 Forward = Callable[[Tensor, PackedStream, int], Tensor]
 """(token ids held, stream, checkpoint_layers) -> logits [tokens held, vocab]."""
 
 
-def next_token_loss(forward: Forward, samples: Sequence[Tensor], stream: PackedStream, local: slice,
+def next_token_loss(forward: Forward, samples: Sequence[Tensor], stream: PackedStream, local: Local,
                     checkpoint_layers: int) -> Tensor:
     """Summed cross-entropy of the held tokens' next-token predictions."""
-    inputs = torch.cat([s[:-1] for s in samples])[local].to(stream.positions.device)
-    targets = torch.cat([s[1:] for s in samples])[local].to(stream.positions.device)
+    inputs = take(torch.cat([s[:-1] for s in samples]), local).to(stream.positions.device)
+    targets = take(torch.cat([s[1:] for s in samples]), local).to(stream.positions.device)
     # Summed, not averaged: the shard holds a part of a batch whose normaliser is global.
     return F.cross_entropy(forward(inputs, stream, checkpoint_layers), targets, reduction="sum")
 
@@ -32,7 +33,7 @@ class NextTokenObjective:
     """The protocol's sample and loss members for a text model whose forward gives the logits
     of the held tokens (`Forward`): mixed into GPT and HFCausalLM."""
 
-    def loss(self, samples: Sequence[Tensor], stream: PackedStream, local: slice, checkpoint_layers: int = 0) -> Tensor:
+    def loss(self, samples: Sequence[Tensor], stream: PackedStream, local: Local, checkpoint_layers: int = 0) -> Tensor:
         """Summed next-token cross-entropy of the held tokens (`protocol.ParallelModel.loss`)."""
         return next_token_loss(self, samples, stream, local, checkpoint_layers)
 

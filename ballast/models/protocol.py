@@ -16,8 +16,9 @@ hook. No runtime, planner or CLI code names a model family.
 
 Token order. A text sample's tokens are its sequence; a clip's (frames, height, width) latent
 patches are packed frame by frame, each frame row by row ("frame-major"). The runtime only
-ever hands a model a contiguous slice of that order (`local`); a layout that holds whole patch
-columns instead (2D sequence parallelism) is one `arrange` returns and takes back.
+hands a model a contiguous slice of that order (`local`), or under context parallelism the
+stream indices of its head and tail chunks; a layout that holds whole patch columns instead (2D
+sequence parallelism) is one `arrange` returns and takes back.
 """
 from __future__ import annotations
 
@@ -154,6 +155,24 @@ def pattern_spans(grids: Sequence[tuple[int, int, int]], bounds: Sequence[int], 
 
 AttentionFn = Callable[[Tensor, Tensor, Tensor, PackedStream], Tensor]
 
+Local = slice | Tensor
+"""The tokens of the whole stream a process holds, in row order: a contiguous slice, or (under
+context parallelism, whose head and tail chunks are not contiguous) a LongTensor of stream
+indices."""
+
+
+def held_tokens(local: Local, tokens: int) -> int:
+    """How many of a stream of `tokens` tokens `local` holds."""
+    if isinstance(local, slice):
+        start, stop, _ = local.indices(tokens)
+        return max(0, stop - start)
+    return local.numel()
+
+
+def take(x: Tensor, local: Local) -> Tensor:
+    """The rows of `x` (a whole stream's, on any device) that `local` holds, in row order."""
+    return x[local] if isinstance(local, slice) else x.index_select(0, local.to(x.device))
+
 
 @runtime_checkable
 class ParallelModel(Protocol):
@@ -164,11 +183,12 @@ class ParallelModel(Protocol):
     """What the cost model prices; `shape.layers` blocks, `shape.heads` that every SP degree
     must divide."""
 
-    def loss(self, samples: Sequence[Any], stream: PackedStream, local: slice, checkpoint_layers: int = 0) -> Tensor:
+    def loss(self, samples: Sequence[Any], stream: PackedStream, local: Local, checkpoint_layers: int = 0) -> Tensor:
         """The summed per-token loss of the tokens this process holds: `samples` are the
         micro-batch's samples in stream order (as the data gives them: token ids, clips),
-        `local` the contiguous slice of the whole stream this process holds (what
-        `stream.positions` describes). The first `checkpoint_layers` blocks keep only their
+        `local` the tokens of the whole stream this process holds, in row order (what
+        `stream.positions` describes; `Local`: a slice, or stream indices under context
+        parallelism). The first `checkpoint_layers` blocks keep only their
         input and are recomputed in backward (non-reentrant `torch.utils.checkpoint`)."""
         ...
 

@@ -23,7 +23,7 @@ from ..model_shape import ModelShape
 from ..patterns import Span
 from .clip import Clip
 from .flow import clip_timestep, flow_targets, token_loss
-from .protocol import INPUT, AttentionFn, PackedStream
+from .protocol import INPUT, AttentionFn, Local, PackedStream, held_tokens, take
 from .video_conditioning import ConditionEncoder, Conditioning, TimestepEmbedding, condition_tokens
 from .video_layers import FinalLayer, VideoBlock
 
@@ -139,7 +139,7 @@ class VideoDiT(nn.Module):
         x, stream = stream.arrange(x, INPUT)
         return self.final(x, stream, condition)
 
-    def loss(self, samples: Sequence[Clip], stream: PackedStream, local: slice, checkpoint_layers: int = 0) -> Tensor:
+    def loss(self, samples: Sequence[Clip], stream: PackedStream, local: Local, checkpoint_layers: int = 0) -> Tensor:
         """Summed rectified-flow loss of the held tokens (`protocol.ParallelModel.loss`): for each
         token, the mean over its patch values of (predicted - target velocity)^2."""
         bounds = stream.bounds
@@ -149,21 +149,28 @@ class VideoDiT(nn.Module):
             grid = self._grid(sample, f"sample {i} of the micro-batch")
             if stream.grids is not None and grid != tuple(stream.grids[i]):
                 raise ValueError(f"sample {i} of the micro-batch is {grid} patches; the stream has {stream.grids[i]}")
-        start, stop, _ = local.indices(bounds[-1])
-        stop = max(start, stop)
-        if stop - start != stream.positions.shape[0]:
-            raise ValueError(f"local slice {local} holds {stop - start} tokens; the stream's positions "
-                             f"describe {stream.positions.shape[0]}")
-        # Noise and targets of the clips this slice touches; the timestep of every clip, since
-        # an arrange may bring tokens of any of them here.
-        touched = [i for i in range(len(samples)) if bounds[i] < stop and bounds[i + 1] > start]
+        if (held := held_tokens(local, bounds[-1])) != stream.positions.shape[0]:
+            raise ValueError(f"local {local if isinstance(local, slice) else 'indices'} holds {held} tokens; "
+                             f"the stream's positions describe {stream.positions.shape[0]}")
+        # Noise and targets of the clips from the first to the last this process holds a token
+        # of (all of them for a slice); the timestep of every clip, since an arrange may bring
+        # tokens of any of them here.
+        if isinstance(local, slice):
+            start, stop, _ = local.indices(bounds[-1])
+            first, last = (start, stop - 1) if stop > start else (0, -1)
+        else:
+            first, last = (int(local.min()), int(local.max())) if held else (0, -1)
+        touched = [i for i in range(len(samples)) if bounds[i] <= last and bounds[i + 1] > first]
         drawn = {}
         if touched:
             # One pass over the touched clips (`flow_targets`: a generator per clip, the rest
             # batched); their t come with it, the others' from `clip_timestep`.
             noisy, target, ts = flow_targets([samples[i] for i in touched], self.patch)
-            offset = start - bounds[touched[0]]
-            noisy, target = noisy[offset:offset + stop - start], target[offset:offset + stop - start]
+            if isinstance(local, slice):
+                offset = start - bounds[touched[0]]
+                noisy, target = noisy[offset:offset + stop - start], target[offset:offset + stop - start]
+            else:  # context parallelism's head and tail chunks: stream indices
+                noisy, target = (take(x, local - bounds[touched[0]]) for x in (noisy, target))
             drawn = dict(zip(touched, ts.tolist()))
         else:
             noisy = target = torch.zeros(0, self.shape.vocab)

@@ -5,11 +5,14 @@
     executor.py     Executor.step: a plan's waves, micro-batches, checkpointing, loss, grad sync
     broadcast.py    rank 0's plan (and the batch's tokens) on every rank
     attention.py    Ulysses attention over a packed stream sharded across a group
+    context_shard.py, context_parallel.py  context-parallel (CP) attention: head-tail chunks,
+                    K/V all-gathered, dK/dV reduce-scattered
+    hybrid.py       Ulysses x CP (USP's 2D layout): the stream class of groups with a CP part
     remap.py        Zeppelin's remapping layer: linear work on a balanced layout
     video_sp.py     2D sequence parallelism of video DiTs: whole frames / patch columns per rank
     all_to_all.py   the one all-to-all autograd function all of them exchange through
     fsdp.py         FSDP2 sharding of the model
-    groups.py       cached process groups of every aligned power-of-two block
+    groups.py       cached process groups of every aligned power-of-two block and its (u, c) splits
     world.py        joining the job: torchrun, or N local gloo ranks
     memory.py       bytes saved for backward, measured
 """

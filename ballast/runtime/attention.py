@@ -96,16 +96,23 @@ class StreamShard(PackedStream):
             return local_attention(q, k, v, self)
         return ulysses_attention(q, k, v, self)
 
+    def attend_heads(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Attention of this rank's head shard over the rows Ulysses' exchange gathered (the
+        whole stream): local. `hybrid.HybridShard` gathers only its CP shard's rows and attends
+        context-parallel across the CP group."""
+        return local_attention(q, k, v, self)
+
 
 def _seq_to_head(x: Tensor, shard: StreamShard) -> Tensor:
-    """[n_r, H, hd] on each rank (its tokens, all heads) -> [n, H/d, hd] (all tokens, its heads)."""
+    """[n_r, H, hd] on each rank (its tokens, all heads) -> [n, H/d, hd] (all the group's tokens,
+    its heads; n is the stream's tokens, or under `hybrid.HybridShard` its CP shard's)."""
     d, rows = shard.degree, shard.sizes[shard.index]
     _, heads, head_dim = x.shape
     # Piece j (sent to rank j) is this rank's tokens for rank j's heads; piece i received is
     # rank i's shard, so the output is the stream in order. Uneven splits: no pad rows to
     # write, send and drop (they cost as much local copying as the exchange itself on CPU).
     send = x.view(rows, d, heads // d, head_dim).transpose(0, 1).contiguous()
-    received = x.new_empty(shard.bounds[-1], heads // d, head_dim)
+    received = x.new_empty(sum(shard.sizes), heads // d, head_dim)
     dist.all_to_all_single(received, send.view(d * rows, heads // d, head_dim),
                            output_split_sizes=list(shard.sizes), input_split_sizes=[rows] * d, group=shard.group)
     return received
@@ -144,7 +151,7 @@ def sequence_parallel_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedS
     `video_sp.VideoShard`: the 2D layouts; `remap.RemappedStream`: the remapping layer's
     exchanges around its group's); a stream one process holds whole attends locally. A new
     layout is a new stream class with its `attend`, not a branch here."""
-    if isinstance(stream, (StreamShard, RemappedStream)):
+    if isinstance(stream, (StreamShard, RemappedStream)):  # hybrid.HybridShard is a StreamShard
         return stream.attend(q, k, v)
     return local_attention(q, k, v, stream)
 
@@ -157,7 +164,9 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, stream: StreamShard) -> T
       forward:  one all-to-all of q, k and v together (sequence- to head-sharded) and one of the
                 output (head- to sequence-sharded);
       backward: one all-to-all of the output's gradient (sequence- to head-sharded) and one of
-                the gradients of q, k and v together (head- to sequence-sharded).
+                the gradients of q, k and v together (head- to sequence-sharded);
+    between them the head shard's attention, `stream.attend_heads` (local; context-parallel
+    over the CP group under `hybrid.HybridShard`, with its own collectives).
     A checkpointed layer repeats the two forward all-to-alls when it is recomputed in backward.
     Where d does not divide the kv heads, they are replicated to lcm(kv heads, d) before the
     exchange (the bytes `CostModel.exchange_bytes` prices).
@@ -180,4 +189,4 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, stream: StreamShard) -> T
     qkv = torch.cat([t.reshape(rows, d, t.shape[1] // d, head_dim) for t in (q, k, v)], dim=2)
     qkv = all_to_all(qkv.reshape(rows, heads + 2 * kv_heads, head_dim), HeadExchange(stream, to_heads=True))
     q, k, v = qkv.split([heads // d, kv_heads // d, kv_heads // d], dim=1)
-    return all_to_all(local_attention(q, k, v, stream), HeadExchange(stream, to_heads=False))
+    return all_to_all(stream.attend_heads(q, k, v), HeadExchange(stream, to_heads=False))

@@ -5,8 +5,7 @@ pairs for causal attention) with all heads. Attention gathers K and V over the g
 rank has every sequence's keys, and attends its own queries to them under each document's mask
 with the queries' global positions: a causal query at position p sees its sequence's keys at
 positions <= p. Only kv heads travel, which grouped-query attention makes cheap
-(`layouts.CONTEXT.kv_exchange_bytes`). Not yet wired into the plan contract, the executor, the cost
-model or the planners.
+(`layouts.CONTEXT.kv_exchange_bytes`). Groups with a CP part run it through `hybrid.HybridShard`.
 """
 from __future__ import annotations
 
@@ -30,10 +29,10 @@ Chunks = tuple[tuple[int, int, int], ...]
 
 @dataclass(frozen=True, kw_only=True)
 class ContextShard(PackedStream):
-    """This rank's chunks of a packed text stream that a CP group shares (`held_chunks`).
+    """This rank's chunks of a packed stream that a CP group shares (`held_chunks`).
 
-    `positions` holds the rotary positions of this rank's rows only; `bounds` describes the
-    whole stream."""
+    `positions` holds the positions of this rank's rows only (a text token's rotary position, a
+    clip token's (sample, frame, row, column)); `bounds` and `grids` describe the whole stream."""
 
     group: ProcessGroup | None
     degree: int
@@ -44,12 +43,11 @@ class ContextShard(PackedStream):
     @classmethod
     def create(cls, samples: list[Sample], group: ProcessGroup | None, degree: int, index: int,
                device: torch.device | str | None = None, pattern: Span = CAUSAL) -> ContextShard:
-        """The index-th CP shard of the stream of these text samples, balanced for `pattern`."""
-        if any(isinstance(x, tuple) for x in samples):
-            raise ValueError("context parallelism shards text streams only; video clips use the video-2d layout")
+        """The index-th CP shard of the stream of these samples (text lengths, or clip shapes:
+        a clip is one sequence of its frame-major tokens), balanced for `pattern`."""
         whole = PackedStream.of(samples, device)
         held = held_indices(held_chunks(whole.bounds, degree, index, pattern.causal)).to(whole.positions.device)
-        return cls(whole.bounds, whole.positions[held], pattern=pattern, group=group, degree=degree,
+        return cls(whole.bounds, whole.positions[held], whole.grids, pattern=pattern, group=group, degree=degree,
                    index=index, causal_balance=pattern.causal)
 
     def chunks_of(self, index: int) -> Chunks:
@@ -150,25 +148,31 @@ class ContextParallelAttention(torch.autograd.Function):
 
     Forward:  one all-gather of K and V together over the CP group (uneven shard sizes, as an
               all-to-all without padding), then this rank's queries against the gathered keys.
-    Backward: the local attention's gradients, then one reduce-scatter of dK and dV together
-              (each rank's gradient for the keys another rank owns, summed at the owner).
+    Backward: the local attention's gradients (recomputed from q and the gathered K/V), then
+              one reduce-scatter of dK and dV together (each rank's gradient for the keys
+              another rank owns, summed at the owner).
     Every rank runs both collectives, including one that holds no token of the micro-batch
-    (its gradients are zero)."""
+    (its gradients are zero).
+
+    Saved for backward: q and the gathered K/V, through `save_for_backward` (so saved-tensor
+    hooks see them: `memory.ActivationMeter` counts them, and a checkpointed layer drops them
+    and recomputes them, gather included); backward recomputes the local attention from them.
+    Keeping the local attention's graph on ctx instead would hold the gathered K/V of every
+    checkpointed layer until its backward, out of the hooks' sight."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, shard: ContextShard) -> Tensor:
-        kv_heads = k.shape[1]
         kv = _gather(torch.cat([k, v], dim=1), shard)
-        with torch.enable_grad():
-            q_ = q.detach().requires_grad_()
-            kv_ = kv.detach().requires_grad_()
-            out = _chunk_attention(q_, kv_[:, :kv_heads], kv_[:, kv_heads:], shard)
-        ctx.graph, ctx.shard, ctx.kv_heads = (q_, kv_, out), shard, kv_heads
-        return out.detach()
+        ctx.save_for_backward(q, kv)
+        ctx.shard, ctx.kv_heads = shard, k.shape[1]
+        return _chunk_attention(q, kv[:, :k.shape[1]], kv[:, k.shape[1]:], shard)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
-        q_, kv_, out = ctx.graph
+        q, kv = ctx.saved_tensors
+        with torch.enable_grad():
+            q_, kv_ = q.detach().requires_grad_(), kv.detach().requires_grad_()
+            out = _chunk_attention(q_, kv_[:, :ctx.kv_heads], kv_[:, ctx.kv_heads:], ctx.shard)
         dq, dkv = torch.autograd.grad(out, (q_, kv_), grad, allow_unused=True, materialize_grads=True)
         dkv = _reduce_scatter(dkv, ctx.shard)
         return dq, dkv[:, :ctx.kv_heads], dkv[:, ctx.kv_heads:], None

@@ -8,7 +8,8 @@ One step (`Executor.step`):
     slot by slot together, linear work balanced over the domain (`remap.py`). A micro-batch's
     packed stream is split contiguously over the group's ranks (`StreamShard`; for a
     spatial-temporal video model, `video_sp.VideoShard`: whole frames when they balance, which
-    the model's `arrange` switches to whole patch columns for temporal blocks); each rank
+    the model's `arrange` switches to whole patch columns for temporal blocks; for a group
+    with a CP part, `hybrid.HybridShard`: head-tail chunks, `local` their stream indices); each rank
     runs forward and backward on its shard, with the plan's checkpoint level (the first
     round(checkpoint * layers) blocks are recomputed), and its loss is the model's summed
     per-token loss of its shard (`ParallelModel.loss`) divided by `Plan.tokens`;
@@ -46,6 +47,7 @@ sharded, instead of the final all-reduce: the same sum over ranks, each rank kee
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -56,12 +58,13 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..cluster import Cluster
-from ..layouts import ULYSSES, VIDEO_2D, Layout
-from ..models.protocol import PackedStream, ParallelModel
+from ..layouts import CONTEXT, ULYSSES, VIDEO_2D, Layout
+from ..models.protocol import Local, PackedStream, ParallelModel, held_tokens, take
 from ..plans import Group, MicroBatch, Plan
 from .attention import StreamShard, shard_sizes
 from .fsdp import is_sharded
 from .groups import ProcessGroups
+from .hybrid import HybridShard, attention_rows
 from .memory import ActivationMeter
 from .remap import RemappedStream, Route, overlaps
 from .video_sp import VideoShard
@@ -70,9 +73,10 @@ from .video_sp import VideoShard
 PRECISIONS = ("auto", "bf16", "fp32")
 """auto: bf16 autocast on CUDA, fp32 elsewhere."""
 
-SHARDS: dict[Layout, type[StreamShard]] = {ULYSSES: StreamShard, VIDEO_2D: VideoShard}
+SHARDS: dict[Layout, type[StreamShard]] = {ULYSSES: StreamShard, VIDEO_2D: VideoShard, CONTEXT: HybridShard}
 """How a group's ranks hold a micro-batch in each layout (`layouts.py`; a group of one rank
-holds its stream whole, a `StreamShard` of degree 1)."""
+holds its stream whole, a `StreamShard` of degree 1; a group with a CP part, `Group.cp` > 1,
+runs CONTEXT, Ulysses over `Group.ulysses` ranks inside it)."""
 
 
 @dataclass
@@ -194,7 +198,7 @@ class Executor:
         plan.validate(self.cluster)
         for _, group, mb in plan.micro_batches():
             if mb.seq_ids:
-                self.model.shape.check_degree(group.degree)
+                self.model.shape.check_degree(group.degree, group.cp)
         if len(samples) != len(plan.lengths):
             raise ValueError(f"the plan has {len(plan.lengths)} samples but {len(samples)} were given")
         for i, (sample, planned) in enumerate(zip(samples, plan.samples)):
@@ -209,10 +213,12 @@ class Executor:
     def _run(self, plan: Plan, wave: int, group: Group, mb: MicroBatch, samples: Sequence[Any],
              result: StepResult) -> Tensor:
         # Under 2D sequence parallelism `local` is the initial layout's slice (whole frames, or
-        # the even split when frames do not balance).
-        holder = SHARDS[self.model.shape.pattern.layout] if group.degree > 1 else StreamShard
+        # the even split when frames do not balance); with a CP part, the stream indices of the
+        # rank's rows (its CP shard's head and tail chunks are not contiguous).
+        layout = CONTEXT if group.cp > 1 else self.model.shape.pattern.layout
+        holder = SHARDS[layout] if group.degree > 1 else StreamShard
         shard = holder.create(
-            plan.mb_samples(mb), self.groups.get(group.start, group.degree), group.degree,
+            plan.mb_samples(mb), self.groups.get(group.start, group.degree, group.cp), group.degree,
             self.rank - group.start, self.device)
         return self._forward_backward(plan, mb.seq_ids, shard, shard.local, mb.checkpoint, samples, result,
                                       (wave, group, mb))
@@ -233,25 +239,32 @@ class Executor:
         parts = [(g, g.micro_batches[slot] if slot < len(g.micro_batches) else MicroBatch([]))
                  for g in plan.waves[wave].domain_groups(start, size)]
         seq_ids = [i for _, mb in parts for i in mb.seq_ids]
-        attention = [n for g, mb in parts for n in shard_sizes(sum(plan.mb_lengths(mb)), g.degree)]
+        rows = [attention_rows(plan.mb_samples(mb), g.degree, g.cp) for g, mb in parts]
+        attention = [len(r) for held in rows for r in held]
         if sum(attention) == 0:
             return self._skip()
         balanced = shard_sizes(sum(attention), size)
         index = self.rank - start
         send, recv = overlaps(balanced, attention, index)
         group, mb = next((g, mb) for g, mb in parts if self.rank in g.ranks)
-        shard = (StreamShard.create(plan.mb_samples(mb), self.groups.get(group.start, group.degree),
-                                    group.degree, self.rank - group.start, self.device)
-                 if sum(plan.mb_lengths(mb)) else None)
+        shard = (SHARDS[CONTEXT if group.cp > 1 else ULYSSES].create(
+            plan.mb_samples(mb), self.groups.get(group.start, group.degree, group.cp), group.degree,
+            self.rank - group.start, self.device) if sum(plan.mb_lengths(mb)) else None)
         whole = PackedStream.of([plan.samples[i] for i in seq_ids], self.device)
-        local = slice(sum(balanced[:index]), sum(balanced[:index + 1]))
-        stream = RemappedStream(whole.bounds, whole.positions[local], whole.grids, shard=shard,
+        local: Local = slice(sum(balanced[:index]), sum(balanced[:index + 1]))
+        if any(g.cp > 1 for g, _ in parts):
+            # The domain order: every rank's attention rows in rank order, each group's stream
+            # offset to its place in the slot's; both layouts cut it contiguously.
+            offsets = itertools.accumulate((sum(plan.mb_lengths(mb)) for _, mb in parts), initial=0)
+            order = torch.cat([r + o for held, o in zip(rows, offsets) for r in held]).to(self.device)
+            local = order[local]
+        stream = RemappedStream(whole.bounds, take(whole.positions, local), whole.grids, shard=shard,
                                 route=Route(self.groups.get(start, size), send, recv))
         checkpoint = min(mb.checkpoint for _, mb in parts if mb.seq_ids)
         return self._forward_backward(plan, seq_ids, stream, local, checkpoint, samples, result,
                                       (wave, group, mb))
 
-    def _forward_backward(self, plan: Plan, seq_ids: list[int], stream: PackedStream, local: slice,
+    def _forward_backward(self, plan: Plan, seq_ids: list[int], stream: PackedStream, local: Local,
                           checkpoint: float, samples: Sequence[Any], result: StepResult,
                           mine: tuple[int, Group, MicroBatch]) -> Tensor:
         """Forward and backward of this rank's tokens `local` of the stream of `seq_ids`, recorded
@@ -267,7 +280,7 @@ class Executor:
         self._shares.append((seq_ids, loss.detach()))
         wave, group, mb = mine
         result.micro_batches.append(MicroBatchRecord(
-            wave, group.degree, list(mb.seq_ids), local.stop - local.start, checkpoint_layers,
+            wave, group.degree, list(mb.seq_ids), held_tokens(local, stream.bounds[-1]), checkpoint_layers,
             self._clock() - start, meter.bytes if meter else None))
         return loss.detach()
 

@@ -1,4 +1,5 @@
-"""Process groups for every aligned power-of-two block of ranks, created once at start-up.
+"""Process groups for every aligned power-of-two block of ranks and every (u, c) split of it,
+created once at start-up.
 
 A plan may put any aligned block (start divisible by its size) into a sequence-parallel
 group, and a different one in every wave. Creating a group is a collective of the whole world
@@ -6,6 +7,13 @@ group, and a different one in every wave. Creating a group is a collective of th
 rendezvous, so it cannot happen in the step loop: `ProcessGroups` makes all of them in one
 fixed order when the job starts and the executor only looks them up by (start, degree).
 A world of N ranks has N/2 + N/4 + ... + 1 = N - 1 such blocks of two or more ranks.
+
+A block of degree d split as u Ulysses x c context-parallel ranks (`plans.Group.cp`, 1 < c < d)
+needs its Ulysses sub-groups, the contiguous blocks of u ranks (aligned blocks, already made),
+and its u CP groups, the strided ranks {start + i + j u : j < c} for i < u. Those are
+d/2 + d/4 + ... + 2 = d - 2 groups per block (c = d is the block itself), N - 2N/d per degree:
+for N = 64, 258 strided groups besides the 63 blocks (321 in all, each a world rendezvous at
+start-up; no two splits share a strided group).
 
 Every group gets the world's collective timeout (`world_timeout`): `new_group` without one
 falls back to torch's defaults (30 minutes under gloo, 10 under NCCL), so a dead peer in a
@@ -16,7 +24,20 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from dataclasses import dataclass
+
 from .world import world_timeout
+
+
+@dataclass(frozen=True)
+class ContextGroups:
+    """This rank's process groups in a group split u x c (`ProcessGroups.get` with cp > 1)."""
+
+    ulysses: ProcessGroup | None
+    """Its Ulysses sub-group (contiguous u ranks); None when u = 1."""
+    context: ProcessGroup
+    """Its CP group (c ranks, u apart)."""
+    cp: int
 
 
 class ProcessGroups:
@@ -30,17 +51,33 @@ class ProcessGroups:
         self.world_size = dist.get_world_size()
         self.rank = dist.get_rank()
         self._groups: dict[tuple[int, int], ProcessGroup] = {}
+        self._strided: dict[tuple[int, int, int], ProcessGroup] = {}
+        """(first rank, stride u, c) -> the CP group of those c ranks."""
         degree = 2
         while degree <= self.world_size:
-            # Same loop, same order on every rank: new_group's collective contract.
+            # Same loops, same order on every rank: new_group's collective contract.
             for start in range(0, self.world_size - degree + 1, degree):
                 ranks = list(range(start, start + degree))
                 self._groups[(start, degree)] = (dist.group.WORLD if degree == self.world_size
                                                  else dist.new_group(ranks, timeout=timeout))
+                cp = 2
+                while cp < degree:
+                    u = degree // cp
+                    for first in range(start, start + u):
+                        self._strided[(first, u, cp)] = dist.new_group(list(range(first, start + degree, u)),
+                                                                       timeout=timeout)
+                    cp *= 2
             degree *= 2
 
-    def get(self, start: int, degree: int) -> ProcessGroup | None:
-        """The group of ranks start..start+degree-1; None for one rank (it needs no communication)."""
+    def get(self, start: int, degree: int, cp: int = 1) -> ProcessGroup | ContextGroups | None:
+        """The group of ranks start..start+degree-1; None for one rank (it needs no communication).
+        Split u x cp (cp > 1): this rank's Ulysses sub-group and CP group in it."""
+        if cp > 1:
+            u, index = degree // cp, self.rank - start
+            assert 0 <= index < degree and degree % cp == 0, (self.rank, start, degree, cp)
+            block = self.get(start, degree)  # the block's own check, for a bad (start, degree)
+            context = block if u == 1 else self._strided[(start + index % u, u, cp)]
+            return ContextGroups(self.get(start + index // u * u, u), context, cp)
         if degree == 1 and 0 <= start < self.world_size:
             return None
         if (start, degree) == (0, self.world_size):  # a remap domain may span a world of any size
@@ -52,4 +89,4 @@ class ProcessGroups:
         return group
 
     def __len__(self) -> int:
-        return len(self._groups)
+        return len(self._groups) + len(self._strided)

@@ -6,7 +6,9 @@ in domain order (groups by first rank, each group's packed stream in order), are
 each layout a contiguous partition of that order over the domain's ranks:
 
     attention layout  each group's stream split over its ranks as `StreamShard` splits it
-                      (ranks of a group idle in the slot hold nothing);
+                      (ranks of a group idle in the slot hold nothing); a group with a CP part
+                      holds head-tail rows (`hybrid.HybridShard`), so the domain order is
+                      every rank's attention rows in rank order, not the stream's;
     balanced layout   the whole slot split evenly over the domain's ranks (`shard_sizes`).
 
 Everything but attention (embedding, norms, projections, MLP, output layer, loss) runs on the

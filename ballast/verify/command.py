@@ -106,12 +106,24 @@ def run(args: argparse.Namespace) -> int:
     cost.under(ANY_SPLIT).check_fits([args.max_len])  # a --device-memory-gb that cannot hold --max-len: before planning
     batches = random_batches(shape, args.steps, args.batch, args.max_len, args.seed)
     plans: dict[str, list[Plan]] = {}
+    cannot: dict[str, str] = {}
     for name in names:
         planner = get_planner(name, cluster, cost, PlannerOptions(max_len=args.max_len, seed=args.seed,
                                                                   lockstep=args.fsdp))
+        # A budget that needs context parallelism for the longest sequences (a model whose heads
+        # cap Ulysses) is beyond the Ulysses-only planners: reported, not planned.
+        limit = planner.cost.max_tokens(planner.cost.degrees[-1], 1.0)
+        if limit < args.max_len:
+            cannot[name] = (f"holds at most {limit} tokens ({planner.cost.splits.name} splits, degrees up to "
+                            f"{planner.cost.degrees[-1]}), not --max-len {args.max_len}")
+            continue
         plans[name] = [planner.plan(b.planned) for b in batches]
         for plan in plans[name]:
             plan.validate(cluster, cost)
+    if not plans:
+        raise ValueError(f"no planner of --planners {args.planners} can hold --max-len {args.max_len}: "
+                         + "; ".join(f"{n} {why}" for n, why in cannot.items()))
+    names = [n for n in names if n in plans]
     console = Console(width=max(Console().width, 120))
     sharding = " under FSDP2" if args.fsdp else " with ZeRO-1" if args.zero1 else ""
     whose = "--device-memory-gb" if args.device_memory_gb is not None else "verify's default; --device-memory-gb sets one"
@@ -135,13 +147,17 @@ def run(args: argparse.Namespace) -> int:
         if not ok:
             failed.append(name)
         mbs = [mb for p in plans[name] for _, _, mb in p.micro_batches() if mb.seq_ids]
-        degrees = sorted({d for p in plans[name] for d in p.degrees_used()})
-        table.add_row(name, str(max(len(p.waves) for p in plans[name])), ",".join(map(str, degrees)),
+        # A group with a CP part shows its split, u x c.
+        degrees = sorted({(g.degree, g.cp) for p in plans[name] for _, g, mb in p.micro_batches() if mb.seq_ids})
+        table.add_row(name, str(max(len(p.waves) for p in plans[name])),
+                      ",".join(f"{d // c}x{c}" if c > 1 else str(d) for d, c in degrees),
                       f"{sum(mb.checkpoint for mb in mbs) / len(mbs):.2f}",
                       f"{errors.loss:.1e}", f"{errors.grad_abs:.1e}", f"{errors.grad_rel:.1e}",
                       f"{errors.param_abs:.1e}", f"{errors.param_drift:.1e}",
                       "[green]ok[/green]" if ok else "[red]FAIL[/red]")
     console.print(table)
+    for name, why in cannot.items():
+        console.print(f"{name}: not run: it {why}")
     if failed:
         console.print(f"[red]{len(failed)} planner(s) exceed the tolerance: {', '.join(failed)}[/red]")
         return 1

@@ -13,7 +13,7 @@ import pytest
 
 from ballast import patterns
 from ballast.cost import CostModel
-from ballast.layouts import ULYSSES, VIDEO_2D
+from ballast.layouts import CONTEXT, ULYSSES, VIDEO_2D
 from ballast.model_shape import MODEL_PRESETS, get_model_shape
 from ballast.patterns import CAUSAL_LM, FULL_DIT, PATTERNS, SPANS, SPATIAL_TEMPORAL, attention_pattern
 from ballast.samples import attention_units
@@ -71,9 +71,10 @@ def test_the_degree_rule_lives_in_the_layouts():
 def test_the_executor_selects_its_shard_by_the_layout():
     from ballast.runtime.attention import StreamShard
     from ballast.runtime.executor import SHARDS
+    from ballast.runtime.hybrid import HybridShard
     from ballast.runtime.video_sp import VideoShard
 
-    assert SHARDS == {ULYSSES: StreamShard, VIDEO_2D: VideoShard}
+    assert SHARDS == {ULYSSES: StreamShard, VIDEO_2D: VideoShard, CONTEXT: HybridShard}
     assert {p.layout for p in PATTERNS.values()} <= set(SHARDS)
 
 

@@ -48,8 +48,11 @@ def _attention_worker() -> dict:
     groups = ProcessGroups()
     rank = dist.get_rank()
     blocks = ((rank // 2 * 2, 2), (0, 4))  # a rank holds only its own groups
+    split = groups.get(0, 4, 2)  # 2 x 2: Ulysses in ranks (0,1) or (2,3), CP over (0,2) or (1,3)
     out: dict = {"groups": len(groups), "results": [],
-                 "timeouts": [_group_timeout(groups.get(start, degree)) for start, degree in blocks]}
+                 "timeouts": [_group_timeout(groups.get(start, degree)) for start, degree in blocks]
+                 + [_group_timeout(split.context)],
+                 "split": (dist.get_process_group_ranks(split.ulysses), dist.get_process_group_ranks(split.context))}
     for lengths, kv_heads in ((lengths, kv) for lengths in STREAMS for kv in KV_HEADS):
         q, k, v, grad_out = _inputs(lengths, kv_heads)
         for degree in (1, 2, 4):
@@ -86,14 +89,16 @@ def ranks() -> list[dict]:
 
 @pytest.mark.slow
 def test_every_aligned_block_has_a_cached_group(ranks):
-    # Blocks of two or more ranks in a world of 4: (0,1), (2,3) and the world itself.
-    assert all(r["groups"] == WORLD - 1 for r in ranks)
+    # Blocks of two or more ranks in a world of 4: (0,1), (2,3) and the world itself; and the
+    # world split 2 x 2 adds its two strided CP groups (0,2) and (1,3).
+    assert all(r["groups"] == WORLD - 1 + 2 for r in ranks)
+    assert [r["split"] for r in ranks] == [([0, 1], [0, 2]), ([0, 1], [1, 3]), ([2, 3], [0, 2]), ([2, 3], [1, 3])]
     assert "ranks 1..2" in ranks[0]["unaligned_error"]
 
 
 @pytest.mark.slow
 def test_every_group_has_the_collective_timeout(ranks):
-    assert all(r["timeouts"] == [COLLECTIVE_TIMEOUT] * 2 for r in ranks)
+    assert all(r["timeouts"] == [COLLECTIVE_TIMEOUT] * 3 for r in ranks)
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
-"""Context-parallel attention: the head-tail sharding, and attention on 2 and 4 gloo ranks
-against one process running each sequence alone."""
+"""Context-parallel attention: the head-tail sharding, and attention on 2 and 4 gloo ranks,
+pure CP and hybrid Ulysses x CP (`HybridShard`), against one process running each sequence alone."""
 from __future__ import annotations
 
 import pytest
@@ -12,18 +12,21 @@ from ballast.layouts import CONTEXT, ULYSSES
 from ballast.models import PackedStream, varlen_attention
 from ballast.models.kernels import flash_attn_varlen_func
 from ballast.patterns import CAUSAL, FULL, SPATIAL
-from ballast.runtime import ProcessGroups, run_local
+from ballast.runtime import ProcessGroups, run_local, sequence_parallel_attention
 from ballast.runtime.context_parallel import ContextShard, _chunk_attention
 from ballast.runtime.context_shard import held_chunks
+from ballast.runtime.hybrid import HybridShard, attention_rows
 
 # Sequences shorter than 2c (1, 3 tokens), lengths 2c does not divide (5, 7, 9), a single
 # token, and one that is long enough for every chunk.
 STREAMS = [[5, 1, 9, 3], [1], [7, 16]]
 HEADS, HEAD_DIM = 4, 8
-KV_HEADS = (4, 2)  # MHA and GQA
+KV_HEADS = (4, 2, 1)  # MHA, GQA, and GQA whose kv heads u = 2 does not divide (replicated)
 # fp32: each output is a softmax-weighted mean of at most 16 unit-variance values; a CP rank runs
 # the same per-query dot products as one process over the same keys, with masked keys instead
-# of absent ones (exact zeros after softmax), so only summation order differs: a few ulps.
+# of absent ones (exact zeros after softmax), so only summation order differs: a few ulps. The
+# hybrid's Ulysses exchanges and the kv replication copy values exactly; the replicas' gradients
+# and the reduce-scatter add a few terms in another order.
 RTOL, ATOL = 1e-5, 1e-6
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -51,6 +54,23 @@ def test_every_token_held_once_in_balanced_chunks(lengths, degree, causal):
             assert size == sum(base + (p < extra) for p in mine)
 
 
+@given(st.lists(st.integers(1, 40), min_size=0, max_size=5),
+       st.sampled_from([(1, 1), (2, 1), (1, 2), (2, 2), (1, 4), (4, 2)]), st.booleans())
+def test_a_groups_attention_rows_are_its_cp_shards_split_over_each_ulysses_sub_group(lengths, split, clips):
+    u, c = split
+    samples = [(1, 1, n) for n in lengths] if clips else lengths
+    rows = attention_rows(samples, u * c, c)
+    assert sorted(torch.cat([*rows, torch.zeros(0, dtype=torch.long)]).tolist()) == list(range(sum(lengths)))
+    for j in range(c):  # sub-group j: the contiguous u ranks of CP index j
+        mine = torch.cat([*rows[j * u:(j + 1) * u], torch.zeros(0, dtype=torch.long)])
+        if c == 1:
+            assert mine.tolist() == list(range(sum(lengths)))
+        else:
+            pattern = FULL if clips else CAUSAL
+            assert torch.equal(mine, ContextShard.create(samples, None, c, j, pattern=pattern).held)
+        assert max(map(len, rows[j * u:(j + 1) * u])) - min(map(len, rows[j * u:(j + 1) * u])) <= 1
+
+
 def test_head_tail_pairs():
     # 16 tokens over c = 2: chunks of 4, rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2.
     assert held_chunks((0, 16), 2, 0, True) == ((0, 0, 4), (0, 12, 16))
@@ -66,9 +86,18 @@ def test_context_layout_rule_and_bytes():
     assert CONTEXT.kv_exchange_bytes(2, 8, 100, 4, 4) == 2 * 2 * (2 * 8 * 4 * 100 * 3 / 4)
 
 
-def test_video_and_frame_patterns_are_value_errors():
-    with pytest.raises(ValueError, match="text streams only"):
-        ContextShard.create([(2, 2, 2)], None, 2, 0)
+def test_clips_are_cut_as_whole_sequences_with_their_video_positions():
+    # A clip is one sequence of its frame-major tokens; its rows keep (sample, frame, row, column).
+    clips = [(2, 2, 3), (1, 1, 5)]
+    whole = PackedStream.of(clips)
+    for j in range(2):
+        shard = ContextShard.create(clips, None, 2, j, pattern=FULL)
+        assert shard.grids == whole.grids
+        assert torch.equal(shard.positions, whole.positions[shard.held])
+    assert ContextShard.create(clips, None, 2, 1, pattern=FULL).held.tolist() == [*range(6, 12), 15, 16]
+
+
+def test_frame_patterns_are_value_errors():
     shard = ContextShard.create([4], None, 1, 0, pattern=SPATIAL)
     with pytest.raises(ValueError, match="not spatial"):
         shard.attend(*(torch.zeros(4, 1, 2) for _ in range(3)))
@@ -95,29 +124,50 @@ def _inputs(lengths, kv_heads):
     return tuple(torch.randn(s, generator=generator) for s in shapes)
 
 
-def _worker(degrees):
+def _tensors_on_context(output):
+    """Names of tensors the CP autograd nodes behind `output` keep as plain ctx attributes: held
+    out of saved-tensor hooks' sight, so a checkpointed layer could not drop them."""
+    seen, todo, names = set(), [output.grad_fn], []
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__.startswith("ContextParallelAttention"):
+            names += [k for k, x in vars(node).items() if any(isinstance(t, torch.Tensor)
+                                                               for t in (x if isinstance(x, tuple) else (x,)))]
+            names.append("found")
+        todo += [n for n, _ in node.next_functions]
+    return names
+
+
+def _worker(splits):
     torch.set_num_threads(1)
     groups, rank, results = ProcessGroups(), dist.get_rank(), []
-    for degree in degrees:
+    for u, c in splits:
+        degree = u * c
         start = rank // degree * degree
         for lengths in STREAMS:
             for kv_heads in KV_HEADS:
                 for pattern in (CAUSAL, FULL):
                     q, k, v, grad_out = _inputs(lengths, kv_heads)
-                    shard = ContextShard.create(lengths, groups.get(start, degree), degree, rank - start,
-                                                pattern=pattern)
-                    local = [t[shard.held].clone().requires_grad_() for t in (q, k, v)]
-                    output = shard.attend(*local)
-                    (output * grad_out[shard.held]).sum().backward()
-                    results.append((degree, tuple(lengths), kv_heads, pattern.name, shard.held,
-                                    output.detach(), [t.grad for t in local]))
+                    shard = HybridShard.create(lengths, groups.get(start, degree, c), degree, rank - start,
+                                               pattern=pattern)
+                    held = shard.local
+                    local = [t[held].clone().requires_grad_() for t in (q, k, v)]
+                    output = sequence_parallel_attention(*local, shard)
+                    kept = _tensors_on_context(output)
+                    (output * grad_out[held]).sum().backward()
+                    results.append(((u, c), tuple(lengths), kv_heads, pattern.name, held,
+                                    output.detach(), [t.grad for t in local], kept))
     return results
 
 
-def _check(ranks, degrees):
+def _check(ranks, splits):
     checked, empty = set(), 0
     for results in ranks:
-        for degree, lengths, kv_heads, name, held, output, grads in results:
+        for split, lengths, kv_heads, name, held, output, grads, kept in results:
+            assert kept == ["found"]  # q and the gathered K/V are saved, not kept on ctx
             q, k, v, grad_out = (t.clone().requires_grad_() for t in _inputs(list(lengths), kv_heads))
             expected = varlen_attention(q, k, v, PackedStream.from_lengths(lengths).bounds, causal=name == "causal")
             (expected * grad_out).sum().backward()
@@ -125,19 +175,20 @@ def _check(ranks, degrees):
             for got, want in zip(grads, (q.grad, k.grad, v.grad)):
                 # An empty shard (the 1-token stream on c >= 2) gets empty, i.e. zero, gradients.
                 torch.testing.assert_close(got, want[held], rtol=RTOL, atol=ATOL)
-            checked.add((degree, lengths, kv_heads, name))
+            checked.add((split, lengths, kv_heads, name))
             empty += len(held) == 0
     # The 1-token stream leaves c - 1 ranks empty: they ran the collectives (or their peers
     # would have hung) and returned their (empty) gradients.
     assert empty > 0
-    assert len(checked) == len(degrees) * len(STREAMS) * len(KV_HEADS) * 2
+    assert len(checked) == len(splits) * len(STREAMS) * len(KV_HEADS) * 2
 
 
 @pytest.mark.slow
 def test_context_parallel_attention_on_2_ranks_matches_one_process():
-    _check(run_local(2, _worker, (2,), timeout=240), (2,))
+    _check(run_local(2, _worker, [(1, 2)], timeout=240), [(1, 2)])
 
 
 @pytest.mark.slow
-def test_context_parallel_attention_on_4_ranks_matches_one_process():
-    _check(run_local(4, _worker, (2, 4), timeout=240), (2, 4))
+def test_context_parallel_and_hybrid_attention_on_4_ranks_match_one_process():
+    splits = [(1, 2), (1, 4), (2, 2)]
+    _check(run_local(4, _worker, splits, timeout=240), splits)

@@ -1,0 +1,53 @@
+"""`ballast verify --world 4 --planners all` on models whose 6 heads cap Ulysses at degree 2:
+at a budget where the longest sequences need degree 4, the planners that run context
+parallelism pass with u x c plans of degree 4, and the Ulysses-only ones are reported as unable
+to hold --max-len (one spawn of 4 gloo ranks per model)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hf_folders import save_model
+
+from ballast.cli import main
+from ballast.planners import PLANNERS
+
+CP_PLANNERS = ("megatron-dynamic-cp", "ballast", "zeppelin")
+
+
+def six_head_json(folder):
+    path = folder / "six-heads.json"
+    path.write_text(json.dumps({"name": "six-heads", "layers": 2, "hidden": 48, "heads": 6, "kv_heads": 2,
+                                "ffn": 64, "vocab": 64}))
+    return str(path)
+
+
+def six_head_hf(folder):
+    return "hf:" + str(save_model(folder / "hf", "LlamaConfig", hidden_size=48, num_attention_heads=6,
+                                  num_key_value_heads=2))
+
+
+# Budgets (device memory, --max-len) at which degree 2 holds under half of --max-len under full
+# recomputation and degree 4 all of it (JSON: 112 and 224 tokens; HF: 125 and 251).
+@pytest.mark.slow
+@pytest.mark.parametrize("model, memory_gb, max_len", [(six_head_json, "0.00017", "224"),
+                                                       (six_head_hf, "0.00032", "240")])
+def test_verify_runs_degree_4_with_context_parallelism_for_six_heads(tmp_path, capsys, model, memory_gb, max_len):
+    args = ["verify", "--world", "4", "--planners", "all", "--model", model(tmp_path), "--steps", "1",
+            "--batch", "6", "--max-len", max_len, "--device-memory-gb", memory_gb]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│")]
+    rows = {row[0]: row[2] for row in cells if row[-1] == "ok"}  # planner -> its degrees
+    assert set(rows) == set(CP_PLANNERS) and len(cells) == len(rows), out
+    assert any(split in rows[name].split(",") for name in CP_PLANNERS for split in ("2x2", "1x4")), rows
+    for name in set(PLANNERS) - set(CP_PLANNERS):
+        assert f"{name}: not run: it holds at most" in out
+
+
+def test_no_planner_that_can_hold_max_len_is_an_error_before_any_rank_starts(tmp_path, capsys):
+    args = ["verify", "--world", "4", "--planners", "dcp,static", "--model", six_head_json(tmp_path),
+            "--max-len", "224", "--device-memory-gb", "0.00017"]
+    assert main(args) == 2
+    assert ("no planner of --planners dcp,static can hold --max-len 224: dcp holds at most 112 tokens "
+            "(ulysses-only splits, degrees up to 2)") in capsys.readouterr().err
