@@ -121,6 +121,10 @@ class Plan:
     def degrees_used(self) -> list[int]:
         return sorted({g.degree for _, g, mb in self.micro_batches() if mb.seq_ids})
 
+    def context_parts_used(self) -> list[int]:
+        """The CP parts (`Group.cp`) of the groups that run something; [1] for Ulysses alone."""
+        return sorted({g.cp for _, g, mb in self.micro_batches() if mb.seq_ids})
+
     def busy_micro_batches(self) -> int:
         """Micro-batches that hold sequences (lockstep padding and idle groups hold none)."""
         return sum(1 for _, _, mb in self.micro_batches() if mb.seq_ids)

@@ -315,5 +315,6 @@ def _record(step: int, attempt: int, item: StepInput, result: StepResult,
         step_time=seconds, tokens_per_s=plan.tokens / seconds, predicted_step_time=item.predicted_seconds,
         idle_fraction=idle[0], rank_idle=idle[1], waves=len(plan.waves),
         micro_batches=plan.busy_micro_batches(), degrees=plan.degrees_used(),
+        context_parts=plan.context_parts_used(),
         checkpointed=plan.checkpointed_fraction(),
         plan_ms=1e3 * item.plan_seconds, plan_wait_ms=1e3 * waited)

@@ -49,6 +49,8 @@ class StepRecord:
     micro_batches: int
     degrees: list[int]
     """SP degrees the plan used."""
+    context_parts: list[int]
+    """CP parts of its groups (`Group.cp`; 1: Ulysses alone), so a run shows when it used context parallelism."""
     checkpointed: float
     """Token-weighted mean fraction of layers recomputed in backward."""
     plan_ms: float
