@@ -115,5 +115,5 @@ def pad_lockstep(wave: Wave, batch: SampleBatch, cost: CostModel) -> Wave:
     groups = []
     for g in wave.groups:
         mbs = sorted(g.micro_batches, key=lambda mb: -mb_time(mb, batch, g.degree, cost))
-        groups.append(Group(g.start, g.degree, mbs + [MicroBatch([], 0.0) for _ in range(depth - len(mbs))]))
+        groups.append(Group(g.start, g.degree, mbs + [MicroBatch([], 0.0) for _ in range(depth - len(mbs))], g.cp))
     return Wave(groups, list(wave.remap))
