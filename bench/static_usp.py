@@ -6,7 +6,7 @@ same batches `ballast simulate` drew (same flags, same seed): every (degree, CP 
 degree holding max-len, would often pick degree 1 with full checkpointing, which no USP user
 runs), and the fastest is recorded as planner `static-usp` with its degree and CP part.
 
-    python bench/static_usp.py OUT.json --degrees 8,16,32 --cp-parts 2,4,8 SIMULATE-FLAGS...
+    python bench/static_usp.py OUT.json --degrees 8,16,32 --cp-parts 2,4,8,16 SIMULATE-FLAGS...
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", help="a `ballast simulate --json` file of the same flags, updated in place")
     p.add_argument("--degrees", default="8,16,32", help="static's degrees to try (comma-separated)")
-    p.add_argument("--cp-parts", default="2,4,8", help="static's CP parts to try (comma-separated)")
+    p.add_argument("--cp-parts", default="2,4,8,16", help="static's CP parts to try (comma-separated)")
     add_arguments(p)
     args = p.parse_args()
     cluster = get_cluster(args.cluster, args.world, args.device_memory_gb)

@@ -22,6 +22,11 @@ class GroupEstimates:
     exact in float64), and `a * p * n` rounds as `CostModel.attention_time` and the text-only
     `a * n * n` do.
 
+    Each entry (group) is priced at one split of its degree (`cps`): with context parallelism
+    (c > 1) its cap is lower (the gathered K and V per token), a recomputation frees more tokens
+    (phi below), its exchange is the split's and its attention is f = `context_attention` times
+    a p n, which the sums carry (`quad`, `attn`).
+
     Besides F, a sample longer than `cap` tokens per device must recompute its own excess
     whatever the micro-batch count (it cannot be split); that forced part is tracked per group
     and the larger of the two overheads charged. Recomputing a token costs r rho / (1 - k) plus,
