@@ -39,7 +39,6 @@ class GroupPacker:
         """a q + b s of every sample (q its attention units, s its tokens)."""
         self.row = row
         """Row of `work` for each degree."""
-        self._splits: dict[int, list[int]] = {}
 
     def repair(self, groups: list[Group], times: list[float]) -> int | None:
         """Move one sequence off the slowest group, judged by exact times: the donor's index,
@@ -110,13 +109,8 @@ class GroupPacker:
     def pack(self, seqs: list[int], degree: int) -> tuple[float, list[MicroBatch], int]:
         """The split (cp), micro-batch count and checkpoint levels of least time for these
         sequences in a group of `degree`: the time, the micro-batches and the split."""
-        return min(((*self.pack_at(seqs, degree, cp), cp) for cp in self.splits(degree)), key=lambda p: p[0])
-
-    def splits(self, degree: int) -> list[int]:
-        """The splits of `degree` the cost's rule allows that another does not beat on every
-        term: per-token exchange time, memory per token at each end of checkpointing,
-        per-micro-batch latency and attention work."""
-        return self._splits.setdefault(degree, _undominated(self.cost, degree))
+        return min(((*self.pack_at(seqs, degree, cp), cp) for cp in self.cost.fastest_candidates(degree)),
+                   key=lambda p: p[0])
 
     def pack_at(self, seqs: list[int], degree: int, cp: int) -> tuple[float, list[MicroBatch]]:
         """`pack` at split `cp`: the time and the micro-batches."""
@@ -195,13 +189,3 @@ class GroupPacker:
     def mbs_time(self, mbs: list[MicroBatch], degree: int, cp: int) -> float:
         return sum(self.mb_time(mb, degree, cp) for mb in mbs)
 
-
-def _undominated(cost: CostModel, degree: int) -> list[int]:
-    """`GroupPacker.splits`: a split no better than another on every term never packs faster."""
-    def terms(cp: int) -> tuple[float, ...]:
-        return (cost.comm_per_token(degree, cp), cost.per_token_memory(degree, 0.0, cp),
-                cost.per_token_memory(degree, 1.0, cp), cost.comm(1.0, degree, cp) - cost.comm_per_token(degree, cp),
-                cost.context_attention if cp > 1 else 1.0)
-    parts = {cp: terms(cp) for cp in cost.context_parts(degree)}
-    return [cp for cp, mine in parts.items()
-            if not any(other != mine and all(o <= m for o, m in zip(other, mine)) for other in parts.values())]
