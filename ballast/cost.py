@@ -18,8 +18,9 @@ A group of degree d = u x cp (Ulysses over u ranks times context parallelism ove
                        K + V bytes of a token for a rank's share of the heads (`gathered_per_token`)
     memory           + G n (1 - c): each layer that is not recomputed keeps the gathered K, V
 
-Planners price degrees only: the split at a degree is the planner's rule's (`split`, from
-`splits`), and a plan's group records it; whoever prices a plan passes the group's `cp`.
+Planners price a degree at its rule's least split (`split`, from `splits`) unless they weigh
+the splits (ballast tries `fastest_candidates`); a plan's group records its split, and whoever
+prices a plan passes the group's `cp`.
 
 A remap domain's memory, slots and bound terms are `remapping.py`'s; the lower bound is
 `bounds.py`'s (both price with this model).
