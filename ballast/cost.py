@@ -18,8 +18,9 @@ A group of degree d = u x cp (Ulysses over u ranks times context parallelism ove
                        K + V bytes of a token for a rank's share of the heads (`gathered_per_token`)
     memory           + G n (1 - c): each layer that is not recomputed keeps the gathered K, V
 
-Planners price degrees only: the split at a degree is the planner's rule's (`split`, from
-`splits`), and a plan's group records it; whoever prices a plan passes the group's `cp`.
+Planners price a degree at its rule's least split (`split`, from `splits`) unless they weigh
+the splits (ballast tries `fastest_candidates`); a plan's group records its split, and whoever
+prices a plan passes the group's `cp`.
 
 A remap domain's memory, slots and bound terms are `remapping.py`'s; the lower bound is
 `bounds.py`'s (both price with this model).
@@ -170,6 +171,7 @@ class CostModel:
                 parts[d] = allowed
             d *= 2
         object.__setattr__(self, "_parts", parts)
+        object.__setattr__(self, "_candidates", {d: self._undominated(d) for d in parts})
         if self.states >= self.device_memory:
             raise InfeasibleError(
                 f"model {self.model!r}: its states ({self.states / 1e9:.3g} GB per device, sharded over "
@@ -202,6 +204,23 @@ class CostModel:
     def context_parts(self, degree: int) -> list[int]:
         """Every cp `splits` allows at `degree` (empty where none)."""
         return self._parts.get(degree, [])
+
+    def fastest_candidates(self, degree: int) -> list[int]:
+        """The cp of `context_parts` that no other allowed split beats on every term (exchange per
+        token, memory per token with no and with full checkpointing, fixed latency, attention
+        factor): only these can run some micro-batch fastest, so searches need try no other."""
+        return self._candidates.get(degree, [])
+
+    def _undominated(self, degree: int) -> list[int]:
+        def terms(cp: int) -> tuple[float, ...]:
+            u = degree // cp
+            latency = (self.comm_latency.get(degree, 0.0) if cp == 1 else
+                       self.comm_latency.get(u, 0.0) * (u > 1) + self.context_latency.get(degree, 0.0))
+            return (self.comm_per_token(degree, cp), self.per_token_memory(degree, 0.0, cp),
+                    self.per_token_memory(degree, 1.0, cp), latency, self.context_attention if cp > 1 else 1.0)
+        parts = {cp: terms(cp) for cp in self._parts[degree]}
+        return [cp for cp, mine in parts.items()
+                if not any(other != mine and all(o <= m for o, m in zip(other, mine)) for other in parts.values())]
 
     def gathered_per_token(self, degree: int, cp: int) -> float:
         """Bytes of K and V one token of a micro-batch brings to each rank of a group of degree
@@ -372,13 +391,13 @@ class CostModel:
     # --- bounds --------------------------------------------------------------------------------
     def sequence_times(self, samples: Sequence[Sample], every_split: bool = False) -> np.ndarray:
         """Array [degree index, sequence] of time(s, d, c_min) without g at the degree's `split`
-        (`every_split`: the least over every split `splits` allows, for bounds); inf where it
-        does not fit."""
+        (`every_split`: the least over every split `splits` allows, for bounds, found among
+        `fastest_candidates`); inf where it does not fit."""
         s, q = _tokens_array(samples), self.units(samples)
         free = self.device_memory - self.states
         out = np.full((len(self.degrees), len(s)), np.inf)
         for i, d in enumerate(self.degrees):
-            parts = self.context_parts(d) if every_split else [self.split(d)]
+            parts = self.fastest_candidates(d) if every_split else [self.split(d)]
             out[i] = np.min([self._alone(s, q, d, cp, free) for cp in parts], axis=0)
         return out
 

@@ -19,7 +19,7 @@ SETTINGS = {
 }
 
 
-def simulated_table(name: str) -> str:
+def simulated_table(name: str, settings: dict[str, str] = SETTINGS) -> str:
     data = json.loads((RESULTS / f"simulate-{name}.json").read_text())
     planners = data["planners"]
     base = planners.get("static", {}).get("tokens_per_s")
@@ -29,9 +29,41 @@ def simulated_table(name: str) -> str:
         speed = f"{s['tokens_per_s'] / base:.2f}x" if base else "-"
         rows.append(f"| {planner} | {s['step_time_s']:.3f} | {s['tokens_per_s']:,.0f} | {speed} | "
                     f"{s['idle_fraction']:.1%} | {s['vs_lower_bound']:.3f} | {s['plan_ms']:.1f} |")
-    head = (f"**Setting {name}** ({SETTINGS[name]}; {data['steps']} steps, mean lower bound "
+    head = (f"**Setting {name}** ({settings[name]}; {data['steps']} steps, mean lower bound "
             f"{data['lower_bound_s']:.3f} s/step):\n\n")
     return head + "\n".join(rows)
+
+
+CONTEXT_PARALLEL = {
+    "CP1": "lognormal:8,1.6 lengths, h100-32, Qwen2.5-7B's shape (28 heads, 4 kv heads; bench/data/qwen2.5-7b.json, "
+           "analytic), max-len 262144, 256 sequences/step",
+    "CP2": "DCP's any-size video (`video`), h200-32, wan-14b (40 heads, full attention), max-len 393216, 256 clips/step",
+    "CP3": "lognormal:8,2 lengths, h200-64, Qwen2.5-7B's shape, max-len 1048576 (1M tokens), 256 sequences/step",
+}
+CP_RIVALS = ("megatron-dynamic-cp", "static-usp", "wlb-llm")
+"""The planners the context-parallelism issue's targets say ballast must be ahead of (where recorded)."""
+
+
+def context_parallel_table(name: str) -> str:
+    """A CP setting's table (static-usp: static at its fastest fixed degree and CP part) and the
+    issue's targets for it."""
+    data = json.loads((RESULTS / f"simulate-{name}.json").read_text())
+    planners, ours = data["planners"], data["planners"]["ballast"]
+    checks = [(f"<= 1.05x the lower bound: {ours['vs_lower_bound']:.3f}", ours["vs_lower_bound"] <= 1.05)]
+    twin = RESULTS / f"simulate-{name}-32-heads.json"
+    if twin.exists():
+        twin_step = json.loads(twin.read_text())["planners"]["ballast"]["step_time_s"]
+        ratio = ours["step_time_s"] / twin_step
+        checks.insert(0, (f"within 1.05x of the 32-head twin's step ({twin_step:.3f} s): {ratio:.3f}x", ratio <= 1.05))
+    for rival in CP_RIVALS:
+        if rival in planners:
+            ahead = planners[rival]["step_time_s"] / ours["step_time_s"]
+            checks.append((f"ahead of {rival}: {ahead:.2f}x", ahead > 1.0))
+    usp = planners.get("static-usp")
+    note = (f" static-usp ran degree {usp['degree']} with CP part {usp['cp']} (u = {usp['degree'] // usp['cp']})."
+            if usp else "")
+    return (simulated_table(name, CONTEXT_PARALLEL) + "\n\nTargets (simulated): "
+            + "; ".join(f"{text} ({'met' if ok else 'NOT met'})" for text, ok in checks) + "." + note)
 
 
 VIDEO = {
@@ -386,6 +418,9 @@ def main() -> None:
     for name in VIDEO:
         if (RESULTS / f"simulate-{name}.json").exists():
             text = replace(text, f"simulate-{name}", video_table(name))
+    for name in CONTEXT_PARALLEL:
+        if (RESULTS / f"simulate-{name}.json").exists():
+            text = replace(text, f"simulate-{name}", context_parallel_table(name))
     if (RESULTS / "measured.json").exists():
         text = replace(text, "measured", measured_table())
     if (RESULTS / "hf-llama.json").exists():

@@ -12,6 +12,8 @@ from ballast.cluster import get_cluster
 from ballast.cost import CostModel, InfeasibleError, get_cost_model
 from ballast.model_shape import ModelShape, get_model_shape
 from ballast.bounds import lower_bound
+from ballast.exhaustive_instances import hand_cost
+from ballast.layouts import ANY_SPLIT
 from ballast import remapping
 
 
@@ -528,3 +530,21 @@ def test_the_uncapped_bound_is_below_every_rule():
     bound = uncapped_lower_bound(cost, lengths)
     assert bound == lower_bound(cost.under(ANY_SPLIT), lengths)
     assert bound <= lower_bound(cost, lengths) and bound <= lower_bound(cost.under(CONTEXT_ONLY), lengths)
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(8, 2), (8, 8), (6, 2)])
+def test_every_split_times_are_the_least_over_every_allowed_split(heads, kv_heads):
+    # sequence_times(every_split=True) searches `fastest_candidates` only: the same least as
+    # pricing each sequence alone at every split the rule allows (time() at its least level,
+    # without g and the collectives' fixed latency, which sequence_times leaves out).
+    cost = hand_cost(heads=heads, kv_heads=kv_heads, world_size=8, bandwidth={2: 1e8, 4: 5e7, 8: 2e7},
+                     context_latency={8: 1e-3}).under(ANY_SPLIT)
+    lengths = [1, 300, 2_000, 9_000, 40_000]
+    times = cost.sequence_times(lengths, every_split=True)
+    for i, d in enumerate(cost.degrees):
+        for k, s in enumerate(lengths):
+            alone = [cost.time([s], d, level, cp) - cost.g - cost.comm(s, d, cp) + cost.comm_per_token(d, cp) * s
+                     for cp in cost.context_parts(d)
+                     if (level := cost.min_checkpoint(s, d, cp)) is not None]
+            assert times[i, k] == pytest.approx(min(alone, default=np.inf), rel=1e-9)
+    assert any(len(cost.fastest_candidates(d)) < len(cost.context_parts(d)) for d in cost.degrees)

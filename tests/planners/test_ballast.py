@@ -3,20 +3,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import ballast
 from ballast.cost import CostModel, InfeasibleError
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
 from ballast.exhaustive import cluster_for, optimum
-from ballast.exhaustive_instances import tiny_instances
+from ballast.exhaustive_instances import hand_cost, tiny_instances
 from ballast.planners import PlannerOptions, get_planner
 from ballast.layouts import ANY_SPLIT
 from ballast.plans import Plan
 from ballast.samples import SampleBatch
 from ballast.timeline import simulate, step_time
-from ballast.bounds import longest_alone, lower_bound
+from ballast.bounds import longest_alone, lower_bound, uncapped_lower_bound
 
 
 # The optimum of `exhaustive.optimum`: every plan of <= 4 ranks and <= 6 sequences with any
@@ -147,6 +147,41 @@ def test_a_long_pole_is_remapped_when_that_ends_the_step_sooner():
     metrics = simulate(plan, cost, 8)
     assert metrics.step_time < 0.8 * step_time(plain, cost)
     assert metrics.step_time >= metrics.lower_bound * (1 - 1e-9)
-    # The plain plan is the pole alone in a Ulysses group (its groups keep cp 1: no planner's split pass ran).
-    assert step_time(plain, cost) == pytest.approx(float(cost.sequence_times([40_000]).min()) + cost.g)
+    # The plain plan is the pole alone in a group at its fastest split (CP over the 2 ranks: it
+    # gathers K and V only, the all-to-alls would move q and the output too).
+    assert step_time(plain, cost) == pytest.approx(
+        float(planner.cost.sequence_times([40_000], every_split=True).min()) + cost.g)
+    assert step_time(plain, cost) < float(cost.sequence_times([40_000]).min()) + cost.g
     assert longest_alone(cost, lengths) <= step_time(plain, cost)
+
+
+@st.composite
+def head_capped_instances(draw):
+    """Hand-made costs whose heads (3 or 6) cap Ulysses below the cluster (degree 2 or 4), with
+    sequences up to what the widest degree holds: only CP groups can run the longest."""
+    heads, kv_heads = draw(st.sampled_from([(3, 1), (3, 3), (6, 2), (6, 6)]))
+    world = draw(st.sampled_from([4, 8]))
+    cost = hand_cost(heads=heads, kv_heads=kv_heads, world_size=world, states=0.0,
+                     device_memory=draw(st.integers(300, 3000)) * 1e5,
+                     bandwidth={d: draw(st.sampled_from([1e6, 1e8, 1e10])) for d in (2, 4, 8) if d <= world},
+                     g=draw(st.sampled_from([0.0, 0.01])), context_attention=draw(st.sampled_from([1.0, 1.3])))
+    limit = cost.under(ANY_SPLIT).max_tokens(world, 1.0)
+    return cost, draw(st.lists(st.integers(1, limit), min_size=1, max_size=12))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(head_capped_instances())
+def test_plans_past_the_head_count_are_valid_and_use_context_parallelism_where_they_must(instance):
+    cost, lengths = instance
+    cluster = cluster_for(cost)
+    plan = get_planner("ballast", cluster, cost).plan(lengths)
+    plan.validate(cluster, cost)
+    assert step_time(plan, cost) >= uncapped_lower_bound(cost, lengths) * (1 - 1e-9)
+    # A sequence longer than the widest Ulysses-only degree holds at full checkpointing runs in a
+    # CP group (validate checks that a group's Ulysses part divides the heads).
+    ulysses = max(d for d in cost.degrees if cost.heads % d == 0)
+    held = cost.max_tokens(ulysses, 1.0)
+    for wave in plan.waves:
+        for group in wave.groups:
+            if any(lengths[i] > held for mb in group.micro_batches for i in mb.seq_ids):
+                assert group.cp > 1 and group.degree > ulysses

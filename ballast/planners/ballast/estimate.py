@@ -22,6 +22,11 @@ class GroupEstimates:
     exact in float64), and `a * p * n` rounds as `CostModel.attention_time` and the text-only
     `a * n * n` do.
 
+    Each entry (group) is priced at one split of its degree (`cps`): with context parallelism
+    (c > 1) its cap is lower (the gathered K and V per token), a recomputation frees more tokens
+    (phi below), its exchange is the split's and its attention is f = `context_attention` times
+    a p n, which the sums carry (`quad`, `attn`).
+
     Besides F, a sample longer than `cap` tokens per device must recompute its own excess
     whatever the micro-batch count (it cannot be split); that forced part is tracked per group
     and the larger of the two overheads charged. Recomputing a token costs r rho / (1 - k) plus,
@@ -33,55 +38,88 @@ class GroupEstimates:
     access costs several times a list's. The vector methods convert them (same float64 values).
     """
 
-    def __init__(self, cost: CostModel, degrees: np.ndarray):
-        self.cost, self.deg = cost, degrees.astype(np.float64)
-        self._deg = self.deg.tolist()
-        self._comm = [cost.comm_per_token(int(d)) for d in degrees]
-        self.comm_per_token = np.array(self._comm)
-        self.cap = (cost.device_memory - cost.states) / cost.act_per_token
-        self.recompute_rate = cost.recompute / (1.0 - cost.kept)
-        # Exactly 0.0 under docs/design.md's single r, which leaves every estimate as it was.
-        self.attention_rate = (cost.recompute_attention - cost.recompute) / (1.0 - cost.kept)
+    def __init__(self, cost: CostModel, degrees: np.ndarray, cps: list[int]):
+        """Entries of `degrees`, each priced at its split `cps` (the CP part of its degree)."""
+        free = cost.device_memory - cost.states
+        # Per entry: its degree, the tokens per device that fit without checkpointing, the
+        # recomputation rates per token over that (r and r_attn - r times phi, the tokens a
+        # recomputation frees: 1 / (1 - k) without CP; with it a recomputed layer also drops its
+        # gathered K, V, G bytes per token, so phi = (A + G d) / (A (1 - k) + G d)), the CP
+        # attention factor f and the exchange seconds per token; then the forced recomputation
+        # per excess token and unit of a p, and per excess token: (r + r_attn - r) phi f and r phi b.
+        terms: dict[tuple[int, int], tuple] = {}
+        for d, cp in set(zip(degrees.tolist(), cps)):
+            if cp == 1:  # today's expressions, so plans without CP stay bit-identical
+                cap, phi, factor = free / cost.act_per_token, 1.0 / (1.0 - cost.kept), 1.0
+            else:
+                gathered = cost.gathered_per_token(d, cp) * d
+                cap = free / (cost.act_per_token + gathered)
+                phi = (cost.act_per_token + gathered) / (cost.act_per_token * (1.0 - cost.kept) + gathered)
+                factor = cost.context_attention
+            # The attention rate is exactly 0.0 under docs/design.md's single r.
+            rate, attn_rate = cost.recompute * phi, (cost.recompute_attention - cost.recompute) * phi
+            terms[d, cp] = (float(d), cap, rate, attn_rate, factor, cost.comm_per_token(d, cp),
+                            (rate + attn_rate) * factor, rate * cost.b)
+        rows = [terms[key] for key in zip(degrees.tolist(), cps)]
+        self._rows = rows
+        # A column every entry shares stays a scalar: no gather per estimate (the common case:
+        # only the degree and exchange vary without CP).
+        table = np.array(rows)
+        self.deg = table[:, 0]
+        self._table = [float(column[0]) if (column == column[0]).all() else column for column in table.T]
         self._a, self._b, self._g = cost.a, cost.b, cost.g
-        self.quad = [0.0] * len(degrees)      # sum of a p n + b n
-        self.attn = [0.0] * len(degrees)      # sum of a p n
+        self.quad = [0.0] * len(degrees)      # sum of f a p n + b n
+        self.attn = [0.0] * len(degrees)      # sum of f a p n
         self.tokens = [0.0] * len(degrees)
         self.forced = [0.0] * len(degrees)    # recomputation no packing avoids
 
+    def _columns(self, rows) -> np.ndarray:
+        """The columns (degree, cap, rate, attention rate, f, exchange per token, forced per a p,
+        forced per token) of entries `rows`."""
+        return [column if isinstance(column, float) else column[rows] for column in self._table]
+
     def estimate(self, quad: np.ndarray, attn: np.ndarray, tokens: np.ndarray, forced: np.ndarray,
                  rows: slice | np.ndarray = slice(None)) -> np.ndarray:
-        cost, deg = self.cost, self.deg[rows]
+        return self._estimate(quad, attn, tokens, forced, self._columns(rows))
+
+    def _estimate(self, quad, attn, tokens, forced, columns) -> np.ndarray:
+        deg, cap, rate, attn_rate, _, comm, _, _ = columns
+        g = self._g
         per_token = np.divide(quad, tokens, out=np.zeros_like(quad), where=tokens > 0)
         attn_per_token = np.divide(attn, tokens, out=np.zeros_like(attn), where=tokens > 0)
-        slope = np.minimum(self.recompute_rate * per_token + self.attention_rate * attn_per_token,
-                           cost.g / self.cap)
-        over = cost.g + np.maximum(forced, np.maximum(0.0, tokens / deg - self.cap) * slope)
-        t = quad / deg + tokens * self.comm_per_token[rows] + over
+        slope = np.minimum(rate * per_token + attn_rate * attn_per_token, g / cap)
+        over = g + np.maximum(forced, np.maximum(0.0, tokens / deg - cap) * slope)
+        t = quad / deg + tokens * comm + over
         return np.where(tokens > 0, t, 0.0)
 
     def current(self) -> np.ndarray:
         return self.estimate(np.array(self.quad), np.array(self.attn), np.array(self.tokens),
                              np.array(self.forced))
 
-    def terms(self, length, span, deg):
-        """(a p n + b n, a p n, forced recomputation) of samples of `length` tokens n and
-        `span` p at degrees `deg`."""
-        a, b = self._a, self._b
-        excess = np.maximum(0.0, length / deg - self.cap)
-        forced = excess * self.recompute_rate * (a * span + b) + excess * self.attention_rate * a * span
-        return a * span * length + b * length, a * span * length, forced
+    def terms(self, length, span, rows):
+        """(f a p n + b n, f a p n, forced recomputation) of samples of `length` tokens n and
+        `span` p in entries `rows` (indices, broadcast against the samples)."""
+        return self._terms(length, span, self._columns(rows))
+
+    def _terms(self, length, span, columns):
+        deg, cap, _, _, f, _, forced_attention, forced_linear = columns
+        attention = self._a * span
+        excess = np.maximum(0.0, length / deg - cap)
+        quad_attention = f * (attention * length)
+        return (quad_attention + self._b * length, quad_attention,
+                excess * (forced_attention * attention + forced_linear))
 
     def changed(self, groups: np.ndarray, removed: tuple = (0.0, 0.0), added: tuple = (0.0, 0.0)) -> np.ndarray:
         """Estimates of `groups` (indices) were each to lose a sample of (tokens, span)
         `removed` and gain one of `added` ((0, 0): none), elementwise; the sums themselves stay
         as they are."""
-        deg = self.deg[groups]
-        quad_r, attn_r, forced_r = self.terms(*removed, deg)
-        quad_a, attn_a, forced_a = self.terms(*added, deg)
-        return self.estimate(np.array(self.quad)[groups] - quad_r + quad_a,
-                             np.array(self.attn)[groups] - attn_r + attn_a,
-                             np.array(self.tokens)[groups] - removed[0] + added[0],
-                             np.array(self.forced)[groups] - forced_r + forced_a, groups)
+        columns = self._columns(groups)
+        quad_r, attn_r, forced_r = self._terms(*removed, columns)
+        quad_a, attn_a, forced_a = self._terms(*added, columns)
+        return self._estimate(np.array(self.quad)[groups] - quad_r + quad_a,
+                              np.array(self.attn)[groups] - attn_r + attn_a,
+                              np.array(self.tokens)[groups] - removed[0] + added[0],
+                              np.array(self.forced)[groups] - forced_r + forced_a, columns)
 
     def fill(self, seqs: list[int], lengths: list[float], spans: list[float], first_rows: list[int],
              rows: list[int]) -> list[list[int]]:
@@ -95,49 +133,50 @@ class GroupEstimates:
         in the batch for thousands of sequences. The estimate is `estimate()` in scalar
         arithmetic, inlined: this loop is the planner's hot path.
         """
-        a, b, g, cap, rate, attn_rate = self._a, self._b, self._g, self.cap, self.recompute_rate, self.attention_rate
+        a, b, g = self._a, self._b, self._g
         quads, attns, tokens, forceds = self.quad, self.attn, self.tokens, self.forced
-        degs, comms = self._deg, self._comm
-        slope_limit = g / cap
         members: list[list[int]] = [[] for _ in rows]
         heaps: dict[int, list[tuple[float, int]]] = {}
         for j, row in enumerate(rows):
             heaps.setdefault(row, []).append((0.0, j))
-        by_row = sorted(heaps.items())
+        # Entries of a row share their degree and split: its terms once per row, not per placement.
+        by_row = [(row, heap, *self._rows[heap[0][1]]) for row, heap in sorted(heaps.items())]
         for s, n, p, fits_from in zip(seqs, lengths, spans, first_rows):
-            quad_n, linear_n = a * p * n, b * n
-            best, best_j, best_row = math.inf, -1, -1
-            for row, heap in by_row:
+            attn_n, linear_n = a * p * n, b * n
+            best, best_j, best_row, best_forced, best_attn = math.inf, -1, -1, 0.0, 0.0
+            for row, heap, d, cap, rate, attn_rate, f, comm, forced_attention, forced_linear in by_row:
                 if row < fits_from:
                     continue
                 j = heap[0][1]
-                d = degs[j]
+                quad_n = attn_n * f
                 quad = quads[j] + quad_n + linear_n
                 tok = tokens[j] + n
                 forced = forceds[j]
+                added = 0.0
                 if n > d * cap:
-                    forced += (n / d - cap) * rate * (a * p + b) + (n / d - cap) * attn_rate * a * p
+                    added = (n / d - cap) * (forced_attention * a * p + forced_linear)
+                    forced += added
                 # Conditional expressions rather than min()/max(): same values, a third faster.
                 slope = (rate * quad + attn_rate * (attns[j] + quad_n)) / tok
-                slope = slope if slope <= slope_limit else slope_limit
+                limit = g / cap
+                slope = slope if slope <= limit else limit
                 excess = tok / d - cap
                 memory = excess * slope if excess > 0.0 else 0.0
-                grown = quad / d + tok * comms[j] + (g + (memory if memory > forced else forced))
+                grown = quad / d + tok * comm + (g + (memory if memory > forced else forced))
                 if grown < best:
-                    best, best_j, best_row = grown, j, row
+                    best, best_j, best_row, best_forced, best_attn = grown, j, row, added, quad_n
             assert best_j >= 0, f"sequence {s} fits no group of the layout"
-            d = degs[best_j]
-            quads[best_j] += quad_n + linear_n
-            attns[best_j] += quad_n
+            quads[best_j] += best_attn + linear_n
+            attns[best_j] += best_attn
             tokens[best_j] += n
-            if n > d * cap:
-                forceds[best_j] += (n / d - cap) * rate * (a * p + b) + (n / d - cap) * attn_rate * a * p
+            if best_forced:
+                forceds[best_j] += best_forced
             members[best_j].append(s)
             heapq.heapreplace(heaps[best_row], (best, best_j))
         return members
 
     def move(self, j: int, length: float, span: float, sign: int = 1) -> None:
-        quad, attn, forced = self.terms(length, span, self._deg[j])
+        quad, attn, forced = self._terms(length, span, self._rows[j])
         self.quad[j] += sign * quad
         self.attn[j] += sign * attn
         self.tokens[j] += sign * length

@@ -54,15 +54,15 @@ class GroupPacker:
         for m, mb in enumerate(donor.micro_batches):
             for s in mb.seq_ids:
                 for j in receivers:
-                    d = groups[j].degree
+                    d, cp = groups[j].degree, groups[j].cp
                     # Adding s costs the receiver at least its compute and all-to-all there.
                     if (not np.isfinite(self.work[self.row[d], s])
-                            or times[j] + self.quad[s] / d + self.cost.comm(self.lengths[s], d) >= times[slow]):
+                            or times[j] + self.quad[s] / d + self.cost.comm(self.lengths[s], d, cp) >= times[slow]):
                         continue
-                    joined, added = self.with_sequence(groups[j].micro_batches, s, d)
+                    joined, added = self.with_sequence(groups[j].micro_batches, s, d, cp)
                     if times[j] + added >= times[slow]:
                         continue
-                    left, saved = self.without_sequence(donor.micro_batches, m, s, donor.degree)
+                    left, saved = self.without_sequence(donor.micro_batches, m, s, donor.degree, donor.cp)
                     if saved > 0:
                         groups[j].micro_batches, times[j] = joined, times[j] + added
                         donor.micro_batches, times[slow] = left, times[slow] - saved
@@ -72,91 +72,97 @@ class GroupPacker:
     def repack(self, group: Group, time: float) -> float:
         """Pack a group afresh if that is faster (moves only ever take sequences out of their
         micro-batches, so a donor may keep more micro-batches than its rest needs); its time."""
-        packed = self.pack([s for mb in group.micro_batches for s in mb.seq_ids], group.degree)
-        packed_time = self.mbs_time(packed, group.degree)
+        packed_time, packed, cp = self.pack([s for mb in group.micro_batches for s in mb.seq_ids], group.degree)
         if packed_time < time:
-            group.micro_batches = packed
+            group.micro_batches, group.cp = packed, cp
             return packed_time
         return time
 
-    def with_sequence(self, mbs: list[MicroBatch], s: int, degree: int) -> tuple[list[MicroBatch], float]:
-        """`mbs` with sequence s added to the micro-batch of fewest tokens, or alone if faster,
-        and the time that adds."""
-        single = MicroBatch([s], self.cost.min_checkpoint(self.lengths[s], degree))
-        best = (mbs + [single], self.mb_time(single, degree))
+    def with_sequence(self, mbs: list[MicroBatch], s: int, degree: int, cp: int
+                      ) -> tuple[list[MicroBatch], float]:
+        """`mbs` (a group of `degree` split `cp`) with sequence s added to the micro-batch of
+        fewest tokens, or alone if faster, and the time that adds."""
+        single = MicroBatch([s], self.cost.min_checkpoint(self.lengths[s], degree, cp))
+        best = (mbs + [single], self.mb_time(single, degree, cp))
         if mbs:
             i = min(range(len(mbs)), key=lambda i: sum(self.lengths[x] for x in mbs[i].seq_ids))
             ids = mbs[i].seq_ids + [s]
-            level = self.cost.min_checkpoint(sum(self.lengths[x] for x in ids), degree)
+            level = self.cost.min_checkpoint(sum(self.lengths[x] for x in ids), degree, cp)
             if level is not None:
                 merged = MicroBatch(ids, level)
-                added = self.mb_time(merged, degree) - self.mb_time(mbs[i], degree)
+                added = self.mb_time(merged, degree, cp) - self.mb_time(mbs[i], degree, cp)
                 if added < best[1]:
                     best = (mbs[:i] + [merged] + mbs[i + 1:], added)
         return best
 
-    def without_sequence(self, mbs: list[MicroBatch], m: int, s: int, degree: int
+    def without_sequence(self, mbs: list[MicroBatch], m: int, s: int, degree: int, cp: int
                           ) -> tuple[list[MicroBatch], float]:
         """`mbs` with sequence s taken out of micro-batch m (dropped if it empties), and the
         time that saves."""
         ids = [x for x in mbs[m].seq_ids if x != s]
-        before = self.mb_time(mbs[m], degree)
+        before = self.mb_time(mbs[m], degree, cp)
         if not ids:
             return mbs[:m] + mbs[m + 1:], before
-        rest = MicroBatch(ids, self.cost.min_checkpoint(sum(self.lengths[x] for x in ids), degree))
-        return mbs[:m] + [rest] + mbs[m + 1:], before - self.mb_time(rest, degree)
+        rest = MicroBatch(ids, self.cost.min_checkpoint(sum(self.lengths[x] for x in ids), degree, cp))
+        return mbs[:m] + [rest] + mbs[m + 1:], before - self.mb_time(rest, degree, cp)
 
-    def pack(self, seqs: list[int], degree: int) -> list[MicroBatch]:
-        """The micro-batch count and checkpoint levels of least time for these sequences."""
+    def pack(self, seqs: list[int], degree: int) -> tuple[float, list[MicroBatch], int]:
+        """The split (cp), micro-batch count and checkpoint levels of least time for these
+        sequences in a group of `degree`: the time, the micro-batches and the split."""
+        return min(((*self.pack_at(seqs, degree, cp), cp) for cp in self.cost.fastest_candidates(degree)),
+                   key=lambda p: p[0])
+
+    def pack_at(self, seqs: list[int], degree: int, cp: int) -> tuple[float, list[MicroBatch]]:
+        """`pack` at split `cp`: the time and the micro-batches."""
         if not seqs:
-            return []
+            return 0.0, []
         lengths = self.lengths
         seqs = sorted(seqs, key=lambda s: -lengths[s])
         tokens = sum(lengths[s] for s in seqs)
-        fewest = max(1, math.ceil(tokens / self.cost.max_tokens(degree, 1.0)))
-        cap = self.cost.max_tokens(degree, 0.0)
+        fewest = max(1, math.ceil(tokens / self.cost.max_tokens(degree, 1.0, cp)))
+        cap = self.cost.max_tokens(degree, 0.0, cp)
         # Sequences do not split, so token balance alone may checkpoint at any count: bins of
         # `cap` tokens (best-fit decreasing) are the fewest micro-batches with no recomputation.
         # A budget may hold no token at all without recomputation (cap 0): then no count avoids
         # it, and one sequence per micro-batch is the most there is to try.
-        unchecked = self.bins(seqs, degree, cap) if lengths[seqs[0]] <= cap else []
+        unchecked = self.bins(seqs, degree, cp, cap) if lengths[seqs[0]] <= cap else []
         no_ckpt = max(fewest, math.ceil(tokens / cap), len(unchecked)) if cap else len(seqs)
         # Time against the count is roughly convex (g grows, recomputation shrinks): try the
         # ends, a geometric ladder between them, then the neighbours of the best.
         top = max(fewest, min(no_ckpt, len(seqs)))
         ratio = (top / fewest) ** (1.0 / (LADDER - 1))
         ladder = {fewest, top, *(round(fewest * ratio ** i) for i in range(1, LADDER - 1))}
-        timed = {m: self.timed(seqs, degree, m) for m in ladder}
+        timed = {m: self.timed(seqs, degree, cp, m) for m in ladder}
         # Token balance is no bin packing: LPT may need a micro-batch more than memory does
         # (1633 tokens in bins of 860 fit as 803 + 830, not as LPT's 902 + 731), which costs g.
         # Bins of what fits under full recomputation are near the fewest memory allows.
-        crammed = self.bins(seqs, degree, self.cost.max_tokens(degree, 1.0))
+        crammed = self.bins(seqs, degree, cp, self.cost.max_tokens(degree, 1.0, cp))
         for key, mbs in ((-1, unchecked), (-2, crammed)):
             if mbs:
-                timed[key] = (self.mbs_time(mbs, degree), mbs)
+                timed[key] = (self.mbs_time(mbs, degree, cp), mbs)
         best = min(filter(None, timed.values()), key=lambda v: v[0], default=None)
         if best is not None:
             centre = len(best[1])
             for m in range(max(fewest, centre - REFINE), min(top, centre + REFINE) + 1):
-                if m not in timed and (candidate := self.timed(seqs, degree, m)) and candidate[0] < best[0]:
+                if m not in timed and (candidate := self.timed(seqs, degree, cp, m)) and candidate[0] < best[0]:
                     best = candidate
         if best is None:
             # One sequence per micro-batch always fits: the last resort if balancing cannot.
-            mbs = self.micro_batches(seqs, degree, len(seqs))
+            mbs = self.micro_batches(seqs, degree, cp, len(seqs))
             assert mbs is not None, f"sequences {seqs[:5]} fit no packing at degree {degree}"
-            return mbs
-        return best[1]
+            return self.mbs_time(mbs, degree, cp), mbs
+        return best
 
-    def bins(self, seqs: list[int], degree: int, capacity: int) -> list[MicroBatch]:
+    def bins(self, seqs: list[int], degree: int, cp: int, capacity: int) -> list[MicroBatch]:
         """Best-fit-decreasing bins of at most `capacity` tokens, each at its least checkpoint level."""
-        return [MicroBatch(b, self.cost.min_checkpoint(sum(self.lengths[s] for s in b), degree))
+        return [MicroBatch(b, self.cost.min_checkpoint(sum(self.lengths[s] for s in b), degree, cp))
                 for b in best_fit_decreasing(seqs, self.lengths, capacity)]
 
-    def timed(self, seqs: list[int], degree: int, count: int) -> tuple[float, list[MicroBatch]] | None:
-        mbs = self.micro_batches(seqs, degree, count)
-        return None if mbs is None else (self.mbs_time(mbs, degree), mbs)
+    def timed(self, seqs: list[int], degree: int, cp: int, count: int) -> tuple[float, list[MicroBatch]] | None:
+        mbs = self.micro_batches(seqs, degree, cp, count)
+        return None if mbs is None else (self.mbs_time(mbs, degree, cp), mbs)
 
-    def micro_batches(self, longest_first: list[int], degree: int, count: int) -> list[MicroBatch] | None:
+    def micro_batches(self, longest_first: list[int], degree: int, cp: int, count: int) -> list[MicroBatch] | None:
         """`count` token-balanced micro-batches (LPT on tokens) at their least checkpoint levels."""
         lengths = self.lengths
         heap = [(0, b) for b in range(count)]
@@ -168,17 +174,18 @@ class GroupPacker:
         mbs = []
         for load, b in sorted(heap, key=lambda item: item[1]):
             if bins[b]:
-                level = self.cost.min_checkpoint(load, degree)
+                level = self.cost.min_checkpoint(load, degree, cp)
                 if level is None:
                     return None
                 mbs.append(MicroBatch(bins[b], level))
         return mbs
 
-    def mb_time(self, mb: MicroBatch, degree: int) -> float:
+    def mb_time(self, mb: MicroBatch, degree: int, cp: int) -> float:
         # Sums through map over lists: the packer times tens of thousands of micro-batches per
         # plan. A text sample's units are integers in float64, summed exactly below 2^53.
         return self.cost.time_from_sums(sum(map(self.units.__getitem__, mb.seq_ids)),
-                                        sum(map(self.lengths.__getitem__, mb.seq_ids)), degree, mb.checkpoint)
+                                        sum(map(self.lengths.__getitem__, mb.seq_ids)), degree, mb.checkpoint, cp)
 
-    def mbs_time(self, mbs: list[MicroBatch], degree: int) -> float:
-        return sum(self.mb_time(mb, degree) for mb in mbs)
+    def mbs_time(self, mbs: list[MicroBatch], degree: int, cp: int) -> float:
+        return sum(self.mb_time(mb, degree, cp) for mb in mbs)
+

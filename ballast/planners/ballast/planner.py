@@ -35,6 +35,13 @@ bound tight. For a makespan target T the planner builds a wave in four moves:
    best-fit bins of what fits without recomputation, and of what fits with all of it (the
    fewest micro-batches memory allows, which token balance can miss), are tried too.
 
+**Splits.** A group of degree d runs attention as Ulysses over u ranks times context
+parallelism over c (d = u c, `layouts.Splits`; ballast may use any split the heads allow). Each
+sequence's time alone (moves 1 and 3's feasibility, the allocation) is at its fastest split;
+`est` prices each degree at one split, the one least for a group holding its share of the
+batch (the gathered K and V shrink `cap`); move 4 packs each group at every split no other
+beats on every term and keeps the fastest, so the group's `cp` is chosen on exact times.
+
 Targets T from the lower bound up to "least area everywhere" are all tried, each also with
 a floor on the degree (every sequence at least at degree D, the longest keeping their wider
 one; one degree for all at the top), which pays g once for many short sequences where

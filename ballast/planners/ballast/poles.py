@@ -80,7 +80,9 @@ def _remapped(cost: CostModel, plan_rest: PlanRest, batch: SampleBatch, times: n
     `sequence_times`) or a slot fits at no level."""
     n = cost.world_size
     start = n - size
-    groups = [Group(start + k * degree, degree, [MicroBatch([i])]) for k, i in enumerate(poles)]
+    # At the split the poles were priced at (`CostModel.split`), which `Planner._split` keeps in a domain.
+    split = cost.split(degree)
+    groups = [Group(start + k * degree, degree, [MicroBatch([i])], split) for k, i in enumerate(poles)]
     rest = sorted(set(range(len(batch))) - set(poles))
     helpers = _helpers(cost, batch, poles, degree, size, level, rest)
     groups += [Group(start + len(poles) * degree + h, 1, [MicroBatch(ids)]) for h, ids in enumerate(helpers) if ids]

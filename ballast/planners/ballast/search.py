@@ -52,12 +52,16 @@ class WaveSearch:
         self.quad = self.attn + self.cost.b * s
         self.deg = np.asarray([d for d in self.cost.degrees if d <= ranks])
         self.row = {int(d): i for i, d in enumerate(self.deg)}
-        # [degree index, sequence]: alone at that degree, least checkpointing, without g.
-        self.work = self.cost.sequence_times(batch.samples)[:len(self.deg)]
+        # [degree index, sequence]: alone at that degree at its best split, least checkpointing,
+        # without g.
+        self.work = self.cost.sequence_times(batch.samples, every_split=True)[:len(self.deg)]
+        # The split each degree's groups are estimated at (`_estimate_split`); the packer then
+        # gives each group the split it runs fastest at.
+        self.cps = {int(d): self._estimate_split(int(d)) for d in self.deg}
         # The proxy's estimates over all degree rows, and each sequence's forced recomputation
         # at each row (recomputation no packing avoids), computed once per batch.
-        self.estimates = GroupEstimates(self.cost, self.deg)
-        _, _, self.forced = self.estimates.terms(s[None, :], self.span[None, :], self.deg[:, None].astype(float))
+        self.estimates = self._estimates(self.deg)
+        _, _, self.forced = self.estimates.terms(s[None, :], self.span[None, :], np.arange(len(self.deg))[:, None])
         self.packer = GroupPacker(self.cost, batch, self.work, self.quad, self.row)
 
     def best(self) -> list[Wave]:
@@ -159,11 +163,12 @@ class WaveSearch:
         best: tuple[float, list[Group]] | None = None
         for loads, layout, members in candidates[:EXACT_CANDIDATES]:
             self._improve(loads, members, np.searchsorted(self.deg, layout))
-            groups, start = [], 0
+            groups, times, start = [], [], 0
             for d, seqs in zip(layout, members):
-                groups.append(Group(start, d, self.packer.pack(seqs, d)))
+                time, mbs, cp = self.packer.pack(seqs, d)
+                groups.append(Group(start, d, mbs, cp))
+                times.append(time)
                 start += d
-            times = [self.packer.mbs_time(g.micro_batches, g.degree) for g in groups]
             donors = set()
             for _ in range(REPAIR_MOVES):
                 donor = self.packer.repair(groups, times)
@@ -208,11 +213,30 @@ class WaveSearch:
 
     def _assign(self, ids: np.ndarray, layout: list[int]) -> tuple[GroupEstimates, list[int], list[list[int]]]:
         """Slowest first, each sequence to the group whose estimated time grows least."""
-        loads = GroupEstimates(self.cost, np.asarray(layout))
+        loads = self._estimates(np.asarray(layout))
         first_rows = np.argmax(np.isfinite(self.work[:, ids]), axis=0).tolist()
         members = loads.fill(ids.tolist(), self.tokens[ids].tolist(), self.span[ids].tolist(), first_rows,
                              [self.row[d] for d in layout])
         return loads, layout, members
+
+    def _estimates(self, degrees: np.ndarray) -> GroupEstimates:
+        """Estimates of groups of these degrees, each at its degree's estimate split."""
+        return GroupEstimates(self.cost, degrees, [self.cps[int(d)] for d in degrees])
+
+    def _estimate_split(self, degree: int) -> int:
+        """The split a group of `degree` is estimated at: of the splits the rule allows, the one
+        whose estimate is least for a group holding its share (degree / ranks) of the batch,
+        which weighs the splits' exchanges against their memory (gathered K and V) at this
+        batch's load."""
+        parts = self.cost.context_parts(degree)
+        if len(parts) == 1:
+            return parts[0]
+        share = degree / self.ranks
+        estimates = GroupEstimates(self.cost, np.full(len(parts), degree), parts)
+        terms = estimates.terms(self.tokens[None, :], self.span[None, :], np.arange(len(parts))[:, None])
+        quad, attn, forced = (np.broadcast_to(x, (len(parts), len(self.tokens))).sum(axis=1) * share for x in terms)
+        times = estimates.estimate(quad, attn, np.full(len(parts), self.tokens.sum() * share), forced)
+        return parts[int(np.argmin(times))]
 
     def _allocate(self, ids: np.ndarray, choice: np.ndarray) -> list[int] | None:
         """Degrees of the wave's groups, largest first; None if the classes cannot all fit."""

@@ -1,0 +1,61 @@
+"""Add static USP (`static` with a fixed CP part, `PlannerOptions.cp`) to a `ballast simulate` JSON.
+
+The CLI has no flag for static's CP part yet, so this drives it through the Python API on the
+same batches `ballast simulate` drew (same flags, same seed): every (degree, CP part) of
+--degrees x --cp-parts that the model and cluster run is simulated (static's own rule, the least
+degree holding max-len, would often pick degree 1 with full checkpointing, which no USP user
+runs), and the fastest is recorded as planner `static-usp` with its degree and CP part.
+
+    python bench/static_usp.py OUT.json --degrees 8,16,32 --cp-parts 2,4,8,16 SIMULATE-FLAGS...
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ballast.cluster import get_cluster
+from ballast.cost import get_cost_model
+from ballast.dataset.length_stream import BatchSpec, LengthStream
+from ballast.dataset.lengths import get_length_source
+from ballast.model_shape import get_model_shape
+from ballast.planners import PlannerOptions
+from ballast.simulate.command import add_arguments
+from ballast.simulate.side_by_side import simulate_planners
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out", help="a `ballast simulate --json` file of the same flags, updated in place")
+    p.add_argument("--degrees", default="8,16,32", help="static's degrees to try (comma-separated)")
+    p.add_argument("--cp-parts", default="2,4,8,16", help="static's CP parts to try (comma-separated)")
+    add_arguments(p)
+    args = p.parse_args()
+    cluster = get_cluster(args.cluster, args.world, args.device_memory_gb)
+    shape = get_model_shape(args.model)
+    cost = get_cost_model(args.cost, shape, cluster, args.device_memory_gb)
+    spec = BatchSpec(batch=args.batch, tokens_per_step=args.tokens_per_step, max_len=args.max_len,
+                     overlong=args.overlong)
+    stream = LengthStream(get_length_source(args.lengths, shape.video_geometry), spec, seed=args.seed)
+    batches = [stream.next_batch() for _ in range(args.steps)]
+    best = None
+    layouts = [(int(d), int(cp)) for d in args.degrees.split(",") for cp in args.cp_parts.split(",")]
+    for degree, cp in layouts:
+        options = PlannerOptions(max_len=args.max_len, seed=args.seed, degree=degree, cp=cp)
+        try:
+            _, results = simulate_planners(batches, ["static"], cluster, cost, options)
+        except ValueError as e:  # a layout this cluster and model cannot run, or max-len cannot fit
+            print(f"static --degree {degree} --cp {cp}: {e}")
+            continue
+        summary = {**results["static"].summary(), "cp": cp, "degree": degree}
+        print(f"static --degree {degree} --cp {cp}: {summary['step_time_s']:.3f} s per step")
+        if best is None or summary["step_time_s"] < best["step_time_s"]:
+            best = summary
+    data = json.loads(Path(args.out).read_text())
+    data["planners"]["static-usp"] = best
+    Path(args.out).write_text(json.dumps(data, indent=2))
+    print(f"wrote static-usp (cp {best['cp']}, degree {best['degree']}) into {args.out}")
+
+
+if __name__ == "__main__":
+    main()
