@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel, InfeasibleError, get_cost_model
 from ballast.model_shape import ModelShape, get_model_shape
-from ballast.bounds import lower_bound
+from ballast.bounds import lower_bound, uncapped_lower_bound
 from ballast.exhaustive_instances import hand_cost
-from ballast.layouts import ANY_SPLIT
+from ballast.layouts import ANY_SPLIT, CONTEXT_ONLY, ULYSSES, ULYSSES_ONLY, fixed_context, ulysses_in_node
 from ballast import remapping
 
 
@@ -456,7 +456,6 @@ def test_cost_model_file_with_wrong_field_type(tmp_path, change, message):
 
 # --- Ulysses x CP splits (docs/design.md, section 4) --------------------------------------------
 def test_split_rules_by_hand():
-    from ballast.layouts import ANY_SPLIT, CONTEXT_ONLY, ULYSSES, ULYSSES_ONLY, fixed_context, ulysses_in_node
     # 6 heads: Ulysses parts 1 and 2 only; every CP part is a power of two
     assert ULYSSES_ONLY.context_parts(4, 6, ULYSSES, True) == []
     assert ANY_SPLIT.context_parts(4, 6, ULYSSES, True) == [2, 4]        # (u, c) = (2, 2), (1, 4)
@@ -471,7 +470,6 @@ def test_split_rules_by_hand():
 
 
 def test_degrees_past_the_heads_with_context_parallelism():
-    from ballast.layouts import ANY_SPLIT
     cost = small_cost(heads=6, kv_heads=2, bandwidth={2: 1e9, 4: 5e8})
     assert cost.degrees == [1, 2]                         # Ulysses alone: 4 does not divide 6
     wide = cost.under(ANY_SPLIT)
@@ -523,8 +521,6 @@ def test_split_memory_boundaries(cost, split, fraction):
 
 
 def test_the_uncapped_bound_is_below_every_rule():
-    from ballast.bounds import uncapped_lower_bound
-    from ballast.layouts import ANY_SPLIT, CONTEXT_ONLY
     cost = small_cost(heads=6, kv_heads=2, bandwidth={2: 1e9, 4: 5e8})
     lengths = [30_000, 9_000, 4_000, 1_000]
     bound = uncapped_lower_bound(cost, lengths)
