@@ -103,11 +103,12 @@ def _reduce_scatter(grad: Tensor, shard: ContextShard) -> Tensor:
 def _chunk_sdpa(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, causal: bool) -> Tensor:
     """One chunk's queries [m, H, hd] against its sequence's keys [L, kv, hd] (CPU path): an
     explicit mask, since a chunk's causal diagonal is offset by its start (bottom-right for the
-    keys it may see, not SDPA's top-left)."""
+    keys it may see, not SDPA's top-left). Batched 4-D, as `kernels._batched_sdpa`: on CPU a 3-D
+    call falls back to the math path, which keeps the scores and ran ~10x slower here."""
     mask = torch.arange(k.shape[0], device=q.device) <= q_pos[:, None] if causal else None
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                          attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)
 
 
 def _chunk_attention(q: Tensor, k: Tensor, v: Tensor, shard: ContextShard) -> Tensor:
