@@ -80,7 +80,7 @@ def remapping_zeppelin_plan(world: int) -> Plan:
     cluster = get_cluster("cpu", world_size=world)
     base = CostModel.analytic(SHAPE, cluster)
     cost = CostModel.from_dict({**base.to_dict(), "g": 0.0, "a": base.a * 0.01,
-                                "bandwidth": {d: 1e13 for d in base.bandwidth}})
+                                "bandwidth": {2: 1e13}})
     plan = get_planner("zeppelin", cluster, cost).plan(LENGTHS)
     assert plan.waves[0].remap == [(0, world)], plan.info["remap"]
     return plan
@@ -91,7 +91,8 @@ POLE_LENGTHS = [120, 3, 4, 5, 2, 7]
 
 
 def remapping_ballast_plan() -> Plan:
-    """ballast's plan where a long pole decides the step: two heads cap SP at degree 2, where
+    """ballast's plan where a long pole decides the step: a profile that measured degree 2 alone
+    caps SP there (context parallelism lifts a head cap, not a profile's), where
     the 120-token sequence holds 60 tokens per rank of the 45 that fit, so alone it recomputes;
     remapped over all 4 ranks it keeps 4/17 of those for attention beside an even share and
     needs no recomputation, and the short ones run beside it on the other two ranks."""
@@ -101,7 +102,7 @@ def remapping_ballast_plan() -> Plan:
     base = CostModel.analytic(SHAPE, cluster)
     cost = CostModel.from_dict({**base.to_dict(), "g": 0.0, "heads": 2, "kv_heads": 2, "comm_latency": {},
                                 "device_memory": base.states + 45 * base.act_per_token,
-                                "bandwidth": {d: 1e13 for d in base.bandwidth}})
+                                "bandwidth": {2: 1e13}})
     plan = get_planner("ballast", cluster, cost).plan(POLE_LENGTHS)
     assert plan.waves[0].remap == [(0, 4)] and cost.min_checkpoint(120, 2) > 0, plan.table()
     assert [mb.checkpoint for g in plan.waves[0].groups for mb in g.micro_batches] == [0.0] * 3

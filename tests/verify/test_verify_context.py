@@ -12,7 +12,7 @@ from hf_folders import save_model
 from ballast.cli import main
 from ballast.planners import PLANNERS
 
-CP_PLANNERS = ("megatron-dynamic-cp", "ballast", "zeppelin")
+CP_PLANNERS = ("megatron-dynamic-cp", "ballast", "zeppelin", "wlb-llm")
 
 
 def six_head_json(folder):
