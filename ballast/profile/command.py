@@ -169,6 +169,11 @@ def print_report(console: Console, cost: CostModel) -> None:
     for d, bw in sorted(cost.bandwidth.items()):
         console.print(f"degree {d}: all-to-all {bw / 1e9:.3f} GB/s, fixed {cost.comm_latency.get(d, 0) * 1e3:.2f} ms "
                       f"per micro-batch ({report['coefficients']['call_latency'][d] * 1e3:.2f} ms per call)")
+    coefficients = report["coefficients"]
+    for d, latency in sorted(cost.context_latency.items()):
+        console.print(f"degree {d} with a CP part: attention x{cost.context_attention:.3f}, CP collectives "
+                      f"{coefficients['context_bandwidth'][d] / 1e9:.3f} GB/s as priced, fixed {latency * 1e3:.2f} ms "
+                      f"per micro-batch ({coefficients['context_call_latency'][d] * 1e3:.2f} ms per call)")
     table = Table(title="relative error of the fit |predicted / measured - 1|")
     for column in ("", "points", "time median", "time p90", "time max", "act median", "act max"):
         table.add_column(column, justify="right")
