@@ -26,6 +26,21 @@ comm_latency(d) = L lat_l(d), act_per_token = act_0 + L act_l, kept = (act_0 + L
 act_per_token, recompute_attention = ra_l and recompute = r_l L b_l / b (CostModel charges
 recomputation on b_0's part too, which is never recomputed).
 
+Context parallelism. A point run u x c (`Point.cp` = c > 1; text only) exchanges q, k, v and
+out in its Ulysses sub-groups of u ranks (priced at bw(u), with lat_l(u)) and gathers K, V over
+its CP group forward, reduce-scattering dK, dV backward: CostModel charges L bytes_cp n / bw(d)
+for them, bytes_cp = 2 G_l (c - 1) / c (`profiler.context_bytes_per_token_layer`, G_l the K, V
+bytes a token brings each rank per block), subtracted as known like the all-to-all bytes, and
+L lat_cp(d), a column per degree that ran CP (the collectives' latency and the sharding work
+around them). Its attention runs per head-tail chunk against the gathered keys under an
+explicit mask, which costs another price per unit than the local kernel: the attention column
+is split into the points without CP (a_l) and those with (a_cp), and `context_attention` =
+a_cp / a_l, one factor over every split and length the grid ran (the cost model has one). The
+CP collectives are timed apart (their calls on the rank's CP group): `fit_context_link` reports
+their bandwidth with bytes counted as the cost model prices them, and stands in for bw(d) at a
+degree no Ulysses point ran (a model whose heads that degree does not divide). Activation
+bytes are fitted on the points without CP (CP's gathered K, V are priced from the shape).
+
 Video models. The attention term follows the model's pattern (`patterns.AttentionPattern`:
 its units and its `fit_terms`, one coefficient per term):
 under `full` (Wan-style DiTs) a_l multiplies a clip's units 2 n^2 (S2 above becomes 2 sum n^2);

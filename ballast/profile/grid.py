@@ -8,6 +8,11 @@ every degree and checkpoint level; a few packed micro-batches (several short seq
 stream) check that packing costs what the per-sequence sum says, since the runtime attends
 sequence by sequence.
 
+A text model whose attention can run context parallelism adds points with a CP part
+(`build_context_grid`, `Point.cp`): every (degree, cp) split the heads allow, a few lengths with
+and without checkpointing, and packed streams of short and odd documents, whose head-tail
+chunks cannot balance exactly (the runtime's CP attention per chunk is what the fit measures).
+
 The video grid (`build_video_grid`) does the same with clips. Which clips depends on what the
 fit must separate (`video_clips`): under `full` attention a clip costs by its token count n
 alone (2 n^2 units), so clips of several token counts; under `spatial-temporal` a clip of F
@@ -179,17 +184,19 @@ def build_grid(layers: int, lengths: Sequence[int], degrees: Sequence[int]) -> l
 
 def build_context_grid(layers: int, lengths: Sequence[int], splits: Sequence[tuple[int, int]]) -> list[Point]:
     """Points with a context-parallel part, per (degree, cp) split: single sequences of the
-    shortest, a middle and the longest length without and with every layer checkpointed (the
-    CP attention factor, the recomputed gather, the per-micro-batch latency), and two packed
+    shortest and a middle length without and with every layer checkpointed (the CP attention
+    factor, the recomputed gather, the per-micro-batch latency) and of the longest without (the
+    recomputation factors are the other points': the longest CP points cost most, and the
+    CPU's masked chunk kernel ~10x the local one per unit, so once is enough), and two packed
     streams a quarter of the longest length long: copies of the shortest length, and documents
     of half of it plus one token, odd, so that no 2c chunks of one are equal (the balance the
     runtime reaches on short documents, measured rather than assumed)."""
     lengths = sorted(set(lengths))
-    chosen = list(dict.fromkeys((lengths[0], lengths[len(lengths) // 2], lengths[-1])))
+    singles = {(s, c) for s in (lengths[0], lengths[len(lengths) // 2]) for c in (0, layers)} | {(lengths[-1], 0)}
     fill = max(lengths) // 4
     points = []
     for degree, cp in splits:
-        points += [Point(layers, (s,), degree, c, cp=cp) for s in chosen for c in sorted({0, layers})]
+        points += [Point(layers, (s,), degree, c, cp=cp) for s, c in sorted(singles)]
         odd = lengths[0] // 2 + 1
         points += [Point(layers, (s,) * (fill // s), degree, 0, cp=cp) for s in (lengths[0], odd) if fill // s >= 2]
     return points
