@@ -311,8 +311,7 @@ def run_check(args: argparse.Namespace) -> int:
     console.print(plan_table(rows))
     t, a = summary["time"], summary["act"]
     other = ", ".join(f"{name}: median {s['median']:.1%}, p90 {s['p90']:.1%}"
-                      for name, s in ((k[5:], v) for k, v in summary.items() if k.startswith("time_"))
-                      if name != statistic)
+                      for name, s in ((name, summary[f"time_{name}"]) for name in STATISTICS) if name != statistic)
     console.print(f"step time |error| ({statistic} of rounds): median {t['median']:.1%}, p90 {t['p90']:.1%}, "
                   f"max {t['max']:.1%} ({other}); activation memory |error|: median {a['median']:.1%}, "
                   f"max {a['max']:.1%}; {len(rows)} plans in {seconds:.0f} s, load average "

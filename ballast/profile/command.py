@@ -68,7 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="profile.json", help="where the profile JSON goes")
     p.add_argument("--quick", action="store_true", help="a smaller grid and fewer repeats (a first look)")
     DEVICE_MEMORY.add(p, None, "this machine's RAM / world; it stands in for a GPU's and decides which "
-                               "lengths each degree is profiled at")
+                               "lengths each degree is profiled at; --check: the profile's (a smaller one "
+                               "makes the planners shard more, e.g. megatron-dynamic-cp run CP)")
     p.add_argument("--depths", default=None, help="reduced depths (blocks) the grid runs at, then "
                    "extrapolated; the full depth, or a larger one, profiles the model as it is (default 1,2; "
                    "2,4 for a spatial-temporal model, whose blocks come in spatial + temporal pairs)")
