@@ -206,7 +206,10 @@ def test_tiny_real_profile_and_check_on_two_ranks(tmp_path):
     assert loaded.a >= 0 and loaded.b > 0 and 0 < loaded.kept < 1 and loaded.act_per_token > 0
     # Fit quality is not asserted here: a loaded machine's timings are noise at these sizes, and
     # the fit's accuracy is what the synthetic tests check. The report must be complete.
-    assert len(loaded.fit["extrapolation"]) == 1 and loaded.fit["residuals"]["time"]["count"] == len(grid((1, 2), (32, 128), (1, 2)))
+    assert len(loaded.fit["extrapolation"]) == 1 and loaded.fit["residuals"]["time"]["count"] == len(plan_grid(TINY, 2, settings)[0])
+    # The grid ran CP (1 x 2) too, its terms fitted and its points reported apart.
+    assert loaded.context_latency.keys() == {2} and loaded.context_attention > 0
+    assert {"ulysses", "cp", "cp ckpt", "context_collectives"} <= loaded.fit["residuals_by_kind"].keys()
     assert loaded.fit["states_measured"]["2"] == state_bytes(dataclasses.replace(TINY, layers=2))
     out, png = tmp_path / "check.json", tmp_path / "check.png"
     assert main(["profile", "--check", str(path), "--plans", "2", "--repeats", "1", "--max-len", "128",
@@ -214,6 +217,7 @@ def test_tiny_real_profile_and_check_on_two_ranks(tmp_path):
                  "--png", str(png)]) == 0
     report = json.loads(out.read_text())
     assert [p["planner"] for p in report["plans"]] == ["static", "ballast"]
+    assert report["setting"]["planners"] == ["static", "ballast", "static 1x2cp"]
     assert report["summary"]["time"]["count"] == 2 and report["plans"][0]["measured_s"] > 0
     assert png.stat().st_size > 0
 
