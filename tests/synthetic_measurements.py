@@ -36,7 +36,7 @@ def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed:
     at `true`'s CP link; the micro-batch pays the CP bytes the cost model prices at bw(d), its
     attention times `context_attention`, and the CP latency."""
     from ballast.model_shape import get_model_shape
-    from ballast.profile.profiler import context_bytes_per_token_layer, gathered_values_per_token_layer
+    from ballast.profile.context import context_bytes_per_token_layer, gathered_values_per_token_layer
 
     rng = np.random.default_rng(seed)
     kv_shape = shape or get_model_shape("tiny")

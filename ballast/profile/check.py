@@ -30,7 +30,6 @@ import json
 import random
 import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -49,10 +48,10 @@ from ..planners import PlannerOptions, get_planner, parse_planner_names
 from ..model_shape import ModelShape
 from ..output_paths import check_output_file
 from ..timeline import simulate
+from .context import CheckedPlanner, checked_planners, runs_context, splits_used
 from .fit import error_summary
 from .machine import LoadMonitor, machine_info, measured_device
 from .measure import LEARNING_RATE, STATISTICS, core_share, plan_samples
-from .profiler import context_splits
 
 MILP_SECONDS = 2.0
 """FlexSP's per-wave solve limit here: the check measures plans, not the solver."""
@@ -98,31 +97,6 @@ def check_source(spec: str, shape: ModelShape, max_len: int) -> LengthSource:
     return scaled_clips(source, max_len) if isinstance(source, ClipSource) else source
 
 
-@dataclass(frozen=True)
-class CheckedPlanner:
-    """A planner the check takes plans from, with the static USP layout it is forced to (`cp`)."""
-
-    name: str
-    cp: int | None = None
-    degree: int | None = None
-
-    @property
-    def label(self) -> str:
-        return self.name if self.cp is None else f"{self.name} {self.degree // self.cp}x{self.cp}cp"
-
-
-def checked_planners(names: list[str], shape: ModelShape, world_size: int) -> list[CheckedPlanner]:
-    """The planners `names`, and where the model can run context parallelism on this world and
-    `static` is among them, static USP with the world's widest CP part too (`PlannerOptions.cp`),
-    so that the check measures CP groups even where no adaptive planner chooses one."""
-    out = [CheckedPlanner(name) for name in names]
-    splits = context_splits(shape, world_size)
-    if "static" in names and splits:
-        degree, cp = max(splits)
-        out.append(CheckedPlanner("static", cp=cp, degree=degree))
-    return out
-
-
 def make_plans(cost: CostModel, lengths: str | LengthSource, count: int, tokens_per_step: int, max_len: int,
                planners: list[CheckedPlanner], seed: int) -> list[Plan]:
     """`count` random batches, planned by `planners` in turn and validated against `cost`."""
@@ -138,17 +112,6 @@ def make_plans(cost: CostModel, lengths: str | LengthSource, count: int, tokens_
         plan.planner = planners[i % len(planners)].label  # static USP apart from static Ulysses
         plans.append(plan)
     return plans
-
-
-def splits_used(plan: Plan) -> list[str]:
-    """The (Ulysses x CP) splits of the plan's groups that run micro-batches, as u x c."""
-    used = {(g.ulysses, g.cp) for _, g, mb in plan.micro_batches() if mb.seq_ids}
-    return [f"{u}x{c}" for u, c in sorted(used)]
-
-
-def runs_context(row: dict) -> bool:
-    """Whether a compared plan ran a group with a CP part."""
-    return any(not split.endswith("x1") for split in row["splits"])
 
 
 def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats: int, seed: int,

@@ -389,6 +389,11 @@ def prediction_errors(measurements: Sequence[Measurement], cost_at: dict[int, Co
     return rows
 
 
+def time_and_act_errors(rows: list[dict]) -> dict:
+    """`error_summary` of the time and activation errors of `prediction_errors` rows."""
+    return {key: error_summary([row[f"{key}_error"] for row in rows]) for key in ("time", "act")}
+
+
 def error_summary(errors: Sequence[float]) -> dict:
     """Median, 90th percentile and largest absolute relative error."""
     e = np.abs(np.asarray(errors, dtype=float))

@@ -20,11 +20,11 @@ from datetime import timedelta
 from typing import Sequence
 
 from ..cost import CostModel, InfeasibleError
-from ..layouts import ANY_SPLIT
 from ..model_shape import ModelShape
 from ..patterns import SPATIAL_TEMPORAL, AttentionPattern, as_pattern
 from ..runtime import run_local, under_torchrun
-from .fit import Coefficients, error_summary, fit, prediction_errors
+from .context import context_bytes_per_token_layer, context_splits, gathered_values_per_token_layer, residuals_by_kind
+from .fit import Coefficients, fit, prediction_errors, time_and_act_errors
 from .grid import (Measurement, Point, build_context_grid, build_grid, build_video_grid, checkpoint_levels,
                    verification_points, video_clips, video_verification_points)
 from .machine import LoadMonitor, machine_info
@@ -116,17 +116,6 @@ def sp_degrees(shape: ModelShape, world_size: int) -> list[int]:
             and shape.supports_degree(1 << i)]
 
 
-def context_splits(shape: ModelShape, world_size: int) -> list[tuple[int, int]]:
-    """(degree, cp) of every split with a CP part that the runtime can run for this model on
-    this world: text models whose pattern runs CP (the runtime shards text streams only), every
-    power-of-two degree up to the world, every CP part whose Ulysses part the heads allow."""
-    if not shape.pattern.context_parallel or shape.pattern.clips:
-        return []
-    degrees = [1 << i for i in range(1, world_size.bit_length()) if (1 << i) <= world_size]
-    return [(d, c) for d in degrees for c in ANY_SPLIT.context_parts(d, shape.heads, shape.pattern.layout, True)
-            if c > 1]
-
-
 def plan_grid(shape: ModelShape, world_size: int, settings: Settings) -> tuple[list[Point], list[Point]]:
     """(grid at the reduced depths, full-depth points that check the extrapolation)."""
     if world_size < 1 or world_size & (world_size - 1):
@@ -198,8 +187,8 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
         grid=[p.label() for p in grid + checks], coefficients=coefficients.to_dict(),
         step_overhead_s=per_rank[0]["step_overhead"], states_measured=per_rank[0]["states"],
         core_share=core_share([r for rank in per_rank for point in rank["records"].values() for r in point]),
-        points=points, extrapolation=extrapolation, residuals=_errors(points),
-        extrapolation_error=_errors(extrapolation), residuals_by_kind=residuals_by_kind(points + extrapolation),
+        points=points, extrapolation=extrapolation, residuals=time_and_act_errors(points),
+        extrapolation_error=time_and_act_errors(extrapolation), residuals_by_kind=residuals_by_kind(points + extrapolation),
         max_tokens={d: {c / shape.layers: cost.max_tokens(d, c / shape.layers) for c in checkpoint_levels(shape.layers)}
                     for d in cost.degrees},
         measurements=[m.to_dict() for m in measured])
@@ -240,32 +229,6 @@ def measured_bytes_per_token_layer(measurements: Sequence[Measurement]) -> float
     return sum(m.comm_bytes for m in rows) / tokens if tokens else 0.0
 
 
-def _errors(rows: list[dict]) -> dict:
-    return {key: error_summary([row[f"{key}_error"] for row in rows]) for key in ("time", "act")}
-
-
-def point_kind(row: dict) -> str:
-    """A prediction row's kind, for residuals per term: Ulysses alone (or one rank), CP alone
-    (u = 1), or the hybrid; with checkpointing or without; packed streams apart (their
-    per-document work is what a CP factor fitted on single sequences may miss)."""
-    cp, degree = row.get("cp", 1), row["degree"]
-    split = "ulysses" if cp == 1 else "cp" if cp == degree else "hybrid"
-    return f"{split}{' ckpt' if row['checkpoint_layers'] else ''}{' packed' if len(row['lengths']) > 1 else ''}"
-
-
-def residuals_by_kind(rows: list[dict]) -> dict:
-    """Time and activation errors per point kind (`point_kind`), and the CP collectives' seconds
-    as timed inside the runtime next to what the cost model prices for them (their bytes at the
-    degree's bandwidth plus the CP latency, which also holds the sharding work around them)."""
-    kinds = sorted({point_kind(row) for row in rows})
-    out = {kind: _errors([row for row in rows if point_kind(row) == kind]) for kind in kinds}
-    context = [row for row in rows if row.get("cp", 1) > 1]
-    if context:
-        out["context_collectives"] = error_summary([row["context_priced_s"] / row["context_s"] - 1.0
-                                                    for row in context if row["context_s"] > 0])
-    return out
-
-
 def _measure_torchrun(world_size: int, args: tuple, timeout: float) -> list[dict] | None:
     """Join torchrun's job, measure on this rank, gather every rank's records on rank 0."""
     import torch.distributed as dist
@@ -298,20 +261,6 @@ def shape_bytes_per_token_layer(shape: ModelShape, value_bytes: int, degree: int
     the kv heads the degree exchanges (`layouts.HeadLayout.exchanged_kv_heads`; degree 1: the model's own)."""
     kv_dim = shape.pattern.layout.exchanged_kv_heads(shape.kv_heads, degree) * shape.head_dim
     return 2.0 * (2 * shape.hidden + 2 * kv_dim) * value_bytes
-
-
-def gathered_values_per_token_layer(shape: ModelShape, degree: int, cp: int) -> float:
-    """K and V values a token brings each rank of a group of `degree` split `cp` ways, per block
-    (`CostModel.gathered_per_token`): its Ulysses sub-group's share of the kv heads, replicated
-    to lcm(kv, u) where u does not divide them."""
-    u = degree // cp
-    return 2 * shape.pattern.layout.exchanged_kv_heads(shape.kv_heads, u) * shape.head_dim / u
-
-
-def context_bytes_per_token_layer(shape: ModelShape, value_bytes: int, degree: int, cp: int) -> float:
-    """The CP bytes per token and block the cost model charges a (degree, cp) split: the
-    gathered K, V forward and their gradients backward, (c - 1) / c of them from other ranks."""
-    return 2.0 * gathered_values_per_token_layer(shape, degree, cp) * value_bytes * (cp - 1) / cp
 
 
 def _context_value_bytes(measurements: Sequence[Measurement], shape: ModelShape) -> int:

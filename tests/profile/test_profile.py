@@ -12,10 +12,11 @@ from ballast.cli import main
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel, InfeasibleError, get_cost_model
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
-from ballast.profile.profiler import (Settings, all_to_all_value_bytes, check_states_fit, context_bytes_per_token_layer,
-                                     context_splits, default_lengths, plan_grid, profile, shape_bytes_per_token_layer,
-                                     state_bytes)
-from ballast.profile.check import CheckedPlanner, checked_planners, make_plans, splits_used, summarise
+from ballast.profile.profiler import (Settings, all_to_all_value_bytes, check_states_fit, default_lengths, plan_grid,
+                                     profile, shape_bytes_per_token_layer, state_bytes)
+from ballast.profile.check import make_plans, summarise
+from ballast.profile.context import (CheckedPlanner, checked_planners, context_bytes_per_token_layer, context_splits,
+                                     splits_used)
 from ballast.profile.fit import Coefficients, _time_columns, fit, prediction_errors as compare
 from ballast.profile.grid import Measurement, Point, build_context_grid, build_grid, verification_points
 from ballast.model_shape import get_model_shape
