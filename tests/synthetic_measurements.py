@@ -29,22 +29,43 @@ def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed:
               shape: ModelShape | None = None) -> list[Measurement]:
     """Measurements of `points` made from `true`, times multiplied by (1 + noise N(0, 1)).
     `shape`'s kv heads are replicated where a degree does not divide them (None: every degree
-    divides them); a recomputed layer repeats its forward exchange, half of its bytes."""
+    divides them); a recomputed layer repeats its forward exchange, half of its bytes. A point
+    with a CP part (text only) exchanges in its Ulysses sub-groups of u ranks, and gathers K, V
+    (reduce-scatters dK, dV) over its CP group: 2 calls per block, 1 more per recomputed one,
+    their send buffers every token's K, V each way (the gather sends its rows to every CP rank),
+    at `true`'s CP link; the micro-batch pays the CP bytes the cost model prices at bw(d), its
+    attention times `context_attention`, and the CP latency."""
+    from ballast.model_shape import get_model_shape
+    from ballast.profile.context import context_bytes_per_token_layer, gathered_values_per_token_layer
+
     rng = np.random.default_rng(seed)
+    kv_shape = shape or get_model_shape("tiny")
+    value_bytes = true.bytes_per_token_layer / shape_bytes_per_token_layer(kv_shape, 1, 1)
     out = []
     for p in points:
-        d, depth, k = p.degree, p.layers, p.checkpoint_layers
+        d, u, c, depth, k = p.degree, p.ulysses, p.cp, p.layers, p.checkpoint_layers
         shard = math.ceil(p.tokens / d)
-        calls = 0 if d == 1 else 4 * depth + 2 * k
-        replicated = 1.0 if shape is None else shape_bytes_per_token_layer(shape, 1, d) / shape_bytes_per_token_layer(shape, 1, 1)
+        calls = 0 if u == 1 else 4 * depth + 2 * k
+        replicated = 1.0 if shape is None else shape_bytes_per_token_layer(shape, 1, u) / shape_bytes_per_token_layer(shape, 1, 1)
         exchanged = true.bytes_per_token_layer * replicated
-        comm_bytes = 0.0 if d == 1 else exchanged * shard * (depth + k / 2)
-        comm = 0.0 if d == 1 else calls * true.call_latency[d] + comm_bytes / true.bandwidth[d]
-        seconds = ((attention_seconds(p, true) + (depth + k * true.recompute_layer) * true.b_layer * p.tokens
+        comm_bytes = 0.0 if u == 1 else exchanged * shard * (depth + k / 2)
+        comm = 0.0 if u == 1 else calls * true.call_latency[u] + comm_bytes / true.bandwidth[u]
+        attention = attention_seconds(p, true) * (true.context_attention if c > 1 else 1.0)
+        seconds = ((attention + (depth + k * true.recompute_layer) * true.b_layer * p.tokens
                     + true.b_fixed * p.tokens) / d + true.g_fixed + depth * true.g_layer
-                   + (0.0 if d == 1 else depth * exchanged * p.tokens / (d * true.bandwidth[d])
-                      + depth * true.latency_layer[d]))
+                   + (0.0 if u == 1 else depth * exchanged * p.tokens / (d * true.bandwidth[u])
+                      + depth * true.latency_layer[u]))
+        context_calls, context_bytes, context = 0, 0.0, 0.0
+        if c > 1:
+            priced = context_bytes_per_token_layer(kv_shape, value_bytes, d, c) * p.tokens
+            seconds += depth * (priced / true.bandwidth[d] + true.context_latency_layer[d])
+            context_calls = 2 * depth + k
+            context_bytes = gathered_values_per_token_layer(kv_shape, d, c) * value_bytes * p.tokens * (depth + k / 2) * 2
+            context = (context_calls * true.context_call_latency[d]
+                       + context_bytes * (c - 1) / c / true.context_bandwidth[d])
         act = shard * (true.act_fixed + (depth - k) * true.act_layer + k * true.kept_layer)
         jitter = 1.0 + noise * rng.standard_normal(2)
-        out.append(Measurement(p, seconds * jitter[0], comm * jitter[1], calls, comm_bytes, act, shard))
+        out.append(Measurement(p, seconds * jitter[0], (comm + context) * jitter[1], calls + context_calls,
+                               comm_bytes + context_bytes, act, shard, context_seconds=context * jitter[1],
+                               context_calls=context_calls, context_bytes=context_bytes))
     return out

@@ -5,7 +5,9 @@
                  levels x depths
     measure.py   the points run for real on local ranks (or torchrun's), timed
     fit.py       the cost model's coefficients from the measurements, per layer (a video DiT's
-                 attention by its pattern: spatial and temporal blocks apart)
+                 attention by its pattern: spatial and temporal blocks apart; CP's own terms)
+    context.py   context parallelism: the splits profiled, their CP bytes, residuals per point
+                 kind, the planners --check takes CP plans from
     check.py     random plans run for real against the profile's predictions
     machine.py   what the profile ran on and how loaded the machine was
 """

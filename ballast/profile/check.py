@@ -25,6 +25,7 @@ other statistic are reported too.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import statistics
@@ -47,6 +48,7 @@ from ..planners import PlannerOptions, get_planner, parse_planner_names
 from ..model_shape import ModelShape
 from ..output_paths import check_output_file
 from ..timeline import simulate
+from .context import CheckedPlanner, checked_planners, runs_context, splits_used
 from .fit import error_summary
 from .machine import LoadMonitor, machine_info, measured_device
 from .measure import LEARNING_RATE, STATISTICS, core_share, plan_samples
@@ -96,17 +98,18 @@ def check_source(spec: str, shape: ModelShape, max_len: int) -> LengthSource:
 
 
 def make_plans(cost: CostModel, lengths: str | LengthSource, count: int, tokens_per_step: int, max_len: int,
-               planners: list[str], seed: int) -> list[Plan]:
+               planners: list[CheckedPlanner], seed: int) -> list[Plan]:
     """`count` random batches, planned by `planners` in turn and validated against `cost`."""
     cluster = get_cluster("cpu", world_size=cost.world_size, device_memory_gb=cost.device_memory / 1e9)
     source = get_length_source(lengths) if isinstance(lengths, str) else lengths
     stream = LengthStream(source, BatchSpec(tokens_per_step=tokens_per_step, max_len=max_len), seed)
-    options = PlannerOptions(max_len=max_len, seed=seed, time_limit=MILP_SECONDS)
-    made = {name: get_planner(name, cluster, cost, options) for name in planners}
+    made = [get_planner(p.name, cluster, cost, PlannerOptions(max_len=max_len, seed=seed, time_limit=MILP_SECONDS,
+                                                               degree=p.degree, cp=p.cp)) for p in planners]
     plans = []
     for i in range(count):
-        plan = made[planners[i % len(planners)]].plan(stream.next_batch())
+        plan = made[i % len(planners)].plan(stream.next_batch())
         plan.validate(cluster, cost)
+        plan.planner = planners[i % len(planners)].label  # static USP apart from static Ulysses
         plans.append(plan)
     return plans
 
@@ -155,6 +158,7 @@ def compare_plans(plans: list[Plan], cost: CostModel, per_rank: list[list[list[d
         predicted_act = predicted_activation(plan, cost)
         rows.append(dict(planner=plan.planner, sequences=len(plan.lengths), tokens=plan.tokens,
                          longest=max(plan.lengths), waves=len(plan.waves), degrees=plan.degrees_used(),
+                         splits=splits_used(plan),
                          micro_batches=sum(1 for _, _, mb in plan.micro_batches() if mb.seq_ids),
                          predicted_s=predicted, measured_s=measured, samples_s=samples,
                          time_error=predicted / measured - 1.0,
@@ -194,20 +198,25 @@ def scatter(rows: list[dict], path: str | Path, title: str) -> None:
 
 
 def summarise(rows: list[dict]) -> dict:
-    """|error| statistics of step time under every way of reducing rounds, and of memory."""
+    """|error| statistics of step time under every way of reducing rounds, and of memory; step
+    time again for the plans that ran a CP part and for those that did not."""
     out = {f"time_{name}": error_summary([r["predicted_s"] / reduce(r["samples_s"]) - 1.0 for r in rows])
            for name, reduce in STATISTICS.items()}
+    context = [r for r in rows if runs_context(r)]
     return dict(time=error_summary([r["time_error"] for r in rows]), act=error_summary([r["act_error"] for r in rows]),
-                **out)
+                **out, time_context=error_summary([r["time_error"] for r in context]),
+                act_context=error_summary([r["act_error"] for r in context]),
+                time_without_context=error_summary([r["time_error"] for r in rows if not runs_context(r)]))
 
 
 def plan_table(rows: list[dict]) -> Table:
     table = Table(title="predicted (profile) vs measured, per plan")
-    for column in ("planner", "seqs", "waves", "degrees", "mbs", "predicted s", "measured s", "error",
+    for column in ("planner", "seqs", "waves", "degrees", "u x c", "mbs", "predicted s", "measured s", "error",
                    "pred act MB", "meas act MB", "act error"):
         table.add_column(column, justify="left" if column == "planner" else "right")
     for r in rows:
         table.add_row(r["planner"], str(r["sequences"]), str(r["waves"]), ",".join(map(str, r["degrees"])),
+                      ",".join(r["splits"]),
                       str(r["micro_batches"]), f"{r['predicted_s']:.3f}", f"{r['measured_s']:.3f}",
                       f"{r['time_error']:+.1%}", f"{r['predicted_act_bytes'] / 1e6:.1f}",
                       f"{r['measured_act_bytes'] / 1e6:.1f}", f"{r['act_error']:+.1%}")
@@ -219,6 +228,8 @@ def run_check(args: argparse.Namespace) -> int:
 
     console = Console()
     cost = CostModel.load(args.check)
+    if args.device_memory_gb is not None:  # as everywhere a profile is a cost model (`get_cost_model`)
+        cost = dataclasses.replace(cost, device_memory=args.device_memory_gb * 1e9)
     png = args.png or str(Path(args.check).with_name(Path(args.check).stem + "-check.png"))
     check_output_file(png, "--png" if args.png else "--png (next to the profile)")
     check_output_file(args.json_out, "--json")
@@ -238,6 +249,7 @@ def run_check(args: argparse.Namespace) -> int:
     video = shape.pattern.clips
     lengths = args.lengths or ("video" if video else "stdlib")
     names = parse_planner_names(args.planners)
+    planners = checked_planners(names, shape, cost.world_size)
     repeats = args.repeats if args.repeats is not None else 3
     longest = max(cost.fit["settings"]["lengths"])
     max_len = args.max_len if args.max_len is not None else longest if video else DEFAULT_MAX_LEN
@@ -249,9 +261,9 @@ def run_check(args: argparse.Namespace) -> int:
         console.print(f"[yellow]--max-len {max_len} is longer than the profile's longest length {longest}: "
                       f"its predictions extrapolate[/yellow]")
     source = check_source(lengths, shape, max_len)
-    plans = make_plans(cost, source, args.plans, tokens_per_step, max_len, names, args.seed)
+    plans = make_plans(cost, source, args.plans, tokens_per_step, max_len, planners, args.seed)
     console.print(f"check: {len(plans)} plans of {tokens_per_step} tokens from {source.name} (max {max_len}) "
-                  f"by {', '.join(names)}; {cost.world_size} ranks, {repeats} rounds ({statistic})")
+                  f"by {', '.join(p.label for p in planners)}; {cost.world_size} ranks, {repeats} rounds ({statistic})")
     start = time.perf_counter()
     with LoadMonitor() as load:
         per_rank = run_local(cost.world_size, execute_on_ranks, shape, [p.to_dict() for p in plans], 1,
@@ -262,21 +274,24 @@ def run_check(args: argparse.Namespace) -> int:
     console.print(plan_table(rows))
     t, a = summary["time"], summary["act"]
     other = ", ".join(f"{name}: median {s['median']:.1%}, p90 {s['p90']:.1%}"
-                      for name, s in ((k[5:], v) for k, v in summary.items() if k.startswith("time_"))
-                      if name != statistic)
+                      for name, s in ((name, summary[f"time_{name}"]) for name in STATISTICS) if name != statistic)
     console.print(f"step time |error| ({statistic} of rounds): median {t['median']:.1%}, p90 {t['p90']:.1%}, "
                   f"max {t['max']:.1%} ({other}); activation memory |error|: median {a['median']:.1%}, "
                   f"max {a['max']:.1%}; {len(rows)} plans in {seconds:.0f} s, load average "
                   f"{loads['min']:.1f}..{loads['max']:.1f} on {loads['cpus']} CPUs, the ranks had "
                   f"{statistics.median(r['core_share'] for r in rows):.0%} of a core (the profile: load "
                   f"{cost.fit['load_average']['median']:.1f}, {cost.fit['core_share']:.0%})")
+    for name, key in (("with a CP part", "time_context"), ("without", "time_without_context")):
+        if summary[key]["count"]:
+            console.print(f"step time |error| of the {summary[key]['count']} plans {name}: median "
+                          f"{summary[key]['median']:.1%}, p90 {summary[key]['p90']:.1%}, max {summary[key]['max']:.1%}")
     scatter(rows, png, f"{shape.name}, {cost.world_size} ranks, {len(rows)} plans from {lengths} (max {max_len}): "
                        f"step time |error| median {t['median']:.1%}, p90 {t['p90']:.1%} ({statistic} of {repeats})")
     console.print(f"wrote {png}")
     if args.json_out:
         setting = dict(profile=args.check, lengths=lengths, **(dict(source=source.name) if video else {}),
                        max_len=max_len, tokens_per_step=tokens_per_step,
-                       planners=names, plans=len(rows), repeats=repeats, statistic=statistic, seed=args.seed)
+                       planners=[p.label for p in planners], plans=len(rows), repeats=repeats, statistic=statistic, seed=args.seed)
         Path(args.json_out).write_text(json.dumps(dict(
             setting=setting, summary=summary, seconds=seconds, load_average=loads,
             core_share=statistics.median(r["core_share"] for r in rows),

@@ -68,7 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="profile.json", help="where the profile JSON goes")
     p.add_argument("--quick", action="store_true", help="a smaller grid and fewer repeats (a first look)")
     DEVICE_MEMORY.add(p, None, "this machine's RAM / world; it stands in for a GPU's and decides which "
-                               "lengths each degree is profiled at")
+                               "lengths each degree is profiled at; --check: the profile's (a smaller one "
+                               "makes the planners shard more, e.g. megatron-dynamic-cp run CP)")
     p.add_argument("--depths", default=None, help="reduced depths (blocks) the grid runs at, then "
                    "extrapolated; the full depth, or a larger one, profiles the model as it is (default 1,2; "
                    "2,4 for a spatial-temporal model, whose blocks come in spatial + temporal pairs)")
@@ -169,6 +170,11 @@ def print_report(console: Console, cost: CostModel) -> None:
     for d, bw in sorted(cost.bandwidth.items()):
         console.print(f"degree {d}: all-to-all {bw / 1e9:.3f} GB/s, fixed {cost.comm_latency.get(d, 0) * 1e3:.2f} ms "
                       f"per micro-batch ({report['coefficients']['call_latency'][d] * 1e3:.2f} ms per call)")
+    coefficients = report["coefficients"]
+    for d, latency in sorted(cost.context_latency.items()):
+        console.print(f"degree {d} with a CP part: attention x{cost.context_attention:.3f}, CP collectives "
+                      f"{coefficients['context_bandwidth'][d] / 1e9:.3f} GB/s as priced, fixed {latency * 1e3:.2f} ms "
+                      f"per micro-batch ({coefficients['context_call_latency'][d] * 1e3:.2f} ms per call)")
     table = Table(title="relative error of the fit |predicted / measured - 1|")
     for column in ("", "points", "time median", "time p90", "time max", "act median", "act max"):
         table.add_column(column, justify="right")

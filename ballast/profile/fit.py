@@ -26,6 +26,21 @@ comm_latency(d) = L lat_l(d), act_per_token = act_0 + L act_l, kept = (act_0 + L
 act_per_token, recompute_attention = ra_l and recompute = r_l L b_l / b (CostModel charges
 recomputation on b_0's part too, which is never recomputed).
 
+Context parallelism. A point run u x c (`Point.cp` = c > 1; text only) exchanges q, k, v and
+out in its Ulysses sub-groups of u ranks (priced at bw(u), with lat_l(u)) and gathers K, V over
+its CP group forward, reduce-scattering dK, dV backward: CostModel charges L bytes_cp n / bw(d)
+for them, bytes_cp = 2 G_l (c - 1) / c (`profiler.context_bytes_per_token_layer`, G_l the K, V
+bytes a token brings each rank per block), subtracted as known like the all-to-all bytes, and
+L lat_cp(d), a column per degree that ran CP (the collectives' latency and the sharding work
+around them). Its attention runs per head-tail chunk against the gathered keys under an
+explicit mask, which costs another price per unit than the local kernel: the attention column
+is split into the points without CP (a_l) and those with (a_cp), and `context_attention` =
+a_cp / a_l, one factor over every split and length the grid ran (the cost model has one). The
+CP collectives are timed apart (their calls on the rank's CP group): `fit_context_link` reports
+their bandwidth with bytes counted as the cost model prices them, and stands in for bw(d) at a
+degree no Ulysses point ran (a model whose heads that degree does not divide). Activation
+bytes are fitted on the points without CP (CP's gathered K, V are priced from the shape).
+
 Video models. The attention term follows the model's pattern (`patterns.AttentionPattern`:
 its units and its `fit_terms`, one coefficient per term):
 under `full` (Wan-style DiTs) a_l multiplies a clip's units 2 n^2 (S2 above becomes 2 sum n^2);
@@ -101,6 +116,17 @@ class Coefficients:
     is half of it)."""
     temporal_layer: float | None = None
     """c_t: seconds per attended pair (S F^2 per clip) of one temporal block."""
+    context_attention: float = 1.0
+    """CostModel's `context_attention`: the attention term of a micro-batch run with a CP part,
+    relative to a_l (1.0 when no point ran one)."""
+    context_latency_layer: dict[int, float] = dataclasses.field(default_factory=dict)
+    """Size-independent seconds of the CP collectives per block and micro-batch, by degree."""
+    context_call_latency: dict[int, float] = dataclasses.field(default_factory=dict)
+    """Seconds per CP collective call by degree (reported; context_latency_layer holds it)."""
+    context_bandwidth: dict[int, float] = dataclasses.field(default_factory=dict)
+    """Bytes/s of the CP collectives by degree, counted as the cost model prices them (2 G n
+    (c - 1) / c per block: the bytes that leave the rank); reported next to `bandwidth`, which
+    prices them (and stands in for it at a degree no Ulysses point ran)."""
 
     def attention_at(self, depth: int) -> tuple[float, float | None]:
         """(a, spatial_share) of the CostModel at `depth` blocks; spatial_share None unless the
@@ -131,13 +157,19 @@ class Coefficients:
             recompute=self.recompute_layer * depth * self.b_layer / b if b > 0 else 0.0,
             recompute_attention=self.recompute_attention_layer,
             kept=(self.act_fixed + depth * self.kept_layer) / act,
-            comm_latency={d: depth * v for d, v in self.latency_layer.items()}, fit=fit or {})
+            comm_latency={d: depth * v for d, v in self.latency_layer.items()},
+            context_attention=self.context_attention,
+            context_latency={d: depth * v for d, v in self.context_latency_layer.items()}, fit=fit or {})
 
     def to_dict(self) -> dict:
-        """The fields; a text model's as they always were (no attention pattern, no c_s, c_t)."""
+        """The fields; a text model's as they always were (no attention pattern, no c_s, c_t, no
+        CP terms unless a point ran CP)."""
         out = dataclasses.asdict(self)
         if not attention_pattern(self.attention).clips:
             del out["attention"]
+        if not self.context_latency_layer:
+            for key in ("context_attention", "context_latency_layer", "context_call_latency", "context_bandwidth"):
+                del out[key]
         return {key: value for key, value in out.items() if value is not None}
 
 
@@ -153,21 +185,45 @@ def _nnls(columns: list[np.ndarray], target: np.ndarray, weight: np.ndarray) -> 
     return theta / scale, float(residual)
 
 
+def _link(calls: np.ndarray, sent: np.ndarray, seconds: np.ndarray) -> tuple[float, float]:
+    """(bytes/s, seconds per call) of seconds = calls lat_call + bytes / bw."""
+    (per_call, per_byte), _ = _nnls([calls, sent], seconds, 1.0 / seconds)
+    # Tiny payloads only: latency explains everything; bytes per second overall bounds it.
+    return (1.0 / per_byte if per_byte > 0 else sent.sum() / seconds.sum()), float(per_call)
+
+
 def fit_bandwidth(measurements: Sequence[Measurement]) -> tuple[dict[int, float], dict[int, float]]:
-    """(bandwidth, latency per call) by degree from the all-to-alls timed inside the runtime."""
+    """(bandwidth, latency per call) by degree from the Ulysses all-to-alls timed inside the
+    runtime (those of a u x c point are its sub-groups', of degree u); a degree that only ran CP
+    takes its CP collectives' (`fit_context_link`), which is what the cost model prices there."""
     bandwidth, latency = {}, {}
-    for d in sorted({m.point.degree for m in measurements if m.point.degree > 1}):
-        rows = [m for m in measurements if m.point.degree == d and m.comm_calls > 0]
+    context = fit_context_link(measurements)
+    for d in sorted({p.degree for p in (m.point for m in measurements) if p.degree > 1}):
+        rows = [m for m in measurements if m.point.ulysses == d and m.comm_calls > m.context_calls]
         if not rows:
+            if d in context:
+                bandwidth[d], latency[d] = context[d]
+                continue
             raise ValueError(f"no all-to-all was timed at SP degree {d}: the runtime's collectives "
                              f"were not observed (does it still call torch.distributed.all_to_all_single?)")
-        seconds = np.array([m.comm_seconds for m in rows])
-        (per_call, per_byte), _ = _nnls([np.array([float(m.comm_calls) for m in rows]),
-                                         np.array([m.comm_bytes for m in rows])], seconds, 1.0 / seconds)
-        # Tiny payloads only: latency explains everything; bytes per second overall bounds it.
-        bandwidth[d] = 1.0 / per_byte if per_byte > 0 else sum(m.comm_bytes for m in rows) / seconds.sum()
-        latency[d] = float(per_call)
+        bandwidth[d], latency[d] = _link(np.array([float(m.comm_calls - m.context_calls) for m in rows]),
+                                         np.array([m.comm_bytes - m.context_bytes for m in rows]),
+                                         np.array([m.comm_seconds - m.context_seconds for m in rows]))
     return bandwidth, latency
+
+
+def fit_context_link(measurements: Sequence[Measurement]) -> dict[int, tuple[float, float]]:
+    """(bytes/s, seconds per call) of the CP collectives by degree, their bytes counted as the
+    cost model prices them: a gather sends its rows to every CP rank, itself included, and the
+    reduce-scatter every rank's rows, so (c - 1) / c of the send buffers leave the rank."""
+    out = {}
+    for d in sorted({m.point.degree for m in measurements if m.point.cp > 1}):
+        rows = [m for m in measurements if m.point.degree == d and m.context_calls > 0]
+        if rows:
+            out[d] = _link(np.array([float(m.context_calls) for m in rows]),
+                           np.array([m.context_bytes * (m.point.cp - 1) / m.point.cp for m in rows]),
+                           np.array([m.context_seconds for m in rows]))
+    return out
 
 
 def _attention_columns(points: Sequence[Point], pattern: AttentionPattern, recompute: float) -> list[np.ndarray]:
@@ -185,22 +241,45 @@ def _attention_columns(points: Sequence[Point], pattern: AttentionPattern, recom
 
 
 def _time_columns(points: Sequence[Point], attention: float, linear: float, degrees: list[int],
-                  several_depths: bool, pattern: AttentionPattern | str) -> list[np.ndarray]:
-    """Columns of a_l (c_s, c_t), b_l, g_l[, b_0, g_0], lat_l(d) for recomputation factors (ra_l, r_l)."""
+                  context_degrees: list[int], several_depths: bool, pattern: AttentionPattern | str
+                  ) -> list[np.ndarray]:
+    """Columns of a_l (c_s, c_t)[, a_l of the CP points], b_l, g_l[, b_0, g_0], lat_l(u),
+    [CP lat_l(d)] for recomputation factors (ra_l, r_l)."""
     layers = np.array([p.layers for p in points], dtype=float)
     ckpt = np.array([p.checkpoint_layers for p in points], dtype=float)
     d = np.array([p.degree for p in points], dtype=float)
+    u = np.array([p.ulysses for p in points], dtype=float)
+    context = np.array([p.cp > 1 for p in points])
     s1 = np.array([float(p.tokens) for p in points])
-    columns = _attention_columns(points, as_pattern(pattern), attention) + [(layers + ckpt * linear) * s1 / d, layers]
+    attention_columns = _attention_columns(points, as_pattern(pattern), attention)
+    if context_degrees:  # CP runs whole-sequence patterns only: one attention term, in two columns
+        (column,) = attention_columns
+        attention_columns = [column * ~context, column * context]
+    columns = attention_columns + [(layers + ckpt * linear) * s1 / d, layers]
     if several_depths:
         columns += [s1 / d, np.ones(len(points))]
-    return columns + [layers * (d == degree) for degree in degrees]
+    return (columns + [layers * (u == degree) for degree in degrees]
+            + [layers * ((d == degree) & context) for degree in context_degrees])
+
+
+def known_comm(p: Point, bandwidth: dict[int, float], exchange_bytes_layer: dict[int, float],
+               context_bytes_layer: dict[tuple[int, int], float]) -> float:
+    """What the cost model charges a point's exchanges per byte: its Ulysses all-to-alls (in
+    sub-groups of u ranks) and its CP all-gather and reduce-scatter (at the degree's bandwidth)."""
+    u = p.ulysses
+    ulysses = 0.0 if u == 1 else p.layers * exchange_bytes_layer[u] * p.tokens / (p.degree * bandwidth[u])
+    if p.cp == 1:
+        return ulysses
+    return ulysses + p.layers * context_bytes_layer[(p.degree, p.cp)] * p.tokens / bandwidth[p.degree]
 
 
 def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
-             exchange_bytes_layer: dict[int, float], attention: AttentionPattern | str = "causal") -> dict:
-    """a_l (or c_s and c_t), b_l, b_0, g_l, g_0, ra_l, r_l and lat_l(d) from the micro-batch
-    times (see the module doc)."""
+             exchange_bytes_layer: dict[int, float], attention: AttentionPattern | str = "causal",
+             context_bytes_layer: dict[tuple[int, int], float] | None = None) -> dict:
+    """a_l (or c_s and c_t), b_l, b_0, g_l, g_0, ra_l, r_l, lat_l(u) and, where points ran a CP
+    part, the CP attention factor and CP lat_l(d) from the micro-batch times (see the module
+    doc). context_bytes_layer: the CP bytes per token and block the cost model charges a (degree,
+    cp) split (`CostModel.gathered_per_token` x 2 (c - 1) / c)."""
     points = [m.point for m in measurements]
     if not any(p.checkpoint_layers for p in points):
         raise ValueError("the profile has no checkpointed micro-batch: the recomputation overhead "
@@ -211,15 +290,16 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
             raise ValueError(f"no profiled depth has a {span} block: profile at a depth of "
                              f"{pattern.depth_step} blocks or more")
     several_depths = len({p.layers for p in points}) > 1
-    degrees = sorted({p.degree for p in points if p.degree > 1})
+    degrees = sorted({p.ulysses for p in points if p.ulysses > 1})
+    context_degrees = sorted({p.degree for p in points if p.cp > 1})
+    if context_degrees and (len(pattern.fit_terms) != 1 or not pattern.context_parallel):
+        raise ValueError(f"points with a CP part cannot be fitted for {pattern.name} attention, which does not run it")
     seconds = np.array([m.seconds for m in measurements])
-    comm = np.array([0.0 if p.degree == 1 else
-                     p.layers * exchange_bytes_layer[p.degree] * p.tokens / (p.degree * bandwidth[p.degree])
-                     for p in points])
+    comm = np.array([known_comm(p, bandwidth, exchange_bytes_layer, context_bytes_layer or {}) for p in points])
     target, weight = seconds - comm, 1.0 / seconds
 
     def columns(attention_factor: float, linear: float) -> list[np.ndarray]:
-        return _time_columns(points, attention_factor, linear, degrees, several_depths, pattern)
+        return _time_columns(points, attention_factor, linear, degrees, context_degrees, several_depths, pattern)
 
     def residual(factors) -> float:
         return _nnls(columns(*np.clip(factors, 0.0, MAX_RECOMPUTE)), target, weight)[1]
@@ -235,16 +315,26 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
     attention_terms = {term.name: c for term, c in zip(pattern.fit_terms, theta[:count])}
     if pattern.split_fit:  # a per layer when every span has one block of it: sum of c / units
         attention_terms["a_layer"] = sum(c / term.units_per_feature for term, c in zip(pattern.fit_terms, theta))
+    if context_degrees:
+        context_a, theta = theta[count], theta[:count] + theta[count + 1:]
+        a_l = attention_terms["a_layer"]
+        attention_terms["context_attention"] = context_a / a_l if a_l > 0 else 1.0
     rest = theta[count:]
     b_l, g_l, *rest = rest
     b_0, g_0 = (rest[0], rest[1]) if several_depths else (0.0, 0.0)
-    latency = dict(zip(degrees, rest[2:] if several_depths else rest))
+    rest = rest[2:] if several_depths else rest
+    latency = dict(zip(degrees, rest[:len(degrees)]))
+    context_latency = dict(zip(context_degrees, rest[len(degrees):]))
     return dict(**attention_terms, b_layer=b_l, b_fixed=b_0, g_layer=g_l, g_fixed=g_0,
-                recompute_layer=linear, recompute_attention_layer=recompute_attention, latency_layer=latency)
+                recompute_layer=linear, recompute_attention_layer=recompute_attention, latency_layer=latency,
+                context_latency_layer=context_latency)
 
 
 def fit_activations(measurements: Sequence[Measurement]) -> dict:
-    """act_0, act_l, kept_l from the saved-for-backward bytes (see the module doc)."""
+    """act_0, act_l, kept_l from the saved-for-backward bytes (see the module doc) of the points
+    without a CP part (those add the gathered K and V, which the cost model prices from the
+    shape: `prediction_errors` compares them)."""
+    measurements = [m for m in measurements if m.point.cp == 1]
     points = [m.point for m in measurements]
     x = np.array([float(m.shard_tokens) for m in measurements])
     layers = np.array([p.layers for p in points], dtype=float)
@@ -258,17 +348,22 @@ def fit_activations(measurements: Sequence[Measurement]) -> dict:
 
 
 def fit(measurements: Sequence[Measurement], exchange_bytes_layer: dict[int, float],
-        attention: AttentionPattern | str = "causal") -> Coefficients:
+        attention: AttentionPattern | str = "causal",
+        context_bytes_layer: dict[tuple[int, int], float] | None = None) -> Coefficients:
     """Every coefficient from the grid's measurements (any mix of depths) of a model of this
     attention pattern (`ModelShape.attention`).
 
     exchange_bytes_layer: all-to-all send bytes per token and block by SP degree, for degree 1
     (the tokens' own q, k, v and output: `Coefficients.bytes_per_token_layer`) and every measured
-    degree (kv heads replicated where the degree does not divide them)."""
+    degree (kv heads replicated where the degree does not divide them). context_bytes_layer: the
+    CP bytes per token and block by (degree, cp) split the points ran (see `fit_time`)."""
     if not measurements:
         raise ValueError("nothing was measured")
     bandwidth, call_latency = fit_bandwidth(measurements)
-    return Coefficients(**fit_time(measurements, bandwidth, exchange_bytes_layer, attention),
+    context = fit_context_link(measurements)
+    return Coefficients(**fit_time(measurements, bandwidth, exchange_bytes_layer, attention, context_bytes_layer),
+                        context_bandwidth={d: bw for d, (bw, _) in context.items()},
+                        context_call_latency={d: lat for d, (_, lat) in context.items()},
                         bandwidth=bandwidth, call_latency=call_latency,
                         bytes_per_token_layer=exchange_bytes_layer[1],
                         **fit_activations(measurements), attention=as_pattern(attention).name)
@@ -279,15 +374,24 @@ def prediction_errors(measurements: Sequence[Measurement], cost_at: dict[int, Co
     rows = []
     for m in measurements:
         p, cost = m.point, cost_at[m.point.layers]
-        predicted = cost.time(p.samples, p.degree, p.checkpoint)
-        saved = cost.act_per_token * m.shard_tokens * (p.checkpoint * cost.kept + 1.0 - p.checkpoint)
+        predicted = cost.time(p.samples, p.degree, p.checkpoint, p.cp)
+        saved = (cost.act_per_token * m.shard_tokens * (p.checkpoint * cost.kept + 1.0 - p.checkpoint)
+                 + cost.gathered_per_token(p.degree, p.cp) * (1.0 - p.checkpoint) * p.tokens)
         rows.append(dict(point=p.label(), layers=p.layers, lengths=list(p.lengths),
                          **({} if p.shapes is None else dict(shapes=[list(c) for c in p.shapes])), degree=p.degree,
+                         **({} if p.cp == 1 else dict(cp=p.cp, context_s=m.context_seconds,
+                                                      context_priced_s=cost.comm(p.tokens, p.degree, p.cp)
+                                                      - cost.comm(p.tokens / p.cp, p.ulysses))),
                          checkpoint_layers=p.checkpoint_layers, measured_s=m.seconds, predicted_s=predicted,
                          time_error=predicted / m.seconds - 1.0, comm_s=m.comm_seconds,
                          measured_act_bytes=m.activation_bytes, predicted_act_bytes=saved,
                          act_error=saved / m.activation_bytes - 1.0))
     return rows
+
+
+def time_and_act_errors(rows: list[dict]) -> dict:
+    """`error_summary` of the time and activation errors of `prediction_errors` rows."""
+    return {key: error_summary([row[f"{key}_error"] for row in rows]) for key in ("time", "act")}
 
 
 def error_summary(errors: Sequence[float]) -> dict:

@@ -8,6 +8,11 @@ every degree and checkpoint level; a few packed micro-batches (several short seq
 stream) check that packing costs what the per-sequence sum says, since the runtime attends
 sequence by sequence.
 
+A text model whose attention can run context parallelism adds points with a CP part
+(`build_context_grid`, `Point.cp`): every (degree, cp) split the heads allow, a few lengths with
+and without checkpointing, and packed streams of short and odd documents, whose head-tail
+chunks cannot balance exactly (the runtime's CP attention per chunk is what the fit measures).
+
 The video grid (`build_video_grid`) does the same with clips. Which clips depends on what the
 fit must separate (`video_clips`): under `full` attention a clip costs by its token count n
 alone (2 n^2 units), so clips of several token counts; under `spatial-temporal` a clip of F
@@ -40,8 +45,12 @@ class Point:
     shapes: tuple[Shape, ...] | None = None
     """The clips' (frames, height, width) in latent patches when the micro-batch holds video
     clips (`lengths` are then their token counts); None for text."""
+    cp: int = 1
+    """The context-parallel part c of the degree (`plans.Group.cp`; Ulysses over degree / c)."""
 
     def __post_init__(self) -> None:
+        if self.cp < 1 or self.degree % self.cp:
+            raise ValueError(f"point CP part {self.cp} does not divide its degree {self.degree}")
         if self.shapes is not None:
             shapes = tuple(tuple(int(x) for x in shape) for shape in self.shapes)
             object.__setattr__(self, "shapes", shapes)
@@ -54,6 +63,11 @@ class Point:
         shaped = any(isinstance(x, (tuple, list)) for x in samples)
         return cls(layers, tuple(sample_tokens(x) for x in samples), degree, checkpoint_layers,
                    tuple(tuple(x) for x in samples) if shaped else None)
+
+    @property
+    def ulysses(self) -> int:
+        """u: the Ulysses part of the degree."""
+        return self.degree // self.cp
 
     @property
     def samples(self) -> list[Sample]:
@@ -95,7 +109,8 @@ class Point:
             names = ["x".join(map(str, shape)) for shape in self.shapes]
             packed = (names[0] if len(names) == 1 else f"{len(names)}*({names[0]})" if len(set(names)) == 1
                       else "+".join(names))
-        return f"L{self.layers} {packed} d{self.degree} ckpt{self.checkpoint_layers}/{self.layers}"
+        split = f"d{self.degree}" if self.cp == 1 else f"d{self.degree}={self.ulysses}x{self.cp}cp"
+        return f"L{self.layers} {packed} {split} ckpt{self.checkpoint_layers}/{self.layers}"
 
 
 @dataclass
@@ -118,6 +133,13 @@ class Measurement:
     """Every repeat's seconds (mean over ranks), for the spread and to reduce them otherwise."""
     comm_samples: list[float] = field(default_factory=list)
     """Every repeat's all-to-all seconds (mean over ranks)."""
+    context_seconds: float = 0.0
+    """Of `comm_seconds`, those inside the CP collectives (the K, V all-gather and the dK, dV
+    reduce-scatter, which the runtime runs as all-to-alls over the CP group)."""
+    context_calls: int = 0
+    context_bytes: float = 0.0
+    """Send-buffer bytes of the CP collectives per rank (the gather sends its rows once per CP
+    rank, itself included)."""
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -126,6 +148,10 @@ class Measurement:
             del out["point"]["shapes"]  # text points as they always were
         else:
             out["point"]["shapes"] = [list(shape) for shape in self.point.shapes]
+        if self.point.cp == 1:  # points without CP as they always were
+            del out["point"]["cp"]
+            for key in ("context_seconds", "context_calls", "context_bytes"):
+                del out[key]
         return out
 
     @classmethod
@@ -153,6 +179,26 @@ def build_grid(layers: int, lengths: Sequence[int], degrees: Sequence[int]) -> l
     for s in lengths[:2]:
         if fill // s >= 2:
             points += [Point(layers, (s,) * (fill // s), d, 0) for d in degrees]
+    return points
+
+
+def build_context_grid(layers: int, lengths: Sequence[int], splits: Sequence[tuple[int, int]]) -> list[Point]:
+    """Points with a context-parallel part, per (degree, cp) split: single sequences of the
+    shortest and a middle length without and with every layer checkpointed (the CP attention
+    factor, the recomputed gather, the per-micro-batch latency) and of the longest without (the
+    recomputation factors are the other points': the longest CP points cost most, and the
+    CPU's masked chunk kernel ~10x the local one per unit, so once is enough), and two packed
+    streams a quarter of the longest length long: copies of the shortest length, and documents
+    of half of it plus one token, odd, so that no 2c chunks of one are equal (the balance the
+    runtime reaches on short documents, measured rather than assumed)."""
+    lengths = sorted(set(lengths))
+    singles = {(s, c) for s in (lengths[0], lengths[len(lengths) // 2]) for c in (0, layers)} | {(lengths[-1], 0)}
+    fill = max(lengths) // 4
+    points = []
+    for degree, cp in splits:
+        points += [Point(layers, (s,), degree, c, cp=cp) for s, c in sorted(singles)]
+        odd = lengths[0] // 2 + 1
+        points += [Point(layers, (s,) * (fill // s), degree, 0, cp=cp) for s in (lengths[0], odd) if fill // s >= 2]
     return points
 
 

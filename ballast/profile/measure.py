@@ -44,11 +44,18 @@ LEARNING_RATE = 1e-5
 
 @dataclass
 class CallCounter:
-    """All-to-all calls seen inside `timed_all_to_alls`, their seconds and send bytes."""
+    """All-to-all calls seen inside `timed_all_to_alls`, their seconds and send bytes; those over
+    the CP group among them again in `context`."""
 
     calls: int = 0
     seconds: float = 0.0
     bytes: int = 0
+    context: CallCounter | None = None
+
+    def add(self, seconds: float, sent: int) -> None:
+        self.seconds += seconds
+        self.calls += 1
+        self.bytes += sent
 
 
 def rank_device() -> torch.device:
@@ -63,18 +70,21 @@ def synchronize(device: torch.device) -> None:
 
 
 @contextlib.contextmanager
-def timed_all_to_alls(device: torch.device) -> Iterator[CallCounter]:
-    """Count and time every `torch.distributed.all_to_all_single` call made inside the block."""
-    counter, real = CallCounter(), dist.all_to_all_single
+def timed_all_to_alls(device: torch.device, context_group=None) -> Iterator[CallCounter]:
+    """Count and time every `torch.distributed.all_to_all_single` call made inside the block;
+    those over `context_group` (this rank's CP group, whose K, V gather and dK, dV
+    reduce-scatter the runtime runs as all-to-alls) also in the counter's `context`."""
+    counter, real = CallCounter(context=CallCounter()), dist.all_to_all_single
 
     def timed(output, input, *args, **kwargs):
         synchronize(device)
         start = time.perf_counter()
         work = real(output, input, *args, **kwargs)
         synchronize(device)
-        counter.seconds += time.perf_counter() - start
-        counter.calls += 1
-        counter.bytes += input.numel() * input.element_size()
+        seconds, sent = time.perf_counter() - start, input.numel() * input.element_size()
+        counter.add(seconds, sent)
+        if context_group is not None and kwargs.get("group") is context_group:
+            counter.context.add(seconds, sent)
         return work
 
     dist.all_to_all_single = timed
@@ -87,8 +97,8 @@ def timed_all_to_alls(device: torch.device) -> Iterator[CallCounter]:
 def point_plan(point: Point, world_size: int) -> Plan:
     """One wave; every block of `degree` ranks runs the point's micro-batch on its own copy."""
     m, copies = len(point.lengths), world_size // point.degree
-    groups = [Group(g * point.degree, point.degree, [MicroBatch(list(range(g * m, (g + 1) * m)), point.checkpoint)])
-              for g in range(copies)]
+    groups = [Group(g * point.degree, point.degree, [MicroBatch(list(range(g * m, (g + 1) * m)), point.checkpoint)],
+                    cp=point.cp) for g in range(copies)]
     shapes = None if point.shapes is None else list(point.shapes) * copies
     return Plan(list(point.lengths) * copies, [Wave(groups)], planner="profile", shapes=shapes)
 
@@ -160,7 +170,9 @@ def measure_on_ranks(shape: ModelShape, points: Sequence[Point], warmup: int, re
                 bar.update(task, advance=1, description=f"profiling: {point.label()}")
                 plan = point_plan(point, world)
                 samples = plan_samples(plan, shape, seed + i)
-                with timed_all_to_alls(device) as comm:
+                context = (None if point.cp == 1 else
+                           groups.get(rank // point.degree * point.degree, point.degree, point.cp).context)
+                with timed_all_to_alls(device, context) as comm:
                     result, wall, cpu = timed_step(executor, plan, samples)
                 states.setdefault(point.layers, state_bytes(executor.model, executor.optimizer))
                 if r < warmup:
@@ -168,6 +180,8 @@ def measure_on_ranks(shape: ModelShape, points: Sequence[Point], warmup: int, re
                 (mb,) = result.micro_batches
                 records[i].append(dict(seconds=mb.seconds, activation_bytes=mb.activation_bytes, tokens=mb.tokens,
                                        comm_seconds=comm.seconds, comm_calls=comm.calls, comm_bytes=comm.bytes,
+                                       context_seconds=comm.context.seconds, context_calls=comm.context.calls,
+                                       context_bytes=comm.context.bytes,
                                        step_seconds=wall, step_cpu_seconds=cpu))
     return dict(records=records, step_overhead=overhead, states=states)
 
@@ -202,5 +216,7 @@ def combine(points: Sequence[Point], per_rank: Sequence[dict], statistic: str = 
         out.append(Measurement(
             point=point, seconds=reduce(seconds), comm_seconds=reduce(comm), comm_calls=int(largest("comm_calls")),
             comm_bytes=largest("comm_bytes"), activation_bytes=largest("activation_bytes"),
-            shard_tokens=int(largest("tokens")), samples=seconds, comm_samples=comm))
+            shard_tokens=int(largest("tokens")), samples=seconds, comm_samples=comm,
+            context_seconds=reduce(over_rounds("context_seconds")), context_calls=int(largest("context_calls")),
+            context_bytes=largest("context_bytes")))
     return out

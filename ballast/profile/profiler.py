@@ -23,9 +23,10 @@ from ..cost import CostModel, InfeasibleError
 from ..model_shape import ModelShape
 from ..patterns import SPATIAL_TEMPORAL, AttentionPattern, as_pattern
 from ..runtime import run_local, under_torchrun
-from .fit import Coefficients, error_summary, fit, prediction_errors
-from .grid import (Measurement, Point, build_grid, build_video_grid, checkpoint_levels, verification_points,
-                   video_clips, video_verification_points)
+from .context import context_bytes_per_token_layer, context_splits, gathered_values_per_token_layer, residuals_by_kind
+from .fit import Coefficients, fit, prediction_errors, time_and_act_errors
+from .grid import (Measurement, Point, build_context_grid, build_grid, build_video_grid, checkpoint_levels,
+                   verification_points, video_clips, video_verification_points)
 from .machine import LoadMonitor, machine_info
 from .measure import STATISTICS, combine, core_share, measure_on_ranks, rank_device
 
@@ -139,7 +140,9 @@ def plan_grid(shape: ModelShape, world_size: int, settings: Settings) -> tuple[l
         checks = ([] if shape.layers in depths else
                   video_verification_points(shape.layers, clips, degrees, settings.verify))
         return grid, checks
-    grid = [p for depth in depths for p in build_grid(depth, settings.lengths, degrees)]
+    splits = context_splits(shape, world_size)
+    grid = [p for depth in depths for p in build_grid(depth, settings.lengths, degrees)
+            + build_context_grid(depth, settings.lengths, splits)]
     checks = ([] if shape.layers in depths else
               verification_points(shape.layers, settings.lengths, degrees, settings.verify))
     return grid, checks
@@ -170,7 +173,9 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
         # Without a degree above 1 nothing is exchanged, and no prediction prices an exchange.
         exchanged = {d: 0.0 if value_bytes is None else shape_bytes_per_token_layer(shape, value_bytes, d)
                      for d in sp_degrees(shape, world_size)}
-    coefficients = fit(fitted, exchanged, shape.attention)
+    gathered = {split: context_bytes_per_token_layer(shape, _context_value_bytes(measured, shape), *split)
+                for split in context_splits(shape, world_size)}
+    coefficients = fit(fitted, exchanged, shape.attention, gathered)
     at = {d: _cost(coefficients, shape, d, world_size, device_memory)
           for d in {shape.layers, *(m.point.layers for m in measured)}}
     cost, points, extrapolation = at[shape.layers], prediction_errors(fitted, at), prediction_errors(verified, at)
@@ -182,8 +187,8 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
         grid=[p.label() for p in grid + checks], coefficients=coefficients.to_dict(),
         step_overhead_s=per_rank[0]["step_overhead"], states_measured=per_rank[0]["states"],
         core_share=core_share([r for rank in per_rank for point in rank["records"].values() for r in point]),
-        points=points, extrapolation=extrapolation, residuals=_errors(points),
-        extrapolation_error=_errors(extrapolation),
+        points=points, extrapolation=extrapolation, residuals=time_and_act_errors(points),
+        extrapolation_error=time_and_act_errors(extrapolation), residuals_by_kind=residuals_by_kind(points + extrapolation),
         max_tokens={d: {c / shape.layers: cost.max_tokens(d, c / shape.layers) for c in checkpoint_levels(shape.layers)}
                     for d in cost.degrees},
         measurements=[m.to_dict() for m in measured])
@@ -224,10 +229,6 @@ def measured_bytes_per_token_layer(measurements: Sequence[Measurement]) -> float
     return sum(m.comm_bytes for m in rows) / tokens if tokens else 0.0
 
 
-def _errors(rows: list[dict]) -> dict:
-    return {key: error_summary([row[f"{key}_error"] for row in rows]) for key in ("time", "act")}
-
-
 def _measure_torchrun(world_size: int, args: tuple, timeout: float) -> list[dict] | None:
     """Join torchrun's job, measure on this rank, gather every rank's records on rank 0."""
     import torch.distributed as dist
@@ -262,6 +263,21 @@ def shape_bytes_per_token_layer(shape: ModelShape, value_bytes: int, degree: int
     return 2.0 * (2 * shape.hidden + 2 * kv_dim) * value_bytes
 
 
+def _context_value_bytes(measurements: Sequence[Measurement], shape: ModelShape) -> int:
+    """Bytes per value the runs computed in: what their Ulysses all-to-alls sent, or where none
+    ran, their CP collectives (a block without checkpointing sends about every token's K, V
+    once each way: the gather its rows to every CP rank, the reduce-scatter every rank's)."""
+    sent = all_to_all_value_bytes(measurements, shape)
+    if sent is not None:
+        return sent
+    rows = [m for m in measurements if m.point.cp > 1 and m.point.checkpoint_layers == 0]
+    if not rows:
+        return 4
+    values = sum(2 * m.point.layers * m.point.tokens * gathered_values_per_token_layer(shape, m.point.degree, m.point.cp)
+                 for m in rows)
+    return min((2, 4), key=lambda size: abs(sum(m.context_bytes for m in rows) / values - size))
+
+
 def all_to_all_value_bytes(measurements: Sequence[Measurement], shape: ModelShape) -> int | None:
     """Bytes per value the measured all-to-alls sent; None when no point ran above degree 1.
 
@@ -272,7 +288,7 @@ def all_to_all_value_bytes(measurements: Sequence[Measurement], shape: ModelShap
     a checkpointed one's forward pair again when it is recomputed."""
     sent = {m.comm_bytes / (m.shard_tokens * (m.point.layers + m.point.checkpoint_layers / 2)
                             * shape_bytes_per_token_layer(shape, 1, m.point.degree))
-            for m in measurements if m.point.degree > 1}
+            for m in measurements if m.point.degree > 1 and m.point.cp == 1}
     if not sent:
         return None
     if len(sent) > 1 or not sent <= {2.0, 4.0}:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from ballast.cli import main
@@ -12,9 +13,12 @@ from ballast.cluster import get_cluster
 from ballast.cost import CostModel, InfeasibleError, get_cost_model
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
 from ballast.profile.profiler import (Settings, all_to_all_value_bytes, check_states_fit, default_lengths, plan_grid,
-                             profile, shape_bytes_per_token_layer, state_bytes)
-from ballast.profile.fit import Coefficients, fit, prediction_errors as compare
-from ballast.profile.grid import Point, build_grid, verification_points
+                                     profile, shape_bytes_per_token_layer, state_bytes)
+from ballast.profile.check import make_plans, summarise
+from ballast.profile.context import (CheckedPlanner, checked_planners, context_bytes_per_token_layer, context_splits,
+                                     splits_used)
+from ballast.profile.fit import Coefficients, _time_columns, fit, prediction_errors as compare
+from ballast.profile.grid import Measurement, Point, build_context_grid, build_grid, verification_points
 from ballast.model_shape import get_model_shape
 from ballast.timeline import simulate
 
@@ -203,7 +207,10 @@ def test_tiny_real_profile_and_check_on_two_ranks(tmp_path):
     assert loaded.a >= 0 and loaded.b > 0 and 0 < loaded.kept < 1 and loaded.act_per_token > 0
     # Fit quality is not asserted here: a loaded machine's timings are noise at these sizes, and
     # the fit's accuracy is what the synthetic tests check. The report must be complete.
-    assert len(loaded.fit["extrapolation"]) == 1 and loaded.fit["residuals"]["time"]["count"] == len(grid((1, 2), (32, 128), (1, 2)))
+    assert len(loaded.fit["extrapolation"]) == 1 and loaded.fit["residuals"]["time"]["count"] == len(plan_grid(TINY, 2, settings)[0])
+    # The grid ran CP (1 x 2) too, its terms fitted and its points reported apart.
+    assert loaded.context_latency.keys() == {2} and loaded.context_attention > 0
+    assert {"ulysses", "cp", "cp ckpt", "context_collectives"} <= loaded.fit["residuals_by_kind"].keys()
     assert loaded.fit["states_measured"]["2"] == state_bytes(dataclasses.replace(TINY, layers=2))
     out, png = tmp_path / "check.json", tmp_path / "check.png"
     assert main(["profile", "--check", str(path), "--plans", "2", "--repeats", "1", "--max-len", "128",
@@ -211,5 +218,97 @@ def test_tiny_real_profile_and_check_on_two_ranks(tmp_path):
                  "--png", str(png)]) == 0
     report = json.loads(out.read_text())
     assert [p["planner"] for p in report["plans"]] == ["static", "ballast"]
+    assert report["setting"]["planners"] == ["static", "ballast", "static 1x2cp"]
     assert report["summary"]["time"]["count"] == 2 and report["plans"][0]["measured_s"] > 0
     assert png.stat().st_size > 0
+
+
+TRUE_CP = dataclasses.replace(TRUE, context_attention=1.3, context_latency_layer={2: 2e-3, 4: 4e-3},
+                              context_call_latency={2: 5e-4, 4: 8e-4}, context_bandwidth={2: 3e8, 4: 1.5e8})
+SPLITS = [(2, 2), (4, 2), (4, 4)]
+
+
+def context_grid(depths=(1, 2), lengths=(128, 256, 512, 1024, 2048, 4096)) -> list[Point]:
+    return grid(depths, lengths) + [p for depth in depths for p in build_context_grid(depth, lengths, SPLITS)]
+
+
+def test_fit_recovers_context_parallel_coefficients():
+    """Points run u x c (CP alone at degrees 2 and 4, 2 x 2 hybrid): the fit recovers the CP
+    attention factor, the CP latency per degree and the CP collectives' own link, the other
+    coefficients as without CP, and the cost model predicts every CP point exactly."""
+    measured = synthetic(context_grid(), TRUE_CP, noise=0.0)
+    gathered = {split: context_bytes_per_token_layer(TINY, 4, *split) for split in SPLITS}
+    got = fit(measured, layer_bytes(4), "causal", gathered)
+    for name in ("a_layer", "b_layer", "b_fixed", "g_layer", "g_fixed", "recompute_layer",
+                 "recompute_attention_layer", "context_attention", "act_layer", "kept_layer"):
+        assert getattr(got, name) == pytest.approx(getattr(TRUE_CP, name), rel=1e-3, abs=1e-12), name
+    for table in ("bandwidth", "latency_layer", "context_latency_layer", "context_bandwidth", "context_call_latency"):
+        assert getattr(got, table) == pytest.approx(getattr(TRUE_CP, table), rel=1e-3), table
+    at = {depth: got.cost_model(dataclasses.replace(TINY, layers=depth), 4, 1e10, state_bytes(TINY))
+          for depth in (1, 2)}
+    rows = compare([m for m in measured if m.point.cp > 1], at)
+    assert len(rows) == 2 * 3 * 7 and max(abs(row["time_error"]) for row in rows) < 1e-6
+    cost = got.cost_model(TINY, 4, 1e10, state_bytes(TINY))
+    assert cost.context_attention == pytest.approx(1.3) and cost.context_latency == pytest.approx({2: 8e-3, 4: 16e-3})
+    # Without CP points the fit is what it was: no CP terms, and its JSON as before.
+    plain = fit(synthetic(grid(), TRUE, noise=0.0), layer_bytes(4))
+    assert plain.context_latency_layer == {} and "context_attention" not in plain.to_dict()
+
+
+def test_context_points_round_trip_and_say_their_split():
+    point = Point(2, (64,) * 8, 4, 0, cp=2)
+    assert point.ulysses == 2 and point.label() == "L2 8x64 d4=2x2cp ckpt0/2"
+    (measured,) = synthetic([point], TRUE_CP)
+    assert measured.context_calls == 4 and measured.context_bytes > 0
+    assert Measurement.from_dict(json.loads(json.dumps(measured.to_dict()))) == measured
+    (plain,) = synthetic([Point(2, (64,), 2, 0)], TRUE)
+    assert "cp" not in plain.to_dict()["point"] and "context_seconds" not in plain.to_dict()
+    assert Measurement.from_dict(plain.to_dict()) == plain
+    with pytest.raises(ValueError, match="CP part 3"):
+        Point(1, (64,), 4, 0, cp=3)
+
+
+def test_context_grid_and_splits_follow_the_heads():
+    """tiny (8 heads) on 4 ranks profiles CP at degree 2 and 4 and the 2 x 2 hybrid; a 6-head
+    model's degree 4 has CP splits only (4 = 2 x 2 or 1 x 4), and video clips never run CP."""
+    assert context_splits(TINY, 4) == SPLITS and context_splits(TINY, 1) == []
+    six = dataclasses.replace(TINY, name="tiny-6h", hidden=96, heads=6, kv_heads=2)
+    assert context_splits(six, 4) == SPLITS
+    assert context_splits(get_model_shape("dit-tiny"), 4) == []
+    grid_points, _ = plan_grid(TINY, 2, Settings(lengths=(128, 1024), depths=(1,), verify=0))
+    context = [p for p in grid_points if p.cp > 1]
+    assert {(p.degree, p.cp) for p in context} == {(2, 2)}
+    assert {p.checkpoint_layers for p in context} == {0, 1} and any(len(p.lengths) > 1 and p.lengths[0] % 2 for p in context)
+
+
+def test_check_plans_include_context_parallel_ones():
+    """On 2 ranks tiny's 8 heads allow Ulysses at degree 2, so only planners that run CP give
+    CP groups: megatron-dynamic-cp (CP only) and static USP (1 x 2), which the check adds next to
+    static; their rows are summarised apart."""
+    # 30 MB per rank: a 4096-token sequence needs degree 2 even checkpointed, so megatron-dynamic-cp runs CP.
+    cost = TRUE_CP.cost_model(TINY, 2, 0.03e9, state_bytes(TINY), fit={"shape": TINY.to_dict()})
+    planners = checked_planners(["static", "megatron-dynamic-cp", "ballast"], TINY, 2)
+    assert [p.label for p in planners] == ["static", "megatron-dynamic-cp", "ballast", "static 1x2cp"]
+    assert checked_planners(["ballast"], TINY, 2) == [CheckedPlanner("ballast")]
+    assert [p.label for p in checked_planners(["static"], get_model_shape("dit-tiny"), 2)] == ["static"]
+    plans = make_plans(cost, "stdlib", 8, 16384, 4096, planners, seed=0)
+    by = {}
+    for plan in plans:
+        by.setdefault(plan.planner, set()).update(splits_used(plan))
+    assert by["static 1x2cp"] == {"1x2"} and "1x2" in by["megatron-dynamic-cp"] and by["static"] == {"2x1"}
+    rows = [dict(splits=splits_used(p), time_error=0.1 if "1x2" in splits_used(p) else 0.02, act_error=0.0,
+                 predicted_s=1.0, samples_s=[1.0]) for p in plans]
+    summary = summarise(rows)
+    assert summary["time_context"]["median"] == pytest.approx(0.1) and summary["time_without_context"]["max"] == 0.02
+
+
+def test_default_text_grid_with_context_points_has_full_rank():
+    """The fit's columns over the default grid (CP points included) are independent on 2 and 4
+    ranks: the CP attention factor, the CP latencies and the Ulysses ones are all determined."""
+    for world in (2, 4):
+        points, _ = plan_grid(TINY, world, Settings(default_lengths(4096, False), (1, 2), verify=0))
+        degrees = sorted({p.ulysses for p in points if p.ulysses > 1})
+        context_degrees = sorted({p.degree for p in points if p.cp > 1})
+        assert context_degrees == [d for d in (2, 4) if d <= world]
+        x = np.column_stack(_time_columns(points, 0.3, 0.4, degrees, context_degrees, True, "causal"))
+        assert np.linalg.matrix_rank(x / np.linalg.norm(x, axis=0), tol=1e-9) == x.shape[1], world

@@ -125,13 +125,13 @@ def test_default_video_grid_separates_the_attention_terms():
             grid, _ = plan_grid(shape, world, settings)
             assert all(p.shapes is not None for p in grid)
             degrees = sorted({p.degree for p in grid if p.degree > 1})
-            x = np.column_stack(_time_columns(grid, 0.3, 0.4, degrees, True, shape.attention))
+            x = np.column_stack(_time_columns(grid, 0.3, 0.4, degrees, [], True, shape.attention))
             x = x / np.linalg.norm(x, axis=0)
             assert np.linalg.matrix_rank(x, tol=1e-9) == x.shape[1], (shape.name, world)
     # Clips of one aspect (S / F fixed) at every token count would leave the spatial and
     # temporal columns proportional (n S and n F): the grid's clips are chosen so that they are not.
     same = [Point.of(2, [clip], 1, 0) for clip in [(8, 8, 8), (16, 8, 16), (4, 4, 8)]]
-    x = np.column_stack(_time_columns(same, 0.3, 0.4, [], False, "spatial-temporal"))
+    x = np.column_stack(_time_columns(same, 0.3, 0.4, [], [], False, "spatial-temporal"))
     assert np.linalg.matrix_rank(x[:, :2] / np.linalg.norm(x[:, :2], axis=0), tol=1e-9) == 1
     clips = video_clips("spatial-temporal", (512, 2048), (1, 2))
     assert {math.prod(c) for c in clips} == {512, 2048}
