@@ -118,3 +118,18 @@ def test_a_pattern_that_cannot_run_context_parallelism_keeps_its_own_layout(name
     cost = CostModel.analytic(shape, cluster)
     planner = get_planner(name, cluster, cost)
     assert planner.cost.degrees == cost.degrees and all(planner.cost.context_parts(d) == [1] for d in cost.degrees)
+
+
+def test_a_length_only_view_keeps_the_models_layouts():
+    # planning a spatial-temporal model's clips as causal text (--as-lengths) must not hand it CP
+    # groups it cannot run: the plans are validated and priced under the real pattern
+    from ballast.cluster import get_cluster
+    from ballast.layouts import ANY_SPLIT
+    from ballast.model_shape import get_model_shape
+    from ballast.simulate.side_by_side import lengths_only
+    cost = CostModel.analytic(get_model_shape("stdit3-1b"), get_cluster("h200-32"))
+    seen = lengths_only(cost).under(ANY_SPLIT)
+    assert seen.pattern.name == "causal" and all(seen.context_parts(d) == [1] for d in seen.degrees)
+    # full attention can run CP: 40 heads stop Ulysses at 8, the length-only view still reaches 32
+    wan = CostModel.analytic(get_model_shape("wan-14b"), get_cluster("h200-32"))
+    assert wan.degrees[-1] == 8 and lengths_only(wan).under(ANY_SPLIT).degrees[-1] == 32
