@@ -118,7 +118,7 @@ def _chunk_attention(q: Tensor, k: Tensor, v: Tensor, shard: ContextShard) -> Te
     causal = shard.pattern.causal
     chunks = shard.chunks_of(shard.index)
     if not chunks:
-        return q.clone()  # no rows: still in the graph, so backward runs the reduce-scatter
+        return q.clone()  # no rows (the caller keeps the gathered K/V in the graph)
     # A causal chunk [a, b) of a sequence starting at s reads keys [s, b); bidirectional, the
     # whole sequence.
     ends = {a: b for a, b in zip(shard.bounds, shard.bounds[1:])}
@@ -144,46 +144,40 @@ def _chunk_attention(q: Tensor, k: Tensor, v: Tensor, shard: ContextShard) -> Te
     return torch.cat(out)
 
 
-class ContextParallelAttention(torch.autograd.Function):
-    """Llama 3's context-parallel attention for one CP rank.
+class GatherKV(torch.autograd.Function):
+    """K and V of every rank of the CP group, in stream order (Llama 3's context parallelism).
 
-    Forward:  one all-gather of K and V together over the CP group (uneven shard sizes, as an
-              all-to-all without padding), then this rank's queries against the gathered keys.
-    Backward: the local attention's gradients (recomputed from q and the gathered K/V), then
-              one reduce-scatter of dK and dV together (each rank's gradient for the keys
-              another rank owns, summed at the owner).
-    Every rank runs both collectives, including one that holds no token of the micro-batch
-    (its gradients are zero).
-
-    Saved for backward: q and the gathered K/V, through `save_for_backward` (so saved-tensor
-    hooks see them: `memory.ActivationMeter` counts them, and a checkpointed layer drops them
-    and recomputes them, gather included); backward recomputes the local attention from them.
-    Keeping the local attention's graph on ctx instead would hold the gathered K/V of every
-    checkpointed layer until its backward, out of the hooks' sight."""
+    Forward:  one all-gather of this rank's K and V rows (together) over the CP group, with
+              uneven shard sizes (as an all-to-all without padding, `_gather`).
+    Backward: one reduce-scatter of the gathered rows' gradient (`_reduce_scatter`): each rank's
+              gradient for the keys another rank owns, summed at the owner.
+    The attention on the gathered rows is plain autograd, so what it saves for backward (q and
+    the gathered K/V) goes through the saved-tensor hooks: a checkpointed layer drops it and
+    recomputes it (the gather included), and no attention is run twice otherwise."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, shard: ContextShard) -> Tensor:
-        kv = _gather(torch.cat([k, v], dim=1), shard)
-        ctx.save_for_backward(q, kv)
-        ctx.shard, ctx.kv_heads = shard, k.shape[1]
-        return _chunk_attention(q, kv[:, :k.shape[1]], kv[:, k.shape[1]:], shard)
+    def forward(ctx, kv: Tensor, shard: ContextShard) -> Tensor:
+        ctx.shard = shard
+        return _gather(kv, shard)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
-        q, kv = ctx.saved_tensors
-        with torch.enable_grad():
-            q_, kv_ = q.detach().requires_grad_(), kv.detach().requires_grad_()
-            out = _chunk_attention(q_, kv_[:, :ctx.kv_heads], kv_[:, ctx.kv_heads:], ctx.shard)
-        dq, dkv = torch.autograd.grad(out, (q_, kv_), grad, allow_unused=True, materialize_grads=True)
-        dkv = _reduce_scatter(dkv, ctx.shard)
-        return dq, dkv[:, :ctx.kv_heads], dkv[:, ctx.kv_heads:], None
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        return _reduce_scatter(grad.contiguous(), ctx.shard), None
 
 
 def context_parallel_attention(q: Tensor, k: Tensor, v: Tensor, shard: ContextShard) -> Tensor:
     """Attention of `shard.pattern` (causal or full, inside every sequence) for this CP rank's
-    rows: q [rows, heads, hd], k and v [rows, kv heads, hd] (see `ContextParallelAttention`)."""
+    rows: q [rows, heads, hd], k and v [rows, kv heads, hd]: K and V gathered over the group
+    (`GatherKV`), then each held chunk against its sequence's keys (`_chunk_attention`)."""
     if not shard.pattern.whole_sample:
         raise ValueError(f"context-parallel attention runs whole-sequence patterns (causal, full), "
                          f"not {shard.pattern.name}")
     assert q.shape[0] == shard.sizes[shard.index], (q.shape, shard.sizes, shard.index)
-    return ContextParallelAttention.apply(q, k, v, shard)
+    kv_heads = k.shape[1]
+    kv = GatherKV.apply(torch.cat([k, v], dim=1), shard)
+    out = _chunk_attention(q, kv[:, :kv_heads], kv[:, kv_heads:], shard)
+    if not shard.chunks_of(shard.index):
+        # No rows here: tie the gathered K/V into the graph anyway, so this rank's backward
+        # joins the group's reduce-scatter (with zeros) instead of leaving its peers waiting.
+        out = out + 0.0 * kv.sum()
+    return out

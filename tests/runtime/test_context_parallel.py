@@ -133,7 +133,7 @@ def _tensors_on_context(output):
         if node is None or node in seen:
             continue
         seen.add(node)
-        if type(node).__name__.startswith("ContextParallelAttention"):
+        if type(node).__name__.startswith("GatherKV"):
             names += [k for k, x in vars(node).items() if any(isinstance(t, torch.Tensor)
                                                                for t in (x if isinstance(x, tuple) else (x,)))]
             names.append("found")
