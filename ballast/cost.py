@@ -55,7 +55,7 @@ import numpy as np
 
 from .cluster import Cluster
 from .value_checks import check_types, from_fields, read_json
-from .layouts import CONTEXT, ULYSSES_ONLY, HeadLayout, Splits
+from .layouts import ULYSSES_ONLY, HeadLayout, Splits
 from .model_shape import ModelShape
 from .patterns import AttentionPattern, attention_pattern
 from .samples import Sample, attention_units, tokens as sample_tokens
@@ -206,8 +206,8 @@ class CostModel:
     def split(self, degree: int) -> int:
         """cp of the split planners price a group of `degree` at under `splits`: the least cp
         it allows (heads first: Ulysses holds no gathered K and V, and its exchange stays inside
-        the smaller block). `planners.base` may give a group another allowed split where that
-        runs its micro-batches faster (`Plan` records each group's)."""
+        the smaller block). A planner that weighs the splits (ballast) gives a group another
+        allowed split where that runs its micro-batches faster (`Plan` records each group's)."""
         return self._parts[degree][0]
 
     def context_parts(self, degree: int) -> list[int]:
@@ -222,11 +222,9 @@ class CostModel:
 
     def _undominated(self, degree: int) -> list[int]:
         def terms(cp: int) -> tuple[float, ...]:
-            u = degree // cp
-            latency = (self.comm_latency.get(degree, 0.0) if cp == 1 else
-                       self.comm_latency.get(u, 0.0) * (u > 1) + self.context_latency.get(degree, 0.0))
             return (self.comm_per_token(degree, cp), self.per_token_memory(degree, 0.0, cp),
-                    self.per_token_memory(degree, 1.0, cp), latency, self.context_attention if cp > 1 else 1.0)
+                    self.per_token_memory(degree, 1.0, cp), self.fixed_latency(degree, cp),
+                    self.context_attention if cp > 1 else 1.0)
         parts = {cp: terms(cp) for cp in self._parts[degree]}
         return [cp for cp, mine in parts.items()
                 if not any(other != mine and all(o <= m for o, m in zip(other, mine)) for other in parts.values())]
@@ -354,6 +352,15 @@ class CostModel:
             return ulysses
         return ulysses + 2.0 * self.gathered_per_token(degree, cp) * (cp - 1) / cp / self.bandwidth[degree]
 
+    def fixed_latency(self, degree: int, cp: int | None = None) -> float:
+        """Seconds a micro-batch's exchanges cost at this degree and split whatever their size:
+        the Ulysses part's all-to-alls (`comm_latency` of u) and the CP collectives'
+        (`context_latency` of the whole degree)."""
+        cp = self._cp(degree, cp)
+        u = degree // cp
+        ulysses = self.comm_latency.get(u, 0.0) if u > 1 else 0.0
+        return ulysses if cp == 1 else ulysses + self.context_latency.get(degree, 0.0)
+
     def comm(self, tokens: float, degree: int, cp: int | None = None) -> float:
         if degree == 1 or tokens == 0:
             return 0.0
@@ -361,9 +368,7 @@ class CostModel:
         if cp == 1:  # today's expression, so recorded results stay bit-identical
             return (self.exchange_bytes(degree) * tokens / (degree * self.bandwidth[degree])
                     + self.comm_latency.get(degree, 0.0))
-        u = degree // cp
-        return (self.comm_per_token(degree, cp) * tokens + self.comm_latency.get(u, 0.0) * (u > 1)
-                + self.context_latency.get(degree, 0.0))
+        return self.comm_per_token(degree, cp) * tokens + self.fixed_latency(degree, cp)
 
     def time_from_sums(self, sum_units: float, sum_s: float, degree: int, checkpoint: float,
                        cp: int | None = None) -> float:

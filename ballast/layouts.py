@@ -100,14 +100,6 @@ class ContextLayout(Layout):
             return None
         return f"CP degree {degree} is not a power of two: the {self.name} layout cuts sequences in 2 x degree chunks"
 
-    def kv_exchange_bytes(self, kv_heads: int, head_dim: int, tokens: int, degree: int,
-                       element_bytes: int) -> float:
-        """Bytes one rank receives per layer and training pass for a micro-batch of `tokens`:
-        K and V (2 x kv_heads x head_dim per token) of the other ranks' (c-1)/c of the tokens in
-        the forward all-gather, and as much again in the backward reduce-scatter of dK and dV."""
-        per_pass = 2 * kv_heads * head_dim * element_bytes * tokens * (degree - 1) / degree
-        return 2 * per_pass
-
 
 CONTEXT = ContextLayout("context", "each sequence in 2c head-tail chunks; K and V all-gathered, dK and dV reduce-scattered")
 

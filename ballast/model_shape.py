@@ -5,7 +5,6 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .layouts import CONTEXT
 from .patterns import AttentionPattern, attention_pattern
 from .value_checks import check_types, from_fields, read_json
 
@@ -170,14 +169,8 @@ class ModelShape:
         """Raise ValueError unless a group of `degree` ranks, split u = degree / cp Ulysses x `cp`
         context-parallel (`plans.Group.cp`), can run this model's attention: the Ulysses part
         under the model's layout rule, a CP part only for a pattern that can run it."""
-        what = f"model {self.name!r}"
-        if cp > 1:
-            CONTEXT.check(cp, self.heads, what)
-            if not self.pattern.context_parallel:
-                raise ValueError(f"{what}: CP part {cp}: {self.pattern.name} attention cannot run context "
-                                 f"parallelism (its blocks attend within frames or columns)")
-            what += f" (the Ulysses part of {degree} = {degree // cp} x CP {cp})"
-        self.pattern.layout.check(degree // cp, self.heads, what)
+        if (why := self.pattern.split_why_not(degree, cp, self.heads)) is not None:
+            raise ValueError(f"model {self.name!r}: {why}")
 
     def supports_degree(self, degree: int) -> bool:
         return self.pattern.layout.allows(degree, self.heads)

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .layouts import ULYSSES, VIDEO_2D, HeadLayout
+from .layouts import CONTEXT, ULYSSES, VIDEO_2D, HeadLayout
 
 SAMPLE, FRAME, COLUMN = "sample", "frame", "column"
 
@@ -143,6 +143,19 @@ class AttentionPattern:
             return None
         return (f"{self.name} attention cannot run context parallelism (its blocks attend within frames or "
                 f"columns, which head-tail chunks would cut)")
+
+    def split_why_not(self, degree: int, cp: int, heads: int) -> str | None:
+        """Why a group of `degree` ranks split u = degree / cp Ulysses x `cp` context-parallel
+        (`plans.Group.cp`) cannot run this pattern for a model of `heads` heads, or None: the CP
+        part under CONTEXT's rule and only where the pattern can run it, the Ulysses part under
+        the pattern's layout rule."""
+        if cp > 1 and (why := CONTEXT.why_not(cp, heads)) is not None:
+            return why
+        if cp > 1 and not self.context_parallel:
+            return f"CP part {cp}: {self.why_no_context}"
+        if (why := self.layout.why_not(degree // cp, heads)) is not None:
+            return why + (f" (the Ulysses part of {degree} = {degree // cp} x CP {cp})" if cp > 1 else "")
+        return None
 
     @property
     def split_fit(self) -> bool:

@@ -165,7 +165,7 @@ class Plan:
                     raise PlanError(f"{where}: CP part {group.cp} is not a power of two dividing the "
                                     f"group's size {group.degree}")
                 busy = any(mb.seq_ids for mb in group.micro_batches)
-                if busy and cost is not None and (why := self._split_why_not(group, cost)):
+                if busy and cost is not None and (why := cost.pattern.split_why_not(group.degree, group.cp, cost.heads)):
                     raise PlanError(f"{where}: {why}")
                 counts.add(len(group.micro_batches))
                 # A remap domain's memory is its slots' (`remap_overflow`), not each group's own.
@@ -232,16 +232,6 @@ class Plan:
                         not (start <= group.start and group.start + group.degree <= start + size):
                     raise PlanError(f"{where}: group of ranks {group.start}..{group.start + group.degree - 1} "
                                     f"is partly outside it")
-
-    @staticmethod
-    def _split_why_not(group: Group, cost: CostModel) -> str | None:
-        """Why the model cannot run attention in the group's split (u Ulysses x cp CP), or None."""
-        if (why := cost.pattern.layout.why_not(group.ulysses, cost.heads)) is not None:
-            return why + (f" (the Ulysses part of {group.degree} = {group.ulysses} x CP {group.cp})"
-                          if group.cp > 1 else "")
-        if group.cp > 1 and not cost.pattern.context_parallel:
-            return f"CP part {group.cp}: {cost.pattern.why_no_context}"
-        return None
 
     def _validate_micro_batch(self, where: str, mb: MicroBatch, group: Group,
                               cost: CostModel | None, seen: dict[int, str]) -> None:

@@ -8,7 +8,7 @@ from typing import ClassVar, Sequence
 from ..cluster import Cluster
 from ..cost import CostModel
 from ..layouts import ULYSSES_ONLY, Splits
-from ..plans import Group, Plan
+from ..plans import Plan
 from ..samples import SampleBatch, Sample
 from .packing import fixed_checkpoint
 
@@ -81,35 +81,13 @@ class Planner(ABC):
         self.cost.check_fits(batch.lengths)
         plan = self._plan(batch)
         plan.planner = self.name
-        for wave in plan.waves:
-            for group in wave.groups:
-                self._split(plan, group, in_domain=wave.domain_of(group.start) is not None)
+        # A planner that weighs the splits gave its groups theirs (ballast packs each at its
+        # fastest); one that prices degrees alone priced them at `CostModel.split`, which they get.
+        for _, group, _ in plan.micro_batches():
+            if group.cp not in self.cost.context_parts(group.degree):
+                group.cp = self.cost.split(group.degree)
         assert plan.shapes == batch.shapes, "a planner's plan must carry its batch's shapes"
         return plan
-
-    def _split(self, plan: Plan, group: Group, in_domain: bool) -> None:
-        """Give the group the split its micro-batches run fastest at among those the planner's
-        rule allows at its degree (the planner priced them at `CostModel.split`, so this never
-        slows a group), each micro-batch at the least checkpoint level it then needs, never below
-        the planner's. In a remap domain memory is the domain's: the priced split stays."""
-        parts = self.cost.context_parts(group.degree)
-        busy = [mb for mb in group.micro_batches if mb.seq_ids]
-        if len(parts) <= 1 or in_domain or not busy:
-            group.cp = self.cost.split(group.degree) if parts else 1
-            return
-        best = None
-        for cp in parts:
-            levels = [self.cost.min_checkpoint(sum(plan.mb_lengths(mb)), group.degree, cp) for mb in busy]
-            if any(level is None for level in levels):
-                continue
-            levels = [max(level, mb.checkpoint) for level, mb in zip(levels, busy)]
-            seconds = sum(self.cost.time(plan.mb_samples(mb), group.degree, level, cp) for mb, level in zip(busy, levels))
-            if best is None or seconds < best[0]:
-                best = (seconds, cp, levels)
-        assert best is not None, "the priced split fits every micro-batch"
-        group.cp = best[1]
-        for mb, level in zip(busy, best[2]):
-            mb.checkpoint = level
 
     @abstractmethod
     def _plan(self, batch: SampleBatch) -> Plan:

@@ -5,7 +5,7 @@ pairs for causal attention) with all heads. Attention gathers K and V over the g
 rank has every sequence's keys, and attends its own queries to them under each document's mask
 with the queries' global positions: a causal query at position p sees its sequence's keys at
 positions <= p. Only kv heads travel, which grouped-query attention makes cheap
-(`layouts.CONTEXT.kv_exchange_bytes`). Groups with a CP part run it through `hybrid.HybridShard`.
+(`CostModel.gathered_per_token` prices them). Groups with a CP part run it through `hybrid.HybridShard`.
 """
 from __future__ import annotations
 

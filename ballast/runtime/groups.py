@@ -21,10 +21,10 @@ sequence-parallel all-to-all would hang for that long whatever `--timeout` said.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
-
-from dataclasses import dataclass
 
 from .world import world_timeout
 

@@ -140,11 +140,12 @@ class GroupEstimates:
         for j, row in enumerate(rows):
             heaps.setdefault(row, []).append((0.0, j))
         # Entries of a row share their degree and split: its terms once per row, not per placement.
-        by_row = [(row, heap, *self._rows[heap[0][1]]) for row, heap in sorted(heaps.items())]
+        by_row = [(row, heap, *self._rows[heap[0][1]], g / self._rows[heap[0][1]][1])
+                  for row, heap in sorted(heaps.items())]
         for s, n, p, fits_from in zip(seqs, lengths, spans, first_rows):
             attn_n, linear_n = a * p * n, b * n
             best, best_j, best_row, best_forced, best_attn = math.inf, -1, -1, 0.0, 0.0
-            for row, heap, d, cap, rate, attn_rate, f, comm, forced_attention, forced_linear in by_row:
+            for row, heap, d, cap, rate, attn_rate, f, comm, forced_attention, forced_linear, limit in by_row:
                 if row < fits_from:
                     continue
                 j = heap[0][1]
@@ -158,7 +159,6 @@ class GroupEstimates:
                     forced += added
                 # Conditional expressions rather than min()/max(): same values, a third faster.
                 slope = (rate * quad + attn_rate * (attns[j] + quad_n)) / tok
-                limit = g / cap
                 slope = slope if slope <= limit else limit
                 excess = tok / d - cap
                 memory = excess * slope if excess > 0.0 else 0.0

@@ -71,7 +71,7 @@ class BallastPlanner(Planner):
     name = "ballast"
 
     def splits(self) -> Splits:
-        """Every split the heads allow; each group runs its fastest (`Planner._split`)."""
+        """Every split the heads allow; each group runs its fastest (`GroupPacker.pack`)."""
         return ANY_SPLIT
 
     def _plan(self, batch: SampleBatch) -> Plan:

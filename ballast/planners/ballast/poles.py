@@ -80,7 +80,7 @@ def _remapped(cost: CostModel, plan_rest: PlanRest, batch: SampleBatch, times: n
     `sequence_times`) or a slot fits at no level."""
     n = cost.world_size
     start = n - size
-    # At the split the poles were priced at (`CostModel.split`), which `Planner._split` keeps in a domain.
+    # At the split the poles were priced at (`CostModel.split`): a remap domain's slots are priced at it.
     split = cost.split(degree)
     groups = [Group(start + k * degree, degree, [MicroBatch([i])], split) for k, i in enumerate(poles)]
     rest = sorted(set(range(len(batch))) - set(poles))
