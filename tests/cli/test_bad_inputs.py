@@ -22,7 +22,9 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from hf_folders import save_model
 
 from ballast.cli import main
-from ballast.model_shape import MODEL_PRESETS
+from ballast.cluster import get_cluster
+from ballast.cost import CostModel
+from ballast.model_shape import MODEL_PRESETS, get_model_shape
 from ballast.models import build_model
 from ballast.train import checkpoint, checksums
 from ballast.train.metrics import final_history
@@ -57,6 +59,9 @@ def files(tmp_path_factory) -> dict[str, str]:
                                         "vocab": 256}),
         "sparse-model.json": json.dumps({"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 4, "ffn": 128,
                                          "vocab": 256, "attention": "sparse"}),
+        # a profile of tiny on 2 CPU ranks whose CP attention factor is no factor at all
+        "bad-cp-profile.json": json.dumps({**CostModel.analytic(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
+                                           "context_attention": 0.0}),
         "two-gpus.json": json.dumps({"nodes": 1, "devices_per_node": 2, "device_memory": 40e9,
                                      "peak_flops": 312e12, "bandwidth": {"2": 1e11}}),
     }
@@ -284,6 +289,12 @@ CASES = [
     ("train --planner static --cp 4", 2, r"--cp 4 is more ranks than the cluster's 2"),
     ("bench --planners static --cp 3", 2, r"--cp: CP degree 3 is not a power of two"),
     ("train --planner static --cp 0", 2, r"--cp must be >= 1, got 0"),
+    # no planner asked for can hold --max-len: one line naming each one's limit, before any rank
+    ("verify --model {three-heads.json} --world 2 --planners dcp,static --device-memory-gb 0.002 --max-len 256", 2,
+     r"no planner of --planners dcp,static can hold --max-len 256: dcp holds at most 167 tokens \(ulysses-only "
+     r"splits, degrees up to 1\), not --max-len 256; static holds at most 167 tokens"),
+    ("simulate --cluster cpu --world 2 --model tiny --cost {bad-cp-profile.json}", 2,
+     r"cost model file .*bad-cp-profile.json: cost model 'tiny': context_attention must be > 0, got 0.0"),
     # output paths no command could write, found before the work
     ("simulate --json {lengths.txt}/out.json", 2, r"--json .*lengths.txt/out.json: .*lengths.txt is not a folder"),
     ("simulate --gantt /no/such/dir/gantt.png", 2, r"--gantt /no/such/dir/gantt.png: /no/such/dir does not exist"),
