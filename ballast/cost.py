@@ -146,9 +146,6 @@ class CostModel:
     context_latency: dict[int, float] = field(default_factory=dict)
     """Fixed seconds a micro-batch's CP collectives cost in a group of degree d whatever their
     size (2 x layers calls), like `comm_latency`; 0 where absent."""
-    context_parallel: bool = True
-    """False: the model cannot run context parallelism whatever `attention` says (how a length-only
-    planner sees a video model: its samples as causal text, its layouts the model's own)."""
     splits: Splits = field(default=ULYSSES_ONLY, compare=False)
     """Which (Ulysses x CP) splits of a degree the planner that holds this model may run
     (`under`); not part of the coefficients, so not in the JSON."""
@@ -167,8 +164,7 @@ class CostModel:
         parts = {}
         d = 1
         while d <= self.world_size:
-            allowed = [c for c in self.splits.context_parts(d, self.heads, self.pattern.layout,
-                                                            self.runs_context_parallel)
+            allowed = [c for c in self.splits.context_parts(d, self.heads, self.pattern.layout)
                        if d == 1 or d in self.bandwidth and (c == d or d // c in self.bandwidth)]
             if allowed:
                 parts[d] = allowed
@@ -192,12 +188,6 @@ class CostModel:
         with a split `splits` allows (the Ulysses part's layout rule, `layouts.Layout.allows`,
         and CONTEXT's) and a bandwidth (a profile knows the degrees it measured)."""
         return list(self._parts)
-
-    @property
-    def runs_context_parallel(self) -> bool:
-        """Its groups may run context parallelism: its pattern can (`AttentionPattern.context_parallel`)
-        and nothing else forbids it (`context_parallel`)."""
-        return self.context_parallel and self.pattern.context_parallel
 
     def under(self, splits: Splits) -> CostModel:
         """This model for a planner that runs the splits `splits` allows."""
@@ -324,14 +314,10 @@ class CostModel:
             return " or the job more ranks"
         if 2 * top not in self.bandwidth:
             return f"; the cost profile measured no SP degree above {top} (profile more ranks)"
-        if self.runs_context_parallel and not self.splits.context:
+        if not self.splits.context:
             return (f"; SP degree {2 * top} needs context parallelism ({layout.why_not(2 * top, self.heads)}): "
                     f"use a planner that runs it (ballast, megatron-dynamic-cp, zeppelin, wlb-llm) or "
                     f"static with --cp")
-        if not self.runs_context_parallel:
-            return (f"; no SP degree above {top} is usable, however many ranks: "
-                    f"{layout.why_not(2 * top, self.heads)}, and {self.pattern.name} attention "
-                    f"cannot run context parallelism")
         return f"; no split of SP degree {2 * top} is allowed under {self.splits.name}"
 
     # --- time ----------------------------------------------------------------------------------

@@ -7,8 +7,8 @@ attention, with the one degree rule of each.
               replicated to lcm(kv heads, d) before the exchange.
     VIDEO_2D  2D sequence parallelism for spatial-temporal DiTs: whole frames or whole patch
               columns per rank where they balance, one hidden-state exchange per switch; a block
-              whose frames or columns cannot balance falls back to ULYSSES, so its degree rule
-              is Ulysses'.
+              whose frames or columns cannot balance falls back to ULYSSES (or, in a group with a
+              CP part, to Ulysses x CP over whole-clip chunks), so its degree rule is Ulysses'.
     CONTEXT   context parallelism (`runtime/context_parallel.py`): every sequence cut into 2c
               head-tail chunks (c for bidirectional attention) over the c ranks, K and V
               all-gathered for attention; no head constraint, any power-of-two degree.
@@ -78,6 +78,11 @@ class HeadLayout(Layout):
         sum in backward."""
         return math.lcm(kv_heads, degree)
 
+    def with_context(self, cp: int) -> Layout:
+        """The layout a group of this one split u x `cp` runs: CONTEXT (with this layout's
+        Ulysses over u ranks inside it) where cp > 1."""
+        return CONTEXT if cp > 1 else self
+
     def exchange_bytes(self, bytes_per_token: float, heads: int, kv_heads: int, degree: int) -> float:
         """Bytes one token moves in a micro-batch's exchanges at `degree`, given
         `bytes_per_token` with the model's own kv heads (q, k, v, out; forward and backward):
@@ -88,8 +93,16 @@ class HeadLayout(Layout):
         return bytes_per_token * (heads + kv) / (heads + kv_heads)
 
 
+class VideoLayout(HeadLayout):
+    """2D sequence parallelism: a CP part changes only its fallback, so it stays the layout."""
+
+    def with_context(self, cp: int) -> Layout:
+        return self
+
+
 ULYSSES = HeadLayout("ulysses", "contiguous shards; all-to-all q, k, v to head shards and the output back")
-VIDEO_2D = HeadLayout("video-2d", "whole frames or patch columns per rank where they balance, else Ulysses")
+VIDEO_2D = VideoLayout("video-2d", "whole frames or patch columns per rank where they balance, else Ulysses "
+                                   "(x CP in a group with a CP part)")
 
 
 class ContextLayout(Layout):
@@ -120,16 +133,11 @@ class Splits:
     fixed: int | None = None
     """c is this at every degree it divides (and 1 at smaller degrees)."""
 
-    def context_parts(self, degree: int, heads: int, layout: HeadLayout | Layout, context_ok: bool) -> list[int]:
+    def context_parts(self, degree: int, heads: int, layout: Layout) -> list[int]:
         """The c of every split of `degree` this rule allows for a model of `heads` heads whose
-        head layout is `layout` (`context_ok`: its pattern can run CONTEXT), ascending. A pattern
-        that cannot run CONTEXT has its head layout alone under every rule: a planner of CP then
-        runs sequence parallelism as it would without CP (Megatron-Core falls back to its other
-        parallelisms where a model cannot be split by context)."""
-        if not context_ok:
-            return [1] if layout.allows(degree, heads) else []
+        head layout is `layout`, ascending."""
         allowed = [c for c in _powers(degree)
-                   if layout.allows(degree // c, heads) and (c == 1 or context_ok and self.context)
+                   if layout.allows(degree // c, heads) and (c == 1 or self.context)
                    and (degree // c == 1 or self.ulysses)]
         if self.fixed is not None:
             want = min(self.fixed, degree)

@@ -130,29 +130,13 @@ class AttentionPattern:
         k = len(self.spans)
         return tuple((depth - i + k - 1) // k for i in range(k))
 
-    @property
-    def context_parallel(self) -> bool:
-        """Its groups may run context parallelism (`layouts.CONTEXT`): every block attends over
-        whole samples, which head-tail chunks cut evenly; a frame or column span is not cut."""
-        return all(span.whole_sample for span in self.spans)
-
-    @property
-    def why_no_context(self) -> str | None:
-        """Why its groups cannot run context parallelism (for errors), or None where they can."""
-        if self.context_parallel:
-            return None
-        return (f"{self.name} attention cannot run context parallelism (its blocks attend within frames or "
-                f"columns, which head-tail chunks would cut)")
-
     def split_why_not(self, degree: int, cp: int, heads: int) -> str | None:
         """Why a group of `degree` ranks split u = degree / cp Ulysses x `cp` context-parallel
         (`plans.Group.cp`) cannot run this pattern for a model of `heads` heads, or None: the CP
-        part under CONTEXT's rule and only where the pattern can run it, the Ulysses part under
-        the pattern's layout rule."""
+        part under CONTEXT's rule (every pattern runs it: whole samples are cut in chunks, a
+        frame's or column's keys gathered), the Ulysses part under the pattern's layout rule."""
         if cp > 1 and (why := CONTEXT.why_not(cp, heads)) is not None:
             return why
-        if cp > 1 and not self.context_parallel:
-            return f"CP part {cp}: {self.why_no_context}"
         if (why := self.layout.why_not(degree // cp, heads)) is not None:
             return why + (f" (the Ulysses part of {degree} = {degree // cp} x CP {cp})" if cp > 1 else "")
         return None

@@ -115,31 +115,33 @@ TINY_SPAN = 3
 
 
 def _tiny_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
-    """Attention inside spans of one tiny length s, as elementwise ops (no SDPA call).
+    """Attention inside spans of tiny lengths, as elementwise ops (no SDPA call).
 
-    q: [spans, s, heads, head_dim]; k, v: [spans, s, kv_heads, head_dim]. Returns q's shape.
+    q: [spans, m, heads, head_dim]; k, v: [spans, s, kv_heads, head_dim] (m = s unless the
+    queries are a part of their span: `span_attention`). Returns q's shape.
     PyTorch's CPU flash kernel costs ~1 us per span and head forward and backward however
     short the span (measured: 2048 tokens in spans of 1, 2 and 3 cost 9.1, 8.6 and 6.5 ms;
     in spans of 16, 2.9 ms): the frames of a patch or two, the columns of one to three frames.
-    Here a span of one token is its value (the softmax of one score is 1; exact), and the
-    s x s scores of longer ones are broadcast products, cheaper than the kernel up to s = 3
+    Here a span of one key is its value (the softmax of one score is 1; exact), and the
+    m x s scores of longer ones are broadcast products, cheaper than the kernel up to s = 3
     (1.6, 3.3 and 4.2 ms; 6.9 vs 6.3 at s = 4). Equal to SDPA up to float rounding."""
-    spans, s, heads, head_dim = q.shape
-    kv_heads = k.shape[2]
+    spans, m, heads, head_dim = q.shape
+    s, kv_heads = k.shape[1], k.shape[2]
+    assert not causal or m == s, (m, s)
     if s == 1:
         # q and k stay on the graph (their empty sums are 0): their weights get a (zero)
         # gradient on every rank, as when SDPA ran.
         out = v.repeat_interleave(heads // kv_heads, dim=2) if heads != kv_heads else v
-        return out + (q[:0].sum() + k[:0].sum())
+        return out.expand(spans, m, heads, head_dim) + (q[:0].sum() + k[:0].sum())
     # Query head h reads kv head h // (heads / kv_heads), as SDPA's enable_gqa.
-    queries = q.view(spans, s, 1, kv_heads, heads // kv_heads, head_dim)
+    queries = q.view(spans, m, 1, kv_heads, heads // kv_heads, head_dim)
     keys, values = (t.view(spans, 1, s, kv_heads, 1, head_dim) for t in (k, v))
     scores = (queries * keys).sum(-1) * head_dim ** -0.5  # [spans, query, key, kv_heads, group]
     if causal:
         later = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)[:, :, None, None]
         scores = scores.masked_fill(later, float("-inf"))
     weights = scores.softmax(2)
-    return (weights.unsqueeze(-1) * values).sum(2).view(spans, s, heads, head_dim)
+    return (weights.unsqueeze(-1) * values).sum(2).view(spans, m, heads, head_dim)
 
 
 def _batched_sdpa(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal: bool) -> Tensor:
@@ -173,6 +175,55 @@ def _batched_sdpa(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal
         return out
     # Back to stream order (`order` is a permutation of the rows: empty spans hold none).
     return torch.empty_like(out).index_copy(0, order, out)
+
+
+def span_attention(q: Tensor, k: Tensor, v: Tensor, q_bounds: Sequence[int], k_bounds: Sequence[int]) -> Tensor:
+    """Bidirectional attention of span i's queries q[q_bounds[i]:q_bounds[i+1]] to its keys
+    k[k_bounds[i]:k_bounds[i+1]]: the queries may be part of their span (context parallelism
+    holds a piece of every frame or column and gathers their keys whole). A span without
+    queries is skipped; one with queries has keys. Returns q's shape.
+
+    On CUDA one varlen call with separate query and key cu_seqlens (flash-attn's, or PyTorch's);
+    else one SDPA (or `_tiny_attention`) per distinct (queries, keys) pair of lengths, which a
+    clip's pieces of frames or columns take a handful of."""
+    assert q_bounds[-1] == q.shape[0] and k_bounds[-1] == k.shape[0], (q_bounds[-1], q.shape, k_bounds[-1], k.shape)
+    kernel = attention_kernel(q, k, v)
+    if kernel != "sdpa":
+        cu_q, longest_q = _cu_seqlens(q_bounds, q.device)
+        cu_k, longest_k = _cu_seqlens(k_bounds, q.device)
+        if kernel == "flash-attn":
+            return flash_attn_varlen_func(q, k, v, cu_q, cu_k, longest_q, longest_k, causal=False)
+        return varlen_attn(q, k, v, cu_q, cu_k, longest_q, longest_k, window_size=(-1, -1),
+                           enable_gqa=k.shape[1] != q.shape[1])
+    edges_q, edges_k = torch.tensor(q_bounds, dtype=torch.long), torch.tensor(k_bounds, dtype=torch.long)
+    queries, keys = edges_q[1:] - edges_q[:-1], edges_k[1:] - edges_k[:-1]
+    used = queries > 0
+    assert bool((keys[used] > 0).all()), "a span with queries has keys"
+    if not bool(used.any()):
+        return q.clone()  # no queries: an empty output
+    q_starts, k_starts, queries, keys = edges_q[:-1][used], edges_k[:-1][used], queries[used], keys[used]
+    # Spans of equal (queries, keys) go as one batch (`equal_groups` on one key for the pair).
+    width = int(keys.max()) + 1
+    order, pairs, counts = equal_groups(queries * width + keys)
+    if order is not None:
+        q_starts, k_starts, queries, keys = q_starts[order], k_starts[order], queries[order], keys[order]
+    q_rows = token_order(q_starts, queries).to(q.device)
+    k_rows = token_order(k_starts, keys).to(q.device)
+    qs, ks, vs = q.index_select(0, q_rows), k.index_select(0, k_rows), v.index_select(0, k_rows)
+    shapes = [(pair // width, pair % width, count) for pair, count in zip(pairs, counts)]
+    outputs = []
+    for (m, s, count), qg, kg, vg in zip(shapes, qs.split([m * c for m, _, c in shapes]),
+                                         ks.split([s * c for _, s, c in shapes]), vs.split([s * c for _, s, c in shapes])):
+        qg, kg, vg = qg.view(count, m, *q.shape[1:]), kg.view(count, s, *k.shape[1:]), vg.view(count, s, *v.shape[1:])
+        if s <= TINY_SPAN:
+            out = _tiny_attention(qg, kg, vg, causal=False)
+        else:
+            out = F.scaled_dot_product_attention(qg.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2),
+                                                 enable_gqa=True).transpose(1, 2)
+        outputs.append(out.reshape(m * count, *q.shape[1:]))
+    out = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
+    # Back to the queries' order (`q_rows` is a permutation of them: every query is in a span).
+    return torch.empty_like(out).index_copy(0, q_rows, out)
 
 
 KERNELS: dict[str, Callable[[Tensor, Tensor, Tensor, Sequence[int], bool], Tensor]] = {

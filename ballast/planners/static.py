@@ -48,8 +48,6 @@ class StaticPlanner(Planner):
     def _check_cp(self, cp: int, degree: int | None) -> None:
         """The CP part must be one this model and cluster can run, and leave a Ulysses part of a
         forced degree that the heads allow (`fixed_context` checked it is a power of two)."""
-        if cp > 1 and (why := self.cost.pattern.why_no_context) is not None:
-            raise ValueError(f"--cp {cp}: model {self.cost.model!r}: {why}")
         if cp > self.cluster.world_size:
             raise ValueError(f"--cp {cp} is more ranks than the cluster's {self.cluster.world_size}")
         if degree is None:

@@ -13,12 +13,13 @@ from .fit import error_summary, time_and_act_errors
 
 def context_splits(shape: ModelShape, world_size: int) -> list[tuple[int, int]]:
     """(degree, cp) of every split with a CP part that the runtime can run for this model on
-    this world: text models whose pattern runs CP (the runtime shards text streams only), every
-    power-of-two degree up to the world, every CP part whose Ulysses part the heads allow."""
-    if not shape.pattern.context_parallel or shape.pattern.clips:
+    this world: text models (the profile's grid draws CP points from text streams; a video
+    model's CP terms stay the analytic ones), every power-of-two degree up to the world, every CP
+    part whose Ulysses part the heads allow."""
+    if shape.pattern.clips:
         return []
     degrees = [1 << i for i in range(1, world_size.bit_length()) if (1 << i) <= world_size]
-    return [(d, c) for d in degrees for c in ANY_SPLIT.context_parts(d, shape.heads, shape.pattern.layout, True)
+    return [(d, c) for d in degrees for c in ANY_SPLIT.context_parts(d, shape.heads, shape.pattern.layout)
             if c > 1]
 
 

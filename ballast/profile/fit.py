@@ -292,8 +292,9 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
     several_depths = len({p.layers for p in points}) > 1
     degrees = sorted({p.ulysses for p in points if p.ulysses > 1})
     context_degrees = sorted({p.degree for p in points if p.cp > 1})
-    if context_degrees and (len(pattern.fit_terms) != 1 or not pattern.context_parallel):
-        raise ValueError(f"points with a CP part cannot be fitted for {pattern.name} attention, which does not run it")
+    if context_degrees and len(pattern.fit_terms) != 1:
+        raise ValueError(f"points with a CP part cannot be fitted for {pattern.name} attention: its CP terms are "
+                         f"fitted against one attention term (its blocks have {len(pattern.fit_terms)})")
     seconds = np.array([m.seconds for m in measurements])
     comm = np.array([known_comm(p, bandwidth, exchange_bytes_layer, context_bytes_layer or {}) for p in points])
     target, weight = seconds - comm, 1.0 / seconds

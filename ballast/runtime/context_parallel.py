@@ -6,6 +6,11 @@ rank has every sequence's keys, and attends its own queries to them under each d
 with the queries' global positions: a causal query at position p sees its sequence's keys at
 positions <= p. Only kv heads travel, which grouped-query attention makes cheap
 (`CostModel.gathered_per_token` prices them). Groups with a CP part run it through `hybrid.HybridShard`.
+
+A spatial-temporal DiT's blocks attend within frames or patch columns (`patterns.SPATIAL`,
+`TEMPORAL`); their CP chunks are whole-clip chunks (c per clip, which balance both: every query
+of a clip attends a frame's S keys or a column's F), and each query attends its own frame's or
+column's gathered keys (`_span_attention`).
 """
 from __future__ import annotations
 
@@ -18,8 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from ..models.kernels import attention_kernel, flash_attn_varlen_func
-from ..models.protocol import PackedStream
+from ..models.kernels import attention_kernel, flash_attn_varlen_func, span_attention
+from ..models.protocol import PackedStream, pattern_spans
 from ..patterns import CAUSAL, Span
 from ..samples import Sample
 from .context_shard import held_chunks, held_indices
@@ -75,6 +80,21 @@ class ContextShard(PackedStream):
         return torch.empty_like(self.gathered).index_copy_(
             0, self.gathered, torch.arange(len(self.gathered), device=self.gathered.device))
 
+    @functools.cached_property
+    def span_rows(self) -> tuple[Tensor, tuple[int, ...], Tensor | None, tuple[int, ...]]:
+        """For a frame or column pattern: (this rank's rows by span, where each span's rows end,
+        the stream's tokens by span or None where stream order is already so, where each span's
+        tokens end) -- the queries and keys of `span_attention`."""
+        order, k_bounds = pattern_spans(self.grids, self.bounds, self.pattern)
+        lengths = torch.tensor(k_bounds, dtype=torch.long).diff()
+        span_ids = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+        span_of = span_ids if order is None else torch.empty_like(span_ids).index_copy_(0, order, span_ids)
+        mine = span_of[self.held.cpu()]
+        q_bounds = (0, *torch.bincount(mine, minlength=len(lengths)).cumsum(0).tolist())
+        device = self.positions.device
+        return (torch.argsort(mine, stable=True).to(device), q_bounds,
+                None if order is None else order.to(device), k_bounds)
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return context_parallel_attention(q, k, v, self)
 
@@ -111,14 +131,27 @@ def _chunk_sdpa(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, causal: bool) ->
     return out[0].transpose(0, 1)
 
 
+def _span_attention(q: Tensor, k: Tensor, v: Tensor, shard: ContextShard) -> Tensor:
+    """This rank's queries [rows, H, hd] against the whole stream's keys and values
+    [tokens, kv, hd], each query to the keys of its frame or patch column (`span_rows`)."""
+    by_span, q_bounds, k_order, k_bounds = shard.span_rows
+    if k_order is not None:
+        k, v = k.index_select(0, k_order), v.index_select(0, k_order)
+    out = span_attention(q.index_select(0, by_span), k, v, q_bounds, k_bounds)
+    return torch.empty_like(out).index_copy(0, by_span, out)
+
+
 def _chunk_attention(q: Tensor, k: Tensor, v: Tensor, shard: ContextShard) -> Tensor:
     """This rank's queries [rows, H, hd] against the whole stream's keys and values
     [tokens, kv, hd]: each chunk attends its sequence's keys, all of them (bidirectional) or
-    those up to the chunk's last position (causal)."""
+    those up to the chunk's last position (causal); under a frame or column pattern, each
+    query its span's (`_span_attention`)."""
     causal = shard.pattern.causal
     chunks = shard.chunks_of(shard.index)
     if not chunks:
         return q.clone()  # no rows (the caller keeps the gathered K/V in the graph)
+    if not shard.pattern.whole_sample:
+        return _span_attention(q, k, v, shard)
     # A causal chunk [a, b) of a sequence starting at s reads keys [s, b); bidirectional, the
     # whole sequence.
     ends = {a: b for a, b in zip(shard.bounds, shard.bounds[1:])}
@@ -166,12 +199,10 @@ class GatherKV(torch.autograd.Function):
 
 
 def context_parallel_attention(q: Tensor, k: Tensor, v: Tensor, shard: ContextShard) -> Tensor:
-    """Attention of `shard.pattern` (causal or full, inside every sequence) for this CP rank's
-    rows: q [rows, heads, hd], k and v [rows, kv heads, hd]: K and V gathered over the group
-    (`GatherKV`), then each held chunk against its sequence's keys (`_chunk_attention`)."""
-    if not shard.pattern.whole_sample:
-        raise ValueError(f"context-parallel attention runs whole-sequence patterns (causal, full), "
-                         f"not {shard.pattern.name}")
+    """Attention of `shard.pattern` (causal or full inside every sequence, or inside every frame
+    or patch column of a clip) for this CP rank's rows: q [rows, heads, hd], k and v [rows, kv
+    heads, hd]: K and V gathered over the group (`GatherKV`), then each held chunk against its
+    sequence's keys (`_chunk_attention`)."""
     assert q.shape[0] == shard.sizes[shard.index], (q.shape, shard.sizes, shard.index)
     kv_heads = k.shape[1]
     kv = GatherKV.apply(torch.cat([k, v], dim=1), shard)

@@ -76,7 +76,8 @@ PRECISIONS = ("auto", "bf16", "fp32")
 SHARDS: dict[Layout, type[StreamShard]] = {ULYSSES: StreamShard, VIDEO_2D: VideoShard, CONTEXT: HybridShard}
 """How a group's ranks hold a micro-batch in each layout (`layouts.py`; a group of one rank
 holds its stream whole, a `StreamShard` of degree 1; a group with a CP part, `Group.cp` > 1,
-runs CONTEXT, Ulysses over `Group.ulysses` ranks inside it)."""
+runs its layout's `with_context`: CONTEXT, Ulysses over `Group.ulysses` ranks inside it, or
+VIDEO_2D, whose fallback then runs so)."""
 
 
 @dataclass
@@ -215,7 +216,7 @@ class Executor:
         # Under 2D sequence parallelism `local` is the initial layout's slice (whole frames, or
         # the even split when frames do not balance); with a CP part, the stream indices of the
         # rank's rows (its CP shard's head and tail chunks are not contiguous).
-        layout = CONTEXT if group.cp > 1 else self.model.shape.pattern.layout
+        layout = self.model.shape.pattern.layout.with_context(group.cp)
         holder = SHARDS[layout] if group.degree > 1 else StreamShard
         shard = holder.create(
             plan.mb_samples(mb), self.groups.get(group.start, group.degree, group.cp), group.degree,
@@ -247,7 +248,7 @@ class Executor:
         index = self.rank - start
         send, recv = overlaps(balanced, attention, index)
         group, mb = next((g, mb) for g, mb in parts if self.rank in g.ranks)
-        shard = (SHARDS[CONTEXT if group.cp > 1 else ULYSSES].create(
+        shard = (SHARDS[ULYSSES.with_context(group.cp)].create(
             plan.mb_samples(mb), self.groups.get(group.start, group.degree, group.cp), group.degree,
             self.rank - group.start, self.device) if sum(plan.mb_lengths(mb)) else None)
         whole = PackedStream.of([plan.samples[i] for i in seq_ids], self.device)

@@ -38,6 +38,8 @@ class ContextGroups:
     context: ProcessGroup
     """Its CP group (c ranks, u apart)."""
     cp: int
+    block: ProcessGroup
+    """The whole group (u c ranks): a spatial-temporal DiT's layout switches span it."""
 
 
 class ProcessGroups:
@@ -77,7 +79,7 @@ class ProcessGroups:
             assert 0 <= index < degree and degree % cp == 0, (self.rank, start, degree, cp)
             block = self.get(start, degree)  # the block's own check, for a bad (start, degree)
             context = block if u == 1 else self._strided[(start + index % u, u, cp)]
-            return ContextGroups(self.get(start + index // u * u, u), context, cp)
+            return ContextGroups(self.get(start + index // u * u, u), context, cp, block)
         if degree == 1 and 0 <= start < self.world_size:
             return None
         if (start, degree) == (0, self.world_size):  # a remap domain may span a world of any size

@@ -19,7 +19,7 @@ gradient, the CP reduce-scatter of dK and dV, the all-to-all of dq, dk, dv. u = 
 context parallelism (no Ulysses exchange); c = 1 is `attention.StreamShard`.
 
 Rotary positions stay each token's global position in its sequence (a clip token's (sample,
-frame, row, column)); a full-attention DiT's clips run CP like text, in c contiguous chunks.
+frame, row, column)); clips run CP in c contiguous chunks each (`balance_of`).
 """
 from __future__ import annotations
 
@@ -41,9 +41,10 @@ from .groups import ContextGroups
 
 
 def balance_of(samples: list[Sample]) -> Span:
-    """The pattern CP chunks of these samples are balanced for: the only patterns that run
-    context parallelism (`AttentionPattern.context_parallel`) are a causal LM's over text and a
-    full-attention DiT's over clips, so the samples say which."""
+    """The pattern CP chunks of these samples are balanced for, which the samples say: text is
+    causal (head-tail chunks); clips are bidirectional, c contiguous chunks per clip, which
+    balance a full-attention DiT's whole-clip attention and a spatial-temporal one's frames and
+    columns alike (every query of a clip attends as many keys)."""
     return FULL if any(isinstance(x, tuple) for x in samples) else CAUSAL
 
 

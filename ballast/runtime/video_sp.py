@@ -15,7 +15,16 @@ holds whole: no communication at all. Switching layouts costs one all-to-all of 
 states (`Relayout`). A layout whose largest shard exceeds the even share by too much
 (`BALANCE`: one huge frame, a long clip of tiny frames, d > a clip's frames or columns) is not
 used: that block runs on the `tokens` layout with Ulysses' head exchange (`attention.py`),
-which takes any pattern. The model is handed the `frames` layout's slice when it balances
+which takes any pattern. A group split u x c (`plans.Group.cp` > 1: its degree past what the
+heads allow Ulysses) falls back instead to
+
+    context  every clip cut in c contiguous chunks (`context_shard.py`), CP rank j holding the
+             j-th of each, split over its Ulysses sub-group of u ranks (`hybrid.attention_rows`)
+
+where attention is hybrid Ulysses x CP (`hybrid.HybridShard`): each query attends its frame's or
+column's keys, gathered over the CP group (`context_parallel.py`). Whole-clip chunks balance
+both patterns: every query of a clip attends its S frame tokens or its F column tokens.
+The model is handed the `frames` layout's slice when it balances
 (else `tokens`'s), both contiguous in stream order, and gets it back with `arrange(x, INPUT)`.
 """
 from __future__ import annotations
@@ -39,6 +48,8 @@ from ..samples import Sample
 from .all_to_all import all_to_all
 from ..models.kernels import varlen_attention
 from .attention import StreamShard, shard_sizes
+from .groups import ContextGroups
+from .hybrid import HybridShard, attention_rows
 from .remap import Route, overlaps
 
 BALANCE = 1.25
@@ -50,7 +61,7 @@ accepted to save Ulysses' two exchanges per attention (q, k, v in and the output
 2-4x the hidden states' bytes and two latencies) for one exchange of the hidden states per
 layout switch. Beyond that the fallback's communication is the cheaper price."""
 
-LAYOUTS = ("tokens", "frames", "columns")
+LAYOUTS = ("tokens", "frames", "columns", "context")
 _HOLDS_WHOLE = {"frames": SPATIAL, "columns": TEMPORAL}
 """The pattern whose spans a layout holds whole."""
 
@@ -175,25 +186,42 @@ class Relayout:
 
 class VideoLayouts:
     """The layouts of one micro-batch's stream over its group from one rank's side, with what
-    each `arrange` needs (positions, spans, exchanges) made once and shared by every stream."""
+    each `arrange` needs (positions, spans, exchanges) made once and shared by every stream.
+    `context`: this rank's `HybridShard` of a group split u x c, whose rows the `context`
+    layout holds (None: the group runs Ulysses, and `tokens` is the fallback)."""
 
     def __init__(self, grids: Sequence[tuple[int, int, int]], group: ProcessGroup | None, degree: int,
-                 index: int, device: torch.device | str | None = None):
+                 index: int, device: torch.device | str | None = None, context: HybridShard | None = None):
         self.grids, self.group, self.index, self.device = tuple(grids), group, index, device
         self.bounds = tuple(itertools.accumulate((math.prod(g) for g in self.grids), initial=0))
         self.layouts = video_layouts(self.grids, degree)
+        self.context = context
+        if context is not None:
+            rows = attention_rows(list(self.grids), degree, context.context.degree)
+            self.layouts["context"] = Layout("context", torch.cat(rows), tuple(map(len, rows)))
+        self.fallback = "tokens" if context is None else "context"
         self.balanced = {name: layout.balances() for name, layout in self.layouts.items()}
         self._positions: dict[str, Tensor] = {}
         self._spans: dict[str, tuple[int, ...]] = {}
         self._exchanges: dict[tuple[str, str], Relayout] = {}
+        self._attending: dict[Span, HybridShard] = {}
 
     def __getitem__(self, name: str) -> Layout:
         return self.layouts[name]
 
     def target(self, pattern: Span) -> str:
-        """The layout attention of `pattern` runs on: the one holding its spans whole if it balances."""
-        whole = next((name for name, p in _HOLDS_WHOLE.items() if p == pattern), "tokens")
-        return whole if self.balanced[whole] else "tokens"
+        """The layout attention of `pattern` runs on: the one holding its spans whole if it
+        balances, else the fallback (`tokens`, or `context` in a group with a CP part)."""
+        whole = next((name for name, p in _HOLDS_WHOLE.items() if p == pattern), None)
+        return whole if whole is not None and self.balanced[whole] else self.fallback
+
+    def attending(self, pattern: Span) -> HybridShard:
+        """The `context` layout's shard attending `pattern` (made once per pattern: its CP shard
+        keeps which keys each of its queries reads)."""
+        assert self.context is not None
+        if pattern not in self._attending:
+            self._attending[pattern] = dataclasses.replace(self.context, pattern=pattern)
+        return self._attending[pattern]
 
     def positions(self, name: str) -> Tensor:
         if name not in self._positions:
@@ -227,10 +255,16 @@ class VideoShard(StreamShard):
     initial: str
 
     @classmethod
-    def create(cls, samples: list[Sample], group: ProcessGroup | None, degree: int, index: int,
+    def create(cls, samples: list[Sample], group: ProcessGroup | ContextGroups | None, degree: int, index: int,
                device: torch.device | str | None = None) -> VideoShard:
+        """Group rank `index`'s shard; a group split u x c (`ContextGroups`) falls back to the
+        `context` layout, over its block's group."""
         assert 0 <= index < degree, (index, degree)
-        plan = VideoLayouts(video_grids(samples), group, degree, index, device)
+        context = None
+        if isinstance(group, ContextGroups):
+            context = HybridShard.create(samples, group, degree, index, device)
+            group = group.block
+        plan = VideoLayouts(video_grids(samples), group, degree, index, device, context)
         initial = "frames" if plan.balanced["frames"] else "tokens"
         return cls(plan.bounds, plan.positions(initial), plan.grids, group=group, degree=degree, index=index,
                    layouts=plan, layout=initial, initial=initial)
@@ -254,7 +288,7 @@ class VideoShard(StreamShard):
 
     @property
     def held_spans(self) -> tuple[int, ...] | None:
-        if self.layout == "tokens":
+        if self.layout not in _HOLDS_WHOLE:
             return None
         if _HOLDS_WHOLE[self.layout] != self.pattern:
             raise ValueError(f"a {self.layout} layout holds {_HOLDS_WHOLE[self.layout]} spans, not "
@@ -263,7 +297,9 @@ class VideoShard(StreamShard):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Bidirectional attention over the whole frames or patch columns this rank holds, with no
-        communication; Ulysses on the `tokens` layout."""
+        communication; Ulysses on the `tokens` layout, Ulysses x CP on `context`."""
+        if self.layout == "context":
+            return self.layouts.attending(self.pattern).attend(q, k, v)
         if (spans := self.held_spans) is None:
             return super().attend(q, k, v)
         if not q.shape[0]:  # nothing held: an empty output, still on q, k, v's graph

@@ -57,9 +57,8 @@ class PlannerResult:
 
 
 def lengths_only(cost: CostModel) -> CostModel:
-    """`cost` as a length-only planner sees it: every sample a causal text sequence; the
-    layouts the model can run (no context parallelism where its own pattern cannot) stay its own."""
-    return dataclasses.replace(cost, attention=CAUSAL_LM.name, context_parallel=cost.runs_context_parallel)
+    """`cost` as a length-only planner sees it: every sample a causal text sequence."""
+    return dataclasses.replace(cost, attention=CAUSAL_LM.name)
 
 
 def simulate_planners(batches: Sequence[list[Sample]], planners: Sequence[str], cluster: Cluster, cost: CostModel,

@@ -280,8 +280,6 @@ CASES = [
     ("simulate --planners static --cp 128", 2, r"--cp 128 is more ranks than the cluster's 64"),
     ("simulate --cluster cpu --world 8 --planners static --model {three-heads.json} --degree 8 --cp 2", 2,
      r"--degree 8 with --cp 2 leaves Ulysses over 4 ranks: SP degree 4 does not divide the attention heads \(3\)"),
-    ("simulate --lengths video --model stdit3-1b --cluster h200-32 --planners static --cp 2 --steps 1", 2,
-     r"--cp 2: model 'stdit3-1b': spatial-temporal attention cannot run context parallelism"),
     ("simulate --cluster cpu --world 4 --planners static --model {three-heads.json} --degree 2 --cp 2 "
      "--device-memory-gb 0.01 --max-len 40000", 2, r"a 40000-token sequence \(--max-len\) does not fit SP degree 2 "
      r"\(Ulysses 1 x CP 2\) even with full checkpointing \(at most \d+ tokens"),

@@ -457,14 +457,13 @@ def test_cost_model_file_with_wrong_field_type(tmp_path, change, message):
 # --- Ulysses x CP splits (docs/design.md, section 4) --------------------------------------------
 def test_split_rules_by_hand():
     # 6 heads: Ulysses parts 1 and 2 only; every CP part is a power of two
-    assert ULYSSES_ONLY.context_parts(4, 6, ULYSSES, True) == []
-    assert ANY_SPLIT.context_parts(4, 6, ULYSSES, True) == [2, 4]        # (u, c) = (2, 2), (1, 4)
-    assert ANY_SPLIT.context_parts(4, 6, ULYSSES, False) == []           # a pattern that cannot run CP
-    assert CONTEXT_ONLY.context_parts(4, 8, ULYSSES, True) == [4]
-    assert ulysses_in_node(2).context_parts(8, 8, ULYSSES, True) == [4]  # u = 2 inside the node
-    assert ulysses_in_node(8).context_parts(8, 8, ULYSSES, True) == [1]
-    assert fixed_context(2).context_parts(8, 8, ULYSSES, True) == [2]
-    assert fixed_context(4).context_parts(2, 8, ULYSSES, True) == [2]    # below c: CP over all ranks
+    assert ULYSSES_ONLY.context_parts(4, 6, ULYSSES) == []
+    assert ANY_SPLIT.context_parts(4, 6, ULYSSES) == [2, 4]        # (u, c) = (2, 2), (1, 4)
+    assert CONTEXT_ONLY.context_parts(4, 8, ULYSSES) == [4]
+    assert ulysses_in_node(2).context_parts(8, 8, ULYSSES) == [4]  # u = 2 inside the node
+    assert ulysses_in_node(8).context_parts(8, 8, ULYSSES) == [1]
+    assert fixed_context(2).context_parts(8, 8, ULYSSES) == [2]
+    assert fixed_context(4).context_parts(2, 8, ULYSSES) == [2]    # below c: CP over all ranks
     with pytest.raises(ValueError, match="--cp: CP degree 3 is not a power of two"):
         fixed_context(3)
 

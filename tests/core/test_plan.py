@@ -205,10 +205,14 @@ def test_context_parallelism_lifts_the_head_rule():
     with pytest.raises(PlanError, match=r"SP degree 4 does not divide the attention heads \(6\)"):
         Plan([100], [Wave([Group(0, 4, [MicroBatch([0])]), *fill_idle([], 16)[4:]])]).validate(cluster, six)
     Plan([100], [Wave([Group(0, 4, [MicroBatch([0])], 2), *fill_idle([], 16)[4:]])]).validate(cluster, six)
-    # spatial-temporal attention attends within frames and columns, which CP's chunks would cut
-    video = CostModel.analytic(get_model_shape("stdit-tiny"), cluster)
-    with pytest.raises(PlanError, match=r"CP part 2: spatial-temporal attention cannot run context parallelism"):
-        Plan([100], [Wave([Group(0, 2, [MicroBatch([0])], 2), *fill_idle([], 16)[2:]])]).validate(cluster, video)
+    # spatial-temporal attention runs a CP part too (its 2D layouts' fallback, `video_sp.py`),
+    # its Ulysses part under the same head rule
+    video = dataclasses.replace(CostModel.analytic(get_model_shape("stdit-tiny"), cluster), heads=6, kv_heads=6)
+    with pytest.raises(PlanError, match=r"SP degree 4 does not divide the attention heads \(6\)"):
+        Plan([100], [Wave([Group(0, 4, [MicroBatch([0])]), *fill_idle([], 16)[4:]])],
+             shapes=[(2, 5, 10)]).validate(cluster, video)
+    Plan([100], [Wave([Group(0, 4, [MicroBatch([0])], 2), *fill_idle([], 16)[4:]])],
+         shapes=[(2, 5, 10)]).validate(cluster, video)
 
 
 def test_memory_is_checked_at_the_split(cpu4, tiny4):

@@ -107,29 +107,30 @@ def test_static_usp_runs_the_split_asked(forced, cp, split):
     assert {(g.degree, g.cp) for g in plan.waves[0].groups} == {split}
 
 
-@pytest.mark.parametrize("name", ["megatron-dynamic-cp", "wlb-llm", "zeppelin"])
-def test_a_pattern_that_cannot_run_context_parallelism_keeps_its_own_layout(name):
-    # spatial-temporal blocks attend within frames and columns, which CP's chunks would cut: a
-    # planner of CP runs the model's 2D layout as it would without CP, at every degree the heads allow
+@pytest.mark.parametrize("name, parts", [("megatron-dynamic-cp", {16: [16], 32: [32]}),
+                                         ("zeppelin", {16: [2], 32: [4]}),      # Ulysses 8 in a node x CP across
+                                         ("ballast", {16: [1, 2, 4, 8, 16], 32: [2, 4, 8, 16, 32]})])
+def test_spatial_temporal_models_run_context_parallelism_past_their_heads(name, parts):
+    # stdit3-1b's 16 heads stop Ulysses (and the 2D layouts' fallback) at degree 16 on 32 ranks;
+    # with a CP part its fallback runs Ulysses x CP over whole-clip chunks (`video_sp.py`)
     from ballast.cluster import get_cluster
     from ballast.model_shape import get_model_shape
-    shape = get_model_shape("stdit3-1b")
     cluster = get_cluster("h200-32")
-    cost = CostModel.analytic(shape, cluster)
+    cost = CostModel.analytic(get_model_shape("stdit3-1b"), cluster)
+    assert cost.degrees[-1] == 16  # Ulysses alone
     planner = get_planner(name, cluster, cost)
-    assert planner.cost.degrees == cost.degrees and all(planner.cost.context_parts(d) == [1] for d in cost.degrees)
+    assert {d: planner.cost.context_parts(d) for d in (16, 32)} == parts
 
 
-def test_a_length_only_view_keeps_the_models_layouts():
-    # planning a spatial-temporal model's clips as causal text (--as-lengths) must not hand it CP
-    # groups it cannot run: the plans are validated and priced under the real pattern
+def test_a_length_only_view_keeps_the_heads_and_reaches_past_them_with_context_parallelism():
+    # planning clips as causal text (--as-lengths) keeps the model's heads and kv heads: Ulysses
+    # stops where they do, a CP part reaches the whole cluster for every pattern
     from ballast.cluster import get_cluster
     from ballast.layouts import ANY_SPLIT
     from ballast.model_shape import get_model_shape
     from ballast.simulate.side_by_side import lengths_only
-    cost = CostModel.analytic(get_model_shape("stdit3-1b"), get_cluster("h200-32"))
-    seen = lengths_only(cost).under(ANY_SPLIT)
-    assert seen.pattern.name == "causal" and all(seen.context_parts(d) == [1] for d in seen.degrees)
-    # full attention can run CP: 40 heads stop Ulysses at 8, the length-only view still reaches 32
-    wan = CostModel.analytic(get_model_shape("wan-14b"), get_cluster("h200-32"))
-    assert wan.degrees[-1] == 8 and lengths_only(wan).under(ANY_SPLIT).degrees[-1] == 32
+    for model, heads_cap in (("stdit3-1b", 16), ("wan-14b", 8)):
+        cost = CostModel.analytic(get_model_shape(model), get_cluster("h200-32"))
+        seen = lengths_only(cost)
+        assert seen.pattern.name == "causal" and seen.degrees[-1] == heads_cap
+        assert seen.under(ANY_SPLIT).degrees[-1] == 32 and seen.under(ANY_SPLIT).context_parts(32)[0] == 32 // heads_cap

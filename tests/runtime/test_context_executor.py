@@ -1,6 +1,7 @@
 """The executor runs plans whose groups have a CP part (u x c) with the single-process gradient:
-plain, ZeRO-1, FSDP2 lockstep, a remap domain holding a CP group, and a 6-head model whose
-degree 4 only CP reaches (gloo, one spawn of 4 ranks). Tolerances: see `runtime_cases`."""
+plain, ZeRO-1, FSDP2 lockstep, a remap domain holding a CP group, a 6-head model whose
+degree 4 only CP reaches, and video DiTs (full attention; spatial-temporal, whose 2D layouts
+fall back to Ulysses x CP) (gloo, one spawn of 4 ranks). Tolerances: see `runtime_cases`."""
 from __future__ import annotations
 
 import pytest
@@ -21,6 +22,10 @@ SIX_HEADS = ModelShape("six-heads", 2, 48, 6, 2, 64, 64)
 # single-patch-frame clip, and clips too short for every rank to hold a token.
 DIT = MODEL_PRESETS["dit-tiny"]
 GRIDS = [(4, 8, 8), (3, 4, 5), (1, 6, 6), (5, 1, 1), (1, 1, 3)]
+# stdit-tiny on the same plan: the 4 x 64 clip at 1 x 4 holds whole frames and columns; the
+# one-frame clips' frames balance over no group (a 36-token frame over 2 ranks, 3 tokens over 4),
+# so their spatial blocks run the `context` fallback, in a remap slot too (1 x 2 in wave 3).
+STDIT = MODEL_PRESETS["stdit-tiny"]
 
 
 def dit_plan() -> Plan:
@@ -78,12 +83,13 @@ def _worker(batches: list[verify.Batch], six: list[verify.Batch]) -> dict | None
                                   ("remapped", remapped_context_plan(), {}))}
     six_plans = [Plan(LENGTHS, [Wave([Group(0, 4, [MicroBatch(list(range(10)))], cp=cp)])]).to_dict() for cp in (2, 4)]
     out["six-heads"] = verify.train_distributed(SIX_HEADS, six_plans, six, 0, 1e-3, groups)
-    # dit-tiny from perturbed parameters (adaLN-zero's zeros would make most gradients zero).
-    model = build_model(DIT, seed=0)
-    executor = parallelize(model, get_cluster("cpu", world_size=4), groups=groups, lr=1e-3)
-    load_params(model, perturbed_params(DIT))
-    result = executor.step(dit_plan(), clip_batch(DIT, GRIDS).samples)
-    out["dit"] = (result.loss, verify.flatten(p.grad for p in model.parameters()))
+    # Video DiTs from perturbed parameters (adaLN-zero's zeros would make most gradients zero).
+    for shape in (DIT, STDIT):
+        model = build_model(shape, seed=0)
+        executor = parallelize(model, get_cluster("cpu", world_size=4), groups=groups, lr=1e-3)
+        load_params(model, perturbed_params(shape))
+        result = executor.step(dit_plan(), clip_batch(shape, GRIDS).samples)
+        out[shape.name] = (result.loss, verify.flatten(p.grad for p in model.parameters()))
     # Activations saved for backward: full recomputation keeps only the layers' inputs, the
     # gathered K/V included (the CP function saves it where checkpointing can drop it).
     cluster = get_cluster("cpu", world_size=4)
@@ -108,11 +114,12 @@ def test_context_parallel_plans_give_the_single_process_gradient(world4):
 
 
 @pytest.mark.slow
-def test_full_attention_clips_run_context_parallel_with_the_single_process_gradient(world4):
+@pytest.mark.parametrize("shape", [DIT, STDIT], ids=lambda s: s.name)
+def test_video_clips_run_context_parallel_with_the_single_process_gradient(world4, shape):
     ranks, _ = world4
-    loss, grads = ranks[0]["dit"]
-    params = perturbed_params(DIT)
-    expected = verify.reference_at(DIT, verify.Trajectory([], [], [params], params), [clip_batch(DIT, GRIDS)])
+    loss, grads = ranks[0][shape.name]
+    params = perturbed_params(shape)
+    expected = verify.reference_at(shape, verify.Trajectory([], [], [params], params), [clip_batch(shape, GRIDS)])
     want = expected.grads[0]
     assert float((grads - want).abs().max() / want.abs().max()) <= verify.GRAD_TOLERANCE
     assert loss == pytest.approx(expected.losses[0], rel=verify.GRAD_TOLERANCE)

@@ -1,6 +1,11 @@
 """Context-parallel attention: the head-tail sharding, and attention on 2 and 4 gloo ranks,
-pure CP and hybrid Ulysses x CP (`HybridShard`), against one process running each sequence alone."""
+pure CP and hybrid Ulysses x CP (`HybridShard`), against one process running each sequence alone:
+causal and full attention over text, and a spatial-temporal DiT's frame and column attention
+over clips cut in whole-clip chunks."""
 from __future__ import annotations
+
+import dataclasses
+import itertools
 
 import pytest
 import torch
@@ -10,8 +15,8 @@ from hypothesis import strategies as st
 
 from ballast.layouts import CONTEXT, ULYSSES
 from ballast.models import PackedStream, varlen_attention
-from ballast.models.kernels import flash_attn_varlen_func
-from ballast.patterns import CAUSAL, FULL, SPATIAL
+from ballast.models.kernels import flash_attn_varlen_func, local_attention, span_attention
+from ballast.patterns import CAUSAL, FULL, SPATIAL, TEMPORAL, span
 from ballast.runtime import ProcessGroups, run_local, sequence_parallel_attention
 from ballast.runtime.context_parallel import ContextShard, _chunk_attention
 from ballast.runtime.context_shard import held_chunks
@@ -96,10 +101,39 @@ def test_clips_are_cut_as_whole_sequences_with_their_video_positions():
     assert ContextShard.create(clips, None, 2, 1, pattern=FULL).held.tolist() == [*range(6, 12), 15, 16]
 
 
-def test_frame_patterns_are_value_errors():
-    shard = ContextShard.create([4], None, 1, 0, pattern=SPATIAL)
-    with pytest.raises(ValueError, match="not spatial"):
-        shard.attend(*(torch.zeros(4, 1, 2) for _ in range(3)))
+CLIPS = [[(2, 2, 3), (1, 1, 5), (3, 1, 2)], [(1, 1, 1)], [(4, 2, 2)]]
+"""Clips whose frames and columns CP chunks cut (a chunk ends mid-frame), a one-patch clip, and
+one whose columns span every chunk."""
+
+
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 3), st.integers(1, 3)), min_size=1, max_size=4),
+       st.sampled_from([1, 2, 4]), st.sampled_from([SPATIAL, TEMPORAL]), st.sampled_from([4, 2, 1]))
+def test_frame_and_column_queries_attend_their_spans_gathered_keys(clips, degree, pattern, kv_heads):
+    # Each CP rank's queries against the whole stream's keys equal one process's attention
+    # inside every frame (column) at those rows: the reference is `local_attention`.
+    q, k, v, _ = _inputs([int(torch.tensor(c).prod()) for c in clips], kv_heads)
+    whole = dataclasses.replace(PackedStream.of(clips), pattern=pattern)
+    expected = local_attention(q, k, v, whole)
+    for j in range(degree):
+        shard = dataclasses.replace(ContextShard.create(clips, None, degree, j, pattern=FULL), pattern=pattern)
+        torch.testing.assert_close(_chunk_attention(q[shard.held], k, v, shard), expected[shard.held],
+                                   rtol=RTOL, atol=ATOL)
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 6)), min_size=1, max_size=8), st.sampled_from([4, 1]))
+def test_span_attention_equals_each_spans_sdpa(spans, kv_heads):
+    # Queries that are part of their span (0 to 5 of them) against the span's keys (1 to 6: both
+    # the tiny elementwise path and SDPA), one call per span as the reference.
+    queries, keys = [m for m, _ in spans], [s for _, s in spans]
+    q = torch.randn(sum(queries), HEADS, HEAD_DIM)
+    k, v = (torch.randn(sum(keys), kv_heads, HEAD_DIM) for _ in range(2))
+    q_bounds, k_bounds = (tuple(itertools.accumulate(x, initial=0)) for x in (queries, keys))
+    got = span_attention(q, k, v, q_bounds, k_bounds)
+    for i in range(len(spans)):
+        rows, cols = slice(q_bounds[i], q_bounds[i + 1]), slice(k_bounds[i], k_bounds[i + 1])
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q[rows].transpose(0, 1), k[cols].transpose(0, 1), v[cols].transpose(0, 1), enable_gqa=True).transpose(0, 1)
+        torch.testing.assert_close(got[rows], want, rtol=RTOL, atol=ATOL)
 
 
 @pytest.mark.skipif(flash_attn_varlen_func is None or not torch.cuda.is_available(),
@@ -159,7 +193,35 @@ def _worker(splits):
                     (output * grad_out[held]).sum().backward()
                     results.append(((u, c), tuple(lengths), kv_heads, pattern.name, held,
                                     output.detach(), [t.grad for t in local], kept))
+        for clips in CLIPS:  # a spatial-temporal DiT's frame and column attention on whole-clip chunks
+            for kv_heads in (4, 1):
+                for pattern in (SPATIAL, TEMPORAL):
+                    q, k, v, grad_out = _inputs(_tokens(clips), kv_heads)
+                    shard = dataclasses.replace(
+                        HybridShard.create(clips, groups.get(start, degree, c), degree, rank - start), pattern=pattern)
+                    held = shard.local
+                    local = [t[held].clone().requires_grad_() for t in (q, k, v)]
+                    output = sequence_parallel_attention(*local, shard)
+                    (output * grad_out[held]).sum().backward()
+                    results.append(((u, c), tuple(clips), kv_heads, pattern.name, held,
+                                    output.detach(), [t.grad for t in local], ["found"]))
     return results
+
+
+def _tokens(clips):
+    return [f * h * w for f, h, w in clips]
+
+
+def _reference(samples, kv_heads, name):
+    """One process's output and q, k, v gradients for a stream of these samples."""
+    clips = isinstance(samples[0], tuple)
+    q, k, v, grad_out = (t.clone().requires_grad_() for t in _inputs(_tokens(samples) if clips else samples, kv_heads))
+    if clips:
+        expected = local_attention(q, k, v, dataclasses.replace(PackedStream.of(samples), pattern=span(name)))
+    else:
+        expected = varlen_attention(q, k, v, PackedStream.from_lengths(samples).bounds, causal=name == "causal")
+    (expected * grad_out).sum().backward()
+    return expected, (q.grad, k.grad, v.grad)
 
 
 def _check(ranks, splits):
@@ -167,11 +229,9 @@ def _check(ranks, splits):
     for results in ranks:
         for split, lengths, kv_heads, name, held, output, grads, kept in results:
             assert kept == ["found"]  # q and the gathered K/V are saved, not kept on ctx
-            q, k, v, grad_out = (t.clone().requires_grad_() for t in _inputs(list(lengths), kv_heads))
-            expected = varlen_attention(q, k, v, PackedStream.from_lengths(lengths).bounds, causal=name == "causal")
-            (expected * grad_out).sum().backward()
+            expected, wanted = _reference(list(lengths), kv_heads, name)
             torch.testing.assert_close(output, expected[held], rtol=RTOL, atol=ATOL)
-            for got, want in zip(grads, (q.grad, k.grad, v.grad)):
+            for got, want in zip(grads, wanted):
                 # An empty shard (the 1-token stream on c >= 2) gets empty, i.e. zero, gradients.
                 torch.testing.assert_close(got, want[held], rtol=RTOL, atol=ATOL)
             checked.add((split, lengths, kv_heads, name))
@@ -179,7 +239,7 @@ def _check(ranks, splits):
     # The 1-token stream leaves c - 1 ranks empty: they ran the collectives (or their peers
     # would have hung) and returned their (empty) gradients.
     assert empty > 0
-    assert len(checked) == len(splits) * len(STREAMS) * len(KV_HEADS) * 2
+    assert len(checked) == len(splits) * (len(STREAMS) * len(KV_HEADS) * 2 + len(CLIPS) * 2 * 2)
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """2D (spatial <-> temporal) sequence parallelism of video DiTs (`video_sp.py`): the layouts'
-invariants (pure Python), and on 4 gloo ranks (one spawn) a spatial-temporal block program and
-plain Ulysses for the full, spatial and temporal patterns against one process."""
+invariants (pure Python), and on 4 gloo ranks (one spawn) a spatial-temporal block program (in
+groups of Ulysses alone and split u x c, whose fallback is the `context` layout) and plain
+Ulysses for the full, spatial and temporal patterns against one process."""
 from __future__ import annotations
 
 import dataclasses
@@ -40,6 +41,8 @@ CLIPS = {
     "1x1 frames": [(4, 1, 1), (1, 1, 1), (3, 1, 1), (1, 2, 2)],
 }
 DEGREES = (1, 2, 4)
+SPLITS = ((1, 1), (2, 1), (4, 1), (2, 2), (4, 2), (4, 4))
+"""(degree, cp): Ulysses alone, CP alone at degrees 2 and 4, and Ulysses 2 x CP 2."""
 # fp32. Every rank runs the same per-span, per-head softmax arithmetic as one process on the same
 # rows; what may differ is the SDPA kernel's batching (runs of equal spans are grouped per rank,
 # and Ulysses splits heads) and the order in which x's gradient sums its two blocks' terms: a
@@ -179,9 +182,9 @@ def _worker() -> dict:
     groups = ProcessGroups()
     rank = dist.get_rank()
     out: dict = {"program": [], "ulysses": []}
-    for (name, clips), degree in itertools.product(CLIPS.items(), DEGREES):
+    for (name, clips), (degree, cp) in itertools.product(CLIPS.items(), SPLITS):
         start = rank // degree * degree
-        group, index = groups.get(start, degree), rank - start
+        group, index = groups.get(start, degree, cp), rank - start
         n = sum(math.prod(c) for c in clips)
         # (b) the block program on a 2D sequence-parallel stream
         stream = VideoShard.create(clips, group, degree, index)
@@ -189,8 +192,10 @@ def _worker() -> dict:
         x = x_all[stream.local].clone().requires_grad_()
         y, calls = block_program(x, stream, sequence_parallel_attention)
         (y * grad_all[stream.local]).sum().backward()
-        out["program"].append((name, degree, stream.local, stream.initial, y.detach(), x.grad,
+        out["program"].append((name, degree, cp, stream.local, stream.initial, y.detach(), x.grad,
                                [(s.layout, s.held, q.grad, k.grad, v.grad) for s, q, k, v in calls]))
+        if cp > 1:
+            continue
         # (c) plain Ulysses (a contiguous StreamShard) for every bidirectional pattern
         for pattern in ("full", "spatial", "temporal"):
             shard = dataclasses.replace(StreamShard.create(clips, group, degree, index), pattern=pattern)
@@ -210,7 +215,7 @@ def ranks() -> list[dict]:
 def test_block_program_on_2d_layouts_matches_one_process(ranks):
     checked, layouts_seen = set(), {}
     for rank in ranks:
-        for name, degree, local, initial, y, x_grad, calls in rank["program"]:
+        for name, degree, cp, local, initial, y, x_grad, calls in rank["program"]:
             clips = CLIPS[name]
             x_all, grad_all = _data(sum(math.prod(c) for c in clips))
             x = x_all.clone().requires_grad_()
@@ -221,20 +226,26 @@ def test_block_program_on_2d_layouts_matches_one_process(ranks):
             for (layout, held, *grads), (_, *tensors) in zip(calls, reference):
                 for got, want in zip(grads, tensors):
                     torch.testing.assert_close(got, want.grad[held], rtol=RTOL, atol=ATOL)
-            layouts_seen[(name, degree)] = (initial, *(c[0] for c in calls))
-            checked.add((name, degree))
-    assert len(checked) == len(CLIPS) * len(DEGREES)
+            layouts_seen[(name, degree, cp)] = (initial, *(c[0] for c in calls))
+            checked.add((name, degree, cp))
+    assert len(checked) == len(CLIPS) * len(SPLITS)
     # One process holds everything: whole frames, then whole columns.
-    assert all(layouts_seen[(name, 1)] == ("frames", "frames", "columns") for name in CLIPS)
-    assert layouts_seen[("mixed", 4)] == ("frames", "frames", "columns")
-    assert layouts_seen[("odd", 4)] == ("tokens", "tokens", "columns")
+    assert all(layouts_seen[(name, 1, 1)] == ("frames", "frames", "columns") for name in CLIPS)
+    assert layouts_seen[("mixed", 4, 1)] == ("frames", "frames", "columns")
+    assert layouts_seen[("odd", 4, 1)] == ("tokens", "tokens", "columns")
     # Ulysses fallback: the huge frame's spatial block, the cube's both blocks.
-    assert layouts_seen[("huge frame", 2)] == ("tokens", "tokens", "columns")
-    assert layouts_seen[("huge frame", 4)] == ("tokens", "tokens", "columns")
-    assert layouts_seen[("cube", 4)] == ("tokens", "tokens", "tokens")
+    assert layouts_seen[("huge frame", 2, 1)] == ("tokens", "tokens", "columns")
+    assert layouts_seen[("huge frame", 4, 1)] == ("tokens", "tokens", "columns")
+    assert layouts_seen[("cube", 4, 1)] == ("tokens", "tokens", "tokens")
     # Empty shards: 3 columns of one token over 4 ranks, two 1-token frames over 4.
-    assert layouts_seen[("one row", 4)] == ("tokens", "tokens", "columns")
-    assert layouts_seen[("two frames", 4)] == ("frames", "frames", "tokens")
+    assert layouts_seen[("one row", 4, 1)] == ("tokens", "tokens", "columns")
+    assert layouts_seen[("two frames", 4, 1)] == ("frames", "frames", "tokens")
+    # With a CP part the fallback is Ulysses x CP over whole-clip chunks; balanced layouts stay.
+    for cp in (2, 4):
+        assert layouts_seen[("cube", 4, cp)] == ("tokens", "context", "context")
+        assert layouts_seen[("huge frame", 4, cp)] == ("tokens", "context", "columns")
+        assert layouts_seen[("mixed", 4, cp)] == ("frames", "frames", "columns")
+    assert layouts_seen[("two frames", 4, 2)] == ("frames", "frames", "context")
 
 
 @pytest.mark.slow

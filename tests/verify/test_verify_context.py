@@ -1,7 +1,8 @@
-"""`ballast verify --world 4 --planners all` on models whose 6 heads cap Ulysses at degree 2:
-at a budget where the longest sequences need degree 4, the planners that run context
-parallelism pass with u x c plans of degree 4, and the Ulysses-only ones are reported as unable
-to hold --max-len (one spawn of 4 gloo ranks per model)."""
+"""`ballast verify --world 4 --planners all` on models whose 6 heads cap Ulysses at degree 2 (a
+GPT, a Hugging Face Llama, a spatial-temporal video DiT): at a budget where the longest samples
+need degree 4, the planners that run context parallelism pass with u x c plans of degree 4, and
+the Ulysses-only ones are reported as unable to hold --max-len (one spawn of 4 gloo ranks per
+model)."""
 from __future__ import annotations
 
 import json
@@ -22,16 +23,26 @@ def six_head_json(folder):
     return str(path)
 
 
+def six_head_stdit(folder):
+    path = folder / "stdit-six.json"
+    path.write_text(json.dumps({"name": "stdit-six", "layers": 4, "hidden": 96, "heads": 6, "kv_heads": 6,
+                                "ffn": 256, "vocab": 16, "gated_mlp": False, "attention": "spatial-temporal",
+                                "cross_attention": True}))
+    return str(path)
+
+
 def six_head_hf(folder):
     return "hf:" + str(save_model(folder / "hf", "LlamaConfig", hidden_size=48, num_attention_heads=6,
                                   num_key_value_heads=2))
 
 
 # Budgets (device memory, --max-len) at which degree 2 holds under half of --max-len under full
-# recomputation and degree 4 all of it (JSON: 112 and 224 tokens; HF: 125 and 251).
+# recomputation and degree 4 all of it (JSON: 112 and 224 tokens; HF: 125 and 251); the video
+# DiT's degree 2 holds 153 latent patches of its 256, degree 4 307.
 @pytest.mark.slow
 @pytest.mark.parametrize("model, memory_gb, max_len", [(six_head_json, "0.00017", "224"),
-                                                       (six_head_hf, "0.00032", "240")])
+                                                       (six_head_hf, "0.00032", "240"),
+                                                       (six_head_stdit, "0.0021", "256")])
 def test_verify_runs_degree_4_with_context_parallelism_for_six_heads(tmp_path, capsys, model, memory_gb, max_len):
     args = ["verify", "--world", "4", "--planners", "all", "--model", model(tmp_path), "--steps", "1",
             "--batch", "6", "--max-len", max_len, "--device-memory-gb", memory_gb]
