@@ -11,6 +11,8 @@
     remap.py        Zeppelin's remapping layer: linear work on a balanced layout
     video_sp.py     2D sequence parallelism of video DiTs: whole frames / patch columns per rank
     all_to_all.py   the one all-to-all autograd function all of them exchange through
+    routing.py      Zeppelin's routing layer: an exchange over whole nodes whose inter-node rows
+                    cross over every NIC of the node (scatter to proxies, rails, combine)
     fsdp.py         FSDP2 sharding of the model
     groups.py       cached process groups of every aligned power-of-two block and its (u, c) splits
     world.py        joining the job: torchrun, or N local gloo ranks

@@ -1,13 +1,16 @@
 """The one all-to-all of the runtime, as an autograd function: the backward is the reverse exchange.
 
-Both re-layouts of the runtime are exchanges that have an exact reverse:
+The re-layouts of the runtime are exchanges that have an exact reverse:
 
-    HeadExchange (attention.py)  Ulysses: a stream sharded by tokens <-> the same stream sharded by heads
-    Route (remap.py)             one contiguous partition of a domain's rows <-> another
+    HeadExchange (attention.py)    Ulysses: a stream sharded by tokens <-> the same stream sharded by heads
+    Route (remap.py)               one contiguous partition of a domain's rows <-> another
+    Relayout (video_sp.py)         one layout of a video stream's tokens <-> another, over a Route
+    RoutedExchange (routing.py)    a Route over whole nodes, its inter-node rows over every NIC
+                                   (three all-to-alls each way)
 
 An exchange only moves values between ranks, so it is a permutation of the values of the
 whole group, and the adjoint of a permutation is its inverse: the gradient of the forward
-exchange is the reverse exchange of the gradient, one all-to-all each way.
+exchange is the reverse exchange of the gradient.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ class Exchange(Protocol):
     """A layout change over a process group that `reversed()` undoes exactly."""
 
     def run(self, x: Tensor) -> Tensor:
-        """This rank's rows after the exchange (one all-to-all, a collective of the group)."""
+        """This rank's rows after the exchange (all-to-alls, collectives of the group)."""
         ...
 
     def reversed(self) -> Exchange:
@@ -29,8 +32,8 @@ class Exchange(Protocol):
 
 
 class AllToAll(torch.autograd.Function):
-    """Forward: one all-to-all, `exchange.run(x)`.
-    Backward: one all-to-all, `exchange.reversed().run(grad)`."""
+    """Forward: `exchange.run(x)`. Backward: `exchange.reversed().run(grad)` (one all-to-all each,
+    three for a `routing.RoutedExchange`)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, exchange: Exchange) -> Tensor:
