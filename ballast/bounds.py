@@ -31,7 +31,7 @@ def longest_alone(cost: CostModel, samples: Sequence[Sample]) -> float:
 
 
 def lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
-    """No plan's step time can be below this: the least T that passes three bounds. Plans of
+    """No plan's step time can be below this: the least T that passes four bounds. Plans of
     every split `cost.splits` allows count (each term takes the least over them): a planner
     bounds its own plans with its own model; reports pass `cost.under(ANY_SPLIT)`, the bound of
     every plan the hardware allows, whatever the heads.
@@ -51,9 +51,13 @@ def lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
              micro-batch count to a real number, the least overhead is
              F(x) = g + (x - cap)+ min(r b / (1 - k), g / cap), convex and increasing, so
              by Jensen the busiest rank pays at least F(total tokens / N).
+    led:     the area bound, uncoupled from T (below), with a sequence that saves in a remap slot
+             charged the ranks that slot leaves idle (`remapping.bound_terms`): a domain that
+             spares a long sequence's group memory holds few other tokens beside it, too few
+             to keep its other ranks busy while that group's attention runs.
     In a plan of makespan T a sequence runs at a degree where it alone takes at most T, so
     the minima above may range over those degrees only. Both sides then depend on T: the
-    bound is the least T with T >= max(longest, area(T), memory(T)), found by bisection
+    bound is the least T with T >= max(longest, area(T), memory(T), led), found by bisection
     (the right side never grows with T). docs/design.md's plain area term ignores memory and
     this coupling; with FlexSP's published g they are worth 5-10% of a step.
     """
@@ -64,10 +68,14 @@ def lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
     q = cost.units(samples)
     n = cost.world_size
     times = cost.sequence_times(samples, every_split=True)
-    remapped_alone, remapped_area = bound_terms(cost, s, q)
     degrees = np.asarray(cost.degrees, dtype=np.float64)[:, None]
+    # The most device-seconds per token, beyond its linear work, any sequence takes in its group
+    # at its least-area degree: what a remap slot's other sequences are charged at most (led).
+    others = float(np.max((np.min(times * degrees, axis=0) - cost.b * s) / s))
+    remapped_alone, remapped_area, remapped_led = bound_terms(cost, s, q, others)
     # A remap domain may hold a sequence with less recomputation than its group alone.
     area_at = np.minimum(times * degrees, remapped_area)
+    led = float(np.min(np.minimum(times * degrees, remapped_led), axis=0).sum()) / n + cost.g
     comm_area = np.zeros_like(times)
     for i, d in enumerate(cost.degrees[1:], start=1):
         comm_area[i] = np.min([cost.exchange_bytes(d) * s / cost.bandwidth[d] if cp == 1
@@ -85,7 +93,7 @@ def lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
         allowed = alone + cost.g <= target
         area = float(np.min(np.where(allowed, area_at, np.inf), axis=0).sum()) / n + cost.g
         memory = float(np.min(np.where(allowed, memory_at, np.inf), axis=0).sum()) / n + overhead
-        return max(longest, area, memory)
+        return max(longest, area, memory, led)
 
     low = bound(math.inf)
     high = bound(low)

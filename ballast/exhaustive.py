@@ -5,7 +5,8 @@ tests, bench/optimum_gap.py).
 `brute_force` finds the fastest one-wave plan over every aligned group layout, every
 assignment of sequences to groups and every packing into micro-batches (each at its least
 fitting checkpoint level); `optimum` the fastest step with any number of waves. Neither
-remaps. Batches are lists of samples (`samples.py`): lengths or (frames, height, width) clips.
+remaps; `remapped_optimum` is the fastest one wave that is one remap domain, priced by the
+timeline. Batches are lists of samples (`samples.py`): lengths or (frames, height, width) clips.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from .cluster import Cluster
 from .cost import CostModel
 from .plans import Group, MicroBatch, Plan, Wave
 from .samples import is_shaped, tokens
+from .timeline import step_time
 
 
 def cluster_for(cost: CostModel) -> Cluster:
@@ -134,3 +136,36 @@ def optimum(cost: CostModel, lengths: list[int]) -> float:
         low = mask & -mask
         best[mask] = min(wave[sub] + best[mask ^ sub] for sub in submasks(mask) if sub & low)
     return best[-1]
+
+
+def packings(ids: list[int]):
+    """Every way to run `ids` as micro-batches: each partition into non-empty blocks, in every order."""
+    for labels in itertools.product(range(len(ids)), repeat=len(ids)):
+        used = sorted(set(labels))
+        if used == list(range(len(used))):  # each partition once per order of its blocks
+            yield [[i for i, label in zip(ids, labels) if label == k] for k in used]
+
+
+def remapped_optimum(cost: CostModel, lengths: list) -> float:
+    """The fastest one-wave plan whose wave is one remap domain over the whole cluster: every
+    group layout, assignment, packing (its order decides the slots) and split, each slot at
+    the least level it fits (`Plan.leveled`); inf if none fits. The reference the bound's remap
+    terms are checked against (2 ranks or more; a few sequences: it is exponential twice)."""
+    n, world = len(lengths), cost.world_size
+    assert world >= 2, "a remap domain needs 2 ranks"
+    best = np.inf
+    for layout in layouts(world):
+        splits = [cost.context_parts(d) if d > 1 else [1] for _, d in layout]
+        for assign in itertools.product(range(len(layout)), repeat=n):
+            ids = [[i for i in range(n) if assign[i] == k] for k in range(len(layout))]
+            for packed in itertools.product(*(list(packings(i)) for i in ids)):
+                for cps in itertools.product(*splits):
+                    groups = [Group(start, d, [MicroBatch(b) for b in mbs], cp)
+                              for (start, d), mbs, cp in zip(layout, packed, cps)]
+                    plan = Plan(list(map(tokens, lengths)), [Wave(groups, [(0, world)])],
+                                shapes=list(lengths) if is_shaped(lengths) else None)
+                    leveled = plan.leveled(0, (0, world), cost)
+                    if leveled is not None:
+                        plan.waves[0].groups = leveled
+                        best = min(best, step_time(plan, cost))
+    return best

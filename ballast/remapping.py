@@ -14,7 +14,8 @@ all ranks of the domain recompute alike). The runtime's side is `runtime/remap.p
     overflow        why a domain would not fit (what `Plan.validate` raises)
     levels          the least level each slot fits at (`Plan.leveled`, for planners)
     slot_time       the timeline's price of a slot
-    bound_terms     the least slot a sequence can run in, for the lower bound (`bounds.py`)
+    bound_terms     the least slot a sequence can run in, and what its slot's idle ranks
+                    cost it, for the lower bound (`bounds.py`)
 
 A slot is what plans.py hands over, its micro-batches as `SlotPart`s (`Plan.slot_parts`):
 this module prices and never reads a plan, so the plan contract can ask it.
@@ -142,27 +143,48 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], size: int) -> tuple[fl
 
 
 # --- the lower bound's terms -----------------------------------------------------------------
-def bound_terms(cost: CostModel, s: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(alone, area), each [degree index, sequence]: the least time without g of a remap slot
-    holding a sequence of s tokens and q attention units in a group of each degree, and the
-    least device-seconds that sequence takes of it (inf where no slot holds it; area inf also
-    where a remap cannot take less than the sequence's group alone).
+def bound_terms(cost: CostModel, s: np.ndarray, q: np.ndarray,
+                others: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(alone, area, led), each [degree index, sequence]: the least time without g of a remap
+    slot holding a sequence of s tokens and q attention units in a group of each degree, the
+    least device-seconds that sequence takes of it, and the least it takes leading its slot (inf
+    where no slot holds it; area and led inf also where a remap cannot take less than the
+    sequence's group alone).
 
     In a domain of `size` ranks at the slot's level L the sequence's group runs its attention
-    and all-to-alls (a q (1 + L r_attn) / d + comm), the domain at least its linear work
-    (b s (1 + L r) / size), and the group's ranks hold at least s / d tokens for attention.
-    Memory (`memory`) then caps the balanced share a rank can hold beside them, `most`; a
-    slot's share is at least s / size, and the timeline moves at least s / d - most tokens off
-    each of the group's ranks (`slot_times`). The group's d ranks spend the attention and that
-    move on this sequence alone, and its linear work is done somewhere: the area. A sequence
-    that fits its group without checkpointing needs no move at L = 0, so its least slot spreads
-    the linear work over the whole cluster and its area is its own."""
+    and all-to-alls (group = a q (1 + L r_attn) / d + comm), the domain at least its linear work
+    (linear = b s (1 + L r), over size ranks), and the group's ranks hold at least s / d tokens
+    for attention, and beside them the K and V every split of degree d gathers (`slot_load`).
+    Memory (`memory`) then caps the balanced share a rank can hold beside them, `most`; a slot's
+    share is at least s / size, and the timeline moves at least s / d - most tokens off each of
+    the group's ranks (moved, `slot_time`). The group's d ranks spend the attention and that
+    move on this sequence alone, and its linear work is done somewhere: the area,
+    d (group + moved) + linear. A sequence that fits its group without checkpointing needs no
+    move at L = 0, so its least slot spreads the linear work over the whole cluster and its area
+    is its own (a remap saves it nothing).
+
+    led: the area, or more where the slot must leave ranks idle. The slot lasts at least
+    `group` + moved, on all size ranks of the domain, and holds at most size x most tokens
+    (every rank's balanced share fits beside this group's attention). Every other sequence i of
+    the slot is charged by the bound at most `others` s_i + b s_i (`others`: the most
+    device-seconds per token beyond linear work any sequence of the batch takes in its group
+    alone, `bounds.lower_bound`), so together the others are charged at most
+    others (size most - s) + their linear work, and the slot's area leaves this sequence
+
+        filled = size (group + moved) + linear - others (size most - s).
+
+    Per slot: if some sequence of it is charged its `filled` (where that is above its area), the
+    others are charged as above and the slot's area covers them all; otherwise every sequence of
+    it is charged at most its area (its group's ranks' attention and moves, and linear work),
+    which the slot's area covers as before. So led = the least over sizes and levels of
+    max(area, filled) is a bound on what the sequence takes of any slot."""
     n = cost.world_size
     sizes = sorted({n, *(1 << i for i in range(1, n.bit_length()))} - {1})  # domains: 2+ ranks
     free = (cost.device_memory - cost.states) / cost.act_per_token
     levels = np.arange(cost.layers + 1)[:, None] / cost.layers
     alone = np.full((len(cost.degrees), len(s)), np.inf)
     area = np.full_like(alone, np.inf)
+    led = np.full_like(alone, np.inf)
     attention = cost.attention_time(s, q)
     for i, d in enumerate(cost.degrees):
         # Summed in the order the bound always had, so that unremapped results stay bit-identical.
@@ -173,17 +195,23 @@ def bound_terms(cost: CostModel, s: np.ndarray, q: np.ndarray) -> tuple[np.ndarr
         if not len(tight):
             continue
         held = s[tight] / d
-        most = ((free - (1.0 - levels) * ATTENTION_SHARE * held)
+        # Every split's gathered K and V sit beside its attention values (`slot_load`).
+        gathered = min(cost.gathered_per_token(d, cp) for cp in cost.context_parts(d)) * s[tight] / cost.act_per_token
+        most = ((free - (1.0 - levels) * (ATTENTION_SHARE * held + gathered))
                 / ((1.0 - levels) * (1.0 - ATTENTION_SHARE) + levels * cost.kept))
         group = attention[tight] * (1.0 + levels * cost.recompute_attention) / d + comm[tight]
         linear = cost.b * s[tight] * (1.0 + levels * cost.recompute)
-        slot, used = np.full(len(tight), np.inf), np.full(len(tight), np.inf)
+        slot, used, leading = (np.full(len(tight), np.inf) for _ in range(3))
         for size in sizes:
             if size < d:
                 continue
             moved = np.maximum(held - most, 0.0) * cost.bytes_per_token / bandwidth(cost, size)
             fits = most >= s[tight] / size
+            mine = d * (group + moved) + linear
+            filled = (size * (group + moved) + linear - others * (size * most - s[tight])
+                      if math.isfinite(others) else mine)
             slot = np.minimum(slot, np.where(fits, group + linear / size + moved, np.inf).min(axis=0))
-            used = np.minimum(used, np.where(fits, d * (group + moved) + linear, np.inf).min(axis=0))
-        alone[i, tight], area[i, tight] = slot, used
-    return alone, area
+            used = np.minimum(used, np.where(fits, mine, np.inf).min(axis=0))
+            leading = np.minimum(leading, np.where(fits, np.maximum(mine, filled), np.inf).min(axis=0))
+        alone[i, tight], area[i, tight], led[i, tight] = slot, used, leading
+    return alone, area, led
