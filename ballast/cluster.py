@@ -1,7 +1,8 @@
 """Cluster: the devices a plan runs on, as one validated value object.
 
 A `Cluster` is passed explicitly to planners, the cost model and the runtime; nothing reads
-the topology from a global. Presets cover the hardware of the papers ballast compares with;
+the topology from a global. Besides its devices it knows the NICs of a node: how many, how fast,
+which devices each serves (`ballast.nics` prices a wave's exchange on them). Presets cover the hardware of the papers ballast compares with;
 custom clusters load from TOML or JSON with the same field names.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .nic_layout import nic_layout
 from .value_checks import check_types, from_fields, read_json
 
 GB = 1e9
@@ -47,6 +49,18 @@ class Cluster:
     value_bytes: int = 2
     """Bytes of one activation value as the runtime trains on this device: 2 (bf16) on GPUs,
     4 (fp32) on CPUs."""
+    nics_per_node: int | None = None
+    """Network cards (NICs) of a node that carry traffic between nodes; unset: one per device
+    (as in DGX nodes), or one per list of `nic_devices`."""
+    nic_bandwidth: float | None = None
+    """Bytes/s one NIC moves in one direction. Unset: the rate at which the node's NICs give each
+    device the all-to-all bandwidth of the least inter-node degree, bandwidth[2 x
+    devices_per_node] x devices_per_node / nics_per_node (a lower bound: an all-to-all reaches a
+    fraction of its links); a one-node cluster never uses its NICs and may leave it unset."""
+    nic_devices: list[list[int]] | None = None
+    """The local devices (0 .. devices_per_node - 1) each NIC of a node serves, one list per NIC,
+    the same on every node; every device under exactly one NIC. Unset: contiguous equal blocks
+    (NIC i serves devices i x b .. (i + 1) x b - 1 with b = devices_per_node / nics_per_node)."""
 
     def __post_init__(self) -> None:
         check_types(self, "cluster", self.name)
@@ -80,6 +94,19 @@ class Cluster:
                 raise ValueError(
                     f"cluster {self.name!r}: no positive all-to-all bandwidth for SP degree {d}; "
                     f"give bandwidth for every power of two up to {self.max_degree}")
+        self._resolve_nics()
+
+    def _resolve_nics(self) -> None:
+        """Fill in the NIC fields left unset and refuse a topology no node can have."""
+        devices = nic_layout(self.name, self.devices_per_node, self.nics_per_node, self.nic_devices)
+        nic_bw = self.nic_bandwidth
+        if nic_bw is None and self.nodes > 1:
+            nic_bw = self.bandwidth[2 * self.devices_per_node] * self.devices_per_node / len(devices)
+        if nic_bw is not None and not nic_bw > 0:
+            raise ValueError(f"cluster {self.name!r}: nic_bandwidth must be > 0 bytes/s, got {nic_bw:g}")
+        object.__setattr__(self, "nics_per_node", len(devices))
+        object.__setattr__(self, "nic_bandwidth", None if nic_bw is None else float(nic_bw))
+        object.__setattr__(self, "nic_devices", devices)
 
     @property
     def world_size(self) -> int:
@@ -98,16 +125,63 @@ class Cluster:
     def node_of(self, rank: int) -> int:
         return rank // self.devices_per_node
 
+    def node_ranks(self, node: int) -> range:
+        """The global ranks of `node`."""
+        return range(node * self.devices_per_node, (node + 1) * self.devices_per_node)
+
+    @property
+    def nics(self) -> int:
+        """NICs of the whole cluster; global NIC n is NIC n mod nics_per_node of node n // nics_per_node."""
+        return self.nodes * self.nics_per_node
+
+    def nic_of(self, rank: int) -> int:
+        """The global index of the NIC that serves `rank`: its inter-node bytes leave and enter there
+        unless routed."""
+        local = rank % self.devices_per_node
+        nic = next(i for i, devices in enumerate(self.nic_devices) if local in devices)
+        return self.node_of(rank) * self.nics_per_node + nic
+
+    def nic_ranks(self, nic: int) -> list[int]:
+        """The global ranks global NIC `nic` serves."""
+        base = nic // self.nics_per_node * self.devices_per_node
+        return [base + d for d in self.nic_devices[nic % self.nics_per_node]]
+
+    def proxies(self, rank: int) -> list[int]:
+        """One rank of `rank`'s node under each of the node's NICs, in NIC order: where a routed
+        transfer of `rank` hands (or, at the far side, takes) the chunk crossing that NIC. `rank` is
+        its own proxy under its own NIC; under another it is the device at the same position in
+        that NIC's list (modulo its length), so the node's ranks share the proxy work evenly."""
+        local = rank % self.devices_per_node
+        position = next(devices.index(local) for devices in self.nic_devices if local in devices)
+        base = self.node_of(rank) * self.devices_per_node
+        return [base + devices[position % len(devices)] for devices in self.nic_devices]
+
+    @property
+    def node_nic_bandwidth(self) -> float:
+        """Bytes/s a node's NICs move together in one direction."""
+        assert self.nic_bandwidth is not None, f"cluster {self.name!r}: one node, no NIC bandwidth"
+        return self.nics_per_node * self.nic_bandwidth
+
+    @property
+    def intra_node_bandwidth(self) -> float:
+        """Bytes/s per rank of an all-to-all over the whole node, bandwidth[devices_per_node]:
+        what moving a routed transfer's chunks to and from proxies over the node's links costs."""
+        assert self.devices_per_node > 1, f"cluster {self.name!r}: one device per node, no intra-node links"
+        return self.bandwidth[self.devices_per_node]
+
     def all_to_all_bandwidth(self, degree: int) -> float:
         assert degree > 1, "degree 1 needs no all-to-all"
         return self.bandwidth[degree]
 
-    def check_world_size(self, world_size: int) -> None:
-        """Raise if this cluster does not describe `world_size` ranks."""
+    def check_world_size(self, world_size: int, nodes: int | None = None) -> None:
+        """Raise if this cluster does not describe `world_size` ranks (in `nodes` nodes, if given)."""
         if world_size != self.world_size:
             raise ValueError(
                 f"cluster {self.name!r} has {self.nodes} x {self.devices_per_node} = "
                 f"{self.world_size} devices but the job has world size {world_size}")
+        if nodes is not None and nodes != self.nodes:
+            raise ValueError(f"cluster {self.name!r} has {self.nodes} nodes of {self.devices_per_node} devices "
+                             f"but the job asks for {nodes} nodes")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -158,29 +232,43 @@ def _link_fraction(degree: int) -> float:
     return _FLEXSP_A100_BW[degree] / link
 
 
-# name: (usable memory, dense bf16 FLOP/s, matmul efficiency, NVLink each way, NIC per GPU).
+# name: (usable memory, dense bf16 FLOP/s, matmul efficiency, NVLink each way, NICs per node,
+# bytes/s of one NIC each way).
 # A100: 312 TFLOP/s (A100 datasheet), NVLink 3 (600 GB/s bidirectional), HDR 200 Gb/s per GPU
-# (DGX A100), FlexSP's 28 GB usable of 40 -- a 12 GB reserve the others keep too.
+# (DGX A100: 8 compute NICs), FlexSP's 28 GB usable of 40 -- a 12 GB reserve the others keep too.
+# A800 SXM4 80GB: the A100's 312 TFLOP/s with NVLink cut to 400 GB/s bidirectional (NVIDIA A800
+# datasheet), 80 GB HBM2e (68 usable after the reserve); nodes of 8 with 4 x 200 Gb/s NICs, two
+# GPUs per NIC (the Zeppelin paper's cluster, arXiv 2509.21841).
 # H100/H200 SXM: 989 TFLOP/s and NVLink 4, 900 GB/s bidirectional (NVIDIA H100 and H200
 # datasheets); 80 GB HBM3 / 141 GB HBM3e; ConnectX-7 NDR 400 Gb/s = 50 GB/s per GPU (DGX
 # H100/H200 system specifications: 8 single-port ConnectX-7 per node).
+# H800 SXM: the H100's FLOP/s and 80 GB with NVLink cut to 400 GB/s bidirectional (NVIDIA H800
+# datasheet); 8 x 400 Gb/s InfiniBand NICs per node of 8, 50 GB/s per GPU (DeepSeek-V3 technical
+# report, arXiv 2412.19437, section 3.2.2, which prices its H800 nodes' IB at 50 GB/s per GPU).
 _GPUS = {
-    "a100": (28 * GB, 312e12, 0.5, _A100_NVLINK, _A100_NIC),
-    "h100": (68 * GB, 989e12, 0.45, 450 * GB, 50 * GB),
-    "h200": (129 * GB, 989e12, 0.45, 450 * GB, 50 * GB),
+    "a100": (28 * GB, 312e12, 0.5, _A100_NVLINK, 8, _A100_NIC),
+    "a800": (68 * GB, 312e12, 0.5, 200 * GB, 4, 25 * GB),
+    "h100": (68 * GB, 989e12, 0.45, 450 * GB, 8, 50 * GB),
+    "h800": (68 * GB, 989e12, 0.45, 200 * GB, 8, 50 * GB),
+    "h200": (129 * GB, 989e12, 0.45, 450 * GB, 8, 50 * GB),
 }
 _GPUS_PER_NODE = 8
 
 
 def _gpu_cluster(name: str, gpu: str, devices: int) -> Cluster:
-    """`devices` GPUs in DGX-style nodes of 8; the bandwidth table has FlexSP's shape."""
+    """`devices` GPUs in DGX-style nodes of 8; the bandwidth table has FlexSP's shape.
+
+    An all-to-all across nodes gets each GPU its share of the node's NICs, nics x NIC bandwidth
+    / 8 (the NIC of an A100, an H100 or an H200; half an A800's), times FlexSP's link fraction
+    of that degree: so an A800 node's degrees above 8 are half an A100 node's."""
     if devices < _GPUS_PER_NODE or devices % _GPUS_PER_NODE:
         raise ValueError(f"cluster {name!r}: devices must be a positive multiple of {_GPUS_PER_NODE}")
-    memory, flops, efficiency, nvlink, nic = _GPUS[gpu]
-    bandwidth = {d: _link_fraction(d) * (nvlink if d <= _GPUS_PER_NODE else nic)
+    memory, flops, efficiency, nvlink, nics, nic = _GPUS[gpu]
+    nic_share = nics * nic / _GPUS_PER_NODE
+    bandwidth = {d: _link_fraction(d) * (nvlink if d <= _GPUS_PER_NODE else nic_share)
                  for d in (1 << i for i in range(1, devices.bit_length()))}
     return Cluster(name, devices // _GPUS_PER_NODE, _GPUS_PER_NODE, memory, flops, efficiency,
-                   bandwidth, _GPU_MICRO_BATCH_OVERHEAD)
+                   bandwidth, _GPU_MICRO_BATCH_OVERHEAD, nics_per_node=nics, nic_bandwidth=nic)
 
 
 # gloo on a 2-core x86 host, from `ballast profile` of `tiny` (bench/results/*profile*.json):
@@ -196,42 +284,51 @@ _CPU_DEVICE_MEMORY = 4 * GB
 """The cpu preset's budget per rank unless --device-memory-gb sets one."""
 
 
-def _cpu_cluster(world_size: int | None) -> Cluster:
-    # This machine: one node of `world_size` gloo ranks. The figures are this kind of machine's
-    # until `ballast profile` measures the real one; memory is a setting that stands in for a
-    # GPU's capacity.
-    world = world_size or 2
+def _cpu_cluster(world_size: int | None, nodes: int | None) -> Cluster:
+    # This machine: `world_size` gloo ranks, as one node or as `nodes` emulated ones, each rank
+    # under its own NIC (so 4 ranks as 2 nodes have 2 NICs per node to route over). The figures
+    # are this kind of machine's until `ballast profile` measures the real one; memory is a
+    # setting that stands in for a GPU's capacity; a NIC moves what gloo moves between ranks.
+    world, nodes = world_size or 2, nodes or 1
     if not is_power_of_two(world):
         raise ValueError(f"cpu cluster: world size must be a power of two, got {world}")
+    if world % nodes:
+        raise ValueError(f"cpu cluster: {world} ranks do not form {nodes} nodes of equal size")
     bw = {1 << i: _CPU_ALL_TO_ALL for i in range(1, world.bit_length())}
-    return Cluster("cpu", 1, world, _CPU_DEVICE_MEMORY, 5e10, 1.0, bw, _CPU_MICRO_BATCH_OVERHEAD,
-                   _CPU_ALL_TO_ALL_LATENCY, value_bytes=4)
+    return Cluster("cpu", nodes, world // nodes, _CPU_DEVICE_MEMORY, 5e10, 1.0, bw, _CPU_MICRO_BATCH_OVERHEAD,
+                   _CPU_ALL_TO_ALL_LATENCY, value_bytes=4, nic_bandwidth=_CPU_ALL_TO_ALL)
 
 
-PRESETS = ("a100-64", "h100-32", "h200-32", "cpu")
-"""Named presets; `a100-N`, `h100-N` and `h200-N` work for any N that is a multiple of 8."""
+PRESETS = ("a100-64", "a800-64", "h100-32", "h800-32", "h200-32", "cpu")
+"""Named presets; `a100-N`, `a800-N`, `h100-N`, `h800-N` and `h200-N` work for any N that is a
+multiple of 8."""
 
 
-def get_cluster(spec: str, world_size: int | None = None, device_memory_gb: float | None = None) -> Cluster:
-    """A preset (`a100-64`, `h100-32`, `h200-32`, any `a100-N`/`h100-N`/`h200-N`, `cpu`) or a
-    path to a TOML/JSON file.
+def get_cluster(spec: str, world_size: int | None = None, device_memory_gb: float | None = None,
+                nodes: int | None = None) -> Cluster:
+    """A preset (`a100-64`, `h100-32`, ..., any `<gpu>-N` of `PRESETS`' GPUs, `cpu`) or a path to
+    a TOML/JSON file.
 
-    `world_size`, when given, must match the cluster (the `cpu` preset takes it as its size).
-    `device_memory_gb`, when given, is every device's usable memory whatever the cluster (a GPU
-    preset's or a file's is replaced: what-if budgets, a card with less free memory).
+    `world_size` and `nodes`, when given, must match the cluster (the `cpu` preset takes them as
+    its size: `world_size` ranks as `nodes` nodes, 1 unless given). `device_memory_gb`, when given,
+    is every device's usable memory whatever the cluster (a GPU preset's or a file's is replaced:
+    what-if budgets, a card with less free memory).
     """
     gpu, _, devices = spec.partition("-")
     if spec == "cpu":
-        cluster = _cpu_cluster(world_size)
+        cluster = _cpu_cluster(world_size, nodes)
     elif gpu in _GPUS and devices.isdigit():
         cluster = _gpu_cluster(spec, gpu, int(devices))
     elif Path(spec).suffix in (".toml", ".json"):
         cluster = Cluster.load(spec)
     else:
-        raise ValueError(f"unknown cluster {spec!r}: presets are {', '.join(PRESETS)} (or a100-N, h100-N, "
-                         f"h200-N with N a multiple of 8), or give a .toml/.json file")
+        sized = ", ".join(f"{g}-N" for g in _GPUS)
+        raise ValueError(f"unknown cluster {spec!r}: presets are {', '.join(PRESETS)} (or {sized} with N a "
+                         f"multiple of 8), or give a .toml/.json file")
     if world_size is not None:
-        cluster.check_world_size(world_size)
+        cluster.check_world_size(world_size, nodes)
+    elif nodes is not None:
+        cluster.check_world_size(cluster.world_size, nodes)
     if device_memory_gb is not None:
         cluster = dataclasses.replace(cluster, device_memory=device_memory_gb * GB)
     return cluster

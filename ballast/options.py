@@ -59,11 +59,15 @@ MAX_LEN = SharedOption(
     "--max-len", "the longest sample a step holds, in tokens (a clip: its latent patches); every plan "
                  "must hold it", positive(int), "N")
 CLUSTER = SharedOption(
-    "--cluster", "the cluster: a preset (a100-64, h100-32, h200-32, any a100-N / h100-N / h200-N, cpu: "
-                 "one node of --world ranks) or a .toml/.json file with Cluster's fields", str, "CLUSTER")
+    "--cluster", "the cluster: a preset (a100-64, a800-64, h100-32, h800-32, h200-32, any a100-N / a800-N / "
+                 "h100-N / h800-N / h200-N, cpu: --world ranks as --nodes nodes) or a .toml/.json file with "
+                 "Cluster's fields", str, "CLUSTER")
 WORLD = SharedOption(
     "--world", "ranks: the local gloo ranks a command spawns (a power of two), or the cluster size a "
                "simulation must match", positive(int), "N")
+NODES = SharedOption(
+    "--nodes", "nodes the ranks form: the cpu preset's emulated nodes (each rank under its own NIC), or the "
+               "node count a cluster must have", positive(int), "N")
 COST = SharedOption(
     "--cost", "the cost model: analytic (from the model shape and the cluster), published (FlexSP's "
               "GPT profile on A100s), auto (published where FlexSP measured the model and cluster, else "
@@ -76,4 +80,4 @@ DEGREE = SharedOption(
 CP = SharedOption(
     "--cp", "static's context-parallel part c, a power of two: static USP, Ulysses over --degree / c ranks "
             "times context parallelism over c", positive(int), "C")
-SHARED = {option.flag: option for option in (MODEL, MAX_LEN, CLUSTER, WORLD, COST, DEVICE_MEMORY, DEGREE, CP)}
+SHARED = {option.flag: option for option in (MODEL, MAX_LEN, CLUSTER, WORLD, NODES, COST, DEVICE_MEMORY, DEGREE, CP)}

@@ -89,4 +89,5 @@ def _describe(hint: Any) -> str:
     names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "none"}
     if get_origin(hint) in (Union, types.UnionType):
         return " or ".join(_describe(h) for h in get_args(hint))
-    return names.get(hint, "a table" if (get_origin(hint) or hint) is dict else getattr(hint, "__name__", str(hint)))
+    kinds = {dict: "a table", list: "a list"}
+    return names.get(hint, kinds.get(get_origin(hint) or hint, getattr(hint, "__name__", str(hint))))

@@ -19,7 +19,7 @@ from ..planners import PlannerOptions, parse_planner_names
 from ..gantt import gantt
 from .table import planner_table
 from ..model_shape import get_model_shape
-from ..options import CLUSTER, COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, WORLD, positive
+from ..options import CLUSTER, COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, WORLD, positive
 from ..output_paths import check_output_file
 from ..samples import tokens
 
@@ -31,6 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=LENGTH_SYNTAX)
     CLUSTER.add(p, "a100-64", "FlexSP's 8 x 8 A100-40GB, the setting its published profile was measured on")
     WORLD.add(p, None, "the cluster's own size; it sizes the cpu preset")
+    NODES.add(p, None, "the cluster's own; cpu: 1")
     DEVICE_MEMORY.add(p, None, "the cluster's own; cpu: 4")
     MODEL.add(p, "gpt-7b", "a model of the GPU clusters simulate prices, FlexSP's GPT-7B")
     COST.add(p, "auto")
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(soft_wrap=True)
     check_output_file(args.json_out, "--json")
     check_output_file(args.gantt, "--gantt")
-    cluster = get_cluster(args.cluster, args.world, args.device_memory_gb)
+    cluster = get_cluster(args.cluster, args.world, args.device_memory_gb, args.nodes)
     shape = get_model_shape(args.model)
     cost = get_cost_model(args.cost, shape, cluster, args.device_memory_gb)
     names = parse_planner_names(args.planners)

@@ -243,3 +243,137 @@ def test_device_memory_applies_to_every_cluster_and_profile(tmp_path):
     assert get_cost_model(str(profile), tiny, get_cluster("cpu", 2, 2.5), 2.5).device_memory == 2.5 * GB
     assert get_cost_model("auto", get_model_shape("gpt-7b"), get_cluster("a100-64", device_memory_gb=30)
                           ).device_memory == 30 * GB
+
+
+# --- NIC topology --------------------------------------------------------------------------------
+# name: (NICs per node, bytes/s of one NIC each way) as the vendors' specifications give them.
+NIC_SPECS = {"a100-64": (8, 25 * GB), "a800-64": (4, 25 * GB), "h100-32": (8, 50 * GB),
+             "h800-32": (8, 50 * GB), "h200-32": (8, 50 * GB)}
+
+
+@pytest.mark.parametrize("name", NIC_SPECS)
+def test_gpu_presets_nics_and_their_share_of_the_bandwidth_table(name):
+    c = get_cluster(name)
+    nics, nic = NIC_SPECS[name]
+    assert (c.nics_per_node, c.nic_bandwidth, c.nics) == (nics, nic, c.nodes * nics)
+    block = 8 // nics
+    assert c.nic_devices == [list(range(i * block, (i + 1) * block)) for i in range(nics)]
+    assert c.node_nic_bandwidth == nics * nic
+    # Across nodes an all-to-all gets FlexSP's fraction of each GPU's share of the node's NICs.
+    for d in (16, 32):
+        assert c.bandwidth[d] == pytest.approx(FLEXSP_BW_GBS[d] / 25 * nics * nic / 8)
+    assert c.intra_node_bandwidth == c.bandwidth[8]
+
+
+def test_a800_and_h800_presets():
+    a800, h800 = get_cluster("a800-64"), get_cluster("h800-32")
+    # Both cut NVLink to 400 GB/s bidirectional: 200 GB/s each way at FlexSP's link fractions.
+    for c in (a800, h800):
+        assert c.bandwidth[8] == pytest.approx(96.5 / 300 * 200 * GB)
+        assert c.device_memory == 68 * GB
+    assert (a800.nodes, a800.peak_flops, h800.nodes, h800.peak_flops) == (8, 312e12, 4, 989e12)
+    # Two A800s per 200 Gb/s NIC: half an A100's bandwidth across nodes.
+    assert a800.bandwidth[16] == pytest.approx(get_cluster("a100-64").bandwidth[16] / 2)
+
+
+def test_nic_queries_on_a800():
+    c = get_cluster("a800-16")
+    assert [c.nic_of(r) for r in range(16)] == [r // 2 for r in range(16)]
+    assert c.nic_ranks(5) == [10, 11] and list(c.node_ranks(1)) == list(range(8, 16))
+    assert c.proxies(0) == [0, 2, 4, 6] and c.proxies(3) == [1, 3, 5, 7] and c.proxies(12) == [8, 10, 12, 14]
+
+
+@pytest.mark.parametrize("spec", ["a800-16", "h100-16", "cpu"])
+def test_every_rank_proxies_under_each_nic_of_its_node(spec):
+    c = get_cluster(spec, 4, nodes=2) if spec == "cpu" else get_cluster(spec)
+    for rank in range(c.world_size):
+        proxies = c.proxies(rank)
+        node = c.node_of(rank)
+        assert [c.nic_of(p) for p in proxies] == [node * c.nics_per_node + i for i in range(c.nics_per_node)]
+        assert proxies[c.nic_of(rank) % c.nics_per_node] == rank
+        assert all(p in c.node_ranks(node) and rank in c.nic_ranks(c.nic_of(rank)) for p in proxies)
+
+
+def test_cpu_preset_emulates_two_nodes():
+    c = get_cluster("cpu", world_size=4, nodes=2, device_memory_gb=1.0)
+    assert (c.nodes, c.devices_per_node, c.world_size, c.nics_per_node) == (2, 2, 4, 2)
+    assert c.nic_devices == [[0], [1]] and c.nic_bandwidth == 0.7 * GB
+    assert [c.nic_of(r) for r in range(4)] == [0, 1, 2, 3]
+    assert [c.proxies(r) for r in range(4)] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert sorted(c.bandwidth) == [2, 4] and c.device_memory == 1 * GB
+    assert get_cluster("cpu", world_size=4).nodes == 1                    # one node unless asked
+    assert get_cluster("cpu", world_size=8, nodes=4).devices_per_node == 2
+
+
+@pytest.mark.parametrize("spec, world, nodes, message", [
+    ("cpu", 4, 3, "cpu cluster: 4 ranks do not form 3 nodes of equal size"),
+    ("a100-64", 64, 2, "cluster 'a100-64' has 8 nodes of 8 devices but the job asks for 2 nodes"),
+    ("h100-32", None, 8, "cluster 'h100-32' has 4 nodes of 8 devices but the job asks for 8 nodes"),
+    ("a100-16", 8, 2, r"cluster 'a100-16' has 2 x 8 = 16 devices but the job has world size 8"),
+])
+def test_topology_that_does_not_match_the_job(spec, world, nodes, message):
+    with pytest.raises(ValueError, match=message):
+        get_cluster(spec, world, nodes=nodes)
+
+
+def to_toml(data: dict) -> str:
+    """`Cluster.to_dict()` as TOML: JSON spells TOML's strings, numbers and arrays of integers."""
+    lines = [f"{k} = {json.dumps(v)}" for k, v in data.items() if v is not None and not isinstance(v, dict)]
+    return "\n".join(lines + ["[bandwidth]"] + [f"{d} = {bw!r}" for d, bw in data["bandwidth"].items()]) + "\n"
+
+
+@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("suffix", ["toml", "json"])
+def test_every_preset_round_trips_with_its_topology(tmp_path, name, suffix):
+    c = get_cluster(name, 4, nodes=2) if name == "cpu" else get_cluster(name)
+    path = tmp_path / f"copy.{suffix}"
+    path.write_text(to_toml(c.to_dict()) if suffix == "toml" else json.dumps(c.to_dict()))
+    assert get_cluster(str(path)) == c
+
+
+def test_nic_fields_in_a_file(tmp_path):
+    path = tmp_path / "lab.toml"
+    path.write_text(TOML)
+    # Unset: one NIC per device, at the rate that gives each device the inter-node bandwidth.
+    c = get_cluster(str(path))
+    assert (c.nics_per_node, c.nic_devices, c.nic_bandwidth) == (4, [[0], [1], [2], [3]], 5e9)
+    # Two NICs: each serves two devices and moves twice as much.
+    path.write_text("nics_per_node = 2\n" + TOML)
+    c = get_cluster(str(path))
+    assert (c.nics_per_node, c.nic_devices, c.nic_bandwidth) == (2, [[0, 1], [2, 3]], 1e10)
+    # Listed: NIC 0 serves devices 0 and 2, NIC 1 devices 1 and 3 (the count follows the lists).
+    path.write_text("nic_bandwidth = 2.5e10\nnic_devices = [[0, 2], [1, 3]]\n" + TOML)
+    c = get_cluster(str(path))
+    assert (c.nics_per_node, c.nic_bandwidth) == (2, 2.5e10)
+    assert [c.nic_of(r) for r in range(8)] == [0, 1, 0, 1, 2, 3, 2, 3]
+    assert c.proxies(2) == [2, 3] and c.proxies(5) == [4, 5] and c.nic_ranks(3) == [5, 7]
+    # One node never sends between nodes: no NIC bandwidth needed.
+    assert get_cluster("cpu").nic_bandwidth == 0.7 * GB
+    assert Cluster(**{**BASE, "nodes": 1, "bandwidth": {2: 1e10, 4: 1e10}}).nic_bandwidth is None
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"nics_per_node": 0}, "nics_per_node must be >= 1, got 0"),
+    ({"nics_per_node": 3}, "nics_per_node 3 does not divide devices_per_node 4; give nic_devices"),
+    ({"nic_bandwidth": 0.0}, "nic_bandwidth must be > 0 bytes/s, got 0$"),
+    ({"nic_bandwidth": -25e9}, r"nic_bandwidth must be > 0 bytes/s, got -2.5e\+10"),
+    ({"nic_devices": [[0, 1], [1, 2, 3]]}, "device 1 is served by two NICs, 0 and 1"),
+    ({"nic_devices": [[0, 1], [2]]}, r"device 3 has no NIC \(nic_devices serves 3 of the node's 4 devices\)"),
+    ({"nic_devices": [[0, 1, 2, 3], []]}, "NIC 1 of nic_devices serves no device"),
+    ({"nic_devices": [[0, 1], [2, 4]]}, r"NIC 1 of nic_devices serves device 4, but a node's devices are 0 \.\. 3"),
+    ({"nic_devices": [[0, 1], [2, 3]], "nics_per_node": 4}, "nic_devices lists 2 NICs but nics_per_node is 4"),
+    ({"nic_devices": [[0, 1], [2, "3"]]}, "nic_devices must list, for each NIC, the local devices"),
+    ({"nic_devices": [[0, 1], [2, True]]}, "nic_devices must list, for each NIC, the local devices"),
+    ({"nic_devices": "0,1"}, "nic_devices must be a list or none, got '0,1'"),
+    ({"nics_per_node": 2.5}, r"nics_per_node must be an integer or none, got 2.5 \(float\)"),
+])
+def test_bad_topology(change, message):
+    with pytest.raises(ValueError, match=message):
+        Cluster(**{**BASE, **change})
+
+
+def test_bad_topology_in_file_names_the_file(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text("nic_devices = [[0, 1], [2]]\n" + TOML)
+    with pytest.raises(ValueError, match=f"cluster file {re.escape(str(path))}: .*device 3 has no NIC"):
+        get_cluster(str(path))
