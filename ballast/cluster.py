@@ -2,8 +2,9 @@
 
 A `Cluster` is passed explicitly to planners, the cost model and the runtime; nothing reads
 the topology from a global. Besides its devices it knows the NICs of a node: how many, how fast,
-which devices each serves (`ballast.nics` prices a wave's exchange on them). Presets cover the hardware of the papers ballast compares with;
-custom clusters load from TOML or JSON with the same field names.
+which devices each serves (`ballast.nics` prices a wave's exchange on them). Presets cover the
+hardware of the papers ballast compares with; custom clusters load from TOML or JSON with the
+same field names.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .nic_layout import nic_layout
+from .nic_layout import nic_layout, proxy
 from .value_checks import check_types, from_fields, read_json
 
 GB = 1e9
@@ -151,10 +152,8 @@ class Cluster:
         transfer of `rank` hands (or, at the far side, takes) the chunk crossing that NIC. `rank` is
         its own proxy under its own NIC; under another it is the device at the same position in
         that NIC's list (modulo its length), so the node's ranks share the proxy work evenly."""
-        local = rank % self.devices_per_node
-        position = next(devices.index(local) for devices in self.nic_devices if local in devices)
         base = self.node_of(rank) * self.devices_per_node
-        return [base + devices[position % len(devices)] for devices in self.nic_devices]
+        return [base + proxy(self.nic_devices, rank % self.devices_per_node, nic) for nic in range(self.nics_per_node)]
 
     @property
     def node_nic_bandwidth(self) -> float:

@@ -1,6 +1,8 @@
 """Which local devices each NIC of a node serves: `Cluster.nic_devices`, filled in and checked."""
 from __future__ import annotations
 
+from typing import Sequence
+
 
 def nic_layout(cluster: str, devices_per_node: int, nics_per_node: int | None,
                nic_devices: list | None) -> list[list[int]]:
@@ -41,3 +43,13 @@ def nic_layout(cluster: str, devices_per_node: int, nics_per_node: int | None,
         raise ValueError(f"cluster {cluster!r}: device {unserved[0]} has no NIC (nic_devices serves "
                          f"{len(nic_of)} of the node's {devices_per_node} devices)")
     return [list(served) for served in nic_devices]
+
+
+def proxy(nic_devices: Sequence[Sequence[int]], local: int, nic: int) -> int:
+    """The local device that carries local device `local`'s chunks under NIC `nic` (Zeppelin's
+    routing): the device at `local`'s position among its own NIC's devices, modulo how many NIC
+    `nic` serves. A device is its own proxy under its own NIC, and a NIC's devices spread the
+    others' chunks over distinct proxies. The one rule `Cluster.proxies` (pricing) and
+    `runtime.routing.NodeLayout` (running) both follow."""
+    position = next(served.index(local) for served in nic_devices if local in served)
+    return nic_devices[nic][position % len(nic_devices[nic])]

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
+from ..nic_layout import proxy
 from .attention import shard_sizes
 from .remap import Route
 from .world import world_timeout
@@ -83,9 +84,7 @@ class NodeLayout:
 
     def proxy(self, nic: int, local: int) -> int:
         """The local rank that carries local rank `local`'s chunks under NIC `nic`."""
-        own = self.under[self.nic_of[local]]
-        ranks = self.under[nic]
-        return ranks[own.index(local) % len(ranks)]
+        return proxy(self.under, local, nic)
 
 
 @dataclass(frozen=True)
