@@ -61,7 +61,6 @@ accepted to save Ulysses' two exchanges per attention (q, k, v in and the output
 2-4x the hidden states' bytes and two latencies) for one exchange of the hidden states per
 layout switch. Beyond that the fallback's communication is the cheaper price."""
 
-LAYOUTS = ("tokens", "frames", "columns", "context")
 _HOLDS_WHOLE = {"frames": SPATIAL, "columns": TEMPORAL}
 """The pattern whose spans a layout holds whole."""
 
