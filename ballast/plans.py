@@ -64,6 +64,12 @@ class Wave:
     """Remap domains (start, size): the cluster, or aligned blocks of ranks, whose groups run micro-batch slot
     by slot and spread each slot's tokens evenly over the block for everything but attention
     (Zeppelin's remapping layer; `ballast.runtime.remap`). A group lies inside one or none."""
+    routed: bool = False
+    """The wave's all-to-alls that cross nodes (Ulysses exchanges of groups wider than a node,
+    token moves of remap domains wider than a node) go over every NIC of the node, not only the
+    sending rank's (Zeppelin's routing layer: `ballast.runtime.routing`, priced by `ballast.nics`).
+    CP all-gathers stay unrouted: every rank of a group sends alike, so they load the NICs of its
+    nodes as evenly as the cluster's NIC layout allows."""
 
     def domain_groups(self, start: int, size: int) -> list[Group]:
         """The groups inside the domain (start, size), by first rank."""
@@ -175,6 +181,9 @@ class Plan:
             if not all(covered):
                 raise PlanError(f"wave {w}: rank {covered.index(False)} is in no group")
             self._validate_remap(w, wave, n)
+            if wave.routed and cluster.nodes == 1:
+                raise PlanError(f"wave {w} is routed, but cluster {cluster.name!r} is one node: no exchange "
+                                f"crosses nodes")
             for start, size in wave.remap if cost is not None else ():
                 if (why := self.remap_overflow(w, start, size, cost)) is not None:
                     raise PlanError(f"wave {w}, remap domain ranks {start}..{start + size - 1}: {why}")
@@ -260,6 +269,7 @@ class Plan:
             "lengths": self.lengths, "info": self.info,
             **({} if self.shapes is None else {"shapes": [x if isinstance(x, int) else list(x) for x in self.shapes]}),
             "remap": [[w, start, size] for w, wave in enumerate(self.waves) for start, size in wave.remap],
+            **({"routed": routed} if (routed := [w for w, wave in enumerate(self.waves) if wave.routed]) else {}),
             "waves": [[{"start": g.start, "degree": g.degree, **({"cp": g.cp} if g.cp != 1 else {}),
                         "micro_batches": [{"seq_ids": list(mb.seq_ids), "checkpoint": mb.checkpoint}
                                           for mb in g.micro_batches]}
@@ -275,6 +285,8 @@ class Plan:
                            for g in wave]) for wave in data["waves"]]
             for w, start, size in data.get("remap", []):
                 waves[int(w)].remap.append((int(start), int(size)))
+            for w in data.get("routed", []):
+                waves[int(w)].routed = True
             return cls(list(data["lengths"]), waves, int(data["tokens"]), bool(data["lockstep"]),
                        str(data.get("planner", "")), dict(data.get("info", {})), data.get("shapes"))
         except (KeyError, TypeError, ValueError, IndexError) as e:
@@ -295,6 +307,9 @@ class Plan:
                     for start, size in wave.remap]
         if remapped:
             head += f"; linear work remapped over {', '.join(remapped)}"
+        routed = [str(w) for w, wave in enumerate(self.waves) if wave.routed]
+        if routed:
+            head += f"; inter-node exchanges routed over every NIC in wave(s) {', '.join(routed)}"
         rows = [f"{'wave':>4} {'ranks':>9} {'deg':>4} {'mbs':>4} {'seqs':>5} {'tokens':>9} {'ckpt':>5}  longest"]
         for w, wave in enumerate(self.waves):
             for g in wave.groups:

@@ -119,4 +119,4 @@ def pad_lockstep(wave: Wave, batch: SampleBatch, cost: CostModel) -> Wave:
     for g in wave.groups:
         mbs = sorted(g.micro_batches, key=lambda mb: -mb_time(mb, batch, g.degree, cost))
         groups.append(Group(g.start, g.degree, mbs + [MicroBatch([], 0.0) for _ in range(depth - len(mbs))], g.cp))
-    return Wave(groups, list(wave.remap))
+    return Wave(groups, list(wave.remap), wave.routed)
