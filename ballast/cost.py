@@ -146,6 +146,10 @@ class CostModel:
     context_latency: dict[int, float] = field(default_factory=dict)
     """Fixed seconds a micro-batch's CP collectives cost in a group of degree d whatever their
     size (2 x layers calls), like `comm_latency`; 0 where absent."""
+    network: Cluster | None = field(default=None, compare=False, repr=False)
+    """The cluster whose nodes and NICs price the exchanges that cross nodes (`nics.py`), set
+    where the model meets its cluster (`analytic`, `published`, `get_cost_model`); not part of
+    the coefficients, so not in the JSON. None: every exchange at its degree's bandwidth alone."""
     splits: Splits = field(default=ULYSSES_ONLY, compare=False)
     """Which (Ulysses x CP) splits of a degree the planner that holds this model may run
     (`under`); not part of the coefficients, so not in the JSON."""
@@ -455,7 +459,7 @@ class CostModel:
             device_memory=cluster.device_memory, layers=shape.layers, heads=shape.heads,
             kv_heads=shape.kv_heads, world_size=cluster.world_size, attention_window=shape.attention_window,
             max_positions=shape.max_positions,
-            attention=shape.attention, spatial_share=shape.spatial_share)
+            attention=shape.attention, spatial_share=shape.spatial_share, network=cluster)
 
     @classmethod
     def published(cls, shape: ModelShape, cluster: Cluster) -> CostModel:
@@ -469,10 +473,11 @@ class CostModel:
             bytes_per_token=_all_to_all_bytes_per_token(shape, 2), act_per_token=act_mb * 1e6,
             states=STATE_BYTES_PER_PARAM * shape.params / cluster.world_size,
             device_memory=cluster.device_memory, layers=shape.layers, heads=shape.heads,
-            kv_heads=shape.kv_heads, world_size=cluster.world_size)
+            kv_heads=shape.kv_heads, world_size=cluster.world_size, network=cluster)
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "splits"}
+        return {k: v for k, v in asdict(dataclasses.replace(self, network=None)).items()
+                if k not in ("splits", "network")}
 
     @classmethod
     def from_dict(cls, data: dict) -> CostModel:
@@ -526,4 +531,4 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster,
                          f"the cluster has {cluster.world_size}")
     if device_memory_gb is not None:
         cost = dataclasses.replace(cost, device_memory=device_memory_gb * 1e9)
-    return cost
+    return dataclasses.replace(cost, network=cluster)

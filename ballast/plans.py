@@ -78,6 +78,12 @@ class Wave:
     def domain_of(self, rank: int) -> tuple[int, int] | None:
         return next(((s, n) for s, n in self.remap if s <= rank < s + n), None)
 
+    def crosses_nodes(self, per_node: int) -> bool:
+        """Whether some all-to-all of the wave crosses nodes of `per_node` ranks (a group or a
+        remap domain wider than a node): what `routed` would route."""
+        return any(g.degree > per_node and g.micro_batches for g in self.groups) or \
+            any(size > per_node for _, size in self.remap)
+
 
 @dataclass
 class Plan:
@@ -201,7 +207,7 @@ class Plan:
         """Every slot of the remap domain (start, size) of a wave of this plan: the busy
         micro-batches of its groups (in the wave's order) that run in it."""
         groups = [g for g in wave.groups if start <= g.start < start + size]
-        return [[SlotPart(g.degree, self.mb_samples(g.micro_batches[m]), g.micro_batches[m].checkpoint, g.cp)
+        return [[SlotPart(g.start, g.degree, self.mb_samples(g.micro_batches[m]), g.micro_batches[m].checkpoint, g.cp)
                  for g in groups if m < len(g.micro_batches) and g.micro_batches[m].seq_ids]
                 for m in range(max((len(g.micro_batches) for g in groups), default=0))]
 

@@ -13,6 +13,7 @@ all ranks of the domain recompute alike). The runtime's side is `runtime/remap.p
     slot_load       a slot's busiest attention rank, balanced share and level
     overflow        why a domain would not fit (what `Plan.validate` raises)
     levels          the least level each slot fits at (`Plan.leveled`, for planners)
+    slot_tokens     where a slot's tokens sit before its move
     slot_time       the timeline's price of a slot
     bound_terms     the least slot a sequence can run in, and what its slot's idle ranks
                     cost it, for the lower bound (`bounds.py`)
@@ -28,6 +29,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from .cost import LEVEL_EPS, CostModel
+from .nics import crosses_nodes, exchange_surcharge, fastest_move_rate, move_time
 from .samples import Sample, tokens as sample_tokens
 
 # Of a layer's 17 saved values per hidden (cost.ACT_VALUES_PER_HIDDEN), those attention itself
@@ -71,10 +73,12 @@ def bandwidth(cost: CostModel, size: int) -> float:
 class SlotPart(NamedTuple):
     """One group's micro-batch in a slot of a remap domain (`Plan.slot_parts` lists them)."""
 
+    start: int
+    """The group's first rank (where its tokens sit before the move)."""
     degree: int
     samples: list[Sample]
     checkpoint: float
-    cp: int = 1
+    cp: int
     """The group's context-parallel part (`plans.Group.cp`)."""
 
 
@@ -111,14 +115,26 @@ def levels(cost: CostModel, loads: Sequence[tuple[int, int, float]]) -> list[flo
     return [checkpoint(cost, attention, balanced) for attention, balanced, _ in loads]
 
 
-def slot_time(cost: CostModel, parts: Sequence[SlotPart], size: int) -> tuple[float, float]:
-    """(compute, comm) of a slot of a remap domain of `size` ranks.
+def slot_tokens(parts: Sequence[SlotPart], start: int, size: int) -> np.ndarray:
+    """Tokens each rank of the domain of `size` ranks from `start` holds for attention in a slot
+    (its group's share; none on the ranks of idle groups), in rank order."""
+    held = np.zeros(size)
+    for p in parts:
+        held[p.start - start:p.start - start + p.degree] = sum(map(sample_tokens, p.samples)) / p.degree
+    return held
+
+
+def slot_time(cost: CostModel, parts: Sequence[SlotPart], start: int, size: int,
+              routed: bool = False) -> tuple[float, float]:
+    """(compute, comm) of a slot of the remap domain of `size` ranks from rank `start`.
 
     The slot runs every group's micro-batch at their lowest checkpoint level (as the runtime
     does) and lasts the slowest group's attention (a q work and its all-to-alls) + the slot's
     linear device-seconds (b s) / size + g + moving q, k, v and the output of the largest
     per-rank surplus or deficit of tokens (`bytes_per_token`: their own heads, never
-    replicated; forward and backward) over the domain's bandwidth."""
+    replicated; forward and backward) over the domain's bandwidth. A domain over two or more nodes
+    moves them over the NICs instead (`nics.move_time`, routed or not), and each group's
+    exchanges pay their NICs' surcharge (`nics.exchange_surcharge`)."""
     if not parts:
         return cost.g, 0.0
     level = min(p.checkpoint for p in parts)
@@ -126,7 +142,7 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], size: int) -> tuple[fl
     per_rank = []
     for p in parts:
         tokens = sum(map(sample_tokens, p.samples))
-        all_to_all = cost.comm(tokens, p.degree, p.cp)
+        all_to_all = cost.comm(tokens, p.degree, p.cp) + exchange_surcharge(cost, p.degree, p.cp, tokens, routed)
         units = float(cost.units(p.samples).sum())
         quadratic = cost.a * units * (1.0 + level * cost.recompute_attention)
         if p.cp > 1:
@@ -135,9 +151,12 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], size: int) -> tuple[fl
         comm = max(comm, all_to_all)
         linear += cost.b * tokens * (1.0 + level * cost.recompute)
         per_rank += [tokens / p.degree] * p.degree
-    mean = sum(per_rank) / size
-    per_rank += [0.0] * (size - len(per_rank))  # ranks of idle groups take a share too
-    transfer = max(abs(n - mean) for n in per_rank) * cost.bytes_per_token / bandwidth(cost, size)
+    if crosses_nodes(cost, size):
+        transfer = move_time(cost, slot_tokens(parts, start, size), start, routed)
+    else:
+        mean = sum(per_rank) / size
+        per_rank += [0.0] * (size - len(per_rank))  # ranks of idle groups take a share too
+        transfer = max(abs(n - mean) for n in per_rank) * cost.bytes_per_token / bandwidth(cost, size)
     total = attention + linear / size + cost.g + transfer
     return total - comm - transfer, comm + transfer
 
@@ -157,7 +176,8 @@ def bound_terms(cost: CostModel, s: np.ndarray, q: np.ndarray,
     for attention, and beside them the K and V every split of degree d gathers (`slot_load`).
     Memory (`memory`) then caps the balanced share a rank can hold beside them, `most`; a slot's
     share is at least s / size, and the timeline moves at least s / d - most tokens off each of
-    the group's ranks (moved, `slot_time`). The group's d ranks spend the attention and that
+    the group's ranks (moved, `slot_time`: at the domain's bandwidth, or over two or more nodes at
+    no more than `nics.fastest_move_rate`). The group's d ranks spend the attention and that
     move on this sequence alone, and its linear work is done somewhere: the area,
     d (group + moved) + linear. A sequence that fits its group without checkpointing needs no
     move at L = 0, so its least slot spreads the linear work over the whole cluster and its area
@@ -205,7 +225,8 @@ def bound_terms(cost: CostModel, s: np.ndarray, q: np.ndarray,
         for size in sizes:
             if size < d:
                 continue
-            moved = np.maximum(held - most, 0.0) * cost.bytes_per_token / bandwidth(cost, size)
+            rate = fastest_move_rate(cost, size) if crosses_nodes(cost, size) else bandwidth(cost, size)
+            moved = np.maximum(held - most, 0.0) * cost.bytes_per_token / rate
             fits = most >= s[tight] / size
             mine = d * (group + moved) + linear
             filled = (size * (group + moved) + linear - others * (size * most - s[tight])

@@ -18,7 +18,8 @@ import numpy as np
 from .bounds import uncapped_lower_bound
 from .cost import CostModel
 from .plans import Group, MicroBatch, Plan, Wave
-from .remapping import slot_time
+from .nics import crosses_nodes, exchange_surcharge, group_nic_bytes, move_load
+from .remapping import slot_time, slot_tokens
 
 
 @dataclass
@@ -51,6 +52,8 @@ class StepMetrics:
     """Seconds each rank spends in all-to-alls."""
     wave_times: list[float]
     segments: list[Segment] = field(default_factory=list)
+    nic_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Bytes each NIC of the cluster sends in the step (`nic_bytes`; none on one node)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -96,7 +99,28 @@ def simulate(plan: Plan, cost: CostModel, world_size: int, timeline: bool = Fals
         wave_times.append(wave_time)
         clock += wave_time
     lower = uncapped_lower_bound(cost, plan.samples)
-    return StepMetrics(clock, plan.tokens, lower, busy, comm_time, wave_times, segments)
+    return StepMetrics(clock, plan.tokens, lower, busy, comm_time, wave_times, segments, nic_bytes(plan, cost))
+
+
+def nic_bytes(plan: Plan, cost: CostModel) -> np.ndarray:
+    """Bytes each NIC of `cost.network` sends in the plan's step (global NIC order,
+    `Cluster.nic_of`): the exchanges of every group wider than a node and the token moves of
+    every remap domain wider than a node, routed where their wave is. Empty without NICs to load."""
+    network = cost.network
+    if network is None or network.nodes == 1:
+        return np.zeros(0)
+    sent = np.zeros(network.nics)
+    for wave in plan.waves:
+        for group in wave.groups:
+            if crosses_nodes(cost, group.degree):
+                for mb in group.micro_batches:
+                    sent += group_nic_bytes(cost, group.start, group.degree, group.cp, sum(plan.mb_lengths(mb)),
+                                            wave.routed)
+        for start, size in wave.remap:
+            if crosses_nodes(cost, size):
+                for parts in plan.slot_parts(wave, start, size):
+                    sent += move_load(cost, slot_tokens(parts, start, size), start, wave.routed).sent
+    return sent
 
 
 def step_time(plan: Plan, cost: CostModel) -> float:
@@ -114,16 +138,19 @@ def wave_time(plan: Plan, wave: Wave, cost: CostModel) -> float:
 
 def _durations(plan: Plan, wave: Wave, cost: CostModel) -> list[list[tuple[float, float]]]:
     """[g][m] = (compute, comm) of group g's micro-batch m (in a remap domain: of slot m)."""
-    durations = [[_mb_time(plan, mb, g, cost) for mb in g.micro_batches] for g in wave.groups]
+    durations = [[_mb_time(plan, mb, g, cost, wave.routed) for mb in g.micro_batches] for g in wave.groups]
     for start, size in wave.remap:
-        slots = [slot_time(cost, parts, size) for parts in plan.slot_parts(wave, start, size)]
+        slots = [slot_time(cost, parts, start, size, wave.routed) for parts in plan.slot_parts(wave, start, size)]
         for i in (i for i, g in enumerate(wave.groups) if start <= g.start < start + size):
             durations[i] = slots
     return durations
 
 
-def _mb_time(plan: Plan, mb: MicroBatch, group: Group, cost: CostModel) -> tuple[float, float]:
+def _mb_time(plan: Plan, mb: MicroBatch, group: Group, cost: CostModel, routed: bool) -> tuple[float, float]:
     if not mb.seq_ids:
         # A lockstep filler: no tokens, but the forward still joins the parameter gathers.
         return cost.g, 0.0
-    return cost.split_time(plan.mb_samples(mb), group.degree, mb.checkpoint, group.cp)
+    compute, comm = cost.split_time(plan.mb_samples(mb), group.degree, mb.checkpoint, group.cp)
+    if crosses_nodes(cost, group.degree):
+        comm += exchange_surcharge(cost, group.degree, group.cp, sum(plan.mb_lengths(mb)), routed)
+    return compute, comm

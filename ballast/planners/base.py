@@ -35,6 +35,10 @@ class PlannerOptions:
     """`inter`, `intra` or `both`: which of DCP's two optimisations `dcp` applies."""
     remap: bool = True
     """`zeppelin`: model the remapping layer that balances linear-module tokens over a wave."""
+    routing: bool = True
+    """Route inter-node all-to-alls over every NIC of the node (Zeppelin's routing layer,
+    `Wave.routed`) where the planner's rule says so: `zeppelin` in every wave with one, as its
+    paper does; `ballast` in the waves it makes faster. Other planners never route. False: none."""
     lockstep: bool = False
     """Emit lockstep plans (FSDP/ZeRO-3): equal micro-batch counts per group in every wave.
     Planners that are lockstep by nature (`static`, `batch-adaptive`, `bucket`) always are."""

@@ -33,10 +33,11 @@ wave is faster. `info["remap"]` lists the domains and the step time with and wit
 with remap on, one more candidate is built in Zeppelin's split (ranks balanced by attention
 alone, linear work left to the remap) and kept if faster.
 
-Routing is a runtime property and is not in these numbers: the cost model has one per-rank
-bandwidth per degree, no per-NIC term. Inter-node groups here span whole nodes, so each GPU's
-NIC is used anyway; a cross-node remap could spread a node's share over all its NICs, but is
-charged per rank.
+Routing (`options.routing`, on by default) is Zeppelin's routing layer: every wave whose
+all-to-alls cross nodes is routed over every NIC of the node (`Wave.routed`), as the paper's
+layer always is, and priced so (`nics.py`). Its inter-node groups here span whole nodes and
+load every NIC alike, where routing only adds the hand-offs to proxies; a remap over the whole
+wave, whose surplus ranks may sit under a few NICs, is where it can gain.
 
 Ours, not the paper's: the plan contract's aligned power-of-two Ulysses groups and waves (a
 node hosting an inter-node sequence does nothing else in that wave), thresholds from ballast's
@@ -276,7 +277,14 @@ class ZeppelinPlanner(Planner):
         # Each group at the split it is priced at, so a remap domain's memory and time see its gathered K, V.
         groups = fill_idle([Group(g.start, g.degree, self._pack(step.batch, g.ids, g.degree), self.cost.split(g.degree))
                             for g in drafts], self.cluster.world_size)
-        return pad_lockstep(Wave(groups), step.batch, self.cost) if self.options.lockstep else Wave(groups)
+        wave = self._routed(Wave(groups))
+        return pad_lockstep(wave, step.batch, self.cost) if self.options.lockstep else wave
+
+    def _routed(self, wave: Wave) -> Wave:
+        """`wave` routed over every NIC where its all-to-alls cross nodes: Zeppelin's routing layer
+        is always on (unless `options.routing` is off)."""
+        wave.routed = self.options.routing and wave.crosses_nodes(self.cluster.devices_per_node)
+        return wave
 
     def _pack(self, batch: SampleBatch, ids: list[int], degree: int) -> list[MicroBatch]:
         """The fastest token-balanced packing into k micro-batches, each at its least checkpoint."""
@@ -315,10 +323,11 @@ class ZeppelinPlanner(Planner):
                         groups = [g for g in groups if not start <= g.start < start + size] + remapped
                         domains.append(domain)
                 if domains:
-                    candidate = Wave(sorted(groups, key=lambda g: g.start), domains)
+                    candidate = self._routed(Wave(sorted(groups, key=lambda g: g.start), domains))
                     if (t := wave_time(plan, candidate, self.cost)) < best[0]:
                         best = (t, candidate.groups, domains)
             wave.groups, wave.remap = best[1], best[2]
+            self._routed(wave)
         return {"enabled": True, "domains": [[w, *d] for w, wave in enumerate(plan.waves) for d in wave.remap],
                 "predicted_step_s": step_time(plan, self.cost), "step_s_without_remap": plain}
 
@@ -338,7 +347,8 @@ class ZeppelinPlanner(Planner):
         groups = plan.leveled(w, domain, self.cost)
         if groups is None:
             return None
-        alone = Plan(plan.lengths, [Wave(plan.waves[w].domain_groups(*domain))], lockstep=plan.lockstep,
-                     shapes=plan.shapes)
-        remapped = Plan(plan.lengths, [Wave(groups, [domain])], lockstep=plan.lockstep, shapes=plan.shapes)
+        alone = Plan(plan.lengths, [self._routed(Wave(plan.waves[w].domain_groups(*domain)))],
+                     lockstep=plan.lockstep, shapes=plan.shapes)
+        remapped = Plan(plan.lengths, [self._routed(Wave(groups, [domain]))], lockstep=plan.lockstep,
+                        shapes=plan.shapes)
         return groups if step_time(remapped, self.cost) < step_time(alone, self.cost) else None

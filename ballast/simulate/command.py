@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dcp-mode", choices=("inter", "intra", "both"), default="both")
     p.add_argument("--zeppelin-remap", choices=("on", "off"), default="on",
                    help="zeppelin: model its remapping layer (default), or plan without it")
+    p.add_argument("--routing", choices=("on", "off"), default="on",
+                   help="route inter-node all-to-alls over every NIC of the node (Zeppelin's routing layer): "
+                        "zeppelin in every wave that has one, ballast where that is faster (default); off: never")
     p.add_argument("--lockstep", action="store_true",
                    help="plans for FSDP/ZeRO-3: equal micro-batch counts per group in every wave")
     p.add_argument("--as-lengths", action="store_true",
@@ -77,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     batches = [lengths_stream.next_batch() for _ in range(args.steps)]
     options = PlannerOptions(max_len=args.max_len, degree=args.degree, cp=args.cp, seed=args.seed,
                              time_limit=args.time_limit, buckets=args.buckets, dcp_mode=args.dcp_mode,
-                             remap=args.zeppelin_remap == "on", lockstep=args.lockstep)
+                             remap=args.zeppelin_remap == "on", routing=args.routing == "on",
+                             lockstep=args.lockstep)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("planning", total=len(names) * len(batches))
         lower, results = simulate_planners(batches, names, cluster, cost, options,
@@ -91,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
                "model": shape.name, "attention": shape.attention, "as_lengths": args.as_lengths,
                "cost": cost.source, "max_len": args.max_len, "batch": args.batch,
                "tokens_per_step": args.tokens_per_step, "overlong": args.overlong, "seed": args.seed,
-               "dcp_mode": args.dcp_mode, "zeppelin_remap": args.zeppelin_remap, "lockstep": args.lockstep,
+               "dcp_mode": args.dcp_mode, "zeppelin_remap": args.zeppelin_remap, "routing": args.routing, "lockstep": args.lockstep,
                "data": lengths_stream.report(),
                "mean_tokens_per_step": sum(tokens(x) for b in batches for x in b) / len(batches)}
     title = (f"{args.lengths} on {cluster.name} ({cluster.world_size} devices), {shape.name} "

@@ -29,6 +29,12 @@ class PlannerResult:
     vs_lower_bound: list[float] = field(default_factory=list)
     plan_ms: list[float] = field(default_factory=list)
     waves: list[int] = field(default_factory=list)
+    busiest_nic_gb: list[float] = field(default_factory=list)
+    """GB the step's busiest NIC sends (none recorded on one node)."""
+    nic_imbalance: list[float] = field(default_factory=list)
+    """The busiest NIC's bytes over the mean of the NICs that send any."""
+    routed_waves: list[float] = field(default_factory=list)
+    """Fraction of the step's waves routed over every NIC (`Wave.routed`)."""
     first_plan: Plan | None = None
     info: list[dict] = field(default_factory=list)
 
@@ -42,6 +48,11 @@ class PlannerResult:
         self.plan_ms.append(plan_seconds * 1e3)
         self.waves.append(len(plan.waves))
         self.info.append(plan.info)
+        if len(metrics.nic_bytes):
+            busy = metrics.nic_bytes[metrics.nic_bytes > 0]
+            self.busiest_nic_gb.append(float(metrics.nic_bytes.max()) / 1e9)
+            self.nic_imbalance.append(float(busy.max() / busy.mean()) if len(busy) else 1.0)
+            self.routed_waves.append(sum(w.routed for w in plan.waves) / len(plan.waves))
 
     def summary(self) -> dict:
         """Every figure a mean over the steps (tokens_per_s too: each step's tokens / its time,
@@ -50,6 +61,9 @@ class PlannerResult:
         out = {k: float(np.mean(getattr(self, k))) for k in keys}
         out["plan_ms_max"] = float(np.max(self.plan_ms))
         out["vs_lower_bound_max"] = float(np.max(self.vs_lower_bound))
+        for key in ("busiest_nic_gb", "nic_imbalance", "routed_waves"):
+            if getattr(self, key):
+                out[key] = float(np.mean(getattr(self, key)))
         gaps = [i["mip_gap"] for i in self.info if "mip_gap" in i]
         if gaps:
             out["mip_gap"] = float(np.mean(gaps))

@@ -6,10 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ballast.cluster import Cluster, get_cluster
-from ballast.nics import NicLoad, exchange_time, nic_load, routing_pays
+from ballast.nics import NicLoad, nic_load
 
 GB = 1e9
 A800_NVLINK_ALL_TO_ALL = 96.5 / 300 * 200 * GB    # bandwidth[8] of an A800 node (tests/core/test_cluster.py)
+A800 = (25 * GB, A800_NVLINK_ALL_TO_ALL)           # (NIC, link) rates at the cards' own figures
 
 
 def test_one_rank_to_the_next_node_on_a800():
@@ -17,13 +18,12 @@ def test_one_rank_to_the_next_node_on_a800():
     transfers = {(0, 8): 8 * GB}
     # Unrouted: rank 0's NIC sends all 8 GB, rank 8's NIC receives them.
     assert nic_load(transfers, a800) == NicLoad((8 * GB,) + (0.0,) * 7, (0.0,) * 4 + (8 * GB,) + (0.0,) * 3, 0, 0)
-    assert exchange_time(transfers, a800) == pytest.approx(8 * GB / (25 * GB))
+    assert nic_load(transfers, a800).time(*A800) == pytest.approx(8 * GB / (25 * GB))
     # Routed over the 4 NICs: 2 GB on each, both sides. Rank 0 hands 3 chunks to its proxies 2, 4
     # and 6 over NVLink, rank 8 takes 3 chunks from 10, 12 and 14: 6 GB each way.
     routed = nic_load(transfers, a800, 4)
     assert routed == NicLoad((2 * GB,) * 4 + (0.0,) * 4, (0.0,) * 4 + (2 * GB,) * 4, 6 * GB, 6 * GB)
-    assert routed.time(a800) == pytest.approx(2 * GB / (25 * GB) + 12 * GB / A800_NVLINK_ALL_TO_ALL)
-    assert routing_pays(transfers, a800)
+    assert routed.time(*A800) == pytest.approx(2 * GB / (25 * GB) + 12 * GB / A800_NVLINK_ALL_TO_ALL)
     # Over 2 NICs: rank 0's and rank 2's (NICs 0 and 1), entering NICs 4 and 5.
     half = nic_load(transfers, a800, 2)
     assert (half.sent[:2], half.received[4:6], half.dispatch, half.combine) == ((4 * GB,) * 2, (4 * GB,) * 2,
@@ -40,8 +40,7 @@ def test_routing_does_not_pay_when_every_nic_is_busy():
     assert unrouted.received == routed.received == (0.0,) * 4 + (2 * GB,) * 4
     # Rank 0 hands 3 chunks of 0.25 GB away; rank 2 takes one from each of ranks 0, 4 and 6.
     assert (routed.dispatch, routed.combine) == (0.75 * GB, 0.75 * GB)
-    assert routed.time(a800) > unrouted.time(a800) == pytest.approx(2 * GB / (25 * GB))
-    assert not routing_pays(transfers, a800)
+    assert routed.time(*A800) > unrouted.time(*A800) == pytest.approx(2 * GB / (25 * GB))
 
 
 def test_the_cpu_two_node_emulation():
@@ -51,9 +50,8 @@ def test_the_cpu_two_node_emulation():
     routed = nic_load({(1, 2): 1 * GB}, cpu, 2)
     assert routed == NicLoad((0.5 * GB, 0.5 * GB, 0.0, 0.0), (0.0, 0.0, 0.5 * GB, 0.5 * GB), 0.5 * GB, 0.5 * GB)
     # gloo's links inside a node are no faster than its "NICs": routing costs more than it saves.
-    assert routed.time(cpu) == pytest.approx((0.5 + 1.0) / 0.7)
-    assert exchange_time({(1, 2): 1 * GB}, cpu) == pytest.approx(1 / 0.7)
-    assert not routing_pays({(1, 2): 1 * GB}, cpu)
+    assert routed.time(0.7 * GB, 0.7 * GB) == pytest.approx((0.5 + 1.0) / 0.7)
+    assert nic_load({(1, 2): 1 * GB}, cpu).time(0.7 * GB, 0.7 * GB) == pytest.approx(1 / 0.7)
 
 
 def test_transfers_inside_a_node_touch_no_nic():
@@ -61,8 +59,7 @@ def test_transfers_inside_a_node_touch_no_nic():
     transfers = {(0, 7): 5 * GB, (9, 8): 1 * GB, (3, 3): 2 * GB, (4, 12): 0.0}
     for spread in (1, 8):
         assert nic_load(transfers, h100, spread) == NicLoad((0.0,) * 16, (0.0,) * 16, 0.0, 0.0)
-    assert exchange_time(transfers, h100) == 0 and not routing_pays(transfers, h100)
-    assert nic_load({}, get_cluster("cpu")).time(get_cluster("cpu")) == 0
+    assert nic_load({}, get_cluster("cpu")).time(1.0, 1.0) == 0
 
 
 @pytest.mark.parametrize("spread", [0, 5])
@@ -111,4 +108,61 @@ def test_routing_moves_the_same_bytes_and_never_loads_the_busiest_nic_more(wave)
                 assert after[i] == pytest.approx(window, rel=1e-9, abs=1e-3)
     assert routed.busiest <= unrouted.busiest * (1 + 1e-9) + 1e-3
     assert (unrouted.dispatch, unrouted.combine) == (0, 0)
-    assert routing_pays(transfers, cluster, spread) == (routed.time(cluster) < unrouted.time(cluster))
+
+
+# --- pricing: what the timeline asks ----------------------------------------------------------
+def _cost(cluster):
+    from ballast.cost import CostModel
+    from ballast.model_shape import get_model_shape
+    return CostModel.analytic(get_model_shape("tiny"), cluster)
+
+
+def test_an_even_exchange_loads_equal_nics_evenly_and_routing_only_adds_hand_offs():
+    from ballast.nics import EvenExchange, even_exchange
+    # a800: two ranks per NIC. Each rank sends 8 bytes across (1 to each rank of the other node).
+    # Routed over 4 NICs, rank 0 hands 6 of them to proxies 2, 4 and 6 and, as the proxy under NIC
+    # 0 of ranks 2, 4 and 6, takes 2 from each: 6 bytes; the far side's combine likewise.
+    assert even_exchange(get_cluster("a800-16")) == EvenExchange(1.0, 12 / 8)
+    # Device 0 alone under NIC 0, devices 1-3 under NIC 1: NIC 1 carries 3 ranks' 4 bytes, the
+    # even share of 2 NICs is 16 / 2.
+    uneven = Cluster("u", 2, 4, 1e10, 1e14, 0.5, {2: 1e11, 4: 1e11, 8: 1e10}, nic_devices=[[0], [1, 2, 3]])
+    assert even_exchange(uneven).nic_factor == pytest.approx(12 / 8)
+
+
+def test_the_surcharge_is_nothing_on_equal_nics_unrouted_and_the_hand_offs_routed():
+    from ballast.nics import exchange_surcharge, link_rate
+    cost = _cost(get_cluster("cpu", world_size=4, nodes=2))
+    tokens = 1000.0
+    assert exchange_surcharge(cost, 2, 1, tokens, routed=True) == 0      # inside a node
+    assert exchange_surcharge(cost, 4, 1, tokens, routed=False) == 0     # one rank per NIC: even
+    # Routed over 2 NICs, 2 ranks per node: each rank sends payload / 2 across, hands half of it
+    # to its node's other rank and takes as much from it, and the far side combines as much.
+    payload = cost.exchange_bytes(4) * tokens / 4
+    assert exchange_surcharge(cost, 4, 1, tokens, routed=True) == pytest.approx(
+        (payload / 4 + payload / 4) / link_rate(cost))
+    # A 2 x 2 split keeps its Ulysses pairs inside the nodes: nothing to route.
+    assert exchange_surcharge(cost, 4, 2, tokens, routed=True) == 0
+
+
+def test_a_remap_move_over_two_nodes_by_hand():
+    from ballast.nics import move_time, move_transfers
+    cost = _cost(get_cluster("cpu", world_size=4, nodes=2))
+    bpt, rate = cost.bytes_per_token, 0.7 * GB
+    # Rank 0 holds 4 tokens, the others none: it keeps 1 and sends 1 to each other rank.
+    assert move_transfers([4, 0, 0, 0], 0, bpt) == {(0, 1): bpt, (0, 2): bpt, (0, 3): bpt}
+    # Unrouted its NIC carries 2 tokens' bytes (the per-rank rate of the old price would charge 3).
+    assert move_time(cost, [4, 0, 0, 0], 0, routed=False) == pytest.approx(2 * bpt / rate)
+    # Routed: 1 token's bytes on each NIC, after rank 0 hands 1 to rank 1 and before ranks 2 and 3
+    # hand each other half a token: gloo's links are no faster than its NICs, so it does not pay.
+    assert move_time(cost, [4, 0, 0, 0], 0, routed=True) == pytest.approx((1 + 1 + 0.5) * bpt / rate)
+
+
+@settings(max_examples=100, deadline=None, database=None, derandomize=True)
+@given(st.lists(st.integers(0, 50), min_size=2, max_size=8).filter(lambda t: sum(t) % len(t) == 0))
+def test_move_transfers_are_the_runtime_overlaps(tokens):
+    from ballast.nics import move_transfers
+    from ballast.runtime.remap import overlaps
+    n, share = len(tokens), sum(tokens) // len(tokens)
+    expected = {(s, t): float(rows) for s in range(n)
+                for t, rows in enumerate(overlaps(tokens, [share] * n, s)[0]) if rows and s != t}
+    assert move_transfers(tokens, 0, 1.0) == pytest.approx(expected)

@@ -52,13 +52,15 @@ Two-wave splits are tried too: the longest sequences in a wave of their own when
 them takes a large part of the step, and, as Zeppelin splits by class, the sequences that need wide groups at the
 lower bound ahead of the rest. Every candidate is a valid plan and the fastest under the
 cost model wins. Last, a step that a few sequences decide alone gets those sequences remapped
-where that is faster (`poles.py`; not under lockstep).
+where that is faster (`poles.py`; not under lockstep), and each wave whose all-to-alls cross
+nodes is routed over every NIC of the node (`Wave.routed`) where that ends it sooner.
 """
 from __future__ import annotations
 
 from ...layouts import ANY_SPLIT, Splits
 from ...plans import Plan, Wave
 from ...samples import SampleBatch
+from ...timeline import wave_time
 from ..registry import register
 from ..base import Planner
 from ..packing import pad_lockstep
@@ -80,7 +82,20 @@ class BallastPlanner(Planner):
             waves = [pad_lockstep(wave, batch, self.cost) for wave in waves]
         else:
             waves = remap_poles(self.cost, batch, waves, self.waves)
-        return Plan(batch.lengths, waves, lockstep=self.options.lockstep, shapes=batch.shapes)
+        plan = Plan(batch.lengths, waves, lockstep=self.options.lockstep, shapes=batch.shapes)
+        if self.options.routing:
+            self._route(plan)
+        return plan
+
+    def _route(self, plan: Plan) -> None:
+        """Route each wave whose all-to-alls cross nodes where that ends it sooner: not where its
+        NICs are evenly loaded already (whole nodes exchanging alike), where the hand-offs to
+        proxies only add time; where a few ranks' NICs carry a node's inter-node bytes."""
+        for wave in plan.waves:
+            if wave.crosses_nodes(self.cluster.devices_per_node):
+                unrouted = wave_time(plan, wave, self.cost)
+                wave.routed = True
+                wave.routed = wave_time(plan, wave, self.cost) < unrouted
 
     def waves(self, batch: SampleBatch, ranks: int) -> list[Wave]:
         """The fastest waves for `batch` on ranks 0..ranks-1 (the rest of the cluster idle)."""
