@@ -10,6 +10,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from readme_routing import ROUTING, routing_table
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 SETTINGS = {
@@ -421,6 +423,9 @@ def main() -> None:
     for name in CONTEXT_PARALLEL:
         if (RESULTS / f"simulate-{name}.json").exists():
             text = replace(text, f"simulate-{name}", context_parallel_table(name))
+    for name in ROUTING:
+        if (RESULTS / f"simulate-{name}-unrouted.json").exists():
+            text = replace(text, f"simulate-{name}", routing_table(name))
     if (RESULTS / "measured.json").exists():
         text = replace(text, "measured", measured_table())
     if (RESULTS / "hf-llama.json").exists():
