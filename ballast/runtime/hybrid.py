@@ -38,6 +38,7 @@ from .attention import StreamShard, _shard_slice, shard_sizes
 from .context_parallel import ContextShard
 from .context_shard import held_chunks, held_indices
 from .groups import ContextGroups
+from .routing import RoutingGroups
 
 
 def balance_of(samples: list[Sample]) -> Span:
@@ -73,18 +74,22 @@ class HybridShard(StreamShard):
 
     @classmethod
     def create(cls, samples: list[Sample], group: ContextGroups, degree: int, index: int,
-               device: torch.device | str | None = None, pattern: Span | None = None) -> HybridShard:
+               device: torch.device | str | None = None, pattern: Span | None = None, *,
+               routing: RoutingGroups | None = None) -> HybridShard:
         """Group rank `index`'s rows of the stream of these samples, for a group of `degree`
         ranks split `group.cp` ways context-parallel (`ProcessGroups.get(start, degree, cp)`),
         its chunks balanced for `pattern` (by default `balance_of` the samples). Attention takes
-        the stream's pattern, whichever the chunks were cut for: only their balance differs."""
+        the stream's pattern, whichever the chunks were cut for: only their balance differs.
+        `routing`: the routed wave's routing groups, which route the Ulysses exchange where the
+        sub-group spans nodes (the CP all-gathers stay unrouted)."""
         assert 0 <= index < degree and degree % group.cp == 0, (index, degree, group.cp)
         u = degree // group.cp
         context = ContextShard.create(samples, group.context, group.cp, index // u, device,
                                       pattern or balance_of(samples))
         rows = _shard_slice(shard_sizes(context.sizes[context.index], u), index % u)
         return cls(context.bounds, context.positions[rows], context.grids, pattern=context.pattern,
-                   group=group.ulysses, degree=u, index=index % u, context=context)
+                   group=group.ulysses, degree=u, index=index % u, context=context,
+                   routing=routing.spanning(u) if routing is not None else None)
 
     @functools.cached_property
     def sizes(self) -> tuple[int, ...]:
