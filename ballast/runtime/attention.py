@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -34,18 +33,10 @@ from ..layouts import ULYSSES
 from ..samples import Sample
 from ..models.protocol import PackedStream
 from ..models.kernels import local_attention
-from .all_to_all import all_to_all
+from .all_to_all import Exchange, all_to_all
 from .remap import RemappedStream, Route
-
-if TYPE_CHECKING:  # (routing imports this module)
-    from .all_to_all import Exchange
-    from .routing import RoutingGroups, SpanGroups
-
-
-def shard_sizes(tokens: int, degree: int) -> tuple[int, ...]:
-    """Contiguous shard sizes of a stream of `tokens` over `degree` ranks: the first
-    tokens % degree ranks hold one token more."""
-    return tuple(tokens // degree + (i < tokens % degree) for i in range(degree))
+from .routing import RoutingGroups, SpanGroups
+from .shard_sizes import shard_sizes
 
 
 def _shard_slice(sizes: tuple[int, ...], index: int) -> slice:

@@ -65,13 +65,14 @@ from ..cluster import Cluster
 from ..layouts import CONTEXT, ULYSSES, VIDEO_2D, Layout
 from ..models.protocol import Local, PackedStream, ParallelModel, held_tokens, take
 from ..plans import Group, MicroBatch, Plan
-from .attention import StreamShard, shard_sizes
+from .attention import StreamShard
 from .fsdp import is_sharded
 from .groups import ProcessGroups
 from .hybrid import HybridShard, attention_rows
 from .memory import ActivationMeter
 from .remap import RemappedStream, Route, overlaps
 from .routing import RoutingGroups
+from .shard_sizes import shard_sizes
 from .video_sp import VideoShard
 
 

@@ -5,7 +5,7 @@ r // u and Ulysses index r % u. The Ulysses sub-groups are the contiguous u rank
 index (fast links inside a node); the CP groups are the c ranks u apart, one per Ulysses index.
 CP shard i (`context_parallel.ContextShard` of index i over c: head-tail chunks of every
 sequence for causal attention) is split contiguously over the u ranks of sub-group i
-(`attention.shard_sizes`), so a rank's rows are a contiguous piece of its CP shard's rows: a
+(`shard_sizes`), so a rank's rows are a contiguous piece of its CP shard's rows: a
 set of stream indices (`HybridShard.local`), not a slice of the stream.
 
 Attention, per call:
@@ -34,11 +34,12 @@ from torch import Tensor
 from ..models.protocol import PackedStream
 from ..patterns import CAUSAL, FULL, Span
 from ..samples import Sample
-from .attention import StreamShard, _shard_slice, shard_sizes
+from .attention import StreamShard, _shard_slice
 from .context_parallel import ContextShard
 from .context_shard import held_chunks, held_indices
 from .groups import ContextGroups
 from .routing import RoutingGroups
+from .shard_sizes import shard_sizes
 
 
 def balance_of(samples: list[Sample]) -> Span:

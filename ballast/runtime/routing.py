@@ -48,8 +48,8 @@ from torch.distributed import ProcessGroup
 
 from ..cluster import Cluster
 from ..nic_layout import proxy
-from .attention import shard_sizes
 from .remap import Route
+from .shard_sizes import shard_sizes
 from .world import world_timeout
 
 Key = tuple[int, int, int]
@@ -187,8 +187,7 @@ class SpanGroups:
     """The span's ranks with its local index, one per node."""
 
     def exchange(self, matrix: Sequence[Sequence[int]]) -> RoutedExchange:
-        """The routed exchange over the span in which rank s sends matrix[s][t] rows to rank t
-        (for modules this one imports, `attention`, which cannot import it back)."""
+        """The routed exchange over the span in which rank s sends matrix[s][t] rows to rank t."""
         return RoutedExchange(self, tuple(map(tuple, matrix)))
 
 

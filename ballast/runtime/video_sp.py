@@ -47,11 +47,12 @@ from ..patterns import SPATIAL, TEMPORAL, Span
 from ..samples import Sample
 from .all_to_all import Exchange, all_to_all
 from ..models.kernels import varlen_attention
-from .attention import StreamShard, shard_sizes
+from .attention import StreamShard
 from .groups import ContextGroups
 from .hybrid import HybridShard, attention_rows
 from .remap import Route, overlaps
 from .routing import RoutingGroups, SpanGroups
+from .shard_sizes import shard_sizes
 
 BALANCE = 1.25
 """A frames or columns layout is used when its largest shard holds at most BALANCE x ceil(n/d)
