@@ -181,10 +181,10 @@ def _spans(ranks_per_node):
 
 def _worker(text: verify.Batch, clips: verify.Batch) -> dict:
     torch.set_num_threads(1)
-    blocks, results, routing = ProcessGroups(), [], []
+    blocks, results, routings = ProcessGroups(), [], []
     for cluster in CLUSTERS:
         groups = routing_groups(cluster)
-        routing.append(groups)
+        routings.append(groups)
         r, k = groups.layout.ranks_per_node, groups.layout.nics_per_node
         for start, size in _spans(r):
             index = dist.get_rank() - start
@@ -203,9 +203,10 @@ def _worker(text: verify.Batch, clips: verify.Batch) -> dict:
                         (y * grad_out).sum().backward()
                         runs.append((y.detach(), leaf.grad))
                     results.append(((r, k), start, size, index, seed, shape, gathered, runs))
-    steps = {(shape.name, routed): _step(shape, _routed(case) if routed else case, batch, blocks, routing[0])
+    # The executor on CLUSTERS[0], 2 nodes of 2 ranks, each plan unrouted and every wave routed.
+    steps = {(shape.name, routes): _step(shape, _routed(case) if routes else case, batch, blocks, routings[0])
              for shape, case, batch in ((TEXT, text_plan(), text), (STDIT, stdit_plan(), clips))
-             for routed in (False, True)}
+             for routes in (False, True)}
     return {"exchanges": results, "steps": steps if dist.get_rank() == 0 else None}
 
 
