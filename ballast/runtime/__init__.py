@@ -13,18 +13,20 @@
     all_to_all.py   the one all-to-all autograd function all of them exchange through
     routing.py      Zeppelin's routing layer: an exchange over whole nodes whose inter-node rows
                     cross over every NIC of the node (scatter to proxies, rails, combine)
+    shard_sizes.py  the one even contiguous cut of rows over ranks
     fsdp.py         FSDP2 sharding of the model
     groups.py       cached process groups of every aligned power-of-two block and its (u, c) splits
     world.py        joining the job: torchrun, or N local gloo ranks
     memory.py       bytes saved for backward, measured
 """
-from .attention import StreamShard, sequence_parallel_attention, shard_sizes
+from .attention import StreamShard, sequence_parallel_attention
 from .broadcast import broadcast_plan
 from .executor import Executor, MicroBatchRecord, StepResult, WaveTiming
 from .fsdp import full_tensor, is_sharded, shard_model
 from .groups import ProcessGroups
 from .memory import ActivationMeter
 from .parallelize import make_optimizer, parallelize
+from .shard_sizes import shard_sizes
 from .video_sp import BALANCE, Layout, Relayout, VideoLayouts, VideoShard, video_layouts
 from .world import PeerFailed, RankFailed, RankInputError, init_distributed, run_local, under_torchrun
 

@@ -5,8 +5,8 @@ The re-layouts of the runtime are exchanges that have an exact reverse:
     HeadExchange (attention.py)    Ulysses: a stream sharded by tokens <-> the same stream sharded by heads
     Route (remap.py)               one contiguous partition of a domain's rows <-> another
     Relayout (video_sp.py)         one layout of a video stream's tokens <-> another, over a Route
-    RoutedExchange (routing.py)    a Route over whole nodes, its inter-node rows over every NIC
-                                   (three all-to-alls each way)
+    RoutedExchange (routing.py)    the all-to-all of any of them over whole nodes in a routed
+                                   wave, its inter-node rows over every NIC (three each way)
 
 An exchange only moves values between ranks, so it is a permutation of the values of the
 whole group, and the adjoint of a permutation is its inverse: the gradient of the forward

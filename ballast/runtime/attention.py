@@ -26,7 +26,6 @@ import functools
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
@@ -34,14 +33,10 @@ from ..layouts import ULYSSES
 from ..samples import Sample
 from ..models.protocol import PackedStream
 from ..models.kernels import local_attention
-from .all_to_all import all_to_all
-from .remap import RemappedStream
-
-
-def shard_sizes(tokens: int, degree: int) -> tuple[int, ...]:
-    """Contiguous shard sizes of a stream of `tokens` over `degree` ranks: the first
-    tokens % degree ranks hold one token more."""
-    return tuple(tokens // degree + (i < tokens % degree) for i in range(degree))
+from .all_to_all import Exchange, all_to_all
+from .remap import RemappedStream, Route
+from .routing import RoutingGroups, SpanGroups
+from .shard_sizes import shard_sizes
 
 
 def _shard_slice(sizes: tuple[int, ...], index: int) -> slice:
@@ -63,15 +58,21 @@ class StreamShard(PackedStream):
     """Ranks in the group (the SP degree)."""
     index: int
     """This rank's place in the group (its shard is the index-th)."""
+    routing: SpanGroups | None = None
+    """The group's routing groups when its Ulysses exchange is routed over every NIC of its
+    nodes (a routed wave, a group over two or more nodes: `routing.RoutedExchange`); None: one
+    `all_to_all_single` over `group`."""
 
     @classmethod
     def create(cls, samples: list[Sample], group: ProcessGroup | None, degree: int, index: int,
-               device: torch.device | str | None = None) -> StreamShard:
-        """The index-th shard of the stream of these samples (text lengths or clip shapes)."""
+               device: torch.device | str | None = None, *, routing: RoutingGroups | None = None) -> StreamShard:
+        """The index-th shard of the stream of these samples (text lengths or clip shapes);
+        `routing`: the routed wave's routing groups (None: unrouted)."""
         assert 0 <= index < degree, (index, degree)
         whole = PackedStream.of(samples, device)
         local = _shard_slice(shard_sizes(whole.bounds[-1], degree), index)
-        return cls(whole.bounds, whole.positions[local], whole.grids, group=group, degree=degree, index=index)
+        return cls(whole.bounds, whole.positions[local], whole.grids, group=group, degree=degree, index=index,
+                   routing=routing.spanning(degree) if routing is not None else None)
 
     @functools.cached_property
     def sizes(self) -> tuple[int, ...]:
@@ -103,6 +104,16 @@ class StreamShard(PackedStream):
         return local_attention(q, k, v, self)
 
 
+def _to_heads_route(shard: StreamShard) -> Exchange:
+    """The all-to-all under `_seq_to_head`: every rank sends each rank its own rows (for that
+    rank's heads) and receives every rank's, in group order; routed over every NIC of the
+    group's nodes when `shard.routing` says so (the same rows move: bit for bit the same)."""
+    d, rows = shard.degree, shard.sizes[shard.index]
+    if shard.routing is None:
+        return Route(shard.group, (rows,) * d, shard.sizes)
+    return shard.routing.exchange([(n,) * d for n in shard.sizes])
+
+
 def _seq_to_head(x: Tensor, shard: StreamShard) -> Tensor:
     """[n_r, H, hd] on each rank (its tokens, all heads) -> [n, H/d, hd] (all the group's tokens,
     its heads; n is the stream's tokens, or under `hybrid.HybridShard` its CP shard's)."""
@@ -112,10 +123,7 @@ def _seq_to_head(x: Tensor, shard: StreamShard) -> Tensor:
     # rank i's shard, so the output is the stream in order. Uneven splits: no pad rows to
     # write, send and drop (they cost as much local copying as the exchange itself on CPU).
     send = x.view(rows, d, heads // d, head_dim).transpose(0, 1).contiguous()
-    received = x.new_empty(sum(shard.sizes), heads // d, head_dim)
-    dist.all_to_all_single(received, send.view(d * rows, heads // d, head_dim),
-                           output_split_sizes=list(shard.sizes), input_split_sizes=[rows] * d, group=shard.group)
-    return received
+    return _to_heads_route(shard).run(send.view(d * rows, heads // d, head_dim))
 
 
 def _head_to_seq(y: Tensor, shard: StreamShard) -> Tensor:
@@ -124,16 +132,15 @@ def _head_to_seq(y: Tensor, shard: StreamShard) -> Tensor:
     _, heads_here, head_dim = y.shape
     # Piece j (sent to rank j) is rank j's tokens, contiguous in the stream; piece i received
     # is this rank's tokens for rank i's heads: put the heads back in order.
-    received = y.new_empty(d * rows, heads_here, head_dim)
-    dist.all_to_all_single(received, y.contiguous(), output_split_sizes=[rows] * d,
-                           input_split_sizes=list(shard.sizes), group=shard.group)
+    received = _to_heads_route(shard).reversed().run(y)
     return received.view(d, rows, heads_here, head_dim).transpose(0, 1).reshape(rows, d * heads_here, head_dim)
 
 
 @dataclass(frozen=True)
 class HeadExchange:
     """Ulysses' exchange over the shard's group: to heads (`_seq_to_head`) or back (`_head_to_seq`),
-    each the other's reverse (see `all_to_all.py`)."""
+    each the other's reverse (see `all_to_all.py`), both around one all-to-all in which every
+    rank sends every rank its own rows (`_to_heads_route`), routed or not."""
 
     shard: StreamShard
     to_heads: bool
@@ -166,7 +173,10 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, stream: StreamShard) -> T
       backward: one all-to-all of the output's gradient (sequence- to head-sharded) and one of
                 the gradients of q, k and v together (head- to sequence-sharded);
     between them the head shard's attention, `stream.attend_heads` (local; context-parallel
-    over the CP group under `hybrid.HybridShard`, with its own collectives).
+    over the CP group under `hybrid.HybridShard`, with its own collectives). Each all-to-all is
+    one `all_to_all_single` over the group or, routed (`stream.routing`), three
+    (`routing.RoutedExchange`: to the node's proxies, across the nodes over every NIC, to the
+    destinations).
     A checkpointed layer repeats the two forward all-to-alls when it is recomputed in backward.
     Where d does not divide the kv heads, they are replicated to lcm(kv heads, d) before the
     exchange (the bytes `CostModel.exchange_bytes` prices).

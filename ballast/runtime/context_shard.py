@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .attention import shard_sizes
+from .shard_sizes import shard_sizes
 
 
 def held_chunks(bounds: tuple[int, ...], degree: int, index: int, causal: bool) -> tuple[tuple[int, int, int], ...]:

@@ -13,6 +13,10 @@ One step (`Executor.step`):
     runs forward and backward on its shard, with the plan's checkpoint level (the first
     round(checkpoint * layers) blocks are recomputed), and its loss is the model's summed
     per-token loss of its shard (`ParallelModel.loss`) divided by `Plan.tokens`;
+  - in a routed wave (`Wave.routed`) the exchanges over two or more nodes (a remap slot's route,
+    Ulysses' head exchange, a video layout switch) go over every NIC of the node
+    (`routing.RoutedExchange`, with the routing groups `parallelize` made): the same rows
+    move, so the step is bit for bit the unrouted one;
   - a wave ends with a barrier of the world (the plan's semantics: the next wave may regroup
     ranks), which also measures how long this rank waited for the wave's slowest group;
   - gradients accumulate locally and are all-reduced (SUM over the world) once, then AdamW,
@@ -61,12 +65,14 @@ from ..cluster import Cluster
 from ..layouts import CONTEXT, ULYSSES, VIDEO_2D, Layout
 from ..models.protocol import Local, PackedStream, ParallelModel, held_tokens, take
 from ..plans import Group, MicroBatch, Plan
-from .attention import StreamShard, shard_sizes
+from .attention import StreamShard
 from .fsdp import is_sharded
 from .groups import ProcessGroups
 from .hybrid import HybridShard, attention_rows
 from .memory import ActivationMeter
 from .remap import RemappedStream, Route, overlaps
+from .routing import RoutingGroups
+from .shard_sizes import shard_sizes
 from .video_sp import VideoShard
 
 
@@ -132,13 +138,18 @@ class Executor:
     installs the sequence-parallel attention and starts every rank from the same weights."""
 
     def __init__(self, model: ParallelModel, optimizer: torch.optim.Optimizer, cluster: Cluster,
-                 groups: ProcessGroups, *, measure_activations: bool = False, precision: str = "auto"):
+                 groups: ProcessGroups, routing: RoutingGroups | None = None, *, measure_activations: bool = False,
+                 precision: str = "auto"):
         assert precision in PRECISIONS, precision
+        assert routing is not None or cluster.nodes == 1, "parallelize makes the routing groups of 2+ nodes"
         self.fsdp = is_sharded(model)
         self.model = model
         self.optimizer = optimizer
         self.cluster = cluster
         self.groups = groups
+        self.routing = routing
+        """The node and rail groups of a cluster of two or more nodes, made at start-up: a
+        routed wave's inter-node exchanges run over them (`_routing`)."""
         self.rank = groups.rank
         self.measure_activations = measure_activations
         self.device = next(model.parameters()).device
@@ -220,7 +231,7 @@ class Executor:
         holder = SHARDS[layout] if group.degree > 1 else StreamShard
         shard = holder.create(
             plan.mb_samples(mb), self.groups.get(group.start, group.degree, group.cp), group.degree,
-            self.rank - group.start, self.device)
+            self.rank - group.start, self.device, routing=self._routing(plan, wave))
         return self._forward_backward(plan, mb.seq_ids, shard, shard.local, mb.checkpoint, samples, result,
                                       (wave, group, mb))
 
@@ -248,9 +259,10 @@ class Executor:
         index = self.rank - start
         send, recv = overlaps(balanced, attention, index)
         group, mb = next((g, mb) for g, mb in parts if self.rank in g.ranks)
+        routing = self._routing(plan, wave)
         shard = (SHARDS[ULYSSES.with_context(group.cp)].create(
             plan.mb_samples(mb), self.groups.get(group.start, group.degree, group.cp), group.degree,
-            self.rank - group.start, self.device) if sum(plan.mb_lengths(mb)) else None)
+            self.rank - group.start, self.device, routing=routing) if sum(plan.mb_lengths(mb)) else None)
         whole = PackedStream.of([plan.samples[i] for i in seq_ids], self.device)
         local: Local = slice(sum(balanced[:index]), sum(balanced[:index + 1]))
         if any(g.cp > 1 for g, _ in parts):
@@ -259,11 +271,20 @@ class Executor:
             offsets = itertools.accumulate((sum(plan.mb_lengths(mb)) for _, mb in parts), initial=0)
             order = torch.cat([r + o for held, o in zip(rows, offsets) for r in held]).to(self.device)
             local = order[local]
-        stream = RemappedStream(whole.bounds, take(whole.positions, local), whole.grids, shard=shard,
-                                route=Route(self.groups.get(start, size), send, recv))
+        # Routed over every NIC when the wave is and the domain spans nodes: every rank of the
+        # domain knows every rank's rows (`overlaps`), so the matrix needs no gathering.
+        spans = routing.spanning(size) if routing is not None else None
+        route = (Route(self.groups.get(start, size), send, recv) if spans is None else
+                 spans.exchange([overlaps(balanced, attention, j)[0] for j in range(size)]))
+        stream = RemappedStream(whole.bounds, take(whole.positions, local), whole.grids, shard=shard, route=route)
         checkpoint = min(mb.checkpoint for _, mb in parts if mb.seq_ids)
         return self._forward_backward(plan, seq_ids, stream, local, checkpoint, samples, result,
                                       (wave, group, mb))
+
+    def _routing(self, plan: Plan, wave: int) -> RoutingGroups | None:
+        """The routing groups when `wave` routes its inter-node exchanges (`Wave.routed`, which
+        `Plan.validate` refuses on one node), else None: every exchange as one all-to-all."""
+        return self.routing if plan.waves[wave].routed else None
 
     def _forward_backward(self, plan: Plan, seq_ids: list[int], stream: PackedStream, local: Local,
                           checkpoint: float, samples: Sequence[Any], result: StepResult,

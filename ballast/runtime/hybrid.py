@@ -5,7 +5,7 @@ r // u and Ulysses index r % u. The Ulysses sub-groups are the contiguous u rank
 index (fast links inside a node); the CP groups are the c ranks u apart, one per Ulysses index.
 CP shard i (`context_parallel.ContextShard` of index i over c: head-tail chunks of every
 sequence for causal attention) is split contiguously over the u ranks of sub-group i
-(`attention.shard_sizes`), so a rank's rows are a contiguous piece of its CP shard's rows: a
+(`shard_sizes`), so a rank's rows are a contiguous piece of its CP shard's rows: a
 set of stream indices (`HybridShard.local`), not a slice of the stream.
 
 Attention, per call:
@@ -34,10 +34,12 @@ from torch import Tensor
 from ..models.protocol import PackedStream
 from ..patterns import CAUSAL, FULL, Span
 from ..samples import Sample
-from .attention import StreamShard, _shard_slice, shard_sizes
+from .attention import StreamShard, _shard_slice
 from .context_parallel import ContextShard
 from .context_shard import held_chunks, held_indices
 from .groups import ContextGroups
+from .routing import RoutingGroups
+from .shard_sizes import shard_sizes
 
 
 def balance_of(samples: list[Sample]) -> Span:
@@ -73,18 +75,22 @@ class HybridShard(StreamShard):
 
     @classmethod
     def create(cls, samples: list[Sample], group: ContextGroups, degree: int, index: int,
-               device: torch.device | str | None = None, pattern: Span | None = None) -> HybridShard:
+               device: torch.device | str | None = None, pattern: Span | None = None, *,
+               routing: RoutingGroups | None = None) -> HybridShard:
         """Group rank `index`'s rows of the stream of these samples, for a group of `degree`
         ranks split `group.cp` ways context-parallel (`ProcessGroups.get(start, degree, cp)`),
         its chunks balanced for `pattern` (by default `balance_of` the samples). Attention takes
-        the stream's pattern, whichever the chunks were cut for: only their balance differs."""
+        the stream's pattern, whichever the chunks were cut for: only their balance differs.
+        `routing`: the routed wave's routing groups, which route the Ulysses exchange where the
+        sub-group spans nodes (the CP all-gathers stay unrouted)."""
         assert 0 <= index < degree and degree % group.cp == 0, (index, degree, group.cp)
         u = degree // group.cp
         context = ContextShard.create(samples, group.context, group.cp, index // u, device,
                                       pattern or balance_of(samples))
         rows = _shard_slice(shard_sizes(context.sizes[context.index], u), index % u)
         return cls(context.bounds, context.positions[rows], context.grids, pattern=context.pattern,
-                   group=group.ulysses, degree=u, index=index % u, context=context)
+                   group=group.ulysses, degree=u, index=index % u, context=context,
+                   routing=routing.spanning(u) if routing is not None else None)
 
     @functools.cached_property
     def sizes(self) -> tuple[int, ...]:

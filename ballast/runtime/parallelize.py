@@ -4,13 +4,16 @@ torchtitan's order, for a model built the same way on every rank:
 
     1. checks that need no communication (world size against the cluster, precision, the
        sharding options), so a user error stops every rank before any collective;
-    2. sequence-parallel attention (`attention.py`) installed through the model's own hook
+    2. the process groups of the plans' blocks (`groups.py`) and, on two or more nodes, the
+       routing groups that routed waves run their inter-node exchanges over (`routing.py`),
+       unless given (a job shares them between its executors);
+    3. sequence-parallel attention (`attention.py`) installed through the model's own hook
        (`ParallelModel.install_attention`: the runtime knows no model family);
-    3. the weights: every rank starts from rank 0's (one broadcast), replicated or then sharded
+    4. the weights: every rank starts from rank 0's (one broadcast), replicated or then sharded
        with FSDP2 (`fsdp.py`);
-    4. AdamW over the parameters, its state sharded over the world with ZeRO-1 or not (FSDP2
+    5. AdamW over the parameters, its state sharded over the world with ZeRO-1 or not (FSDP2
        shards it with the parameters);
-    5. the `Executor` that runs plans with all of it.
+    6. the `Executor` that runs plans with all of it.
 
 Train, verify, profile, check and bench all build their executor here.
 """
@@ -27,15 +30,18 @@ from .attention import sequence_parallel_attention
 from .executor import PRECISIONS, Executor
 from .fsdp import is_sharded, shard_model
 from .groups import ProcessGroups
+from .routing import NodeLayout, RoutingGroups, routing_groups
 
 
 def parallelize(model: ParallelModel, cluster: Cluster, *, groups: ProcessGroups | None = None,
-                fsdp: bool = False, zero1: bool = False, precision: str = "auto",
+                routing: RoutingGroups | None = None, fsdp: bool = False, zero1: bool = False, precision: str = "auto",
                 measure_activations: bool = False, **adamw: float) -> Executor:
     """The executor that runs plans of `cluster` with `model` on this rank (a collective: every
     rank of the job calls it with a model built alike).
 
     groups: the job's cached process groups (made here when None; share one between executors).
+    routing: the routing groups of the cluster's nodes, which routed waves use (made here when
+    None and the cluster has two or more nodes, `routing.routing_groups`; share them likewise).
     fsdp / zero1: shard parameters, gradients and optimizer state (FSDP2), or the optimizer
     state only (ZeRO-1); at most one. precision: "auto" (bf16 autocast on CUDA, fp32
     elsewhere), "bf16" or "fp32". measure_activations: record the bytes each micro-batch saves
@@ -47,13 +53,17 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, groups: ProcessGroups
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if zero1 and fsdp:
         raise ValueError("ZeRO-1 and FSDP both shard the optimizer state: use one of them")
+    if routing is not None and routing.layout != NodeLayout.of(cluster):
+        raise ValueError(f"routing groups for {routing.layout} do not match cluster {cluster.name!r}'s nodes, "
+                         f"{NodeLayout.of(cluster)}")
     groups = groups or ProcessGroups()
+    routing = routing or routing_groups(cluster)
     model.install_attention(sequence_parallel_attention)
     if not is_sharded(model):
         broadcast_weights(model)
         if fsdp:
             shard_model(model)
-    return Executor(model, make_optimizer(model, zero1, **adamw), cluster, groups,
+    return Executor(model, make_optimizer(model, zero1, **adamw), cluster, groups, routing,
                     measure_activations=measure_activations, precision=precision)
 
 

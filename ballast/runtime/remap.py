@@ -35,7 +35,7 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 
 from ..models.protocol import PackedStream
-from .all_to_all import all_to_all
+from .all_to_all import Exchange, all_to_all
 
 
 def overlaps(source: Sequence[int], target: Sequence[int], index: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -82,17 +82,18 @@ class RemappedStream(PackedStream):
     shard: PackedStream | None
     """This rank's attention-layout shard of its group's stream (an `attention.StreamShard`,
     whose `attend` runs the group's attention); None when the group is idle."""
-    route: Route
-    """Balanced layout -> attention layout over the domain."""
+    route: Exchange
+    """Balanced layout -> attention layout over the domain: a `Route`, or in a routed wave over
+    two or more nodes the same rows as a `routing.RoutedExchange`."""
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """The group's attention (`shard.attend`) on the attention layout, for q, k, v and a
         result on the balanced layout.
 
         Communication: forward, one all-to-all of q, k and v together and one of the output over
-        the domain; backward, the same two in reverse. A rank whose group is idle in the slot
-        still takes part in both, and its (empty) output stays on q, k, v's graph so that
-        backward's all-to-alls run on every rank of the domain.
+        the domain; backward, the same two in reverse (each three all-to-alls when routed). A
+        rank whose group is idle in the slot still takes part in both, and its (empty) output
+        stays on q, k, v's graph so that backward's all-to-alls run on every rank of the domain.
         """
         heads, kv_heads = q.shape[1], k.shape[1]
         qkv = all_to_all(torch.cat([q, k, v], dim=1), self.route)

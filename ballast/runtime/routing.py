@@ -25,9 +25,14 @@ the transposed matrix, again scatter / cross / combine, three all-to-alls.
 
 `RoutingGroups` makes the node and rail groups once at start-up, as `groups.ProcessGroups`
 makes the plan's blocks. It is a sibling, not part of ProcessGroups: its groups depend on the
-node layout, which only a run that routes knows (one without pays no rendezvous for them), and
-the blocks a plan names are ranks, while the rails are per block of nodes. A node group of a
-power-of-two node duplicates an aligned block of ProcessGroups: one communicator per node more.
+Cluster's node layout, and a one-node run makes none (`routing_groups`: it pays no rendezvous
+for them), and the blocks a plan names are ranks, while the rails are per block of nodes. A
+node group of a power-of-two node duplicates an aligned block of ProcessGroups: one
+communicator per node more.
+
+The executor runs a routed wave's (`plans.Wave.routed`) remap slots, Ulysses exchanges and 2D
+video layout switches over 2+ nodes as `RoutedExchange`s (`RoutingGroups.spanning`), each
+with a matrix every rank computes.
 """
 from __future__ import annotations
 
@@ -41,9 +46,10 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
+from ..cluster import Cluster
 from ..nic_layout import proxy
-from .attention import shard_sizes
 from .remap import Route
+from .shard_sizes import shard_sizes
 from .world import world_timeout
 
 Key = tuple[int, int, int]
@@ -55,36 +61,25 @@ Span = tuple[int, int, int]
 
 @dataclass(frozen=True)
 class NodeLayout:
-    """Ranks per node (nodes are contiguous blocks of ranks) and the NIC each local rank sits
-    under: by default the k NICs serve contiguous blocks of local ranks, as even as
-    `shard_sizes` cuts them."""
+    """Ranks per node (nodes are contiguous blocks of ranks) and the local ranks each NIC of a
+    node serves: a `Cluster`'s `devices_per_node` and `nic_devices` (`of`), which the Cluster
+    fills in and validates (`nic_layout.nic_layout`)."""
 
     ranks_per_node: int
-    nics_per_node: int = 1
-    nic_of: tuple[int, ...] | None = None
-    """The NIC of each local rank, when not the default blocks."""
+    nic_devices: tuple[tuple[int, ...], ...]
+    """The local ranks under each NIC, in NIC order; every local rank under exactly one."""
 
-    def __post_init__(self) -> None:
-        r, k = self.ranks_per_node, self.nics_per_node
-        if r < 1 or k < 1:
-            raise ValueError(f"a node needs at least one rank and one NIC, got {r} ranks and {k} NICs")
-        if self.nic_of is None:
-            if k > r:
-                raise ValueError(f"{k} NICs per node over {r} ranks per node: a NIC would serve no rank")
-            blocks = shard_sizes(r, k)
-            object.__setattr__(self, "nic_of", tuple(p for p, n in enumerate(blocks) for _ in range(n)))
-        elif len(self.nic_of) != r or set(self.nic_of) != set(range(k)):
-            raise ValueError(f"nic_of {self.nic_of} must name one of NICs 0..{k - 1} for each of the "
-                             f"{r} ranks per node, each NIC at least once")
+    @classmethod
+    def of(cls, cluster: Cluster) -> NodeLayout:
+        return cls(cluster.devices_per_node, tuple(map(tuple, cluster.nic_devices)))
 
-    @functools.cached_property
-    def under(self) -> tuple[tuple[int, ...], ...]:
-        """The local ranks under each NIC, in order."""
-        return tuple(tuple(i for i, p in enumerate(self.nic_of) if p == nic) for nic in range(self.nics_per_node))
+    @property
+    def nics_per_node(self) -> int:
+        return len(self.nic_devices)
 
     def proxy(self, nic: int, local: int) -> int:
         """The local rank that carries local rank `local`'s chunks under NIC `nic`."""
-        return proxy(self.under, local, nic)
+        return proxy(self.nic_devices, local, nic)
 
 
 @dataclass(frozen=True)
@@ -191,6 +186,10 @@ class SpanGroups:
     rail: ProcessGroup
     """The span's ranks with its local index, one per node."""
 
+    def exchange(self, matrix: Sequence[Sequence[int]]) -> RoutedExchange:
+        """The routed exchange over the span in which rank s sends matrix[s][t] rows to rank t."""
+        return RoutedExchange(self, tuple(map(tuple, matrix)))
+
 
 class RoutingGroups:
     """This rank's node group and its rail groups in every aligned power-of-two block of 2+ nodes
@@ -224,6 +223,14 @@ class RoutingGroups:
                 group = dist.new_group(ranks, timeout=timeout)
                 if self.rank in ranks:
                     self._rails[(first * r, count * r)] = group
+
+    def spanning(self, size: int) -> SpanGroups | None:
+        """This rank's groups for an exchange over the aligned block of `size` ranks that holds it
+        (every group, Ulysses sub-group and remap domain of a plan is one) when the block covers
+        two or more nodes; None when it lies inside one node: nothing of it crosses a NIC."""
+        if size <= self.layout.ranks_per_node:
+            return None
+        return self.get(self.rank - self.rank % size, size)
 
     def get(self, start: int, size: int) -> SpanGroups:
         """This rank's groups for an exchange over ranks start..start+size-1."""
@@ -296,3 +303,10 @@ def _take(buffers: list[Tensor], spans: tuple[Span, ...], like: Tensor) -> Tenso
     if not spans:
         return like.new_empty((0, *like.shape[1:]))
     return torch.cat([buffers[b][lo:hi] for b, lo, hi in spans])
+
+
+def routing_groups(cluster: Cluster) -> RoutingGroups | None:
+    """The routing groups of `cluster`'s node layout, made collectively on every rank (see
+    `RoutingGroups`), when it has two or more nodes; None for one node, which routes nothing and
+    so pays no rendezvous."""
+    return RoutingGroups(NodeLayout.of(cluster)) if cluster.nodes > 1 else None

@@ -45,12 +45,14 @@ from torch.distributed import ProcessGroup
 from ..models.protocol import INPUT, check_span, pattern_spans, video_grids, video_positions
 from ..patterns import SPATIAL, TEMPORAL, Span
 from ..samples import Sample
-from .all_to_all import all_to_all
+from .all_to_all import Exchange, all_to_all
 from ..models.kernels import varlen_attention
-from .attention import StreamShard, shard_sizes
+from .attention import StreamShard
 from .groups import ContextGroups
 from .hybrid import HybridShard, attention_rows
 from .remap import Route, overlaps
+from .routing import RoutingGroups, SpanGroups
+from .shard_sizes import shard_sizes
 
 BALANCE = 1.25
 """A frames or columns layout is used when its largest shard holds at most BALANCE x ceil(n/d)
@@ -152,25 +154,34 @@ class Relayout:
     the splits swapped, gathering by `place` and placing by `gather`.
     Between two splits of the same order (`frames` <-> `tokens`) both index maps are the
     identity (None) and the splits are `remap.overlaps`. One rank (d = 1): no collective.
+    Over a group of two or more nodes in a routed wave (`routing`) the all-to-all is a
+    `routing.RoutedExchange` of the same rows (three all-to-alls each way, over every NIC).
     """
 
-    route: Route | None
+    route: Exchange | None
     gather: Tensor | None
     place: Tensor | None
 
     @classmethod
     def between(cls, source: Layout, target: Layout, group: ProcessGroup | None, index: int,
-                device: torch.device | str | None = None) -> Relayout:
-        d = len(source.sizes)
-        if source.order is target.order:
-            send, recv = overlaps(source.sizes, target.sizes, index)
-            return cls(Route(group, send, recv) if d > 1 else None, None, None)
+                device: torch.device | str | None = None, routing: SpanGroups | None = None) -> Relayout:
+        d, same = len(source.sizes), source.order is target.order
         mine, theirs = source.held(index), target.held(index)
-        to, source_of = target.owner[mine], source.owner[theirs]
-        route = Route(group, tuple(torch.bincount(to, minlength=d).tolist()),
-                      tuple(torch.bincount(source_of, minlength=d).tolist())) if d > 1 else None
+        if d == 1:
+            route = None
+        elif routing is not None:
+            # Every rank's rows for every rank: the tokens each pair of owners shares.
+            route = routing.exchange(torch.bincount(source.owner * d + target.owner, minlength=d * d)
+                                     .view(d, d).tolist())
+        elif same:
+            route = Route(group, *overlaps(source.sizes, target.sizes, index))
+        else:
+            route = Route(group, tuple(torch.bincount(target.owner[mine], minlength=d).tolist()),
+                          tuple(torch.bincount(source.owner[theirs], minlength=d).tolist()))
+        if same:
+            return cls(route, None, None)
         return cls(route, torch.argsort(target.where[mine], stable=True).to(device),
-                   torch.argsort(source_of, stable=True).to(device))
+                   torch.argsort(source.owner[theirs], stable=True).to(device))
 
     def run(self, x: Tensor) -> Tensor:
         if self.gather is not None:
@@ -187,11 +198,14 @@ class VideoLayouts:
     """The layouts of one micro-batch's stream over its group from one rank's side, with what
     each `arrange` needs (positions, spans, exchanges) made once and shared by every stream.
     `context`: this rank's `HybridShard` of a group split u x c, whose rows the `context`
-    layout holds (None: the group runs Ulysses, and `tokens` is the fallback)."""
+    layout holds (None: the group runs Ulysses, and `tokens` is the fallback). `routing`: the
+    group's routing groups when its switches are routed (`Relayout`)."""
 
     def __init__(self, grids: Sequence[tuple[int, int, int]], group: ProcessGroup | None, degree: int,
-                 index: int, device: torch.device | str | None = None, context: HybridShard | None = None):
+                 index: int, device: torch.device | str | None = None, context: HybridShard | None = None,
+                 routing: SpanGroups | None = None):
         self.grids, self.group, self.index, self.device = tuple(grids), group, index, device
+        self.routing = routing
         self.bounds = tuple(itertools.accumulate((math.prod(g) for g in self.grids), initial=0))
         self.layouts = video_layouts(self.grids, degree)
         self.context = context
@@ -240,7 +254,7 @@ class VideoLayouts:
     def exchange(self, source: str, target: str) -> Relayout:
         if (source, target) not in self._exchanges:
             self._exchanges[(source, target)] = Relayout.between(
-                self.layouts[source], self.layouts[target], self.group, self.index, self.device)
+                self.layouts[source], self.layouts[target], self.group, self.index, self.device, self.routing)
         return self._exchanges[(source, target)]
 
 
@@ -255,18 +269,21 @@ class VideoShard(StreamShard):
 
     @classmethod
     def create(cls, samples: list[Sample], group: ProcessGroup | ContextGroups | None, degree: int, index: int,
-               device: torch.device | str | None = None) -> VideoShard:
+               device: torch.device | str | None = None, *, routing: RoutingGroups | None = None) -> VideoShard:
         """Group rank `index`'s shard; a group split u x c (`ContextGroups`) falls back to the
-        `context` layout, over its block's group."""
+        `context` layout, over its block's group. `routing`: the routed wave's routing groups,
+        which route the layout switches and the `tokens` layout's Ulysses exchange where the
+        group spans nodes (and the `context` layout's as `HybridShard.create` does)."""
         assert 0 <= index < degree, (index, degree)
         context = None
         if isinstance(group, ContextGroups):
-            context = HybridShard.create(samples, group, degree, index, device)
+            context = HybridShard.create(samples, group, degree, index, device, routing=routing)
             group = group.block
-        plan = VideoLayouts(video_grids(samples), group, degree, index, device, context)
+        spans = routing.spanning(degree) if routing is not None else None
+        plan = VideoLayouts(video_grids(samples), group, degree, index, device, context, spans)
         initial = "frames" if plan.balanced["frames"] else "tokens"
         return cls(plan.bounds, plan.positions(initial), plan.grids, group=group, degree=degree, index=index,
-                   layouts=plan, layout=initial, initial=initial)
+                   routing=spans, layouts=plan, layout=initial, initial=initial)
 
     @property
     def sizes(self) -> tuple[int, ...]:

@@ -24,9 +24,10 @@ Two checks, with two tolerances:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from ..cluster import Cluster, get_cluster
-from ..options import DEVICE_MEMORY, MAX_LEN, MODEL, WORLD
+from ..options import DEVICE_MEMORY, MAX_LEN, MODEL, NODES, WORLD
 from ..cost import CostModel
 from ..model_shape import ModelShape, get_model_shape
 from ..plans import Plan
@@ -39,26 +40,37 @@ from .reference import random_batches, reference_at, train_reference
 HELP = "check that plans run on N local gloo ranks train exactly like one process"
 
 
-def budget(shape: ModelShape, world: int, max_len: int, device_memory_gb: float | None = None
-           ) -> tuple[Cluster, CostModel]:
-    """The cpu cluster of `world` ranks and its analytic cost model, at `device_memory_gb` per
-    rank or, by default, at a budget that makes plans exercise sequence parallelism: 1.2x what
+def budget(shape: ModelShape, world: int, max_len: int, device_memory_gb: float | None = None,
+           nodes: int = 1) -> tuple[Cluster, CostModel]:
+    """The cpu cluster of `world` ranks (as `nodes` emulated nodes) and its analytic cost model,
+    at `device_memory_gb` per rank or, by default, at a budget that makes plans exercise sequence parallelism: 1.2x what
     half of a `max_len` sequence keeps under full recomputation, so the longest sequences fit
     degree 2 only when recomputed and never one rank (a whole one where the heads allow no degree
     above 1, else nothing could hold it). (A looser budget, the longest at degree 2
     without recomputation, let nearly every planner choose degree 1 with checkpointing on CPU,
     where gloo's all-to-all latency is priced, and then no all-to-all ran.)"""
-    cluster = get_cluster("cpu", world_size=world, device_memory_gb=device_memory_gb)
+    cluster = get_cluster("cpu", world_size=world, device_memory_gb=device_memory_gb, nodes=nodes)
     cost = CostModel.analytic(shape, cluster)
     if device_memory_gb is None:
         memory = cost.states + 1.2 * cost.act_per_token * cost.kept * max_len / min(2, cost.degrees[-1])
-        cluster = get_cluster("cpu", world_size=world, device_memory_gb=memory / 1e9)
+        cluster = get_cluster("cpu", world_size=world, device_memory_gb=memory / 1e9, nodes=nodes)
         cost = CostModel.analytic(shape, cluster)
     return cluster, cost
 
 
+def routed(plan: Plan) -> Plan:
+    """`plan` with every wave routed."""
+    return dataclasses.replace(plan, waves=[dataclasses.replace(wave, routed=True) for wave in plan.waves])
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     WORLD.add(parser, 2, "the smallest world with sequence parallelism")
+    NODES.add(parser, 1, "one node; 2 or more emulate nodes of --world / N ranks, whose inter-node exchanges "
+                         "--routed sends over every NIC")
+    parser.add_argument("--routed", action="store_true",
+                        help="mark every wave of every planner's plans routed (Wave.routed: inter-node "
+                             "all-to-alls over every NIC of the node), so they all run the routing layer; "
+                             "needs --nodes 2 or more")
     parser.add_argument("--planners", default="all", help="`all` or a comma-separated list")
     MODEL.add(parser, "tiny", "verifies every planner on this machine's CPU ranks in seconds")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per planner")
@@ -99,10 +111,13 @@ def run(args: argparse.Namespace) -> int:
                          f"and {args.param_tolerance:g}")
     if args.zero1 and args.fsdp:
         raise ValueError("--zero1 and --fsdp both shard the optimizer state: choose one")
+    if args.routed and args.nodes < 2:
+        raise ValueError(f"--routed routes exchanges between nodes, but --nodes is {args.nodes}: give --nodes 2 "
+                         f"or more")
     shape = get_model_shape(args.model)
     check_buildable(shape)
     names = parse_planner_names(args.planners)
-    cluster, cost = budget(shape, args.world, args.max_len, args.device_memory_gb)
+    cluster, cost = budget(shape, args.world, args.max_len, args.device_memory_gb, args.nodes)
     cost.under(ANY_SPLIT).check_fits([args.max_len])  # a --device-memory-gb that cannot hold --max-len: before planning
     batches = random_batches(shape, args.steps, args.batch, args.max_len, args.seed)
     plans: dict[str, list[Plan]] = {}
@@ -118,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
                             f"{planner.cost.degrees[-1]}), not --max-len {args.max_len}")
             continue
         plans[name] = [planner.plan(b.planned) for b in batches]
+        if args.routed:
+            plans[name] = [routed(plan) for plan in plans[name]]
         for plan in plans[name]:
             plan.validate(cluster, cost)
     if not plans:
@@ -127,13 +144,14 @@ def run(args: argparse.Namespace) -> int:
     console = Console(width=max(Console().width, 120))
     sharding = " under FSDP2" if args.fsdp else " with ZeRO-1" if args.zero1 else ""
     whose = "--device-memory-gb" if args.device_memory_gb is not None else "verify's default; --device-memory-gb sets one"
-    console.print(f"verify: {args.world} gloo ranks{sharding}, model {shape.name}, {args.steps} step(s) of "
+    nodes = f" as {args.nodes} nodes{', every wave routed' if args.routed else ''}" if args.nodes > 1 else ""
+    console.print(f"verify: {args.world} gloo ranks{nodes}{sharding}, model {shape.name}, {args.steps} step(s) of "
                   f"{args.batch} sequences up to {args.max_len} tokens, {len(names)} planner(s), "
                   f"{cost.device_memory / 1e6:.3g} MB per rank ({whose})")
     reference = train_reference(shape, batches, args.seed, args.lr)
     results = run_local(args.world, train_all_planners, shape,
                         {n: [p.to_dict() for p in ps] for n, ps in plans.items()},
-                        batches, args.seed, args.lr, args.zero1, args.fsdp, timeout=args.timeout)[0]
+                        batches, args.seed, args.lr, args.zero1, args.fsdp, args.nodes, timeout=args.timeout)[0]
     table = Table(title=f"{args.world} ranks vs one process: step loss and gradient at the same "
                         f"parameters (tolerance {args.grad_tolerance:g}); drift of the parameters "
                         f"after {args.steps} step(s) (tolerance {args.param_tolerance:g})")

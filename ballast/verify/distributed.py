@@ -8,18 +8,21 @@ from ..model_shape import ModelShape
 from ..models import build_model
 from ..plans import Plan
 from ..runtime import ProcessGroups, broadcast_plan, full_tensor, parallelize
+from ..runtime.routing import RoutingGroups, routing_groups
 from .reference import Batch, Trajectory, flatten
 
 
 def train_distributed(shape: ModelShape, plans: list[dict], batches: list[Batch], seed: int, lr: float,
                       groups: ProcessGroups, zero1: bool = False, fsdp: bool = False,
-                      precision: str = "auto") -> Trajectory:
+                      precision: str = "auto", nodes: int = 1, routing: RoutingGroups | None = None) -> Trajectory:
     """The steps under `plans` (Plan.to_dict of rank 0's plans), on every rank of the job; with
     `fsdp` the model is sharded with FSDP2 (the plans must be lockstep); `precision` is the
-    executor's."""
-    cluster = get_cluster("cpu", world_size=dist.get_world_size())
+    executor's. The job's ranks form `nodes` emulated nodes (the cpu cluster's), whose routing
+    groups (`routing_groups`, made when None) routed waves use."""
+    cluster = get_cluster("cpu", world_size=dist.get_world_size(), nodes=nodes)
     model = build_model(shape, seed)
-    executor = parallelize(model, cluster, groups=groups, fsdp=fsdp, zero1=zero1, precision=precision, lr=lr)
+    executor = parallelize(model, cluster, groups=groups, routing=routing, fsdp=fsdp, zero1=zero1,
+                           precision=precision, lr=lr)
     losses, grads, starts = [], [], []
     for plan_data, batch in zip(plans, batches, strict=True):
         plan, _ = broadcast_plan(Plan.from_dict(plan_data) if dist.get_rank() == 0 else None)
@@ -31,7 +34,9 @@ def train_distributed(shape: ModelShape, plans: list[dict], batches: list[Batch]
 
 
 def train_all_planners(shape: ModelShape, plans: dict[str, list[dict]], batches: list[Batch], seed: int,
-                        lr: float, zero1: bool, fsdp: bool) -> dict[str, Trajectory] | None:
+                        lr: float, zero1: bool, fsdp: bool, nodes: int = 1) -> dict[str, Trajectory] | None:
     groups = ProcessGroups()
-    out = {name: train_distributed(shape, p, batches, seed, lr, groups, zero1, fsdp) for name, p in plans.items()}
+    routing = routing_groups(get_cluster("cpu", world_size=dist.get_world_size(), nodes=nodes))
+    out = {name: train_distributed(shape, p, batches, seed, lr, groups, zero1, fsdp, nodes=nodes, routing=routing)
+           for name, p in plans.items()}
     return out if dist.get_rank() == 0 else None

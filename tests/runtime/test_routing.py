@@ -1,9 +1,15 @@
 """The routed exchange (Zeppelin's routing layer): its plan run on lists against a brute-force
 simulation of each row's path, and on 4 gloo ranks declared as 2 nodes x 2 ranks (1 and 2 NICs
-per node) and 4 nodes x 1 rank against the unrouted `Route`, forward and backward, bit for bit."""
+per node) and 4 nodes x 1 rank against the unrouted `Route`, forward and backward, bit for bit;
+in the same spawn, the executor's routed waves (remap slots, Ulysses exchanges and 2D video
+layout switches over both nodes) against the same waves unrouted, bit for bit, and one process."""
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,35 +17,45 @@ import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ballast.runtime import ProcessGroups, run_local
+from runtime_cases import LENGTHS, clip_batch, load_params, make_batches, perturbed_params
+
+from ballast import verify
+from ballast.cluster import Cluster, get_cluster
+from ballast.model_shape import MODEL_PRESETS
+from ballast.models import build_model
+from ballast.plans import Group, MicroBatch, Plan, Wave
+from ballast.runtime import ProcessGroups, parallelize, run_local
 from ballast.runtime.all_to_all import all_to_all
 from ballast.runtime.remap import Route
-from ballast.runtime.routing import NodeLayout, RoutedExchange, RoutingGroups, SpanGroups, plan
+from ballast.runtime.routing import NodeLayout, RoutedExchange, SpanGroups, plan, routing_groups
+from ballast.verify.command import routed as _routed
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def test_default_nics_serve_contiguous_blocks_of_local_ranks():
-    assert NodeLayout(8, 4).nic_of == (0, 0, 1, 1, 2, 2, 3, 3)
-    assert NodeLayout(3, 2).nic_of == (0, 0, 1)
-    assert NodeLayout(2, 1).under == ((0, 1),)
+def _cluster(nics: int | None = None, nic_devices: list[list[int]] | None = None, nodes: int = 2) -> Cluster:
+    """The cpu cluster of 4 ranks as `nodes` nodes, with these NICs (default: one per rank)."""
+    return dataclasses.replace(get_cluster("cpu", world_size=4, nodes=nodes), nics_per_node=nics,
+                               nic_devices=nic_devices)
+
+
+def test_the_node_layout_is_the_clusters_and_proxies_as_the_cluster_prices():
+    a800 = get_cluster("a800-16")  # 8 GPUs under 4 NICs, contiguous pairs
+    layout = NodeLayout.of(a800)
+    assert layout == NodeLayout(8, ((0, 1), (2, 3), (4, 5), (6, 7)))
     # Under NIC p, a rank's proxy sits at its own position among its NIC's ranks.
-    layout = NodeLayout(8, 4)
     assert [layout.proxy(p, 3) for p in range(4)] == [1, 3, 5, 7]
-    assert [NodeLayout(3, 2).proxy(p, 1) for p in range(2)] == [1, 2]  # position 1 mod 1 rank
-
-
-@pytest.mark.parametrize("args, match", [((2, 3), "a NIC would serve no rank"), ((0, 1), "at least one rank"),
-                                         ((2, 2, (0, 0)), "each NIC at least once"),
-                                         ((2, 1, (0,)), "for each of the 2 ranks")])
-def test_bad_node_layouts(args, match):
-    with pytest.raises(ValueError, match=match):
-        NodeLayout(*args)
+    odd = dataclasses.replace(a800, nics_per_node=None, nic_devices=[[0, 5, 6], [1, 2, 3, 4, 7]])
+    for cluster in (a800, odd):
+        layout = NodeLayout.of(cluster)
+        assert all([layout.proxy(p, local) for p in range(cluster.nics_per_node)] == cluster.proxies(local)
+                   for local in range(8))
+    assert [NodeLayout.of(odd).proxy(0, local) for local in (1, 3, 7)] == [0, 6, 5]  # positions 0, 2, 4 mod 3
 
 
 def test_a_route_inside_one_node_is_not_routed():
     with pytest.raises(ValueError, match="two or more whole nodes of 2 ranks, not 2 ranks"):
-        plan([[0, 1], [1, 0]], NodeLayout(2, 1), 0)
+        plan([[0, 1], [1, 0]], NodeLayout(2, ((0, 1),)), 0)
 
 
 def _simulate(matrix, layout):
@@ -57,9 +73,8 @@ def _simulate(matrix, layout):
                     continue
                 # Chunk p holds n // k rows, one more for the first n % k chunks.
                 chunk = next(p for p in range(k) if row < sum(n // k + (q < n % k) for q in range(p + 1)))
-                nic_ranks = [i for i in range(r) if layout.nic_of[i] == chunk]
-                own = [i for i in range(r) if layout.nic_of[i] == layout.nic_of[s % r]]
-                proxy = nic_ranks[own.index(s % r) % len(nic_ranks)]
+                own = next(ranks for ranks in layout.nic_devices if s % r in ranks)
+                proxy = layout.nic_devices[chunk][own.index(s % r) % len(layout.nic_devices[chunk])]
                 near, far = s // r * r + proxy, t // r * r + proxy
                 messages[0][s, near, label] += 1
                 messages[1][near, far, label] += 1
@@ -105,12 +120,10 @@ def _execute(matrix, layout):
 def _exchanges(draw):
     nodes, r = draw(st.integers(2, 4)), draw(st.integers(1, 4))
     k = draw(st.integers(1, r))
-    if draw(st.booleans()):  # any NIC assignment that leaves no NIC idle
-        nic_of = draw(st.permutations(list(range(k)) + draw(st.lists(st.integers(0, k - 1), min_size=r - k,
-                                                                     max_size=r - k))))
-        layout = NodeLayout(r, k, tuple(nic_of))
-    else:
-        layout = NodeLayout(r, k)
+    # Any NIC assignment that leaves no NIC idle (the Cluster refuses the others).
+    nic_of = draw(st.permutations(list(range(k)) + draw(st.lists(st.integers(0, k - 1), min_size=r - k,
+                                                                 max_size=r - k))))
+    layout = NodeLayout(r, tuple(tuple(i for i in range(r) if nic_of[i] == p) for p in range(k)))
     size = nodes * r
     matrix = [[draw(st.sampled_from([0, 0, 1, 2, 3, 5, 9])) for _ in range(size)] for _ in range(size)]
     for empty in draw(st.sets(st.integers(0, size - 1), max_size=2)):  # ranks that send and receive nothing
@@ -131,7 +144,7 @@ def test_the_plan_moves_every_row_along_its_route_to_the_unrouted_exchanges_plac
 
 def test_the_reverse_exchange_routes_the_transposed_matrix():
     matrix = ((0, 3, 5, 1), (2, 0, 0, 7), (4, 4, 0, 0), (1, 0, 6, 2))
-    forward = RoutedExchange(SpanGroups(NodeLayout(2, 2), 4, 1, None, None), matrix)
+    forward = RoutedExchange(SpanGroups(NodeLayout.of(_cluster()), 4, 1, None, None), matrix)
     backward = forward.reversed()
     assert backward.matrix == ((0, 2, 4, 1), (3, 0, 4, 0), (5, 0, 0, 6), (1, 7, 0, 2))
     assert forward.recv == (3, 0, 4, 0) and backward.recv == matrix[1]
@@ -142,7 +155,7 @@ def test_the_reverse_exchange_routes_the_transposed_matrix():
 
 # The gloo world: 4 ranks as 2 nodes x 2 ranks (2 NICs and 1 per node) and 4 nodes x 1 rank,
 # whose blocks of 2 nodes are spans of their own.
-LAYOUTS = [(2, 2), (2, 1), (1, 1)]
+CLUSTERS = [_cluster(), _cluster(nics=1), _cluster(nodes=4)]
 SHAPES = [(), (3,), (2, 5)]
 SEEDS = range(4)
 
@@ -166,11 +179,13 @@ def _spans(ranks_per_node):
     return [(0, 4)] if ranks_per_node == 2 else [(0, 4), (rank // 2 * 2, 2)]
 
 
-def _worker():
+def _worker(text: verify.Batch, clips: verify.Batch) -> dict:
     torch.set_num_threads(1)
-    blocks, results = ProcessGroups(), []
-    for r, k in LAYOUTS:
-        groups = RoutingGroups(NodeLayout(r, k))
+    blocks, results, routings = ProcessGroups(), [], []
+    for cluster in CLUSTERS:
+        groups = routing_groups(cluster)
+        routings.append(groups)
+        r, k = groups.layout.ranks_per_node, groups.layout.nics_per_node
         for start, size in _spans(r):
             index = dist.get_rank() - start
             for seed in SEEDS:
@@ -188,7 +203,69 @@ def _worker():
                         (y * grad_out).sum().backward()
                         runs.append((y.detach(), leaf.grad))
                     results.append(((r, k), start, size, index, seed, shape, gathered, runs))
-    return results
+    # The executor on CLUSTERS[0], 2 nodes of 2 ranks, each plan unrouted and every wave routed.
+    steps = {(shape.name, routes): _step(shape, _routed(case) if routes else case, batch, blocks, routings[0])
+             for shape, case, batch in ((TEXT, text_plan(), text), (STDIT, stdit_plan(), clips))
+             for routes in (False, True)}
+    return {"exchanges": results, "steps": steps if dist.get_rank() == 0 else None}
+
+
+# The executor on 2 nodes of 2 ranks: every wave crosses both nodes, routed or not.
+TEXT, STDIT = MODEL_PRESETS["tiny"], MODEL_PRESETS["stdit-tiny"]
+GRIDS = [(4, 8, 8), (3, 4, 5), (1, 6, 6), (5, 1, 1), (1, 1, 3)]
+ROUTES = {"tiny": {"all_to_all", "attention"}, "stdit-tiny": {"all_to_all", "attention", "video_sp"}}
+"""The modules whose exchanges a routed run of each plan routes (`_counting_routed_runs`)."""
+
+
+def text_plan() -> Plan:
+    """A remap domain of both nodes holding a group of 2, a rank and an idle rank; Ulysses over
+    both nodes; then the two together: a remap slot of one group of 4."""
+    return Plan(LENGTHS, [
+        Wave([Group(0, 2, [MicroBatch([0, 1], 0.5), MicroBatch([2])]), Group(2, 1, [MicroBatch([3], 1.0)]),
+              Group(3, 1)], remap=[(0, 4)]),
+        Wave([Group(0, 4, [MicroBatch([4, 5, 6], 0.25), MicroBatch([8])])]),
+        Wave([Group(0, 4, [MicroBatch([7, 9])])], remap=[(0, 4)]),
+    ], planner="routed-text")
+
+
+def stdit_plan() -> Plan:
+    """A spatial-temporal DiT's 2D layouts over both nodes (the 5 x 1 x 1 clip's one column
+    balances over no 4 ranks: its temporal blocks run Ulysses over both nodes); its context
+    layout, the layout switches over both nodes, Ulysses in each node; a remap domain."""
+    return Plan([f * h * w for f, h, w in GRIDS], [
+        Wave([Group(0, 4, [MicroBatch([0]), MicroBatch([3], 1.0)])]),
+        Wave([Group(0, 4, [MicroBatch([1, 4], 0.5)], cp=2)]),
+        Wave([Group(0, 2, [MicroBatch([2])], cp=2), Group(2, 2)], remap=[(0, 4)]),
+    ], shapes=GRIDS, planner="routed-stdit")
+
+
+@contextlib.contextmanager
+def _counting_routed_runs():
+    """The routed exchanges run meanwhile, by the module that ran them: `attention` (Ulysses),
+    `all_to_all` (a remap slot's route, through `AllToAll`), `video_sp` (a layout switch)."""
+    counts, run = Counter(), RoutedExchange.run
+
+    def counted(self, x):
+        counts[Path(sys._getframe(1).f_code.co_filename).stem] += 1
+        return run(self, x)
+
+    RoutedExchange.run = counted
+    try:
+        yield counts
+    finally:
+        RoutedExchange.run = run
+
+
+def _step(shape, case, batch, groups, routing):
+    """One step of plan `case` from `perturbed_params(shape)` (adaLN-zero's zeros would leave a
+    DiT's gradients mostly zero) on 2 emulated nodes: the loss, the summed gradient and the
+    routed exchanges run."""
+    model = build_model(shape, seed=0)
+    executor = parallelize(model, CLUSTERS[0], groups=groups, routing=routing, lr=1e-3)
+    load_params(model, perturbed_params(shape))
+    with _counting_routed_runs() as counts:
+        loss = executor.step(case, batch.samples).loss
+    return loss, verify.flatten(p.grad for p in model.parameters()), counts
 
 
 def _by_hand(matrix, seed, shape, index):
@@ -202,10 +279,15 @@ def _by_hand(matrix, seed, shape, index):
     return torch.cat(output), torch.cat(grad)
 
 
+@pytest.fixture(scope="module")
+def world4() -> list[dict]:
+    return run_local(4, _worker, make_batches()[0], clip_batch(STDIT, GRIDS), timeout=300)
+
+
 @pytest.mark.slow
-def test_routed_exchange_on_4_gloo_ranks_equals_the_unrouted_one_forward_and_backward():
+def test_routed_exchange_on_4_gloo_ranks_equals_the_unrouted_one_forward_and_backward(world4):
     checked, empty = Counter(), 0
-    for results in run_local(4, _worker, timeout=240):
+    for results in (rank["exchanges"] for rank in world4):
         for layout, start, size, index, seed, shape, gathered, runs in results:
             matrix = _matrix(seed, size)
             assert [list(row) for row in gathered] == matrix
@@ -218,3 +300,22 @@ def test_routed_exchange_on_4_gloo_ranks_equals_the_unrouted_one_forward_and_bac
     assert empty > 0  # the odd seeds' empty rank took part in every phase and got nothing
     assert sorted(checked) == [((1, 1), 0, 2), ((1, 1), 0, 4), ((1, 1), 2, 2), ((2, 1), 0, 4), ((2, 2), 0, 4)]
     assert all(n == len(SEEDS) * len(SHAPES) * (2 if key[2] == 2 else 4) for key, n in checked.items())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", [TEXT, STDIT], ids=lambda s: s.name)
+def test_routed_waves_train_as_the_unrouted_ones_bit_for_bit_and_as_one_process(world4, shape):
+    (loss, grads, unrouted), (routed_loss, routed_grads, routed) = (world4[0]["steps"][shape.name, r]
+                                                                    for r in (False, True))
+    assert routed_loss == loss and torch.equal(routed_grads, grads)  # only rows moved, otherwise
+    assert not unrouted and set(routed) == ROUTES[shape.name]
+    batch = make_batches()[0] if shape is TEXT else clip_batch(STDIT, GRIDS)
+    params = perturbed_params(shape)
+    expected = verify.reference_at(shape, verify.Trajectory([], [], [params], params), [batch])
+    want = expected.grads[0]
+    assert float((grads - want).abs().max() / want.abs().max()) <= verify.GRAD_TOLERANCE
+    assert loss == pytest.approx(expected.losses[0], rel=verify.GRAD_TOLERANCE)
+
+
+def test_one_node_makes_no_routing_groups():
+    assert routing_groups(get_cluster("cpu", world_size=4)) is None  # (without torch.distributed: no collective)

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 from ballast.models import PackedStream
 from ballast.models.kernels import local_attention
 from ballast.models.protocol import INPUT, attention_spans, video_positions
-from ballast.runtime import (BALANCE, ProcessGroups, StreamShard, VideoShard, run_local,
+from ballast.runtime import (BALANCE, ProcessGroups, Relayout, StreamShard, VideoShard, run_local,
                              sequence_parallel_attention, shard_sizes, video_layouts)
+from ballast.runtime.routing import NodeLayout, SpanGroups
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -95,6 +96,23 @@ def test_layouts_hold_every_token_once_whole_and_grouped(grids, degree):
         # balance: the smallest largest shard, within one unit of the even share
         assert max(layout.sizes) == _min_max(units[name], degree)
         assert max(layout.sizes) < math.ceil(n / degree) + max(units[name])
+
+
+@settings(max_examples=60, deadline=None)
+@given(grids_strategy, st.sampled_from([2, 4, 8]))
+def test_a_routed_layout_switch_moves_the_unrouted_ones_rows(grids, degree):
+    """Every rank's routed matrix (one bincount over both layouts' owners) has its row and column
+    where the unrouted switch has its splits (`overlaps` or per-rank bincounts), with the same
+    gathering and placing around it."""
+    layouts = video_layouts(grids, degree)
+    for source, target in itertools.permutations(layouts.values(), 2):
+        for index in range(degree):
+            spans = SpanGroups(NodeLayout(1, ((0,),)), degree, index, None, None)
+            plain, routed = (Relayout.between(source, target, None, index, routing=r) for r in (None, spans))
+            assert routed.route.matrix[index] == plain.route.send
+            assert tuple(row[index] for row in routed.route.matrix) == plain.route.recv
+            for got, want in ((routed.gather, plain.gather), (routed.place, plain.place)):
+                assert (got is None and want is None) or torch.equal(got, want)
 
 
 @settings(max_examples=60, deadline=None)

@@ -46,6 +46,27 @@ def test_negative_tolerances_are_refused_before_any_rank_starts(capsys):
     assert "--grad-tolerance and --param-tolerance must be >= 0, got -1" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_verify_passes_for_every_planner_routed_over_two_emulated_nodes(capsys):
+    args = ["verify", "--world", "4", "--nodes", "2", "--routed", "--planners", "all", "--model", "tiny",
+            "--steps", "1", "--batch", "6", "--max-len", "64"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "4 gloo ranks as 2 nodes, every wave routed" in out
+    rows = re.findall(r"^\W*([a-z-]+)\W+\d+\W+([\dx,]+)\W.*\b(ok|FAIL)\W*$", out, re.MULTILINE)
+    assert sorted((name, verdict) for name, _, verdict in rows) == sorted((name, "ok") for name in PLANNERS_ALL)
+    # Some plans hold Ulysses groups of 4 ranks, over both nodes: their exchanges ran routed.
+    assert any("4" in degrees.split(",") for _, degrees, _ in rows)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--routed"], "--routed routes exchanges between nodes, but --nodes is 1: give --nodes 2 or more"),
+    (["--nodes", "3"], "cpu cluster: 2 ranks do not form 3 nodes of equal size")])
+def test_routing_needs_nodes_that_divide_the_world_before_any_rank_starts(capsys, flags, message):
+    assert main([*ARGS, *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("model", ["tiny", "stdit-tiny"])
 @pytest.mark.parametrize("max_len", [1, 2, 8, 16])
 def test_every_planner_plans_at_verifys_budget_for_a_tiny_max_len(model, max_len):
