@@ -48,7 +48,6 @@ from torch.distributed import ProcessGroup
 
 from ..cluster import Cluster
 from ..nic_layout import proxy
-from .remap import Route
 from .shard_sizes import shard_sizes
 from .world import world_timeout
 
@@ -256,19 +255,6 @@ class RoutedExchange:
         if len(self.matrix) != self.groups.size or any(len(row) != self.groups.size for row in self.matrix):
             raise ValueError(f"a routed exchange over {self.groups.size} ranks needs a {self.groups.size} x "
                              f"{self.groups.size} matrix of rows, got {[len(row) for row in self.matrix]}")
-
-    @classmethod
-    def gather(cls, route: Route, groups: RoutingGroups) -> RoutedExchange:
-        """`route` routed, its group's matrix gathered from every rank's `send` (one all-gather
-        over the group; pass `matrix` directly where every rank can compute it)."""
-        ranks = dist.get_process_group_ranks(route.group if route.group is not None else dist.group.WORLD)
-        matrix: list = [None] * len(ranks)
-        dist.all_gather_object(matrix, tuple(route.send), group=route.group)
-        exchange = cls(groups.get(ranks[0], len(ranks)), tuple(map(tuple, matrix)))
-        if ranks != list(range(ranks[0], ranks[0] + len(ranks))) or tuple(route.recv) != exchange.recv:
-            raise ValueError(f"route over ranks {ranks} receiving {route.recv}: not a block whose ranks "
-                             f"send {exchange.recv} to rank {dist.get_rank()}")
-        return exchange
 
     @property
     def recv(self) -> tuple[int, ...]:
