@@ -68,6 +68,12 @@ class PlannerConfig:
     the machine."""
     cluster: str = "cpu"
     """The cluster (`options.CLUSTER`); cpu: one node of the run's ranks."""
+    nodes: int | None = None
+    """The nodes the ranks form (`options.NODES`); unset: the cluster's own (cpu: one node). A
+    cpu run of 4 ranks as 2 nodes trains with routed waves where the planner routes."""
+    routing: bool = True
+    """Route inter-node all-to-alls over every NIC of the node where the planner's rule says so
+    (zeppelin: every wave that crosses nodes; ballast: where that is faster); --no-routing: never."""
     device_memory_gb: float | None = None
     """The budget per rank plans must fit (`options.DEVICE_MEMORY`); unset: the cluster's own (cpu: 4)
     or the profile's."""
@@ -172,7 +178,8 @@ class TrainConfig:
             if value is not None and value <= 0:
                 raise ValueError(f"{flag} must be positive, got {value}")
         for flag, value in {"--world": self.run.world, "--decay-steps": self.optimizer.decay_steps,
-                            "--degree": self.planner.degree, "--cp": self.planner.cp}.items():
+                            "--degree": self.planner.degree, "--cp": self.planner.cp,
+                            "--nodes": self.planner.nodes}.items():
             if value is not None and value < 1:
                 raise ValueError(f"{flag} must be >= 1, got {value}")
         for flag, value in {"--checkpoint-interval": self.checkpoint.checkpoint_interval,

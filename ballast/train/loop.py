@@ -69,7 +69,7 @@ class Setup:
         shape = get_model_shape(config.model.model)
         check_buildable(shape)
         check_data_kind(config.data.source, shape)
-        cluster = get_cluster(config.planner.cluster, world, config.planner.device_memory_gb)
+        cluster = get_cluster(config.planner.cluster, world, config.planner.device_memory_gb, config.planner.nodes)
         cost = get_cost_model(config.planner.cost, shape, cluster, config.planner.device_memory_gb)
         cost.under(ANY_SPLIT).check_fits([config.data.max_len])  # a max_len no plan can hold fails here, not at step k
         return cls(shape, cluster, cost, resolve_tokenizer(config.data.tokenizer, shape))
@@ -99,7 +99,7 @@ def open_data(config: TrainConfig, setup: Setup, progress: bool) -> tuple[BatchS
 def make_planner(config: TrainConfig, setup: Setup) -> Planner:
     options = PlannerOptions(max_len=config.data.max_len, degree=config.planner.degree, cp=config.planner.cp,
                              seed=config.run.seed, time_limit=config.planner.time_limit,
-                             lockstep=config.optimizer.fsdp)
+                             routing=config.planner.routing, lockstep=config.optimizer.fsdp)
     return get_planner(config.planner.planner, setup.cluster, setup.cost, options)
 
 
