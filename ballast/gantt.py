@@ -14,7 +14,8 @@ def gantt(plans: Mapping[str, Plan], cost: CostModel, world_size: int, path: str
 
     The hatched tail of a box is its all-to-all time; empty lockstep fillers are grey; a box
     with recomputation is labelled with its sequences and checkpoint level where it is wide
-    enough.
+    enough. The title gives the step's busiest NIC's bytes (and the routed waves) where its
+    exchanges cross nodes.
     """
     import matplotlib
     matplotlib.use("Agg")
@@ -50,8 +51,15 @@ def gantt(plans: Mapping[str, Plan], cost: CostModel, world_size: int, path: str
         ax.set_yticks([r + 0.5 for r in range(0, world_size, every)],
                       [str(r) for r in range(0, world_size, every)])
         ax.set_ylabel("rank")
+        nics = ""
+        if metrics.nic_bytes.any():  # the step's NIC load, where its exchanges cross nodes
+            routed = sum(w.routed for w in plan.waves)
+            busiest = metrics.nic_bytes.max()
+            size = f"{busiest / 1e9:.2f} GB" if busiest >= 1e9 else f"{busiest / 1e6:.1f} MB"
+            nics = (f", busiest NIC {size}"
+                    f"{f', {routed} of {len(plan.waves)} waves routed' if routed else ''}")
         ax.set_title(f"{name}: step {metrics.step_time:.2f} s, idle {metrics.idle_fraction:.0%}, "
-                     f"{metrics.vs_lower_bound:.2f}x lower bound", fontsize=9, loc="left")
+                     f"{metrics.vs_lower_bound:.2f}x lower bound{nics}", fontsize=9, loc="left")
     axes[-1, 0].set_xlabel("seconds")
     used = sorted({d for p in plans.values() for d in p.degrees_used()})
     fig.legend(handles=[Patch(color=colour[d], label=f"SP degree {d}") for d in used],
