@@ -51,3 +51,16 @@ def test_ballast_routes_a_wave_only_where_that_ends_it_sooner():
 def test_rivals_never_route(name):
     _, plans = _plans(name)
     assert not any(w.routed for plan in plans for w in plan.waves)
+
+
+def test_ballast_routes_a_remap_move_that_loads_a_few_nics():
+    # Node 0's ranks hold a slot's tokens, node 1's nothing: the contiguous move sends ranks 4-7's
+    # rows (all of them) across, through NICs 2 and 3 only (a800: two ranks per NIC). Routed over
+    # all 4 NICs they carry half as much each, after hand-offs over NVLink, 6x faster than a NIC.
+    from ballast.plans import Group, MicroBatch, Plan, Wave
+    planner = get_planner("ballast", CLUSTER, COST, PlannerOptions(max_len=262144))
+    wave = Wave([Group(0, 8, [MicroBatch([0])])] + [Group(r, 1) for r in range(8, 16)], [(0, 16)])
+    plan = Plan([65536], [wave])
+    unrouted = wave_time(plan, wave, planner.cost)
+    planner._route(plan)
+    assert wave.routed and wave_time(plan, wave, planner.cost) < unrouted
