@@ -35,6 +35,8 @@ class PlannerResult:
     """The busiest NIC's bytes over the mean of the NICs that send any."""
     routed_waves: list[float] = field(default_factory=list)
     """Fraction of the step's waves routed over every NIC (`Wave.routed`)."""
+    nic_gb: list[np.ndarray] = field(default_factory=list)
+    """GB each NIC sends in the step (`StepMetrics.nic_bytes`, global NIC order)."""
     first_plan: Plan | None = None
     info: list[dict] = field(default_factory=list)
 
@@ -53,6 +55,7 @@ class PlannerResult:
             self.busiest_nic_gb.append(float(metrics.nic_bytes.max()) / 1e9)
             self.nic_imbalance.append(float(busy.max() / busy.mean()) if len(busy) else 1.0)
             self.routed_waves.append(sum(w.routed for w in plan.waves) / len(plan.waves))
+            self.nic_gb.append(metrics.nic_bytes / 1e9)
 
     def summary(self) -> dict:
         """Every figure a mean over the steps (tokens_per_s too: each step's tokens / its time,
@@ -64,6 +67,8 @@ class PlannerResult:
         for key in ("busiest_nic_gb", "nic_imbalance", "routed_waves"):
             if getattr(self, key):
                 out[key] = float(np.mean(getattr(self, key)))
+        if self.nic_gb:
+            out["nic_gb"] = [round(float(x), 4) for x in np.mean(self.nic_gb, axis=0)]
         gaps = [i["mip_gap"] for i in self.info if "mip_gap" in i]
         if gaps:
             out["mip_gap"] = float(np.mean(gaps))
