@@ -190,6 +190,8 @@ def exchange_surcharge(cost: CostModel, degree: int, cp: int, tokens: float, rou
     if not crosses_nodes(cost, degree) or tokens == 0:
         return 0.0
     even, u = even_exchange(cost.network), degree // cp
+    if not routed and even.nic_factor == 1.0:  # equal NICs: the degree's bandwidth is the price
+        return 0.0
     ulysses, context = cross_bytes(cost, degree, cp, tokens)
     extra = 0.0
     if ulysses:
