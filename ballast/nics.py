@@ -184,8 +184,8 @@ def cross_bytes(cost: CostModel, degree: int, cp: int, tokens: float) -> tuple[f
 def exchange_surcharge(cost: CostModel, degree: int, cp: int, tokens: float, routed: bool) -> float:
     """Seconds a micro-batch of `tokens` in a group of `degree` (split `cp` ways) spends on its
     exchanges beyond `CostModel.comm`, which prices them at the degree's bandwidth: the busiest
-    NIC's excess over the even share where the NICs serve unequal numbers of ranks, and, routed,
-    the hand-offs to and from proxies instead. The Ulysses all-to-all crosses nodes where its
+    NIC's excess over the even share on the bytes that cross (`cross_bytes`) where the NICs serve
+    unequal numbers of ranks, and, routed, the hand-offs to and from proxies instead. The Ulysses all-to-all crosses nodes where its
     sub-group of degree / cp ranks does; the CP all-gathers, never routed, wherever the group does."""
     if not crosses_nodes(cost, degree) or tokens == 0:
         return 0.0
@@ -193,15 +193,11 @@ def exchange_surcharge(cost: CostModel, degree: int, cp: int, tokens: float, rou
     if not routed and even.nic_factor == 1.0:  # equal NICs: the degree's bandwidth is the price
         return 0.0
     ulysses, context = cross_bytes(cost, degree, cp, tokens)
-    extra = 0.0
+    # The busiest NIC's excess prices the bytes that cross, at the rate their exchange was priced at.
+    extra = (even.nic_factor - 1.0) * context / cost.bandwidth[degree] if context else 0.0
     if ulysses:
-        if routed:
-            extra += even.handoff * ulysses / link_rate(cost)
-        else:
-            extra += (even.nic_factor - 1.0) * cost.exchange_bytes(u) * tokens / degree / cost.bandwidth[u]
-    if cp > 1:
-        gathered = 2.0 * cost.gathered_per_token(degree, cp) * (cp - 1) / cp * tokens
-        extra += (even.nic_factor - 1.0) * gathered / cost.bandwidth[degree]
+        extra += (even.handoff * ulysses / link_rate(cost) if routed else
+                  (even.nic_factor - 1.0) * ulysses / cost.bandwidth[u])
     return extra
 
 

@@ -166,3 +166,14 @@ def test_move_transfers_are_the_runtime_overlaps(tokens):
     expected = {(s, t): float(rows) for s in range(n)
                 for t, rows in enumerate(overlaps(tokens, [share] * n, s)[0]) if rows and s != t}
     assert move_transfers(tokens, 0, 1.0) == pytest.approx(expected)
+
+
+def test_unequal_nics_surcharge_the_bytes_that_cross():
+    from ballast.nics import exchange_surcharge
+    # Device 0 alone under NIC 0, devices 1-3 under NIC 1: the busiest NIC carries 1.5x the even
+    # share of a degree-8 all-to-all (two nodes of 4), so the bytes each rank sends across -- half
+    # its payload -- cost half again their time at bandwidth[8].
+    uneven = Cluster("u", 2, 4, 1e10, 1e14, 0.5, {2: 1e11, 4: 1e11, 8: 1e10}, nic_devices=[[0], [1, 2, 3]])
+    cost = _cost(uneven)
+    payload = cost.exchange_bytes(8) * 800 / 8
+    assert exchange_surcharge(cost, 8, 1, 800.0, routed=False) == pytest.approx(0.5 * (payload / 2) / 1e10, rel=1e-12)
