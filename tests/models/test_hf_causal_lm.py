@@ -5,9 +5,10 @@ grouped-query attention) are saved with their weights into folders, loaded by pa
 `get_model_shape("hf:" + folder)` + `build_model`, and run one step under the plans of
 `plan_names` on 2 and 4 gloo ranks, replicated, with ZeRO-1 and with FSDP2 (one `run_local`
 spawn per world size runs all of it): on 4 ranks Llama under every planner's plan, every
-variant under ballast's and the hand-made ones; on 2 ranks every variant under ballast's. The reference uses no ballast code: the same folder loaded
-with `AutoModelForCausalLM.from_pretrained` (eager attention) in this process, every sequence
-run on its own, the loss summed over all target tokens and divided by their count.
+variant under ballast's and the hand-made ones; on 2 ranks every variant under ballast's. The
+reference uses no ballast code: the same folder loaded with
+`AutoModelForCausalLM.from_pretrained` (eager attention) in this process, every sequence run on
+its own, the loss summed over all target tokens and divided by their count.
 
 Tolerance. Both sides compute the same fp32 function; only the order of float sums differs
 (attention over a packed stream vs one sequence, per-shard partial sums of the loss and of
