@@ -5,8 +5,8 @@ grouped-query attention) are saved with their weights into folders, loaded by pa
 `get_model_shape("hf:" + folder)` + `build_model`, and run one step under the plans of
 `plan_names` on 2 and 4 gloo ranks, replicated, with ZeRO-1 and with FSDP2 (one `run_local`
 spawn per world size runs all of it): on 4 ranks Llama under every planner's plan, every
-variant under ballast's and the hand-made ones; on 2 ranks every variant under ballast's. The
-reference uses no ballast code: the same folder loaded with
+variant under ballast's and the hand-made ones (ZeRO-1 under ballast's); on 2 ranks every
+variant under ballast's. The reference uses no ballast code: the same folder loaded with
 `AutoModelForCausalLM.from_pretrained` (eager attention) in this process, every sequence run on
 its own, the loss summed over all target tokens and divided by their count.
 
@@ -124,15 +124,17 @@ def remapped_plan() -> Plan:
 HAND_PLANS = {4: {"empty-shards": empty_shards_plan, "remapped": remapped_plan}, 2: {}}
 
 
-def plan_names(world: int, variant: str) -> list[str]:
-    """The plans `variant` runs on `world` ranks, in every sharding mode. The planners' plans
+def plan_names(world: int, variant: str, mode: str) -> list[str]:
+    """The plans `variant` runs on `world` ranks under sharding `mode`. The planners' plans
     differ in their shapes (degrees, waves, slots, recomputation), which reach the executor, not
-    in the model code they reach, so on 4 ranks one variant runs them all; the other variants run
-    ballast's plan and the hand-made ones, which between them have degrees 1, 2 and 4 (so GQA/MQA
-    replication at 2 and 4), empty shards, recomputation at several levels and remap domains. On
-    2 ranks (degree 2 over the whole cluster) every variant runs ballast's plan; the 4-rank job
-    runs every planner at degrees 1 and 2 besides 4."""
-    if world == 2:
+    in the model code they reach, so on 4 ranks one variant runs them all, replicated and with
+    FSDP2; the other variants run ballast's plan and the hand-made ones, which between them have
+    degrees 1, 2 and 4 (so GQA/MQA replication at 2 and 4), empty shards, recomputation at
+    several levels and remap domains. ZeRO-1 shards only the optimizer state, after the step's
+    gradients are whole, so the plan does not reach it: ballast's plan. On 2 ranks (degree 2
+    over the whole cluster) every variant runs ballast's plan; the 4-rank job runs every planner
+    at degrees 1 and 2 besides 4."""
+    if world == 2 or mode == "zero1":
         return ["ballast"]
     return [*PLANNERS, *HAND_PLANS[4]] if variant == "llama" else ["ballast", *HAND_PLANS[4]]
 
@@ -222,9 +224,8 @@ def _run_world(world: int, folders: dict[str, Path], samples: list[torch.Tensor]
     plans = {}
     for variant in VARIANTS:
         shape = get_model_shape(f"hf:{folders[variant]}")
-        names = plan_names(world, variant)
-        plain, lockstep = planner_plans(shape, world, False, names), planner_plans(shape, world, True, names)
-        plans[variant] = {"plain": plain, "zero1": plain, "fsdp": lockstep}
+        plans[variant] = {mode: planner_plans(shape, world, mode == "fsdp", plan_names(world, variant, mode))
+                          for mode in MODES}
     result = run_local(world, _world_worker, {k: str(v) for k, v in folders.items()}, plans, samples,
                        timeout=600)[0]
     return result, plans
@@ -265,7 +266,7 @@ def check_world(world: int, result: dict, plans: dict, references: dict) -> None
     failures = []
     for variant, by_mode in plans.items():
         for mode, by_planner in by_mode.items():
-            assert list(by_planner) == plan_names(world, variant)
+            assert list(by_planner) == plan_names(world, variant, mode)
             assert mode != "fsdp" or all(plan["lockstep"] for plan in by_planner.values())
             for planner in by_planner:
                 loss, grad, where = errors_of(result[variant, mode, planner], references[variant])
