@@ -103,10 +103,12 @@ def plan_names(world: int, model: str, mode: str) -> list[str]:
     lockstep plan (they run nowhere else) on stdit-tiny, whose blocks take both 2D layouts and
     the Ulysses fallback, and on dit-tiny (other parameters to shard, the same plan shapes)
     ballast's and the hand-made one. ZeRO-1 shards only the optimizer state, after the step's
-    gradients are whole, so the plan's shape does not reach it: ballast's plan and the hand-made
-    one. On 2 ranks (degree 2 over the whole cluster) every sharding runs those two; the 4-rank
+    gradients are whole, so the plan does not reach it: ballast's plan. On 2 ranks (degree 2
+    over the whole cluster) replicated and FSDP2 run ballast's and the hand-made one; the 4-rank
     job runs every planner at degrees 1 and 2 besides 4."""
-    if world == 4 and (mode == "plain" or (mode == "fsdp" and model == "stdit-tiny")):
+    if mode == "zero1":
+        return ["ballast"]
+    if world == 4 and (mode == "plain" or model == "stdit-tiny"):
         return [*PLANNERS, "remapped"]
     return ["ballast", "remapped"]
 
