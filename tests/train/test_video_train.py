@@ -55,7 +55,9 @@ def config(out: Path, steps: int, planner: str = "ballast", model: str = "stdit-
     return run_config(out, steps, model=model, source=DATA, max_len=MAX_LEN, tokens_per_step=BUDGET,
                       device_memory_gb=small_memory_gb(model), planner=planner,
                       degree=2 if planner == "static" else None, decay_steps=STEPS, timeout=120.0,
-                      checkpoint_interval=1, **optimizer)
+                      # a checkpoint at the end of each run only: the resume starts from the
+                      # split run's last, `final_parameters` reads each run's last
+                      checkpoint_interval=0, **optimizer)
 
 
 def _train_all(configs: list[TrainConfig]) -> list[dict | None]:
