@@ -173,6 +173,8 @@ CASES = [
     ("simulate --cluster cpu --world 3", 2, "3"),
     ("simulate --cluster cpu --world 4 --nodes 3", 2, "cpu cluster: 4 ranks do not form 3 nodes of equal size"),
     ("simulate --cluster h100-32 --nodes 2", 2, "cluster 'h100-32' has 4 nodes of 8 devices but the job asks for 2 nodes"),
+    ("verify --world 4 --routed", 2, "--routed routes exchanges between nodes, but --nodes is 1: give --nodes 2 or more"),
+    ("train --world 4 --nodes 3 --steps 1", 2, "cpu cluster: 4 ranks do not form 3 nodes of equal size"),
     ("simulate --model nosuch", 2, "unknown model 'nosuch'"),
     ("simulate --model {not.json}", 2, r"model file .*not.json.*line 2"),
     ("simulate --model {odd-model.json}", 2, "hidden 100 is not divisible by heads 3"),
