@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 from .bench import command as bench
 from .profile import command as profile
@@ -21,6 +22,8 @@ from .train import command as train
 from .verify import command as verify
 
 DESCRIPTION = "data-centric parallelism for training Transformers on variable-length sequences"
+LOCAL_RANK0_GRACE_SECONDS = 30.0
+"""How long a node's other ranks wait for local rank 0 to report a user error they all met."""
 COMMANDS = {"simulate": simulate, "verify": verify, "train": train, "profile": profile, "bench": bench}
 
 
@@ -42,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
             # Raised before joining the job: every rank checked the same flags and files and
             # failed alike, so one line per node says it (torchrun then reports the exit code).
             if os.environ.get("LOCAL_RANK", "0") != "0":
+                # torchrun stops a node's ranks as soon as one exits: leaving first could stop
+                # local rank 0 before it says the error. It exits, and torchrun stops this one.
+                time.sleep(LOCAL_RANK0_GRACE_SECONDS)
                 return 2
             where = ""
         print(f"ballast {args.command}: error: {where}{e}", file=sys.stderr)

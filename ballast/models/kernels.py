@@ -20,12 +20,14 @@ a patch column or a whole clip; `protocol.attention_spans`), and is causal insid
 """
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPAParams
 
 from .protocol import PackedStream, attention_spans
 
@@ -34,15 +36,23 @@ try:
 except ImportError:  # CPU machines and GPUs without flash-attn use one of the others
     flash_attn_varlen_func = None
 
-try:
-    from torch.nn.attention import SDPAParams
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:  # torch < 2.10 has no varlen attention of its own
-    varlen_attn = None
-# Causal masking and grouped-query heads are spelled `window_size=(-1, 0)` and `enable_gqa`
-# since torch 2.12; 2.10 and 2.11 had `is_causal` and no grouped-query attention.
-if varlen_attn is not None and not {"window_size", "enable_gqa"} <= inspect.signature(varlen_attn).parameters.keys():
-    varlen_attn = None
+
+@functools.cache
+def torch_varlen_attn() -> Callable | None:
+    """PyTorch's `varlen_attn`, or None where this torch has none that takes what ballast passes.
+
+    Imported on first use, by a CUDA tensor: `torch.nn.attention.varlen` imports torch's
+    compiler stack (about 2 s), which every CPU rank and command would otherwise pay at start."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # torch < 2.10 has no varlen attention of its own
+        return None
+    # Causal masking and grouped-query heads are spelled `window_size=(-1, 0)` and `enable_gqa`
+    # since torch 2.12; 2.10 and 2.11 had `is_causal` and no grouped-query attention.
+    if not {"window_size", "enable_gqa"} <= inspect.signature(varlen_attn).parameters.keys():
+        return None
+    return varlen_attn
+
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -60,7 +70,7 @@ def _flash_attn(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal: 
 
 def _torch_varlen(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal: bool) -> Tensor:
     cu_seqlens, longest = _cu_seqlens(bounds, q.device)
-    return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, longest, longest,
+    return torch_varlen_attn()(q, k, v, cu_seqlens, cu_seqlens, longest, longest,
                        window_size=(-1, 0) if causal else (-1, -1), enable_gqa=k.shape[1] != q.shape[1])
 
 
@@ -193,7 +203,7 @@ def span_attention(q: Tensor, k: Tensor, v: Tensor, q_bounds: Sequence[int], k_b
         cu_k, longest_k = _cu_seqlens(k_bounds, q.device)
         if kernel == "flash-attn":
             return flash_attn_varlen_func(q, k, v, cu_q, cu_k, longest_q, longest_k, causal=False)
-        return varlen_attn(q, k, v, cu_q, cu_k, longest_q, longest_k, window_size=(-1, -1),
+        return torch_varlen_attn()(q, k, v, cu_q, cu_k, longest_q, longest_k, window_size=(-1, -1),
                            enable_gqa=k.shape[1] != q.shape[1])
     edges_q, edges_k = torch.tensor(q_bounds, dtype=torch.long), torch.tensor(k_bounds, dtype=torch.long)
     queries, keys = edges_q[1:] - edges_q[:-1], edges_k[1:] - edges_k[:-1]
@@ -236,7 +246,7 @@ def torch_varlen_supports(q: Tensor, k: Tensor, v: Tensor) -> bool:
     `varlen_attn` calls the flash kernel that SDPA dispatches to, so SDPA's own check of that
     kernel (build, GPU architecture, dtype, head size, grouped-query heads) answers for it,
     asked about the same tensors as one batch of one sequence."""
-    if varlen_attn is None or not q.is_cuda or q.dtype not in _HALF:
+    if not q.is_cuda or q.dtype not in _HALF or torch_varlen_attn() is None:
         return False
     params = SDPAParams(*(t.transpose(0, 1)[None] for t in (q, k, v)), None, 0.0, True, k.shape[1] != q.shape[1])
     return torch.backends.cuda.can_use_flash_attention(params)

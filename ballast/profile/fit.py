@@ -68,7 +68,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-from scipy.optimize import minimize, nnls
 
 from ..cost import CostModel
 from ..model_shape import ModelShape
@@ -178,6 +177,9 @@ def _nnls(columns: list[np.ndarray], target: np.ndarray, weight: np.ndarray) -> 
 
     Columns are scaled to unit norm first: they span s^2 ~ 1e7 down to 1, and NNLS's active
     set tolerance is absolute."""
+    # scipy.optimize is imported where a fit runs: at start it would cost every command ~1 s.
+    from scipy.optimize import nnls
+
     x = np.column_stack(columns) * weight[:, None]
     scale = np.linalg.norm(x, axis=0)
     scale[scale == 0] = 1.0
@@ -304,6 +306,8 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
 
     def residual(factors) -> float:
         return _nnls(columns(*np.clip(factors, 0.0, MAX_RECOMPUTE)), target, weight)[1]
+
+    from scipy.optimize import minimize  # where a fit runs, as in `_nnls`
 
     grid = np.linspace(0.0, MAX_RECOMPUTE, RECOMPUTE_GRID)
     coarse = min(((ra, r) for ra in grid for r in grid), key=residual)

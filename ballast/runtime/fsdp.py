@@ -21,17 +21,25 @@ What this asks of the executor (`executor.py`):
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import Tensor
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor
 
 from ..models.protocol import ParallelModel
+
+# FSDP2 and DTensor are imported where a model is sharded, not with this module: they pull in
+# sympy and torch's tensor-parallel ops (about 1 s), which every rank of a run with replicated
+# weights and every command would otherwise pay at start. A module or tensor of theirs can
+# only exist once they are imported, so `is_sharded` and `full_tensor` look in sys.modules.
+_FSDP, _DTENSOR = "torch.distributed.fsdp", "torch.distributed.tensor"
 
 
 def shard_model(model: ParallelModel) -> ParallelModel:
     """Shard `model` over the world with FSDP2 (in place; returns it). Collective: every rank
     calls it, with the same weights (`parallelize` broadcasts rank 0's first)."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
     for block in model.blocks():
         fully_shard(block)
     fully_shard(model)
@@ -43,9 +51,11 @@ def shard_model(model: ParallelModel) -> ParallelModel:
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
+    fsdp = sys.modules.get(_FSDP)
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
 
 
 def full_tensor(t: Tensor) -> Tensor:
     """The whole tensor of a sharded parameter or gradient (a collective), a plain one as it is."""
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    dtensor = sys.modules.get(_DTENSOR)
+    return t.full_tensor() if dtensor is not None and isinstance(t, dtensor.DTensor) else t

@@ -22,7 +22,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ..cluster import Cluster
 from ..models.protocol import ParallelModel
@@ -75,6 +74,9 @@ def make_optimizer(model: nn.Module, zero1: bool = False, **adamw: float) -> tor
     if zero1 and is_sharded(model):
         raise ValueError("ZeRO-1 and FSDP both shard the optimizer state: use one of them")
     if zero1:
+        # Imported here: torch.distributed.optim costs every rank about 0.5 s at start.
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, **adamw)
     return torch.optim.AdamW(params, **adamw)
 

@@ -20,7 +20,7 @@ from runtime_cases import LENGTHS, SHAPE, make_batches
 from ballast import verify
 from ballast.cluster import get_cluster
 from ballast.models import PackedStream, build_gpt
-from ballast.models.kernels import KERNELS, attention_kernel, flash_attn_varlen_func, torch_varlen_supports, varlen_attn
+from ballast.models.kernels import KERNELS, attention_kernel, flash_attn_varlen_func, torch_varlen_attn, torch_varlen_supports
 from ballast.plans import Group, MicroBatch, Plan, Wave
 from ballast.runtime import ProcessGroups, init_distributed, parallelize
 
@@ -102,7 +102,7 @@ def test_cuda_attention_matches_per_sequence_fp32_sdpa():
 @needs_cuda
 def test_torch_varlen_attention_matches_per_sequence_fp32_sdpa():
     """PyTorch's varlen kernel, whether or not flash-attn would be preferred to it."""
-    if varlen_attn is None:
+    if torch_varlen_attn() is None:
         pytest.skip(f"torch {torch.__version__} has no varlen_attn with window_size and enable_gqa (torch >= 2.12)")
     q, k, v = (t.cuda().bfloat16() for t in _packed_inputs()[:3])
     if not torch_varlen_supports(q, k, v):
