@@ -344,35 +344,52 @@ def test_bad_input(line, code, pattern, files, capsys, tmp_path):
     _assert_one_error(err, argv[0], pattern)
 
 
+# (how the checkpoints are damaged, the checkpoint `resumable` picks, what it warns or raises)
 CHECKPOINT_CASES = [
-    ("truncated shard", r"step-00000002: shard __\d_0.distcp is truncated \(100 of \d+ bytes\); resuming "
-                        r"from the older step-00000001", 0),
-    ("meta not JSON", r"step-00000002/meta.json: cannot parse JSON: .* at line 2, column 3; resuming from the "
-                      r"older step-00000001", 0),
-    ("metadata missing", r"step-00000002: .metadata is missing.*resuming from the older step-00000001", 0),
-    ("all damaged", r"checkpoints holds no usable checkpoint: checkpoint .*step-00000002: .metadata is missing "
-                    r".*\(and 1 older damaged one\(s\)\)", 2),
-    ("empty folder", r"starting fresh: no checkpoint in .*checkpoints", 0),
-    ("overwritten middle", r"step-00000002: __\d_0.distcp does not match its SHA-256 in sha256.json \(its bytes "
-                           r"changed after it was written\); resuming from the older step-00000001", 0),
-    ("no manifests", r"step-00000002 has no sha256.json \(written by a ballast before checksums\): its files are "
-                     r"checked by size only.*resuming from .*step-00000002", 0),
+    ("truncated shard", "step-00000001", r"step-00000002: shard __\d_0.distcp is truncated \(100 of \d+ bytes\); "
+                                         r"resuming from the older step-00000001"),
+    ("meta not JSON", "step-00000001", r"step-00000002/meta.json: cannot parse JSON: .* at line 2, column 3; "
+                                       r"resuming from the older step-00000001"),
+    ("metadata missing", "step-00000001", r"step-00000002: .metadata is missing.*resuming from the older "
+                                          r"step-00000001"),
+    ("all damaged", None, r"checkpoints holds no usable checkpoint: checkpoint .*step-00000002: .metadata is "
+                          r"missing .*\(and 1 older damaged one\(s\)\)"),
+    ("empty folder", None, None),
+    ("overwritten middle", "step-00000001", r"step-00000002: __\d_0.distcp does not match its SHA-256 in "
+                                            r"sha256.json \(its bytes changed after it was written\); resuming "
+                                            r"from the older step-00000001"),
+    ("no manifests", "step-00000002", r"step-00000002 has no sha256.json \(written by a ballast before "
+                                      r"checksums\): its files are checked by size only"),
 ]
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("how, picked, pattern", CHECKPOINT_CASES, ids=[c[0] for c in CHECKPOINT_CASES])
+def test_damaged_checkpoint(how, picked, pattern, trained, tmp_path):
+    """A damaged newest checkpoint: a warning naming it and the older one picked; none usable:
+    one error naming the folder; none at all: nothing picked (a fresh start). What `train` makes
+    of the pick runs for real below: a resume from the older one, and the error."""
+    root = damaged(trained, tmp_path, how) / "checkpoints"
+    warnings: list[str] = []
+    if how == "all damaged":
+        with pytest.raises(checkpoint.Damaged) as raised:
+            checkpoint.resumable(root, warnings.append)
+        assert re.search(pattern, str(raised.value), re.S), raised.value
+        return
+    found = checkpoint.resumable(root, warnings.append)
+    assert (found and found.name) == picked
+    assert len(warnings) == (pattern is not None), warnings
+    assert pattern is None or re.search(pattern, warnings[0], re.S), warnings
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("how, pattern, code", CHECKPOINT_CASES, ids=[c[0] for c in CHECKPOINT_CASES])
-def test_damaged_checkpoint(how, pattern, code, files, trained, tmp_path, capfd):
-    """A damaged newest checkpoint: a warning naming it and a resume from the older one; none
-    usable: one error naming the folder; none at all: said, then a fresh start."""
-    run = damaged(trained, tmp_path, how)
-    got, err, out = _run(["train", *TRAIN, "--steps", "3", "--data", files["corpus"], "--cache-dir", files["cache"],
-                          "--out-dir", str(run)], capfd)
-    assert got == code, err
-    captured = err + out
-    assert re.search(pattern, captured, re.S), captured
-    assert "Traceback" not in captured
+def test_no_usable_checkpoint_stops_the_run_with_one_error(files, trained, tmp_path, capfd):
+    run = damaged(trained, tmp_path, "all damaged")
+    got, err, _ = _run(["train", *TRAIN, "--steps", "3", "--data", files["corpus"], "--cache-dir", files["cache"],
+                        "--out-dir", str(run)], capfd)
+    assert got == 2, err
+    _assert_one_error(err, "train", CHECKPOINT_CASES[3][2])
 
 
 @pytest.mark.slow
@@ -385,6 +402,7 @@ def test_same_size_damage_resumes_from_the_older_exactly(files, trained, tmp_pat
     got, err, out = _run(["train", *TRAIN, "--data", files["corpus"], "--cache-dir", files["cache"],
                           "--out-dir", str(run)], capfd)
     assert got == 0, err
+    assert re.search(CHECKPOINT_CASES[5][2], out + err, re.S), out + err
     assert "resumed from" in out and "step-00000001 at step 1" in out
     assert [r["loss"] for r in final_history(run / "metrics.jsonl")] == \
         [r["loss"] for r in final_history(trained / "metrics.jsonl")]
@@ -411,9 +429,33 @@ def checkpoint_parameters(out: Path) -> torch.Tensor:
     return torch.cat([t.reshape(-1) for t in state["model"].values()])
 
 
-@pytest.fixture(scope="module")
-def trained_qwen3(files) -> Path:
-    """A run folder with a checkpoint of a Qwen3 whose numbers a Gemma folder shares, and that Gemma."""
+# (the resuming run's flags, what the error must say)
+ANOTHER_MODEL = [
+    ("--model {wide-model.json}",
+     r"step-00000002 holds another model: 'tiny' \(ballast's own\), not this run's 'wide-model' \(ballast's own\) "
+     r"\(layers 4 there, 2 here; .*\): resume it with its own model, or give this run another --checkpoint-dir"),
+    # another family: the data stream's state is never reached
+    ("--model stdit-tiny --data video-synthetic:0:{short-clips.txt}",
+     r"step-00000002 holds another model: 'tiny' .*not this run's 'stdit-tiny'"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("flags, pattern", ANOTHER_MODEL, ids=[c[0] for c in ANOTHER_MODEL])
+def test_checkpoint_of_another_model(flags, pattern, files, trained, tmp_path, capsys):
+    folder = tmp_path / "run"
+    shutil.copytree(trained, folder)
+    argv = [re.sub(r"\{([^}]+)\}", lambda m: files[m.group(1)], part) for part in flags.split()]
+    data = [] if "--data" in argv else ["--data", files["corpus"], "--cache-dir", files["cache"]]
+    got, err, _ = _run(["train", *TRAIN, "--steps", "3", *argv, *data, "--out-dir", str(folder)], capsys)
+    assert got == 2, err
+    _assert_one_error(err, "train", pattern)
+
+
+def test_checkpoint_of_a_model_with_the_same_numbers_and_another_architecture(files):
+    """Every tensor of the Gemma is in the Qwen3's checkpoint: the record's architecture tells
+    them apart (`train` checks the record as above, before anything of the checkpoint is used)."""
     from transformers import GemmaConfig, Qwen3Config
 
     root = Path(files["root"])
@@ -421,38 +463,11 @@ def trained_qwen3(files) -> Path:
                   num_key_value_heads=4, head_dim=16, tie_word_embeddings=True)
     Qwen3Config(**common, architectures=["Qwen3ForCausalLM"]).save_pretrained(root / "qwen3")
     GemmaConfig(**common, architectures=["GemmaForCausalLM"]).save_pretrained(root / "gemma")
-    out = root / "trained-qwen3"
-    assert main(["train", *TRAIN, "--steps", "1", "--model", f"hf:{root / 'qwen3'}", "--data", files["corpus"],
-                 "--cache-dir", files["cache"], "--out-dir", str(out)]) == 0
-    return out
-
-
-# (run folder fixture, the resuming run's flags, what the error must say)
-ANOTHER_MODEL = [
-    ("trained", "--model {wide-model.json}",
-     r"step-00000002 holds another model: 'tiny' \(ballast's own\), not this run's 'wide-model' \(ballast's own\) "
-     r"\(layers 4 there, 2 here; .*\): resume it with its own model, or give this run another --checkpoint-dir"),
-    # another family: the data stream's state is never reached
-    ("trained", "--model stdit-tiny --data video-synthetic:0:{short-clips.txt}",
-     r"step-00000002 holds another model: 'tiny' .*not this run's 'stdit-tiny'"),
-    # the same numbers, another architecture: every tensor of the Gemma is in the Qwen3's checkpoint
-    ("trained_qwen3", "--model hf:{root}/gemma",
-     r"step-00000001 holds another model: 'qwen3' \(hf:.*qwen3, Qwen3ForCausalLM\), not this run's 'gemma' "
-     r"\(hf:.*gemma, GemmaForCausalLM\) \(.*architecture Qwen3ForCausalLM there, GemmaForCausalLM here"),
-]
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(180)
-@pytest.mark.parametrize("run, flags, pattern", ANOTHER_MODEL, ids=[c[1] for c in ANOTHER_MODEL])
-def test_checkpoint_of_another_model(run, flags, pattern, files, tmp_path, capsys, request):
-    folder = tmp_path / "run"
-    shutil.copytree(request.getfixturevalue(run), folder)
-    argv = [re.sub(r"\{([^}]+)\}", lambda m: files[m.group(1)], part) for part in flags.split()]
-    data = [] if "--data" in argv else ["--data", files["corpus"], "--cache-dir", files["cache"]]
-    got, err, _ = _run(["train", *TRAIN, "--steps", "3", *argv, *data, "--out-dir", str(folder)], capsys)
-    assert got == 2, err
-    _assert_one_error(err, "train", pattern)
+    meta = {"model": checkpoint.model_record(get_model_shape(f"hf:{root / 'qwen3'}"))}
+    with pytest.raises(ValueError, match=r"step-00000001 holds another model: 'qwen3' \(hf:.*qwen3, Qwen3ForCausalLM\), "
+                                         r"not this run's 'gemma' \(hf:.*gemma, GemmaForCausalLM\) \(.*architecture "
+                                         r"Qwen3ForCausalLM there, GemmaForCausalLM here"):
+        checkpoint.check_same_model(root / "step-00000001", meta, get_model_shape(f"hf:{root / 'gemma'}"))
 
 
 @pytest.mark.slow

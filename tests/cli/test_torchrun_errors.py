@@ -15,8 +15,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("flags, message", [
     (["--world", "3"], "--world 3 does not match torchrun's WORLD_SIZE 2"),
     (["--lr", "nan"], "--lr must be a finite number, got nan"),
-    (["--beta1", "1.5"], r"--beta1 must be in [0, 1) (AdamW's moment decay), got 1.5"),
-], ids=["world", "lr", "beta1"])
+], ids=["world", "lr"])
 def test_torchrun_user_error_is_one_line(flags, message, tmp_path):
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "ballast.cli", "train", *flags, "--out-dir", str(tmp_path)],
