@@ -155,19 +155,6 @@ class Cluster:
         base = self.node_of(rank) * self.devices_per_node
         return [base + proxy(self.nic_devices, rank % self.devices_per_node, nic) for nic in range(self.nics_per_node)]
 
-    @property
-    def node_nic_bandwidth(self) -> float:
-        """Bytes/s a node's NICs move together in one direction."""
-        assert self.nic_bandwidth is not None, f"cluster {self.name!r}: one node, no NIC bandwidth"
-        return self.nics_per_node * self.nic_bandwidth
-
-    @property
-    def intra_node_bandwidth(self) -> float:
-        """Bytes/s per rank of an all-to-all over the whole node, bandwidth[devices_per_node]:
-        what moving a routed transfer's chunks to and from proxies over the node's links costs."""
-        assert self.devices_per_node > 1, f"cluster {self.name!r}: one device per node, no intra-node links"
-        return self.bandwidth[self.devices_per_node]
-
     def all_to_all_bandwidth(self, degree: int) -> float:
         assert degree > 1, "degree 1 needs no all-to-all"
         return self.bandwidth[degree]

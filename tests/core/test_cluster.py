@@ -258,11 +258,9 @@ def test_gpu_presets_nics_and_their_share_of_the_bandwidth_table(name):
     assert (c.nics_per_node, c.nic_bandwidth, c.nics) == (nics, nic, c.nodes * nics)
     block = 8 // nics
     assert c.nic_devices == [list(range(i * block, (i + 1) * block)) for i in range(nics)]
-    assert c.node_nic_bandwidth == nics * nic
     # Across nodes an all-to-all gets FlexSP's fraction of each GPU's share of the node's NICs.
     for d in (16, 32):
         assert c.bandwidth[d] == pytest.approx(FLEXSP_BW_GBS[d] / 25 * nics * nic / 8)
-    assert c.intra_node_bandwidth == c.bandwidth[8]
 
 
 def test_a800_and_h800_presets():
