@@ -18,10 +18,13 @@ import json
 import logging
 import os
 import socket
+import sys
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing import reduction
 from pathlib import Path
 from typing import Any, Callable
 
@@ -94,7 +97,7 @@ def run_local(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
     with tempfile.TemporaryDirectory(prefix="ballast-ranks-") as out:
         mp.get_context(START_METHOD).set_forkserver_preload(PRELOADED)
         context = mp.start_processes(
-            _rank_main, args=(world_size, store.port, collective_timeout, fn, args, out, dict(os.environ)),
+            _rank_main, args=(world_size, store.port, collective_timeout, fn, args, out, _Launcher.now()),
             nprocs=world_size, join=False, start_method=START_METHOD)
         deadline = time.monotonic() + timeout
         while not _join(context, out, max(0.0, min(1.0, deadline - time.monotonic()))):
@@ -194,12 +197,48 @@ def _first_cause(reports: list[dict], failure: Exception) -> Exception:
     return RankFailed(f"rank {first['rank']} failed:\n{first.get('traceback') or first['message']}")
 
 
+class _FileDescriptor:
+    """One of the launcher's file descriptors, pickled as the rank's own copy of it (sent over
+    the fork server's socket)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def __reduce__(self):
+        return _detach, (reduction.DupFd(self.fd),)
+
+
+def _detach(duplicate) -> int:
+    return duplicate.detach()
+
+
+@dataclass(frozen=True)
+class _Launcher:
+    """What a rank takes from the launcher as a spawned process would: its environment and its
+    standard output and error as they are at the launch. A forked rank would otherwise have the
+    fork server's, which are the launcher's of when the server started (a variable set since,
+    a redirection or a test's capture begun or ended since)."""
+
+    environ: dict[str, str]
+    stdout: _FileDescriptor | int
+    stderr: _FileDescriptor | int
+
+    @classmethod
+    def now(cls) -> _Launcher:
+        return cls(dict(os.environ), _FileDescriptor(1), _FileDescriptor(2))
+
+    def adopt(self) -> None:
+        os.environ.clear()
+        os.environ.update(self.environ)
+        for stream, fd in ((sys.stdout, self.stdout), (sys.stderr, self.stderr)):
+            stream.flush()
+            os.dup2(fd, stream.fileno())
+            os.close(fd)
+
+
 def _rank_main(rank: int, world_size: int, port: int, collective_timeout: timedelta,
-               fn: Callable[..., Any], args: tuple, out: str, environ: dict[str, str]) -> None:
-    # The fork server's environment is the launcher's when the server started: a rank sees the
-    # launcher's as it is now, as a spawned process would (BALLAST_FAULT_*, a test's settings).
-    os.environ.clear()
-    os.environ.update(environ)
+               fn: Callable[..., Any], args: tuple, out: str, launcher: _Launcher) -> None:
+    launcher.adopt()
     if any(name == "lo" for _, name in socket.if_nameindex()):
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's own connections stay on loopback too
     # Ranks share this machine's cores; more threads each would only fight over them.
