@@ -31,6 +31,7 @@ import random
 import statistics
 import time
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 from rich.console import Console
@@ -146,6 +147,16 @@ def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats:
     return records
 
 
+def beyond_noise(predicted: float, samples: Sequence[float], measured: float) -> float:
+    """The part of a plan's error predicted / measured - 1 that its own rounds do not explain:
+    0 where the prediction lies between its fastest and slowest round, else the distance to the
+    nearer of them, relative to the measurement (signed as the error)."""
+    low, high = min(samples), max(samples)
+    if predicted > high:
+        return (predicted - high) / measured
+    return (predicted - low) / measured if predicted < low else 0.0
+
+
 def compare_plans(plans: list[Plan], cost: CostModel, per_rank: list[list[list[dict]]],
                   statistic: str) -> list[dict]:
     """Each plan's prediction next to its measurement (`statistic` over rounds of the worst rank)."""
@@ -162,6 +173,8 @@ def compare_plans(plans: list[Plan], cost: CostModel, per_rank: list[list[list[d
                          micro_batches=sum(1 for _, _, mb in plan.micro_batches() if mb.seq_ids),
                          predicted_s=predicted, measured_s=measured, samples_s=samples,
                          time_error=predicted / measured - 1.0,
+                         noise=(max(samples) - min(samples)) / measured,
+                         time_error_beyond_noise=beyond_noise(predicted, samples, measured),
                          step_overhead_s=statistics.median(max(r["overhead"] for r in ranks) for ranks in rounds),
                          core_share=core_share([r for ranks in rounds for r in ranks]),
                          predicted_act_bytes=predicted_act, measured_act_bytes=act,
@@ -199,12 +212,15 @@ def scatter(rows: list[dict], path: str | Path, title: str) -> None:
 
 def summarise(rows: list[dict]) -> dict:
     """|error| statistics of step time under every way of reducing rounds, and of memory; step
-    time again for the plans that ran a CP part and for those that did not."""
+    time's error beyond each plan's repeat spread (`beyond_noise`) and that spread (`noise`:
+    slowest minus fastest round over the measurement); step time again for the plans that ran
+    a CP part and for those that did not."""
     out = {f"time_{name}": error_summary([r["predicted_s"] / reduce(r["samples_s"]) - 1.0 for r in rows])
            for name, reduce in STATISTICS.items()}
     context = [r for r in rows if runs_context(r)]
     return dict(time=error_summary([r["time_error"] for r in rows]), act=error_summary([r["act_error"] for r in rows]),
-                **out, time_context=error_summary([r["time_error"] for r in context]),
+                time_beyond_noise=error_summary([r["time_error_beyond_noise"] for r in rows]),
+                noise=error_summary([r["noise"] for r in rows]), **out, time_context=error_summary([r["time_error"] for r in context]),
                 act_context=error_summary([r["act_error"] for r in context]),
                 time_without_context=error_summary([r["time_error"] for r in rows if not runs_context(r)]))
 
@@ -281,6 +297,10 @@ def run_check(args: argparse.Namespace) -> int:
                   f"{loads['min']:.1f}..{loads['max']:.1f} on {loads['cpus']} CPUs, the ranks had "
                   f"{statistics.median(r['core_share'] for r in rows):.0%} of a core (the profile: load "
                   f"{cost.fit['load_average']['median']:.1f}, {cost.fit['core_share']:.0%})")
+    beyond, noise = summary["time_beyond_noise"], summary["noise"]
+    console.print(f"step time |error| beyond each plan's repeat spread: median {beyond['median']:.1%}, p90 "
+                  f"{beyond['p90']:.1%}, max {beyond['max']:.1%}; the spread of a plan's rounds (slowest - fastest): "
+                  f"median {noise['median']:.1%}, max {noise['max']:.1%}")
     for name, key in (("with a CP part", "time_context"), ("without", "time_without_context")):
         if summary[key]["count"]:
             console.print(f"step time |error| of the {summary[key]['count']} plans {name}: median "

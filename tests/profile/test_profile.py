@@ -14,7 +14,7 @@ from ballast.cost import CostModel, InfeasibleError, get_cost_model
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
 from ballast.profile.profiler import (Settings, all_to_all_value_bytes, check_states_fit, default_lengths, plan_grid,
                                      profile, shape_bytes_per_token_layer, state_bytes)
-from ballast.profile.check import make_plans, summarise
+from ballast.profile.check import beyond_noise, make_plans, summarise
 from ballast.profile.context import (CheckedPlanner, checked_planners, context_bytes_per_token_layer, context_splits,
                                      splits_used)
 from ballast.profile.fit import Coefficients, _time_columns, fit, prediction_errors as compare
@@ -297,9 +297,18 @@ def test_check_plans_include_context_parallel_ones():
         by.setdefault(plan.planner, set()).update(splits_used(plan))
     assert by["static 1x2cp"] == {"1x2"} and "1x2" in by["megatron-dynamic-cp"] and by["static"] == {"2x1"}
     rows = [dict(splits=splits_used(p), time_error=0.1 if "1x2" in splits_used(p) else 0.02, act_error=0.0,
-                 predicted_s=1.0, samples_s=[1.0]) for p in plans]
+                 predicted_s=1.0, samples_s=[1.0], noise=0.0, time_error_beyond_noise=0.0) for p in plans]
     summary = summarise(rows)
     assert summary["time_context"]["median"] == pytest.approx(0.1) and summary["time_without_context"]["max"] == 0.02
+
+
+def test_error_beyond_noise_is_what_a_plans_own_rounds_leave_unexplained():
+    # rounds 1.00, 1.04, 1.10 s, measured (median) 1.04 s
+    rounds, measured = [1.10, 1.00, 1.04], 1.04
+    assert beyond_noise(1.08, rounds, measured) == 0.0  # inside the spread: all noise
+    assert beyond_noise(1.20, rounds, measured) == pytest.approx(0.10 / 1.04)  # above the slowest round
+    assert beyond_noise(0.95, rounds, measured) == pytest.approx(-0.05 / 1.04)  # below the fastest
+    assert beyond_noise(1.0, [1.0], 1.0) == 0.0
 
 
 def test_default_text_grid_with_context_points_has_full_rank():
