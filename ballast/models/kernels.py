@@ -71,7 +71,7 @@ def _flash_attn(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal: 
 def _torch_varlen(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal: bool) -> Tensor:
     cu_seqlens, longest = _cu_seqlens(bounds, q.device)
     return torch_varlen_attn()(q, k, v, cu_seqlens, cu_seqlens, longest, longest,
-                       window_size=(-1, 0) if causal else (-1, -1), enable_gqa=k.shape[1] != q.shape[1])
+                               window_size=(-1, 0) if causal else (-1, -1), enable_gqa=k.shape[1] != q.shape[1])
 
 
 def equal_groups(sizes: Tensor) -> tuple[Tensor | None, list[int], list[int]]:
@@ -204,7 +204,7 @@ def span_attention(q: Tensor, k: Tensor, v: Tensor, q_bounds: Sequence[int], k_b
         if kernel == "flash-attn":
             return flash_attn_varlen_func(q, k, v, cu_q, cu_k, longest_q, longest_k, causal=False)
         return torch_varlen_attn()(q, k, v, cu_q, cu_k, longest_q, longest_k, window_size=(-1, -1),
-                           enable_gqa=k.shape[1] != q.shape[1])
+                                   enable_gqa=k.shape[1] != q.shape[1])
     edges_q, edges_k = torch.tensor(q_bounds, dtype=torch.long), torch.tensor(k_bounds, dtype=torch.long)
     queries, keys = edges_q[1:] - edges_q[:-1], edges_k[1:] - edges_k[:-1]
     used = queries > 0

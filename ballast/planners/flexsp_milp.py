@@ -197,7 +197,6 @@ def _build(lengths: np.ndarray, units: np.ndarray, buckets: Buckets, cost: CostM
 def _group_sets(world: int, degrees: list[int]) -> list[list[int]]:
     """Candidate group layouts for the seeds: one degree everywhere, or n (a power of two)
     groups of a large degree D with the remaining ranks in groups of one smaller degree."""
-
     sets = [[d] * (world // d) for d in degrees]
     for D in degrees:
         n = 1

@@ -220,7 +220,8 @@ def summarise(rows: list[dict]) -> dict:
     context = [r for r in rows if runs_context(r)]
     return dict(time=error_summary([r["time_error"] for r in rows]), act=error_summary([r["act_error"] for r in rows]),
                 time_beyond_noise=error_summary([r["time_error_beyond_noise"] for r in rows]),
-                noise=error_summary([r["noise"] for r in rows]), **out, time_context=error_summary([r["time_error"] for r in context]),
+                noise=error_summary([r["noise"] for r in rows]), **out,
+                time_context=error_summary([r["time_error"] for r in context]),
                 act_context=error_summary([r["act_error"] for r in context]),
                 time_without_context=error_summary([r["time_error"] for r in rows if not runs_context(r)]))
 

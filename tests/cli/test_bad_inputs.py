@@ -361,6 +361,7 @@ CHECKPOINT_CASES = [
     ("no manifests", "step-00000002", r"step-00000002 has no sha256.json \(written by a ballast before "
                                       r"checksums\): its files are checked by size only"),
 ]
+SAID = {how: pattern for how, _, pattern in CHECKPOINT_CASES}
 
 
 @pytest.mark.slow
@@ -389,7 +390,7 @@ def test_no_usable_checkpoint_stops_the_run_with_one_error(files, trained, tmp_p
     got, err, _ = _run(["train", *TRAIN, "--steps", "3", "--data", files["corpus"], "--cache-dir", files["cache"],
                         "--out-dir", str(run)], capfd)
     assert got == 2, err
-    _assert_one_error(err, "train", CHECKPOINT_CASES[3][2])
+    _assert_one_error(err, "train", SAID["all damaged"])
 
 
 @pytest.mark.slow
@@ -402,7 +403,7 @@ def test_same_size_damage_resumes_from_the_older_exactly(files, trained, tmp_pat
     got, err, out = _run(["train", *TRAIN, "--data", files["corpus"], "--cache-dir", files["cache"],
                           "--out-dir", str(run)], capfd)
     assert got == 0, err
-    assert re.search(CHECKPOINT_CASES[5][2], out + err, re.S), out + err
+    assert re.search(SAID["overwritten middle"], out + err, re.S), out + err
     assert "resumed from" in out and "step-00000001 at step 1" in out
     assert [r["loss"] for r in final_history(run / "metrics.jsonl")] == \
         [r["loss"] for r in final_history(trained / "metrics.jsonl")]
