@@ -1,6 +1,7 @@
 """ballast: data-centric parallelism for training Transformers on variable-length sequences."""
 from .cluster import Cluster, get_cluster
-from .cost import CostModel, get_cost_model
+from .cost import CostModel
+from .cost_sources import get_cost_model
 from .plans import Group, MicroBatch, Plan, PlanError, Wave
 from .planners import PlannerOptions, make_plan as plan
 from .runtime import parallelize

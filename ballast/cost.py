@@ -32,9 +32,9 @@ lower bound read q from `units()`, never square lengths themselves. Every method
 `samples` takes token counts (text) or (frames, height, width) shapes alike.
 
 Three sources of coefficients share this one class and its JSON format: `analytic` (from a
-model shape and a cluster), `published` (FlexSP's A100 profile) and `profiled` (written by
-`ballast profile`). Checkpoint levels are fractions of layers, so they are multiples of
-1 / layers.
+model shape and a cluster) and `published` (FlexSP's A100 profile), both `cost_sources.py`'s,
+and `profiled` (written by `ballast profile`). Checkpoint levels are fractions of layers, so
+they are multiples of 1 / layers.
 
 The plain model (docs/design.md, section 4) has one recomputation factor r for both terms;
 r_attn (`recompute_attention`) is the s^2 term's own, and equals r unless a profile measured it apart. It must be apart where
@@ -56,32 +56,14 @@ import numpy as np
 from .cluster import Cluster
 from .value_checks import check_types, from_fields, read_json
 from .layouts import ULYSSES_ONLY, HeadLayout, Splits
-from .model_shape import ModelShape
 from .patterns import AttentionPattern, attention_pattern
 from .samples import Sample, attention_units, tokens as sample_tokens
 
-# Mixed-precision Adam: bf16 weights and grads + fp32 master weights, momentum and variance.
-STATE_BYTES_PER_PARAM = 16
-# Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"):
-# a block saves 34 h bytes per token in bf16 (17 h values) once flash attention drops the s^2
-# term; full checkpointing keeps only the block input (h values).
-ACT_VALUES_PER_HIDDEN = 17
+# Full checkpointing keeps only a block's input: h of the 17 h values it saves (Korthikanti et al.).
 KEPT_UNDER_CHECKPOINT = 1 / 17
-# A layer's all-to-alls in forward and backward: q, k, v together and the output, each way.
-ALL_TO_ALLS_PER_LAYER = 4
-# A layer's CP collectives: the K, V all-gather forward and the dK, dV reduce-scatter backward.
-CONTEXT_COLLECTIVES_PER_LAYER = 2
 # Recomputing a layer repeats its forward: one third of forward + backward.
 RECOMPUTE_OVERHEAD = 1 / 3
 LEVEL_EPS = 1e-9  # relative slack of a level or fit computed in floats
-
-# FlexSP's profile of GPT on 64 A100-40GB (docs/design.md): ms per token^2, ms per token, ms, MB/token.
-_PUBLISHED = {
-    "gpt-7b": (5.128e-6, 0.18396, 629.0, 4.48),
-    "gpt-13b": (9.285e-6, 0.30602, 1133.0, 4.22),
-    "gpt-30b": (1.5426e-5, 0.80357, 2789.0, 3.42),
-}
-
 
 class InfeasibleError(ValueError):
     """A sequence (or micro-batch) that no degree and checkpoint level can hold in memory."""
@@ -148,7 +130,7 @@ class CostModel:
     size (2 x layers calls), like `comm_latency`; 0 where absent."""
     network: Cluster | None = field(default=None, compare=False, repr=False)
     """The cluster whose nodes and NICs price the exchanges that cross nodes (`nics.py`), set
-    where the model meets its cluster (`analytic`, `published`, `get_cost_model`); not part of
+    where the model meets its cluster (`cost_sources.py`); not part of
     the coefficients, so not in the JSON. None: every exchange at its degree's bandwidth alone."""
     splits: Splits = field(default=ULYSSES_ONLY, compare=False)
     """Which (Ulysses x CP) splits of a degree the planner that holds this model may run
@@ -435,46 +417,6 @@ class CostModel:
         return (attention + linear) / degree + self.comm_per_token(degree, cp) * tokens
 
     # --- construction and JSON -----------------------------------------------------------------
-    @classmethod
-    def analytic(cls, shape: ModelShape, cluster: Cluster) -> CostModel:
-        """Coefficients from FLOP counts of the shape and the cluster's peak and bandwidth."""
-        flops = cluster.peak_flops * cluster.efficiency
-        linear = shape.layers * shape.layer_token_params + shape.vocab * shape.hidden
-        return cls(
-            source="analytic", model=shape.name,
-            # Per attention unit: causal attention over s tokens (s^2 units) does QK^T and AV in
-            # 2 s^2 h FLOPs forward per layer and twice that backward; other patterns have their
-            # FLOPs in their units (`samples.attention_units`).
-            a=6.0 * shape.layers * shape.hidden / flops,
-            b=6.0 * linear / flops,
-            g=cluster.micro_batch_overhead,
-            bandwidth={d: cluster.bandwidth[d] for d in cluster.degrees if d > 1},
-            bytes_per_token=_all_to_all_bytes_per_token(shape, cluster.value_bytes),
-            act_per_token=float(ACT_VALUES_PER_HIDDEN * cluster.value_bytes * shape.hidden * shape.layers),
-            comm_latency={d: ALL_TO_ALLS_PER_LAYER * shape.layers * cluster.all_to_all_latency
-                          for d in cluster.degrees if d > 1 and cluster.all_to_all_latency > 0},
-            context_latency={d: CONTEXT_COLLECTIVES_PER_LAYER * shape.layers * cluster.all_to_all_latency
-                             for d in cluster.degrees if d > 1 and cluster.all_to_all_latency > 0},
-            states=STATE_BYTES_PER_PARAM * shape.params / cluster.world_size,
-            device_memory=cluster.device_memory, layers=shape.layers, heads=shape.heads,
-            kv_heads=shape.kv_heads, world_size=cluster.world_size, attention_window=shape.attention_window,
-            max_positions=shape.max_positions,
-            attention=shape.attention, spatial_share=shape.spatial_share, network=cluster)
-
-    @classmethod
-    def published(cls, shape: ModelShape, cluster: Cluster) -> CostModel:
-        """FlexSP's measured GPT-7B/13B/30B coefficients on A100-40GB (docs/design.md)."""
-        if shape.name not in _PUBLISHED:
-            raise ValueError(f"no published profile for model {shape.name!r}; have {sorted(_PUBLISHED)}")
-        a_ms, b_ms, fixed_ms, act_mb = _PUBLISHED[shape.name]
-        return cls(
-            source="published", model=shape.name, a=a_ms * 1e-3, b=b_ms * 1e-3, g=fixed_ms * 1e-3,
-            bandwidth={d: cluster.bandwidth[d] for d in cluster.degrees if d > 1},
-            bytes_per_token=_all_to_all_bytes_per_token(shape, 2), act_per_token=act_mb * 1e6,
-            states=STATE_BYTES_PER_PARAM * shape.params / cluster.world_size,
-            device_memory=cluster.device_memory, layers=shape.layers, heads=shape.heads,
-            kv_heads=shape.kv_heads, world_size=cluster.world_size, network=cluster)
-
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(dataclasses.replace(self, network=None)).items()
                 if k not in ("splits", "network")}
@@ -500,35 +442,3 @@ class CostModel:
 
 def _tokens_array(samples: Sequence[Sample]) -> np.ndarray:
     return np.fromiter(map(sample_tokens, samples), dtype=np.float64, count=len(samples))
-
-
-def _all_to_all_bytes_per_token(shape: ModelShape, value_bytes: int) -> float:
-    # q and out carry `hidden` values per token, k and v `kv_dim`; each crosses an all-to-all
-    # in forward and again in backward. With kv_heads == heads and bf16 (2 bytes) this is
-    # docs/design.md's 4 tensors x 2 x layers x hidden x 2 bytes.
-    return 2.0 * shape.layers * (2 * shape.hidden + 2 * shape.kv_dim) * value_bytes
-
-
-def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster,
-                   device_memory_gb: float | None = None) -> CostModel:
-    """`analytic`, `published`, `auto` (published where FlexSP measured it) or a profile JSON path.
-
-    A profile must describe `shape` and `cluster`'s size: every caller (simulate, train, bench)
-    relies on this one check. It brings the device memory it was made for unless
-    `device_memory_gb` (the flag, which `get_cluster` gave the cluster too) replaces it."""
-    if spec == "auto":
-        spec = "published" if shape.name in _PUBLISHED and cluster.name == "a100-64" else "analytic"
-    if spec == "analytic":
-        return CostModel.analytic(shape, cluster)
-    if spec == "published":
-        return CostModel.published(shape, cluster)
-    cost = CostModel.load(spec)
-    if cost.model != shape.name:
-        raise ValueError(f"cost model {spec} describes model {cost.model!r}, not {shape.name!r} "
-                         f"(the model asked for)")
-    if cost.world_size != cluster.world_size:
-        raise ValueError(f"cost model {spec} was made for {cost.world_size} devices, "
-                         f"the cluster has {cluster.world_size}")
-    if device_memory_gb is not None:
-        cost = dataclasses.replace(cost, device_memory=device_memory_gb * 1e9)
-    return dataclasses.replace(cost, network=cluster)

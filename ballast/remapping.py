@@ -32,7 +32,7 @@ from .cost import LEVEL_EPS, CostModel
 from .nics import crosses_nodes, exchange_surcharge, fastest_move_rate, move_time
 from .samples import Sample, tokens as sample_tokens
 
-# Of a layer's 17 saved values per hidden (cost.ACT_VALUES_PER_HIDDEN), those attention itself
+# Of a layer's 17 saved values per hidden (cost_sources.ACT_VALUES_PER_HIDDEN), those attention itself
 # saves (q, k, v and its output: flash attention's backward needs them) live in the attention
 # layout; a remap domain keeps the other 13 and a checkpointed layer's input on its balanced one.
 ATTENTION_SHARE = 4 / 17

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 import ballast
-from ballast.cost import CostModel
+from ballast.cost_sources import published_cost
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
@@ -29,7 +29,7 @@ MAX_LEN = 393216
 
 def measure(devices: int, sequences: int, names: list[str], repeats: int, skip: set[str]) -> dict:
     cluster = ballast.get_cluster(f"a100-{devices}")
-    cost = CostModel.published(ballast.get_model_shape("gpt-7b"), cluster)
+    cost = published_cost(ballast.get_model_shape("gpt-7b"), cluster)
     sampler = LengthStream(get_length_source("wikipedia"), BatchSpec(batch=sequences, max_len=MAX_LEN), seed=0)
     batches = [sampler.next_batch() for _ in range(repeats)]
     out = {}

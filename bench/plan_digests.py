@@ -19,7 +19,7 @@ import sys
 import time
 
 from ballast.cluster import get_cluster
-from ballast.cost import get_cost_model
+from ballast.cost_sources import get_cost_model
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
 from ballast.model_shape import get_model_shape

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ballast.cluster import get_cluster
-from ballast.cost import CostModel
+from ballast.cost_sources import analytic_cost
 from ballast.model_shape import get_model_shape
 
 
@@ -19,7 +19,7 @@ def cpu4():
 def tiny4(cpu4):
     """The tiny model (8 heads, 4 kv heads) on `cpu4`: degrees 1, 2, 4; ~28.6K tokens per device
     without checkpointing."""
-    return CostModel.analytic(get_model_shape("tiny"), cpu4)
+    return analytic_cost(get_model_shape("tiny"), cpu4)
 
 
 @pytest.fixture(scope="module")

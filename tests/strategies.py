@@ -5,7 +5,8 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from ballast.cluster import Cluster
-from ballast.cost import CostModel, InfeasibleError
+from ballast.cost import InfeasibleError
+from ballast.cost_sources import analytic_cost
 from ballast.model_shape import ModelShape, get_model_shape
 
 SMALL = ModelShape("small", 8, 1024, 16, 16, 4096, 32000, gated_mlp=False)
@@ -28,7 +29,7 @@ def planner_setups(large_model: str, max_sequences: int):
                                draw(st.floats(0.5, 24.0)) * 1e9, draw(st.sampled_from([0.0, 1e-3, 0.05])))
         shape = draw(st.sampled_from([SMALL, get_model_shape("tiny"), get_model_shape(large_model)]))
         try:
-            cost = CostModel.analytic(shape, cluster)
+            cost = analytic_cost(shape, cluster)
         except InfeasibleError:
             assume(False)  # the states alone overflow the device: no plan exists
         limit = cost.max_tokens(cost.degrees[-1], 1.0)

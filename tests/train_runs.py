@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ballast.cluster import get_cluster
-from ballast.cost import CostModel
+from ballast.cost_sources import analytic_cost
 from ballast.model_shape import get_model_shape
 from ballast.train.config import TrainConfig
 
@@ -12,7 +12,7 @@ from ballast.train.config import TrainConfig
 def text_memory_gb(model: str, max_len: int) -> float:
     """Per-rank memory (of 2 CPU ranks) in which `max_len` tokens need SP degree 2 or
     checkpointing (as `verify`)."""
-    cost = CostModel.analytic(get_model_shape(model), get_cluster("cpu", world_size=2))
+    cost = analytic_cost(get_model_shape(model), get_cluster("cpu", world_size=2))
     return (cost.states + cost.act_per_token * max_len / 2) / 1e9
 
 

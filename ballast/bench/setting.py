@@ -12,7 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..cluster import Cluster, get_cluster
-from ..cost import CostModel, get_cost_model
+from ..cost import CostModel
+from ..cost_sources import get_cost_model
 from ..dataset import (Batch, BatchStream, EpochStream, build_corpus, check_data_kind, check_vocab, is_video_data,
                        open_clip_stream)
 from ..planners import parse_planner_names

@@ -40,6 +40,7 @@ from rich.table import Table
 
 from ..cluster import get_cluster
 from ..cost import CostModel
+from ..cost_sources import get_cost_model
 from ..dataset.clips import ClipSource, scale_shapes
 from ..dataset.length_stream import BatchSpec, LengthStream
 from ..dataset.lengths import LengthSource, get_length_source

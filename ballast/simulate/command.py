@@ -12,7 +12,7 @@ from rich.progress import Progress
 from ..bounds import longest_alone
 from ..cluster import get_cluster
 from .side_by_side import simulate_planners
-from ..cost import get_cost_model
+from ..cost_sources import get_cost_model
 from ..dataset.length_stream import BatchSpec, LengthStream
 from ..dataset.lengths import LENGTH_SYNTAX, get_length_source
 from ..planners import PlannerOptions, parse_planner_names

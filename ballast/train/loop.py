@@ -25,7 +25,8 @@ import torch.distributed as dist
 from rich.console import Console
 
 from ..cluster import Cluster, get_cluster
-from ..cost import CostModel, get_cost_model
+from ..cost import CostModel
+from ..cost_sources import get_cost_model
 from ..dataset import (BatchStream, ClipStream, build_corpus, check_data_kind, check_vocab, is_video_data,
                        open_clip_stream)
 from ..models import build_model, check_buildable

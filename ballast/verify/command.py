@@ -29,6 +29,7 @@ import dataclasses
 from ..cluster import Cluster, get_cluster
 from ..options import DEVICE_MEMORY, MAX_LEN, MODEL, NODES, WORLD
 from ..cost import CostModel
+from ..cost_sources import analytic_cost
 from ..model_shape import ModelShape, get_model_shape
 from ..plans import Plan
 from ..value_checks import check_timeout
@@ -50,11 +51,11 @@ def budget(shape: ModelShape, world: int, max_len: int, device_memory_gb: float 
     without recomputation, let nearly every planner choose degree 1 with checkpointing on CPU,
     where gloo's all-to-all latency is priced, and then no all-to-all ran.)"""
     cluster = get_cluster("cpu", world_size=world, device_memory_gb=device_memory_gb, nodes=nodes)
-    cost = CostModel.analytic(shape, cluster)
+    cost = analytic_cost(shape, cluster)
     if device_memory_gb is None:
         memory = cost.states + 1.2 * cost.act_per_token * cost.kept * max_len / min(2, cost.degrees[-1])
         cluster = get_cluster("cpu", world_size=world, device_memory_gb=memory / 1e9, nodes=nodes)
-        cost = CostModel.analytic(shape, cluster)
+        cost = analytic_cost(shape, cluster)
     return cluster, cost
 
 

@@ -23,7 +23,7 @@ from hf_folders import save_model
 
 from ballast.cli import main
 from ballast.cluster import get_cluster
-from ballast.cost import CostModel
+from ballast.cost_sources import analytic_cost
 from ballast.model_shape import MODEL_PRESETS, get_model_shape
 from ballast.models import build_model
 from ballast.train import checkpoint, checksums
@@ -60,7 +60,7 @@ def files(tmp_path_factory) -> dict[str, str]:
         "sparse-model.json": json.dumps({"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 4, "ffn": 128,
                                          "vocab": 256, "attention": "sparse"}),
         # a profile of tiny on 2 CPU ranks whose CP attention factor is no factor at all
-        "bad-cp-profile.json": json.dumps({**CostModel.analytic(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
+        "bad-cp-profile.json": json.dumps({**analytic_cost(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
                                            "context_attention": 0.0}),
         "two-gpus.json": json.dumps({"nodes": 1, "devices_per_node": 2, "device_memory": 40e9,
                                      "peak_flops": 312e12, "bandwidth": {"2": 1e11}}),

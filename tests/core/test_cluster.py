@@ -225,7 +225,7 @@ def test_wrong_bandwidth_type_in_file(tmp_path, bandwidth):
 def test_device_memory_applies_to_every_cluster_and_profile(tmp_path):
     """--device-memory-gb replaces a GPU preset's, a file's and a profile's memory (it was ignored
     for all but the cpu preset); unset, each keeps its own."""
-    from ballast.cost import get_cost_model
+    from ballast.cost_sources import get_cost_model
     from ballast.model_shape import get_model_shape
 
     assert get_cluster("a100-64").device_memory == 28 * GB

@@ -9,7 +9,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ballast.cluster import get_cluster
-from ballast.cost import CostModel, InfeasibleError, get_cost_model
+from ballast.cost import CostModel, InfeasibleError
+from ballast.cost_sources import analytic_cost, get_cost_model, published_cost
 from ballast.model_shape import ModelShape, get_model_shape
 from ballast.bounds import lower_bound, uncapped_lower_bound
 from ballast.exhaustive_instances import hand_cost
@@ -214,7 +215,7 @@ def test_published_coefficients_in_si_units(model):
     a_ms, b_ms, g_ms, mb, layers, hidden = FLEXSP[model]
     shape = get_model_shape(model)
     cluster = get_cluster("a100-64")
-    cost = CostModel.published(shape, cluster)
+    cost = published_cost(shape, cluster)
     assert get_cost_model("auto", shape, cluster) == cost
     assert cost.a == pytest.approx(a_ms / 1e3, rel=1e-12)
     assert cost.b == pytest.approx(b_ms / 1e3, rel=1e-12)
@@ -234,13 +235,13 @@ def test_published_coefficients_in_si_units(model):
 
 def test_published_needs_a_flexsp_model():
     with pytest.raises(ValueError, match="no published profile"):
-        CostModel.published(get_model_shape("llama3-8b"), get_cluster("a100-64"))
+        published_cost(get_model_shape("llama3-8b"), get_cluster("a100-64"))
     # outside FlexSP's cluster `auto` falls back to the analytic model
     assert get_cost_model("auto", get_model_shape("gpt-7b"), get_cluster("h100-32")).source == "analytic"
 
 
 def test_analytic_activations_match_published_gpt_7b():
-    cost = CostModel.analytic(get_model_shape("gpt-7b"), get_cluster("a100-64"))
+    cost = analytic_cost(get_model_shape("gpt-7b"), get_cluster("a100-64"))
     # 34 h bytes per token per layer = 34 * 4096 * 32 = 4.456 MB vs FlexSP's measured 4.48 MB:
     # the analytic count leaves out small buffers (embedding, loss), so within 2% is right.
     assert cost.act_per_token == pytest.approx(4.48e6, rel=0.02)
@@ -250,7 +251,7 @@ def test_analytic_by_hand_for_tiny():
     # tiny: 4 layers, hidden 128, 8 heads, 4 kv heads (kv dim 64), SwiGLU ffn 352, vocab 256;
     # cpu preset: 5e10 FLOP/s at efficiency 1, 0.7 GB/s, 1.5 ms per all-to-all call, 2 ms per
     # micro-batch, fp32 (4-byte) values.
-    cost = CostModel.analytic(get_model_shape("tiny"), get_cluster("cpu", world_size=4, device_memory_gb=1.0))
+    cost = analytic_cost(get_model_shape("tiny"), get_cluster("cpu", world_size=4, device_memory_gb=1.0))
     # a = 6 layers hidden / FLOP/s = 6 * 4 * 128 / 5e10
     assert cost.a == pytest.approx(6.144e-8, rel=1e-12)
     # per layer: q, o 128x128, k, v 128x64 -> 49152; MLP 3 * 128 * 352 = 135168; sum 184320;
@@ -268,7 +269,7 @@ def test_analytic_by_hand_for_tiny():
 
 def test_analytic_gpu_clusters_have_no_all_to_all_latency():
     # NCCL's tens of microseconds per call are left out next to a GPU micro-batch's fixed cost.
-    cost = CostModel.analytic(get_model_shape("llama3-8b"), get_cluster("h100-32"))
+    cost = analytic_cost(get_model_shape("llama3-8b"), get_cluster("h100-32"))
     assert cost.comm_latency == {}
     assert cost.bytes_per_token == 2 * 32 * (2 * 4096 + 2 * 1024) * 2
 
@@ -276,7 +277,7 @@ def test_analytic_gpu_clusters_have_no_all_to_all_latency():
 def test_states_larger_than_memory_raise():
     cluster = get_cluster("cpu", world_size=2, device_memory_gb=1.0)
     with pytest.raises(InfeasibleError, match=r"model 'gpt-30b': its states .* do not fit"):
-        CostModel.analytic(get_model_shape("gpt-30b"), cluster)
+        analytic_cost(get_model_shape("gpt-30b"), cluster)
     with pytest.raises(ValueError):     # InfeasibleError is a ValueError, so the CLI reports it
         small_cost(states=2e9)
 
@@ -447,7 +448,7 @@ def test_model_file_with_wrong_field_type(change, message):
     ({"bandwidth": {"two": 1e9}}, "bandwidth must map SP degrees"),
 ])
 def test_cost_model_file_with_wrong_field_type(tmp_path, change, message):
-    cost = CostModel.analytic(get_model_shape("tiny"), get_cluster("cpu", world_size=2))
+    cost = analytic_cost(get_model_shape("tiny"), get_cluster("cpu", world_size=2))
     path = tmp_path / "profile.json"
     path.write_text(json.dumps({**cost.to_dict(), **change}))
     with pytest.raises(ValueError, match=message):

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from ballast.cluster import Cluster, get_cluster
 from ballast.nics import NicLoad, nic_load
+from ballast.cost_sources import analytic_cost
 
 GB = 1e9
 A800_NVLINK_ALL_TO_ALL = 96.5 / 300 * 200 * GB    # bandwidth[8] of an A800 node (tests/core/test_cluster.py)
@@ -112,9 +113,8 @@ def test_routing_moves_the_same_bytes_and_never_loads_the_busiest_nic_more(wave)
 
 # --- pricing: what the timeline asks ----------------------------------------------------------
 def _cost(cluster):
-    from ballast.cost import CostModel
     from ballast.model_shape import get_model_shape
-    return CostModel.analytic(get_model_shape("tiny"), cluster)
+    return analytic_cost(get_model_shape("tiny"), cluster)
 
 
 def test_an_even_exchange_loads_equal_nics_evenly_and_routing_only_adds_hand_offs():

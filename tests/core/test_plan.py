@@ -8,7 +8,7 @@ import json
 import pytest
 
 from ballast.cluster import get_cluster
-from ballast.cost import CostModel
+from ballast.cost_sources import analytic_cost
 from ballast.plans import Group, MicroBatch, Plan, PlanError, Wave, fill_idle
 from ballast.model_shape import get_model_shape
 from ballast import remapping
@@ -181,7 +181,7 @@ def test_remapped_micro_batch_is_checked_by_its_domain_not_its_group(cpu4, tiny4
 
 def test_heads_not_divisible():
     cluster = get_cluster("cpu", world_size=16, device_memory_gb=1.0)
-    cost = CostModel.analytic(get_model_shape("tiny"), cluster)   # 8 heads: degree 16 impossible
+    cost = analytic_cost(get_model_shape("tiny"), cluster)   # 8 heads: degree 16 impossible
     plan = Plan([100, 200], [Wave([Group(0, 16, [MicroBatch([0, 1])])])])
     with pytest.raises(PlanError, match=r"wave 0, group 0 \(ranks 0..15\): SP degree 16 does not divide "
                                         r"the attention heads \(8\)"):
@@ -196,7 +196,7 @@ def test_heads_not_divisible():
 
 def test_context_parallelism_lifts_the_head_rule():
     cluster = get_cluster("cpu", world_size=16, device_memory_gb=1.0)
-    cost = CostModel.analytic(get_model_shape("tiny"), cluster)   # 8 heads
+    cost = analytic_cost(get_model_shape("tiny"), cluster)   # 8 heads
     # degree 16 as Ulysses 8 x CP 2, or CP 16 alone: valid; Ulysses 16 x CP 1 is not
     for cp in (2, 16):
         Plan([100, 200], [Wave([Group(0, 16, [MicroBatch([0, 1])], cp)])]).validate(cluster, cost)
@@ -207,7 +207,7 @@ def test_context_parallelism_lifts_the_head_rule():
     Plan([100], [Wave([Group(0, 4, [MicroBatch([0])], 2), *fill_idle([], 16)[4:]])]).validate(cluster, six)
     # spatial-temporal attention runs a CP part too (its 2D layouts' fallback, `video_sp.py`),
     # its Ulysses part under the same head rule
-    video = dataclasses.replace(CostModel.analytic(get_model_shape("stdit-tiny"), cluster), heads=6, kv_heads=6)
+    video = dataclasses.replace(analytic_cost(get_model_shape("stdit-tiny"), cluster), heads=6, kv_heads=6)
     with pytest.raises(PlanError, match=r"SP degree 4 does not divide the attention heads \(6\)"):
         Plan([100], [Wave([Group(0, 4, [MicroBatch([0])]), *fill_idle([], 16)[4:]])],
              shapes=[(2, 5, 10)]).validate(cluster, video)

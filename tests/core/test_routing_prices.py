@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ballast.cluster import get_cluster
-from ballast.cost import CostModel
+from ballast.cost_sources import analytic_cost
 from ballast.model_shape import get_model_shape
 from ballast.nics import link_rate
 from ballast.plans import Group, MicroBatch, Plan, PlanError, Wave
@@ -16,7 +16,7 @@ from ballast.timeline import nic_bytes, simulate, step_time
 
 EXACT = 1e-12  # relative: a few float terms; the hand values follow the same formulas
 TWO_NODES = get_cluster("cpu", world_size=4, nodes=2)
-COST = CostModel.analytic(get_model_shape("tiny"), TWO_NODES)
+COST = analytic_cost(get_model_shape("tiny"), TWO_NODES)
 ONE_NODE = dataclasses.replace(COST, network=get_cluster("cpu", world_size=4))
 
 

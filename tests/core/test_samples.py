@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ballast.cluster import get_cluster
-from ballast.cost import CostModel
+from ballast.cost_sources import analytic_cost
 from ballast.model_shape import MODEL_PRESETS, get_model_shape
 from ballast.plans import Group, MicroBatch, Plan, PlanError, Wave
 from ballast.samples import attention_units, check_samples
@@ -48,7 +48,7 @@ def test_units_are_the_attended_pairs_flops(frames, height, width, share):
 def test_text_is_priced_exactly_as_before():
     # A text length, its 1-tuple and a (1, 1, s) clip are the same sample under causal attention:
     # bit-identical to the text-only model's s^2, so every recorded text result stands.
-    cost = CostModel.analytic(get_model_shape("llama3-8b"), get_cluster("h100-32"))
+    cost = analytic_cost(get_model_shape("llama3-8b"), get_cluster("h100-32"))
     lengths = [1, 17, 4096, 131072, 393216]
     s = np.asarray(lengths, dtype=np.float64)
     assert (cost.units(lengths) == s * s).all()
@@ -71,7 +71,7 @@ def test_shaped_costs_follow_units():
     cluster = get_cluster("h200-32")
     for name in ("stdit3-1b", "stdit3-5b", "wan-1.3b", "wan-14b", "stdit-tiny", "dit-tiny"):
         shape = MODEL_PRESETS[name]
-        cost = CostModel.analytic(shape, cluster)
+        cost = analytic_cost(shape, cluster)
         assert cost.attention == shape.attention and cost.units([(3, 4, 5)])[0] > 0
         clip = (15, 45, 80)
         flat = dataclasses.replace(cost, attention="causal")
@@ -89,9 +89,9 @@ def test_video_presets():
     assert params["wan-14b"] == pytest.approx(14.0, abs=0.3)
     cluster = get_cluster("h100-32")
     # heads must divide the degree: Wan 1.3B's 12 heads allow 1, 2, 4; Wan 14B's 40 up to 8
-    assert CostModel.analytic(MODEL_PRESETS["wan-1.3b"], cluster).degrees == [1, 2, 4]
-    assert CostModel.analytic(MODEL_PRESETS["wan-14b"], cluster).degrees == [1, 2, 4, 8]
-    assert CostModel.analytic(MODEL_PRESETS["stdit3-1b"], cluster).degrees == [1, 2, 4, 8, 16]
+    assert analytic_cost(MODEL_PRESETS["wan-1.3b"], cluster).degrees == [1, 2, 4]
+    assert analytic_cost(MODEL_PRESETS["wan-14b"], cluster).degrees == [1, 2, 4, 8]
+    assert analytic_cost(MODEL_PRESETS["stdit3-1b"], cluster).degrees == [1, 2, 4, 8, 16]
 
 
 def test_malformed_samples_are_named():

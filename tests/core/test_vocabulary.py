@@ -13,6 +13,7 @@ import pytest
 
 from ballast import patterns
 from ballast.cost import CostModel
+from ballast.cost_sources import analytic_cost
 from ballast.layouts import CONTEXT, ULYSSES, VIDEO_2D
 from ballast.model_shape import MODEL_PRESETS, get_model_shape
 from ballast.patterns import CAUSAL_LM, FULL_DIT, PATTERNS, SPANS, SPATIAL_TEMPORAL, attention_pattern
@@ -87,14 +88,14 @@ def test_every_preset_resolves_its_pattern_when_built():
     with pytest.raises(ValueError, match="model 'x': attention pattern 'sparse': expected one of causal, full"):
         type(MODEL_PRESETS["tiny"])("x", 2, 8, 2, 2, 8, 8, attention="sparse")
     with pytest.raises(ValueError, match="attention pattern 'sparse'"):
-        CostModel.from_dict({**CostModel.analytic(MODEL_PRESETS["tiny"], _cpu()).to_dict(), "attention": "sparse"})
+        CostModel.from_dict({**analytic_cost(MODEL_PRESETS["tiny"], _cpu()).to_dict(), "attention": "sparse"})
 
 
 @pytest.mark.parametrize("heads, allowed", [(8, [1, 2, 4, 8]), (28, [1, 2, 4]), (12, [1, 2, 4]), (3, [1])])
 def test_one_degree_rule_for_cost_model_shape_and_plans(heads, allowed):
     """The cost model's degrees, the shape's check and the layout agree (one rule)."""
     shape = type(MODEL_PRESETS["tiny"])("h", 2, 4 * heads, heads, 1, 64, 256)
-    cost = CostModel.analytic(shape, _cpu(16))
+    cost = analytic_cost(shape, _cpu(16))
     assert cost.degrees == allowed
     for d in (1, 2, 4, 8, 16):
         assert shape.supports_degree(d) == ULYSSES.allows(d, heads) == (d in allowed)

@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import ballast
 from ballast.cost import CostModel, InfeasibleError
+from ballast.cost_sources import get_cost_model, published_cost
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
 from ballast.exhaustive import cluster_for, optimum
@@ -107,7 +108,7 @@ def test_beats_the_fast_planners_on_flexsp_setting():
 def test_plans_4096_sequences_on_1024_devices():
     # Its planning time (target: 2 s on this 2-core machine) is measured by bench/latency.py.
     cluster = ballast.get_cluster("a100-1024")
-    cost = ballast.cost.CostModel.published(ballast.get_model_shape("gpt-7b"), cluster)
+    cost = ballast.cost_sources.published_cost(ballast.get_model_shape("gpt-7b"), cluster)
     lengths = np.minimum(get_length_source("wikipedia").sample(np.random.default_rng(0), 4096), 393216)
     plan = get_planner("ballast", cluster, cost, PlannerOptions(max_len=393216)).plan(lengths.tolist())
     plan.validate(cluster, cost)

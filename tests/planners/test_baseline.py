@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import ballast
 from ballast.cluster import get_cluster
-from ballast.cost import CostModel
+from ballast.cost_sources import analytic_cost, published_cost
 from ballast.layouts import CONTEXT_ONLY
 from ballast.planners import PLANNERS, PlannerOptions, get_planner, make_plan, parse_planner_names
 from ballast.model_shape import get_model_shape
@@ -22,13 +22,13 @@ def tiny8():
     """8 ranks with 0.1 GB each, activations in bf16: the tiny model holds ~5.6K tokens per
     device without checkpointing and ~96K with full checkpointing; degrees 1, 2, 4, 8 (8 heads)."""
     cluster = dataclasses.replace(get_cluster("cpu", world_size=8, device_memory_gb=0.1), value_bytes=2)
-    return cluster, CostModel.analytic(get_model_shape("tiny"), cluster)
+    return cluster, analytic_cost(get_model_shape("tiny"), cluster)
 
 
 def gpt7b():
     """FlexSP's setting: GPT-7B on 64 A100s with its published coefficients; degrees 1..64."""
     cluster = get_cluster("a100-64")
-    return cluster, CostModel.published(get_model_shape("gpt-7b"), cluster)
+    return cluster, published_cost(get_model_shape("gpt-7b"), cluster)
 
 
 def fits(cost, tokens, degree, checkpoint):
@@ -230,7 +230,7 @@ def test_sequence_at_exactly_the_limit(name):
     # planner must plan such a sequence. With 519 bytes over 5000 tokens of free memory the
     # capacity is not a multiple of the degree: 4 ranks hold 340001 tokens, one rank 85000.
     cluster = get_cluster("cpu", world_size=4, device_memory_gb=0.1)
-    cost = CostModel.analytic(get_model_shape("tiny"), cluster)
+    cost = analytic_cost(get_model_shape("tiny"), cluster)
     memory = cost.states + 5000 * cost.act_per_token + 519
     cluster, cost = (dataclasses.replace(x, device_memory=memory) for x in (cluster, cost))
     limit = cost.max_tokens(cost.degrees[-1], 1.0)

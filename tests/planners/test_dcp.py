@@ -16,6 +16,7 @@ from ballast.planners.packing import mb_time
 from ballast.samples import SampleBatch
 from strategies import SMALL, make_cluster, planner_setups
 from ballast.bounds import lower_bound
+from ballast.cost_sources import analytic_cost, get_cost_model
 
 def group_times(plan, cost, wave: int = 0) -> list[float]:
     batch = SampleBatch.of(plan.samples, cost)
@@ -56,7 +57,7 @@ def test_buckets_hold_their_lengths():
 
 @pytest.mark.parametrize("pattern", ["causal", "full", "spatial-temporal"])
 def test_bucket_units_bound_every_member(pattern):
-    cost = CostModel.analytic(dataclasses.replace(SMALL, attention=pattern), make_cluster(1, 8, 8e10))
+    cost = analytic_cost(dataclasses.replace(SMALL, attention=pattern), make_cluster(1, 8, 8e10))
     batch = SampleBatch.of([300, 4096, (15, 45, 80), (5, 23, 40), (10, 15, 27), (1, 90, 160), 17, (60, 4, 4)], cost)
     uppers, inverse = np.unique(bucket_uppers(np.array(batch.lengths), 10**6), return_inverse=True)
     units = bucket_units(uppers, inverse, batch)
@@ -68,7 +69,7 @@ def test_bucket_units_bound_every_member(pattern):
 
 
 def test_text_buckets_are_priced_at_their_upper_length_squared():
-    cost = CostModel.analytic(SMALL, make_cluster(1, 8, 8e10))
+    cost = analytic_cost(SMALL, make_cluster(1, 8, 8e10))
     batch = SampleBatch.of([1, 2, 3, 100, 1000, 1023, 1025, 40000], cost)
     uppers, inverse = np.unique(bucket_uppers(np.array(batch.lengths), 10**6), return_inverse=True)
     assert bucket_units(uppers, inverse, batch).tolist() == (uppers.astype(float) ** 2).tolist()
@@ -104,7 +105,7 @@ def test_profile_caps_micro_batch_time_at_the_target():
 def _low_memory():
     """A cluster on which the longest allowed sequence needs full checkpointing."""
     cluster = make_cluster(2, 4, 2e9)
-    cost = CostModel.analytic(SMALL, cluster)
+    cost = analytic_cost(SMALL, cluster)
     max_len = cost.max_tokens(cost.degrees[-1], 1.0)
     rng = np.random.default_rng(0)
     lengths = [int(x) for x in rng.integers(50, 400, 60)] + [max_len // 3, max_len // 2, max_len]
@@ -159,7 +160,7 @@ def test_inter_balances_group_times(seed):
 
 def test_accumulation_bound_opens_another_wave():
     cluster = make_cluster(1, 2, 4e9)
-    cost = CostModel.analytic(SMALL, cluster)
+    cost = analytic_cost(SMALL, cluster)
     lengths = [3000] * 200
     plan = get_planner("dcp", cluster, cost).plan(lengths)
     plan.validate(cluster, cost)
@@ -169,7 +170,7 @@ def test_accumulation_bound_opens_another_wave():
 
 def test_unknown_mode_and_overlong_sequence_are_errors():
     cluster = make_cluster(1, 4, 8e9)
-    cost = CostModel.analytic(SMALL, cluster)
+    cost = analytic_cost(SMALL, cluster)
     with pytest.raises(ValueError, match="dcp_mode"):
         get_planner("dcp", cluster, cost, PlannerOptions(dcp_mode="sideways")).plan([10, 20])
     with pytest.raises(ValueError, match="max_len"):
@@ -182,7 +183,7 @@ def test_count_ratio_bound_binds(mode, monkeypatch):
     # that fill a micro-batch each at degree 1: unbounded, the two degree-1 groups take six
     # micro-batches each next to the long one's single one.
     cluster = make_cluster(1, 4, 4e9)
-    cost = CostModel.analytic(SMALL, cluster)
+    cost = analytic_cost(SMALL, cluster)
     assert cost.max_tokens(1, 0.0) < 20_000 <= cost.max_tokens(2, 0.0)
     lengths = [20_000] + [6000] * 12
     options = PlannerOptions(max_len=max(lengths), dcp_mode=mode)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel
+from ballast.cost_sources import analytic_cost, published_cost
 from ballast.planners import PlannerOptions, get_planner
 from ballast.planners.flexsp import blast
 from ballast.planners.flexsp_milp import dp_buckets, optimal_bucket_ends, solve_wave
@@ -34,7 +35,7 @@ def toy_cost(world: int = 4) -> CostModel:
 
 def small_setup(memory_gb: float = 0.3):
     cluster = get_cluster("cpu", world_size=4, device_memory_gb=memory_gb)
-    return cluster, CostModel.analytic(get_model_shape("tiny"), cluster)
+    return cluster, analytic_cost(get_model_shape("tiny"), cluster)
 
 
 # --- the planner ---------------------------------------------------------------------------------
@@ -87,7 +88,7 @@ def test_setting_a_batch_that_hung_highs_presolve_plans_within_the_budget():
     from ballast.dataset.lengths import get_length_source
 
     cluster = get_cluster("a100-64")
-    cost = CostModel.published(get_model_shape("gpt-7b"), cluster)
+    cost = published_cost(get_model_shape("gpt-7b"), cluster)
     sampler = LengthStream(get_length_source("wikipedia"), BatchSpec(batch=512, max_len=393216), 0)
     batch = [sampler.next_batch() for _ in range(3)][-1]
     began = time.perf_counter()

@@ -11,6 +11,7 @@ from ballast.planners import get_planner
 from ballast.timeline import simulate
 from ballast.planners.hydraulis import balance_under_cap
 from ballast.samples import SampleBatch
+from ballast.cost_sources import analytic_cost, get_cost_model
 from partitions import set_partitions
 from strategies import SMALL, make_cluster, planner_setups
 
@@ -35,7 +36,7 @@ def _time(cost, bins, lengths, degree) -> float:
 def test_micro_batch_count_is_optimal_on_a_tiny_replica(case):
     rng = np.random.default_rng(case)
     cluster = make_cluster(1, 4, float(rng.uniform(1.0, 6.0)) * 1e9, float(rng.choice([0.0, 1e-3, 0.05, 0.5])))
-    cost = CostModel.analytic(SMALL, cluster)
+    cost = analytic_cost(SMALL, cluster)
     degree = int(rng.choice([1, 2, 4]))
     cap = cost.max_tokens(degree, 1.0)
     lengths = [int(x) for x in rng.integers(1, cap // 2, int(rng.integers(1, 7)))]
@@ -90,7 +91,7 @@ def test_best_of_shuffles_is_no_worse_than_longest_first():
 
 def test_long_sequences_get_large_replicas_and_the_rest_small_ones():
     cluster = make_cluster(4, 4, 0.6e9)
-    cost = CostModel.analytic(SMALL, cluster)
+    cost = analytic_cost(SMALL, cluster)
     long = cost.max_tokens(1, 1.0) + 1  # does not fit one device
     lengths = [long] + [int(x) for x in np.random.default_rng(0).integers(50, 500, 1000)]
     plan = get_planner("hydraulis", cluster, cost).plan(lengths)

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ballast.cluster import Cluster
-from ballast.cost import CostModel
+from ballast.cost_sources import analytic_cost
 from ballast.plans import Plan
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
 from ballast.model_shape import ModelShape, get_model_shape
@@ -64,7 +64,7 @@ def setups(draw, name, lockstep=None):
     if shaped:
         pattern, share = draw(st.sampled_from(PATTERNS))
         shape = dataclasses.replace(shape, attention=pattern, spatial_share=share)
-    cost = CostModel.analytic(shape, cluster)
+    cost = analytic_cost(shape, cluster)
     cap = draw(st.integers(32, 50_000))     # tokens a device holds without checkpointing
     memory = cost.states + cap * cost.act_per_token
     cluster = dataclasses.replace(cluster, device_memory=memory)

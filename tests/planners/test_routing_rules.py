@@ -7,13 +7,13 @@ import dataclasses
 import pytest
 
 from ballast.cluster import get_cluster
-from ballast.cost import CostModel
+from ballast.cost_sources import analytic_cost
 from ballast.model_shape import get_model_shape
 from ballast.planners import PlannerOptions, get_planner
 from ballast.timeline import wave_time
 
 CLUSTER = get_cluster("a800-16")
-COST = CostModel.analytic(get_model_shape("gpt-7b"), CLUSTER)
+COST = analytic_cost(get_model_shape("gpt-7b"), CLUSTER)
 # Two sequences long enough to need both nodes beside many short ones: waves that cross nodes.
 BATCHES = [[262144, 131072] + [2048] * 60, [196608] + [8192] * 40 + [512] * 100]
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ballast.cost import CostModel
+from ballast.cost_sources import analytic_cost
 from ballast.model_shape import ModelShape
 from ballast.planners import PlannerOptions, get_planner
 from ballast.timeline import simulate
@@ -48,7 +48,7 @@ EXAMPLES = {"flexsp": 4}
 def budget(cluster, shape, tokens):
     """The cluster and the shape's cost model at a memory budget of `tokens` per device without
     checkpointing."""
-    cost = CostModel.analytic(shape, cluster)
+    cost = analytic_cost(shape, cluster)
     memory = cost.states + tokens * cost.act_per_token
     return dataclasses.replace(cluster, device_memory=memory), dataclasses.replace(cost, device_memory=memory)
 
@@ -116,7 +116,7 @@ def test_spatial_temporal_models_run_context_parallelism_past_their_heads(name, 
     from ballast.cluster import get_cluster
     from ballast.model_shape import get_model_shape
     cluster = get_cluster("h200-32")
-    cost = CostModel.analytic(get_model_shape("stdit3-1b"), cluster)
+    cost = analytic_cost(get_model_shape("stdit3-1b"), cluster)
     assert cost.degrees[-1] == 16  # Ulysses alone
     planner = get_planner(name, cluster, cost)
     assert {d: planner.cost.context_parts(d) for d in (16, 32)} == parts
@@ -130,7 +130,7 @@ def test_a_length_only_view_keeps_the_heads_and_reaches_past_them_with_context_p
     from ballast.model_shape import get_model_shape
     from ballast.simulate.side_by_side import lengths_only
     for model, heads_cap in (("stdit3-1b", 16), ("wan-14b", 8)):
-        cost = CostModel.analytic(get_model_shape(model), get_cluster("h200-32"))
+        cost = analytic_cost(get_model_shape(model), get_cluster("h200-32"))
         seen = lengths_only(cost)
         assert seen.pattern.name == "causal" and seen.degrees[-1] == heads_cap
         assert seen.under(ANY_SPLIT).degrees[-1] == 32 and seen.under(ANY_SPLIT).context_parts(32)[0] == 32 // heads_cap

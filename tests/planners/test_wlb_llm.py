@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ballast.cluster import get_cluster
-from ballast.cost import CostModel, InfeasibleError
+from ballast.cost import InfeasibleError
+from ballast.cost_sources import analytic_cost
 from ballast.model_shape import ModelShape, get_model_shape
 from ballast.planners import PlannerOptions, get_planner
 from ballast.planners.wlb_llm import OUTLIER_LEVELS, greedy_pack, micro_batch_count, release_outliers
@@ -20,7 +21,7 @@ THREE_HEADS = ModelShape("three-heads", 2, 96, 3, 3, 192, 256)
 
 def cpu8(shape: ModelShape = get_model_shape("tiny"), memory_gb: float = 0.1):
     cluster = dataclasses.replace(get_cluster("cpu", world_size=8, device_memory_gb=memory_gb), value_bytes=2)
-    return cluster, CostModel.analytic(shape, cluster)
+    return cluster, analytic_cost(shape, cluster)
 
 
 def workloads(plan, cost, degree):

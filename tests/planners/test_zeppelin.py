@@ -11,6 +11,7 @@ from ballast.cluster import Cluster
 from ballast.planners import get_planner
 from ballast.planners.zeppelin import balance_nodes, classify, crossovers
 from ballast.timeline import simulate, step_time
+from ballast.cost_sources import analytic_cost, get_cost_model
 from strategies import planner_setups
 
 @pytest.fixture(scope="module")
@@ -130,7 +131,7 @@ def test_remap_balances_an_idle_node_when_the_transfer_is_cheaper():
     """One rank holds a long micro-batch, three idle: remapping moves 3/4 of its tokens and is
     chosen exactly when the transfer costs less than the linear work it spreads."""
     cpu4 = get_cluster("cpu", world_size=4, device_memory_gb=1.0)
-    tiny4 = CostModel.analytic(get_model_shape("tiny"), cpu4)
+    tiny4 = analytic_cost(get_model_shape("tiny"), cpu4)
     lengths = [20_000, 20_000]
 
     def plan() -> Plan:
@@ -167,7 +168,7 @@ def test_remapped_plan_does_not_beat_the_lower_bound():
     # before context parallelism): with degrees 4 and 8 zeppelin runs it in a CP group instead.
     cluster = Cluster("random", 1, 8, 303744.0, 5e10, 0.3, {2: 1e9, 4: 1e9, 8: 1e9}, 0.0)
     roomy = Cluster("roomy", 1, 8, 1e9, 5e10, 0.3, {2: 1e9, 4: 1e9, 8: 1e9}, 0.0)
-    base = CostModel.analytic(get_model_shape("tiny"), roomy).to_dict()
+    base = analytic_cost(get_model_shape("tiny"), roomy).to_dict()
     cost = CostModel.from_dict({**base, "bandwidth": {2: 1e9}, "model": "mqa", "device_memory": 303744.0,
                                 "a": 5.12e-08, "b": 3.11296e-05, "g": 0.0,
                                 "bytes_per_token": 1536.0, "act_per_token": 4352.0, "states": 164480.0,

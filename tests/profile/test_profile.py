@@ -10,7 +10,8 @@ import pytest
 
 from ballast.cli import main
 from ballast.cluster import get_cluster
-from ballast.cost import CostModel, InfeasibleError, get_cost_model
+from ballast.cost import CostModel, InfeasibleError
+from ballast.cost_sources import get_cost_model
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
 from ballast.profile.profiler import (Settings, all_to_all_value_bytes, check_states_fit, default_lengths, plan_grid,
                                      profile, shape_bytes_per_token_layer, state_bytes)

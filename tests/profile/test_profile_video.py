@@ -13,7 +13,7 @@ import pytest
 
 from ballast.cli import main
 from ballast.cluster import get_cluster
-from ballast.cost import get_cost_model
+from ballast.cost_sources import get_cost_model
 from ballast.dataset.clips import video_source
 from ballast.model_shape import get_model_shape
 from ballast.planners import PlannerOptions, get_planner

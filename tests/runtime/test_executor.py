@@ -14,6 +14,7 @@ from runtime_cases import (LENGTHS, PARAM_DRIFT, SHAPE, STEPS, assert_single_pro
 from ballast import verify
 from ballast.cluster import get_cluster
 from ballast.cost import CostModel
+from ballast.cost_sources import analytic_cost
 from ballast.models import build_gpt
 from ballast.plans import Group, MicroBatch, Plan, Wave, fill_idle
 from ballast.runtime import ActivationMeter, ProcessGroups, parallelize, run_local
@@ -78,7 +79,7 @@ def remapping_zeppelin_plan(world: int) -> Plan:
     from ballast.planners import get_planner
 
     cluster = get_cluster("cpu", world_size=world)
-    base = CostModel.analytic(SHAPE, cluster)
+    base = analytic_cost(SHAPE, cluster)
     cost = CostModel.from_dict({**base.to_dict(), "g": 0.0, "a": base.a * 0.01,
                                 "bandwidth": {2: 1e13}})
     plan = get_planner("zeppelin", cluster, cost).plan(LENGTHS)
@@ -99,7 +100,7 @@ def remapping_ballast_plan() -> Plan:
     from ballast.planners import get_planner
 
     cluster = get_cluster("cpu", world_size=4)
-    base = CostModel.analytic(SHAPE, cluster)
+    base = analytic_cost(SHAPE, cluster)
     cost = CostModel.from_dict({**base.to_dict(), "g": 0.0, "heads": 2, "kv_heads": 2, "comm_latency": {},
                                 "device_memory": base.states + 45 * base.act_per_token,
                                 "bandwidth": {2: 1e13}})

@@ -14,7 +14,7 @@ import pytest
 from ballast.simulate import command as simulate_cmd
 from ballast.cli import main
 from ballast.cluster import get_cluster
-from ballast.cost import CostModel, get_cost_model
+from ballast.cost_sources import analytic_cost, get_cost_model
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
 from ballast.planners import PlannerOptions, get_planner
@@ -143,7 +143,7 @@ def test_bad_files_are_messages(tmp_path, capsys):
     cluster.write_text('nodes = "1"\ndevices_per_node = 8\ndevice_memory = 28e9\npeak_flops = 3e14\n')
     assert "nodes must be an integer" in fails(capsys, "--cluster", str(cluster), "--steps", "1")
     profile = tmp_path / "tiny.json"
-    CostModel.analytic(get_model_shape("tiny"), get_cluster("a100-8")).save(profile)
+    analytic_cost(get_model_shape("tiny"), get_cluster("a100-8")).save(profile)
     err = fails(capsys, *SETTING, "--cost", str(profile))
     assert "describes model 'tiny', not 'gpt-7b'" in err
 

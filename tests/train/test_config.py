@@ -13,6 +13,7 @@ from ballast.train import checkpoint
 from ballast.train.config import TrainConfig, add_arguments, field_docs, from_args, load_toml
 from ballast.train.metrics import final_history, summarise
 from ballast.train.loop import learning_rate
+from ballast.cost_sources import analytic_cost
 
 
 def parse(*argv: str) -> TrainConfig:
@@ -128,12 +129,11 @@ def test_toml_of_defaults_is_valid_toml():
 def test_cost_model_from_a_profile_file(tmp_path):
     """--cost PATH loads a `ballast profile` JSON; one made for another model is refused."""
     from ballast.cluster import get_cluster
-    from ballast.cost import CostModel
     from ballast.model_shape import get_model_shape
     from ballast.train.loop import Setup
 
     cluster = get_cluster("cpu", world_size=2, device_memory_gb=1.0)
-    profiled = dataclasses.replace(CostModel.analytic(get_model_shape("tiny"), cluster), source="profiled")
+    profiled = dataclasses.replace(analytic_cost(get_model_shape("tiny"), cluster), source="profiled")
     profiled.save(tmp_path / "tiny.json")
     config = parse("--cost", str(tmp_path / "tiny.json"))
     setup = Setup.of(config, world=2)

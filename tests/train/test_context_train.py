@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from train_runs import run_config
 
 from ballast.cluster import get_cluster
-from ballast.cost import CostModel
+from ballast.cost_sources import analytic_cost
 from ballast.dataset import build_corpus
 from ballast.model_shape import get_model_shape
 from ballast.runtime import run_local
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.slow
 
 def budget_gb() -> float:
     """Per-rank memory in which MAX_LEN tokens fit only at degree 2, every layer recomputed, CP included."""
-    cost = CostModel.analytic(get_model_shape("tiny"), get_cluster("cpu", world_size=2))
+    cost = analytic_cost(get_model_shape("tiny"), get_cluster("cpu", world_size=2))
     return cost.memory([MAX_LEN], 2, 1.0, 2) * 1.001 / 1e9
 
 

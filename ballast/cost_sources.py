@@ -1,0 +1,100 @@
+"""Where a CostModel's coefficients come from besides a profile: the `analytic` model (FLOP
+counts of a model shape on a cluster's peak and bandwidth) and FlexSP's `published` A100
+profile; `get_cost_model` picks one of them, or loads a profile JSON (`ballast profile`), for
+a shape and cluster. docs/design.md, section 4, gives every formula and its reason."""
+from __future__ import annotations
+
+import dataclasses
+
+from .cluster import Cluster
+from .cost import CostModel
+from .model_shape import ModelShape
+
+# Mixed-precision Adam: bf16 weights and grads + fp32 master weights, momentum and variance.
+STATE_BYTES_PER_PARAM = 16
+# Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"):
+# a block saves 34 h bytes per token in bf16 (17 h values) once flash attention drops the s^2
+# term (full checkpointing keeps only the block input: cost.KEPT_UNDER_CHECKPOINT).
+ACT_VALUES_PER_HIDDEN = 17
+# A layer's all-to-alls in forward and backward: q, k, v together and the output, each way.
+ALL_TO_ALLS_PER_LAYER = 4
+# A layer's CP collectives: the K, V all-gather forward and the dK, dV reduce-scatter backward.
+CONTEXT_COLLECTIVES_PER_LAYER = 2
+
+# FlexSP's profile of GPT on 64 A100-40GB (docs/design.md): ms per token^2, ms per token, ms, MB/token.
+_PUBLISHED = {
+    "gpt-7b": (5.128e-6, 0.18396, 629.0, 4.48),
+    "gpt-13b": (9.285e-6, 0.30602, 1133.0, 4.22),
+    "gpt-30b": (1.5426e-5, 0.80357, 2789.0, 3.42),
+}
+
+
+def analytic_cost(shape: ModelShape, cluster: Cluster) -> CostModel:
+    """Coefficients from FLOP counts of the shape and the cluster's peak and bandwidth."""
+    flops = cluster.peak_flops * cluster.efficiency
+    linear = shape.layers * shape.layer_token_params + shape.vocab * shape.hidden
+    return CostModel(
+        source="analytic", model=shape.name,
+        # Per attention unit: causal attention over s tokens (s^2 units) does QK^T and AV in
+        # 2 s^2 h FLOPs forward per layer and twice that backward; other patterns have their
+        # FLOPs in their units (`samples.attention_units`).
+        a=6.0 * shape.layers * shape.hidden / flops,
+        b=6.0 * linear / flops,
+        g=cluster.micro_batch_overhead,
+        bandwidth={d: cluster.bandwidth[d] for d in cluster.degrees if d > 1},
+        bytes_per_token=_all_to_all_bytes_per_token(shape, cluster.value_bytes),
+        act_per_token=float(ACT_VALUES_PER_HIDDEN * cluster.value_bytes * shape.hidden * shape.layers),
+        comm_latency={d: ALL_TO_ALLS_PER_LAYER * shape.layers * cluster.all_to_all_latency
+                      for d in cluster.degrees if d > 1 and cluster.all_to_all_latency > 0},
+        context_latency={d: CONTEXT_COLLECTIVES_PER_LAYER * shape.layers * cluster.all_to_all_latency
+                         for d in cluster.degrees if d > 1 and cluster.all_to_all_latency > 0},
+        states=STATE_BYTES_PER_PARAM * shape.params / cluster.world_size,
+        device_memory=cluster.device_memory, layers=shape.layers, heads=shape.heads,
+        kv_heads=shape.kv_heads, world_size=cluster.world_size, attention_window=shape.attention_window,
+        max_positions=shape.max_positions,
+        attention=shape.attention, spatial_share=shape.spatial_share, network=cluster)
+
+def published_cost(shape: ModelShape, cluster: Cluster) -> CostModel:
+    """FlexSP's measured GPT-7B/13B/30B coefficients on A100-40GB (docs/design.md)."""
+    if shape.name not in _PUBLISHED:
+        raise ValueError(f"no published profile for model {shape.name!r}; have {sorted(_PUBLISHED)}")
+    a_ms, b_ms, fixed_ms, act_mb = _PUBLISHED[shape.name]
+    return CostModel(
+        source="published", model=shape.name, a=a_ms * 1e-3, b=b_ms * 1e-3, g=fixed_ms * 1e-3,
+        bandwidth={d: cluster.bandwidth[d] for d in cluster.degrees if d > 1},
+        bytes_per_token=_all_to_all_bytes_per_token(shape, 2), act_per_token=act_mb * 1e6,
+        states=STATE_BYTES_PER_PARAM * shape.params / cluster.world_size,
+        device_memory=cluster.device_memory, layers=shape.layers, heads=shape.heads,
+        kv_heads=shape.kv_heads, world_size=cluster.world_size, network=cluster)
+
+
+def _all_to_all_bytes_per_token(shape: ModelShape, value_bytes: int) -> float:
+    # q and out carry `hidden` values per token, k and v `kv_dim`; each crosses an all-to-all
+    # in forward and again in backward. With kv_heads == heads and bf16 (2 bytes) this is
+    # docs/design.md's 4 tensors x 2 x layers x hidden x 2 bytes.
+    return 2.0 * shape.layers * (2 * shape.hidden + 2 * shape.kv_dim) * value_bytes
+
+
+def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster,
+                   device_memory_gb: float | None = None) -> CostModel:
+    """`analytic`, `published`, `auto` (published where FlexSP measured it) or a profile JSON path.
+
+    A profile must describe `shape` and `cluster`'s size: every caller (simulate, train, bench)
+    relies on this one check. It brings the device memory it was made for unless
+    `device_memory_gb` (the flag, which `get_cluster` gave the cluster too) replaces it."""
+    if spec == "auto":
+        spec = "published" if shape.name in _PUBLISHED and cluster.name == "a100-64" else "analytic"
+    if spec == "analytic":
+        return analytic_cost(shape, cluster)
+    if spec == "published":
+        return published_cost(shape, cluster)
+    cost = CostModel.load(spec)
+    if cost.model != shape.name:
+        raise ValueError(f"cost model {spec} describes model {cost.model!r}, not {shape.name!r} "
+                         f"(the model asked for)")
+    if cost.world_size != cluster.world_size:
+        raise ValueError(f"cost model {spec} was made for {cost.world_size} devices, "
+                         f"the cluster has {cluster.world_size}")
+    if device_memory_gb is not None:
+        cost = dataclasses.replace(cost, device_memory=device_memory_gb * 1e9)
+    return dataclasses.replace(cost, network=cluster)
