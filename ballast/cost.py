@@ -2,11 +2,15 @@
 
 docs/design.md's model, in seconds and bytes:
 
-    time(mb, d, c)   = [sum_s (a q_s (1 + c r_attn) + b s (1 + c r))] / d + comm(sum_s s, d) + g
+    time(mb, d, c)   = [sum_s (a q_s (1 + c r_attn) + b s (1 + c r))] / d + comm(sum_s s, d) (1 + c/2) + g
     comm(n, d)       = bytes_per_token n / (d bw(d)) + latency(d)  (0 at d = 1; latency(d) is
                                                                 profiled, or the cluster's
                                                                 per-call latency (analytic))
     memory(mb, d, c) = states + act_per_token (sum_s s) / d (c k + 1 - c)
+
+q_s counts the sample's spans too: q_s = units_s + (e / a) spans_s (`span_seconds`, 0 unless
+profiled), and a recomputed layer repeats its forward exchanges, half of them
+(`RECOMPUTED_EXCHANGES`).
 
 A group of degree d = u x cp (Ulysses over u ranks times context parallelism over cp,
 `layouts.Splits`; `plans.Group.cp`) adds, where cp > 1:
@@ -57,12 +61,17 @@ from .cluster import Cluster
 from .value_checks import check_types, from_fields, read_json
 from .layouts import ULYSSES_ONLY, HeadLayout, Splits
 from .patterns import AttentionPattern, attention_pattern
-from .samples import Sample, attention_units, tokens as sample_tokens
+from .samples import Sample, attended_spans, attention_units, tokens as sample_tokens
 
 # Full checkpointing keeps only a block's input: h of the 17 h values it saves (Korthikanti et al.).
 KEPT_UNDER_CHECKPOINT = 1 / 17
 # Recomputing a layer repeats its forward: one third of forward + backward.
 RECOMPUTE_OVERHEAD = 1 / 3
+# Recomputing a layer repeats its forward exchanges (the whole block is checkpointed, its
+# all-to-alls or CP gathers inside): half of the layer's, each forward one moving as many bytes
+# and calls as its backward twin (Ulysses: q, k, v and out of four all-to-alls; CP: the K, V
+# gather of gather and reduce-scatter; the 2D video layout alike).
+RECOMPUTED_EXCHANGES = 0.5
 LEVEL_EPS = 1e-9  # relative slack of a level or fit computed in floats
 
 class InfeasibleError(ValueError):
@@ -132,6 +141,14 @@ class CostModel:
     """The cluster whose nodes and NICs price the exchanges that cross nodes (`nics.py`), set
     where the model meets its cluster (`cost_sources.py`); not part of
     the coefficients, so not in the JSON. None: every exchange at its degree's bandwidth alone."""
+    span_seconds: float = 0.0
+    """e: seconds per attended span, forward + backward of every block on one device, besides
+    the span's (query, key) pairs: a kernel's cost per span (a CPU kernel's setup per span and
+    head, a GPU varlen kernel's last, partly masked tile). A span is what one block attends over
+    inside a sample (`patterns.AttentionPattern.spans_per_block`: a text sequence, a clip under
+    full attention, a frame or a patch column of a spatial-temporal block). `units` adds it as
+    e / a units per span, so every planner and the bound price it. `ballast profile` fits it;
+    0 analytic and published."""
     splits: Splits = field(default=ULYSSES_ONLY, compare=False)
     """Which (Ulysses x CP) splits of a degree the planner that holds this model may run
     (`under`); not part of the coefficients, so not in the JSON."""
@@ -144,6 +161,9 @@ class CostModel:
         object.__setattr__(self, "bandwidth", {int(d): float(v) for d, v in self.bandwidth.items()})
         object.__setattr__(self, "comm_latency", {int(d): float(v) for d, v in self.comm_latency.items()})
         object.__setattr__(self, "context_latency", {int(d): float(v) for d, v in self.context_latency.items()})
+        if self.span_seconds < 0 or (self.span_seconds > 0 and not self.a > 0):
+            raise ValueError(f"cost model {self.model!r}: span_seconds {self.span_seconds} must be >= 0, and 0 "
+                             f"unless a > 0 (spans are priced in attention units)")
         if not self.context_attention > 0:
             raise ValueError(f"cost model {self.model!r}: context_attention must be > 0, got {self.context_attention}")
         # Split of every degree under `splits`, and the splits it allows, cached: planners ask per micro-batch.
@@ -219,8 +239,12 @@ class CostModel:
 
     # --- samples -----------------------------------------------------------------------------
     def units(self, samples: Sequence[Sample]) -> np.ndarray:
-        """Attention units of each sample under the model's pattern (float64)."""
-        return attention_units(samples, self.pattern, self.spatial_share)
+        """Attention units of each sample under the model's pattern (float64), its spans'
+        cost (`span_seconds`) included as e / a units per span."""
+        units = attention_units(samples, self.pattern, self.spatial_share)
+        if self.span_seconds == 0:  # as the model without spans had them: recorded results stay bit-identical
+            return units
+        return units + self.span_seconds / self.a * attended_spans(samples, self.pattern, self.layers)
 
     def _kept_fraction(self, checkpoint: float) -> float:
         return checkpoint * self.kept + (1.0 - checkpoint)
@@ -333,14 +357,18 @@ class CostModel:
         ulysses = self.comm_latency.get(u, 0.0) if u > 1 else 0.0
         return ulysses if cp == 1 else ulysses + self.context_latency.get(degree, 0.0)
 
-    def comm(self, tokens: float, degree: int, cp: int | None = None) -> float:
+    def comm(self, tokens: float, degree: int, cp: int | None = None, checkpoint: float = 0.0) -> float:
+        """Seconds of a micro-batch's exchanges: their bytes and fixed latency, the forward ones
+        again for the recomputed layers (`recomputed_exchanges`)."""
         if degree == 1 or tokens == 0:
             return 0.0
         cp = self._cp(degree, cp)
         if cp == 1:  # today's expression, so recorded results stay bit-identical
-            return (self.exchange_bytes(degree) * tokens / (degree * self.bandwidth[degree])
+            comm = (self.exchange_bytes(degree) * tokens / (degree * self.bandwidth[degree])
                     + self.comm_latency.get(degree, 0.0))
-        return self.comm_per_token(degree, cp) * tokens + self.fixed_latency(degree, cp)
+        else:
+            comm = self.comm_per_token(degree, cp) * tokens + self.fixed_latency(degree, cp)
+        return comm * recomputed_exchanges(checkpoint)
 
     def time_from_sums(self, sum_units: float, sum_s: float, degree: int, checkpoint: float,
                        cp: int | None = None) -> float:
@@ -350,7 +378,7 @@ class CostModel:
         if self._cp(degree, cp) > 1:
             attention *= self.context_attention
         compute = (attention + self.b * sum_s * (1.0 + checkpoint * self.recompute)) / degree
-        return compute + self.comm(sum_s, degree, cp) + self.g
+        return compute + self.comm(sum_s, degree, cp, checkpoint) + self.g
 
     def attention_time(self, tokens, units):
         """a q elementwise, computed as (a (q / s)) s: for text q / s is s exactly, so this
@@ -371,7 +399,7 @@ class CostModel:
     def split_time(self, samples: Sequence[Sample], degree: int, checkpoint: float,
                    cp: int | None = None) -> tuple[float, float]:
         """(compute incl. the fixed overhead, communication) of one micro-batch, in seconds."""
-        comm = self.comm(float(_tokens_array(samples).sum()), degree, cp)
+        comm = self.comm(float(_tokens_array(samples).sum()), degree, cp, checkpoint)
         return self.time(samples, degree, checkpoint, cp) - comm, comm
 
     # --- bounds --------------------------------------------------------------------------------
@@ -400,7 +428,7 @@ class CostModel:
         if cp == 1:
             work = self.work(s, q, c) / d
             if d > 1:
-                work = work + self.exchange_bytes(d) * s / (d * self.bandwidth[d])
+                work = work + self.exchange_bytes(d) * s / (d * self.bandwidth[d]) * recomputed_exchanges(c)
         else:
             work = self.marginal_times(s, q, d, c, cp)
         return np.where(c <= 1.0, work, np.inf)
@@ -408,13 +436,13 @@ class CostModel:
     def marginal_times(self, tokens, units, degree: int, checkpoint, cp: int | None = None):
         """What each sample adds to its micro-batch's time at this degree, level and split,
         elementwise (arrays of tokens, their attention units and levels): time() is these summed
-        plus g and the collectives' fixed latency."""
+        plus g and the collectives' fixed latency (`comm`'s at the level)."""
         cp = self._cp(degree, cp)
         attention = self.attention_time(tokens, units) * (1.0 + checkpoint * self.recompute_attention)
         if cp > 1:
             attention = attention * self.context_attention
         linear = self.b * tokens * (1.0 + checkpoint * self.recompute)
-        return (attention + linear) / degree + self.comm_per_token(degree, cp) * tokens
+        return (attention + linear) / degree + self.comm_per_token(degree, cp) * tokens * recomputed_exchanges(checkpoint)
 
     # --- construction and JSON -----------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -438,6 +466,12 @@ class CostModel:
             return cls.from_dict(data)
         except (ValueError, TypeError) as e:
             raise ValueError(f"cost model file {path}: {e}") from e
+
+
+def recomputed_exchanges(checkpoint):
+    """How many times a micro-batch's exchanges run at this checkpoint level (floats or arrays),
+    relative to none recomputed: recomputed layers repeat their forward ones."""
+    return 1.0 + checkpoint * RECOMPUTED_EXCHANGES
 
 
 def _tokens_array(samples: Sequence[Sample]) -> np.ndarray:

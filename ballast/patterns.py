@@ -61,6 +61,13 @@ class Span:
             return frames * per_frame * per_frame
         return per_frame * frames * frames
 
+    def count(self, frames, per_frame):
+        """How many of these spans a sample of `frames` frames of `per_frame` patches has (floats
+        or arrays): one per sample, one per frame, one per patch column."""
+        if self.within == SAMPLE:
+            return np.ones_like(np.asarray(frames, dtype=np.float64))
+        return np.asarray(frames if self.within == FRAME else per_frame, dtype=np.float64)
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Span):
             return self.name == other.name
@@ -120,6 +127,14 @@ class AttentionPattern:
         s x s attention (a text sequence of s tokens under CAUSAL_LM costs s^2 units). A text
         sequence is one frame; a clip under a whole-sample pattern is its F H W tokens."""
         return self.units_formula(frames, per_frame, spatial_share)
+
+    def spans_per_block(self, frames: np.ndarray, per_frame: np.ndarray, depth: int) -> np.ndarray:
+        """Spans a block of a `depth`-block model attends in each sample, on average over its
+        blocks (one kernel call's worth of setup each, `CostModel.span_seconds`): 1 for a whole-
+        sample pattern, frames and patch columns in the proportion of a spatial-temporal model's
+        blocks."""
+        counts = self.block_counts(depth)
+        return sum(n * span.count(frames, per_frame) for n, span in zip(counts, self.spans)) / sum(counts)
 
     def block_spans(self, blocks: int) -> list[Span]:
         """The span of each of `blocks` blocks, in order."""

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from ballast.model_shape import ModelShape
-from ballast.patterns import SPATIAL_TEMPORAL
+from ballast.patterns import SPATIAL_TEMPORAL, attention_pattern
 from ballast.profile.fit import Coefficients
 from ballast.profile.grid import Measurement, Point
 from ballast.profile.profiler import shape_bytes_per_token_layer
@@ -25,11 +25,22 @@ def attention_seconds(p: Point, true: Coefficients) -> float:
             + (temporal + ra * k_t) * true.temporal_layer * p.temporal_pairs)
 
 
+def span_seconds(p: Point, true: Coefficients) -> float:
+    """What the model's blocks spend per attended span (e_l), forward + backward at degree 1,
+    recomputation included: every block's spans (a sequence, clip, frame or patch column)."""
+    pattern = attention_pattern(true.attention)
+    ra, total = true.recompute_attention_layer, 0.0
+    for n, k, span in zip(pattern.block_counts(p.layers), pattern.block_counts(p.checkpoint_layers), pattern.spans):
+        total += (n + ra * k) * sum(float(span.count(f, h * w)) for f, h, w in p.grids())
+    return total * true.span_layer
+
+
 def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed: int = 0,
               shape: ModelShape | None = None) -> list[Measurement]:
     """Measurements of `points` made from `true`, times multiplied by (1 + noise N(0, 1)).
     `shape`'s kv heads are replicated where a degree does not divide them (None: every degree
-    divides them); a recomputed layer repeats its forward exchange, half of its bytes. A point
+    divides them); a recomputed layer repeats its forward exchange, half of its bytes, calls and
+    fixed latency; every attended span costs e_l (`span_seconds`). A point
     with a CP part (text only) exchanges in its Ulysses sub-groups of u ranks, and gathers K, V
     (reduce-scatters dK, dV) over its CP group: 2 calls per block, 1 more per recomputed one,
     their send buffers every token's K, V each way (the gather sends its rows to every CP rank),
@@ -50,15 +61,17 @@ def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed:
         exchanged = true.bytes_per_token_layer * replicated
         comm_bytes = 0.0 if u == 1 else exchanged * shard * (depth + k / 2)
         comm = 0.0 if u == 1 else calls * true.call_latency[u] + comm_bytes / true.bandwidth[u]
-        attention = attention_seconds(p, true) * (true.context_attention if c > 1 else 1.0)
+        # CostModel scales a CP micro-batch's spans by the CP attention factor, as its pairs.
+        attention = (attention_seconds(p, true) + span_seconds(p, true)) * (true.context_attention if c > 1 else 1.0)
+        repeated = depth + k / 2  # blocks' worth of exchanges: the recomputed ones' forward half again
         seconds = ((attention + (depth + k * true.recompute_layer) * true.b_layer * p.tokens
                     + true.b_fixed * p.tokens) / d + true.g_fixed + depth * true.g_layer
-                   + (0.0 if u == 1 else depth * exchanged * p.tokens / (d * true.bandwidth[u])
-                      + depth * true.latency_layer[u]))
+                   + (0.0 if u == 1 else repeated * (exchanged * p.tokens / (d * true.bandwidth[u])
+                                                     + true.latency_layer[u])))
         context_calls, context_bytes, context = 0, 0.0, 0.0
         if c > 1:
             priced = context_bytes_per_token_layer(kv_shape, value_bytes, d, c) * p.tokens
-            seconds += depth * (priced / true.bandwidth[d] + true.context_latency_layer[d])
+            seconds += repeated * (priced / true.bandwidth[d] + true.context_latency_layer[d])
             context_calls = 2 * depth + k
             context_bytes = gathered_values_per_token_layer(kv_shape, d, c) * value_bytes * p.tokens * (depth + k / 2) * 2
             context = (context_calls * true.context_call_latency[d]

@@ -59,6 +59,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..cost import recomputed_exchanges
 from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
 from ..samples import SampleBatch
 from ..timeline import step_time
@@ -162,7 +163,7 @@ class DCPPlanner(Planner):
         fit = np.floor(caps / L)
         bw = np.array([cost.bandwidth.get(x, np.inf) for x in cost.degrees])[None, :, None]
         exchanged = np.array([cost.exchange_bytes(x) for x in cost.degrees])[None, :, None]
-        comm = np.where(d > 1, exchanged * L / (d * bw), 0.0)
+        comm = np.where(d > 1, exchanged * L / (d * bw), 0.0) * recomputed_exchanges(c)
         per_sample = cost.work(L, units[:, None, None], c) / d + comm
         batch = np.minimum(fit, np.maximum(np.floor((target - cost.g) / per_sample), 1.0))
         time = np.maximum(batch, 1.0) * per_sample + cost.g

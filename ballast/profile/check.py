@@ -41,9 +41,9 @@ from rich.table import Table
 from ..cluster import get_cluster
 from ..cost import CostModel
 from ..cost_sources import get_cost_model
-from ..dataset.clips import ClipSource, scale_shapes
 from ..dataset.length_stream import BatchSpec, LengthStream
 from ..dataset.lengths import LengthSource, get_length_source
+from .sources import check_source
 from ..models import build_model
 from ..plans import Plan
 from ..planners import PlannerOptions, get_planner, parse_planner_names
@@ -82,21 +82,6 @@ def predicted_activation(plan: Plan, cost: CostModel) -> float:
     """Peak bytes saved for backward per device over the plan's micro-batches."""
     return max(cost.memory(plan.mb_lengths(mb), group.degree, mb.checkpoint) - cost.states
                for _, group, mb in plan.micro_batches() if mb.seq_ids)
-
-
-def scaled_clips(source: ClipSource, max_tokens: int) -> ClipSource:
-    """`source` shrunk so that its largest clip has at most `max_tokens` tokens, with the
-    source's weights: every clip's frames, height and width times one factor, as
-    `video-synthetic` scales DCP's buckets (`clips.scale_shapes`). Clips keep their aspect, long
-    clips stay long and wide ones wide."""
-    return ClipSource(f"{source.name} scaled to {max_tokens} tokens", scale_shapes(source.shapes, max_tokens)[0],
-                      source.p)
-
-
-def check_source(spec: str, shape: ModelShape, max_len: int) -> LengthSource:
-    """The length source `spec` in `shape`'s geometry; clip sources scaled to `max_len` tokens."""
-    source = get_length_source(spec, shape.video_geometry)
-    return scaled_clips(source, max_len) if isinstance(source, ClipSource) else source
 
 
 def make_plans(cost: CostModel, lengths: str | LengthSource, count: int, tokens_per_step: int, max_len: int,

@@ -75,6 +75,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "2,4 for a spatial-temporal model, whose blocks come in spatial + temporal pairs)")
     p.add_argument("--verify", type=int, default=None, help="full-depth points that check the "
                    "extrapolation (default 4, quick 2)")
+    p.add_argument("--held-out", type=int, default=None, help="micro-batches of real lengths or clips "
+                   "(stdlib code files; a video model: DCP's video buckets scaled to --max-len) measured with "
+                   "the grid but never fitted, their error reported apart (default 8, quick 4)")
     p.add_argument("--repeats", type=int, default=None, help="measured rounds (default 3, quick 2)")
     p.add_argument("--statistic", choices=sorted(STATISTICS), default="median",
                    help="how repeats become one time: median (resists bursts of load) or min (what the "
@@ -112,7 +115,8 @@ def settings_from(args: argparse.Namespace, shape: ModelShape | None = None) -> 
         raise ValueError("--depths needs at least one depth")
     return Settings(lengths, depths, verify=args.verify if args.verify is not None else 2 if args.quick else 4,
                     repeats=args.repeats if args.repeats is not None else 2 if args.quick else 3,
-                    seed=args.seed, statistic=args.statistic)
+                    seed=args.seed, statistic=args.statistic,
+                    held_out=args.held_out if args.held_out is not None else 4 if args.quick else 8)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -150,12 +154,14 @@ def print_report(console: Console, cost: CostModel) -> None:
     """Coefficients, residuals, the extrapolation check and each degree's capacity."""
     report = cost.fit
     load, res, ext = report["load_average"], report["residuals"], report["extrapolation_error"]
-    console.print(f"measured {len(report['points']) + len(report['extrapolation'])} points in "
+    held = report.get("held_out_error")
+    console.print(f"measured {len(report['points']) + len(report['extrapolation']) + len(report.get('held_out', []))} points in "
                   f"{report['seconds']:.0f} s; load average {load['min']:.1f}..{load['max']:.1f} "
                   f"(median {load['median']:.1f}) on {load['cpus']} CPUs; the ranks had "
                   f"{report['core_share']:.0%} of a core (CPU / wall time of a step)")
     per = f"s/{cost.pattern.unit_label}"
-    console.print(f"a={cost.a:.3e} {per}  b={cost.b:.3e} s/token  g={cost.g * 1e3:.2f} ms  r={cost.recompute:.3f}  "
+    console.print(f"a={cost.a:.3e} {per}  e={cost.span_seconds * 1e6:.2f} us/span  b={cost.b:.3e} s/token  "
+                  f"g={cost.g * 1e3:.2f} ms  r={cost.recompute:.3f}  "
                   f"r_attn={cost.recompute_attention:.3f}  "
                   f"k={cost.kept:.3f}  act={cost.act_per_token / 1e3:.1f} KB/token  states={cost.states / 1e6:.1f} MB")
     video = report.get("video")
@@ -178,12 +184,16 @@ def print_report(console: Console, cost: CostModel) -> None:
     table = Table(title="relative error of the fit |predicted / measured - 1|")
     for column in ("", "points", "time median", "time p90", "time max", "act median", "act max"):
         table.add_column(column, justify="right")
-    for name, summary in (("grid (reduced depth)", res), ("full depth (extrapolated)", ext)):
-        t, a = summary["time"], summary["act"]
+    for name, summary in (("grid (reduced depth)", res), ("held out (real batches, never fitted)", held),
+                          ("full depth (extrapolated)", ext)):
+        t, a = (summary or {}).get("time", {"count": 0}), (summary or {}).get("act")
         if t["count"]:
             table.add_row(name, str(t["count"]), f"{t['median']:.1%}", f"{t['p90']:.1%}", f"{t['max']:.1%}",
                           f"{a['median']:.1%}", f"{a['max']:.1%}")
     console.print(table)
+    kinds = {kind: errors["time"] for kind, errors in report.get("residuals_by_kind", {}).items() if "time" in errors}
+    console.print("time |error| by kind of point (median / p90, n): " + "; ".join(
+        f"{kind} {t['median']:.1%} / {t['p90']:.1%} ({t['count']})" for kind, t in kinds.items() if t["count"]))
     if res["act"]["count"] and res["act"]["max"] > 0.1:
         console.print("[yellow]activation bytes are not linear in tokens (worst point off by "
                       f"{res['act']['max']:.0%}): the attention kernel may keep s^2 scores[/yellow]")

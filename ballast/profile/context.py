@@ -39,11 +39,18 @@ def context_bytes_per_token_layer(shape: ModelShape, value_bytes: int, degree: i
 
 def point_kind(row: dict) -> str:
     """A prediction row's kind, for residuals per term: Ulysses alone (or one rank), CP alone
-    (u = 1), or the hybrid; with checkpointing or without; packed streams apart (their
-    per-document work is what a CP factor fitted on single sequences may miss)."""
-    cp, degree = row.get("cp", 1), row["degree"]
+    (u = 1), or the hybrid; with checkpointing or without (the recomputation factors and the
+    repeated exchanges); packed streams apart (their per-document work is what a CP factor
+    fitted on single sequences may miss), those of MANY_SPANS samples or more apart again (the
+    span term's points)."""
+    cp, degree, samples = row.get("cp", 1), row["degree"], len(row["lengths"])
     split = "ulysses" if cp == 1 else "cp" if cp == degree else "hybrid"
-    return f"{split}{' ckpt' if row['checkpoint_layers'] else ''}{' packed' if len(row['lengths']) > 1 else ''}"
+    packed = " many spans" if samples >= MANY_SPANS else " packed" if samples > 1 else ""
+    return f"{split}{' ckpt' if row['checkpoint_layers'] else ''}{packed}"
+
+
+MANY_SPANS = 16
+"""Samples of a micro-batch from which its residual counts as the span term's (`point_kind`)."""
 
 
 def residuals_by_kind(rows: list[dict]) -> dict:

@@ -69,7 +69,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cost import CostModel
+from ..cost import RECOMPUTED_EXCHANGES, CostModel
 from ..model_shape import ModelShape
 from ..patterns import AttentionPattern, as_pattern, attention_pattern, fit_attention
 from .grid import Measurement, Point
@@ -77,6 +77,10 @@ from .grid import Measurement, Point
 MAX_RECOMPUTE = 2.0
 """Upper end of the search for ra_l and r_l: recomputing a layer repeats its forward, about a
 third of forward + backward; twice the whole layer would mean the measurement is broken."""
+CONTEXT_SPAN_ROUNDS = 4
+"""Refits that scale the CP points' span column by the CP attention factor of the fit before (it
+moves by the spans' small share of attention each round), before the recomputation factors are
+searched again under the factor they settle at."""
 RECOMPUTE_GRID = 41
 """Grid points per recomputation factor before the local refinement (steps of 0.05)."""
 
@@ -115,6 +119,9 @@ class Coefficients:
     is half of it)."""
     temporal_layer: float | None = None
     """c_t: seconds per attended pair (S F^2 per clip) of one temporal block."""
+    span_layer: float = 0.0
+    """e_l: seconds per attended span (a sequence, clip, frame or patch column: `Span.count`)
+    of one block, forward + backward, besides its pairs (CostModel's `span_seconds` / L)."""
     context_attention: float = 1.0
     """CostModel's `context_attention`: the attention term of a micro-batch run with a CP part,
     relative to a_l (1.0 when no point ran one)."""
@@ -157,7 +164,7 @@ class Coefficients:
             recompute_attention=self.recompute_attention_layer,
             kept=(self.act_fixed + depth * self.kept_layer) / act,
             comm_latency={d: depth * v for d, v in self.latency_layer.items()},
-            context_attention=self.context_attention,
+            context_attention=self.context_attention, span_seconds=depth * self.span_layer if a > 0 else 0.0,
             context_latency={d: depth * v for d, v in self.context_latency_layer.items()}, fit=fit or {})
 
     def to_dict(self) -> dict:
@@ -242,10 +249,29 @@ def _attention_columns(points: Sequence[Point], pattern: AttentionPattern, recom
     return columns
 
 
+def _span_column(points: Sequence[Point], pattern: AttentionPattern, recompute: float) -> np.ndarray:
+    """e_l's column: the spans every block attends (plus ra_l times those of the checkpointed
+    blocks) / d (a CP point's times the CP attention factor: `fit_time` iterates)."""
+    d = np.array([p.degree for p in points], dtype=float)
+    column = np.zeros(len(points))
+    for i, span in enumerate(pattern.spans):
+        blocks = np.array([pattern.block_counts(p.layers)[i] for p in points], dtype=float)
+        checkpointed = np.array([pattern.block_counts(p.checkpoint_layers)[i] for p in points], dtype=float)
+        count = np.array([float(sum(span.count(f, h * w) for f, h, w in p.grids())) for p in points])
+        column += (blocks + checkpointed * recompute) * count
+    return column / d
+
+
+def exchanged_layers(p: Point) -> float:
+    """Blocks' worth of a point's exchanges: every block's, and the forward half again for each
+    recomputed one (`cost.RECOMPUTED_EXCHANGES`)."""
+    return p.layers + RECOMPUTED_EXCHANGES * p.checkpoint_layers
+
+
 def _time_columns(points: Sequence[Point], attention: float, linear: float, degrees: list[int],
-                  context_degrees: list[int], several_depths: bool, pattern: AttentionPattern | str
-                  ) -> list[np.ndarray]:
-    """Columns of a_l (c_s, c_t)[, a_l of the CP points], b_l, g_l[, b_0, g_0], lat_l(u),
+                  context_degrees: list[int], several_depths: bool, pattern: AttentionPattern | str,
+                  span_context: float = 1.0) -> list[np.ndarray]:
+    """Columns of a_l (c_s, c_t)[, a_l of the CP points], e_l, b_l, g_l[, b_0, g_0], lat_l(u),
     [CP lat_l(d)] for recomputation factors (ra_l, r_l)."""
     layers = np.array([p.layers for p in points], dtype=float)
     ckpt = np.array([p.checkpoint_layers for p in points], dtype=float)
@@ -257,22 +283,25 @@ def _time_columns(points: Sequence[Point], attention: float, linear: float, degr
     if context_degrees:  # CP runs whole-sequence patterns only: one attention term, in two columns
         (column,) = attention_columns
         attention_columns = [column * ~context, column * context]
-    columns = attention_columns + [(layers + ckpt * linear) * s1 / d, layers]
+    spans = _span_column(points, as_pattern(pattern), attention) * np.where(context, span_context, 1.0)
+    columns = attention_columns + [spans,
+                                   (layers + ckpt * linear) * s1 / d, layers]
     if several_depths:
         columns += [s1 / d, np.ones(len(points))]
-    return (columns + [layers * (u == degree) for degree in degrees]
-            + [layers * ((d == degree) & context) for degree in context_degrees])
+    exchanged = np.array([exchanged_layers(p) for p in points])
+    return (columns + [exchanged * (u == degree) for degree in degrees]
+            + [exchanged * ((d == degree) & context) for degree in context_degrees])
 
 
 def known_comm(p: Point, bandwidth: dict[int, float], exchange_bytes_layer: dict[int, float],
                context_bytes_layer: dict[tuple[int, int], float]) -> float:
     """What the cost model charges a point's exchanges per byte: its Ulysses all-to-alls (in
     sub-groups of u ranks) and its CP all-gather and reduce-scatter (at the degree's bandwidth)."""
-    u = p.ulysses
-    ulysses = 0.0 if u == 1 else p.layers * exchange_bytes_layer[u] * p.tokens / (p.degree * bandwidth[u])
+    u, layers = p.ulysses, exchanged_layers(p)
+    ulysses = 0.0 if u == 1 else layers * exchange_bytes_layer[u] * p.tokens / (p.degree * bandwidth[u])
     if p.cp == 1:
         return ulysses
-    return ulysses + p.layers * context_bytes_layer[(p.degree, p.cp)] * p.tokens / bandwidth[p.degree]
+    return ulysses + layers * context_bytes_layer[(p.degree, p.cp)] * p.tokens / bandwidth[p.degree]
 
 
 def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
@@ -301,22 +330,35 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
     comm = np.array([known_comm(p, bandwidth, exchange_bytes_layer, context_bytes_layer or {}) for p in points])
     target, weight = seconds - comm, 1.0 / seconds
 
-    def columns(attention_factor: float, linear: float) -> list[np.ndarray]:
-        return _time_columns(points, attention_factor, linear, degrees, context_degrees, several_depths, pattern)
-
-    def residual(factors) -> float:
-        return _nnls(columns(*np.clip(factors, 0.0, MAX_RECOMPUTE)), target, weight)[1]
+    def columns(attention_factor: float, linear: float, span_context: float = 1.0) -> list[np.ndarray]:
+        return _time_columns(points, attention_factor, linear, degrees, context_degrees, several_depths, pattern,
+                             span_context)
 
     from scipy.optimize import minimize  # where a fit runs, as in `_nnls`
 
-    grid = np.linspace(0.0, MAX_RECOMPUTE, RECOMPUTE_GRID)
-    coarse = min(((ra, r) for ra in grid for r in grid), key=residual)
-    refine = minimize(residual, np.array(coarse), method="Nelder-Mead",
-                      bounds=[(0.0, MAX_RECOMPUTE)] * 2, options={"xatol": 1e-4, "fatol": 1e-12})
-    recompute_attention, linear = (float(v) for v in (refine.x if refine.fun <= residual(coarse) else coarse))
-    theta, _ = _nnls(columns(recompute_attention, linear), target, weight)
-    theta = [float(v) for v in theta]
+    def recomputation(span_context: float) -> tuple[float, float]:
+        """(ra_l, r_l) of the least residual: a coarse grid, then Nelder-Mead."""
+        def residual(factors) -> float:
+            return _nnls(columns(*np.clip(factors, 0.0, MAX_RECOMPUTE), span_context), target, weight)[1]
+
+        grid = np.linspace(0.0, MAX_RECOMPUTE, RECOMPUTE_GRID)
+        coarse = min(((ra, r) for ra in grid for r in grid), key=residual)
+        refine = minimize(residual, np.array(coarse), method="Nelder-Mead",
+                          bounds=[(0.0, MAX_RECOMPUTE)] * 2, options={"xatol": 1e-4, "fatol": 1e-12})
+        return tuple(float(v) for v in (refine.x if refine.fun <= residual(coarse) else coarse))
+
     count = len(pattern.fit_terms)
+    recompute_attention, linear = recomputation(1.0)
+    theta, _ = _nnls(columns(recompute_attention, linear), target, weight)
+    if context_degrees:
+        # CostModel scales a CP micro-batch's spans by the CP attention factor as its pairs: refit
+        # with the span column scaled by the factor the fit before found, until it settles.
+        for _ in range(CONTEXT_SPAN_ROUNDS):
+            factor = theta[count] / theta[0] if theta[0] > 0 else 1.0
+            theta, _ = _nnls(columns(recompute_attention, linear, factor), target, weight)
+        recompute_attention, linear = recomputation(factor)
+        theta, _ = _nnls(columns(recompute_attention, linear, factor), target, weight)
+    theta = [float(v) for v in theta]
     attention_terms = {term.name: c for term, c in zip(pattern.fit_terms, theta[:count])}
     if pattern.split_fit:  # a per layer when every span has one block of it: sum of c / units
         attention_terms["a_layer"] = sum(c / term.units_per_feature for term, c in zip(pattern.fit_terms, theta))
@@ -325,12 +367,12 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
         a_l = attention_terms["a_layer"]
         attention_terms["context_attention"] = context_a / a_l if a_l > 0 else 1.0
     rest = theta[count:]
-    b_l, g_l, *rest = rest
+    e_l, b_l, g_l, *rest = rest
     b_0, g_0 = (rest[0], rest[1]) if several_depths else (0.0, 0.0)
     rest = rest[2:] if several_depths else rest
     latency = dict(zip(degrees, rest[:len(degrees)]))
     context_latency = dict(zip(context_degrees, rest[len(degrees):]))
-    return dict(**attention_terms, b_layer=b_l, b_fixed=b_0, g_layer=g_l, g_fixed=g_0,
+    return dict(**attention_terms, span_layer=e_l, b_layer=b_l, b_fixed=b_0, g_layer=g_l, g_fixed=g_0,
                 recompute_layer=linear, recompute_attention_layer=recompute_attention, latency_layer=latency,
                 context_latency_layer=context_latency)
 

@@ -162,6 +162,10 @@ class Measurement:
         return cls(**{**data, "point": point})
 
 
+TINY_SPAN_FRACTION = 8
+"""The grid's tiny documents are the shortest grid length / this (16 tokens under 128)."""
+
+
 def checkpoint_levels(layers: int) -> list[int]:
     """Checkpointed layer counts to profile: none, all, and one in between when there is one."""
     return sorted({0, layers // 2, layers})
@@ -171,15 +175,17 @@ def build_grid(layers: int, lengths: Sequence[int], degrees: Sequence[int]) -> l
     """Single sequences of every length x degree x checkpoint level, plus packed micro-batches.
 
     Packed ones hold k copies of a short length filling about a quarter of the longest one, at
-    every degree without checkpointing: enough to see a per-sequence cost if there is one.
+    every degree without checkpointing: the two shortest grid lengths, and documents an eighth
+    of the shortest long (TINY_SPAN_FRACTION), dozens of them, whose cost is mostly per span:
+    they separate the span term (`CostModel.span_seconds`) from the per-token and per-micro-batch ones.
     """
     lengths = sorted(set(lengths))
     points = [Point(layers, (s,), d, c) for s in lengths for d in degrees for c in checkpoint_levels(layers)]
     fill = max(lengths) // 4
-    for s in lengths[:2]:
+    for s in [max(1, lengths[0] // TINY_SPAN_FRACTION)] + lengths[:2]:
         if fill // s >= 2:
             points += [Point(layers, (s,) * (fill // s), d, 0) for d in degrees]
-    return points
+    return list(dict.fromkeys(points))
 
 
 def build_context_grid(layers: int, lengths: Sequence[int], splits: Sequence[tuple[int, int]]) -> list[Point]:
@@ -244,14 +250,27 @@ def video_clips(attention: AttentionPattern | str, sizes: Sequence[int], degrees
 
 
 def build_video_grid(layers: int, clips: Sequence[Shape], degrees: Sequence[int]) -> list[Point]:
-    """Single clips x degree x checkpoint level, plus packed micro-batches: the clips of the
-    smallest token count together (several copies of it when there is only one), at every
-    degree without checkpointing, to see that a stream of several clips costs their sum."""
+    """Single clips x degree x checkpoint level, plus packed micro-batches at every degree
+    without checkpointing: the clips of the smallest token count together (several copies of it
+    when there is only one), to see that a stream of several clips costs their sum; and dozens
+    of tiny clips (`tiny_clip`) filling a quarter of the largest, whose cost is mostly per span
+    (their clips, frames and columns): they separate the span term from the others."""
     clips = sorted(dict.fromkeys(tuple(c) for c in clips), key=lambda c: (math.prod(c), c))
     points = [Point.of(layers, [c], d, k) for c in clips for d in degrees for k in checkpoint_levels(layers)]
     smallest = [c for c in clips if math.prod(c) == math.prod(clips[0])]
-    packed = smallest if len(smallest) > 1 else smallest * 4
-    return points + [Point.of(layers, packed, d, 0) for d in degrees]
+    packed = [smallest if len(smallest) > 1 else smallest * 4]
+    tiny = tiny_clip(degrees)
+    copies = math.prod(clips[-1]) // 4 // math.prod(tiny)
+    if copies >= 2:
+        packed.append([tiny] * copies)
+    return points + [Point.of(layers, p, d, 0) for p in packed for d in degrees]
+
+
+def tiny_clip(degrees: Sequence[int]) -> Shape:
+    """The smallest clip every degree's layout can split: as many frames and as many patches per
+    frame as the widest degree has ranks (one frame or one patch column each, 2D video SP)."""
+    widest = max(max(degrees), 2)
+    return widest, 1, widest
 
 
 def video_verification_points(layers: int, clips: Sequence[Shape], degrees: Sequence[int],

@@ -25,6 +25,7 @@ from ..patterns import SPATIAL_TEMPORAL, AttentionPattern, as_pattern
 from ..runtime import run_local, under_torchrun
 from .context import context_bytes_per_token_layer, context_splits, gathered_values_per_token_layer, residuals_by_kind
 from .fit import Coefficients, fit, prediction_errors, time_and_act_errors
+from .sources import held_out_points
 from .grid import (Measurement, Point, build_context_grid, build_grid, build_video_grid, checkpoint_levels,
                    verification_points, video_clips, video_verification_points)
 from .machine import LoadMonitor, machine_info
@@ -48,6 +49,9 @@ class Settings:
     seed: int = 0
     statistic: str = "median"
     """How repeats become one number: `median` or `min` (measure.STATISTICS)."""
+    held_out: int = 8
+    """Micro-batches of real lengths or clips (`sources.held_out_points`) measured with the grid
+    but never fitted: their error is reported apart from the fit's own residuals."""
 
 
 def default_lengths(max_len: int, quick: bool) -> tuple[int, ...]:
@@ -148,6 +152,19 @@ def plan_grid(shape: ModelShape, world_size: int, settings: Settings) -> tuple[l
     return grid, checks
 
 
+def held_out(shape: ModelShape, world_size: int, settings: Settings) -> list[Point]:
+    """The profile's held-out points: real micro-batches of up to the grid's longest length at
+    its deepest reduced depth, at the grid's splits and checkpoint levels."""
+    if settings.held_out < 0:
+        raise ValueError(f"--held-out must be >= 0, got {settings.held_out}")
+    depth = min(max(settings.depths), shape.layers)
+    splits = [(d, 1) for d in sp_degrees(shape, world_size)]
+    if not is_video(shape):
+        splits += context_splits(shape, world_size)
+    return held_out_points(shape, depth, splits, checkpoint_levels(depth), max(settings.lengths), settings.held_out,
+                           settings.seed)
+
+
 def profile(shape: ModelShape, world_size: int, device_memory: float, settings: Settings,
             progress: bool = False, timeout: float = 3600.0) -> CostModel | None:
     """Measure `shape` on `world_size` ranks and return its profiled CostModel.
@@ -155,16 +172,18 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
     Spawns local gloo ranks, or under torchrun joins its job (NCCL on GPUs): then every
     process calls this and rank 0 alone gets the CostModel, the others None."""
     grid, checks = plan_grid(shape, world_size, settings)
+    unseen = held_out(shape, world_size, settings)
     check_states_fit(shape, device_memory)
     start = time.perf_counter()
     with LoadMonitor() as load:
-        args = (shape, grid + checks, settings.warmup, settings.repeats, settings.seed, progress)
+        args = (shape, grid + unseen + checks, settings.warmup, settings.repeats, settings.seed, progress)
         per_rank = (_measure_torchrun(world_size, args, timeout) if under_torchrun() else
                     run_local(world_size, _measure_on_rank, *args, timeout=timeout))
     if per_rank is None:
         return None
-    measured = combine(grid + checks, per_rank, settings.statistic)
-    fitted, verified = measured[:len(grid)], measured[len(grid):]
+    measured = combine(grid + unseen + checks, per_rank, settings.statistic)
+    fitted, unseen_measured, verified = (measured[:len(grid)], measured[len(grid):len(grid) + len(unseen)],
+                                         measured[len(grid) + len(unseen):])
     if is_video(shape):
         value_bytes, per_token = None, measured_bytes_per_token_layer(measured)
         exchanged = {d: per_token for d in sp_degrees(shape, world_size)}
@@ -179,6 +198,7 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
     at = {d: _cost(coefficients, shape, d, world_size, device_memory)
           for d in {shape.layers, *(m.point.layers for m in measured)}}
     cost, points, extrapolation = at[shape.layers], prediction_errors(fitted, at), prediction_errors(verified, at)
+    held = prediction_errors(unseen_measured, at)
     report = dict(
         profiler="ballast profile", seconds=time.perf_counter() - start, load_average=load.summary(),
         machine=machine_info(world_size, per_rank[0]["device"], per_rank[0]["backend"]),
@@ -188,7 +208,8 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
         step_overhead_s=per_rank[0]["step_overhead"], states_measured=per_rank[0]["states"],
         core_share=core_share([r for rank in per_rank for point in rank["records"].values() for r in point]),
         points=points, extrapolation=extrapolation, residuals=time_and_act_errors(points),
-        extrapolation_error=time_and_act_errors(extrapolation), residuals_by_kind=residuals_by_kind(points + extrapolation),
+        extrapolation_error=time_and_act_errors(extrapolation), held_out=held, held_out_error=time_and_act_errors(held),
+        residuals_by_kind=residuals_by_kind(points + extrapolation),
         max_tokens={d: {c / shape.layers: cost.max_tokens(d, c / shape.layers) for c in checkpoint_levels(shape.layers)}
                     for d in cost.degrees},
         measurements=[m.to_dict() for m in measured])

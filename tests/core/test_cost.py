@@ -1,6 +1,8 @@
 """The cost model (ballast/cost.py) against docs/design.md's formulas and FlexSP's published numbers."""
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import numpy as np
@@ -31,19 +33,38 @@ def test_time_by_hand():
     cost = small_cost()
     # d=1, c=0: a (1000^2 + 3000^2) + b 4000 + g = 10 + 4 + 0.01, no all-to-all
     assert cost.time([1000, 3000], 1, 0.0) == pytest.approx(14.01, rel=1e-12)
-    # d=2, c=0.5: (10 + 4)(1 + 0.5 * 0.5)/2 = 8.75; comm 1000 * 4000 / (2 * 1e9) = 0.002; + g
-    assert cost.time([1000, 3000], 2, 0.5) == pytest.approx(8.762, rel=1e-12)
-    # d=4, c=1: 14 * 1.5 / 4 = 5.25; comm 1000 * 4000 / (4 * 5e8) = 0.002; + g
-    assert cost.time([1000, 3000], 4, 1.0) == pytest.approx(5.262, rel=1e-12)
-    assert cost.split_time([1000, 3000], 4, 1.0) == pytest.approx((5.26, 0.002), rel=1e-12)
+    # d=2, c=0.5: (10 + 4)(1 + 0.5 * 0.5)/2 = 8.75; comm 1000 * 4000 / (2 * 1e9) = 0.002, and its
+    # forward half again in the recomputed half of the layers: x (1 + 0.5/2) = 0.0025; + g
+    assert cost.time([1000, 3000], 2, 0.5) == pytest.approx(8.7625, rel=1e-12)
+    # d=4, c=1: 14 * 1.5 / 4 = 5.25; comm 1000 * 4000 / (4 * 5e8) = 0.002 x 1.5 = 0.003; + g
+    assert cost.time([1000, 3000], 4, 1.0) == pytest.approx(5.263, rel=1e-12)
+    assert cost.split_time([1000, 3000], 4, 1.0) == pytest.approx((5.26, 0.003), rel=1e-12)
     assert cost.time_from_sums(1e7, 4000, 2, 0.5) == cost.time([1000, 3000], 2, 0.5)
     # attention's recomputation priced apart (r_attn = 0.1): d=2, c=0.5:
-    # (10 (1 + 0.05) + 4 (1 + 0.25)) / 2 = 7.75; + comm 0.002 + g 0.01
+    # (10 (1 + 0.05) + 4 (1 + 0.25)) / 2 = 7.75; + comm 0.0025 + g 0.01
     split = small_cost(recompute_attention=0.1)
-    assert split.time([1000, 3000], 2, 0.5) == pytest.approx(7.762, rel=1e-12)
+    assert split.time([1000, 3000], 2, 0.5) == pytest.approx(7.7625, rel=1e-12)
     assert small_cost().recompute_attention == 0.5  # unset: docs/design.md's single r
     # packing is not free of quadratic cost: two sequences of 2000 cost less than one of 4000
     assert cost.time([2000, 2000], 1, 0) == pytest.approx(8e-6 * 1e6 + 4 + 0.01)
+
+
+def test_spans_are_priced_as_attention_units():
+    """span_seconds e adds e / a units per attended span (`CostModel.units`), so every planner
+    and the bound price it: a text sequence is one span, a spatial-temporal clip attends its
+    frames in half the blocks and its patch columns in the other half."""
+    cost = dataclasses.replace(small_cost(), span_seconds=0.5)  # a = 1e-6 s per unit: 5e5 units a span
+    assert cost.units([1000, 3000]) == pytest.approx([1e6 + 5e5, 9e6 + 5e5], rel=1e-12)
+    # d=1, c=0: 14 s of pairs and tokens + 2 spans x 0.5 s + g
+    assert cost.time([1000, 3000], 1, 0.0) == pytest.approx(15.01, rel=1e-12)
+    video = dataclasses.replace(cost, attention="spatial-temporal", layers=4)
+    plain = dataclasses.replace(video, span_seconds=0.0)
+    # (4 frames, 2 x 3 patches): 2 of 4 blocks attend 4 frames, 2 attend 6 columns: 5 spans a block
+    assert video.units([(4, 2, 3)]) - plain.units([(4, 2, 3)]) == pytest.approx([5 * 5e5], rel=1e-12)
+    with pytest.raises(ValueError, match="span_seconds"):
+        dataclasses.replace(cost, span_seconds=-1.0)
+    with pytest.raises(ValueError, match="span_seconds"):
+        dataclasses.replace(cost, a=0.0)
 
 
 def test_memory_by_hand():

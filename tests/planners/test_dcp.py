@@ -140,10 +140,15 @@ def test_inter_balances_group_times(seed):
     rng = np.random.default_rng(seed)
     lengths = np.clip(rng.lognormal(6, 1.5, 512), 1, 200000).astype(int).tolist()
     planner = get_planner("dcp", cluster, cost)
-    target = 1.5 * lower_bound(cost, lengths)
     batch = SampleBatch.of(lengths, cost)
-    balanced = planner.plan_for_target(batch, max(lengths), 0.0625, target, "both")
-    naive = planner.plan_for_target(batch, max(lengths), 0.0625, target, "intra")
+    # The first target from 1.5x the bound up that both modes meet in one wave (which one depends
+    # on the batch): the balance between groups is compared inside a wave.
+    for factor in (1.5, 1.6, 1.7, 1.8):
+        target = factor * lower_bound(cost, lengths)
+        balanced = planner.plan_for_target(batch, max(lengths), 0.0625, target, "both")
+        naive = planner.plan_for_target(batch, max(lengths), 0.0625, target, "intra")
+        if len(balanced.waves) == len(naive.waves) == 1:
+            break
     assert len(balanced.waves) == len(naive.waves) == 1
     fast, slow = group_times(balanced, cost), group_times(naive, cost)
     assert max(fast) <= max(slow) * (1 + 1e-9)

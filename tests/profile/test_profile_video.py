@@ -17,7 +17,7 @@ from ballast.cost_sources import get_cost_model
 from ballast.dataset.clips import video_source
 from ballast.model_shape import get_model_shape
 from ballast.planners import PlannerOptions, get_planner
-from ballast.profile.check import scaled_clips
+from ballast.profile.sources import scaled_clips
 from ballast.patterns import SPATIAL_TEMPORAL, fit_attention
 from ballast.profile.fit import Coefficients, _time_columns, fit, prediction_errors
 from ballast.profile.grid import Measurement, Point, build_video_grid, video_clips
@@ -92,12 +92,35 @@ def test_fit_recovers_spatial_and_temporal_coefficients():
     assert got.to_dict()["spatial_layer"] == got.spatial_layer and got.to_dict()["attention"] == "spatial-temporal"
 
 
+@pytest.mark.parametrize("attention", ["spatial-temporal", "full"])
+def test_fit_recovers_the_span_term_and_prices_it(attention):
+    """A cost per attended span (a clip under full attention; a frame or a patch column of a
+    spatial-temporal block): the grid's tiny clips let the fit tell it from the pairs, the
+    tokens and the fixed costs, and the CostModel it makes prices every grid point exactly."""
+    true = dataclasses.replace(TRUE_ST if attention == "spatial-temporal" else TRUE_FULL, span_layer=2e-6)
+    shape = STDIT if attention == "spatial-temporal" else DIT
+    measured = synthetic(video_grid(attention), true)
+    got = fit(measured, exchanged(), attention)
+    assert got.span_layer == pytest.approx(2e-6, rel=1e-3)
+    assert got.b_layer == pytest.approx(true.b_layer, rel=1e-3) and got.g_layer == pytest.approx(true.g_layer, rel=1e-3)
+    at = {depth: got.cost_model(dataclasses.replace(shape, layers=depth), 4, 1e10, state_bytes(shape))
+          for depth in (2, 4)}
+    assert at[4].span_seconds == pytest.approx(4 * 2e-6, rel=1e-3)
+    # Exact where no block or every block is recomputed: CostModel recomputes a level's share of
+    # every span kind, the runtime the first blocks (at depth 2, level 1/2: the spatial one only).
+    whole = [m for m in measured if m.point.checkpoint_layers in (0, m.point.layers)]
+    assert max(abs(row["time_error"]) for row in prediction_errors(whole, at)) < 1e-3
+
+
 def test_fit_with_noise_extrapolates_spatial_temporal_to_full_depth():
     """3% noise at depths 2 and 4: the depth-8 model predicts depth-8 clips it never saw."""
     got = fit(synthetic(video_grid("spatial-temporal"), TRUE_ST, noise=0.03, seed=1), exchanged(), "spatial-temporal")
     truth = TRUE_ST.cost_model(DEEP, 4, 1e10, state_bytes(DEEP))
     cost = got.cost_model(DEEP, 4, 1e10, state_bytes(DEEP))
-    assert cost.a == pytest.approx(truth.a, rel=0.1) and cost.spatial_share == pytest.approx(truth.spatial_share, abs=0.05)
+    # a within 20%, the share within 0.1: a clip of many frames or columns has many spans too, so
+    # under 3% noise the span term takes some of a's part (seeds 1-3: a 0.85-0.90x, share +0.03
+    # to +0.10); the predictions below are what must hold.
+    assert cost.a == pytest.approx(truth.a, rel=0.2) and cost.spatial_share == pytest.approx(truth.spatial_share, abs=0.1)
     deep = synthetic([Point.of(8, [clip], d, k) for clip in [(2, 32, 32), (512, 2, 2), (16, 8, 8), (8, 12, 20)]
                       for d, k in ((1, 0), (4, 8), (2, 4))], TRUE_ST)
     errors = [abs(row["time_error"]) for row in prediction_errors(deep, {8: cost})]

@@ -1,0 +1,54 @@
+"""Where the profile's held-out points and `--check`'s batches come from: the real lengths or
+clips a model trains on (`stdlib` code files for a text model, DCP's video buckets for a video
+model), a video source scaled down to what a CPU can run."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from ..dataset.clips import ClipSource, scale_shapes
+from ..dataset.length_stream import BatchSpec, LengthStream
+from ..dataset.lengths import LengthSource, get_length_source
+from ..model_shape import ModelShape
+from .grid import Point
+
+
+def default_source(shape: ModelShape) -> str:
+    """The length source a model's check and held-out points draw from by default."""
+    return "video" if shape.pattern.clips else "stdlib"
+
+
+def scaled_clips(source: ClipSource, max_tokens: int) -> ClipSource:
+    """`source` shrunk so that its largest clip has at most `max_tokens` tokens, with the
+    source's weights: every clip's frames, height and width times one factor, as
+    `video-synthetic` scales DCP's buckets (`clips.scale_shapes`). Clips keep their aspect, long
+    clips stay long and wide ones wide."""
+    return ClipSource(f"{source.name} scaled to {max_tokens} tokens", scale_shapes(source.shapes, max_tokens)[0],
+                      source.p)
+
+
+def check_source(spec: str, shape: ModelShape, max_len: int) -> LengthSource:
+    """The length source `spec` in `shape`'s geometry; clip sources scaled to `max_len` tokens."""
+    source = get_length_source(spec, shape.video_geometry)
+    return scaled_clips(source, max_len) if isinstance(source, ClipSource) else source
+
+
+def held_out_points(shape: ModelShape, depth: int, splits: Sequence[tuple[int, int]], levels: Sequence[int],
+                    max_tokens: int, count: int, seed: int) -> list[Point]:
+    """`count` micro-batches the fit never sees, each one batch from the model's default source
+    (`default_source`: real lengths or clips) of a budget drawn log-uniformly between an eighth
+    of `max_tokens` and all of it (samples split at the budget), at `depth` blocks, a random
+    (degree, cp) split of `splits` and a random number of checkpointed blocks of `levels`. The
+    profile measures them with the grid and reports their error apart from the fit's residuals."""
+    source = check_source(default_source(shape), shape, max_tokens)
+    rng = np.random.default_rng(seed)
+    points = []
+    for i in range(count):
+        budget = int(round(max_tokens * 8.0 ** -rng.random()))
+        stream = LengthStream(source, BatchSpec(tokens_per_step=budget, max_len=budget), seed + i)
+        degree, cp = splits[rng.integers(len(splits))]
+        point = Point.of(depth, stream.next_batch(), degree, int(levels[rng.integers(len(levels))]))
+        points.append(point if cp == 1 else Point(point.layers, point.lengths, degree, point.checkpoint_layers,
+                                                  point.shapes, cp=cp))
+    return points
