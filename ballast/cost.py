@@ -8,8 +8,8 @@ docs/design.md's model, in seconds and bytes:
                                                                 per-call latency (analytic))
     memory(mb, d, c) = states + act_per_token (sum_s s) / d (c k + 1 - c)
 
-q_s counts the sample's spans too: q_s = units_s + (e / a) spans_s (`span_seconds`, 0 unless
-profiled), and a recomputed layer repeats its forward exchanges, half of them
+q_s counts the sample's spans and itself too: q_s = units_s + (e spans_s + f) / a (`span_seconds`,
+`sample_seconds`, 0 unless profiled), and a recomputed layer repeats its forward exchanges, half of them
 (`RECOMPUTED_EXCHANGES`).
 
 A group of degree d = u x cp (Ulysses over u ranks times context parallelism over cp,
@@ -149,6 +149,13 @@ class CostModel:
     full attention, a frame or a patch column of a spatial-temporal block). `units` adds it as
     e / a units per span, so every planner and the bound price it. `ballast profile` fits it;
     0 analytic and published."""
+    sample_seconds: float = 0.0
+    """Seconds per sample (a sequence or clip), forward + backward of every block on one device,
+    besides its spans and tokens: per-sample work around attention (a clip's kernel calls of its
+    own shape, its conditioning). Apart from `span_seconds` only where a sample has several spans
+    (spatial-temporal clips; elsewhere a sample is one span and `span_seconds` holds it). Priced
+    as sample_seconds / a units per sample (`units`); `ballast profile` fits it, 0 analytic and
+    published."""
     splits: Splits = field(default=ULYSSES_ONLY, compare=False)
     """Which (Ulysses x CP) splits of a degree the planner that holds this model may run
     (`under`); not part of the coefficients, so not in the JSON."""
@@ -161,9 +168,11 @@ class CostModel:
         object.__setattr__(self, "bandwidth", {int(d): float(v) for d, v in self.bandwidth.items()})
         object.__setattr__(self, "comm_latency", {int(d): float(v) for d, v in self.comm_latency.items()})
         object.__setattr__(self, "context_latency", {int(d): float(v) for d, v in self.context_latency.items()})
-        if self.span_seconds < 0 or (self.span_seconds > 0 and not self.a > 0):
-            raise ValueError(f"cost model {self.model!r}: span_seconds {self.span_seconds} must be >= 0, and 0 "
-                             f"unless a > 0 (spans are priced in attention units)")
+        for name in ("span_seconds", "sample_seconds"):
+            value = getattr(self, name)
+            if value < 0 or (value > 0 and not self.a > 0):
+                raise ValueError(f"cost model {self.model!r}: {name} {value} must be >= 0, and 0 unless a > 0 "
+                                 f"(it is priced in attention units)")
         if not self.context_attention > 0:
             raise ValueError(f"cost model {self.model!r}: context_attention must be > 0, got {self.context_attention}")
         # Split of every degree under `splits`, and the splits it allows, cached: planners ask per micro-batch.
@@ -239,12 +248,13 @@ class CostModel:
 
     # --- samples -----------------------------------------------------------------------------
     def units(self, samples: Sequence[Sample]) -> np.ndarray:
-        """Attention units of each sample under the model's pattern (float64), its spans'
-        cost (`span_seconds`) included as e / a units per span."""
+        """Attention units of each sample under the model's pattern (float64), the cost of its
+        spans (`span_seconds`) and its own (`sample_seconds`) included as units of a."""
         units = attention_units(samples, self.pattern, self.spatial_share)
-        if self.span_seconds == 0:  # as the model without spans had them: recorded results stay bit-identical
+        if self.span_seconds == 0 and self.sample_seconds == 0:  # recorded results stay bit-identical
             return units
-        return units + self.span_seconds / self.a * attended_spans(samples, self.pattern, self.layers)
+        spans = attended_spans(samples, self.pattern, self.layers)
+        return units + (self.span_seconds * spans + self.sample_seconds) / self.a
 
     def _kept_fraction(self, checkpoint: float) -> float:
         return checkpoint * self.kept + (1.0 - checkpoint)

@@ -136,6 +136,12 @@ class AttentionPattern:
         counts = self.block_counts(depth)
         return sum(n * span.count(frames, per_frame) for n, span in zip(counts, self.spans)) / sum(counts)
 
+    @property
+    def spans_are_samples(self) -> bool:
+        """Every block attends each sample as one span (text, full attention): a cost per span is
+        a cost per sample, and the profile fits one term for both."""
+        return all(span.whole_sample for span in self.spans)
+
     def block_spans(self, blocks: int) -> list[Span]:
         """The span of each of `blocks` blocks, in order."""
         return [self.spans[i % len(self.spans)] for i in range(blocks)]

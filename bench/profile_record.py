@@ -27,7 +27,8 @@ import torch
 from ballast.models.kernels import varlen_attention
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TARGETS = {"check_time_median": 0.10, "check_time_p90": 0.20, "check_act_max": 0.10,
+# Issue #31's targets for the text check (tiny GPT, 2 gloo ranks); the profile's own wall times.
+TARGETS = {"check_time_median": 0.03, "check_time_p90": 0.06, "check_act_max": 0.10,
            "profile_seconds": 600.0, "quick_seconds": 180.0}
 
 
@@ -75,7 +76,7 @@ def main() -> int:
                   args.max_len, "--tokens-per-step", args.tokens_per_step, "--json", str(out["-check"]),
                   "--png", str(RESULTS / f"profile-{args.name}-check.png")],
         "simulate": ["simulate", "--cost", str(out[""]), "--cluster", "cpu", "--world", "2", "--device-memory-gb",
-                     args.device_memory, "--model", "tiny", "--lengths", "stdlib", "--max-len", args.max_len,
+                     args.device_memory_gb, "--model", "tiny", "--lengths", "stdlib", "--max-len", args.max_len,
                      "--tokens-per-step", args.tokens_per_step, "--steps", "5", "--planners", "all",
                      "--time-limit", "2", "--json", str(out["-simulate"])]}
     seconds, waits = {}, {}
@@ -90,18 +91,18 @@ def main() -> int:
                 "profile_seconds": seconds["profile"], "quick_seconds": seconds["quick"]}
     summary = {
         "setting": {"model": "tiny", "world": 2, "lengths": "stdlib", "max_len": int(args.max_len),
-                    "tokens_per_step": int(args.tokens_per_step), "device_memory_gb": float(args.device_memory),
+                    "tokens_per_step": int(args.tokens_per_step), "device_memory_gb": float(args.device_memory_gb),
                     "statistic": args.statistic, "plans": int(args.plans), "attention_kernel": attention_kernel(),
                     "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                              text=True).stdout.strip()},
         "seconds": seconds, "waits_for_quiet": waits,
         "targets": {k: {"target": v, "measured": measured[k], "met": measured[k] <= v} for k, v in TARGETS.items()},
-        "profile": {k: profiled["fit"][k] for k in ("residuals", "extrapolation_error", "load_average", "core_share",
-                                                    "machine")},
+        "profile": {k: profiled["fit"][k] for k in ("residuals", "extrapolation_error", "held_out_error",
+                                                    "residuals_by_kind", "load_average", "core_share", "machine")},
         "quick": {k: quick["fit"][k] for k in ("residuals", "extrapolation_error", "load_average", "core_share")},
         "check": {k: checked[k] for k in ("summary", "load_average", "core_share", "setting")},
-        "coefficients": {k: profiled[k] for k in ("a", "b", "g", "recompute", "kept", "act_per_token", "bandwidth",
-                                                  "comm_latency", "states")},
+        "coefficients": {k: profiled[k] for k in ("a", "b", "g", "recompute", "recompute_attention", "span_seconds",
+                                                  "kept", "act_per_token", "bandwidth", "comm_latency", "states")},
     }
     (RESULTS / f"profile-{args.name}-summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary["targets"], indent=2))

@@ -347,8 +347,11 @@ def profile_text() -> str:
     rows = ["| | median | 90th pct | max | n |", "|---|---:|---:|---:|---:|"]
     for label, stats in [("check: step time, predicted vs measured", check["summary"]["time"]),
                          ("check: activation bytes, predicted vs measured", check["summary"]["act"]),
+                         ("check: step time beyond each plan's repeat spread", check["summary"]["time_beyond_noise"]),
+                         ("check: a plan's repeat spread (slowest - fastest round)", check["summary"]["noise"]),
                          ("fit residuals: time", fit["residuals"]["time"]),
                          ("fit residuals: activation bytes", fit["residuals"]["act"]),
+                         ("held-out real batches (never fitted): time", fit["held_out_error"]["time"]),
                          ("2-layer extrapolation vs full depth: time", fit["extrapolation_error"]["time"])]:
         rows.append(f"| {label} | {stats['median']:.2%} | {stats['p90']:.2%} | {stats['max']:.2%} | {stats['count']} |")
     head = (f"**Profile** ({s['model']} on {s['world']} gloo ranks, {s['lengths']} lengths up to {s['max_len']:,} "

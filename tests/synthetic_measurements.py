@@ -26,13 +26,15 @@ def attention_seconds(p: Point, true: Coefficients) -> float:
 
 
 def span_seconds(p: Point, true: Coefficients) -> float:
-    """What the model's blocks spend per attended span (e_l), forward + backward at degree 1,
-    recomputation included: every block's spans (a sequence, clip, frame or patch column)."""
+    """What the model's blocks spend per attended span (e_l) and per sample (f_l), forward +
+    backward at degree 1, recomputation included: every block's spans (a sequence, clip, frame
+    or patch column) and samples."""
     pattern = attention_pattern(true.attention)
     ra, total = true.recompute_attention_layer, 0.0
     for n, k, span in zip(pattern.block_counts(p.layers), pattern.block_counts(p.checkpoint_layers), pattern.spans):
-        total += (n + ra * k) * sum(float(span.count(f, h * w)) for f, h, w in p.grids())
-    return total * true.span_layer
+        total += (n + ra * k) * (sum(float(span.count(f, h * w)) for f, h, w in p.grids()) * true.span_layer
+                                 + len(p.lengths) * true.sample_layer)
+    return total
 
 
 def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed: int = 0,

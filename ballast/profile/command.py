@@ -160,7 +160,8 @@ def print_report(console: Console, cost: CostModel) -> None:
                   f"(median {load['median']:.1f}) on {load['cpus']} CPUs; the ranks had "
                   f"{report['core_share']:.0%} of a core (CPU / wall time of a step)")
     per = f"s/{cost.pattern.unit_label}"
-    console.print(f"a={cost.a:.3e} {per}  e={cost.span_seconds * 1e6:.2f} us/span  b={cost.b:.3e} s/token  "
+    sample = f"  f={cost.sample_seconds * 1e6:.2f} us/sample" if not cost.pattern.spans_are_samples else ""
+    console.print(f"a={cost.a:.3e} {per}  e={cost.span_seconds * 1e6:.2f} us/span{sample}  b={cost.b:.3e} s/token  "
                   f"g={cost.g * 1e3:.2f} ms  r={cost.recompute:.3f}  "
                   f"r_attn={cost.recompute_attention:.3f}  "
                   f"k={cost.kept:.3f}  act={cost.act_per_token / 1e3:.1f} KB/token  states={cost.states / 1e6:.1f} MB")

@@ -122,6 +122,9 @@ class Coefficients:
     span_layer: float = 0.0
     """e_l: seconds per attended span (a sequence, clip, frame or patch column: `Span.count`)
     of one block, forward + backward, besides its pairs (CostModel's `span_seconds` / L)."""
+    sample_layer: float = 0.0
+    """f_l: seconds per sample of one block besides its spans (CostModel's `sample_seconds` / L);
+    fitted only where a sample has several spans (`AttentionPattern.spans_are_samples` false)."""
     context_attention: float = 1.0
     """CostModel's `context_attention`: the attention term of a micro-batch run with a CP part,
     relative to a_l (1.0 when no point ran one)."""
@@ -165,6 +168,7 @@ class Coefficients:
             kept=(self.act_fixed + depth * self.kept_layer) / act,
             comm_latency={d: depth * v for d, v in self.latency_layer.items()},
             context_attention=self.context_attention, span_seconds=depth * self.span_layer if a > 0 else 0.0,
+            sample_seconds=depth * self.sample_layer if a > 0 else 0.0,
             context_latency={d: depth * v for d, v in self.context_latency_layer.items()}, fit=fit or {})
 
     def to_dict(self) -> dict:
@@ -249,17 +253,19 @@ def _attention_columns(points: Sequence[Point], pattern: AttentionPattern, recom
     return columns
 
 
-def _span_column(points: Sequence[Point], pattern: AttentionPattern, recompute: float) -> np.ndarray:
+def _span_columns(points: Sequence[Point], pattern: AttentionPattern, recompute: float) -> list[np.ndarray]:
     """e_l's column: the spans every block attends (plus ra_l times those of the checkpointed
-    blocks) / d (a CP point's times the CP attention factor: `fit_time` iterates)."""
+    blocks) / d (a CP point's times the CP attention factor: `fit_time` iterates); and f_l's,
+    the samples alike, where a sample has several spans (else its one span is the sample)."""
     d = np.array([p.degree for p in points], dtype=float)
-    column = np.zeros(len(points))
+    spans, samples = np.zeros(len(points)), np.zeros(len(points))
     for i, span in enumerate(pattern.spans):
         blocks = np.array([pattern.block_counts(p.layers)[i] for p in points], dtype=float)
         checkpointed = np.array([pattern.block_counts(p.checkpoint_layers)[i] for p in points], dtype=float)
         count = np.array([float(sum(span.count(f, h * w) for f, h, w in p.grids())) for p in points])
-        column += (blocks + checkpointed * recompute) * count
-    return column / d
+        spans += (blocks + checkpointed * recompute) * count
+        samples += (blocks + checkpointed * recompute) * np.array([float(len(p.lengths)) for p in points])
+    return [spans / d] if pattern.spans_are_samples else [spans / d, samples / d]
 
 
 def exchanged_layers(p: Point) -> float:
@@ -271,7 +277,7 @@ def exchanged_layers(p: Point) -> float:
 def _time_columns(points: Sequence[Point], attention: float, linear: float, degrees: list[int],
                   context_degrees: list[int], several_depths: bool, pattern: AttentionPattern | str,
                   span_context: float = 1.0) -> list[np.ndarray]:
-    """Columns of a_l (c_s, c_t)[, a_l of the CP points], e_l, b_l, g_l[, b_0, g_0], lat_l(u),
+    """Columns of a_l (c_s, c_t)[, a_l of the CP points], e_l[, f_l], b_l, g_l[, b_0, g_0], lat_l(u),
     [CP lat_l(d)] for recomputation factors (ra_l, r_l)."""
     layers = np.array([p.layers for p in points], dtype=float)
     ckpt = np.array([p.checkpoint_layers for p in points], dtype=float)
@@ -283,8 +289,9 @@ def _time_columns(points: Sequence[Point], attention: float, linear: float, degr
     if context_degrees:  # CP runs whole-sequence patterns only: one attention term, in two columns
         (column,) = attention_columns
         attention_columns = [column * ~context, column * context]
-    spans = _span_column(points, as_pattern(pattern), attention) * np.where(context, span_context, 1.0)
-    columns = attention_columns + [spans,
+    spans = [column * np.where(context, span_context, 1.0)
+             for column in _span_columns(points, as_pattern(pattern), attention)]
+    columns = attention_columns + spans + [
                                    (layers + ckpt * linear) * s1 / d, layers]
     if several_depths:
         columns += [s1 / d, np.ones(len(points))]
@@ -367,12 +374,14 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
         a_l = attention_terms["a_layer"]
         attention_terms["context_attention"] = context_a / a_l if a_l > 0 else 1.0
     rest = theta[count:]
-    e_l, b_l, g_l, *rest = rest
+    e_l, *rest = rest
+    f_l = 0.0 if pattern.spans_are_samples else rest.pop(0)
+    b_l, g_l, *rest = rest
     b_0, g_0 = (rest[0], rest[1]) if several_depths else (0.0, 0.0)
     rest = rest[2:] if several_depths else rest
     latency = dict(zip(degrees, rest[:len(degrees)]))
     context_latency = dict(zip(context_degrees, rest[len(degrees):]))
-    return dict(**attention_terms, span_layer=e_l, b_layer=b_l, b_fixed=b_0, g_layer=g_l, g_fixed=g_0,
+    return dict(**attention_terms, span_layer=e_l, sample_layer=f_l, b_layer=b_l, b_fixed=b_0, g_layer=g_l, g_fixed=g_0,
                 recompute_layer=linear, recompute_attention_layer=recompute_attention, latency_layer=latency,
                 context_latency_layer=context_latency)
 

@@ -253,24 +253,31 @@ def build_video_grid(layers: int, clips: Sequence[Shape], degrees: Sequence[int]
     """Single clips x degree x checkpoint level, plus packed micro-batches at every degree
     without checkpointing: the clips of the smallest token count together (several copies of it
     when there is only one), to see that a stream of several clips costs their sum; and dozens
-    of tiny clips (`tiny_clip`) filling a quarter of the largest, whose cost is mostly per span
-    (their clips, frames and columns): they separate the span term from the others."""
+    of tiny clips (`tiny_clips`) filling a quarter of the largest, whose cost is mostly per span
+    and clip: they separate the span and sample terms from the others."""
     clips = sorted(dict.fromkeys(tuple(c) for c in clips), key=lambda c: (math.prod(c), c))
     points = [Point.of(layers, [c], d, k) for c in clips for d in degrees for k in checkpoint_levels(layers)]
     smallest = [c for c in clips if math.prod(c) == math.prod(clips[0])]
     packed = [smallest if len(smallest) > 1 else smallest * 4]
-    tiny = tiny_clip(degrees)
-    copies = math.prod(clips[-1]) // 4 // math.prod(tiny)
+    tiny = tiny_clips(degrees)
+    copies = math.prod(clips[-1]) // 4 // sum(map(math.prod, tiny))
     if copies >= 2:
-        packed.append([tiny] * copies)
+        packed.append(tiny * copies)
     return points + [Point.of(layers, p, d, 0) for p in packed for d in degrees]
 
 
-def tiny_clip(degrees: Sequence[int]) -> Shape:
-    """The smallest clip every degree's layout can split: as many frames and as many patches per
-    frame as the widest degree has ranks (one frame or one patch column each, 2D video SP)."""
+def tiny_clips(degrees: Sequence[int]) -> list[Shape]:
+    """Tiny clips of TINY_SHAPES shapes, the smallest every degree's layout can split (as many
+    frames and patches per frame as the widest degree has ranks: one frame or patch column each,
+    2D video SP) and a little longer or wider. Several shapes, because a kernel runs the spans of
+    one shape together: a stream of one tiny shape would show a clip's cost as nearly nothing,
+    where a real batch of clips holds many shapes."""
     widest = max(max(degrees), 2)
-    return widest, 1, widest
+    return [(widest + i // 2, 1, widest + (i + 1) // 2) for i in range(TINY_SHAPES)]
+
+
+TINY_SHAPES = 6
+"""Distinct shapes among the video grid's tiny clips (`tiny_clips`)."""
 
 
 def video_verification_points(layers: int, clips: Sequence[Shape], degrees: Sequence[int],

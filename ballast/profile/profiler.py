@@ -299,6 +299,13 @@ def _context_value_bytes(measurements: Sequence[Measurement], shape: ModelShape)
     return min((2, 4), key=lambda size: abs(sum(m.context_bytes for m in rows) / values - size))
 
 
+def even_single(point: Point) -> bool:
+    """One sequence whose tokens every rank of the degree shares equally: its ranks' send buffers
+    are exactly `shard_tokens` rows (a packed stream's or an uneven split's largest shard is not
+    every rank's), so its bytes per value can be read exactly."""
+    return len(point.lengths) == 1 and point.tokens % point.degree == 0
+
+
 def all_to_all_value_bytes(measurements: Sequence[Measurement], shape: ModelShape) -> int | None:
     """Bytes per value the measured all-to-alls sent; None when no point ran above degree 1.
 
@@ -309,7 +316,7 @@ def all_to_all_value_bytes(measurements: Sequence[Measurement], shape: ModelShap
     a checkpointed one's forward pair again when it is recomputed."""
     sent = {m.comm_bytes / (m.shard_tokens * (m.point.layers + m.point.checkpoint_layers / 2)
                             * shape_bytes_per_token_layer(shape, 1, m.point.degree))
-            for m in measurements if m.point.degree > 1 and m.point.cp == 1}
+            for m in measurements if m.point.degree > 1 and m.point.cp == 1 and even_single(m.point)}
     if not sent:
         return None
     if len(sent) > 1 or not sent <= {2.0, 4.0}:

@@ -61,6 +61,11 @@ def test_spans_are_priced_as_attention_units():
     plain = dataclasses.replace(video, span_seconds=0.0)
     # (4 frames, 2 x 3 patches): 2 of 4 blocks attend 4 frames, 2 attend 6 columns: 5 spans a block
     assert video.units([(4, 2, 3)]) - plain.units([(4, 2, 3)]) == pytest.approx([5 * 5e5], rel=1e-12)
+    # sample_seconds f: f / a units per sample besides its spans (a clip's own work)
+    assert (dataclasses.replace(video, sample_seconds=0.25).units([(4, 2, 3)]) - video.units([(4, 2, 3)])
+            == pytest.approx([2.5e5], rel=1e-12))
+    with pytest.raises(ValueError, match="sample_seconds"):
+        dataclasses.replace(cost, sample_seconds=-1.0)
     with pytest.raises(ValueError, match="span_seconds"):
         dataclasses.replace(cost, span_seconds=-1.0)
     with pytest.raises(ValueError, match="span_seconds"):

@@ -95,13 +95,17 @@ def test_fit_recovers_spatial_and_temporal_coefficients():
 @pytest.mark.parametrize("attention", ["spatial-temporal", "full"])
 def test_fit_recovers_the_span_term_and_prices_it(attention):
     """A cost per attended span (a clip under full attention; a frame or a patch column of a
-    spatial-temporal block): the grid's tiny clips let the fit tell it from the pairs, the
-    tokens and the fixed costs, and the CostModel it makes prices every grid point exactly."""
-    true = dataclasses.replace(TRUE_ST if attention == "spatial-temporal" else TRUE_FULL, span_layer=2e-6)
+    spatial-temporal block), and per clip where a clip has several spans: the grid's tiny clips
+    let the fit tell them from the pairs, the tokens and the fixed costs, and the CostModel it
+    makes prices every grid point exactly."""
+    true = dataclasses.replace(TRUE_ST if attention == "spatial-temporal" else TRUE_FULL, span_layer=2e-6,
+                               sample_layer=5e-5 if attention == "spatial-temporal" else 0.0)
     shape = STDIT if attention == "spatial-temporal" else DIT
     measured = synthetic(video_grid(attention), true)
     got = fit(measured, exchanged(), attention)
     assert got.span_layer == pytest.approx(2e-6, rel=1e-3)
+    # A spatial-temporal clip has many spans and one sample: a cost of its own is told apart.
+    assert got.sample_layer == pytest.approx(true.sample_layer, rel=1e-3, abs=1e-12)
     assert got.b_layer == pytest.approx(true.b_layer, rel=1e-3) and got.g_layer == pytest.approx(true.g_layer, rel=1e-3)
     at = {depth: got.cost_model(dataclasses.replace(shape, layers=depth), 4, 1e10, state_bytes(shape))
           for depth in (2, 4)}
