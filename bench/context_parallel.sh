@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BALLAST=${BALLAST:-.venv/bin/ballast}
 PYTHON=${PYTHON:-.venv/bin/python}
-PLANNERS=${1:-static,batch-adaptive,bucket,megatron-dynamic-cp,ballast,dcp,hydraulis,zeppelin}
+PLANNERS=${1:-static,batch-adaptive,bucket,megatron-dynamic-cp,ballast,dcp,hydraulis,zeppelin,wlb-llm}
 OUT=bench/results
 mkdir -p "$OUT"
 CP1=(--lengths lognormal:8,1.6 --cluster h100-32 --model bench/data/qwen2.5-7b.json --max-len 262144 --batch 256 --steps 20)

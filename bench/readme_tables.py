@@ -345,14 +345,18 @@ def profile_text() -> str:
     s, secs, targets = data["setting"], data["seconds"], data["targets"]
     check, fit = data["check"], data["profile"]
     rows = ["| | median | 90th pct | max | n |", "|---|---:|---:|---:|---:|"]
-    for label, stats in [("check: step time, predicted vs measured", check["summary"]["time"]),
-                         ("check: activation bytes, predicted vs measured", check["summary"]["act"]),
-                         ("check: step time beyond each plan's repeat spread", check["summary"]["time_beyond_noise"]),
-                         ("check: a plan's repeat spread (slowest - fastest round)", check["summary"]["noise"]),
+    # A record made before #31's noise report and held-out points has no such rows.
+    summary, held = check["summary"], fit.get("held_out_error", {})
+    for label, stats in [("check: step time, predicted vs measured", summary["time"]),
+                         ("check: activation bytes, predicted vs measured", summary["act"]),
+                         ("check: step time beyond each plan's repeat spread", summary.get("time_beyond_noise")),
+                         ("check: a plan's repeat spread (slowest - fastest round)", summary.get("noise")),
                          ("fit residuals: time", fit["residuals"]["time"]),
                          ("fit residuals: activation bytes", fit["residuals"]["act"]),
-                         ("held-out real batches (never fitted): time", fit["held_out_error"]["time"]),
+                         ("held-out real batches (never fitted): time", held.get("time")),
                          ("2-layer extrapolation vs full depth: time", fit["extrapolation_error"]["time"])]:
+        if stats is None:
+            continue
         rows.append(f"| {label} | {stats['median']:.2%} | {stats['p90']:.2%} | {stats['max']:.2%} | {stats['count']} |")
     head = (f"**Profile** ({s['model']} on {s['world']} gloo ranks, {s['lengths']} lengths up to {s['max_len']:,} "
             f"tokens, ~{s['tokens_per_step']:,} tokens/step for the check, {s['device_memory_gb'] * 1e3:.0f} MB device "
