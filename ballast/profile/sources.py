@@ -38,7 +38,8 @@ def held_out_points(shape: ModelShape, depth: int, splits: Sequence[tuple[int, i
                     max_tokens: int, count: int, seed: int) -> list[Point]:
     """`count` micro-batches the fit never sees, each one batch from the model's default source
     (`default_source`: real lengths or clips) of a budget drawn log-uniformly between an eighth
-    of `max_tokens` and all of it (samples split at the budget), at `depth` blocks, a random
+    of `max_tokens` and all of it (text split at the budget; clips, which cannot be cut below a
+    frame, at `max_tokens`), at `depth` blocks, a random
     (degree, cp) split of `splits` and a random number of checkpointed blocks of `levels`. The
     profile measures them with the grid and reports their error apart from the fit's residuals."""
     source = check_source(default_source(shape), shape, max_tokens)
@@ -46,7 +47,10 @@ def held_out_points(shape: ModelShape, depth: int, splits: Sequence[tuple[int, i
     points = []
     for i in range(count):
         budget = int(round(max_tokens * 8.0 ** -rng.random()))
-        stream = LengthStream(source, BatchSpec(tokens_per_step=budget, max_len=budget), seed + i)
+        # Text is split at the budget; a clip cannot be cut below a frame, so clips keep the grid's
+        # limit (the source is scaled to it) and the budget only bounds how many join the batch.
+        limit = max_tokens if isinstance(source, ClipSource) else budget
+        stream = LengthStream(source, BatchSpec(tokens_per_step=budget, max_len=limit), seed + i)
         degree, cp = splits[rng.integers(len(splits))]
         point = Point.of(depth, stream.next_batch(), degree, int(levels[rng.integers(len(levels))]))
         points.append(point if cp == 1 else Point(point.layers, point.lengths, degree, point.checkpoint_layers,

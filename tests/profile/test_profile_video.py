@@ -229,6 +229,9 @@ def test_tiny_real_stdit_profile_and_check_on_two_ranks(tmp_path):
     assert video["attention"] == "spatial-temporal" and video["spatial_blocks"] == video["temporal_blocks"] == 2
     assert loaded.bytes_per_token > 0 and 2 in loaded.bandwidth and loaded.act_per_token > 0
     assert len(loaded.fit["extrapolation"]) == 1 and loaded.fit["extrapolation"][0]["shapes"]
+    # Held-out batches of scaled DCP clips (a clip cannot be cut below a frame: the grid's limit holds)
+    held = loaded.fit["held_out"]
+    assert len(held) == settings.held_out and all(row["shapes"] and sum(row["lengths"]) <= 256 for row in held)
     out = tmp_path / "check.json"
     assert main(["profile", "--check", str(path), "--plans", "2", "--repeats", "1", "--planners", "static,ballast",
                  "--json", str(out), "--png", str(tmp_path / "check.png")]) == 0
