@@ -61,7 +61,7 @@ from .cluster import Cluster
 from .value_checks import check_types, from_fields, read_json
 from .layouts import ULYSSES_ONLY, HeadLayout, Splits
 from .patterns import AttentionPattern, attention_pattern
-from .samples import Sample, attended_spans, attention_units, tokens as sample_tokens
+from .samples import Sample, sample_grid, tokens as sample_tokens
 
 # Full checkpointing keeps only a block's input: h of the 17 h values it saves (Korthikanti et al.).
 KEPT_UNDER_CHECKPOINT = 1 / 17
@@ -250,10 +250,11 @@ class CostModel:
     def units(self, samples: Sequence[Sample]) -> np.ndarray:
         """Attention units of each sample under the model's pattern (float64), the cost of its
         spans (`span_seconds`) and its own (`sample_seconds`) included as units of a."""
-        units = attention_units(samples, self.pattern, self.spatial_share)
+        frames, per_frame = sample_grid(samples)
+        units = self.pattern.units(frames, per_frame, self.spatial_share)
         if self.span_seconds == 0 and self.sample_seconds == 0:  # recorded results stay bit-identical
             return units
-        spans = attended_spans(samples, self.pattern, self.layers)
+        spans = self.pattern.spans_per_block(frames, per_frame, self.layers)
         return units + (self.span_seconds * spans + self.sample_seconds) / self.a
 
     def _kept_fraction(self, checkpoint: float) -> float:

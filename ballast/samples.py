@@ -65,22 +65,14 @@ def attention_units(samples: Sequence[Sample], pattern: AttentionPattern | str =
     `spatial_share`: the share of a spatial-temporal model's blocks that attend within a frame."""
     if isinstance(pattern, str):
         pattern = attention_pattern(pattern)
-    return pattern.units(*_grid(samples), spatial_share)
+    return pattern.units(*sample_grid(samples), spatial_share)
 
 
-def _grid(samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
+def sample_grid(samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
     """Frames F and patches per frame S of every sample (float64); a text sequence is one frame of s."""
     frames = np.array([x[0] if _is_shape(x) else 1 for x in samples], dtype=np.float64)
     per_frame = np.array([x[1] * x[2] if _is_shape(x) else x for x in samples], dtype=np.float64)
     return frames, per_frame
-
-
-def attended_spans(samples: Sequence[Sample], pattern: AttentionPattern | str, depth: int) -> np.ndarray:
-    """Spans a block of a `depth`-block model of `pattern` attends in each sample, on average
-    over its blocks (`patterns.AttentionPattern.spans_per_block`)."""
-    pattern = attention_pattern(pattern) if isinstance(pattern, str) else pattern
-    frames, per_frame = _grid(samples)
-    return pattern.spans_per_block(frames, per_frame, depth)
 
 
 def split_sample(sample: Sample, max_len: int) -> list[Sample]:
