@@ -453,7 +453,8 @@ class CostModel:
         if cp > 1:
             attention = attention * self.context_attention
         linear = self.b * tokens * (1.0 + checkpoint * self.recompute)
-        return (attention + linear) / degree + self.comm_per_token(degree, cp) * tokens * recomputed_exchanges(checkpoint)
+        exchanges = self.comm_per_token(degree, cp) * tokens * recomputed_exchanges(checkpoint)
+        return (attention + linear) / degree + exchanges
 
     # --- construction and JSON -----------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -155,7 +155,8 @@ def print_report(console: Console, cost: CostModel) -> None:
     report = cost.fit
     load, res, ext = report["load_average"], report["residuals"], report["extrapolation_error"]
     held = report.get("held_out_error")
-    console.print(f"measured {len(report['points']) + len(report['extrapolation']) + len(report.get('held_out', []))} points in "
+    points = len(report["points"]) + len(report["extrapolation"]) + len(report.get("held_out", []))
+    console.print(f"measured {points} points in "
                   f"{report['seconds']:.0f} s; load average {load['min']:.1f}..{load['max']:.1f} "
                   f"(median {load['median']:.1f}) on {load['cpus']} CPUs; the ranks had "
                   f"{report['core_share']:.0%} of a core (CPU / wall time of a step)")
