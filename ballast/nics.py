@@ -37,7 +37,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .cluster import Cluster
-from .cost import CostModel
+from .cost import CostModel, recomputed_exchanges
 
 Transfers = Mapping[tuple[int, int], float]
 """Bytes each (source rank, destination rank) pair moves in one wave; absent pairs move none."""
@@ -181,9 +181,12 @@ def cross_bytes(cost: CostModel, degree: int, cp: int, tokens: float) -> tuple[f
     return ulysses, gathered * (cp - 1 - peers_inside) / (cp - 1)
 
 
-def exchange_surcharge(cost: CostModel, degree: int, cp: int, tokens: float, routed: bool) -> float:
-    """Seconds a micro-batch of `tokens` in a group of `degree` (split `cp` ways) spends on its
-    exchanges beyond `CostModel.comm`, which prices them at the degree's bandwidth: the busiest
+def exchange_surcharge(cost: CostModel, degree: int, cp: int, tokens: float, routed: bool,
+                       checkpoint: float = 0.0) -> float:
+    """Seconds a micro-batch of `tokens` in a group of `degree` (split `cp` ways) at checkpoint
+    level `checkpoint` (its recomputed layers repeat their forward exchanges, as `CostModel.comm`
+    counts them) spends on its exchanges beyond `CostModel.comm`, which prices them at the
+    degree's bandwidth: the busiest
     NIC's excess over the even share on the bytes that cross (`cross_bytes`) where the NICs serve
     unequal numbers of ranks, and, routed, the hand-offs to and from proxies instead. The Ulysses all-to-all crosses nodes where its
     sub-group of degree / cp ranks does; the CP all-gathers, never routed, wherever the group does."""
@@ -198,7 +201,7 @@ def exchange_surcharge(cost: CostModel, degree: int, cp: int, tokens: float, rou
     if ulysses:
         extra += (even.handoff * ulysses / link_rate(cost) if routed else
                   (even.nic_factor - 1.0) * ulysses / cost.bandwidth[u])
-    return extra
+    return extra * recomputed_exchanges(checkpoint)
 
 
 def group_nic_bytes(cost: CostModel, start: int, degree: int, cp: int, tokens: float, routed: bool) -> np.ndarray:

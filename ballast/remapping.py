@@ -28,7 +28,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from .cost import LEVEL_EPS, CostModel, recomputed_exchanges
+from .cost import LEVEL_EPS, CostModel
 from .nics import crosses_nodes, exchange_surcharge, fastest_move_rate, move_time
 from .samples import Sample, tokens as sample_tokens
 
@@ -143,7 +143,7 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], start: int, size: int,
     for p in parts:
         tokens = sum(map(sample_tokens, p.samples))
         all_to_all = (cost.comm(tokens, p.degree, p.cp, level)
-                      + exchange_surcharge(cost, p.degree, p.cp, tokens, routed) * recomputed_exchanges(level))
+                      + exchange_surcharge(cost, p.degree, p.cp, tokens, routed, level))
         units = float(cost.units(p.samples).sum())
         quadratic = cost.a * units * (1.0 + level * cost.recompute_attention)
         if p.cp > 1:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .bounds import uncapped_lower_bound
-from .cost import CostModel, recomputed_exchanges
+from .cost import CostModel
 from .plans import Group, MicroBatch, Plan, Wave
 from .nics import crosses_nodes, exchange_surcharge, group_nic_bytes, move_load
 from .remapping import slot_time, slot_tokens
@@ -152,6 +152,5 @@ def _mb_time(plan: Plan, mb: MicroBatch, group: Group, cost: CostModel, routed: 
         return cost.g, 0.0
     compute, comm = cost.split_time(plan.mb_samples(mb), group.degree, mb.checkpoint, group.cp)
     if crosses_nodes(cost, group.degree):
-        comm += (exchange_surcharge(cost, group.degree, group.cp, sum(plan.mb_lengths(mb)), routed)
-                 * recomputed_exchanges(mb.checkpoint))
+        comm += exchange_surcharge(cost, group.degree, group.cp, sum(plan.mb_lengths(mb)), routed, mb.checkpoint)
     return compute, comm

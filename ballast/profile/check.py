@@ -43,7 +43,7 @@ from ..cost import CostModel
 from ..cost_sources import get_cost_model
 from ..dataset.length_stream import BatchSpec, LengthStream
 from ..dataset.lengths import LengthSource, get_length_source
-from .sources import check_source
+from .sources import check_source, default_source
 from ..models import build_model
 from ..plans import Plan
 from ..planners import PlannerOptions, get_planner, parse_planner_names
@@ -250,7 +250,7 @@ def run_check(args: argparse.Namespace) -> int:
     if args.plans < 1:
         raise ValueError("--plans must be >= 1")
     video = shape.pattern.clips
-    lengths = args.lengths or ("video" if video else "stdlib")
+    lengths = args.lengths or default_source(shape)
     names = parse_planner_names(args.planners)
     planners = checked_planners(names, shape, cost.world_size)
     repeats = args.repeats if args.repeats is not None else 3

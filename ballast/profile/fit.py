@@ -244,13 +244,20 @@ def _attention_columns(points: Sequence[Point], pattern: AttentionPattern, recom
     pattern (a_l's for causal and full attention; c_s's and c_t's for spatial-temporal): the
     term's blocks among the point's (plus ra_l times those checkpointed) x its feature / d."""
     d = np.array([p.degree for p in points], dtype=float)
-    blocks = np.array([pattern.block_counts(p.layers) for p in points], dtype=float)
-    checkpointed = np.array([pattern.block_counts(p.checkpoint_layers) for p in points], dtype=float)
+    blocks = _attending_blocks(points, pattern, recompute)
     columns = []
     for i, term in enumerate(pattern.fit_terms):
         feature = np.array([float(sum(term.span.pairs(f, h * w) for f, h, w in p.grids())) for p in points])
-        columns.append((blocks[:, i] + checkpointed[:, i] * recompute) * (feature * term.scale) / d)
+        columns.append(blocks[:, i] * (feature * term.scale) / d)
     return columns
+
+
+def _attending_blocks(points: Sequence[Point], pattern: AttentionPattern, recompute: float) -> np.ndarray:
+    """[point, span kind]: the point's blocks of each of the pattern's spans, plus recompute
+    times those checkpointed (a recomputed block attends again)."""
+    blocks = np.array([pattern.block_counts(p.layers) for p in points], dtype=float)
+    checkpointed = np.array([pattern.block_counts(p.checkpoint_layers) for p in points], dtype=float)
+    return blocks + checkpointed * recompute
 
 
 def _span_columns(points: Sequence[Point], pattern: AttentionPattern, recompute: float) -> list[np.ndarray]:
@@ -258,14 +265,13 @@ def _span_columns(points: Sequence[Point], pattern: AttentionPattern, recompute:
     blocks) / d (a CP point's times the CP attention factor: `fit_time` iterates); and f_l's,
     the samples alike, where a sample has several spans (else its one span is the sample)."""
     d = np.array([p.degree for p in points], dtype=float)
-    spans, samples = np.zeros(len(points)), np.zeros(len(points))
-    for i, span in enumerate(pattern.spans):
-        blocks = np.array([pattern.block_counts(p.layers)[i] for p in points], dtype=float)
-        checkpointed = np.array([pattern.block_counts(p.checkpoint_layers)[i] for p in points], dtype=float)
-        count = np.array([float(sum(span.count(f, h * w) for f, h, w in p.grids())) for p in points])
-        spans += (blocks + checkpointed * recompute) * count
-        samples += (blocks + checkpointed * recompute) * np.array([float(len(p.lengths)) for p in points])
-    return [spans / d] if pattern.spans_are_samples else [spans / d, samples / d]
+    blocks = _attending_blocks(points, pattern, recompute)
+    counts = np.array([[float(sum(span.count(f, h * w) for f, h, w in p.grids())) for span in pattern.spans]
+                       for p in points])
+    spans = (blocks * counts).sum(axis=1) / d
+    if pattern.spans_are_samples:
+        return [spans]
+    return [spans, blocks.sum(axis=1) * np.array([float(len(p.lengths)) for p in points]) / d]
 
 
 def exchanged_layers(p: Point) -> float:
@@ -291,8 +297,7 @@ def _time_columns(points: Sequence[Point], attention: float, linear: float, degr
         attention_columns = [column * ~context, column * context]
     spans = [column * np.where(context, span_context, 1.0)
              for column in _span_columns(points, as_pattern(pattern), attention)]
-    columns = attention_columns + spans + [
-                                   (layers + ckpt * linear) * s1 / d, layers]
+    columns = attention_columns + spans + [(layers + ckpt * linear) * s1 / d, layers]
     if several_depths:
         columns += [s1 / d, np.ones(len(points))]
     exchanged = np.array([exchanged_layers(p) for p in points])
@@ -359,7 +364,8 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
     theta, _ = _nnls(columns(recompute_attention, linear), target, weight)
     if context_degrees:
         # CostModel scales a CP micro-batch's spans by the CP attention factor as its pairs: refit
-        # with the span column scaled by the factor the fit before found, until it settles.
+        # with the span column scaled by the factor the fit before found until it settles, then
+        # search the recomputation factors once more under it.
         for _ in range(CONTEXT_SPAN_ROUNDS):
             factor = theta[count] / theta[0] if theta[0] > 0 else 1.0
             theta, _ = _nnls(columns(recompute_attention, linear, factor), target, weight)
@@ -381,8 +387,8 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
     rest = rest[2:] if several_depths else rest
     latency = dict(zip(degrees, rest[:len(degrees)]))
     context_latency = dict(zip(context_degrees, rest[len(degrees):]))
-    return dict(**attention_terms, span_layer=e_l, sample_layer=f_l, b_layer=b_l, b_fixed=b_0, g_layer=g_l, g_fixed=g_0,
-                recompute_layer=linear, recompute_attention_layer=recompute_attention, latency_layer=latency,
+    return dict(**attention_terms, span_layer=e_l, sample_layer=f_l, b_layer=b_l, b_fixed=b_0, g_layer=g_l,
+                g_fixed=g_0, recompute_layer=linear, recompute_attention_layer=recompute_attention, latency_layer=latency,
                 context_latency_layer=context_latency)
 
 

@@ -3,6 +3,7 @@ clips a model trains on (`stdlib` code files for a text model, DCP's video bucke
 model), a video source scaled down to what a CPU can run."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 import numpy as np
@@ -39,9 +40,9 @@ def held_out_points(shape: ModelShape, depth: int, splits: Sequence[tuple[int, i
     """`count` micro-batches the fit never sees, each one batch from the model's default source
     (`default_source`: real lengths or clips) of a budget drawn log-uniformly between an eighth
     of `max_tokens` and all of it (text split at the budget; clips, which cannot be cut below a
-    frame, at `max_tokens`), at `depth` blocks, a random
-    (degree, cp) split of `splits` and a random number of checkpointed blocks of `levels`. The
-    profile measures them with the grid and reports their error apart from the fit's residuals."""
+    frame, at `max_tokens`), at `depth` blocks, a random (degree, cp) split of `splits` and a
+    random number of checkpointed blocks of `levels`. The profile measures them with the grid
+    and reports their error apart from the fit's residuals."""
     source = check_source(default_source(shape), shape, max_tokens)
     rng = np.random.default_rng(seed)
     points = []
@@ -53,6 +54,5 @@ def held_out_points(shape: ModelShape, depth: int, splits: Sequence[tuple[int, i
         stream = LengthStream(source, BatchSpec(tokens_per_step=budget, max_len=limit), seed + i)
         degree, cp = splits[rng.integers(len(splits))]
         point = Point.of(depth, stream.next_batch(), degree, int(levels[rng.integers(len(levels))]))
-        points.append(point if cp == 1 else Point(point.layers, point.lengths, degree, point.checkpoint_layers,
-                                                  point.shapes, cp=cp))
+        points.append(dataclasses.replace(point, cp=cp))
     return points

@@ -62,6 +62,9 @@ def files(tmp_path_factory) -> dict[str, str]:
         # a profile of tiny on 2 CPU ranks whose CP attention factor is no factor at all
         "bad-cp-profile.json": json.dumps({**analytic_cost(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
                                            "context_attention": 0.0}),
+        # a profile whose cost per attended span is negative (issue 31's span term)
+        "bad-span-profile.json": json.dumps({**analytic_cost(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
+                                             "span_seconds": -1e-6}),
         "two-gpus.json": json.dumps({"nodes": 1, "devices_per_node": 2, "device_memory": 40e9,
                                      "peak_flops": 312e12, "bandwidth": {"2": 1e11}}),
     }
@@ -297,6 +300,10 @@ CASES = [
      r"splits, degrees up to 1\), not --max-len 256; static holds at most 167 tokens"),
     ("simulate --cluster cpu --world 2 --model tiny --cost {bad-cp-profile.json}", 2,
      r"cost model file .*bad-cp-profile.json: cost model 'tiny': context_attention must be > 0, got 0.0"),
+    ("simulate --cluster cpu --world 2 --model tiny --cost {bad-span-profile.json}", 2,
+     r"cost model file .*bad-span-profile.json: cost model 'tiny': span_seconds -1e-06 must be >= 0, and 0 unless "
+     r"a > 0"),
+    ("profile --held-out -1", 2, r"--held-out must be >= 0, got -1"),
     # output paths no command could write, found before the work
     ("simulate --json {lengths.txt}/out.json", 2, r"--json .*lengths.txt/out.json: .*lengths.txt is not a folder"),
     ("simulate --gantt /no/such/dir/gantt.png", 2, r"--gantt /no/such/dir/gantt.png: /no/such/dir does not exist"),
