@@ -24,6 +24,7 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 
 from ..models.kernels import attention_kernel, flash_attn_varlen_func, span_attention
+from ..models.offset_causal import offset_causal_attention
 from ..models.protocol import PackedStream, pattern_spans
 from ..patterns import CAUSAL, Span
 from ..samples import Sample
@@ -120,12 +121,21 @@ def _reduce_scatter(grad: Tensor, shard: ContextShard) -> Tensor:
     return received.view(shard.degree, rows, *grad.shape[1:]).sum(0)
 
 
-def _chunk_sdpa(q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, causal: bool) -> Tensor:
-    """One chunk's queries [m, H, hd] against its sequence's keys [L, kv, hd] (CPU path): an
-    explicit mask, since a chunk's causal diagonal is offset by its start (bottom-right for the
-    keys it may see, not SDPA's top-left). Batched 4-D, as `kernels._batched_sdpa`: on CPU a 3-D
-    call falls back to the math path, which keeps the scores and ran ~10x slower here."""
-    mask = torch.arange(k.shape[0], device=q.device) <= q_pos[:, None] if causal else None
+def _chunk_sdpa(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+    """One chunk's queries [m, H, hd] against its sequence's keys [n, kv, hd] (the SDPA path).
+    Causal, the queries are the last m of those keys, so the diagonal is bottom-right, not SDPA's
+    top-left: on CPU `offset_causal_attention` (no mask, which the CPU kernel would keep for
+    backward), elsewhere SDPA with a lower-right causal bias (CUDA's memory-efficient kernel takes
+    it as a mask type, not a tensor). Batched 4-D, as `kernels._batched_sdpa`: on CPU a 3-D call
+    falls back to the math path, which keeps the scores and ran ~10x slower here."""
+    if causal and q.device.type == "cpu":
+        return offset_causal_attention(q, k, v)
+    mask = None
+    if causal:
+        # Imported here: torch.nn.attention.bias imports torch._dynamo (~2 s), which CPU ranks
+        # never need.
+        from torch.nn.attention.bias import causal_lower_right
+        mask = causal_lower_right(q.shape[0], k.shape[0])
     out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                          attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
     return out[0].transpose(0, 1)
@@ -172,7 +182,7 @@ def _chunk_attention(q: Tensor, k: Tensor, v: Tensor, shard: ContextShard) -> Te
     out, row = [], 0
     for (s, a, b), (_, e) in zip(chunks, keys):
         rows = slice(row, row + b - a)
-        out.append(_chunk_sdpa(q[rows], k[s:e], v[s:e], shard.positions[rows], causal))
+        out.append(_chunk_sdpa(q[rows], k[s:e], v[s:e], causal))
         row += b - a
     return torch.cat(out)
 
