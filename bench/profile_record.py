@@ -1,8 +1,9 @@
 """Record `ballast profile` on this machine: full and quick profiles of the tiny model on 2 gloo
 ranks, the check of random plans against the full one, and a simulate run under it.
 
-    .venv/bin/python bench/profile_record.py [--name tiny] [--statistic median|min] [--device-memory-gb 0.1]
-                                      [--max-len 4096] [--tokens-per-step 16384] [--quiet-load 1.5]
+    .venv/bin/python bench/profile_record.py [--name tiny] [--statistic median|min] [--repeats 3]
+                                      [--device-memory-gb 0.1] [--max-len 4096] [--tokens-per-step 16384]
+                                      [--quiet-load 1.5]
 
 Writes bench/results/profile-NAME.json (the profile), profile-NAME-quick.json,
 profile-NAME-check.{json,png}, profile-NAME-simulate.json and profile-NAME-summary.json (wall
@@ -58,6 +59,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--name", default="tiny", help="result files are profile-NAME*")
     parser.add_argument("--statistic", choices=("median", "min"), default="median")
+    parser.add_argument("--repeats", default="3", help="measured rounds of the profile and of the check")
     parser.add_argument("--device-memory-gb", default="0.1", help="GB per rank the plans must fit")
     parser.add_argument("--max-len", default="4096", help="longest sequence (stdlib files are split at it)")
     parser.add_argument("--tokens-per-step", default="16384")
@@ -69,11 +71,12 @@ def main() -> int:
     out = {stage: RESULTS / f"profile-{args.name}{stage}.json" for stage in ("", "-quick", "-check", "-simulate")}
     common = ["--model", "tiny", "--world", "2", "--device-memory-gb", args.device_memory_gb, "--max-len", args.max_len,
               "--statistic", args.statistic]
+    rounds = ["--repeats", args.repeats]  # the profile's and the check's; the quick one keeps its own
     stages = {
-        "profile": ["profile", *common, "--out", str(out[""])],
+        "profile": ["profile", *common, *rounds, "--out", str(out[""])],
         "quick": ["profile", *common, "--quick", "--out", str(out["-quick"])],
-        "check": ["profile", "--check", str(out[""]), "--plans", args.plans, "--lengths", "stdlib", "--max-len",
-                  args.max_len, "--tokens-per-step", args.tokens_per_step, "--json", str(out["-check"]),
+        "check": ["profile", "--check", str(out[""]), "--plans", args.plans, *rounds, "--lengths", "stdlib",
+                  "--max-len", args.max_len, "--tokens-per-step", args.tokens_per_step, "--json", str(out["-check"]),
                   "--png", str(RESULTS / f"profile-{args.name}-check.png")],
         "simulate": ["simulate", "--cost", str(out[""]), "--cluster", "cpu", "--world", "2", "--device-memory-gb",
                      args.device_memory_gb, "--model", "tiny", "--lengths", "stdlib", "--max-len", args.max_len,
@@ -92,7 +95,8 @@ def main() -> int:
     summary = {
         "setting": {"model": "tiny", "world": 2, "lengths": "stdlib", "max_len": int(args.max_len),
                     "tokens_per_step": int(args.tokens_per_step), "device_memory_gb": float(args.device_memory_gb),
-                    "statistic": args.statistic, "plans": int(args.plans), "attention_kernel": attention_kernel(),
+                    "statistic": args.statistic, "repeats": int(args.repeats), "plans": int(args.plans),
+                    "attention_kernel": attention_kernel(),
                     "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                              text=True).stdout.strip()},
         "seconds": seconds, "waits_for_quiet": waits,

@@ -204,7 +204,8 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
         machine=machine_info(world_size, per_rank[0]["device"], per_rank[0]["backend"]),
         all_to_all_value_bytes=value_bytes, shape=shape.to_dict(), settings=dataclasses.asdict(settings),
         degrees=sp_degrees(shape, world_size), depths=sorted({p.layers for p in grid}),
-        grid=[p.label() for p in grid + checks], coefficients=coefficients.to_dict(),
+        # Labels of every measured point, in `measurements`' order: grid, held-out, full depth.
+        grid=[p.label() for p in grid + unseen + checks], coefficients=coefficients.to_dict(),
         step_overhead_s=per_rank[0]["step_overhead"], states_measured=per_rank[0]["states"],
         core_share=core_share([r for rank in per_rank for point in rank["records"].values() for r in point]),
         points=points, extrapolation=extrapolation, residuals=time_and_act_errors(points),

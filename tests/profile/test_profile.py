@@ -234,6 +234,8 @@ def test_tiny_real_profile_and_check_on_two_ranks(tmp_path):
     # Held-out micro-batches of real lengths: measured, never fitted, reported apart.
     assert [row["lengths"] for row in loaded.fit["held_out"]] == [list(p.lengths) for p in held_out(TINY, 2, settings)]
     assert loaded.fit["held_out_error"]["time"]["count"] == 2
+    # `grid` labels every measurement, in order.
+    assert loaded.fit["grid"] == [Measurement.from_dict(m).point.label() for m in loaded.fit["measurements"]]
     # The grid ran CP (1 x 2) too, its terms fitted and its points reported apart.
     assert loaded.context_latency.keys() == {2} and loaded.context_attention > 0
     assert {"ulysses", "cp", "cp ckpt", "context_collectives"} <= loaded.fit["residuals_by_kind"].keys()
