@@ -32,8 +32,9 @@ its CP group forward, reduce-scattering dK, dV backward: CostModel charges L byt
 for them, bytes_cp = 2 G_l (c - 1) / c (`profiler.context_bytes_per_token_layer`, G_l the K, V
 bytes a token brings each rank per block), subtracted as known like the all-to-all bytes, and
 L lat_cp(d), a column per degree that ran CP (the collectives' latency and the sharding work
-around them). Its attention runs per head-tail chunk against the gathered keys under an
-explicit mask, which costs another price per unit than the local kernel: the attention column
+around them). Its attention runs per head-tail chunk against the gathered keys (a tail chunk
+in two kernel calls merged, `models/offset_causal.py`), which may cost another price per unit
+than the local kernel: the attention column
 is split into the points without CP (a_l) and those with (a_cp), and `context_attention` =
 a_cp / a_l, one factor over every split and length the grid ran (the cost model has one). The
 CP collectives are timed apart (their calls on the rank's CP group): `fit_context_link` reports

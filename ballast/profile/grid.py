@@ -192,11 +192,10 @@ def build_context_grid(layers: int, lengths: Sequence[int], splits: Sequence[tup
     """Points with a context-parallel part, per (degree, cp) split: single sequences of the
     shortest and a middle length without and with every layer checkpointed (the CP attention
     factor, the recomputed gather, the per-micro-batch latency) and of the longest without (the
-    recomputation factors are the other points': the longest CP points cost most, and the
-    CPU's masked chunk kernel ~10x the local one per unit, so once is enough), and two packed
-    streams a quarter of the longest length long: copies of the shortest length, and documents
-    of half of it plus one token, odd, so that no 2c chunks of one are equal (the balance the
-    runtime reaches on short documents, measured rather than assumed)."""
+    recomputation factors are the other points': the longest CP points cost most, so once is
+    enough), and two packed streams a quarter of the longest length long: copies of the shortest
+    length, and documents of half of it plus one token, odd, so that no 2c chunks of one are
+    equal (the balance the runtime reaches on short documents, measured rather than assumed)."""
     lengths = sorted(set(lengths))
     singles = {(s, c) for s in (lengths[0], lengths[len(lengths) // 2]) for c in (0, layers)} | {(lengths[-1], 0)}
     fill = max(lengths) // 4
