@@ -1,7 +1,9 @@
-"""Record `ballast profile` on this machine: full and quick profiles of the tiny model on 2 gloo
-ranks, the check of random plans against the full one, and a simulate run under it.
+"""Record `ballast profile` on this machine: full and quick profiles of a text model (the tiny GPT,
+or the Hugging Face Llama of bench/hf.sh) on 2 gloo ranks, the check of random plans against the
+full one, and a simulate run under it.
 
-    .venv/bin/python bench/profile_record.py [--name tiny] [--statistic median|min] [--repeats 3]
+    .venv/bin/python bench/profile_record.py [--model tiny] [--name tiny] [--median-target 0.03]
+                                      [--statistic median|min] [--repeats 3]
                                       [--device-memory-gb 0.1] [--max-len 4096] [--tokens-per-step 16384]
                                       [--quiet-load 1.5]
 
@@ -28,9 +30,9 @@ import torch
 from ballast.models.kernels import varlen_attention
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# Issue #31's targets for the text check (tiny GPT, 2 gloo ranks); the profile's own wall times.
-TARGETS = {"check_time_median": 0.03, "check_time_p90": 0.06, "check_act_max": 0.10,
-           "profile_seconds": 600.0, "quick_seconds": 180.0}
+# Issue #31's targets for the text check on 2 gloo ranks (the median's is --median-target: 3% for
+# the tiny GPT, 4% for the HF Llama); the profile's own wall times.
+TARGETS = {"check_time_p90": 0.06, "check_act_max": 0.10, "profile_seconds": 600.0, "quick_seconds": 180.0}
 
 
 def attention_kernel() -> str:
@@ -57,7 +59,9 @@ def wait_for_quiet(limit: float, max_wait: float) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny", help="a text model: a preset or hf:PATH")
     parser.add_argument("--name", default="tiny", help="result files are profile-NAME*")
+    parser.add_argument("--median-target", type=float, default=0.03, help="the check's median error to meet")
     parser.add_argument("--statistic", choices=("median", "min"), default="median")
     parser.add_argument("--repeats", default="3", help="measured rounds of the profile and of the check")
     parser.add_argument("--device-memory-gb", default="0.1", help="GB per rank the plans must fit")
@@ -69,8 +73,8 @@ def main() -> int:
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     out = {stage: RESULTS / f"profile-{args.name}{stage}.json" for stage in ("", "-quick", "-check", "-simulate")}
-    common = ["--model", "tiny", "--world", "2", "--device-memory-gb", args.device_memory_gb, "--max-len", args.max_len,
-              "--statistic", args.statistic]
+    common = ["--model", args.model, "--world", "2", "--device-memory-gb", args.device_memory_gb,
+              "--max-len", args.max_len, "--statistic", args.statistic]
     rounds = ["--repeats", args.repeats]  # the profile's and the check's; the quick one keeps its own
     stages = {
         "profile": ["profile", *common, *rounds, "--out", str(out[""])],
@@ -79,7 +83,7 @@ def main() -> int:
                   "--max-len", args.max_len, "--tokens-per-step", args.tokens_per_step, "--json", str(out["-check"]),
                   "--png", str(RESULTS / f"profile-{args.name}-check.png")],
         "simulate": ["simulate", "--cost", str(out[""]), "--cluster", "cpu", "--world", "2", "--device-memory-gb",
-                     args.device_memory_gb, "--model", "tiny", "--lengths", "stdlib", "--max-len", args.max_len,
+                     args.device_memory_gb, "--model", args.model, "--lengths", "stdlib", "--max-len", args.max_len,
                      "--tokens-per-step", args.tokens_per_step, "--steps", "5", "--planners", "all",
                      "--time-limit", "2", "--json", str(out["-simulate"])]}
     seconds, waits = {}, {}
@@ -93,14 +97,15 @@ def main() -> int:
                 "check_time_p90": checked["summary"]["time"]["p90"], "check_act_max": checked["summary"]["act"]["max"],
                 "profile_seconds": seconds["profile"], "quick_seconds": seconds["quick"]}
     summary = {
-        "setting": {"model": "tiny", "world": 2, "lengths": "stdlib", "max_len": int(args.max_len),
+        "setting": {"model": args.model, "world": 2, "lengths": "stdlib", "max_len": int(args.max_len),
                     "tokens_per_step": int(args.tokens_per_step), "device_memory_gb": float(args.device_memory_gb),
                     "statistic": args.statistic, "repeats": int(args.repeats), "plans": int(args.plans),
                     "attention_kernel": attention_kernel(),
                     "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                              text=True).stdout.strip()},
         "seconds": seconds, "waits_for_quiet": waits,
-        "targets": {k: {"target": v, "measured": measured[k], "met": measured[k] <= v} for k, v in TARGETS.items()},
+        "targets": {k: {"target": v, "measured": measured[k], "met": measured[k] <= v}
+                    for k, v in {"check_time_median": args.median_target, **TARGETS}.items()},
         "profile": {k: profiled["fit"][k] for k in ("residuals", "extrapolation_error", "held_out_error",
                                                     "residuals_by_kind", "load_average", "core_share", "machine")},
         "quick": {k: quick["fit"][k] for k in ("residuals", "extrapolation_error", "load_average", "core_share")},

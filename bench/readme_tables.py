@@ -339,9 +339,13 @@ def target_lines(targets: dict) -> list[str]:
     return out
 
 
-def profile_text() -> str:
+PROFILE_RECORDS = {"tiny": "profile", "hf-llama": "profile-hf-llama"}
+"""`bench/profile_record.py --name NAME` records -> their README block."""
+
+
+def profile_text(name: str) -> str:
     """`bench/profile_record.py`'s run: how fast the profile is and how well it predicts real plans."""
-    data = json.loads((RESULTS / "profile-tiny-summary.json").read_text())
+    data = json.loads((RESULTS / f"profile-{name}-summary.json").read_text())
     s, secs, targets = data["setting"], data["seconds"], data["targets"]
     check, fit = data["check"], data["profile"]
     rows = ["| | median | 90th pct | max | n |", "|---|---:|---:|---:|---:|"]
@@ -445,8 +449,9 @@ def main() -> None:
         text = replace(text, "sweep", sweep_text())
     if (RESULTS / "optimum-gap.json").exists():
         text = replace(text, "optimum-gap", optimum_gap_text())
-    if (RESULTS / "profile-tiny-summary.json").exists():
-        text = replace(text, "profile", profile_text())
+    for name, block in PROFILE_RECORDS.items():
+        if (RESULTS / f"profile-{name}-summary.json").exists():
+            text = replace(text, block, profile_text(name))
     if (RESULTS / "latency.json").exists():
         text = replace(text, "latency", latency_table())
     readme.write_text(text)
