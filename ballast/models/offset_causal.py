@@ -4,7 +4,7 @@ A context-parallel rank's causal chunk [a, b) of a sequence that starts at s att
 [s, b): its causal diagonal sits bottom-right, where SDPA's `is_causal` puts it top-left. An
 explicit mask would say it, but PyTorch's CPU kernel turns a mask into floats and keeps them for
 backward: (b - a) x (b - s) of them per chunk and layer, quadratic in the sequence (a 1024-query
-tail chunk of a 4096-token document: 16 MB a layer, beside its 2 MB of queries and outputs).
+tail chunk of a 4096-token document: 16 MB a layer, 32 times the chunk's queries on `tiny`).
 
 So the keys are split in two: the prefix [s, a), which every query of the chunk sees whole, and
 the chunk's own keys [a, b), a square whose diagonal is SDPA's top-left one. PyTorch's CPU flash

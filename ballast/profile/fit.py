@@ -34,13 +34,13 @@ bytes a token brings each rank per block), subtracted as known like the all-to-a
 L lat_cp(d), a column per degree that ran CP (the collectives' latency and the sharding work
 around them). Its attention runs per head-tail chunk against the gathered keys (a tail chunk
 in two kernel calls merged, `models/offset_causal.py`), which may cost another price per unit
-than the local kernel: the attention column
-is split into the points without CP (a_l) and those with (a_cp), and `context_attention` =
-a_cp / a_l, one factor over every split and length the grid ran (the cost model has one). The
-CP collectives are timed apart (their calls on the rank's CP group): `fit_context_link` reports
-their bandwidth with bytes counted as the cost model prices them, and stands in for bw(d) at a
-degree no Ulysses point ran (a model whose heads that degree does not divide). Activation
-bytes are fitted on the points without CP (CP's gathered K, V are priced from the shape).
+than the local kernel: the attention column is split into the points without CP (a_l) and
+those with (a_cp), and `context_attention` = a_cp / a_l, one factor over every split and length
+the grid ran (the cost model has one). The CP collectives are timed apart (their calls on the
+rank's CP group): `fit_context_link` reports their bandwidth with bytes counted as the cost
+model prices them, and stands in for bw(d) at a degree no Ulysses point ran (a model whose heads
+that degree does not divide). Activation bytes are fitted on the points without CP (CP's
+gathered K, V are priced from the shape).
 
 Video models. The attention term follows the model's pattern (`patterns.AttentionPattern`:
 its units and its `fit_terms`, one coefficient per term):
