@@ -186,10 +186,10 @@ def exchange_surcharge(cost: CostModel, degree: int, cp: int, tokens: float, rou
     """Seconds a micro-batch of `tokens` in a group of `degree` (split `cp` ways) at checkpoint
     level `checkpoint` (its recomputed layers repeat their forward exchanges, as `CostModel.comm`
     counts them) spends on its exchanges beyond `CostModel.comm`, which prices them at the
-    degree's bandwidth: the busiest
-    NIC's excess over the even share on the bytes that cross (`cross_bytes`) where the NICs serve
-    unequal numbers of ranks, and, routed, the hand-offs to and from proxies instead. The Ulysses all-to-all crosses nodes where its
-    sub-group of degree / cp ranks does; the CP all-gathers, never routed, wherever the group does."""
+    degree's bandwidth: the busiest NIC's excess over the even share on the bytes that cross
+    (`cross_bytes`) where the NICs serve unequal numbers of ranks, and, routed, the hand-offs to
+    and from proxies instead. The Ulysses all-to-all crosses nodes where its sub-group of
+    degree / cp ranks does; the CP all-gathers, never routed, wherever the group does."""
     if not crosses_nodes(cost, degree) or tokens == 0:
         return 0.0
     even, u = even_exchange(cost.network), degree // cp
