@@ -10,7 +10,9 @@ docs/design.md's model, in seconds and bytes:
 
 q_s counts the sample's spans and itself too: q_s = units_s + (e spans_s + f) / a (`span_seconds`,
 `sample_seconds`, 0 unless profiled), and a recomputed layer repeats its forward exchanges, half of them
-(`RECOMPUTED_EXCHANGES`).
+(`RECOMPUTED_EXCHANGES`). A kernel that calls once per distinct span length adds h calls(mb) (1 + c
+r_attn) to time() (`call_seconds`): the one term that is not a sum over samples, so planners'
+sums and the lower bound leave it out.
 
 A group of degree d = u x cp (Ulysses over u ranks times context parallelism over cp,
 `layouts.Splits`; `plans.Group.cp`) adds, where cp > 1:
@@ -156,6 +158,17 @@ class CostModel:
     (spatial-temporal clips; elsewhere a sample is one span and `span_seconds` holds it). Priced
     as sample_seconds / a units per sample (`units`); `ballast profile` fits it, 0 analytic and
     published."""
+    call_seconds: float = 0.0
+    """h: seconds per attention kernel call, forward + backward of every block on one device,
+    where the kernel calls once per distinct span length of a micro-batch (the CPU path of
+    `models.kernels`: all spans of one length go as one SDPA, so a micro-batch of many clips of
+    few shapes makes few calls and one of as many shapes as clips makes one per clip). Priced on
+    a micro-batch's samples by `time` (h times `AttentionPattern.calls_per_block`, under
+    recomputation as the attention term, not divided by the degree: every rank of a group makes
+    every call, on its share of the heads); not a sum over samples, so planners, which price
+    micro-batches from sums (`time_from_sums`), and the lower bound leave it out (the bound stays
+    a lower bound). `ballast profile` fits it where the grid separates calls from spans; 0
+    elsewhere, and for one-call varlen kernels (a block's one call is in g)."""
     splits: Splits = field(default=ULYSSES_ONLY, compare=False)
     """Which (Ulysses x CP) splits of a degree the planner that holds this model may run
     (`under`); not part of the coefficients, so not in the JSON."""
@@ -173,6 +186,8 @@ class CostModel:
             if value < 0 or (value > 0 and not self.a > 0):
                 raise ValueError(f"cost model {self.model!r}: {name} {value} must be >= 0, and 0 unless a > 0 "
                                  f"(it is priced in attention units)")
+        if self.call_seconds < 0:
+            raise ValueError(f"cost model {self.model!r}: call_seconds {self.call_seconds} must be >= 0")
         if not self.context_attention > 0:
             raise ValueError(f"cost model {self.model!r}: context_attention must be > 0, got {self.context_attention}")
         # Split of every degree under `splits`, and the splits it allows, cached: planners ask per micro-batch.
@@ -405,7 +420,16 @@ class CostModel:
 
     def time(self, samples: Sequence[Sample], degree: int, checkpoint: float, cp: int | None = None) -> float:
         s = _tokens_array(samples)
-        return self.time_from_sums(float(self.units(samples).sum()), float(s.sum()), degree, checkpoint, cp)
+        summed = self.time_from_sums(float(self.units(samples).sum()), float(s.sum()), degree, checkpoint, cp)
+        return summed + self.call_time(samples, checkpoint)
+
+    def call_time(self, samples: Sequence[Sample], checkpoint: float) -> float:
+        """The micro-batch's attention calls (`call_seconds`), the part of `time` that no sum over
+        its samples gives."""
+        if self.call_seconds == 0 or not len(samples):
+            return 0.0
+        calls = self.pattern.calls_per_block(*sample_grid(samples), self.layers)
+        return self.call_seconds * calls * (1.0 + checkpoint * self.recompute_attention)
 
     def split_time(self, samples: Sequence[Sample], degree: int, checkpoint: float,
                    cp: int | None = None) -> tuple[float, float]:

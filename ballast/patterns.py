@@ -61,6 +61,13 @@ class Span:
             return frames * per_frame * per_frame
         return per_frame * frames * frames
 
+    def length(self, frames, per_frame):
+        """How many tokens each of these spans of a sample holds (floats or arrays): the sample's
+        F S, a frame's S, a column's F."""
+        if self.within == SAMPLE:
+            return np.asarray(frames, dtype=np.float64) * per_frame
+        return np.asarray(per_frame if self.within == FRAME else frames, dtype=np.float64)
+
     def count(self, frames, per_frame):
         """How many of these spans a sample of `frames` frames of `per_frame` patches has (floats
         or arrays): one per sample, one per frame, one per patch column."""
@@ -135,6 +142,13 @@ class AttentionPattern:
         blocks."""
         counts = self.block_counts(depth)
         return sum(n * span.count(frames, per_frame) for n, span in zip(counts, self.spans)) / sum(counts)
+
+    def calls_per_block(self, frames: np.ndarray, per_frame: np.ndarray, depth: int) -> float:
+        """Distinct span lengths a block of a `depth`-block model meets in a micro-batch of these
+        samples, on average over its blocks: the attention calls of a kernel that runs all spans
+        of one length together (the CPU path of `models.kernels`, `CostModel.call_seconds`)."""
+        counts = self.block_counts(depth)
+        return sum(n * len(np.unique(span.length(frames, per_frame))) for n, span in zip(counts, self.spans)) / sum(counts)
 
     @property
     def spans_are_samples(self) -> bool:

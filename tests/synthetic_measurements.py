@@ -37,12 +37,24 @@ def span_seconds(p: Point, true: Coefficients) -> float:
     return total
 
 
+def call_seconds(p: Point, true: Coefficients) -> float:
+    """What the model's blocks spend per attention kernel call (h_l): one per distinct span
+    length of the micro-batch and block (the CPU path of `models.kernels`), recomputation
+    included, on every rank of a group alike."""
+    pattern = attention_pattern(true.attention)
+    ra, total = true.recompute_attention_layer, 0.0
+    for n, k, span in zip(pattern.block_counts(p.layers), pattern.block_counts(p.checkpoint_layers), pattern.spans):
+        total += (n + ra * k) * len({int(span.length(f, h * w)) for f, h, w in p.grids()}) * true.call_layer
+    return total
+
+
 def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed: int = 0,
               shape: ModelShape | None = None) -> list[Measurement]:
     """Measurements of `points` made from `true`, times multiplied by (1 + noise N(0, 1)).
     `shape`'s kv heads are replicated where a degree does not divide them (None: every degree
     divides them); a recomputed layer repeats its forward exchange, half of its bytes, calls and
-    fixed latency; every attended span costs e_l (`span_seconds`). A point
+    fixed latency; every attended span costs e_l (`span_seconds`), every kernel call h_l
+    (`call_seconds`). A point
     with a CP part (text only) exchanges in its Ulysses sub-groups of u ranks, and gathers K, V
     (reduce-scatters dK, dV) over its CP group: 2 calls per block, 1 more per recomputed one,
     their send buffers every token's K, V each way (the gather sends its rows to every CP rank),
@@ -67,7 +79,7 @@ def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed:
         attention = (attention_seconds(p, true) + span_seconds(p, true)) * (true.context_attention if c > 1 else 1.0)
         repeated = depth + k / 2  # blocks' worth of exchanges: the recomputed ones' forward half again
         seconds = ((attention + (depth + k * true.recompute_layer) * true.b_layer * p.tokens
-                    + true.b_fixed * p.tokens) / d + true.g_fixed + depth * true.g_layer
+                    + true.b_fixed * p.tokens) / d + true.g_fixed + depth * true.g_layer + call_seconds(p, true)
                    + (0.0 if u == 1 else repeated * (exchanged * p.tokens / (d * true.bandwidth[u])
                                                      + true.latency_layer[u])))
         context_calls, context_bytes, context = 0, 0.0, 0.0

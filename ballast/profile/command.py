@@ -162,6 +162,7 @@ def print_report(console: Console, cost: CostModel) -> None:
                   f"{report['core_share']:.0%} of a core (CPU / wall time of a step)")
     per = f"s/{cost.pattern.unit_label}"
     sample = f"  f={cost.sample_seconds * 1e6:.2f} us/sample" if not cost.pattern.spans_are_samples else ""
+    sample += f"  h={cost.call_seconds * 1e6:.2f} us/call" if cost.call_seconds else ""
     console.print(f"a={cost.a:.3e} {per}  e={cost.span_seconds * 1e6:.2f} us/span{sample}  b={cost.b:.3e} s/token  "
                   f"g={cost.g * 1e3:.2f} ms  r={cost.recompute:.3f}  "
                   f"r_attn={cost.recompute_attention:.3f}  "

@@ -126,6 +126,11 @@ class Coefficients:
     sample_layer: float = 0.0
     """f_l: seconds per sample of one block besides its spans (CostModel's `sample_seconds` / L);
     fitted only where a sample has several spans (`AttentionPattern.spans_are_samples` false)."""
+    call_layer: float = 0.0
+    """h_l: seconds per attention kernel call of one block (a distinct span length of the
+    micro-batch: `AttentionPattern.calls_per_block`), forward + backward, besides its spans
+    (CostModel's `call_seconds` / L); fitted only where the grid separates calls from spans
+    (`separates_calls`), else 0."""
     context_attention: float = 1.0
     """CostModel's `context_attention`: the attention term of a micro-batch run with a CP part,
     relative to a_l (1.0 when no point ran one)."""
@@ -169,15 +174,17 @@ class Coefficients:
             kept=(self.act_fixed + depth * self.kept_layer) / act,
             comm_latency={d: depth * v for d, v in self.latency_layer.items()},
             context_attention=self.context_attention, span_seconds=depth * self.span_layer if a > 0 else 0.0,
-            sample_seconds=depth * self.sample_layer if a > 0 else 0.0,
+            sample_seconds=depth * self.sample_layer if a > 0 else 0.0, call_seconds=depth * self.call_layer,
             context_latency={d: depth * v for d, v in self.context_latency_layer.items()}, fit=fit or {})
 
     def to_dict(self) -> dict:
         """The fields; a text model's as they always were (no attention pattern, no c_s, c_t, no
-        CP terms unless a point ran CP)."""
+        CP terms unless a point ran CP, no h_l unless fitted)."""
         out = dataclasses.asdict(self)
         if not attention_pattern(self.attention).clips:
             del out["attention"]
+        if not self.call_layer:
+            del out["call_layer"]
         if not self.context_latency_layer:
             for key in ("context_attention", "context_latency_layer", "context_call_latency", "context_bandwidth"):
                 del out[key]
@@ -275,6 +282,32 @@ def _span_columns(points: Sequence[Point], pattern: AttentionPattern, recompute:
     return [spans, blocks.sum(axis=1) * np.array([float(len(p.lengths)) for p in points]) / d]
 
 
+def _distinct_lengths(p: Point, pattern: AttentionPattern) -> list[float]:
+    """Distinct span lengths of each of the pattern's spans in the point's micro-batch."""
+    grids = np.array(p.grids(), dtype=np.float64)
+    return [float(len(np.unique(span.length(grids[:, 0], grids[:, 1] * grids[:, 2])))) for span in pattern.spans]
+
+
+def separates_calls(points: Sequence[Point], pattern: AttentionPattern) -> bool:
+    """Whether the points tell a cost per kernel call from one per span: two micro-batches of
+    several calls that differ in spans per call (dozens of tiny clips of a few shapes, and as many
+    of distinct shapes: `grid.tiny_clips`). Without them h_l is not fitted (0)."""
+    ratios = set()
+    for p in points:
+        calls = sum(_distinct_lengths(p, pattern))
+        if calls > len(pattern.spans):
+            spans = sum(float(sum(span.count(f, h * w) for f, h, w in p.grids())) for span in pattern.spans)
+            ratios.add(round(spans / calls, 6))
+    return len(ratios) >= 2
+
+
+def _call_column(points: Sequence[Point], pattern: AttentionPattern, recompute: float) -> np.ndarray:
+    """h_l's column: the kernel calls of every block (plus ra_l times those of the checkpointed
+    ones), not / d (every rank of a group makes every call)."""
+    blocks = _attending_blocks(points, pattern, recompute)
+    return (blocks * np.array([_distinct_lengths(p, pattern) for p in points])).sum(axis=1)
+
+
 def exchanged_layers(p: Point) -> float:
     """Blocks' worth of a point's exchanges: every block's, and the forward half again for each
     recomputed one (`cost.RECOMPUTED_EXCHANGES`)."""
@@ -283,9 +316,9 @@ def exchanged_layers(p: Point) -> float:
 
 def _time_columns(points: Sequence[Point], attention: float, linear: float, degrees: list[int],
                   context_degrees: list[int], several_depths: bool, pattern: AttentionPattern | str,
-                  span_context: float = 1.0) -> list[np.ndarray]:
-    """Columns of a_l (c_s, c_t)[, a_l of the CP points], e_l[, f_l], b_l, g_l[, b_0, g_0], lat_l(u),
-    [CP lat_l(d)] for recomputation factors (ra_l, r_l)."""
+                  span_context: float = 1.0, calls: bool = False) -> list[np.ndarray]:
+    """Columns of a_l (c_s, c_t)[, a_l of the CP points], e_l[, f_l][, h_l], b_l, g_l[, b_0, g_0],
+    lat_l(u), [CP lat_l(d)] for recomputation factors (ra_l, r_l)."""
     layers = np.array([p.layers for p in points], dtype=float)
     ckpt = np.array([p.checkpoint_layers for p in points], dtype=float)
     d = np.array([p.degree for p in points], dtype=float)
@@ -298,6 +331,8 @@ def _time_columns(points: Sequence[Point], attention: float, linear: float, degr
         attention_columns = [column * ~context, column * context]
     spans = [column * np.where(context, span_context, 1.0)
              for column in _span_columns(points, as_pattern(pattern), attention)]
+    if calls:
+        spans.append(_call_column(points, as_pattern(pattern), attention))
     columns = attention_columns + spans + [(layers + ckpt * linear) * s1 / d, layers]
     if several_depths:
         columns += [s1 / d, np.ones(len(points))]
@@ -339,13 +374,14 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
     if context_degrees and len(pattern.fit_terms) != 1:
         raise ValueError(f"points with a CP part cannot be fitted for {pattern.name} attention: its CP terms are "
                          f"fitted against one attention term (its blocks have {len(pattern.fit_terms)})")
+    calls = separates_calls(points, pattern)
     seconds = np.array([m.seconds for m in measurements])
     comm = np.array([known_comm(p, bandwidth, exchange_bytes_layer, context_bytes_layer or {}) for p in points])
     target, weight = seconds - comm, 1.0 / seconds
 
     def columns(attention_factor: float, linear: float, span_context: float = 1.0) -> list[np.ndarray]:
         return _time_columns(points, attention_factor, linear, degrees, context_degrees, several_depths, pattern,
-                             span_context)
+                             span_context, calls)
 
     from scipy.optimize import minimize  # where a fit runs, as in `_nnls`
 
@@ -383,12 +419,13 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
     rest = theta[count:]
     e_l, *rest = rest
     f_l = 0.0 if pattern.spans_are_samples else rest.pop(0)
+    h_l = rest.pop(0) if calls else 0.0
     b_l, g_l, *rest = rest
     b_0, g_0 = (rest[0], rest[1]) if several_depths else (0.0, 0.0)
     rest = rest[2:] if several_depths else rest
     latency = dict(zip(degrees, rest[:len(degrees)]))
     context_latency = dict(zip(context_degrees, rest[len(degrees):]))
-    return dict(**attention_terms, span_layer=e_l, sample_layer=f_l, b_layer=b_l, b_fixed=b_0, g_layer=g_l,
+    return dict(**attention_terms, span_layer=e_l, sample_layer=f_l, call_layer=h_l, b_layer=b_l, b_fixed=b_0, g_layer=g_l,
                 g_fixed=g_0, recompute_layer=linear, recompute_attention_layer=recompute_attention, latency_layer=latency,
                 context_latency_layer=context_latency)
 

@@ -252,8 +252,10 @@ def build_video_grid(layers: int, clips: Sequence[Shape], degrees: Sequence[int]
     """Single clips x degree x checkpoint level, plus packed micro-batches at every degree
     without checkpointing: the clips of the smallest token count together (several copies of it
     when there is only one), to see that a stream of several clips costs their sum; and dozens
-    of tiny clips (`tiny_clips`) filling a quarter of the largest, whose cost is mostly per span
-    and clip: they separate the span and sample terms from the others."""
+    of tiny clips filling a quarter of the largest, whose cost is mostly per span, clip and
+    kernel call, twice: copies of a few shapes (`tiny_clips`: few calls) and as many distinct
+    shapes (`distinct_tiny_clips`: a call per clip, as in a real batch). They separate the span,
+    sample and call terms from the others and from each other (`fit.separates_calls`)."""
     clips = sorted(dict.fromkeys(tuple(c) for c in clips), key=lambda c: (math.prod(c), c))
     points = [Point.of(layers, [c], d, k) for c in clips for d in degrees for k in checkpoint_levels(layers)]
     smallest = [c for c in clips if math.prod(c) == math.prod(clips[0])]
@@ -261,7 +263,7 @@ def build_video_grid(layers: int, clips: Sequence[Shape], degrees: Sequence[int]
     tiny = tiny_clips(degrees)
     copies = math.prod(clips[-1]) // 4 // sum(map(math.prod, tiny))
     if copies >= 2:
-        packed.append(tiny * copies)
+        packed += [tiny * copies, distinct_tiny_clips(degrees, copies * sum(map(math.prod, tiny)))]
     return points + [Point.of(layers, p, d, 0) for p in packed for d in degrees]
 
 
@@ -273,6 +275,24 @@ def tiny_clips(degrees: Sequence[int]) -> list[Shape]:
     where a real batch of clips holds many shapes."""
     widest = max(max(degrees), 2)
     return [(widest + i // 2, 1, widest + (i + 1) // 2) for i in range(TINY_SHAPES)]
+
+
+def distinct_tiny_clips(degrees: Sequence[int], tokens: int) -> list[Shape]:
+    """Tiny clips of pairwise distinct token counts, at least `tokens` of them in all: the
+    smallest (frames, 1, width) grids the widest degree's layout can split, one per product,
+    frames and width swapped every other clip so that frame sizes and frame counts vary too.
+    Every clip is a kernel call of its own on the CPU path (`models.kernels`), as in a real batch
+    of clips of many shapes."""
+    widest = max(max(degrees), 2)
+    out, total, n = [], 0, widest * widest
+    while total < tokens:
+        pairs = [(f, n // f) for f in range(widest, math.isqrt(n) + 1) if n % f == 0 and n // f >= widest]
+        if pairs:
+            f, w = pairs[len(out) % len(pairs)]
+            out.append((f, 1, w) if len(out) % 2 == 0 else (w, 1, f))
+            total += n
+        n += 1
+    return out
 
 
 TINY_SHAPES = 6

@@ -72,6 +72,29 @@ def test_spans_are_priced_as_attention_units():
         dataclasses.replace(cost, a=0.0)
 
 
+def test_calls_are_priced_per_distinct_span_length():
+    """call_seconds h: one kernel call per distinct span length of a micro-batch and block (the
+    CPU kernel runs all spans of one length together), in time() on the samples, not divided by
+    the degree, under recomputation as attention; planners' sums (`time_from_sums`) and the
+    lower bound leave it out."""
+    cost = small_cost(call_seconds=0.1, recompute_attention=0.5)
+    # [1000, 1000, 3000]: 2 distinct lengths in every block: 2 calls x 0.1 s
+    assert cost.call_time([1000, 1000, 3000], 0.0) == pytest.approx(0.2, rel=1e-12)
+    assert (cost.time([1000, 1000, 3000], 2, 0.0) - small_cost(recompute_attention=0.5).time([1000, 1000, 3000], 2, 0.0)
+            == pytest.approx(0.2, rel=1e-12))
+    # every block recomputed: x (1 + 0.5)
+    assert cost.call_time([1000, 1000, 3000], 1.0) == pytest.approx(0.3, rel=1e-12)
+    assert cost.time_from_sums(11e6, 5000, 2, 0.0) == small_cost(recompute_attention=0.5).time_from_sums(11e6, 5000, 2, 0.0)
+    # spatial-temporal, 2 + 2 blocks: frames of 6 and 4 patches (2 lengths), columns of 4 and 5
+    # frames (2 lengths) -> 2 calls a block; (4, 2, 3) twice adds nothing
+    video = dataclasses.replace(cost, attention="spatial-temporal")
+    assert video.call_time([(4, 2, 3), (5, 2, 2), (4, 2, 3)], 0.0) == pytest.approx(0.2, rel=1e-12)
+    # (4, 2, 3) and (4, 3, 2): one frame size, one column length -> 1 call a block
+    assert video.call_time([(4, 2, 3), (4, 3, 2)], 0.0) == pytest.approx(0.1, rel=1e-12)
+    with pytest.raises(ValueError, match="call_seconds"):
+        small_cost(call_seconds=-1.0)
+
+
 def test_memory_by_hand():
     cost = small_cost()
     # states + act (sum s) / d (c k + 1 - c) = 1e8 + 1e5 * 4000 / 2 * (0.05 + 0.5) = 2.1e8

@@ -95,21 +95,24 @@ def test_fit_recovers_spatial_and_temporal_coefficients():
 @pytest.mark.parametrize("attention", ["spatial-temporal", "full"])
 def test_fit_recovers_the_span_term_and_prices_it(attention):
     """A cost per attended span (a clip under full attention; a frame or a patch column of a
-    spatial-temporal block), and per clip where a clip has several spans: the grid's tiny clips
-    let the fit tell them from the pairs, the tokens and the fixed costs, and the CostModel it
-    makes prices every grid point exactly."""
+    spatial-temporal block), per clip where a clip has several spans, and per kernel call (a
+    distinct span length): the grid's tiny clips, of a few shapes and of distinct ones, let the
+    fit tell them from each other, the pairs, the tokens and the fixed costs, and the CostModel
+    it makes prices every grid point exactly."""
     true = dataclasses.replace(TRUE_ST if attention == "spatial-temporal" else TRUE_FULL, span_layer=2e-6,
-                               sample_layer=5e-5 if attention == "spatial-temporal" else 0.0)
+                               sample_layer=5e-5 if attention == "spatial-temporal" else 0.0, call_layer=3e-5)
     shape = STDIT if attention == "spatial-temporal" else DIT
     measured = synthetic(video_grid(attention), true)
     got = fit(measured, exchanged(), attention)
     assert got.span_layer == pytest.approx(2e-6, rel=1e-3)
+    assert got.call_layer == pytest.approx(3e-5, rel=1e-3)
     # A spatial-temporal clip has many spans and one sample: a cost of its own is told apart.
     assert got.sample_layer == pytest.approx(true.sample_layer, rel=1e-3, abs=1e-12)
     assert got.b_layer == pytest.approx(true.b_layer, rel=1e-3) and got.g_layer == pytest.approx(true.g_layer, rel=1e-3)
     at = {depth: got.cost_model(dataclasses.replace(shape, layers=depth), 4, 1e10, state_bytes(shape))
           for depth in (2, 4)}
     assert at[4].span_seconds == pytest.approx(4 * 2e-6, rel=1e-3)
+    assert at[4].call_seconds == pytest.approx(4 * 3e-5, rel=1e-3)
     # Exact where no block or every block is recomputed: CostModel recomputes a level's share of
     # every span kind, the runtime the first blocks (at depth 2, level 1/2: the spatial one only).
     whole = [m for m in measured if m.point.checkpoint_layers in (0, m.point.layers)]
