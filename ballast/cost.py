@@ -169,6 +169,15 @@ class CostModel:
     micro-batches from sums (`time_from_sums`), and the lower bound leave it out (the bound stays
     a lower bound). `ballast profile` fits it where the grid separates calls from spans; 0
     elsewhere, and for one-call varlen kernels (a block's one call is in g)."""
+    remap_per_token: float = 0.0
+    """Seconds per token of a rank's balanced share of a remap slot, forward + backward of every
+    block, that Zeppelin's remapping layer costs besides the rows it moves: its two exchanges
+    around every attention copy every row (the rows that stay too), and they hold the domain's
+    ranks in step block by block. `remap_overhead`; `ballast profile` fits it from its remap
+    points (`profile.grid.remap_points`), 0 analytic and published."""
+    remap_latency: float = 0.0
+    """Seconds per remap slot besides its rows: the exchanges' calls, every block's four (two
+    forward, two backward). `remap_overhead`; profiled like `remap_per_token`."""
     splits: Splits = field(default=ULYSSES_ONLY, compare=False)
     """Which (Ulysses x CP) splits of a degree the planner that holds this model may run
     (`under`); not part of the coefficients, so not in the JSON."""
@@ -186,8 +195,9 @@ class CostModel:
             if value < 0 or (value > 0 and not self.a > 0):
                 raise ValueError(f"cost model {self.model!r}: {name} {value} must be >= 0, and 0 unless a > 0 "
                                  f"(it is priced in attention units)")
-        if self.call_seconds < 0:
-            raise ValueError(f"cost model {self.model!r}: call_seconds {self.call_seconds} must be >= 0")
+        for name in ("call_seconds", "remap_per_token", "remap_latency"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"cost model {self.model!r}: {name} {getattr(self, name)} must be >= 0")
         if not self.context_attention > 0:
             raise ValueError(f"cost model {self.model!r}: context_attention must be > 0, got {self.context_attention}")
         # Split of every degree under `splits`, and the splits it allows, cached: planners ask per micro-batch.
@@ -436,6 +446,13 @@ class CostModel:
         """(compute incl. the fixed overhead, communication) of one micro-batch, in seconds."""
         comm = self.comm(float(_tokens_array(samples).sum()), degree, cp, checkpoint)
         return self.time(samples, degree, checkpoint, cp) - comm, comm
+
+    def remap_overhead(self, tokens_per_rank: float, checkpoint: float) -> float:
+        """What running a slot of `tokens_per_rank` balanced tokens per rank through the remap
+        layer costs besides its moves (`remap_per_token`, `remap_latency`); a recomputed block
+        repeats its forward exchanges, as the all-to-alls' (`recomputed_exchanges`)."""
+        return ((self.remap_latency + self.remap_per_token * tokens_per_rank)
+                * recomputed_exchanges(checkpoint))
 
     # --- bounds --------------------------------------------------------------------------------
     def sequence_times(self, samples: Sequence[Sample], every_split: bool = False) -> np.ndarray:

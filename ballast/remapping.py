@@ -132,7 +132,8 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], start: int, size: int,
     does) and lasts the slowest group's attention (a q work and its all-to-alls) + the slot's
     linear device-seconds (b s) / size + g + moving q, k, v and the output of the largest
     per-rank surplus or deficit of tokens (`bytes_per_token`: their own heads, never
-    replicated; forward and backward) over the domain's bandwidth. A domain over two or more nodes
+    replicated; forward and backward) over the domain's bandwidth + the layer's own overhead on
+    the balanced share (`CostModel.remap_overhead`, counted as communication). A domain over two or more nodes
     moves them over the NICs instead (`nics.move_time`, routed or not), and each group's
     exchanges pay their NICs' surcharge (`nics.exchange_surcharge`)."""
     if not parts:
@@ -148,7 +149,7 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], start: int, size: int,
         quadratic = cost.a * units * (1.0 + level * cost.recompute_attention)
         if p.cp > 1:
             quadratic *= cost.context_attention
-        attention = max(attention, quadratic / p.degree + all_to_all)
+        attention = max(attention, quadratic / p.degree + cost.call_time(p.samples, level) + all_to_all)
         comm = max(comm, all_to_all)
         linear += cost.b * tokens * (1.0 + level * cost.recompute)
         per_rank += [tokens / p.degree] * p.degree
@@ -158,8 +159,9 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], start: int, size: int,
         mean = sum(per_rank) / size
         per_rank += [0.0] * (size - len(per_rank))  # ranks of idle groups take a share too
         transfer = max(abs(n - mean) for n in per_rank) * cost.bytes_per_token / bandwidth(cost, size)
-    total = attention + linear / size + cost.g + transfer
-    return total - comm - transfer, comm + transfer
+    overhead = cost.remap_overhead(sum(per_rank) / size, level)
+    total = attention + linear / size + cost.g + transfer + overhead
+    return total - comm - transfer - overhead, comm + transfer + overhead
 
 
 # --- the lower bound's terms -----------------------------------------------------------------

@@ -82,6 +82,8 @@ def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed:
                     + true.b_fixed * p.tokens) / d + true.g_fixed + depth * true.g_layer + call_seconds(p, true)
                    + (0.0 if u == 1 else repeated * (exchanged * p.tokens / (d * true.bandwidth[u])
                                                      + true.latency_layer[u])))
+        if p.remap:  # the remap layer's own cost: every group as long as the others, nothing moves
+            seconds += repeated * (true.remap_layer + true.remap_token_layer * p.tokens / d)
         context_calls, context_bytes, context = 0, 0.0, 0.0
         if c > 1:
             priced = context_bytes_per_token_layer(kv_shape, value_bytes, d, c) * p.tokens

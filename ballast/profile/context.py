@@ -42,8 +42,10 @@ def point_kind(row: dict) -> str:
     (u = 1), or the hybrid; with checkpointing or without (the recomputation factors and the
     repeated exchanges); packed streams apart (their per-document work is what a CP factor
     fitted on single sequences may miss), those of MANY_SPANS samples or more apart again (the
-    span term's points)."""
+    span term's points); remap points (`grid.Point.remap`) apart, whatever they hold."""
     cp, degree, samples = row.get("cp", 1), row["degree"], len(row["lengths"])
+    if row.get("remap"):
+        return "remap"
     split = "ulysses" if cp == 1 else "cp" if cp == degree else "hybrid"
     packed = " many spans" if samples >= MANY_SPANS else " packed" if samples > 1 else ""
     return f"{split}{' ckpt' if row['checkpoint_layers'] else ''}{packed}"

@@ -126,6 +126,12 @@ class Coefficients:
     sample_layer: float = 0.0
     """f_l: seconds per sample of one block besides its spans (CostModel's `sample_seconds` / L);
     fitted only where a sample has several spans (`AttentionPattern.spans_are_samples` false)."""
+    remap_token_layer: float = 0.0
+    """Seconds per token of a rank's balanced share and block, forward + backward, of running a
+    slot through the remap layer besides its moves (CostModel's `remap_per_token` / L); fitted
+    from the remap points (`grid.remap_points`), else 0."""
+    remap_layer: float = 0.0
+    """Seconds per remap slot and block besides its rows (CostModel's `remap_latency` / L)."""
     call_layer: float = 0.0
     """h_l: seconds per attention kernel call of one block (a distinct span length of the
     micro-batch: `AttentionPattern.calls_per_block`), forward + backward, besides its spans
@@ -175,6 +181,7 @@ class Coefficients:
             comm_latency={d: depth * v for d, v in self.latency_layer.items()},
             context_attention=self.context_attention, span_seconds=depth * self.span_layer if a > 0 else 0.0,
             sample_seconds=depth * self.sample_layer if a > 0 else 0.0, call_seconds=depth * self.call_layer,
+            remap_per_token=depth * self.remap_token_layer, remap_latency=depth * self.remap_layer,
             context_latency={d: depth * v for d, v in self.context_latency_layer.items()}, fit=fit or {})
 
     def to_dict(self) -> dict:
@@ -183,8 +190,9 @@ class Coefficients:
         out = dataclasses.asdict(self)
         if not attention_pattern(self.attention).clips:
             del out["attention"]
-        if not self.call_layer:
-            del out["call_layer"]
+        for key in ("call_layer", "remap_token_layer", "remap_layer"):
+            if not getattr(self, key):
+                del out[key]
         if not self.context_latency_layer:
             for key in ("context_attention", "context_latency_layer", "context_call_latency", "context_bandwidth"):
                 del out[key]
@@ -318,7 +326,8 @@ def _time_columns(points: Sequence[Point], attention: float, linear: float, degr
                   context_degrees: list[int], several_depths: bool, pattern: AttentionPattern | str,
                   span_context: float = 1.0, calls: bool = False) -> list[np.ndarray]:
     """Columns of a_l (c_s, c_t)[, a_l of the CP points], e_l[, f_l][, h_l], b_l, g_l[, b_0, g_0],
-    lat_l(u), [CP lat_l(d)] for recomputation factors (ra_l, r_l)."""
+    lat_l(u), [CP lat_l(d)][, the remap layer's per token and per slot] for recomputation factors
+    (ra_l, r_l)."""
     layers = np.array([p.layers for p in points], dtype=float)
     ckpt = np.array([p.checkpoint_layers for p in points], dtype=float)
     d = np.array([p.degree for p in points], dtype=float)
@@ -337,8 +346,10 @@ def _time_columns(points: Sequence[Point], attention: float, linear: float, degr
     if several_depths:
         columns += [s1 / d, np.ones(len(points))]
     exchanged = np.array([exchanged_layers(p) for p in points])
+    remapped = np.array([p.remap for p in points])
     return (columns + [exchanged * (u == degree) for degree in degrees]
-            + [exchanged * ((d == degree) & context) for degree in context_degrees])
+            + [exchanged * ((d == degree) & context) for degree in context_degrees]
+            + ([exchanged * remapped * s1 / d, exchanged * remapped] if remapped.any() else []))
 
 
 def known_comm(p: Point, bandwidth: dict[int, float], exchange_bytes_layer: dict[int, float],
@@ -415,7 +426,10 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
     if context_degrees:
         context_a, theta = theta[count], theta[:count] + theta[count + 1:]
         a_l = attention_terms["a_layer"]
-        attention_terms["context_attention"] = context_a / a_l if a_l > 0 else 1.0
+        # A CP column fitted to 0 (CP points too few or too noisy to show their attention: a
+        # one-round profile of 32-token sequences) says nothing about the CP kernel: price it
+        # as the local one rather than as free (CostModel refuses a factor of 0).
+        attention_terms["context_attention"] = context_a / a_l if a_l > 0 and context_a > 0 else 1.0
     rest = theta[count:]
     e_l, *rest = rest
     f_l = 0.0 if pattern.spans_are_samples else rest.pop(0)
@@ -424,17 +438,19 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
     b_0, g_0 = (rest[0], rest[1]) if several_depths else (0.0, 0.0)
     rest = rest[2:] if several_depths else rest
     latency = dict(zip(degrees, rest[:len(degrees)]))
-    context_latency = dict(zip(context_degrees, rest[len(degrees):]))
+    context_latency = dict(zip(context_degrees, rest[len(degrees):len(degrees) + len(context_degrees)]))
+    remap_token, remap_slot = rest[len(degrees) + len(context_degrees):] or (0.0, 0.0)
     return dict(**attention_terms, span_layer=e_l, sample_layer=f_l, call_layer=h_l, b_layer=b_l, b_fixed=b_0, g_layer=g_l,
                 g_fixed=g_0, recompute_layer=linear, recompute_attention_layer=recompute_attention, latency_layer=latency,
-                context_latency_layer=context_latency)
+                context_latency_layer=context_latency, remap_token_layer=remap_token, remap_layer=remap_slot)
 
 
 def fit_activations(measurements: Sequence[Measurement]) -> dict:
     """act_0, act_l, kept_l from the saved-for-backward bytes (see the module doc) of the points
     without a CP part (those add the gathered K and V, which the cost model prices from the
-    shape: `prediction_errors` compares them)."""
-    measurements = [m for m in measurements if m.point.cp == 1]
+    shape: `prediction_errors` compares them) and not remapped (the remap layer's exchanges keep
+    buffers of their own, which no plain micro-batch has)."""
+    measurements = [m for m in measurements if m.point.cp == 1 and not m.point.remap]
     points = [m.point for m in measurements]
     x = np.array([float(m.shard_tokens) for m in measurements])
     layers = np.array([p.layers for p in points], dtype=float)
@@ -475,10 +491,13 @@ def prediction_errors(measurements: Sequence[Measurement], cost_at: dict[int, Co
     for m in measurements:
         p, cost = m.point, cost_at[m.point.layers]
         predicted = cost.time(p.samples, p.degree, p.checkpoint, p.cp)
+        if p.remap:  # every group as long as the others: the layer moves no row
+            predicted += cost.remap_overhead(p.tokens / p.degree, p.checkpoint)
         saved = (cost.act_per_token * m.shard_tokens * (p.checkpoint * cost.kept + 1.0 - p.checkpoint)
                  + cost.gathered_per_token(p.degree, p.cp) * (1.0 - p.checkpoint) * p.tokens)
         rows.append(dict(point=p.label(), layers=p.layers, lengths=list(p.lengths),
                          **({} if p.shapes is None else dict(shapes=[list(c) for c in p.shapes])), degree=p.degree,
+                         **(dict(remap=True) if p.remap else {}),
                          **({} if p.cp == 1 else dict(cp=p.cp, context_s=m.context_seconds,
                                                       context_priced_s=cost.comm(p.tokens, p.degree, p.cp)
                                                       - cost.comm(p.tokens / p.cp, p.ulysses))),

@@ -23,6 +23,7 @@ per token count, F S^2 and S F^2 would be proportional to n^2 and collinear).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
@@ -47,10 +48,16 @@ class Point:
     clips (`lengths` are then their token counts); None for text."""
     cp: int = 1
     """The context-parallel part c of the degree (`plans.Group.cp`; Ulysses over degree / c)."""
+    remap: bool = False
+    """The wave runs as one remap domain over the world (`plans.Wave.remap`): every group's copy
+    of the micro-batch is as long as the others', so the remap layer moves no row and what the
+    point costs beyond its plain twin is the layer's own overhead (`CostModel.remap_overhead`)."""
 
     def __post_init__(self) -> None:
         if self.cp < 1 or self.degree % self.cp:
             raise ValueError(f"point CP part {self.cp} does not divide its degree {self.degree}")
+        if self.remap and self.cp > 1:
+            raise ValueError("a remap point runs Ulysses groups only (cp 1)")
         if self.shapes is not None:
             shapes = tuple(tuple(int(x) for x in shape) for shape in self.shapes)
             object.__setattr__(self, "shapes", shapes)
@@ -110,7 +117,8 @@ class Point:
             packed = (names[0] if len(names) == 1 else f"{len(names)}*({names[0]})" if len(set(names)) == 1
                       else "+".join(names))
         split = f"d{self.degree}" if self.cp == 1 else f"d{self.degree}={self.ulysses}x{self.cp}cp"
-        return f"L{self.layers} {packed} {split} ckpt{self.checkpoint_layers}/{self.layers}"
+        remap = " remap" if self.remap else ""
+        return f"L{self.layers} {packed} {split} ckpt{self.checkpoint_layers}/{self.layers}{remap}"
 
 
 @dataclass
@@ -188,6 +196,26 @@ def build_grid(layers: int, lengths: Sequence[int], degrees: Sequence[int]) -> l
     return list(dict.fromkeys(points))
 
 
+def tiny_documents(lengths: Sequence[int]) -> list[int]:
+    """The text grid's packed stream of tiny documents (`build_grid`): an eighth of the shortest
+    length each, filling a quarter of the longest (at least two)."""
+    s = max(1, min(lengths) // TINY_SPAN_FRACTION)
+    return [s] * max(2, max(lengths) // 4 // s)
+
+
+def remap_points(layers: int, singles: Sequence[Sample], packed: Sequence[Sample], world_size: int) -> list[Point]:
+    """Degree-1 points run as one remap domain over the world (`Point.remap`), for the remap
+    layer's overhead per token and per slot: the longest and a middle single sample, without
+    and with every block checkpointed (a recomputed block repeats its forward exchanges), and
+    one packed stream of many samples. None on one rank (no domain)."""
+    if world_size < 2:
+        return []
+    ordered = sorted(dict.fromkeys(singles), key=lambda x: (sample_tokens(x), x))
+    chosen = dict.fromkeys([ordered[-1], ordered[len(ordered) // 2]])
+    points = [dataclasses.replace(Point.of(layers, [x], 1, c), remap=True) for x in chosen for c in (0, layers)]
+    return points + [dataclasses.replace(Point.of(layers, list(packed), 1, 0), remap=True)]
+
+
 def build_context_grid(layers: int, lengths: Sequence[int], splits: Sequence[tuple[int, int]]) -> list[Point]:
     """Points with a context-parallel part, per (degree, cp) split: single sequences of the
     shortest and a middle length without and with every layer checkpointed (the CP attention
@@ -263,8 +291,18 @@ def build_video_grid(layers: int, clips: Sequence[Shape], degrees: Sequence[int]
     tiny = tiny_clips(degrees)
     copies = math.prod(clips[-1]) // 4 // sum(map(math.prod, tiny))
     if copies >= 2:
-        packed += [tiny * copies, distinct_tiny_clips(degrees, copies * sum(map(math.prod, tiny)))]
+        packed += [tiny * copies, video_packed_clips(clips, degrees)]
     return points + [Point.of(layers, p, d, 0) for p in packed for d in degrees]
+
+
+def video_packed_clips(clips: Sequence[Shape], degrees: Sequence[int]) -> list[Shape]:
+    """Tiny clips of distinct shapes (`distinct_tiny_clips`) as many tokens as the grid's copies
+    of `tiny_clips` (a quarter of the largest clip), or four copies of the smallest clip where
+    those would be fewer than two copies."""
+    clips = sorted(dict.fromkeys(tuple(c) for c in clips), key=lambda c: (math.prod(c), c))
+    tiny = sum(map(math.prod, tiny_clips(degrees)))
+    copies = math.prod(clips[-1]) // 4 // tiny
+    return distinct_tiny_clips(degrees, copies * tiny) if copies >= 2 else [clips[0]] * 4
 
 
 def tiny_clips(degrees: Sequence[int]) -> list[Shape]:

@@ -95,12 +95,14 @@ def timed_all_to_alls(device: torch.device, context_group=None) -> Iterator[Call
 
 
 def point_plan(point: Point, world_size: int) -> Plan:
-    """One wave; every block of `degree` ranks runs the point's micro-batch on its own copy."""
+    """One wave; every block of `degree` ranks runs the point's micro-batch on its own copy (a
+    remap point's wave is one remap domain over the world)."""
     m, copies = len(point.lengths), world_size // point.degree
     groups = [Group(g * point.degree, point.degree, [MicroBatch(list(range(g * m, (g + 1) * m)), point.checkpoint)],
                     cp=point.cp) for g in range(copies)]
     shapes = None if point.shapes is None else list(point.shapes) * copies
-    return Plan(list(point.lengths) * copies, [Wave(groups)], planner="profile", shapes=shapes)
+    wave = Wave(groups, remap=[(0, world_size)] if point.remap else [])
+    return Plan(list(point.lengths) * copies, [wave], planner="profile", shapes=shapes)
 
 
 def random_samples(lengths: Sequence[int], vocab: int, seed: int) -> list[torch.Tensor]:

@@ -27,6 +27,7 @@ from .context import context_bytes_per_token_layer, context_splits, gathered_val
 from .fit import Coefficients, fit, prediction_errors, time_and_act_errors
 from .sources import held_out_points
 from .grid import (Measurement, Point, build_context_grid, build_grid, build_video_grid, checkpoint_levels,
+                   remap_points, tiny_documents, video_packed_clips,
                    verification_points, video_clips, video_verification_points)
 from .machine import LoadMonitor, machine_info
 from .measure import STATISTICS, combine, core_share, measure_on_ranks, rank_device
@@ -140,13 +141,15 @@ def plan_grid(shape: ModelShape, world_size: int, settings: Settings) -> tuple[l
                              f"even depth: --depths {','.join(map(str, depths))} has an odd one (default "
                              f"{','.join(map(str, default_depths(shape)))})")
         clips = video_clips(shape.pattern, settings.lengths, degrees)
-        grid = [p for depth in depths for p in build_video_grid(depth, clips, degrees)]
+        grid = [p for depth in depths for p in build_video_grid(depth, clips, degrees)
+                + remap_points(depth, clips, video_packed_clips(clips, degrees), world_size)]
         checks = ([] if shape.layers in depths else
                   video_verification_points(shape.layers, clips, degrees, settings.verify))
         return grid, checks
     splits = context_splits(shape, world_size)
     grid = [p for depth in depths for p in build_grid(depth, settings.lengths, degrees)
-            + build_context_grid(depth, settings.lengths, splits)]
+            + build_context_grid(depth, settings.lengths, splits)
+            + remap_points(depth, settings.lengths, tiny_documents(settings.lengths), world_size)]
     checks = ([] if shape.layers in depths else
               verification_points(shape.layers, settings.lengths, degrees, settings.verify))
     return grid, checks

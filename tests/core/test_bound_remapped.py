@@ -3,6 +3,8 @@
 idle) prices hand-made cases as worked out in their comments."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
@@ -82,3 +84,17 @@ def test_a_remap_that_saves_is_still_allowed():
     # slot: 0.16 x 1.25 / 2 attention + 4.2 x 1.25 / 4 linear, moved tokens all but free
     assert step_time(plan, cost) == pytest.approx(0.1 + 5.25 / 4, rel=1e-6)
     assert lower_bound(cost, lengths) <= step_time(plan, cost) * (1 + 1e-9)
+
+
+def test_the_remap_layers_own_overhead_is_priced_per_slot():
+    # The plan above with the layer's overhead profiled: 0.05 s a slot and 1e-4 s per token of a
+    # rank's balanced share (4200 / 4 = 1050), both x (1 + 1/4 x 1/2) at level 1/4 (a recomputed
+    # block repeats its forward exchanges): 0.155 x 1.125 on top of the slot.
+    cost = dataclasses.replace(_two_ranks_at_most(1e-8), remap_latency=0.05, remap_per_token=1e-4)
+    lengths = [4000, 100, 100]
+    plan = Plan(lengths, [Wave([Group(0, 2, [MicroBatch([0])]), Group(2, 1, [MicroBatch([1])]),
+                                Group(3, 1, [MicroBatch([2])])], [(0, 4)])])
+    plan.waves[0].groups = plan.leveled(0, (0, 4), cost)
+    assert step_time(plan, cost) == pytest.approx(0.1 + 5.25 / 4 + 0.155 * 1.125, rel=1e-6)
+    # The bound leaves the overhead out: still below.
+    assert lower_bound(cost, lengths) <= step_time(plan, cost)

@@ -19,7 +19,8 @@ from ballast.profile.check import beyond_noise, make_plans, summarise
 from ballast.profile.context import (CheckedPlanner, checked_planners, context_bytes_per_token_layer, context_splits,
                                      splits_used)
 from ballast.profile.fit import Coefficients, _time_columns, fit, prediction_errors as compare
-from ballast.profile.grid import Measurement, Point, build_context_grid, build_grid, verification_points
+from ballast.profile.grid import (Measurement, Point, build_context_grid, build_grid, remap_points, tiny_documents,
+                                  verification_points)
 from ballast.model_shape import get_model_shape
 from ballast.timeline import simulate
 
@@ -50,6 +51,28 @@ def test_fit_recovers_exact_coefficients():
         assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-3, abs=1e-12), name
     for table in ("bandwidth", "call_latency", "latency_layer"):
         assert getattr(got, table) == pytest.approx(getattr(TRUE, table), rel=1e-3), table
+
+
+def test_fit_recovers_the_remap_layers_overhead_and_prices_it():
+    """Remap points (a degree-1 wave run as one remap domain, every group's copy as long as the
+    others, so nothing moves) cost their plain twin plus the layer's overhead per token and per
+    slot: the fit recovers both, the CostModel prices every point exactly (`remap_overhead`,
+    recomputed blocks repeating their forward exchanges), and the remap terms are 0 without
+    remap points."""
+    lengths = (128, 256, 512, 1024, 2048, 4096)
+    true = dataclasses.replace(TRUE, remap_token_layer=3e-6, remap_layer=2e-3)
+    points = grid() + [p for depth in (1, 2) for p in remap_points(depth, lengths, tiny_documents(lengths), 4)]
+    assert sum(p.remap for p in points) == 10 and any(p.remap and p.checkpoint_layers for p in points)
+    measured = synthetic(points, true)
+    got = fit(measured, layer_bytes(4))
+    assert got.remap_token_layer == pytest.approx(3e-6, rel=1e-3) and got.remap_layer == pytest.approx(2e-3, rel=1e-3)
+    assert got.b_layer == pytest.approx(true.b_layer, rel=1e-3) and got.g_layer == pytest.approx(true.g_layer, rel=1e-3)
+    at = {depth: got.cost_model(dataclasses.replace(TINY, layers=depth), 4, 1e10, state_bytes(TINY)) for depth in (1, 2)}
+    assert at[2].remap_per_token == pytest.approx(6e-6, rel=1e-3) and at[2].remap_latency == pytest.approx(4e-3, rel=1e-3)
+    assert max(abs(row["time_error"]) for row in compare(measured, at)) < 1e-3
+    assert "remap_layer" in got.to_dict()
+    plain = fit(synthetic(grid(), TRUE), layer_bytes(4))
+    assert plain.remap_token_layer == plain.remap_layer == 0.0 and "remap_layer" not in plain.to_dict()
 
 
 def test_fit_with_noise_extrapolates_to_full_depth():
