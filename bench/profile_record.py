@@ -1,14 +1,20 @@
-"""Record `ballast profile` on this machine: full and quick profiles of a text model (the tiny GPT,
-or the Hugging Face Llama of bench/hf.sh) on 2 gloo ranks, the check of random plans against the
-full one, and a simulate run under it.
+"""Record `ballast profile` on this machine: full and quick profiles of a model (the tiny GPT, the
+Hugging Face Llama of bench/hf.sh, or a video DiT) on 2 gloo ranks, the check of random plans
+against the full one, and a simulate run under it.
 
     .venv/bin/python bench/profile_record.py [--model tiny] [--name tiny] [--median-target 0.03]
-                                      [--statistic median|min] [--repeats 3]
+                                      [--p90-target 0.06] [--statistic median|min] [--repeats 3]
                                       [--device-memory-gb 0.1] [--max-len 4096] [--tokens-per-step 16384]
-                                      [--quiet-load 1.5]
+                                      [--plans 30] [--quiet-load 1.5]
+
+A text model's plans draw from `stdlib` (real code files); a video DiT's from the check's clip
+source (DCP's video buckets scaled to --max-len), e.g. issue #31's video records:
+
+    .venv/bin/python bench/profile_record.py --model dit-tiny --name dit-tiny --median-target 0.06 \
+        --p90-target 0.10 --device-memory-gb 12 --max-len 2048 --tokens-per-step 8192 --plans 20 --repeats 5
 
 Writes bench/results/profile-NAME.json (the profile), profile-NAME-quick.json,
-profile-NAME-check.{json,png}, profile-NAME-simulate.json and profile-NAME-summary.json (wall
+profile-NAME-check.{json,png}, profile-NAME-simulate.json (text models) and profile-NAME-summary.json (wall
 times, fit residuals, extrapolation error, check errors against the targets, the load average
 and the ranks' share of a core in each stage, and which attention kernel the runtime used).
 Every stage is a subprocess of the real command line, timed from outside. On a shared machine
@@ -27,12 +33,14 @@ from pathlib import Path
 
 import torch
 
+from ballast.model_shape import get_model_shape
 from ballast.models.kernels import varlen_attention
 
 RESULTS = Path(__file__).resolve().parent / "results"
-# Issue #31's targets for the text check on 2 gloo ranks (the median's is --median-target: 3% for
-# the tiny GPT, 4% for the HF Llama); the profile's own wall times.
-TARGETS = {"check_time_p90": 0.06, "check_act_max": 0.10, "profile_seconds": 600.0, "quick_seconds": 180.0}
+# Issue #31's targets for the check on 2 gloo ranks besides the median's and the 90th
+# percentile's (--median-target: 3% for the tiny GPT, 4% for the HF Llama, 6% for video DiTs;
+# --p90-target: 6% text, 10% video); the profile's own wall times.
+TARGETS = {"check_act_max": 0.10, "profile_seconds": 600.0, "quick_seconds": 180.0}
 
 
 def attention_kernel() -> str:
@@ -62,6 +70,7 @@ def main() -> int:
     parser.add_argument("--model", default="tiny", help="a text model: a preset or hf:PATH")
     parser.add_argument("--name", default="tiny", help="result files are profile-NAME*")
     parser.add_argument("--median-target", type=float, default=0.03, help="the check's median error to meet")
+    parser.add_argument("--p90-target", type=float, default=0.06, help="the check's 90th percentile error to meet")
     parser.add_argument("--statistic", choices=("median", "min"), default="median")
     parser.add_argument("--repeats", default="3", help="measured rounds of the profile and of the check")
     parser.add_argument("--device-memory-gb", default="0.1", help="GB per rank the plans must fit")
@@ -71,6 +80,7 @@ def main() -> int:
     parser.add_argument("--quiet-load", type=float, default=1.5, help="start a stage below this load average")
     parser.add_argument("--max-wait", type=float, default=1200.0, help="seconds to wait for it per stage")
     args = parser.parse_args()
+    lengths = "video" if not args.model.startswith("hf:") and get_model_shape(args.model).pattern.clips else "stdlib"
     RESULTS.mkdir(exist_ok=True)
     out = {stage: RESULTS / f"profile-{args.name}{stage}.json" for stage in ("", "-quick", "-check", "-simulate")}
     common = ["--model", args.model, "--world", "2", "--device-memory-gb", args.device_memory_gb,
@@ -79,13 +89,17 @@ def main() -> int:
     stages = {
         "profile": ["profile", *common, *rounds, "--out", str(out[""])],
         "quick": ["profile", *common, "--quick", "--out", str(out["-quick"])],
-        "check": ["profile", "--check", str(out[""]), "--plans", args.plans, *rounds, "--lengths", "stdlib",
+        "check": ["profile", "--check", str(out[""]), "--plans", args.plans, *rounds, "--lengths", lengths,
                   "--max-len", args.max_len, "--tokens-per-step", args.tokens_per_step, "--json", str(out["-check"]),
                   "--png", str(RESULTS / f"profile-{args.name}-check.png")],
         "simulate": ["simulate", "--cost", str(out[""]), "--cluster", "cpu", "--world", "2", "--device-memory-gb",
-                     args.device_memory_gb, "--model", args.model, "--lengths", "stdlib", "--max-len", args.max_len,
+                     args.device_memory_gb, "--model", args.model, "--lengths", lengths, "--max-len", args.max_len,
                      "--tokens-per-step", args.tokens_per_step, "--steps", "5", "--planners", "all",
                      "--time-limit", "2", "--json", str(out["-simulate"])]}
+    if lengths == "video":
+        # `simulate` draws the source's clips unscaled (up to 45 x 80 patches a frame): a
+        # simulate record belongs to the text models, whose grids reach the source's lengths.
+        del stages["simulate"]
     seconds, waits = {}, {}
     for stage, command in stages.items():
         waits[stage] = wait_for_quiet(args.quiet_load, args.max_wait)
@@ -97,7 +111,7 @@ def main() -> int:
                 "check_time_p90": checked["summary"]["time"]["p90"], "check_act_max": checked["summary"]["act"]["max"],
                 "profile_seconds": seconds["profile"], "quick_seconds": seconds["quick"]}
     summary = {
-        "setting": {"model": args.model, "world": 2, "lengths": "stdlib", "max_len": int(args.max_len),
+        "setting": {"model": args.model, "world": 2, "lengths": lengths, "max_len": int(args.max_len),
                     "tokens_per_step": int(args.tokens_per_step), "device_memory_gb": float(args.device_memory_gb),
                     "statistic": args.statistic, "repeats": int(args.repeats), "plans": int(args.plans),
                     "attention_kernel": attention_kernel(),
@@ -105,13 +119,15 @@ def main() -> int:
                                              text=True).stdout.strip()},
         "seconds": seconds, "waits_for_quiet": waits,
         "targets": {k: {"target": v, "measured": measured[k], "met": measured[k] <= v}
-                    for k, v in {"check_time_median": args.median_target, **TARGETS}.items()},
+                    for k, v in {"check_time_median": args.median_target, "check_time_p90": args.p90_target,
+                                 **TARGETS}.items()},
         "profile": {k: profiled["fit"][k] for k in ("residuals", "extrapolation_error", "held_out_error",
                                                     "residuals_by_kind", "load_average", "core_share", "machine")},
         "quick": {k: quick["fit"][k] for k in ("residuals", "extrapolation_error", "load_average", "core_share")},
         "check": {k: checked[k] for k in ("summary", "load_average", "core_share", "setting")},
-        "coefficients": {k: profiled[k] for k in ("a", "b", "g", "recompute", "recompute_attention", "span_seconds",
-                                                  "kept", "act_per_token", "bandwidth", "comm_latency", "states")},
+        "coefficients": {k: profiled.get(k, 0.0) for k in (
+            "a", "b", "g", "recompute", "recompute_attention", "span_seconds", "sample_seconds", "call_seconds",
+            "remap_per_token", "remap_latency", "kept", "act_per_token", "bandwidth", "comm_latency", "states")},
     }
     (RESULTS / f"profile-{args.name}-summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary["targets"], indent=2))

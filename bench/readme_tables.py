@@ -339,7 +339,8 @@ def target_lines(targets: dict) -> list[str]:
     return out
 
 
-PROFILE_RECORDS = {"tiny": "profile", "hf-llama": "profile-hf-llama"}
+PROFILE_RECORDS = {"tiny": "profile", "hf-llama": "profile-hf-llama", "dit-tiny": "profile-dit-tiny",
+                   "stdit-tiny": "profile-stdit-tiny"}
 """`bench/profile_record.py --name NAME` records -> their README block."""
 
 
@@ -362,8 +363,10 @@ def profile_text(name: str) -> str:
         if stats is None:
             continue
         rows.append(f"| {label} | {stats['median']:.2%} | {stats['p90']:.2%} | {stats['max']:.2%} | {stats['count']} |")
-    head = (f"**Profile** ({s['model']} on {s['world']} gloo ranks, {s['lengths']} lengths up to {s['max_len']:,} "
-            f"tokens, ~{s['tokens_per_step']:,} tokens/step for the check, {s['device_memory_gb'] * 1e3:.0f} MB device "
+    source = (f"clips of DCP's video buckets scaled to at most {s['max_len']:,} tokens" if s["lengths"] == "video"
+              else f"{s['lengths']} lengths up to {s['max_len']:,} tokens")
+    head = (f"**Profile** ({s['model']} on {s['world']} gloo ranks, {source}, "
+            f"~{s['tokens_per_step']:,} tokens/step for the check, {s['device_memory_gb'] * 1e3:.0f} MB device "
             f"budget; {s['attention_kernel']} attention kernel; commit {s['commit']}; load average "
             f"{fit['load_average']['median']:.1f} during the profile, {check['load_average']['median']:.1f} during the "
             f"check, on {fit['load_average']['cpus']} CPUs). Full profile {secs['profile']:.0f} s, `--quick` "

@@ -20,7 +20,9 @@ size of any micro-batch on any rank.
 Each plan runs once per round after one warm-up step; rounds shuffle the plans, so the load
 of other jobs spreads over all of them. Rounds are reduced by the profile's own statistic
 (median or min, so that prediction and measurement mean the same thing); the errors under the
-other statistic are reported too.
+other statistic are reported too. The profile's full-depth points run again in the same
+rounds, and the check reports how much faster or slower the machine ran than during the
+profile, and the error with that drift divided out beside the error as is (`drift.py`).
 """
 from __future__ import annotations
 
@@ -53,7 +55,8 @@ from ..timeline import simulate
 from .context import CheckedPlanner, checked_planners, runs_context, splits_used
 from .fit import error_summary
 from .machine import LoadMonitor, machine_info, measured_device
-from .measure import LEARNING_RATE, STATISTICS, core_share, plan_samples
+from .drift import drift_errors, machine_drift, reference_points
+from .measure import LEARNING_RATE, STATISTICS, core_share, plan_samples, point_plan
 
 MILP_SECONDS = 2.0
 """FlexSP's per-wave solve limit here: the check measures plans, not the solver."""
@@ -127,7 +130,7 @@ def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats:
                 result = executor.step(parsed[i], samples[i])
                 records[i].append(dict(
                     step_seconds=time.perf_counter() - start, step_cpu_seconds=time.thread_time() - cpu,
-                    waves=sum(w.busy + w.wait for w in result.waves),
+                    waves=sum(w.busy + w.wait for w in result.waves), busy=sum(w.busy for w in result.waves),
                     overhead=result.sync_seconds + result.optimizer_seconds,
                     activation=max((mb.activation_bytes for mb in result.micro_batches), default=0)))
     return records
@@ -265,13 +268,18 @@ def run_check(args: argparse.Namespace) -> int:
                       f"its predictions extrapolate[/yellow]")
     source = check_source(lengths, shape, max_len)
     plans = make_plans(cost, source, args.plans, tokens_per_step, max_len, planners, args.seed)
+    references = reference_points(cost, shape)
     console.print(f"check: {len(plans)} plans of {tokens_per_step} tokens from {source.name} (max {max_len}) "
-                  f"by {', '.join(p.label for p in planners)}; {cost.world_size} ranks, {repeats} rounds ({statistic})")
+                  f"by {', '.join(p.label for p in planners)}; {cost.world_size} ranks, {repeats} rounds ({statistic}); "
+                  f"{len(references)} of the profile's full-depth points again, for the machine's drift")
     start = time.perf_counter()
     with LoadMonitor() as load:
-        per_rank = run_local(cost.world_size, execute_on_ranks, shape, [p.to_dict() for p in plans], 1,
-                             repeats, args.seed, True, timeout=args.timeout)
+        run = [p.to_dict() for p in plans] + [point_plan(m.point, cost.world_size).to_dict() for m in references]
+        per_rank = run_local(cost.world_size, execute_on_ranks, shape, run, 1, repeats, args.seed, True,
+                             timeout=args.timeout)
     seconds = time.perf_counter() - start
+    drift = machine_drift(references, [records[len(plans):] for records in per_rank], statistic)
+    per_rank = [records[:len(plans)] for records in per_rank]
     rows = compare_plans(plans, cost, per_rank, statistic)
     summary, loads = summarise(rows), load.summary()
     console.print(plan_table(rows))
@@ -288,6 +296,13 @@ def run_check(args: argparse.Namespace) -> int:
     console.print(f"step time |error| beyond each plan's repeat spread: median {beyond['median']:.1%}, p90 "
                   f"{beyond['p90']:.1%}, max {beyond['max']:.1%}; the spread of a plan's rounds (slowest - fastest): "
                   f"median {noise['median']:.1%}, max {noise['max']:.1%}")
+    if drift is not None:
+        summary["time_drift_corrected"] = error_summary(drift_errors(rows, drift["ratio"]))
+        corrected = summary["time_drift_corrected"]
+        console.print(f"the machine ran {abs(drift['ratio'] - 1):.1%} {'slower' if drift['ratio'] > 1 else 'faster'} "
+                      f"than during the profile (its {len(references)} full-depth points measured again in these "
+                      f"rounds); step time |error| with that drift divided out (reported, not the check's "
+                      f"error): median {corrected['median']:.1%}, p90 {corrected['p90']:.1%}")
     for name, key in (("with a CP part", "time_context"), ("without", "time_without_context")):
         if summary[key]["count"]:
             console.print(f"step time |error| of the {summary[key]['count']} plans {name}: median "
@@ -300,7 +315,7 @@ def run_check(args: argparse.Namespace) -> int:
                        max_len=max_len, tokens_per_step=tokens_per_step,
                        planners=[p.label for p in planners], plans=len(rows), repeats=repeats, statistic=statistic, seed=args.seed)
         Path(args.json_out).write_text(json.dumps(dict(
-            setting=setting, summary=summary, seconds=seconds, load_average=loads,
+            setting=setting, summary=summary, drift=drift, seconds=seconds, load_average=loads,
             core_share=statistics.median(r["core_share"] for r in rows),
             machine=machine_info(cost.world_size, CHECK_DEVICE), plans=rows), indent=2))
         console.print(f"wrote {args.json_out}")
