@@ -17,6 +17,7 @@ import gc
 import json
 import logging
 import os
+import pickle
 import socket
 import sys
 import tempfile
@@ -96,8 +97,12 @@ def run_local(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
     store = dist.TCPStore(_LOOPBACK, 0, None, True, collective_timeout, wait_for_workers=False)
     with tempfile.TemporaryDirectory(prefix="ballast-ranks-") as out:
         mp.get_context(START_METHOD).set_forkserver_preload(PRELOADED)
+        # The arguments travel as one pickled payload, tensors by value: passed as they are,
+        # torch shares each tensor through a file descriptor, and the fork server passes at
+        # most 252 (a video bench's batches hold hundreds of clips: "too many fds").
+        payload = pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL)
         context = mp.start_processes(
-            _rank_main, args=(world_size, store.port, collective_timeout, fn, args, out, _Launcher.now()),
+            _rank_main, args=(world_size, store.port, collective_timeout, fn, payload, out, _Launcher.now()),
             nprocs=world_size, join=False, start_method=START_METHOD)
         deadline = time.monotonic() + timeout
         while not _join(context, out, max(0.0, min(1.0, deadline - time.monotonic()))):
@@ -237,7 +242,7 @@ class _Launcher:
 
 
 def _rank_main(rank: int, world_size: int, port: int, collective_timeout: timedelta,
-               fn: Callable[..., Any], args: tuple, out: str, launcher: _Launcher) -> None:
+               fn: Callable[..., Any], payload: bytes, out: str, launcher: _Launcher) -> None:
     launcher.adopt()
     if any(name == "lo" for _, name in socket.if_nameindex()):
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's own connections stay on loopback too
@@ -246,7 +251,7 @@ def _rank_main(rank: int, world_size: int, port: int, collective_timeout: timede
     store = dist.TCPStore(_LOOPBACK, port, None, False, collective_timeout)
     _init_process_group("gloo", store, rank, world_size, collective_timeout)
     try:
-        result = fn(*args)
+        result = fn(*pickle.loads(payload))
         torch.save(result, Path(out) / f"{rank}.pt")
     except BaseException as e:
         # Written whole, then renamed: the parent may read the reports while a peer still writes.

@@ -78,3 +78,15 @@ def _rank0_fails_slowly() -> None:
 def test_an_echo_that_arrives_first_still_reports_the_cause_it_carries():
     with pytest.raises(RankInputError, match=r"^rank 0: rank 0 cannot plan this batch$"):
         run_local(2, _rank0_fails_slowly, timeout=120)
+
+
+def _sum_of(tensors: list[torch.Tensor]) -> float:
+    return float(sum(t.sum() for t in tensors))
+
+
+def test_arguments_of_many_tensors_reach_the_ranks():
+    # A video bench hands its ranks every clip of every batch (hundreds of tensors): passed as
+    # they are, torch shares each through a file descriptor, and the fork server takes at most
+    # 252 ("too many fds").
+    tensors = [torch.full((2,), float(i)) for i in range(300)]
+    assert run_local(2, _sum_of, tensors, timeout=120) == [2.0 * sum(range(300))] * 2
