@@ -356,11 +356,12 @@ def profile_text(name: str) -> str:
                          ("check: activation bytes, predicted vs measured", summary["act"]),
                          ("check: step time beyond each plan's repeat spread", summary.get("time_beyond_noise")),
                          ("check: a plan's repeat spread (slowest - fastest round)", summary.get("noise")),
+                         ("check: step time with the machine's drift divided out", summary.get("time_drift_corrected")),
                          ("fit residuals: time", fit["residuals"]["time"]),
                          ("fit residuals: activation bytes", fit["residuals"]["act"]),
                          ("held-out real batches (never fitted): time", held.get("time")),
                          ("2-layer extrapolation vs full depth: time", fit["extrapolation_error"]["time"])]:
-        if stats is None:
+        if stats is None or not stats["count"]:  # e.g. no extrapolation where the profile ran the full depth
             continue
         rows.append(f"| {label} | {stats['median']:.2%} | {stats['p90']:.2%} | {stats['max']:.2%} | {stats['count']} |")
     source = (f"clips of DCP's video buckets scaled to at most {s['max_len']:,} tokens" if s["lengths"] == "video"
