@@ -84,6 +84,7 @@ def _sum_of(tensors: list[torch.Tensor]) -> float:
     return float(sum(t.sum() for t in tensors))
 
 
+@pytest.mark.slow
 def test_arguments_of_many_tensors_reach_the_ranks():
     # A video bench hands its ranks every clip of every batch (hundreds of tensors): passed as
     # they are, torch shares each through a file descriptor, and the fork server takes at most
