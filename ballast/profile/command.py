@@ -163,6 +163,9 @@ def print_report(console: Console, cost: CostModel) -> None:
     per = f"s/{cost.pattern.unit_label}"
     sample = f"  f={cost.sample_seconds * 1e6:.2f} us/sample" if not cost.pattern.spans_are_samples else ""
     sample += f"  h={cost.call_seconds * 1e6:.2f} us/call" if cost.call_seconds else ""
+    if cost.remap_per_token or cost.remap_latency:
+        sample += (f"  remap={cost.remap_per_token * 1e6:.2f} us/token+"
+                   f"{cost.remap_latency * 1e3:.2f} ms/slot")
     console.print(f"a={cost.a:.3e} {per}  e={cost.span_seconds * 1e6:.2f} us/span{sample}  b={cost.b:.3e} s/token  "
                   f"g={cost.g * 1e3:.2f} ms  r={cost.recompute:.3f}  "
                   f"r_attn={cost.recompute_attention:.3f}  "
