@@ -143,12 +143,16 @@ class AttentionPattern:
         counts = self.block_counts(depth)
         return sum(n * span.count(frames, per_frame) for n, span in zip(counts, self.spans)) / sum(counts)
 
+    def distinct_lengths(self, frames: np.ndarray, per_frame: np.ndarray) -> list[int]:
+        """Distinct span lengths of each of the pattern's spans in a micro-batch of these samples:
+        the attention calls a block of that span makes where the kernel runs all spans of one
+        length together (the CPU path of `models.kernels`, `CostModel.call_seconds`)."""
+        return [len(np.unique(span.length(frames, per_frame))) for span in self.spans]
+
     def calls_per_block(self, frames: np.ndarray, per_frame: np.ndarray, depth: int) -> float:
-        """Distinct span lengths a block of a `depth`-block model meets in a micro-batch of these
-        samples, on average over its blocks: the attention calls of a kernel that runs all spans
-        of one length together (the CPU path of `models.kernels`, `CostModel.call_seconds`)."""
+        """`distinct_lengths` on average over the blocks of a `depth`-block model."""
         counts = self.block_counts(depth)
-        return sum(n * len(np.unique(span.length(frames, per_frame))) for n, span in zip(counts, self.spans)) / sum(counts)
+        return sum(n * calls for n, calls in zip(counts, self.distinct_lengths(frames, per_frame))) / sum(counts)
 
     @property
     def spans_are_samples(self) -> bool:

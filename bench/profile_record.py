@@ -67,7 +67,7 @@ def wait_for_quiet(limit: float, max_wait: float) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny", help="a text model: a preset or hf:PATH")
+    parser.add_argument("--model", default="tiny", help="a model preset (text or video DiT) or hf:PATH")
     parser.add_argument("--name", default="tiny", help="result files are profile-NAME*")
     parser.add_argument("--median-target", type=float, default=0.03, help="the check's median error to meet")
     parser.add_argument("--p90-target", type=float, default=0.06, help="the check's 90th percentile error to meet")

@@ -73,6 +73,7 @@ import numpy as np
 from ..cost import RECOMPUTED_EXCHANGES, CostModel
 from ..model_shape import ModelShape
 from ..patterns import AttentionPattern, as_pattern, attention_pattern, fit_attention
+from ..samples import sample_grid
 from .grid import Measurement, Point
 
 MAX_RECOMPUTE = 2.0
@@ -186,7 +187,7 @@ class Coefficients:
 
     def to_dict(self) -> dict:
         """The fields; a text model's as they always were (no attention pattern, no c_s, c_t, no
-        CP terms unless a point ran CP, no h_l unless fitted)."""
+        CP terms unless a point ran CP, no h_l or remap terms unless fitted)."""
         out = dataclasses.asdict(self)
         if not attention_pattern(self.attention).clips:
             del out["attention"]
@@ -290,10 +291,9 @@ def _span_columns(points: Sequence[Point], pattern: AttentionPattern, recompute:
     return [spans, blocks.sum(axis=1) * np.array([float(len(p.lengths)) for p in points]) / d]
 
 
-def _distinct_lengths(p: Point, pattern: AttentionPattern) -> list[float]:
-    """Distinct span lengths of each of the pattern's spans in the point's micro-batch."""
-    grids = np.array(p.grids(), dtype=np.float64)
-    return [float(len(np.unique(span.length(grids[:, 0], grids[:, 1] * grids[:, 2])))) for span in pattern.spans]
+def _distinct_lengths(p: Point, pattern: AttentionPattern) -> list[int]:
+    """`AttentionPattern.distinct_lengths` of the point's micro-batch."""
+    return pattern.distinct_lengths(*sample_grid(p.samples))
 
 
 def separates_calls(points: Sequence[Point], pattern: AttentionPattern) -> bool:

@@ -190,7 +190,7 @@ def build_grid(layers: int, lengths: Sequence[int], degrees: Sequence[int]) -> l
     lengths = sorted(set(lengths))
     points = [Point(layers, (s,), d, c) for s in lengths for d in degrees for c in checkpoint_levels(layers)]
     fill = max(lengths) // 4
-    for s in [max(1, lengths[0] // TINY_SPAN_FRACTION)] + lengths[:2]:
+    for s in [tiny_documents(lengths)[0]] + lengths[:2]:
         if fill // s >= 2:
             points += [Point(layers, (s,) * (fill // s), d, 0) for d in degrees]
     return list(dict.fromkeys(points))
@@ -287,22 +287,26 @@ def build_video_grid(layers: int, clips: Sequence[Shape], degrees: Sequence[int]
     clips = sorted(dict.fromkeys(tuple(c) for c in clips), key=lambda c: (math.prod(c), c))
     points = [Point.of(layers, [c], d, k) for c in clips for d in degrees for k in checkpoint_levels(layers)]
     smallest = [c for c in clips if math.prod(c) == math.prod(clips[0])]
-    packed = [smallest if len(smallest) > 1 else smallest * 4]
-    tiny = tiny_clips(degrees)
-    copies = math.prod(clips[-1]) // 4 // sum(map(math.prod, tiny))
-    if copies >= 2:
-        packed += [tiny * copies, video_packed_clips(clips, degrees)]
+    packed = [smallest if len(smallest) > 1 else smallest * 4] + tiny_packs(clips, degrees)
     return points + [Point.of(layers, p, d, 0) for p in packed for d in degrees]
 
 
+def tiny_packs(clips: Sequence[Shape], degrees: Sequence[int]) -> list[list[Shape]]:
+    """The video grid's two packs of tiny clips filling a quarter of the largest clip: copies of
+    `tiny_clips`, and as many tokens of `distinct_tiny_clips`; none where that quarter holds fewer
+    than two copies."""
+    tiny = tiny_clips(degrees)
+    copies = max(map(math.prod, clips)) // 4 // sum(map(math.prod, tiny))
+    if copies < 2:
+        return []
+    return [tiny * copies, distinct_tiny_clips(degrees, copies * sum(map(math.prod, tiny)))]
+
+
 def video_packed_clips(clips: Sequence[Shape], degrees: Sequence[int]) -> list[Shape]:
-    """Tiny clips of distinct shapes (`distinct_tiny_clips`) as many tokens as the grid's copies
-    of `tiny_clips` (a quarter of the largest clip), or four copies of the smallest clip where
-    those would be fewer than two copies."""
-    clips = sorted(dict.fromkeys(tuple(c) for c in clips), key=lambda c: (math.prod(c), c))
-    tiny = sum(map(math.prod, tiny_clips(degrees)))
-    copies = math.prod(clips[-1]) // 4 // tiny
-    return distinct_tiny_clips(degrees, copies * tiny) if copies >= 2 else [clips[0]] * 4
+    """The packed stream of a video model's remap points: the tiny clips of distinct shapes
+    (`tiny_packs`), or four copies of the smallest clip where the grid has no tiny packs."""
+    packs = tiny_packs(clips, degrees)
+    return packs[-1] if packs else [min(clips, key=lambda c: (math.prod(c), tuple(c)))] * 4
 
 
 def tiny_clips(degrees: Sequence[int]) -> list[Shape]:

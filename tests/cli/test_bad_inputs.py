@@ -65,6 +65,11 @@ def files(tmp_path_factory) -> dict[str, str]:
         # a profile whose cost per attended span is negative (issue 31's span term)
         "bad-span-profile.json": json.dumps({**analytic_cost(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
                                              "span_seconds": -1e-6}),
+        # a profile whose cost per kernel call, or the remap layer's per token, is negative
+        "bad-call-profile.json": json.dumps({**analytic_cost(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
+                                             "call_seconds": -1e-4}),
+        "bad-remap-profile.json": json.dumps({**analytic_cost(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
+                                              "remap_per_token": -1e-6}),
         "two-gpus.json": json.dumps({"nodes": 1, "devices_per_node": 2, "device_memory": 40e9,
                                      "peak_flops": 312e12, "bandwidth": {"2": 1e11}}),
     }
@@ -303,6 +308,10 @@ CASES = [
     ("simulate --cluster cpu --world 2 --model tiny --cost {bad-span-profile.json}", 2,
      r"cost model file .*bad-span-profile.json: cost model 'tiny': span_seconds -1e-06 must be >= 0, and 0 unless "
      r"a > 0"),
+    ("simulate --cluster cpu --world 2 --model tiny --cost {bad-call-profile.json}", 2,
+     r"cost model file .*bad-call-profile.json: cost model 'tiny': call_seconds -0.0001 must be >= 0"),
+    ("simulate --cluster cpu --world 2 --model tiny --cost {bad-remap-profile.json}", 2,
+     r"cost model file .*bad-remap-profile.json: cost model 'tiny': remap_per_token -1e-06 must be >= 0"),
     ("profile --held-out -1", 2, r"--held-out must be >= 0, got -1"),
     # output paths no command could write, found before the work
     ("simulate --json {lengths.txt}/out.json", 2, r"--json .*lengths.txt/out.json: .*lengths.txt is not a folder"),
