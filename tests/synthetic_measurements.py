@@ -8,7 +8,7 @@ import numpy as np
 
 from ballast.model_shape import ModelShape
 from ballast.patterns import SPATIAL_TEMPORAL, attention_pattern
-from ballast.profile.fit import Coefficients
+from ballast.profile.coefficients import Coefficients
 from ballast.profile.grid import Measurement, Point
 from ballast.profile.profiler import shape_bytes_per_token_layer
 

@@ -53,7 +53,7 @@ from ..model_shape import ModelShape
 from ..output_paths import check_output_file
 from ..timeline import simulate
 from .context import CheckedPlanner, checked_planners, runs_context, splits_used
-from .fit import error_summary
+from .residuals import error_summary
 from .machine import LoadMonitor, machine_info, measured_device
 from .drift import drift_errors, machine_drift, reference_points
 from .measure import LEARNING_RATE, STATISTICS, core_share, plan_samples, point_plan

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ..layouts import ANY_SPLIT
 from ..model_shape import ModelShape
 from ..plans import Plan
-from .fit import error_summary, time_and_act_errors
+from .residuals import error_summary, time_and_act_errors
 
 
 def context_splits(shape: ModelShape, world_size: int) -> list[tuple[int, int]]:

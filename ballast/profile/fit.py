@@ -14,17 +14,15 @@ Bandwidth comes from the all-to-all calls timed inside the runtime (per degree, 
 of seconds = calls lat_call + bytes / bw); the size-independent part of SP per layer, lat_l(d),
 from the micro-batch times, since it also holds the sharding work around the calls. Every
 other coefficient is a non-negative least-squares fit of relative errors (weights 1/measured:
-the check's targets are relative), around a search for the two recomputation factors.
+the check's targets are relative), around a search for the two recomputation factors. The
+fit's columns are `columns.py`'s; `coefficients.Coefficients` holds the result and maps it onto
+a CostModel at any depth.
 
 Recomputing a block repeats its forward, whose share of forward + backward differs between
 attention (ra_l) and the rest of the block (r_l): one factor for both mis-prices checkpointing
 of long sequences or of short ones (on `tiny` on CPU a single r left the 8192-token points
 11% high), so ra_l and r_l are fitted apart (a coarse grid, then Nelder-Mead).
 
-Mapped onto CostModel at depth L, all exactly: a = L a_l, b = L b_l + b_0, g = g_0 + L g_l,
-comm_latency(d) = L lat_l(d), act_per_token = act_0 + L act_l, kept = (act_0 + L kept_l) /
-act_per_token, recompute_attention = ra_l and recompute = r_l L b_l / b (CostModel charges
-recomputation on b_0's part too, which is never recomputed).
 
 Context parallelism. A point run u x c (`Point.cp` = c > 1; text only) exchanges q, k, v and
 out in its Ulysses sub-groups of u ranks (priced at bw(u), with lat_l(u)) and gathers K, V over
@@ -63,18 +61,14 @@ one need not cost alike).
 """
 from __future__ import annotations
 
-import dataclasses
-import warnings
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from ..cost import RECOMPUTED_EXCHANGES, CostModel
-from ..model_shape import ModelShape
-from ..patterns import AttentionPattern, as_pattern, attention_pattern, fit_attention
-from ..samples import sample_grid
-from .grid import Measurement, Point
+from ..patterns import AttentionPattern, as_pattern
+from .coefficients import Coefficients
+from .columns import known_comm, separates_calls, time_columns
+from .grid import Measurement
 
 MAX_RECOMPUTE = 2.0
 """Upper end of the search for ra_l and r_l: recomputing a layer repeats its forward, about a
@@ -85,119 +79,6 @@ moves by the spans' small share of attention each round), before the recomputati
 searched again under the factor they settle at."""
 RECOMPUTE_GRID = 41
 """Grid points per recomputation factor before the local refinement (steps of 0.05)."""
-
-
-@dataclass(frozen=True)
-class Coefficients:
-    """Per-layer and fixed parts of the cost model's coefficients (seconds, bytes, tokens)."""
-
-    a_layer: float
-    b_layer: float
-    b_fixed: float
-    g_layer: float
-    g_fixed: float
-    recompute_layer: float
-    """r_l: extra time of recomputing one block's linear work (b_l), as a fraction of its
-    forward + backward."""
-    recompute_attention_layer: float
-    """ra_l: the same for the block's attention (a_l)."""
-    latency_layer: dict[int, float]
-    """Size-independent seconds of SP per block and micro-batch, by degree."""
-    bandwidth: dict[int, float]
-    """All-to-all bytes/s per rank by degree (send-buffer bytes, as the runtime moves them)."""
-    call_latency: dict[int, float]
-    """Seconds per all-to-all call by degree (reported; lat_l holds it and the sharding work)."""
-    bytes_per_token_layer: float
-    """All-to-all send bytes per token and block, in the values the runs sent (bf16 on GPUs, fp32
-    on CPUs); 0 when no degree above 1 was measured (nothing exchanged, nothing to price)."""
-    act_fixed: float
-    act_layer: float
-    kept_layer: float
-    attention: str = "causal"
-    """The attention pattern the coefficients price (`ModelShape.attention`)."""
-    spatial_layer: float | None = None
-    """c_s: seconds per attended pair (F S^2 per clip) of one spatial block (`spatial-temporal`
-    only; a_layer then is (c_s + c_t) / 2, a per layer when half the blocks are of each kind
-    is half of it)."""
-    temporal_layer: float | None = None
-    """c_t: seconds per attended pair (S F^2 per clip) of one temporal block."""
-    span_layer: float = 0.0
-    """e_l: seconds per attended span (a sequence, clip, frame or patch column: `Span.count`)
-    of one block, forward + backward, besides its pairs (CostModel's `span_seconds` / L)."""
-    sample_layer: float = 0.0
-    """f_l: seconds per sample of one block besides its spans (CostModel's `sample_seconds` / L);
-    fitted only where a sample has several spans (`AttentionPattern.spans_are_samples` false)."""
-    remap_token_layer: float = 0.0
-    """Seconds per token of a rank's balanced share and block, forward + backward, of running a
-    slot through the remap layer besides its moves (CostModel's `remap_per_token` / L); fitted
-    from the remap points (`grid.remap_points`), else 0."""
-    remap_layer: float = 0.0
-    """Seconds per remap slot and block besides its rows (CostModel's `remap_latency` / L)."""
-    call_layer: float = 0.0
-    """h_l: seconds per attention kernel call of one block (a distinct span length of the
-    micro-batch: `AttentionPattern.calls_per_block`), forward + backward, besides its spans
-    (CostModel's `call_seconds` / L); fitted only where the grid separates calls from spans
-    (`separates_calls`), else 0."""
-    context_attention: float = 1.0
-    """CostModel's `context_attention`: the attention term of a micro-batch run with a CP part,
-    relative to a_l (1.0 when no point ran one)."""
-    context_latency_layer: dict[int, float] = dataclasses.field(default_factory=dict)
-    """Size-independent seconds of the CP collectives per block and micro-batch, by degree."""
-    context_call_latency: dict[int, float] = dataclasses.field(default_factory=dict)
-    """Seconds per CP collective call by degree (reported; context_latency_layer holds it)."""
-    context_bandwidth: dict[int, float] = dataclasses.field(default_factory=dict)
-    """Bytes/s of the CP collectives by degree, counted as the cost model prices them (2 G n
-    (c - 1) / c per block: the bytes that leave the rank); reported next to `bandwidth`, which
-    prices them (and stands in for it at a degree no Ulysses point ran)."""
-
-    def attention_at(self, depth: int) -> tuple[float, float | None]:
-        """(a, spatial_share) of the CostModel at `depth` blocks; spatial_share None unless the
-        pattern fits a coefficient per span (then the measured one: `patterns.fit_attention`)."""
-        pattern = attention_pattern(self.attention)
-        if not pattern.split_fit:
-            return depth * self.a_layer, None
-        return fit_attention(pattern, [blocks * getattr(self, term.name) for blocks, term
-                                       in zip(pattern.block_counts(depth), pattern.fit_terms)])
-
-    def cost_model(self, shape: ModelShape, world_size: int, device_memory: float, states: float,
-                   fit: dict | None = None) -> CostModel:
-        """The CostModel of `shape` (at its depth) with these coefficients."""
-        depth = shape.layers
-        if shape.pattern is not attention_pattern(self.attention):
-            raise ValueError(f"coefficients of {self.attention} attention cannot price model {shape.name!r} "
-                             f"({shape.attention} attention)")
-        a, share = self.attention_at(depth)
-        b = depth * self.b_layer + self.b_fixed
-        act = self.act_fixed + depth * self.act_layer
-        return CostModel(
-            source="profiled", model=shape.name, a=a, b=b, g=self.g_fixed + depth * self.g_layer,
-            bandwidth=dict(self.bandwidth), bytes_per_token=depth * self.bytes_per_token_layer,
-            act_per_token=act, states=states, device_memory=device_memory, layers=depth,
-            heads=shape.heads, kv_heads=shape.kv_heads, world_size=world_size, attention_window=shape.attention_window,
-            max_positions=shape.max_positions,
-            attention=shape.attention, spatial_share=shape.spatial_share if share is None else share,
-            recompute=self.recompute_layer * depth * self.b_layer / b if b > 0 else 0.0,
-            recompute_attention=self.recompute_attention_layer,
-            kept=(self.act_fixed + depth * self.kept_layer) / act,
-            comm_latency={d: depth * v for d, v in self.latency_layer.items()},
-            context_attention=self.context_attention, span_seconds=depth * self.span_layer if a > 0 else 0.0,
-            sample_seconds=depth * self.sample_layer if a > 0 else 0.0, call_seconds=depth * self.call_layer,
-            remap_per_token=depth * self.remap_token_layer, remap_latency=depth * self.remap_layer,
-            context_latency={d: depth * v for d, v in self.context_latency_layer.items()}, fit=fit or {})
-
-    def to_dict(self) -> dict:
-        """The fields; a text model's as they always were (no attention pattern, no c_s, c_t, no
-        CP terms unless a point ran CP, no h_l or remap terms unless fitted)."""
-        out = dataclasses.asdict(self)
-        if not attention_pattern(self.attention).clips:
-            del out["attention"]
-        for key in ("call_layer", "remap_token_layer", "remap_layer"):
-            if not getattr(self, key):
-                del out[key]
-        if not self.context_latency_layer:
-            for key in ("context_attention", "context_latency_layer", "context_call_latency", "context_bandwidth"):
-                del out[key]
-        return {key: value for key, value in out.items() if value is not None}
 
 
 def _nnls(columns: list[np.ndarray], target: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, float]:
@@ -256,113 +137,6 @@ def fit_context_link(measurements: Sequence[Measurement]) -> dict[int, tuple[flo
     return out
 
 
-def _attention_columns(points: Sequence[Point], pattern: AttentionPattern, recompute: float) -> list[np.ndarray]:
-    """The attention term's columns for a recomputation factor ra_l, one per fit term of the
-    pattern (a_l's for causal and full attention; c_s's and c_t's for spatial-temporal): the
-    term's blocks among the point's (plus ra_l times those checkpointed) x its feature / d."""
-    d = np.array([p.degree for p in points], dtype=float)
-    blocks = _attending_blocks(points, pattern, recompute)
-    columns = []
-    for i, term in enumerate(pattern.fit_terms):
-        feature = np.array([float(sum(term.span.pairs(f, h * w) for f, h, w in p.grids())) for p in points])
-        columns.append(blocks[:, i] * (feature * term.scale) / d)
-    return columns
-
-
-def _attending_blocks(points: Sequence[Point], pattern: AttentionPattern, recompute: float) -> np.ndarray:
-    """[point, span kind]: the point's blocks of each of the pattern's spans, plus recompute
-    times those checkpointed (a recomputed block attends again)."""
-    blocks = np.array([pattern.block_counts(p.layers) for p in points], dtype=float)
-    checkpointed = np.array([pattern.block_counts(p.checkpoint_layers) for p in points], dtype=float)
-    return blocks + checkpointed * recompute
-
-
-def _span_columns(points: Sequence[Point], pattern: AttentionPattern, recompute: float) -> list[np.ndarray]:
-    """e_l's column: the spans every block attends (plus ra_l times those of the checkpointed
-    blocks) / d (a CP point's times the CP attention factor: `fit_time` iterates); and f_l's,
-    the samples alike, where a sample has several spans (else its one span is the sample)."""
-    d = np.array([p.degree for p in points], dtype=float)
-    blocks = _attending_blocks(points, pattern, recompute)
-    counts = np.array([[float(sum(span.count(f, h * w) for f, h, w in p.grids())) for span in pattern.spans]
-                       for p in points])
-    spans = (blocks * counts).sum(axis=1) / d
-    if pattern.spans_are_samples:
-        return [spans]
-    return [spans, blocks.sum(axis=1) * np.array([float(len(p.lengths)) for p in points]) / d]
-
-
-def _distinct_lengths(p: Point, pattern: AttentionPattern) -> list[int]:
-    """`AttentionPattern.distinct_lengths` of the point's micro-batch."""
-    return pattern.distinct_lengths(*sample_grid(p.samples))
-
-
-def separates_calls(points: Sequence[Point], pattern: AttentionPattern) -> bool:
-    """Whether the points tell a cost per kernel call from one per span: two micro-batches of
-    several calls that differ in spans per call (dozens of tiny clips of a few shapes, and as many
-    of distinct shapes: `grid.tiny_clips`). Without them h_l is not fitted (0)."""
-    ratios = set()
-    for p in points:
-        calls = sum(_distinct_lengths(p, pattern))
-        if calls > len(pattern.spans):
-            spans = sum(float(sum(span.count(f, h * w) for f, h, w in p.grids())) for span in pattern.spans)
-            ratios.add(round(spans / calls, 6))
-    return len(ratios) >= 2
-
-
-def _call_column(points: Sequence[Point], pattern: AttentionPattern, recompute: float) -> np.ndarray:
-    """h_l's column: the kernel calls of every block (plus ra_l times those of the checkpointed
-    ones), not / d (every rank of a group makes every call)."""
-    blocks = _attending_blocks(points, pattern, recompute)
-    return (blocks * np.array([_distinct_lengths(p, pattern) for p in points])).sum(axis=1)
-
-
-def exchanged_layers(p: Point) -> float:
-    """Blocks' worth of a point's exchanges: every block's, and the forward half again for each
-    recomputed one (`cost.RECOMPUTED_EXCHANGES`)."""
-    return p.layers + RECOMPUTED_EXCHANGES * p.checkpoint_layers
-
-
-def _time_columns(points: Sequence[Point], attention: float, linear: float, degrees: list[int],
-                  context_degrees: list[int], several_depths: bool, pattern: AttentionPattern | str,
-                  span_context: float = 1.0, calls: bool = False) -> list[np.ndarray]:
-    """Columns of a_l (c_s, c_t)[, a_l of the CP points], e_l[, f_l][, h_l], b_l, g_l[, b_0, g_0],
-    lat_l(u), [CP lat_l(d)][, the remap layer's per token and per slot] for recomputation factors
-    (ra_l, r_l)."""
-    layers = np.array([p.layers for p in points], dtype=float)
-    ckpt = np.array([p.checkpoint_layers for p in points], dtype=float)
-    d = np.array([p.degree for p in points], dtype=float)
-    u = np.array([p.ulysses for p in points], dtype=float)
-    context = np.array([p.cp > 1 for p in points])
-    s1 = np.array([float(p.tokens) for p in points])
-    attention_columns = _attention_columns(points, as_pattern(pattern), attention)
-    if context_degrees:  # CP runs whole-sequence patterns only: one attention term, in two columns
-        (column,) = attention_columns
-        attention_columns = [column * ~context, column * context]
-    spans = [column * np.where(context, span_context, 1.0)
-             for column in _span_columns(points, as_pattern(pattern), attention)]
-    if calls:
-        spans.append(_call_column(points, as_pattern(pattern), attention))
-    columns = attention_columns + spans + [(layers + ckpt * linear) * s1 / d, layers]
-    if several_depths:
-        columns += [s1 / d, np.ones(len(points))]
-    exchanged = np.array([exchanged_layers(p) for p in points])
-    remapped = np.array([p.remap for p in points])
-    return (columns + [exchanged * (u == degree) for degree in degrees]
-            + [exchanged * ((d == degree) & context) for degree in context_degrees]
-            + ([exchanged * remapped * s1 / d, exchanged * remapped] if remapped.any() else []))
-
-
-def known_comm(p: Point, bandwidth: dict[int, float], exchange_bytes_layer: dict[int, float],
-               context_bytes_layer: dict[tuple[int, int], float]) -> float:
-    """What the cost model charges a point's exchanges per byte: its Ulysses all-to-alls (in
-    sub-groups of u ranks) and its CP all-gather and reduce-scatter (at the degree's bandwidth)."""
-    u, layers = p.ulysses, exchanged_layers(p)
-    ulysses = 0.0 if u == 1 else layers * exchange_bytes_layer[u] * p.tokens / (p.degree * bandwidth[u])
-    if p.cp == 1:
-        return ulysses
-    return ulysses + layers * context_bytes_layer[(p.degree, p.cp)] * p.tokens / bandwidth[p.degree]
-
-
 def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
              exchange_bytes_layer: dict[int, float], attention: AttentionPattern | str = "causal",
              context_bytes_layer: dict[tuple[int, int], float] | None = None) -> dict:
@@ -391,7 +165,7 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
     target, weight = seconds - comm, 1.0 / seconds
 
     def columns(attention_factor: float, linear: float, span_context: float = 1.0) -> list[np.ndarray]:
-        return _time_columns(points, attention_factor, linear, degrees, context_degrees, several_depths, pattern,
+        return time_columns(points, attention_factor, linear, degrees, context_degrees, several_depths, pattern,
                              span_context, calls)
 
     from scipy.optimize import minimize  # where a fit runs, as in `_nnls`
@@ -484,38 +258,3 @@ def fit(measurements: Sequence[Measurement], exchange_bytes_layer: dict[int, flo
                         bytes_per_token_layer=exchange_bytes_layer[1],
                         **fit_activations(measurements), attention=as_pattern(attention).name)
 
-
-def prediction_errors(measurements: Sequence[Measurement], cost_at: dict[int, CostModel]) -> list[dict]:
-    """Every measurement next to the prediction of the CostModel of its depth."""
-    rows = []
-    for m in measurements:
-        p, cost = m.point, cost_at[m.point.layers]
-        predicted = cost.time(p.samples, p.degree, p.checkpoint, p.cp)
-        if p.remap:  # every group as long as the others: the layer moves no row
-            predicted += cost.remap_overhead(p.tokens / p.degree, p.checkpoint)
-        saved = (cost.act_per_token * m.shard_tokens * (p.checkpoint * cost.kept + 1.0 - p.checkpoint)
-                 + cost.gathered_per_token(p.degree, p.cp) * (1.0 - p.checkpoint) * p.tokens)
-        rows.append(dict(point=p.label(), layers=p.layers, lengths=list(p.lengths),
-                         **({} if p.shapes is None else dict(shapes=[list(c) for c in p.shapes])), degree=p.degree,
-                         **(dict(remap=True) if p.remap else {}),
-                         **({} if p.cp == 1 else dict(cp=p.cp, context_s=m.context_seconds,
-                                                      context_priced_s=cost.comm(p.tokens, p.degree, p.cp)
-                                                      - cost.comm(p.tokens / p.cp, p.ulysses))),
-                         checkpoint_layers=p.checkpoint_layers, measured_s=m.seconds, predicted_s=predicted,
-                         time_error=predicted / m.seconds - 1.0, comm_s=m.comm_seconds,
-                         measured_act_bytes=m.activation_bytes, predicted_act_bytes=saved,
-                         act_error=saved / m.activation_bytes - 1.0))
-    return rows
-
-
-def time_and_act_errors(rows: list[dict]) -> dict:
-    """`error_summary` of the time and activation errors of `prediction_errors` rows."""
-    return {key: error_summary([row[f"{key}_error"] for row in rows]) for key in ("time", "act")}
-
-
-def error_summary(errors: Sequence[float]) -> dict:
-    """Median, 90th percentile and largest absolute relative error."""
-    e = np.abs(np.asarray(errors, dtype=float))
-    if e.size == 0:
-        return dict(median=None, p90=None, max=None, count=0)
-    return dict(median=float(np.median(e)), p90=float(np.percentile(e, 90)), max=float(e.max()), count=int(e.size))

@@ -283,7 +283,7 @@ def build_video_grid(layers: int, clips: Sequence[Shape], degrees: Sequence[int]
     of tiny clips filling a quarter of the largest, whose cost is mostly per span, clip and
     kernel call, twice: copies of a few shapes (`tiny_clips`: few calls) and as many distinct
     shapes (`distinct_tiny_clips`: a call per clip, as in a real batch). They separate the span,
-    sample and call terms from the others and from each other (`fit.separates_calls`)."""
+    sample and call terms from the others and from each other (`columns.separates_calls`)."""
     clips = sorted(dict.fromkeys(tuple(c) for c in clips), key=lambda c: (math.prod(c), c))
     points = [Point.of(layers, [c], d, k) for c in clips for d in degrees for k in checkpoint_levels(layers)]
     smallest = [c for c in clips if math.prod(c) == math.prod(clips[0])]

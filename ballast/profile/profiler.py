@@ -24,7 +24,9 @@ from ..model_shape import ModelShape
 from ..patterns import SPATIAL_TEMPORAL, AttentionPattern, as_pattern
 from ..runtime import run_local, under_torchrun
 from .context import context_bytes_per_token_layer, context_splits, gathered_values_per_token_layer, residuals_by_kind
-from .fit import Coefficients, fit, prediction_errors, time_and_act_errors
+from .coefficients import Coefficients
+from .fit import fit
+from .residuals import prediction_errors, time_and_act_errors
 from .sources import held_out_points
 from .grid import (Measurement, Point, build_context_grid, build_grid, build_video_grid, checkpoint_levels,
                    remap_points, tiny_documents, video_packed_clips,

@@ -19,7 +19,10 @@ from ballast.model_shape import get_model_shape
 from ballast.planners import PlannerOptions, get_planner
 from ballast.profile.sources import scaled_clips
 from ballast.patterns import SPATIAL_TEMPORAL, fit_attention
-from ballast.profile.fit import Coefficients, _time_columns, fit, prediction_errors
+from ballast.profile.coefficients import Coefficients
+from ballast.profile.columns import time_columns
+from ballast.profile.fit import fit
+from ballast.profile.residuals import prediction_errors
 from ballast.profile.grid import Measurement, Point, build_video_grid, video_clips
 from ballast.profile.measure import point_plan
 from ballast.profile.profiler import (Settings, default_video_sizes, measured_bytes_per_token_layer, plan_grid,
@@ -155,13 +158,13 @@ def test_default_video_grid_separates_the_attention_terms():
             grid, _ = plan_grid(shape, world, settings)
             assert all(p.shapes is not None for p in grid)
             degrees = sorted({p.degree for p in grid if p.degree > 1})
-            x = np.column_stack(_time_columns(grid, 0.3, 0.4, degrees, [], True, shape.attention))
+            x = np.column_stack(time_columns(grid, 0.3, 0.4, degrees, [], True, shape.attention))
             x = x / np.linalg.norm(x, axis=0)
             assert np.linalg.matrix_rank(x, tol=1e-9) == x.shape[1], (shape.name, world)
     # Clips of one aspect (S / F fixed) at every token count would leave the spatial and
     # temporal columns proportional (n S and n F): the grid's clips are chosen so that they are not.
     same = [Point.of(2, [clip], 1, 0) for clip in [(8, 8, 8), (16, 8, 16), (4, 4, 8)]]
-    x = np.column_stack(_time_columns(same, 0.3, 0.4, [], [], False, "spatial-temporal"))
+    x = np.column_stack(time_columns(same, 0.3, 0.4, [], [], False, "spatial-temporal"))
     assert np.linalg.matrix_rank(x[:, :2] / np.linalg.norm(x[:, :2], axis=0), tol=1e-9) == 1
     clips = video_clips("spatial-temporal", (512, 2048), (1, 2))
     assert {math.prod(c) for c in clips} == {512, 2048}
