@@ -27,7 +27,7 @@ from .context import context_bytes_per_token_layer, context_splits, gathered_val
 from .coefficients import Coefficients
 from .fit import fit
 from .residuals import prediction_errors, time_and_act_errors
-from .sources import held_out_points
+from .sources import held_out_points, source_packs
 from .grid import (Measurement, Point, build_context_grid, build_grid, build_video_grid, checkpoint_levels,
                    remap_points, tiny_documents, video_packed_clips,
                    verification_points, video_clips, video_verification_points)
@@ -145,6 +145,7 @@ def plan_grid(shape: ModelShape, world_size: int, settings: Settings) -> tuple[l
         clips = video_clips(shape.pattern, settings.lengths, degrees)
         grid = [p for depth in depths for p in build_video_grid(depth, clips, degrees)
                 + remap_points(depth, clips, video_packed_clips(clips, degrees), world_size)]
+        grid += source_packs(shape, depths, degrees, max(settings.lengths), settings.seed)
         checks = ([] if shape.layers in depths else
                   video_verification_points(shape.layers, clips, degrees, settings.verify))
         return grid, checks

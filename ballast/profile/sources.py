@@ -1,6 +1,6 @@
-"""Where the profile's held-out points and `--check`'s batches come from: the real lengths or
-clips a model trains on (`stdlib` code files for a text model, DCP's video buckets for a video
-model), a video source scaled down to what a CPU can run."""
+"""Where the profile's held-out points, a video grid's source packs and `--check`'s batches come
+from: the real lengths or clips a model trains on (`stdlib` code files for a text model, DCP's
+video buckets for a video model), a video source scaled down to what a CPU can run."""
 from __future__ import annotations
 
 import dataclasses
@@ -55,4 +55,33 @@ def held_out_points(shape: ModelShape, depth: int, splits: Sequence[tuple[int, i
         degree, cp = splits[rng.integers(len(splits))]
         point = Point.of(depth, stream.next_batch(), degree, int(levels[rng.integers(len(levels))]))
         points.append(dataclasses.replace(point, cp=cp))
+    return points
+
+
+SOURCE_PACK_SEED = 1000
+"""Seeds of the source packs' draws start here: apart from the held-out points' (the profile's
+seed + i) and the check's (its seed), so neither measures a batch the fit saw."""
+
+
+def source_packs(shape: ModelShape, depths: Sequence[int], degrees: Sequence[int], max_tokens: int,
+                 seed: int) -> list[Point]:
+    """A video grid's micro-batches of the model's own clips (`default_source`, scaled to the
+    grid's largest clip): at every depth and degree d, one batch of d x `max_tokens` tokens (a
+    rank's share as large as the grid's largest clip) with no and with every block checkpointed.
+
+    A clip source is a mix of a few dozen bucket shapes, most of them small: a real micro-batch
+    holds tens of clips of many sizes, which neither the grid's large clips nor its packs of tiny
+    ones resemble, and on a CPU such micro-batches cost more per token and per clip than the fit
+    of those alone predicts (the ranks' contention for caches and memory differs with the work's
+    grain). Fitting a few of them prices the mix the check and training run (other draws of the
+    same source: `SOURCE_PACK_SEED`)."""
+    source = check_source(default_source(shape), shape, max_tokens)
+    assert isinstance(source, ClipSource), "text grids are of the data's own kind: sequences of any length"
+    points, draw = [], 0
+    for depth in depths:
+        for degree in degrees:
+            spec = BatchSpec(tokens_per_step=degree * max_tokens, max_len=max_tokens)
+            batch = LengthStream(source, spec, seed + SOURCE_PACK_SEED + draw).next_batch()
+            draw += 1
+            points += [Point.of(depth, batch, degree, level) for level in (0, depth)]
     return points

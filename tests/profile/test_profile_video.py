@@ -17,7 +17,8 @@ from ballast.cost_sources import get_cost_model
 from ballast.dataset.clips import video_source
 from ballast.model_shape import get_model_shape
 from ballast.planners import PlannerOptions, get_planner
-from ballast.profile.sources import scaled_clips
+from ballast.dataset.length_stream import BatchSpec, LengthStream
+from ballast.profile.sources import check_source, scaled_clips, source_packs
 from ballast.patterns import SPATIAL_TEMPORAL, fit_attention
 from ballast.profile.coefficients import Coefficients
 from ballast.profile.columns import time_columns
@@ -25,8 +26,8 @@ from ballast.profile.fit import fit
 from ballast.profile.residuals import prediction_errors
 from ballast.profile.grid import Measurement, Point, build_video_grid, video_clips
 from ballast.profile.measure import point_plan
-from ballast.profile.profiler import (Settings, default_video_sizes, measured_bytes_per_token_layer, plan_grid,
-                                      profile, shape_bytes_per_token_layer, state_bytes)
+from ballast.profile.profiler import (Settings, default_video_sizes, held_out, measured_bytes_per_token_layer,
+                                      plan_grid, profile, shape_bytes_per_token_layer, state_bytes)
 from ballast.samples import attention_units
 from ballast.timeline import simulate
 
@@ -219,6 +220,30 @@ def test_measured_exchange_bytes_and_scaled_check_clips():
     source = scaled_clips(video_source(STDIT.video_geometry), 2048)
     tokens = source.shapes.prod(axis=1)
     assert tokens.max() <= 2048 and tokens.min() >= 1 and len(source.shapes) == len(video_source().shapes)
+
+
+def test_video_grid_holds_source_packs_apart_from_the_check_and_held_out_batches():
+    """Packs of the model's own clips: at every profiled depth and degree, d x the grid's largest
+    clip of tokens at no and full checkpointing, seeded, and no batch the check or a held-out point
+    draws (another seed of the same source)."""
+    settings = Settings(default_video_sizes(2048, False, "spatial-temporal"), (2, 4), verify=0, seed=3)
+    packs = source_packs(STDIT, (2, 4), (1, 2), 2048, settings.seed)
+    assert packs == source_packs(STDIT, (2, 4), (1, 2), 2048, settings.seed)
+    assert [(p.layers, p.degree, p.checkpoint_layers) for p in packs] == [
+        (depth, d, level) for depth in (2, 4) for d in (1, 2) for level in (0, depth)]
+    source = check_source("video", STDIT, 2048)
+    known = {tuple(map(int, shape)) for shape in source.shapes}
+    for p in packs:
+        assert len(p.shapes) >= 10 and set(p.shapes) <= known  # tens of the source's clips
+        assert p.degree * 2048 / 2 < p.tokens <= p.degree * 2048
+    grid, _ = plan_grid(STDIT, 2, settings)
+    assert all(p in grid for p in packs)
+    check = LengthStream(source, BatchSpec(tokens_per_step=2048, max_len=2048), settings.seed).next_batch()
+    held = held_out(STDIT, 2, settings)
+    drawn = {tuple(p.shapes) for p in packs}
+    assert tuple(check) not in drawn and not drawn & {tuple(p.shapes) for p in held}
+    with pytest.raises(AssertionError):
+        source_packs(get_model_shape("tiny"), (1,), (1,), 512, 0)  # text grids hold none
 
 
 @pytest.mark.slow
