@@ -19,6 +19,8 @@ SETTINGS = {
     "B": "stdlib lengths, h100-32, llama3-8b (analytic), max-len 131072, 1M tokens/step",
     "C": "lognormal:7,1.6 lengths, h200-32, gpt-13b (analytic), max-len 262144, 256 sequences/step",
 }
+STATISTIC_NAMES = {"median": "median", "min": "minimum"}
+"""How the README names a profile's statistic over rounds (`profile.measure.STATISTICS`)."""
 
 
 def simulated_table(name: str, settings: dict[str, str] = SETTINGS) -> str:
@@ -373,7 +375,8 @@ def profile_text(name: str) -> str:
             f"check, on {fit['load_average']['cpus']} CPUs). Full profile {secs['profile']:.0f} s, `--quick` "
             f"{secs['quick']:.0f} s; `--check` ran {check['setting']['plans']} plans from "
             f"{len(check['setting']['planners'])} planners, {check['setting']['repeats']} repeats each "
-            f"({secs['check']:.0f} s). Errors are |predicted / measured - 1|:\n\n")
+            f"({secs['check']:.0f} s); every time the {STATISTIC_NAMES[check['setting']['statistic']]} of its rounds, in the profile as "
+            f"in the check. Errors are |predicted / measured - 1|:\n\n")
     names = {"check_time_median": "median step-time error", "check_time_p90": "90th percentile",
              "check_act_max": "largest activation error", "profile_seconds": "full profile",
              "quick_seconds": "quick profile"}
