@@ -11,7 +11,8 @@ A text model's plans draw from `stdlib` (real code files); a video DiT's from th
 source (DCP's video buckets scaled to --max-len), e.g. issue #31's video records:
 
     .venv/bin/python bench/profile_record.py --model dit-tiny --name dit-tiny --median-target 0.06 \
-        --p90-target 0.10 --device-memory-gb 12 --max-len 2048 --tokens-per-step 8192 --plans 20 --repeats 5
+        --p90-target 0.10 --device-memory-gb 12 --max-len 2048 --tokens-per-step 8192 --plans 20 --repeats 5 \
+        --statistic min
 
 Writes bench/results/profile-NAME.json (the profile), profile-NAME-quick.json,
 profile-NAME-check.{json,png}, profile-NAME-simulate.json (text models) and profile-NAME-summary.json (wall
