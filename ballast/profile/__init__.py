@@ -1,8 +1,9 @@
 """`ballast profile`: measure the real model with the real runtime, fit the cost model, check it.
 
     command.py   the CLI: flags -> Settings -> measure on ranks -> fit -> JSON (or --check)
-    grid.py      what to measure: points of lengths (or video clips) x SP degrees x checkpoint
-                 levels x depths
+    grid.py      what to measure: points of lengths x SP degrees x checkpoint levels x depths
+    video_grid.py  a video model's points: clips that separate its attention terms, tiny packs
+    sources.py   real lengths and clips: held-out points, a video grid's source packs, the check's
     measure.py   the points run for real on local ranks (or torchrun's), timed
     fit.py       the cost model's coefficients from the measurements, per layer (a video DiT's
                  attention by its pattern: spatial and temporal blocks apart; CP's own terms)
@@ -12,5 +13,6 @@
     context.py   context parallelism: the splits profiled, their CP bytes, residuals per point
                  kind, the planners --check takes CP plans from
     check.py     random plans run for real against the profile's predictions
+    drift.py     the machine's drift between the profile and its check (profile points again)
     machine.py   what the profile ran on and how loaded the machine was
 """

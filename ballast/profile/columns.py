@@ -55,7 +55,7 @@ def _distinct_lengths(p: Point, pattern: AttentionPattern) -> list[int]:
 def separates_calls(points: Sequence[Point], pattern: AttentionPattern) -> bool:
     """Whether the points tell a cost per kernel call from one per span: two micro-batches of
     several calls that differ in spans per call (dozens of tiny clips of a few shapes, and as many
-    of distinct shapes: `grid.tiny_clips`). Without them h_l is not fitted (0)."""
+    of distinct shapes: `video_grid.tiny_clips`). Without them h_l is not fitted (0)."""
     ratios = set()
     for p in points:
         calls = sum(_distinct_lengths(p, pattern))

@@ -27,7 +27,7 @@ profile's predictions (ballast.profile.check).
 Video models (`stdit-tiny`, `dit-tiny`, any shape whose attention is `full` or
 `spatial-temporal`) profile on clips: --lengths / --max-len give the grid's token counts
 (default --max-len 2048; `profiler.default_video_sizes`), each made into clips that separate the
-pattern's attention terms (`grid.video_clips`): a small grid, a few minutes on 2 CPU ranks. Their
+pattern's attention terms (`video_grid.video_clips`): a small grid, a few minutes on 2 CPU ranks. Their
 `--check` runs plans of clips from the `video` source scaled down to the profile's largest clip.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ reduced depths, checks the extrapolation to the full depth, and returns the prof
 with its report in `fit`.
 
 Video models (`ModelShape.attention` `full` or `spatial-temporal`) profile on clips: the
-settings' lengths are the grid's token counts, each turned into clips by `grid.video_clips`;
+settings' lengths are the grid's token counts, each turned into clips by `video_grid.video_clips`;
 the all-to-all bytes per token are those the runs sent (`measured_bytes_per_token_layer`: the
 2D sequence parallelism exchanges hidden states, not q, k, v and outputs).
 """
@@ -28,9 +28,9 @@ from .coefficients import Coefficients
 from .fit import fit
 from .residuals import prediction_errors, time_and_act_errors
 from .sources import held_out_points, source_packs
-from .grid import (Measurement, Point, build_context_grid, build_grid, build_video_grid, checkpoint_levels,
-                   remap_points, tiny_documents, video_packed_clips,
-                   verification_points, video_clips, video_verification_points)
+from .grid import (Measurement, Point, build_context_grid, build_grid, checkpoint_levels, remap_points, tiny_documents,
+                   verification_points)
+from .video_grid import build_video_grid, video_clips, video_packed_clips, video_verification_points
 from .machine import LoadMonitor, machine_info
 from .measure import STATISTICS, combine, core_share, measure_on_ranks, rank_device
 
@@ -73,7 +73,7 @@ VIDEO_MAX_TOKENS = 2048
 
 def default_video_sizes(max_tokens: int, quick: bool, attention: AttentionPattern | str = SPATIAL_TEMPORAL
                         ) -> tuple[int, ...]:
-    """Token counts of a video model's grid (`grid.video_clips` makes clips of them).
+    """Token counts of a video model's grid (`video_grid.video_clips` makes clips of them).
 
     A pattern with one fit term per span (`split_fit`: spatial-temporal): max_tokens and a
     quarter of it, each made into three clips of different aspects, which separate the spatial

@@ -24,7 +24,8 @@ from ballast.profile.coefficients import Coefficients
 from ballast.profile.columns import time_columns
 from ballast.profile.fit import fit
 from ballast.profile.residuals import prediction_errors
-from ballast.profile.grid import Measurement, Point, build_video_grid, video_clips
+from ballast.profile.grid import Measurement, Point
+from ballast.profile.video_grid import build_video_grid, video_clips
 from ballast.profile.measure import point_plan
 from ballast.profile.profiler import (Settings, default_video_sizes, held_out, measured_bytes_per_token_layer,
                                       plan_grid, profile, shape_bytes_per_token_layer, state_bytes)
