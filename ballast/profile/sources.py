@@ -72,9 +72,10 @@ def source_packs(shape: ModelShape, depths: Sequence[int], degrees: Sequence[int
     A clip source is a mix of a few dozen bucket shapes, most of them small: a real micro-batch
     holds tens of clips of many sizes, which neither the grid's large clips nor its packs of tiny
     ones resemble, and on a CPU such micro-batches cost more per token and per clip than the fit
-    of those alone predicts (the ranks' contention for caches and memory differs with the work's
-    grain). Fitting a few of them prices the mix the check and training run (other draws of the
-    same source: `SOURCE_PACK_SEED`)."""
+    of those alone predicts (likely the two busy ranks' contention for caches and memory, which
+    differs with the work's grain: alone in one process the same micro-batch ran 25-40% faster).
+    Fitting a few of them prices the mix the check and training run (other draws of the same
+    source: `SOURCE_PACK_SEED`)."""
     source = check_source(default_source(shape), shape, max_tokens)
     assert isinstance(source, ClipSource), "text grids are of the data's own kind: sequences of any length"
     points, draw = [], 0
