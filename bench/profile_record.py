@@ -36,6 +36,7 @@ import torch
 
 from ballast.model_shape import get_model_shape
 from ballast.models.kernels import varlen_attention
+from ballast.profile.sources import default_source
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Issue #31's targets for the check on 2 gloo ranks besides the median's and the 90th
@@ -81,7 +82,7 @@ def main() -> int:
     parser.add_argument("--quiet-load", type=float, default=1.5, help="start a stage below this load average")
     parser.add_argument("--max-wait", type=float, default=1200.0, help="seconds to wait for it per stage")
     args = parser.parse_args()
-    lengths = "video" if not args.model.startswith("hf:") and get_model_shape(args.model).pattern.clips else "stdlib"
+    lengths = default_source(get_model_shape(args.model))
     RESULTS.mkdir(exist_ok=True)
     out = {stage: RESULTS / f"profile-{args.name}{stage}.json" for stage in ("", "-quick", "-check", "-simulate")}
     common = ["--model", args.model, "--world", "2", "--device-memory-gb", args.device_memory_gb,

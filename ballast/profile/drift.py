@@ -7,11 +7,12 @@ no cost model can be blamed for, and that a plan's own rounds (`check.beyond_noi
 show, since every round of the check shares them.
 
 So the check runs the profile's full-depth points again (`reference_points`: the extrapolation
-checks, or grid points where the profile ran the full depth, the longest few) as one-wave plans, in the same shuffled rounds as
-its plans, reduces them as the profile did (the mean over ranks of the micro-batch seconds,
-then the profile's statistic over rounds) and reports the drift: the median over those points
-of now / then. The plans' error with the drift divided out (`drift_errors`) is reported beside
-the error as is; it never replaces it (the targets of issue #31 are on the error as is).
+checks, or grid points where the profile ran the full depth, the longest few) as one-wave plans,
+in the same shuffled rounds as its plans, reduces them as the profile did (the mean over ranks
+of the micro-batch seconds, then the profile's statistic over rounds) and reports the drift: the
+median over those points of now / then. The plans' error with the drift divided out
+(`drift_errors`) is reported beside the error as is; it never replaces it (the targets of issue
+#31 are on the error as is).
 """
 from __future__ import annotations
 

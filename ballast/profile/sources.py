@@ -4,6 +4,7 @@ video buckets for a video model), a video source scaled down to what a CPU can r
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Sequence
 
 import numpy as np
@@ -78,11 +79,9 @@ def source_packs(shape: ModelShape, depths: Sequence[int], degrees: Sequence[int
     source: `SOURCE_PACK_SEED`)."""
     source = check_source(default_source(shape), shape, max_tokens)
     assert isinstance(source, ClipSource), "text grids are of the data's own kind: sequences of any length"
-    points, draw = [], 0
-    for depth in depths:
-        for degree in degrees:
-            spec = BatchSpec(tokens_per_step=degree * max_tokens, max_len=max_tokens)
-            batch = LengthStream(source, spec, seed + SOURCE_PACK_SEED + draw).next_batch()
-            draw += 1
-            points += [Point.of(depth, batch, degree, level) for level in (0, depth)]
+    points = []
+    for draw, (depth, degree) in enumerate(itertools.product(depths, degrees)):
+        spec = BatchSpec(tokens_per_step=degree * max_tokens, max_len=max_tokens)
+        batch = LengthStream(source, spec, seed + SOURCE_PACK_SEED + draw).next_batch()
+        points += [Point.of(depth, batch, degree, level) for level in (0, depth)]
     return points
