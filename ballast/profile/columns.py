@@ -12,44 +12,14 @@ from ..samples import sample_grid
 from .grid import Point
 
 
-def _attention_columns(points: Sequence[Point], pattern: AttentionPattern, recompute: float) -> list[np.ndarray]:
-    """The attention term's columns for a recomputation factor ra_l, one per fit term of the
-    pattern (a_l's for causal and full attention; c_s's and c_t's for spatial-temporal): the
-    term's blocks among the point's (plus ra_l times those checkpointed) x its feature / d."""
-    d = np.array([p.degree for p in points], dtype=float)
-    blocks = _attending_blocks(points, pattern, recompute)
-    columns = []
-    for i, term in enumerate(pattern.fit_terms):
-        feature = np.array([float(sum(term.span.pairs(f, h * w) for f, h, w in p.grids())) for p in points])
-        columns.append(blocks[:, i] * (feature * term.scale) / d)
-    return columns
-
-
-def _attending_blocks(points: Sequence[Point], pattern: AttentionPattern, recompute: float) -> np.ndarray:
-    """[point, span kind]: the point's blocks of each of the pattern's spans, plus recompute
-    times those checkpointed (a recomputed block attends again)."""
-    blocks = np.array([pattern.block_counts(p.layers) for p in points], dtype=float)
-    checkpointed = np.array([pattern.block_counts(p.checkpoint_layers) for p in points], dtype=float)
-    return blocks + checkpointed * recompute
-
-
-def _span_columns(points: Sequence[Point], pattern: AttentionPattern, recompute: float) -> list[np.ndarray]:
-    """e_l's column: the spans every block attends (plus ra_l times those of the checkpointed
-    blocks) / d (a CP point's times the CP attention factor: `fit_time` iterates); and f_l's,
-    the samples alike, where a sample has several spans (else its one span is the sample)."""
-    d = np.array([p.degree for p in points], dtype=float)
-    blocks = _attending_blocks(points, pattern, recompute)
-    counts = np.array([[float(sum(span.count(f, h * w) for f, h, w in p.grids())) for span in pattern.spans]
-                       for p in points])
-    spans = (blocks * counts).sum(axis=1) / d
-    if pattern.spans_are_samples:
-        return [spans]
-    return [spans, blocks.sum(axis=1) * np.array([float(len(p.lengths)) for p in points]) / d]
-
-
 def _distinct_lengths(p: Point, pattern: AttentionPattern) -> list[int]:
     """`AttentionPattern.distinct_lengths` of the point's micro-batch."""
     return pattern.distinct_lengths(*sample_grid(p.samples))
+
+
+def _span_counts(p: Point, pattern: AttentionPattern) -> list[float]:
+    """The spans one block of each of the pattern's span kinds attends in the point's micro-batch."""
+    return [float(sum(span.count(f, h * w) for f, h, w in p.grids())) for span in pattern.spans]
 
 
 def separates_calls(points: Sequence[Point], pattern: AttentionPattern) -> bool:
@@ -60,16 +30,8 @@ def separates_calls(points: Sequence[Point], pattern: AttentionPattern) -> bool:
     for p in points:
         calls = sum(_distinct_lengths(p, pattern))
         if calls > len(pattern.spans):
-            spans = sum(float(sum(span.count(f, h * w) for f, h, w in p.grids())) for span in pattern.spans)
-            ratios.add(round(spans / calls, 6))
+            ratios.add(round(sum(_span_counts(p, pattern)) / calls, 6))
     return len(ratios) >= 2
-
-
-def _call_column(points: Sequence[Point], pattern: AttentionPattern, recompute: float) -> np.ndarray:
-    """h_l's column: the kernel calls of every block (plus ra_l times those of the checkpointed
-    ones), not / d (every rank of a group makes every call)."""
-    blocks = _attending_blocks(points, pattern, recompute)
-    return (blocks * np.array([_distinct_lengths(p, pattern) for p in points])).sum(axis=1)
 
 
 def exchanged_layers(p: Point) -> float:
@@ -78,34 +40,60 @@ def exchanged_layers(p: Point) -> float:
     return p.layers + RECOMPUTED_EXCHANGES * p.checkpoint_layers
 
 
-def time_columns(points: Sequence[Point], attention: float, linear: float, degrees: list[int],
-                  context_degrees: list[int], several_depths: bool, pattern: AttentionPattern | str,
-                  span_context: float = 1.0, calls: bool = False) -> list[np.ndarray]:
+class TimeColumns:
     """Columns of a_l (c_s, c_t)[, a_l of the CP points], e_l[, f_l][, h_l], b_l, g_l[, b_0, g_0],
-    lat_l(u), [CP lat_l(d)][, the remap layer's per token and per slot] for recomputation factors
-    (ra_l, r_l)."""
-    layers = np.array([p.layers for p in points], dtype=float)
-    ckpt = np.array([p.checkpoint_layers for p in points], dtype=float)
-    d = np.array([p.degree for p in points], dtype=float)
-    u = np.array([p.ulysses for p in points], dtype=float)
-    context = np.array([p.cp > 1 for p in points])
-    s1 = np.array([float(p.tokens) for p in points])
-    attention_columns = _attention_columns(points, as_pattern(pattern), attention)
-    if context_degrees:  # CP runs whole-sequence patterns only: one attention term, in two columns
-        (column,) = attention_columns
-        attention_columns = [column * ~context, column * context]
-    spans = [column * np.where(context, span_context, 1.0)
-             for column in _span_columns(points, as_pattern(pattern), attention)]
-    if calls:
-        spans.append(_call_column(points, as_pattern(pattern), attention))
-    columns = attention_columns + spans + [(layers + ckpt * linear) * s1 / d, layers]
-    if several_depths:
-        columns += [s1 / d, np.ones(len(points))]
-    exchanged = np.array([exchanged_layers(p) for p in points])
-    remapped = np.array([p.remap for p in points])
-    return (columns + [exchanged * (u == degree) for degree in degrees]
-            + [exchanged * ((d == degree) & context) for degree in context_degrees]
-            + ([exchanged * remapped * s1 / d, exchanged * remapped] if remapped.any() else []))
+    lat_l(u), [CP lat_l(d)][, the remap layer's per token and per slot], a row per point, under
+    any recomputation factors (ra_l, r_l).
+
+    What does not depend on the factors (every point's pairs, spans, samples and calls per block)
+    is counted once here: the fit's search evaluates the columns thousands of times, and
+    recounting the spans of every clip each time was nearly all of a fit's seconds."""
+
+    def __init__(self, points: Sequence[Point], degrees: list[int], context_degrees: list[int],
+                 several_depths: bool, pattern: AttentionPattern | str, calls: bool = False):
+        pattern = as_pattern(pattern)
+        layers = np.array([p.layers for p in points], dtype=float)
+        ckpt = np.array([p.checkpoint_layers for p in points], dtype=float)
+        d = np.array([p.degree for p in points], dtype=float)
+        u = np.array([p.ulysses for p in points], dtype=float)
+        self._context = np.array([p.cp > 1 for p in points])
+        self._split_attention = bool(context_degrees)  # CP runs one attention term, in two columns
+        self._samples_apart = not pattern.spans_are_samples
+        self._calls = calls
+        # [point, span kind]: a block of each kind, and one checkpointed (which attends again).
+        self._blocks = np.array([pattern.block_counts(p.layers) for p in points], dtype=float)
+        self._checkpointed = np.array([pattern.block_counts(p.checkpoint_layers) for p in points], dtype=float)
+        # Per fit term: its pairs x scale / d (the term's blocks multiply it).
+        self._pairs = [np.array([float(sum(term.span.pairs(f, h * w) for f, h, w in p.grids())) for p in points])
+                       * term.scale / d for term in pattern.fit_terms]
+        self._spans = np.array([_span_counts(p, pattern) for p in points]) / d[:, None]
+        self._samples = np.array([float(len(p.lengths)) for p in points]) / d
+        self._kernel_calls = (np.array([_distinct_lengths(p, pattern) for p in points], dtype=float)
+                              if calls else None)
+        self._layers, self._ckpt, self._tokens = layers, ckpt, np.array([float(p.tokens) for p in points]) / d
+        exchanged = np.array([exchanged_layers(p) for p in points])
+        remapped = np.array([p.remap for p in points])
+        self._fixed = ([layers] + ([self._tokens, np.ones(len(points))] if several_depths else [])
+                       + [exchanged * (u == degree) for degree in degrees]
+                       + [exchanged * ((d == degree) & self._context) for degree in context_degrees]
+                       + ([exchanged * remapped * self._tokens, exchanged * remapped] if remapped.any() else []))
+
+    def at(self, attention: float, linear: float, span_context: float = 1.0) -> list[np.ndarray]:
+        """The columns under recomputation factors ra_l (attention) and r_l (linear), a CP point's
+        spans scaled by the CP attention factor span_context (`fit_time` iterates it)."""
+        blocks = self._blocks + self._checkpointed * attention
+        attention_columns = [blocks[:, i] * pairs for i, pairs in enumerate(self._pairs)]
+        if self._split_attention:
+            (column,) = attention_columns
+            attention_columns = [column * ~self._context, column * self._context]
+        spans = [(blocks * self._spans).sum(axis=1)]
+        if self._samples_apart:
+            spans.append(blocks.sum(axis=1) * self._samples)
+        spans = [column * np.where(self._context, span_context, 1.0) for column in spans]
+        if self._calls:  # not / d: every rank of a group makes every call
+            spans.append((blocks * self._kernel_calls).sum(axis=1))
+        linear_column = (self._layers + self._ckpt * linear) * self._tokens
+        return attention_columns + spans + [linear_column] + self._fixed
 
 
 def known_comm(p: Point, bandwidth: dict[int, float], exchange_bytes_layer: dict[int, float],

@@ -67,7 +67,7 @@ import numpy as np
 
 from ..patterns import AttentionPattern, as_pattern
 from .coefficients import Coefficients
-from .columns import known_comm, separates_calls, time_columns
+from .columns import TimeColumns, known_comm, separates_calls
 from .grid import Measurement
 
 MAX_RECOMPUTE = 2.0
@@ -164,9 +164,7 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
     comm = np.array([known_comm(p, bandwidth, exchange_bytes_layer, context_bytes_layer or {}) for p in points])
     target, weight = seconds - comm, 1.0 / seconds
 
-    def columns(attention_factor: float, linear: float, span_context: float = 1.0) -> list[np.ndarray]:
-        return time_columns(points, attention_factor, linear, degrees, context_degrees, several_depths, pattern,
-                             span_context, calls)
+    columns = TimeColumns(points, degrees, context_degrees, several_depths, pattern, calls).at
 
     from scipy.optimize import minimize  # where a fit runs, as in `_nnls`
 

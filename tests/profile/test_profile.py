@@ -19,7 +19,7 @@ from ballast.profile.check import beyond_noise, make_plans, summarise
 from ballast.profile.context import (CheckedPlanner, checked_planners, context_bytes_per_token_layer, context_splits,
                                      splits_used)
 from ballast.profile.coefficients import Coefficients
-from ballast.profile.columns import time_columns
+from ballast.profile.columns import TimeColumns
 from ballast.profile.fit import fit
 from ballast.profile.residuals import prediction_errors as compare
 from ballast.profile.grid import (Measurement, Point, build_context_grid, build_grid, remap_points, tiny_documents,
@@ -375,5 +375,5 @@ def test_default_text_grid_with_context_points_has_full_rank():
         degrees = sorted({p.ulysses for p in points if p.ulysses > 1})
         context_degrees = sorted({p.degree for p in points if p.cp > 1})
         assert context_degrees == [d for d in (2, 4) if d <= world]
-        x = np.column_stack(time_columns(points, 0.3, 0.4, degrees, context_degrees, True, "causal"))
+        x = np.column_stack(TimeColumns(points, degrees, context_degrees, True, "causal").at(0.3, 0.4))
         assert np.linalg.matrix_rank(x / np.linalg.norm(x, axis=0), tol=1e-9) == x.shape[1], world

@@ -21,7 +21,7 @@ from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.profile.sources import check_source, scaled_clips, source_packs
 from ballast.patterns import SPATIAL_TEMPORAL, fit_attention
 from ballast.profile.coefficients import Coefficients
-from ballast.profile.columns import time_columns
+from ballast.profile.columns import TimeColumns
 from ballast.profile.fit import fit
 from ballast.profile.residuals import prediction_errors
 from ballast.profile.grid import Measurement, Point
@@ -160,13 +160,13 @@ def test_default_video_grid_separates_the_attention_terms():
             grid, _ = plan_grid(shape, world, settings)
             assert all(p.shapes is not None for p in grid)
             degrees = sorted({p.degree for p in grid if p.degree > 1})
-            x = np.column_stack(time_columns(grid, 0.3, 0.4, degrees, [], True, shape.attention))
+            x = np.column_stack(TimeColumns(grid, degrees, [], True, shape.attention).at(0.3, 0.4))
             x = x / np.linalg.norm(x, axis=0)
             assert np.linalg.matrix_rank(x, tol=1e-9) == x.shape[1], (shape.name, world)
     # Clips of one aspect (S / F fixed) at every token count would leave the spatial and
     # temporal columns proportional (n S and n F): the grid's clips are chosen so that they are not.
     same = [Point.of(2, [clip], 1, 0) for clip in [(8, 8, 8), (16, 8, 16), (4, 4, 8)]]
-    x = np.column_stack(time_columns(same, 0.3, 0.4, [], [], False, "spatial-temporal"))
+    x = np.column_stack(TimeColumns(same, [], [], False, "spatial-temporal").at(0.3, 0.4))
     assert np.linalg.matrix_rank(x[:, :2] / np.linalg.norm(x[:, :2], axis=0), tol=1e-9) == 1
     clips = video_clips("spatial-temporal", (512, 2048), (1, 2))
     assert {math.prod(c) for c in clips} == {512, 2048}
