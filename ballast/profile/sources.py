@@ -62,13 +62,20 @@ def held_out_points(shape: ModelShape, depth: int, splits: Sequence[tuple[int, i
 SOURCE_PACK_SEED = 1000
 """Seeds of the source packs' draws start here: apart from the held-out points' (the profile's
 seed + i) and the check's (its seed), so neither measures a batch the fit saw."""
+SOURCE_PACK_SHARES = (1, 2)
+"""A source pack's tokens per rank, in grid's largest clips: a planner packs clips up to what a
+rank's share of the step holds, past the longest clip. The video check's default step (4 x
+--max-len) gives each of 2 ranks 2 x --max-len, and its plans' degree-1 micro-batches held 3,700
+to 5,600 tokens of 2,048-token clips: a grid that stops at one clip's tokens per rank prices them
+by extrapolation, which on a CPU under-predicted them (their working set, not their arithmetic,
+grows past the caches the two ranks share)."""
 
 
 def source_packs(shape: ModelShape, depths: Sequence[int], degrees: Sequence[int], max_tokens: int,
                  seed: int) -> list[Point]:
     """A video grid's micro-batches of the model's own clips (`default_source`, scaled to the
-    grid's largest clip): at every depth and degree d, one batch of d x `max_tokens` tokens (a
-    rank's share as large as the grid's largest clip) with no and with every block checkpointed.
+    grid's largest clip): at every depth, degree d and share of `SOURCE_PACK_SHARES`, one batch of
+    d x share x `max_tokens` tokens with no and with every block checkpointed.
 
     A clip source is a mix of a few dozen bucket shapes, most of them small: a real micro-batch
     holds tens of clips of many sizes, which neither the grid's large clips nor its packs of tiny
@@ -80,8 +87,8 @@ def source_packs(shape: ModelShape, depths: Sequence[int], degrees: Sequence[int
     source = check_source(default_source(shape), shape, max_tokens)
     assert isinstance(source, ClipSource), "text grids are of the data's own kind: sequences of any length"
     points = []
-    for draw, (depth, degree) in enumerate(itertools.product(depths, degrees)):
-        spec = BatchSpec(tokens_per_step=degree * max_tokens, max_len=max_tokens)
+    for draw, (depth, degree, share) in enumerate(itertools.product(depths, degrees, SOURCE_PACK_SHARES)):
+        spec = BatchSpec(tokens_per_step=degree * share * max_tokens, max_len=max_tokens)
         batch = LengthStream(source, spec, seed + SOURCE_PACK_SEED + draw).next_batch()
         points += [Point.of(depth, batch, degree, level) for level in (0, depth)]
     return points

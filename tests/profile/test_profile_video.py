@@ -18,7 +18,7 @@ from ballast.dataset.clips import video_source
 from ballast.model_shape import get_model_shape
 from ballast.planners import PlannerOptions, get_planner
 from ballast.dataset.length_stream import BatchSpec, LengthStream
-from ballast.profile.sources import check_source, scaled_clips, source_packs
+from ballast.profile.sources import SOURCE_PACK_SHARES, check_source, scaled_clips, source_packs
 from ballast.patterns import SPATIAL_TEMPORAL, fit_attention
 from ballast.profile.coefficients import Coefficients
 from ballast.profile.columns import TimeColumns
@@ -225,18 +225,21 @@ def test_measured_exchange_bytes_and_scaled_check_clips():
 
 def test_video_grid_holds_source_packs_apart_from_the_check_and_held_out_batches():
     """Packs of the model's own clips: at every profiled depth and degree, d x the grid's largest
-    clip of tokens at no and full checkpointing, seeded, and no batch the check or a held-out point
-    draws (another seed of the same source)."""
+    clip of tokens and twice that (a rank's share of the check's default step), at no and full
+    checkpointing, seeded, and no batch the check or a held-out point draws (another seed of the
+    same source)."""
     settings = Settings(default_video_sizes(2048, False, "spatial-temporal"), (2, 4), verify=0, seed=3)
     packs = source_packs(STDIT, (2, 4), (1, 2), 2048, settings.seed)
     assert packs == source_packs(STDIT, (2, 4), (1, 2), 2048, settings.seed)
-    assert [(p.layers, p.degree, p.checkpoint_layers) for p in packs] == [
-        (depth, d, level) for depth in (2, 4) for d in (1, 2) for level in (0, depth)]
+    assert SOURCE_PACK_SHARES == (1, 2)
+    expected = [(depth, d, share, level) for depth in (2, 4) for d in (1, 2) for share in (1, 2)
+                for level in (0, depth)]
+    assert [(p.layers, p.degree, p.checkpoint_layers) for p in packs] == [(L, d, k) for L, d, _, k in expected]
     source = check_source("video", STDIT, 2048)
     known = {tuple(map(int, shape)) for shape in source.shapes}
-    for p in packs:
-        assert len(p.shapes) >= 10 and set(p.shapes) <= known  # tens of the source's clips
-        assert p.degree * 2048 / 2 < p.tokens <= p.degree * 2048
+    for p, (_, d, share, _) in zip(packs, expected):
+        assert len(p.shapes) >= 10 * share and set(p.shapes) <= known  # tens of the source's clips
+        assert d * share * 2048 / 2 < p.tokens <= d * share * 2048
     grid, _ = plan_grid(STDIT, 2, settings)
     assert all(p in grid for p in packs)
     check = LengthStream(source, BatchSpec(tokens_per_step=2048, max_len=2048), settings.seed).next_batch()
