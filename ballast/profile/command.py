@@ -26,7 +26,7 @@ profile's predictions (ballast.profile.check).
 
 Video models (`stdit-tiny`, `dit-tiny`, any shape whose attention is `full` or
 `spatial-temporal`) profile on clips: --lengths / --max-len give the grid's token counts
-(default --max-len 2048; `profiler.default_video_sizes`), each made into clips that separate the
+(default --max-len 2048; `settings.default_video_sizes`), each made into clips that separate the
 pattern's attention terms (`video_grid.video_clips`): a small grid, a few minutes on 2 CPU ranks. Their
 `--check` runs plans of clips from the `video` source scaled down to the profile's largest clip.
 """
@@ -50,8 +50,8 @@ from .measure import STATISTICS
 from ..runtime import under_torchrun
 from ..models import check_buildable
 from ..value_checks import check_timeout
-from .profiler import (VIDEO_MAX_TOKENS, Settings, default_depths, default_lengths, default_video_sizes, is_video,
-                       profile)
+from .profiler import profile
+from .settings import VIDEO_MAX_TOKENS, Settings, default_depths, default_lengths, default_video_sizes, is_video
 
 HELP = "measure the real model on this machine's ranks, fit and save the cost model (or --check one)"
 

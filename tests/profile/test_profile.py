@@ -13,8 +13,9 @@ from ballast.cluster import get_cluster
 from ballast.cost import CostModel, InfeasibleError
 from ballast.cost_sources import get_cost_model
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
-from ballast.profile.profiler import (Settings, all_to_all_value_bytes, check_states_fit, default_lengths, held_out, plan_grid,
-                                     profile, shape_bytes_per_token_layer, state_bytes)
+from ballast.profile.profiler import (all_to_all_value_bytes, check_states_fit, profile, shape_bytes_per_token_layer,
+                                     state_bytes)
+from ballast.profile.settings import Settings, default_lengths, held_out, plan_grid
 from ballast.profile.check import beyond_noise, make_plans, summarise
 from ballast.profile.context import (CheckedPlanner, checked_planners, context_bytes_per_token_layer, context_splits,
                                      splits_used)

@@ -27,8 +27,8 @@ from ballast.profile.residuals import prediction_errors
 from ballast.profile.grid import Measurement, Point
 from ballast.profile.video_grid import build_video_grid, video_clips
 from ballast.profile.measure import point_plan
-from ballast.profile.profiler import (Settings, default_video_sizes, held_out, measured_bytes_per_token_layer,
-                                      plan_grid, profile, shape_bytes_per_token_layer, state_bytes)
+from ballast.profile.profiler import measured_bytes_per_token_layer, profile, shape_bytes_per_token_layer, state_bytes
+from ballast.profile.settings import Settings, default_video_sizes, held_out, plan_grid
 from ballast.samples import attention_units
 from ballast.timeline import simulate
 
