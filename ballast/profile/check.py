@@ -130,7 +130,8 @@ def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats:
                 result = executor.step(parsed[i], samples[i])
                 records[i].append(dict(
                     step_seconds=time.perf_counter() - start, step_cpu_seconds=time.thread_time() - cpu,
-                    waves=sum(w.busy + w.wait for w in result.waves), busy=sum(w.busy for w in result.waves),
+                    waves=sum(w.busy + w.wait for w in result.waves),
+                    micro_batch_s=sum(mb.seconds for mb in result.micro_batches),
                     overhead=result.sync_seconds + result.optimizer_seconds,
                     activation=max((mb.activation_bytes for mb in result.micro_batches), default=0)))
     return records

@@ -40,14 +40,15 @@ def machine_drift(references: Sequence[Measurement], records: Sequence[Sequence[
                   statistic: str) -> dict | None:
     """Each reference point's seconds now over its profiled seconds, and their median.
 
-    records: per rank, per reference point, one record per round with `busy` (the seconds the
-    rank's micro-batch took: the profile's `seconds` are the same micro-batch seconds)."""
+    records: per rank, per reference point, one record per round with `micro_batch_s` (the
+    executor's seconds of the rank's micro-batch, which the profile's `seconds` are too: not the
+    wave's busy time, which adds 1-4 ms of work around every micro-batch)."""
     if not references:
         return None
     rows = []
     for i, reference in enumerate(references):
         rounds = list(zip(*(rank[i] for rank in records)))
-        now = STATISTICS[statistic]([statistics.fmean(r["busy"] for r in ranks) for ranks in rounds])
+        now = STATISTICS[statistic]([statistics.fmean(r["micro_batch_s"] for r in ranks) for ranks in rounds])
         rows.append(dict(point=reference.point.label(), profiled_s=reference.seconds, check_s=now,
                          ratio=now / reference.seconds))
     return dict(ratio=statistics.median(r["ratio"] for r in rows), points=rows)

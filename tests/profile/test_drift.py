@@ -33,9 +33,9 @@ def test_drift_is_the_median_ratio_of_the_profiles_reduction_and_divides_out():
     references = [measurement(TINY.layers, 256, 1.0), measurement(TINY.layers, 512, 2.0),
                   measurement(TINY.layers, 1024, 4.0)]
     # Two ranks, three rounds: the mean over ranks, then the median over rounds (as `combine`).
-    busy = {0: [(1.1, 1.3), (1.2, 1.2), (5.0, 5.0)], 1: [(2.0, 2.0), (2.2, 2.2), (2.4, 2.4)],
-            2: [(3.0, 3.0), (3.2, 3.2), (3.4, 3.4)]}
-    records = [[[{"busy": busy[i][r][rank]} for r in range(3)] for i in range(3)] for rank in range(2)]
+    seconds = {0: [(1.1, 1.3), (1.2, 1.2), (5.0, 5.0)], 1: [(2.0, 2.0), (2.2, 2.2), (2.4, 2.4)],
+               2: [(3.0, 3.0), (3.2, 3.2), (3.4, 3.4)]}
+    records = [[[{"micro_batch_s": seconds[i][r][rank]} for r in range(3)] for i in range(3)] for rank in range(2)]
     drift = machine_drift(references, records, "median")
     assert [p["ratio"] for p in drift["points"]] == pytest.approx([1.2, 1.1, 0.8])
     assert drift["ratio"] == pytest.approx(1.1)
