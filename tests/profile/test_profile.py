@@ -275,6 +275,9 @@ def test_tiny_real_profile_and_check_on_two_ranks(tmp_path):
     assert [p["planner"] for p in report["plans"]] == ["static", "ballast"]
     assert report["setting"]["planners"] == ["static", "ballast", "static 1x2cp"]
     assert report["summary"]["time"]["count"] == 2 and report["plans"][0]["measured_s"] > 0
+    # The profile's one full-depth point, run again among the plans, gives the machine's drift.
+    assert [p["point"] for p in report["drift"]["points"]] == [loaded.fit["extrapolation"][0]["point"]]
+    assert report["drift"]["points"][0]["check_s"] > 0 and report["drift"]["ratio"] > 0
     assert png.stat().st_size > 0
 
 
