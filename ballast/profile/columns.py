@@ -70,13 +70,14 @@ class TimeColumns:
         self._samples = np.array([float(len(p.lengths)) for p in points]) / d
         self._kernel_calls = (np.array([_distinct_lengths(p, pattern) for p in points], dtype=float)
                               if calls else None)
-        self._layers, self._ckpt, self._tokens = layers, ckpt, np.array([float(p.tokens) for p in points]) / d
+        # A rank's share of the tokens (the linear, b_0 and remap columns are per rank).
+        self._layers, self._ckpt, self._rank_tokens = layers, ckpt, np.array([float(p.tokens) for p in points]) / d
         exchanged = np.array([exchanged_layers(p) for p in points])
         remapped = np.array([p.remap for p in points])
-        self._fixed = ([layers] + ([self._tokens, np.ones(len(points))] if several_depths else [])
+        self._fixed = ([layers] + ([self._rank_tokens, np.ones(len(points))] if several_depths else [])
                        + [exchanged * (u == degree) for degree in degrees]
                        + [exchanged * ((d == degree) & self._context) for degree in context_degrees]
-                       + ([exchanged * remapped * self._tokens, exchanged * remapped] if remapped.any() else []))
+                       + ([exchanged * remapped * self._rank_tokens, exchanged * remapped] if remapped.any() else []))
 
     def at(self, attention: float, linear: float, span_context: float = 1.0) -> list[np.ndarray]:
         """The columns under recomputation factors ra_l (attention) and r_l (linear), a CP point's
@@ -92,7 +93,7 @@ class TimeColumns:
         spans = [column * np.where(self._context, span_context, 1.0) for column in spans]
         if self._calls:  # not / d: every rank of a group makes every call
             spans.append((blocks * self._kernel_calls).sum(axis=1))
-        linear_column = (self._layers + self._ckpt * linear) * self._tokens
+        linear_column = (self._layers + self._ckpt * linear) * self._rank_tokens
         return attention_columns + spans + [linear_column] + self._fixed
 
 

@@ -66,9 +66,9 @@ SOURCE_PACK_SHARES = (1, 2)
 """A source pack's tokens per rank, in grid's largest clips: a planner packs clips up to what a
 rank's share of the step holds, past the longest clip. The video check's default step (4 x
 --max-len) gives each of 2 ranks 2 x --max-len, and its plans' degree-1 micro-batches held 3,700
-to 5,600 tokens of 2,048-token clips: a grid that stops at one clip's tokens per rank prices them
-by extrapolation, which on a CPU under-predicted them (their working set, not their arithmetic,
-grows past the caches the two ranks share)."""
+to 5,600 tokens of 2,048-token clips: a grid that stops at one clip's tokens per rank would price
+them by extrapolation. (Measured on 2 CPU ranks: refitting a profile without the larger packs
+moved its check by about 2 points either way, less than the host's noise between runs.)"""
 
 
 def source_packs(shape: ModelShape, depths: Sequence[int], degrees: Sequence[int], max_tokens: int,
