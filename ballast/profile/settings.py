@@ -118,8 +118,9 @@ def plan_grid(shape: ModelShape, world_size: int, settings: Settings) -> tuple[l
 
 
 def held_out(shape: ModelShape, world_size: int, settings: Settings) -> list[Point]:
-    """The profile's held-out points: real micro-batches of up to the grid's longest length at
-    its deepest reduced depth, at the grid's splits and checkpoint levels."""
+    """The profile's held-out points: real micro-batches as large as the grid reaches
+    (`sources.grid_reach`) at its deepest reduced depth, at the grid's splits and checkpoint
+    levels."""
     if settings.held_out < 0:
         raise ValueError(f"--held-out must be >= 0, got {settings.held_out}")
     depth = min(max(settings.depths), shape.layers)

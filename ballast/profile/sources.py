@@ -39,24 +39,34 @@ def check_source(spec: str, shape: ModelShape, max_len: int) -> LengthSource:
 def held_out_points(shape: ModelShape, depth: int, splits: Sequence[tuple[int, int]], levels: Sequence[int],
                     max_tokens: int, count: int, seed: int) -> list[Point]:
     """`count` micro-batches the fit never sees, each one batch from the model's default source
-    (`default_source`: real lengths or clips) of a budget drawn log-uniformly between an eighth
-    of `max_tokens` and all of it (text split at the budget; clips, which cannot be cut below a
-    frame, at `max_tokens`), at `depth` blocks, a random (degree, cp) split of `splits` and a
-    random number of checkpointed blocks of `levels`. The profile measures them with the grid
-    and reports their error apart from the fit's residuals."""
+    (`default_source`: real lengths or clips) at `depth` blocks, a random (degree, cp) split of
+    `splits` and a random number of checkpointed blocks of `levels`, of a budget drawn
+    log-uniformly between an eighth of `max_tokens` and the most a grid micro-batch of that
+    degree holds (`grid_reach`; text split at the budget, clips, which cannot be cut below a
+    frame, at `max_tokens`). The profile measures them in the same rounds as the grid and
+    reports their error apart from the fit's residuals: the model's error on real micro-batches
+    with no change of the machine between fit and test."""
     source = check_source(default_source(shape), shape, max_tokens)
     rng = np.random.default_rng(seed)
     points = []
     for i in range(count):
-        budget = int(round(max_tokens * 8.0 ** -rng.random()))
+        position = rng.random()
+        degree, cp = splits[rng.integers(len(splits))]
+        reach = grid_reach(shape, degree, max_tokens)
+        budget = int(round(reach * (reach / (max_tokens / 8)) ** -position))
         # Text is split at the budget; a clip cannot be cut below a frame, so clips keep the grid's
         # limit (the source is scaled to it) and the budget only bounds how many join the batch.
         limit = max_tokens if isinstance(source, ClipSource) else budget
         stream = LengthStream(source, BatchSpec(tokens_per_step=budget, max_len=limit), seed + i)
-        degree, cp = splits[rng.integers(len(splits))]
         point = Point.of(depth, stream.next_batch(), degree, int(levels[rng.integers(len(levels))]))
         points.append(dataclasses.replace(point, cp=cp))
     return points
+
+
+def grid_reach(shape: ModelShape, degree: int, max_tokens: int) -> int:
+    """The most tokens a grid micro-batch of `degree` holds: a video grid's largest source pack
+    (`SOURCE_PACK_SHARES`), a text grid's longest sequence."""
+    return degree * SOURCE_PACK_SHARES[-1] * max_tokens if shape.pattern.clips else max_tokens
 
 
 SOURCE_PACK_SEED = 1000

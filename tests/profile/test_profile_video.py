@@ -250,6 +250,20 @@ def test_video_grid_holds_source_packs_apart_from_the_check_and_held_out_batches
         source_packs(get_model_shape("tiny"), (1,), (1,), 512, 0)  # text grids hold none
 
 
+def test_video_held_out_points_reach_the_largest_source_pack_of_their_degree():
+    """A video profile's held-out micro-batches are as large as the check's (a rank's share of its
+    step, past one clip), within what the grid measured: up to the largest source pack of their
+    degree; every clip one of the scaled source's."""
+    settings = Settings(default_video_sizes(2048, False, "spatial-temporal"), (2, 4), verify=0, held_out=24, seed=3)
+    held = held_out(DIT, 2, settings)
+    known = {tuple(map(int, shape)) for shape in check_source("video", DIT, 2048).shapes}
+    assert len(held) == 24 and {p.degree for p in held} == {1, 2}
+    for p in held:
+        assert set(p.shapes) <= known and p.tokens <= p.degree * SOURCE_PACK_SHARES[-1] * 2048
+    assert any(p.tokens > p.degree * 2048 for p in held)  # past one clip per rank, where the check's plans go
+    assert any(p.tokens < 1024 for p in held)  # and the small micro-batches planners also form
+
+
 @pytest.mark.slow
 def test_tiny_real_stdit_profile_and_check_on_two_ranks(tmp_path):
     """stdit-tiny on 2 gloo ranks at depth 2 (its smallest), clips of two token counts, one
@@ -264,9 +278,11 @@ def test_tiny_real_stdit_profile_and_check_on_two_ranks(tmp_path):
     assert video["attention"] == "spatial-temporal" and video["spatial_blocks"] == video["temporal_blocks"] == 2
     assert loaded.bytes_per_token > 0 and 2 in loaded.bandwidth and loaded.act_per_token > 0
     assert len(loaded.fit["extrapolation"]) == 1 and loaded.fit["extrapolation"][0]["shapes"]
-    # Held-out batches of scaled DCP clips (a clip cannot be cut below a frame: the grid's limit holds)
+    # Held-out batches of scaled DCP clips (a clip cannot be cut below a frame: the grid's limit
+    # holds), up to the largest source pack of their degree
     held = loaded.fit["held_out"]
-    assert len(held) == settings.held_out and all(row["shapes"] and sum(row["lengths"]) <= 256 for row in held)
+    assert len(held) == settings.held_out and all(
+        row["shapes"] and max(row["lengths"]) <= 256 and sum(row["lengths"]) <= row["degree"] * 2 * 256 for row in held)
     out = tmp_path / "check.json"
     assert main(["profile", "--check", str(path), "--plans", "2", "--repeats", "1", "--planners", "static,ballast",
                  "--json", str(out), "--png", str(tmp_path / "check.png")]) == 0
