@@ -13,6 +13,7 @@ from ..dataset.clips import ClipSource, scale_shapes
 from ..dataset.length_stream import BatchSpec, LengthStream
 from ..dataset.lengths import LengthSource, get_length_source
 from ..model_shape import ModelShape
+from ..samples import Sample, tokens
 from .grid import Point
 
 
@@ -42,8 +43,8 @@ def held_out_points(shape: ModelShape, depth: int, splits: Sequence[tuple[int, i
     (`default_source`: real lengths or clips) at `depth` blocks, a random (degree, cp) split of
     `splits` and a random number of checkpointed blocks of `levels`, of a budget drawn
     log-uniformly between an eighth of `max_tokens` and the most a grid micro-batch of that
-    degree holds (`grid_reach`; text split at the budget, clips, which cannot be cut below a
-    frame, at `max_tokens`). The profile measures them in the same rounds as the grid and
+    degree holds (`grid_reach`; text split at the budget, clips packed into it: `packed_clips`).
+    The profile measures them in the same rounds as the grid and
     reports their error apart from the fit's residuals: the model's error on real micro-batches
     with no change of the machine between fit and test."""
     source = check_source(default_source(shape), shape, max_tokens)
@@ -54,13 +55,33 @@ def held_out_points(shape: ModelShape, depth: int, splits: Sequence[tuple[int, i
         degree, cp = splits[rng.integers(len(splits))]
         reach = grid_reach(shape, degree, max_tokens)
         budget = int(round(reach * (reach / (max_tokens / 8)) ** -position))
-        # Text is split at the budget; a clip cannot be cut below a frame, so clips keep the grid's
-        # limit (the source is scaled to it) and the budget only bounds how many join the batch.
-        limit = max_tokens if isinstance(source, ClipSource) else budget
-        stream = LengthStream(source, BatchSpec(tokens_per_step=budget, max_len=limit), seed + i)
-        point = Point.of(depth, stream.next_batch(), degree, int(levels[rng.integers(len(levels))]))
+        if isinstance(source, ClipSource):
+            batch = packed_clips(source, budget, max_tokens, seed + i)
+        else:  # text is split at the budget
+            batch = LengthStream(source, BatchSpec(tokens_per_step=budget, max_len=budget), seed + i).next_batch()
+        point = Point.of(depth, batch, degree, int(levels[rng.integers(len(levels))]))
         points.append(dataclasses.replace(point, cp=cp))
     return points
+
+
+HELD_OUT_POOL = 4
+"""A held-out pack of clips chooses from this many budgets' worth of the source's draws (or of
+the largest clip's, for budgets below it)."""
+
+
+def packed_clips(source: ClipSource, budget: int, max_tokens: int, seed: int) -> list[Sample]:
+    """Clips of `source` (the grid's largest, `max_tokens`, bounds every one) packed into
+    `budget` tokens as a planner packs a micro-batch: each draw in turn joins if it fits what is
+    left. A clip cannot be cut below a frame, so taking draws until the first that overflows
+    (`LengthStream.next_batch`) would end most batches far short of their budget, at whichever
+    large clip came up: micro-batches of a few dozen tokens, not the ones training runs."""
+    spec = BatchSpec(tokens_per_step=HELD_OUT_POOL * max(budget, max_tokens), max_len=max_tokens)
+    batch, room = [], budget
+    for clip in LengthStream(source, spec, seed).next_batch():
+        if tokens(clip) <= room:
+            batch.append(clip)
+            room -= tokens(clip)
+    return batch
 
 
 def grid_reach(shape: ModelShape, degree: int, max_tokens: int) -> int:

@@ -18,7 +18,7 @@ from ballast.dataset.clips import video_source
 from ballast.model_shape import get_model_shape
 from ballast.planners import PlannerOptions, get_planner
 from ballast.dataset.length_stream import BatchSpec, LengthStream
-from ballast.profile.sources import SOURCE_PACK_SHARES, check_source, scaled_clips, source_packs
+from ballast.profile.sources import SOURCE_PACK_SHARES, check_source, packed_clips, scaled_clips, source_packs
 from ballast.patterns import SPATIAL_TEMPORAL, fit_attention
 from ballast.profile.coefficients import Coefficients
 from ballast.profile.columns import TimeColumns
@@ -262,6 +262,22 @@ def test_video_held_out_points_reach_the_largest_source_pack_of_their_degree():
         assert set(p.shapes) <= known and p.tokens <= p.degree * SOURCE_PACK_SHARES[-1] * 2048
     assert any(p.tokens > p.degree * 2048 for p in held)  # past one clip per rank, where the check's plans go
     assert any(p.tokens < 1024 for p in held)  # and the small micro-batches planners also form
+
+
+def test_held_out_clips_fill_their_budget_as_a_planner_packs_them():
+    """A held-out pack takes each draw that fits what is left: within a few tokens of its budget
+    at every size (the source's smallest clip is 3 tokens), where the stream's own batches stop at
+    the first clip that overflows, far short at small budgets; seeded, every clip the source's."""
+    source = check_source("video", DIT, 2048)
+    known = {tuple(map(int, shape)) for shape in source.shapes}
+    for budget in (40, 256, 700, 2048, 8192):
+        for seed in range(5):
+            batch = packed_clips(source, budget, 2048, seed)
+            assert batch == packed_clips(source, budget, 2048, seed) and set(batch) <= known
+            assert budget - 4 <= sum(math.prod(c) for c in batch) <= budget
+    stopped = [sum(map(math.prod, LengthStream(source, BatchSpec(tokens_per_step=256, max_len=2048), s).next_batch()))
+               for s in range(20)]
+    assert min(stopped) < 256 // 2  # why the held-out points pack instead
 
 
 @pytest.mark.slow
