@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from collections import Counter
 from pathlib import Path
 
@@ -377,7 +378,8 @@ def profile_text(name: str) -> str:
             f"{len(check['setting']['planners'])} planners, {check['setting']['repeats']} repeats each "
             f"({secs['check']:.0f} s); every time the {STATISTIC_NAMES[check['setting']['statistic']]} of its rounds, in the profile as "
             f"in the check. Errors are |predicted / measured - 1|:\n\n")
-    names = {"check_time_median": "median step-time error", "check_time_p90": "90th percentile",
+    over = f" (median over {len(data['runs'])} runs)" if len(data.get("runs", [])) > 1 else ""
+    names = {"check_time_median": f"median step-time error{over}", "check_time_p90": f"90th percentile{over}",
              "check_act_max": "largest activation error", "profile_seconds": "full profile",
              "quick_seconds": "quick profile"}
     verdicts = []
@@ -387,7 +389,28 @@ def profile_text(name: str) -> str:
             verdicts.append(f"{label} {t['measured']:.0f} s (<= {t['target']:.0f} s: {'met' if t['met'] else '**not met**'})")
         else:
             verdicts.append(f"{label} {t['measured']:.1%} (<= {t['target']:.0%}: {'met' if t['met'] else '**not met**'})")
-    return head + "\n".join(rows) + "\n\nTargets: " + "; ".join(verdicts) + "."
+    return head + "\n".join(rows) + runs_text(data.get("runs", [])) + "\n\nTargets: " + "; ".join(verdicts) + "."
+
+
+def runs_text(runs: list[dict]) -> str:
+    """`profile_record.py --runs N`: every run's check beside the first's (whose table is above);
+    the check's targets are judged on the median over runs."""
+    if len(runs) < 2:
+        return ""
+
+    def each(values: list[float], signed: bool = False) -> str:
+        return ", ".join(f"{v:+.1%}" if signed else f"{v:.1%}" for v in values)
+
+    medians, p90s = [r["time_median"] for r in runs], [r["time_p90"] for r in runs]
+    drift = ("" if any(r["drift"] is None for r in runs) else
+             f"; the profile's full-depth points took {each([r['drift'] - 1 for r in runs], True)} longer in the "
+             f"check than in the profile (the machine's drift)")
+    return (f"\n\n{len(runs)} runs of the same code in turn, each a full profile and its check (the table is "
+            f"the first's): check step time |error| median {each(medians)} (median over runs "
+            f"{statistics.median(medians):.1%}), 90th percentile {each(p90s)} ({statistics.median(p90s):.1%}); signed "
+            f"median {each([r['signed_median'] for r in runs], True)}{drift}; held-out real micro-batches, measured in "
+            f"the profile's own rounds, median {each([r['held_out_median'] for r in runs])}. The check's targets "
+            f"below are judged on the median over runs.")
 
 
 def sweep_text() -> str:
