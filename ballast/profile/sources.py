@@ -44,9 +44,9 @@ def held_out_points(shape: ModelShape, depth: int, splits: Sequence[tuple[int, i
     `splits` and a random number of checkpointed blocks of `levels`, of a budget drawn
     log-uniformly between an eighth of `max_tokens` and the most a grid micro-batch of that
     degree holds (`grid_reach`; text split at the budget, clips packed into it: `packed_clips`).
-    The profile measures them in the same rounds as the grid and
-    reports their error apart from the fit's residuals: the model's error on real micro-batches
-    with no change of the machine between fit and test."""
+    The profile measures them in the same rounds as the grid and reports their error apart from
+    the fit's residuals: the model's error on real micro-batches with no change of the machine
+    between fit and test."""
     source = check_source(default_source(shape), shape, max_tokens)
     rng = np.random.default_rng(seed)
     points = []
