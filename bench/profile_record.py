@@ -103,7 +103,7 @@ def main() -> int:
                 "--max-len", args.max_len, "--tokens-per-step", args.tokens_per_step, "--json", str(json_out),
                 "--png", str(png)]
 
-    scratch = Path(tempfile.mkdtemp(prefix=f"profile-{args.name}-runs-"))
+    scratch = Path(tempfile.mkdtemp(prefix=f"profile-{args.name}-runs-")) if args.runs > 1 else None
     runs = [(out[""], out["-check"])] + [(scratch / f"run{k}.json", scratch / f"run{k}-check.json")
                                           for k in range(2, args.runs + 1)]
     stages = {
@@ -127,9 +127,10 @@ def main() -> int:
         start = time.perf_counter()
         subprocess.run([sys.executable, "-m", "ballast.cli", *command], check=True)
         seconds[stage] = time.perf_counter() - start
-    profiled, quick, checked = (json.loads(out[s].read_text()) for s in ("", "-quick", "-check"))
-    every = [run_errors(json.loads(p.read_text()), json.loads(c.read_text()),
-                        seconds["profile" if k == 1 else f"profile{k}"]) for k, (p, c) in enumerate(runs, start=1)]
+    loaded = [(json.loads(p.read_text()), json.loads(c.read_text())) for p, c in runs]
+    (profiled, checked), quick = loaded[0], json.loads(out["-quick"].read_text())
+    every = [run_errors(p, c, seconds["profile" if k == 1 else f"profile{k}"])
+             for k, (p, c) in enumerate(loaded, start=1)]
     measured = {"check_time_median": statistics.median(r["time_median"] for r in every),
                 "check_time_p90": statistics.median(r["time_p90"] for r in every),
                 "check_act_max": checked["summary"]["act"]["max"],

@@ -78,9 +78,9 @@ def packed_clips(source: ClipSource, budget: int, max_tokens: int, seed: int) ->
     spec = BatchSpec(tokens_per_step=HELD_OUT_POOL * max(budget, max_tokens), max_len=max_tokens)
     batch, room = [], budget
     for clip in LengthStream(source, spec, seed).next_batch():
-        if tokens(clip) <= room:
+        if (size := tokens(clip)) <= room:
             batch.append(clip)
-            room -= tokens(clip)
+            room -= size
     return batch
 
 
