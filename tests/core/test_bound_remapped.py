@@ -19,7 +19,7 @@ from ballast.plans import Group, MicroBatch, Plan, Wave
 from ballast.timeline import step_time
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25)
 @given(tiny_instances(), st.booleans())
 def test_no_remapped_wave_beats_the_lower_bound(instance, any_split):
     # Every one-wave plan that is one remap domain, by exhaustive search (each slot at the level

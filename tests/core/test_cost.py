@@ -184,7 +184,7 @@ def costs(draw):
 FIT = 1 + 1e-12
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(costs(), st.sampled_from([1, 2, 8, 64]), st.integers(0, 60))
 # Found by hypothesis: the exact capacity is 18563080 tokens but the float quotient is
 # 18563079.999999996, and an absolute 1e-9 margin did not round it up (fixed in cost.py).
@@ -198,7 +198,7 @@ def test_max_tokens_is_the_boundary(cost, degree, level):
     assert cost.memory([n + 1], degree, c) > cost.device_memory
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(costs(), st.sampled_from([1, 2, 8, 64]), st.floats(0.0, 1.2))
 def test_min_checkpoint_is_least_fitting_level(cost, degree, fraction):
     tokens = max(1, int(fraction * cost.max_tokens(degree, 1.0)))
@@ -418,7 +418,7 @@ def test_lower_bound_single_sequence_is_exact():
 COMM = {"cheap": {2: 1e9, 4: 5e8}, "expensive": {2: 1e6, 4: 5e5}}
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(st.lists(st.integers(1, 400_000), min_size=1, max_size=30), st.floats(0.0, 0.5),
        st.sampled_from(sorted(COMM)), st.sampled_from([4, 16]))
 def test_lower_bound_at_least_design_formula_with_remap_relaxation(lengths, g, comm, world):
@@ -434,7 +434,7 @@ def test_lower_bound_at_least_design_formula_with_remap_relaxation(lengths, g, c
     assert lower_bound(cost, lengths) >= design_lower_bound(cost, lengths, remap=True) * (1 - 1e-6)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(st.lists(st.integers(1, 100_000), min_size=1, max_size=30), st.floats(0.0, 0.5))
 def test_lower_bound_at_least_design_formula_on_one_rank(lengths, g):
     # On one rank no remap can spread anything, and docs/design.md's bound holds as written.
@@ -551,7 +551,7 @@ def test_context_parallel_terms_by_hand():
     assert base == pytest.approx((1e-6 * 4000 ** 2 * 1.5 + 1e-3 * 4000) / 4, rel=1e-12)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(costs(), st.sampled_from([(2, 2), (8, 2), (8, 8), (64, 4)]), st.floats(0.0, 1.2))
 def test_split_memory_boundaries(cost, split, fraction):
     degree, cp = split

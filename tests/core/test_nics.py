@@ -87,7 +87,7 @@ def waves(draw):
     return cluster, transfers, draw(st.integers(1, cluster.nics_per_node))
 
 
-@settings(max_examples=200, deadline=None, database=None, derandomize=True)
+@settings(max_examples=200, database=None, derandomize=True)
 @given(waves())
 def test_routing_moves_the_same_bytes_and_never_loads_the_busiest_nic_more(wave):
     cluster, transfers, spread = wave
@@ -157,7 +157,7 @@ def test_a_remap_move_over_two_nodes_by_hand():
     assert move_time(cost, [4, 0, 0, 0], 0, routed=True) == pytest.approx((1 + 1 + 0.5) * bpt / rate)
 
 
-@settings(max_examples=100, deadline=None, database=None, derandomize=True)
+@settings(max_examples=100, database=None, derandomize=True)
 @given(st.lists(st.integers(0, 50), min_size=2, max_size=8).filter(lambda t: sum(t) % len(t) == 0))
 def test_move_transfers_are_the_runtime_overlaps(tokens):
     from ballast.nics import move_transfers

@@ -29,7 +29,7 @@ def attended_pairs(frames: int, height: int, width: int, kind: str) -> int:
     return sum(attends(i, j) for i in range(len(tokens)) for j in range(len(tokens)))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 4), st.sampled_from([0.5, 0.25, 1.0]))
 def test_units_are_the_attended_pairs_flops(frames, height, width, share):
     # One attended pair costs QK^T and AV: 4 head-dim FLOPs forward. A causal unit is s^2 for

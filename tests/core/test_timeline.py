@@ -115,13 +115,13 @@ def test_empty_plan_and_idle_wave():
 
 
 # --- the lower bound by brute force ------------------------------------------------------------
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(tiny_instances())
 def test_brute_force_never_beats_lower_bound(instance):
     check_bound_below_optimum(instance)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(tiny_shaped_instances())
 def test_brute_force_never_beats_lower_bound_on_shaped_samples(instance):
     # The bound prices each clip by its attention units under the pattern, as the simulator

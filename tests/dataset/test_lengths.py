@@ -97,7 +97,7 @@ def test_zipf_is_exact(alpha, lo, hi):
 
 
 @given(alpha=st.floats(0, 4), lo=st.integers(1, 10**6), width=st.integers(0, 10**6))
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50)
 def test_zipf_stays_in_range(alpha, lo, width):
     a = ZipfSource(alpha, lo, lo + width).sample(np.random.default_rng(0), 200)
     assert (a >= lo).all() and (a <= lo + width).all()
@@ -246,7 +246,7 @@ def sampler_setups(draw):
 
 
 @given(sampler_setups())
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 def test_split_keeps_lengths_in_range_and_conserves_tokens(setup):
     source, spec, seed = setup
     sampler = LengthStream(source, spec, seed)

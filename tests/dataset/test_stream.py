@@ -118,7 +118,7 @@ def test_bad_arguments(kwargs):
         BatchStream(token_corpus([1, 0, 1]), tokens_per_step=8, max_len=4, seed=0)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(lengths=st.lists(st.integers(0, 300), min_size=1, max_size=12).filter(lambda x: max(x) > 1),
        budget=st.integers(1, 400), max_len=st.integers(1, 128), seed=st.integers(0, 2**32))
 def test_epoch_properties(lengths, budget, max_len, seed):

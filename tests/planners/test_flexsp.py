@@ -23,7 +23,7 @@ from ballast.samples import tokens
 from ballast.timeline import simulate
 from partitions import set_partitions
 
-FAST = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=12, suppress_health_check=[HealthCheck.too_slow])
 
 
 def toy_cost(world: int = 4) -> CostModel:

@@ -15,7 +15,7 @@ from ballast.cost_sources import analytic_cost, get_cost_model
 from partitions import set_partitions
 from strategies import SMALL, make_cluster, planner_setups
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.filter_too_much])
 @given(planner_setups("gpt-7b", 48), st.integers(0, 3), st.booleans())
 def test_plans_validate(setup, seed, lockstep):
     cluster, cost, lengths = setup

@@ -83,7 +83,7 @@ def setups(draw, name, lockstep=None):
 
 
 def run(name: str, examples: int, check, lockstep=None) -> None:
-    @settings(max_examples=min(examples, SLOW.get(name, examples)), deadline=None,
+    @settings(max_examples=min(examples, SLOW.get(name, examples)),
               suppress_health_check=[HealthCheck.too_slow])
     @given(setups(name, lockstep))
     def inner(setup):

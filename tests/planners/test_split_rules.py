@@ -69,7 +69,7 @@ def capped_setups(draw, name):
 
 @pytest.mark.parametrize("name", list(RULES))
 def test_plans_use_their_rules_split_on_capped_heads(name):
-    @settings(max_examples=EXAMPLES.get(name, 40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=EXAMPLES.get(name, 40), suppress_health_check=[HealthCheck.too_slow])
     @given(capped_setups(name))
     def check(setup):
         cluster, cost, lengths, options = setup

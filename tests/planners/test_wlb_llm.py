@@ -48,7 +48,7 @@ def test_one_cp_degree_for_the_run_every_sample_once(max_len, forced):
     assert {mb.checkpoint for _, _, mb in plan.micro_batches() if mb.seq_ids} == {plan.info["checkpoint"]}
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(st.lists(st.integers(1, 20_000), min_size=1, max_size=60), st.sampled_from([1, 2, 4, 8]))
 def test_micro_batches_balance_workload_as_greedy_can(lengths, forced):
     # No outlier (max_len is 4 x the longest + 1) and memory for every token at once: the packing

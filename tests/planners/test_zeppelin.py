@@ -24,7 +24,7 @@ def wiki_like(rng: np.random.Generator, n: int, cap: int) -> list[int]:
     return [int(x) for x in np.clip(rng.lognormal(6.5, 1.4, n), 1, cap)]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@settings(max_examples=60, suppress_health_check=[HealthCheck.filter_too_much])
 @given(planner_setups("llama3-8b", 40), st.booleans(), st.booleans())
 def test_plans_validate(setup, remap, lockstep):
     cluster, cost, lengths = setup
@@ -80,7 +80,7 @@ def test_short_stays_local_long_crosses_nodes(a100):
     assert plan.info["classes"]["inter_node"] >= 1
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(st.lists(st.floats(0.0, 100.0), max_size=200), st.integers(1, 16))
 def test_node_balance_bound(weights, nodes):
     per_node, deferred = balance_nodes(weights, nodes)

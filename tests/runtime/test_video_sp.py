@@ -65,7 +65,7 @@ def _min_max(units: list[int], degree: int) -> int:
     return best[-1]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(grids_strategy, st.integers(1, 8))
 def test_layouts_hold_every_token_once_whole_and_grouped(grids, degree):
     n = sum(math.prod(g) for g in grids)
@@ -98,7 +98,7 @@ def test_layouts_hold_every_token_once_whole_and_grouped(grids, degree):
         assert max(layout.sizes) < math.ceil(n / degree) + max(units[name])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(grids_strategy, st.sampled_from([2, 4, 8]))
 def test_a_routed_layout_switch_moves_the_unrouted_ones_rows(grids, degree):
     """Every rank's routed matrix (one bincount over both layouts' owners) has its row and column
@@ -115,7 +115,7 @@ def test_a_routed_layout_switch_moves_the_unrouted_ones_rows(grids, degree):
                 assert (got is None and want is None) or torch.equal(got, want)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(grids_strategy, st.sampled_from([1, 2, 3, 4, 8]))
 def test_video_shard_hands_the_model_a_contiguous_slice_with_its_positions(grids, degree):
     n = sum(math.prod(g) for g in grids)
