@@ -8,8 +8,8 @@ show, since every round of the check shares them.
 
 So the check runs the profile's full-depth points again (`reference_points`: the extrapolation
 checks, or grid points where the profile ran the full depth, the longest few) as one-wave plans,
-in the same shuffled rounds as its plans, reduces them as the profile did (the mean over ranks
-of the micro-batch seconds, then the profile's statistic over rounds) and reports the drift: the
+in the same shuffled rounds as its plans, reduces them as the profile did (the slowest rank's
+micro-batch seconds, then the profile's statistic over rounds) and reports the drift: the
 median over those points of now / then. The plans' error with the drift divided out
 (`drift_errors`) is reported beside the error as is; it never replaces it (the targets of issue
 #31 are on the error as is).
@@ -22,7 +22,7 @@ from typing import Sequence
 from ..cost import CostModel
 from ..model_shape import ModelShape
 from .grid import Measurement
-from .measure import STATISTICS
+from .measure import STATISTICS, slowest_rank
 
 
 REFERENCE_POINTS = 6
@@ -48,7 +48,7 @@ def machine_drift(references: Sequence[Measurement], records: Sequence[Sequence[
     rows = []
     for i, reference in enumerate(references):
         rounds = list(zip(*(rank[i] for rank in records)))
-        now = STATISTICS[statistic]([statistics.fmean(r["micro_batch_s"] for r in ranks) for ranks in rounds])
+        now = STATISTICS[statistic]([slowest_rank(r["micro_batch_s"] for r in ranks) for ranks in rounds])
         rows.append(dict(point=reference.point.label(), profiled_s=reference.seconds, check_s=now,
                          ratio=now / reference.seconds))
     return dict(ratio=statistics.median(r["ratio"] for r in rows), points=rows)

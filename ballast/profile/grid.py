@@ -120,7 +120,8 @@ class Measurement:
 
     point: Point
     seconds: float
-    """Forward + backward of the micro-batch (all-to-alls included), mean over ranks."""
+    """Forward + backward of the micro-batch (all-to-alls included), the slowest rank's
+    (`measure.slowest_rank`)."""
     comm_seconds: float
     """Seconds inside all-to-all calls per rank (their latency and any wait for a peer)."""
     comm_calls: int
@@ -131,7 +132,7 @@ class Measurement:
     shard_tokens: int
     """Tokens of the largest shard (ceil(tokens / degree))."""
     samples: list[float] = field(default_factory=list)
-    """Every repeat's seconds (mean over ranks), for the spread and to reduce them otherwise."""
+    """Every repeat's seconds (the slowest rank's), for the spread and to reduce them otherwise."""
     comm_samples: list[float] = field(default_factory=list)
     """Every repeat's all-to-all seconds (mean over ranks)."""
     context_seconds: float = 0.0

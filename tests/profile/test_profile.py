@@ -22,6 +22,7 @@ from ballast.profile.context import (CheckedPlanner, checked_planners, context_b
 from ballast.profile.coefficients import Coefficients
 from ballast.profile.columns import TimeColumns
 from ballast.profile.fit import fit
+from ballast.profile.measure import combine
 from ballast.profile.residuals import prediction_errors as compare
 from ballast.profile.grid import (Measurement, Point, build_context_grid, build_grid, remap_points, tiny_documents,
                                   verification_points)
@@ -155,6 +156,25 @@ def test_fit_needs_checkpointed_points():
     points = [p for p in grid() if p.checkpoint_layers == 0]
     with pytest.raises(ValueError, match="checkpoint"):
         fit(synthetic(points, TRUE, 0.0), layer_bytes(4))
+
+
+def test_a_points_seconds_are_its_slowest_ranks_and_its_collective_seconds_their_mean():
+    # A wave (and the check's step) ends with its slowest rank; the collectives price the link.
+    point = Point(1, (256,), 2, 0)
+
+    def record(seconds: float, comm: float) -> dict:
+        return dict(seconds=seconds, comm_seconds=comm, comm_calls=4, comm_bytes=1000, activation_bytes=10,
+                    tokens=128, context_seconds=0.0, context_calls=0, context_bytes=0)
+
+    per_rank = [{"records": [[record(1.0, 0.2), record(2.0, 0.1), record(1.5, 0.3)]]},
+                {"records": [[record(1.2, 0.4), record(1.9, 0.3), record(1.1, 0.1)]]}]
+    (median,) = combine([point], per_rank, "median")
+    assert median.samples == pytest.approx([1.2, 2.0, 1.5])
+    assert median.seconds == pytest.approx(1.5)
+    assert median.comm_samples == pytest.approx([0.3, 0.2, 0.2])
+    assert median.comm_seconds == pytest.approx(0.2)
+    (fastest,) = combine([point], per_rank, "min")
+    assert (fastest.seconds, fastest.comm_seconds) == pytest.approx((1.2, 0.2))
 
 
 def test_grid_covers_lengths_degrees_and_checkpoint_levels():
