@@ -5,15 +5,15 @@ import pytest
 import torch
 from hypothesis import settings
 
+from ballast.cluster import get_cluster
+from ballast.cost_sources import analytic_cost
+from ballast.model_shape import get_model_shape
+
 # No per-example deadline: it would make every property test a timed test, and on a shared
 # 2-core host a first call that loads a kernel (~1 s for the CPU flash kernel) or another job's
 # burst exceeds Hypothesis's 200 ms with nothing wrong. Speed is measured in bench/.
 settings.register_profile("ballast", deadline=None)
 settings.load_profile("ballast")
-
-from ballast.cluster import get_cluster
-from ballast.cost_sources import analytic_cost
-from ballast.model_shape import get_model_shape
 
 
 @pytest.fixture
