@@ -2,7 +2,7 @@
 
 docs/design.md's model, in seconds and bytes:
 
-    time(mb, d, c)   = [sum_s (a q_s (1 + c r_attn) + b s (1 + c r))] / d + comm(sum_s s, d) (1 + c/2) + g
+    time(mb, d, c)   = [sum_s (a q_s (1 + c r_attn) + b s (1 + c r))] / d + comm(sum_s s, d) (1 + c/2) + g + c g_r
     comm(n, d)       = bytes_per_token n / (d bw(d)) + latency(d)  (0 at d = 1; latency(d) is
                                                                 profiled, or the cluster's
                                                                 per-call latency (analytic))
@@ -12,7 +12,8 @@ q_s counts the sample's spans and itself too: q_s = units_s + (e spans_s + f) / 
 `sample_seconds`, 0 unless profiled), and a recomputed layer repeats its forward exchanges, half of them
 (`RECOMPUTED_EXCHANGES`). A kernel that calls once per distinct span length adds h calls(mb) (1 + c
 r_attn) to time() (`call_seconds`): the one term that is not a sum over samples, so planners'
-sums and the lower bound leave it out.
+sums and the lower bound leave it out. g_r (`recompute_fixed`) is what recomputing every layer
+costs a micro-batch whatever its samples; g + c g_r is `fixed_seconds`.
 
 A group of degree d = u x cp (Ulysses over u ranks times context parallelism over cp,
 `layouts.Splits`; `plans.Group.cp`) adds, where cp > 1:
@@ -178,6 +179,15 @@ class CostModel:
     remap_latency: float = 0.0
     """Seconds per remap slot besides its rows: the exchanges' calls, every block's four (two
     forward, two backward). `remap_overhead`; profiled like `remap_per_token`."""
+    recompute_fixed: float = 0.0
+    """g_r: seconds a micro-batch pays for recomputing every layer whatever its samples, on top of
+    the recomputed work (r, r_attn): each checkpointed block saves and restores its inputs and RNG
+    state and runs its forward's launches, hooks and kernel setup again. A level c of the layers
+    pays c g_r (`fixed_seconds`). Without it the fit bends r to price a small micro-batch's
+    checkpointing (where a fixed cost is a large share) and over-prices a large one's: on
+    dit-tiny on CPU r came out 0.91 without g_r and 0.35 with it. `ballast profile` fits it; 0
+    analytic and published. Heuristic estimates that price recomputation by a per-token slope
+    (`bounds.py`, ballast's and Zeppelin's packing estimates) leave it out; time() prices it."""
     splits: Splits = field(default=ULYSSES_ONLY, compare=False)
     """Which (Ulysses x CP) splits of a degree the planner that holds this model may run
     (`under`); not part of the coefficients, so not in the JSON."""
@@ -195,7 +205,7 @@ class CostModel:
             if value < 0 or (value > 0 and not self.a > 0):
                 raise ValueError(f"cost model {self.model!r}: {name} {value} must be >= 0, and 0 unless a > 0 "
                                  f"(it is priced in attention units)")
-        for name in ("call_seconds", "remap_per_token", "remap_latency"):
+        for name in ("call_seconds", "remap_per_token", "remap_latency", "recompute_fixed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"cost model {self.model!r}: {name} {getattr(self, name)} must be >= 0")
         if not self.context_attention > 0:
@@ -414,7 +424,12 @@ class CostModel:
         if self._cp(degree, cp) > 1:
             attention *= self.context_attention
         compute = (attention + self.b * sum_s * (1.0 + checkpoint * self.recompute)) / degree
-        return compute + self.comm(sum_s, degree, cp, checkpoint) + self.g
+        return compute + self.comm(sum_s, degree, cp, checkpoint) + self.fixed_seconds(checkpoint)
+
+    def fixed_seconds(self, checkpoint: float) -> float:
+        """Seconds of a micro-batch at this checkpoint level whatever its samples: g, and the
+        recomputed layers' fixed part (`recompute_fixed`)."""
+        return self.g + checkpoint * self.recompute_fixed
 
     def attention_time(self, tokens, units):
         """a q elementwise, computed as (a (q / s)) s: for text q / s is s exactly, so this
@@ -488,7 +503,7 @@ class CostModel:
     def marginal_times(self, tokens, units, degree: int, checkpoint, cp: int | None = None):
         """What each sample adds to its micro-batch's time at this degree, level and split,
         elementwise (arrays of tokens, their attention units and levels): time() is these summed
-        plus g and the collectives' fixed latency (`comm`'s at the level)."""
+        plus `fixed_seconds` and the collectives' fixed latency (`comm`'s at the level)."""
         cp = self._cp(degree, cp)
         attention = self.attention_time(tokens, units) * (1.0 + checkpoint * self.recompute_attention)
         if cp > 1:

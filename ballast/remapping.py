@@ -130,7 +130,7 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], start: int, size: int,
 
     The slot runs every group's micro-batch at their lowest checkpoint level (as the runtime
     does) and lasts the slowest group's attention (a q work and its all-to-alls) + the slot's
-    linear device-seconds (b s) / size + g + moving q, k, v and the output of the largest
+    linear device-seconds (b s) / size + its fixed seconds at that level (`fixed_seconds`) + moving q, k, v and the output of the largest
     per-rank surplus or deficit of tokens (`bytes_per_token`: their own heads, never
     replicated; forward and backward) over the domain's bandwidth + the layer's own overhead on
     the balanced share (`CostModel.remap_overhead`, counted as communication). A domain over two or more nodes
@@ -160,7 +160,7 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], start: int, size: int,
         per_rank += [0.0] * (size - len(per_rank))  # ranks of idle groups take a share too
         transfer = max(abs(n - mean) for n in per_rank) * cost.bytes_per_token / bandwidth(cost, size)
     overhead = cost.remap_overhead(sum(per_rank) / size, level)
-    total = attention + linear / size + cost.g + transfer + overhead
+    total = attention + linear / size + cost.fixed_seconds(level) + transfer + overhead
     return total - comm - transfer - overhead, comm + transfer + overhead
 
 

@@ -54,7 +54,7 @@ def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed:
     `shape`'s kv heads are replicated where a degree does not divide them (None: every degree
     divides them); a recomputed layer repeats its forward exchange, half of its bytes, calls and
     fixed latency; every attended span costs e_l (`span_seconds`), every kernel call h_l
-    (`call_seconds`). A point
+    (`call_seconds`), every checkpointed block gr_l. A point
     with a CP part (text only) exchanges in its Ulysses sub-groups of u ranks, and gathers K, V
     (reduce-scatters dK, dV) over its CP group: 2 calls per block, 1 more per recomputed one,
     their send buffers every token's K, V each way (the gather sends its rows to every CP rank),
@@ -79,7 +79,8 @@ def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed:
         attention = (attention_seconds(p, true) + span_seconds(p, true)) * (true.context_attention if c > 1 else 1.0)
         repeated = depth + k / 2  # blocks' worth of exchanges: the recomputed ones' forward half again
         seconds = ((attention + (depth + k * true.recompute_layer) * true.b_layer * p.tokens
-                    + true.b_fixed * p.tokens) / d + true.g_fixed + depth * true.g_layer + call_seconds(p, true)
+                    + true.b_fixed * p.tokens) / d + true.g_fixed + depth * true.g_layer + k * true.checkpoint_layer
+                   + call_seconds(p, true)
                    + (0.0 if u == 1 else repeated * (exchanged * p.tokens / (d * true.bandwidth[u])
                                                      + true.latency_layer[u])))
         if p.remap:  # the remap layer's own cost: every group as long as the others, nothing moves

@@ -2,8 +2,9 @@
 
 `fit.py` says how each is fitted. Mapped onto CostModel at depth L, all exactly: a = L a_l, b = L
 b_l + b_0, g = g_0 + L g_l, comm_latency(d) = L lat_l(d), act_per_token = act_0 + L act_l, kept =
-(act_0 + L kept_l) / act_per_token, recompute_attention = ra_l and recompute = r_l L b_l / b
-(CostModel charges recomputation on b_0's part too, which is never recomputed).
+(act_0 + L kept_l) / act_per_token, recompute_attention = ra_l, recompute = r_l L b_l / b
+(CostModel charges recomputation on b_0's part too, which is never recomputed) and
+recompute_fixed = L gr_l.
 """
 from __future__ import annotations
 
@@ -66,6 +67,9 @@ class Coefficients:
     micro-batch: `AttentionPattern.calls_per_block`), forward + backward, besides its spans
     (CostModel's `call_seconds` / L); fitted only where the grid separates calls from spans
     (`separates_calls`), else 0."""
+    checkpoint_layer: float = 0.0
+    """gr_l: seconds a micro-batch pays per checkpointed block besides its recomputed work (the
+    checkpoint's own saving, restoring and launches: CostModel's `recompute_fixed` / L)."""
     context_attention: float = 1.0
     """CostModel's `context_attention`: the attention term of a micro-batch run with a CP part,
     relative to a_l (1.0 when no point ran one)."""
@@ -110,7 +114,7 @@ class Coefficients:
             comm_latency={d: depth * v for d, v in self.latency_layer.items()},
             context_attention=self.context_attention, span_seconds=depth * self.span_layer if a > 0 else 0.0,
             sample_seconds=depth * self.sample_layer if a > 0 else 0.0, call_seconds=depth * self.call_layer,
-            remap_per_token=depth * self.remap_token_layer, remap_latency=depth * self.remap_layer,
+            remap_per_token=depth * self.remap_token_layer, recompute_fixed=depth * self.checkpoint_layer, remap_latency=depth * self.remap_layer,
             context_latency={d: depth * v for d, v in self.context_latency_layer.items()}, fit=fit or {})
 
     def to_dict(self) -> dict:
@@ -119,7 +123,7 @@ class Coefficients:
         out = dataclasses.asdict(self)
         if not attention_pattern(self.attention).clips:
             del out["attention"]
-        for key in ("call_layer", "remap_token_layer", "remap_layer"):
+        for key in ("call_layer", "remap_token_layer", "remap_layer", "checkpoint_layer"):
             if not getattr(self, key):
                 del out[key]
         if not self.context_latency_layer:

@@ -168,7 +168,7 @@ def print_report(console: Console, cost: CostModel) -> None:
                    f"{cost.remap_latency * 1e3:.2f} ms/slot")
     console.print(f"a={cost.a:.3e} {per}  e={cost.span_seconds * 1e6:.2f} us/span{sample}  b={cost.b:.3e} s/token  "
                   f"g={cost.g * 1e3:.2f} ms  r={cost.recompute:.3f}  "
-                  f"r_attn={cost.recompute_attention:.3f}  "
+                  f"r_attn={cost.recompute_attention:.3f}  g_r={cost.recompute_fixed * 1e3:.2f} ms  "
                   f"k={cost.kept:.3f}  act={cost.act_per_token / 1e3:.1f} KB/token  states={cost.states / 1e6:.1f} MB")
     video = report.get("video")
     if video is not None:

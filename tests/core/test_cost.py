@@ -95,6 +95,26 @@ def test_calls_are_priced_per_distinct_span_length():
         small_cost(call_seconds=-1.0)
 
 
+def test_recomputations_fixed_seconds_are_paid_per_micro_batch_at_its_level():
+    """recompute_fixed g_r: what recomputing every layer costs a micro-batch whatever its samples,
+    c g_r at level c (`fixed_seconds`), in time() and in the planners' sums alike, at any
+    degree; a remap slot pays it at its level; 0 for a model written before it existed."""
+    cost, plain = small_cost(recompute_fixed=0.2), small_cost()
+    for degree, level in ((1, 0.0), (2, 0.5), (4, 1.0)):
+        # at level 0.5: + 0.5 x 0.2 s = 0.1 s, whatever the degree and the samples
+        assert cost.time([1000, 3000], degree, level) - plain.time([1000, 3000], degree, level) == pytest.approx(
+            0.2 * level, rel=1e-12, abs=1e-15)
+        assert cost.time_from_sums(1e7, 4000, degree, level) == cost.time([1000, 3000], degree, level)
+    assert cost.fixed_seconds(0.25) == pytest.approx(0.01 + 0.05, rel=1e-12) and plain.fixed_seconds(1.0) == 0.01
+    part = remapping.SlotPart(start=0, degree=1, cp=1, samples=[1000], checkpoint=0.5)
+    compute, comm = remapping.slot_time(cost, [part], 0, 2)
+    base, base_comm = remapping.slot_time(plain, [part], 0, 2)
+    assert compute - base == pytest.approx(0.1, rel=1e-12) and comm == base_comm
+    assert CostModel.from_dict({k: v for k, v in plain.to_dict().items() if k != "recompute_fixed"}) == plain
+    with pytest.raises(ValueError, match="recompute_fixed"):
+        small_cost(recompute_fixed=-1.0)
+
+
 def test_memory_by_hand():
     cost = small_cost()
     # states + act (sum s) / d (c k + 1 - c) = 1e8 + 1e5 * 4000 / 2 * (0.05 + 0.5) = 2.1e8
