@@ -3,7 +3,6 @@
 docs/design.md's model, in seconds and bytes:
 
     time(mb, d, c)   = [sum_s (a q_s (1 + c r_attn) + b s (1 + c r))] / d + comm(sum_s s, d) (1 + c/2) + g + c g_r
-                       + (1 - c) p (sum_s s / d)^2
     comm(n, d)       = bytes_per_token n / (d bw(d)) + latency(d)  (0 at d = 1; latency(d) is
                                                                 profiled, or the cluster's
                                                                 per-call latency (analytic))
@@ -14,8 +13,7 @@ q_s counts the sample's spans and itself too: q_s = units_s + (e spans_s + f) / 
 (`RECOMPUTED_EXCHANGES`). A kernel that calls once per distinct span length adds h calls(mb) (1 + c
 r_attn) to time() (`call_seconds`): the one term that is not a sum over samples, so planners'
 sums and the lower bound leave it out. g_r (`recompute_fixed`) is what recomputing every layer
-costs a micro-batch whatever its samples; g + c g_r is `fixed_seconds`. p (`footprint_seconds`)
-prices a rank's per-token work growing with the activations it keeps (`footprint`).
+costs a micro-batch whatever its samples; g + c g_r is `fixed_seconds`.
 
 A group of degree d = u x cp (Ulysses over u ranks times context parallelism over cp,
 `layouts.Splits`; `plans.Group.cp`) adds, where cp > 1:
@@ -190,17 +188,6 @@ class CostModel:
     dit-tiny on CPU r came out 0.91 without g_r and 0.35 with it. `ballast profile` fits it; 0
     analytic and published. Heuristic estimates that price recomputation by a per-token slope
     (`bounds.py`, ballast's and Zeppelin's packing estimates) leave it out; time() prices it."""
-    footprint_seconds: float = 0.0
-    """p: seconds per (token of a rank's share)^2 of a micro-batch whose layers all keep their
-    activations for backward, (1 - c) p (n / d)^2 at level c (`footprint`): a rank's work per
-    token grows with the activations it holds once they outgrow its caches (saved tensors written
-    in forward are read back from memory in backward), which a sum over samples cannot price. On
-    stdit-tiny on CPU, 4,000-token uncheckpointed packs ran ~5% above a model without it while
-    2,048-token ones and checkpointed packs of 4,000 fitted; refitting the recorded grid with it
-    took the recorded check's median from 6.0% to 4.3% and p90 from 10.2% to 7.9%. Fitted to 0
-    where nothing shows it (the text profiles: one sequence's s^2 is attention's). `ballast
-    profile` fits it; 0 analytic and published; the lower bound and per-token heuristics leave it
-    out (the bound stays a lower bound)."""
     splits: Splits = field(default=ULYSSES_ONLY, compare=False)
     """Which (Ulysses x CP) splits of a degree the planner that holds this model may run
     (`under`); not part of the coefficients, so not in the JSON."""
@@ -218,7 +205,7 @@ class CostModel:
             if value < 0 or (value > 0 and not self.a > 0):
                 raise ValueError(f"cost model {self.model!r}: {name} {value} must be >= 0, and 0 unless a > 0 "
                                  f"(it is priced in attention units)")
-        for name in ("call_seconds", "remap_per_token", "remap_latency", "recompute_fixed", "footprint_seconds"):
+        for name in ("call_seconds", "remap_per_token", "remap_latency", "recompute_fixed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"cost model {self.model!r}: {name} {getattr(self, name)} must be >= 0")
         if not self.context_attention > 0:
@@ -437,13 +424,7 @@ class CostModel:
         if self._cp(degree, cp) > 1:
             attention *= self.context_attention
         compute = (attention + self.b * sum_s * (1.0 + checkpoint * self.recompute)) / degree
-        compute += self.footprint(sum_s / degree, checkpoint)
         return compute + self.comm(sum_s, degree, cp, checkpoint) + self.fixed_seconds(checkpoint)
-
-    def footprint(self, rank_tokens: float, checkpoint: float) -> float:
-        """Seconds a rank holding `rank_tokens` tokens of a micro-batch at this checkpoint level
-        pays for the activations it keeps (`footprint_seconds`)."""
-        return (1.0 - checkpoint) * self.footprint_seconds * rank_tokens * rank_tokens
 
     def fixed_seconds(self, checkpoint: float) -> float:
         """Seconds of a micro-batch at this checkpoint level whatever its samples: g, and the
@@ -522,7 +503,7 @@ class CostModel:
     def marginal_times(self, tokens, units, degree: int, checkpoint, cp: int | None = None):
         """What each sample adds to its micro-batch's time at this degree, level and split,
         elementwise (arrays of tokens, their attention units and levels): time() is these summed
-        plus `fixed_seconds`, `footprint` and the collectives' fixed latency (`comm`'s at the level)."""
+        plus `fixed_seconds` and the collectives' fixed latency (`comm`'s at the level)."""
         cp = self._cp(degree, cp)
         attention = self.attention_time(tokens, units) * (1.0 + checkpoint * self.recompute_attention)
         if cp > 1:

@@ -129,7 +129,7 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], start: int, size: int,
     """(compute, comm) of a slot of the remap domain of `size` ranks from rank `start`.
 
     The slot runs every group's micro-batch at their lowest checkpoint level (as the runtime
-    does) and lasts the slowest group's attention (a q work, its `footprint` and its all-to-alls) + the slot's
+    does) and lasts the slowest group's attention (a q work and its all-to-alls) + the slot's
     linear device-seconds (b s) / size + its fixed seconds at that level (`fixed_seconds`) + moving q, k, v and the output of the largest
     per-rank surplus or deficit of tokens (`bytes_per_token`: their own heads, never
     replicated; forward and backward) over the domain's bandwidth + the layer's own overhead on
@@ -149,8 +149,7 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], start: int, size: int,
         quadratic = cost.a * units * (1.0 + level * cost.recompute_attention)
         if p.cp > 1:
             quadratic *= cost.context_attention
-        attention = max(attention, quadratic / p.degree + cost.call_time(p.samples, level)
-                        + cost.footprint(tokens / p.degree, level) + all_to_all)
+        attention = max(attention, quadratic / p.degree + cost.call_time(p.samples, level) + all_to_all)
         comm = max(comm, all_to_all)
         linear += cost.b * tokens * (1.0 + level * cost.recompute)
         per_rank += [tokens / p.degree] * p.degree

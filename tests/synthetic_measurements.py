@@ -54,7 +54,7 @@ def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed:
     `shape`'s kv heads are replicated where a degree does not divide them (None: every degree
     divides them); a recomputed layer repeats its forward exchange, half of its bytes, calls and
     fixed latency; every attended span costs e_l (`span_seconds`), every kernel call h_l
-    (`call_seconds`), every checkpointed block gr_l, every block that keeps its activations p_l (n / d)^2. A point
+    (`call_seconds`), every checkpointed block gr_l. A point
     with a CP part (text only) exchanges in its Ulysses sub-groups of u ranks, and gathers K, V
     (reduce-scatters dK, dV) over its CP group: 2 calls per block, 1 more per recomputed one,
     their send buffers every token's K, V each way (the gather sends its rows to every CP rank),
@@ -80,7 +80,6 @@ def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed:
         repeated = depth + k / 2  # blocks' worth of exchanges: the recomputed ones' forward half again
         seconds = ((attention + (depth + k * true.recompute_layer) * true.b_layer * p.tokens
                     + true.b_fixed * p.tokens) / d + true.g_fixed + depth * true.g_layer + k * true.checkpoint_layer
-                   + (depth - k) * true.footprint_layer * (p.tokens / d) ** 2
                    + call_seconds(p, true)
                    + (0.0 if u == 1 else repeated * (exchanged * p.tokens / (d * true.bandwidth[u])
                                                      + true.latency_layer[u])))

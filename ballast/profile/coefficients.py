@@ -4,7 +4,7 @@
 b_l + b_0, g = g_0 + L g_l, comm_latency(d) = L lat_l(d), act_per_token = act_0 + L act_l, kept =
 (act_0 + L kept_l) / act_per_token, recompute_attention = ra_l, recompute = r_l L b_l / b
 (CostModel charges recomputation on b_0's part too, which is never recomputed) and
-recompute_fixed = L gr_l, footprint_seconds = L p_l.
+recompute_fixed = L gr_l.
 """
 from __future__ import annotations
 
@@ -70,9 +70,6 @@ class Coefficients:
     checkpoint_layer: float = 0.0
     """gr_l: seconds a micro-batch pays per checkpointed block besides its recomputed work (the
     checkpoint's own saving, restoring and launches: CostModel's `recompute_fixed` / L)."""
-    footprint_layer: float = 0.0
-    """p_l: seconds per (token of a rank's share)^2 and block that keeps its activations
-    (CostModel's `footprint_seconds` / L)."""
     context_attention: float = 1.0
     """CostModel's `context_attention`: the attention term of a micro-batch run with a CP part,
     relative to a_l (1.0 when no point ran one)."""
@@ -117,8 +114,7 @@ class Coefficients:
             comm_latency={d: depth * v for d, v in self.latency_layer.items()},
             context_attention=self.context_attention, span_seconds=depth * self.span_layer if a > 0 else 0.0,
             sample_seconds=depth * self.sample_layer if a > 0 else 0.0, call_seconds=depth * self.call_layer,
-            remap_per_token=depth * self.remap_token_layer, recompute_fixed=depth * self.checkpoint_layer,
-            footprint_seconds=depth * self.footprint_layer, remap_latency=depth * self.remap_layer,
+            remap_per_token=depth * self.remap_token_layer, recompute_fixed=depth * self.checkpoint_layer, remap_latency=depth * self.remap_layer,
             context_latency={d: depth * v for d, v in self.context_latency_layer.items()}, fit=fit or {})
 
     def to_dict(self) -> dict:
@@ -127,7 +123,7 @@ class Coefficients:
         out = dataclasses.asdict(self)
         if not attention_pattern(self.attention).clips:
             del out["attention"]
-        for key in ("call_layer", "remap_token_layer", "remap_layer", "checkpoint_layer", "footprint_layer"):
+        for key in ("call_layer", "remap_token_layer", "remap_layer", "checkpoint_layer"):
             if not getattr(self, key):
                 del out[key]
         if not self.context_latency_layer:

@@ -41,7 +41,7 @@ def exchanged_layers(p: Point) -> float:
 
 
 class TimeColumns:
-    """Columns of a_l (c_s, c_t)[, a_l of the CP points], e_l[, f_l][, h_l], b_l, g_l, gr_l, p_l[, b_0, g_0],
+    """Columns of a_l (c_s, c_t)[, a_l of the CP points], e_l[, f_l][, h_l], b_l, g_l, gr_l[, b_0, g_0],
     lat_l(u), [CP lat_l(d)][, the remap layer's per token and per slot], a row per point, under
     any recomputation factors (ra_l, r_l).
 
@@ -74,8 +74,7 @@ class TimeColumns:
         self._layers, self._ckpt, self._rank_tokens = layers, ckpt, np.array([float(p.tokens) for p in points]) / d
         exchanged = np.array([exchanged_layers(p) for p in points])
         remapped = np.array([p.remap for p in points])
-        held = (layers - ckpt) * self._rank_tokens ** 2  # p_l: blocks that keep their activations
-        self._fixed = ([layers, ckpt, held] + ([self._rank_tokens, np.ones(len(points))] if several_depths else [])
+        self._fixed = ([layers, ckpt] + ([self._rank_tokens, np.ones(len(points))] if several_depths else [])
                        + [exchanged * (u == degree) for degree in degrees]
                        + [exchanged * ((d == degree) & self._context) for degree in context_degrees]
                        + ([exchanged * remapped * self._rank_tokens, exchanged * remapped] if remapped.any() else []))

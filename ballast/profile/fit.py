@@ -7,7 +7,6 @@ fixed parts into the per-layer ones (exact at that depth). Per micro-batch of se
 S1 = sum s, S2 = sum s^2, n = S1 tokens, SP degree d and k checkpointed blocks:
 
     time = [(L + k ra_l) a_l S2 + (L + k r_l) b_l S1 + b_0 S1] / d + g_0 + L g_l + k gr_l
-           + (L - k) p_l (n / d)^2
            + L bytes_l n / (d bw(d)) + L lat_l(d)                 (the last two at d > 1 only)
     activation bytes = x (act_0 + (L - k) act_l + k kept_l),      x = tokens of the largest shard
 
@@ -27,8 +26,7 @@ checkpointed block's fixed cost per micro-batch (saving and restoring its inputs
 its forward's launches again): without it the fit bent r_l to price small micro-batches'
 checkpointing, where a fixed cost is a large share, and over-priced large ones' (dit-tiny on
 CPU: r_l 0.91 without gr_l, 0.35 with it, near the third of forward + backward that a block's
-forward is). p_l prices a rank's per-token work growing with the activations it keeps
-(`CostModel.footprint_seconds`): a column of (L - k) x (n / d)^2, fitted to 0 where no point shows it.
+forward is).
 
 
 Context parallelism. A point run u x c (`Point.cp` = c > 1; text only) exchanges q, k, v and
@@ -147,7 +145,7 @@ def fit_context_link(measurements: Sequence[Measurement]) -> dict[int, tuple[flo
 def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
              exchange_bytes_layer: dict[int, float], attention: AttentionPattern | str = "causal",
              context_bytes_layer: dict[tuple[int, int], float] | None = None) -> dict:
-    """a_l (or c_s and c_t), b_l, b_0, g_l, g_0, gr_l, p_l, ra_l, r_l, lat_l(u) and, where points ran a CP
+    """a_l (or c_s and c_t), b_l, b_0, g_l, g_0, gr_l, ra_l, r_l, lat_l(u) and, where points ran a CP
     part, the CP attention factor and CP lat_l(d) from the micro-batch times (see the module
     doc). context_bytes_layer: the CP bytes per token and block the cost model charges a (degree,
     cp) split (`CostModel.gathered_per_token` x 2 (c - 1) / c)."""
@@ -213,14 +211,14 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
     e_l, *rest = rest
     f_l = 0.0 if pattern.spans_are_samples else rest.pop(0)
     h_l = rest.pop(0) if calls else 0.0
-    b_l, g_l, gr_l, p_l, *rest = rest
+    b_l, g_l, gr_l, *rest = rest
     b_0, g_0 = (rest[0], rest[1]) if several_depths else (0.0, 0.0)
     rest = rest[2:] if several_depths else rest
     latency = dict(zip(degrees, rest[:len(degrees)]))
     context_latency = dict(zip(context_degrees, rest[len(degrees):len(degrees) + len(context_degrees)]))
     remap_token, remap_slot = rest[len(degrees) + len(context_degrees):] or (0.0, 0.0)
     return dict(**attention_terms, span_layer=e_l, sample_layer=f_l, call_layer=h_l, b_layer=b_l, b_fixed=b_0, g_layer=g_l,
-                g_fixed=g_0, checkpoint_layer=gr_l, footprint_layer=p_l, recompute_layer=linear, recompute_attention_layer=recompute_attention,
+                g_fixed=g_0, checkpoint_layer=gr_l, recompute_layer=linear, recompute_attention_layer=recompute_attention,
                 latency_layer=latency, context_latency_layer=context_latency, remap_token_layer=remap_token,
                 remap_layer=remap_slot)
 

@@ -115,23 +115,6 @@ def test_recomputations_fixed_seconds_are_paid_per_micro_batch_at_its_level():
         small_cost(recompute_fixed=-1.0)
 
 
-def test_a_ranks_kept_activations_are_priced_by_its_share_squared():
-    """footprint_seconds p: (1 - c) p (n / d)^2 for a micro-batch of n tokens at degree d and
-    level c, in time() and the planners' sums alike; a remap slot's group pays it on its share."""
-    cost, plain = small_cost(footprint_seconds=1e-8), small_cost()
-    # n = 4000 at d = 2, c = 0.5: 0.5 x 1e-8 x 2000^2 = 0.02 s
-    assert cost.time([1000, 3000], 2, 0.5) - plain.time([1000, 3000], 2, 0.5) == pytest.approx(0.02, rel=1e-9)
-    assert cost.time_from_sums(1e7, 4000, 2, 0.5) == cost.time([1000, 3000], 2, 0.5)
-    assert cost.time([1000, 3000], 4, 1.0) == plain.time([1000, 3000], 4, 1.0)  # nothing kept
-    assert cost.footprint(1000.0, 0.0) == pytest.approx(0.01, rel=1e-12)
-    part = remapping.SlotPart(start=0, degree=2, samples=[2000], checkpoint=0.0, cp=1)
-    # the group's ranks hold 1000 tokens each for attention: + 1e-8 x 1000^2 = 0.01 s
-    assert (remapping.slot_time(cost, [part], 0, 2)[0] - remapping.slot_time(plain, [part], 0, 2)[0]
-            == pytest.approx(0.01, rel=1e-9))
-    with pytest.raises(ValueError, match="footprint_seconds"):
-        small_cost(footprint_seconds=-1.0)
-
-
 def test_memory_by_hand():
     cost = small_cost()
     # states + act (sum s) / d (c k + 1 - c) = 1e8 + 1e5 * 4000 / 2 * (0.05 + 0.5) = 2.1e8

@@ -38,8 +38,7 @@ TRUE = Coefficients(a_layer=2e-8, b_layer=4e-5, b_fixed=2e-5, g_layer=4e-3, g_fi
                     recompute_attention_layer=0.25,
                     latency_layer={2: 3e-3, 4: 5e-3}, bandwidth={2: 4e8, 4: 2e8}, call_latency={2: 6e-4, 4: 1e-3},
                     bytes_per_token_layer=shape_bytes_per_token_layer(TINY, 4), act_fixed=2600.0, act_layer=11000.0,
-                    kept_layer=500.0, span_layer=3e-5, checkpoint_layer=2e-3,
-                    footprint_layer=2e-10)
+                    kept_layer=500.0, span_layer=3e-5, checkpoint_layer=2e-3)
 
 
 def layer_bytes(value_bytes: int, shape=TINY, degrees=(1, 2, 4)) -> dict[int, float]:
@@ -53,8 +52,7 @@ def grid(depths=(1, 2), lengths=(128, 256, 512, 1024, 2048, 4096), degrees=(1, 2
 def test_fit_recovers_exact_coefficients():
     got = fit(synthetic(grid(), TRUE, noise=0.0), layer_bytes(4))
     for name in ("a_layer", "b_layer", "b_fixed", "g_layer", "g_fixed", "recompute_layer",
-                 "recompute_attention_layer", "act_fixed", "act_layer", "kept_layer", "span_layer", "checkpoint_layer",
-                 "footprint_layer"):
+                 "recompute_attention_layer", "act_fixed", "act_layer", "kept_layer", "span_layer", "checkpoint_layer"):
         assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-3, abs=1e-12), name
     for table in ("bandwidth", "call_latency", "latency_layer"):
         assert getattr(got, table) == pytest.approx(getattr(TRUE, table), rel=1e-3), table
@@ -321,7 +319,7 @@ def test_fit_recovers_context_parallel_coefficients():
     gathered = {split: context_bytes_per_token_layer(TINY, 4, *split) for split in SPLITS}
     got = fit(measured, layer_bytes(4), "causal", gathered)
     for name in ("a_layer", "b_layer", "b_fixed", "g_layer", "g_fixed", "recompute_layer",
-                 "recompute_attention_layer", "context_attention", "act_layer", "kept_layer", "checkpoint_layer", "footprint_layer"):
+                 "recompute_attention_layer", "context_attention", "act_layer", "kept_layer", "checkpoint_layer"):
         assert getattr(got, name) == pytest.approx(getattr(TRUE_CP, name), rel=1e-3, abs=1e-12), name
     for table in ("bandwidth", "latency_layer", "context_latency_layer", "context_bandwidth", "context_call_latency"):
         assert getattr(got, table) == pytest.approx(getattr(TRUE_CP, table), rel=1e-3), table

@@ -50,7 +50,7 @@ BYTES = shape_bytes_per_token_layer(STDIT, 4)
 COMMON = dict(b_layer=4e-5, b_fixed=2e-5, g_layer=4e-3, g_fixed=5e-3, recompute_layer=0.4,
               recompute_attention_layer=0.25, latency_layer={2: 3e-3, 4: 5e-3}, bandwidth={2: 4e8, 4: 2e8},
               call_latency={2: 6e-4, 4: 1e-3}, bytes_per_token_layer=BYTES, act_fixed=2600.0,
-              act_layer=11000.0, kept_layer=500.0, checkpoint_layer=2e-3, footprint_layer=2e-10)
+              act_layer=11000.0, kept_layer=500.0, checkpoint_layer=2e-3)
 # A spatial pair costs more than a temporal one (c_s != c_t), so the measured share is not 0.5.
 C_S, C_T = 3e-8, 1e-8
 TRUE_ST = Coefficients(a_layer=(C_S + C_T) / 2, spatial_layer=C_S, temporal_layer=C_T, attention="spatial-temporal",
@@ -88,7 +88,7 @@ def test_fit_recovers_spatial_and_temporal_coefficients():
     got = fit(synthetic(video_grid("spatial-temporal"), TRUE_ST), exchanged(), "spatial-temporal")
     assert got.spatial_layer == pytest.approx(C_S, rel=1e-3) and got.temporal_layer == pytest.approx(C_T, rel=1e-3)
     for name in ("b_layer", "b_fixed", "g_layer", "g_fixed", "recompute_layer", "recompute_attention_layer",
-                 "checkpoint_layer", "footprint_layer"):
+                 "checkpoint_layer"):
         assert getattr(got, name) == pytest.approx(getattr(TRUE_ST, name), rel=1e-3, abs=1e-12), name
     cost = got.cost_model(DEEP, 4, 1e10, state_bytes(DEEP))
     # 8 blocks: 4 spatial, 4 temporal; a = (4 c_s + 4 c_t) / 2, sigma = c_s / (c_s + c_t).
