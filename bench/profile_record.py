@@ -5,7 +5,7 @@ against the full one, and a simulate run under it.
     .venv/bin/python bench/profile_record.py [--model tiny] [--name tiny] [--median-target 0.03]
                                       [--p90-target 0.06] [--statistic median|min] [--repeats 3]
                                       [--device-memory-gb 0.1] [--max-len 4096] [--tokens-per-step 16384]
-                                      [--plans 30] [--runs 1] [--quiet-load 1.5]
+                                      [--plans 30] [--runs 1] [--quiet-load 1.5] [--depths 1,2,4]
 
 A text model's plans draw from `stdlib` (real code files); a video DiT's from the check's clip
 source (DCP's video buckets scaled to --max-len), e.g. issue #31's video records:
@@ -85,6 +85,8 @@ def main() -> int:
     parser.add_argument("--max-len", default="4096", help="longest sequence (stdlib files are split at it)")
     parser.add_argument("--tokens-per-step", default="16384")
     parser.add_argument("--plans", default="30")
+    parser.add_argument("--depths", default=None,
+                        help="the full profile's depths, e.g. 1,2,4 (default: `ballast profile`'s); the quick one keeps its own")
     parser.add_argument("--runs", type=int, default=1, help="full profiles, each checked, in turn (see above)")
     parser.add_argument("--quiet-load", type=float, default=1.5, help="start a stage below this load average")
     parser.add_argument("--max-wait", type=float, default=1200.0, help="seconds to wait for it per stage")
@@ -97,6 +99,7 @@ def main() -> int:
     common = ["--model", args.model, "--world", "2", "--device-memory-gb", args.device_memory_gb,
               "--max-len", args.max_len, "--statistic", args.statistic]
     rounds = ["--repeats", args.repeats]  # the profile's and the check's; the quick one keeps its own
+    depths = ["--depths", args.depths] if args.depths else []
 
     def check(profile: Path, json_out: Path, png: Path) -> list[str]:
         return ["profile", "--check", str(profile), "--plans", args.plans, *rounds, "--lengths", lengths,
@@ -107,7 +110,7 @@ def main() -> int:
     runs = [(out[""], out["-check"])] + [(scratch / f"run{k}.json", scratch / f"run{k}-check.json")
                                           for k in range(2, args.runs + 1)]
     stages = {
-        "profile": ["profile", *common, *rounds, "--out", str(out[""])],
+        "profile": ["profile", *common, *rounds, *depths, "--out", str(out[""])],
         "quick": ["profile", *common, "--quick", "--out", str(out["-quick"])],
         "check": check(out[""], out["-check"], RESULTS / f"profile-{args.name}-check.png"),
         "simulate": ["simulate", "--cost", str(out[""]), "--cluster", "cpu", "--world", "2", "--device-memory-gb",
@@ -119,7 +122,7 @@ def main() -> int:
         # simulate record belongs to the text models, whose grids reach the source's lengths.
         del stages["simulate"]
     for k, (run_profile, run_check) in enumerate(runs[1:], start=2):
-        stages[f"profile{k}"] = ["profile", *common, *rounds, "--out", str(run_profile)]
+        stages[f"profile{k}"] = ["profile", *common, *rounds, *depths, "--out", str(run_profile)]
         stages[f"check{k}"] = check(run_profile, run_check, run_check.with_suffix(".png"))
     seconds, waits = {}, {}
     for stage, command in stages.items():
