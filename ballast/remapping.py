@@ -130,9 +130,10 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], start: int, size: int,
 
     The slot runs every group's micro-batch at their lowest checkpoint level (as the runtime
     does) and lasts the slowest group's attention (a q work and its all-to-alls) + the slot's
-    linear device-seconds (b s) / size + its fixed seconds at that level (`fixed_seconds`) + moving q, k, v and the output of the largest
-    per-rank surplus or deficit of tokens (`bytes_per_token`: their own heads, never
-    replicated; forward and backward) over the domain's bandwidth + the layer's own overhead on
+    linear device-seconds (b s) / size + its fixed seconds at that level (`fixed_seconds`) +
+    moving q, k, v and the output of the largest per-rank surplus or deficit of tokens
+    (`bytes_per_token`: their own heads, never replicated; forward and backward) over the
+    domain's bandwidth + the layer's own overhead on
     the balanced share (`CostModel.remap_overhead`, counted as communication). A domain over two or more nodes
     moves them over the NICs instead (`nics.move_time`, routed or not), and each group's
     exchanges pay their NICs' surcharge (`nics.exchange_surcharge`)."""

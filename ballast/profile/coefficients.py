@@ -114,7 +114,8 @@ class Coefficients:
             comm_latency={d: depth * v for d, v in self.latency_layer.items()},
             context_attention=self.context_attention, span_seconds=depth * self.span_layer if a > 0 else 0.0,
             sample_seconds=depth * self.sample_layer if a > 0 else 0.0, call_seconds=depth * self.call_layer,
-            remap_per_token=depth * self.remap_token_layer, recompute_fixed=depth * self.checkpoint_layer, remap_latency=depth * self.remap_layer,
+            remap_per_token=depth * self.remap_token_layer, remap_latency=depth * self.remap_layer,
+            recompute_fixed=depth * self.checkpoint_layer,
             context_latency={d: depth * v for d, v in self.context_latency_layer.items()}, fit=fit or {})
 
     def to_dict(self) -> dict:

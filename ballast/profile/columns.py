@@ -41,8 +41,8 @@ def exchanged_layers(p: Point) -> float:
 
 
 class TimeColumns:
-    """Columns of a_l (c_s, c_t)[, a_l of the CP points], e_l[, f_l][, h_l], b_l, g_l, gr_l[, b_0, g_0],
-    lat_l(u), [CP lat_l(d)][, the remap layer's per token and per slot], a row per point, under
+    """Columns of a_l (c_s, c_t)[, a_l of the CP points], e_l[, f_l][, h_l], b_l, g_l, gr_l[, b_0,
+    g_0], lat_l(u), [CP lat_l(d)][, the remap layer's per token and per slot], a row per point, under
     any recomputation factors (ra_l, r_l).
 
     What does not depend on the factors (every point's pairs, spans, samples and calls per block)

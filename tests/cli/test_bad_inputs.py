@@ -70,6 +70,9 @@ def files(tmp_path_factory) -> dict[str, str]:
                                              "call_seconds": -1e-4}),
         "bad-remap-profile.json": json.dumps({**analytic_cost(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
                                               "remap_per_token": -1e-6}),
+        # a profile whose recomputation's fixed part (g_r) is negative
+        "bad-recompute-profile.json": json.dumps({**analytic_cost(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
+                                                  "recompute_fixed": -1e-3}),
         "two-gpus.json": json.dumps({"nodes": 1, "devices_per_node": 2, "device_memory": 40e9,
                                      "peak_flops": 312e12, "bandwidth": {"2": 1e11}}),
     }
@@ -312,6 +315,8 @@ CASES = [
      r"cost model file .*bad-call-profile.json: cost model 'tiny': call_seconds -0.0001 must be >= 0"),
     ("simulate --cluster cpu --world 2 --model tiny --cost {bad-remap-profile.json}", 2,
      r"cost model file .*bad-remap-profile.json: cost model 'tiny': remap_per_token -1e-06 must be >= 0"),
+    ("simulate --cluster cpu --world 2 --model tiny --cost {bad-recompute-profile.json}", 2,
+     r"cost model file .*bad-recompute-profile.json: cost model 'tiny': recompute_fixed -0.001 must be >= 0"),
     ("profile --held-out -1", 2, r"--held-out must be >= 0, got -1"),
     # output paths no command could write, found before the work
     ("simulate --json {lengths.txt}/out.json", 2, r"--json .*lengths.txt/out.json: .*lengths.txt is not a folder"),
