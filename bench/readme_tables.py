@@ -283,7 +283,8 @@ def measured_table() -> str:
             + (f"; run-to-run noise of tokens/s {noise:.1%}, of speeds relative to static {relative:.1%}"
                if noise is not None else "") + "). tokens/s: per batch the median step time over rounds; "
             "paired: median per-batch ratio to static's step; spread: of tokens/s over rounds; error: "
-            "predicted / measured waves - 1, median over batches:\n\n")
+            f"predicted / measured waves ({data.get('prediction_statistic', 'median')} over rounds, as the cost "
+            "model was fitted) - 1, median over batches:\n\n")
     text = head + "\n".join(rows) + "\n\nTargets: " + "; ".join(target_lines(data["targets"])) + "."
     if (RESULTS / "measured-repeat.json").exists():
         text += "\n\n" + repeat_line(data, json.loads((RESULTS / "measured-repeat.json").read_text()))

@@ -87,13 +87,19 @@ def bench(setting: BenchSetting, inputs: BenchInputs, timeout: float) -> tuple[l
     return per_rank[0], load.summary()
 
 
+def fitted_statistic(cost) -> str:
+    """How the profile behind `cost` reduced its repeats (`median` or `min`); `median` for a
+    model no profile measured (analytic or published figures)."""
+    return cost.fit.get("settings", {}).get("statistic", "median")
+
+
 def result_json(setting: BenchSetting, inputs: BenchInputs, records: list[dict], load: dict,
                 seconds: float) -> dict:
     """Everything the run measured, summarised, and the raw records."""
     from ..profile.machine import machine_info
 
-    summary = summarise(records, setting.planners)
     cost = inputs.cost
+    summary = summarise(records, setting.planners, statistic=fitted_statistic(cost))
     return dict(
         setting=dataclasses.asdict(setting), data=inputs.data,
         cost_model=dict(source=cost.source, spec=setting.cost, device_memory_gb=cost.device_memory / 1e9,

@@ -28,7 +28,8 @@ def bench_table(title: str, summary: dict) -> Table:
     table.caption = ("tokens/s: total tokens / sum over batches of the median step time over rounds; paired: "
                      "median per-batch step-time ratio to static; spread: (max-min)/median of tokens/s over rounds; "
                      "step s (median per batch), waves s, predicted s: medians; pred err: median over batches of "
-                     "predicted / measured waves - 1" + _noise_text(summary["noise"]))
+                     f"predicted / measured waves ({summary['prediction_statistic']} over rounds, the cost "
+                     "model's) - 1" + _noise_text(summary["noise"]))
     return table
 
 

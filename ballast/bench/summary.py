@@ -8,7 +8,11 @@ the median over rounds of the step time, then total tokens over the sum of those
 
 The cost model predicts the waves only (docs/design.md's step time has no gradient sync or optimizer,
 a constant no planner changes), so predictions are compared with the measured waves: per batch,
-predicted / (median over rounds of the slowest rank's waves) - 1, then the median over batches.
+predicted / (the slowest rank's waves reduced over rounds) - 1, then the median over batches. Rounds
+are reduced by the statistic the cost model was fitted on (a profile's `--statistic`: its median
+or its minimum over repeats; the median for models no profile measured), as `ballast profile
+--check` does: a model fitted on the fastest of five repeats predicts the fastest round, not a
+typical one, and holding it against the median would count the host's bursts as its error.
 
 Noise is measured, not assumed: every round reruns the same plans on the same batches, so what
 changes between rounds is the machine. `run_to_run` is the median over planners of the spread
@@ -23,6 +27,8 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from typing import Sequence
+
+from ..profile.measure import STATISTICS
 
 PREDICTION_TARGET = 0.15
 """Largest median |predicted / measured - 1| the issue accepts."""
@@ -54,12 +60,14 @@ def timing_summary(mine: list[dict]) -> dict:
         step_s=statistics.median(median_step), cpu_share=statistics.fmean(r["cpu_share"] for r in mine))
 
 
-def planner_summary(mine: list[dict]) -> dict:
-    """One planner's measured records summarised (see the module docstring)."""
+def planner_summary(mine: list[dict], statistic: str = "median") -> dict:
+    """One planner's measured records summarised, its rounds of a batch reduced by `statistic`
+    for the prediction error (see the module docstring)."""
     steps: dict[int, list[dict]] = defaultdict(list)
     for r in mine:
         steps[r["step"]].append(r)
-    errors = [rs[0]["predicted_s"] / statistics.median(r["waves_s"] for r in rs) - 1.0 for rs in steps.values()]
+    reduce = STATISTICS[statistic]
+    errors = [rs[0]["predicted_s"] / reduce([r["waves_s"] for r in rs]) - 1.0 for rs in steps.values()]
     busy = sum(sum(r["rank_busy_s"]) for r in mine)
     wait = sum(sum(r["rank_wait_s"]) for r in mine)
     planned = [r["plan_ms"] for r in mine if r["plan_ms"] is not None]
@@ -112,10 +120,14 @@ def loss_spread(records: list[dict]) -> float:
     return max((max(v) - min(v)) / abs(statistics.median(v)) for v in by_slot.values())
 
 
-def summarise(records: list[dict], planners: Sequence[str], baseline: str = "static") -> dict:
-    """Per-planner summaries (with speed relative to `baseline`), the noise and the data checks."""
+def summarise(records: list[dict], planners: Sequence[str], baseline: str = "static",
+              statistic: str = "median") -> dict:
+    """Per-planner summaries (with speed relative to `baseline`; predictions held against the
+    rounds reduced by `statistic`), the noise and the data checks."""
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic must be one of {sorted(STATISTICS)}, got {statistic!r}")
     measured = [r for r in records if r["round"] >= 0]
-    out = {name: planner_summary([r for r in measured if r["planner"] == name]) for name in planners}
+    out = {name: planner_summary([r for r in measured if r["planner"] == name], statistic) for name in planners}
     paired = paired_speedups(measured, baseline) if baseline in out else {}
     for name, s in out.items():
         s["vs_static"] = s["tokens_per_s"] / out[baseline]["tokens_per_s"] if baseline in out else None
@@ -130,7 +142,8 @@ def summarise(records: list[dict], planners: Sequence[str], baseline: str = "sta
         for s in out.values():
             s["vs_static_rounds"] = [x / b for x, b in zip(s["tokens_per_s_rounds"], base)]
         noise["relative"] = statistics.median(_spread(s["vs_static_rounds"]) for n, s in out.items() if n != baseline)
-    return dict(planners=out, noise=noise, same_batches=same_batches(records), loss_spread=loss_spread(measured))
+    return dict(planners=out, noise=noise, same_batches=same_batches(records), loss_spread=loss_spread(measured),
+                prediction_statistic=statistic)
 
 
 def targets(summary: dict, seconds: float) -> dict:

@@ -69,6 +69,16 @@ def test_summary_throughput_noise_prediction_and_targets():
     assert static["prediction_abs_error"] == pytest.approx(abs(1.8 / (1.8 * 1.05) - 1))
     assert ours["idle_fraction"] == pytest.approx(0.25 / 2)
     assert summary["same_batches"] and summary["loss_spread"] == 0.0
+    assert summary["prediction_statistic"] == "median"
+    # A cost model fitted on the fastest repeat is held against each batch's fastest round; the
+    # throughput numbers stay medians whatever the model.
+    fastest = summarise(records, PLANNERS, statistic="min")
+    assert fastest["planners"]["ballast"]["prediction_error"] == pytest.approx(1.2 / 0.9 - 1)
+    assert fastest["planners"]["static"]["prediction_abs_error"] == pytest.approx(0.0)
+    assert fastest["planners"]["static"]["tokens_per_s"] == static["tokens_per_s"]
+    assert fastest["prediction_statistic"] == "min"
+    with pytest.raises(ValueError, match="statistic must be one of .*'mean'"):
+        summarise(records, PLANNERS, statistic="mean")
     t = targets(summary, seconds=100.0)
     assert t["ballast_vs_static"]["met"] and t["wall_seconds"]["met"]
     assert not t["prediction"]["met"]  # ballast's 27% error
