@@ -178,7 +178,8 @@ def video_measured_table() -> str:
             f"{cost['device_memory_gb'] * 1e3:.1f} MB per rank; {cost['source']} cost model; static at SP degree "
             f"{s['degree']}; {s['warmup']} warm-up + {s['repeats']} rounds x {s['steps']} steps, interleaved; "
             f"{data['seconds']:.0f} s wall, load average {load['min']:.1f}..{load['max']:.1f}; columns as in the "
-            f"measured table below):\n\n")
+            f"measured table below, the error against each batch's {data.get('prediction_statistic', 'median')} "
+            f"over rounds, as the profile was fitted):\n\n")
     ours = data["planners"]["ballast"]["vs_static"]
     others = t["ballast_vs_others"]
     worst = max(t["prediction"]["abs_errors"], key=t["prediction"]["abs_errors"].get)
@@ -194,7 +195,13 @@ def video_measured_table() -> str:
         text += (f"\n\n`ballast profile --check` of that profile on {time['count']} random video plans of six "
                  f"planners: step time within {time['median']:.1%} of the prediction (median; {time['max']:.1%} "
                  f"worst), activation memory within {act['median']:.1%} "
-                 f"(`bench/results/video-profile-check.png`).")
+                 f"(`bench/results/video-profile-check.png`)")
+        if check.get("drift"):
+            ratio, corrected = check["drift"]["ratio"], check["summary"]["time_drift_corrected"]
+            text += (f"; the machine ran {abs(ratio - 1):.1%} {'slower' if ratio > 1 else 'faster'} during the "
+                     f"check than during the profile (its full-depth points measured again), {corrected['median']:.1%} "
+                     f"(median; {corrected['max']:.1%} worst) with that drift divided out")
+        text += "."
     if (RESULTS / "video-train-summary.json").exists():
         run = json.loads((RESULTS / "video-train-summary.json").read_text())
         text += (f"\n\nTraining (`ballast train --model stdit-tiny --data video-synthetic --world 2 --steps "
