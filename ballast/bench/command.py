@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from ..cost import CostModel
 from ..dataset import SYNTAX, VIDEO_DATA_SYNTAX
 from ..options import COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, WORLD
 from ..output_paths import check_output_file
@@ -87,7 +88,7 @@ def bench(setting: BenchSetting, inputs: BenchInputs, timeout: float) -> tuple[l
     return per_rank[0], load.summary()
 
 
-def fitted_statistic(cost) -> str:
+def fitted_statistic(cost: CostModel) -> str:
     """How the profile behind `cost` reduced its repeats (`median` or `min`); `median` for a
     model no profile measured (analytic or published figures)."""
     return cost.fit.get("settings", {}).get("statistic", "median")
