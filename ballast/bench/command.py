@@ -15,11 +15,11 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ..cost import CostModel
 from ..dataset import SYNTAX, VIDEO_DATA_SYNTAX
 from ..options import COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, WORLD
 from ..output_paths import check_output_file
 from ..planners import parse_planner_names
+from ..profile.measure import fitted_statistic
 from ..value_checks import check_timeout
 from .output import bar_chart, bench_table
 from .setting import ALL_PLANNERS, BenchInputs, BenchSetting, prepare
@@ -88,19 +88,14 @@ def bench(setting: BenchSetting, inputs: BenchInputs, timeout: float) -> tuple[l
     return per_rank[0], load.summary()
 
 
-def fitted_statistic(cost: CostModel) -> str:
-    """How the profile behind `cost` reduced its repeats (`median` or `min`); `median` for a
-    model no profile measured (analytic or published figures)."""
-    return cost.fit.get("settings", {}).get("statistic", "median")
-
-
 def result_json(setting: BenchSetting, inputs: BenchInputs, records: list[dict], load: dict,
-                seconds: float) -> dict:
-    """Everything the run measured, summarised, and the raw records."""
+                seconds: float, statistic: str) -> dict:
+    """Everything the run measured, summarised (predictions against rounds reduced by
+    `statistic`), and the raw records."""
     from ..profile.machine import machine_info
 
     cost = inputs.cost
-    summary = summarise(records, setting.planners, statistic=fitted_statistic(cost))
+    summary = summarise(records, setting.planners, statistic=statistic)
     return dict(
         setting=dataclasses.asdict(setting), data=inputs.data,
         cost_model=dict(source=cost.source, spec=setting.cost, device_memory_gb=cost.device_memory / 1e9,
@@ -140,9 +135,10 @@ def run(args: argparse.Namespace) -> int:
     check_timeout(args.timeout)
     setting = setting_from(args)
     inputs = prepare(setting)
+    statistic = fitted_statistic(inputs.cost)  # a damaged profile fails here, before any rank starts
     console.print(describe(inputs, setting), highlight=False)
     records, load = bench(setting, inputs, args.timeout)
-    result = result_json(setting, inputs, records, load, time.perf_counter() - start)
+    result = result_json(setting, inputs, records, load, time.perf_counter() - start, statistic)
     title = chart_title(result)
     console.print(bench_table(title, result))
     console.print(f"{result['seconds']:.0f} s; load average {load['min']:.1f}..{load['max']:.1f} (median "

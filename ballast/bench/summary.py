@@ -28,7 +28,7 @@ import statistics
 from collections import defaultdict
 from typing import Sequence
 
-from ..profile.measure import STATISTICS
+from ..profile.measure import STATISTICS, checked_statistic
 
 PREDICTION_TARGET = 0.15
 """Largest median |predicted / measured - 1| the issue accepts."""
@@ -124,8 +124,7 @@ def summarise(records: list[dict], planners: Sequence[str], baseline: str = "sta
               statistic: str = "median") -> dict:
     """Per-planner summaries (with speed relative to `baseline`; predictions held against the
     rounds reduced by `statistic`), the noise and the data checks."""
-    if statistic not in STATISTICS:
-        raise ValueError(f"statistic must be one of {sorted(STATISTICS)}, got {statistic!r}")
+    checked_statistic(statistic)
     measured = [r for r in records if r["round"] >= 0]
     out = {name: planner_summary([r for r in measured if r["planner"] == name], statistic) for name in planners}
     paired = paired_speedups(measured, baseline) if baseline in out else {}

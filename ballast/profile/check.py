@@ -56,7 +56,7 @@ from .context import CheckedPlanner, checked_planners, runs_context, splits_used
 from .residuals import error_summary
 from .machine import LoadMonitor, machine_info, measured_device
 from .drift import drift_errors, machine_drift, reference_points
-from .measure import LEARNING_RATE, STATISTICS, core_share, plan_samples, point_plan
+from .measure import LEARNING_RATE, STATISTICS, core_share, fitted_statistic, plan_samples, point_plan
 
 MILP_SECONDS = 2.0
 """FlexSP's per-wave solve limit here: the check measures plans, not the solver."""
@@ -248,7 +248,7 @@ def run_check(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.check} was measured on {measured_device(machine)} ({machine['backend']} ranks), "
                          f"but --check runs plans on local gloo ranks on the {CHECK_DEVICE}: its predictions "
                          f"are for another device than the one the check would measure")
-    statistic = cost.fit["settings"]["statistic"]
+    statistic = fitted_statistic(cost)
     if args.world is not None and args.world != cost.world_size:
         raise ValueError(f"{args.check} was profiled on {cost.world_size} ranks, not --world {args.world}")
     if args.plans < 1:

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ..cluster import get_cluster
+from ..cost import CostModel
 from ..models import build_model
 from ..models.clip import gaussian_clips
 from ..plans import Group, MicroBatch, Plan, Wave
@@ -198,6 +199,21 @@ STATISTICS = {"median": statistics.median, "min": min}
 """How repeats become one number. The median resists bursts of load; the minimum estimates
 what the device does when no other job takes its cores (interference only ever adds time, so
 on a shared, oversubscribed host the minimum is the stable estimate -- timeit's advice)."""
+
+
+def checked_statistic(name: str, what: str = "statistic") -> str:
+    """`name` if it is one of STATISTICS, else a ValueError naming `what` and the choices."""
+    if name not in STATISTICS:
+        raise ValueError(f"{what} must be one of {sorted(STATISTICS)}, got {name!r}")
+    return name
+
+
+def fitted_statistic(cost: CostModel) -> str:
+    """How the profile behind `cost` reduced its repeats (`median` or `min`), which is how a
+    measurement held against its predictions must reduce its own; `median` for a model no profile
+    measured (analytic or published figures)."""
+    return checked_statistic(cost.fit.get("settings", {}).get("statistic", "median"),
+                             f"cost model {cost.model!r}: its profile's statistic")
 
 
 def slowest_rank(seconds: Iterable[float]) -> float:

@@ -11,7 +11,7 @@ from ..patterns import SPATIAL_TEMPORAL, AttentionPattern, as_pattern
 from .context import context_splits
 from .grid import (Point, build_context_grid, build_grid, checkpoint_levels, remap_points, tiny_documents,
                    verification_points)
-from .measure import STATISTICS
+from .measure import checked_statistic
 from .sources import held_out_points, source_packs
 from .video_grid import build_video_grid, video_clips, video_packed_clips, video_verification_points
 
@@ -90,8 +90,7 @@ def plan_grid(shape: ModelShape, world_size: int, settings: Settings) -> tuple[l
         raise ValueError(f"grid lengths must be positive, got {settings.lengths}")
     if settings.repeats < 1 or settings.warmup < 0 or settings.verify < 0:
         raise ValueError("repeats must be >= 1, warm-up and verify >= 0")
-    if settings.statistic not in STATISTICS:
-        raise ValueError(f"statistic must be one of {sorted(STATISTICS)}, got {settings.statistic!r}")
+    checked_statistic(settings.statistic)
     if min(settings.depths) < 1:
         raise ValueError(f"profiled depths must be >= 1 block, got {settings.depths}")
     degrees = sp_degrees(shape, world_size)

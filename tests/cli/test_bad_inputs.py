@@ -73,6 +73,10 @@ def files(tmp_path_factory) -> dict[str, str]:
         # a profile whose recomputation's fixed part (g_r) is negative
         "bad-recompute-profile.json": json.dumps({**analytic_cost(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
                                                   "recompute_fixed": -1e-3}),
+        # a profile whose fit names a statistic no measurement reduces by
+        "bad-statistic-profile.json": json.dumps({
+            **analytic_cost(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
+            "fit": {"settings": {"statistic": "mean"}}}),
         "two-gpus.json": json.dumps({"nodes": 1, "devices_per_node": 2, "device_memory": 40e9,
                                      "peak_flops": 312e12, "bandwidth": {"2": 1e11}}),
     }
@@ -324,6 +328,8 @@ CASES = [
     ("simulate --json {root}", 2, r"--json .*: is a folder; give a file name"),
     ("train --out-dir {lengths.txt}/run", 2, r"--out-dir .*lengths.txt/run: cannot write in .*\(Not a directory\)"),
     ("train --out-dir {lengths.txt}", 2, r"--out-dir .*lengths.txt: is a file, not a folder"),
+    ("bench --model tiny --world 2 --cost {bad-statistic-profile.json}", 2,
+     r"cost model 'tiny': its profile's statistic must be one of \['median', 'min'\], got 'mean'"),
     ("bench --json {lengths.txt}/bench.json", 2, r"--json .*lengths.txt/bench.json: .*is not a folder"),
     ("bench --png /no/such/dir/bench.png", 2, r"--png /no/such/dir/bench.png: /no/such/dir does not exist"),
     ("profile --out {lengths.txt}/profile.json", 2, r"--out .*lengths.txt/profile.json: .*is not a folder"),
