@@ -167,6 +167,7 @@ def run_errors(profiled: dict, checked: dict, profile_seconds: float) -> dict:
     machine's drift and the error with it divided out) and its held-out points' median."""
     summary, drift = checked["summary"], checked.get("drift")
     return {"time_median": summary["time"]["median"], "time_p90": summary["time"]["p90"],
+            "time_step_median": summary["time_step"]["median"], "time_step_p90": summary["time_step"]["p90"],
             "signed_median": statistics.median(r["time_error"] for r in checked["plans"]),
             "drift": drift["ratio"] if drift else None,
             "drift_corrected_median": summary["time_drift_corrected"]["median"] if drift else None,

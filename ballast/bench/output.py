@@ -14,7 +14,7 @@ def bench_table(title: str, summary: dict) -> Table:
     """One row per planner, fastest first: measured speed, relative to static, prediction, idle."""
     table = Table(title=title)
     columns = ("planner", "tokens/s", "vs static", "paired", "spread", "step s", "waves s", "predicted s",
-               "pred err", "idle", "plan ms", "degrees", "ckpt", "mbs")
+               "pred err", "step err", "idle", "plan ms", "degrees", "ckpt", "mbs")
     for col in columns:
         table.add_column(col, justify="left" if col == "planner" else "right")
     for name, s in _ranked(summary["planners"]):
@@ -23,13 +23,15 @@ def bench_table(title: str, summary: dict) -> Table:
             "-" if s["vs_static"] is None else f"{s['vs_static']:.2f}x",
             "-" if s["vs_static_paired"] is None else f"{s['vs_static_paired']:.2f}x",
             f"{s['round_spread']:.1%}", f"{s['step_s']:.3f}", f"{s['waves_s']:.3f}", f"{s['predicted_s']:.3f}",
-            f"{s['prediction_error']:+.1%}", f"{s['idle_fraction']:.1%}", f"{s['plan_ms']:.1f}",
+            f"{s['prediction_error']:+.1%}", f"{s['prediction_error_step']:+.1%}", f"{s['idle_fraction']:.1%}",
+            f"{s['plan_ms']:.1f}",
             ",".join(map(str, s["degrees"])), f"{s['checkpointed']:.2f}", f"{s['micro_batches']:.1f}")
     table.caption = ("tokens/s: total tokens / sum over batches of the median step time over rounds; paired: "
                      "median per-batch step-time ratio to static; spread: (max-min)/median of tokens/s over rounds; "
                      "step s (median per batch), waves s, predicted s: medians; pred err: median over batches of "
-                     f"predicted / measured waves ({summary['prediction_statistic']} over rounds, the cost "
-                     "model's) - 1" + _noise_text(summary["noise"]))
+                     f"predicted / measured waves - 1, each micro-batch's {summary['prediction_statistic']} over "
+                     "rounds (the cost model's) composed into the step; step err: the same against the whole "
+                     "waves' rounds" + _noise_text(summary["noise"]))
     return table
 
 

@@ -8,7 +8,8 @@ planner's steps cost what they would cost in that planner's own run.
 
 For every slot of the schedule, rank 0 plans the batch (timed: that is the planning time) and
 broadcasts the plan; a barrier lines the ranks up; every rank times `Executor.step` and its
-own CPU time; one all-reduce then brings every rank's timings to rank 0, which keeps the record.
+own CPU time; one all-reduce then brings every rank's timings to rank 0, and one all-gather
+every rank's micro-batch seconds, which rank 0 keeps in the record.
 A batch is planned once per planner: later rounds rerun the same plan, so their spread is the
 machine's noise, not a randomised planner's.
 """
@@ -24,6 +25,7 @@ from ..dataset import Batch
 from ..models import build_model
 from ..plans import Plan
 from ..planners import Planner, PlannerOptions, get_planner
+from ..profile.rounds import RankWave, rank_waves
 from ..runtime import Executor, ProcessGroups, StepResult, broadcast_plan, parallelize
 from ..timeline import step_time
 from .setting import BenchInputs, BenchSetting, Slot, schedule
@@ -68,8 +70,10 @@ def run_on_rank(inputs: BenchInputs, setting: BenchSetting) -> list[dict] | None
         result = executors[slot.planner].step(plan, samples)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         timings = _gather(result, wall, cpu, batch_digest(samples))
+        per_rank: list = [None] * dist.get_world_size()
+        dist.all_gather_object(per_rank, rank_waves(result))
         if rank == 0:
-            records.append(_record(slot, plan, plan_seconds, step_time(plan, inputs.cost), result, timings))
+            records.append(_record(slot, plan, plan_seconds, step_time(plan, inputs.cost), result, timings, per_rank))
     return records if rank == 0 else None
 
 
@@ -109,8 +113,9 @@ def _gather(result: StepResult, wall: float, cpu: float, digest: float) -> torch
 
 
 def _record(slot: Slot, plan: Plan, plan_seconds: float | None, predicted: float, result: StepResult,
-            rows: torch.Tensor) -> dict:
-    """What the summary needs of one slot; per-rank lists where ranks differ."""
+            rows: torch.Tensor, per_rank: list[list[RankWave]]) -> dict:
+    """What the summary needs of one slot; per-rank lists where ranks differ (`rank_waves`: every
+    rank's micro-batch seconds per wave, which the summary reduces one by one, `profile.rounds`)."""
     t = {name: rows[:, i].tolist() for i, name in enumerate(TIMINGS)}
     waves = [b + w for b, w in zip(t["busy"], t["wait"])]
     return dict(
@@ -123,4 +128,4 @@ def _record(slot: Slot, plan: Plan, plan_seconds: float | None, predicted: float
         plan_ms=None if plan_seconds is None else 1e3 * plan_seconds,
         waves=len(plan.waves), micro_batches=plan.busy_micro_batches(), degrees=plan.degrees_used(),
         checkpointed=plan.checkpointed_fraction(),
-        rank_busy_s=t["busy"], rank_wait_s=t["wait"], digests=t["digest"])
+        rank_busy_s=t["busy"], rank_wait_s=t["wait"], digests=t["digest"], rank_waves=per_rank)

@@ -8,11 +8,14 @@ the median over rounds of the step time, then total tokens over the sum of those
 
 The cost model predicts the waves only (docs/design.md's step time has no gradient sync or optimizer,
 a constant no planner changes), so predictions are compared with the measured waves: per batch,
-predicted / (the slowest rank's waves reduced over rounds) - 1, then the median over batches. Rounds
-are reduced by the statistic the cost model was fitted on (a profile's `--statistic`: its median
-or its minimum over repeats; the median for models no profile measured), as `ballast profile
---check` does: a model fitted on the fastest of five repeats predicts the fastest round, not a
-typical one, and holding it against the median would count the host's bursts as its error.
+predicted / measured - 1, then the median over batches. Rounds are reduced by the statistic the
+cost model was fitted on (a profile's `--statistic`: its median or its minimum over repeats; the
+median for models no profile measured), as `ballast profile --check` does: a model fitted on the
+fastest of five repeats predicts the fastest round, not a typical one, and holding it against the
+median would count the host's bursts as its error. They are reduced micro-batch by micro-batch and
+composed into the step (`profile.rounds.composed_step`: what a profile fitted on single
+micro-batches predicts), `prediction_error`; `prediction_error_step` holds the prediction against
+the slowest rank's whole waves reduced over rounds, the step as is.
 
 Noise is measured, not assumed: every round reruns the same plans on the same batches, so what
 changes between rounds is the machine. `run_to_run` is the median over planners of the spread
@@ -29,6 +32,7 @@ from collections import defaultdict
 from typing import Sequence
 
 from ..profile.measure import STATISTICS, checked_statistic
+from ..profile.rounds import composed_step
 
 PREDICTION_TARGET = 0.15
 """Largest median |predicted / measured - 1| the issue accepts."""
@@ -67,7 +71,9 @@ def planner_summary(mine: list[dict], statistic: str = "median") -> dict:
     for r in mine:
         steps[r["step"]].append(r)
     reduce = STATISTICS[statistic]
-    errors = [rs[0]["predicted_s"] / reduce([r["waves_s"] for r in rs]) - 1.0 for rs in steps.values()]
+    errors = [rs[0]["predicted_s"] / composed_step([r["rank_waves"] for r in rs], statistic) - 1.0
+              for rs in steps.values()]
+    as_is = [rs[0]["predicted_s"] / reduce([r["waves_s"] for r in rs]) - 1.0 for rs in steps.values()]
     busy = sum(sum(r["rank_busy_s"]) for r in mine)
     wait = sum(sum(r["rank_wait_s"]) for r in mine)
     planned = [r["plan_ms"] for r in mine if r["plan_ms"] is not None]
@@ -75,6 +81,8 @@ def planner_summary(mine: list[dict], statistic: str = "median") -> dict:
         **timing_summary(mine), waves_s=statistics.median(r["waves_s"] for r in mine),
         predicted_s=statistics.median(r["predicted_s"] for r in mine),
         prediction_error=statistics.median(errors), prediction_abs_error=statistics.median(abs(e) for e in errors),
+        prediction_error_step=statistics.median(as_is),
+        prediction_abs_error_step=statistics.median(abs(e) for e in as_is),
         idle_fraction=wait / max(1e-12, busy + wait),
         sync_optimizer_s=statistics.median(r["sync_s"] + r["optimizer_s"] for r in mine),
         plan_ms=statistics.fmean(planned), plan_ms_max=max(planned),

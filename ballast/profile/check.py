@@ -11,16 +11,17 @@ profile (predicted step time of the plan as the runtime executes it, see `as_exe
 peak activation bytes per device), then executed by the runtime on local gloo ranks, on the
 CPU: a profile measured on another device (GPUs under torchrun) is refused, since its
 predictions are for that device. Measured
-step time is what the simulator models: the sum over waves of the wave's wall time (its
-slowest group plus the barrier that ends it), the largest over ranks; the gradient
-all-reduce and optimizer step, a constant per step that no planner can change, are reported
-apart. Measured activation memory is the largest saved-for-backward
+step time is what the simulator models: the sum over waves of the wave's time (its busiest
+rank's micro-batches); the gradient all-reduce and optimizer step, a constant per step that no
+planner can change, are reported apart. Measured activation memory is the largest saved-for-backward
 size of any micro-batch on any rank.
 
 Each plan runs once per round after one warm-up step; rounds shuffle the plans, so the load
 of other jobs spreads over all of them. Rounds are reduced by the profile's own statistic
-(median or min, so that prediction and measurement mean the same thing); the errors under the
-other statistic are reported too. The profile's full-depth points run again in the same
+(median or min, so that prediction and measurement mean the same thing), micro-batch by
+micro-batch as the profile reduced its points, and composed into the step (`rounds.py`); the
+errors under the other statistic, and against the whole step's rounds reduced (the step as is:
+its fastest round still carries the bursts that hit any of its micro-batches), are reported too. The profile's full-depth points run again in the same
 rounds, and the check reports how much faster or slower the machine ran than during the
 profile, and the error with that drift divided out beside the error as is (`drift.py`).
 """
@@ -57,6 +58,7 @@ from .residuals import error_summary
 from .machine import LoadMonitor, machine_info, measured_device
 from .drift import drift_errors, machine_drift, reference_points
 from .measure import LEARNING_RATE, STATISTICS, core_share, fitted_statistic, plan_samples, point_plan
+from .rounds import composed_step, rank_waves
 
 MILP_SECONDS = 2.0
 """FlexSP's per-wave solve limit here: the check measures plans, not the solver."""
@@ -132,7 +134,7 @@ def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats:
                     step_seconds=time.perf_counter() - start, step_cpu_seconds=time.thread_time() - cpu,
                     waves=sum(w.busy + w.wait for w in result.waves),
                     micro_batch_s=sum(mb.seconds for mb in result.micro_batches),
-                    overhead=result.sync_seconds + result.optimizer_seconds,
+                    overhead=result.sync_seconds + result.optimizer_seconds, rank_waves=rank_waves(result),
                     activation=max((mb.activation_bytes for mb in result.micro_batches), default=0)))
     return records
 
@@ -149,20 +151,26 @@ def beyond_noise(predicted: float, samples: Sequence[float], measured: float) ->
 
 def compare_plans(plans: list[Plan], cost: CostModel, per_rank: list[list[list[dict]]],
                   statistic: str) -> list[dict]:
-    """Each plan's prediction next to its measurement (`statistic` over rounds of the worst rank)."""
+    """Each plan's prediction next to its measurement: its micro-batches reduced over rounds by
+    `statistic` and composed into the step (`rounds.composed_step`), and the whole step as is
+    (the worst rank's waves of each round, `samples_s`, reduced by `statistic`)."""
     rows = []
     for i, plan in enumerate(plans):
         rounds = list(zip(*(rank[i] for rank in per_rank)))
         samples = [max(r["waves"] for r in ranks) for ranks in rounds]
-        measured, act = STATISTICS[statistic](samples), max(r["activation"] for ranks in rounds for r in ranks)
+        composed = {name: composed_step([[r["rank_waves"] for r in ranks] for ranks in rounds], name)
+                    for name in STATISTICS}
+        measured, act = composed[statistic], max(r["activation"] for ranks in rounds for r in ranks)
+        step = STATISTICS[statistic](samples)
         predicted = simulate(as_executed(plan), cost, cost.world_size).step_time
         predicted_act = predicted_activation(plan, cost)
         rows.append(dict(planner=plan.planner, sequences=len(plan.lengths), tokens=plan.tokens,
                          longest=max(plan.lengths), waves=len(plan.waves), degrees=plan.degrees_used(),
                          splits=splits_used(plan),
                          micro_batches=sum(1 for _, _, mb in plan.micro_batches() if mb.seq_ids),
-                         predicted_s=predicted, measured_s=measured, samples_s=samples,
-                         time_error=predicted / measured - 1.0,
+                         predicted_s=predicted, measured_s=measured, composed_s=composed, samples_s=samples,
+                         time_error=predicted / measured - 1.0, measured_step_s=step,
+                         time_error_step=predicted / step - 1.0,
                          noise=(max(samples) - min(samples)) / measured,
                          time_error_beyond_noise=beyond_noise(predicted, samples, measured),
                          step_overhead_s=statistics.median(max(r["overhead"] for r in ranks) for ranks in rounds),
@@ -201,12 +209,13 @@ def scatter(rows: list[dict], path: str | Path, title: str) -> None:
 
 
 def summarise(rows: list[dict]) -> dict:
-    """|error| statistics of step time under every way of reducing rounds, and of memory; step
-    time's error beyond each plan's repeat spread (`beyond_noise`) and that spread (`noise`:
-    slowest minus fastest round over the measurement); step time again for the plans that ran
-    a CP part and for those that did not."""
-    out = {f"time_{name}": error_summary([r["predicted_s"] / reduce(r["samples_s"]) - 1.0 for r in rows])
-           for name, reduce in STATISTICS.items()}
+    """|error| statistics of step time under every way of reducing rounds (`time_step`: the whole
+    step as is), and of memory; step time's error beyond each plan's repeat spread
+    (`beyond_noise`) and that spread (`noise`: slowest minus fastest round over the measurement);
+    step time again for the plans that ran a CP part and for those that did not."""
+    out = {f"time_{name}": error_summary([r["predicted_s"] / r["composed_s"][name] - 1.0 for r in rows])
+           for name in STATISTICS}
+    out["time_step"] = error_summary([r["time_error_step"] for r in rows])
     context = [r for r in rows if runs_context(r)]
     return dict(time=error_summary([r["time_error"] for r in rows]), act=error_summary([r["act_error"] for r in rows]),
                 time_beyond_noise=error_summary([r["time_error_beyond_noise"] for r in rows]),
@@ -284,11 +293,12 @@ def run_check(args: argparse.Namespace) -> int:
     rows = compare_plans(plans, cost, per_rank, statistic)
     summary, loads = summarise(rows), load.summary()
     console.print(plan_table(rows))
-    t, a = summary["time"], summary["act"]
+    t, a, whole = summary["time"], summary["act"], summary["time_step"]
     other = ", ".join(f"{name}: median {s['median']:.1%}, p90 {s['p90']:.1%}"
                       for name, s in ((name, summary[f"time_{name}"]) for name in STATISTICS) if name != statistic)
-    console.print(f"step time |error| ({statistic} of rounds): median {t['median']:.1%}, p90 {t['p90']:.1%}, "
-                  f"max {t['max']:.1%} ({other}); activation memory |error|: median {a['median']:.1%}, "
+    console.print(f"step time |error| ({statistic} of rounds per micro-batch): median {t['median']:.1%}, p90 "
+                  f"{t['p90']:.1%}, max {t['max']:.1%} ({other}; the whole step's {statistic} as is: median "
+                  f"{whole['median']:.1%}, p90 {whole['p90']:.1%}); activation memory |error|: median {a['median']:.1%}, "
                   f"max {a['max']:.1%}; {len(rows)} plans in {seconds:.0f} s, load average "
                   f"{loads['min']:.1f}..{loads['max']:.1f} on {loads['cpus']} CPUs, the ranks had "
                   f"{statistics.median(r['core_share'] for r in rows):.0%} of a core (the profile: load "

@@ -42,7 +42,7 @@ def machine_drift(references: Sequence[Measurement], records: Sequence[Sequence[
 
     records: per rank, per reference point, one record per round with `micro_batch_s` (the
     executor's seconds of the rank's micro-batch, which the profile's `seconds` are too: not the
-    wave's busy time, which adds 1-4 ms of work around every micro-batch)."""
+    wave's busy time, which adds the barrier and the loop around the micro-batch)."""
     if not references:
         return None
     rows = []

@@ -227,13 +227,14 @@ class Executor:
         # Under 2D sequence parallelism `local` is the initial layout's slice (whole frames, or
         # the even split when frames do not balance); with a CP part, the stream indices of the
         # rank's rows (its CP shard's head and tail chunks are not contiguous).
+        start = self._clock()
         layout = self.model.shape.pattern.layout.with_context(group.cp)
         holder = SHARDS[layout] if group.degree > 1 else StreamShard
         shard = holder.create(
             plan.mb_samples(mb), self.groups.get(group.start, group.degree, group.cp), group.degree,
             self.rank - group.start, self.device, routing=self._routing(plan, wave))
         return self._forward_backward(plan, mb.seq_ids, shard, shard.local, mb.checkpoint, samples, result,
-                                      (wave, group, mb))
+                                      (wave, group, mb), start)
 
     def _run_slot(self, plan: Plan, wave: int, domain: tuple[int, int], slot: int,
                   samples: Sequence[Any], result: StepResult) -> Tensor:
@@ -247,6 +248,7 @@ class Executor:
         `RemappedStream.attend` passes that pattern to the group's plain `StreamShard`, whose
         Ulysses attention holds the group's whole stream per head and takes the pattern's spans
         over it (`attention_spans`: frames, or patch columns gathered column by column)."""
+        began = self._clock()
         start, size = domain
         parts = [(g, g.micro_batches[slot] if slot < len(g.micro_batches) else MicroBatch([]))
                  for g in plan.waves[wave].domain_groups(start, size)]
@@ -279,7 +281,7 @@ class Executor:
         stream = RemappedStream(whole.bounds, take(whole.positions, local), whole.grids, shard=shard, route=route)
         checkpoint = min(mb.checkpoint for _, mb in parts if mb.seq_ids)
         return self._forward_backward(plan, seq_ids, stream, local, checkpoint, samples, result,
-                                      (wave, group, mb))
+                                      (wave, group, mb), began)
 
     def _routing(self, plan: Plan, wave: int) -> RoutingGroups | None:
         """The routing groups when `wave` routes its inter-node exchanges (`Wave.routed`, which
@@ -288,10 +290,12 @@ class Executor:
 
     def _forward_backward(self, plan: Plan, seq_ids: list[int], stream: PackedStream, local: Local,
                           checkpoint: float, samples: Sequence[Any], result: StepResult,
-                          mine: tuple[int, Group, MicroBatch]) -> Tensor:
+                          mine: tuple[int, Group, MicroBatch], start: float) -> Tensor:
         """Forward and backward of this rank's tokens `local` of the stream of `seq_ids`, recorded
-        as the rank's (wave, group, micro-batch) `mine`; returns the (detached) loss share."""
-        start = self._clock()
+        as the rank's (wave, group, micro-batch) `mine`, timed from `start`: from before its
+        shard was made, so a micro-batch's seconds (what `ballast profile` fits) hold the
+        layouts' set-up that a wave's busy time (what a step measures) holds; returns the
+        (detached) loss share."""
         checkpoint_layers = round(checkpoint * self.model.shape.layers)
         meter = ActivationMeter(self._params) if self.measure_activations else None
         with meter or contextlib.nullcontext(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):

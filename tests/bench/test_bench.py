@@ -45,7 +45,8 @@ def record(planner: str, round_: int, step: int, step_s: float, waves_s: float, 
                 step_s=step_s, waves_s=waves_s, predicted_s=predicted_s, idle=0.0, sync_s=0.01, optimizer_s=0.01,
                 cpu_share=1.0, plan_ms=2.0 if round_ == 0 else None, waves=1, micro_batches=2, degrees=[1],
                 checkpointed=0.5, rank_busy_s=[waves_s, 0.75 * waves_s], rank_wait_s=[0.0, 0.25 * waves_s],
-                digests=[float(step), float(step)])
+                digests=[float(step), float(step)],
+                rank_waves=[[([0.5 * waves_s, 0.45 * waves_s], 0.05 * waves_s)], [([0.75 * waves_s], 0.0)]])
 
 
 def test_summary_throughput_noise_prediction_and_targets():
@@ -79,6 +80,8 @@ def test_summary_throughput_noise_prediction_and_targets():
     assert fastest["prediction_statistic"] == "min"
     with pytest.raises(ValueError, match="statistic must be one of .*'mean'"):
         summarise(records, PLANNERS, statistic="mean")
+    # Bursts that every round scales alike leave the micro-batch composition equal to the whole step.
+    assert ours["prediction_error_step"] == pytest.approx(ours["prediction_error"])
     t = targets(summary, seconds=100.0)
     assert t["ballast_vs_static"]["met"] and t["wall_seconds"]["met"]
     assert not t["prediction"]["met"]  # ballast's 27% error
@@ -141,3 +144,18 @@ def test_bench_a_video_dit_on_clips(tmp_path):
 def test_bench_rejects_bad_settings(bad, capsys):
     assert main(["bench", *bad]) == 2
     assert "ballast bench: error:" in capsys.readouterr().err
+
+
+def test_summary_holds_predictions_against_micro_batches_reduced_one_by_one():
+    """A burst hits a different micro-batch of the step in each round: the whole step is never fast,
+    its micro-batches each are once, and a model fitted on the fastest repeat of single micro-batches
+    predicts their sum."""
+    records = []
+    for r, seconds in enumerate(([1.3, 0.5], [1.0, 0.8])):
+        for name in PLANNERS:
+            rec = record(name, r, 0, 2.0, sum(seconds), 1.5)
+            rec["rank_waves"] = [[(seconds, 0.0)], [([1.0], 0.0)]]  # rank 1 the lighter
+            records.append(rec)
+    fastest = summarise(records, PLANNERS, statistic="min")["planners"]["static"]
+    assert fastest["prediction_error"] == pytest.approx(0.0)
+    assert fastest["prediction_error_step"] == pytest.approx(1.5 / 1.8 - 1)

@@ -378,7 +378,8 @@ def test_check_plans_include_context_parallel_ones():
         by.setdefault(plan.planner, set()).update(splits_used(plan))
     assert by["static 1x2cp"] == {"1x2"} and "1x2" in by["megatron-dynamic-cp"] and by["static"] == {"2x1"}
     rows = [dict(splits=splits_used(p), time_error=0.1 if "1x2" in splits_used(p) else 0.02, act_error=0.0,
-                 predicted_s=1.0, samples_s=[1.0], noise=0.0, time_error_beyond_noise=0.0) for p in plans]
+                 predicted_s=1.0, composed_s=dict(median=1.0, min=1.0), time_error_step=0.0, noise=0.0,
+                 time_error_beyond_noise=0.0) for p in plans]
     summary = summarise(rows)
     assert summary["time_context"]["median"] == pytest.approx(0.1) and summary["time_without_context"]["max"] == 0.02
 
