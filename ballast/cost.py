@@ -27,7 +27,9 @@ A group of degree d = u x cp (Ulysses over u ranks times context parallelism ove
 
 Planners price a degree at its rule's least split (`split`, from `splits`) unless they weigh
 the splits (ballast tries `fastest_candidates`); a plan's group records its split, and whoever
-prices a plan passes the group's `cp`.
+prices a plan passes the group's `cp`. A profiled model offers a CP part at a degree only if
+its profile measured one there (`context_latency` has the degree) or no split without one is
+allowed: unmeasured CP terms are analytic guesses, not this device's.
 
 A remap domain's memory, slots and bound terms are `remapping.py`'s; the lower bound is
 `bounds.py`'s (both price with this model).
@@ -216,6 +218,13 @@ class CostModel:
         while d <= self.world_size:
             allowed = [c for c in self.splits.context_parts(d, self.heads, self.pattern.layout)
                        if d == 1 or d in self.bandwidth and (c == d or d // c in self.bandwidth)]
+            if allowed and allowed[0] == 1 and self.source == "profiled" and d not in self.context_latency:
+                # A profile that ran no point with a CP part at d measured none of CP's terms there
+                # (its latency, attention factor, gather): their analytic stand-ins would price CP
+                # below the Ulysses split it measured, and a planner that weighs splits would choose
+                # CP for it (ballast's video steps: 15-20% under-predicted). Offered only where
+                # nothing measured can run.
+                allowed = [1]
             if allowed:
                 parts[d] = allowed
             d *= 2

@@ -547,6 +547,20 @@ def test_degrees_past_the_heads_with_context_parallelism():
     assert wide.to_dict() == cost.to_dict()               # the rule is the planner's, not the profile's
 
 
+def test_a_profile_offers_only_the_context_parts_it_measured_where_ulysses_runs():
+    profiled = dataclasses.replace(small_cost(heads=6, kv_heads=2, bandwidth={2: 1e9, 4: 5e8}), source="profiled")
+    # No CP point profiled: CP only at 4, which Ulysses cannot reach (6 heads), priced analytically there.
+    wide = profiled.under(ANY_SPLIT)
+    assert wide.context_parts(2) == [1] and wide.fastest_candidates(2) == [1]
+    assert wide.context_parts(4) == [2, 4]
+    # Measured at 2: offered there; a rule of CP alone (Megatron's) keeps it unmeasured too.
+    measured = dataclasses.replace(profiled, context_latency={2: 0.01}).under(ANY_SPLIT)
+    assert measured.context_parts(2) == [1, 2]
+    assert profiled.under(CONTEXT_ONLY).context_parts(2) == [2]
+    # An analytic model's CP terms are its design, not a stand-in for a measurement.
+    assert small_cost(heads=6, kv_heads=2, bandwidth={2: 1e9, 4: 5e8}).under(ANY_SPLIT).context_parts(2) == [1, 2]
+
+
 def test_context_parallel_terms_by_hand():
     # 8 heads, 2 kv heads, 1000 bytes per token of exchanges (q, k, v, out both ways): K and V one
     # way are 1000 / 2 x 2 / (8 + 2) = 100 bytes per token for all heads.
