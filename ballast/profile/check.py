@@ -142,7 +142,9 @@ def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats:
 def beyond_noise(predicted: float, samples: Sequence[float], measured: float) -> float:
     """The part of a plan's error predicted / measured - 1 that its own rounds do not explain:
     0 where the prediction lies between its fastest and slowest round, else the distance to the
-    nearer of them, relative to the measurement (signed as the error)."""
+    nearer of them, relative to the measurement (signed as the error). `compare_plans` passes the
+    whole step's rounds and the step composed of every micro-batch's fastest round, the fastest
+    the plan was seen to run."""
     low, high = min(samples), max(samples)
     if predicted > high:
         return (predicted - high) / measured
@@ -172,7 +174,7 @@ def compare_plans(plans: list[Plan], cost: CostModel, per_rank: list[list[list[d
                          time_error=predicted / measured - 1.0, measured_step_s=step,
                          time_error_step=predicted / step - 1.0,
                          noise=(max(samples) - min(samples)) / measured,
-                         time_error_beyond_noise=beyond_noise(predicted, samples, measured),
+                         time_error_beyond_noise=beyond_noise(predicted, [*samples, composed["min"]], measured),
                          step_overhead_s=statistics.median(max(r["overhead"] for r in ranks) for ranks in rounds),
                          core_share=core_share([r for ranks in rounds for r in ranks]),
                          predicted_act_bytes=predicted_act, measured_act_bytes=act,
