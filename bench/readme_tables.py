@@ -180,8 +180,7 @@ def video_measured_table() -> str:
             f"{cost['device_memory_gb'] * 1e3:.1f} MB per rank; {cost['source']} cost model; static at SP degree "
             f"{s['degree']}; {s['warmup']} warm-up + {s['repeats']} rounds x {s['steps']} steps, interleaved; "
             f"{data['seconds']:.0f} s wall, load average {load['min']:.1f}..{load['max']:.1f}; columns as in the "
-            f"measured table below, the error against each batch's {data.get('prediction_statistic', 'median')} "
-            f"over rounds, as the profile was fitted):\n\n")
+            f"measured table below; {error_text(data)}):\n\n")
     ours = data["planners"]["ballast"]["vs_static"]
     others = t["ballast_vs_others"]
     worst = max(t["prediction"]["abs_errors"], key=t["prediction"]["abs_errors"].get)
@@ -278,6 +277,17 @@ def _layout(data: dict, name: str, sep: str = " | ") -> str:
     return f"{sum(r['micro_batches'] for r in mine) / len(mine):.2f}{sep}{','.join(map(str, degrees))}"
 
 
+def error_text(data: dict) -> str:
+    """What a bench record's error columns hold."""
+    statistic = data.get("prediction_statistic", "median")
+    if "prediction_error_step" not in next(iter(data["planners"].values())):
+        return (f"error: predicted / measured waves ({statistic} over rounds, as the cost model was fitted) - 1, "
+                f"median over batches")
+    return (f"error: predicted / measured waves - 1, median over batches, each micro-batch's {statistic} over rounds "
+            f"composed into the step (as the profile reduced its one-micro-batch points); error (whole step): "
+            f"against the whole waves' {statistic} over rounds")
+
+
 def measured_table() -> str:
     """`ballast bench`'s recorded run: the setting, the load it ran under, one row per planner, the targets."""
     data = json.loads((RESULTS / "measured.json").read_text())
@@ -294,9 +304,7 @@ def measured_table() -> str:
             f"{data['noise']['cpu_share']:.0%}"
             + (f"; run-to-run noise of tokens/s {noise:.1%}, of speeds relative to static {relative:.1%}"
                if noise is not None else "") + "). tokens/s: per batch the median step time over rounds; "
-            "paired: median per-batch ratio to static's step; spread: of tokens/s over rounds; error: "
-            f"predicted / measured waves ({data.get('prediction_statistic', 'median')} over rounds, as the cost "
-            "model was fitted) - 1, median over batches:\n\n")
+            f"paired: median per-batch ratio to static's step; spread: of tokens/s over rounds; {error_text(data)}:\n\n")
     text = head + "\n".join(rows) + "\n\nTargets: " + "; ".join(target_lines(data["targets"])) + "."
     if (RESULTS / "measured-repeat.json").exists():
         text += "\n\n" + repeat_line(data, json.loads((RESULTS / "measured-repeat.json").read_text()))
@@ -368,6 +376,8 @@ def profile_text(name: str) -> str:
     rows = ["| | median | 90th pct | max | n |", "|---|---:|---:|---:|---:|"]
     # A record made before #31's noise report and held-out points has no such rows.
     summary, held = check["summary"], fit.get("held_out_error", {})
+    composed = (" (the check's micro-batch by micro-batch, composed into the step; the whole step's rounds "
+                "reduced are the row below it)" if "time_step" in summary else "")
     for label, stats in [("check: step time, predicted vs measured", summary["time"]),
                          ("check: activation bytes, predicted vs measured", summary["act"]),
                          ("check: the whole step's rounds reduced (as is)", summary.get("time_step")),
@@ -391,7 +401,7 @@ def profile_text(name: str) -> str:
             f"{secs['quick']:.0f} s; `--check` ran {check['setting']['plans']} plans from "
             f"{len(check['setting']['planners'])} planners, {check['setting']['repeats']} repeats each "
             f"({secs['check']:.0f} s); every time the {STATISTIC_NAMES[check['setting']['statistic']]} of its rounds, in the profile as "
-            f"in the check. Errors are |predicted / measured - 1|:\n\n")
+            f"in the check{composed}. Errors are |predicted / measured - 1|:\n\n")
     over = f" (median over {len(data['runs'])} runs)" if len(data.get("runs", [])) > 1 else ""
     names = {"check_time_median": f"median step-time error{over}", "check_time_p90": f"90th percentile{over}",
              "check_act_max": "largest activation error", "profile_seconds": "full profile",
