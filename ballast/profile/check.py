@@ -13,17 +13,18 @@ CPU: a profile measured on another device (GPUs under torchrun) is refused, sinc
 predictions are for that device. Measured
 step time is what the simulator models: the sum over waves of the wave's time (its busiest
 rank's micro-batches); the gradient all-reduce and optimizer step, a constant per step that no
-planner can change, are reported apart. Measured activation memory is the largest saved-for-backward
-size of any micro-batch on any rank.
+planner can change, are reported apart. Measured activation memory is the largest
+saved-for-backward size of any micro-batch on any rank.
 
 Each plan runs once per round after one warm-up step; rounds shuffle the plans, so the load
 of other jobs spreads over all of them. Rounds are reduced by the profile's own statistic
 (median or min, so that prediction and measurement mean the same thing), micro-batch by
 micro-batch as the profile reduced its points, and composed into the step (`rounds.py`); the
 errors under the other statistic, and against the whole step's rounds reduced (the step as is:
-its fastest round still carries the bursts that hit any of its micro-batches), are reported too. The profile's full-depth points run again in the same
-rounds, and the check reports how much faster or slower the machine ran than during the
-profile, and the error with that drift divided out beside the error as is (`drift.py`).
+its fastest round still carries the bursts that hit any of its micro-batches), are reported
+too. The profile's full-depth points run again in the same rounds, and the check reports how
+much faster or slower the machine ran than during the profile, and the error with that drift
+divided out beside the error as is (`drift.py`).
 """
 from __future__ import annotations
 
