@@ -17,6 +17,7 @@
     fsdp.py         FSDP2 sharding of the model
     groups.py       cached process groups of every aligned power-of-two block and its (u, c) splits
     world.py        joining the job: torchrun, or N local gloo ranks
+    host_memory.py  a CPU rank's malloc keeps freed memory, as CUDA's caching allocator does
     memory.py       bytes saved for backward, measured
 """
 from .attention import StreamShard, sequence_parallel_attention

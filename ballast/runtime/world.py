@@ -9,7 +9,8 @@ as the original error of the first rank that failed (its peers' consequent error
 Every process group gets a timeout, so a dead or diverging peer ends in an error instead of a
 hang: the world's is the one it was joined with, and `world_timeout()` hands the same one to
 the groups made later (`ProcessGroups`), which torch would otherwise give its own defaults
-(30 minutes under gloo, 10 under NCCL).
+(30 minutes under gloo, 10 under NCCL). A gloo rank's malloc keeps the memory its steps free
+(`host_memory`), so no step pays page faults that another step's frees caused.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from .host_memory import keep_freed_memory
 
 COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 START_METHOD = "forkserver"
@@ -274,5 +277,7 @@ def _rank_main(rank: int, world_size: int, port: int, collective_timeout: timede
 def _init_process_group(backend: str, store: dist.Store, rank: int, world_size: int,
                         timeout: timedelta) -> None:
     global _joined_timeout
+    if backend == "gloo":  # a rank that computes on the CPU: see host_memory.py
+        keep_freed_memory()
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     _joined_timeout = timeout
