@@ -9,6 +9,7 @@
     measure.py   the points run for real on local ranks (or torchrun's), timed
     fit.py       the cost model's coefficients from the measurements, per layer (a video DiT's
                  attention by its pattern: spatial and temporal blocks apart; CP's own terms)
+    noise.py     how the repeats' spread grows with a point's seconds: the fit's weights
     columns.py   the fit's columns: a point's blocks, spans, calls, tokens and exchanges
     coefficients.py  the fitted coefficients, and the CostModel they make at any depth
     residuals.py the points priced by the fitted model: errors and their summaries

@@ -160,6 +160,9 @@ def print_report(console: Console, cost: CostModel) -> None:
                   f"{report['seconds']:.0f} s; load average {load['min']:.1f}..{load['max']:.1f} "
                   f"(median {load['median']:.1f}) on {load['cpus']} CPUs; the ranks had "
                   f"{report['core_share']:.0%} of a core (CPU / wall time of a step)")
+    if "noise_exponent" in report:  # profiles made before it was measured were fitted with 1
+        console.print(f"repeats spread as seconds^{report['noise_exponent']:.2f}: the time fit weights each point "
+                      f"by seconds^-{report['noise_exponent']:.2f}")
     per = f"s/{cost.pattern.unit_label}"
     sample = f"  f={cost.sample_seconds * 1e6:.2f} us/sample" if not cost.pattern.spans_are_samples else ""
     sample += f"  h={cost.call_seconds * 1e6:.2f} us/call" if cost.call_seconds else ""

@@ -13,8 +13,10 @@ S1 = sum s, S2 = sum s^2, n = S1 tokens, SP degree d and k checkpointed blocks:
 Bandwidth comes from the all-to-all calls timed inside the runtime (per degree, least squares
 of seconds = calls lat_call + bytes / bw); the size-independent part of SP per layer, lat_l(d),
 from the micro-batch times, since it also holds the sharding work around the calls. Every
-other coefficient is a non-negative least-squares fit of relative errors (weights 1/measured:
-the check's targets are relative), around a search for the two recomputation factors. The
+other coefficient is a non-negative weighted least-squares fit, each point weighted by one over
+its expected spread, seconds^-alpha with alpha measured from the profile's own repeats
+(`noise.py`: 1 gives relative errors, 0.5 a host whose bursts add up over a point's duration),
+around a search for the two recomputation factors. The
 fit's columns are `columns.py`'s; `coefficients.Coefficients` holds the result and maps it onto
 a CostModel at any depth.
 
@@ -74,6 +76,7 @@ from ..patterns import AttentionPattern, as_pattern
 from .coefficients import Coefficients
 from .columns import TimeColumns, known_comm, separates_calls
 from .grid import Measurement
+from .noise import fit_weights, noise_exponent
 
 MAX_RECOMPUTE = 2.0
 """Upper end of the search for ra_l and r_l: recomputing a layer repeats its forward, about a
@@ -167,7 +170,7 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
     calls = separates_calls(points, pattern)
     seconds = np.array([m.seconds for m in measurements])
     comm = np.array([known_comm(p, bandwidth, exchange_bytes_layer, context_bytes_layer or {}) for p in points])
-    target, weight = seconds - comm, 1.0 / seconds
+    target, weight = seconds - comm, fit_weights(measurements, noise_exponent(measurements))
 
     columns = TimeColumns(points, degrees, context_degrees, several_depths, pattern, calls).at
 

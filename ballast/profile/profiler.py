@@ -28,6 +28,7 @@ from .fit import fit
 from .residuals import prediction_errors, time_and_act_errors
 from .grid import Measurement, Point, checkpoint_levels
 from .machine import LoadMonitor, machine_info
+from .noise import noise_exponent
 from .measure import combine, core_share, measure_on_ranks, rank_device
 from .settings import Settings, held_out, is_video, plan_grid, sp_degrees
 
@@ -97,7 +98,7 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
         grid=[p.label() for p in grid + unseen + checks], coefficients=coefficients.to_dict(),
         step_overhead_s=per_rank[0]["step_overhead"], states_measured=per_rank[0]["states"],
         core_share=core_share([r for rank in per_rank for point in rank["records"].values() for r in point]),
-        points=points, extrapolation=extrapolation, residuals=time_and_act_errors(points),
+        noise_exponent=noise_exponent(fitted), points=points, extrapolation=extrapolation, residuals=time_and_act_errors(points),
         extrapolation_error=time_and_act_errors(extrapolation), held_out=held, held_out_error=time_and_act_errors(held),
         residuals_by_kind=residuals_by_kind(points + extrapolation),
         max_tokens={d: {c / shape.layers: cost.max_tokens(d, c / shape.layers) for c in checkpoint_levels(shape.layers)}
