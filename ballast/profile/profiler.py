@@ -98,7 +98,8 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
         grid=[p.label() for p in grid + unseen + checks], coefficients=coefficients.to_dict(),
         step_overhead_s=per_rank[0]["step_overhead"], states_measured=per_rank[0]["states"],
         core_share=core_share([r for rank in per_rank for point in rank["records"].values() for r in point]),
-        noise_exponent=noise_exponent(fitted), points=points, extrapolation=extrapolation, residuals=time_and_act_errors(points),
+        noise_exponent=noise_exponent(fitted), points=points, extrapolation=extrapolation,
+        residuals=time_and_act_errors(points),
         extrapolation_error=time_and_act_errors(extrapolation), held_out=held, held_out_error=time_and_act_errors(held),
         residuals_by_kind=residuals_by_kind(points + extrapolation),
         max_tokens={d: {c / shape.layers: cost.max_tokens(d, c / shape.layers) for c in checkpoint_levels(shape.layers)}

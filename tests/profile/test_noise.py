@@ -14,12 +14,11 @@ from ballast.profile import fit as fit_module
 from ballast.profile.fit import fit
 from ballast.profile.grid import Measurement, Point
 from ballast.profile.noise import MIN_POINTS, PROPORTIONAL, RANDOM_WALK, fit_weights, noise_exponent
+from ballast.profile.profiler import state_bytes
 from ballast.profile.residuals import prediction_errors
 
 from synthetic_measurements import synthetic
 from test_profile import TINY, TRUE, grid, layer_bytes
-
-from ballast.profile.profiler import state_bytes
 
 
 def with_repeats(measured: list[Measurement], exponent: float, scale: float, seed: int,
