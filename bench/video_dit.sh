@@ -7,7 +7,9 @@
 # stdit-tiny record makes it (depths 2 and 4, the fastest of 5 repeats: bench/results/video-profile.json,
 # the spatial and temporal attention coefficients), so the JSON's prediction error is the profiled
 # model's, held against each batch's fastest of 5 rounds as the model was fitted (ballast.bench.summary),
-# and its check on random video plans of six planners (video-profile-check.json). Then the
+# and its check on random video plans of six planners (video-profile-check.json); the bench runs the
+# profile's longest full-depth points again in every round and records the machine's drift since the
+# profile and each planner's error with it divided out (reported, not judged). Then the
 # 200-step training run whose loss curve the README shows (bench/results/video-train-loss.png).
 #
 # Usage: bench/video_dit.sh     (about 15 minutes; waits for a quiet machine first, see bench/quiet.sh)

@@ -76,26 +76,30 @@ def describe(inputs: BenchInputs, setting: BenchSetting) -> str:
             f"{cost.min_checkpoint(setting.max_len, 1)})")
 
 
-def bench(setting: BenchSetting, inputs: BenchInputs, timeout: float) -> tuple[list[dict], dict]:
-    """Run the benchmark's one gloo job; rank 0's records and the load average seen meanwhile."""
+def bench(setting: BenchSetting, inputs: BenchInputs, timeout: float) -> tuple[list[dict], list, dict]:
+    """Run the benchmark's one gloo job; rank 0's records, its reference points' seconds
+    (`ranks.References`) and the load average seen meanwhile."""
     from ..profile.machine import LoadMonitor
     from ..runtime import run_local
     from .ranks import make_planners, run_on_rank
 
     make_planners(inputs, setting)  # a planner option no plan can meet fails here, before any rank starts
     with LoadMonitor() as load:
-        per_rank = run_local(setting.world, run_on_rank, inputs, setting, timeout=timeout)
-    return per_rank[0], load.summary()
+        records, references = run_local(setting.world, run_on_rank, inputs, setting, timeout=timeout)[0]
+    return records, references, load.summary()
 
 
-def result_json(setting: BenchSetting, inputs: BenchInputs, records: list[dict], load: dict,
+def result_json(setting: BenchSetting, inputs: BenchInputs, records: list[dict], references: list, load: dict,
                 seconds: float, statistic: str) -> dict:
     """Everything the run measured, summarised (predictions against rounds reduced by
-    `statistic`), and the raw records."""
+    `statistic`; the machine's drift since the profile from the reference points' seconds), and
+    the raw records."""
+    from ..profile.drift import machine_drift
     from ..profile.machine import machine_info
 
     cost = inputs.cost
-    summary = summarise(records, setting.planners, statistic=statistic)
+    drift = machine_drift(inputs.references, references, statistic)
+    summary = summarise(records, setting.planners, statistic=statistic, drift=drift and drift["ratio"])
     return dict(
         setting=dataclasses.asdict(setting), data=inputs.data,
         cost_model=dict(source=cost.source, spec=setting.cost, device_memory_gb=cost.device_memory / 1e9,
@@ -103,7 +107,7 @@ def result_json(setting: BenchSetting, inputs: BenchInputs, records: list[dict],
                         max_len_checkpoint_at_degree_1=cost.min_checkpoint(setting.max_len, 1)),
         batches=[dict(sample_ids=b.sample_ids, lengths=b.lengths, measured=i >= setting.warmup)
                  for i, b in enumerate(inputs.batches)],
-        machine=machine_info(setting.world), load_average=load, seconds=seconds,
+        machine=machine_info(setting.world), load_average=load, seconds=seconds, drift=drift,
         **summary, targets=targets(summary, seconds), records=records)
 
 
@@ -111,6 +115,19 @@ def chart_title(result: dict) -> str:
     s = result["setting"]
     return (f"ballast bench: {s['model']} on {s['world']} gloo ranks, {s['data']} (~{s['tokens_per_step']} "
             f"tokens/step, max_len {s['max_len']}), {result['cost_model']['source']} cost model")
+
+
+def print_drift(console: Console, result: dict) -> None:
+    """How much the machine's speed moved since the profile, and each planner's error without it."""
+    drift = result["drift"]
+    if drift is None:
+        console.print("no drift measured: the cost model is no profile of this machine's CPU at the model's depth")
+        return
+    ratio, planners = drift["ratio"], result["planners"]
+    errors = ", ".join(f"{name} {s['prediction_error_drift_corrected']:+.1%}" for name, s in planners.items())
+    console.print(f"the machine ran {abs(ratio - 1):.1%} {'slower' if ratio > 1 else 'faster'} than during the profile "
+                  f"(its {len(drift['points'])} full-depth points run again through every round); prediction error "
+                  f"with that drift divided out (reported, not the targets'): {errors}", highlight=False)
 
 
 def print_targets(console: Console, result: dict) -> None:
@@ -137,8 +154,8 @@ def run(args: argparse.Namespace) -> int:
     inputs = prepare(setting)
     statistic = fitted_statistic(inputs.cost)  # a damaged profile fails here, before any rank starts
     console.print(describe(inputs, setting), highlight=False)
-    records, load = bench(setting, inputs, args.timeout)
-    result = result_json(setting, inputs, records, load, time.perf_counter() - start, statistic)
+    records, references, load = bench(setting, inputs, args.timeout)
+    result = result_json(setting, inputs, records, references, load, time.perf_counter() - start, statistic)
     title = chart_title(result)
     console.print(bench_table(title, result))
     console.print(f"{result['seconds']:.0f} s; load average {load['min']:.1f}..{load['max']:.1f} (median "
@@ -146,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{result['noise']['cpu_share']:.0%}; same batches for every planner and rank: "
                   f"{result['same_batches']}; largest loss difference between planners "
                   f"{result['loss_spread']:.1e}", highlight=False)
+    print_drift(console, result)
     print_targets(console, result)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=1))

@@ -12,6 +12,11 @@ own CPU time; one all-reduce then brings every rank's timings to rank 0, and one
 every rank's micro-batch seconds, which rank 0 keeps in the record.
 A batch is planned once per planner: later rounds rerun the same plan, so their spread is the
 machine's noise, not a randomised planner's.
+
+The profile's reference points (`BenchInputs.references`) run on a model copy of their own,
+once before the schedule (their first run pays the allocator's first touch) and then each
+once per round after its step (`setting.reference_steps`); one all-gather brings every rank's
+micro-batch seconds to rank 0.
 """
 from __future__ import annotations
 
@@ -25,10 +30,11 @@ from ..dataset import Batch
 from ..models import build_model
 from ..plans import Plan
 from ..planners import Planner, PlannerOptions, get_planner
+from ..profile.measure import plan_samples, point_plan
 from ..profile.rounds import RankWave, rank_waves
 from ..runtime import Executor, ProcessGroups, StepResult, broadcast_plan, parallelize
 from ..timeline import step_time
-from .setting import BenchInputs, BenchSetting, Slot, schedule
+from .setting import BenchInputs, BenchSetting, Slot, reference_steps, schedule
 
 LEARNING_RATE = 1e-3
 TIMINGS = ("wall", "busy", "wait", "sync", "optimizer", "cpu", "digest")
@@ -48,12 +54,15 @@ def _sample_sum(sample: torch.Tensor | Clip) -> float:
     return int(sample.sum())
 
 
-def run_on_rank(inputs: BenchInputs, setting: BenchSetting) -> list[dict] | None:
-    """Run the whole schedule on this rank; rank 0 returns one record per slot, the others None."""
+def run_on_rank(inputs: BenchInputs, setting: BenchSetting) -> tuple[list[dict], list[list[list[float]]]] | None:
+    """Run the whole schedule on this rank. Rank 0 returns one record per slot, and per reference
+    point its micro-batch seconds per measured round and rank (`drift.machine_drift`'s input);
+    the others None."""
     rank = dist.get_rank()
     groups = ProcessGroups()
     executors = {name: _executor(inputs, groups, setting.seed) for name in setting.planners}
     planners = make_planners(inputs, setting) if rank == 0 else {}
+    references = References(inputs, groups, setting)
     plans: dict[tuple[str, int], Plan] = {}
     records = []
     for slot in schedule(setting.planners, setting.steps, setting.warmup, setting.repeats):
@@ -74,7 +83,40 @@ def run_on_rank(inputs: BenchInputs, setting: BenchSetting) -> list[dict] | None
         dist.all_gather_object(per_rank, rank_waves(result))
         if rank == 0:
             records.append(_record(slot, plan, plan_seconds, step_time(plan, inputs.cost), result, timings, per_rank))
-    return records if rank == 0 else None
+        if slot.measured and slot.position == len(setting.planners) - 1:  # the step's last planner ran
+            references.after_step(slot.step)
+    return (records, references.seconds) if rank == 0 else None
+
+
+class References:
+    """The profile's reference points on this rank: their plans, samples and model copy, and what
+    they measured (on rank 0: `seconds[i][r][k]`, point i's micro-batch seconds in round r on rank k)."""
+
+    def __init__(self, inputs: BenchInputs, groups: ProcessGroups, setting: BenchSetting):
+        world = dist.get_world_size()
+        self.plans = [point_plan(m.point, world) for m in inputs.references]
+        self.samples = [plan_samples(p, inputs.shape, setting.seed + i) for i, p in enumerate(self.plans)]
+        self.after = reference_steps(setting.steps, len(self.plans))
+        self.seconds: list[list[list[float]]] = [[] for _ in self.plans]
+        self.executor = _executor(inputs, groups, setting.seed) if self.plans else None
+        for i in range(len(self.plans)):
+            self._run(i)
+
+    def after_step(self, step: int) -> None:
+        """Run (and on rank 0 keep) the reference points that follow this measured step."""
+        for i, after in enumerate(self.after):
+            if after == step:
+                seconds = self._run(i)
+                if dist.get_rank() == 0:
+                    self.seconds[i].append(seconds)
+
+    def _run(self, i: int) -> list[float]:
+        """Every rank's micro-batch seconds of one run of reference point i."""
+        dist.barrier()
+        result = self.executor.step(self.plans[i], self.samples[i])
+        per_rank: list = [None] * dist.get_world_size()
+        dist.all_gather_object(per_rank, sum(mb.seconds for mb in result.micro_batches))
+        return per_rank
 
 
 def _executor(inputs: BenchInputs, groups: ProcessGroups, seed: int) -> Executor:

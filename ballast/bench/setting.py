@@ -5,6 +5,11 @@ here, before any rank starts; the ranks receive them as they are. The runs are i
 for every step, every planner runs that step's batch before any planner moves on, and the
 order rotates by one each step, so a slow drift of the machine's load (other jobs on a shared
 host) hits all planners alike and no planner always runs first or last.
+
+A profiled cost model's prediction error mixes the model's error with the machine's drift
+since the profile (on the shared 2-vCPU host, 5-15% within minutes). So the benchmark runs the
+profile's full-depth points again, as `ballast profile --check` does (`profile/drift.py`), spread
+over every round (`reference_steps`), and reports the drift and the errors with it divided out.
 """
 from __future__ import annotations
 
@@ -20,6 +25,9 @@ from ..planners import parse_planner_names
 from ..model_shape import ModelShape, get_model_shape
 from ..models import check_buildable
 from ..layouts import ANY_SPLIT
+from ..profile.drift import reference_points
+from ..profile.grid import Measurement
+from ..profile.machine import measured_device
 
 ALL_PLANNERS = ("static", "batch-adaptive", "bucket", "megatron-dynamic-cp", "wlb-llm", "dcp", "flexsp", "hydraulis",
                 "zeppelin", "ballast")
@@ -91,6 +99,9 @@ class BenchInputs:
     """The warm-up batches first, then the measured ones."""
     data: str
     """The corpus, described."""
+    references: list[Measurement] = dataclasses.field(default_factory=list)
+    """The profile's points run again for the machine's drift (`drift_references`; none for a
+    cost model no profile on this device measured)."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,20 @@ def schedule(planners: tuple[str, ...], steps: int, warmup: int, repeats: int) -
     return out
 
 
+def reference_steps(steps: int, references: int) -> list[int]:
+    """After which measured step of every round each reference point runs: spread evenly over
+    the round, so that the drift is measured over the same minutes as the planners' steps."""
+    return [i * steps // references for i in range(references)]
+
+
+def drift_references(cost: CostModel, shape: ModelShape) -> list[Measurement]:
+    """The profile's reference points (`profile.drift.reference_points`) if it was measured on
+    the CPU, where the benchmark's gloo ranks run; else none (a GPU's seconds are no reference
+    for this machine's speed)."""
+    machine = cost.fit.get("machine")
+    return reference_points(cost, shape) if machine and measured_device(machine) == "cpu" else []
+
+
 def auto_device_memory(cost: CostModel, max_len: int) -> float:
     """Bytes per rank in which a max_len sequence runs without checkpointing only at SP degree 2.
 
@@ -153,7 +178,7 @@ def prepare(setting: BenchSetting, progress: bool = True) -> BenchInputs:
     cluster, cost = make_cost(setting, shape)
     stream, described = open_stream(setting, shape, progress)
     batches = [stream.next_batch() for _ in range(setting.warmup + setting.steps)]
-    return BenchInputs(shape, cluster, cost, batches, described)
+    return BenchInputs(shape, cluster, cost, batches, described, drift_references(cost, shape))
 
 
 def open_stream(setting: BenchSetting, shape: ModelShape, progress: bool) -> tuple[EpochStream, str]:

@@ -15,7 +15,10 @@ fastest of five repeats predicts the fastest round, not a typical one, and holdi
 median would count the host's bursts as its error. They are reduced micro-batch by micro-batch and
 composed into the step (`profile.rounds.composed_step`: what a profile fitted on single
 micro-batches predicts), `prediction_error`; `prediction_error_step` holds the prediction against
-the slowest rank's whole waves reduced over rounds, the step as is.
+the slowest rank's whole waves reduced over rounds, the step as is. Where the cost model is a
+profile of this machine, `prediction_error_drift_corrected` holds the prediction scaled by the
+machine's drift since the profile (`profile/drift.py`: its points run again in the benchmark's
+rounds) against the same composition: reported beside the error as is, never in its place.
 
 Noise is measured, not assumed: every round reruns the same plans on the same batches, so what
 changes between rounds is the machine. `run_to_run` is the median over planners of the spread
@@ -31,6 +34,7 @@ import statistics
 from collections import defaultdict
 from typing import Sequence
 
+from ..profile.drift import drift_errors
 from ..profile.measure import STATISTICS, checked_statistic
 from ..profile.rounds import composed_step
 
@@ -64,15 +68,18 @@ def timing_summary(mine: list[dict]) -> dict:
         step_s=statistics.median(median_step), cpu_share=statistics.fmean(r["cpu_share"] for r in mine))
 
 
-def planner_summary(mine: list[dict], statistic: str = "median") -> dict:
+def planner_summary(mine: list[dict], statistic: str = "median", drift: float | None = None) -> dict:
     """One planner's measured records summarised, its rounds of a batch reduced by `statistic`
-    for the prediction error (see the module docstring)."""
+    for the prediction error, and that error with the machine's `drift` (now / at the profile)
+    divided out where it was measured (see the module docstring)."""
     steps: dict[int, list[dict]] = defaultdict(list)
     for r in mine:
         steps[r["step"]].append(r)
     reduce = STATISTICS[statistic]
-    errors = [rs[0]["predicted_s"] / composed_step([r["rank_waves"] for r in rs], statistic) - 1.0
-              for rs in steps.values()]
+    composed = [dict(predicted_s=rs[0]["predicted_s"], measured_s=composed_step([r["rank_waves"] for r in rs], statistic))
+                for rs in steps.values()]
+    errors = drift_errors(composed, 1.0)
+    corrected = None if drift is None else drift_errors(composed, drift)
     as_is = [rs[0]["predicted_s"] / reduce([r["waves_s"] for r in rs]) - 1.0 for rs in steps.values()]
     busy = sum(sum(r["rank_busy_s"]) for r in mine)
     wait = sum(sum(r["rank_wait_s"]) for r in mine)
@@ -83,6 +90,8 @@ def planner_summary(mine: list[dict], statistic: str = "median") -> dict:
         prediction_error=statistics.median(errors), prediction_abs_error=statistics.median(abs(e) for e in errors),
         prediction_error_step=statistics.median(as_is),
         prediction_abs_error_step=statistics.median(abs(e) for e in as_is),
+        prediction_error_drift_corrected=None if corrected is None else statistics.median(corrected),
+        prediction_abs_error_drift_corrected=None if corrected is None else statistics.median(map(abs, corrected)),
         idle_fraction=wait / max(1e-12, busy + wait),
         sync_optimizer_s=statistics.median(r["sync_s"] + r["optimizer_s"] for r in mine),
         plan_ms=statistics.fmean(planned), plan_ms_max=max(planned),
@@ -129,12 +138,14 @@ def loss_spread(records: list[dict]) -> float:
 
 
 def summarise(records: list[dict], planners: Sequence[str], baseline: str = "static",
-              statistic: str = "median") -> dict:
+              statistic: str = "median", drift: float | None = None) -> dict:
     """Per-planner summaries (with speed relative to `baseline`; predictions held against the
-    rounds reduced by `statistic`), the noise and the data checks."""
+    rounds reduced by `statistic`, and with the machine's `drift` since the profile divided out
+    where it was measured), the noise and the data checks."""
     checked_statistic(statistic)
     measured = [r for r in records if r["round"] >= 0]
-    out = {name: planner_summary([r for r in measured if r["planner"] == name], statistic) for name in planners}
+    out = {name: planner_summary([r for r in measured if r["planner"] == name], statistic, drift)
+           for name in planners}
     paired = paired_speedups(measured, baseline) if baseline in out else {}
     for name, s in out.items():
         s["vs_static"] = s["tokens_per_s"] / out[baseline]["tokens_per_s"] if baseline in out else None

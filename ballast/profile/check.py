@@ -291,7 +291,8 @@ def run_check(args: argparse.Namespace) -> int:
         per_rank = run_local(cost.world_size, execute_on_ranks, shape, run, 1, repeats, args.seed, True,
                              timeout=args.timeout)
     seconds = time.perf_counter() - start
-    drift = machine_drift(references, [records[len(plans):] for records in per_rank], statistic)
+    drift = machine_drift(references, [[[records[len(plans) + i][r]["micro_batch_s"] for records in per_rank]
+                                        for r in range(repeats)] for i in range(len(references))], statistic)
     per_rank = [records[:len(plans)] for records in per_rank]
     rows = compare_plans(plans, cost, per_rank, statistic)
     summary, loads = summarise(rows), load.summary()

@@ -36,21 +36,21 @@ def reference_points(cost: CostModel, shape: ModelShape) -> list[Measurement]:
     return sorted(full, key=lambda m: -m.seconds)[:REFERENCE_POINTS]
 
 
-def machine_drift(references: Sequence[Measurement], records: Sequence[Sequence[Sequence[dict]]],
+def machine_drift(references: Sequence[Measurement], seconds: Sequence[Sequence[Sequence[float]]],
                   statistic: str) -> dict | None:
     """Each reference point's seconds now over its profiled seconds, and their median.
 
-    records: per rank, per reference point, one record per round with `micro_batch_s` (the
+    seconds[i][r][k]: reference point i's micro-batch seconds on rank k in round r (the
     executor's seconds of the rank's micro-batch, which the profile's `seconds` are too: not the
     wave's busy time, which adds the barrier and the loop around the micro-batch)."""
     if not references:
         return None
     rows = []
-    for i, reference in enumerate(references):
-        rounds = list(zip(*(rank[i] for rank in records)))
-        now = STATISTICS[statistic]([slowest_rank(r["micro_batch_s"] for r in ranks) for ranks in rounds])
+    for reference, rounds in zip(references, seconds, strict=True):
+        slowest = [slowest_rank(ranks) for ranks in rounds]
+        now = STATISTICS[statistic](slowest)
         rows.append(dict(point=reference.point.label(), profiled_s=reference.seconds, check_s=now,
-                         ratio=now / reference.seconds))
+                         ratio=now / reference.seconds, rounds_s=slowest))
     return dict(ratio=statistics.median(r["ratio"] for r in rows), points=rows)
 
 

@@ -11,7 +11,12 @@ from corpora import jsonl_corpus
 
 from ballast.bench import BenchSetting, prepare, schedule, summarise, targets
 from ballast.bench.ranks import batch_digest
+from ballast.bench.setting import drift_references, reference_steps
 from ballast.cli import main
+from ballast.cluster import get_cluster
+from ballast.cost_sources import analytic_cost
+from ballast.model_shape import get_model_shape
+from ballast.profile.grid import Measurement, Point
 
 PLANNERS = ("static", "ballast")
 
@@ -80,6 +85,11 @@ def test_summary_throughput_noise_prediction_and_targets():
     assert fastest["prediction_statistic"] == "min"
     with pytest.raises(ValueError, match="statistic must be one of .*'mean'"):
         summarise(records, PLANNERS, statistic="mean")
+    assert ours["prediction_error_drift_corrected"] is None  # no drift measured: none divided out
+    # The machine 10% slower than at the profile: the prediction scaled by it, against the same waves.
+    drifted = summarise(records, PLANNERS, drift=1.1)["planners"]["ballast"]
+    assert drifted["prediction_error_drift_corrected"] == pytest.approx(1.2 * 1.1 / (0.9 * 1.05) - 1)
+    assert drifted["prediction_error"] == ours["prediction_error"]
     # Bursts that every round scales alike leave the micro-batch composition equal to the whole step.
     assert ours["prediction_error_step"] == pytest.approx(ours["prediction_error"])
     t = targets(summary, seconds=100.0)
@@ -109,6 +119,7 @@ def test_bench_two_ranks_two_planners_two_steps(corpus, tmp_path):
         assert s["plan_ms"] >= 0 and len(s["tokens_per_s_rounds"]) == 1
     assert result["planners"]["static"]["vs_static"] == pytest.approx(1.0)
     assert result["cost_model"]["source"] == "analytic" and result["noise"]["run_to_run"] is None
+    assert result["drift"] is None  # no profile: nothing to hold the machine's speed against
     assert set(result["targets"]) == {"wall_seconds", "prediction", "ballast_vs_static", "ballast_vs_others"}
     # The records follow the schedule, and every rank and planner trained on the parent's batches.
     slots = schedule(PLANNERS, steps=2, warmup=1, repeats=1)
@@ -159,3 +170,61 @@ def test_summary_holds_predictions_against_micro_batches_reduced_one_by_one():
     fastest = summarise(records, PLANNERS, statistic="min")["planners"]["static"]
     assert fastest["prediction_error"] == pytest.approx(0.0)
     assert fastest["prediction_error_step"] == pytest.approx(1.5 / 1.8 - 1)
+
+
+def test_reference_points_spread_over_every_round():
+    assert reference_steps(6, 6) == [0, 1, 2, 3, 4, 5]
+    assert reference_steps(2, 5) == [0, 0, 0, 1, 1]
+    assert reference_steps(4, 2) == [0, 2]
+    assert reference_steps(3, 0) == []
+
+
+def profile_like_cost(shape_name: str, seconds: dict[tuple[int, int], float], device: str) -> dict:
+    """The analytic cost model of `shape_name` on 2 CPU ranks as a profile JSON whose fit holds
+    full-depth points of (length, degree) at the given seconds, measured on `device`."""
+    shape = get_model_shape(shape_name)
+    cost = analytic_cost(shape, get_cluster("cpu", 2))
+    measurements = [Measurement(point=Point(shape.layers, (length,), degree, 0), seconds=s, comm_seconds=0.0,
+                                comm_calls=0, comm_bytes=0, activation_bytes=1, shard_tokens=length // degree)
+                    for (length, degree), s in seconds.items()]
+    fit = dict(machine=dict(device=device, backend="gloo"), settings=dict(statistic="min"),
+               measurements=[m.to_dict() for m in measurements])
+    return {**cost.to_dict(), "fit": fit}
+
+
+def test_only_a_cpu_profile_is_a_reference_for_the_bench():
+    from ballast.cost import CostModel
+
+    shape = get_model_shape("tiny")
+    cpu = CostModel.from_dict(profile_like_cost("tiny", {(64, 1): 0.1, (128, 2): 0.2}, "cpu"))
+    assert [m.point.lengths for m in drift_references(cpu, shape)] == [(128,), (64,)]
+    gpu = CostModel.from_dict(profile_like_cost("tiny", {(64, 1): 0.1}, "cuda"))
+    assert drift_references(gpu, shape) == []
+    assert drift_references(analytic_cost(shape, get_cluster("cpu", 2)), shape) == []
+
+
+@pytest.mark.slow
+def test_bench_measures_the_machines_drift_since_the_profile(corpus, tmp_path):
+    """The profile's full-depth points run again in every round: the drift is their seconds now
+    over the profile's (here made-up: 1 s and 2 s, so the ratio is the measured seconds), reduced
+    by the profile's statistic, and each planner's error is also reported with it divided out."""
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(profile_like_cost("tiny", {(96, 1): 1.0, (128, 2): 2.0}, "cpu")))
+    out = tmp_path / "bench.json"
+    flags = ["--data", corpus[0], "--cache-dir", corpus[1], "--planners", ",".join(PLANNERS), "--steps", "2",
+             "--warmup", "1", "--repeats", "3", "--max-len", "128", "--tokens-per-step", "512", "--cost", str(profile),
+             "--json", str(out), "--timeout", "180"]
+    assert main(["bench", *flags]) == 0
+    result = json.loads(out.read_text())
+    drift = result["drift"]
+    assert [p["point"] for p in drift["points"]] == ["L4 1x128 d2 ckpt0/4", "L4 1x96 d1 ckpt0/4"]
+    for p, profiled in zip(drift["points"], (2.0, 1.0)):
+        assert len(p["rounds_s"]) == 3 and all(0 < s < 1.0 for s in p["rounds_s"])  # tiny points: well under 1 s
+        assert p["check_s"] == pytest.approx(min(p["rounds_s"])) and p["profiled_s"] == profiled
+        assert p["ratio"] == pytest.approx(p["check_s"] / profiled)
+    assert drift["ratio"] == pytest.approx(sum(p["ratio"] for p in drift["points"]) / 2)
+    for s in result["planners"].values():
+        # A monotone map of every batch's error: the medians map alike.
+        assert s["prediction_error_drift_corrected"] == pytest.approx((1 + s["prediction_error"]) * drift["ratio"] - 1)
+    # The planners' records are the schedule's alone: the reference runs are not among them.
+    assert len(result["records"]) == len(schedule(PLANNERS, steps=2, warmup=1, repeats=3))

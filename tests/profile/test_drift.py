@@ -35,11 +35,13 @@ def test_drift_is_the_median_ratio_of_the_profiles_reduction_and_divides_out():
     # Two ranks, three rounds: the slowest rank, then the median over rounds (as `combine`).
     seconds = {0: [(1.1, 1.3), (1.2, 1.2), (5.0, 5.0)], 1: [(2.0, 2.0), (2.2, 2.2), (2.4, 2.4)],
                2: [(3.0, 3.0), (3.2, 3.2), (3.4, 3.4)]}
-    records = [[[{"micro_batch_s": seconds[i][r][rank]} for r in range(3)] for i in range(3)] for rank in range(2)]
-    drift = machine_drift(references, records, "median")
+    drift = machine_drift(references, [seconds[i] for i in range(3)], "median")
     assert [p["ratio"] for p in drift["points"]] == pytest.approx([1.3, 1.1, 0.8])  # the mean would give 1.2
+    assert drift["points"][0]["rounds_s"] == pytest.approx([1.3, 1.2, 5.0])
     assert drift["ratio"] == pytest.approx(1.1)
-    assert machine_drift(references, records, "min")["ratio"] == pytest.approx(1.0)  # 1.3, 1.0, 0.75
+    assert machine_drift(references, [seconds[i] for i in range(3)], "min")["ratio"] == pytest.approx(1.0)  # 1.3, 1.0, 0.75
     assert machine_drift([], [], "median") is None
+    with pytest.raises(ValueError):  # a reference point without its rounds is a bug, not a drift of 1
+        machine_drift(references, [seconds[0]], "median")
     # A plan predicted 1.0 s, measured 1.1 s on a machine 10% slower than at the profile: exact.
     assert drift_errors([{"predicted_s": 1.0, "measured_s": 1.1}], drift["ratio"]) == pytest.approx([0.0])
