@@ -13,6 +13,8 @@ from pathlib import Path
 
 from readme_routing import ROUTING, routing_table
 
+from ballast.profile.drift import how_much
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 SETTINGS = {
@@ -204,7 +206,7 @@ def video_measured_table() -> str:
             text += f"; against the whole step's rounds reduced, {whole['median']:.1%} (median; {whole['max']:.1%} worst)"
         if check.get("drift"):
             ratio, corrected = check["drift"]["ratio"], check["summary"]["time_drift_corrected"]
-            text += (f"; the machine ran {abs(ratio - 1):.1%} {'slower' if ratio > 1 else 'faster'} during the "
+            text += (f"; the machine ran {how_much(ratio)} during the "
                      f"check than during the profile (its full-depth points measured again), {corrected['median']:.1%} "
                      f"(median; {corrected['max']:.1%} worst) with that drift divided out")
         text += "."
@@ -222,7 +224,7 @@ def drift_text(data: dict) -> str:
     ratio, planners = data["drift"]["ratio"], data["planners"]
     corrected = {name: p["prediction_abs_error_drift_corrected"] for name, p in planners.items()}
     worst = max(corrected, key=corrected.get)
-    return (f"the machine ran {abs(ratio - 1):.1%} {'slower' if ratio > 1 else 'faster'} than during the profile "
+    return (f"the machine ran {how_much(ratio)} than during the profile "
             f"(its {len(data['drift']['points'])} longest full-depth points run again in every round), with that "
             f"drift divided out the largest median |error| {corrected[worst]:.1%} ({worst}; reported, not judged)")
 

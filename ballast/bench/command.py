@@ -19,6 +19,7 @@ from ..dataset import SYNTAX, VIDEO_DATA_SYNTAX
 from ..options import COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, WORLD
 from ..output_paths import check_output_file
 from ..planners import parse_planner_names
+from ..profile.drift import how_much, machine_drift
 from ..profile.measure import fitted_statistic
 from ..value_checks import check_timeout
 from .output import bar_chart, bench_table
@@ -94,7 +95,6 @@ def result_json(setting: BenchSetting, inputs: BenchInputs, records: list[dict],
     """Everything the run measured, summarised (predictions against rounds reduced by
     `statistic`; the machine's drift since the profile from the reference points' seconds), and
     the raw records."""
-    from ..profile.drift import machine_drift
     from ..profile.machine import machine_info
 
     cost = inputs.cost
@@ -125,7 +125,7 @@ def print_drift(console: Console, result: dict) -> None:
         return
     ratio, planners = drift["ratio"], result["planners"]
     errors = ", ".join(f"{name} {s['prediction_error_drift_corrected']:+.1%}" for name, s in planners.items())
-    console.print(f"the machine ran {abs(ratio - 1):.1%} {'slower' if ratio > 1 else 'faster'} than during the profile "
+    console.print(f"the machine ran {how_much(ratio)} than during the profile "
                   f"(its {len(drift['points'])} full-depth points run again through every round); prediction error "
                   f"with that drift divided out (reported, not the targets'): {errors}", highlight=False)
 

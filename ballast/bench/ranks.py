@@ -31,7 +31,7 @@ from ..models import build_model
 from ..plans import Plan
 from ..planners import Planner, PlannerOptions, get_planner
 from ..profile.measure import plan_samples, point_plan
-from ..profile.rounds import RankWave, rank_waves
+from ..profile.rounds import RankWave, micro_batch_seconds, rank_waves
 from ..runtime import Executor, ProcessGroups, StepResult, broadcast_plan, parallelize
 from ..timeline import step_time
 from .setting import BenchInputs, BenchSetting, Slot, reference_steps, schedule
@@ -115,7 +115,7 @@ class References:
         dist.barrier()
         result = self.executor.step(self.plans[i], self.samples[i])
         per_rank: list = [None] * dist.get_world_size()
-        dist.all_gather_object(per_rank, sum(mb.seconds for mb in result.micro_batches))
+        dist.all_gather_object(per_rank, micro_batch_seconds(result))
         return per_rank
 
 

@@ -57,9 +57,9 @@ from ..timeline import simulate
 from .context import CheckedPlanner, checked_planners, runs_context, splits_used
 from .residuals import error_summary
 from .machine import LoadMonitor, machine_info, measured_device
-from .drift import drift_errors, machine_drift, reference_points
+from .drift import drift_errors, how_much, machine_drift, reference_points
 from .measure import LEARNING_RATE, STATISTICS, core_share, fitted_statistic, plan_samples, point_plan
-from .rounds import composed_step, rank_waves
+from .rounds import composed_step, micro_batch_seconds, rank_waves
 
 MILP_SECONDS = 2.0
 """FlexSP's per-wave solve limit here: the check measures plans, not the solver."""
@@ -134,7 +134,7 @@ def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats:
                 records[i].append(dict(
                     step_seconds=time.perf_counter() - start, step_cpu_seconds=time.thread_time() - cpu,
                     waves=sum(w.busy + w.wait for w in result.waves),
-                    micro_batch_s=sum(mb.seconds for mb in result.micro_batches),
+                    micro_batch_s=micro_batch_seconds(result),
                     overhead=result.sync_seconds + result.optimizer_seconds, rank_waves=rank_waves(result),
                     activation=max((mb.activation_bytes for mb in result.micro_batches), default=0)))
     return records
@@ -314,7 +314,7 @@ def run_check(args: argparse.Namespace) -> int:
     if drift is not None:
         summary["time_drift_corrected"] = error_summary(drift_errors(rows, drift["ratio"]))
         corrected = summary["time_drift_corrected"]
-        console.print(f"the machine ran {abs(drift['ratio'] - 1):.1%} {'slower' if drift['ratio'] > 1 else 'faster'} "
+        console.print(f"the machine ran {how_much(drift['ratio'])} "
                       f"than during the profile (its {len(references)} full-depth points measured again in these "
                       f"rounds); step time |error| with that drift divided out (reported, not the check's "
                       f"error): median {corrected['median']:.1%}, p90 {corrected['p90']:.1%}")

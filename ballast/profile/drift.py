@@ -54,6 +54,11 @@ def machine_drift(references: Sequence[Measurement], seconds: Sequence[Sequence[
     return dict(ratio=statistics.median(r["ratio"] for r in rows), points=rows)
 
 
+def how_much(ratio: float) -> str:
+    """A drift ratio (now / at the profile) in words: "3.1% slower", "0.4% faster"."""
+    return f"{abs(ratio - 1):.1%} {'slower' if ratio > 1 else 'faster'}"
+
+
 def drift_errors(rows: Sequence[dict], ratio: float) -> list[float]:
     """Each plan's step-time error with the machine's drift divided out: the prediction scaled
     by how much slower (ratio > 1) or faster the machine ran than during the profile."""

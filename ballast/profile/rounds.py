@@ -40,6 +40,11 @@ def rank_waves(result: StepResult) -> list[RankWave]:
     return [(s, max(0.0, wave.busy - sum(s))) for s, wave in zip(seconds, result.waves)]
 
 
+def micro_batch_seconds(result: StepResult) -> float:
+    """This rank's seconds in its micro-batches of a step (what a one-wave profile point measures)."""
+    return sum(mb.seconds for mb in result.micro_batches)
+
+
 def composed_step(rounds: Sequence[Sequence[Sequence[RankWave]]], statistic: str) -> float:
     """The step time of one plan from its rounds, `rounds[r][k]` = rank k's waves in round r
     (`rank_waves`): per rank and wave, each micro-batch's seconds and the rest reduced over

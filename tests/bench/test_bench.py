@@ -14,6 +14,7 @@ from ballast.bench.ranks import batch_digest
 from ballast.bench.setting import drift_references, reference_steps
 from ballast.cli import main
 from ballast.cluster import get_cluster
+from ballast.cost import CostModel
 from ballast.cost_sources import analytic_cost
 from ballast.model_shape import get_model_shape
 from ballast.profile.grid import Measurement, Point
@@ -193,8 +194,6 @@ def profile_like_cost(shape_name: str, seconds: dict[tuple[int, int], float], de
 
 
 def test_only_a_cpu_profile_is_a_reference_for_the_bench():
-    from ballast.cost import CostModel
-
     shape = get_model_shape("tiny")
     cpu = CostModel.from_dict(profile_like_cost("tiny", {(64, 1): 0.1, (128, 2): 0.2}, "cpu"))
     assert [m.point.lengths for m in drift_references(cpu, shape)] == [(128,), (64,)]
