@@ -1,11 +1,11 @@
 """ballast: data-centric parallelism for training Transformers on variable-length sequences."""
-from .cluster import Cluster, get_cluster
-from .cost import CostModel
-from .cost_sources import get_cost_model
-from .plans import Group, MicroBatch, Plan, PlanError, Wave
+from .vocabulary.cluster import Cluster, get_cluster
+from .pricing.cost import CostModel
+from .pricing.cost_sources import get_cost_model
+from .plans.plan import Group, MicroBatch, Plan, PlanError, Wave
 from .planners import PlannerOptions, make_plan as plan
 from .runtime import parallelize
-from .model_shape import ModelShape, get_model_shape
+from .vocabulary.model_shape import ModelShape, get_model_shape
 from .train import TrainConfig, Trainer
 
 __all__ = ["Cluster", "CostModel", "Group", "MicroBatch", "ModelShape", "Plan", "PlanError",

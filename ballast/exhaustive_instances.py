@@ -12,7 +12,7 @@ import dataclasses
 
 from hypothesis import strategies as st
 
-from .cost import CostModel
+from .pricing.cost import CostModel
 
 
 def hand_cost(**change) -> CostModel:

@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 
 import ballast
-from ballast.cost_sources import published_cost
+from ballast.pricing.cost_sources import published_cost
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
-from ballast.timeline import simulate
+from ballast.plans.timeline import simulate
 
 POINTS = ((64, 512), (128, 1024), (256, 2048), (1024, 4096))
 MAX_LEN = 393216

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 
-from ballast.exhaustive import brute_force, cluster_for, optimum
-from ballast.layouts import ANY_SPLIT
+from ballast.plans.exhaustive import brute_force, cluster_for, optimum
+from ballast.vocabulary.layouts import ANY_SPLIT
 from ballast.exhaustive_instances import tiny_instances
 from ballast.planners import get_planner
-from ballast.timeline import step_time
+from ballast.plans.timeline import step_time
 
 WORST_KEPT = 10
 

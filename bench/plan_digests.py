@@ -18,16 +18,16 @@ import json
 import sys
 import time
 
-from ballast.cluster import get_cluster
-from ballast.cost_sources import get_cost_model
+from ballast.vocabulary.cluster import get_cluster
+from ballast.pricing.cost_sources import get_cost_model
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
-from ballast.model_shape import get_model_shape
+from ballast.vocabulary.model_shape import get_model_shape
 from ballast.planners import PlannerOptions, get_planner, parse_planner_names
-from ballast.samples import tokens
+from ballast.vocabulary.samples import tokens
 from ballast.simulate.command import add_arguments
 from ballast.simulate.side_by_side import lengths_only
-from ballast.bounds import lower_bound
+from ballast.pricing.bounds import lower_bound
 
 # The settings of bench/simulated.sh (A, B, C) and bench/video.sh (V1-V3), as simulate flags.
 SETTINGS = {

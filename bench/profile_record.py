@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from ballast.model_shape import get_model_shape
+from ballast.vocabulary.model_shape import get_model_shape
 from ballast.models.kernels import varlen_attention
 from ballast.profile.sources import default_source
 

@@ -14,11 +14,11 @@ import argparse
 import json
 from pathlib import Path
 
-from ballast.cluster import get_cluster
-from ballast.cost_sources import get_cost_model
+from ballast.vocabulary.cluster import get_cluster
+from ballast.pricing.cost_sources import get_cost_model
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
-from ballast.model_shape import get_model_shape
+from ballast.vocabulary.model_shape import get_model_shape
 from ballast.planners import PlannerOptions
 from ballast.simulate.command import add_arguments
 from ballast.simulate.side_by_side import simulate_planners

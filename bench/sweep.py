@@ -18,8 +18,8 @@ from pathlib import Path
 
 import ballast
 from ballast.simulate import simulate_planners
-from ballast.cost import InfeasibleError
-from ballast.cost_sources import get_cost_model
+from ballast.pricing.cost import InfeasibleError
+from ballast.pricing.cost_sources import get_cost_model
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
 from ballast.planners import PLANNERS, PlannerOptions

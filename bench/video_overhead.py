@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ballast.dataset.video import open_clip_stream
-from ballast.model_shape import MODEL_PRESETS
+from ballast.vocabulary.model_shape import MODEL_PRESETS
 from ballast.models import PackedStream, build_model
 from ballast.verify.reference import random_clips
 

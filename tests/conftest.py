@@ -5,9 +5,9 @@ import pytest
 import torch
 from hypothesis import settings
 
-from ballast.cluster import get_cluster
-from ballast.cost_sources import analytic_cost
-from ballast.model_shape import get_model_shape
+from ballast.vocabulary.cluster import get_cluster
+from ballast.pricing.cost_sources import analytic_cost
+from ballast.vocabulary.model_shape import get_model_shape
 
 # No per-example deadline: it would make every property test a timed test, and on a shared
 # 2-core host a first call that loads a kernel (~1 s for the CPU flash kernel) or another job's

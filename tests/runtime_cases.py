@@ -14,7 +14,7 @@ import torch
 
 from ballast import verify
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
-from ballast.model_shape import MODEL_PRESETS, ModelShape
+from ballast.vocabulary.model_shape import MODEL_PRESETS, ModelShape
 
 SHAPE = MODEL_PRESETS["tiny"]
 GRAD_RTOL = verify.GRAD_TOLERANCE
@@ -57,7 +57,7 @@ def clip_batch(shape: ModelShape, grids: list[tuple[int, int, int]], seed: int =
     """Clips of exactly these (frames, height, width) patch grids for a video `shape`: seeded
     Gaussian latents, labels 0, 1, 2, ... (mod 16) and distinct keys (`random_clips` draws the
     grids at random; these tests need chosen ones)."""
-    from ballast.clip import Clip
+    from ballast.vocabulary.clip import Clip
 
     geometry = shape.video_geometry
     generator = torch.Generator().manual_seed(seed)

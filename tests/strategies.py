@@ -4,10 +4,10 @@ from __future__ import annotations
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from ballast.cluster import Cluster
-from ballast.cost import InfeasibleError
-from ballast.cost_sources import analytic_cost
-from ballast.model_shape import ModelShape, get_model_shape
+from ballast.vocabulary.cluster import Cluster
+from ballast.pricing.cost import InfeasibleError
+from ballast.pricing.cost_sources import analytic_cost
+from ballast.vocabulary.model_shape import ModelShape, get_model_shape
 
 SMALL = ModelShape("small", 8, 1024, 16, 16, 4096, 32000, gated_mlp=False)
 

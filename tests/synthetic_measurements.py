@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from ballast.model_shape import ModelShape
-from ballast.patterns import SPATIAL_TEMPORAL, attention_pattern
+from ballast.vocabulary.model_shape import ModelShape
+from ballast.vocabulary.patterns import SPATIAL_TEMPORAL, attention_pattern
 from ballast.profile.coefficients import Coefficients
 from ballast.profile.grid import Measurement, Point
 from ballast.profile.profiler import shape_bytes_per_token_layer
@@ -60,7 +60,7 @@ def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed:
     their send buffers every token's K, V each way (the gather sends its rows to every CP rank),
     at `true`'s CP link; the micro-batch pays the CP bytes the cost model prices at bw(d), its
     attention times `context_attention`, and the CP latency."""
-    from ballast.model_shape import get_model_shape
+    from ballast.vocabulary.model_shape import get_model_shape
     from ballast.profile.context import context_bytes_per_token_layer, gathered_values_per_token_layer
 
     rng = np.random.default_rng(seed)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ballast.cluster import get_cluster
-from ballast.cost_sources import analytic_cost
-from ballast.model_shape import get_model_shape
+from ballast.vocabulary.cluster import get_cluster
+from ballast.pricing.cost_sources import analytic_cost
+from ballast.vocabulary.model_shape import get_model_shape
 from ballast.train.config import TrainConfig
 
 

@@ -25,15 +25,15 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..clip import Clip
+from ..vocabulary.clip import Clip
 from ..dataset import Batch
 from ..models import build_model
-from ..plans import Plan
+from ..plans.plan import Plan
 from ..planners import Planner, PlannerOptions, get_planner
 from ..profile.measure import plan_samples, point_plan
 from ..profile.rounds import RankWave, micro_batch_seconds, rank_waves
 from ..runtime import Executor, ProcessGroups, StepResult, broadcast_plan, parallelize
-from ..timeline import step_time
+from ..plans.timeline import step_time
 from .setting import BenchInputs, BenchSetting, Slot, reference_steps, schedule
 
 LEARNING_RATE = 1e-3

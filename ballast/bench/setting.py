@@ -16,15 +16,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..cluster import Cluster, get_cluster
-from ..cost import CostModel
-from ..cost_sources import get_cost_model
+from ..vocabulary.cluster import Cluster, get_cluster
+from ..pricing.cost import CostModel
+from ..pricing.cost_sources import get_cost_model
 from ..dataset import (Batch, BatchStream, EpochStream, build_corpus, check_data_kind, check_vocab, is_video_data,
                        open_clip_stream)
 from ..planners import parse_planner_names
-from ..model_shape import ModelShape, get_model_shape
+from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..models import check_buildable
-from ..layouts import ANY_SPLIT
+from ..vocabulary.layouts import ANY_SPLIT
 from ..profile.drift import reference_points
 from ..profile.grid import Measurement
 from ..profile.machine import measured_device

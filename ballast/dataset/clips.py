@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model_shape import OPEN_SORA_VIDEO, VideoGeometry
+from ..vocabulary.model_shape import OPEN_SORA_VIDEO, VideoGeometry
 from .length_source import LengthSource, numbered_lines
 
 # DCP's any-size video workload (Open-Sora's 16:9 buckets). Buckets are ranked by tokens and

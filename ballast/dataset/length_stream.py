@@ -14,7 +14,7 @@ from typing import Iterator, Literal
 
 import numpy as np
 
-from ..samples import Sample, split_sample, tokens
+from ..vocabulary.samples import Sample, split_sample, tokens
 from .length_source import LengthSource
 
 

@@ -27,7 +27,7 @@ import sysconfig
 
 import numpy as np
 
-from ..model_shape import OPEN_SORA_VIDEO, VideoGeometry
+from ..vocabulary.model_shape import OPEN_SORA_VIDEO, VideoGeometry
 from .clips import clip_list_source, video_source
 from .length_source import LengthSource, numbered_lines
 

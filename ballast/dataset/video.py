@@ -27,8 +27,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..clip import Clip
-from ..model_shape import ModelShape, VideoGeometry
+from ..vocabulary.clip import Clip
+from ..vocabulary.model_shape import ModelShape, VideoGeometry
 from .stream import Batch, EpochStream
 from .video_latents import LATENTS_PREFIX, LatentFolder
 from .video_synthetic import SYNTHETIC_PREFIX, SyntheticClips

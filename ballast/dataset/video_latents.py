@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
-from ..model_shape import VideoGeometry
+from ..vocabulary.model_shape import VideoGeometry
 
 LATENTS_PREFIX = "video-latents"
 SUFFIXES = (".safetensors", ".npy")

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..model_shape import VideoGeometry
+from ..vocabulary.model_shape import VideoGeometry
 from .clips import clip_list_source, scale_shapes, video_source
 from .length_source import numbered_lines
 

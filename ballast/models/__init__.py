@@ -20,8 +20,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..model_shape import HF_PREFIX, ModelShape
-from ..patterns import CAUSAL_LM, AttentionPattern
+from ..vocabulary.model_shape import HF_PREFIX, ModelShape
+from ..vocabulary.patterns import CAUSAL_LM, AttentionPattern
 from .dit import DiT, build_dit
 from .gpt import GPT, build_gpt
 from .kernels import local_attention, varlen_attention

@@ -1,15 +1,15 @@
 """The video models' conditions (`LABELS`, `CAPTION_TOKENS`) and the Gaussian clips
-(`ballast.clip.Clip`) verify and the profiler run."""
+(`ballast.vocabulary.clip.Clip`) verify and the profiler run."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from ..clip import Clip
+from ..vocabulary.clip import Clip
 
 if TYPE_CHECKING:
-    from ..model_shape import ModelShape
+    from ..vocabulary.model_shape import ModelShape
 
 LABELS = 16
 """Class labels a label-conditioned clip carries (0..15): the video models' label table, and

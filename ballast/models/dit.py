@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ..model_shape import ModelShape
-from ..patterns import FULL_DIT
+from ..vocabulary.model_shape import ModelShape
+from ..vocabulary.patterns import FULL_DIT
 from .video_dit import VideoDiT
 
 

@@ -1,7 +1,7 @@
 """A Llama-style decoder over a packed token stream.
 
 RMSNorm, rotary positions that restart at every sequence, SwiGLU (or GELU) MLP and
-grouped-query attention, sized by a `ballast.model_shape.ModelShape`. The model sees one token
+grouped-query attention, sized by a `ballast.vocabulary.model_shape.ModelShape`. The model sees one token
 stream of sequences packed end to end (`PackedStream`): no batch dimension, no padding.
 
 Parallel code stays out of the model (torchtitan style): it implements the runtime's model
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..model_shape import ModelShape
+from ..vocabulary.model_shape import ModelShape
 from .kernels import local_attention
 from .next_token import NextTokenObjective
 from .protocol import AttentionFn, PackedStream

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..model_shape import ModelShape
+from ..vocabulary.model_shape import ModelShape
 from .hf_weights import weight_files
 from .kernels import local_attention
 from .next_token import NextTokenObjective

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..value_checks import read_json
+from ..vocabulary.value_checks import read_json
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"

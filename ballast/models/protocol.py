@@ -31,9 +31,9 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 import torch
 from torch import Tensor, nn
 
-from ..model_shape import ModelShape
-from ..patterns import CAUSAL, Span, span
-from ..samples import Sample
+from ..vocabulary.model_shape import ModelShape
+from ..vocabulary.patterns import CAUSAL, Span, span
+from ..vocabulary.samples import Sample
 
 INPUT = "input"
 """`PackedStream.arrange` target: the layout the model was handed (its `local` slice), where

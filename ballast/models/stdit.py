@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ..model_shape import ModelShape
-from ..patterns import SPATIAL_TEMPORAL
+from ..vocabulary.model_shape import ModelShape
+from ..vocabulary.patterns import SPATIAL_TEMPORAL
 from .video_dit import VideoDiT
 
 

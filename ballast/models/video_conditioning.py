@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..model_shape import ModelShape
+from ..vocabulary.model_shape import ModelShape
 from .clip import LABELS
 from .flow import TIMESTEP_SCALE
 from .protocol import PackedStream

@@ -19,8 +19,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..model_shape import ModelShape
-from ..patterns import Span
+from ..vocabulary.model_shape import ModelShape
+from ..vocabulary.patterns import Span
 from .clip import Clip
 from .flow import clip_timestep, flow_targets, token_loss
 from .protocol import INPUT, AttentionFn, Local, PackedStream, held_tokens, take

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..model_shape import ModelShape
-from ..patterns import FULL, SPATIAL, TEMPORAL, Span
+from ..vocabulary.model_shape import ModelShape
+from ..vocabulary.patterns import FULL, SPATIAL, TEMPORAL, Span
 from .gpt import MLP, RMSNorm
 from .kernels import equal_groups, local_attention, token_order
 from .protocol import AttentionFn, PackedStream

@@ -5,11 +5,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
-from ..cluster import Cluster
-from ..cost import CostModel
-from ..layouts import ULYSSES_ONLY, Splits
-from ..plans import Plan
-from ..samples import SampleBatch, Sample
+from ..vocabulary.cluster import Cluster
+from ..pricing.cost import CostModel
+from ..vocabulary.layouts import ULYSSES_ONLY, Splits
+from ..plans.plan import Plan
+from ..vocabulary.samples import SampleBatch, Sample
 from .packing import fixed_checkpoint
 
 

@@ -5,9 +5,9 @@ least checkpoint level that fits that sequence) and keeps the fastest under the 
 """
 from __future__ import annotations
 
-from ..plans import Plan
-from ..samples import SampleBatch
-from ..timeline import step_time
+from ..plans.plan import Plan
+from ..vocabulary.samples import SampleBatch
+from ..plans.timeline import step_time
 from .base import Planner
 from .registry import register
 from .static import fixed_layout_plan

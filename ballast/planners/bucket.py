@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..plans import Plan
-from ..samples import SampleBatch
+from ..plans.plan import Plan
+from ..vocabulary.samples import SampleBatch
 from .base import Planner
 from .packing import deal_by_time, fixed_run, lockstep_wave, micro_batch
 from .registry import register

@@ -59,13 +59,13 @@ from typing import Callable
 
 import numpy as np
 
-from ..cost import recomputed_exchanges
-from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
-from ..samples import SampleBatch
-from ..timeline import step_time
+from ..pricing.cost import recomputed_exchanges
+from ..plans.plan import Group, MicroBatch, Plan, Wave, fill_idle
+from ..vocabulary.samples import SampleBatch
+from ..plans.timeline import step_time
 from .base import Planner
 from .packing import fixed_checkpoint, pad_lockstep
-from ..bounds import lower_bound
+from ..pricing.bounds import lower_bound
 from .registry import register
 
 BUCKETS_PER_OCTAVE = 2

@@ -47,14 +47,14 @@ import time
 
 import numpy as np
 
-from ..cluster import Cluster
-from ..cost import CostModel
-from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
-from ..samples import SampleBatch
-from ..timeline import step_time
+from ..vocabulary.cluster import Cluster
+from ..pricing.cost import CostModel
+from ..plans.plan import Group, MicroBatch, Plan, Wave, fill_idle
+from ..vocabulary.samples import SampleBatch
+from ..plans.timeline import step_time
 from .base import Planner, PlannerOptions
 from .flexsp_milp import Buckets, WaveSolution, dp_buckets, solve_wave
-from ..bounds import lower_bound
+from ..pricing.bounds import lower_bound
 from .registry import register
 
 EXTRA_WAVES = 4

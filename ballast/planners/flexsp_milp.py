@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Sequence
 import highspy as core
 import numpy as np
 
-from ..cost import CostModel
-from ..samples import Sample, tokens
+from ..pricing.cost import CostModel
+from ..vocabulary.samples import Sample, tokens
 
 if TYPE_CHECKING:
     from scipy.sparse import csc_matrix

@@ -51,11 +51,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
-from ..samples import SampleBatch
+from ..plans.plan import Group, MicroBatch, Plan, Wave, fill_idle
+from ..vocabulary.samples import SampleBatch
 from .base import Planner
 from .packing import mb_time, pad_lockstep
-from ..bounds import lower_bound
+from ..pricing.bounds import lower_bound
 from .registry import register
 
 TRIALS = 8  # orders tried by the randomised greedy, most work first included

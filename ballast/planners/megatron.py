@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import math
 
-from ..layouts import CONTEXT_ONLY, Splits
-from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
-from ..samples import SampleBatch
+from ..vocabulary.layouts import CONTEXT_ONLY, Splits
+from ..plans.plan import Group, MicroBatch, Plan, Wave, fill_idle
+from ..vocabulary.samples import SampleBatch
 from .base import Planner
 from .packing import fixed_run, pad_lockstep
 from .registry import register

@@ -5,9 +5,9 @@ import bisect
 import heapq
 from typing import Sequence
 
-from ..cost import CostModel
-from ..plans import Group, MicroBatch, Wave, fill_idle
-from ..samples import SampleBatch
+from ..pricing.cost import CostModel
+from ..plans.plan import Group, MicroBatch, Wave, fill_idle
+from ..vocabulary.samples import SampleBatch
 
 
 def best_fit_decreasing(seq_ids: Sequence[int], lengths: Sequence[int], capacity: int) -> list[list[int]]:

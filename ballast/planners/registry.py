@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..cluster import Cluster
-from ..cost import CostModel
-from ..plans import Plan
-from ..samples import Sample
+from ..vocabulary.cluster import Cluster
+from ..pricing.cost import CostModel
+from ..plans.plan import Plan
+from ..vocabulary.samples import Sample
 from .base import Planner, PlannerOptions
 
 PLANNERS: dict[str, type[Planner]] = {}

@@ -13,9 +13,9 @@ smallest from cp up that holds `max_len`.
 """
 from __future__ import annotations
 
-from ..layouts import ULYSSES_ONLY, Splits, fixed_context
-from ..plans import Plan
-from ..samples import SampleBatch
+from ..vocabulary.layouts import ULYSSES_ONLY, Splits, fixed_context
+from ..plans.plan import Plan
+from ..vocabulary.samples import SampleBatch
 from .base import Planner
 from .packing import best_fit_decreasing, fixed_run, lockstep_wave, longest_processing_time, micro_batch
 from .registry import register

@@ -37,9 +37,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..layouts import CONTEXT_ONLY, Splits
-from ..plans import Group, Plan, Wave
-from ..samples import SampleBatch
+from ..vocabulary.layouts import CONTEXT_ONLY, Splits
+from ..plans.plan import Group, Plan, Wave
+from ..vocabulary.samples import SampleBatch
 from .base import Planner
 from .packing import deal_by_time, fixed_run, micro_batch, pad_lockstep
 from .registry import register

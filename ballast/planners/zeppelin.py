@@ -52,14 +52,14 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cost import CostModel
-from ..layouts import Splits, ulysses_in_node
-from ..plans import Group, MicroBatch, Plan, Wave, fill_idle
-from ..samples import SampleBatch
-from ..timeline import step_time, wave_time
+from ..pricing.cost import CostModel
+from ..vocabulary.layouts import Splits, ulysses_in_node
+from ..plans.plan import Group, MicroBatch, Plan, Wave, fill_idle
+from ..vocabulary.samples import SampleBatch
+from ..plans.timeline import step_time, wave_time
 from .base import Planner
 from .packing import longest_processing_time, mb_time, micro_batch, pad_lockstep
-from ..bounds import lower_bound
+from ..pricing.bounds import lower_bound
 from .registry import register
 
 THETAS = (1.25, 1.0, 0.6)

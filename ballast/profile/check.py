@@ -42,18 +42,18 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from ..cluster import get_cluster
-from ..cost import CostModel
-from ..cost_sources import get_cost_model
+from ..vocabulary.cluster import get_cluster
+from ..pricing.cost import CostModel
+from ..pricing.cost_sources import get_cost_model
 from ..dataset.length_stream import BatchSpec, LengthStream
 from ..dataset.lengths import LengthSource, get_length_source
 from .sources import check_source, default_source
 from ..models import build_model
-from ..plans import Plan
+from ..plans.plan import Plan
 from ..planners import PlannerOptions, get_planner, parse_planner_names
-from ..model_shape import ModelShape
-from ..output_paths import check_output_file
-from ..timeline import simulate
+from ..vocabulary.model_shape import ModelShape
+from ..command_line.output_paths import check_output_file
+from ..plans.timeline import simulate
 from .context import CheckedPlanner, checked_planners, runs_context, splits_used
 from .residuals import error_summary
 from .machine import LoadMonitor, machine_info, measured_device

@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..cost import CostModel
-from ..model_shape import ModelShape
-from ..patterns import attention_pattern, fit_attention
+from ..pricing.cost import CostModel
+from ..vocabulary.model_shape import ModelShape
+from ..vocabulary.patterns import attention_pattern, fit_attention
 
 
 @dataclass(frozen=True)

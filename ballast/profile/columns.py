@@ -6,9 +6,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cost import RECOMPUTED_EXCHANGES
-from ..patterns import AttentionPattern, as_pattern
-from ..samples import sample_grid
+from ..pricing.cost import RECOMPUTED_EXCHANGES
+from ..vocabulary.patterns import AttentionPattern, as_pattern
+from ..vocabulary.samples import sample_grid
 from .grid import Point
 
 

@@ -39,17 +39,17 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from ..cost import CostModel
-from ..options import DEVICE_MEMORY, MAX_LEN, MODEL, WORLD
-from ..patterns import attention_pattern
-from ..model_shape import ModelShape, get_model_shape
-from ..output_paths import check_output_file
+from ..pricing.cost import CostModel
+from ..command_line.options import DEVICE_MEMORY, MAX_LEN, MODEL, WORLD
+from ..vocabulary.patterns import attention_pattern
+from ..vocabulary.model_shape import ModelShape, get_model_shape
+from ..command_line.output_paths import check_output_file
 from .grid import checkpoint_levels
 from .machine import physical_memory
 from .measure import STATISTICS
 from ..runtime import under_torchrun
 from ..models import check_buildable
-from ..value_checks import check_timeout
+from ..vocabulary.value_checks import check_timeout
 from .profiler import profile
 from .settings import VIDEO_MAX_TOKENS, Settings, default_depths, default_lengths, default_video_sizes, is_video
 

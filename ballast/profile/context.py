@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..layouts import ANY_SPLIT
-from ..model_shape import ModelShape
-from ..plans import Plan
+from ..vocabulary.layouts import ANY_SPLIT
+from ..vocabulary.model_shape import ModelShape
+from ..plans.plan import Plan
 from .residuals import error_summary, time_and_act_errors
 
 

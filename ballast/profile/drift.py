@@ -19,8 +19,8 @@ from __future__ import annotations
 import statistics
 from typing import Sequence
 
-from ..cost import CostModel
-from ..model_shape import ModelShape
+from ..pricing.cost import CostModel
+from ..vocabulary.model_shape import ModelShape
 from .grid import Measurement
 from .measure import STATISTICS, slowest_rank
 

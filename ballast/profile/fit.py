@@ -72,7 +72,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..patterns import AttentionPattern, as_pattern
+from ..vocabulary.patterns import AttentionPattern, as_pattern
 from .coefficients import Coefficients
 from .columns import TimeColumns, known_comm, separates_calls
 from .grid import Measurement

@@ -22,7 +22,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
-from ..samples import Sample, tokens as sample_tokens
+from ..vocabulary.samples import Sample, tokens as sample_tokens
 
 Shape = tuple[int, int, int]
 

@@ -31,12 +31,12 @@ from typing import Iterable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
-from ..cluster import get_cluster
-from ..cost import CostModel
+from ..vocabulary.cluster import get_cluster
+from ..pricing.cost import CostModel
 from ..models import build_model
 from ..models.clip import gaussian_clips
-from ..plans import Group, MicroBatch, Plan, Wave
-from ..model_shape import ModelShape
+from ..plans.plan import Group, MicroBatch, Plan, Wave
+from ..vocabulary.model_shape import ModelShape
 from .grid import Measurement, Point
 
 LEARNING_RATE = 1e-5

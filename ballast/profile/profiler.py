@@ -19,8 +19,8 @@ import time
 from datetime import timedelta
 from typing import Sequence
 
-from ..cost import CostModel, InfeasibleError
-from ..model_shape import ModelShape
+from ..pricing.cost import CostModel, InfeasibleError
+from ..vocabulary.model_shape import ModelShape
 from ..runtime import run_local, under_torchrun
 from .context import context_bytes_per_token_layer, context_splits, gathered_values_per_token_layer, residuals_by_kind
 from .coefficients import Coefficients

@@ -5,7 +5,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cost import CostModel
+from ..pricing.cost import CostModel
 from .grid import Measurement
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..model_shape import ModelShape
-from ..patterns import SPATIAL_TEMPORAL, AttentionPattern, as_pattern
+from ..vocabulary.model_shape import ModelShape
+from ..vocabulary.patterns import SPATIAL_TEMPORAL, AttentionPattern, as_pattern
 from .context import context_splits
 from .grid import (Point, build_context_grid, build_grid, checkpoint_levels, remap_points, tiny_documents,
                    verification_points)

@@ -12,8 +12,8 @@ import numpy as np
 from ..dataset.clips import ClipSource, scale_shapes
 from ..dataset.length_stream import BatchSpec, LengthStream
 from ..dataset.lengths import LengthSource, get_length_source
-from ..model_shape import ModelShape
-from ..samples import Sample, tokens
+from ..vocabulary.model_shape import ModelShape
+from ..vocabulary.samples import Sample, tokens
 from .grid import Point
 
 

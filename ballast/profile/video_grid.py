@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from ..patterns import AttentionPattern, as_pattern
+from ..vocabulary.patterns import AttentionPattern, as_pattern
 from .grid import Point, Shape, checkpoint_levels
 
 

@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from ..layouts import ULYSSES
-from ..samples import Sample
+from ..vocabulary.layouts import ULYSSES
+from ..vocabulary.samples import Sample
 from ..models.protocol import PackedStream
 from ..models.kernels import local_attention
 from .all_to_all import Exchange, all_to_all

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch.distributed as dist
 
-from ..plans import Plan
+from ..plans.plan import Plan
 from .world import PeerFailed
 
 

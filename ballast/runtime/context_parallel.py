@@ -26,8 +26,8 @@ from torch.distributed import ProcessGroup
 from ..models.kernels import attention_kernel, flash_attn_varlen_func, span_attention
 from ..models.offset_causal import offset_causal_attention
 from ..models.protocol import PackedStream, pattern_spans
-from ..patterns import CAUSAL, Span
-from ..samples import Sample
+from ..vocabulary.patterns import CAUSAL, Span
+from ..vocabulary.samples import Sample
 from .context_shard import held_chunks, held_indices
 
 Chunks = tuple[tuple[int, int, int], ...]

@@ -1,4 +1,4 @@
-"""Run a `ballast.plans.Plan` for one optimizer step on every rank with torch.distributed.
+"""Run a `ballast.plans.plan.Plan` for one optimizer step on every rank with torch.distributed.
 
 Every rank runs the same plan, rank 0's (`broadcast.py`), on a model `parallelize` prepared.
 
@@ -61,10 +61,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ..cluster import Cluster
-from ..layouts import CONTEXT, ULYSSES, VIDEO_2D, Layout
+from ..vocabulary.cluster import Cluster
+from ..vocabulary.layouts import CONTEXT, ULYSSES, VIDEO_2D, Layout
 from ..models.protocol import Local, PackedStream, ParallelModel, held_tokens, take
-from ..plans import Group, MicroBatch, Plan
+from ..plans.plan import Group, MicroBatch, Plan
 from .attention import StreamShard
 from .fsdp import is_sharded
 from .groups import ProcessGroups

@@ -32,8 +32,8 @@ import torch
 from torch import Tensor
 
 from ..models.protocol import PackedStream
-from ..patterns import CAUSAL, FULL, Span
-from ..samples import Sample
+from ..vocabulary.patterns import CAUSAL, FULL, Span
+from ..vocabulary.samples import Sample
 from .attention import StreamShard, _shard_slice
 from .context_parallel import ContextShard
 from .context_shard import held_chunks, held_indices

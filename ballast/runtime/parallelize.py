@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..cluster import Cluster
+from ..vocabulary.cluster import Cluster
 from ..models.protocol import ParallelModel
 from .attention import sequence_parallel_attention
 from .executor import PRECISIONS, Executor

@@ -46,8 +46,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from ..cluster import Cluster
-from ..nic_layout import proxy
+from ..vocabulary.cluster import Cluster
+from ..vocabulary.nic_layout import proxy
 from .shard_sizes import shard_sizes
 from .world import world_timeout
 

@@ -43,8 +43,8 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 
 from ..models.protocol import INPUT, check_span, pattern_spans, video_grids, video_positions
-from ..patterns import SPATIAL, TEMPORAL, Span
-from ..samples import Sample
+from ..vocabulary.patterns import SPATIAL, TEMPORAL, Span
+from ..vocabulary.samples import Sample
 from .all_to_all import Exchange, all_to_all
 from ..models.kernels import varlen_attention
 from .attention import StreamShard

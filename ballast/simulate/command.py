@@ -9,19 +9,19 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.progress import Progress
 
-from ..bounds import longest_alone
-from ..cluster import get_cluster
+from ..pricing.bounds import longest_alone
+from ..vocabulary.cluster import get_cluster
 from .side_by_side import simulate_planners
-from ..cost_sources import get_cost_model
+from ..pricing.cost_sources import get_cost_model
 from ..dataset.length_stream import BatchSpec, LengthStream
 from ..dataset.lengths import LENGTH_SYNTAX, get_length_source
 from ..planners import PlannerOptions, parse_planner_names
-from ..gantt import gantt
+from ..plans.gantt import gantt
 from .table import planner_table
-from ..model_shape import get_model_shape
-from ..options import CLUSTER, COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, WORLD, positive
-from ..output_paths import check_output_file
-from ..samples import tokens
+from ..vocabulary.model_shape import get_model_shape
+from ..command_line.options import CLUSTER, COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, WORLD, positive
+from ..command_line.output_paths import check_output_file
+from ..vocabulary.samples import tokens
 
 HELP = "plan and simulate steps under several planners; print a table, write JSON"
 

@@ -8,14 +8,14 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..cluster import Cluster
-from ..cost import CostModel
-from ..patterns import CAUSAL_LM
-from ..plans import Plan
+from ..vocabulary.cluster import Cluster
+from ..pricing.cost import CostModel
+from ..vocabulary.patterns import CAUSAL_LM
+from ..plans.plan import Plan
 from ..planners import PlannerOptions, get_planner
-from ..samples import Sample, check_samples, is_shaped, tokens
-from ..timeline import StepMetrics, simulate
-from ..bounds import uncapped_lower_bound
+from ..vocabulary.samples import Sample, check_samples, is_shaped, tokens
+from ..plans.timeline import StepMetrics, simulate
+from ..pricing.bounds import uncapped_lower_bound
 
 
 @dataclass

@@ -17,9 +17,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..dataset import Batch, EpochStream
-from ..plans import Plan
+from ..plans.plan import Plan
 from ..planners import Planner
-from ..timeline import step_time
+from ..plans.timeline import step_time
 
 
 @dataclass
@@ -32,7 +32,7 @@ class StepInput:
     plan_seconds: float
     """Wall-clock time the planner took for this batch."""
     predicted_seconds: float
-    """The plan's step time under the cost model (`ballast.timeline.step_time`)."""
+    """The plan's step time under the cost model (`ballast.plans.timeline.step_time`)."""
     data_state: dict
     """The stream's `state_dict()` right after this batch: where step + 1 starts."""
     planner_state: dict

@@ -48,9 +48,9 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_o
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from ..model_shape import ModelShape
+from ..vocabulary.model_shape import ModelShape
 from ..runtime import is_sharded
-from ..value_checks import read_json
+from ..vocabulary.value_checks import read_json
 from . import checksums
 
 PREFIX = "step-"

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..options import SHARED
-from ..value_checks import check_timeout
+from ..command_line.options import SHARED
+from ..vocabulary.value_checks import check_timeout
 
 
 def _flag(name: str) -> Any:

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from ..dataset import check_vocab, load_tokenizer
-from ..model_shape import ModelShape
+from ..vocabulary.model_shape import ModelShape
 
 HF_MODEL_DIR = "hf-model"
 """The trained model's Hugging Face folder, under --out-dir."""

@@ -24,17 +24,17 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
-from ..cluster import Cluster, get_cluster
-from ..cost import CostModel
-from ..cost_sources import get_cost_model
+from ..vocabulary.cluster import Cluster, get_cluster
+from ..pricing.cost import CostModel
+from ..pricing.cost_sources import get_cost_model
 from ..dataset import (BatchStream, ClipStream, build_corpus, check_data_kind, check_vocab, is_video_data,
                        open_clip_stream)
 from ..models import build_model, check_buildable
-from ..plans import Plan
+from ..plans.plan import Plan
 from ..planners import Planner, PlannerOptions, get_planner
 from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize
-from ..model_shape import ModelShape, get_model_shape
-from ..layouts import ANY_SPLIT
+from ..vocabulary.model_shape import ModelShape, get_model_shape
+from ..vocabulary.layouts import ANY_SPLIT
 from . import checkpoint
 from .hf_folder import check_tokenizer, resolve_tokenizer, save_hf_model
 from .ahead import Lookahead, StepInput

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cost import CostModel
-from ..plans import Plan
-from ..gantt import gantt
+from ..pricing.cost import CostModel
+from ..plans.plan import Plan
+from ..plans.gantt import gantt
 
 
 def _figure(width: float = 8.0, height: float = 4.0):

@@ -13,7 +13,7 @@ import math
 import os
 from datetime import timedelta
 
-from ..output_paths import check_output_folder
+from ..command_line.output_paths import check_output_folder
 from ..runtime import under_torchrun
 from .config import TrainConfig
 

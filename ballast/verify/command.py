@@ -26,15 +26,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from ..cluster import Cluster, get_cluster
-from ..options import DEVICE_MEMORY, MAX_LEN, MODEL, NODES, WORLD
-from ..cost import CostModel
-from ..cost_sources import analytic_cost
-from ..model_shape import ModelShape, get_model_shape
-from ..plans import Plan
-from ..value_checks import check_timeout
+from ..vocabulary.cluster import Cluster, get_cluster
+from ..command_line.options import DEVICE_MEMORY, MAX_LEN, MODEL, NODES, WORLD
+from ..pricing.cost import CostModel
+from ..pricing.cost_sources import analytic_cost
+from ..vocabulary.model_shape import ModelShape, get_model_shape
+from ..plans.plan import Plan
+from ..vocabulary.value_checks import check_timeout
 from ..models import check_buildable
-from ..layouts import ANY_SPLIT
+from ..vocabulary.layouts import ANY_SPLIT
 from .errors import GRAD_TOLERANCE, PARAM_TOLERANCE, errors_against
 from .reference import random_batches, reference_at, train_reference
 

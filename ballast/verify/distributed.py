@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from ..cluster import get_cluster
-from ..model_shape import ModelShape
+from ..vocabulary.cluster import get_cluster
+from ..vocabulary.model_shape import ModelShape
 from ..models import build_model
-from ..plans import Plan
+from ..plans.plan import Plan
 from ..runtime import ProcessGroups, broadcast_plan, full_tensor, parallelize
 from ..runtime.routing import RoutingGroups, routing_groups
 from .reference import Batch, Trajectory, flatten

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..model_shape import ModelShape
+from ..vocabulary.model_shape import ModelShape
 from ..models import PackedStream, ParallelModel, build_model
 from ..models.clip import gaussian_clips
 

@@ -13,10 +13,10 @@ from ballast.bench import BenchSetting, prepare, schedule, summarise, targets
 from ballast.bench.ranks import batch_digest
 from ballast.bench.setting import drift_references, reference_steps
 from ballast.cli import main
-from ballast.cluster import get_cluster
-from ballast.cost import CostModel
-from ballast.cost_sources import analytic_cost
-from ballast.model_shape import get_model_shape
+from ballast.vocabulary.cluster import get_cluster
+from ballast.pricing.cost import CostModel
+from ballast.pricing.cost_sources import analytic_cost
+from ballast.vocabulary.model_shape import get_model_shape
 from ballast.profile.grid import Measurement, Point
 
 PLANNERS = ("static", "ballast")

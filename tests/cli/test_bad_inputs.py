@@ -22,9 +22,9 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from hf_folders import save_model
 
 from ballast.cli import main
-from ballast.cluster import get_cluster
-from ballast.cost_sources import analytic_cost
-from ballast.model_shape import MODEL_PRESETS, get_model_shape
+from ballast.vocabulary.cluster import get_cluster
+from ballast.pricing.cost_sources import analytic_cost
+from ballast.vocabulary.model_shape import MODEL_PRESETS, get_model_shape
 from ballast.models import build_model
 from ballast.train import checkpoint, checksums
 from ballast.train.metrics import final_history

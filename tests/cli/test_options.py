@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from ballast.cli import COMMANDS
-from ballast.options import SHARED
+from ballast.command_line.options import SHARED
 
 
 def command_options() -> list[tuple[str, str, argparse.Action]]:

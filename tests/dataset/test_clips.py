@@ -8,8 +8,8 @@ import pytest
 from ballast.dataset.clips import VIDEO_FRAMES, VIDEO_RESOLUTIONS
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
-from ballast.model_shape import OPEN_SORA_VIDEO, WAN_VIDEO, get_model_shape
-from ballast.samples import split_sample, tokens
+from ballast.vocabulary.model_shape import OPEN_SORA_VIDEO, WAN_VIDEO, get_model_shape
+from ballast.vocabulary.samples import split_sample, tokens
 
 
 def test_open_sora_geometry():

@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from ballast.dataset import ByteTokenizer, build_corpus, check_vocab, load_tokenizer
-from ballast.model_shape import get_model_shape
+from ballast.vocabulary.model_shape import get_model_shape
 
 TEXTS = ["hello world", "the quick brown fox jumps over the lazy dog",
          "naïve café ∑ 🚀\nline two"]

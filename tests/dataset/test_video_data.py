@@ -10,13 +10,13 @@ import torch
 from hypothesis import given, settings, strategies as st
 from safetensors.torch import save_file
 
-from ballast.clip import Clip
+from ballast.vocabulary.clip import Clip
 from ballast.dataset import (VIDEO_DATA_SYNTAX, ClipStream, clip_key, is_video_data, open_clip_dataset,
                              open_clip_stream)
 from ballast.dataset.clips import video_source
 from ballast.dataset.clips import scale_shapes
 from ballast.dataset.video_synthetic import EPOCH_CLIPS, KINDS, synthetic_clip
-from ballast.model_shape import OPEN_SORA_VIDEO, WAN_VIDEO, VideoGeometry
+from ballast.vocabulary.model_shape import OPEN_SORA_VIDEO, WAN_VIDEO, VideoGeometry
 
 from epochs import one_epoch
 

@@ -18,10 +18,10 @@ import torch.distributed as dist
 from runtime_cases import LENGTHS, SHAPE, make_batches
 
 from ballast import verify
-from ballast.cluster import get_cluster
+from ballast.vocabulary.cluster import get_cluster
 from ballast.models import PackedStream, build_gpt
 from ballast.models.kernels import KERNELS, attention_kernel, flash_attn_varlen_func, torch_varlen_attn, torch_varlen_supports
-from ballast.plans import Group, MicroBatch, Plan, Wave
+from ballast.plans.plan import Group, MicroBatch, Plan, Wave
 from ballast.runtime import ProcessGroups, init_distributed, parallelize
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),

@@ -38,11 +38,11 @@ import torch.nn.functional as F
 from hf_folders import COMMON, save_model
 
 from ballast import verify
-from ballast.cluster import get_cluster
+from ballast.vocabulary.cluster import get_cluster
 from ballast.dataset import check_vocab
-from ballast.model_shape import ModelShape, get_model_shape
+from ballast.vocabulary.model_shape import ModelShape, get_model_shape
 from ballast.models import PackedStream, build_model
-from ballast.plans import Group, MicroBatch, Plan, PlanError, Wave
+from ballast.plans.plan import Group, MicroBatch, Plan, PlanError, Wave
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
 from ballast.runtime import ProcessGroups, full_tensor, parallelize, run_local
 

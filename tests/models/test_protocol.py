@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ballast.runtime
-from ballast.model_shape import MODEL_PRESETS
+from ballast.vocabulary.model_shape import MODEL_PRESETS
 from ballast.models import GPT, PackedStream, ParallelModel, build_gpt
 
 

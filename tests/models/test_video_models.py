@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ballast.model_shape import MODEL_PRESETS, ModelShape
+from ballast.vocabulary.model_shape import MODEL_PRESETS, ModelShape
 from ballast.models import DiT, PackedStream, ParallelModel, STDiT, build_dit, build_model, build_stdit
-from ballast.clip import Clip
+from ballast.vocabulary.clip import Clip
 from ballast.models.flow import clip_noise, clip_timestep, flow_pair, flow_targets, patchify, unpatchify
 from ballast.models.kernels import TINY_SPAN, _batched_sdpa, _tiny_attention, local_attention
 from ballast.models.protocol import INPUT, video_positions

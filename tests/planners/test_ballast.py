@@ -6,18 +6,18 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings, strategies as st
 
 import ballast
-from ballast.cost import CostModel, InfeasibleError
-from ballast.cost_sources import get_cost_model, published_cost
+from ballast.pricing.cost import CostModel, InfeasibleError
+from ballast.pricing.cost_sources import get_cost_model, published_cost
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
-from ballast.exhaustive import cluster_for, optimum
+from ballast.plans.exhaustive import cluster_for, optimum
 from ballast.exhaustive_instances import hand_cost, tiny_instances
 from ballast.planners import PlannerOptions, get_planner
-from ballast.layouts import ANY_SPLIT
-from ballast.plans import Plan
-from ballast.samples import SampleBatch
-from ballast.timeline import simulate, step_time
-from ballast.bounds import longest_alone, lower_bound, uncapped_lower_bound
+from ballast.vocabulary.layouts import ANY_SPLIT
+from ballast.plans.plan import Plan
+from ballast.vocabulary.samples import SampleBatch
+from ballast.plans.timeline import simulate, step_time
+from ballast.pricing.bounds import longest_alone, lower_bound, uncapped_lower_bound
 
 
 # The optimum of `exhaustive.optimum`: every plan of <= 4 ranks and <= 6 sequences with any
@@ -111,7 +111,7 @@ def test_beats_the_fast_planners_on_flexsp_setting():
 def test_plans_4096_sequences_on_1024_devices():
     # Its planning time (target: 2 s on this 2-core machine) is measured by bench/latency.py.
     cluster = ballast.get_cluster("a100-1024")
-    cost = ballast.cost_sources.published_cost(ballast.get_model_shape("gpt-7b"), cluster)
+    cost = ballast.pricing.cost_sources.published_cost(ballast.get_model_shape("gpt-7b"), cluster)
     lengths = np.minimum(get_length_source("wikipedia").sample(np.random.default_rng(0), 4096), 393216)
     plan = get_planner("ballast", cluster, cost, PlannerOptions(max_len=393216)).plan(lengths.tolist())
     plan.validate(cluster, cost)

@@ -8,12 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ballast
-from ballast.cluster import get_cluster
-from ballast.cost_sources import analytic_cost, published_cost
-from ballast.layouts import CONTEXT_ONLY
+from ballast.vocabulary.cluster import get_cluster
+from ballast.pricing.cost_sources import analytic_cost, published_cost
+from ballast.vocabulary.layouts import CONTEXT_ONLY
 from ballast.planners import PLANNERS, PlannerOptions, get_planner, make_plan, parse_planner_names
-from ballast.model_shape import get_model_shape
-from ballast.timeline import step_time
+from ballast.vocabulary.model_shape import get_model_shape
+from ballast.plans.timeline import step_time
 
 BASELINES = ["static", "batch-adaptive", "bucket", "megatron-dynamic-cp"]
 

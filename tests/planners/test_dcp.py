@@ -13,10 +13,10 @@ from ballast.planners import get_planner
 from ballast.planners import dcp
 from ballast.planners.dcp import MAX_ACCUMULATION, MAX_COUNT_RATIO, bucket_units, bucket_uppers
 from ballast.planners.packing import mb_time
-from ballast.samples import SampleBatch
+from ballast.vocabulary.samples import SampleBatch
 from strategies import SMALL, make_cluster, planner_setups
-from ballast.bounds import lower_bound
-from ballast.cost_sources import analytic_cost, get_cost_model
+from ballast.pricing.bounds import lower_bound
+from ballast.pricing.cost_sources import analytic_cost, get_cost_model
 
 def group_times(plan, cost, wave: int = 0) -> list[float]:
     batch = SampleBatch.of(plan.samples, cost)

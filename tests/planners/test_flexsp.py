@@ -12,15 +12,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ballast.cluster import get_cluster
-from ballast.cost import CostModel
-from ballast.cost_sources import analytic_cost, published_cost
+from ballast.vocabulary.cluster import get_cluster
+from ballast.pricing.cost import CostModel
+from ballast.pricing.cost_sources import analytic_cost, published_cost
 from ballast.planners import PlannerOptions, get_planner
 from ballast.planners.flexsp import blast
 from ballast.planners.flexsp_milp import dp_buckets, optimal_bucket_ends, solve_wave
-from ballast.model_shape import get_model_shape
-from ballast.samples import tokens
-from ballast.timeline import simulate
+from ballast.vocabulary.model_shape import get_model_shape
+from ballast.vocabulary.samples import tokens
+from ballast.plans.timeline import simulate
 from partitions import set_partitions
 
 FAST = settings(max_examples=12, suppress_health_check=[HealthCheck.too_slow])

@@ -8,10 +8,10 @@ from hypothesis import strategies as st
 
 from ballast import CostModel, PlannerOptions, get_cluster, get_cost_model, get_model_shape
 from ballast.planners import get_planner
-from ballast.timeline import simulate
+from ballast.plans.timeline import simulate
 from ballast.planners.hydraulis import balance_under_cap
-from ballast.samples import SampleBatch
-from ballast.cost_sources import analytic_cost, get_cost_model
+from ballast.vocabulary.samples import SampleBatch
+from ballast.pricing.cost_sources import analytic_cost, get_cost_model
 from partitions import set_partitions
 from strategies import SMALL, make_cluster, planner_setups
 
@@ -105,7 +105,7 @@ def test_long_sequences_get_large_replicas_and_the_rest_small_ones():
 def test_beats_static_on_wikipedia_like_batches():
     cluster = get_cluster("a100-64")
     cost = get_cost_model("auto", get_model_shape("gpt-7b"), cluster)
-    from ballast.timeline import step_time
+    from ballast.plans.timeline import step_time
     lengths = _wiki_like(512, 3)
     ours = step_time(get_planner("hydraulis", cluster, cost).plan(lengths), cost)
     static = step_time(get_planner("static", cluster, cost, PlannerOptions(max_len=393216)).plan(lengths), cost)

@@ -16,14 +16,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ballast.cluster import Cluster
-from ballast.cost_sources import analytic_cost
-from ballast.plans import Plan
+from ballast.vocabulary.cluster import Cluster
+from ballast.pricing.cost_sources import analytic_cost
+from ballast.plans.plan import Plan
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
-from ballast.model_shape import ModelShape, get_model_shape
-from ballast.samples import tokens
-from ballast.timeline import simulate, step_time
-from ballast.bounds import longest_alone
+from ballast.vocabulary.model_shape import ModelShape, get_model_shape
+from ballast.vocabulary.samples import tokens
+from ballast.plans.timeline import simulate, step_time
+from ballast.pricing.bounds import longest_alone
 
 EXAMPLES = 60
 SLOW = {"flexsp": 3}          # planners that may need > 1 s per plan: few examples

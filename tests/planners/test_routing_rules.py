@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from ballast.cluster import get_cluster
-from ballast.cost_sources import analytic_cost
-from ballast.model_shape import get_model_shape
+from ballast.vocabulary.cluster import get_cluster
+from ballast.pricing.cost_sources import analytic_cost
+from ballast.vocabulary.model_shape import get_model_shape
 from ballast.planners import PlannerOptions, get_planner
-from ballast.timeline import wave_time
+from ballast.plans.timeline import wave_time
 
 CLUSTER = get_cluster("a800-16")
 COST = analytic_cost(get_model_shape("gpt-7b"), CLUSTER)
@@ -57,7 +57,7 @@ def test_ballast_routes_a_remap_move_that_loads_a_few_nics():
     # Node 0's ranks hold a slot's tokens, node 1's nothing: the contiguous move sends ranks 4-7's
     # rows (all of them) across, through NICs 2 and 3 only (a800: two ranks per NIC). Routed over
     # all 4 NICs they carry half as much each, after hand-offs over NVLink, 6x faster than a NIC.
-    from ballast.plans import Group, MicroBatch, Plan, Wave
+    from ballast.plans.plan import Group, MicroBatch, Plan, Wave
     planner = get_planner("ballast", CLUSTER, COST, PlannerOptions(max_len=262144))
     wave = Wave([Group(0, 8, [MicroBatch([0])])] + [Group(r, 1) for r in range(8, 16)], [(0, 16)])
     plan = Plan([65536], [wave])

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ballast.cost_sources import analytic_cost
-from ballast.model_shape import ModelShape
+from ballast.pricing.cost_sources import analytic_cost
+from ballast.vocabulary.model_shape import ModelShape
 from ballast.planners import PlannerOptions, get_planner
-from ballast.timeline import simulate
+from ballast.plans.timeline import simulate
 from strategies import make_cluster
 
 CAPPED = [ModelShape("three-heads", 2, 96, 3, 3, 192, 256),       # Ulysses: degree 1 only
@@ -113,8 +113,8 @@ def test_static_usp_runs_the_split_asked(forced, cp, split):
 def test_spatial_temporal_models_run_context_parallelism_past_their_heads(name, parts):
     # stdit3-1b's 16 heads stop Ulysses (and the 2D layouts' fallback) at degree 16 on 32 ranks;
     # with a CP part its fallback runs Ulysses x CP over whole-clip chunks (`video_sp.py`)
-    from ballast.cluster import get_cluster
-    from ballast.model_shape import get_model_shape
+    from ballast.vocabulary.cluster import get_cluster
+    from ballast.vocabulary.model_shape import get_model_shape
     cluster = get_cluster("h200-32")
     cost = analytic_cost(get_model_shape("stdit3-1b"), cluster)
     assert cost.degrees[-1] == 16  # Ulysses alone
@@ -125,9 +125,9 @@ def test_spatial_temporal_models_run_context_parallelism_past_their_heads(name, 
 def test_a_length_only_view_keeps_the_heads_and_reaches_past_them_with_context_parallelism():
     # planning clips as causal text (--as-lengths) keeps the model's heads and kv heads: Ulysses
     # stops where they do, a CP part reaches the whole cluster for every pattern
-    from ballast.cluster import get_cluster
-    from ballast.layouts import ANY_SPLIT
-    from ballast.model_shape import get_model_shape
+    from ballast.vocabulary.cluster import get_cluster
+    from ballast.vocabulary.layouts import ANY_SPLIT
+    from ballast.vocabulary.model_shape import get_model_shape
     from ballast.simulate.side_by_side import lengths_only
     for model, heads_cap in (("stdit3-1b", 16), ("wan-14b", 8)):
         cost = analytic_cost(get_model_shape(model), get_cluster("h200-32"))

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ballast.cluster import get_cluster
-from ballast.cost import InfeasibleError
-from ballast.cost_sources import analytic_cost
-from ballast.model_shape import ModelShape, get_model_shape
+from ballast.vocabulary.cluster import get_cluster
+from ballast.pricing.cost import InfeasibleError
+from ballast.pricing.cost_sources import analytic_cost
+from ballast.vocabulary.model_shape import ModelShape, get_model_shape
 from ballast.planners import PlannerOptions, get_planner
 from ballast.planners.wlb_llm import OUTLIER_LEVELS, greedy_pack, micro_batch_count, release_outliers
 

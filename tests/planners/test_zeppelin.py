@@ -7,11 +7,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ballast import CostModel, Group, MicroBatch, Plan, PlannerOptions, Wave, get_cluster, get_cost_model, get_model_shape
-from ballast.cluster import Cluster
+from ballast.vocabulary.cluster import Cluster
 from ballast.planners import get_planner
 from ballast.planners.zeppelin import balance_nodes, classify, crossovers
-from ballast.timeline import simulate, step_time
-from ballast.cost_sources import analytic_cost, get_cost_model
+from ballast.plans.timeline import simulate, step_time
+from ballast.pricing.cost_sources import analytic_cost, get_cost_model
 from strategies import planner_setups
 
 @pytest.fixture(scope="module")

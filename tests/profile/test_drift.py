@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ballast.cost import CostModel
-from ballast.model_shape import get_model_shape
+from ballast.pricing.cost import CostModel
+from ballast.vocabulary.model_shape import get_model_shape
 from ballast.profile.drift import REFERENCE_POINTS, drift_errors, machine_drift, reference_points
 from ballast.profile.grid import Measurement, Point
 

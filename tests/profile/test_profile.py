@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from ballast.cli import main
-from ballast.cluster import get_cluster
-from ballast.cost import CostModel, InfeasibleError
-from ballast.cost_sources import get_cost_model
+from ballast.vocabulary.cluster import get_cluster
+from ballast.pricing.cost import CostModel, InfeasibleError
+from ballast.pricing.cost_sources import get_cost_model
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
 from ballast.profile.profiler import (all_to_all_value_bytes, check_states_fit, profile, shape_bytes_per_token_layer,
                                      state_bytes)
@@ -26,8 +26,8 @@ from ballast.profile.measure import combine
 from ballast.profile.residuals import prediction_errors as compare
 from ballast.profile.grid import (Measurement, Point, build_context_grid, build_grid, remap_points, tiny_documents,
                                   verification_points)
-from ballast.model_shape import get_model_shape
-from ballast.timeline import simulate
+from ballast.vocabulary.model_shape import get_model_shape
+from ballast.plans.timeline import simulate
 
 from synthetic_measurements import synthetic
 

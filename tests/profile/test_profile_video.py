@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from ballast.cli import main
-from ballast.cluster import get_cluster
-from ballast.cost_sources import get_cost_model
+from ballast.vocabulary.cluster import get_cluster
+from ballast.pricing.cost_sources import get_cost_model
 from ballast.dataset.clips import video_source
-from ballast.model_shape import get_model_shape
+from ballast.vocabulary.model_shape import get_model_shape
 from ballast.planners import PlannerOptions, get_planner
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.profile.sources import SOURCE_PACK_SHARES, check_source, packed_clips, scaled_clips, source_packs
-from ballast.patterns import SPATIAL_TEMPORAL, fit_attention
+from ballast.vocabulary.patterns import SPATIAL_TEMPORAL, fit_attention
 from ballast.profile.coefficients import Coefficients
 from ballast.profile.columns import TimeColumns
 from ballast.profile.fit import fit
@@ -29,8 +29,8 @@ from ballast.profile.video_grid import build_video_grid, video_clips
 from ballast.profile.measure import point_plan
 from ballast.profile.profiler import measured_bytes_per_token_layer, profile, shape_bytes_per_token_layer, state_bytes
 from ballast.profile.settings import Settings, default_video_sizes, held_out, plan_grid
-from ballast.samples import attention_units
-from ballast.timeline import simulate
+from ballast.vocabulary.samples import attention_units
+from ballast.plans.timeline import simulate
 
 from synthetic_measurements import synthetic
 

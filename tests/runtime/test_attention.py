@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ballast.models import PackedStream, build_gpt, varlen_attention
 from ballast.runtime import ProcessGroups, StreamShard, run_local, sequence_parallel_attention, shard_sizes
-from ballast.model_shape import MODEL_PRESETS
+from ballast.vocabulary.model_shape import MODEL_PRESETS
 
 WORLD = 4
 # Streams of several sequences whose total the degrees 2 and 4 do not divide (17 and 3 tokens:

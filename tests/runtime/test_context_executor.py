@@ -10,10 +10,10 @@ from runtime_cases import (LENGTHS, SHAPE, assert_single_process_gradients, clip
                            perturbed_params)
 
 from ballast import verify
-from ballast.cluster import get_cluster
-from ballast.model_shape import MODEL_PRESETS, ModelShape
+from ballast.vocabulary.cluster import get_cluster
+from ballast.vocabulary.model_shape import MODEL_PRESETS, ModelShape
 from ballast.models import build_gpt, build_model
-from ballast.plans import Group, MicroBatch, Plan, Wave
+from ballast.plans.plan import Group, MicroBatch, Plan, Wave
 from ballast.runtime import ProcessGroups, parallelize, run_local
 
 # 6 heads, 2 kv heads: Ulysses reaches degree 2 only; 4 = 2 x CP 2 or 1 x CP 4.

@@ -13,10 +13,10 @@ import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ballast.layouts import CONTEXT, ULYSSES
+from ballast.vocabulary.layouts import CONTEXT, ULYSSES
 from ballast.models import PackedStream, varlen_attention
 from ballast.models.kernels import flash_attn_varlen_func, local_attention, span_attention
-from ballast.patterns import CAUSAL, FULL, SPATIAL, TEMPORAL, span
+from ballast.vocabulary.patterns import CAUSAL, FULL, SPATIAL, TEMPORAL, span
 from ballast.runtime import ProcessGroups, run_local, sequence_parallel_attention
 from ballast.runtime.context_parallel import ContextShard, _chunk_attention
 from ballast.runtime.context_shard import held_chunks
@@ -89,7 +89,7 @@ def test_head_tail_pairs():
 
 
 def test_context_layout_rule():
-    # (the bytes CP moves are priced by hand in tests/core/test_cost.py)
+    # (the bytes CP moves are priced by hand in tests/pricing/test_cost.py)
     assert CONTEXT.allows(8, 28) and not ULYSSES.allows(8, 28)
     with pytest.raises(ValueError, match="CP degree 6 is not a power of two"):
         CONTEXT.check(6, 8)

@@ -12,13 +12,13 @@ from runtime_cases import (LENGTHS, PARAM_DRIFT, SHAPE, STEPS, assert_single_pro
                            planner_plans)
 
 from ballast import verify
-from ballast.cluster import get_cluster
-from ballast.cost import CostModel
-from ballast.cost_sources import analytic_cost
+from ballast.vocabulary.cluster import get_cluster
+from ballast.pricing.cost import CostModel
+from ballast.pricing.cost_sources import analytic_cost
 from ballast.models import build_gpt
-from ballast.plans import Group, MicroBatch, Plan, Wave, fill_idle
+from ballast.plans.plan import Group, MicroBatch, Plan, Wave, fill_idle
 from ballast.runtime import ActivationMeter, ProcessGroups, parallelize, run_local
-from ballast.model_shape import ModelShape
+from ballast.vocabulary.model_shape import ModelShape
 
 
 def mixed_plan() -> Plan:

@@ -8,9 +8,9 @@ from runtime_cases import (LENGTHS, PARAM_DRIFT, SHAPE, STEPS, assert_single_pro
                            planner_plans)
 
 from ballast import verify
-from ballast.cluster import get_cluster
+from ballast.vocabulary.cluster import get_cluster
 from ballast.models import build_gpt
-from ballast.plans import Group, MicroBatch, Plan, Wave
+from ballast.plans.plan import Group, MicroBatch, Plan, Wave
 from ballast.runtime import ProcessGroups, make_optimizer, parallelize, run_local, shard_model
 
 

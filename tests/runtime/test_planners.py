@@ -12,7 +12,7 @@ import torch.distributed as dist
 from runtime_cases import PARAM_DRIFT, SHAPE, assert_single_process_gradients
 
 from ballast import verify
-from ballast.plans import Plan
+from ballast.plans.plan import Plan
 from ballast.planners import PlannerOptions, get_planner
 from ballast.runtime import ProcessGroups, run_local
 

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from runtime_cases import LENGTHS, clip_batch, load_params, make_batches, perturbed_params
 
 from ballast import verify
-from ballast.cluster import Cluster, get_cluster
-from ballast.model_shape import MODEL_PRESETS
+from ballast.vocabulary.cluster import Cluster, get_cluster
+from ballast.vocabulary.model_shape import MODEL_PRESETS
 from ballast.models import build_model
-from ballast.plans import Group, MicroBatch, Plan, Wave
+from ballast.plans.plan import Group, MicroBatch, Plan, Wave
 from ballast.runtime import ProcessGroups, parallelize, run_local
 from ballast.runtime.all_to_all import all_to_all
 from ballast.runtime.remap import Route

@@ -9,9 +9,9 @@ import time
 
 from runtime_cases import LENGTHS, SHAPE
 
-from ballast.cluster import get_cluster
+from ballast.vocabulary.cluster import get_cluster
 from ballast.models import build_gpt
-from ballast.plans import Group, MicroBatch, Plan, Wave
+from ballast.plans.plan import Group, MicroBatch, Plan, Wave
 from ballast.profile.measure import random_samples
 from ballast.runtime import StreamShard, parallelize, run_local
 

@@ -42,11 +42,11 @@ import torch.distributed as dist
 from runtime_cases import GRAD_RTOL, clip_batch, load_params, perturbed_params
 
 from ballast import verify
-from ballast.cluster import get_cluster
-from ballast.model_shape import MODEL_PRESETS
+from ballast.vocabulary.cluster import get_cluster
+from ballast.vocabulary.model_shape import MODEL_PRESETS
 from ballast.models import build_model
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
-from ballast.plans import Group, MicroBatch, Plan, Wave
+from ballast.plans.plan import Group, MicroBatch, Plan, Wave
 from ballast.runtime import (ProcessGroups, StreamShard, VideoShard, full_tensor, parallelize, run_local,
                              sequence_parallel_attention, video_layouts)
 from ballast.runtime.remap import RemappedStream

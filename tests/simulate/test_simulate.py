@@ -13,13 +13,13 @@ import pytest
 
 from ballast.simulate import command as simulate_cmd
 from ballast.cli import main
-from ballast.cluster import get_cluster
-from ballast.cost_sources import analytic_cost, get_cost_model
+from ballast.vocabulary.cluster import get_cluster
+from ballast.pricing.cost_sources import analytic_cost, get_cost_model
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
 from ballast.planners import PlannerOptions, get_planner
-from ballast.model_shape import get_model_shape
-from ballast.timeline import simulate
+from ballast.vocabulary.model_shape import get_model_shape
+from ballast.plans.timeline import simulate
 
 UNSIZED = ["--lengths", "lognormal:7,1.2", "--cluster", "a100-8", "--model", "gpt-7b",
            "--max-len", "32768", "--steps", "2"]

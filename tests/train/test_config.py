@@ -13,7 +13,7 @@ from ballast.train import checkpoint
 from ballast.train.config import TrainConfig, add_arguments, field_docs, from_args, load_toml
 from ballast.train.metrics import final_history, summarise
 from ballast.train.loop import learning_rate
-from ballast.cost_sources import analytic_cost
+from ballast.pricing.cost_sources import analytic_cost
 
 
 def parse(*argv: str) -> TrainConfig:
@@ -128,8 +128,8 @@ def test_toml_of_defaults_is_valid_toml():
 
 def test_cost_model_from_a_profile_file(tmp_path):
     """--cost PATH loads a `ballast profile` JSON; one made for another model is refused."""
-    from ballast.cluster import get_cluster
-    from ballast.model_shape import get_model_shape
+    from ballast.vocabulary.cluster import get_cluster
+    from ballast.vocabulary.model_shape import get_model_shape
     from ballast.train.loop import Setup
 
     cluster = get_cluster("cpu", world_size=2, device_memory_gb=1.0)
@@ -151,7 +151,7 @@ def test_trainer_validates_before_any_rank_starts():
 
 
 def test_a_checkpoints_model_is_its_numbers_not_its_name(tmp_path):
-    from ballast.model_shape import MODEL_PRESETS
+    from ballast.vocabulary.model_shape import MODEL_PRESETS
 
     tiny = MODEL_PRESETS["tiny"]
     renamed = {"model": checkpoint.model_record(dataclasses.replace(tiny, name="moved", source="elsewhere"))}

@@ -22,10 +22,10 @@ from corpora import jsonl_corpus
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from train_runs import run_config
 
-from ballast.cluster import get_cluster
-from ballast.cost_sources import analytic_cost
+from ballast.vocabulary.cluster import get_cluster
+from ballast.pricing.cost_sources import analytic_cost
 from ballast.dataset import build_corpus
-from ballast.model_shape import get_model_shape
+from ballast.vocabulary.model_shape import get_model_shape
 from ballast.runtime import run_local
 from ballast.train.metrics import final_history
 

@@ -31,7 +31,7 @@ from train_runs import run_config, text_memory_gb
 import ballast
 import ballast.runtime
 from ballast.cli import main
-from ballast.model_shape import get_model_shape
+from ballast.vocabulary.model_shape import get_model_shape
 from ballast.runtime import run_local
 from ballast.train.config import TrainConfig
 from ballast.train.hf_folder import HF_MODEL_DIR, resolve_tokenizer

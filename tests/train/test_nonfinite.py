@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
 from ballast.cli import main
 from ballast.dataset import open_clip_stream
-from ballast.model_shape import MODEL_PRESETS
+from ballast.vocabulary.model_shape import MODEL_PRESETS
 from ballast.models import build_model
 from ballast.train import checkpoint
 from ballast.train.metrics import final_history

@@ -25,7 +25,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from train_runs import run_config
 
 from ballast.dataset import open_clip_stream
-from ballast.model_shape import MODEL_PRESETS
+from ballast.vocabulary.model_shape import MODEL_PRESETS
 from ballast.models import build_model
 from ballast.runtime import run_local
 from ballast.train import checkpoint

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from ballast.cli import main
-from ballast.model_shape import ModelShape, get_model_shape
+from ballast.vocabulary.model_shape import ModelShape, get_model_shape
 from ballast.planners import PLANNERS as PLANNERS_ALL, PlannerOptions, get_planner
 from ballast.verify.command import budget
 from ballast.verify.reference import random_batches

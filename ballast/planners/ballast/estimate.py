@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ...cost import CostModel
+from ...pricing.cost import CostModel
 
 
 class GroupEstimates:

@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 
-from ...cost import CostModel
-from ...plans import Group, MicroBatch
-from ...samples import SampleBatch
+from ...pricing.cost import CostModel
+from ...plans.plan import Group, MicroBatch
+from ...vocabulary.samples import SampleBatch
 from ..packing import best_fit_decreasing
 
 # Micro-batch counts tried per group: a geometric ladder of this many between the fewest that

@@ -57,10 +57,10 @@ nodes is routed over every NIC of the node (`Wave.routed`) where that ends it so
 """
 from __future__ import annotations
 
-from ...layouts import ANY_SPLIT, Splits
-from ...plans import Plan, Wave
-from ...samples import SampleBatch
-from ...timeline import wave_time
+from ...vocabulary.layouts import ANY_SPLIT, Splits
+from ...plans.plan import Plan, Wave
+from ...vocabulary.samples import SampleBatch
+from ...plans.timeline import wave_time
 from ..registry import register
 from ..base import Planner
 from ..packing import pad_lockstep

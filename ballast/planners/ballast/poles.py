@@ -21,11 +21,11 @@ from typing import Callable
 
 import numpy as np
 
-from ...cost import CostModel
-from ...plans import Group, MicroBatch, Plan, Wave, fill_idle
-from ...samples import SampleBatch
-from ...timeline import step_time
-from ... import remapping
+from ...pricing.cost import CostModel
+from ...plans.plan import Group, MicroBatch, Plan, Wave, fill_idle
+from ...vocabulary.samples import SampleBatch
+from ...plans.timeline import step_time
+from ...pricing import remapping
 
 # A sequence alone within this share of the plain plan's step is a pole.
 POLE_SHARE = 0.95

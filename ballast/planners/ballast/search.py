@@ -7,11 +7,11 @@ import math
 
 import numpy as np
 
-from ...bounds import lower_bound
-from ...cost import CostModel
-from ...plans import Group, Plan, Wave, fill_idle
-from ...samples import SampleBatch
-from ...timeline import step_time
+from ...pricing.bounds import lower_bound
+from ...pricing.cost import CostModel
+from ...plans.plan import Group, Plan, Wave, fill_idle
+from ...vocabulary.samples import SampleBatch
+from ...plans.timeline import step_time
 from .allocation import allocate
 from .estimate import GroupEstimates
 from .groups import GroupPacker

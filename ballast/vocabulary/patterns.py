@@ -13,7 +13,7 @@ Two levels, both values resolved from a name once, where a name enters (`ModelSh
                       the terms `ballast profile` fits. CAUSAL_LM (text decoders), FULL_DIT
                       (Wan-style DiTs), SPATIAL_TEMPORAL (STDiT).
 
-No other module compares pattern names: it asks the value (tests/core/test_vocabulary.py checks).
+No other module compares pattern names: it asks the value (tests/vocabulary/test_vocabulary.py checks).
 A new pattern is a new value here (and, for a new model family, an entry in the models' table).
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A `Cluster` is passed explicitly to planners, the cost model and the runtime; nothing reads
 the topology from a global. Besides its devices it knows the NICs of a node: how many, how fast,
-which devices each serves (`ballast.nics` prices a wave's exchange on them). Presets cover the
+which devices each serves (`ballast.pricing.nics` prices a wave's exchange on them). Presets cover the
 hardware of the papers ballast compares with; custom clusters load from TOML or JSON with the
 same field names.
 """

@@ -14,10 +14,10 @@ import itertools
 
 import numpy as np
 
-from .cluster import Cluster
-from .cost import CostModel
-from .plans import Group, MicroBatch, Plan, Wave
-from .samples import is_shaped, tokens
+from ..vocabulary.cluster import Cluster
+from ..pricing.cost import CostModel
+from .plan import Group, MicroBatch, Plan, Wave
+from ..vocabulary.samples import is_shaped, tokens
 from .timeline import step_time
 
 

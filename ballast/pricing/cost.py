@@ -62,11 +62,11 @@ from typing import Sequence
 
 import numpy as np
 
-from .cluster import Cluster
-from .value_checks import check_types, from_fields, read_json
-from .layouts import ULYSSES_ONLY, HeadLayout, Splits
-from .patterns import AttentionPattern, attention_pattern
-from .samples import Sample, sample_grid, tokens as sample_tokens
+from ..vocabulary.cluster import Cluster
+from ..vocabulary.value_checks import check_types, from_fields, read_json
+from ..vocabulary.layouts import ULYSSES_ONLY, HeadLayout, Splits
+from ..vocabulary.patterns import AttentionPattern, attention_pattern
+from ..vocabulary.samples import Sample, sample_grid, tokens as sample_tokens
 
 # Full checkpointing keeps only a block's input: h of the 17 h values it saves (Korthikanti et al.).
 KEPT_UNDER_CHECKPOINT = 1 / 17

@@ -7,12 +7,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from ballast.cluster import get_cluster
-from ballast.cost_sources import analytic_cost
-from ballast.model_shape import get_model_shape
-from ballast.nics import link_rate
-from ballast.plans import Group, MicroBatch, Plan, PlanError, Wave
-from ballast.timeline import nic_bytes, simulate, step_time
+from ballast.vocabulary.cluster import get_cluster
+from ballast.pricing.cost_sources import analytic_cost
+from ballast.vocabulary.model_shape import get_model_shape
+from ballast.pricing.nics import link_rate
+from ballast.plans.plan import Group, MicroBatch, Plan, PlanError, Wave
+from ballast.plans.timeline import nic_bytes, simulate, step_time
 
 EXACT = 1e-12  # relative: a few float terms; the hand values follow the same formulas
 TWO_NODES = get_cluster("cpu", world_size=4, nodes=2)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from .cluster import Cluster
+from ..vocabulary.cluster import Cluster
 from .cost import CostModel
-from .model_shape import ModelShape
+from ..vocabulary.model_shape import ModelShape
 
 # Mixed-precision Adam: bf16 weights and grads + fp32 master weights, momentum and variance.
 STATE_BYTES_PER_PARAM = 16

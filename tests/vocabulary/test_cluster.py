@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ballast.cluster import PRESETS, Cluster, get_cluster
+from ballast.vocabulary.cluster import PRESETS, Cluster, get_cluster
 
 GB = 1e9
 # FlexSP's measured all-to-all bandwidth on 64 A100-40GB, GB/s by SP degree (docs/design.md).
@@ -225,8 +225,8 @@ def test_wrong_bandwidth_type_in_file(tmp_path, bandwidth):
 def test_device_memory_applies_to_every_cluster_and_profile(tmp_path):
     """--device-memory-gb replaces a GPU preset's, a file's and a profile's memory (it was ignored
     for all but the cpu preset); unset, each keeps its own."""
-    from ballast.cost_sources import get_cost_model
-    from ballast.model_shape import get_model_shape
+    from ballast.pricing.cost_sources import get_cost_model
+    from ballast.vocabulary.model_shape import get_model_shape
 
     assert get_cluster("a100-64").device_memory == 28 * GB
     assert get_cluster("a100-64", device_memory_gb=10).device_memory == 10 * GB

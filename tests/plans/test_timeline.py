@@ -4,13 +4,13 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from ballast import gantt as report
-from ballast.exhaustive import brute_force, cluster_for, layouts, optimum
+from ballast.plans import gantt as report
+from ballast.plans.exhaustive import brute_force, cluster_for, layouts, optimum
 from ballast.exhaustive_instances import hand_cost, tiny_instances, tiny_shaped_instances
 from ballast.planners import PlannerOptions, get_planner
-from ballast.plans import Group, MicroBatch, Plan, Wave
-from ballast.timeline import simulate, step_time
-from ballast.bounds import lower_bound, uncapped_lower_bound
+from ballast.plans.plan import Group, MicroBatch, Plan, Wave
+from ballast.plans.timeline import simulate, step_time
+from ballast.pricing.bounds import lower_bound, uncapped_lower_bound
 
 # 1e-12 relative: simulate() adds a handful of float terms; the hand values are exact decimals.
 EXACT = 1e-12

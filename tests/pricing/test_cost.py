@@ -10,14 +10,14 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ballast.cluster import get_cluster
-from ballast.cost import CostModel, InfeasibleError
-from ballast.cost_sources import analytic_cost, get_cost_model, published_cost
-from ballast.model_shape import ModelShape, get_model_shape
-from ballast.bounds import lower_bound, uncapped_lower_bound
+from ballast.vocabulary.cluster import get_cluster
+from ballast.pricing.cost import CostModel, InfeasibleError
+from ballast.pricing.cost_sources import analytic_cost, get_cost_model, published_cost
+from ballast.vocabulary.model_shape import ModelShape, get_model_shape
+from ballast.pricing.bounds import lower_bound, uncapped_lower_bound
 from ballast.exhaustive_instances import hand_cost
-from ballast.layouts import ANY_SPLIT, CONTEXT_ONLY, ULYSSES, ULYSSES_ONLY, fixed_context, ulysses_in_node
-from ballast import remapping
+from ballast.vocabulary.layouts import ANY_SPLIT, CONTEXT_ONLY, ULYSSES, ULYSSES_ONLY, fixed_context, ulysses_in_node
+from ballast.pricing import remapping
 
 
 def small_cost(**change) -> CostModel:
@@ -480,7 +480,7 @@ def test_no_planner_beats_the_bound_on_presets(cluster, model):
     # The bound's purpose, on FlexSP's A100s (cheap all-to-alls, published profile) and on
     # H100s with llama3-8b (expensive relative to the compute): no plan is faster.
     from ballast.planners import PLANNERS, PlannerOptions, get_planner
-    from ballast.timeline import simulate
+    from ballast.plans.timeline import simulate
 
     the_cluster = get_cluster(cluster)
     cost = get_cost_model("auto", get_model_shape(model), the_cluster)

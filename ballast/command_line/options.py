@@ -12,7 +12,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .model_shape import MODEL_PRESETS
+from ..vocabulary.model_shape import MODEL_PRESETS
 
 
 def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:

@@ -18,7 +18,7 @@ all ranks of the domain recompute alike). The runtime's side is `runtime/remap.p
     bound_terms     the least slot a sequence can run in, and what its slot's idle ranks
                     cost it, for the lower bound (`bounds.py`)
 
-A slot is what plans.py hands over, its micro-batches as `SlotPart`s (`Plan.slot_parts`):
+A slot is what plans/plan.py hands over, its micro-batches as `SlotPart`s (`Plan.slot_parts`):
 this module prices and never reads a plan, so the plan contract can ask it.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 
 from .cost import LEVEL_EPS, CostModel
 from .nics import crosses_nodes, exchange_surcharge, fastest_move_rate, move_time
-from .samples import Sample, tokens as sample_tokens
+from ..vocabulary.samples import Sample, tokens as sample_tokens
 
 # Of a layer's 17 saved values per hidden (cost_sources.ACT_VALUES_PER_HIDDEN), those attention itself
 # saves (q, k, v and its output: flash attention's backward needs them) live in the attention

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ballast.cluster import get_cluster
-from ballast.cost_sources import analytic_cost
-from ballast.model_shape import MODEL_PRESETS, get_model_shape
-from ballast.plans import Group, MicroBatch, Plan, PlanError, Wave
-from ballast.samples import attention_units, check_samples
-from ballast.bounds import lower_bound
+from ballast.vocabulary.cluster import get_cluster
+from ballast.pricing.cost_sources import analytic_cost
+from ballast.vocabulary.model_shape import MODEL_PRESETS, get_model_shape
+from ballast.plans.plan import Group, MicroBatch, Plan, PlanError, Wave
+from ballast.vocabulary.samples import attention_units, check_samples
+from ballast.pricing.bounds import lower_bound
 
 PATTERNS = ("causal", "full", "spatial-temporal")
 

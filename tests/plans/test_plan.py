@@ -1,4 +1,4 @@
-"""The plan contract (ballast/plans.py): invariants, plain data, table."""
+"""The plan contract (ballast/plans/plan.py): invariants, plain data, table."""
 from __future__ import annotations
 
 import copy
@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from ballast.cluster import get_cluster
-from ballast.cost_sources import analytic_cost
-from ballast.plans import Group, MicroBatch, Plan, PlanError, Wave, fill_idle
-from ballast.model_shape import get_model_shape
-from ballast import remapping
+from ballast.vocabulary.cluster import get_cluster
+from ballast.pricing.cost_sources import analytic_cost
+from ballast.plans.plan import Group, MicroBatch, Plan, PlanError, Wave, fill_idle
+from ballast.vocabulary.model_shape import get_model_shape
+from ballast.pricing import remapping
 
 LENGTHS = [100, 200, 300, 400, 500, 600]
 

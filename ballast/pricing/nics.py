@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .cluster import Cluster
+from ..vocabulary.cluster import Cluster
 from .cost import CostModel, recomputed_exchanges
 
 Transfers = Mapping[tuple[int, int], float]

@@ -5,12 +5,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ballast.cluster import Cluster, get_cluster
-from ballast.nics import NicLoad, nic_load
-from ballast.cost_sources import analytic_cost
+from ballast.vocabulary.cluster import Cluster, get_cluster
+from ballast.pricing.nics import NicLoad, nic_load
+from ballast.pricing.cost_sources import analytic_cost
 
 GB = 1e9
-A800_NVLINK_ALL_TO_ALL = 96.5 / 300 * 200 * GB    # bandwidth[8] of an A800 node (tests/core/test_cluster.py)
+A800_NVLINK_ALL_TO_ALL = 96.5 / 300 * 200 * GB    # bandwidth[8] of an A800 node (tests/vocabulary/test_cluster.py)
 A800 = (25 * GB, A800_NVLINK_ALL_TO_ALL)           # (NIC, link) rates at the cards' own figures
 
 
@@ -113,12 +113,12 @@ def test_routing_moves_the_same_bytes_and_never_loads_the_busiest_nic_more(wave)
 
 # --- pricing: what the timeline asks ----------------------------------------------------------
 def _cost(cluster):
-    from ballast.model_shape import get_model_shape
+    from ballast.vocabulary.model_shape import get_model_shape
     return analytic_cost(get_model_shape("tiny"), cluster)
 
 
 def test_an_even_exchange_loads_equal_nics_evenly_and_routing_only_adds_hand_offs():
-    from ballast.nics import EvenExchange, even_exchange
+    from ballast.pricing.nics import EvenExchange, even_exchange
     # a800: two ranks per NIC. Each rank sends 8 bytes across (1 to each rank of the other node).
     # Routed over 4 NICs, rank 0 hands 6 of them to proxies 2, 4 and 6 and, as the proxy under NIC
     # 0 of ranks 2, 4 and 6, takes 2 from each: 6 bytes; the far side's combine likewise.
@@ -130,7 +130,7 @@ def test_an_even_exchange_loads_equal_nics_evenly_and_routing_only_adds_hand_off
 
 
 def test_the_surcharge_is_nothing_on_equal_nics_unrouted_and_the_hand_offs_routed():
-    from ballast.nics import exchange_surcharge, link_rate
+    from ballast.pricing.nics import exchange_surcharge, link_rate
     cost = _cost(get_cluster("cpu", world_size=4, nodes=2))
     tokens = 1000.0
     assert exchange_surcharge(cost, 2, 1, tokens, routed=True) == 0      # inside a node
@@ -145,7 +145,7 @@ def test_the_surcharge_is_nothing_on_equal_nics_unrouted_and_the_hand_offs_route
 
 
 def test_a_remap_move_over_two_nodes_by_hand():
-    from ballast.nics import move_time, move_transfers
+    from ballast.pricing.nics import move_time, move_transfers
     cost = _cost(get_cluster("cpu", world_size=4, nodes=2))
     bpt, rate = cost.bytes_per_token, 0.7 * GB
     # Rank 0 holds 4 tokens, the others none: it keeps 1 and sends 1 to each other rank.
@@ -160,7 +160,7 @@ def test_a_remap_move_over_two_nodes_by_hand():
 @settings(max_examples=100, database=None, derandomize=True)
 @given(st.lists(st.integers(0, 50), min_size=2, max_size=8).filter(lambda t: sum(t) % len(t) == 0))
 def test_move_transfers_are_the_runtime_overlaps(tokens):
-    from ballast.nics import move_transfers
+    from ballast.pricing.nics import move_transfers
     from ballast.runtime.remap import overlaps
     n, share = len(tokens), sum(tokens) // len(tokens)
     expected = {(s, t): float(rows) for s in range(n)
@@ -169,7 +169,7 @@ def test_move_transfers_are_the_runtime_overlaps(tokens):
 
 
 def test_unequal_nics_surcharge_the_bytes_that_cross():
-    from ballast.nics import exchange_surcharge
+    from ballast.pricing.nics import exchange_surcharge
     # Device 0 alone under NIC 0, devices 1-3 under NIC 1: the busiest NIC carries 1.5x the even
     # share of a degree-8 all-to-all (two nodes of 4), so the bytes each rank sends across -- half
     # its payload -- cost half again their time at bandwidth[8].

@@ -14,11 +14,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
-from . import remapping
-from .cluster import Cluster, is_power_of_two
-from .cost import CostModel
-from .remapping import MEMORY_SLACK, SlotPart
-from .samples import Sample, check_samples, tokens as sample_tokens
+from ..pricing import remapping
+from ..vocabulary.cluster import Cluster, is_power_of_two
+from ..pricing.cost import CostModel
+from ..pricing.remapping import MEMORY_SLACK, SlotPart
+from ..vocabulary.samples import Sample, check_samples, tokens as sample_tokens
 
 
 class PlanError(ValueError):
@@ -67,7 +67,7 @@ class Wave:
     routed: bool = False
     """The wave's all-to-alls that cross nodes (Ulysses exchanges of groups wider than a node,
     token moves of remap domains wider than a node) go over every NIC of the node, not only the
-    sending rank's (Zeppelin's routing layer: `ballast.runtime.routing`, priced by `ballast.nics`).
+    sending rank's (Zeppelin's routing layer: `ballast.runtime.routing`, priced by `ballast.pricing.nics`).
     CP all-gathers stay unrouted: every rank of a group sends alike, so they load the NICs of its
     nodes as evenly as the cluster's NIC layout allows."""
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from .cost import CostModel
-from .plans import Plan
+from ..pricing.cost import CostModel
+from .plan import Plan
 from .timeline import simulate
 
 

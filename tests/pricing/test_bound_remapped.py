@@ -10,13 +10,13 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from ballast import remapping
-from ballast.bounds import lower_bound
-from ballast.exhaustive import cluster_for, optimum, remapped_optimum
+from ballast.pricing import remapping
+from ballast.pricing.bounds import lower_bound
+from ballast.plans.exhaustive import cluster_for, optimum, remapped_optimum
 from ballast.exhaustive_instances import hand_cost, tiny_instances
-from ballast.layouts import ANY_SPLIT
-from ballast.plans import Group, MicroBatch, Plan, Wave
-from ballast.timeline import step_time
+from ballast.vocabulary.layouts import ANY_SPLIT
+from ballast.plans.plan import Group, MicroBatch, Plan, Wave
+from ballast.plans.timeline import step_time
 
 
 @settings(max_examples=25)

@@ -11,9 +11,9 @@ from typing import Sequence
 import numpy as np
 
 from .cost import CostModel
-from .layouts import ANY_SPLIT
+from ..vocabulary.layouts import ANY_SPLIT
 from .remapping import bound_terms
-from .samples import Sample, tokens as sample_tokens
+from ..vocabulary.samples import Sample, tokens as sample_tokens
 
 
 def uncapped_lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from ballast import patterns
-from ballast.cost import CostModel
-from ballast.cost_sources import analytic_cost
-from ballast.layouts import CONTEXT, ULYSSES, VIDEO_2D
-from ballast.model_shape import MODEL_PRESETS, get_model_shape
-from ballast.patterns import CAUSAL_LM, FULL_DIT, PATTERNS, SPANS, SPATIAL_TEMPORAL, attention_pattern
-from ballast.samples import attention_units
+from ballast.vocabulary import patterns
+from ballast.pricing.cost import CostModel
+from ballast.pricing.cost_sources import analytic_cost
+from ballast.vocabulary.layouts import CONTEXT, ULYSSES, VIDEO_2D
+from ballast.vocabulary.model_shape import MODEL_PRESETS, get_model_shape
+from ballast.vocabulary.patterns import CAUSAL_LM, FULL_DIT, PATTERNS, SPANS, SPATIAL_TEMPORAL, attention_pattern
+from ballast.vocabulary.samples import attention_units
 
 PACKAGE = Path(patterns.__file__).parent
 VOCABULARY = {PACKAGE / "patterns.py", PACKAGE / "layouts.py"}
@@ -115,5 +115,5 @@ def test_block_spans_and_counts_follow_the_pattern():
 
 
 def _cpu(world: int = 2):
-    from ballast.cluster import get_cluster
+    from ballast.vocabulary.cluster import get_cluster
     return get_cluster("cpu", world_size=world, device_memory_gb=1.0)

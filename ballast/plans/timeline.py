@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .bounds import uncapped_lower_bound
-from .cost import CostModel
-from .plans import Group, MicroBatch, Plan, Wave
-from .nics import crosses_nodes, exchange_surcharge, group_nic_bytes, move_load
-from .remapping import slot_time, slot_tokens
+from ..pricing.bounds import uncapped_lower_bound
+from ..pricing.cost import CostModel
+from .plan import Group, MicroBatch, Plan, Wave
+from ..pricing.nics import crosses_nodes, exchange_surcharge, group_nic_bytes, move_load
+from ..pricing.remapping import slot_time, slot_tokens
 
 
 @dataclass
