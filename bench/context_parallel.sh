@@ -24,4 +24,4 @@ for name in CP1 CP2 CP3; do
     $BALLAST simulate "${setting[@]}" --planners "$PLANNERS" --json "$OUT/simulate-$name.json"
     $PYTHON bench/static_usp.py "$OUT/simulate-$name.json" "${setting[@]}" --degrees 8,16,32,64
 done
-$PYTHON bench/readme_tables.py
+$PYTHON bench/results_doc.py

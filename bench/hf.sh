@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's "Hugging Face models" result: a tiny Hugging Face Llama (the `tiny` preset's shape:
+# docs/results.md's Hugging Face Llama result: a tiny Hugging Face Llama (the `tiny` preset's shape:
 # 4 layers, hidden 128, 8 heads, 4 kv heads, ffn 352, byte vocabulary; random weights from a
 # seed) trained on the stdlib corpus on 2 gloo ranks by `ballast`'s plans against `static` forced
 # to SP degree 2 (how a transformers / accelerate Ulysses user runs it: one sp_size for every
@@ -30,4 +30,4 @@ wait_for_quiet
 $BALLAST bench --model "hf:$MODEL" --data stdlib --world 2 --planners static,ballast --degree 2 \
     --max-len 8192 --tokens-per-step 16384 --steps 4 --warmup 1 --repeats 3 \
     --cost "$OUT/hf-llama-profile.json" --json "$OUT/hf-llama.json"
-$PYTHON bench/readme_tables.py
+$PYTHON bench/results_doc.py

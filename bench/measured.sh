@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The README's measured numbers: `ballast bench` (every planner trains the tiny model on the same
+# docs/results.md's measured numbers: `ballast bench` (every planner trains the tiny model on the same
 # stdlib batches on 2 gloo ranks, interleaved per step, 3 rounds for the run-to-run noise; run
-# twice), then the planners' latency (bench/latency.py), then the README tables.
+# twice), then the planners' latency (bench/latency.py), then docs/results.md.
 #
 # Usage: bench/measured.sh [--skip-latency]
 # Cost model: a `ballast profile` of the tiny model up to MAX_LEN made here at its full depth
@@ -39,4 +39,4 @@ if [ "${1:-}" != "--skip-latency" ]; then
     wait_for_quiet
     $PYTHON bench/latency.py --out "$OUT/latency"
 fi
-$PYTHON bench/readme_tables.py
+$PYTHON bench/results_doc.py

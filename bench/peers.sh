@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's "Real peers" result: DeepSpeed-Ulysses (DeepSpeed's own DistributedAttention at SP
+# docs/results.md's DeepSpeed-Ulysses result: DeepSpeed-Ulysses (DeepSpeed's own DistributedAttention at SP
 # degree 2, the DeepSpeed engine with ZeRO-2) trains bench/hf.sh's tiny Hugging Face Llama on the
 # same stdlib batches as ballast's `static` (SP degree 2) and `ballast` plans, in one gloo job on
 # 2 ranks, interleaved per step, 1 warm-up + 3 rounds x 4 steps; then one job per system for its
@@ -30,4 +30,4 @@ for RUN in "peers-deepspeed" "peers-deepspeed-8gb --device-memory-gb 8"; do
         --data stdlib --world 2 --max-len 8192 --tokens-per-step 16384 --steps 4 --warmup 1 --repeats 3 \
         --cost "$OUT/hf-llama-profile.json" --json "$OUT/$1.json" "${@:2}"
 done
-$PYTHON bench/readme_tables.py
+$PYTHON bench/results_doc.py

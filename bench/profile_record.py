@@ -21,7 +21,7 @@ and the ranks' share of a core in each stage, and which attention kernel the run
 With --runs N the full profile and its check run N times in turn, the same code on the same
 machine: the files above are the first run's, the summary holds every run's errors, and the
 check's targets are judged on the median over runs (on a shared host one run's error moves by
-more than the targets' width; see the README).
+more than the targets' width; see docs/results.md).
 Every stage is a subprocess of the real command line, timed from outside. On a shared machine
 each stage first waits (up to --max-wait seconds) for the 1-minute load average to fall below
 --quiet-load; the summary records what it found.

@@ -25,4 +25,4 @@ for name in R1 R2 R3 R4; do
     $BALLAST simulate "${setting[@]}" --planners "$PLANNERS" --json "$OUT/simulate-$name.json"
     $BALLAST simulate "${setting[@]}" --planners zeppelin,ballast --routing off --json "$OUT/simulate-$name-unrouted.json"
 done
-$PYTHON bench/readme_tables.py
+$PYTHON bench/results_doc.py

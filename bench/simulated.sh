@@ -13,4 +13,4 @@ $BALLAST simulate --lengths stdlib --cluster h100-32 --model llama3-8b --max-len
     --tokens-per-step 1048576 --steps 20 --planners "$PLANNERS" --json "$OUT/simulate-B.json" --gantt "$OUT/gantt-B.png"
 $BALLAST simulate --lengths lognormal:7,1.6 --cluster h200-32 --model gpt-13b --max-len 262144 \
     --batch 256 --steps 20 --planners "$PLANNERS" --json "$OUT/simulate-C.json" --gantt "$OUT/gantt-C.png"
-.venv/bin/python bench/readme_tables.py
+.venv/bin/python bench/results_doc.py

@@ -19,4 +19,4 @@ for name in V1 V2 V3; do
     $BALLAST simulate "${setting[@]}" --steps 5 --planners "$PLANNERS" --as-lengths \
         --json "$OUT/simulate-$name-as-lengths.json"
 done
-.venv/bin/python bench/readme_tables.py
+.venv/bin/python bench/results_doc.py

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's "Training video DiTs" results: `stdit-tiny` (STDiT: spatial and temporal blocks,
+# docs/results.md's video DiT results: `stdit-tiny` (STDiT: spatial and temporal blocks,
 # 2D sequence parallelism) on `video-synthetic` (procedural latent clips shaped like DCP's any-size
 # buckets, scaled to --max-len) on 2 gloo ranks, every planner on the same batches, interleaved
 # per step, 5 rounds; `static` is forced to SP degree 2 for every clip, as VideoSys / Open-Sora
@@ -10,7 +10,7 @@
 # and its check on random video plans of six planners (video-profile-check.json); the bench runs the
 # profile's longest full-depth points again in every round and records the machine's drift since the
 # profile and each planner's error with it divided out (reported, not judged). Then the
-# 200-step training run whose loss curve the README shows (bench/results/video-train-loss.png).
+# 200-step training run whose loss curve docs/results.md shows (bench/results/video-train-loss.png).
 #
 # Usage: bench/video_dit.sh     (about 15 minutes; waits for a quiet machine first, see bench/quiet.sh)
 set -euo pipefail
@@ -38,4 +38,4 @@ rm -rf runs/video-train
 $BALLAST train --model stdit-tiny --data video-synthetic --world 2 --steps 200 --out-dir runs/video-train --no-resume
 cp runs/video-train/report/loss.png "$OUT/video-train-loss.png"
 cp runs/video-train/report/summary.json "$OUT/video-train-summary.json"
-$PYTHON bench/readme_tables.py
+$PYTHON bench/results_doc.py

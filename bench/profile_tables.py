@@ -1,0 +1,116 @@
+"""The cost model's records (`bench/profile_record.py`): how fast a profile is and how well it
+predicts real plans, per model; and the context-parallel profile's check."""
+from __future__ import annotations
+
+import statistics
+
+from record_files import commit_note, record
+
+STATISTIC_NAMES = {"median": "median", "min": "minimum"}
+"""How the results name a profile's statistic over rounds (`profile.measure.STATISTICS`)."""
+
+
+def profile_text(name: str) -> str:
+    """`bench/profile_record.py`'s run: how fast the profile is and how well it predicts real plans."""
+    data = record(f"profile-{name}-summary")
+    s, secs, targets = data["setting"], data["seconds"], data["targets"]
+    check, fit = data["check"], data["profile"]
+    rows = ["| | median | 90th pct | max | n |", "|---|---:|---:|---:|---:|"]
+    # A record made before #31's noise report and held-out points has no such rows.
+    summary, held = check["summary"], fit.get("held_out_error", {})
+    composed = (" (the check's micro-batch by micro-batch, composed into the step; the whole step's rounds "
+                "reduced are the row below it)" if "time_step" in summary else "")
+    for label, stats in [("check: step time, predicted vs measured", summary["time"]),
+                         ("check: activation bytes, predicted vs measured", summary["act"]),
+                         ("check: the whole step's rounds reduced (as is)", summary.get("time_step")),
+                         ("check: step time beyond each plan's repeat spread", summary.get("time_beyond_noise")),
+                         ("check: a plan's repeat spread (slowest - fastest round)", summary.get("noise")),
+                         ("check: step time with the machine's drift divided out", summary.get("time_drift_corrected")),
+                         ("fit residuals: time", fit["residuals"]["time"]),
+                         ("fit residuals: activation bytes", fit["residuals"]["act"]),
+                         ("held-out real batches (never fitted): time", held.get("time")),
+                         ("2-layer extrapolation vs full depth: time", fit["extrapolation_error"]["time"])]:
+        if stats is None or not stats["count"]:  # e.g. no extrapolation where the profile ran the full depth
+            continue
+        rows.append(f"| {label} | {stats['median']:.2%} | {stats['p90']:.2%} | {stats['max']:.2%} | {stats['count']} |")
+    source = (f"clips of DCP's video buckets scaled to at most {s['max_len']:,} tokens" if s["lengths"] == "video"
+              else f"{s['lengths']} lengths up to {s['max_len']:,} tokens")
+    head = (f"**Profile** ({s['model']} on {s['world']} gloo ranks, {source}, "
+            f"~{s['tokens_per_step']:,} tokens/step for the check, {s['device_memory_gb'] * 1e3:.0f} MB device "
+            f"budget; {s['attention_kernel']} attention kernel; commit {(data.get('provenance') or {}).get('commit') or s['commit']}; load average "
+            f"{fit['load_average']['median']:.1f} during the profile, {check['load_average']['median']:.1f} during the "
+            f"check, on {fit['load_average']['cpus']} CPUs). Full profile {secs['profile']:.0f} s, `--quick` "
+            f"{secs['quick']:.0f} s; `--check` ran {check['setting']['plans']} plans from "
+            f"{len(check['setting']['planners'])} planners, {check['setting']['repeats']} repeats each "
+            f"({secs['check']:.0f} s); every time the {STATISTIC_NAMES[check['setting']['statistic']]} of its rounds, in the profile as "
+            f"in the check{composed}. Errors are |predicted / measured - 1|:\n\n")
+    over = f" (median over {len(data['runs'])} runs)" if len(data.get("runs", [])) > 1 else ""
+    names = {"check_time_median": f"median step-time error{over}", "check_time_p90": f"90th percentile{over}",
+             "check_act_max": "largest activation error", "profile_seconds": "full profile",
+             "quick_seconds": "quick profile"}
+    verdicts = []
+    for key, label in names.items():
+        t = targets[key]
+        if key.endswith("seconds"):
+            verdicts.append(f"{label} {t['measured']:.0f} s (<= {t['target']:.0f} s: {'met' if t['met'] else '**not met**'})")
+        else:
+            verdicts.append(f"{label} {t['measured']:.1%} (<= {t['target']:.0%}: {'met' if t['met'] else '**not met**'})")
+    return head + "\n".join(rows) + runs_text(data.get("runs", [])) + "\n\nTargets: " + "; ".join(verdicts) + "."
+
+
+def runs_text(runs: list[dict]) -> str:
+    """`profile_record.py --runs N`: every run's check beside the first's (whose table is above);
+    the check's targets are judged on the median over runs."""
+    if len(runs) < 2:
+        return ""
+
+    def each(values: list[float], signed: bool = False) -> str:
+        return ", ".join(f"{v:+.1%}" if signed else f"{v:.1%}" for v in values)
+
+    medians, p90s = [r["time_median"] for r in runs], [r["time_p90"] for r in runs]
+    drift = ("" if any(r["drift"] is None for r in runs) else
+             f"; the profile's full-depth points took {each([r['drift'] - 1 for r in runs], True)} longer in the "
+             f"check than in the profile (the machine's drift)")
+    whole = ("" if any("time_step_median" not in r for r in runs) else
+             f"; against the whole step's rounds reduced (as is) median {each([r['time_step_median'] for r in runs])}, "
+             f"90th percentile {each([r['time_step_p90'] for r in runs])}")
+    return (f"\n\n{len(runs)} runs of the same code in turn, each a full profile and its check (the table is "
+            f"the first's): check step time |error| median {each(medians)} (median over runs "
+            f"{statistics.median(medians):.1%}), 90th percentile {each(p90s)} ({statistics.median(p90s):.1%}){whole}; signed "
+            f"median {each([r['signed_median'] for r in runs], True)}{drift}; held-out real micro-batches, measured in "
+            f"the profile's own rounds, median {each([r['held_out_median'] for r in runs])}. The check's targets "
+            f"below are judged on the median over runs.")
+
+
+def context_profile_text() -> str:
+    """The tiny model's profile with context-parallel points (bench/results/profile-tiny-cp.json)
+    and its check on a setting where the CP planners use CP (profile-tiny-cp-check.json)."""
+    profile, check = record("profile-tiny-cp"), record("profile-tiny-cp-check")
+    fit, setting, summary = profile["fit"], check["setting"], check["summary"]
+    kinds = fit["residuals_by_kind"]
+
+    def row(label: str, stats: dict) -> str:
+        return f"| {label} | {stats['median']:.1%} | {stats['p90']:.1%} | {stats['max']:.1%} | {stats['count']} |"
+
+    def kind_row(family: str) -> str:
+        parts = [kinds[k]["time"] for k in (family, f"{family} ckpt", f"{family} packed")]
+        return ("| fit residuals, " + ("CP" if family == "cp" else "Ulysses") + " points / checkpointed / packed | "
+                + " | ".join(" / ".join(f"{p[q]:.1%}" for p in parts) for q in ("median", "p90"))
+                + " | | " + " / ".join(str(p["count"]) for p in parts) + " |")
+
+    head = (f"**Profile with context parallelism** ({profile['model']} on {profile['world_size']} gloo ranks, "
+            f"{len(fit['points'])} fitted points, of which {sum(kinds[k]['time']['count'] for k in ('cp', 'cp ckpt', 'cp packed'))} "
+            f"split for CP, {profile['device_memory'] / 1e6:.0f} MB budget; {fit['seconds']:.0f} s at load average "
+            f"{fit['load_average']['median']:.1f}, ranks at {fit['core_share']:.0%} of a core). Fitted: "
+            f"`context_attention` {profile['context_attention']:.2f} (the CP kernel against the local causal one), "
+            f"`context_latency` {profile['context_latency']['2'] * 1e3:.1f} ms at degree 2 (Ulysses' fixed part: "
+            f"{profile['comm_latency']['2'] * 1e3:.1f} ms). Its check: {setting['plans']} {setting['lengths']} plans of "
+            f"{', '.join(setting['planners'])}, max-len {setting['max_len']:,}, ~{setting['tokens_per_step']:,} "
+            f"tokens/step, {setting['repeats']} rounds, {setting['statistic']}; load average "
+            f"{check['load_average']['min']:.1f}..{check['load_average']['max']:.1f}{commit_note(check)}:\n\n")
+    rows = ["| step time \\|error\\| | median | 90th pct | max | n |", "|---|---:|---:|---:|---:|",
+            row("plans with a CP part", summary["time_context"]),
+            row("plans without", summary["time_without_context"]), kind_row("cp"), kind_row("ulysses")]
+    met = summary["time_context"]["median"] <= summary["time_without_context"]["median"] + 0.02
+    return (head + "\n".join(rows) + f"\n\nTarget (CP plans within the error of plans without + 2 points): "
+            f"{'met' if met else '**not met**'}.")
