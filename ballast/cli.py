@@ -27,13 +27,18 @@ LOCAL_RANK0_GRACE_SECONDS = 30.0
 COMMANDS = {"simulate": simulate, "verify": verify, "train": train, "profile": profile, "bench": bench}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """`ballast` and its subcommands, each with its command's options."""
     parser = argparse.ArgumentParser(prog="ballast", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module in COMMANDS.items():
         p = sub.add_parser(name, help=module.HELP, description=module.__doc__)
         module.add_arguments(p)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command].run(args)
     except PeerFailed as e:
