@@ -443,7 +443,7 @@ COMM = {"cheap": {2: 1e9, 4: 5e8}, "expensive": {2: 1e6, 4: 5e5}}
        st.sampled_from(sorted(COMM)), st.sampled_from([4, 16]))
 def test_lower_bound_at_least_design_formula_with_remap_relaxation(lengths, g, comm, world):
     # What holds: the bound is docs/design.md's, tightened in every term but one relaxation: a
-    # sequence may run in a remap slot (README "Cost model and lower bound"), so the bound
+    # sequence may run in a remap slot (docs/design.md, section 5), so the bound
     # is at least docs/design.md's formula with that relaxation, not docs/design.md's own. With cheap all-to-alls
     # and N = the largest degree (this file's old fixture, under which a test of docs/design.md's own
     # formula could not fail) the area term covers what the relaxation takes off; with expensive
