@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ..vocabulary.clip import Clip
-from ..dataset import Batch
+from ..dataset import GlobalBatch
 from ..models import build_model
 from ..plans.plan import Plan
 from ..planners import Planner, PlannerOptions, get_planner
@@ -130,7 +130,7 @@ def make_planners(inputs: BenchInputs, setting: BenchSetting) -> dict[str, Plann
     return {name: get_planner(name, inputs.cluster, inputs.cost, options) for name in setting.planners}
 
 
-def _plan(planner: Planner, plans: dict[tuple[str, int], Plan], slot: Slot, batch: Batch
+def _plan(planner: Planner, plans: dict[tuple[str, int], Plan], slot: Slot, batch: GlobalBatch
           ) -> tuple[Plan, float | None]:
     """The slot's plan, and the seconds it took when it was made now (None: made in an earlier round)."""
     key = (slot.planner, slot.batch)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from ..vocabulary.cluster import Cluster, get_cluster
 from ..pricing.cost import CostModel
 from ..pricing.cost_sources import get_cost_model
-from ..dataset import (Batch, BatchStream, EpochStream, build_corpus, check_data_kind, check_vocab, is_video_data,
-                       open_clip_stream)
+from ..dataset import (BatchStream, EpochStream, GlobalBatch, build_corpus, check_data_kind, check_vocab,
+                       is_video_data, open_clip_stream)
 from ..planners import parse_planner_names
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..models import check_buildable
@@ -95,7 +95,7 @@ class BenchInputs:
     shape: ModelShape
     cluster: Cluster
     cost: CostModel
-    batches: list[Batch]
+    batches: list[GlobalBatch]
     """The warm-up batches first, then the measured ones."""
     data: str
     """The corpus, described."""
