@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ..vocabulary.model_shape import ModelShape
 from ..models import PackedStream, ParallelModel, build_model
-from ..models.clip import gaussian_clips
+from ..models.gaussian_clips import gaussian_clips
 
 
 @dataclass
