@@ -16,12 +16,11 @@ from pathlib import Path
 from rich.console import Console
 
 from ..dataset import SYNTAX, VIDEO_DATA_SYNTAX
-from ..command_line.options import COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, WORLD
+from ..command_line.options import COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, WORLD, check_timeout
 from ..command_line.output_paths import check_output_file
 from ..planners import parse_planner_names
 from ..profile.drift import how_much, machine_drift
 from ..profile.measure import fitted_statistic
-from ..vocabulary.value_checks import check_timeout
 from .output import bar_chart, bench_table
 from .setting import ALL_PLANNERS, BenchInputs, BenchSetting, prepare
 from .summary import summarise, targets

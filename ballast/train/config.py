@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..command_line.options import SHARED
-from ..vocabulary.value_checks import check_timeout
+from ..command_line.options import SHARED, check_timeout
 
 
 def _flag(name: str) -> Any:
