@@ -1,6 +1,6 @@
 """ballast's plans against the exhaustive optimum on tiny instances (<= 4 ranks, <= 6 sequences).
 
-The same instances the tests draw (`ballast/exhaustive_instances.py`), many more of them: how
+The same instances the tests draw (`exhaustive_instances.py`, beside this script), many more of them: how
 often ballast is exactly optimal, the distribution of its miss, and the worst instances, as
 JSON. The test's MISS_BOUND (tests/planners/test_ballast.py) is set from this record.
 
@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 
 from ballast.plans.exhaustive import brute_force, cluster_for, optimum
 from ballast.vocabulary.layouts import ANY_SPLIT
-from ballast.exhaustive_instances import tiny_instances
 from ballast.planners import get_planner
 from ballast.plans.timeline import step_time
+from exhaustive_instances import tiny_instances
 
 WORST_KEPT = 10
 

@@ -23,9 +23,9 @@ from ballast.pricing.cost_sources import get_cost_model
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
 from ballast.vocabulary.model_shape import get_model_shape
-from ballast.planners import PlannerOptions, get_planner, parse_planner_names
+from ballast.planners import get_planner, parse_planner_names
 from ballast.vocabulary.samples import tokens
-from ballast.simulate.command import add_arguments
+from ballast.simulate.command import add_arguments, planner_options
 from ballast.simulate.side_by_side import lengths_only
 from ballast.pricing.bounds import lower_bound
 
@@ -60,8 +60,7 @@ def setting_digests(flags: str) -> dict:
     if args.as_lengths:  # plan as a length-only planner would (simulate --as-lengths)
         batches = [[tokens(x) for x in b] for b in batches]
         cost = lengths_only(cost)
-    options = PlannerOptions(max_len=args.max_len, seed=args.seed, time_limit=args.time_limit,
-                             buckets=args.buckets, dcp_mode=args.dcp_mode, remap=True)
+    options = planner_options(args)
     out = {"lower_bounds": digest(json.dumps([lower_bound(cost, b) for b in batches])), "planners": {}}
     for name in parse_planner_names("all"):
         if name == "flexsp":

@@ -11,6 +11,7 @@ runs), and the fastest is recorded as planner `static-usp` with its degree and C
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -19,8 +20,7 @@ from ballast.pricing.cost_sources import get_cost_model
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
 from ballast.vocabulary.model_shape import get_model_shape
-from ballast.planners import PlannerOptions
-from ballast.simulate.command import add_arguments
+from ballast.simulate.command import add_arguments, planner_options
 from ballast.simulate.side_by_side import simulate_planners
 
 
@@ -41,7 +41,7 @@ def main() -> None:
     best = None
     layouts = [(int(d), int(cp)) for d in args.degrees.split(",") for cp in args.cp_parts.split(",")]
     for degree, cp in layouts:
-        options = PlannerOptions(max_len=args.max_len, seed=args.seed, degree=degree, cp=cp)
+        options = dataclasses.replace(planner_options(args), degree=degree, cp=cp)
         try:
             _, results = simulate_planners(batches, ["static"], cluster, cost, options)
         except ValueError as e:  # a layout this cluster and model cannot run, or max-len cannot fit

@@ -1,10 +1,10 @@
 """One epoch of a data stream (text `BatchStream` or video `ClipStream`), checked as it is read."""
 from __future__ import annotations
 
-from ballast.dataset import Batch, EpochStream
+from ballast.dataset import EpochStream, GlobalBatch
 
 
-def one_epoch(stream: EpochStream) -> list[Batch]:
+def one_epoch(stream: EpochStream) -> list[GlobalBatch]:
     """The batches left in the stream's current epoch; every one says it is of that epoch, and
     the stream is at the start of the next when they are read."""
     epoch, batches = stream.epoch, []

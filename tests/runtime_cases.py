@@ -24,14 +24,14 @@ LENGTHS = [37, 5, 12, 61, 3, 20, 9, 44, 1, 26]
 STEPS = 5
 
 
-def make_batches() -> list[verify.Batch]:
+def make_batches() -> list[verify.VerifyBatch]:
     """STEPS batches of LENGTHS with seeded random tokens."""
     generator = torch.Generator().manual_seed(0)
-    return [verify.Batch(LENGTHS, [torch.randint(0, SHAPE.vocab, (s + 1,), generator=generator) for s in LENGTHS])
+    return [verify.VerifyBatch(LENGTHS, [torch.randint(0, SHAPE.vocab, (s + 1,), generator=generator) for s in LENGTHS])
             for _ in range(STEPS)]
 
 
-def planner_plans(world: int, batches: list[verify.Batch], lockstep: bool = False) -> dict[str, list[dict]]:
+def planner_plans(world: int, batches: list[verify.VerifyBatch], lockstep: bool = False) -> dict[str, list[dict]]:
     """Every registered planner's plan of the first batch, at `ballast verify`'s default budget
     (the longest sequence needs SP degree 2 or more: plans run all-to-alls)."""
     cluster, cost = verify.budget(SHAPE, world, max(LENGTHS))
@@ -40,7 +40,7 @@ def planner_plans(world: int, batches: list[verify.Batch], lockstep: bool = Fals
             for name in PLANNERS}
 
 
-def assert_single_process_gradients(result: verify.Trajectory, batches: list[verify.Batch]) -> None:
+def assert_single_process_gradients(result: verify.Trajectory, batches: list[verify.VerifyBatch]) -> None:
     """Every step's loss and gradient equal one process's at the parameters the step started from."""
     expected = verify.reference_at(SHAPE, result, batches[:len(result.grads)])
     for got, want in zip(result.grads, expected.grads, strict=True):
@@ -53,7 +53,7 @@ def assert_single_process_gradients(result: verify.Trajectory, batches: list[ver
 # video DiTs (`test_video_planners.py`)
 
 
-def clip_batch(shape: ModelShape, grids: list[tuple[int, int, int]], seed: int = 0) -> verify.Batch:
+def clip_batch(shape: ModelShape, grids: list[tuple[int, int, int]], seed: int = 0) -> verify.VerifyBatch:
     """Clips of exactly these (frames, height, width) patch grids for a video `shape`: seeded
     Gaussian latents, labels 0, 1, 2, ... (mod 16) and distinct keys (`random_clips` draws the
     grids at random; these tests need chosen ones)."""
@@ -64,7 +64,7 @@ def clip_batch(shape: ModelShape, grids: list[tuple[int, int, int]], seed: int =
     clips = [Clip(torch.randn(geometry.latent_channels, *(g * p for g, p in zip(grid, geometry.patch)),
                               generator=generator), i % 16, 1000 + 7 * i + seed)
              for i, grid in enumerate(grids)]
-    return verify.Batch([f * h * w for f, h, w in grids], clips, [tuple(g) for g in grids])
+    return verify.VerifyBatch([f * h * w for f, h, w in grids], clips, [tuple(g) for g in grids])
 
 
 def perturbed_params(shape: ModelShape, seed: int = 0, scale: float = 0.05) -> torch.Tensor:

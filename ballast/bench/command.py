@@ -16,12 +16,11 @@ from pathlib import Path
 from rich.console import Console
 
 from ..dataset import SYNTAX, VIDEO_DATA_SYNTAX
-from ..command_line.options import COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, WORLD
+from ..command_line.options import COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, WORLD, check_timeout
 from ..command_line.output_paths import check_output_file
 from ..planners import parse_planner_names
 from ..profile.drift import how_much, machine_drift
 from ..profile.measure import fitted_statistic
-from ..vocabulary.value_checks import check_timeout
 from .output import bar_chart, bench_table
 from .setting import ALL_PLANNERS, BenchInputs, BenchSetting, prepare
 from .summary import summarise, targets
@@ -48,9 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                "degree 2")
     COST.add(p, d.cost, "the planners' cost model and the predictions the measurements are held against; "
                         "`ballast profile` measures this machine's")
-    p.add_argument("--time-limit", type=float, default=d.time_limit, help=f"seconds per MILP solve, flexsp (default {d.time_limit:g})")
-    DEGREE.add(p, d.degree, "the least that holds --max-len")
-    CP.add(p, d.cp, "Ulysses alone")
+    p.add_argument("--time-limit", type=float, default=d.planner.time_limit,
+                   help=f"seconds per MILP solve, flexsp (default {d.planner.time_limit:g})")
+    DEGREE.add(p, d.planner.degree, "the least that holds --max-len")
+    CP.add(p, d.planner.cp, "Ulysses alone")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
     p.add_argument("--png", default=None, help="bar chart (default: next to --json)")
@@ -59,11 +59,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def setting_from(args: argparse.Namespace) -> BenchSetting:
+    planner = dataclasses.replace(BenchSetting().planner, max_len=args.max_len, degree=args.degree, cp=args.cp,
+                                  time_limit=args.time_limit, seed=args.seed)
     return BenchSetting(model=args.model, data=args.data, cache_dir=args.cache_dir, world=args.world,
                         planners=tuple(parse_planner_names(args.planners)), steps=args.steps,
                         warmup=args.warmup, repeats=args.repeats, tokens_per_step=args.tokens_per_step,
-                        max_len=args.max_len, device_memory_gb=args.device_memory_gb, cost=args.cost,
-                        degree=args.degree, cp=args.cp, time_limit=args.time_limit, seed=args.seed)
+                        device_memory_gb=args.device_memory_gb, cost=args.cost, planner=planner)
 
 
 def describe(inputs: BenchInputs, setting: BenchSetting) -> str:
@@ -101,7 +102,7 @@ def result_json(setting: BenchSetting, inputs: BenchInputs, records: list[dict],
     drift = machine_drift(inputs.references, references, statistic)
     summary = summarise(records, setting.planners, statistic=statistic, drift=drift and drift["ratio"])
     return dict(
-        setting=dataclasses.asdict(setting), data=inputs.data,
+        setting=setting.to_json(), data=inputs.data,
         cost_model=dict(source=cost.source, spec=setting.cost, device_memory_gb=cost.device_memory / 1e9,
                         states_gb=cost.states / 1e9, a=cost.a, b=cost.b, g=cost.g,
                         max_len_checkpoint_at_degree_1=cost.min_checkpoint(setting.max_len, 1)),

@@ -26,10 +26,10 @@ import torch
 import torch.distributed as dist
 
 from ..vocabulary.clip import Clip
-from ..dataset import Batch
+from ..dataset import GlobalBatch
 from ..models import build_model
 from ..plans.plan import Plan
-from ..planners import Planner, PlannerOptions, get_planner
+from ..planners import Planner, get_planner
 from ..profile.measure import plan_samples, point_plan
 from ..profile.rounds import RankWave, micro_batch_seconds, rank_waves
 from ..runtime import Executor, ProcessGroups, StepResult, broadcast_plan, parallelize
@@ -125,12 +125,10 @@ def _executor(inputs: BenchInputs, groups: ProcessGroups, seed: int) -> Executor
 
 
 def make_planners(inputs: BenchInputs, setting: BenchSetting) -> dict[str, Planner]:
-    options = PlannerOptions(max_len=setting.max_len, degree=setting.degree, cp=setting.cp, seed=setting.seed,
-                             time_limit=setting.time_limit)
-    return {name: get_planner(name, inputs.cluster, inputs.cost, options) for name in setting.planners}
+    return {name: get_planner(name, inputs.cluster, inputs.cost, setting.planner) for name in setting.planners}
 
 
-def _plan(planner: Planner, plans: dict[tuple[str, int], Plan], slot: Slot, batch: Batch
+def _plan(planner: Planner, plans: dict[tuple[str, int], Plan], slot: Slot, batch: GlobalBatch
           ) -> tuple[Plan, float | None]:
     """The slot's plan, and the seconds it took when it was made now (None: made in an earlier round)."""
     key = (slot.planner, slot.batch)

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from ..vocabulary.cluster import Cluster, get_cluster
 from ..pricing.cost import CostModel
 from ..pricing.cost_sources import get_cost_model
-from ..dataset import (Batch, BatchStream, EpochStream, build_corpus, check_data_kind, check_vocab, is_video_data,
-                       open_clip_stream)
-from ..planners import parse_planner_names
+from ..dataset import (BatchStream, EpochStream, GlobalBatch, build_corpus, check_data_kind, check_vocab,
+                       is_video_data, open_clip_stream)
+from ..planners import SHORT_SOLVES, PlannerOptions, parse_planner_names
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..models import check_buildable
 from ..vocabulary.layouts import ANY_SPLIT
@@ -53,24 +53,33 @@ class BenchSetting:
     repeats: int = 3
     """Rounds over the measured batches (the same plans again): their spread is the noise."""
     tokens_per_step: int = 16384
-    max_len: int = 8192
     device_memory_gb: float | None = None
     """Memory budget per rank the planners plan for; None: `auto_device_memory`."""
     cost: str = "analytic"
     """`analytic` or a `ballast profile` JSON: the planners' cost model and the predictions'."""
-    degree: int | None = None
-    """Force the SP degree of the fixed-degree planners (`static`, `bucket`), as a user of a
-    fixed-layout framework sets it (e.g. transformers/accelerate's `sp_size`); None: the least
-    degree at which a max_len sequence fits."""
-    cp: int | None = None
-    """`static`'s context-parallel part (static USP, `options.CP`); None: Ulysses alone."""
-    time_limit: float = 2.0
-    """Seconds per MILP solve (flexsp)."""
-    seed: int = 0
+    planner: PlannerOptions = dataclasses.replace(SHORT_SOLVES, max_len=8192)
+    """Every planner's options. Its `max_len` is the data's longest sample too and its `seed`
+    the batches' and the models' (`max_len`, `seed`); a forced `degree` is set as a user of a
+    fixed-layout framework sets it (e.g. transformers/accelerate's `sp_size`)."""
+
+    @property
+    def max_len(self) -> int:
+        return self.planner.max_len
+
+    @property
+    def seed(self) -> int:
+        return self.planner.seed
+
+    def to_json(self) -> dict:
+        """The setting as a result records it: the planner's options beside the other knobs."""
+        knobs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "planner"}
+        return {**knobs, **dataclasses.asdict(self.planner)}
 
     def validate(self) -> None:
         """ValueError for settings no benchmark can run."""
         parse_planner_names(",".join(self.planners))
+        if self.max_len is None:
+            raise ValueError("a bench setting's planner options need a max_len: the longest sample it draws")
         if len(set(self.planners)) != len(self.planners):
             raise ValueError(f"--planners names a planner twice: {','.join(self.planners)}")
         for flag, value in {"--world": self.world, "--steps": self.steps, "--repeats": self.repeats,
@@ -79,8 +88,8 @@ class BenchSetting:
                 raise ValueError(f"{flag} must be >= 1, got {value}")
         if self.warmup < 0:
             raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
-        if self.time_limit <= 0:
-            raise ValueError(f"--time-limit must be positive, got {self.time_limit}")
+        if self.planner.time_limit <= 0:
+            raise ValueError(f"--time-limit must be positive, got {self.planner.time_limit}")
         if self.device_memory_gb is not None and self.device_memory_gb <= 0:
             raise ValueError(f"--device-memory-gb must be positive, got {self.device_memory_gb}")
         if self.max_len > self.tokens_per_step:
@@ -95,7 +104,7 @@ class BenchInputs:
     shape: ModelShape
     cluster: Cluster
     cost: CostModel
-    batches: list[Batch]
+    batches: list[GlobalBatch]
     """The warm-up batches first, then the measured ones."""
     data: str
     """The corpus, described."""

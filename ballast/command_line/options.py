@@ -4,7 +4,8 @@
 in `simulate`, `verify`, `profile`, `bench` and `train`, `--degree` and `--cp` in those that plan
 with a fixed-degree planner (`simulate`, `bench`, `train`): each command adds an option with
 `SharedOption.add` (argparse) or, for `train`'s config fields, `SharedOption.help`, giving its
-own default and why that default suits it. Only defaults differ between commands.
+own default and why that default suits it. Only defaults differ between commands. `--timeout`
+of the commands that start ranks has one rule, `check_timeout`.
 """
 from __future__ import annotations
 
@@ -29,6 +30,18 @@ def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
             raise argparse.ArgumentTypeError(f"must be {what} > 0, got {text}")
         return value
     return parse
+
+
+MIN_TIMEOUT = 30.0
+"""Least --timeout of a command that starts ranks: they need seconds to start (importing torch,
+more on a busy machine) and to meet in the rendezvous store, which waits with the same timeout."""
+
+
+def check_timeout(seconds: float) -> None:
+    """ValueError when a --timeout is below `MIN_TIMEOUT` (or not a number at all: NaN)."""
+    if not seconds >= MIN_TIMEOUT:
+        raise ValueError(f"--timeout {seconds:g} is below {MIN_TIMEOUT:g} seconds: the ranks need seconds to start "
+                         f"(importing torch) and to meet in the rendezvous store")
 
 
 @dataclass(frozen=True)

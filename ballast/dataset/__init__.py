@@ -33,12 +33,13 @@ from .length_stream import BatchSpec, LengthStream
 from .length_source import LengthSource
 from .lengths import LENGTH_SYNTAX, get_length_source
 from .sources import SYNTAX
-from .stream import Batch, BatchStream, EpochStream
+from .stream import BatchStream, EpochStream, GlobalBatch
 from .tokenizer import ByteTokenizer, HFTokenizer, check_vocab, load_tokenizer
 from .video import (VIDEO_DATA_SYNTAX, ClipStream, check_data_kind, clip_key, is_video_data, open_clip_dataset,
                     open_clip_stream)
 
-__all__ = ["LENGTH_SYNTAX", "SYNTAX", "VIDEO_DATA_SYNTAX", "Batch", "BatchSpec", "BatchStream", "ByteTokenizer",
-           "ClipStream", "EpochStream", "HFTokenizer", "LengthSource", "LengthStream", "TokenCorpus", "build_corpus",
+__all__ = ["LENGTH_SYNTAX", "SYNTAX", "VIDEO_DATA_SYNTAX", "BatchSpec", "BatchStream", "ByteTokenizer",
+           "ClipStream", "EpochStream", "GlobalBatch", "HFTokenizer", "LengthSource", "LengthStream", "TokenCorpus",
+           "build_corpus",
            "check_data_kind", "check_vocab", "clip_key", "get_length_source", "is_video_data", "load_tokenizer", "open_clip_dataset",
            "open_clip_stream"]

@@ -1,4 +1,4 @@
-"""The interface every length source implements (`lengths.py`: text, `clips.py`: video),
+"""The interface every length source implements (`lengths.py`: text, `clip_sources.py`: video),
 and the reader of the files their specs name."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Length sources: real corpora, files and synthetic distributions of sequence lengths.
 
 Planners only ever see samples, so a corpus is reduced to a `LengthSource` (`length_source.py`):
-iid draws of token counts (text) or of clip shapes (video, `clips.py`). `get_length_source(spec)`
+iid draws of token counts (text) or of clip shapes (video, `clip_sources.py`). `get_length_source(spec)`
 parses the `--lengths` flag:
 
   wikipedia            1M real lengths, shipped as a log-binned histogram (the raw file is not
@@ -11,8 +11,8 @@ parses the `--lengths` flag:
   lognormal:MU,SIGMA   max(1, round(exp(N(MU, SIGMA))))
   zipf:ALPHA,MIN,MAX   P(s) ~ s^-ALPHA on the integers MIN..MAX
   video                DCP's any-size video as clip shapes: resolution x frames buckets, Zipf
-                       weights, in the model's latent patches (`clips.py`)
-  videos:PATH          a clip list, `frames height width` in pixels per line (`clips.py`)
+                       weights, in the model's latent patches (`clip_sources.py`)
+  videos:PATH          a clip list, `frames height width` in pixels per line (`clip_sources.py`)
 
 `length_stream.LengthStream` cuts a source's draws into per-step batches.
 """
@@ -28,7 +28,7 @@ import sysconfig
 import numpy as np
 
 from ..vocabulary.model_shape import OPEN_SORA_VIDEO, VideoGeometry
-from .clips import clip_list_source, video_source
+from .clip_sources import clip_list_source, video_source
 from .length_source import LengthSource, numbered_lines
 
 LENGTH_SYNTAX = ("wikipedia | stdlib | video | videos:PATH | file:PATH | lognormal:MU,SIGMA | zipf:ALPHA,MIN,MAX "

@@ -41,7 +41,7 @@ STATE_FORMAT = 1
 
 
 @dataclass(frozen=True)
-class Batch:
+class GlobalBatch:
     """One optimizer step's samples. A text sample samples[i] holds lengths[i] + 1 ids: the
     inputs are samples[i][:-1] and the targets samples[i][1:]. A video sample is a `Clip`."""
 
@@ -68,7 +68,7 @@ class Batch:
 class EpochStream(ABC):
     """What BatchStream and the video streams (`video.ClipStream`) share: the seeded epoch
     order, the budgeted batches, the position and its state (see the module docstring).
-    A subclass sets `num_samples` and says each sample's tokens, how ids become a `Batch` and
+    A subclass sets `num_samples` and says each sample's tokens, how ids become a `GlobalBatch` and
     what its state is only valid for besides the seed and max_len."""
 
     num_samples: int
@@ -94,7 +94,7 @@ class EpochStream(ABC):
         """Training tokens of each sample id."""
 
     @abstractmethod
-    def make_batch(self, sample_ids: np.ndarray, epoch: int) -> Batch:
+    def make_batch(self, sample_ids: np.ndarray, epoch: int) -> GlobalBatch:
         """The batch of these samples, drawn in `epoch`."""
 
     @abstractmethod
@@ -109,7 +109,7 @@ class EpochStream(ABC):
         """Sample ids of `epoch` in the order the stream yields them."""
         return np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
 
-    def next_batch(self) -> Batch:
+    def next_batch(self) -> GlobalBatch:
         if self._order_epoch != self.epoch:  # one epoch's order and running lengths are kept
             self._order = self.epoch_order(self.epoch)
             self._cum = np.cumsum(self.sample_lengths(self._order))
@@ -124,10 +124,10 @@ class EpochStream(ABC):
             self.epoch, self._cursor = epoch + 1, 0
         return self.make_batch(ids, epoch)
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[GlobalBatch]:
         return self
 
-    def __next__(self) -> Batch:
+    def __next__(self) -> GlobalBatch:
         return self.next_batch()
 
     def state_dict(self) -> dict:
@@ -187,8 +187,8 @@ class BatchStream(EpochStream):
         assert out.size >= 2
         return out
 
-    def make_batch(self, sample_ids: np.ndarray, epoch: int) -> Batch:
-        return Batch(sample_ids=sample_ids.tolist(), lengths=self.sample_lengths(sample_ids).tolist(),
+    def make_batch(self, sample_ids: np.ndarray, epoch: int) -> GlobalBatch:
+        return GlobalBatch(sample_ids=sample_ids.tolist(), lengths=self.sample_lengths(sample_ids).tolist(),
                      samples=[torch.from_numpy(self.sample_tokens(int(i))) for i in sample_ids],
                      epoch=epoch)
 

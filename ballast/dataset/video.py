@@ -29,7 +29,7 @@ import torch
 
 from ..vocabulary.clip import Clip
 from ..vocabulary.model_shape import ModelShape, VideoGeometry
-from .stream import Batch, EpochStream
+from .stream import EpochStream, GlobalBatch
 from .video_latents import LATENTS_PREFIX, LatentFolder
 from .video_synthetic import SYNTHETIC_PREFIX, SyntheticClips
 
@@ -103,9 +103,9 @@ class ClipStream(EpochStream):
                              f"{latent.dtype}, indexed as {list(expected)} float32 when the data was opened")
         return Clip(latent=latent, condition=condition, key=clip_key(self.seed, epoch, sample_id))
 
-    def make_batch(self, sample_ids: np.ndarray, epoch: int) -> Batch:
+    def make_batch(self, sample_ids: np.ndarray, epoch: int) -> GlobalBatch:
         ids = sample_ids.tolist()
-        return Batch(sample_ids=ids, lengths=self.sample_lengths(sample_ids).tolist(),
+        return GlobalBatch(sample_ids=ids, lengths=self.sample_lengths(sample_ids).tolist(),
                      samples=[self.sample_clip(i, epoch) for i in ids], epoch=epoch,
                      shapes=[tuple(s) for s in self.shapes[sample_ids].tolist()])
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..vocabulary.model_shape import VideoGeometry
-from .clips import clip_list_source, scale_shapes, video_source
+from .clip_sources import clip_list_source, scale_shapes, video_source
 from .length_source import numbered_lines
 
 SYNTHETIC_PREFIX = "video-synthetic"

@@ -6,7 +6,7 @@
     hf.py        Hugging Face causal LMs (`hf:PATH`), through transformers' AttentionInterface
     next_token.py  the text models' objective (next-token cross-entropy over a packed stream)
     kernels.py   attention inside every span of a packed stream (flash-attn / torch varlen on CUDA, SDPA)
-    clip.py      Clip, the video sample: a latent, its condition (label or caption) and its key
+    gaussian_clips.py  Gaussian clips with the conditions a video model takes (verify, profile)
     flow.py      the video models' objective: rectified flow on patch tokens
     video_conditioning.py  the video DiTs' timestep and condition embeddings, held samples
     video_layers.py  the video DiTs' layers: adaLN-zero blocks with RoPE self-attention of one

@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .clip import Clip
+from ..vocabulary.clip import Clip
 
 TIMESTEP_SCALE = 1000.0
 """t in (0, 1) is embedded as t * 1000: the range Open-Sora's and Wan's timestep embeddings

@@ -21,10 +21,12 @@ import torch
 from torch import Tensor, nn
 
 from ..vocabulary.model_shape import ModelShape
-from .clip import LABELS
 from .flow import TIMESTEP_SCALE
 from .protocol import PackedStream
 
+LABELS = 16
+"""Class labels a label-conditioned clip carries (0..15): the video models' label table, and
+what the Gaussian clips draw."""
 CONDITION_TOKENS = 4
 """Condition tokens a class label becomes (learned, per label)."""
 FREQUENCY_DIM = 256

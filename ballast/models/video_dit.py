@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..vocabulary.model_shape import ModelShape
 from ..vocabulary.patterns import Span
-from .clip import Clip
+from ..vocabulary.clip import Clip
 from .flow import clip_timestep, flow_targets, token_loss
 from .protocol import INPUT, AttentionFn, Local, PackedStream, held_tokens, take
 from .video_conditioning import ConditionEncoder, Conditioning, TimestepEmbedding, condition_tokens

@@ -4,7 +4,7 @@
 """
 from __future__ import annotations
 
-from .base import Planner, PlannerOptions
+from .base import SHORT_SOLVES, Planner, PlannerOptions
 from .registry import PLANNERS, get_planner, make_plan, parse_planner_names, register
 
 # Registration order is the order of `--planners all` and of reports: baselines first.
@@ -16,4 +16,4 @@ from . import zeppelin  # noqa: E402,F401
 from . import flexsp  # noqa: E402,F401
 from . import wlb_llm  # noqa: E402,F401
 
-__all__ = ["PLANNERS", "Planner", "PlannerOptions", "get_planner", "make_plan", "parse_planner_names", "register"]
+__all__ = ["PLANNERS", "SHORT_SOLVES", "Planner", "PlannerOptions", "get_planner", "make_plan", "parse_planner_names", "register"]

@@ -13,9 +13,11 @@ from ..vocabulary.samples import SampleBatch, Sample
 from .packing import fixed_checkpoint
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlannerOptions:
-    """Settings shared by all planners; each planner reads the ones it understands."""
+    """Settings shared by all planners; each planner reads the ones it understands. The one value
+    every command hands its planners (built from its flags; the bench setting holds one), with
+    the defaults below; `SHORT_SOLVES` is the one departure from them."""
 
     max_len: int | None = None
     """Longest sequence the run allows; fixed-layout planners size their SP degree for it.
@@ -42,6 +44,14 @@ class PlannerOptions:
     lockstep: bool = False
     """Emit lockstep plans (FSDP/ZeRO-3): equal micro-batch counts per group in every wave.
     Planners that are lockstep by nature (`static`, `batch-adaptive`, `bucket`) always are."""
+
+
+SHORT_SOLVES = PlannerOptions(time_limit=2.0)
+"""The defaults of the commands that plan beside the ranks they measure (train, bench, the
+profile's check): flexsp's MILP gets 2 s per solve instead of 10. Train plans each step while the
+one before it trains and bench plans between its measured steps, on the same CPU cores, so a
+long solve slows or stalls the steps; the check measures the plans, not the solver. simulate and
+verify plan with the defaults above."""
 
 
 class Planner(ABC):

@@ -50,7 +50,7 @@ from ..dataset.lengths import LengthSource, get_length_source
 from .sources import check_source, default_source
 from ..models import build_model
 from ..plans.plan import Plan
-from ..planners import PlannerOptions, get_planner, parse_planner_names
+from ..planners import SHORT_SOLVES, get_planner, parse_planner_names
 from ..vocabulary.model_shape import ModelShape
 from ..command_line.output_paths import check_output_file
 from ..plans.timeline import simulate
@@ -61,8 +61,6 @@ from .drift import drift_errors, how_much, machine_drift, reference_points
 from .measure import LEARNING_RATE, STATISTICS, core_share, fitted_statistic, plan_samples, point_plan
 from .rounds import composed_step, micro_batch_seconds, rank_waves
 
-MILP_SECONDS = 2.0
-"""FlexSP's per-wave solve limit here: the check measures plans, not the solver."""
 CHECK_DEVICE = "cpu"
 """Where the check runs its plans: `run_local`'s gloo ranks, on the CPU."""
 DEFAULT_MAX_LEN = 4096
@@ -96,8 +94,8 @@ def make_plans(cost: CostModel, lengths: str | LengthSource, count: int, tokens_
     cluster = get_cluster("cpu", world_size=cost.world_size, device_memory_gb=cost.device_memory / 1e9)
     source = get_length_source(lengths) if isinstance(lengths, str) else lengths
     stream = LengthStream(source, BatchSpec(tokens_per_step=tokens_per_step, max_len=max_len), seed)
-    made = [get_planner(p.name, cluster, cost, PlannerOptions(max_len=max_len, seed=seed, time_limit=MILP_SECONDS,
-                                                               degree=p.degree, cp=p.cp)) for p in planners]
+    made = [get_planner(p.name, cluster, cost, dataclasses.replace(SHORT_SOLVES, max_len=max_len, seed=seed,
+                                                                   degree=p.degree, cp=p.cp)) for p in planners]
     plans = []
     for i in range(count):
         plan = made[i % len(planners)].plan(stream.next_batch())

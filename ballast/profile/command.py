@@ -40,7 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..pricing.cost import CostModel
-from ..command_line.options import DEVICE_MEMORY, MAX_LEN, MODEL, WORLD
+from ..command_line.options import DEVICE_MEMORY, MAX_LEN, MODEL, WORLD, check_timeout
 from ..vocabulary.patterns import attention_pattern
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..command_line.output_paths import check_output_file
@@ -49,7 +49,6 @@ from .machine import physical_memory
 from .measure import STATISTICS
 from ..runtime import under_torchrun
 from ..models import check_buildable
-from ..vocabulary.value_checks import check_timeout
 from .profiler import profile
 from .settings import VIDEO_MAX_TOKENS, Settings, default_depths, default_lengths, default_video_sizes, is_video
 

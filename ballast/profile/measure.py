@@ -8,7 +8,7 @@ executor reports the micro-batch's forward + backward seconds and, with `measure
 the bytes saved for backward; the all-to-alls are timed where they happen, by wrapping
 `torch.distributed.all_to_all_single` for the duration of the measurement.
 
-A video model's points run clips (`models.clip.gaussian_clips`: Gaussian latents of the
+A video model's points run clips (`models.gaussian_clips.gaussian_clips`: Gaussian latents of the
 point's (frames, height, width) grids, a random label or caption), and their plans carry the grids (`Plan.shapes`),
 which the executor checks against the model's view of every clip.
 
@@ -34,7 +34,7 @@ import torch.distributed as dist
 from ..vocabulary.cluster import get_cluster
 from ..pricing.cost import CostModel
 from ..models import build_model
-from ..models.clip import gaussian_clips
+from ..models.gaussian_clips import gaussian_clips
 from ..plans.plan import Group, MicroBatch, Plan, Wave
 from ..vocabulary.model_shape import ModelShape
 from .grid import Measurement, Point

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..dataset.clips import ClipSource, scale_shapes
+from ..dataset.clip_sources import ClipSource, scale_shapes
 from ..dataset.length_stream import BatchSpec, LengthStream
 from ..dataset.lengths import LengthSource, get_length_source
 from ..vocabulary.model_shape import ModelShape

@@ -28,11 +28,11 @@ from .groups import ProcessGroups
 from .memory import ActivationMeter
 from .parallelize import make_optimizer, parallelize
 from .shard_sizes import shard_sizes
-from .video_sp import BALANCE, Layout, Relayout, VideoLayouts, VideoShard, video_layouts
+from .video_sp import BALANCE, Relayout, TokenSplit, VideoLayouts, VideoShard, video_layouts
 from .world import PeerFailed, RankFailed, RankInputError, init_distributed, run_local, under_torchrun
 
-__all__ = ["ActivationMeter", "BALANCE", "Executor", "Layout", "MicroBatchRecord", "PeerFailed", "ProcessGroups",
+__all__ = ["ActivationMeter", "BALANCE", "Executor", "MicroBatchRecord", "PeerFailed", "ProcessGroups",
            "RankFailed", "RankInputError", "Relayout", "StepResult",
-           "StreamShard", "VideoLayouts", "VideoShard", "WaveTiming", "broadcast_plan", "full_tensor",
+           "StreamShard", "TokenSplit", "VideoLayouts", "VideoShard", "WaveTiming", "broadcast_plan", "full_tensor",
            "init_distributed", "is_sharded", "make_optimizer", "parallelize", "run_local",
            "sequence_parallel_attention", "shard_model", "shard_sizes", "under_torchrun", "video_layouts"]

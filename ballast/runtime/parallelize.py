@@ -29,7 +29,7 @@ from .attention import sequence_parallel_attention
 from .executor import PRECISIONS, Executor
 from .fsdp import is_sharded, shard_model
 from .groups import ProcessGroups
-from .routing import NodeLayout, RoutingGroups, routing_groups
+from .routing import NodeNics, RoutingGroups, routing_groups
 
 
 def parallelize(model: ParallelModel, cluster: Cluster, *, groups: ProcessGroups | None = None,
@@ -52,9 +52,9 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, groups: ProcessGroups
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if zero1 and fsdp:
         raise ValueError("ZeRO-1 and FSDP both shard the optimizer state: use one of them")
-    if routing is not None and routing.layout != NodeLayout.of(cluster):
-        raise ValueError(f"routing groups for {routing.layout} do not match cluster {cluster.name!r}'s nodes, "
-                         f"{NodeLayout.of(cluster)}")
+    if routing is not None and routing.nics != NodeNics.of(cluster):
+        raise ValueError(f"routing groups for {routing.nics} do not match cluster {cluster.name!r}'s nodes, "
+                         f"{NodeNics.of(cluster)}")
     groups = groups or ProcessGroups()
     routing = routing or routing_groups(cluster)
     model.install_attention(sequence_parallel_attention)

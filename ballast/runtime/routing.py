@@ -1,7 +1,7 @@
 """Zeppelin's routing layer: an uneven all-to-all over whole nodes whose inter-node rows cross
 the node boundary over every NIC of the node, not only the sending rank's.
 
-Each rank sits under one NIC of its node (`NodeLayout`). An unrouted exchange (`remap.Route`)
+Each rank sits under one NIC of its node (`NodeNics`). An unrouted exchange (`remap.Route`)
 sends a rank's rows for another node through its own NIC, however idle its node's others are.
 `RoutedExchange` moves the same rows in three all-to-alls, each one `all_to_all_single`:
 
@@ -25,7 +25,7 @@ the transposed matrix, again scatter / cross / combine, three all-to-alls.
 
 `RoutingGroups` makes the node and rail groups once at start-up, as `groups.ProcessGroups`
 makes the plan's blocks. It is a sibling, not part of ProcessGroups: its groups depend on the
-Cluster's node layout, and a one-node run makes none (`routing_groups`: it pays no rendezvous
+Cluster's nodes and NICs, and a one-node run makes none (`routing_groups`: it pays no rendezvous
 for them), and the blocks a plan names are ranks, while the rails are per block of nodes. A
 node group of a power-of-two node duplicates an aligned block of ProcessGroups: one
 communicator per node more.
@@ -47,7 +47,7 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 
 from ..vocabulary.cluster import Cluster
-from ..vocabulary.nic_layout import proxy
+from ..vocabulary.nic_devices import proxy
 from .shard_sizes import shard_sizes
 from .world import world_timeout
 
@@ -59,17 +59,17 @@ Span = tuple[int, int, int]
 
 
 @dataclass(frozen=True)
-class NodeLayout:
+class NodeNics:
     """Ranks per node (nodes are contiguous blocks of ranks) and the local ranks each NIC of a
     node serves: a `Cluster`'s `devices_per_node` and `nic_devices` (`of`), which the Cluster
-    fills in and validates (`nic_layout.nic_layout`)."""
+    fills in and validates (`nic_devices.fill_nic_devices`)."""
 
     ranks_per_node: int
     nic_devices: tuple[tuple[int, ...], ...]
     """The local ranks under each NIC, in NIC order; every local rank under exactly one."""
 
     @classmethod
-    def of(cls, cluster: Cluster) -> NodeLayout:
+    def of(cls, cluster: Cluster) -> NodeNics:
         return cls(cluster.devices_per_node, tuple(map(tuple, cluster.nic_devices)))
 
     @property
@@ -99,9 +99,9 @@ class RankPlan:
     """The received rows in source order (from buffers 1 and 3)."""
 
 
-def plan(matrix: Sequence[Sequence[int]], layout: NodeLayout, index: int) -> RankPlan:
+def plan(matrix: Sequence[Sequence[int]], nics: NodeNics, index: int) -> RankPlan:
     """Rank `index`'s three phases when rank s of the span sends matrix[s][t] rows to rank t."""
-    size, r, k = len(matrix), layout.ranks_per_node, layout.nics_per_node
+    size, r, k = len(matrix), nics.ranks_per_node, nics.nics_per_node
     if size % r or size // r < 2:
         raise ValueError(f"a routed exchange spans two or more whole nodes of {r} ranks, not {size} ranks")
     node, local = index // r, index % r
@@ -117,7 +117,7 @@ def plan(matrix: Sequence[Sequence[int]], layout: NodeLayout, index: int) -> Ran
 
     def scatter_to(key: Key) -> int:
         s, t, p = key
-        return t % r if s // r == t // r else layout.proxy(p, s % r)
+        return t % r if s // r == t // r else nics.proxy(p, s % r)
 
     def pieces(sources: Iterable[int], targets: Iterable[int], keep) -> list[Key]:
         return [(s, t, p) for s in sources for t in targets for p in range(len(cut(s, t))) if keep((s, t, p))]
@@ -129,7 +129,7 @@ def plan(matrix: Sequence[Sequence[int]], layout: NodeLayout, index: int) -> Ran
         return tuple(counts)
 
     def proxy_of(key: Key) -> int:
-        return layout.proxy(key[2], key[0] % r)
+        return nics.proxy(key[2], key[0] % r)
 
     # Phase b sends what this rank holds before it (buffers[b]), grouped by peer (to[b], stable:
     # each peer's rows keep the buffer's order), and holds after it every peer's rows for it,
@@ -176,7 +176,7 @@ class SpanGroups:
     """This rank's groups for a routed exchange over a span of `size` ranks (whole nodes,
     `RoutingGroups.get`)."""
 
-    layout: NodeLayout
+    nics: NodeNics
     size: int
     index: int
     """This rank's place in the span."""
@@ -197,15 +197,15 @@ class RoutingGroups:
     (`dist.new_group` is a collective of the world), with the world's timeout. A world of n
     nodes of r ranks has n node groups and about (n - 1) r rails."""
 
-    def __init__(self, layout: NodeLayout) -> None:
+    def __init__(self, nics: NodeNics) -> None:
         timeout = world_timeout()
         if not dist.is_initialized() or timeout is None:
             raise ValueError("RoutingGroups needs torch.distributed to be initialised first, by "
                              "ballast.runtime.init_distributed or run_local (they record its timeout)")
-        world, r = dist.get_world_size(), layout.ranks_per_node
+        world, r = dist.get_world_size(), nics.ranks_per_node
         if world % r:
             raise ValueError(f"a world of {world} ranks is not whole nodes of {r} ranks")
-        self.layout, self.rank, nodes = layout, dist.get_rank(), world // r
+        self.nics, self.rank, nodes = nics, dist.get_rank(), world // r
         self._node: ProcessGroup | None = None
         for first in range(0, world, r):  # (one-rank nodes need no group)
             group = dist.new_group(list(range(first, first + r)), timeout=timeout) if r > 1 else None
@@ -227,7 +227,7 @@ class RoutingGroups:
         """This rank's groups for an exchange over the aligned block of `size` ranks that holds it
         (every group, Ulysses sub-group and remap domain of a plan is one) when the block covers
         two or more nodes; None when it lies inside one node: nothing of it crosses a NIC."""
-        if size <= self.layout.ranks_per_node:
+        if size <= self.nics.ranks_per_node:
             return None
         return self.get(self.rank - self.rank % size, size)
 
@@ -237,8 +237,8 @@ class RoutingGroups:
         if rail is None or not start <= self.rank < start + size:
             raise ValueError(f"no routing groups for ranks {start}..{start + size - 1} on rank {self.rank}: a "
                              f"routed exchange spans an aligned power-of-two block of 2+ nodes of "
-                             f"{self.layout.ranks_per_node} ranks (or all of them) that holds this rank")
-        return SpanGroups(self.layout, size, self.rank - start, self._node, rail)
+                             f"{self.nics.ranks_per_node} ranks (or all of them) that holds this rank")
+        return SpanGroups(self.nics, size, self.rank - start, self._node, rail)
 
 
 @dataclass(frozen=True, eq=False)
@@ -262,7 +262,7 @@ class RoutedExchange:
 
     @functools.cached_property
     def plan(self) -> RankPlan:
-        return plan(self.matrix, self.groups.layout, self.groups.index)
+        return plan(self.matrix, self.groups.nics, self.groups.index)
 
     def run(self, x: Tensor) -> Tensor:
         assert x.shape[0] == sum(self.matrix[self.groups.index]), (x.shape, self.matrix[self.groups.index])
@@ -292,7 +292,7 @@ def _take(buffers: list[Tensor], spans: tuple[Span, ...], like: Tensor) -> Tenso
 
 
 def routing_groups(cluster: Cluster) -> RoutingGroups | None:
-    """The routing groups of `cluster`'s node layout, made collectively on every rank (see
+    """The routing groups of `cluster`'s nodes and NICs, made collectively on every rank (see
     `RoutingGroups`), when it has two or more nodes; None for one node, which routes nothing and
     so pays no rendezvous."""
-    return RoutingGroups(NodeLayout.of(cluster)) if cluster.nodes > 1 else None
+    return RoutingGroups(NodeNics.of(cluster)) if cluster.nodes > 1 else None

@@ -2,7 +2,8 @@
 blocks, whole patch columns for temporal ones (VideoSys' dynamic sequence parallelism).
 
 A micro-batch's stream (clips packed frame-major, `protocol.py`) is laid out over the d ranks of
-its group in one of three layouts, each a contiguous split of one order of the stream's tokens:
+its group in one of three layouts, each a contiguous split of one order of the stream's tokens
+(`TokenSplit`):
 
     tokens   the frame-major order split evenly (`StreamShard`'s shards)
     frames   the frame-major order split at frame boundaries, balanced by tokens: whole frames
@@ -68,8 +69,11 @@ _HOLDS_WHOLE = {"frames": SPATIAL, "columns": TEMPORAL}
 
 
 @dataclass(frozen=True, eq=False)
-class Layout:
-    """A contiguous split of `order` (every token index of the stream once) over a group."""
+class TokenSplit:
+    """One of a stream's layouts over a group (`tokens`, `frames`, `columns`, `context`): a
+    contiguous split of `order` (every token index of the stream once). Not a
+    `vocabulary.layouts.Layout`, the attention layout of a group: a VIDEO_2D group's stream
+    moves between these splits."""
 
     name: str
     order: Tensor
@@ -130,7 +134,7 @@ def _split(units: Sequence[int], degree: int) -> tuple[int, ...]:
     return even if max(even) <= low else sizes(filled(low))
 
 
-def video_layouts(grids: Sequence[tuple[int, int, int]], degree: int) -> dict[str, Layout]:
+def video_layouts(grids: Sequence[tuple[int, int, int]], degree: int) -> dict[str, TokenSplit]:
     """The `tokens`, `frames` and `columns` layouts of the stream of clips `grids` over `degree` ranks."""
     bounds = tuple(itertools.accumulate((math.prod(g) for g in grids), initial=0))
     frame_major = torch.arange(bounds[-1])
@@ -138,9 +142,9 @@ def video_layouts(grids: Sequence[tuple[int, int, int]], degree: int) -> dict[st
     _, frame_bounds = pattern_spans(grids, bounds, SPATIAL)
     column_major, column_bounds = pattern_spans(grids, bounds, TEMPORAL)
     frames, columns = (list(map(operator.sub, b[1:], b[:-1])) for b in (frame_bounds, column_bounds))
-    return {"tokens": Layout("tokens", frame_major, shard_sizes(bounds[-1], degree)),
-            "frames": Layout("frames", frame_major, _split(frames, degree)),
-            "columns": Layout("columns", column_major, _split(columns, degree))}
+    return {"tokens": TokenSplit("tokens", frame_major, shard_sizes(bounds[-1], degree)),
+            "frames": TokenSplit("frames", frame_major, _split(frames, degree)),
+            "columns": TokenSplit("columns", column_major, _split(columns, degree))}
 
 
 @dataclass(frozen=True, eq=False)
@@ -163,7 +167,7 @@ class Relayout:
     place: Tensor | None
 
     @classmethod
-    def between(cls, source: Layout, target: Layout, group: ProcessGroup | None, index: int,
+    def between(cls, source: TokenSplit, target: TokenSplit, group: ProcessGroup | None, index: int,
                 device: torch.device | str | None = None, routing: SpanGroups | None = None) -> Relayout:
         d, same = len(source.sizes), source.order is target.order
         mine, theirs = source.held(index), target.held(index)
@@ -211,7 +215,7 @@ class VideoLayouts:
         self.context = context
         if context is not None:
             rows = attention_rows(list(self.grids), degree, context.context.degree)
-            self.layouts["context"] = Layout("context", torch.cat(rows), tuple(map(len, rows)))
+            self.layouts["context"] = TokenSplit("context", torch.cat(rows), tuple(map(len, rows)))
         self.fallback = "tokens" if context is None else "context"
         self.balanced = {name: layout.balances() for name, layout in self.layouts.items()}
         self._positions: dict[str, Tensor] = {}
@@ -219,7 +223,7 @@ class VideoLayouts:
         self._exchanges: dict[tuple[str, str], Relayout] = {}
         self._attending: dict[Span, HybridShard] = {}
 
-    def __getitem__(self, name: str) -> Layout:
+    def __getitem__(self, name: str) -> TokenSplit:
         return self.layouts[name]
 
     def target(self, pattern: Span) -> str:

@@ -27,6 +27,7 @@ HELP = "plan and simulate steps under several planners; print a table, write JSO
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = PlannerOptions()
     p.add_argument("--lengths", default="wikipedia",
                    help=LENGTH_SYNTAX)
     CLUSTER.add(p, "a100-64", "FlexSP's 8 x 8 A100-40GB, the setting its published profile was measured on")
@@ -47,12 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--planners", default="all", help="comma-separated planner names, or all")
     DEGREE.add(p, None, "the least that holds --max-len")
     CP.add(p, None, "Ulysses alone")
-    p.add_argument("--time-limit", type=positive(float), default=10.0, help="seconds per MILP solve (flexsp)")
-    p.add_argument("--buckets", type=positive(int), default=16, help="length buckets of flexsp's DP bucketing")
-    p.add_argument("--dcp-mode", choices=("inter", "intra", "both"), default="both")
-    p.add_argument("--zeppelin-remap", choices=("on", "off"), default="on",
+    p.add_argument("--time-limit", type=positive(float), default=d.time_limit, help="seconds per MILP solve (flexsp)")
+    p.add_argument("--buckets", type=positive(int), default=d.buckets, help="length buckets of flexsp's DP bucketing")
+    p.add_argument("--dcp-mode", choices=("inter", "intra", "both"), default=d.dcp_mode)
+    p.add_argument("--zeppelin-remap", choices=("on", "off"), default="on" if d.remap else "off",
                    help="zeppelin: model its remapping layer (default), or plan without it")
-    p.add_argument("--routing", choices=("on", "off"), default="on",
+    p.add_argument("--routing", choices=("on", "off"), default="on" if d.routing else "off",
                    help="route inter-node all-to-alls over every NIC of the node (Zeppelin's routing layer): "
                         "zeppelin in every wave that has one, ballast where that is faster (default); off: never")
     p.add_argument("--lockstep", action="store_true",
@@ -62,6 +63,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "then simulate the plans under the model's real attention pattern")
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
     p.add_argument("--gantt", default=None, help="write a Gantt chart (PNG) of the first step")
+
+
+def planner_options(args: argparse.Namespace) -> PlannerOptions:
+    """The planners' options `add_arguments`' flags give (bench scripts that take simulate's
+    flags read them here too)."""
+    return PlannerOptions(max_len=args.max_len, degree=args.degree, cp=args.cp, seed=args.seed,
+                          time_limit=args.time_limit, buckets=args.buckets, dcp_mode=args.dcp_mode,
+                          remap=args.zeppelin_remap == "on", routing=args.routing == "on", lockstep=args.lockstep)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,10 +87,7 @@ def run(args: argparse.Namespace) -> int:
                      overlong=args.overlong)
     lengths_stream = LengthStream(get_length_source(args.lengths, shape.video_geometry), spec, seed=args.seed)
     batches = [lengths_stream.next_batch() for _ in range(args.steps)]
-    options = PlannerOptions(max_len=args.max_len, degree=args.degree, cp=args.cp, seed=args.seed,
-                             time_limit=args.time_limit, buckets=args.buckets, dcp_mode=args.dcp_mode,
-                             remap=args.zeppelin_remap == "on", routing=args.routing == "on",
-                             lockstep=args.lockstep)
+    options = planner_options(args)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("planning", total=len(names) * len(batches))
         lower, results = simulate_planners(batches, names, cluster, cost, options,

@@ -16,7 +16,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..dataset import Batch, EpochStream
+from ..dataset import EpochStream, GlobalBatch
 from ..plans.plan import Plan
 from ..planners import Planner
 from ..plans.timeline import step_time
@@ -27,7 +27,7 @@ class StepInput:
     """Everything rank 0 prepares for one step."""
 
     step: int
-    batch: Batch
+    batch: GlobalBatch
     plan: Plan
     plan_seconds: float
     """Wall-clock time the planner took for this batch."""

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..command_line.options import SHARED
-from ..vocabulary.value_checks import check_timeout
+from ..command_line.options import SHARED, check_timeout
+from ..planners.base import SHORT_SOLVES
 
 
 def _flag(name: str) -> Any:
@@ -61,6 +61,11 @@ class DataConfig:
 
 @dataclass
 class PlannerConfig:
+    """The [planner] section. Its degree, cp, routing and time_limit are `PlannerOptions`' with
+    train's defaults (`SHORT_SOLVES`); the run's planner gets them with the data's max_len, the
+    run's seed and FSDP's lockstep (`loop.make_planner`): a flat section, as a TOML file and the
+    flags have it."""
+
     planner: str = field(default="ballast", metadata=_flag("--planner"))
     """Planner that lays out every step (static, ballast, dcp, flexsp, ...)."""
     cost: str = "analytic"
@@ -71,7 +76,7 @@ class PlannerConfig:
     nodes: int | None = None
     """The nodes the ranks form (`options.NODES`); unset: the cluster's own (cpu: one node). A
     cpu run of 4 ranks as 2 nodes trains with routed waves where the planner routes."""
-    routing: bool = True
+    routing: bool = SHORT_SOLVES.routing
     """Route inter-node all-to-alls over every NIC of the node where the planner's rule says so
     (zeppelin: every wave that crosses nodes; ballast: where that is faster); --no-routing: never."""
     device_memory_gb: float | None = None
@@ -83,7 +88,7 @@ class PlannerConfig:
     """The SP degree of fixed-degree planners (`options.DEGREE`); unset: the least that holds --max-len."""
     cp: int | None = None
     """static's context-parallel part (`options.CP`), dividing --degree; unset: Ulysses alone."""
-    time_limit: float = 2.0
+    time_limit: float = SHORT_SOLVES.time_limit
     """Seconds per MILP solve (flexsp)."""
 
 

@@ -27,12 +27,11 @@ import argparse
 import dataclasses
 
 from ..vocabulary.cluster import Cluster, get_cluster
-from ..command_line.options import DEVICE_MEMORY, MAX_LEN, MODEL, NODES, WORLD
+from ..command_line.options import DEVICE_MEMORY, MAX_LEN, MODEL, NODES, WORLD, check_timeout
 from ..pricing.cost import CostModel
 from ..pricing.cost_sources import analytic_cost
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..plans.plan import Plan
-from ..vocabulary.value_checks import check_timeout
 from ..models import check_buildable
 from ..vocabulary.layouts import ANY_SPLIT
 from .errors import GRAD_TOLERANCE, PARAM_TOLERANCE, errors_against

@@ -9,10 +9,10 @@ from ..models import build_model
 from ..plans.plan import Plan
 from ..runtime import ProcessGroups, broadcast_plan, full_tensor, parallelize
 from ..runtime.routing import RoutingGroups, routing_groups
-from .reference import Batch, Trajectory, flatten
+from .reference import VerifyBatch, Trajectory, flatten
 
 
-def train_distributed(shape: ModelShape, plans: list[dict], batches: list[Batch], seed: int, lr: float,
+def train_distributed(shape: ModelShape, plans: list[dict], batches: list[VerifyBatch], seed: int, lr: float,
                       groups: ProcessGroups, zero1: bool = False, fsdp: bool = False,
                       precision: str = "auto", nodes: int = 1, routing: RoutingGroups | None = None) -> Trajectory:
     """The steps under `plans` (Plan.to_dict of rank 0's plans), on every rank of the job; with
@@ -33,7 +33,7 @@ def train_distributed(shape: ModelShape, plans: list[dict], batches: list[Batch]
     return Trajectory(losses, grads, starts, flatten(full_tensor(p) for p in model.parameters()))
 
 
-def train_all_planners(shape: ModelShape, plans: dict[str, list[dict]], batches: list[Batch], seed: int,
+def train_all_planners(shape: ModelShape, plans: dict[str, list[dict]], batches: list[VerifyBatch], seed: int,
                         lr: float, zero1: bool, fsdp: bool, nodes: int = 1) -> dict[str, Trajectory] | None:
     groups = ProcessGroups()
     routing = routing_groups(get_cluster("cpu", world_size=dist.get_world_size(), nodes=nodes))

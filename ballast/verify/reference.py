@@ -15,11 +15,15 @@ from torch import Tensor
 
 from ..vocabulary.model_shape import ModelShape
 from ..models import PackedStream, ParallelModel, build_model
-from ..models.clip import gaussian_clips
+from ..models.gaussian_clips import gaussian_clips
 
 
 @dataclass
-class Batch:
+class VerifyBatch:
+    """One step's samples as verify and the runtime tests draw them: what the single-process
+    reference and every planner's ranks train on (a stream's `dataset.GlobalBatch` without its
+    sample ids and epoch)."""
+
     lengths: list[int]
     """Training tokens of every sample."""
     samples: list
@@ -44,7 +48,7 @@ class Trajectory:
     """Parameters after the last step, flattened."""
 
 
-def random_batches(shape: ModelShape, steps: int, batch: int, max_len: int, seed: int) -> list[Batch]:
+def random_batches(shape: ModelShape, steps: int, batch: int, max_len: int, seed: int) -> list[VerifyBatch]:
     """Long-tailed sizes (log-uniform in 1..max_len tokens): random token ids for a text model,
     random latent clips for a video model (`random_clips`)."""
     rng = np.random.default_rng(seed)
@@ -52,13 +56,13 @@ def random_batches(shape: ModelShape, steps: int, batch: int, max_len: int, seed
     for _ in range(steps):
         lengths = [int(s) for s in np.clip(np.round(np.exp(rng.uniform(0, math.log(max_len), batch))), 1, max_len)]
         if not shape.pattern.clips:
-            out.append(Batch(lengths, [torch.from_numpy(rng.integers(0, shape.vocab, s + 1)) for s in lengths]))
+            out.append(VerifyBatch(lengths, [torch.from_numpy(rng.integers(0, shape.vocab, s + 1)) for s in lengths]))
         else:
             out.append(random_clips(shape, lengths, rng))
     return out
 
 
-def random_clips(shape: ModelShape, sizes: list[int], rng: np.random.Generator) -> Batch:
+def random_clips(shape: ModelShape, sizes: list[int], rng: np.random.Generator) -> VerifyBatch:
     """A clip of at most each size in tokens, of every kind a video model must take: a random
     split of the size into frames x height x width patches (single images, single-patch frames
     and long thin clips among them), with Gaussian latents, conditions and keys
@@ -70,7 +74,7 @@ def random_clips(shape: ModelShape, sizes: list[int], rng: np.random.Generator) 
         width = int(rng.integers(1, size // (frames * height) + 1))
         grids.append((frames, height, width))
     clips = gaussian_clips(grids, shape, int(rng.integers(0, 2 ** 62)))
-    return Batch([f * h * w for f, h, w in grids], clips, grids)
+    return VerifyBatch([f * h * w for f, h, w in grids], clips, grids)
 
 
 def flatten(tensors) -> Tensor:
@@ -78,7 +82,7 @@ def flatten(tensors) -> Tensor:
     return torch.cat([t.detach().reshape(-1) for t in tensors]).clone()
 
 
-def _whole_batch_backward(model: ParallelModel, batch: Batch) -> float:
+def _whole_batch_backward(model: ParallelModel, batch: VerifyBatch) -> float:
     """Loss and gradient of the whole batch as one packed stream in this process."""
     stream = PackedStream.of([model.sample_shape(s) for s in batch.samples])
     loss = model.loss(batch.samples, stream, slice(0, stream.bounds[-1])) / sum(batch.lengths)
@@ -86,7 +90,7 @@ def _whole_batch_backward(model: ParallelModel, batch: Batch) -> float:
     return loss.item()
 
 
-def train_reference(shape: ModelShape, batches: list[Batch], seed: int, lr: float) -> Trajectory:
+def train_reference(shape: ModelShape, batches: list[VerifyBatch], seed: int, lr: float) -> Trajectory:
     """The steps in one process: the whole batch as one packed stream, plain AdamW."""
     model = build_model(shape, seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -100,7 +104,7 @@ def train_reference(shape: ModelShape, batches: list[Batch], seed: int, lr: floa
     return Trajectory(losses, grads, starts, flatten(model.parameters()))
 
 
-def reference_at(shape: ModelShape, trajectory: Trajectory, batches: list[Batch]) -> Trajectory:
+def reference_at(shape: ModelShape, trajectory: Trajectory, batches: list[VerifyBatch]) -> Trajectory:
     """Single-process loss and gradient of every step at the parameters `trajectory` started it from."""
     model = build_model(shape)
     losses, grads = [], []

@@ -13,7 +13,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .nic_layout import nic_layout, proxy
+from .nic_devices import fill_nic_devices, proxy
 from .value_checks import check_types, from_fields, read_json
 
 GB = 1e9
@@ -99,7 +99,7 @@ class Cluster:
 
     def _resolve_nics(self) -> None:
         """Fill in the NIC fields left unset and refuse a topology no node can have."""
-        devices = nic_layout(self.name, self.devices_per_node, self.nics_per_node, self.nic_devices)
+        devices = fill_nic_devices(self.name, self.devices_per_node, self.nics_per_node, self.nic_devices)
         nic_bw = self.nic_bandwidth
         if nic_bw is None and self.nodes > 1:
             nic_bw = self.bandwidth[2 * self.devices_per_node] * self.devices_per_node / len(devices)

@@ -11,17 +11,6 @@ from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 T = TypeVar("T")
 
-MIN_TIMEOUT = 30.0
-"""Least --timeout of a command that starts ranks: they need seconds to start (importing torch,
-more on a busy machine) and to meet in the rendezvous store, which waits with the same timeout."""
-
-
-def check_timeout(seconds: float) -> None:
-    """ValueError when a --timeout is below `MIN_TIMEOUT` (or not a number at all: NaN)."""
-    if not seconds >= MIN_TIMEOUT:
-        raise ValueError(f"--timeout {seconds:g} is below {MIN_TIMEOUT:g} seconds: the ranks need seconds to start "
-                         f"(importing torch) and to meet in the rendezvous store")
-
 
 def read_json(path: Path, what: str) -> Any:
     """The JSON value in `path`; a ValueError naming the file (as `what`), line and column when it

@@ -40,6 +40,7 @@ Usage (in the peers virtualenv, see bench/peers/requirements.txt):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -277,10 +278,11 @@ def targets(summary: dict) -> dict:
 def bench_setting(args):
     from ballast.bench.setting import BenchSetting
 
+    planner = dataclasses.replace(BenchSetting().planner, max_len=args.max_len, degree=args.world, seed=args.seed)
     return BenchSetting(model=f"hf:{args.model}", data=args.data, world=args.world, planners=BALLAST,
                         steps=args.steps, warmup=args.warmup, repeats=args.repeats,
-                        tokens_per_step=args.tokens_per_step, max_len=args.max_len, cost=args.cost,
-                        degree=args.world, device_memory_gb=args.device_memory_gb, seed=args.seed)
+                        tokens_per_step=args.tokens_per_step, cost=args.cost,
+                        device_memory_gb=args.device_memory_gb, planner=planner)
 
 
 def run(args) -> dict:

@@ -2,6 +2,7 @@
 2 planners x 2 steps that writes the JSON and the PNG with the same batches for everyone."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -128,7 +129,7 @@ def test_bench_two_ranks_two_planners_two_steps(corpus, tmp_path):
     assert [(r["round"], r["batch"], r["planner"]) for r in records] == [(s.round, s.batch, s.planner) for s in slots]
     assert result["same_batches"] and result["loss_spread"] < 1e-4
     setting = BenchSetting(data=corpus[0], cache_dir=corpus[1], planners=PLANNERS, steps=2, warmup=1,
-                           max_len=128, tokens_per_step=512)
+                           planner=dataclasses.replace(BenchSetting().planner, max_len=128), tokens_per_step=512)
     batches = prepare(setting, progress=False).batches
     assert [b["sample_ids"] for b in result["batches"]] == [b.sample_ids for b in batches]
     for r in records:
@@ -146,7 +147,7 @@ def test_bench_a_video_dit_on_clips(tmp_path):
     assert result["same_batches"] and result["loss_spread"] < 1e-4
     assert all(r["degrees"] == [2] for r in result["records"] if r["planner"] == "static")
     setting = BenchSetting(model="stdit-tiny", data="video-synthetic", planners=PLANNERS, steps=1, warmup=1,
-                           max_len=256, tokens_per_step=1024)
+                           planner=dataclasses.replace(BenchSetting().planner, max_len=256), tokens_per_step=1024)
     batches = prepare(setting, progress=False).batches
     assert all(r["digests"] == [batch_digest(batches[r["batch"]].samples)] * 2 for r in result["records"])
 

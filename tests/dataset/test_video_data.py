@@ -13,8 +13,8 @@ from safetensors.torch import save_file
 from ballast.vocabulary.clip import Clip
 from ballast.dataset import (VIDEO_DATA_SYNTAX, ClipStream, clip_key, is_video_data, open_clip_dataset,
                              open_clip_stream)
-from ballast.dataset.clips import video_source
-from ballast.dataset.clips import scale_shapes
+from ballast.dataset.clip_sources import video_source
+from ballast.dataset.clip_sources import scale_shapes
 from ballast.dataset.video_synthetic import EPOCH_CLIPS, KINDS, synthetic_clip
 from ballast.vocabulary.model_shape import OPEN_SORA_VIDEO, WAN_VIDEO, VideoGeometry
 

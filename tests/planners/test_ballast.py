@@ -11,13 +11,14 @@ from ballast.pricing.cost_sources import get_cost_model, published_cost
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
 from ballast.plans.exhaustive import cluster_for, optimum
-from ballast.exhaustive_instances import hand_cost, tiny_instances
 from ballast.planners import PlannerOptions, get_planner
 from ballast.vocabulary.layouts import ANY_SPLIT
 from ballast.plans.plan import Plan
 from ballast.vocabulary.samples import SampleBatch
 from ballast.plans.timeline import simulate, step_time
 from ballast.pricing.bounds import longest_alone, lower_bound, uncapped_lower_bound
+
+from exhaustive_instances import hand_cost, tiny_instances
 
 
 # The optimum of `exhaustive.optimum`: every plan of <= 4 ranks and <= 6 sequences with any

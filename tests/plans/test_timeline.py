@@ -6,11 +6,12 @@ from hypothesis import given, settings
 
 from ballast.plans import gantt as report
 from ballast.plans.exhaustive import brute_force, cluster_for, layouts, optimum
-from ballast.exhaustive_instances import hand_cost, tiny_instances, tiny_shaped_instances
 from ballast.planners import PlannerOptions, get_planner
 from ballast.plans.plan import Group, MicroBatch, Plan, Wave
 from ballast.plans.timeline import simulate, step_time
 from ballast.pricing.bounds import lower_bound, uncapped_lower_bound
+
+from exhaustive_instances import hand_cost, tiny_instances, tiny_shaped_instances
 
 # 1e-12 relative: simulate() adds a handful of float terms; the hand values are exact decimals.
 EXACT = 1e-12

@@ -13,10 +13,11 @@ from hypothesis import strategies as st
 from ballast.pricing import remapping
 from ballast.pricing.bounds import lower_bound
 from ballast.plans.exhaustive import cluster_for, optimum, remapped_optimum
-from ballast.exhaustive_instances import hand_cost, tiny_instances
 from ballast.vocabulary.layouts import ANY_SPLIT
 from ballast.plans.plan import Group, MicroBatch, Plan, Wave
 from ballast.plans.timeline import step_time
+
+from exhaustive_instances import hand_cost, tiny_instances
 
 
 @settings(max_examples=25)

@@ -15,9 +15,10 @@ from ballast.pricing.cost import CostModel, InfeasibleError
 from ballast.pricing.cost_sources import analytic_cost, get_cost_model, published_cost
 from ballast.vocabulary.model_shape import ModelShape, get_model_shape
 from ballast.pricing.bounds import lower_bound, uncapped_lower_bound
-from ballast.exhaustive_instances import hand_cost
 from ballast.vocabulary.layouts import ANY_SPLIT, CONTEXT_ONLY, ULYSSES, ULYSSES_ONLY, fixed_context, ulysses_in_node
 from ballast.pricing import remapping
+
+from exhaustive_instances import hand_cost
 
 
 def small_cost(**change) -> CostModel:

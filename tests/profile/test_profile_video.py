@@ -14,7 +14,7 @@ import pytest
 from ballast.cli import main
 from ballast.vocabulary.cluster import get_cluster
 from ballast.pricing.cost_sources import get_cost_model
-from ballast.dataset.clips import video_source
+from ballast.dataset.clip_sources import video_source
 from ballast.vocabulary.model_shape import get_model_shape
 from ballast.planners import PlannerOptions, get_planner
 from ballast.dataset.length_stream import BatchSpec, LengthStream

@@ -68,13 +68,13 @@ def remapped_context_plan() -> Plan:
     ], planner="remapped-context")
 
 
-def six_head_batches() -> list[verify.Batch]:
+def six_head_batches() -> list[verify.VerifyBatch]:
     generator = torch.Generator().manual_seed(2)
-    return [verify.Batch(LENGTHS, [torch.randint(0, SIX_HEADS.vocab, (s + 1,), generator=generator)
+    return [verify.VerifyBatch(LENGTHS, [torch.randint(0, SIX_HEADS.vocab, (s + 1,), generator=generator)
                                    for s in LENGTHS]) for _ in range(2)]
 
 
-def _worker(batches: list[verify.Batch], six: list[verify.Batch]) -> dict | None:
+def _worker(batches: list[verify.VerifyBatch], six: list[verify.VerifyBatch]) -> dict | None:
     groups = ProcessGroups()
     one = batches[:2]
     out = {name: verify.train_distributed(SHAPE, [plan.to_dict()] * len(one), one, 0, 1e-3, groups, **kw)
@@ -101,7 +101,7 @@ def _worker(batches: list[verify.Batch], six: list[verify.Batch]) -> dict | None
 
 
 @pytest.fixture(scope="module")
-def world4() -> tuple[list[dict], list[verify.Batch]]:
+def world4() -> tuple[list[dict], list[verify.VerifyBatch]]:
     batches = make_batches()
     return run_local(4, _worker, batches, six_head_batches(), timeout=400), batches
 

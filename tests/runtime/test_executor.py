@@ -110,13 +110,13 @@ def remapping_ballast_plan() -> Plan:
     return plan
 
 
-def pole_batches() -> list[verify.Batch]:
+def pole_batches() -> list[verify.VerifyBatch]:
     generator = torch.Generator().manual_seed(1)
-    return [verify.Batch(POLE_LENGTHS, [torch.randint(0, SHAPE.vocab, (s + 1,), generator=generator)
+    return [verify.VerifyBatch(POLE_LENGTHS, [torch.randint(0, SHAPE.vocab, (s + 1,), generator=generator)
                                         for s in POLE_LENGTHS]) for _ in range(2)]
 
 
-def _errors(groups: ProcessGroups, batches: list[verify.Batch]) -> list[str]:
+def _errors(groups: ProcessGroups, batches: list[verify.VerifyBatch]) -> list[str]:
     """Messages of the ValueErrors a bad plan or batch raises (on every rank, no collective)."""
     cluster = get_cluster("cpu", world_size=dist.get_world_size())
     model = build_gpt(SHAPE)
@@ -146,7 +146,8 @@ def _errors(groups: ProcessGroups, batches: list[verify.Batch]) -> list[str]:
     return messages
 
 
-def _world4_worker(batches: list[verify.Batch], planners: dict[str, list[dict]], poles: list[verify.Batch]) -> dict:
+def _world4_worker(batches: list[verify.VerifyBatch], planners: dict[str, list[dict]],
+                   poles: list[verify.VerifyBatch]) -> dict:
     groups = ProcessGroups()
     out = {"errors": _errors(groups, batches)}
     out["ballast-poles"] = verify.train_distributed(SHAPE, [remapping_ballast_plan().to_dict()] * len(poles), poles,
@@ -172,7 +173,7 @@ def _world4_worker(batches: list[verify.Batch], planners: dict[str, list[dict]],
     return out
 
 
-def _world2_worker(batches: list[verify.Batch], planners: dict[str, list[dict]]) -> dict | None:
+def _world2_worker(batches: list[verify.VerifyBatch], planners: dict[str, list[dict]]) -> dict | None:
     groups = ProcessGroups()
     out = {name: verify.train_distributed(SHAPE, [plan.to_dict()], batches[:1], 0, 1e-3, groups)
            for name, plan in (("two-waves", two_wave_plan()), ("remapped", remapped_two_rank_plan()),
@@ -188,7 +189,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")
-def batches() -> list[verify.Batch]:
+def batches() -> list[verify.VerifyBatch]:
     return make_batches()
 
 

@@ -41,7 +41,7 @@ def remapped_lockstep_plan() -> Plan:
     ], lockstep=True, planner="remapped-lockstep")
 
 
-def _errors(groups: ProcessGroups, batches: list[verify.Batch]) -> list[str]:
+def _errors(groups: ProcessGroups, batches: list[verify.VerifyBatch]) -> list[str]:
     """Messages of the ValueErrors raised before any collective."""
     cluster = get_cluster("cpu", world_size=4)
     executor = parallelize(build_gpt(SHAPE), cluster, groups=groups, fsdp=True, lr=1e-3)
@@ -58,7 +58,7 @@ def _errors(groups: ProcessGroups, batches: list[verify.Batch]) -> list[str]:
     return messages
 
 
-def _worker(batches: list[verify.Batch], planners: dict[str, list[dict]]) -> dict:
+def _worker(batches: list[verify.VerifyBatch], planners: dict[str, list[dict]]) -> dict:
     groups = ProcessGroups()
     out = {"errors": _errors(groups, batches)}
     plans = [lockstep_plan().to_dict()] * STEPS
@@ -75,7 +75,7 @@ def _worker(batches: list[verify.Batch], planners: dict[str, list[dict]]) -> dic
 
 
 @pytest.fixture(scope="module")
-def batches() -> list[verify.Batch]:
+def batches() -> list[verify.VerifyBatch]:
     return make_batches()
 
 

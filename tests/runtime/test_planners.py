@@ -22,14 +22,14 @@ PLANNERS = ("static", "ballast")
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def _train(plans: dict[str, list[dict]], batches: list[verify.Batch]) -> dict[str, verify.Trajectory] | None:
+def _train(plans: dict[str, list[dict]], batches: list[verify.VerifyBatch]) -> dict[str, verify.Trajectory] | None:
     groups = ProcessGroups()
     out = {name: verify.train_distributed(SHAPE, p, batches, 0, LR, groups) for name, p in plans.items()}
     return out if dist.get_rank() == 0 else None
 
 
 @pytest.fixture(scope="module")
-def batches() -> list[verify.Batch]:
+def batches() -> list[verify.VerifyBatch]:
     return verify.random_batches(SHAPE, STEPS, BATCH, MAX_LEN, seed=0)
 
 

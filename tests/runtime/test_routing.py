@@ -27,7 +27,7 @@ from ballast.plans.plan import Group, MicroBatch, Plan, Wave
 from ballast.runtime import ProcessGroups, parallelize, run_local
 from ballast.runtime.all_to_all import all_to_all
 from ballast.runtime.remap import Route
-from ballast.runtime.routing import NodeLayout, RoutedExchange, SpanGroups, plan, routing_groups
+from ballast.runtime.routing import NodeNics, RoutedExchange, SpanGroups, plan, routing_groups
 from ballast.verify.command import routed as _routed
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -39,29 +39,29 @@ def _cluster(nics: int | None = None, nic_devices: list[list[int]] | None = None
                                nic_devices=nic_devices)
 
 
-def test_the_node_layout_is_the_clusters_and_proxies_as_the_cluster_prices():
+def test_the_node_nics_are_the_clusters_and_proxies_as_the_cluster_prices():
     a800 = get_cluster("a800-16")  # 8 GPUs under 4 NICs, contiguous pairs
-    layout = NodeLayout.of(a800)
-    assert layout == NodeLayout(8, ((0, 1), (2, 3), (4, 5), (6, 7)))
+    nics = NodeNics.of(a800)
+    assert nics == NodeNics(8, ((0, 1), (2, 3), (4, 5), (6, 7)))
     # Under NIC p, a rank's proxy sits at its own position among its NIC's ranks.
-    assert [layout.proxy(p, 3) for p in range(4)] == [1, 3, 5, 7]
+    assert [nics.proxy(p, 3) for p in range(4)] == [1, 3, 5, 7]
     odd = dataclasses.replace(a800, nics_per_node=None, nic_devices=[[0, 5, 6], [1, 2, 3, 4, 7]])
     for cluster in (a800, odd):
-        layout = NodeLayout.of(cluster)
-        assert all([layout.proxy(p, local) for p in range(cluster.nics_per_node)] == cluster.proxies(local)
+        nics = NodeNics.of(cluster)
+        assert all([nics.proxy(p, local) for p in range(cluster.nics_per_node)] == cluster.proxies(local)
                    for local in range(8))
-    assert [NodeLayout.of(odd).proxy(0, local) for local in (1, 3, 7)] == [0, 6, 5]  # positions 0, 2, 4 mod 3
+    assert [NodeNics.of(odd).proxy(0, local) for local in (1, 3, 7)] == [0, 6, 5]  # positions 0, 2, 4 mod 3
 
 
 def test_a_route_inside_one_node_is_not_routed():
     with pytest.raises(ValueError, match="two or more whole nodes of 2 ranks, not 2 ranks"):
-        plan([[0, 1], [1, 0]], NodeLayout(2, ((0, 1),)), 0)
+        plan([[0, 1], [1, 0]], NodeNics(2, ((0, 1),)), 0)
 
 
-def _simulate(matrix, layout):
+def _simulate(matrix, nics):
     """Brute force: each row (source, destination, row) walks its path from the routing rule;
     the rows each rank sends each rank in each of the three phases."""
-    r, k, size = layout.ranks_per_node, layout.nics_per_node, len(matrix)
+    r, k, size = nics.ranks_per_node, nics.nics_per_node, len(matrix)
     messages = [Counter() for _ in range(3)]
     for s in range(size):
         for t in range(size):
@@ -73,8 +73,8 @@ def _simulate(matrix, layout):
                     continue
                 # Chunk p holds n // k rows, one more for the first n % k chunks.
                 chunk = next(p for p in range(k) if row < sum(n // k + (q < n % k) for q in range(p + 1)))
-                own = next(ranks for ranks in layout.nic_devices if s % r in ranks)
-                proxy = layout.nic_devices[chunk][own.index(s % r) % len(layout.nic_devices[chunk])]
+                own = next(ranks for ranks in nics.nic_devices if s % r in ranks)
+                proxy = nics.nic_devices[chunk][own.index(s % r) % len(nics.nic_devices[chunk])]
                 near, far = s // r * r + proxy, t // r * r + proxy
                 messages[0][s, near, label] += 1
                 messages[1][near, far, label] += 1
@@ -82,12 +82,12 @@ def _simulate(matrix, layout):
     return messages
 
 
-def _execute(matrix, layout):
+def _execute(matrix, nics):
     """Every rank's plan run on lists of row labels: each phase's all-to-all delivered by hand
     within the node groups (phases 1, 3) and the rails (phase 2); the outputs and the rows each
     rank sent each rank in each phase."""
-    r, size = layout.ranks_per_node, len(matrix)
-    plans = [plan(matrix, layout, i) for i in range(size)]
+    r, size = nics.ranks_per_node, len(matrix)
+    plans = [plan(matrix, nics, i) for i in range(size)]
     buffers = [[[(s, t, row) for t in range(size) for row in range(matrix[s][t])]] for s in range(size)]
     nodes = [[n * r + i for i in range(r)] for n in range(size // r)]
     rails = [[n * r + i for n in range(size // r)] for i in range(r)]
@@ -123,28 +123,28 @@ def _exchanges(draw):
     # Any NIC assignment that leaves no NIC idle (the Cluster refuses the others).
     nic_of = draw(st.permutations(list(range(k)) + draw(st.lists(st.integers(0, k - 1), min_size=r - k,
                                                                  max_size=r - k))))
-    layout = NodeLayout(r, tuple(tuple(i for i in range(r) if nic_of[i] == p) for p in range(k)))
+    nics = NodeNics(r, tuple(tuple(i for i in range(r) if nic_of[i] == p) for p in range(k)))
     size = nodes * r
     matrix = [[draw(st.sampled_from([0, 0, 1, 2, 3, 5, 9])) for _ in range(size)] for _ in range(size)]
     for empty in draw(st.sets(st.integers(0, size - 1), max_size=2)):  # ranks that send and receive nothing
         for other in range(size):
             matrix[empty][other] = matrix[other][empty] = 0
-    return matrix, layout
+    return matrix, nics
 
 
 @given(_exchanges())
 def test_the_plan_moves_every_row_along_its_route_to_the_unrouted_exchanges_place(exchange):
-    matrix, layout = exchange
-    outputs, messages = _execute(matrix, layout)
+    matrix, nics = exchange
+    outputs, messages = _execute(matrix, nics)
     size = len(matrix)
     for t in range(size):  # Route's output: from each source in rank order, its rows in order
         assert outputs[t] == [(s, t, row) for s in range(size) for row in range(matrix[s][t])]
-    assert messages == _simulate(matrix, layout)
+    assert messages == _simulate(matrix, nics)
 
 
 def test_the_reverse_exchange_routes_the_transposed_matrix():
     matrix = ((0, 3, 5, 1), (2, 0, 0, 7), (4, 4, 0, 0), (1, 0, 6, 2))
-    forward = RoutedExchange(SpanGroups(NodeLayout.of(_cluster()), 4, 1, None, None), matrix)
+    forward = RoutedExchange(SpanGroups(NodeNics.of(_cluster()), 4, 1, None, None), matrix)
     backward = forward.reversed()
     assert backward.matrix == ((0, 2, 4, 1), (3, 0, 4, 0), (5, 0, 0, 6), (1, 7, 0, 2))
     assert forward.recv == (3, 0, 4, 0) and backward.recv == matrix[1]
@@ -179,13 +179,13 @@ def _spans(ranks_per_node):
     return [(0, 4)] if ranks_per_node == 2 else [(0, 4), (rank // 2 * 2, 2)]
 
 
-def _worker(text: verify.Batch, clips: verify.Batch) -> dict:
+def _worker(text: verify.VerifyBatch, clips: verify.VerifyBatch) -> dict:
     torch.set_num_threads(1)
     blocks, results, routings = ProcessGroups(), [], []
     for cluster in CLUSTERS:
         groups = routing_groups(cluster)
         routings.append(groups)
-        r, k = groups.layout.ranks_per_node, groups.layout.nics_per_node
+        r, k = groups.nics.ranks_per_node, groups.nics.nics_per_node
         for start, size in _spans(r):
             index = dist.get_rank() - start
             for seed in SEEDS:

@@ -172,7 +172,7 @@ def errors_of(loss: float, grads: dict[str, torch.Tensor], reference: tuple[floa
     return abs(loss - want_loss) / abs(want_loss), worst, where
 
 
-def _world_worker(plans: dict, params: dict[str, torch.Tensor], references: dict, batch: verify.Batch) -> dict:
+def _world_worker(plans: dict, params: dict[str, torch.Tensor], references: dict, batch: verify.VerifyBatch) -> dict:
     """Every model x sharding x plan: one step from `params`; rank 0 returns the errors, every
     rank what its attention calls ran on."""
     groups = ProcessGroups()
@@ -204,7 +204,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")
-def batch() -> verify.Batch:
+def batch() -> verify.VerifyBatch:
     return clip_batch(MODEL_PRESETS[MODELS[0]], GRIDS)
 
 

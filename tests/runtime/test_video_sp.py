@@ -19,7 +19,7 @@ from ballast.models.kernels import local_attention
 from ballast.models.protocol import INPUT, attention_spans, video_positions
 from ballast.runtime import (BALANCE, ProcessGroups, Relayout, StreamShard, VideoShard, run_local,
                              sequence_parallel_attention, shard_sizes, video_layouts)
-from ballast.runtime.routing import NodeLayout, SpanGroups
+from ballast.runtime.routing import NodeNics, SpanGroups
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -107,7 +107,7 @@ def test_a_routed_layout_switch_moves_the_unrouted_ones_rows(grids, degree):
     layouts = video_layouts(grids, degree)
     for source, target in itertools.permutations(layouts.values(), 2):
         for index in range(degree):
-            spans = SpanGroups(NodeLayout(1, ((0,),)), degree, index, None, None)
+            spans = SpanGroups(NodeNics(1, ((0,),)), degree, index, None, None)
             plain, routed = (Relayout.between(source, target, None, index, routing=r) for r in (None, spans))
             assert routed.route.matrix[index] == plain.route.send
             assert tuple(row[index] for row in routed.route.matrix) == plain.route.recv

@@ -16,7 +16,7 @@ from ...pricing.cost import CostModel
 class GroupEstimates:
     """Estimated times of a wave's groups (`est` in planner.py's docstring), updated per sequence.
 
-    A sample enters as its tokens n and its span p = q / n (`Batch.units` per token: the
+    A sample enters as its tokens n and its span p = q / n (`SampleBatch.units` per token: the
     causal-equivalent tokens each of its tokens attends to, n for a text sequence), so its
     attention is a p n and its attention per token a p. For text p == n exactly (n n / n is
     exact in float64), and `a * p * n` rounds as `CostModel.attention_time` and the text-only

@@ -4,8 +4,8 @@ from __future__ import annotations
 from typing import Sequence
 
 
-def nic_layout(cluster: str, devices_per_node: int, nics_per_node: int | None,
-               nic_devices: list | None) -> list[list[int]]:
+def fill_nic_devices(cluster: str, devices_per_node: int, nics_per_node: int | None,
+                     nic_devices: list | None) -> list[list[int]]:
     """The local devices each NIC serves, one list per NIC, every device under exactly one NIC.
 
     Unset `nic_devices`: contiguous equal blocks of `nics_per_node` NICs (one NIC per device when
@@ -50,6 +50,6 @@ def proxy(nic_devices: Sequence[Sequence[int]], local: int, nic: int) -> int:
     routing): the device at `local`'s position among its own NIC's devices, modulo how many NIC
     `nic` serves. A device is its own proxy under its own NIC, and a NIC's devices spread the
     others' chunks over distinct proxies. The one rule `Cluster.proxies` (pricing) and
-    `runtime.routing.NodeLayout` (running) both follow."""
+    `runtime.routing.NodeNics` (running) both follow."""
     position = next(served.index(local) for served in nic_devices if local in served)
     return nic_devices[nic][position % len(nic_devices[nic])]

@@ -1,5 +1,5 @@
-"""The video models' conditions (`LABELS`, `CAPTION_TOKENS`) and the Gaussian clips
-(`ballast.vocabulary.clip.Clip`) verify and the profiler run."""
+"""Gaussian clips (`ballast.vocabulary.clip.Clip`) for any video model, with the conditions it
+takes: what verify and the profiler run."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
@@ -7,13 +7,11 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from ..vocabulary.clip import Clip
+from .video_conditioning import LABELS
 
 if TYPE_CHECKING:
     from ..vocabulary.model_shape import ModelShape
 
-LABELS = 16
-"""Class labels a label-conditioned clip carries (0..15): the video models' label table, and
-what the synthetic data draws."""
 CAPTION_TOKENS = 8
 """Tokens of the random caption embeddings `gaussian_clips` gives a caption-conditioned model."""
 

@@ -1,11 +1,11 @@
 """Video clip sources (`video`, `videos:PATH`): pixels to latent patches, clip lists, and
-clips through the length stream (ballast/dataset/clips.py, ballast/samples.py)."""
+clips through the length stream (ballast/dataset/clip_sources.py, ballast/samples.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ballast.dataset.clips import VIDEO_FRAMES, VIDEO_RESOLUTIONS
+from ballast.dataset.clip_sources import VIDEO_FRAMES, VIDEO_RESOLUTIONS
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
 from ballast.vocabulary.model_shape import OPEN_SORA_VIDEO, WAN_VIDEO, get_model_shape

@@ -1,6 +1,12 @@
-"""Tiny instances for the exhaustive search (`exhaustive.py`), as hypothesis strategies: the
-cost models and batches the tests draw, and bench/optimum_gap.py draws many more of. Needs
-hypothesis (the `test` extra), as its users do.
+"""Tiny instances for the exhaustive search (`ballast/plans/exhaustive.py`), as hypothesis
+strategies: the cost models and batches the tests draw, and bench/optimum_gap.py draws many more
+of. Needs hypothesis (the `test` extra), as its users do.
+
+It lives here, outside the package (which ships no test helpers) and outside tests/ (which
+bench scripts may not import, tests/test_imports.py): the tests import it through pytest's
+`pythonpath` (pyproject.toml), the bench as its neighbour. One definition keeps optimum_gap's
+record drawn from the very instances the tests draw (hypothesis, derandomized), so the test's
+MISS_BOUND set from that record holds for them.
 
 `hand_cost` has round coefficients, so times can be worked out by hand; `tiny_instances` draws
 cost models and batches small enough for the search, `tiny_shaped_instances` the same with
@@ -12,7 +18,7 @@ import dataclasses
 
 from hypothesis import strategies as st
 
-from .pricing.cost import CostModel
+from ballast.pricing.cost import CostModel
 
 
 def hand_cost(**change) -> CostModel:
