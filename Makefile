@@ -13,15 +13,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# A few minutes of real training: the tiny model on this machine's Python standard library,
-# 2 gloo ranks, the ballast planner. The 42 MB memory budget stands in for a GPU's capacity:
-# a 2048-token chunk fits one rank only with recomputation and two ranks without. Steps of
-# four such chunks run best at degree 1 with checkpointing; steps with a short document in
-# them get degree 2, or two waves mixing degrees 1 and 2, and less recomputation.
+# A few minutes of real training of the tiny model on this machine's Python standard library,
+# 2 gloo ranks, the ballast planner, in the setting of demo.toml: chunks of at most 2048 tokens,
+# 8192 a step, 30 MB per rank standing in for a GPU's capacity. Steps of four full chunks run
+# as two degree-1 groups (1x1+1x1), three of four layers recomputed; a step with a short chunk
+# runs as one group of both ranks with context parallelism (1x2), half of every chunk on each
+# rank and half the layers recomputed, or in two waves, two full chunks at degree 1 and then the
+# rest at 1x2. The log names each step's layout; the summary counts the steps of each.
 demo: $(STAMP)
 	rm -rf runs/demo
-	$(VENV)/bin/ballast train --model tiny --data stdlib --planner ballast --world 2 --steps 80 \
-	    --max-len 2048 --tokens-per-step 8192 --device-memory-gb 0.042 --out-dir runs/demo
+	$(VENV)/bin/ballast train --config demo.toml --out-dir runs/demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -40,6 +40,8 @@ def print_summary(summary: dict) -> None:
     if summary["skipped_steps"]:
         console.print(f"  skipped     {summary['skipped_steps']} step(s) whose loss or gradient norm was not "
                       f"finite (--skip-nonfinite; metrics.jsonl marks them)")
+    console.print("  layouts     " + ", ".join(f"{layout} ({steps} step{'s' * (steps != 1)})"
+                                               for layout, steps in summary["layouts"].items()))
     console.print(f"  planning    {summary['plan_ms']:.1f} ms per step; steps waited "
                   f"{summary['plan_wait_ms']:.1f} ms for their plan")
     console.print(f"  metrics     {summary['metrics']}")

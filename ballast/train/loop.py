@@ -40,7 +40,7 @@ from .hf_folder import check_tokenizer, resolve_tokenizer, save_hf_model
 from .ahead import Lookahead, StepInput
 from .config import OptimizerConfig, TrainConfig
 from .nonfinite import nonfinite_step
-from .metrics import MetricsLog, ProgressDisplay, StepRecord, final_history, summarise
+from .metrics import MetricsLog, ProgressDisplay, StepRecord, final_history, layout_of, summarise
 from .plots import write_report
 
 FAULT_AT_STEP = "BALLAST_FAULT_AT_STEP"
@@ -317,5 +317,5 @@ def _record(step: int, attempt: int, item: StepInput, result: StepResult,
         idle_fraction=idle[0], rank_idle=idle[1], waves=len(plan.waves),
         micro_batches=plan.busy_micro_batches(), degrees=plan.degrees_used(),
         context_parts=plan.context_parts_used(),
-        checkpointed=plan.checkpointed_fraction(),
+        checkpointed=plan.checkpointed_fraction(), layout=layout_of(plan),
         plan_ms=1e3 * item.plan_seconds, plan_wait_ms=1e3 * waited)

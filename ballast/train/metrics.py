@@ -9,11 +9,31 @@ how a restart is shown to have neither lost nor repeated data.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from ..plans.plan import Plan, Wave
+
+UNRECORDED = "not recorded"
+"""The layout of a step logged before records named it (a run resumed across that change)."""
+
+
+def layout_of(plan: Plan) -> str:
+    """The plan's layout in a phrase, e.g. `1x1+1x1 recompute 75% then 1x2 recompute 50%`: its
+    waves in order, each as its busy groups in rank order, u x c (Ulysses ranks x context-parallel
+    ranks), and the largest share of the model's layers any of the wave's micro-batches recomputes."""
+    return " then ".join(_wave_layout(wave) for wave in plan.waves)
+
+
+def _wave_layout(wave: Wave) -> str:
+    busy = [g for g in sorted(wave.groups, key=lambda g: g.start) if any(mb.seq_ids for mb in g.micro_batches)]
+    recompute = max((mb.checkpoint for g in busy for mb in g.micro_batches if mb.seq_ids), default=0.0)
+    return ("+".join(f"{g.ulysses}x{g.cp}" for g in busy) + f" recompute {recompute:.0%}"
+            + (" remapped" if wave.remap else "") + (" routed" if wave.routed else ""))
 
 
 @dataclass
@@ -53,6 +73,8 @@ class StepRecord:
     """CP parts of its groups (`Group.cp`; 1: Ulysses alone), so a run shows when it used context parallelism."""
     checkpointed: float
     """Token-weighted mean fraction of layers recomputed in backward."""
+    layout: str
+    """The plan's waves, groups and recomputation in a phrase (`layout_of`)."""
     plan_ms: float
     """Planner time for this step's batch (in the background when planning ahead)."""
     plan_wait_ms: float
@@ -104,6 +126,7 @@ def summarise(history: list[dict]) -> dict:
         "plan_wait_ms": sum(r["plan_wait_ms"] for r in timed) / len(timed),
         "attempts": max(r["attempt"] for r in history) + 1,
         "skipped_steps": sum(bool(r.get("skipped")) for r in history),
+        "layouts": dict(Counter(r.get("layout", UNRECORDED) for r in history).most_common()),
     }
 
 
@@ -119,20 +142,19 @@ class ProgressDisplay:
                                 TextColumn("loss {task.fields[loss]:.4f}"),
                                 TextColumn("{task.fields[tps]:>9,.0f} tok/s"),
                                 TextColumn("idle {task.fields[idle]:.0%}"),
-                                TimeRemainingColumn(), console=console)
+                                TimeRemainingColumn(), TextColumn("{task.fields[layout]}"), console=console)
             self.task = self.bar.add_task("train", total=total, completed=start,
-                                          loss=float("nan"), tps=0.0, idle=0.0)
+                                          loss=float("nan"), tps=0.0, idle=0.0, layout="")
             self.bar.start()
 
     def update(self, record: StepRecord) -> None:
         if self.bar is not None:
             self.bar.update(self.task, completed=record.step + 1, loss=record.loss,
-                            tps=record.tokens_per_s, idle=record.idle_fraction)
+                            tps=record.tokens_per_s, idle=record.idle_fraction, layout=record.layout)
         elif (record.step + 1) % self.interval == 0 or record.step + 1 == self.total:
             self.console.print(f"step {record.step + 1}/{self.total}  loss {record.loss:.4f}  "
                                f"{record.tokens_per_s:,.0f} tok/s  idle {record.idle_fraction:.0%}  "
-                               f"waves {record.waves}  degrees {record.degrees}  "
-                               f"plan {record.plan_ms:.1f} ms", highlight=False)
+                               f"layout {record.layout}  plan {record.plan_ms:.1f} ms", highlight=False)
 
     def close(self) -> None:
         if self.bar is not None:
