@@ -33,7 +33,7 @@ ALL_PLANNERS = ("static", "batch-adaptive", "bucket", "megatron-dynamic-cp", "wl
                 "zeppelin", "ballast")
 """The default line-up: every planner, baselines first."""
 MEMORY_SLACK = 1.01
-"""The default memory budget holds half a max_len sequence without checkpointing, 1% to spare."""
+"""The default memory budget holds half a max_len sequence without recomputation, 1% to spare."""
 
 
 @dataclass(frozen=True)
@@ -150,9 +150,9 @@ def drift_references(cost: CostModel, shape: ModelShape) -> list[Measurement]:
 
 
 def auto_device_memory(cost: CostModel, max_len: int) -> float:
-    """Bytes per rank in which a max_len sequence runs without checkpointing only at SP degree 2.
+    """Bytes per rank in which a max_len sequence runs without recomputation only at SP degree 2.
 
-    On one rank it then needs most layers checkpointed, which is what `static` sets for the
+    On one rank it then needs most layers recomputed, which is what `static` sets for the
     whole run; shorter sequences need less or no recomputation, and the longest can trade it
     for SP's all-to-alls: every choice the planners make matters, and they differ in them.
     """

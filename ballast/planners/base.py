@@ -10,7 +10,7 @@ from ..pricing.cost import CostModel
 from ..vocabulary.layouts import ULYSSES_ONLY, Splits
 from ..plans.plan import Plan
 from ..vocabulary.samples import SampleBatch, Sample
-from .packing import fixed_checkpoint
+from .packing import fixed_recompute
 
 
 @dataclass
@@ -74,7 +74,7 @@ class Planner(ABC):
                              f"{self.cluster.world_size} with a split of Ulysses dividing the model's heads "
                              f"x context parallelism that {self.cost.splits.name} allows)")
         if self.options.max_len is not None:
-            fixed_checkpoint(self.cost, self.options.max_len, degree)
+            fixed_recompute(self.cost, self.options.max_len, degree)
 
     def plan(self, samples: Sequence[Sample]) -> Plan:
         """The plan of one step for a batch of these samples: sequence lengths (text) or

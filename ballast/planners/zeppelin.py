@@ -20,13 +20,13 @@ cost model's lower bound (theta in THETAS; every theta and layout is built, the 
    least-loaded one of their degree; free ranks are single-rank groups; local sequences go,
    longest first, where they finish earliest (a wider group always has the memory).
 4. Micro-batches: each group packs token-balanced into the fastest k micro-batches, k between the
-   fewest memory allows and the count needing no recomputation, each at `cost.min_checkpoint`.
+   fewest memory allows and the count needing no recomputation, each at `cost.min_recompute`.
 
 Remapping (`options.remap`, on by default) is Zeppelin's remapping layer as the runtime runs
 it (`Wave.remap`, `ballast.runtime.remap`): the groups of a domain (a node, or the whole wave)
 run micro-batch slot by slot and spread each slot's tokens evenly over the domain for
 everything but attention. Per wave, the domains of one scope are remapped where that fits
-memory (each slot at the least checkpoint level it needs there, `Plan.leveled`) and
+memory (each slot at the least recompute level it needs there, `Plan.leveled`) and
 their groups finish sooner under `timeline.remap_slots` (slowest attention + linear
 work / domain size + moving the largest per-rank surplus + g), and the scope is kept if the
 wave is faster. `info["remap"]` lists the domains and the step time with and without them;
@@ -151,7 +151,7 @@ class ZeppelinPlanner(Planner):
         deg = np.asarray(cost.degrees, dtype=np.float64)[:, None]
         # Each sample's own times (its tokens and attention units): the classes below follow them.
         times = cost.sequence_times(batch.samples)
-        # Past what fits without checkpointing a rank pays per token recomputation or another
+        # Past what fits without recomputation a rank pays per token recomputation or another
         # micro-batch's g (the lower bound's memory term): charged per token, it makes the
         # balance token-aware as well as attention-aware.
         free_tokens = (cost.device_memory - cost.states) / cost.act_per_token
@@ -287,7 +287,7 @@ class ZeppelinPlanner(Planner):
         return wave
 
     def _pack(self, batch: SampleBatch, ids: list[int], degree: int) -> list[MicroBatch]:
-        """The fastest token-balanced packing into k micro-batches, each at its least checkpoint."""
+        """The fastest token-balanced packing into k micro-batches, each at its least recompute level."""
         cost, lengths = self.cost, batch.lengths
         sizes = [lengths[i] for i in ids]
         hi = cost.max_tokens(degree, 1.0)
@@ -300,7 +300,7 @@ class ZeppelinPlanner(Planner):
             if max(sums) > hi:
                 continue  # LPT overshot the capacity; more micro-batches will fit
             total = sum(cost.time_from_sums(batch.units_of([ids[j] for j in b]), n, degree,
-                                            cost.min_checkpoint(n, degree)) for b, n in zip(bins, sums))
+                                            cost.min_recompute(n, degree)) for b, n in zip(bins, sums))
             best = min(best, (total, bins), key=lambda x: x[0])
         mbs = [micro_batch([ids[j] for j in b], lengths, degree, cost) for b in best[1]]
         # Longest first, so that slots of a remapped domain line up like sizes.
@@ -342,7 +342,7 @@ class ZeppelinPlanner(Planner):
         return sorted(d for d, groups in blocks.items() if groups > 1 and d[1] > 1)
 
     def _remapped(self, plan: Plan, w: int, domain: tuple[int, int]) -> list[Group] | None:
-        """The domain's groups at the checkpoint levels its slots need remapped (`Plan.leveled`), if
+        """The domain's groups at the recompute levels its slots need remapped (`Plan.leveled`), if
         that fits memory and they finish sooner than unremapped; else None."""
         groups = plan.leveled(w, domain, self.cost)
         if groups is None:

@@ -22,7 +22,7 @@ def uncapped_lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
 
 
 def longest_alone(cost: CostModel, samples: Sequence[Sample]) -> float:
-    """The slowest sample alone at its best degree and split (least checkpointing) plus g: no plan
+    """The slowest sample alone at its best degree and split (least recomputation) plus g: no plan
     without remapping ends the step sooner. The lower bound may sit below it, since a remap
     domain may spread a sample's linear work wider than its group."""
     if not len(samples):
@@ -42,10 +42,10 @@ def lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
              because sequences packed into one micro-batch share it (busy ranks B <= N each
              pay at least one g, so makespan >= (work + B g) / B >= work / N + g); a
              sequence's device-seconds in its group, or in a remap slot (`remapping.bound_terms`).
-    memory:  the area bound without its per-sequence checkpointing, plus the least
+    memory:  the area bound without its per-sequence recomputation, plus the least
              overhead that memory forces on a rank that holds x tokens per device.
              A micro-batch of y tokens per device recomputes at least (y - cap) / (1 - k)
-             of them (cap = what fits without checkpointing), each costing at least r b
+             of them (cap = what fits without recomputation), each costing at least r b
              (a token of a sequence s costs r b + r_attn a s), or the
              rank splits its tokens over more micro-batches, each costing g. Relaxing the
              micro-batch count to a real number, the least overhead is

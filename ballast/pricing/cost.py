@@ -1,4 +1,4 @@
-"""CostModel: time and memory of a micro-batch at an SP degree and checkpoint level.
+"""CostModel: time and memory of a micro-batch at an SP degree and recompute level.
 
 docs/design.md's model, in seconds and bytes:
 
@@ -42,7 +42,7 @@ lower bound read q from `units()`, never square lengths themselves. Every method
 
 Three sources of coefficients share this one class and its JSON format: `analytic` (from a
 model shape and a cluster) and `published` (FlexSP's A100 profile), both `cost_sources.py`'s,
-and `profiled` (written by `ballast profile`). Checkpoint levels are fractions of layers, so
+and `profiled` (written by `ballast profile`). Recompute levels are fractions of layers, so
 they are multiples of 1 / layers.
 
 The plain model (docs/design.md, section 4) has one recomputation factor r for both terms;
@@ -68,11 +68,11 @@ from ..vocabulary.layouts import ULYSSES_ONLY, HeadLayout, Splits
 from ..vocabulary.patterns import AttentionPattern, attention_pattern
 from ..vocabulary.samples import Sample, sample_grid, tokens as sample_tokens
 
-# Full checkpointing keeps only a block's input: h of the 17 h values it saves (Korthikanti et al.).
-KEPT_UNDER_CHECKPOINT = 1 / 17
+# Full recomputation keeps only a block's input: h of the 17 h values it saves (Korthikanti et al.).
+KEPT_UNDER_RECOMPUTE = 1 / 17
 # Recomputing a layer repeats its forward: one third of forward + backward.
 RECOMPUTE_OVERHEAD = 1 / 3
-# Recomputing a layer repeats its forward exchanges (the whole block is checkpointed, its
+# Recomputing a layer repeats its forward exchanges (the whole block is recomputed, its
 # all-to-alls or CP gathers inside): half of the layer's, each forward one moving as many bytes
 # and calls as its backward twin (Ulysses: q, k, v and out of four all-to-alls; CP: the K, V
 # gather of gather and reduce-scatter; the 2D video layout alike).
@@ -80,7 +80,7 @@ RECOMPUTED_EXCHANGES = 0.5
 LEVEL_EPS = 1e-9  # relative slack of a level or fit computed in floats
 
 class InfeasibleError(ValueError):
-    """A sequence (or micro-batch) that no degree and checkpoint level can hold in memory."""
+    """A sequence (or micro-batch) that no degree and recompute level can hold in memory."""
 
 
 @dataclass(frozen=True)
@@ -101,13 +101,13 @@ class CostModel:
     bytes_per_token: float
     """Bytes one token contributes to a step's all-to-alls (q, k, v, out; forward and backward)."""
     act_per_token: float
-    """Activation bytes saved for backward per token with no checkpointing."""
+    """Activation bytes saved for backward per token with no recomputation."""
     states: float
     """Bytes of model and optimizer state per device (sharded over all devices)."""
     device_memory: float
     """Usable bytes per device."""
     layers: int
-    """Transformer blocks; checkpoint levels are multiples of 1 / layers."""
+    """Transformer blocks; recompute levels are multiples of 1 / layers."""
     heads: int
     kv_heads: int
     world_size: int
@@ -115,8 +115,8 @@ class CostModel:
     recompute: float = RECOMPUTE_OVERHEAD
     """r: extra compute of recomputing every layer, as a fraction of forward + backward (of the
     linear term b s; also of the attention term a s^2 unless `recompute_attention` is set)."""
-    kept: float = KEPT_UNDER_CHECKPOINT
-    """k: fraction of a layer's activations kept when it is checkpointed."""
+    kept: float = KEPT_UNDER_RECOMPUTE
+    """k: fraction of a layer's activations kept when it is recomputed."""
     comm_latency: dict[int, float] = field(default_factory=dict)
     """Fixed seconds a micro-batch's all-to-alls cost at an SP degree whatever their size (the
     latency of its 4 x layers collectives and the sharding work around them); `ballast profile`
@@ -183,10 +183,10 @@ class CostModel:
     forward, two backward). `remap_overhead`; profiled like `remap_per_token`."""
     recompute_fixed: float = 0.0
     """g_r: seconds a micro-batch pays for recomputing every layer whatever its samples, on top of
-    the recomputed work (r, r_attn): each checkpointed block saves and restores its inputs and RNG
+    the recomputed work (r, r_attn): each recomputed block saves and restores its inputs and RNG
     state and runs its forward's launches, hooks and kernel setup again. A level c of the layers
     pays c g_r (`fixed_seconds`). Without it the fit bends r to price a small micro-batch's
-    checkpointing (where a fixed cost is a large share) and over-prices a large one's: on
+    recomputation (where a fixed cost is a large share) and over-prices a large one's: on
     dit-tiny on CPU r came out 0.91 without g_r and 0.35 with it. `ballast profile` fits it; 0
     analytic and published. Heuristic estimates that price recomputation by a per-token slope
     (`bounds.py`, ballast's and Zeppelin's packing estimates) leave it out; time() prices it."""
@@ -265,7 +265,7 @@ class CostModel:
 
     def fastest_candidates(self, degree: int) -> list[int]:
         """The cp of `context_parts` that no other allowed split beats on every term (exchange per
-        token, memory per token with no and with full checkpointing, fixed latency, attention
+        token, memory per token with no and with full recomputation, fixed latency, attention
         factor): only these can run some micro-batch fastest, so searches need try no other."""
         return self._candidates.get(degree, [])
 
@@ -301,34 +301,34 @@ class CostModel:
         spans = self.pattern.spans_per_block(frames, per_frame, self.layers)
         return units + (self.span_seconds * spans + self.sample_seconds) / self.a
 
-    def _kept_fraction(self, checkpoint: float) -> float:
-        return checkpoint * self.kept + (1.0 - checkpoint)
+    def _kept_fraction(self, recompute: float) -> float:
+        return recompute * self.kept + (1.0 - recompute)
 
     def _cp(self, degree: int, cp: int | None) -> int:
         # A degree no split allows prices as Ulysses alone (memory questions about it still have answers).
         return (self._parts[degree][0] if degree in self._parts else 1) if cp is None else cp
 
-    def per_token_memory(self, degree: int, checkpoint: float, cp: int | None = None) -> float:
+    def per_token_memory(self, degree: int, recompute: float, cp: int | None = None) -> float:
         """Bytes per device one token of a micro-batch takes at this degree, level and split."""
-        gathered = self.gathered_per_token(degree, self._cp(degree, cp)) * (1.0 - checkpoint)
-        return self.act_per_token / degree * self._kept_fraction(checkpoint) + gathered
+        gathered = self.gathered_per_token(degree, self._cp(degree, cp)) * (1.0 - recompute)
+        return self.act_per_token / degree * self._kept_fraction(recompute) + gathered
 
-    def memory(self, samples: Sequence[Sample], degree: int, checkpoint: float, cp: int | None = None) -> float:
+    def memory(self, samples: Sequence[Sample], degree: int, recompute: float, cp: int | None = None) -> float:
         tokens = float(sum(map(sample_tokens, samples))) if len(samples) else 0.0
         if self._cp(degree, cp) == 1:  # today's expression, so recorded results stay bit-identical
-            return self.states + self.act_per_token * tokens / degree * self._kept_fraction(checkpoint)
-        return self.states + tokens * self.per_token_memory(degree, checkpoint, cp)
+            return self.states + self.act_per_token * tokens / degree * self._kept_fraction(recompute)
+        return self.states + tokens * self.per_token_memory(degree, recompute, cp)
 
-    def max_tokens(self, degree: int, checkpoint: float, cp: int | None = None) -> int:
-        """The most tokens one micro-batch can hold at this degree, checkpoint level and split."""
+    def max_tokens(self, degree: int, recompute: float, cp: int | None = None) -> int:
+        """The most tokens one micro-batch can hold at this degree, recompute level and split."""
         free = self.device_memory - self.states
         # A relative margin: above ~1e7 tokens one ulp exceeds an absolute 1e-9 (exact fits lost).
         if self._cp(degree, cp) == 1:
-            return int(free * degree / (self.act_per_token * self._kept_fraction(checkpoint)) * (1 + 1e-12))
-        return int(free / self.per_token_memory(degree, checkpoint, cp) * (1 + 1e-12))
+            return int(free * degree / (self.act_per_token * self._kept_fraction(recompute)) * (1 + 1e-12))
+        return int(free / self.per_token_memory(degree, recompute, cp) * (1 + 1e-12))
 
-    def min_checkpoint(self, tokens: int, degree: int, cp: int | None = None) -> float | None:
-        """The smallest checkpoint level (a multiple of 1/layers) at which `tokens` fit, or None."""
+    def min_recompute(self, tokens: int, degree: int, cp: int | None = None) -> float | None:
+        """The smallest recompute level (a multiple of 1/layers) at which `tokens` fit, or None."""
         free = self.device_memory - self.states
         if self._cp(degree, cp) == 1:  # today's expression, so recorded results stay bit-identical
             need = self.act_per_token * tokens / degree
@@ -346,7 +346,7 @@ class CostModel:
 
     def min_degree(self, tokens: int, at_least: int = 1) -> int | None:
         """The smallest degree, from `at_least` up, at which `tokens` fit in one micro-batch at
-        full checkpointing."""
+        full recomputation."""
         return next((d for d in self.degrees if d >= at_least and self.max_tokens(d, 1.0) >= tokens), None)
 
     def check_fits(self, samples: Sequence[Sample]) -> None:
@@ -367,7 +367,7 @@ class CostModel:
             if s > limit:
                 raise InfeasibleError(
                     f"sequence {i} has {s} tokens, more than any plan can hold: at most {limit} "
-                    f"tokens fit one micro-batch (SP degree {self.degrees[-1]}, full checkpointing, "
+                    f"tokens fit one micro-batch (SP degree {self.degrees[-1]}, full recomputation, "
                     f"{self.device_memory / 1e9:.3g} GB per device); lower --max-len, or give each "
                     f"device more memory (--device-memory-gb){self._degree_lever()}")
 
@@ -412,7 +412,7 @@ class CostModel:
         ulysses = self.comm_latency.get(u, 0.0) if u > 1 else 0.0
         return ulysses if cp == 1 else ulysses + self.context_latency.get(degree, 0.0)
 
-    def comm(self, tokens: float, degree: int, cp: int | None = None, checkpoint: float = 0.0) -> float:
+    def comm(self, tokens: float, degree: int, cp: int | None = None, recompute: float = 0.0) -> float:
         """Seconds of a micro-batch's exchanges: their bytes and fixed latency, the forward ones
         again for the recomputed layers (`recomputed_exchanges`)."""
         if degree == 1 or tokens == 0:
@@ -423,60 +423,60 @@ class CostModel:
                     + self.comm_latency.get(degree, 0.0))
         else:
             comm = self.comm_per_token(degree, cp) * tokens + self.fixed_latency(degree, cp)
-        return comm * recomputed_exchanges(checkpoint)
+        return comm * recomputed_exchanges(recompute)
 
-    def time_from_sums(self, sum_units: float, sum_s: float, degree: int, checkpoint: float,
+    def time_from_sums(self, sum_units: float, sum_s: float, degree: int, recompute: float,
                        cp: int | None = None) -> float:
         """time() from the sums over the micro-batch of attention units and tokens (planners
         keep these)."""
-        attention = self.a * sum_units * (1.0 + checkpoint * self.recompute_attention)
+        attention = self.a * sum_units * (1.0 + recompute * self.recompute_attention)
         if self._cp(degree, cp) > 1:
             attention *= self.context_attention
-        compute = (attention + self.b * sum_s * (1.0 + checkpoint * self.recompute)) / degree
-        return compute + self.comm(sum_s, degree, cp, checkpoint) + self.fixed_seconds(checkpoint)
+        compute = (attention + self.b * sum_s * (1.0 + recompute * self.recompute)) / degree
+        return compute + self.comm(sum_s, degree, cp, recompute) + self.fixed_seconds(recompute)
 
-    def fixed_seconds(self, checkpoint: float) -> float:
-        """Seconds of a micro-batch at this checkpoint level whatever its samples: g, and the
+    def fixed_seconds(self, recompute: float) -> float:
+        """Seconds of a micro-batch at this recompute level whatever its samples: g, and the
         recomputed layers' fixed part (`recompute_fixed`)."""
-        return self.g + checkpoint * self.recompute_fixed
+        return self.g + recompute * self.recompute_fixed
 
     def attention_time(self, tokens, units):
         """a q elementwise, computed as (a (q / s)) s: for text q / s is s exactly, so this
         rounds as the text-only model's a s s did and recorded text results stay bit-identical."""
         return self.a * (units / tokens) * tokens
 
-    def work(self, tokens, units, checkpoint=0.0):
+    def work(self, tokens, units, recompute=0.0):
         """a q (1 + c r_attn) + b s (1 + c r) elementwise (floats or arrays of tokens s, their
         attention units q and levels): a sample's compute at degree 1, without g and
         all-to-alls."""
-        return (self.attention_time(tokens, units) * (1.0 + checkpoint * self.recompute_attention)
-                + self.b * tokens * (1.0 + checkpoint * self.recompute))
+        return (self.attention_time(tokens, units) * (1.0 + recompute * self.recompute_attention)
+                + self.b * tokens * (1.0 + recompute * self.recompute))
 
-    def time(self, samples: Sequence[Sample], degree: int, checkpoint: float, cp: int | None = None) -> float:
+    def time(self, samples: Sequence[Sample], degree: int, recompute: float, cp: int | None = None) -> float:
         s = _tokens_array(samples)
-        summed = self.time_from_sums(float(self.units(samples).sum()), float(s.sum()), degree, checkpoint, cp)
-        return summed + self.call_time(samples, checkpoint)
+        summed = self.time_from_sums(float(self.units(samples).sum()), float(s.sum()), degree, recompute, cp)
+        return summed + self.call_time(samples, recompute)
 
-    def call_time(self, samples: Sequence[Sample], checkpoint: float) -> float:
+    def call_time(self, samples: Sequence[Sample], recompute: float) -> float:
         """The micro-batch's attention calls (`call_seconds`), the part of `time` that no sum over
         its samples gives."""
         if self.call_seconds == 0 or not len(samples):
             return 0.0
         calls = self.pattern.calls_per_block(*sample_grid(samples), self.layers)
-        return self.call_seconds * calls * (1.0 + checkpoint * self.recompute_attention)
+        return self.call_seconds * calls * (1.0 + recompute * self.recompute_attention)
 
-    def split_time(self, samples: Sequence[Sample], degree: int, checkpoint: float,
+    def split_time(self, samples: Sequence[Sample], degree: int, recompute: float,
                    cp: int | None = None) -> tuple[float, float]:
         """(compute incl. the fixed overhead, communication) of one micro-batch, in seconds."""
-        comm = self.comm(float(_tokens_array(samples).sum()), degree, cp, checkpoint)
-        return self.time(samples, degree, checkpoint, cp) - comm, comm
+        comm = self.comm(float(_tokens_array(samples).sum()), degree, cp, recompute)
+        return self.time(samples, degree, recompute, cp) - comm, comm
 
-    def remap_overhead(self, tokens_per_rank: float, checkpoint: float) -> float:
+    def remap_overhead(self, tokens_per_rank: float, recompute: float) -> float:
         """What running a slot of `tokens_per_rank` balanced tokens per rank through the remap
         layer costs besides its moves (`remap_per_token`, `remap_latency`); a recomputed block
         repeats its forward exchanges, as the all-to-alls' (`recomputed_exchanges`)."""
         return ((self.remap_latency + self.remap_per_token * tokens_per_rank)
-                * recomputed_exchanges(checkpoint))
+                * recomputed_exchanges(recompute))
 
     # --- bounds --------------------------------------------------------------------------------
     def sequence_times(self, samples: Sequence[Sample], every_split: bool = False) -> np.ndarray:
@@ -509,16 +509,16 @@ class CostModel:
             work = self.marginal_times(s, q, d, c, cp)
         return np.where(c <= 1.0, work, np.inf)
 
-    def marginal_times(self, tokens, units, degree: int, checkpoint, cp: int | None = None):
+    def marginal_times(self, tokens, units, degree: int, recompute, cp: int | None = None):
         """What each sample adds to its micro-batch's time at this degree, level and split,
         elementwise (arrays of tokens, their attention units and levels): time() is these summed
         plus `fixed_seconds` and the collectives' fixed latency (`comm`'s at the level)."""
         cp = self._cp(degree, cp)
-        attention = self.attention_time(tokens, units) * (1.0 + checkpoint * self.recompute_attention)
+        attention = self.attention_time(tokens, units) * (1.0 + recompute * self.recompute_attention)
         if cp > 1:
             attention = attention * self.context_attention
-        linear = self.b * tokens * (1.0 + checkpoint * self.recompute)
-        exchanges = self.comm_per_token(degree, cp) * tokens * recomputed_exchanges(checkpoint)
+        linear = self.b * tokens * (1.0 + recompute * self.recompute)
+        exchanges = self.comm_per_token(degree, cp) * tokens * recomputed_exchanges(recompute)
         return (attention + linear) / degree + exchanges
 
     # --- construction and JSON -----------------------------------------------------------------
@@ -545,10 +545,10 @@ class CostModel:
             raise ValueError(f"cost model file {path}: {e}") from e
 
 
-def recomputed_exchanges(checkpoint):
-    """How many times a micro-batch's exchanges run at this checkpoint level (floats or arrays),
+def recomputed_exchanges(recompute):
+    """How many times a micro-batch's exchanges run at this recompute level (floats or arrays),
     relative to none recomputed: recomputed layers repeat their forward ones."""
-    return 1.0 + checkpoint * RECOMPUTED_EXCHANGES
+    return 1.0 + recompute * RECOMPUTED_EXCHANGES
 
 
 def _tokens_array(samples: Sequence[Sample]) -> np.ndarray:

@@ -4,12 +4,12 @@ its slots' prices and loads, and its terms of the lower bound, side by side.
 A remap domain of a wave (`Wave.remap`: the cluster, or an aligned block of 2+ ranks) runs its
 groups' micro-batches slot by slot: slot m holds every group's m-th micro-batch, attention runs
 in each group's own layout (`layouts.py`) and everything else on a token-balanced layout over
-the domain, at the slot's lowest checkpoint level (a recomputed layer repeats collectives, so
+the domain, at the slot's lowest recompute level (a recomputed layer repeats collectives, so
 all ranks of the domain recompute alike). The runtime's side is `runtime/remap.py`.
 
     memory          a rank keeps attention's saved q, k, v and output (`ATTENTION_SHARE`) for its
-                    group's shard and the rest (and a checkpointed layer's input) for its
-                    balanced share (`memory`, `checkpoint`)
+                    group's shard and the rest (and a recomputed layer's input) for its
+                    balanced share (`memory`, `recompute`)
     slot_load       a slot's busiest attention rank, balanced share and level
     overflow        why a domain would not fit (what `Plan.validate` raises)
     levels          the least level each slot fits at (`Plan.leveled`, for planners)
@@ -34,24 +34,24 @@ from ..vocabulary.samples import Sample, tokens as sample_tokens
 
 # Of a layer's 17 saved values per hidden (cost_sources.ACT_VALUES_PER_HIDDEN), those attention itself
 # saves (q, k, v and its output: flash attention's backward needs them) live in the attention
-# layout; a remap domain keeps the other 13 and a checkpointed layer's input on its balanced one.
+# layout; a remap domain keeps the other 13 and a recomputed layer's input on its balanced one.
 ATTENTION_SHARE = 4 / 17
 MEMORY_SLACK = 1e-6  # relative: float rounding in memory() must not reject an exact fit
 
 
-def memory(cost: CostModel, attention: float, balanced: float, checkpoint: float) -> float:
+def memory(cost: CostModel, attention: float, balanced: float, recompute: float) -> float:
     """Bytes on a remap-domain rank holding `attention` tokens in its group's attention layout
     and `balanced` tokens in the domain's balanced layout:
 
         states + act_per_token [(1 - c)(4/17 att + 13/17 bal) + c k bal]
 
     With both layouts equal this is `CostModel.memory`."""
-    values = (1.0 - checkpoint) * (ATTENTION_SHARE * attention + (1.0 - ATTENTION_SHARE) * balanced)
-    return cost.states + cost.act_per_token * (values + checkpoint * cost.kept * balanced)
+    values = (1.0 - recompute) * (ATTENTION_SHARE * attention + (1.0 - ATTENTION_SHARE) * balanced)
+    return cost.states + cost.act_per_token * (values + recompute * cost.kept * balanced)
 
 
-def checkpoint(cost: CostModel, attention: float, balanced: float) -> float | None:
-    """The smallest checkpoint level (a multiple of 1/layers) at which a remap-domain rank
+def min_recompute(cost: CostModel, attention: float, balanced: float) -> float | None:
+    """The smallest recompute level (a multiple of 1/layers) at which a remap-domain rank
     holding `attention` and `balanced` tokens fits (`memory`), or None."""
     free = (cost.device_memory - cost.states) / cost.act_per_token
     full = ATTENTION_SHARE * attention + (1.0 - ATTENTION_SHARE) * balanced
@@ -77,14 +77,14 @@ class SlotPart(NamedTuple):
     """The group's first rank (where its tokens sit before the move)."""
     degree: int
     samples: list[Sample]
-    checkpoint: float
+    recompute: float
     cp: int
     """The group's context-parallel part (`plans.Group.cp`)."""
 
 
 def slot_load(cost: CostModel, parts: Sequence[SlotPart], size: int) -> tuple[float, int, float]:
     """(the most tokens a rank holds in the attention layout, the tokens every rank holds in the
-    balanced layout, the slot's checkpoint level: its micro-batches' lowest) of a slot of a
+    balanced layout, the slot's recompute level: its micro-batches' lowest) of a slot of a
     domain of `size` ranks; (0, 0, 0.0) for a slot nobody uses. A context-parallel group's
     gathered K and V (`CostModel.gathered_per_token`, kept where attention's values are) count
     as the attention tokens that would take as many bytes."""
@@ -92,7 +92,7 @@ def slot_load(cost: CostModel, parts: Sequence[SlotPart], size: int) -> tuple[fl
     per_value = cost.act_per_token * ATTENTION_SHARE
     return (max((-(-n // p.degree) + cost.gathered_per_token(p.degree, p.cp) * n / per_value
                  for p, n in zip(parts, tokens)), default=0),
-            -(-sum(tokens) // size), min((p.checkpoint for p in parts), default=0.0))
+            -(-sum(tokens) // size), min((p.recompute for p in parts), default=0.0))
 
 
 def overflow(cost: CostModel, loads: Sequence[tuple[int, int, float]]) -> str | None:
@@ -102,17 +102,17 @@ def overflow(cost: CostModel, loads: Sequence[tuple[int, int, float]]) -> str | 
         used = memory(cost, attention, balanced, level)
         if used > cost.device_memory * (1 + MEMORY_SLACK):
             return (f"slot {m}: a rank holding {attention:.0f} tokens for attention and {balanced} balanced "
-                    f"needs {used / 1e9:.2f} GB at checkpoint {level:.2f}; the device has "
+                    f"needs {used / 1e9:.2f} GB at recompute {level:.2f}; the device has "
                     f"{cost.device_memory / 1e9:.2f} GB")
     return None
 
 
 def levels(cost: CostModel, loads: Sequence[tuple[int, int, float]]) -> list[float | None]:
-    """The least checkpoint level every slot of these `slot_load`s fits at (None: none). A
+    """The least recompute level every slot of these `slot_load`s fits at (None: none). A
     planner that remaps groups gives every slot that level (`Plan.leveled`): a long sequence
     may then recompute less than in its group alone, and the sequences beside it recompute as
     much as it must."""
-    return [checkpoint(cost, attention, balanced) for attention, balanced, _ in loads]
+    return [min_recompute(cost, attention, balanced) for attention, balanced, _ in loads]
 
 
 def slot_tokens(parts: Sequence[SlotPart], start: int, size: int) -> np.ndarray:
@@ -128,7 +128,7 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], start: int, size: int,
               routed: bool = False) -> tuple[float, float]:
     """(compute, comm) of a slot of the remap domain of `size` ranks from rank `start`.
 
-    The slot runs every group's micro-batch at their lowest checkpoint level (as the runtime
+    The slot runs every group's micro-batch at their lowest recompute level (as the runtime
     does) and lasts the slowest group's attention (a q work and its all-to-alls) + the slot's
     linear device-seconds (b s) / size + its fixed seconds at that level (`fixed_seconds`) +
     moving q, k, v and the output of the largest per-rank surplus or deficit of tokens
@@ -139,7 +139,7 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], start: int, size: int,
     exchanges pay their NICs' surcharge (`nics.exchange_surcharge`)."""
     if not parts:
         return cost.g, 0.0
-    level = min(p.checkpoint for p in parts)
+    level = min(p.recompute for p in parts)
     attention = comm = linear = 0.0
     per_rank = []
     for p in parts:
@@ -183,7 +183,7 @@ def bound_terms(cost: CostModel, s: np.ndarray, q: np.ndarray,
     the group's ranks (moved, `slot_time`: at the domain's bandwidth, or over two or more nodes at
     no more than `nics.fastest_move_rate`). The group's d ranks spend the attention and that
     move on this sequence alone, and its linear work is done somewhere: the area,
-    d (group + moved) + linear. A sequence that fits its group without checkpointing needs no
+    d (group + moved) + linear. A sequence that fits its group without recomputation needs no
     move at L = 0, so its least slot spreads the linear work over the whole cluster and its area
     is its own (a remap saves it nothing).
 

@@ -317,5 +317,5 @@ def _record(step: int, attempt: int, item: StepInput, result: StepResult,
         idle_fraction=idle[0], rank_idle=idle[1], waves=len(plan.waves),
         micro_batches=plan.busy_micro_batches(), degrees=plan.degrees_used(),
         context_parts=plan.context_parts_used(),
-        checkpointed=plan.checkpointed_fraction(),
+        recomputed=plan.recomputed_fraction(),
         plan_ms=1e3 * item.plan_seconds, plan_wait_ms=1e3 * waited)

@@ -51,7 +51,7 @@ class StepRecord:
     """SP degrees the plan used."""
     context_parts: list[int]
     """CP parts of its groups (`Group.cp`; 1: Ulysses alone), so a run shows when it used context parallelism."""
-    checkpointed: float
+    recomputed: float
     """Token-weighted mean fraction of layers recomputed in backward."""
     plan_ms: float
     """Planner time for this step's batch (in the background when planning ahead)."""

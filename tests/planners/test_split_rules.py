@@ -47,7 +47,7 @@ EXAMPLES = {"flexsp": 4}
 
 def budget(cluster, shape, tokens):
     """The cluster and the shape's cost model at a memory budget of `tokens` per device without
-    checkpointing."""
+    recomputation."""
     cost = analytic_cost(shape, cluster)
     memory = cost.states + tokens * cost.act_per_token
     return dataclasses.replace(cluster, device_memory=memory), dataclasses.replace(cost, device_memory=memory)

@@ -135,14 +135,14 @@ def test_remap_balances_an_idle_node_when_the_transfer_is_cheaper():
     lengths = [20_000, 20_000]
 
     def plan() -> Plan:
-        return Plan(lengths, [Wave([Group(0, 1, [MicroBatch([0, 1], tiny4.min_checkpoint(40_000, 1))]),
+        return Plan(lengths, [Wave([Group(0, 1, [MicroBatch([0, 1], tiny4.min_recompute(40_000, 1))]),
                                     Group(1, 1), Group(2, 2)])])
 
     plain = plan()
     remapped = plan()
     remapped.waves[0].remap = [(0, 4)]
     remapped.validate(cpu4, tiny4)
-    linear = tiny4.b * 40_000 * (1 + plain.waves[0].groups[0].micro_batches[0].checkpoint * tiny4.recompute)
+    linear = tiny4.b * 40_000 * (1 + plain.waves[0].groups[0].micro_batches[0].recompute * tiny4.recompute)
     transfer = 30_000 * tiny4.bytes_per_token / tiny4.bandwidth[4]
     assert step_time(remapped, tiny4) == pytest.approx(step_time(plain, tiny4) - linear + linear / 4 + transfer)
     zeppelin = get_planner("zeppelin", cpu4, tiny4)

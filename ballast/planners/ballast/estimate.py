@@ -41,7 +41,7 @@ class GroupEstimates:
     def __init__(self, cost: CostModel, degrees: np.ndarray, cps: list[int]):
         """Entries of `degrees`, each priced at its split `cps` (the CP part of its degree)."""
         free = cost.device_memory - cost.states
-        # Per entry: its degree, the tokens per device that fit without checkpointing, the
+        # Per entry: its degree, the tokens per device that fit without recomputation, the
         # recomputation rates per token over that (r and r_attn - r times phi, the tokens a
         # recomputation frees: 1 / (1 - k) without CP; with it a recomputed layer also drops its
         # gathered K, V, G bytes per token, so phi = (A + G d) / (A (1 - k) + G d)), the CP

@@ -65,7 +65,7 @@ def _promising(cost: CostModel, batch: SampleBatch, poles: list[int], degree: in
                plain: float) -> float | None:
     """The level the poles' memory needs alone in the domain, if there they beat `plain`."""
     tokens = [batch.lengths[i] for i in poles]
-    level = remapping.checkpoint(cost, -(-max(tokens) // degree), -(-sum(tokens) // size))
+    level = remapping.min_recompute(cost, -(-max(tokens) // degree), -(-sum(tokens) // size))
     if level is None:
         return None
     pole = max(cost.time([batch.samples[i]], degree, level) for i in poles)
@@ -129,7 +129,7 @@ def _helpers(cost: CostModel, batch: SampleBatch, poles: list[int], degree: int,
         if h < 0 or load[h] + quadratic[i] > limit:
             continue
         att = max(pole_rank, int(held.max()), int(held[h]) + batch.lengths[i])
-        fits = remapping.checkpoint(cost, att, -(-(total + batch.lengths[i]) // size))
+        fits = remapping.min_recompute(cost, att, -(-(total + batch.lengths[i]) // size))
         if fits is None or fits > level:
             continue
         helpers[h].append(i)

@@ -52,7 +52,7 @@ class WaveSearch:
         self.quad = self.attn + self.cost.b * s
         self.deg = np.asarray([d for d in self.cost.degrees if d <= ranks])
         self.row = {int(d): i for i, d in enumerate(self.deg)}
-        # [degree index, sequence]: alone at that degree at its best split, least checkpointing,
+        # [degree index, sequence]: alone at that degree at its best split, least recomputation,
         # without g.
         self.work = self.cost.sequence_times(batch.samples, every_split=True)[:len(self.deg)]
         # The split each degree's groups are estimated at (`_estimate_split`); the packer then
@@ -137,7 +137,7 @@ class WaveSearch:
             choices.append((choice, layout))
         # Floored layouts too: every sequence at least at one degree (one degree for all at
         # the widest floors). Wide groups holding many sequences balance by fine grain, pay g
-        # once for many sequences and need no checkpointing, which wins where all-to-alls are
+        # once for many sequences and need no recomputation, which wins where all-to-alls are
         # cheap; the longest keep the wider degree their target gave them.
         found = {choice.tobytes(): (choice, layout) for choice, layout in choices if layout is not None}
         fits = np.isfinite(work)
