@@ -28,6 +28,7 @@ from ..vocabulary.layouts import ANY_SPLIT
 from ..profile.drift import reference_points
 from ..profile.grid import Measurement
 from ..profile.machine import measured_device
+from ..planners.fits import check_fits
 
 ALL_PLANNERS = ("static", "batch-adaptive", "bucket", "megatron-dynamic-cp", "wlb-llm", "dcp", "flexsp", "hydraulis",
                 "zeppelin", "ballast")
@@ -166,7 +167,7 @@ def make_cost(setting: BenchSetting, shape: ModelShape) -> tuple[Cluster, CostMo
     memory = (setting.device_memory_gb * 1e9 if setting.device_memory_gb is not None
               else auto_device_memory(cost, setting.max_len))
     cost = dataclasses.replace(cost, device_memory=memory)
-    cost.under(ANY_SPLIT).check_fits([setting.max_len])
+    check_fits(cost.under(ANY_SPLIT), [setting.max_len])
     return get_cluster("cpu", setting.world, memory / 1e9), cost
 
 

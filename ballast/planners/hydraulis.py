@@ -57,6 +57,7 @@ from .base import Planner
 from .packing import mb_time, pad_lockstep
 from ..pricing.bounds import lower_bound
 from .registry import register
+from ..pricing.sequence_times import sequence_times
 
 TRIALS = 8  # orders tried by the randomised greedy, most work first included
 NOISE = 0.3  # sigma of the lognormal factor that shuffles an order
@@ -98,7 +99,7 @@ class HydraulisPlanner(Planner):
         cost = self.cost
         s = np.asarray(batch.lengths, dtype=np.float64)
         share = np.array([np.minimum(1.0, s / max(1, cost.max_tokens(d, 0.0))) for d in cost.degrees])
-        return cost.sequence_times(batch.samples) + cost.g * share
+        return sequence_times(cost, batch.samples) + cost.g * share
 
     def candidate_layouts(self, estimates: np.ndarray, bound: float) -> list[tuple[int, ...]]:
         """The most promising replica layouts (degrees, largest first) for this histogram."""

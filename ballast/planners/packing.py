@@ -99,8 +99,8 @@ def fixed_run(cost: CostModel, lengths: Sequence[int], max_len: int | None,
 
 def fixed_recompute(cost: CostModel, max_len: int, degree: int) -> float:
     """The least recompute level, set once for a run, at which `max_len` tokens fit `degree`
-    at the split the planner's rule gives it (`CostModel.split`)."""
-    cp = cost.split(degree)
+    at the split the planner's rule gives it (`SplitCatalogue.split`)."""
+    cp = cost.catalogue.split(degree)
     level = cost.min_recompute(max_len, degree, cp)
     if level is None:
         split = f" (Ulysses {degree // cp} x CP {cp})" if cp > 1 else ""

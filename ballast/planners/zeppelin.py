@@ -9,7 +9,7 @@ cost model's lower bound (theta in THETAS; every theta and layout is built, the 
    within T, the one of least device-seconds d time(s, d): it moves to 2d where that is cheaper
    per device-second (less recomputation) or where d is too slow beside the balanced per-rank
    load. Degree 1 is local, up to devices_per_node intra-node, more inter-node. time(s, d) is
-   the sample's own (`CostModel.sequence_times`: its tokens and attention units), so a video
+   the sample's own (`sequence_times`: its tokens and attention units), so a video
    clip is classed by its shape; `crossovers()` reports the boundaries as text lengths.
 2. Node level: inter-node sequences get aligned blocks of whole nodes, one group each running
    its sequences in turn (a block opens when the least-loaded one would pass T). The rest go to
@@ -61,6 +61,7 @@ from .base import Planner
 from .packing import longest_processing_time, mb_time, micro_batch, pad_lockstep
 from ..pricing.bounds import lower_bound
 from .registry import register
+from ..pricing.sequence_times import sequence_times
 
 THETAS = (1.25, 1.0, 0.6)
 """Targets as fractions of the lower bound: how long a sequence may run alone."""
@@ -115,7 +116,7 @@ def crossovers(cost: CostModel, budget: float, devices_per_node: int) -> dict[st
     under `causal` or `full` attention a clip's units follow its tokens as a text sequence's do
     and these lengths bound its class too; under `spatial-temporal` they do not."""
     grid = np.unique(np.geomspace(1, cost.max_tokens(cost.degrees[-1], 1.0), 800).astype(np.int64))
-    cls = classify(cost.sequence_times(grid.tolist()), cost.degrees, budget)
+    cls = classify(sequence_times(cost, grid.tolist()), cost.degrees, budget)
     local, intra = grid[cls == 1], grid[cls <= devices_per_node]
     return {"local_max_len": int(local.max()) if local.size else 0,
             "intra_max_len": int(intra.max()) if intra.size else 0}
@@ -150,7 +151,7 @@ class ZeppelinPlanner(Planner):
         s = np.asarray(batch.lengths, dtype=np.float64)
         deg = np.asarray(cost.degrees, dtype=np.float64)[:, None]
         # Each sample's own times (its tokens and attention units): the classes below follow them.
-        times = cost.sequence_times(batch.samples)
+        times = sequence_times(cost, batch.samples)
         # Past what fits without recomputation a rank pays per token recomputation or another
         # micro-batch's g (the lower bound's memory term): charged per token, it makes the
         # balance token-aware as well as attention-aware.
@@ -275,7 +276,7 @@ class ZeppelinPlanner(Planner):
     # --- micro-batches -------------------------------------------------------------------------
     def _wave(self, step: _Step, drafts: list[_Draft]) -> Wave:
         # Each group at the split it is priced at, so a remap domain's memory and time see its gathered K, V.
-        groups = fill_idle([Group(g.start, g.degree, self._pack(step.batch, g.ids, g.degree), self.cost.split(g.degree))
+        groups = fill_idle([Group(g.start, g.degree, self._pack(step.batch, g.ids, g.degree), self.cost.catalogue.split(g.degree))
                             for g in drafts], self.cluster.world_size)
         wave = self._routed(Wave(groups))
         return pad_lockstep(wave, step.batch, self.cost) if self.options.lockstep else wave

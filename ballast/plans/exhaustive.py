@@ -44,7 +44,7 @@ def best_group_times(cost: CostModel, lengths: list, degree: int):
     """For every subset (bitmask) of sequences: the least time a group of `degree` needs to run
     them, over every (Ulysses x CP) split the cost's rule allows and every packing into
     micro-batches, each at its least fitting recompute level; and the packing and split."""
-    tables = [(_split_times(cost, lengths, degree, cp), cp) for cp in cost.context_parts(degree)]
+    tables = [(_split_times(cost, lengths, degree, cp), cp) for cp in cost.catalogue.context_parts(degree)]
     if not tables:
         return [0.0] + [np.inf] * ((1 << len(lengths)) - 1), [0] * (1 << len(lengths)), [1] * (1 << len(lengths))
     best = [min(range(len(tables)), key=lambda k: tables[k][0][0][mask]) for mask in range(1 << len(lengths))]
@@ -155,7 +155,7 @@ def remapped_optimum(cost: CostModel, lengths: list) -> float:
     assert world >= 2, "a remap domain needs 2 ranks"
     best = np.inf
     for layout in layouts(world):
-        splits = [cost.context_parts(d) if d > 1 else [1] for _, d in layout]
+        splits = [cost.catalogue.context_parts(d) if d > 1 else [1] for _, d in layout]
         for assign in itertools.product(range(len(layout)), repeat=n):
             ids = [[i for i in range(n) if assign[i] == k] for k in range(len(layout))]
             for packed in itertools.product(*(list(packings(i)) for i in ids)):

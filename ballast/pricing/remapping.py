@@ -14,7 +14,8 @@ all ranks of the domain recompute alike). The runtime's side is `runtime/remap.p
     overflow        why a domain would not fit (what `Plan.validate` raises)
     levels          the least level each slot fits at (`Plan.leveled`, for planners)
     slot_tokens     where a slot's tokens sit before its move
-    slot_time       the timeline's price of a slot
+    slot_time       the timeline's price of a slot, the remap layer's own overhead included
+                    (`remap_overhead`)
     bound_terms     the least slot a sequence can run in, and what its slot's idle ranks
                     cost it, for the lower bound (`bounds.py`)
 
@@ -28,7 +29,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from .cost import LEVEL_EPS, CostModel
+from .cost import LEVEL_EPS, CostModel, recomputed_exchanges
 from .nics import crosses_nodes, exchange_surcharge, fastest_move_rate, move_time
 from ..vocabulary.samples import Sample, tokens as sample_tokens
 
@@ -134,7 +135,7 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], start: int, size: int,
     moving q, k, v and the output of the largest per-rank surplus or deficit of tokens
     (`bytes_per_token`: their own heads, never replicated; forward and backward) over the
     domain's bandwidth + the layer's own overhead on
-    the balanced share (`CostModel.remap_overhead`, counted as communication). A domain over two or more nodes
+    the balanced share (`remap_overhead`, counted as communication). A domain over two or more nodes
     moves them over the NICs instead (`nics.move_time`, routed or not), and each group's
     exchanges pay their NICs' surcharge (`nics.exchange_surcharge`)."""
     if not parts:
@@ -147,9 +148,7 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], start: int, size: int,
         all_to_all = (cost.comm(tokens, p.degree, p.cp, level)
                       + exchange_surcharge(cost, p.degree, p.cp, tokens, routed, level))
         units = float(cost.units(p.samples).sum())
-        quadratic = cost.a * units * (1.0 + level * cost.recompute_attention)
-        if p.cp > 1:
-            quadratic *= cost.context_attention
+        quadratic = cost.a * units * (1.0 + level * cost.recompute_attention) * cost.attention_factor(p.cp)
         attention = max(attention, quadratic / p.degree + cost.call_time(p.samples, level) + all_to_all)
         comm = max(comm, all_to_all)
         linear += cost.b * tokens * (1.0 + level * cost.recompute)
@@ -160,9 +159,17 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], start: int, size: int,
         mean = sum(per_rank) / size
         per_rank += [0.0] * (size - len(per_rank))  # ranks of idle groups take a share too
         transfer = max(abs(n - mean) for n in per_rank) * cost.bytes_per_token / bandwidth(cost, size)
-    overhead = cost.remap_overhead(sum(per_rank) / size, level)
+    overhead = remap_overhead(cost, sum(per_rank) / size, level)
     total = attention + linear / size + cost.fixed_seconds(level) + transfer + overhead
     return total - comm - transfer - overhead, comm + transfer + overhead
+
+
+def remap_overhead(cost: CostModel, tokens_per_rank: float, recompute: float) -> float:
+    """What running a slot of `tokens_per_rank` balanced tokens per rank through the remap layer
+    costs besides its moves (`CostModel.remap_per_token`, `remap_latency`); a recomputed block
+    repeats its forward exchanges, as the all-to-alls' (`recomputed_exchanges`)."""
+    return ((cost.remap_latency + cost.remap_per_token * tokens_per_rank)
+            * recomputed_exchanges(recompute))
 
 
 # --- the lower bound's terms -----------------------------------------------------------------
@@ -211,16 +218,14 @@ def bound_terms(cost: CostModel, s: np.ndarray, q: np.ndarray,
     led = np.full_like(alone, np.inf)
     attention = cost.attention_time(s, q)
     for i, d in enumerate(cost.degrees):
-        # Summed in the order the bound always had, so that unremapped results stay bit-identical.
-        comm = np.min([cost.exchange_bytes(d) * s / cost.bandwidth[d] / d if cp == 1 else cost.comm_per_token(d, cp) * s
-                       for cp in cost.context_parts(d)], axis=0) if d > 1 else np.zeros_like(s)
+        comm = np.min([cost.exchange_seconds(s, d, cp) for cp in cost.catalogue.context_parts(d)], axis=0)
         alone[i] = attention / d + comm + cost.b * s / n
         tight = np.flatnonzero(s / d > free)
         if not len(tight):
             continue
         held = s[tight] / d
         # Every split's gathered K and V sit beside its attention values (`slot_load`).
-        gathered = min(cost.gathered_per_token(d, cp) for cp in cost.context_parts(d)) * s[tight] / cost.act_per_token
+        gathered = min(cost.gathered_per_token(d, cp) for cp in cost.catalogue.context_parts(d)) * s[tight] / cost.act_per_token
         most = ((free - (1.0 - levels) * (ATTENTION_SHARE * held + gathered))
                 / ((1.0 - levels) * (1.0 - ATTENTION_SHARE) + levels * cost.kept))
         group = attention[tight] * (1.0 + levels * cost.recompute_attention) / d + comm[tight]

@@ -44,7 +44,7 @@ class Point:
     remap: bool = False
     """The wave runs as one remap domain over the world (`plans.Wave.remap`): every group's copy
     of the micro-batch is as long as the others', so the remap layer moves no row and what the
-    point costs beyond its plain twin is the layer's own overhead (`CostModel.remap_overhead`)."""
+    point costs beyond its plain twin is the layer's own overhead (`remapping.remap_overhead`)."""
 
     def __post_init__(self) -> None:
         if self.cp < 1 or self.degree % self.cp:

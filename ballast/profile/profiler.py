@@ -19,7 +19,8 @@ import time
 from datetime import timedelta
 from typing import Sequence
 
-from ..pricing.cost import CostModel, InfeasibleError
+from ..pricing.coefficients import InfeasibleError
+from ..pricing.cost import CostModel
 from ..vocabulary.model_shape import ModelShape
 from ..runtime import run_local, under_torchrun
 from .context import context_bytes_per_token_layer, context_splits, gathered_values_per_token_layer, residuals_by_kind

@@ -6,6 +6,7 @@ from typing import Sequence
 import numpy as np
 
 from ..pricing.cost import CostModel
+from ..pricing.remapping import remap_overhead
 from .grid import Measurement
 
 
@@ -16,7 +17,7 @@ def prediction_errors(measurements: Sequence[Measurement], cost_at: dict[int, Co
         p, cost = m.point, cost_at[m.point.layers]
         predicted = cost.time(p.samples, p.degree, p.recompute, p.cp)
         if p.remap:  # every group as long as the others: the layer moves no row
-            predicted += cost.remap_overhead(p.tokens / p.degree, p.recompute)
+            predicted += remap_overhead(cost, p.tokens / p.degree, p.recompute)
         saved = (cost.act_per_token * m.shard_tokens * (p.recompute * cost.kept + 1.0 - p.recompute)
                  + cost.gathered_per_token(p.degree, p.cp) * (1.0 - p.recompute) * p.tokens)
         rows.append(dict(point=p.label(), layers=p.layers, lengths=list(p.lengths),

@@ -37,6 +37,7 @@ from ..models import check_buildable
 from ..vocabulary.layouts import ANY_SPLIT
 from .errors import GRAD_TOLERANCE, PARAM_TOLERANCE, errors_against
 from .reference import random_batches, reference_at, train_reference
+from ..planners.fits import check_fits
 
 HELP = "check that plans run on N local gloo ranks train exactly like one process"
 
@@ -119,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     check_buildable(shape)
     names = parse_planner_names(args.planners)
     cluster, cost = budget(shape, args.world, args.max_len, args.device_memory_gb, args.nodes)
-    cost.under(ANY_SPLIT).check_fits([args.max_len])  # a --device-memory-gb that cannot hold --max-len: before planning
+    check_fits(cost.under(ANY_SPLIT), [args.max_len])  # a --device-memory-gb that cannot hold --max-len: before planning
     batches = random_batches(shape, args.steps, args.batch, args.max_len, args.seed)
     plans: dict[str, list[Plan]] = {}
     cannot: dict[str, str] = {}

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings, strategies as st
 
 import ballast
-from ballast.pricing.cost import CostModel, InfeasibleError
+from ballast.pricing.coefficients import InfeasibleError
+from ballast.pricing.cost import CostModel
 from ballast.pricing.cost_sources import get_cost_model, published_cost
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
@@ -18,6 +19,7 @@ from ballast.plans.plan import Plan
 from ballast.vocabulary.samples import SampleBatch
 from ballast.plans.timeline import simulate, step_time
 from ballast.pricing.bounds import longest_alone, lower_bound, uncapped_lower_bound
+from ballast.pricing.sequence_times import sequence_times
 
 
 # The optimum of `exhaustive.optimum`: every plan of <= 4 ranks and <= 6 sequences with any
@@ -161,8 +163,8 @@ def test_a_long_pole_is_remapped_when_that_ends_the_step_sooner():
     # The plain plan is the pole alone in a group at its fastest split (CP over the 2 ranks: it
     # gathers K and V only, the all-to-alls would move q and the output too).
     assert step_time(plain, cost) == pytest.approx(
-        float(planner.cost.sequence_times([40_000], every_split=True).min()) + cost.g)
-    assert step_time(plain, cost) < float(cost.sequence_times([40_000]).min()) + cost.g
+        float(sequence_times(planner.cost, [40_000], every_split=True).min()) + cost.g)
+    assert step_time(plain, cost) < float(sequence_times(cost, [40_000]).min()) + cost.g
     assert longest_alone(cost, lengths) <= step_time(plain, cost)
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ballast.vocabulary.cluster import get_cluster
-from ballast.pricing.cost import InfeasibleError
+from ballast.pricing.coefficients import InfeasibleError
 from ballast.pricing.cost_sources import analytic_cost
 from ballast.vocabulary.model_shape import ModelShape, get_model_shape
 from ballast.planners import PlannerOptions, get_planner

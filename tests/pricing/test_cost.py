@@ -11,13 +11,16 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ballast.vocabulary.cluster import get_cluster
-from ballast.pricing.cost import CostModel, InfeasibleError
+from ballast.planners.fits import check_fits
+from ballast.pricing.coefficients import InfeasibleError
+from ballast.pricing.cost import CostModel
 from ballast.pricing.cost_sources import analytic_cost, get_cost_model, published_cost
 from ballast.vocabulary.model_shape import ModelShape, get_model_shape
 from ballast.pricing.bounds import lower_bound, uncapped_lower_bound
 from ballast.exhaustive_instances import hand_cost
 from ballast.vocabulary.layouts import ANY_SPLIT, CONTEXT_ONLY, ULYSSES, ULYSSES_ONLY, fixed_context, ulysses_in_node
 from ballast.pricing import remapping
+from ballast.pricing.sequence_times import sequence_times
 
 
 def small_cost(**change) -> CostModel:
@@ -355,9 +358,9 @@ def test_check_fits_names_sequence_and_limit():
     cost = small_cost()
     limit = cost.max_tokens(4, 1.0)
     assert limit == 400_000
-    cost.check_fits([5, limit, 7])      # exactly the limit fits
+    check_fits(cost, [5, limit, 7])      # exactly the limit fits
     with pytest.raises(InfeasibleError, match=rf"sequence 1 has {limit + 1} tokens.*at most {limit} tokens"):
-        cost.check_fits([5, limit + 1, limit + 2])
+        check_fits(cost, [5, limit + 1, limit + 2])
 
 
 # --- lower bound -------------------------------------------------------------------------------
@@ -542,8 +545,8 @@ def test_degrees_past_the_heads_with_context_parallelism():
     cost = small_cost(heads=6, kv_heads=2, bandwidth={2: 1e9, 4: 5e8})
     assert cost.degrees == [1, 2]                         # Ulysses alone: 4 does not divide 6
     wide = cost.under(ANY_SPLIT)
-    assert wide.degrees == [1, 2, 4] and wide.split(4) == 2 and wide.context_parts(4) == [2, 4]
-    assert wide.split(2) == 1                             # heads first where they allow
+    assert wide.degrees == [1, 2, 4] and wide.catalogue.split(4) == 2 and wide.catalogue.context_parts(4) == [2, 4]
+    assert wide.catalogue.split(2) == 1                             # heads first where they allow
     assert wide.to_dict() == cost.to_dict()               # the rule is the planner's, not the profile's
 
 
@@ -551,14 +554,14 @@ def test_a_profile_offers_only_the_context_parts_it_measured_where_ulysses_runs(
     profiled = dataclasses.replace(small_cost(heads=6, kv_heads=2, bandwidth={2: 1e9, 4: 5e8}), source="profiled")
     # No CP point profiled: CP only at 4, which Ulysses cannot reach (6 heads), priced analytically there.
     wide = profiled.under(ANY_SPLIT)
-    assert wide.context_parts(2) == [1] and wide.fastest_candidates(2) == [1]
-    assert wide.context_parts(4) == [2, 4]
+    assert wide.catalogue.context_parts(2) == [1] and wide.fastest_candidates(2) == [1]
+    assert wide.catalogue.context_parts(4) == [2, 4]
     # Measured at 2: offered there; a rule of CP alone (Megatron's) keeps it unmeasured too.
     measured = dataclasses.replace(profiled, context_latency={2: 0.01}).under(ANY_SPLIT)
-    assert measured.context_parts(2) == [1, 2]
-    assert profiled.under(CONTEXT_ONLY).context_parts(2) == [2]
+    assert measured.catalogue.context_parts(2) == [1, 2]
+    assert profiled.under(CONTEXT_ONLY).catalogue.context_parts(2) == [2]
     # An analytic model's CP terms are its design, not a stand-in for a measurement.
-    assert small_cost(heads=6, kv_heads=2, bandwidth={2: 1e9, 4: 5e8}).under(ANY_SPLIT).context_parts(2) == [1, 2]
+    assert small_cost(heads=6, kv_heads=2, bandwidth={2: 1e9, 4: 5e8}).under(ANY_SPLIT).catalogue.context_parts(2) == [1, 2]
 
 
 def test_context_parallel_terms_by_hand():
@@ -619,11 +622,11 @@ def test_every_split_times_are_the_least_over_every_allowed_split(heads, kv_head
     cost = hand_cost(heads=heads, kv_heads=kv_heads, world_size=8, bandwidth={2: 1e8, 4: 5e7, 8: 2e7},
                      context_latency={8: 1e-3}).under(ANY_SPLIT)
     lengths = [1, 300, 2_000, 9_000, 40_000]
-    times = cost.sequence_times(lengths, every_split=True)
+    times = sequence_times(cost, lengths, every_split=True)
     for i, d in enumerate(cost.degrees):
         for k, s in enumerate(lengths):
             alone = [cost.time([s], d, level, cp) - cost.g - cost.comm(s, d, cp) + cost.comm_per_token(d, cp) * s
-                     for cp in cost.context_parts(d)
+                     for cp in cost.catalogue.context_parts(d)
                      if (level := cost.min_recompute(s, d, cp)) is not None]
             assert times[i, k] == pytest.approx(min(alone, default=np.inf), rel=1e-9)
-    assert any(len(cost.fastest_candidates(d)) < len(cost.context_parts(d)) for d in cost.degrees)
+    assert any(len(cost.fastest_candidates(d)) < len(cost.catalogue.context_parts(d)) for d in cost.degrees)

@@ -10,7 +10,8 @@ import pytest
 
 from ballast.cli import main
 from ballast.vocabulary.cluster import get_cluster
-from ballast.pricing.cost import CostModel, InfeasibleError
+from ballast.pricing.coefficients import InfeasibleError
+from ballast.pricing.cost import CostModel
 from ballast.pricing.cost_sources import get_cost_model
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
 from ballast.profile.profiler import (all_to_all_value_bytes, check_states_fit, profile, shape_bytes_per_token_layer,
