@@ -4,7 +4,7 @@ Runs `ballast train` twice on the stdlib corpus (tiny model, 2 local gloo ranks)
 planner, with everything else equal, then plots both loss curves and their relative
 difference into bench/results/convergence.png (numbers in convergence.json). `static` runs
 at SP degree 2 throughout, as a DeepSpeed-Ulysses user fixes it; `ballast` chooses per step
-(mostly degree 1, with checkpointing, under this memory budget), so the two lay every step
+(mostly degree 1, with recomputation, under this memory budget), so the two lay every step
 out differently; the executor's loss is summed per token over the global batch, so the
 gradients, and the curves, differ only by float rounding.
 
@@ -67,8 +67,8 @@ def main() -> int:
                 return code
             histories[planner] = final_history(folder / "metrics.jsonl")
     a, b = histories.values()
-    different = sum((x["degrees"], x["micro_batches"], x["checkpointed"]) !=
-                    (y["degrees"], y["micro_batches"], y["checkpointed"]) for x, y in zip(a, b))
+    different = sum((x["degrees"], x["micro_batches"], x["recomputed"]) !=
+                    (y["degrees"], y["micro_batches"], y["recomputed"]) for x, y in zip(a, b))
     worst = max(abs(x["loss"] - y["loss"]) / x["loss"] for x, y in zip(a, b))
     plot(histories, out / "convergence.png")
     result = {"setting": SETTING, "planner_flags": PLANNERS, "steps": args.steps, "steps_with_different_plans": different,

@@ -34,7 +34,7 @@ def hand_cost(**change) -> CostModel:
 def tiny_instances(draw):
     world = draw(st.sampled_from([1, 2, 4]))
     kept = draw(st.sampled_from([0.1, 0.5]))
-    cap = draw(st.integers(200, 6000))                 # tokens per device without checkpointing
+    cap = draw(st.integers(200, 6000))                 # tokens per device without recomputation
     cost = hand_cost(
         world_size=world, kept=kept, layers=draw(st.sampled_from([1, 2, 4])),
         a=draw(st.sampled_from([1e-9, 1e-7, 1e-6, 1e-5])), b=draw(st.sampled_from([1e-5, 1e-4, 1e-3])),

@@ -13,15 +13,17 @@ from ballast.profile.drift import how_much
 def bench_rows(data: dict) -> list[str]:
     """One table row per planner of a `ballast bench` JSON, fastest first."""
     rows = ["| planner | tokens/s | vs static | paired | spread | step (s) | waves (s) | predicted (s) | error | "
-            "error (whole step) | idle | plan ms | degrees | ckpt |",
+            "error (whole step) | idle | plan ms | degrees | recomp |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for planner, p in sorted(data["planners"].items(), key=lambda kv: -kv[1]["tokens_per_s"]):
         # A record made before the bench composed steps from micro-batches has no whole-step error.
         whole = f"{p['prediction_error_step']:+.1%}" if "prediction_error_step" in p else "-"
+        # records written before "checkpointed" was renamed "recomputed" carry the old key
+        recomputed = p.get("recomputed", p.get("checkpointed"))
         rows.append(f"| {planner} | {p['tokens_per_s']:,.0f} | {p['vs_static']:.2f}x | {p['vs_static_paired']:.2f}x | "
                     f"{p['round_spread']:.1%} | {p['step_s']:.3f} | {p['waves_s']:.3f} | {p['predicted_s']:.3f} | "
                     f"{p['prediction_error']:+.1%} | {whole} | {p['idle_fraction']:.1%} | {p['plan_ms']:.1f} | "
-                    f"{','.join(map(str, p['degrees']))} | {p['checkpointed']:.2f} |")
+                    f"{','.join(map(str, p['degrees']))} | {recomputed:.2f} |")
     return rows
 
 

@@ -93,8 +93,10 @@ def context_profile_text() -> str:
         return f"| {label} | {stats['median']:.1%} | {stats['p90']:.1%} | {stats['max']:.1%} | {stats['count']} |"
 
     def kind_row(family: str) -> str:
-        parts = [kinds[k]["time"] for k in (family, f"{family} ckpt", f"{family} packed")]
-        return ("| fit residuals, " + ("CP" if family == "cp" else "Ulysses") + " points / checkpointed / packed | "
+        # profiles recorded before the rename label their recomputed points "ckpt"
+        recomputed = kinds.get(f"{family} recomp", kinds.get(f"{family} ckpt"))
+        parts = [kinds[family]["time"], recomputed["time"], kinds[f"{family} packed"]["time"]]
+        return ("| fit residuals, " + ("CP" if family == "cp" else "Ulysses") + " points / recomputed / packed | "
                 + " | ".join(" / ".join(f"{p[q]:.1%}" for p in parts) for q in ("median", "p90"))
                 + " | | " + " / ".join(str(p["count"]) for p in parts) + " |")
 

@@ -3,7 +3,7 @@
 The CLI has no flag for static's CP part yet, so this drives it through the Python API on the
 same batches `ballast simulate` drew (same flags, same seed): every (degree, CP part) of
 --degrees x --cp-parts that the model and cluster run is simulated (static's own rule, the least
-degree holding max-len, would often pick degree 1 with full checkpointing, which no USP user
+degree holding max-len, would often pick degree 1 with full recomputation, which no USP user
 runs), and the fastest is recorded as planner `static-usp` with its degree and CP part.
 
     python bench/static_usp.py OUT.json --degrees 8,16,32 --cp-parts 2,4,8,16 SIMULATE-FLAGS...

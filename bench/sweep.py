@@ -18,7 +18,8 @@ from pathlib import Path
 
 import ballast
 from ballast.simulate import simulate_planners
-from ballast.pricing.cost import InfeasibleError
+from ballast.planners.fits import check_fits
+from ballast.pricing.coefficients import InfeasibleError
 from ballast.pricing.cost_sources import get_cost_model
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
@@ -52,7 +53,7 @@ def run_setting(setting: dict, names: list[str], steps: int, seed: int, time_lim
     cluster = ballast.get_cluster(setting["cluster"])
     try:
         cost = ballast.get_cost_model("auto", shape, cluster)
-        cost.check_fits([setting["max_len"]])
+        check_fits(cost, [setting["max_len"]])
     except InfeasibleError:
         return None
     spec = BatchSpec(batch=setting.get("batch"), tokens_per_step=setting.get("tokens_per_step"),

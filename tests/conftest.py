@@ -25,7 +25,7 @@ def cpu4():
 @pytest.fixture
 def tiny4(cpu4):
     """The tiny model (8 heads, 4 kv heads) on `cpu4`: degrees 1, 2, 4; ~28.6K tokens per device
-    without checkpointing."""
+    without recomputation."""
     return analytic_cost(get_model_shape("tiny"), cpu4)
 
 

@@ -5,7 +5,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from ballast.vocabulary.cluster import Cluster
-from ballast.pricing.cost import InfeasibleError
+from ballast.pricing.coefficients import InfeasibleError
 from ballast.pricing.cost_sources import analytic_cost
 from ballast.vocabulary.model_shape import ModelShape, get_model_shape
 

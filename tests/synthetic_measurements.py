@@ -17,10 +17,10 @@ def attention_seconds(p: Point, true: Coefficients) -> float:
     """What the model's blocks spend attending, forward + backward, at degree 1, recomputation included."""
     ra = true.recompute_attention_layer
     if true.attention == "causal":
-        return (p.layers + ra * p.checkpoint_layers) * true.a_layer * p.sum_sq
+        return (p.layers + ra * p.recompute_layers) * true.a_layer * p.sum_sq
     if true.attention == "full":
-        return (p.layers + ra * p.checkpoint_layers) * true.a_layer * 2.0 * p.sum_sq
-    (spatial, temporal), (k_s, k_t) = SPATIAL_TEMPORAL.block_counts(p.layers), SPATIAL_TEMPORAL.block_counts(p.checkpoint_layers)
+        return (p.layers + ra * p.recompute_layers) * true.a_layer * 2.0 * p.sum_sq
+    (spatial, temporal), (k_s, k_t) = SPATIAL_TEMPORAL.block_counts(p.layers), SPATIAL_TEMPORAL.block_counts(p.recompute_layers)
     return ((spatial + ra * k_s) * true.spatial_layer * p.spatial_pairs
             + (temporal + ra * k_t) * true.temporal_layer * p.temporal_pairs)
 
@@ -31,7 +31,7 @@ def span_seconds(p: Point, true: Coefficients) -> float:
     or patch column) and samples."""
     pattern = attention_pattern(true.attention)
     ra, total = true.recompute_attention_layer, 0.0
-    for n, k, span in zip(pattern.block_counts(p.layers), pattern.block_counts(p.checkpoint_layers), pattern.spans):
+    for n, k, span in zip(pattern.block_counts(p.layers), pattern.block_counts(p.recompute_layers), pattern.spans):
         total += (n + ra * k) * (sum(float(span.count(f, h * w)) for f, h, w in p.grids()) * true.span_layer
                                  + len(p.lengths) * true.sample_layer)
     return total
@@ -43,7 +43,7 @@ def call_seconds(p: Point, true: Coefficients) -> float:
     included, on every rank of a group alike."""
     pattern = attention_pattern(true.attention)
     ra, total = true.recompute_attention_layer, 0.0
-    for n, k, span in zip(pattern.block_counts(p.layers), pattern.block_counts(p.checkpoint_layers), pattern.spans):
+    for n, k, span in zip(pattern.block_counts(p.layers), pattern.block_counts(p.recompute_layers), pattern.spans):
         total += (n + ra * k) * len({int(span.length(f, h * w)) for f, h, w in p.grids()}) * true.call_layer
     return total
 
@@ -54,7 +54,7 @@ def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed:
     `shape`'s kv heads are replicated where a degree does not divide them (None: every degree
     divides them); a recomputed layer repeats its forward exchange, half of its bytes, calls and
     fixed latency; every attended span costs e_l (`span_seconds`), every kernel call h_l
-    (`call_seconds`), every checkpointed block gr_l. A point
+    (`call_seconds`), every recomputed block gr_l. A point
     with a CP part (text only) exchanges in its Ulysses sub-groups of u ranks, and gathers K, V
     (reduce-scatters dK, dV) over its CP group: 2 calls per block, 1 more per recomputed one,
     their send buffers every token's K, V each way (the gather sends its rows to every CP rank),
@@ -68,7 +68,7 @@ def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed:
     value_bytes = true.bytes_per_token_layer / shape_bytes_per_token_layer(kv_shape, 1, 1)
     out = []
     for p in points:
-        d, u, c, depth, k = p.degree, p.ulysses, p.cp, p.layers, p.checkpoint_layers
+        d, u, c, depth, k = p.degree, p.ulysses, p.cp, p.layers, p.recompute_layers
         shard = math.ceil(p.tokens / d)
         calls = 0 if u == 1 else 4 * depth + 2 * k
         replicated = 1.0 if shape is None else shape_bytes_per_token_layer(shape, 1, u) / shape_bytes_per_token_layer(shape, 1, 1)
@@ -79,7 +79,7 @@ def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed:
         attention = (attention_seconds(p, true) + span_seconds(p, true)) * (true.context_attention if c > 1 else 1.0)
         repeated = depth + k / 2  # blocks' worth of exchanges: the recomputed ones' forward half again
         seconds = ((attention + (depth + k * true.recompute_layer) * true.b_layer * p.tokens
-                    + true.b_fixed * p.tokens) / d + true.g_fixed + depth * true.g_layer + k * true.checkpoint_layer
+                    + true.b_fixed * p.tokens) / d + true.g_fixed + depth * true.g_layer + k * true.recompute_fixed_layer
                    + call_seconds(p, true)
                    + (0.0 if u == 1 else repeated * (exchanged * p.tokens / (d * true.bandwidth[u])
                                                      + true.latency_layer[u])))

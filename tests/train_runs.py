@@ -11,7 +11,7 @@ from ballast.train.config import TrainConfig
 
 def text_memory_gb(model: str, max_len: int) -> float:
     """Per-rank memory (of 2 CPU ranks) in which `max_len` tokens need SP degree 2 or
-    checkpointing (as `verify`)."""
+    recomputation (as `verify`)."""
     cost = analytic_cost(get_model_shape(model), get_cluster("cpu", world_size=2))
     return (cost.states + cost.act_per_token * max_len / 2) / 1e9
 

@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"(default {d.repeats})")
     p.add_argument("--tokens-per-step", type=int, default=d.tokens_per_step, help=f"token budget of a step (default {d.tokens_per_step})")
     MAX_LEN.add(p, d.max_len, "longer documents are cut into chunks of it")
-    DEVICE_MEMORY.add(p, None, "a budget at which a max-len sequence runs without checkpointing only at SP "
+    DEVICE_MEMORY.add(p, None, "a budget at which a max-len sequence runs without recomputation only at SP "
                                "degree 2")
     COST.add(p, d.cost, "the planners' cost model and the predictions the measurements are held against; "
                         "`ballast profile` measures this machine's")
@@ -74,8 +74,8 @@ def describe(inputs: BenchInputs, setting: BenchSetting) -> str:
             f"{setting.steps} measured) steps of ~{setting.tokens_per_step} tokens (max_len {setting.max_len}; "
             f"{len(lengths)} sequences, {sum(s == setting.max_len for s in lengths)} at max_len) on "
             f"{setting.world} gloo ranks; cost model: {cost.source}{where}; {cost.device_memory / 1e6:.1f} MB per "
-            f"rank (states {cost.states / 1e6:.1f} MB; a max_len sequence fits degree 1 at checkpoint "
-            f"{cost.min_checkpoint(setting.max_len, 1)})")
+            f"rank (states {cost.states / 1e6:.1f} MB; a max_len sequence fits degree 1 at recompute "
+            f"{cost.min_recompute(setting.max_len, 1)})")
 
 
 def bench(setting: BenchSetting, inputs: BenchInputs, timeout: float) -> tuple[list[dict], list, dict]:
@@ -105,7 +105,7 @@ def result_json(setting: BenchSetting, inputs: BenchInputs, records: list[dict],
         setting=setting.to_json(), data=inputs.data,
         cost_model=dict(source=cost.source, spec=setting.cost, device_memory_gb=cost.device_memory / 1e9,
                         states_gb=cost.states / 1e9, a=cost.a, b=cost.b, g=cost.g,
-                        max_len_checkpoint_at_degree_1=cost.min_checkpoint(setting.max_len, 1)),
+                        max_len_recompute_at_degree_1=cost.min_recompute(setting.max_len, 1)),
         batches=[dict(sample_ids=b.sample_ids, lengths=b.lengths, measured=i >= setting.warmup)
                  for i, b in enumerate(inputs.batches)],
         machine=machine_info(setting.world), load_average=load, seconds=seconds, drift=drift,

@@ -14,7 +14,7 @@ def bench_table(title: str, summary: dict) -> Table:
     """One row per planner, fastest first: measured speed, relative to static, prediction, idle."""
     table = Table(title=title)
     columns = ("planner", "tokens/s", "vs static", "paired", "spread", "step s", "waves s", "predicted s",
-               "pred err", "step err", "idle", "plan ms", "degrees", "ckpt", "mbs")
+               "pred err", "step err", "idle", "plan ms", "degrees", "recomp", "mbs")
     for col in columns:
         table.add_column(col, justify="left" if col == "planner" else "right")
     for name, s in _ranked(summary["planners"]):
@@ -25,7 +25,7 @@ def bench_table(title: str, summary: dict) -> Table:
             f"{s['round_spread']:.1%}", f"{s['step_s']:.3f}", f"{s['waves_s']:.3f}", f"{s['predicted_s']:.3f}",
             f"{s['prediction_error']:+.1%}", f"{s['prediction_error_step']:+.1%}", f"{s['idle_fraction']:.1%}",
             f"{s['plan_ms']:.1f}",
-            ",".join(map(str, s["degrees"])), f"{s['checkpointed']:.2f}", f"{s['micro_batches']:.1f}")
+            ",".join(map(str, s["degrees"])), f"{s['recomputed']:.2f}", f"{s['micro_batches']:.1f}")
     table.caption = ("tokens/s: total tokens / sum over batches of the median step time over rounds; paired: "
                      "median per-batch step-time ratio to static; spread: (max-min)/median of tokens/s over rounds; "
                      "step s (median per batch), waves s, predicted s: medians; pred err: median over batches of "

@@ -167,5 +167,5 @@ def _record(slot: Slot, plan: Plan, plan_seconds: float | None, predicted: float
         cpu_share=sum(t["cpu"]) / max(1e-12, sum(t["wall"])),
         plan_ms=None if plan_seconds is None else 1e3 * plan_seconds,
         waves=len(plan.waves), micro_batches=plan.busy_micro_batches(), degrees=plan.degrees_used(),
-        checkpointed=plan.checkpointed_fraction(),
+        recomputed=plan.recomputed_fraction(),
         rank_busy_s=t["busy"], rank_wait_s=t["wait"], digests=t["digest"], rank_waves=per_rank)

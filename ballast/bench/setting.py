@@ -28,12 +28,13 @@ from ..vocabulary.layouts import ANY_SPLIT
 from ..profile.drift import reference_points
 from ..profile.grid import Measurement
 from ..profile.machine import measured_device
+from ..planners.fits import check_fits
 
 ALL_PLANNERS = ("static", "batch-adaptive", "bucket", "megatron-dynamic-cp", "wlb-llm", "dcp", "flexsp", "hydraulis",
                 "zeppelin", "ballast")
 """The default line-up: every planner, baselines first."""
 MEMORY_SLACK = 1.01
-"""The default memory budget holds half a max_len sequence without checkpointing, 1% to spare."""
+"""The default memory budget holds half a max_len sequence without recomputation, 1% to spare."""
 
 
 @dataclass(frozen=True)
@@ -159,9 +160,9 @@ def drift_references(cost: CostModel, shape: ModelShape) -> list[Measurement]:
 
 
 def auto_device_memory(cost: CostModel, max_len: int) -> float:
-    """Bytes per rank in which a max_len sequence runs without checkpointing only at SP degree 2.
+    """Bytes per rank in which a max_len sequence runs without recomputation only at SP degree 2.
 
-    On one rank it then needs most layers checkpointed, which is what `static` sets for the
+    On one rank it then needs most layers recomputed, which is what `static` sets for the
     whole run; shorter sequences need less or no recomputation, and the longest can trade it
     for SP's all-to-alls: every choice the planners make matters, and they differ in them.
     """
@@ -175,7 +176,7 @@ def make_cost(setting: BenchSetting, shape: ModelShape) -> tuple[Cluster, CostMo
     memory = (setting.device_memory_gb * 1e9 if setting.device_memory_gb is not None
               else auto_device_memory(cost, setting.max_len))
     cost = dataclasses.replace(cost, device_memory=memory)
-    cost.under(ANY_SPLIT).check_fits([setting.max_len])
+    check_fits(cost.under(ANY_SPLIT), [setting.max_len])
     return get_cluster("cpu", setting.world, memory / 1e9), cost
 
 

@@ -116,21 +116,21 @@ class GPT(NextTokenObjective, nn.Module):
         for block in self.layers:
             block.attention.attend = attend
 
-    def forward(self, tokens: Tensor, stream: PackedStream, checkpoint_layers: int = 0) -> Tensor:
+    def forward(self, tokens: Tensor, stream: PackedStream, recompute_layers: int = 0) -> Tensor:
         """Logits [tokens, vocab] of the tokens this process holds.
 
         tokens: [n] token ids, one per entry of `stream.positions`. The first
-        `checkpoint_layers` blocks keep only their input and recompute the rest in backward
+        `recompute_layers` blocks keep only their input and recompute the rest in backward
         (non-reentrant `torch.utils.checkpoint`).
         """
         if tokens.dim() != 1 or tokens.shape[0] != stream.positions.shape[0]:
             raise ValueError(f"tokens of shape {tuple(tokens.shape)} do not match the stream's "
                              f"{stream.positions.shape[0]} positions")
-        if not 0 <= checkpoint_layers <= len(self.layers):
-            raise ValueError(f"checkpoint_layers {checkpoint_layers} is outside 0..{len(self.layers)}")
+        if not 0 <= recompute_layers <= len(self.layers):
+            raise ValueError(f"recompute_layers {recompute_layers} is outside 0..{len(self.layers)}")
         x = self.embedding(tokens)
         for i, layer in enumerate(self.layers):
-            if i < checkpoint_layers:
+            if i < recompute_layers:
                 x = checkpoint(layer, x, stream, use_reentrant=False)
             else:
                 x = layer(x, stream)

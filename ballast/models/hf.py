@@ -14,7 +14,7 @@ whose attention goes through transformers' `AttentionInterface`) and implements
   - positions: `position_ids` is each token's position inside its own sequence
     (`PackedStream.positions`), so the model's RoPE, scaled variants included, rotates the
     tokens of a shard exactly as it would the whole sequence;
-  - checkpointing: transformers' decoder layers checkpoint themselves when their
+  - recomputation: transformers' decoder layers recompute themselves when their
     `gradient_checkpointing` attribute is set; the plan's level sets it per layer and per
     micro-batch (the first k layers), non-reentrant, instead of the model-wide switch.
 
@@ -108,15 +108,15 @@ class HFCausalLM(NextTokenObjective, nn.Module):
     def install_attention(self, attend: AttentionFn) -> None:
         self._attend = attend
 
-    def forward(self, tokens: Tensor, stream: PackedStream, checkpoint_layers: int = 0) -> Tensor:
+    def forward(self, tokens: Tensor, stream: PackedStream, recompute_layers: int = 0) -> Tensor:
         """Logits [tokens, vocab] of the tokens this process holds (see `protocol.ParallelModel`)."""
         if tokens.dim() != 1 or tokens.shape[0] != stream.positions.shape[0]:
             raise ValueError(f"tokens of shape {tuple(tokens.shape)} do not match the stream's "
                              f"{stream.positions.shape[0]} positions")
-        if not 0 <= checkpoint_layers <= self.shape.layers:
-            raise ValueError(f"checkpoint_layers {checkpoint_layers} is outside 0..{self.shape.layers}")
+        if not 0 <= recompute_layers <= self.shape.layers:
+            raise ValueError(f"recompute_layers {recompute_layers} is outside 0..{self.shape.layers}")
         for i, layer in enumerate(self.blocks()):
-            layer.gradient_checkpointing = i < checkpoint_layers
+            layer.gradient_checkpointing = i < recompute_layers
         # A rank may hold no token of a micro-batch (a stream shorter than its group) and must
         # still join the group's all-to-alls; transformers' layers cannot reshape zero tokens, so
         # the rank runs one stand-in token that attention leaves out and the logits drop.
@@ -147,7 +147,7 @@ def check_supported(hf: nn.Module, shape: ModelShape) -> None:
         raise ValueError(f"model type {kind!r}: attention_dropout {config.attention_dropout} is not supported "
                          f"(the gradient would depend on the plan); set it to 0")
     if not hasattr(hf.get_decoder(), "layers"):
-        raise ValueError(f"model type {kind!r}: no decoder layer list (model.layers) to checkpoint and shard")
+        raise ValueError(f"model type {kind!r}: no decoder layer list (model.layers) to recompute and shard")
     if "position_ids" not in inspect.signature(hf.forward).parameters:
         raise ValueError(f"model type {kind!r}: its forward takes no position_ids, so a shard's tokens cannot be "
                          f"given their positions inside their own sequences")

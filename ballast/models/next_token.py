@@ -17,25 +17,25 @@ from torch import Tensor
 from .protocol import Local, PackedStream, take
 
 Forward = Callable[[Tensor, PackedStream, int], Tensor]
-"""(token ids held, stream, checkpoint_layers) -> logits [tokens held, vocab]."""
+"""(token ids held, stream, recompute_layers) -> logits [tokens held, vocab]."""
 
 
 def next_token_loss(forward: Forward, samples: Sequence[Tensor], stream: PackedStream, local: Local,
-                    checkpoint_layers: int) -> Tensor:
+                    recompute_layers: int) -> Tensor:
     """Summed cross-entropy of the held tokens' next-token predictions."""
     inputs = take(torch.cat([s[:-1] for s in samples]), local).to(stream.positions.device)
     targets = take(torch.cat([s[1:] for s in samples]), local).to(stream.positions.device)
     # Summed, not averaged: the shard holds a part of a batch whose normaliser is global.
-    return F.cross_entropy(forward(inputs, stream, checkpoint_layers), targets, reduction="sum")
+    return F.cross_entropy(forward(inputs, stream, recompute_layers), targets, reduction="sum")
 
 
 class NextTokenObjective:
     """The protocol's sample and loss members for a text model whose forward gives the logits
     of the held tokens (`Forward`): mixed into GPT and HFCausalLM."""
 
-    def loss(self, samples: Sequence[Tensor], stream: PackedStream, local: Local, checkpoint_layers: int = 0) -> Tensor:
+    def loss(self, samples: Sequence[Tensor], stream: PackedStream, local: Local, recompute_layers: int = 0) -> Tensor:
         """Summed next-token cross-entropy of the held tokens (`protocol.ParallelModel.loss`)."""
-        return next_token_loss(self, samples, stream, local, checkpoint_layers)
+        return next_token_loss(self, samples, stream, local, recompute_layers)
 
     @staticmethod
     def sample_shape(sample: Tensor) -> int:

@@ -12,7 +12,7 @@ hook. No runtime, planner or CLI code names a model family.
     AttentionFn       (q, k, v, stream) -> out, each [tokens held, heads, head_dim]: attention
                       of `stream.pattern` inside every sample, however the stream is sharded
     ParallelModel     shape (what the cost model prices), the loss of this process's tokens,
-                      blocks (checkpointing and FSDP units), install_attention
+                      blocks (recomputation and FSDP units), install_attention
 
 Token order. A text sample's tokens are its sequence; a clip's (frames, height, width) latent
 patches are packed frame by frame, each frame row by row ("frame-major"). The runtime only
@@ -183,12 +183,12 @@ class ParallelModel(Protocol):
     """What the cost model prices; `shape.layers` blocks, `shape.heads` that every SP degree
     must divide."""
 
-    def loss(self, samples: Sequence[Any], stream: PackedStream, local: Local, checkpoint_layers: int = 0) -> Tensor:
+    def loss(self, samples: Sequence[Any], stream: PackedStream, local: Local, recompute_layers: int = 0) -> Tensor:
         """The summed per-token loss of the tokens this process holds: `samples` are the
         micro-batch's samples in stream order (as the data gives them: token ids, clips),
         `local` the tokens of the whole stream this process holds, in row order (what
         `stream.positions` describes; `Local`: a slice, or stream indices under context
-        parallelism). The first `checkpoint_layers` blocks keep only their
+        parallelism). The first `recompute_layers` blocks keep only their
         input and are recomputed in backward (non-reentrant `torch.utils.checkpoint`)."""
         ...
 
@@ -203,7 +203,7 @@ class ParallelModel(Protocol):
         ...
 
     def blocks(self) -> Sequence[nn.Module]:
-        """The repeated blocks in order: what checkpointing counts and what FSDP shards one by one
+        """The repeated blocks in order: what recomputation counts and what FSDP shards one by one
         (the rest, embedding and head, is sharded as the root)."""
         ...
 

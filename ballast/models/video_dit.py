@@ -117,29 +117,29 @@ class VideoDiT(nn.Module):
                             rows)
 
     def forward(self, tokens: Tensor, timesteps: Tensor, conditions: Sequence[Any], stream: PackedStream,
-                checkpoint_layers: int = 0) -> Tensor:
+                recompute_layers: int = 0) -> Tensor:
         """Predicted velocity [tokens held, patch values] of the noisy patch tokens this process
         holds (`tokens`, one row per row of `stream.positions`, in its layout), given every
-        sample's timestep [samples] and condition. The first `checkpoint_layers` blocks keep only
+        sample's timestep [samples] and condition. The first `recompute_layers` blocks keep only
         their input and recompute the rest in backward (non-reentrant `torch.utils.checkpoint`;
         a block's arrange is recomputed too, alike on every rank)."""
         if tokens.dim() != 2 or tokens.shape != (stream.positions.shape[0], self.shape.vocab):
             raise ValueError(f"tokens of shape {tuple(tokens.shape)} do not match the stream's "
                              f"{stream.positions.shape[0]} positions x {self.shape.vocab} patch values")
-        if not 0 <= checkpoint_layers <= len(self.layers):
-            raise ValueError(f"checkpoint_layers {checkpoint_layers} is outside 0..{len(self.layers)}")
+        if not 0 <= recompute_layers <= len(self.layers):
+            raise ValueError(f"recompute_layers {recompute_layers} is outside 0..{len(self.layers)}")
         device = stream.positions.device
         condition = self.conditioning(timesteps, conditions, device)
         x = self.patch_embedding(tokens.to(device, self.patch_embedding.weight.dtype))
         for i, block in enumerate(self.layers):
-            if i < checkpoint_layers:
+            if i < recompute_layers:
                 x, stream = checkpoint(block, x, stream, condition, use_reentrant=False)
             else:
                 x, stream = block(x, stream, condition)
         x, stream = stream.arrange(x, INPUT)
         return self.final(x, stream, condition)
 
-    def loss(self, samples: Sequence[Clip], stream: PackedStream, local: Local, checkpoint_layers: int = 0) -> Tensor:
+    def loss(self, samples: Sequence[Clip], stream: PackedStream, local: Local, recompute_layers: int = 0) -> Tensor:
         """Summed rectified-flow loss of the held tokens (`protocol.ParallelModel.loss`): for each
         token, the mean over its patch values of (predicted - target velocity)^2."""
         bounds = stream.bounds
@@ -176,7 +176,7 @@ class VideoDiT(nn.Module):
             noisy = target = torch.zeros(0, self.shape.vocab)
         timesteps = torch.tensor([drawn[i] if i in drawn else clip_timestep(s) for i, s in enumerate(samples)],
                                  dtype=torch.float32)
-        predicted = self(noisy, timesteps, [s.condition for s in samples], stream, checkpoint_layers)
+        predicted = self(noisy, timesteps, [s.condition for s in samples], stream, recompute_layers)
         # Summed, not averaged: the runtime divides by the step's tokens. An empty slice sums to
         # a zero still on the graph (its rank runs backward like the others).
         return token_loss(predicted, target.to(predicted.device)).sum()

@@ -10,7 +10,8 @@ from ..pricing.cost import CostModel
 from ..vocabulary.layouts import ULYSSES_ONLY, Splits
 from ..plans.plan import Plan
 from ..vocabulary.samples import SampleBatch, Sample
-from .packing import fixed_checkpoint
+from .fits import check_fits
+from .packing import fixed_recompute
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ class Planner(ABC):
                              f"{self.cluster.world_size} with a split of Ulysses dividing the model's heads "
                              f"x context parallelism that {self.cost.splits.name} allows)")
         if self.options.max_len is not None:
-            fixed_checkpoint(self.cost, self.options.max_len, degree)
+            fixed_recompute(self.cost, self.options.max_len, degree)
 
     def plan(self, samples: Sequence[Sample]) -> Plan:
         """The plan of one step for a batch of these samples: sequence lengths (text) or
@@ -92,14 +93,14 @@ class Planner(ABC):
         if not len(samples):
             raise ValueError("cannot plan an empty batch")
         batch = SampleBatch.of(samples, self.cost)
-        self.cost.check_fits(batch.lengths)
+        check_fits(self.cost, batch.lengths)
         plan = self._plan(batch)
         plan.planner = self.name
         # A planner that weighs the splits gave its groups theirs (ballast packs each at its
-        # fastest); one that prices degrees alone priced them at `CostModel.split`, which they get.
+        # fastest); one that prices degrees alone priced them at `SplitCatalogue.split`, which they get.
         for _, group, _ in plan.micro_batches():
-            if group.cp not in self.cost.context_parts(group.degree):
-                group.cp = self.cost.split(group.degree)
+            if group.cp not in self.cost.catalogue.context_parts(group.degree):
+                group.cp = self.cost.catalogue.split(group.degree)
         assert plan.shapes == batch.shapes, "a planner's plan must carry its batch's shapes"
         return plan
 

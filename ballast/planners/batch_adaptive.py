@@ -1,7 +1,7 @@
 """`batch-adaptive`: FlexSP's BatchAda baseline, the best single SP degree chosen per step.
 
 For every degree that holds the batch's longest sequence it builds `static`'s plan (with the
-least checkpoint level that fits that sequence) and keeps the fastest under the cost model.
+least recompute level that fits that sequence) and keeps the fastest under the cost model.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class BatchAdaptivePlanner(Planner):
         longest = max(batch.lengths)
         candidates = []
         for degree in self.cost.degrees:
-            checkpoint = self.cost.min_checkpoint(longest, degree)
-            if checkpoint is not None:
-                candidates.append(fixed_layout_plan(batch, degree, checkpoint, self))
+            recompute = self.cost.min_recompute(longest, degree)
+            if recompute is not None:
+                candidates.append(fixed_layout_plan(batch, degree, recompute, self))
         return min(candidates, key=lambda p: step_time(p, self.cost))

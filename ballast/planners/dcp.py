@@ -31,9 +31,9 @@ profile. One step:
    (`max_grad_accumulation_steps`: MAX_ACCUMULATION) and by MAX_COUNT_RATIO between the
    largest and smallest count of a wave's busy groups; the overflow waits for another wave.
    Memory never forces a wider ratio: a group's count does not change its memory.
-5. Checkpointing. Without DCP-intra the run has one level, the least at which `max_len` fits
+5. Recomputation. Without DCP-intra the run has one level, the least at which `max_len` fits
    the largest degree, and the profile sizes batches at it. DCP-intra is VideoSys' pyramid
-   activation checkpointing: its profiler lets a batch grow while it fits with every layer
+   activation recomputation: its profiler lets a batch grow while it fits with every layer
    recomputed, spends the memory the batch leaves free on not recomputing layers, and scores
    the batch at the time that saves. So here the profile tries every level (a batch of a
    bucket at the least level it needs), and every micro-batch then runs at the least level
@@ -48,7 +48,7 @@ iteration; a ballast step must place its whole batch, so a target time replaces 
 median and overflow becomes another wave. A group may run micro-batches of several buckets
 of its degree (VideoSys gives a group one bucket per iteration). Mode names follow ballast's
 docs/design.md; VideoSys calls dynamic SP alone "DCP-intra", the accumulation balancing
-"DCP-inter", and pyramid checkpointing an add-on to the latter.
+"DCP-inter", and pyramid recomputation an add-on to the latter.
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ from ..plans.plan import Group, MicroBatch, Plan, Wave, fill_idle
 from ..vocabulary.samples import SampleBatch
 from ..plans.timeline import step_time
 from .base import Planner
-from .packing import fixed_checkpoint, pad_lockstep
+from .packing import fixed_recompute, pad_lockstep
 from ..pricing.bounds import lower_bound
 from .registry import register
 
@@ -130,7 +130,7 @@ class DCPPlanner(Planner):
         if max(lengths) > max_len:
             raise ValueError(f"sequence {lengths.index(max(lengths))} has {max(lengths)} tokens, "
                              f"more than max_len {max_len}")
-        level = fixed_checkpoint(self.cost, max_len, self.cost.degrees[-1])
+        level = fixed_recompute(self.cost, max_len, self.cost.degrees[-1])
         bound = lower_bound(self.cost, batch.samples)
         plans = [self.plan_for_target(batch, max_len, level, bound * f, mode) for f in TARGETS]
         return min(plans, key=lambda p: step_time(p, self.cost))
@@ -146,14 +146,14 @@ class DCPPlanner(Planner):
             wave = Wave(fill_idle(groups, self.cluster.world_size))
             waves.append(pad_lockstep(wave, batch, self.cost) if self.options.lockstep else wave)
         return Plan(batch.lengths, waves, lockstep=self.options.lockstep, shapes=batch.shapes,
-                    info={"mode": mode, "target_s": target, "run_checkpoint": level})
+                    info={"mode": mode, "target_s": target, "run_recompute": level})
 
     # --- profile ------------------------------------------------------------------------------
     def profile(self, upper: np.ndarray, units: np.ndarray, target: float,
                 levels: np.ndarray) -> list[BucketChoice]:
         """The (degree, batch size) of each bucket for a target time, its samples priced at
         `upper` tokens (memory, all-to-alls) and `units` attention units (`bucket_units`), with
-        the checkpoint level free among `levels` (the least one a batch needs is the one that
+        the recompute level free among `levels` (the least one a batch needs is the one that
         wins)."""
         cost = self.cost
         d = np.asarray(cost.degrees, dtype=np.float64)[None, :, None]
@@ -184,7 +184,7 @@ class DCPPlanner(Planner):
         buckets, inverse = np.unique(bucket_uppers(s, max_len), return_inverse=True)
         units = bucket_units(buckets, inverse, batch)
         out = []
-        # Pyramid checkpointing profiles every level, the fixed setting only the run's.
+        # Pyramid recomputation profiles every level, the fixed setting only the run's.
         levels = np.arange(self.cost.layers + 1) / self.cost.layers if intra else np.array([level])
         for b, choice in enumerate(self.profile(buckets, units, target, levels)):
             ids = np.flatnonzero(inverse == b)
@@ -197,8 +197,8 @@ class DCPPlanner(Planner):
                  intra: bool) -> Pending:
         tokens = sum(batch.lengths[i] for i in seq_ids)
         if intra:
-            # Pyramid checkpointing: only as much recomputation as these tokens need.
-            level = self.cost.min_checkpoint(tokens, degree)
+            # Pyramid recomputation: only as much recomputation as these tokens need.
+            level = self.cost.min_recompute(tokens, degree)
         assert level is not None, f"micro-batch {seq_ids} does not fit SP degree {degree}"
         time = self.cost.time_from_sums(batch.units_of(seq_ids), tokens, degree, level)
         return Pending(MicroBatch(seq_ids, level), degree, time)

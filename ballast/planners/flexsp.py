@@ -7,12 +7,12 @@ the wave lasts as long as its slowest group. Per step:
    wave, minimising the largest chunk's tokens (a DP over the sorted order). This is the
    `sort_consec` chunking of FlexSP's released solver (Hetu-Galvatron): waves hold similar
    lengths, so each wave's MILP sees few distinct lengths and forms one kind of group mix.
-   M_min is the least M whose every chunk fits the cluster's memory (at full checkpointing,
+   M_min is the least M whose every chunk fits the cluster's memory (at full recomputation,
    see 2); the candidates are M_min..M_min+4.
 2. Memory. FlexSP's MILP has one memory model, without a recomputation choice. Here each wave
-   is capped at one checkpoint level c_w: the least at which the cluster holds the wave's
+   is capped at one recompute level c_w: the least at which the cluster holds the wave's
    bucketed tokens (+5% for packing) and its longest sequence fits the largest degree, i.e.
-   0 (no checkpointing) whenever the wave fits without. Checkpointing is the fallback that
+   0 (no recomputation) whenever the wave fits without. Recomputation is the fallback that
    lets a wave take more tokens than raw capacity, so fewer waves (each paying g) become
    possible and the search over M weighs that against recomputation. If the MILP finds no
    solution at c_w, it is retried at higher levels. After solving, every group gets the least
@@ -22,7 +22,7 @@ the wave lasts as long as its slowest group. Per step:
    instead of a binary per sequence. Memory rows use the bucket maximum (always safe), time
    rows the bucket's average (its members' attention units and tokens: exact in sum; see
    flexsp_milp). FlexSP's code grows the bucket count while padding eats half the memory
-   headroom; here it doubles (up to 4x) while padding would force a higher checkpoint level
+   headroom; here it doubles (up to 4x) while padding would force a higher recompute level
    than the raw tokens need.
 4. MILP per wave (flexsp_milp): how many groups of each degree and which bucket counts each
    gets, minimising the slowest group under the cost model, solved by HiGHS with
@@ -34,7 +34,7 @@ the wave lasts as long as its slowest group. Per step:
    candidate M gets an equal share of what is left, split over its waves (never more than
    time_limit a solve); an M whose waves' lower bounds already exceed the best plan is skipped.
 
-Deviations from the paper: checkpoint fallback (2); average-length time coefficients (3);
+Deviations from the paper: recompute fallback (2); average-length time coefficients (3);
 mixed-layout seeds and an area row in the MILP (4), which change its speed, not its optimum;
 solves run one after another (FlexSP solves a step's waves in parallel processes), hence the
 step budget. Sorted-consecutive chunks beat interleaved ("similar mix") ones on every
@@ -62,9 +62,9 @@ EXTRA_WAVES = 4
 BUDGET_SOLVES = 5
 """A step's planning budget in units of options.time_limit."""
 PACKING_SLACK = 0.05
-"""Memory the checkpoint level leaves free so that sequences can be packed into groups."""
+"""Memory the recompute level leaves free so that sequences can be packed into groups."""
 MAX_BUCKET_GROWTH = 4
-"""Buckets may grow to this multiple of options.buckets to avoid checkpointing for padding."""
+"""Buckets may grow to this multiple of options.buckets to avoid recomputation for padding."""
 
 
 def blast(lengths: list[int], waves: int) -> list[list[int]]:
@@ -103,18 +103,18 @@ class FlexSPPlanner(Planner):
 
     # --- memory --------------------------------------------------------------------------------
     def _level(self, tokens: float, longest: int) -> float | None:
-        """Least checkpoint level at which the cluster holds `tokens` (+ packing slack) and the
-        largest degree holds the longest sequence; None if even full checkpointing cannot."""
+        """Least recompute level at which the cluster holds `tokens` (+ packing slack) and the
+        largest degree holds the longest sequence; None if even full recomputation cannot."""
         cost = self.cost
         # The slack is a preference: a wave that fits only without it still gets a level.
-        whole = cost.min_checkpoint(math.ceil(tokens * (1 + PACKING_SLACK)), cost.world_size)
+        whole = cost.min_recompute(math.ceil(tokens * (1 + PACKING_SLACK)), cost.world_size)
         if whole is None:
-            whole = cost.min_checkpoint(math.ceil(tokens), cost.world_size)
-        one = cost.min_checkpoint(longest, cost.degrees[-1])
+            whole = cost.min_recompute(math.ceil(tokens), cost.world_size)
+        one = cost.min_recompute(longest, cost.degrees[-1])
         return None if whole is None or one is None else max(whole, one)
 
     def min_waves(self, lengths: list[int]) -> int:
-        """Least M whose sequence-blaster chunks all fit the cluster at full checkpointing."""
+        """Least M whose sequence-blaster chunks all fit the cluster at full recomputation."""
         # The whole cluster's tokens at once, not world x one rank's: a budget may hold a token
         # only across ranks (max_tokens(1, 1.0) == 0).
         capacity = self.cost.max_tokens(self.cost.world_size, 1.0) / (1 + PACKING_SLACK)
@@ -124,7 +124,7 @@ class FlexSPPlanner(Planner):
         return min(m, len(lengths))
 
     def _bucket(self, wave: list[int]) -> tuple[Buckets, float | None]:
-        """DP buckets of a wave and the checkpoint level its padded tokens need."""
+        """DP buckets of a wave and the recompute level its padded tokens need."""
         longest = max(wave)
         raw = self._level(sum(wave), longest)
         k = self.options.buckets
@@ -142,7 +142,7 @@ class FlexSPPlanner(Planner):
 
     # --- one wave --------------------------------------------------------------------------------
     def _solve(self, batch: SampleBatch, ids: list[int], limit_s: float) -> tuple[WaveSolution, float, int] | None:
-        """The best MILP solution of the wave of samples `ids`, its checkpoint cap and bucket
+        """The best MILP solution of the wave of samples `ids`, its recompute cap and bucket
         count; None if none fits."""
         deadline = time.perf_counter() + limit_s
         wave = [batch.lengths[i] for i in ids]
@@ -161,7 +161,7 @@ class FlexSPPlanner(Planner):
         groups, start = [], 0
         for d, local in sorted(sol.groups, key=lambda g: -g[0]):  # largest first: aligned blocks
             seq_ids = [ids[i] for i in local]
-            level = self.cost.min_checkpoint(sum(lengths[i] for i in seq_ids), d)
+            level = self.cost.min_recompute(sum(lengths[i] for i in seq_ids), d)
             assert level is not None, f"the MILP overfilled a group of degree {d}"
             groups.append(Group(start, d, [MicroBatch(seq_ids, level)]))
             start += d
@@ -188,7 +188,7 @@ class FlexSPPlanner(Planner):
             "waves": len(waves),
             "mip_gap": float(max(sol.gap for sol, _, _ in facts)),
             "predicted_s": float(sum(sol.predicted for sol, _, _ in facts)),
-            "checkpoint_cap": [level for _, level, _ in facts],
+            "recompute_cap": [level for _, level, _ in facts],
             "buckets": [k for _, _, k in facts],
             "status": [sol.status for sol, _, _ in facts]})
 

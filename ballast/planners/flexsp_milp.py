@@ -133,20 +133,20 @@ class _Model:
 
 
 def _per_sequence_time(lengths: np.ndarray, units: np.ndarray, members: list[int], d: int,
-                       cost: CostModel, checkpoint: float) -> float:
-    total = cost.time_from_sums(float(units[members].sum()), float(lengths[members].sum()), d, checkpoint)
+                       cost: CostModel, recompute: float) -> float:
+    total = cost.time_from_sums(float(units[members].sum()), float(lengths[members].sum()), d, recompute)
     return (total - cost.g) / len(members)
 
 
 def _build(lengths: np.ndarray, units: np.ndarray, buckets: Buckets, cost: CostModel,
-           checkpoint: float) -> _Model:
+           recompute: float) -> _Model:
     # Imported where a MILP is built: every planning process would pay ~0.3 s at start.
     from scipy.sparse import csc_matrix
 
     counts = [len(m) for m in buckets.members]
     slots: list[tuple[int, list[int]]] = []
     for d in cost.degrees:
-        cap = cost.max_tokens(d, checkpoint)
+        cap = cost.max_tokens(d, recompute)
         fits = [j for j, u in enumerate(buckets.upper) if u <= cap]
         # A used group holds at least one sequence: more slots than fitting sequences are useless.
         slots += [(d, fits)] * min(cost.world_size // d, sum(counts[j] for j in fits))
@@ -155,7 +155,7 @@ def _build(lengths: np.ndarray, units: np.ndarray, buckets: Buckets, cost: CostM
         y.append(n_var)
         x.append({j: n_var + 1 + k for k, j in enumerate(fits)})
         n_var += 1 + len(fits)
-    t = {(d, j): _per_sequence_time(lengths, units, buckets.members[j], d, cost, checkpoint)
+    t = {(d, j): _per_sequence_time(lengths, units, buckets.members[j], d, cost, recompute)
          for d in {d for d, _ in slots} for j in range(len(counts))}
 
     def work(p: int, sign: float = 1.0) -> dict[int, float]:
@@ -170,7 +170,7 @@ def _build(lengths: np.ndarray, units: np.ndarray, buckets: Buckets, cost: CostM
     for p, (d, fits) in enumerate(slots):
         # Scaled to about 1; the half token keeps HiGHS's feasibility tolerance (1e-7) from
         # letting an integer token count exceed the capacity.
-        cap = cost.max_tokens(d, checkpoint) + 0.5
+        cap = cost.max_tokens(d, recompute) + 0.5
         rows.append(({**{x[p][j]: buckets.upper[j] / cap for j in fits}, y[p]: -1.0}, -np.inf, 0.0))
         rows.append(({**work(p), 0: -1.0}, -np.inf, 0.0))
         area.update({x[p][j]: d * t[d, j] for j in fits})
@@ -226,13 +226,13 @@ def _eft(model: _Model, buckets: Buckets, degrees: list[int], caps: dict[int, in
     return float((load + model.g)[used].max()), cnt
 
 
-def _seed(model: _Model, buckets: Buckets, cost: CostModel, checkpoint: float) -> np.ndarray | None:
+def _seed(model: _Model, buckets: Buckets, cost: CostModel, recompute: float) -> np.ndarray | None:
     """The best of a few list-scheduled layouts (one degree, or a few large groups plus small
     ones), as a MILP point to start HiGHS from. FlexSP's code seeds its solver with balanced
     homogeneous solutions; HiGHS's own heuristics rarely find any feasible point of this model
     within seconds, and long sequences need the mixed layouts."""
     degrees = sorted({d for d, _ in model.slots})
-    caps = {d: cost.max_tokens(d, checkpoint) for d in degrees}
+    caps = {d: cost.max_tokens(d, recompute) for d in degrees}
     best: tuple[float, list[int], np.ndarray] | None = None
     for layout in _group_sets(cost.world_size, degrees):
         found = _eft(model, buckets, layout, caps)
@@ -299,19 +299,19 @@ def _highs(model: _Model, start: np.ndarray | None, time_limit: float,
     return x, bound, "optimal" if status == core.HighsModelStatus.kOptimal else "time limit"
 
 
-def solve_wave(samples: Sequence[Sample], cost: CostModel, checkpoint: float, buckets: Buckets,
+def solve_wave(samples: Sequence[Sample], cost: CostModel, recompute: float, buckets: Buckets,
                time_limit: float, mip_rel_gap: float = 1e-2) -> WaveSolution:
     """FlexSP's MILP for one wave under a wall-clock limit, its bucket counts mapped to samples
     (`buckets` of their token counts).
 
-    Every group's memory is capped at checkpoint level `checkpoint` (the caller's choice)."""
+    Every group's memory is capped at recompute level `recompute` (the caller's choice)."""
     s = np.fromiter(map(tokens, samples), dtype=np.int64, count=len(samples))
     q = cost.units(samples)
-    model = _build(s, q, buckets, cost, checkpoint)
+    model = _build(s, q, buckets, cost, recompute)
     if not model.slots or any(not any(j in fits for _, fits in model.slots) for j in range(len(model.counts))):
         return WaveSolution(None, np.inf, np.inf, 1.0, 0.0, "infeasible")
     began = time.perf_counter()
-    start = _seed(model, buckets, cost, checkpoint)
+    start = _seed(model, buckets, cost, recompute)
     if time_limit > 0:
         x, bound, status = _highs(model, start, time_limit, mip_rel_gap)
     else:  # out of budget: the seed alone
@@ -327,12 +327,12 @@ def solve_wave(samples: Sequence[Sample], cost: CostModel, checkpoint: float, bu
     predicted = max(works)
     gap = max(0.0, (predicted - bound) / predicted) if np.isfinite(bound) else 1.0
     quotas = [(d, {j: int(x[model.x[p][j]]) for j in fits}) for p, (d, fits) in enumerate(model.slots)]
-    groups = _assign(s, q, buckets, [quota for quota in quotas if sum(quota[1].values())], cost, checkpoint)
+    groups = _assign(s, q, buckets, [quota for quota in quotas if sum(quota[1].values())], cost, recompute)
     return WaveSolution(groups, predicted, bound, gap, seconds, status)
 
 
 def _assign(s: np.ndarray, q: np.ndarray, buckets: Buckets, quotas: list[tuple[int, dict[int, int]]],
-            cost: CostModel, checkpoint: float) -> list[tuple[int, list[int]]]:
+            cost: CostModel, recompute: float) -> list[tuple[int, list[int]]]:
     """Concrete sequences for the MILP's bucket counts: within each bucket, longest first, each
     sequence goes to the group (with quota left for the bucket) whose real time is least so
     far, so the spread inside a bucket evens out instead of piling up in one group."""
@@ -343,7 +343,7 @@ def _assign(s: np.ndarray, q: np.ndarray, buckets: Buckets, quotas: list[tuple[i
         for i in buckets.members[j]:
             open_ = [p for p in range(len(quotas)) if left[p].get(j, 0) > 0]
             assert open_, f"bucket {j}: the MILP's counts do not cover its sequences"
-            p = min(open_, key=lambda p: cost.time_from_sums(units[p], tok[p], quotas[p][0], checkpoint))
+            p = min(open_, key=lambda p: cost.time_from_sums(units[p], tok[p], quotas[p][0], recompute))
             seqs[p].append(int(i))
             left[p][j] -= 1
             units[p] += q[i]

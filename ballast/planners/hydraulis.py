@@ -8,7 +8,7 @@ model replicas of heterogeneous parallel strategies and a two-stage assignment. 
 replica is an SP group, its strategy its degree. One step, one wave, groups independent:
 
 0. Replicas for the step's length histogram. Each sequence gets an estimated time per
-   degree (alone, at the least checkpoint level it needs, plus its share of the fixed
+   degree (alone, at the least recompute level it needs, plus its share of the fixed
    per-micro-batch cost). For a small degree d_S and a target time T, a sequence that does
    not fit d_S or takes longer than T there is long: it wants the smallest larger degree at
    which it takes at most T (else its fastest). Long sequences are binned first-fit
@@ -28,13 +28,13 @@ replica is an SP group, its strategy its degree. One step, one wave, groups inde
    the smallest slowest-replica time wins; a seed fixes the plan.
 2. Micro-batches inside a replica: for a count m, sequences most work first go to the
    micro-batch of least work (a q + b s) that still has room under the token cap
-   (full checkpointing at the replica's degree); each micro-batch then runs at the least
-   checkpoint level its tokens need. Counts are tried from the fewest that can hold the
+   (full recomputation at the replica's degree); each micro-batch then runs at the least
+   recompute level its tokens need. Counts are tried from the fewest that can hold the
    tokens upward, and the count whose micro-batches take the least total time wins: fewer
    micro-batches pay the fixed cost g fewer times, more of them recompute less. The search
    stops once no larger count can win: a count m costs at least the replica's work, its
    all-to-alls, m g and the recomputation that sequences too long to run without
-   checkpointing force on any count.
+   recomputation force on any count.
 
 Deviations: the paper's replicas combine tensor, pipeline and context parallelism, and its
 packing balances pipeline micro-batches; ballast's replicas are Ulysses SP groups, so a
@@ -57,6 +57,7 @@ from .base import Planner
 from .packing import mb_time, pad_lockstep
 from ..pricing.bounds import lower_bound
 from .registry import register
+from ..pricing.sequence_times import sequence_times
 
 TRIALS = 8  # orders tried by the randomised greedy, most work first included
 NOISE = 0.3  # sigma of the lognormal factor that shuffles an order
@@ -98,7 +99,7 @@ class HydraulisPlanner(Planner):
         cost = self.cost
         s = np.asarray(batch.lengths, dtype=np.float64)
         share = np.array([np.minimum(1.0, s / max(1, cost.max_tokens(d, 0.0))) for d in cost.degrees])
-        return cost.sequence_times(batch.samples) + cost.g * share
+        return sequence_times(cost, batch.samples) + cost.g * share
 
     def candidate_layouts(self, estimates: np.ndarray, bound: float) -> list[tuple[int, ...]]:
         """The most promising replica layouts (degrees, largest first) for this histogram."""
@@ -179,7 +180,7 @@ class HydraulisPlanner(Planner):
             bins = balance_under_cap(items, lengths, work, m, cap)
             if bins is None:
                 continue
-            mbs = [MicroBatch(b, cost.min_checkpoint(sum(lengths[i] for i in b), degree)) for b in bins]
+            mbs = [MicroBatch(b, cost.min_recompute(sum(lengths[i] for i in b), degree)) for b in bins]
             total = sum(mb_time(mb, batch, degree, cost) for mb in mbs)
             if total < best_time:
                 best, best_time = mbs, total
@@ -192,7 +193,7 @@ class HydraulisPlanner(Planner):
         """Replica time without g that no count can beat: work, all-to-alls, forced recomputation."""
         cost = self.cost
         s = np.asarray([batch.lengths[i] for i in items], dtype=np.float64)
-        forced = np.array([cost.min_checkpoint(int(x), degree) for x in s])
+        forced = np.array([cost.min_recompute(int(x), degree) for x in s])
         compute = float(cost.work(s, batch.units[items], forced).sum()) / degree
         return compute + cost.comm(float(s.sum()), degree)
 

@@ -2,7 +2,7 @@
 
 Each sequence gets the context-parallel size it needs: the next power of two of
 ceil(length / max tokens per rank), where the tokens per rank are set once for the run (the
-capacity of one rank at the run's checkpoint setting). Sequences, heaviest workload first,
+capacity of one rank at the run's recompute setting). Sequences, heaviest workload first,
 are filled greedily into groups of their size: into the least-loaded open group of that
 size while its tokens fit and its workload stays within 5% over the balanced target, else
 into a newly opened aligned block, else into the next round. Every round is one wave of
@@ -31,17 +31,17 @@ class MegatronDynamicCPPlanner(Planner):
 
     def _plan(self, batch: SampleBatch) -> Plan:
         cost, world, lengths = self.cost, self.cluster.world_size, batch.lengths
-        _, smallest, checkpoint = fixed_run(cost, lengths, self.options.max_len)
+        _, smallest, recompute = fixed_run(cost, lengths, self.options.max_len)
         # Per rank as the run's smallest degree sees it, so that max_len needs that degree
         # exactly (max_tokens rounds down per degree, not per rank).
-        per_rank = cost.max_tokens(smallest, checkpoint) / smallest
+        per_rank = cost.max_tokens(smallest, recompute) / smallest
         degree_of = {}
         for i, s in enumerate(lengths):
             need = 1 << max(0, math.ceil(s / per_rank) - 1).bit_length()
             # A size the heads cannot be sharded over rounds up to the next one they can.
             degree_of[i] = next(d for d in cost.degrees if d >= need)
         # Workload without g: sequences packed into one micro-batch share its fixed cost.
-        work = {i: cost.time(batch.pick([i]), degree_of[i], checkpoint) - cost.g for i in degree_of}
+        work = {i: cost.time(batch.pick([i]), degree_of[i], recompute) - cost.g for i in degree_of}
         # The balanced per-rank workload; a sequence heavier than that gets a group of its own.
         target = sum(work[i] * degree_of[i] for i in work) / world
         pending = sorted(work, key=lambda i: -work[i])
@@ -54,11 +54,11 @@ class MegatronDynamicCPPlanner(Planner):
         for wave in waves:
             for g in wave.groups:
                 for mb in g.micro_batches:
-                    mb.checkpoint = checkpoint
+                    mb.recompute = recompute
         if self.options.lockstep:
             waves = [pad_lockstep(wave, batch, cost) for wave in waves]
         return Plan(lengths, waves, lockstep=self.options.lockstep, shapes=batch.shapes,
-                    info={"checkpoint": checkpoint, "tokens_per_rank": per_rank})
+                    info={"recompute": recompute, "tokens_per_rank": per_rank})
 
     def _round(self, pending, lengths, degree_of, work, per_rank, limit):
         free = [True] * self.cluster.world_size

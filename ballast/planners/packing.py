@@ -31,17 +31,17 @@ def best_fit_decreasing(seq_ids: Sequence[int], lengths: Sequence[int], capacity
 
 
 def micro_batch(seq_ids: list[int], lengths: Sequence[int], degree: int, cost: CostModel,
-                checkpoint: float | None = None) -> MicroBatch:
-    """A micro-batch at the given checkpoint level, or the least level at which it fits."""
-    if checkpoint is None:
-        checkpoint = cost.min_checkpoint(sum(lengths[i] for i in seq_ids), degree)
-        assert checkpoint is not None, f"micro-batch {seq_ids} does not fit at degree {degree}"
-    return MicroBatch(list(seq_ids), checkpoint)
+                recompute: float | None = None) -> MicroBatch:
+    """A micro-batch at the given recompute level, or the least level at which it fits."""
+    if recompute is None:
+        recompute = cost.min_recompute(sum(lengths[i] for i in seq_ids), degree)
+        assert recompute is not None, f"micro-batch {seq_ids} does not fit at degree {degree}"
+    return MicroBatch(list(seq_ids), recompute)
 
 
 def mb_time(mb: MicroBatch, batch: SampleBatch, degree: int, cost: CostModel) -> float:
     s = sum(batch.lengths[i] for i in mb.seq_ids)
-    return cost.time_from_sums(batch.units_of(mb.seq_ids), s, degree, mb.checkpoint)
+    return cost.time_from_sums(batch.units_of(mb.seq_ids), s, degree, mb.recompute)
 
 
 def longest_processing_time(times: Sequence[float], bins: int) -> list[list[int]]:
@@ -79,10 +79,10 @@ def lockstep_wave(per_group: list[list[MicroBatch]], batch: SampleBatch, degree:
 
 def fixed_run(cost: CostModel, lengths: Sequence[int], max_len: int | None,
               degree: int | None = None, at_least: int = 1) -> tuple[int, int, float]:
-    """(max_len, SP degree, checkpoint level) of a run whose layout is fixed in advance.
+    """(max_len, SP degree, recompute level) of a run whose layout is fixed in advance.
 
     The degree is the given one or the smallest from `at_least` up that holds `max_len`; the
-    checkpoint level is the least at which `max_len` fits that degree, set once for the run as
+    recompute level is the least at which `max_len` fits that degree, set once for the run as
     users of static frameworks set it.
     """
     max_len = max_len or max(lengths)
@@ -94,18 +94,18 @@ def fixed_run(cost: CostModel, lengths: Sequence[int], max_len: int | None,
     if degree is None:
         raise ValueError(f"max_len {max_len} fits no SP degree from {at_least} up to {cost.degrees[-1]}")
     assert degree in cost.degrees, (degree, cost.degrees)  # a forced degree: Planner checked it
-    return max_len, degree, fixed_checkpoint(cost, max_len, degree)
+    return max_len, degree, fixed_recompute(cost, max_len, degree)
 
 
-def fixed_checkpoint(cost: CostModel, max_len: int, degree: int) -> float:
-    """The least checkpoint level, set once for a run, at which `max_len` tokens fit `degree`
-    at the split the planner's rule gives it (`CostModel.split`)."""
-    cp = cost.split(degree)
-    level = cost.min_checkpoint(max_len, degree, cp)
+def fixed_recompute(cost: CostModel, max_len: int, degree: int) -> float:
+    """The least recompute level, set once for a run, at which `max_len` tokens fit `degree`
+    at the split the planner's rule gives it (`SplitCatalogue.split`)."""
+    cp = cost.catalogue.split(degree)
+    level = cost.min_recompute(max_len, degree, cp)
     if level is None:
         split = f" (Ulysses {degree // cp} x CP {cp})" if cp > 1 else ""
         raise ValueError(f"a {max_len}-token sequence (--max-len) does not fit SP degree {degree}{split} even with "
-                         f"full checkpointing (at most {cost.max_tokens(degree, 1.0, cp)} tokens at "
+                         f"full recomputation (at most {cost.max_tokens(degree, 1.0, cp)} tokens at "
                          f"{cost.device_memory / 1e9:.3g} GB per device): raise --degree or "
                          f"--device-memory-gb, or lower --max-len")
     return level

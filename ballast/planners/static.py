@@ -1,7 +1,7 @@
 """`static`: what DeepSpeed-Ulysses and Megatron-CP users run.
 
 One SP degree for the whole run, the smallest power of two that holds `max_len` (or the
-user's `--degree`), and one checkpoint setting for the run, the least that fits `max_len` at
+user's `--degree`), and one recompute setting for the run, the least that fits `max_len` at
 that degree. Each step deals the sequences to the equal groups balancing tokens (what a
 packing data loader does for its data-parallel replicas), and each group packs its share
 best-fit-decreasing into micro-batches of that capacity; under ZeRO-3 the groups run in
@@ -21,15 +21,15 @@ from .packing import best_fit_decreasing, fixed_run, lockstep_wave, longest_proc
 from .registry import register
 
 
-def fixed_layout_plan(batch: SampleBatch, degree: int, checkpoint: float, planner: Planner) -> Plan:
+def fixed_layout_plan(batch: SampleBatch, degree: int, recompute: float, planner: Planner) -> Plan:
     """Token-balanced groups of one degree, each packing best-fit-decreasing, in one lockstep wave."""
     cost, world, lengths = planner.cost, planner.cluster.world_size, batch.lengths
-    capacity = cost.max_tokens(degree, checkpoint)
+    capacity = cost.max_tokens(degree, recompute)
     shares = longest_processing_time(lengths, world // degree)
-    per_group = [[micro_batch(b, lengths, degree, cost, checkpoint)
+    per_group = [[micro_batch(b, lengths, degree, cost, recompute)
                   for b in best_fit_decreasing(share, lengths, capacity)] for share in shares]
     wave = lockstep_wave(per_group, batch, degree, cost, world)
-    return Plan(lengths, [wave], lockstep=True, shapes=batch.shapes, info={"degree": degree, "checkpoint": checkpoint})
+    return Plan(lengths, [wave], lockstep=True, shapes=batch.shapes, info={"degree": degree, "recompute": recompute})
 
 
 @register
@@ -59,6 +59,6 @@ class StaticPlanner(Planner):
                                        f"--degree {degree} with --cp {cp} leaves Ulysses over {degree // cp} ranks")
 
     def _plan(self, batch: SampleBatch) -> Plan:
-        _, degree, checkpoint = fixed_run(self.cost, batch.lengths, self.options.max_len, self.options.degree,
+        _, degree, recompute = fixed_run(self.cost, batch.lengths, self.options.max_len, self.options.degree,
                                           at_least=self.options.cp or 1)
-        return fixed_layout_plan(batch, degree, checkpoint, self)
+        return fixed_layout_plan(batch, degree, recompute, self)

@@ -9,7 +9,7 @@ work inside it:
   so every worker has the same tokens and the same causal attention work. That is ballast's
   CONTEXT layout. The size is the smallest power of two at which `max_len` (the context window)
   fits, or `--degree`; the other ranks are data parallel, world / CP replicas, every micro-batch
-  at the one checkpoint level at which `max_len` fits (as `static` sets it).
+  at the one recompute level at which `max_len` fits (as `static` sets it).
 - PP level, var-length packing (its Algorithm 1): the step's N micro-batches (as many as
   fixed-length packing at the context window makes, ceil(tokens / max_len), rounded up to a
   multiple of the replicas) take the documents longest first, each into the micro-batch of
@@ -104,13 +104,13 @@ class WLBLLMPlanner(Planner):
 
     def _plan(self, batch: SampleBatch) -> Plan:
         cost, lengths = self.cost, batch.lengths
-        max_len, degree, checkpoint = fixed_run(cost, lengths, self.options.max_len, self.options.degree)
+        max_len, degree, recompute = fixed_run(cost, lengths, self.options.max_len, self.options.degree)
         replicas = self.cluster.world_size // degree
-        capacity = cost.max_tokens(degree, checkpoint)
-        workload = cost.marginal_times(np.asarray(lengths, dtype=np.float64), batch.units, degree, checkpoint)
+        capacity = cost.max_tokens(degree, recompute)
+        workload = cost.marginal_times(np.asarray(lengths, dtype=np.float64), batch.units, degree, recompute)
         count = micro_batch_count(sum(lengths), max_len, replicas)
         pending, delayed = release_outliers(lengths, max_len, count)
-        info = {"degree": degree, "checkpoint": checkpoint, "micro_batches": count, "delayed": len(delayed)}
+        info = {"degree": degree, "recompute": recompute, "micro_batches": count, "delayed": len(delayed)}
         bins: list[list[int]] = []
         while pending or delayed:  # a first round may hold no document: every one an outlier
             packed, left = greedy_pack(pending, lengths, workload, count, capacity)
@@ -118,7 +118,7 @@ class WLBLLMPlanner(Planner):
             bins += packed
             pending, delayed = left + delayed, []
             count = micro_batch_count(sum(lengths[i] for i in pending), max_len, replicas)
-        micro_batches = [micro_batch(b, lengths, degree, cost, checkpoint) for b in bins]
+        micro_batches = [micro_batch(b, lengths, degree, cost, recompute) for b in bins]
         per_group = deal_by_time(micro_batches, batch, degree, cost, replicas)
         wave = Wave([Group(g * degree, degree, mbs) for g, mbs in enumerate(per_group)])
         if self.options.lockstep:

@@ -9,7 +9,7 @@ cost model's lower bound (theta in THETAS; every theta and layout is built, the 
    within T, the one of least device-seconds d time(s, d): it moves to 2d where that is cheaper
    per device-second (less recomputation) or where d is too slow beside the balanced per-rank
    load. Degree 1 is local, up to devices_per_node intra-node, more inter-node. time(s, d) is
-   the sample's own (`CostModel.sequence_times`: its tokens and attention units), so a video
+   the sample's own (`sequence_times`: its tokens and attention units), so a video
    clip is classed by its shape; `crossovers()` reports the boundaries as text lengths.
 2. Node level: inter-node sequences get aligned blocks of whole nodes, one group each running
    its sequences in turn (a block opens when the least-loaded one would pass T). The rest go to
@@ -20,13 +20,13 @@ cost model's lower bound (theta in THETAS; every theta and layout is built, the 
    least-loaded one of their degree; free ranks are single-rank groups; local sequences go,
    longest first, where they finish earliest (a wider group always has the memory).
 4. Micro-batches: each group packs token-balanced into the fastest k micro-batches, k between the
-   fewest memory allows and the count needing no recomputation, each at `cost.min_checkpoint`.
+   fewest memory allows and the count needing no recomputation, each at `cost.min_recompute`.
 
 Remapping (`options.remap`, on by default) is Zeppelin's remapping layer as the runtime runs
 it (`Wave.remap`, `ballast.runtime.remap`): the groups of a domain (a node, or the whole wave)
 run micro-batch slot by slot and spread each slot's tokens evenly over the domain for
 everything but attention. Per wave, the domains of one scope are remapped where that fits
-memory (each slot at the least checkpoint level it needs there, `Plan.leveled`) and
+memory (each slot at the least recompute level it needs there, `Plan.leveled`) and
 their groups finish sooner under `timeline.remap_slots` (slowest attention + linear
 work / domain size + moving the largest per-rank surplus + g), and the scope is kept if the
 wave is faster. `info["remap"]` lists the domains and the step time with and without them;
@@ -61,6 +61,7 @@ from .base import Planner
 from .packing import longest_processing_time, mb_time, micro_batch, pad_lockstep
 from ..pricing.bounds import lower_bound
 from .registry import register
+from ..pricing.sequence_times import sequence_times
 
 THETAS = (1.25, 1.0, 0.6)
 """Targets as fractions of the lower bound: how long a sequence may run alone."""
@@ -115,7 +116,7 @@ def crossovers(cost: CostModel, budget: float, devices_per_node: int) -> dict[st
     under `causal` or `full` attention a clip's units follow its tokens as a text sequence's do
     and these lengths bound its class too; under `spatial-temporal` they do not."""
     grid = np.unique(np.geomspace(1, cost.max_tokens(cost.degrees[-1], 1.0), 800).astype(np.int64))
-    cls = classify(cost.sequence_times(grid.tolist()), cost.degrees, budget)
+    cls = classify(sequence_times(cost, grid.tolist()), cost.degrees, budget)
     local, intra = grid[cls == 1], grid[cls <= devices_per_node]
     return {"local_max_len": int(local.max()) if local.size else 0,
             "intra_max_len": int(intra.max()) if intra.size else 0}
@@ -150,8 +151,8 @@ class ZeppelinPlanner(Planner):
         s = np.asarray(batch.lengths, dtype=np.float64)
         deg = np.asarray(cost.degrees, dtype=np.float64)[:, None]
         # Each sample's own times (its tokens and attention units): the classes below follow them.
-        times = cost.sequence_times(batch.samples)
-        # Past what fits without checkpointing a rank pays per token recomputation or another
+        times = sequence_times(cost, batch.samples)
+        # Past what fits without recomputation a rank pays per token recomputation or another
         # micro-batch's g (the lower bound's memory term): charged per token, it makes the
         # balance token-aware as well as attention-aware.
         free_tokens = (cost.device_memory - cost.states) / cost.act_per_token
@@ -275,7 +276,7 @@ class ZeppelinPlanner(Planner):
     # --- micro-batches -------------------------------------------------------------------------
     def _wave(self, step: _Step, drafts: list[_Draft]) -> Wave:
         # Each group at the split it is priced at, so a remap domain's memory and time see its gathered K, V.
-        groups = fill_idle([Group(g.start, g.degree, self._pack(step.batch, g.ids, g.degree), self.cost.split(g.degree))
+        groups = fill_idle([Group(g.start, g.degree, self._pack(step.batch, g.ids, g.degree), self.cost.catalogue.split(g.degree))
                             for g in drafts], self.cluster.world_size)
         wave = self._routed(Wave(groups))
         return pad_lockstep(wave, step.batch, self.cost) if self.options.lockstep else wave
@@ -287,7 +288,7 @@ class ZeppelinPlanner(Planner):
         return wave
 
     def _pack(self, batch: SampleBatch, ids: list[int], degree: int) -> list[MicroBatch]:
-        """The fastest token-balanced packing into k micro-batches, each at its least checkpoint."""
+        """The fastest token-balanced packing into k micro-batches, each at its least recompute level."""
         cost, lengths = self.cost, batch.lengths
         sizes = [lengths[i] for i in ids]
         hi = cost.max_tokens(degree, 1.0)
@@ -300,7 +301,7 @@ class ZeppelinPlanner(Planner):
             if max(sums) > hi:
                 continue  # LPT overshot the capacity; more micro-batches will fit
             total = sum(cost.time_from_sums(batch.units_of([ids[j] for j in b]), n, degree,
-                                            cost.min_checkpoint(n, degree)) for b, n in zip(bins, sums))
+                                            cost.min_recompute(n, degree)) for b, n in zip(bins, sums))
             best = min(best, (total, bins), key=lambda x: x[0])
         mbs = [micro_batch([ids[j] for j in b], lengths, degree, cost) for b in best[1]]
         # Longest first, so that slots of a remapped domain line up like sizes.
@@ -342,7 +343,7 @@ class ZeppelinPlanner(Planner):
         return sorted(d for d, groups in blocks.items() if groups > 1 and d[1] > 1)
 
     def _remapped(self, plan: Plan, w: int, domain: tuple[int, int]) -> list[Group] | None:
-        """The domain's groups at the checkpoint levels its slots need remapped (`Plan.leveled`), if
+        """The domain's groups at the recompute levels its slots need remapped (`Plan.leveled`), if
         that fits memory and they finish sooner than unremapped; else None."""
         groups = plan.leveled(w, domain, self.cost)
         if groups is None:

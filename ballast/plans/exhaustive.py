@@ -4,7 +4,7 @@ tests, bench/optimum_gap.py).
 
 `brute_force` finds the fastest one-wave plan over every aligned group layout, every
 assignment of sequences to groups and every packing into micro-batches (each at its least
-fitting checkpoint level); `optimum` the fastest step with any number of waves. Neither
+fitting recompute level); `optimum` the fastest step with any number of waves. Neither
 remaps; `remapped_optimum` is the fastest one wave that is one remap domain, priced by the
 timeline. Batches are lists of samples (`samples.py`): lengths or (frames, height, width) clips.
 """
@@ -43,8 +43,8 @@ def layouts(n: int, start: int = 0):
 def best_group_times(cost: CostModel, lengths: list, degree: int):
     """For every subset (bitmask) of sequences: the least time a group of `degree` needs to run
     them, over every (Ulysses x CP) split the cost's rule allows and every packing into
-    micro-batches, each at its least fitting checkpoint level; and the packing and split."""
-    tables = [(_split_times(cost, lengths, degree, cp), cp) for cp in cost.context_parts(degree)]
+    micro-batches, each at its least fitting recompute level; and the packing and split."""
+    tables = [(_split_times(cost, lengths, degree, cp), cp) for cp in cost.catalogue.context_parts(degree)]
     if not tables:
         return [0.0] + [np.inf] * ((1 << len(lengths)) - 1), [0] * (1 << len(lengths)), [1] * (1 << len(lengths))
     best = [min(range(len(tables)), key=lambda k: tables[k][0][0][mask]) for mask in range(1 << len(lengths))]
@@ -59,7 +59,7 @@ def _split_times(cost: CostModel, lengths: list, degree: int, cp: int):
     single = [np.inf] * (1 << n)
     for mask in range(1, 1 << n):
         seqs = [lengths[i] for i in range(n) if mask >> i & 1]
-        c = cost.min_checkpoint(sum(map(tokens, seqs)), degree, cp)
+        c = cost.min_recompute(sum(map(tokens, seqs)), degree, cp)
         if c is not None:
             single[mask] = cost.time(seqs, degree, c, cp)
     best, split = [0.0] * (1 << n), [0] * (1 << n)
@@ -94,7 +94,7 @@ def brute_force(cost: CostModel, lengths: list[int]) -> tuple[float, Plan]:
         split, mbs, cp = tables[d][1], [], tables[d][2][mask]
         while mask:
             ids = [i for i in range(n) if split[mask] >> i & 1]
-            mbs.append(MicroBatch(ids, cost.min_checkpoint(sum(tokens(lengths[i]) for i in ids), d, cp)))
+            mbs.append(MicroBatch(ids, cost.min_recompute(sum(tokens(lengths[i]) for i in ids), d, cp)))
             mask ^= split[mask]
         groups.append(Group(start, d, mbs, cp))
     return best_time, Plan(list(map(tokens, lengths)), [Wave(groups)],
@@ -155,7 +155,7 @@ def remapped_optimum(cost: CostModel, lengths: list) -> float:
     assert world >= 2, "a remap domain needs 2 ranks"
     best = np.inf
     for layout in layouts(world):
-        splits = [cost.context_parts(d) if d > 1 else [1] for _, d in layout]
+        splits = [cost.catalogue.context_parts(d) if d > 1 else [1] for _, d in layout]
         for assign in itertools.product(range(len(layout)), repeat=n):
             ids = [[i for i in range(n) if assign[i] == k] for k in range(len(layout))]
             for packed in itertools.product(*(list(packings(i)) for i in ids)):

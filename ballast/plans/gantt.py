@@ -13,7 +13,7 @@ def gantt(plans: Mapping[str, Plan], cost: CostModel, world_size: int, path: str
     """One panel per plan: ranks on the y axis, micro-batches as boxes coloured by SP degree.
 
     The hatched tail of a box is its all-to-all time; empty lockstep fillers are grey; a box
-    with recomputation is labelled with its sequences and checkpoint level where it is wide
+    with recomputation is labelled with its sequences and recompute level where it is wide
     enough. The title gives the step's busiest NIC's bytes (and the routed waves) where its
     exchanges cross nodes.
     """
@@ -36,9 +36,9 @@ def gantt(plans: Mapping[str, Plan], cost: CostModel, world_size: int, path: str
             face = "lightgrey" if not mb.seq_ids else colour[seg.degree]
             ax.broken_barh([(seg.begin, seg.compute)], (seg.start_rank, seg.degree), facecolors=face,
                            edgecolors="white", linewidth=0.4)
-            if mb.checkpoint > 0 and seg.compute > 0.04 * metrics.step_time:  # where the label fits
+            if mb.recompute > 0 and seg.compute > 0.04 * metrics.step_time:  # where the label fits
                 ax.text(seg.begin + seg.compute / 2, seg.start_rank + seg.degree / 2,
-                        f"{len(mb.seq_ids)} seq\nckpt {mb.checkpoint:.0%}", ha="center", va="center", fontsize=7)
+                        f"{len(mb.seq_ids)} seq\nrecomp {mb.recompute:.0%}", ha="center", va="center", fontsize=7)
             if seg.comm > 0:
                 ax.broken_barh([(seg.begin + seg.compute, seg.comm)], (seg.start_rank, seg.degree),
                                facecolors=face, edgecolors="black", hatch="///", linewidth=0.2)

@@ -3,7 +3,7 @@
     Plan  -> waves, run one after another
     Wave  -> groups, disjoint aligned power-of-two blocks of ranks covering the cluster
     Group -> micro-batches, run one after another by the group's ranks (its SP degree = size)
-    MicroBatch -> sequences packed into one token stream, and a checkpoint level
+    MicroBatch -> sequences packed into one token stream, and a recompute level
 
 Plans are plain data: `to_dict`/`from_dict` round-trip through JSON, `table()` prints them.
 """
@@ -29,7 +29,7 @@ class PlanError(ValueError):
 class MicroBatch:
     seq_ids: list[int]
     """Indices into `Plan.lengths` of the sequences packed together."""
-    checkpoint: float = 0.0
+    recompute: float = 0.0
     """Fraction of layers whose activations are recomputed in backward (0..1)."""
 
 
@@ -141,9 +141,9 @@ class Plan:
         """Micro-batches that hold sequences (lockstep padding and idle groups hold none)."""
         return sum(1 for _, _, mb in self.micro_batches() if mb.seq_ids)
 
-    def checkpointed_fraction(self) -> float:
-        """Checkpoint level averaged over the plan's tokens: the share of layer work recomputed."""
-        weighted = sum(sum(self.mb_lengths(mb)) * mb.checkpoint for _, _, mb in self.micro_batches())
+    def recomputed_fraction(self) -> float:
+        """Recompute level averaged over the plan's tokens: the share of layer work recomputed."""
+        weighted = sum(sum(self.mb_lengths(mb)) * mb.recompute for _, _, mb in self.micro_batches())
         return weighted / max(1, sum(sum(self.mb_lengths(mb)) for _, _, mb in self.micro_batches()))
 
     def group_of(self, wave: int, rank: int) -> Group:
@@ -207,7 +207,7 @@ class Plan:
         """Every slot of the remap domain (start, size) of a wave of this plan: the busy
         micro-batches of its groups (in the wave's order) that run in it."""
         groups = [g for g in wave.groups if start <= g.start < start + size]
-        return [[SlotPart(g.start, g.degree, self.mb_samples(g.micro_batches[m]), g.micro_batches[m].checkpoint, g.cp)
+        return [[SlotPart(g.start, g.degree, self.mb_samples(g.micro_batches[m]), g.micro_batches[m].recompute, g.cp)
                  for g in groups if m < len(g.micro_batches) and g.micro_batches[m].seq_ids]
                 for m in range(max((len(g.micro_batches) for g in groups), default=0))]
 
@@ -221,12 +221,12 @@ class Plan:
         return remapping.overflow(cost, self.slot_loads(wave, start, size, cost))
 
     def leveled(self, wave: int, domain: tuple[int, int], cost: CostModel) -> list[Group] | None:
-        """Copies of the domain's groups with every slot's micro-batches at the least checkpoint
+        """Copies of the domain's groups with every slot's micro-batches at the least recompute
         level that slot fits at (`remapping.levels`); None if some slot fits at none."""
         levels = remapping.levels(cost, self.slot_loads(wave, *domain, cost))
         if any(level is None for level in levels):
             return None
-        return [dataclasses.replace(g, micro_batches=[dataclasses.replace(mb, checkpoint=level if mb.seq_ids else 0.0)
+        return [dataclasses.replace(g, micro_batches=[dataclasses.replace(mb, recompute=level if mb.seq_ids else 0.0)
                                                       for mb, level in zip(g.micro_batches, levels)])
                 for g in self.waves[wave].domain_groups(*domain)]
 
@@ -250,8 +250,8 @@ class Plan:
 
     def _validate_micro_batch(self, where: str, mb: MicroBatch, group: Group,
                               cost: CostModel | None, seen: dict[int, str]) -> None:
-        if not 0.0 <= mb.checkpoint <= 1.0:
-            raise PlanError(f"{where}: checkpoint level {mb.checkpoint} is outside 0..1")
+        if not 0.0 <= mb.recompute <= 1.0:
+            raise PlanError(f"{where}: recompute level {mb.recompute} is outside 0..1")
         for i in mb.seq_ids:
             if not 0 <= i < len(self.lengths):
                 raise PlanError(f"{where}: sequence {i} is not in the batch of {len(self.lengths)}")
@@ -260,12 +260,12 @@ class Plan:
             seen[i] = where
         if cost is not None and mb.seq_ids:
             lengths = self.mb_lengths(mb)
-            used = cost.memory(lengths, group.degree, mb.checkpoint, group.cp)
+            used = cost.memory(lengths, group.degree, mb.recompute, group.cp)
             if used > cost.device_memory * (1 + MEMORY_SLACK):
                 raise PlanError(
                     f"{where}: sequences {mb.seq_ids[:8]}{'...' if len(mb.seq_ids) > 8 else ''} "
                     f"({sum(lengths)} tokens) need {used / 1e9:.2f} GB per device at SP degree "
-                    f"{group.degree}{f' (CP {group.cp})' if group.cp > 1 else ''} and checkpoint {mb.checkpoint:.2f}; the device has "
+                    f"{group.degree}{f' (CP {group.cp})' if group.cp > 1 else ''} and recompute {mb.recompute:.2f}; the device has "
                     f"{cost.device_memory / 1e9:.2f} GB")
 
     # --- plain data ---------------------------------------------------------------------------
@@ -277,7 +277,7 @@ class Plan:
             "remap": [[w, start, size] for w, wave in enumerate(self.waves) for start, size in wave.remap],
             **({"routed": routed} if (routed := [w for w, wave in enumerate(self.waves) if wave.routed]) else {}),
             "waves": [[{"start": g.start, "degree": g.degree, **({"cp": g.cp} if g.cp != 1 else {}),
-                        "micro_batches": [{"seq_ids": list(mb.seq_ids), "checkpoint": mb.checkpoint}
+                        "micro_batches": [{"seq_ids": list(mb.seq_ids), "recompute": mb.recompute}
                                           for mb in g.micro_batches]}
                        for g in wave.groups] for wave in self.waves],
         }
@@ -286,7 +286,7 @@ class Plan:
     def from_dict(cls, data: dict) -> Plan:
         try:
             waves = [Wave([Group(int(g["start"]), int(g["degree"]),
-                                 [MicroBatch([int(i) for i in mb["seq_ids"]], float(mb["checkpoint"]))
+                                 [MicroBatch([int(i) for i in mb["seq_ids"]], _recompute_of(mb))
                                   for mb in g["micro_batches"]], int(g.get("cp", 1)))
                            for g in wave]) for wave in data["waves"]]
             for w, start, size in data.get("remap", []):
@@ -316,17 +316,17 @@ class Plan:
         routed = [str(w) for w, wave in enumerate(self.waves) if wave.routed]
         if routed:
             head += f"; inter-node exchanges routed over every NIC in wave(s) {', '.join(routed)}"
-        rows = [f"{'wave':>4} {'ranks':>9} {'deg':>4} {'mbs':>4} {'seqs':>5} {'tokens':>9} {'ckpt':>5}  longest"]
+        rows = [f"{'wave':>4} {'ranks':>9} {'deg':>4} {'mbs':>4} {'seqs':>5} {'tokens':>9} {'recomp':>6}  longest"]
         for w, wave in enumerate(self.waves):
             for g in wave.groups:
                 busy = [mb for mb in g.micro_batches if mb.seq_ids]
                 if not busy:
                     continue
                 lengths = [self.lengths[i] for mb in busy for i in mb.seq_ids]
-                ckpt = sum(mb.checkpoint for mb in busy) / len(busy)
+                recomputed = sum(mb.recompute for mb in busy) / len(busy)
                 degree = f"{g.ulysses}x{g.cp}" if g.cp > 1 else str(g.degree)
                 rows.append(f"{w:>4} {f'{g.start}-{g.start + g.degree - 1}':>9} {degree:>4} "
-                            f"{len(g.micro_batches):>4} {len(lengths):>5} {sum(lengths):>9} {ckpt:>5.2f}  "
+                            f"{len(g.micro_batches):>4} {len(lengths):>5} {sum(lengths):>9} {recomputed:>6.2f}  "
                             f"{max(lengths)}")
         if len(rows) > max_rows + 1:
             rows = rows[:max_rows + 1] + [f"... {len(rows) - 1 - max_rows} more groups"]
@@ -341,3 +341,9 @@ def fill_idle(groups: Sequence[Group], world_size: int) -> list[Group]:
             covered[r] = True
     idle = [Group(r, 1) for r in range(world_size) if not covered[r]]
     return sorted([*groups, *idle], key=lambda g: g.start)
+
+
+def _recompute_of(mb: dict) -> float:
+    """A recorded micro-batch's recompute level: its "recompute", or "checkpoint" in plans written
+    before that key was renamed."""
+    return float(mb["checkpoint" if "checkpoint" in mb else "recompute"])

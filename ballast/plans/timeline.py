@@ -150,7 +150,7 @@ def _mb_time(plan: Plan, mb: MicroBatch, group: Group, cost: CostModel, routed: 
     if not mb.seq_ids:
         # A lockstep filler: no tokens, but the forward still joins the parameter gathers.
         return cost.g, 0.0
-    compute, comm = cost.split_time(plan.mb_samples(mb), group.degree, mb.checkpoint, group.cp)
+    compute, comm = cost.split_time(plan.mb_samples(mb), group.degree, mb.recompute, group.cp)
     if crosses_nodes(cost, group.degree):
-        comm += exchange_surcharge(cost, group.degree, group.cp, sum(plan.mb_lengths(mb)), routed, mb.checkpoint)
+        comm += exchange_surcharge(cost, group.degree, group.cp, sum(plan.mb_lengths(mb)), routed, mb.recompute)
     return compute, comm

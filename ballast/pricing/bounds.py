@@ -11,9 +11,11 @@ from typing import Sequence
 import numpy as np
 
 from .cost import CostModel
+from .fits import check_fits
 from ..vocabulary.layouts import ANY_SPLIT
 from .remapping import bound_terms
 from ..vocabulary.samples import Sample, tokens as sample_tokens
+from .sequence_times import sequence_times
 
 
 def uncapped_lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
@@ -22,12 +24,12 @@ def uncapped_lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
 
 
 def longest_alone(cost: CostModel, samples: Sequence[Sample]) -> float:
-    """The slowest sample alone at its best degree and split (least checkpointing) plus g: no plan
+    """The slowest sample alone at its best degree and split (least recomputation) plus g: no plan
     without remapping ends the step sooner. The lower bound may sit below it, since a remap
     domain may spread a sample's linear work wider than its group."""
     if not len(samples):
         return 0.0
-    return float(np.min(cost.under(ANY_SPLIT).sequence_times(samples, every_split=True), axis=0).max()) + cost.g
+    return float(np.min(sequence_times(cost.under(ANY_SPLIT), samples, every_split=True), axis=0).max()) + cost.g
 
 
 def lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
@@ -42,10 +44,10 @@ def lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
              because sequences packed into one micro-batch share it (busy ranks B <= N each
              pay at least one g, so makespan >= (work + B g) / B >= work / N + g); a
              sequence's device-seconds in its group, or in a remap slot (`remapping.bound_terms`).
-    memory:  the area bound without its per-sequence checkpointing, plus the least
+    memory:  the area bound without its per-sequence recomputation, plus the least
              overhead that memory forces on a rank that holds x tokens per device.
              A micro-batch of y tokens per device recomputes at least (y - cap) / (1 - k)
-             of them (cap = what fits without checkpointing), each costing at least r b
+             of them (cap = what fits without recomputation), each costing at least r b
              (a token of a sequence s costs r b + r_attn a s), or the
              rank splits its tokens over more micro-batches, each costing g. Relaxing the
              micro-batch count to a real number, the least overhead is
@@ -63,11 +65,11 @@ def lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
     """
     if len(samples) == 0:
         return 0.0
-    cost.check_fits(samples)
+    check_fits(cost, samples)
     s = np.fromiter(map(sample_tokens, samples), dtype=np.float64, count=len(samples))
     q = cost.units(samples)
     n = cost.world_size
-    times = cost.sequence_times(samples, every_split=True)
+    times = sequence_times(cost, samples, every_split=True)
     degrees = np.asarray(cost.degrees, dtype=np.float64)[:, None]
     # The most device-seconds per token, beyond its linear work, any sequence takes in its group
     # at its least-area degree: what a remap slot's other sequences are charged at most (led).
@@ -78,8 +80,7 @@ def lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
     led = float(np.min(np.minimum(times * degrees, remapped_led), axis=0).sum()) / n + cost.g
     comm_area = np.zeros_like(times)
     for i, d in enumerate(cost.degrees[1:], start=1):
-        comm_area[i] = np.min([cost.exchange_bytes(d) * s / cost.bandwidth[d] if cp == 1
-                               else cost.comm_per_token(d, cp) * d * s for cp in cost.context_parts(d)], axis=0)
+        comm_area[i] = d * np.min([cost.exchange_seconds(s, d, cp) for cp in cost.catalogue.context_parts(d)], axis=0)
     cap = (cost.device_memory - cost.states) / cost.act_per_token
     slope = min(cost.recompute * cost.b / (1.0 - cost.kept), cost.g / cap)
     overhead = cost.g + max(0.0, float(s.sum()) / n - cap) * slope

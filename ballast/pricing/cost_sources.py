@@ -14,7 +14,7 @@ from ..vocabulary.model_shape import ModelShape
 STATE_BYTES_PER_PARAM = 16
 # Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"):
 # a block saves 34 h bytes per token in bf16 (17 h values) once flash attention drops the s^2
-# term (full checkpointing keeps only the block input: cost.KEPT_UNDER_CHECKPOINT).
+# term (full recomputation keeps only the block input: coefficients.KEPT_UNDER_RECOMPUTE).
 ACT_VALUES_PER_HIDDEN = 17
 # A layer's all-to-alls in forward and backward: q, k, v together and the output, each way.
 ALL_TO_ALLS_PER_LAYER = 4

@@ -182,9 +182,9 @@ def cross_bytes(cost: CostModel, degree: int, cp: int, tokens: float) -> tuple[f
 
 
 def exchange_surcharge(cost: CostModel, degree: int, cp: int, tokens: float, routed: bool,
-                       checkpoint: float = 0.0) -> float:
-    """Seconds a micro-batch of `tokens` in a group of `degree` (split `cp` ways) at checkpoint
-    level `checkpoint` (its recomputed layers repeat their forward exchanges, as `CostModel.comm`
+                       recompute: float = 0.0) -> float:
+    """Seconds a micro-batch of `tokens` in a group of `degree` (split `cp` ways) at recompute
+    level `recompute` (its recomputed layers repeat their forward exchanges, as `CostModel.comm`
     counts them) spends on its exchanges beyond `CostModel.comm`, which prices them at the
     degree's bandwidth: the busiest NIC's excess over the even share on the bytes that cross
     (`cross_bytes`) where the NICs serve unequal numbers of ranks, and, routed, the hand-offs to
@@ -201,7 +201,7 @@ def exchange_surcharge(cost: CostModel, degree: int, cp: int, tokens: float, rou
     if ulysses:
         extra += (even.handoff * ulysses / link_rate(cost) if routed else
                   (even.nic_factor - 1.0) * ulysses / cost.bandwidth[u])
-    return extra * recomputed_exchanges(checkpoint)
+    return extra * recomputed_exchanges(recompute)
 
 
 def group_nic_bytes(cost: CostModel, start: int, degree: int, cp: int, tokens: float, routed: bool) -> np.ndarray:

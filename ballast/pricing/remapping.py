@@ -4,17 +4,18 @@ its slots' prices and loads, and its terms of the lower bound, side by side.
 A remap domain of a wave (`Wave.remap`: the cluster, or an aligned block of 2+ ranks) runs its
 groups' micro-batches slot by slot: slot m holds every group's m-th micro-batch, attention runs
 in each group's own layout (`layouts.py`) and everything else on a token-balanced layout over
-the domain, at the slot's lowest checkpoint level (a recomputed layer repeats collectives, so
+the domain, at the slot's lowest recompute level (a recomputed layer repeats collectives, so
 all ranks of the domain recompute alike). The runtime's side is `runtime/remap.py`.
 
     memory          a rank keeps attention's saved q, k, v and output (`ATTENTION_SHARE`) for its
-                    group's shard and the rest (and a checkpointed layer's input) for its
-                    balanced share (`memory`, `checkpoint`)
+                    group's shard and the rest (and a recomputed layer's input) for its
+                    balanced share (`memory`, `recompute`)
     slot_load       a slot's busiest attention rank, balanced share and level
     overflow        why a domain would not fit (what `Plan.validate` raises)
     levels          the least level each slot fits at (`Plan.leveled`, for planners)
     slot_tokens     where a slot's tokens sit before its move
-    slot_time       the timeline's price of a slot
+    slot_time       the timeline's price of a slot, the remap layer's own overhead included
+                    (`remap_overhead`)
     bound_terms     the least slot a sequence can run in, and what its slot's idle ranks
                     cost it, for the lower bound (`bounds.py`)
 
@@ -28,30 +29,30 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from .cost import LEVEL_EPS, CostModel
+from .cost import LEVEL_EPS, CostModel, recomputed_exchanges
 from .nics import crosses_nodes, exchange_surcharge, fastest_move_rate, move_time
 from ..vocabulary.samples import Sample, tokens as sample_tokens
 
 # Of a layer's 17 saved values per hidden (cost_sources.ACT_VALUES_PER_HIDDEN), those attention itself
 # saves (q, k, v and its output: flash attention's backward needs them) live in the attention
-# layout; a remap domain keeps the other 13 and a checkpointed layer's input on its balanced one.
+# layout; a remap domain keeps the other 13 and a recomputed layer's input on its balanced one.
 ATTENTION_SHARE = 4 / 17
 MEMORY_SLACK = 1e-6  # relative: float rounding in memory() must not reject an exact fit
 
 
-def memory(cost: CostModel, attention: float, balanced: float, checkpoint: float) -> float:
+def memory(cost: CostModel, attention: float, balanced: float, recompute: float) -> float:
     """Bytes on a remap-domain rank holding `attention` tokens in its group's attention layout
     and `balanced` tokens in the domain's balanced layout:
 
         states + act_per_token [(1 - c)(4/17 att + 13/17 bal) + c k bal]
 
     With both layouts equal this is `CostModel.memory`."""
-    values = (1.0 - checkpoint) * (ATTENTION_SHARE * attention + (1.0 - ATTENTION_SHARE) * balanced)
-    return cost.states + cost.act_per_token * (values + checkpoint * cost.kept * balanced)
+    values = (1.0 - recompute) * (ATTENTION_SHARE * attention + (1.0 - ATTENTION_SHARE) * balanced)
+    return cost.states + cost.act_per_token * (values + recompute * cost.kept * balanced)
 
 
-def checkpoint(cost: CostModel, attention: float, balanced: float) -> float | None:
-    """The smallest checkpoint level (a multiple of 1/layers) at which a remap-domain rank
+def min_recompute(cost: CostModel, attention: float, balanced: float) -> float | None:
+    """The smallest recompute level (a multiple of 1/layers) at which a remap-domain rank
     holding `attention` and `balanced` tokens fits (`memory`), or None."""
     free = (cost.device_memory - cost.states) / cost.act_per_token
     full = ATTENTION_SHARE * attention + (1.0 - ATTENTION_SHARE) * balanced
@@ -77,14 +78,14 @@ class SlotPart(NamedTuple):
     """The group's first rank (where its tokens sit before the move)."""
     degree: int
     samples: list[Sample]
-    checkpoint: float
+    recompute: float
     cp: int
     """The group's context-parallel part (`plans.Group.cp`)."""
 
 
 def slot_load(cost: CostModel, parts: Sequence[SlotPart], size: int) -> tuple[float, int, float]:
     """(the most tokens a rank holds in the attention layout, the tokens every rank holds in the
-    balanced layout, the slot's checkpoint level: its micro-batches' lowest) of a slot of a
+    balanced layout, the slot's recompute level: its micro-batches' lowest) of a slot of a
     domain of `size` ranks; (0, 0, 0.0) for a slot nobody uses. A context-parallel group's
     gathered K and V (`CostModel.gathered_per_token`, kept where attention's values are) count
     as the attention tokens that would take as many bytes."""
@@ -92,7 +93,7 @@ def slot_load(cost: CostModel, parts: Sequence[SlotPart], size: int) -> tuple[fl
     per_value = cost.act_per_token * ATTENTION_SHARE
     return (max((-(-n // p.degree) + cost.gathered_per_token(p.degree, p.cp) * n / per_value
                  for p, n in zip(parts, tokens)), default=0),
-            -(-sum(tokens) // size), min((p.checkpoint for p in parts), default=0.0))
+            -(-sum(tokens) // size), min((p.recompute for p in parts), default=0.0))
 
 
 def overflow(cost: CostModel, loads: Sequence[tuple[int, int, float]]) -> str | None:
@@ -102,17 +103,17 @@ def overflow(cost: CostModel, loads: Sequence[tuple[int, int, float]]) -> str | 
         used = memory(cost, attention, balanced, level)
         if used > cost.device_memory * (1 + MEMORY_SLACK):
             return (f"slot {m}: a rank holding {attention:.0f} tokens for attention and {balanced} balanced "
-                    f"needs {used / 1e9:.2f} GB at checkpoint {level:.2f}; the device has "
+                    f"needs {used / 1e9:.2f} GB at recompute {level:.2f}; the device has "
                     f"{cost.device_memory / 1e9:.2f} GB")
     return None
 
 
 def levels(cost: CostModel, loads: Sequence[tuple[int, int, float]]) -> list[float | None]:
-    """The least checkpoint level every slot of these `slot_load`s fits at (None: none). A
+    """The least recompute level every slot of these `slot_load`s fits at (None: none). A
     planner that remaps groups gives every slot that level (`Plan.leveled`): a long sequence
     may then recompute less than in its group alone, and the sequences beside it recompute as
     much as it must."""
-    return [checkpoint(cost, attention, balanced) for attention, balanced, _ in loads]
+    return [min_recompute(cost, attention, balanced) for attention, balanced, _ in loads]
 
 
 def slot_tokens(parts: Sequence[SlotPart], start: int, size: int) -> np.ndarray:
@@ -128,18 +129,18 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], start: int, size: int,
               routed: bool = False) -> tuple[float, float]:
     """(compute, comm) of a slot of the remap domain of `size` ranks from rank `start`.
 
-    The slot runs every group's micro-batch at their lowest checkpoint level (as the runtime
+    The slot runs every group's micro-batch at their lowest recompute level (as the runtime
     does) and lasts the slowest group's attention (a q work and its all-to-alls) + the slot's
     linear device-seconds (b s) / size + its fixed seconds at that level (`fixed_seconds`) +
     moving q, k, v and the output of the largest per-rank surplus or deficit of tokens
     (`bytes_per_token`: their own heads, never replicated; forward and backward) over the
     domain's bandwidth + the layer's own overhead on
-    the balanced share (`CostModel.remap_overhead`, counted as communication). A domain over two or more nodes
+    the balanced share (`remap_overhead`, counted as communication). A domain over two or more nodes
     moves them over the NICs instead (`nics.move_time`, routed or not), and each group's
     exchanges pay their NICs' surcharge (`nics.exchange_surcharge`)."""
     if not parts:
         return cost.g, 0.0
-    level = min(p.checkpoint for p in parts)
+    level = min(p.recompute for p in parts)
     attention = comm = linear = 0.0
     per_rank = []
     for p in parts:
@@ -147,9 +148,7 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], start: int, size: int,
         all_to_all = (cost.comm(tokens, p.degree, p.cp, level)
                       + exchange_surcharge(cost, p.degree, p.cp, tokens, routed, level))
         units = float(cost.units(p.samples).sum())
-        quadratic = cost.a * units * (1.0 + level * cost.recompute_attention)
-        if p.cp > 1:
-            quadratic *= cost.context_attention
+        quadratic = cost.a * units * (1.0 + level * cost.recompute_attention) * cost.attention_factor(p.cp)
         attention = max(attention, quadratic / p.degree + cost.call_time(p.samples, level) + all_to_all)
         comm = max(comm, all_to_all)
         linear += cost.b * tokens * (1.0 + level * cost.recompute)
@@ -160,9 +159,17 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], start: int, size: int,
         mean = sum(per_rank) / size
         per_rank += [0.0] * (size - len(per_rank))  # ranks of idle groups take a share too
         transfer = max(abs(n - mean) for n in per_rank) * cost.bytes_per_token / bandwidth(cost, size)
-    overhead = cost.remap_overhead(sum(per_rank) / size, level)
+    overhead = remap_overhead(cost, sum(per_rank) / size, level)
     total = attention + linear / size + cost.fixed_seconds(level) + transfer + overhead
     return total - comm - transfer - overhead, comm + transfer + overhead
+
+
+def remap_overhead(cost: CostModel, tokens_per_rank: float, recompute: float) -> float:
+    """What running a slot of `tokens_per_rank` balanced tokens per rank through the remap layer
+    costs besides its moves (`CostModel.remap_per_token`, `remap_latency`); a recomputed block
+    repeats its forward exchanges, as the all-to-alls' (`recomputed_exchanges`)."""
+    return ((cost.remap_latency + cost.remap_per_token * tokens_per_rank)
+            * recomputed_exchanges(recompute))
 
 
 # --- the lower bound's terms -----------------------------------------------------------------
@@ -183,7 +190,7 @@ def bound_terms(cost: CostModel, s: np.ndarray, q: np.ndarray,
     the group's ranks (moved, `slot_time`: at the domain's bandwidth, or over two or more nodes at
     no more than `nics.fastest_move_rate`). The group's d ranks spend the attention and that
     move on this sequence alone, and its linear work is done somewhere: the area,
-    d (group + moved) + linear. A sequence that fits its group without checkpointing needs no
+    d (group + moved) + linear. A sequence that fits its group without recomputation needs no
     move at L = 0, so its least slot spreads the linear work over the whole cluster and its area
     is its own (a remap saves it nothing).
 
@@ -211,16 +218,14 @@ def bound_terms(cost: CostModel, s: np.ndarray, q: np.ndarray,
     led = np.full_like(alone, np.inf)
     attention = cost.attention_time(s, q)
     for i, d in enumerate(cost.degrees):
-        # Summed in the order the bound always had, so that unremapped results stay bit-identical.
-        comm = np.min([cost.exchange_bytes(d) * s / cost.bandwidth[d] / d if cp == 1 else cost.comm_per_token(d, cp) * s
-                       for cp in cost.context_parts(d)], axis=0) if d > 1 else np.zeros_like(s)
+        comm = np.min([cost.exchange_seconds(s, d, cp) for cp in cost.catalogue.context_parts(d)], axis=0)
         alone[i] = attention / d + comm + cost.b * s / n
         tight = np.flatnonzero(s / d > free)
         if not len(tight):
             continue
         held = s[tight] / d
         # Every split's gathered K and V sit beside its attention values (`slot_load`).
-        gathered = min(cost.gathered_per_token(d, cp) for cp in cost.context_parts(d)) * s[tight] / cost.act_per_token
+        gathered = min(cost.gathered_per_token(d, cp) for cp in cost.catalogue.context_parts(d)) * s[tight] / cost.act_per_token
         most = ((free - (1.0 - levels) * (ATTENTION_SHARE * held + gathered))
                 / ((1.0 - levels) * (1.0 - ATTENTION_SHARE) + levels * cost.kept))
         group = attention[tight] * (1.0 + levels * cost.recompute_attention) / d + comm[tight]

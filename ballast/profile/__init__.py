@@ -3,7 +3,7 @@
     command.py   the CLI: flags -> Settings -> measure on ranks -> fit -> JSON (or --check)
     settings.py  what a profile measures: its settings and defaults, the grid and held-out points
     profiler.py  the profile itself: the points measured on ranks, fitted, checked, reported
-    grid.py      what to measure: points of lengths x SP degrees x checkpoint levels x depths
+    grid.py      what to measure: points of lengths x SP degrees x recompute levels x depths
     video_grid.py  a video model's points: clips that separate its attention terms, tiny packs
     sources.py   real lengths and clips: held-out points, a video grid's source packs, the check's
     measure.py   the points run for real on local ranks (or torchrun's), timed

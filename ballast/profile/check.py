@@ -84,7 +84,7 @@ def as_executed(plan: Plan) -> Plan:
 
 def predicted_activation(plan: Plan, cost: CostModel) -> float:
     """Peak bytes saved for backward per device over the plan's micro-batches."""
-    return max(cost.memory(plan.mb_lengths(mb), group.degree, mb.checkpoint) - cost.states
+    return max(cost.memory(plan.mb_lengths(mb), group.degree, mb.recompute) - cost.states
                for _, group, mb in plan.micro_batches() if mb.seq_ids)
 
 

@@ -67,9 +67,9 @@ class Coefficients:
     micro-batch: `AttentionPattern.calls_per_block`), forward + backward, besides its spans
     (CostModel's `call_seconds` / L); fitted only where the grid separates calls from spans
     (`separates_calls`), else 0."""
-    checkpoint_layer: float = 0.0
-    """gr_l: seconds a micro-batch pays per checkpointed block besides its recomputed work (the
-    checkpoint's own saving, restoring and launches: CostModel's `recompute_fixed` / L)."""
+    recompute_fixed_layer: float = 0.0
+    """gr_l: seconds a micro-batch pays per recomputed block besides its recomputed work (the
+    recomputation's own saving, restoring and launches: CostModel's `recompute_fixed` / L)."""
     context_attention: float = 1.0
     """CostModel's `context_attention`: the attention term of a micro-batch run with a CP part,
     relative to a_l (1.0 when no point ran one)."""
@@ -115,7 +115,7 @@ class Coefficients:
             context_attention=self.context_attention, span_seconds=depth * self.span_layer if a > 0 else 0.0,
             sample_seconds=depth * self.sample_layer if a > 0 else 0.0, call_seconds=depth * self.call_layer,
             remap_per_token=depth * self.remap_token_layer, remap_latency=depth * self.remap_layer,
-            recompute_fixed=depth * self.checkpoint_layer,
+            recompute_fixed=depth * self.recompute_fixed_layer,
             context_latency={d: depth * v for d, v in self.context_latency_layer.items()}, fit=fit or {})
 
     def to_dict(self) -> dict:
@@ -124,7 +124,7 @@ class Coefficients:
         out = dataclasses.asdict(self)
         if not attention_pattern(self.attention).clips:
             del out["attention"]
-        for key in ("call_layer", "remap_token_layer", "remap_layer", "checkpoint_layer"):
+        for key in ("call_layer", "remap_token_layer", "remap_layer", "recompute_fixed_layer"):
             if not getattr(self, key):
                 del out[key]
         if not self.context_latency_layer:

@@ -37,7 +37,7 @@ def separates_calls(points: Sequence[Point], pattern: AttentionPattern) -> bool:
 def exchanged_layers(p: Point) -> float:
     """Blocks' worth of a point's exchanges: every block's, and the forward half again for each
     recomputed one (`cost.RECOMPUTED_EXCHANGES`)."""
-    return p.layers + RECOMPUTED_EXCHANGES * p.checkpoint_layers
+    return p.layers + RECOMPUTED_EXCHANGES * p.recompute_layers
 
 
 class TimeColumns:
@@ -53,16 +53,16 @@ class TimeColumns:
                  several_depths: bool, pattern: AttentionPattern | str, calls: bool = False):
         pattern = as_pattern(pattern)
         layers = np.array([p.layers for p in points], dtype=float)
-        ckpt = np.array([p.checkpoint_layers for p in points], dtype=float)
+        recomputed = np.array([p.recompute_layers for p in points], dtype=float)
         d = np.array([p.degree for p in points], dtype=float)
         u = np.array([p.ulysses for p in points], dtype=float)
         self._context = np.array([p.cp > 1 for p in points])
         self._split_attention = bool(context_degrees)  # CP runs one attention term, in two columns
         self._samples_apart = not pattern.spans_are_samples
         self._calls = calls
-        # [point, span kind]: a block of each kind, and one checkpointed (which attends again).
+        # [point, span kind]: a block of each kind, and one recomputed (which attends again).
         self._blocks = np.array([pattern.block_counts(p.layers) for p in points], dtype=float)
-        self._checkpointed = np.array([pattern.block_counts(p.checkpoint_layers) for p in points], dtype=float)
+        self._recomputed_blocks = np.array([pattern.block_counts(p.recompute_layers) for p in points], dtype=float)
         # Per fit term: its pairs x scale / d (the term's blocks multiply it).
         self._pairs = [np.array([float(sum(term.span.pairs(f, h * w) for f, h, w in p.grids())) for p in points])
                        * term.scale / d for term in pattern.fit_terms]
@@ -71,10 +71,10 @@ class TimeColumns:
         self._kernel_calls = (np.array([_distinct_lengths(p, pattern) for p in points], dtype=float)
                               if calls else None)
         # A rank's share of the tokens (the linear, b_0 and remap columns are per rank).
-        self._layers, self._ckpt, self._rank_tokens = layers, ckpt, np.array([float(p.tokens) for p in points]) / d
+        self._layers, self._recomputed, self._rank_tokens = layers, recomputed, np.array([float(p.tokens) for p in points]) / d
         exchanged = np.array([exchanged_layers(p) for p in points])
         remapped = np.array([p.remap for p in points])
-        self._fixed = ([layers, ckpt] + ([self._rank_tokens, np.ones(len(points))] if several_depths else [])
+        self._fixed = ([layers, recomputed] + ([self._rank_tokens, np.ones(len(points))] if several_depths else [])
                        + [exchanged * (u == degree) for degree in degrees]
                        + [exchanged * ((d == degree) & self._context) for degree in context_degrees]
                        + ([exchanged * remapped * self._rank_tokens, exchanged * remapped] if remapped.any() else []))
@@ -82,7 +82,7 @@ class TimeColumns:
     def at(self, attention: float, linear: float, span_context: float = 1.0) -> list[np.ndarray]:
         """The columns under recomputation factors ra_l (attention) and r_l (linear), a CP point's
         spans scaled by the CP attention factor span_context (`fit_time` iterates it)."""
-        blocks = self._blocks + self._checkpointed * attention
+        blocks = self._blocks + self._recomputed_blocks * attention
         attention_columns = [blocks[:, i] * pairs for i, pairs in enumerate(self._pairs)]
         if self._split_attention:
             (column,) = attention_columns
@@ -93,7 +93,7 @@ class TimeColumns:
         spans = [column * np.where(self._context, span_context, 1.0) for column in spans]
         if self._calls:  # not / d: every rank of a group makes every call
             spans.append((blocks * self._kernel_calls).sum(axis=1))
-        linear_column = (self._layers + self._ckpt * linear) * self._rank_tokens
+        linear_column = (self._layers + self._recomputed * linear) * self._rank_tokens
         return attention_columns + spans + [linear_column] + self._fixed
 
 

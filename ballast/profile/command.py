@@ -2,7 +2,7 @@
 
 It runs the model with `Executor` on this machine's ranks (local gloo ranks on the CPU, or
 torchrun's: NCCL on GPUs) over a grid of sequence lengths x SP degrees (powers of two up to the
-world that divide the heads) x checkpoint levels (none, half the layers, all), with a warm-up
+world that divide the heads) x recompute levels (none, half the layers, all), with a warm-up
 round and repeated rounds (reduced by their median, or their minimum with `--statistic min`:
 see measure.STATISTICS), and fits docs/design.md's coefficients (ballast.profile.fit): a (s^2),
 b (s), g (per micro-batch), r, the all-to-all bandwidth and per-call latency by degree,
@@ -44,7 +44,7 @@ from ..command_line.options import DEVICE_MEMORY, MAX_LEN, MODEL, WORLD, check_t
 from ..vocabulary.patterns import attention_pattern
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..command_line.output_paths import check_output_file
-from .grid import checkpoint_levels
+from .grid import recompute_levels
 from .machine import physical_memory
 from .measure import STATISTICS
 from ..runtime import under_torchrun
@@ -207,9 +207,9 @@ def print_report(console: Console, cost: CostModel) -> None:
                       f"{res['act']['max']:.0%}): the attention kernel may keep s^2 scores[/yellow]")
     capacity = Table(title=f"tokens per micro-batch that fit {cost.device_memory / 1e9:.3f} GB (max_tokens)")
     capacity.add_column("degree", justify="right")
-    levels = [c / cost.layers for c in checkpoint_levels(cost.layers)]
+    levels = [c / cost.layers for c in recompute_levels(cost.layers)]
     for c in levels:
-        capacity.add_column(f"checkpoint {c:.2f}", justify="right")
+        capacity.add_column(f"recompute {c:.2f}", justify="right")
     for d, row in report["max_tokens"].items():
         capacity.add_row(str(d), *(str(row[c]) for c in levels))
     console.print(capacity)

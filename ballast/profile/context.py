@@ -39,7 +39,7 @@ def context_bytes_per_token_layer(shape: ModelShape, value_bytes: int, degree: i
 
 def point_kind(row: dict) -> str:
     """A prediction row's kind, for residuals per term: Ulysses alone (or one rank), CP alone
-    (u = 1), or the hybrid; with checkpointing or without (the recomputation factors and the
+    (u = 1), or the hybrid; with recomputation or without (the recomputation factors and the
     repeated exchanges); packed streams apart (their per-document work is what a CP factor
     fitted on single sequences may miss), those of MANY_SPANS samples or more apart again (the
     span term's points); remap points (`grid.Point.remap`) apart, whatever they hold."""
@@ -48,7 +48,7 @@ def point_kind(row: dict) -> str:
         return "remap"
     split = "ulysses" if cp == 1 else "cp" if cp == degree else "hybrid"
     packed = " many spans" if samples >= MANY_SPANS else " packed" if samples > 1 else ""
-    return f"{split}{' ckpt' if row['checkpoint_layers'] else ''}{packed}"
+    return f"{split}{' recomp' if row['recompute_layers'] else ''}{packed}"
 
 
 MANY_SPANS = 16

@@ -4,7 +4,7 @@ DCP's fast profiling runs a reduced-depth copy of the model and extrapolates: te
 blocks grow with the depth L, those of the embedding, output layer, loss and step loop do not.
 With measurements at two or more depths the fit separates them; at one depth it folds the
 fixed parts into the per-layer ones (exact at that depth). Per micro-batch of sequences s with
-S1 = sum s, S2 = sum s^2, n = S1 tokens, SP degree d and k checkpointed blocks:
+S1 = sum s, S2 = sum s^2, n = S1 tokens, SP degree d and k recomputed blocks:
 
     time = [(L + k ra_l) a_l S2 + (L + k r_l) b_l S1 + b_0 S1] / d + g_0 + L g_l + k gr_l
            + L bytes_l n / (d bw(d)) + L lat_l(d)                 (the last two at d > 1 only)
@@ -21,12 +21,12 @@ fit's columns are `columns.py`'s; `coefficients.Coefficients` holds the result a
 a CostModel at any depth.
 
 Recomputing a block repeats its forward, whose share of forward + backward differs between
-attention (ra_l) and the rest of the block (r_l): one factor for both mis-prices checkpointing
+attention (ra_l) and the rest of the block (r_l): one factor for both mis-prices recomputation
 of long sequences or of short ones (on `tiny` on CPU a single r left the 8192-token points
 11% high), so ra_l and r_l are fitted apart (a coarse grid, then Nelder-Mead). gr_l is a
-checkpointed block's fixed cost per micro-batch (saving and restoring its inputs and RNG state,
+recomputed block's fixed cost per micro-batch (saving and restoring its inputs and RNG state,
 its forward's launches again): without it the fit bent r_l to price small micro-batches'
-checkpointing, where a fixed cost is a large share, and over-priced large ones' (dit-tiny on
+recomputation, where a fixed cost is a large share, and over-priced large ones' (dit-tiny on
 CPU: r_l 0.91 without gr_l, 0.35 with it, near the third of forward + backward that a block's
 forward is).
 
@@ -54,7 +54,7 @@ the rest of the model is the text one. Under `spatial-temporal` (STDiT) a block 
 within every frame or along time at every patch position (`AttentionPattern.block_counts`
 says how many of each), so a micro-batch of clips (F frames of S patches) at depth L, with n_s(L)
 spatial and n_t(L) temporal blocks among its first L and n_s(k), n_t(k) among the k
-checkpointed ones, spends
+recomputed ones, spends
 
     [(n_s(L) + ra_l n_s(k)) c_s sum F S^2 + (n_t(L) + ra_l n_t(k)) c_t sum S F^2] / d
 
@@ -153,8 +153,8 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
     doc). context_bytes_layer: the CP bytes per token and block the cost model charges a (degree,
     cp) split (`CostModel.gathered_per_token` x 2 (c - 1) / c)."""
     points = [m.point for m in measurements]
-    if not any(p.checkpoint_layers for p in points):
-        raise ValueError("the profile has no checkpointed micro-batch: the recomputation overhead "
+    if not any(p.recompute_layers for p in points):
+        raise ValueError("the profile has no recomputed micro-batch: the recomputation overhead "
                          "cannot be fitted")
     pattern = as_pattern(attention)
     for i, span in enumerate(pattern.spans):
@@ -221,7 +221,7 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
     context_latency = dict(zip(context_degrees, rest[len(degrees):len(degrees) + len(context_degrees)]))
     remap_token, remap_slot = rest[len(degrees) + len(context_degrees):] or (0.0, 0.0)
     return dict(**attention_terms, span_layer=e_l, sample_layer=f_l, call_layer=h_l, b_layer=b_l, b_fixed=b_0, g_layer=g_l,
-                g_fixed=g_0, checkpoint_layer=gr_l, recompute_layer=linear, recompute_attention_layer=recompute_attention,
+                g_fixed=g_0, recompute_fixed_layer=gr_l, recompute_layer=linear, recompute_attention_layer=recompute_attention,
                 latency_layer=latency, context_latency_layer=context_latency, remap_token_layer=remap_token,
                 remap_layer=remap_slot)
 
@@ -235,10 +235,10 @@ def fit_activations(measurements: Sequence[Measurement]) -> dict:
     points = [m.point for m in measurements]
     x = np.array([float(m.shard_tokens) for m in measurements])
     layers = np.array([p.layers for p in points], dtype=float)
-    ckpt = np.array([p.checkpoint_layers for p in points], dtype=float)
+    recomputed = np.array([p.recompute_layers for p in points], dtype=float)
     saved = np.array([m.activation_bytes for m in measurements])
     several_depths = len(set(layers)) > 1
-    columns = [x * (layers - ckpt), x * ckpt] + ([x] if several_depths else [])
+    columns = [x * (layers - recomputed), x * recomputed] + ([x] if several_depths else [])
     theta, _ = _nnls(columns, saved, 1.0 / saved)
     return dict(act_layer=float(theta[0]), kept_layer=float(theta[1]),
                 act_fixed=float(theta[2]) if several_depths else 0.0)

@@ -1,16 +1,16 @@
 """What the profiler measures: grid points (one micro-batch shape each) and their measurements.
 
 A point is one micro-batch: its packed samples (text sequences, or video clips of (frames,
-height, width) latent patches), an SP degree, how many of the model's layers are checkpointed,
+height, width) latent patches), an SP degree, how many of the model's layers are recomputed,
 and the depth of the model it runs on (the profiler runs reduced-depth copies of the model and
 extrapolates, as DCP does). The text grid crosses single sequences of every grid length with
-every degree and checkpoint level; a few packed micro-batches (several short sequences in one
+every degree and recompute level; a few packed micro-batches (several short sequences in one
 stream) check that packing costs what the per-sequence sum says, since the runtime attends
 sequence by sequence.
 
 A text model whose attention can run context parallelism adds points with a CP part
 (`build_context_grid`, `Point.cp`): every (degree, cp) split the heads allow, a few lengths with
-and without checkpointing, and packed streams of short and odd documents, whose head-tail
+and without recomputation, and packed streams of short and odd documents, whose head-tail
 chunks cannot balance exactly (the runtime's CP attention per chunk is what the fit measures).
 
 The video grid is `video_grid.py`'s.
@@ -34,8 +34,8 @@ class Point:
     lengths: tuple[int, ...]
     """Sequences packed into the micro-batch's stream."""
     degree: int
-    checkpoint_layers: int
-    """Blocks recomputed in backward (the runtime checkpoints the first ones)."""
+    recompute_layers: int
+    """Blocks recomputed in backward (the runtime recomputes the first ones)."""
     shapes: tuple[Shape, ...] | None = None
     """The clips' (frames, height, width) in latent patches when the micro-batch holds video
     clips (`lengths` are then their token counts); None for text."""
@@ -44,7 +44,7 @@ class Point:
     remap: bool = False
     """The wave runs as one remap domain over the world (`plans.Wave.remap`): every group's copy
     of the micro-batch is as long as the others', so the remap layer moves no row and what the
-    point costs beyond its plain twin is the layer's own overhead (`CostModel.remap_overhead`)."""
+    point costs beyond its plain twin is the layer's own overhead (`remapping.remap_overhead`)."""
 
     def __post_init__(self) -> None:
         if self.cp < 1 or self.degree % self.cp:
@@ -58,10 +58,10 @@ class Point:
                 raise ValueError(f"point shapes {shapes} do not match its lengths {self.lengths}")
 
     @classmethod
-    def of(cls, layers: int, samples: Sequence[Sample], degree: int, checkpoint_layers: int) -> Point:
+    def of(cls, layers: int, samples: Sequence[Sample], degree: int, recompute_layers: int) -> Point:
         """A point of these samples: text lengths, or (frames, height, width) clip shapes."""
         shaped = any(isinstance(x, (tuple, list)) for x in samples)
-        return cls(layers, tuple(sample_tokens(x) for x in samples), degree, checkpoint_layers,
+        return cls(layers, tuple(sample_tokens(x) for x in samples), degree, recompute_layers,
                    tuple(tuple(x) for x in samples) if shaped else None)
 
     @property
@@ -89,9 +89,9 @@ class Point:
         return self.shapes if self.shapes is not None else tuple((1, 1, s) for s in self.lengths)
 
     @property
-    def checkpoint(self) -> float:
-        """The plan's checkpoint level: a fraction of layers."""
-        return self.checkpoint_layers / self.layers
+    def recompute(self) -> float:
+        """The plan's recompute level: a fraction of layers."""
+        return self.recompute_layers / self.layers
 
     @property
     def tokens(self) -> int:
@@ -111,7 +111,11 @@ class Point:
                       else "+".join(names))
         split = f"d{self.degree}" if self.cp == 1 else f"d{self.degree}={self.ulysses}x{self.cp}cp"
         remap = " remap" if self.remap else ""
-        return f"L{self.layers} {packed} {split} ckpt{self.checkpoint_layers}/{self.layers}{remap}"
+        return f"L{self.layers} {packed} {split} recomp{self.recompute_layers}/{self.layers}{remap}"
+
+
+OLD_POINT_KEYS = {"checkpoint_layers": "recompute_layers"}
+"""Point fields renamed since profiles were recorded (old name -> new): older profile JSONs load."""
 
 
 @dataclass
@@ -158,8 +162,9 @@ class Measurement:
 
     @classmethod
     def from_dict(cls, data: dict) -> Measurement:
-        shapes = data["point"].get("shapes")
-        point = Point(**{**data["point"], "lengths": tuple(data["point"]["lengths"]),
+        fields = {OLD_POINT_KEYS.get(key, key): value for key, value in data["point"].items()}
+        shapes = fields.get("shapes")
+        point = Point(**{**fields, "lengths": tuple(fields["lengths"]),
                          "shapes": None if shapes is None else tuple(map(tuple, shapes))})
         return cls(**{**data, "point": point})
 
@@ -168,21 +173,21 @@ TINY_SPAN_FRACTION = 8
 """The grid's tiny documents are the shortest grid length / this (16 tokens under 128)."""
 
 
-def checkpoint_levels(layers: int) -> list[int]:
-    """Checkpointed layer counts to profile: none, all, and one in between when there is one."""
+def recompute_levels(layers: int) -> list[int]:
+    """Recomputed layer counts to profile: none, all, and one in between when there is one."""
     return sorted({0, layers // 2, layers})
 
 
 def build_grid(layers: int, lengths: Sequence[int], degrees: Sequence[int]) -> list[Point]:
-    """Single sequences of every length x degree x checkpoint level, plus packed micro-batches.
+    """Single sequences of every length x degree x recompute level, plus packed micro-batches.
 
     Packed ones hold k copies of a short length filling about a quarter of the longest one, at
-    every degree without checkpointing: the two shortest grid lengths, and documents an eighth
+    every degree without recomputation: the two shortest grid lengths, and documents an eighth
     of the shortest long (TINY_SPAN_FRACTION), dozens of them, whose cost is mostly per span:
     they separate the span term (`CostModel.span_seconds`) from the per-token and per-micro-batch ones.
     """
     lengths = sorted(set(lengths))
-    points = [Point(layers, (s,), d, c) for s in lengths for d in degrees for c in checkpoint_levels(layers)]
+    points = [Point(layers, (s,), d, c) for s in lengths for d in degrees for c in recompute_levels(layers)]
     fill = max(lengths) // 4
     for s in [tiny_documents(lengths)[0]] + lengths[:2]:
         if fill // s >= 2:
@@ -200,7 +205,7 @@ def tiny_documents(lengths: Sequence[int]) -> list[int]:
 def remap_points(layers: int, singles: Sequence[Sample], packed: Sequence[Sample], world_size: int) -> list[Point]:
     """Degree-1 points run as one remap domain over the world (`Point.remap`), for the remap
     layer's overhead per token and per slot: the longest and a middle single sample, without
-    and with every block checkpointed (a recomputed block repeats its forward exchanges), and
+    and with every block recomputed (a recomputed block repeats its forward exchanges), and
     one packed stream of many samples. None on one rank (no domain)."""
     if world_size < 2:
         return []
@@ -212,7 +217,7 @@ def remap_points(layers: int, singles: Sequence[Sample], packed: Sequence[Sample
 
 def build_context_grid(layers: int, lengths: Sequence[int], splits: Sequence[tuple[int, int]]) -> list[Point]:
     """Points with a context-parallel part, per (degree, cp) split: single sequences of the
-    shortest and a middle length without and with every layer checkpointed (the CP attention
+    shortest and a middle length without and with every layer recomputed (the CP attention
     factor, the recomputed gather, the per-micro-batch latency) and of the longest without (the
     recomputation factors are the other points': the longest CP points cost most, so once is
     enough), and two packed streams a quarter of the longest length long: copies of the shortest
@@ -231,7 +236,7 @@ def build_context_grid(layers: int, lengths: Sequence[int], splits: Sequence[tup
 
 def verification_points(layers: int, lengths: Sequence[int], degrees: Sequence[int], count: int) -> list[Point]:
     """A few full-depth points that check the depth extrapolation: the longest and a middle
-    length, alternating the extreme degrees and checkpoint levels."""
+    length, alternating the extreme degrees and recompute levels."""
     lengths = sorted(set(lengths))
     choices = [(lengths[-1], degrees[0], 0), (lengths[-1], degrees[-1], layers),
                (lengths[len(lengths) // 2], degrees[-1], 0), (lengths[len(lengths) // 2], degrees[0], layers),

@@ -99,7 +99,7 @@ def point_plan(point: Point, world_size: int) -> Plan:
     """One wave; every block of `degree` ranks runs the point's micro-batch on its own copy (a
     remap point's wave is one remap domain over the world)."""
     m, copies = len(point.lengths), world_size // point.degree
-    groups = [Group(g * point.degree, point.degree, [MicroBatch(list(range(g * m, (g + 1) * m)), point.checkpoint)],
+    groups = [Group(g * point.degree, point.degree, [MicroBatch(list(range(g * m, (g + 1) * m)), point.recompute)],
                     cp=point.cp) for g in range(copies)]
     shapes = None if point.shapes is None else list(point.shapes) * copies
     wave = Wave(groups, remap=[(0, world_size)] if point.remap else [])

@@ -19,14 +19,15 @@ import time
 from datetime import timedelta
 from typing import Sequence
 
-from ..pricing.cost import CostModel, InfeasibleError
+from ..pricing.coefficients import InfeasibleError
+from ..pricing.cost import CostModel
 from ..vocabulary.model_shape import ModelShape
 from ..runtime import run_local, under_torchrun
 from .context import context_bytes_per_token_layer, context_splits, gathered_values_per_token_layer, residuals_by_kind
 from .coefficients import Coefficients
 from .fit import fit
 from .residuals import prediction_errors, time_and_act_errors
-from .grid import Measurement, Point, checkpoint_levels
+from .grid import Measurement, Point, recompute_levels
 from .machine import LoadMonitor, machine_info
 from .noise import noise_exponent
 from .measure import combine, core_share, measure_on_ranks, rank_device
@@ -102,7 +103,7 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
         residuals=time_and_act_errors(points),
         extrapolation_error=time_and_act_errors(extrapolation), held_out=held, held_out_error=time_and_act_errors(held),
         residuals_by_kind=residuals_by_kind(points + extrapolation),
-        max_tokens={d: {c / shape.layers: cost.max_tokens(d, c / shape.layers) for c in checkpoint_levels(shape.layers)}
+        max_tokens={d: {c / shape.layers: cost.max_tokens(d, c / shape.layers) for c in recompute_levels(shape.layers)}
                     for d in cost.degrees},
         measurements=[m.to_dict() for m in measured])
     if is_video(shape):
@@ -130,14 +131,14 @@ def video_report(coefficients: Coefficients, shape: ModelShape, points: Sequence
 
 def measured_bytes_per_token_layer(measurements: Sequence[Measurement]) -> float:
     """All-to-all send bytes per token (of the largest shard) and block that the runs without
-    checkpointing sent above degree 1, pooled over degrees; 0 when none ran above degree 1.
+    recomputation sent above degree 1, pooled over degrees; 0 when none ran above degree 1.
 
     A video model's exchanges depend on its sequence parallelism (2D: the hidden states at every
     switch between the frames and columns layouts; Ulysses: q, k, v and outputs) and on how a
     micro-batch's clips split, so the profile prices the bytes its runs sent rather than a
     formula. CostModel charges no exchange to recomputation (the fit of r and r_attn holds it),
-    so checkpointed points are left out, as `fit_time` leaves their extra bytes."""
-    rows = [m for m in measurements if m.point.degree > 1 and m.point.checkpoint_layers == 0]
+    so recomputed points are left out, as `fit_time` leaves their extra bytes."""
+    rows = [m for m in measurements if m.point.degree > 1 and m.point.recompute_layers == 0]
     tokens = sum(m.shard_tokens * m.point.layers for m in rows)
     return sum(m.comm_bytes for m in rows) / tokens if tokens else 0.0
 
@@ -178,12 +179,12 @@ def shape_bytes_per_token_layer(shape: ModelShape, value_bytes: int, degree: int
 
 def _context_value_bytes(measurements: Sequence[Measurement], shape: ModelShape) -> int:
     """Bytes per value the runs computed in: what their Ulysses all-to-alls sent, or where none
-    ran, their CP collectives (a block without checkpointing sends about every token's K, V
+    ran, their CP collectives (a block without recomputation sends about every token's K, V
     once each way: the gather its rows to every CP rank, the reduce-scatter every rank's)."""
     sent = all_to_all_value_bytes(measurements, shape)
     if sent is not None:
         return sent
-    rows = [m for m in measurements if m.point.cp > 1 and m.point.checkpoint_layers == 0]
+    rows = [m for m in measurements if m.point.cp > 1 and m.point.recompute_layers == 0]
     if not rows:
         return 4
     values = sum(2 * m.point.layers * m.point.tokens * gathered_values_per_token_layer(shape, m.point.degree, m.point.cp)
@@ -205,8 +206,8 @@ def all_to_all_value_bytes(measurements: Sequence[Measurement], shape: ModelShap
     runs actually sent say which one it picked, so the profile cannot price values of another
     size than those its bandwidth was fitted from. A rank sends its padded shard (the largest
     one, `shard_tokens` rows) through every exchange: a plain block once per direction and pass,
-    a checkpointed one's forward pair again when it is recomputed."""
-    sent = {m.comm_bytes / (m.shard_tokens * (m.point.layers + m.point.checkpoint_layers / 2)
+    a recomputed one's forward pair again when it is recomputed."""
+    sent = {m.comm_bytes / (m.shard_tokens * (m.point.layers + m.point.recompute_layers / 2)
                             * shape_bytes_per_token_layer(shape, 1, m.point.degree))
             for m in measurements if m.point.degree > 1 and m.point.cp == 1 and even_single(m.point)}
     if not sent:

@@ -6,6 +6,7 @@ from typing import Sequence
 import numpy as np
 
 from ..pricing.cost import CostModel
+from ..pricing.remapping import remap_overhead
 from .grid import Measurement
 
 
@@ -14,18 +15,18 @@ def prediction_errors(measurements: Sequence[Measurement], cost_at: dict[int, Co
     rows = []
     for m in measurements:
         p, cost = m.point, cost_at[m.point.layers]
-        predicted = cost.time(p.samples, p.degree, p.checkpoint, p.cp)
+        predicted = cost.time(p.samples, p.degree, p.recompute, p.cp)
         if p.remap:  # every group as long as the others: the layer moves no row
-            predicted += cost.remap_overhead(p.tokens / p.degree, p.checkpoint)
-        saved = (cost.act_per_token * m.shard_tokens * (p.checkpoint * cost.kept + 1.0 - p.checkpoint)
-                 + cost.gathered_per_token(p.degree, p.cp) * (1.0 - p.checkpoint) * p.tokens)
+            predicted += remap_overhead(cost, p.tokens / p.degree, p.recompute)
+        saved = (cost.act_per_token * m.shard_tokens * (p.recompute * cost.kept + 1.0 - p.recompute)
+                 + cost.gathered_per_token(p.degree, p.cp) * (1.0 - p.recompute) * p.tokens)
         rows.append(dict(point=p.label(), layers=p.layers, lengths=list(p.lengths),
                          **({} if p.shapes is None else dict(shapes=[list(c) for c in p.shapes])), degree=p.degree,
                          **(dict(remap=True) if p.remap else {}),
                          **({} if p.cp == 1 else dict(cp=p.cp, context_s=m.context_seconds,
                                                       context_priced_s=cost.comm(p.tokens, p.degree, p.cp)
                                                       - cost.comm(p.tokens / p.cp, p.ulysses))),
-                         checkpoint_layers=p.checkpoint_layers, measured_s=m.seconds, predicted_s=predicted,
+                         recompute_layers=p.recompute_layers, measured_s=m.seconds, predicted_s=predicted,
                          time_error=predicted / m.seconds - 1.0, comm_s=m.comm_seconds,
                          measured_act_bytes=m.activation_bytes, predicted_act_bytes=saved,
                          act_error=saved / m.activation_bytes - 1.0))

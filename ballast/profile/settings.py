@@ -9,7 +9,7 @@ import dataclasses
 from ..vocabulary.model_shape import ModelShape
 from ..vocabulary.patterns import SPATIAL_TEMPORAL, AttentionPattern, as_pattern
 from .context import context_splits
-from .grid import (Point, build_context_grid, build_grid, checkpoint_levels, remap_points, tiny_documents,
+from .grid import (Point, build_context_grid, build_grid, recompute_levels, remap_points, tiny_documents,
                    verification_points)
 from .measure import checked_statistic
 from .sources import held_out_points, source_packs
@@ -118,7 +118,7 @@ def plan_grid(shape: ModelShape, world_size: int, settings: Settings) -> tuple[l
 
 def held_out(shape: ModelShape, world_size: int, settings: Settings) -> list[Point]:
     """The profile's held-out points: real micro-batches as large as the grid reaches
-    (`sources.grid_reach`) at its deepest reduced depth, at the grid's splits and checkpoint
+    (`sources.grid_reach`) at its deepest reduced depth, at the grid's splits and recompute
     levels."""
     if settings.held_out < 0:
         raise ValueError(f"--held-out must be >= 0, got {settings.held_out}")
@@ -126,5 +126,5 @@ def held_out(shape: ModelShape, world_size: int, settings: Settings) -> list[Poi
     splits = [(d, 1) for d in sp_degrees(shape, world_size)]
     if not is_video(shape):
         splits += context_splits(shape, world_size)
-    return held_out_points(shape, depth, splits, checkpoint_levels(depth), max(settings.lengths), settings.held_out,
+    return held_out_points(shape, depth, splits, recompute_levels(depth), max(settings.lengths), settings.held_out,
                            settings.seed)

@@ -41,7 +41,7 @@ def held_out_points(shape: ModelShape, depth: int, splits: Sequence[tuple[int, i
                     max_tokens: int, count: int, seed: int) -> list[Point]:
     """`count` micro-batches the fit never sees, each one batch from the model's default source
     (`default_source`: real lengths or clips) at `depth` blocks, a random (degree, cp) split of
-    `splits` and a random number of checkpointed blocks of `levels`, of a budget drawn
+    `splits` and a random number of recomputed blocks of `levels`, of a budget drawn
     log-uniformly between an eighth of `max_tokens` and the most a grid micro-batch of that
     degree holds (`grid_reach`; text split at the budget, clips packed into it: `packed_clips`).
     The profile measures them in the same rounds as the grid and reports their error apart from
@@ -106,7 +106,7 @@ def source_packs(shape: ModelShape, depths: Sequence[int], degrees: Sequence[int
                  seed: int) -> list[Point]:
     """A video grid's micro-batches of the model's own clips (`default_source`, scaled to the
     grid's largest clip): at every depth, degree d and share of `SOURCE_PACK_SHARES`, one batch of
-    d x share x `max_tokens` tokens with no and with every block checkpointed.
+    d x share x `max_tokens` tokens with no and with every block recomputed.
 
     A clip source is a mix of a few dozen bucket shapes, most of them small: a real micro-batch
     holds tens of clips of many sizes, which neither the grid's large clips nor its packs of tiny

@@ -1,7 +1,7 @@
 """What the profiler measures of a video model: clips (`grid.Point`s of (frames, height, width)
 latent patches) chosen so that the fit can separate its terms.
 
-The video grid (`build_video_grid`) crosses clips with every degree and checkpoint level, as the
+The video grid (`build_video_grid`) crosses clips with every degree and recompute level, as the
 text grid does sequences. Which clips depends on what the fit must separate (`video_clips`):
 under `full` attention a clip costs by its token count n alone (2 n^2 units), so clips of
 several token counts; under `spatial-temporal` a clip of F frames of S patches costs F S^2 in
@@ -16,7 +16,7 @@ import math
 from typing import Sequence
 
 from ..vocabulary.patterns import AttentionPattern, as_pattern
-from .grid import Point, Shape, checkpoint_levels
+from .grid import Point, Shape, recompute_levels
 
 
 def clip_shape(tokens: int, frames: int) -> Shape:
@@ -51,15 +51,15 @@ def video_clips(attention: AttentionPattern | str, sizes: Sequence[int], degrees
 
 
 def build_video_grid(layers: int, clips: Sequence[Shape], degrees: Sequence[int]) -> list[Point]:
-    """Single clips x degree x checkpoint level, plus packed micro-batches at every degree
-    without checkpointing: the clips of the smallest token count together (several copies of it
+    """Single clips x degree x recompute level, plus packed micro-batches at every degree
+    without recomputation: the clips of the smallest token count together (several copies of it
     when there is only one), to see that a stream of several clips costs their sum; and dozens
     of tiny clips filling a quarter of the largest, whose cost is mostly per span, clip and
     kernel call, twice: copies of a few shapes (`tiny_clips`: few calls) and as many distinct
     shapes (`distinct_tiny_clips`: a call per clip, as in a real batch). They separate the span,
     sample and call terms from the others and from each other (`columns.separates_calls`)."""
     clips = sorted(dict.fromkeys(tuple(c) for c in clips), key=lambda c: (math.prod(c), c))
-    points = [Point.of(layers, [c], d, k) for c in clips for d in degrees for k in checkpoint_levels(layers)]
+    points = [Point.of(layers, [c], d, k) for c in clips for d in degrees for k in recompute_levels(layers)]
     smallest = [c for c in clips if math.prod(c) == math.prod(clips[0])]
     packed = [smallest if len(smallest) > 1 else smallest * 4] + tiny_packs(clips, degrees)
     return points + [Point.of(layers, p, d, 0) for p in packed for d in degrees]
@@ -118,7 +118,7 @@ TINY_SHAPES = 6
 def video_verification_points(layers: int, clips: Sequence[Shape], degrees: Sequence[int],
                               count: int) -> list[Point]:
     """Full-depth points that check the depth extrapolation on clips: the largest clips of
-    every aspect, then a middle one, alternating the extreme degrees and checkpoint levels."""
+    every aspect, then a middle one, alternating the extreme degrees and recompute levels."""
     clips = sorted(dict.fromkeys(tuple(c) for c in clips), key=lambda c: (math.prod(c), c))
     largest = [c for c in clips if math.prod(c) == math.prod(clips[-1])]
     middle = clips[len(clips) // 2]

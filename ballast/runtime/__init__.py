@@ -2,7 +2,7 @@
 
     parallelize.py  the one entry point: model + cluster -> Executor (SP attention, FSDP2 or
                     replicated weights, AdamW with ZeRO-1 or not)
-    executor.py     Executor.step: a plan's waves, micro-batches, checkpointing, loss, grad sync
+    executor.py     Executor.step: a plan's waves, micro-batches, recomputation, loss, grad sync
     broadcast.py    rank 0's plan (and the batch's tokens) on every rank
     attention.py    Ulysses attention over a packed stream sharded across a group
     context_shard.py, context_parallel.py  context-parallel (CP) attention: head-tail chunks,

@@ -177,7 +177,7 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, stream: StreamShard) -> T
     one `all_to_all_single` over the group or, routed (`stream.routing`), three
     (`routing.RoutedExchange`: to the node's proxies, across the nodes over every NIC, to the
     destinations).
-    A checkpointed layer repeats the two forward all-to-alls when it is recomputed in backward.
+    A recomputed layer repeats the two forward all-to-alls when it is recomputed in backward.
     Where d does not divide the kv heads, they are replicated to lcm(kv heads, d) before the
     exchange (the bytes `CostModel.exchange_bytes` prices).
     """

@@ -195,7 +195,7 @@ class GatherKV(torch.autograd.Function):
     Backward: one reduce-scatter of the gathered rows' gradient (`_reduce_scatter`): each rank's
               gradient for the keys another rank owns, summed at the owner.
     The attention on the gathered rows is plain autograd, so what it saves for backward (q and
-    the gathered K/V) goes through the saved-tensor hooks: a checkpointed layer drops it and
+    the gathered K/V) goes through the saved-tensor hooks: a recomputed layer drops it and
     recomputes it (the gather included), and no attention is run twice otherwise."""
 
     @staticmethod

@@ -10,8 +10,8 @@ One step (`Executor.step`):
     spatial-temporal video model, `video_sp.VideoShard`: whole frames when they balance, which
     the model's `arrange` switches to whole patch columns for temporal blocks; for a group
     with a CP part, `hybrid.HybridShard`: head-tail chunks, `local` their stream indices); each rank
-    runs forward and backward on its shard, with the plan's checkpoint level (the first
-    round(checkpoint * layers) blocks are recomputed), and its loss is the model's summed
+    runs forward and backward on its shard, with the plan's recompute level (the first
+    round(recompute * layers) blocks are recomputed), and its loss is the model's summed
     per-token loss of its shard (`ParallelModel.loss`) divided by `Plan.tokens`;
   - in a routed wave (`Wave.routed`) the exchanges over two or more nodes (a remap slot's route,
     Ulysses' head exchange, a video layout switch) go over every NIC of the node
@@ -101,7 +101,7 @@ class MicroBatchRecord:
     seq_ids: list[int]
     tokens: int
     """Tokens of the micro-batch this rank held (its shard; in a remap domain, its balanced share)."""
-    checkpoint_layers: int
+    recompute_layers: int
     seconds: float
     activation_bytes: int | None
     """Bytes saved for backward on this rank; None unless the executor measures them."""
@@ -233,14 +233,14 @@ class Executor:
         shard = holder.create(
             plan.mb_samples(mb), self.groups.get(group.start, group.degree, group.cp), group.degree,
             self.rank - group.start, self.device, routing=self._routing(plan, wave))
-        return self._forward_backward(plan, mb.seq_ids, shard, shard.local, mb.checkpoint, samples, result,
+        return self._forward_backward(plan, mb.seq_ids, shard, shard.local, mb.recompute, samples, result,
                                       (wave, group, mb), start)
 
     def _run_slot(self, plan: Plan, wave: int, domain: tuple[int, int], slot: int,
                   samples: Sequence[Any], result: StepResult) -> Tensor:
         """Slot `slot` of a remap domain: every group's slot-th micro-batch, linear work balanced
         over the domain (`remap.py`). Every rank of the domain runs it, at the slot's lowest
-        checkpoint level (a layer's recomputation repeats collectives: all must recompute alike).
+        recompute level (a layer's recomputation repeats collectives: all must recompute alike).
 
         A video model's spatial and temporal blocks need no 2D layouts here: `RemappedStream`
         inherits `PackedStream.arrange`, which keeps the rows on the balanced layout (so the
@@ -279,8 +279,8 @@ class Executor:
         route = (Route(self.groups.get(start, size), send, recv) if spans is None else
                  spans.exchange([overlaps(balanced, attention, j)[0] for j in range(size)]))
         stream = RemappedStream(whole.bounds, take(whole.positions, local), whole.grids, shard=shard, route=route)
-        checkpoint = min(mb.checkpoint for _, mb in parts if mb.seq_ids)
-        return self._forward_backward(plan, seq_ids, stream, local, checkpoint, samples, result,
+        recompute = min(mb.recompute for _, mb in parts if mb.seq_ids)
+        return self._forward_backward(plan, seq_ids, stream, local, recompute, samples, result,
                                       (wave, group, mb), began)
 
     def _routing(self, plan: Plan, wave: int) -> RoutingGroups | None:
@@ -289,24 +289,24 @@ class Executor:
         return self.routing if plan.waves[wave].routed else None
 
     def _forward_backward(self, plan: Plan, seq_ids: list[int], stream: PackedStream, local: Local,
-                          checkpoint: float, samples: Sequence[Any], result: StepResult,
+                          recompute: float, samples: Sequence[Any], result: StepResult,
                           mine: tuple[int, Group, MicroBatch], start: float) -> Tensor:
         """Forward and backward of this rank's tokens `local` of the stream of `seq_ids`, recorded
         as the rank's (wave, group, micro-batch) `mine`, timed from `start`: from before its
         shard was made, so a micro-batch's seconds (what `ballast profile` fits) hold the
         layouts' set-up that a wave's busy time (what a step measures) holds; returns the
         (detached) loss share."""
-        checkpoint_layers = round(checkpoint * self.model.shape.layers)
+        recompute_layers = round(recompute * self.model.shape.layers)
         meter = ActivationMeter(self._params) if self.measure_activations else None
         with meter or contextlib.nullcontext(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             # The model's loss is summed over its tokens: the normaliser is the whole batch's.
-            loss = self.model.loss([samples[i] for i in seq_ids], stream, local, checkpoint_layers) / plan.tokens
+            loss = self.model.loss([samples[i] for i in seq_ids], stream, local, recompute_layers) / plan.tokens
         # Every rank of the group runs backward, an empty shard too: its all-to-alls are awaited.
         loss.backward()
         self._shares.append((seq_ids, loss.detach()))
         wave, group, mb = mine
         result.micro_batches.append(MicroBatchRecord(
-            wave, group.degree, list(mb.seq_ids), held_tokens(local, stream.bounds[-1]), checkpoint_layers,
+            wave, group.degree, list(mb.seq_ids), held_tokens(local, stream.bounds[-1]), recompute_layers,
             self._clock() - start, meter.bytes if meter else None))
         return loss.detach()
 

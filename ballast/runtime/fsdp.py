@@ -9,9 +9,9 @@ What this asks of the executor (`executor.py`):
   - every rank joins every all-gather, so every rank must run the same number of forward and
     backward passes per wave: plans must be lockstep (`Plan.lockstep`), and an empty filler
     micro-batch still runs a pass, on one dummy token whose loss is multiplied by zero;
-  - activation checkpointing needs nothing: FSDP2's pre-backward hook gathers a block before
+  - activation recomputation needs nothing: FSDP2's pre-backward hook gathers a block before
     its recomputation, whose own forward hooks then do no communication, so ranks of different
-    checkpoint levels issue the same collectives;
+    recompute levels issue the same collectives;
   - every backward reduce-scatters its gradients, which accumulate sharded: a rank never holds
     a whole gradient, as the cost model's memory (states sharded over all ranks) assumes. The
     alternative, FSDP2's `set_requires_gradient_sync(False)` until the step's last pass, would

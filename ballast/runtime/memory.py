@@ -2,8 +2,8 @@
 
 Allocator statistics do not exist on CPU, and on a GPU their peak also holds temporaries.
 autograd's pack hook instead sees every tensor an operation saves for backward, including the
-inputs that non-reentrant checkpointing keeps for recomputation (it saves them through the
-same mechanism, before its own hooks take over the checkpointed region). The sum of their
+inputs that non-reentrant recomputation keeps for recomputation (it saves them through the
+same mechanism, before its own hooks take over the recomputed region). The sum of their
 distinct storages is what backward will hold on to. Parameters are model state, not
 activations, and are left out; a storage saved by several operations (or through several
 views) counts once.

@@ -13,6 +13,8 @@ from ..pricing.cost import CostModel
 from ..vocabulary.patterns import CAUSAL_LM
 from ..plans.plan import Plan
 from ..planners import PlannerOptions, get_planner
+from ..planners.fits import check_fits
+from ..vocabulary.layouts import ANY_SPLIT
 from ..vocabulary.samples import Sample, check_samples, is_shaped, tokens
 from ..plans.timeline import StepMetrics, simulate
 from ..pricing.bounds import uncapped_lower_bound
@@ -88,6 +90,8 @@ def simulate_planners(batches: Sequence[list[Sample]], planners: Sequence[str], 
     as_lengths: the planners see every sample as a text sequence of its tokens under causal
     attention (what a length-only planner believes), and their plans run under `cost`'s own
     pattern with the real shapes: what shape-blind planning costs."""
+    for batch in batches:  # before the bound: a batch no plan holds is told with the options that would help
+        check_fits(cost.under(ANY_SPLIT), batch)
     lower = [uncapped_lower_bound(cost, b) for b in batches]
     planning_cost = lengths_only(cost) if as_lengths else cost
     results = {}

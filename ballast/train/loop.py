@@ -42,6 +42,7 @@ from .config import OptimizerConfig, TrainConfig
 from .nonfinite import nonfinite_step
 from .metrics import MetricsLog, ProgressDisplay, StepRecord, final_history, layout_of, summarise
 from .plots import write_report
+from ..planners.fits import check_fits
 
 FAULT_AT_STEP = "BALLAST_FAULT_AT_STEP"
 """Testing aid: on torchrun's first attempt rank 1 fails in the middle of this step."""
@@ -72,7 +73,7 @@ class Setup:
         check_data_kind(config.data.source, shape)
         cluster = get_cluster(config.planner.cluster, world, config.planner.device_memory_gb, config.planner.nodes)
         cost = get_cost_model(config.planner.cost, shape, cluster, config.planner.device_memory_gb)
-        cost.under(ANY_SPLIT).check_fits([config.data.max_len])  # a max_len no plan can hold fails here, not at step k
+        check_fits(cost.under(ANY_SPLIT), [config.data.max_len])  # a max_len no plan can hold fails here, not at step k
         return cls(shape, cluster, cost, resolve_tokenizer(config.data.tokenizer, shape))
 
     def describe(self) -> str:
@@ -317,5 +318,5 @@ def _record(step: int, attempt: int, item: StepInput, result: StepResult,
         idle_fraction=idle[0], rank_idle=idle[1], waves=len(plan.waves),
         micro_batches=plan.busy_micro_batches(), degrees=plan.degrees_used(),
         context_parts=plan.context_parts_used(),
-        checkpointed=plan.checkpointed_fraction(), layout=layout_of(plan),
+        recomputed=plan.recomputed_fraction(), layout=layout_of(plan),
         plan_ms=1e3 * item.plan_seconds, plan_wait_ms=1e3 * waited)

@@ -31,7 +31,7 @@ def layout_of(plan: Plan) -> str:
 
 def _wave_layout(wave: Wave) -> str:
     busy = [g for g in sorted(wave.groups, key=lambda g: g.start) if any(mb.seq_ids for mb in g.micro_batches)]
-    recompute = max((mb.checkpoint for g in busy for mb in g.micro_batches if mb.seq_ids), default=0.0)
+    recompute = max((mb.recompute for g in busy for mb in g.micro_batches if mb.seq_ids), default=0.0)
     return ("+".join(f"{g.ulysses}x{g.cp}" for g in busy) + f" recompute {recompute:.0%}"
             + (" remapped" if wave.remap else "") + (" routed" if wave.routed else ""))
 
@@ -71,7 +71,7 @@ class StepRecord:
     """SP degrees the plan used."""
     context_parts: list[int]
     """CP parts of its groups (`Group.cp`; 1: Ulysses alone), so a run shows when it used context parallelism."""
-    checkpointed: float
+    recomputed: float
     """Token-weighted mean fraction of layers recomputed in backward."""
     layout: str
     """The plan's waves, groups and recomputation in a phrase (`layout_of`)."""

@@ -95,7 +95,7 @@ def showcase_step(history: list[dict], plans: dict[int, Plan]) -> int | None:
     median = times[len(times) // 2]
 
     def choices(plan: Plan) -> int:
-        levels = {mb.checkpoint > 0 for _, _, mb in plan.micro_batches() if mb.seq_ids}
+        levels = {mb.recompute > 0 for _, _, mb in plan.micro_batches() if mb.seq_ids}
         return len(plan.degrees_used()) + len(plan.waves) + len(levels)
 
     return max((r for r in history if r["step"] in plans),

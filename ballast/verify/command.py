@@ -36,6 +36,7 @@ from ..models import check_buildable
 from ..vocabulary.layouts import ANY_SPLIT
 from .errors import GRAD_TOLERANCE, PARAM_TOLERANCE, errors_against
 from .reference import random_batches, reference_at, train_reference
+from ..planners.fits import check_fits
 
 HELP = "check that plans run on N local gloo ranks train exactly like one process"
 
@@ -47,7 +48,7 @@ def budget(shape: ModelShape, world: int, max_len: int, device_memory_gb: float 
     half of a `max_len` sequence keeps under full recomputation, so the longest sequences fit
     degree 2 only when recomputed and never one rank (a whole one where the heads allow no degree
     above 1, else nothing could hold it). (A looser budget, the longest at degree 2
-    without recomputation, let nearly every planner choose degree 1 with checkpointing on CPU,
+    without recomputation, let nearly every planner choose degree 1 with recomputation on CPU,
     where gloo's all-to-all latency is priced, and then no all-to-all ran.)"""
     cluster = get_cluster("cpu", world_size=world, device_memory_gb=device_memory_gb, nodes=nodes)
     cost = analytic_cost(shape, cluster)
@@ -118,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     check_buildable(shape)
     names = parse_planner_names(args.planners)
     cluster, cost = budget(shape, args.world, args.max_len, args.device_memory_gb, args.nodes)
-    cost.under(ANY_SPLIT).check_fits([args.max_len])  # a --device-memory-gb that cannot hold --max-len: before planning
+    check_fits(cost.under(ANY_SPLIT), [args.max_len])  # a --device-memory-gb that cannot hold --max-len: before planning
     batches = random_batches(shape, args.steps, args.batch, args.max_len, args.seed)
     plans: dict[str, list[Plan]] = {}
     cannot: dict[str, str] = {}
@@ -155,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     table = Table(title=f"{args.world} ranks vs one process: step loss and gradient at the same "
                         f"parameters (tolerance {args.grad_tolerance:g}); drift of the parameters "
                         f"after {args.steps} step(s) (tolerance {args.param_tolerance:g})")
-    for column in ("planner", "waves", "degrees", "ckpt", "loss rel", "grad abs", "grad rel",
+    for column in ("planner", "waves", "degrees", "recomp", "loss rel", "grad abs", "grad rel",
                    "param abs", "param drift", ""):
         table.add_column(column, justify="left" if column == "planner" else "right")
     failed = []
@@ -169,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         degrees = sorted({(g.degree, g.cp) for p in plans[name] for _, g, mb in p.micro_batches() if mb.seq_ids})
         table.add_row(name, str(max(len(p.waves) for p in plans[name])),
                       ",".join(f"{d // c}x{c}" if c > 1 else str(d) for d, c in degrees),
-                      f"{sum(mb.checkpoint for mb in mbs) / len(mbs):.2f}",
+                      f"{sum(mb.recompute for mb in mbs) / len(mbs):.2f}",
                       f"{errors.loss:.1e}", f"{errors.grad_abs:.1e}", f"{errors.grad_rel:.1e}",
                       f"{errors.param_abs:.1e}", f"{errors.param_drift:.1e}",
                       "[green]ok[/green]" if ok else "[red]FAIL[/red]")

@@ -121,7 +121,7 @@ CONTEXT = ContextLayout("context", "each sequence in 2c head-tail chunks; K and 
 class Splits:
     """Which splits d = u x c of a group's degree a planner may run: u ranks of the model's head
     layout times c of CONTEXT. Each rule is a value (`ULYSSES_ONLY`, `CONTEXT_ONLY`, `ANY_SPLIT`,
-    `ulysses_in_node`, `fixed_context`); `CostModel.splits` holds the planner's."""
+    `ulysses_in_node`, `fixed_context`); a `split_catalogue.SplitCatalogue` holds the planner's."""
 
     name: str
     ulysses: bool = True
@@ -136,7 +136,7 @@ class Splits:
     def context_parts(self, degree: int, heads: int, layout: Layout) -> list[int]:
         """The c of every split of `degree` this rule allows for a model of `heads` heads whose
         head layout is `layout`, ascending."""
-        allowed = [c for c in _powers(degree)
+        allowed = [c for c in powers_of_two(degree)
                    if layout.allows(degree // c, heads) and (c == 1 or self.context)
                    and (degree // c == 1 or self.ulysses)]
         if self.fixed is not None:
@@ -151,8 +151,8 @@ class Splits:
         return self.name
 
 
-def _powers(n: int) -> list[int]:
-    """1, 2, 4, ... up to n (a power of two)."""
+def powers_of_two(n: int) -> list[int]:
+    """1, 2, 4, ... up to n."""
     return [1 << i for i in range(n.bit_length()) if 1 << i <= n]
 
 

@@ -257,7 +257,7 @@ def hf_model_shape(folder: str) -> ModelShape:
     missing = [k for k in LLAMA_STYLE_SIZES if k not in config]
     if missing:
         # GPT-2 and its kin are causal LMs of another layout: own size names (n_layer, n_embd,
-        # ...), blocks at transformer.h where ballast switches checkpointing at model.layers,
+        # ...), blocks at transformer.h where ballast switches recomputation at model.layers,
         # dropout in the residual stream that would make the gradient depend on the plan.
         raise ValueError(f"hf:{folder}: model type {kind!r} ({', '.join(architectures) or 'no architectures'}) is "
                          f"not a Llama-style decoder, the layout ballast trains (Llama, Qwen2, Mistral and "

@@ -51,7 +51,7 @@ def record(planner: str, round_: int, step: int, step_s: float, waves_s: float, 
     return dict(round=round_, step=step, batch=step, planner=planner, position=0, tokens=1000, loss=5.0,
                 step_s=step_s, waves_s=waves_s, predicted_s=predicted_s, idle=0.0, sync_s=0.01, optimizer_s=0.01,
                 cpu_share=1.0, plan_ms=2.0 if round_ == 0 else None, waves=1, micro_batches=2, degrees=[1],
-                checkpointed=0.5, rank_busy_s=[waves_s, 0.75 * waves_s], rank_wait_s=[0.0, 0.25 * waves_s],
+                recomputed=0.5, rank_busy_s=[waves_s, 0.75 * waves_s], rank_wait_s=[0.0, 0.25 * waves_s],
                 digests=[float(step), float(step)],
                 rank_waves=[[([0.5 * waves_s, 0.45 * waves_s], 0.05 * waves_s)], [([0.75 * waves_s], 0.0)]])
 
@@ -217,7 +217,7 @@ def test_bench_measures_the_machines_drift_since_the_profile(corpus, tmp_path):
     assert main(["bench", *flags]) == 0
     result = json.loads(out.read_text())
     drift = result["drift"]
-    assert [p["point"] for p in drift["points"]] == ["L4 1x128 d2 ckpt0/4", "L4 1x96 d1 ckpt0/4"]
+    assert [p["point"] for p in drift["points"]] == ["L4 1x128 d2 recomp0/4", "L4 1x96 d1 recomp0/4"]
     for p, profiled in zip(drift["points"], (2.0, 1.0)):
         assert len(p["rounds_s"]) == 3 and all(0 < s < 1.0 for s in p["rounds_s"])  # tiny points: well under 1 s
         assert p["check_s"] == pytest.approx(min(p["rounds_s"])) and p["profiled_s"] == profiled

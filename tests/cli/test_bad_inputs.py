@@ -301,7 +301,7 @@ CASES = [
      r"--degree 8 with --cp 2 leaves Ulysses over 4 ranks: SP degree 4 does not divide the attention heads \(3\)"),
     ("simulate --cluster cpu --world 4 --planners static --model {three-heads.json} --degree 2 --cp 2 "
      "--device-memory-gb 0.01 --max-len 40000", 2, r"a 40000-token sequence \(--max-len\) does not fit SP degree 2 "
-     r"\(Ulysses 1 x CP 2\) even with full checkpointing \(at most \d+ tokens"),
+     r"\(Ulysses 1 x CP 2\) even with full recomputation \(at most \d+ tokens"),
     ("train --planner static --degree 1 --cp 2", 2, r"--cp 2 does not divide --degree 1"),
     ("train --planner static --cp 4", 2, r"--cp 4 is more ranks than the cluster's 2"),
     ("bench --planners static --cp 3", 2, r"--cp: CP degree 3 is not a power of two"),

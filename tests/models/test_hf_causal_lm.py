@@ -71,7 +71,7 @@ TWO_HEADS = ("LlamaConfig", {"num_attention_heads": 2, "num_key_value_heads": 2}
 
 
 def quiet() -> None:
-    """No progress bar per loaded checkpoint."""
+    """No progress bar per loaded recompute."""
     from transformers.utils import logging
 
     logging.disable_progress_bar()
@@ -294,7 +294,7 @@ def test_plans_give_transformers_gradient_on_4_ranks(world4, references):
     plain = [Plan.from_dict(p) for by_mode in plans.values() for p in by_mode["plain"].values()]
     assert {d for p in plain for d in p.degrees_used()} == {1, 2, 4}
     assert max(len(p.waves) for p in plain) >= 2
-    levels = {mb.checkpoint for p in plain for _, _, mb in p.micro_batches() if mb.seq_ids}
+    levels = {mb.recompute for p in plain for _, _, mb in p.micro_batches() if mb.seq_ids}
     assert 1.0 in levels and 0.0 in levels
 
 

@@ -1,6 +1,6 @@
 """The video DiTs (`stdit.py`, `dit.py`) and their rectified-flow objective (`flow.py`) as plain
 single-device models behind the model protocol: packing never mixes clips, the attention
-patterns are the protocol's, the flow draws depend on the key alone, checkpointing changes
+patterns are the protocol's, the flow draws depend on the key alone, recomputation changes
 nothing, an empty shard still runs every attention and every gradient, bad clips are refused."""
 from __future__ import annotations
 
@@ -75,10 +75,10 @@ def stream_of(model, clips) -> PackedStream:
     return PackedStream.of([model.sample_shape(c) for c in clips])
 
 
-def loss_and_grads(model, clips, checkpoint_layers: int = 0):
+def loss_and_grads(model, clips, recompute_layers: int = 0):
     model.zero_grad(set_to_none=True)
     stream = stream_of(model, clips)
-    loss = model.loss(clips, stream, slice(0, stream.bounds[-1]), checkpoint_layers)
+    loss = model.loss(clips, stream, slice(0, stream.bounds[-1]), recompute_layers)
     loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -281,16 +281,16 @@ def test_c_patch_tokens_are_in_stream_order():
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_d_checkpointing_changes_nothing(name):
+def test_d_recomputation_changes_nothing(name):
     model = model_of(name)
     clips = clips_of(GRIDS)
     loss, grads = loss_and_grads(model, clips)
     for layers in (1, model.shape.layers):
-        again, again_grads = loss_and_grads(model, clips, checkpoint_layers=layers)
+        again, again_grads = loss_and_grads(model, clips, recompute_layers=layers)
         assert torch.equal(again, loss)
         assert all(torch.equal(again_grads[n], g) for n, g in grads.items())
-    with pytest.raises(ValueError, match="checkpoint_layers 5 is outside 0..4"):
-        loss_and_grads(model, clips, checkpoint_layers=5)
+    with pytest.raises(ValueError, match="recompute_layers 5 is outside 0..4"):
+        loss_and_grads(model, clips, recompute_layers=5)
 
 
 @pytest.mark.parametrize("name, caption_dim", [("stdit-tiny", 0), ("dit-tiny", CAPTION_DIM)])

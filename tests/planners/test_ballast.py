@@ -6,7 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings, strategies as st
 
 import ballast
-from ballast.pricing.cost import CostModel, InfeasibleError
+from ballast.pricing.coefficients import InfeasibleError
+from ballast.pricing.cost import CostModel
 from ballast.pricing.cost_sources import get_cost_model, published_cost
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
@@ -17,6 +18,7 @@ from ballast.plans.plan import Plan
 from ballast.vocabulary.samples import SampleBatch
 from ballast.plans.timeline import simulate, step_time
 from ballast.pricing.bounds import longest_alone, lower_bound, uncapped_lower_bound
+from ballast.pricing.sequence_times import sequence_times
 
 from exhaustive_instances import hand_cost, tiny_instances
 
@@ -31,8 +33,8 @@ from exhaustive_instances import hand_cost, tiny_instances
 # draws while tuning 13.2% at worst. The
 # worst misses come from three known limits of its fast paths, all where the fixed cost g per
 # micro-batch dominates or models have 1-2 layers: the group estimate charges a sequence's forced
-# recomputation per token while real checkpoint levels come in steps of 1/layers; token-balanced
-# packing can checkpoint every micro-batch where one checkpointed bin beside unchecked ones is
+# recomputation per token while real recompute levels come in steps of 1/layers; token-balanced
+# packing can recompute every micro-batch where one recomputed bin beside unchecked ones is
 # cheaper; and a two-wave split puts only the longest sequences in the first wave, never short ones
 # beside them where that saves the second wave a micro-batch. The bound leaves a margin above the
 # recorded worst, for rarer instances this test's random draws may find.
@@ -155,15 +157,15 @@ def test_a_long_pole_is_remapped_when_that_ends_the_step_sooner():
     (start, size), = plan.waves[0].remap
     pole = next(g for g in plan.waves[0].groups if 0 in g.micro_batches[0].seq_ids)
     assert start <= pole.start < start + size and pole.micro_batches[0].seq_ids == [0]
-    assert pole.micro_batches[0].checkpoint < cost.min_checkpoint(40_000, 2) == 0.75
+    assert pole.micro_batches[0].recompute < cost.min_recompute(40_000, 2) == 0.75
     metrics = simulate(plan, cost, 8)
     assert metrics.step_time < 0.8 * step_time(plain, cost)
     assert metrics.step_time >= metrics.lower_bound * (1 - 1e-9)
     # The plain plan is the pole alone in a group at its fastest split (CP over the 2 ranks: it
     # gathers K and V only, the all-to-alls would move q and the output too).
     assert step_time(plain, cost) == pytest.approx(
-        float(planner.cost.sequence_times([40_000], every_split=True).min()) + cost.g)
-    assert step_time(plain, cost) < float(cost.sequence_times([40_000]).min()) + cost.g
+        float(sequence_times(planner.cost, [40_000], every_split=True).min()) + cost.g)
+    assert step_time(plain, cost) < float(sequence_times(cost, [40_000]).min()) + cost.g
     assert longest_alone(cost, lengths) <= step_time(plain, cost)
 
 
@@ -189,7 +191,7 @@ def test_plans_past_the_head_count_are_valid_and_use_context_parallelism_where_t
     plan = get_planner("ballast", cluster, cost).plan(lengths)
     plan.validate(cluster, cost)
     assert step_time(plan, cost) >= uncapped_lower_bound(cost, lengths) * (1 - 1e-9)
-    # A sequence longer than the widest Ulysses-only degree holds at full checkpointing runs in a
+    # A sequence longer than the widest Ulysses-only degree holds at full recomputation runs in a
     # CP group (validate checks that a group's Ulysses part divides the heads).
     ulysses = max(d for d in cost.degrees if cost.heads % d == 0)
     held = cost.max_tokens(ulysses, 1.0)

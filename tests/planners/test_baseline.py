@@ -20,7 +20,7 @@ BASELINES = ["static", "batch-adaptive", "bucket", "megatron-dynamic-cp"]
 
 def tiny8():
     """8 ranks with 0.1 GB each, activations in bf16: the tiny model holds ~5.6K tokens per
-    device without checkpointing and ~96K with full checkpointing; degrees 1, 2, 4, 8 (8 heads)."""
+    device without recomputation and ~96K with full recomputation; degrees 1, 2, 4, 8 (8 heads)."""
     cluster = dataclasses.replace(get_cluster("cpu", world_size=8, device_memory_gb=0.1), value_bytes=2)
     return cluster, analytic_cost(get_model_shape("tiny"), cluster)
 
@@ -31,8 +31,8 @@ def gpt7b():
     return cluster, published_cost(get_model_shape("gpt-7b"), cluster)
 
 
-def fits(cost, tokens, degree, checkpoint):
-    return cost.memory([tokens], degree, checkpoint) <= cost.device_memory
+def fits(cost, tokens, degree, recompute):
+    return cost.memory([tokens], degree, recompute) <= cost.device_memory
 
 
 def busy_groups(plan):
@@ -50,14 +50,14 @@ def test_static_uses_smallest_degree_that_holds_max_len(max_len, degree):
     plan = get_planner("static", cluster, cost, PlannerOptions(max_len=max_len)).plan(BATCH)
     plan.validate(cluster, cost)
     longest = max_len or max(BATCH)
-    # the smallest degree: max_len fits it with full checkpointing, and not half of it
+    # the smallest degree: max_len fits it with full recomputation, and not half of it
     assert fits(cost, longest, degree, 1.0) and (degree == 1 or not fits(cost, longest, degree // 2, 1.0))
     assert len(plan.waves) == 1 and plan.lockstep
     groups = plan.waves[0].groups
     assert [(g.start, g.degree) for g in groups] == [(r, degree) for r in range(0, 8, degree)]
-    # one checkpoint setting for the run: the least at which max_len fits that degree
-    level = cost.min_checkpoint(longest, degree)
-    assert {mb.checkpoint for _, _, mb in plan.micro_batches() if mb.seq_ids} == {level}
+    # one recompute setting for the run: the least at which max_len fits that degree
+    level = cost.min_recompute(longest, degree)
+    assert {mb.recompute for _, _, mb in plan.micro_batches() if mb.seq_ids} == {level}
     assert plan.info["degree"] == degree
     assert len({len(g.micro_batches) for g in groups}) == 1
 
@@ -81,7 +81,7 @@ def test_static_rejects_sequence_over_max_len():
 
 def test_static_on_flexsp_cluster():
     cluster, cost = gpt7b()
-    # 393216 tokens (the demo's max_len) need degree 4 with full checkpointing on 28 GB A100s:
+    # 393216 tokens (the demo's max_len) need degree 4 with full recomputation on 28 GB A100s:
     # 4.48 MB x 393216 / 4 x 2/34 = 26 GB of activations
     plan = get_planner("static", cluster, cost, PlannerOptions(max_len=393_216)).plan([1000] * 64)
     assert {g.degree for g in plan.waves[0].groups} == {4}
@@ -146,14 +146,14 @@ def test_megatron_degree_per_sequence(setting, lengths, max_len):
     assert cost.splits == CONTEXT_ONLY
     longest = max_len or max(lengths)
     # tokens per rank: the capacity per rank of the least degree that can hold max_len, at the
-    # run's checkpoint level (the least that holds max_len there)
+    # run's recompute level (the least that holds max_len there)
     smallest = cost.min_degree(longest)
-    level = cost.min_checkpoint(longest, smallest)
+    level = cost.min_recompute(longest, smallest)
     per_rank = cost.max_tokens(smallest, level) / smallest
-    assert (plan.info["checkpoint"], plan.info["tokens_per_rank"]) == (level, per_rank)
+    assert (plan.info["recompute"], plan.info["tokens_per_rank"]) == (level, per_rank)
     seen = set()
     for _, group, mb in plan.micro_batches():
-        assert mb.checkpoint == level
+        assert mb.recompute == level
         for i in mb.seq_ids:
             want = next_power_of_two_at_least(lengths[i] / per_rank)
             want = min(d for d in cost.degrees if d >= want)   # a degree the cluster has
@@ -226,7 +226,7 @@ def test_planner_rejects_cost_for_another_cluster():
 
 @pytest.mark.parametrize("name", list(PLANNERS))
 def test_sequence_at_exactly_the_limit(name):
-    # check_fits admits up to max_tokens(largest degree, full checkpointing) tokens, so every
+    # check_fits admits up to max_tokens(largest degree, full recomputation) tokens, so every
     # planner must plan such a sequence. With 519 bytes over 5000 tokens of free memory the
     # capacity is not a multiple of the degree: 4 ranks hold 340001 tokens, one rank 85000.
     cluster = get_cluster("cpu", world_size=4, device_memory_gb=0.1)

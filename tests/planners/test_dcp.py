@@ -103,7 +103,7 @@ def test_profile_caps_micro_batch_time_at_the_target():
 
 
 def _low_memory():
-    """A cluster on which the longest allowed sequence needs full checkpointing."""
+    """A cluster on which the longest allowed sequence needs full recomputation."""
     cluster = make_cluster(2, 4, 2e9)
     cost = analytic_cost(SMALL, cluster)
     max_len = cost.max_tokens(cost.degrees[-1], 1.0)
@@ -112,19 +112,19 @@ def _low_memory():
     return cluster, cost, lengths, max_len
 
 
-def test_intra_turns_checkpointing_off_for_short_sequences():
+def test_intra_turns_recomputation_off_for_short_sequences():
     cluster, cost, lengths, max_len = _low_memory()
     planner = get_planner("dcp", cluster, cost, PlannerOptions(max_len=max_len))
     target = 2 * lower_bound(cost, lengths)
     batch = SampleBatch.of(lengths, cost)
     inter = planner.plan_for_target(batch, max_len, 1.0, target, "inter")
     both = planner.plan_for_target(batch, max_len, 1.0, target, "both")
-    assert {mb.checkpoint for _, _, mb in inter.micro_batches() if mb.seq_ids} == {1.0}
+    assert {mb.recompute for _, _, mb in inter.micro_batches() if mb.seq_ids} == {1.0}
     levels = []
     for _, g, mb in both.micro_batches():
         tokens = sum(both.mb_lengths(mb))
-        assert mb.checkpoint == cost.min_checkpoint(tokens, g.degree)
-        levels.append((max(both.mb_lengths(mb)), mb.checkpoint))
+        assert mb.recompute == cost.min_recompute(tokens, g.degree)
+        levels.append((max(both.mb_lengths(mb)), mb.recompute))
     assert all(level == 0.0 for longest, level in levels if longest < 400)
     assert max(level for _, level in levels) > 0.0  # the longest still recompute
     busy = lambda p: sum(mb_time(mb, batch, g.degree, cost) for _, g, mb in p.micro_batches())
@@ -184,7 +184,7 @@ def test_unknown_mode_and_overlong_sequence_are_errors():
 
 @pytest.mark.parametrize("mode", ["inter", "intra", "both"])
 def test_count_ratio_bound_binds(mode, monkeypatch):
-    # A sequence that runs alone at SP degree 2 (it needs checkpointing at 1) beside short ones
+    # A sequence that runs alone at SP degree 2 (it needs recomputation at 1) beside short ones
     # that fill a micro-batch each at degree 1: unbounded, the two degree-1 groups take six
     # micro-batches each next to the long one's single one.
     cluster = make_cluster(1, 4, 4e9)

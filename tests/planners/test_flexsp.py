@@ -27,7 +27,7 @@ FAST = settings(max_examples=12, suppress_health_check=[HealthCheck.too_slow])
 
 
 def toy_cost(world: int = 4) -> CostModel:
-    """1000 tokens per device without checkpointing, comm comparable to compute at degree 4."""
+    """1000 tokens per device without recomputation, comm comparable to compute at degree 4."""
     return CostModel(source="analytic", model="toy", a=1e-6, b=1e-3, g=0.01,
                      bandwidth={2: 2e9, 4: 5e8}, bytes_per_token=1e6, act_per_token=1e6,
                      states=1e8, device_memory=1.1e9, layers=8, heads=8, kv_heads=8, world_size=world)
@@ -105,17 +105,17 @@ def test_bad_options_are_value_errors(field, value):
 
 
 # --- the wave MILP against brute force -----------------------------------------------------------
-def brute_force_wave(samples: list, cost: CostModel, checkpoint: float) -> float:
+def brute_force_wave(samples: list, cost: CostModel, recompute: float) -> float:
     """The least slowest-group time over every way to form groups and assign the samples."""
     best = math.inf
     for part in set_partitions(list(range(len(samples)))):
         for degrees in itertools.product(cost.degrees, repeat=len(part)):
             if sum(degrees) > cost.world_size:
                 continue
-            if any(sum(tokens(samples[i]) for i in block) > cost.max_tokens(d, checkpoint)
+            if any(sum(tokens(samples[i]) for i in block) > cost.max_tokens(d, recompute)
                    for block, d in zip(part, degrees)):
                 continue
-            best = min(best, max(cost.time([samples[i] for i in block], d, checkpoint)
+            best = min(best, max(cost.time([samples[i] for i in block], d, recompute)
                                  for block, d in zip(part, degrees)))
     return best
 

@@ -24,11 +24,11 @@ def test_plans_validate(setup, seed, lockstep):
     assert plan.planner == "hydraulis" and len(plan.waves) == 1 and plan.lockstep == lockstep
     for _, g, mb in plan.micro_batches():
         if mb.seq_ids:  # every micro-batch at the least level its tokens need
-            assert mb.checkpoint == cost.min_checkpoint(sum(plan.mb_lengths(mb)), g.degree)
+            assert mb.recompute == cost.min_recompute(sum(plan.mb_lengths(mb)), g.degree)
 
 
 def _time(cost, bins, lengths, degree) -> float:
-    return sum(cost.time([lengths[i] for i in b], degree, cost.min_checkpoint(sum(lengths[i] for i in b), degree))
+    return sum(cost.time([lengths[i] for i in b], degree, cost.min_recompute(sum(lengths[i] for i in b), degree))
                for b in bins)
 
 

@@ -65,7 +65,7 @@ def setups(draw, name, lockstep=None):
         pattern, share = draw(st.sampled_from(PATTERNS))
         shape = dataclasses.replace(shape, attention=pattern, spatial_share=share)
     cost = analytic_cost(shape, cluster)
-    cap = draw(st.integers(32, 50_000))     # tokens a device holds without checkpointing
+    cap = draw(st.integers(32, 50_000))     # tokens a device holds without recomputation
     memory = cost.states + cap * cost.act_per_token
     cluster = dataclasses.replace(cluster, device_memory=memory)
     # Attention's recomputation priced like the rest (docs/design.md) or apart, as profiles find it.

@@ -47,7 +47,7 @@ EXAMPLES = {"flexsp": 4}
 
 def budget(cluster, shape, tokens):
     """The cluster and the shape's cost model at a memory budget of `tokens` per device without
-    checkpointing."""
+    recomputation."""
     cost = analytic_cost(shape, cluster)
     memory = cost.states + tokens * cost.act_per_token
     return dataclasses.replace(cluster, device_memory=memory), dataclasses.replace(cost, device_memory=memory)
@@ -119,7 +119,7 @@ def test_spatial_temporal_models_run_context_parallelism_past_their_heads(name, 
     cost = analytic_cost(get_model_shape("stdit3-1b"), cluster)
     assert cost.degrees[-1] == 16  # Ulysses alone
     planner = get_planner(name, cluster, cost)
-    assert {d: planner.cost.context_parts(d) for d in (16, 32)} == parts
+    assert {d: planner.cost.catalogue.context_parts(d) for d in (16, 32)} == parts
 
 
 def test_a_length_only_view_keeps_the_heads_and_reaches_past_them_with_context_parallelism():
@@ -133,4 +133,4 @@ def test_a_length_only_view_keeps_the_heads_and_reaches_past_them_with_context_p
         cost = analytic_cost(get_model_shape(model), get_cluster("h200-32"))
         seen = lengths_only(cost)
         assert seen.pattern.name == "causal" and seen.degrees[-1] == heads_cap
-        assert seen.under(ANY_SPLIT).degrees[-1] == 32 and seen.under(ANY_SPLIT).context_parts(32)[0] == 32 // heads_cap
+        assert seen.under(ANY_SPLIT).degrees[-1] == 32 and seen.under(ANY_SPLIT).catalogue.context_parts(32)[0] == 32 // heads_cap

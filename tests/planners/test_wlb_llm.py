@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ballast.vocabulary.cluster import get_cluster
-from ballast.pricing.cost import InfeasibleError
+from ballast.pricing.coefficients import InfeasibleError
 from ballast.pricing.cost_sources import analytic_cost
 from ballast.vocabulary.model_shape import ModelShape, get_model_shape
 from ballast.planners import PlannerOptions, get_planner
@@ -27,7 +27,7 @@ def cpu8(shape: ModelShape = get_model_shape("tiny"), memory_gb: float = 0.1):
 def workloads(plan, cost, degree):
     """W_a + W_l of every busy micro-batch: the sum of its documents' `marginal_times`."""
     share = cost.marginal_times(np.asarray(plan.lengths, dtype=np.float64), cost.units(plan.lengths), degree,
-                                plan.info["checkpoint"])
+                                plan.info["recompute"])
     return [float(share[mb.seq_ids].sum()) for _, _, mb in plan.micro_batches() if mb.seq_ids]
 
 
@@ -45,7 +45,7 @@ def test_one_cp_degree_for_the_run_every_sample_once(max_len, forced):
     assert [(g.start, g.degree, g.cp) for g in groups] == [(r, degree, degree) for r in range(0, 8, degree)]
     ids = sorted(i for _, _, mb in plan.micro_batches() for i in mb.seq_ids)
     assert ids == list(range(len(lengths)))
-    assert {mb.checkpoint for _, _, mb in plan.micro_batches() if mb.seq_ids} == {plan.info["checkpoint"]}
+    assert {mb.recompute for _, _, mb in plan.micro_batches() if mb.seq_ids} == {plan.info["recompute"]}
 
 
 @settings(max_examples=40)
@@ -66,7 +66,7 @@ def test_micro_batches_balance_workload_as_greedy_can(lengths, forced):
     replicas = 8 // forced
     assert len(loads) <= plan.info["micro_batches"] == micro_batch_count(sum(lengths), max_len, replicas)
     share = planner.cost.marginal_times(np.asarray(lengths, float), planner.cost.units(lengths), forced,
-                                        plan.info["checkpoint"])
+                                        plan.info["recompute"])
     m, heaviest = plan.info["micro_batches"], np.sort(share)[::-1]
     pigeonhole = heaviest[m - 1] + heaviest[m] if len(heaviest) > m else 0.0
     optimum_at_least = max(sum(loads) / m, share.max(), pigeonhole)

@@ -13,6 +13,7 @@ from ballast.planners.zeppelin import balance_nodes, classify, crossovers
 from ballast.plans.timeline import simulate, step_time
 from ballast.pricing.cost_sources import analytic_cost, get_cost_model
 from strategies import planner_setups
+from ballast.pricing.sequence_times import sequence_times
 
 @pytest.fixture(scope="module")
 def a100():
@@ -54,10 +55,10 @@ def test_classes_follow_crossovers(a100):
     cross = crossovers(cost, budget, cluster.devices_per_node)
     assert 0 < cross["local_max_len"] < cross["intra_max_len"]
     probe = [100, cross["local_max_len"], cross["intra_max_len"], 300_000]
-    cls = classify(cost.sequence_times(probe), cost.degrees, budget)
+    cls = classify(sequence_times(cost, probe), cost.degrees, budget)
     assert cls[0] == 1 and cls[1] == 1  # short and at the local crossover: local
     assert 1 < cls[2] <= cluster.devices_per_node and cls[3] > cluster.devices_per_node
-    times = cost.sequence_times(probe)
+    times = sequence_times(cost, probe)
     for k, d in enumerate(cls):
         mine = times[cost.degrees.index(d), k]
         within = [j for j in range(len(cost.degrees)) if times[j, k] <= budget]
@@ -105,7 +106,7 @@ def test_nodes_balanced_in_the_plan(a100):
     assert plan.info["classes"]["inter_node"] == 0 and len(plan.waves) == 1
     busy = simulate(plan, cost, cluster.world_size).busy.reshape(cluster.nodes, -1).mean(axis=1)
     ppn = cluster.devices_per_node
-    item = max(min(d * t for d, t in zip(cost.degrees, cost.sequence_times([s])[:, 0]) if d <= ppn) / ppn
+    item = max(min(d * t for d, t in zip(cost.degrees, sequence_times(cost, [s])[:, 0]) if d <= ppn) / ppn
                for s in lengths)
     assert busy.max() <= busy.mean() + item + cost.g
     assert busy.max() / busy.mean() < 1.1
@@ -135,14 +136,14 @@ def test_remap_balances_an_idle_node_when_the_transfer_is_cheaper():
     lengths = [20_000, 20_000]
 
     def plan() -> Plan:
-        return Plan(lengths, [Wave([Group(0, 1, [MicroBatch([0, 1], tiny4.min_checkpoint(40_000, 1))]),
+        return Plan(lengths, [Wave([Group(0, 1, [MicroBatch([0, 1], tiny4.min_recompute(40_000, 1))]),
                                     Group(1, 1), Group(2, 2)])])
 
     plain = plan()
     remapped = plan()
     remapped.waves[0].remap = [(0, 4)]
     remapped.validate(cpu4, tiny4)
-    linear = tiny4.b * 40_000 * (1 + plain.waves[0].groups[0].micro_batches[0].checkpoint * tiny4.recompute)
+    linear = tiny4.b * 40_000 * (1 + plain.waves[0].groups[0].micro_batches[0].recompute * tiny4.recompute)
     transfer = 30_000 * tiny4.bytes_per_token / tiny4.bandwidth[4]
     assert step_time(remapped, tiny4) == pytest.approx(step_time(plain, tiny4) - linear + linear / 4 + transfer)
     zeppelin = get_planner("zeppelin", cpu4, tiny4)
@@ -195,7 +196,7 @@ def test_clips_are_classed_and_priced_by_their_shapes():
         metrics = simulate(plan, cost, cluster.world_size)
         assert metrics.step_time >= metrics.lower_bound * (1 - 1e-9)
         budget = plan.info["theta"] * plan.info["target_s"] - cost.g
-        cls = classify(cost.sequence_times(samples), cost.degrees, budget)
+        cls = classify(sequence_times(cost, samples), cost.degrees, budget)
         ppn = cluster.devices_per_node
         assert plan.info["classes"] == {"local": int((cls == 1).sum()), "intra_node": int(((cls > 1) & (cls <= ppn)).sum()),
                                         "inter_node": int((cls > ppn).sum())}

@@ -44,9 +44,9 @@ def test_idle_groups_are_fine(cpu4, tiny4):
     assert plan.busy_micro_batches() == 1  # the fillers' empty micro-batches do not count
 
 
-def test_checkpointed_fraction_weighs_levels_by_tokens():
+def test_recomputed_fraction_weighs_levels_by_tokens():
     # 300 tokens at 0, 300 at 0.25, 400 at 0, 500 at 1.0, 600 at 0.5, over 2100 tokens.
-    assert good_plan().checkpointed_fraction() == (300 * 0.25 + 500 * 1.0 + 600 * 0.5) / 2100
+    assert good_plan().recomputed_fraction() == (300 * 0.25 + 500 * 1.0 + 600 * 0.5) / 2100
     assert good_plan().busy_micro_batches() == 5
 
 
@@ -102,13 +102,13 @@ CASES = {
     "memory overflow": (
         lambda p: p.lengths.__setitem__(3, 30_000),
         r"wave 0, group 1 \(ranks 2..2\), micro-batch 0: sequences \[3\] \(30000 tokens\) need "
-        r"1\.0\d GB per device at SP degree 1 and checkpoint 0\.00; the device has 1\.00 GB"),
-    "checkpoint above 1": (
-        lambda p: setattr(w(p, 0)[0].micro_batches[1], "checkpoint", 1.5),
-        r"wave 0, group 0 .*micro-batch 1: checkpoint level 1.5 is outside 0..1"),
-    "checkpoint below 0": (
-        lambda p: setattr(w(p, 1)[0].micro_batches[0], "checkpoint", -0.25),
-        r"wave 1, group 0 .*micro-batch 0: checkpoint level -0.25 is outside 0..1"),
+        r"1\.0\d GB per device at SP degree 1 and recompute 0\.00; the device has 1\.00 GB"),
+    "recompute above 1": (
+        lambda p: setattr(w(p, 0)[0].micro_batches[1], "recompute", 1.5),
+        r"wave 0, group 0 .*micro-batch 1: recompute level 1.5 is outside 0..1"),
+    "recompute below 0": (
+        lambda p: setattr(w(p, 1)[0].micro_batches[0], "recompute", -0.25),
+        r"wave 1, group 0 .*micro-batch 0: recompute level -0.25 is outside 0..1"),
     "lockstep with unequal counts": (
         lambda p: setattr(p, "lockstep", True),
         r"wave 0: lockstep plan but groups run \[1, 2\] micro-batches"),
@@ -127,12 +127,12 @@ CASES = {
     "remapped slot over memory": (
         # 28000 + 30000 tokens balanced over 2 ranks: 29000 per rank beside the 30000 one rank
         # holds for attention (4/17 of them) need 29000 + 1000 x 4/17 ~ 29.2K token-equivalents
-        # without checkpointing (~28.6K fit), and the slot runs at its lowest level (0) although
+        # without recomputation (~28.6K fit), and the slot runs at its lowest level (0) although
         # the 30000 are at 1.
         lambda p: (p.lengths.__setitem__(3, 28_000), p.lengths.__setitem__(4, 30_000),
                    p.waves[0].remap.append((2, 2))),
         r"wave 0, remap domain ranks 2..3: slot 0: a rank holding 30000 tokens for attention and 29000 "
-        r"balanced needs 1.02 GB at checkpoint 0.00; the device has 1.00 GB"),
+        r"balanced needs 1.02 GB at recompute 0.00; the device has 1.00 GB"),
     "CP part not a power of two": (
         lambda p: setattr(w(p, 1)[0], "cp", 3),
         r"wave 1, group 0 \(ranks 0..3\): CP part 3 is not a power of two dividing the group's size 4"),
@@ -154,12 +154,12 @@ def test_validate_catches(case, cpu4, tiny4):
 
 
 def test_memory_is_checked_at_the_groups_degree_and_checkpoint(cpu4, tiny4):
-    # 30000 tokens do not fit one device without checkpointing (~28.6K do), but they fit with
-    # any checkpointing at degree 1, or at degree 2 without it: the same sequence passes there.
+    # 30000 tokens do not fit one device without recomputation (~28.6K do), but they fit with
+    # any recomputation at degree 1, or at degree 2 without it: the same sequence passes there.
     assert tiny4.max_tokens(1, 0.0) < 30_000 <= min(tiny4.max_tokens(1, 0.25), tiny4.max_tokens(2, 0.0))
     plan = Plan([30_000], [Wave([Group(0, 1, [MicroBatch([0], 0.25)]), Group(1, 1), Group(2, 2)])])
     plan.validate(cpu4, tiny4)
-    plan.waves[0].groups[0].micro_batches[0].checkpoint = 0.0
+    plan.waves[0].groups[0].micro_batches[0].recompute = 0.0
     with pytest.raises(PlanError, match="micro-batch 0"):
         plan.validate(cpu4, tiny4)
     plan = Plan([30_000], [Wave([Group(0, 2, [MicroBatch([0])]), Group(2, 2)])])
@@ -167,10 +167,10 @@ def test_memory_is_checked_at_the_groups_degree_and_checkpoint(cpu4, tiny4):
 
 
 def test_remapped_micro_batch_is_checked_by_its_domain_not_its_group(cpu4, tiny4):
-    # 80000 tokens at degree 2 hold 40000 per rank, over what fits without checkpointing
+    # 80000 tokens at degree 2 hold 40000 per rank, over what fits without recomputation
     # (~28.6K). In a remap domain of all 4 ranks they keep 4/17 of those 40000 where attention
     # runs and 13/17 of their 20000 balanced share: ~24.7K token-equivalents, which fit.
-    assert tiny4.min_checkpoint(80_000, 2) > 0 and remapping.checkpoint(tiny4, 40_000, 20_000) == 0.0
+    assert tiny4.min_recompute(80_000, 2) > 0 and remapping.min_recompute(tiny4, 40_000, 20_000) == 0.0
     plan = Plan([80_000, 10], [Wave([Group(0, 2, [MicroBatch([0])]), Group(2, 1, [MicroBatch([1])]), Group(3, 1)],
                                     [(0, 4)])])
     plan.validate(cpu4, tiny4)
@@ -222,7 +222,7 @@ def test_memory_is_checked_at_the_split(cpu4, tiny4):
     plan = Plan([tokens], [Wave([Group(0, 4, [MicroBatch([0])], 1)])])
     plan.validate(cpu4, tiny4)
     plan.waves[0].groups[0].cp = 4
-    with pytest.raises(PlanError, match=r"at SP degree 4 \(CP 4\) and checkpoint 0.00"):
+    with pytest.raises(PlanError, match=r"at SP degree 4 \(CP 4\) and recompute 0.00"):
         plan.validate(cpu4, tiny4)
 
 
@@ -246,9 +246,17 @@ def test_json_round_trip():
     assert back == plan
     assert back.to_json() == text
     # the round trip keeps every field that matters to the runtime
-    assert back.waves[0].groups[0].micro_batches[1].checkpoint == 0.25
+    assert back.waves[0].groups[0].micro_batches[1].recompute == 0.25
     assert (back.waves[0].remap, back.waves[1].remap) == ([(0, 4)], [])
     assert (back.tokens, back.planner, back.info) == (1234, "hand", {"note": "made in a test", "degree": 2})
+
+
+def test_plan_recorded_with_the_old_checkpoint_key_loads():
+    recorded = {"lengths": [5, 7], "tokens": 12, "lockstep": False,
+                "waves": [[{"start": 0, "degree": 1, "micro_batches": [{"seq_ids": [0, 1], "checkpoint": 0.5}]}]]}
+    plan = Plan.from_dict(recorded)
+    assert plan.waves[0].groups[0].micro_batches[0].recompute == 0.5
+    assert json.loads(plan.to_json())["waves"][0][0]["micro_batches"] == [{"seq_ids": [0, 1], "recompute": 0.5}]
 
 
 def test_default_tokens_is_sum_of_lengths():
@@ -264,11 +272,11 @@ MALFORMED = {
     "waves not a list": {"lengths": [1], "waves": 3, "tokens": 1, "lockstep": False},
     "group without degree": {"lengths": [1], "tokens": 1, "lockstep": False,
                              "waves": [[{"start": 0, "micro_batches": []}]]},
-    "micro-batch without checkpoint": {"lengths": [1], "tokens": 1, "lockstep": False,
+    "micro-batch without recompute": {"lengths": [1], "tokens": 1, "lockstep": False,
                                        "waves": [[{"start": 0, "degree": 1, "micro_batches": [{"seq_ids": [0]}]}]]},
     "sequence id not a number": {"lengths": [1], "tokens": 1, "lockstep": False,
                                  "waves": [[{"start": 0, "degree": 1,
-                                             "micro_batches": [{"seq_ids": ["first"], "checkpoint": 0}]}]]},
+                                             "micro_batches": [{"seq_ids": ["first"], "recompute": 0}]}]]},
     "remap of a wave that is not there": {"lengths": [1], "tokens": 1, "lockstep": False, "remap": [[3, 0, 2]],
                                           "waves": [[{"start": 0, "degree": 1, "micro_batches": []}]]},
     "degree not a number": {"lengths": [1], "tokens": 1, "lockstep": False,
@@ -287,8 +295,8 @@ def test_table():
     text = good_plan().table()
     lines = text.splitlines()
     assert lines[0] == "plan by hand: 6 sequences, 2100 tokens, 2 wave(s)"
-    assert lines[1].split() == ["wave", "ranks", "deg", "mbs", "seqs", "tokens", "ckpt", "longest"]
-    # one row per busy group: wave, ranks, degree, micro-batches, sequences, tokens, mean ckpt, longest
+    assert lines[1].split() == ["wave", "ranks", "deg", "mbs", "seqs", "tokens", "recomp", "longest"]
+    # one row per busy group: wave, ranks, degree, micro-batches, sequences, tokens, mean recompute, longest
     assert [line.split() for line in lines[2:]] == [
         ["0", "0-1", "2", "2", "3", "600", "0.12", "300"],
         ["0", "2-2", "1", "1", "1", "400", "0.00", "400"],

@@ -37,7 +37,7 @@ def test_no_remapped_wave_beats_the_lower_bound(instance, any_split):
 
 def _two_ranks_at_most(a: float):
     """A round cost on 4 ranks whose 2 heads stop Ulysses at degree 2 (a remap domain may still
-    spread linear work over all 4): 1000 tokens fit a device without checkpointing, b = 1e-3,
+    spread linear work over all 4): 1000 tokens fit a device without recomputation, b = 1e-3,
     r = 1, k = 0.1, 4 layers, g = 0 and all-to-alls all but free."""
     return hand_cost(a=a, b=1e-3, g=0.0, heads=2, kv_heads=2, bytes_per_token=1e-6, states=0.0,
                      device_memory=1000 * 1e5, layers=4, recompute=1.0, kept=0.1, bandwidth={2: 1e12, 4: 1e12})

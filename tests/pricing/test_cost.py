@@ -11,12 +11,15 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ballast.vocabulary.cluster import get_cluster
-from ballast.pricing.cost import CostModel, InfeasibleError
+from ballast.planners.fits import check_fits
+from ballast.pricing.coefficients import InfeasibleError
+from ballast.pricing.cost import CostModel
 from ballast.pricing.cost_sources import analytic_cost, get_cost_model, published_cost
 from ballast.vocabulary.model_shape import ModelShape, get_model_shape
 from ballast.pricing.bounds import lower_bound, uncapped_lower_bound
 from ballast.vocabulary.layouts import ANY_SPLIT, CONTEXT_ONLY, ULYSSES, ULYSSES_ONLY, fixed_context, ulysses_in_node
 from ballast.pricing import remapping
+from ballast.pricing.sequence_times import sequence_times
 
 from exhaustive_instances import hand_cost
 
@@ -107,7 +110,7 @@ def test_recomputations_fixed_seconds_are_paid_per_micro_batch_at_its_level():
             0.2 * level, rel=1e-12, abs=1e-15)
         assert cost.time_from_sums(1e7, 4000, degree, level) == cost.time([1000, 3000], degree, level)
     assert cost.fixed_seconds(0.25) == pytest.approx(0.01 + 0.05, rel=1e-12) and plain.fixed_seconds(1.0) == 0.01
-    part = remapping.SlotPart(start=0, degree=1, cp=1, samples=[1000], checkpoint=0.5)
+    part = remapping.SlotPart(start=0, degree=1, cp=1, samples=[1000], recompute=0.5)
     compute, comm = remapping.slot_time(cost, [part], 0, 2)
     base, base_comm = remapping.slot_time(plain, [part], 0, 2)
     assert compute - base == pytest.approx(0.1, rel=1e-12) and comm == base_comm
@@ -126,39 +129,39 @@ def test_memory_by_hand():
 
 def test_remap_memory_by_hand():
     cost = small_cost()
-    # A remap-domain rank holding 20000 tokens for attention and 4000 balanced, no checkpointing:
+    # A remap-domain rank holding 20000 tokens for attention and 4000 balanced, no recomputation:
     # act (4/17 20000 + 13/17 4000) = 1e5 (4705.9 + 3058.8) -> 1e8 + 7.765e8
     assert remapping.memory(cost, 20_000, 4_000, 0.0) == pytest.approx(1e8 + 1e5 * (80_000 + 52_000) / 17, rel=1e-12)
-    # at level c the balanced layout keeps k of a checkpointed layer's input as well:
+    # at level c the balanced layout keeps k of a recomputed layer's input as well:
     # (1 - c)(...) + c k 4000 at c = 0.5: 0.5 * 7764.7 + 0.5 * 0.1 * 4000
     assert remapping.memory(cost, 20_000, 4_000, 0.5) == pytest.approx(
         1e8 + 1e5 * (0.5 * 132_000 / 17 + 200), rel=1e-12)
     # equal layouts: a group alone (`memory`)
     for level in (0.0, 0.25, 1.0):
         assert remapping.memory(cost, 5_000, 5_000, level) == pytest.approx(cost.memory([10_000], 2, level), rel=1e-12)
-    # 7764.7 token-equivalents fit the 10000 free without checkpointing; 20000 x 2 do not:
+    # 7764.7 token-equivalents fit the 10000 free without recomputation; 20000 x 2 do not:
     # (1 - c) 15529.4 + c 800 <= 10000 -> c >= 0.375 -> 2/4
-    assert remapping.checkpoint(cost, 20_000, 4_000) == 0.0
-    assert remapping.checkpoint(cost, 40_000, 8_000) == 0.5
+    assert remapping.min_recompute(cost, 20_000, 4_000) == 0.0
+    assert remapping.min_recompute(cost, 40_000, 8_000) == 0.5
     # the group alone at those 40000 tokens per rank needs more: 1 - 0.9 c <= 0.25 -> c = 1
-    assert cost.min_checkpoint(80_000, 2) == 1.0
-    assert remapping.checkpoint(cost, 200_000, 200_000) is None
+    assert cost.min_recompute(80_000, 2) == 1.0
+    assert remapping.min_recompute(cost, 200_000, 200_000) is None
 
 
-def test_max_tokens_and_min_checkpoint_by_hand():
+def test_max_tokens_and_min_recompute_by_hand():
     cost = small_cost()
-    # free = 1e9 bytes: 1e9 / 1e5 = 10000 tokens per device without checkpointing,
-    # 10x that with full checkpointing (kept = 0.1)
+    # free = 1e9 bytes: 1e9 / 1e5 = 10000 tokens per device without recomputation,
+    # 10x that with full recomputation (kept = 0.1)
     assert cost.max_tokens(1, 0.0) == 10_000
     assert cost.max_tokens(1, 1.0) == 100_000
     assert cost.max_tokens(4, 0.5) == int(1e9 * 4 / (1e5 * 0.55))   # 72727
-    assert cost.min_checkpoint(10_000, 1) == 0.0
+    assert cost.min_recompute(10_000, 1) == 0.0
     # 20000 tokens at d=1 need the kept fraction <= 0.5: 1 - 0.9 c <= 0.5, c >= 0.556 -> 3/4
-    assert cost.min_checkpoint(20_000, 1) == 0.75
-    assert cost.min_checkpoint(20_000, 2) == 0.0
-    # exactly the full-checkpointing capacity fits, one more token does not
-    assert cost.min_checkpoint(100_000, 1) == 1.0
-    assert cost.min_checkpoint(100_001, 1) is None
+    assert cost.min_recompute(20_000, 1) == 0.75
+    assert cost.min_recompute(20_000, 2) == 0.0
+    # exactly the full-recomputation capacity fits, one more token does not
+    assert cost.min_recompute(100_000, 1) == 1.0
+    assert cost.min_recompute(100_001, 1) is None
     assert cost.min_degree(100_000) == 1
     assert cost.min_degree(150_000) == 2
     assert cost.min_degree(400_000) == 4
@@ -190,7 +193,7 @@ def test_replicated_kv_heads_are_priced():
 def costs(draw):
     layers = draw(st.sampled_from([1, 2, 3, 4, 12, 32, 60]))
     act = draw(st.floats(1e3, 5e6))
-    cap = draw(st.floats(1.0, 1e6))   # tokens one device holds without checkpointing
+    cap = draw(st.floats(1.0, 1e6))   # tokens one device holds without recomputation
     # States up to 10x the free memory (a GPU runs with 10% or more free): far beyond that,
     # device_memory - states cancels so many digits that no formula can be exact to a token.
     states = draw(st.floats(0.0, 10.0)) * cap * act
@@ -221,9 +224,9 @@ def test_max_tokens_is_the_boundary(cost, degree, level):
 
 @settings(max_examples=200)
 @given(costs(), st.sampled_from([1, 2, 8, 64]), st.floats(0.0, 1.2))
-def test_min_checkpoint_is_least_fitting_level(cost, degree, fraction):
+def test_min_recompute_is_least_fitting_level(cost, degree, fraction):
     tokens = max(1, int(fraction * cost.max_tokens(degree, 1.0)))
-    c = cost.min_checkpoint(tokens, degree)
+    c = cost.min_recompute(tokens, degree)
     if c is None:
         assert cost.memory([tokens], degree, 1.0) > cost.device_memory
         return
@@ -356,15 +359,15 @@ def test_check_fits_names_sequence_and_limit():
     cost = small_cost()
     limit = cost.max_tokens(4, 1.0)
     assert limit == 400_000
-    cost.check_fits([5, limit, 7])      # exactly the limit fits
+    check_fits(cost, [5, limit, 7])      # exactly the limit fits
     with pytest.raises(InfeasibleError, match=rf"sequence 1 has {limit + 1} tokens.*at most {limit} tokens"):
-        cost.check_fits([5, limit + 1, limit + 2])
+        check_fits(cost, [5, limit + 1, limit + 2])
 
 
 # --- lower bound -------------------------------------------------------------------------------
 def design_lower_bound(cost: CostModel, lengths, remap: bool = False) -> float:
     """docs/design.md's bound: max(sum_k min_d d time(s_k, d) / N, max_k min_d time(s_k, d)),
-    with the least checkpoint level at each degree.
+    with the least recompute level at each degree.
 
     One correction: docs/design.md's area term charges the fixed cost g to every sequence, but
     sequences packed into one micro-batch share it, so that term is not a bound (5 one-token
@@ -379,7 +382,7 @@ def design_lower_bound(cost: CostModel, lengths, remap: bool = False) -> float:
     best, area = [], []
     for s in lengths:
         options = [(cost.time([s], d, c), d) for d in cost.degrees
-                   if (c := cost.min_checkpoint(s, d)) is not None]
+                   if (c := cost.min_recompute(s, d)) is not None]
         alone = [t for t, _ in options]
         used = [(t - cost.g) * d for t, d in options]
         if remap:
@@ -543,8 +546,8 @@ def test_degrees_past_the_heads_with_context_parallelism():
     cost = small_cost(heads=6, kv_heads=2, bandwidth={2: 1e9, 4: 5e8})
     assert cost.degrees == [1, 2]                         # Ulysses alone: 4 does not divide 6
     wide = cost.under(ANY_SPLIT)
-    assert wide.degrees == [1, 2, 4] and wide.split(4) == 2 and wide.context_parts(4) == [2, 4]
-    assert wide.split(2) == 1                             # heads first where they allow
+    assert wide.degrees == [1, 2, 4] and wide.catalogue.split(4) == 2 and wide.catalogue.context_parts(4) == [2, 4]
+    assert wide.catalogue.split(2) == 1                             # heads first where they allow
     assert wide.to_dict() == cost.to_dict()               # the rule is the planner's, not the profile's
 
 
@@ -552,14 +555,14 @@ def test_a_profile_offers_only_the_context_parts_it_measured_where_ulysses_runs(
     profiled = dataclasses.replace(small_cost(heads=6, kv_heads=2, bandwidth={2: 1e9, 4: 5e8}), source="profiled")
     # No CP point profiled: CP only at 4, which Ulysses cannot reach (6 heads), priced analytically there.
     wide = profiled.under(ANY_SPLIT)
-    assert wide.context_parts(2) == [1] and wide.fastest_candidates(2) == [1]
-    assert wide.context_parts(4) == [2, 4]
+    assert wide.catalogue.context_parts(2) == [1] and wide.fastest_candidates(2) == [1]
+    assert wide.catalogue.context_parts(4) == [2, 4]
     # Measured at 2: offered there; a rule of CP alone (Megatron's) keeps it unmeasured too.
     measured = dataclasses.replace(profiled, context_latency={2: 0.01}).under(ANY_SPLIT)
-    assert measured.context_parts(2) == [1, 2]
-    assert profiled.under(CONTEXT_ONLY).context_parts(2) == [2]
+    assert measured.catalogue.context_parts(2) == [1, 2]
+    assert profiled.under(CONTEXT_ONLY).catalogue.context_parts(2) == [2]
     # An analytic model's CP terms are its design, not a stand-in for a measurement.
-    assert small_cost(heads=6, kv_heads=2, bandwidth={2: 1e9, 4: 5e8}).under(ANY_SPLIT).context_parts(2) == [1, 2]
+    assert small_cost(heads=6, kv_heads=2, bandwidth={2: 1e9, 4: 5e8}).under(ANY_SPLIT).catalogue.context_parts(2) == [1, 2]
 
 
 def test_context_parallel_terms_by_hand():
@@ -595,7 +598,7 @@ def test_split_memory_boundaries(cost, split, fraction):
     assert cost.memory([n], degree, c, cp) <= cost.device_memory * FIT
     assert cost.memory([n + 1], degree, c, cp) > cost.device_memory
     tokens = max(1, int(fraction * cost.max_tokens(degree, 1.0, cp)))
-    level = cost.min_checkpoint(tokens, degree, cp)
+    level = cost.min_recompute(tokens, degree, cp)
     if level is None:
         assert cost.memory([tokens], degree, 1.0, cp) > cost.device_memory
         return
@@ -620,11 +623,11 @@ def test_every_split_times_are_the_least_over_every_allowed_split(heads, kv_head
     cost = hand_cost(heads=heads, kv_heads=kv_heads, world_size=8, bandwidth={2: 1e8, 4: 5e7, 8: 2e7},
                      context_latency={8: 1e-3}).under(ANY_SPLIT)
     lengths = [1, 300, 2_000, 9_000, 40_000]
-    times = cost.sequence_times(lengths, every_split=True)
+    times = sequence_times(cost, lengths, every_split=True)
     for i, d in enumerate(cost.degrees):
         for k, s in enumerate(lengths):
             alone = [cost.time([s], d, level, cp) - cost.g - cost.comm(s, d, cp) + cost.comm_per_token(d, cp) * s
-                     for cp in cost.context_parts(d)
-                     if (level := cost.min_checkpoint(s, d, cp)) is not None]
+                     for cp in cost.catalogue.context_parts(d)
+                     if (level := cost.min_recompute(s, d, cp)) is not None]
             assert times[i, k] == pytest.approx(min(alone, default=np.inf), rel=1e-9)
-    assert any(len(cost.fastest_candidates(d)) < len(cost.context_parts(d)) for d in cost.degrees)
+    assert any(len(cost.fastest_candidates(d)) < len(cost.catalogue.context_parts(d)) for d in cost.degrees)

@@ -178,5 +178,5 @@ def test_unequal_nics_surcharge_the_bytes_that_cross():
     payload = cost.exchange_bytes(8) * 800 / 8
     assert exchange_surcharge(cost, 8, 1, 800.0, routed=False) == pytest.approx(0.5 * (payload / 2) / 1e10, rel=1e-12)
     # recomputed layers repeat their forward exchanges, and with them the NIC excess: level 1 -> x 1.5
-    assert exchange_surcharge(cost, 8, 1, 800.0, routed=False, checkpoint=1.0) == pytest.approx(
+    assert exchange_surcharge(cost, 8, 1, 800.0, routed=False, recompute=1.0) == pytest.approx(
         1.5 * 0.5 * (payload / 2) / 1e10, rel=1e-12)

@@ -10,7 +10,8 @@ import pytest
 
 from ballast.cli import main
 from ballast.vocabulary.cluster import get_cluster
-from ballast.pricing.cost import CostModel, InfeasibleError
+from ballast.pricing.coefficients import InfeasibleError
+from ballast.pricing.cost import CostModel
 from ballast.pricing.cost_sources import get_cost_model
 from ballast.planners import PLANNERS, PlannerOptions, get_planner
 from ballast.profile.profiler import (all_to_all_value_bytes, check_states_fit, profile, shape_bytes_per_token_layer,
@@ -38,7 +39,7 @@ TRUE = Coefficients(a_layer=2e-8, b_layer=4e-5, b_fixed=2e-5, g_layer=4e-3, g_fi
                     recompute_attention_layer=0.25,
                     latency_layer={2: 3e-3, 4: 5e-3}, bandwidth={2: 4e8, 4: 2e8}, call_latency={2: 6e-4, 4: 1e-3},
                     bytes_per_token_layer=shape_bytes_per_token_layer(TINY, 4), act_fixed=2600.0, act_layer=11000.0,
-                    kept_layer=500.0, span_layer=3e-5, checkpoint_layer=2e-3)
+                    kept_layer=500.0, span_layer=3e-5, recompute_fixed_layer=2e-3)
 
 
 def layer_bytes(value_bytes: int, shape=TINY, degrees=(1, 2, 4)) -> dict[int, float]:
@@ -52,7 +53,7 @@ def grid(depths=(1, 2), lengths=(128, 256, 512, 1024, 2048, 4096), degrees=(1, 2
 def test_fit_recovers_exact_coefficients():
     got = fit(synthetic(grid(), TRUE, noise=0.0), layer_bytes(4))
     for name in ("a_layer", "b_layer", "b_fixed", "g_layer", "g_fixed", "recompute_layer",
-                 "recompute_attention_layer", "act_fixed", "act_layer", "kept_layer", "span_layer", "checkpoint_layer"):
+                 "recompute_attention_layer", "act_fixed", "act_layer", "kept_layer", "span_layer", "recompute_fixed_layer"):
         assert getattr(got, name) == pytest.approx(getattr(TRUE, name), rel=1e-3, abs=1e-12), name
     for table in ("bandwidth", "call_latency", "latency_layer"):
         assert getattr(got, table) == pytest.approx(getattr(TRUE, table), rel=1e-3), table
@@ -67,7 +68,7 @@ def test_fit_recovers_the_remap_layers_overhead_and_prices_it():
     lengths = (128, 256, 512, 1024, 2048, 4096)
     true = dataclasses.replace(TRUE, remap_token_layer=3e-6, remap_layer=2e-3)
     points = grid() + [p for depth in (1, 2) for p in remap_points(depth, lengths, tiny_documents(lengths), 4)]
-    assert sum(p.remap for p in points) == 10 and any(p.remap and p.checkpoint_layers for p in points)
+    assert sum(p.remap for p in points) == 10 and any(p.remap and p.recompute_layers for p in points)
     measured = synthetic(points, true)
     got = fit(measured, layer_bytes(4))
     assert got.remap_token_layer == pytest.approx(3e-6, rel=1e-3) and got.remap_layer == pytest.approx(2e-3, rel=1e-3)
@@ -152,9 +153,9 @@ def test_all_to_all_bytes_that_match_no_precision_are_an_error():
         all_to_all_value_bytes(measured, TINY)
 
 
-def test_fit_needs_checkpointed_points():
-    points = [p for p in grid() if p.checkpoint_layers == 0]
-    with pytest.raises(ValueError, match="checkpoint"):
+def test_fit_needs_recomputed_points():
+    points = [p for p in grid() if p.recompute_layers == 0]
+    with pytest.raises(ValueError, match="recompute"):
         fit(synthetic(points, TRUE, 0.0), layer_bytes(4))
 
 
@@ -177,9 +178,9 @@ def test_a_points_seconds_are_its_slowest_ranks_and_its_collective_seconds_their
     assert (fastest.seconds, fastest.comm_seconds) == pytest.approx((1.2, 0.2))
 
 
-def test_grid_covers_lengths_degrees_and_checkpoint_levels():
+def test_grid_covers_lengths_degrees_and_recompute_levels():
     points = build_grid(4, [128, 1024, 4096], [1, 2])
-    singles = {(p.lengths[0], p.degree, p.checkpoint_layers) for p in points if len(p.lengths) == 1}
+    singles = {(p.lengths[0], p.degree, p.recompute_layers) for p in points if len(p.lengths) == 1}
     assert singles == {(s, d, c) for s in (128, 1024, 4096) for d in (1, 2) for c in (0, 2, 4)}
     assert any(len(p.lengths) > 1 for p in points)  # packed micro-batches too
     assert default_lengths(4096, quick=False) == (128, 256, 512, 1024, 2048, 4096)
@@ -194,7 +195,7 @@ def test_held_out_points_are_real_batches_at_the_grids_splits_and_levels():
     assert len(points) == 6 and points == held_out(TINY, 4, settings)  # seeded
     splits = {(d, 1) for d in (1, 2, 4)} | set(context_splits(TINY, 4))
     for p in points:
-        assert p.layers == 2 and (p.degree, p.cp) in splits and p.checkpoint_layers in (0, 1, 2)
+        assert p.layers == 2 and (p.degree, p.cp) in splits and p.recompute_layers in (0, 1, 2)
         assert max(p.lengths) <= 1024 and p.tokens <= 1024 and p.shapes is None
     assert len({p.lengths for p in points}) == 6  # every one a batch of its own
     assert held_out(TINY, 4, dataclasses.replace(settings, held_out=0)) == []
@@ -286,7 +287,7 @@ def test_tiny_real_profile_and_check_on_two_ranks(tmp_path):
     assert loaded.fit["grid"] == [Measurement.from_dict(m).point.label() for m in loaded.fit["measurements"]]
     # The grid ran CP (1 x 2) too, its terms fitted and its points reported apart.
     assert loaded.context_latency.keys() == {2} and loaded.context_attention > 0
-    assert {"ulysses", "cp", "cp ckpt", "context_collectives"} <= loaded.fit["residuals_by_kind"].keys()
+    assert {"ulysses", "cp", "cp recomp", "context_collectives"} <= loaded.fit["residuals_by_kind"].keys()
     assert loaded.fit["states_measured"]["2"] == state_bytes(dataclasses.replace(TINY, layers=2))
     out, png = tmp_path / "check.json", tmp_path / "check.png"
     assert main(["profile", "--check", str(path), "--plans", "2", "--repeats", "1", "--max-len", "128",
@@ -319,7 +320,7 @@ def test_fit_recovers_context_parallel_coefficients():
     gathered = {split: context_bytes_per_token_layer(TINY, 4, *split) for split in SPLITS}
     got = fit(measured, layer_bytes(4), "causal", gathered)
     for name in ("a_layer", "b_layer", "b_fixed", "g_layer", "g_fixed", "recompute_layer",
-                 "recompute_attention_layer", "context_attention", "act_layer", "kept_layer", "checkpoint_layer"):
+                 "recompute_attention_layer", "context_attention", "act_layer", "kept_layer", "recompute_fixed_layer"):
         assert getattr(got, name) == pytest.approx(getattr(TRUE_CP, name), rel=1e-3, abs=1e-12), name
     for table in ("bandwidth", "latency_layer", "context_latency_layer", "context_bandwidth", "context_call_latency"):
         assert getattr(got, table) == pytest.approx(getattr(TRUE_CP, table), rel=1e-3), table
@@ -338,13 +339,16 @@ def test_fit_recovers_context_parallel_coefficients():
 
 def test_context_points_round_trip_and_say_their_split():
     point = Point(2, (64,) * 8, 4, 0, cp=2)
-    assert point.ulysses == 2 and point.label() == "L2 8x64 d4=2x2cp ckpt0/2"
+    assert point.ulysses == 2 and point.label() == "L2 8x64 d4=2x2cp recomp0/2"
     (measured,) = synthetic([point], TRUE_CP)
     assert measured.context_calls == 4 and measured.context_bytes > 0
     assert Measurement.from_dict(json.loads(json.dumps(measured.to_dict()))) == measured
     (plain,) = synthetic([Point(2, (64,), 2, 0)], TRUE)
     assert "cp" not in plain.to_dict()["point"] and "context_seconds" not in plain.to_dict()
     assert Measurement.from_dict(plain.to_dict()) == plain
+    recorded = plain.to_dict()  # profiles recorded before the rename name the point's recomputed blocks so
+    recorded["point"]["checkpoint_layers"] = recorded["point"].pop("recompute_layers")
+    assert Measurement.from_dict(recorded) == plain
     with pytest.raises(ValueError, match="CP part 3"):
         Point(1, (64,), 4, 0, cp=3)
 
@@ -359,14 +363,14 @@ def test_context_grid_and_splits_follow_the_heads():
     grid_points, _ = plan_grid(TINY, 2, Settings(lengths=(128, 1024), depths=(1,), verify=0))
     context = [p for p in grid_points if p.cp > 1]
     assert {(p.degree, p.cp) for p in context} == {(2, 2)}
-    assert {p.checkpoint_layers for p in context} == {0, 1} and any(len(p.lengths) > 1 and p.lengths[0] % 2 for p in context)
+    assert {p.recompute_layers for p in context} == {0, 1} and any(len(p.lengths) > 1 and p.lengths[0] % 2 for p in context)
 
 
 def test_check_plans_include_context_parallel_ones():
     """On 2 ranks tiny's 8 heads allow Ulysses at degree 2, so only planners that run CP give
     CP groups: megatron-dynamic-cp (CP only) and static USP (1 x 2), which the check adds next to
     static; their rows are summarised apart."""
-    # 30 MB per rank: a 4096-token sequence needs degree 2 even checkpointed, so megatron-dynamic-cp runs CP.
+    # 30 MB per rank: a 4096-token sequence needs degree 2 even recomputed, so megatron-dynamic-cp runs CP.
     cost = TRUE_CP.cost_model(TINY, 2, 0.03e9, state_bytes(TINY), fit={"shape": TINY.to_dict()})
     planners = checked_planners(["static", "megatron-dynamic-cp", "ballast"], TINY, 2)
     assert [p.label for p in planners] == ["static", "megatron-dynamic-cp", "ballast", "static 1x2cp"]

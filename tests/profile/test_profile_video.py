@@ -50,7 +50,7 @@ BYTES = shape_bytes_per_token_layer(STDIT, 4)
 COMMON = dict(b_layer=4e-5, b_fixed=2e-5, g_layer=4e-3, g_fixed=5e-3, recompute_layer=0.4,
               recompute_attention_layer=0.25, latency_layer={2: 3e-3, 4: 5e-3}, bandwidth={2: 4e8, 4: 2e8},
               call_latency={2: 6e-4, 4: 1e-3}, bytes_per_token_layer=BYTES, act_fixed=2600.0,
-              act_layer=11000.0, kept_layer=500.0, checkpoint_layer=2e-3)
+              act_layer=11000.0, kept_layer=500.0, recompute_fixed_layer=2e-3)
 # A spatial pair costs more than a temporal one (c_s != c_t), so the measured share is not 0.5.
 C_S, C_T = 3e-8, 1e-8
 TRUE_ST = Coefficients(a_layer=(C_S + C_T) / 2, spatial_layer=C_S, temporal_layer=C_T, attention="spatial-temporal",
@@ -88,7 +88,7 @@ def test_fit_recovers_spatial_and_temporal_coefficients():
     got = fit(synthetic(video_grid("spatial-temporal"), TRUE_ST), exchanged(), "spatial-temporal")
     assert got.spatial_layer == pytest.approx(C_S, rel=1e-3) and got.temporal_layer == pytest.approx(C_T, rel=1e-3)
     for name in ("b_layer", "b_fixed", "g_layer", "g_fixed", "recompute_layer", "recompute_attention_layer",
-                 "checkpoint_layer"):
+                 "recompute_fixed_layer"):
         assert getattr(got, name) == pytest.approx(getattr(TRUE_ST, name), rel=1e-3, abs=1e-12), name
     cost = got.cost_model(DEEP, 4, 1e10, state_bytes(DEEP))
     # 8 blocks: 4 spatial, 4 temporal; a = (4 c_s + 4 c_t) / 2, sigma = c_s / (c_s + c_t).
@@ -121,7 +121,7 @@ def test_fit_recovers_the_span_term_and_prices_it(attention):
     assert at[4].call_seconds == pytest.approx(4 * 3e-5, rel=1e-3)
     # Exact where no block or every block is recomputed: CostModel recomputes a level's share of
     # every span kind, the runtime the first blocks (at depth 2, level 1/2: the spatial one only).
-    whole = [m for m in measured if m.point.checkpoint_layers in (0, m.point.layers)]
+    whole = [m for m in measured if m.point.recompute_layers in (0, m.point.layers)]
     assert max(abs(row["time_error"]) for row in prediction_errors(whole, at)) < 1e-3
 
 
@@ -189,7 +189,7 @@ def test_video_grid_plans_and_settings():
 
 def test_measurements_and_video_profiles_round_trip(tmp_path):
     point = Point.of(2, [(4, 8, 8), (16, 2, 2)], 2, 1)
-    assert point.lengths == (256, 64) and point.label() == "L2 4x8x8+16x2x2 d2 ckpt1/2"
+    assert point.lengths == (256, 64) and point.label() == "L2 4x8x8+16x2x2 d2 recomp1/2"
     m = synthetic([point], TRUE_ST)[0]
     assert Measurement.from_dict(json.loads(json.dumps(m.to_dict()))) == m
     text = synthetic([Point(1, (128, 128), 1, 0)], TRUE_FULL)[0]
@@ -227,7 +227,7 @@ def test_measured_exchange_bytes_and_scaled_check_clips():
 def test_video_grid_holds_source_packs_apart_from_the_check_and_held_out_batches():
     """Packs of the model's own clips: at every profiled depth and degree, d x the grid's largest
     clip of tokens and twice that (a rank's share of the check's default step), at no and full
-    checkpointing, seeded, and no batch the check or a held-out point draws (another seed of the
+    recomputation, seeded, and no batch the check or a held-out point draws (another seed of the
     same source)."""
     settings = Settings(default_video_sizes(2048, False, "spatial-temporal"), (2, 4), verify=0, seed=3)
     packs = source_packs(STDIT, (2, 4), (1, 2), 2048, settings.seed)
@@ -235,7 +235,7 @@ def test_video_grid_holds_source_packs_apart_from_the_check_and_held_out_batches
     assert SOURCE_PACK_SHARES == (1, 2)
     expected = [(depth, d, share, level) for depth in (2, 4) for d in (1, 2) for share in (1, 2)
                 for level in (0, depth)]
-    assert [(p.layers, p.degree, p.checkpoint_layers) for p in packs] == [(L, d, k) for L, d, _, k in expected]
+    assert [(p.layers, p.degree, p.recompute_layers) for p in packs] == [(L, d, k) for L, d, _, k in expected]
     source = check_source("video", STDIT, 2048)
     known = {tuple(map(int, shape)) for shape in source.shapes}
     for p, (_, d, share, _) in zip(packs, expected):

@@ -40,7 +40,7 @@ def dit_plan() -> Plan:
 
 
 def context_plan() -> Plan:
-    """u x c = 2 x 2, 1 x 4 and 1 x 2 beside a Ulysses group; checkpoint levels from 0 to 1; the
+    """u x c = 2 x 2, 1 x 4 and 1 x 2 beside a Ulysses group; recompute levels from 0 to 1; the
     1-token sequence at CP 4 leaves three ranks empty."""
     return Plan(LENGTHS, [
         Wave([Group(0, 4, [MicroBatch([0, 1, 2], 0.5), MicroBatch([3])], cp=2)]),
@@ -91,12 +91,12 @@ def _worker(batches: list[verify.VerifyBatch], six: list[verify.VerifyBatch]) ->
         result = executor.step(dit_plan(), clip_batch(shape, GRIDS).samples)
         out[shape.name] = (result.loss, verify.flatten(p.grad for p in model.parameters()))
     # Activations saved for backward: full recomputation keeps only the layers' inputs, the
-    # gathered K/V included (the CP function saves it where checkpointing can drop it).
+    # gathered K/V included (the CP function saves it where recomputation can drop it).
     cluster = get_cluster("cpu", world_size=4)
-    for checkpoint in (0.0, 1.0):
+    for recompute in (0.0, 1.0):
         executor = parallelize(build_gpt(SHAPE), cluster, groups=groups, measure_activations=True, lr=1e-3)
-        plan = Plan(LENGTHS, [Wave([Group(0, 4, [MicroBatch(list(range(10)), checkpoint)], cp=2)])])
-        out[f"checkpoint {checkpoint}"] = executor.step(plan, batches[0].samples).micro_batches[0]
+        plan = Plan(LENGTHS, [Wave([Group(0, 4, [MicroBatch(list(range(10)), recompute)], cp=2)])])
+        out[f"recompute {recompute}"] = executor.step(plan, batches[0].samples).micro_batches[0]
     return out
 
 
@@ -136,13 +136,13 @@ def test_a_six_head_model_runs_degree_4_with_context_parallelism(world4):
 
 
 @pytest.mark.slow
-def test_checkpointed_cp_layers_keep_only_their_inputs(world4):
+def test_recomputed_cp_layers_keep_only_their_inputs(world4):
     ranks, _ = world4
     # 2 x 2: the ranks hold every token once (head-tail chunks per sequence, not 218 / 4 each).
-    assert sum(rank["checkpoint 0.0"].tokens for rank in ranks) == sum(LENGTHS)
+    assert sum(rank["recompute 0.0"].tokens for rank in ranks) == sum(LENGTHS)
     for rank in ranks:
-        full, recomputed = rank["checkpoint 0.0"], rank["checkpoint 1.0"]
-        # A checkpointed layer keeps its input (rows x 128 fp32); an unchecked one that and q,
+        full, recomputed = rank["recompute 0.0"], rank["recompute 1.0"]
+        # A recomputed layer keeps its input (rows x 128 fp32); an unchecked one that and q,
         # the gathered K/V, the MLP's activations, ...: measured ~10x more. Had the CP function
         # kept its graph beyond the hooks, the meter would not see it: `test_context_parallel`
         # checks its autograd node holds no tensor outside `save_for_backward`.

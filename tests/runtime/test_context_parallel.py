@@ -164,7 +164,7 @@ def _inputs(lengths, kv_heads):
 
 def _tensors_on_context(output):
     """Names of tensors the CP autograd nodes behind `output` keep as plain ctx attributes: held
-    out of saved-tensor hooks' sight, so a checkpointed layer could not drop them."""
+    out of saved-tensor hooks' sight, so a recomputed layer could not drop them."""
     seen, todo, names = set(), [output.grad_fn], []
     while todo:
         node = todo.pop()

@@ -23,7 +23,7 @@ from ballast.vocabulary.model_shape import ModelShape
 
 def mixed_plan() -> Plan:
     """Three waves; the degree changes between waves; groups of one wave accumulate 3, 1 and 0
-    micro-batches; checkpoint levels vary; an empty (lockstep padding) micro-batch; a 1-token
+    micro-batches; recompute levels vary; an empty (lockstep padding) micro-batch; a 1-token
     sequence at degree 4 leaves three ranks with empty shards."""
     return Plan(LENGTHS, [
         Wave([Group(0, 2, [MicroBatch([0, 1], 0.5), MicroBatch([2]), MicroBatch([4], 1.0)]),
@@ -37,7 +37,7 @@ def mixed_plan() -> Plan:
 def remapped_plan() -> Plan:
     """Zeppelin's remapping layer: wave 0 balances its groups' linear work over all 4 ranks
     (an idle rank takes a share; the last slot has 3 tokens, so one rank holds none; the slot's
-    checkpoint levels differ); wave 1 has two domains, one of them a single group."""
+    recompute levels differ); wave 1 has two domains, one of them a single group."""
     return Plan(LENGTHS, [
         Wave([Group(0, 2, [MicroBatch([0, 1], 0.5), MicroBatch([2]), MicroBatch([4], 1.0)]),
               Group(2, 1, [MicroBatch([3], 1.0)]), Group(3, 1)], remap=[(0, 4)]),
@@ -52,9 +52,9 @@ def data_parallel_plan(world: int) -> Plan:
                                 for r in range(world)])], planner="data-parallel")
 
 
-def one_group_plan(world: int, checkpoint: float) -> Plan:
-    return Plan(LENGTHS, [Wave([Group(0, world, [MicroBatch([0, 1, 2, 3, 4], checkpoint),
-                                                 MicroBatch([5, 6, 7, 8, 9], checkpoint)])])])
+def one_group_plan(world: int, recompute: float) -> Plan:
+    return Plan(LENGTHS, [Wave([Group(0, world, [MicroBatch([0, 1, 2, 3, 4], recompute),
+                                                 MicroBatch([5, 6, 7, 8, 9], recompute)])])])
 
 
 def two_wave_plan() -> Plan:
@@ -105,8 +105,8 @@ def remapping_ballast_plan() -> Plan:
                                 "device_memory": base.states + 45 * base.act_per_token,
                                 "bandwidth": {2: 1e13}})
     plan = get_planner("ballast", cluster, cost).plan(POLE_LENGTHS)
-    assert plan.waves[0].remap == [(0, 4)] and cost.min_checkpoint(120, 2) > 0, plan.table()
-    assert [mb.checkpoint for g in plan.waves[0].groups for mb in g.micro_batches] == [0.0] * 3
+    assert plan.waves[0].remap == [(0, 4)] and cost.min_recompute(120, 2) > 0, plan.table()
+    assert [mb.recompute for g in plan.waves[0].groups for mb in g.micro_batches] == [0.0] * 3
     return plan
 
 
@@ -161,11 +161,11 @@ def _world4_worker(batches: list[verify.VerifyBatch], planners: dict[str, list[d
     out["planners"] = {name: verify.train_distributed(SHAPE, plans, batches[:1], 0, 1e-3, groups)
                        for name, plans in planners.items()}
     cluster = get_cluster("cpu", world_size=4)
-    for checkpoint in (0.0, 1.0):
+    for recompute in (0.0, 1.0):
         model = build_gpt(SHAPE)
         executor = parallelize(model, cluster, groups=groups, measure_activations=True, lr=1e-3)
-        result = executor.step(one_group_plan(4, checkpoint), batches[0].samples)
-        out[f"checkpoint {checkpoint}"] = (verify.flatten(p.grad for p in model.parameters()), result)
+        result = executor.step(one_group_plan(4, recompute), batches[0].samples)
+        out[f"recompute {recompute}"] = (verify.flatten(p.grad for p in model.parameters()), result)
     model = build_gpt(SHAPE)
     executor = parallelize(model, cluster, groups=groups, lr=1e-3)
     out["mixed-step"] = executor.step(mixed_plan(), batches[0].samples)
@@ -245,11 +245,11 @@ def test_bf16_autocast_runs_the_gpu_path_and_stays_near_fp32(world2, batches):
 @pytest.mark.slow
 def test_remapping_balances_every_slot_over_its_domain(world4):
     # Wave 0 slot by slot: 103 tokens (42 + 61), then 12, then 3, each over all 4 ranks; its
-    # slots run at their lowest checkpoint level (0.5, 0 and 1.0 of the layers).
+    # slots run at their lowest recompute level (0.5, 0 and 1.0 of the layers).
     records = [[mb for mb in rank["remapped-step"].micro_batches if mb.wave == 0] for rank in world4]
     assert [[mb.tokens for mb in rank] for rank in records] == [[26, 3, 1], [26, 3, 1], [26, 3, 1], [25, 3, 0]]
     layers = SHAPE.layers
-    assert {tuple(mb.checkpoint_layers for mb in rank) for rank in records} == {(round(0.5 * layers), 0, layers)}
+    assert {tuple(mb.recompute_layers for mb in rank) for rank in records} == {(round(0.5 * layers), 0, layers)}
 
 
 @pytest.mark.slow
@@ -274,15 +274,15 @@ def test_zero1_matches_replicated_optimizer_state(world4):
 
 
 @pytest.mark.slow
-def test_checkpointing_keeps_gradients_and_saves_activation_memory(world4):
+def test_recomputation_keeps_gradients_and_saves_activation_memory(world4):
     for rank in world4:
-        (grads_off, off), (grads_on, on) = rank["checkpoint 0.0"], rank["checkpoint 1.0"]
+        (grads_off, off), (grads_on, on) = rank["recompute 0.0"], rank["recompute 1.0"]
         # Recomputation repeats the same fp32 forward on the same inputs.
         torch.testing.assert_close(grads_on, grads_off, rtol=0, atol=1e-7)
-        assert [mb.checkpoint_layers for mb in on.micro_batches] == [SHAPE.layers] * 2
+        assert [mb.recompute_layers for mb in on.micro_batches] == [SHAPE.layers] * 2
         saved_off = sum(mb.activation_bytes for mb in off.micro_batches)
         saved_on = sum(mb.activation_bytes for mb in on.micro_batches)
-        # Checkpointed blocks keep only their input (hidden floats per token) of a layer's many.
+        # Recomputed blocks keep only their input (hidden floats per token) of a layer's many.
         assert 0 < saved_on < 0.5 * saved_off
 
 

@@ -20,7 +20,7 @@ def empty(count: int) -> list[MicroBatch]:
 
 
 def lockstep_plan() -> Plan:
-    """Degrees 1, 2 and 4, checkpoint levels from 0 to 1, an idle rank and short groups padded
+    """Degrees 1, 2 and 4, recompute levels from 0 to 1, an idle rank and short groups padded
     with empty micro-batches, a 1-token sequence at degree 4 (three ranks hold empty shards)."""
     return Plan(LENGTHS, [
         Wave([Group(0, 2, [MicroBatch([0, 1], 0.5), MicroBatch([2]), MicroBatch([4], 1.0)]),

@@ -302,7 +302,7 @@ def test_the_plans_exercise_every_path(world2, world4):
             shown = made if world == 4 else ran
             assert {d for p in shown for d in p.degrees_used()} == ({1, 2} if world == 2 else {1, 2, 4})
             assert max(len(p.waves) for p in shown) >= 2
-            levels = {mb.checkpoint for p in shown for _, _, mb in p.micro_batches() if mb.seq_ids}
+            levels = {mb.recompute for p in shown for _, _, mb in p.micro_batches() if mb.seq_ids}
             assert 1.0 in levels and 0.0 in levels and len(levels) >= 3
             # the long clip never on one rank
             assert all(g.degree >= 2 for p in made for _, g, mb in p.micro_batches() if 0 in mb.seq_ids)

@@ -188,7 +188,7 @@ def from_checkpoint(model: str, out: Path) -> torch.nn.Module:
 def test_static_and_ballast_end_with_the_same_parameters(runs):
     static, ours = (final_history(runs[p] / "metrics.jsonl") for p in ("static", "ballast"))
     assert [r["sample_ids"] for r in static] == [r["sample_ids"] for r in ours] and len(ours) == STEPS
-    layouts = [[(r["waves"], r["degrees"], r["micro_batches"], r["checkpointed"]) for r in history]
+    layouts = [[(r["waves"], r["degrees"], r["micro_batches"], r["recomputed"]) for r in history]
                for history in (static, ours)]
     assert layouts[0] != layouts[1], "the planners made the same plans: the test would prove nothing"
     worst = max(abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(static, ours))

@@ -3,7 +3,7 @@ rank, rank 0's data preparation outlasting the collective timeout.
 
 The corpus is a seeded JSONL of English-like documents with long-tailed lengths (16..2000
 bytes, byte tokenizer), and the memory budget is set so that the longest sequence (MAX_LEN)
-needs SP degree 2 or checkpointing: `ballast` then mixes degrees and checkpoint levels while
+needs SP degree 2 or recomputation: `ballast` then mixes degrees and checkpoint levels while
 `static` runs one layout, so the planners' plans really differ.
 
 Exactness. A resumed run reloads bit-identical parameters and AdamW state (DCP writes the raw
@@ -144,7 +144,7 @@ def test_metrics_fields_and_every_sample_once(runs, corpus):
         assert r["tokens"] == sum(r["lengths"]) <= BUDGET and max(r["lengths"]) <= MAX_LEN
         assert r["loss"] > 0 and r["step_time"] > 0 and r["predicted_step_time"] > 0
         assert 0 <= r["idle_fraction"] < 1 and len(r["rank_idle"]) == 2
-        assert r["waves"] >= 1 and set(r["degrees"]) <= {1, 2} and 0 <= r["checkpointed"] <= 1
+        assert r["waves"] >= 1 and set(r["degrees"]) <= {1, 2} and 0 <= r["recomputed"] <= 1
     assert history[-1]["loss"] < history[0]["loss"]
 
 
@@ -170,7 +170,7 @@ def test_static_and_ballast_train_the_same_model(corpus, tmp_path, capsys):
     assert "trained 20 steps with the ballast planner" in capsys.readouterr().out
     static, ours = (final_history(tmp_path / p / "metrics.jsonl") for p in ("static", "ballast"))
     assert [r["sample_ids"] for r in static] == [r["sample_ids"] for r in ours]
-    layouts = [[(r["waves"], r["degrees"], r["micro_batches"], r["checkpointed"]) for r in history]
+    layouts = [[(r["waves"], r["degrees"], r["micro_batches"], r["recomputed"]) for r in history]
                for history in (static, ours)]
     assert layouts[0] != layouts[1], "the planners made the same plans: the test would prove nothing"
     worst = max(abs(a["loss"] - b["loss"]) / a["loss"] for a, b in zip(static, ours))

@@ -105,7 +105,7 @@ def test_resume_is_bit_identical(runs):
 def test_static_and_ballast_end_at_the_same_parameters(runs):
     ours, static = history(runs["whole"]), history(runs["static"])
     assert [r["sample_ids"] for r in ours] == [r["sample_ids"] for r in static]
-    layouts = [[(r["degrees"], r["micro_batches"], r["checkpointed"]) for r in h] for h in (ours, static)]
+    layouts = [[(r["degrees"], r["micro_batches"], r["recomputed"]) for r in h] for h in (ours, static)]
     assert layouts[0] != layouts[1], "the planners made the same plans: the test would prove nothing"
     assert all(r["degrees"] == [2] for r in static)
     assert [r["loss"] for r in ours] == pytest.approx([r["loss"] for r in static], rel=LOSS_RTOL)

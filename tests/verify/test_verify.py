@@ -9,12 +9,13 @@ import pytest
 from ballast.cli import main
 from ballast.vocabulary.model_shape import ModelShape, get_model_shape
 from ballast.planners import PLANNERS as PLANNERS_ALL, PlannerOptions, get_planner
+from ballast.planners.fits import check_fits
 from ballast.verify.command import budget
 from ballast.verify.reference import random_batches
 
 PLANNERS = ["static", "ballast"]
 # One step of 6 sequences up to 64 tokens: enough for both planners to lay out a batch that
-# the budget `verify` derives makes them checkpoint, small enough to run in seconds.
+# the budget `verify` derives makes them recompute, small enough to run in seconds.
 ARGS = ["verify", "--world", "2", "--planners", ",".join(PLANNERS), "--model", "tiny", "--steps", "1",
         "--batch", "6", "--max-len", "64"]
 
@@ -71,7 +72,7 @@ def test_routing_needs_nodes_that_divide_the_world_before_any_rank_starts(capsys
 @pytest.mark.parametrize("max_len", [1, 2, 8, 16])
 def test_every_planner_plans_at_verifys_budget_for_a_tiny_max_len(model, max_len):
     """verify's default budget at a tiny --max-len holds less than one token per rank without
-    recomputation (1.2 x half a sequence's checkpointed activations): every planner still lays
+    recomputation (1.2 x half a sequence's recomputed activations): every planner still lays
     out valid plans (ballast's packer divided by that zero capacity, flexsp by one rank's)."""
     shape = get_model_shape(model)
     cluster, cost = budget(shape, 2, max_len)
@@ -89,5 +90,5 @@ def test_default_budget_holds_max_len_where_the_heads_allow_degree_1_only():
     shape = ModelShape("three-heads", 2, 96, 3, 3, 192, 256)
     _, cost = budget(shape, 2, 256)
     assert cost.degrees == [1]
-    cost.check_fits([256])
+    check_fits(cost, [256])
     assert cost.max_tokens(1, 1.0) < 1.3 * 256  # still a budget that needs recomputation

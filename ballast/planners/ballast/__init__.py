@@ -2,7 +2,7 @@
 
     planner.py   BallastPlanner: layouts of waves and group degrees, search, local repair
     estimate.py  GroupEstimates: a group's time as sequences are added or moved (the hot path)
-    groups.py    GroupPacker: a group's sequences into micro-batches and checkpoint levels
+    groups.py    GroupPacker: a group's sequences into micro-batches and recompute levels
 """
 from .planner import BallastPlanner
 

@@ -41,21 +41,16 @@ class GroupEstimates:
     def __init__(self, cost: CostModel, degrees: np.ndarray, cps: list[int]):
         """Entries of `degrees`, each priced at its split `cps` (the CP part of its degree)."""
         free = cost.device_memory - cost.states
-        # Per entry: its degree, the tokens per device that fit without checkpointing, the
+        # Per entry: its degree, the tokens per device that fit without recomputation, the
         # recomputation rates per token over that (r and r_attn - r times phi, the tokens a
         # recomputation frees: 1 / (1 - k) without CP; with it a recomputed layer also drops its
-        # gathered K, V, G bytes per token, so phi = (A + G d) / (A (1 - k) + G d)), the CP
-        # attention factor f and the exchange seconds per token; then the forced recomputation
-        # per excess token and unit of a p, and per excess token: (r + r_attn - r) phi f and r phi b.
+        # gathered K, V, so phi = 1 / (1 - `kept_share`)), the CP attention factor f and the
+        # exchange seconds per token; then the forced recomputation per excess token and unit of
+        # a p, and per excess token: (r + r_attn - r) phi f and r phi b.
         terms: dict[tuple[int, int], tuple] = {}
         for d, cp in set(zip(degrees.tolist(), cps)):
-            if cp == 1:  # today's expressions, so plans without CP stay bit-identical
-                cap, phi, factor = free / cost.act_per_token, 1.0 / (1.0 - cost.kept), 1.0
-            else:
-                gathered = cost.gathered_per_token(d, cp) * d
-                cap = free / (cost.act_per_token + gathered)
-                phi = (cost.act_per_token + gathered) / (cost.act_per_token * (1.0 - cost.kept) + gathered)
-                factor = cost.context_attention
+            cap = free / (cost.act_per_token + cost.gathered_per_token(d, cp) * d)
+            phi, factor = 1.0 / (1.0 - cost.kept_share(d, cp)), cost.attention_factor(cp)
             # The attention rate is exactly 0.0 under docs/design.md's single r.
             rate, attn_rate = cost.recompute * phi, (cost.recompute_attention - cost.recompute) * phi
             terms[d, cp] = (float(d), cap, rate, attn_rate, factor, cost.comm_per_token(d, cp),

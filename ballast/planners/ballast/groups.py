@@ -1,4 +1,4 @@
-"""Inside a group of the `ballast` planner: micro-batches, checkpoint levels, exact repair.
+"""Inside a group of the `ballast` planner: micro-batches, recompute levels, exact repair.
 
 Within a group, compute and all-to-all time do not depend on how its sequences are packed;
 only the fixed cost g per micro-batch and recomputation do. `GroupPacker.pack` searches the
@@ -17,7 +17,7 @@ from ...vocabulary.samples import SampleBatch
 from ..packing import best_fit_decreasing
 
 # Micro-batch counts tried per group: a geometric ladder of this many between the fewest that
-# memory allows and the count with no checkpointing, then this many either side of the best.
+# memory allows and the count with no recomputation, then this many either side of the best.
 LADDER = 6
 REFINE = 2
 # Receivers each exact repair move tries (the least loaded groups).
@@ -45,7 +45,7 @@ class GroupPacker:
         or None if no move helps.
 
         Moves are incremental (the sequence leaves its micro-batch, joins the receiver's
-        lightest one or a new one, each at its least checkpoint level), so a repair costs
+        lightest one or a new one, each at its least recompute level), so a repair costs
         O(sequences x receivers) micro-batch evaluations instead of repacking whole groups.
         """
         slow = int(np.argmax(times))
@@ -82,12 +82,12 @@ class GroupPacker:
                       ) -> tuple[list[MicroBatch], float]:
         """`mbs` (a group of `degree` split `cp`) with sequence s added to the micro-batch of
         fewest tokens, or alone if faster, and the time that adds."""
-        single = MicroBatch([s], self.cost.min_checkpoint(self.lengths[s], degree, cp))
+        single = MicroBatch([s], self.cost.min_recompute(self.lengths[s], degree, cp))
         best = (mbs + [single], self.mb_time(single, degree, cp))
         if mbs:
             i = min(range(len(mbs)), key=lambda i: sum(self.lengths[x] for x in mbs[i].seq_ids))
             ids = mbs[i].seq_ids + [s]
-            level = self.cost.min_checkpoint(sum(self.lengths[x] for x in ids), degree, cp)
+            level = self.cost.min_recompute(sum(self.lengths[x] for x in ids), degree, cp)
             if level is not None:
                 merged = MicroBatch(ids, level)
                 added = self.mb_time(merged, degree, cp) - self.mb_time(mbs[i], degree, cp)
@@ -103,11 +103,11 @@ class GroupPacker:
         before = self.mb_time(mbs[m], degree, cp)
         if not ids:
             return mbs[:m] + mbs[m + 1:], before
-        rest = MicroBatch(ids, self.cost.min_checkpoint(sum(self.lengths[x] for x in ids), degree, cp))
+        rest = MicroBatch(ids, self.cost.min_recompute(sum(self.lengths[x] for x in ids), degree, cp))
         return mbs[:m] + [rest] + mbs[m + 1:], before - self.mb_time(rest, degree, cp)
 
     def pack(self, seqs: list[int], degree: int) -> tuple[float, list[MicroBatch], int]:
-        """The split (cp), micro-batch count and checkpoint levels of least time for these
+        """The split (cp), micro-batch count and recompute levels of least time for these
         sequences in a group of `degree`: the time, the micro-batches and the split."""
         return min(((*self.pack_at(seqs, degree, cp), cp) for cp in self.cost.fastest_candidates(degree)),
                    key=lambda p: p[0])
@@ -121,15 +121,15 @@ class GroupPacker:
         tokens = sum(lengths[s] for s in seqs)
         fewest = max(1, math.ceil(tokens / self.cost.max_tokens(degree, 1.0, cp)))
         cap = self.cost.max_tokens(degree, 0.0, cp)
-        # Sequences do not split, so token balance alone may checkpoint at any count: bins of
+        # Sequences do not split, so token balance alone may recompute at any count: bins of
         # `cap` tokens (best-fit decreasing) are the fewest micro-batches with no recomputation.
         # A budget may hold no token at all without recomputation (cap 0): then no count avoids
         # it, and one sequence per micro-batch is the most there is to try.
         unchecked = self.bins(seqs, degree, cp, cap) if lengths[seqs[0]] <= cap else []
-        no_ckpt = max(fewest, math.ceil(tokens / cap), len(unchecked)) if cap else len(seqs)
+        no_recompute = max(fewest, math.ceil(tokens / cap), len(unchecked)) if cap else len(seqs)
         # Time against the count is roughly convex (g grows, recomputation shrinks): try the
         # ends, a geometric ladder between them, then the neighbours of the best.
-        top = max(fewest, min(no_ckpt, len(seqs)))
+        top = max(fewest, min(no_recompute, len(seqs)))
         ratio = (top / fewest) ** (1.0 / (LADDER - 1))
         ladder = {fewest, top, *(round(fewest * ratio ** i) for i in range(1, LADDER - 1))}
         timed = {m: self.timed(seqs, degree, cp, m) for m in ladder}
@@ -154,8 +154,8 @@ class GroupPacker:
         return best
 
     def bins(self, seqs: list[int], degree: int, cp: int, capacity: int) -> list[MicroBatch]:
-        """Best-fit-decreasing bins of at most `capacity` tokens, each at its least checkpoint level."""
-        return [MicroBatch(b, self.cost.min_checkpoint(sum(self.lengths[s] for s in b), degree, cp))
+        """Best-fit-decreasing bins of at most `capacity` tokens, each at its least recompute level."""
+        return [MicroBatch(b, self.cost.min_recompute(sum(self.lengths[s] for s in b), degree, cp))
                 for b in best_fit_decreasing(seqs, self.lengths, capacity)]
 
     def timed(self, seqs: list[int], degree: int, cp: int, count: int) -> tuple[float, list[MicroBatch]] | None:
@@ -163,7 +163,7 @@ class GroupPacker:
         return None if mbs is None else (self.mbs_time(mbs, degree, cp), mbs)
 
     def micro_batches(self, longest_first: list[int], degree: int, cp: int, count: int) -> list[MicroBatch] | None:
-        """`count` token-balanced micro-batches (LPT on tokens) at their least checkpoint levels."""
+        """`count` token-balanced micro-batches (LPT on tokens) at their least recompute levels."""
         lengths = self.lengths
         heap = [(0, b) for b in range(count)]
         bins: list[list[int]] = [[] for _ in range(count)]
@@ -174,7 +174,7 @@ class GroupPacker:
         mbs = []
         for load, b in sorted(heap, key=lambda item: item[1]):
             if bins[b]:
-                level = self.cost.min_checkpoint(load, degree, cp)
+                level = self.cost.min_recompute(load, degree, cp)
                 if level is None:
                     return None
                 mbs.append(MicroBatch(bins[b], level))
@@ -184,7 +184,7 @@ class GroupPacker:
         # Sums through map over lists: the packer times tens of thousands of micro-batches per
         # plan. A text sample's units are integers in float64, summed exactly below 2^53.
         return self.cost.time_from_sums(sum(map(self.units.__getitem__, mb.seq_ids)),
-                                        sum(map(self.lengths.__getitem__, mb.seq_ids)), degree, mb.checkpoint, cp)
+                                        sum(map(self.lengths.__getitem__, mb.seq_ids)), degree, mb.recompute, cp)
 
     def mbs_time(self, mbs: list[MicroBatch], degree: int, cp: int) -> float:
         return sum(self.mb_time(mb, degree, cp) for mb in mbs)

@@ -1,15 +1,15 @@
-"""`ballast`: ballast's own planner. Degree, placement, accumulation and checkpointing, jointly.
+"""`ballast`: ballast's own planner. Degree, placement, accumulation and recomputation, jointly.
 
 A wave lasts as long as its slowest group; a group's time is the sum of its micro-batches.
 Inside a group, compute and all-to-all time do not depend on how the sequences are packed:
-only the fixed cost g per micro-batch and the recomputation of checkpointed layers do, and
+only the fixed cost g per micro-batch and the recomputation of recomputed layers do, and
 memory decides between them. The planner therefore sees a group's time as
 
     est = sum_s (a q_s + b |s|) / d + comm(tokens, d) + F(tokens / d)
     F(x) = g + (x - cap)+ min(r rho / (1 - k), g / cap)
 
 where q_s is sample s's attention units (|s|^2 for a text sequence, `samples.attention_units`),
-cap is what fits a device without checkpointing and rho the group's compute per token:
+cap is what fits a device without recomputation and rho the group's compute per token:
 beyond cap a group either recomputes (r rho per token, at the least level that fits) or
 opens another micro-batch (g), whichever is cheaper. The same F makes the cost model's lower
 bound tight. For a makespan target T the planner builds a wave in four moves:
@@ -28,9 +28,9 @@ bound tight. For a makespan target T the planner builds a wave in four moves:
    the group whose `est` grows least (Hydraulis balances replicas by quadratic time; here the
    memory overhead is in the balance too); then sequences move off the slowest group, or
    swap with shorter ones of another group, while that shortens the wave.
-4. **Micro-batches and checkpoint levels.** Each group tries every micro-batch count from
-   the fewest memory allows up to the count at which nothing is checkpointed, packs its
-   sequences token-balanced, gives each micro-batch the least checkpoint level that fits
+4. **Micro-batches and recompute levels.** Each group tries every micro-batch count from
+   the fewest memory allows up to the count at which nothing is recomputed, packs its
+   sequences token-balanced, gives each micro-batch the least recompute level that fits
    (DCP-intra, per micro-batch), and keeps the fastest count; sequences do not split, so
    best-fit bins of what fits without recomputation, and of what fits with all of it (the
    fewest micro-batches memory allows, which token balance can miss), are tried too.

@@ -26,6 +26,7 @@ from ...plans.plan import Group, MicroBatch, Plan, Wave, fill_idle
 from ...vocabulary.samples import SampleBatch
 from ...plans.timeline import step_time
 from ...pricing import remapping
+from ...pricing.sequence_times import sequence_times
 
 # A sequence alone within this share of the plain plan's step is a pole.
 POLE_SHARE = 0.95
@@ -40,7 +41,7 @@ def remap_poles(cost: CostModel, batch: SampleBatch, waves: list[Wave], plan_res
     by `plan_rest` on the ranks before it."""
     n = cost.world_size
     best = (step_time(Plan(batch.lengths, waves, shapes=batch.shapes), cost), waves)
-    times = cost.sequence_times(batch.samples)
+    times = sequence_times(cost, batch.samples)
     alone = np.min(times, axis=0) + cost.g
     poles = [int(i) for i in np.argsort(-alone, kind="stable") if alone[i] >= POLE_SHARE * best[0]]
     if not poles:
@@ -65,7 +66,7 @@ def _promising(cost: CostModel, batch: SampleBatch, poles: list[int], degree: in
                plain: float) -> float | None:
     """The level the poles' memory needs alone in the domain, if there they beat `plain`."""
     tokens = [batch.lengths[i] for i in poles]
-    level = remapping.checkpoint(cost, -(-max(tokens) // degree), -(-sum(tokens) // size))
+    level = remapping.min_recompute(cost, -(-max(tokens) // degree), -(-sum(tokens) // size))
     if level is None:
         return None
     pole = max(cost.time([batch.samples[i]], degree, level) for i in poles)
@@ -80,8 +81,8 @@ def _remapped(cost: CostModel, plan_rest: PlanRest, batch: SampleBatch, times: n
     `sequence_times`) or a slot fits at no level."""
     n = cost.world_size
     start = n - size
-    # At the split the poles were priced at (`CostModel.split`): a remap domain's slots are priced at it.
-    split = cost.split(degree)
+    # At the split the poles were priced at (`SplitCatalogue.split`): a remap domain's slots are priced at it.
+    split = cost.catalogue.split(degree)
     groups = [Group(start + k * degree, degree, [MicroBatch([i])], split) for k, i in enumerate(poles)]
     rest = sorted(set(range(len(batch))) - set(poles))
     helpers = _helpers(cost, batch, poles, degree, size, level, rest)
@@ -129,7 +130,7 @@ def _helpers(cost: CostModel, batch: SampleBatch, poles: list[int], degree: int,
         if h < 0 or load[h] + quadratic[i] > limit:
             continue
         att = max(pole_rank, int(held.max()), int(held[h]) + batch.lengths[i])
-        fits = remapping.checkpoint(cost, att, -(-(total + batch.lengths[i]) // size))
+        fits = remapping.min_recompute(cost, att, -(-(total + batch.lengths[i]) // size))
         if fits is None or fits > level:
             continue
         helpers[h].append(i)

@@ -15,6 +15,7 @@ from ...plans.timeline import step_time
 from .allocation import allocate
 from .estimate import GroupEstimates
 from .groups import GroupPacker
+from ...pricing.sequence_times import sequence_times
 
 # Makespan targets tried, as multiples of the batch's lower bound; inf = least area everywhere.
 TARGETS = (0.15, 0.25, 0.35, 0.5, 0.65, 0.8, 0.9, 1.0, 1.05, 1.12, 1.2, 1.35, 1.6, 2.0, 3.0, math.inf)
@@ -52,9 +53,9 @@ class WaveSearch:
         self.quad = self.attn + self.cost.b * s
         self.deg = np.asarray([d for d in self.cost.degrees if d <= ranks])
         self.row = {int(d): i for i, d in enumerate(self.deg)}
-        # [degree index, sequence]: alone at that degree at its best split, least checkpointing,
+        # [degree index, sequence]: alone at that degree at its best split, least recomputation,
         # without g.
-        self.work = self.cost.sequence_times(batch.samples, every_split=True)[:len(self.deg)]
+        self.work = sequence_times(self.cost, batch.samples, every_split=True)[:len(self.deg)]
         # The split each degree's groups are estimated at (`_estimate_split`); the packer then
         # gives each group the split it runs fastest at.
         self.cps = {int(d): self._estimate_split(int(d)) for d in self.deg}
@@ -137,7 +138,7 @@ class WaveSearch:
             choices.append((choice, layout))
         # Floored layouts too: every sequence at least at one degree (one degree for all at
         # the widest floors). Wide groups holding many sequences balance by fine grain, pay g
-        # once for many sequences and need no checkpointing, which wins where all-to-alls are
+        # once for many sequences and need no recomputation, which wins where all-to-alls are
         # cheap; the longest keep the wider degree their target gave them.
         found = {choice.tobytes(): (choice, layout) for choice, layout in choices if layout is not None}
         fits = np.isfinite(work)
@@ -228,7 +229,7 @@ class WaveSearch:
         whose estimate is least for a group holding its share (degree / ranks) of the batch,
         which weighs the splits' exchanges against their memory (gathered K and V) at this
         batch's load."""
-        parts = self.cost.context_parts(degree)
+        parts = self.cost.catalogue.context_parts(degree)
         if len(parts) == 1:
             return parts[0]
         share = degree / self.ranks
