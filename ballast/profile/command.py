@@ -45,7 +45,7 @@ from ..vocabulary.patterns import attention_pattern
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..command_line.output_paths import check_output_file
 from .grid import recompute_levels
-from .machine import physical_memory
+from .machine import default_device_memory, ranks_on_gpus
 from .measure import STATISTICS
 from ..runtime import under_torchrun
 from ..models import check_buildable
@@ -66,7 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                          f"profile's largest clip")
     p.add_argument("--out", default="profile.json", help="where the profile JSON goes")
     p.add_argument("--quick", action="store_true", help="a smaller grid and fewer repeats (a first look)")
-    DEVICE_MEMORY.add(p, None, "this machine's RAM / world; it stands in for a GPU's and decides which "
+    DEVICE_MEMORY.add(p, None, "under torchrun on GPUs the GPU's memory less the presets' 12 GB reserve; "
+                               "else this machine's RAM / world, standing in for a GPU's; it decides which "
                                "lengths each degree is profiled at; --check: the profile's (a smaller one "
                                "makes the planners shard more, e.g. megatron-dynamic-cp run CP)")
     p.add_argument("--depths", default=None, help="reduced depths (blocks) the grid runs at, then "
@@ -129,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     shape = get_model_shape(args.model)
     check_buildable(shape)
     world = args.world or (int(os.environ["WORLD_SIZE"]) if under_torchrun() else 2)
-    memory = args.device_memory_gb * 1e9 if args.device_memory_gb is not None else physical_memory() / world
+    memory = (args.device_memory_gb * 1e9 if args.device_memory_gb is not None
+              else default_device_memory(world, ranks_on_gpus()))
     settings = settings_from(args, shape)
     ranks = "torchrun" if under_torchrun() else "local gloo"
     if not under_torchrun() and torch.cuda.is_available():

@@ -231,6 +231,9 @@ def _link_fraction(degree: int) -> float:
 # H800 SXM: the H100's FLOP/s and 80 GB with NVLink cut to 400 GB/s bidirectional (NVIDIA H800
 # datasheet); 8 x 400 Gb/s InfiniBand NICs per node of 8, 50 GB/s per GPU (DeepSeek-V3 technical
 # report, arXiv 2412.19437, section 3.2.2, which prices its H800 nodes' IB at 50 GB/s per GPU).
+GPU_RESERVE = 12 * GB
+"""What every GPU preset keeps back of a GPU's memory for the framework, NCCL's buffers and
+fragmentation: its usable memory is the card's less this (A100 40 -> 28 GB, H100 80 -> 68)."""
 _GPUS = {
     "a100": (28 * GB, 312e12, 0.5, _A100_NVLINK, 8, _A100_NIC),
     "a800": (68 * GB, 312e12, 0.5, 200 * GB, 4, 25 * GB),
