@@ -71,8 +71,10 @@ class PlannerConfig:
     cost: str = "analytic"
     """The planner's cost model (`options.COST`); analytic figures until `ballast profile` measures
     the machine."""
-    cluster: str = "cpu"
-    """The cluster (`options.CLUSTER`); cpu: one node of the run's ranks."""
+    cluster: str | None = None
+    """The cluster (`options.CLUSTER`); cpu: one node of the run's ranks. Unset: cpu on gloo
+    ranks; on GPU ranks (NCCL) the preset of the GPU's model at the world's size (h100-8,
+    a100-4, ...), an error naming --cluster for a GPU no preset describes."""
     nodes: int | None = None
     """The nodes the ranks form (`options.NODES`); unset: the cluster's own (cpu: one node). A
     cpu run of 4 ranks as 2 nodes trains with routed waves where the planner routes."""
