@@ -96,6 +96,10 @@ def run_local(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
     """
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size}")
+    if under_torchrun():
+        # Each of torchrun's processes would run a whole job of its own on the CPU and pass.
+        raise ValueError("this command runs its own local gloo ranks and does not join torchrun's job: "
+                         "run it without torchrun")
     # The parent owns the rendezvous store on a port the OS picked: no race for a "free" port.
     store = dist.TCPStore(_LOOPBACK, 0, None, True, collective_timeout, wait_for_workers=False)
     with tempfile.TemporaryDirectory(prefix="ballast-ranks-") as out:

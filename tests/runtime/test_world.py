@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -26,3 +27,12 @@ def test_nccl_binds_the_world_to_local_ranks_gpu_and_gloo_binds_none(monkeypatch
         world._init_process_group(backend, store, 5, 8, timedelta(seconds=30))
     assert [(args[0], kwargs["device_id"]) for args, kwargs in asked] == [("nccl", torch.device("cuda", 5)),
                                                                           ("gloo", None)]
+
+
+def test_local_ranks_are_refused_under_torchrun(monkeypatch):
+    """A command that spawns its own gloo ranks, launched by torchrun on GPUs, ran one CPU job per
+    GPU and passed: it is an error naming torchrun, before any rank starts."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="does not join torchrun's job"):
+        world.run_local(2, print)
