@@ -24,6 +24,8 @@ from ballast.models.kernels import KERNELS, attention_kernel, flash_attn_varlen_
 from ballast.plans.plan import Group, MicroBatch, Plan, Wave
 from ballast.runtime import ProcessGroups, init_distributed, parallelize
 
+pytestmark = pytest.mark.cuda
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA device: the varlen attention kernels, bf16 autocast and "
                                        "NCCL run only on GPUs")

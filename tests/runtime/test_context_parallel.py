@@ -141,6 +141,7 @@ def test_span_attention_equals_each_spans_sdpa(spans, kv_heads):
         torch.testing.assert_close(got[rows], want, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(flash_attn_varlen_func is None or not torch.cuda.is_available(),
                     reason="the flash-attn varlen path needs a CUDA GPU with flash-attn installed")
 def test_flash_attn_chunks_match_one_process():  # pragma: no cover - no GPU on the CI machine
