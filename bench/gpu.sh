@@ -34,6 +34,7 @@ if (( DRY )); then
     GPU=cpu-dry-run RANKS=2 PLANNERS=ballast,zeppelin
     PRECISION=()
     SIZES=(--steps 1 --batch 4 --max-len 128)
+    CHECK=(--plans 2 --tokens-per-step 2048)
     launch() { "$PY" -m ballast.cli "$@" --world "${WORLD:-$RANKS}"; }
 else
     GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
@@ -47,6 +48,7 @@ else
     PLANNERS=all
     PRECISION=(--precision bf16)
     SIZES=(--steps 2)
+    CHECK=(--plans 10)
     launch() { torchrun --standalone --nproc-per-node "$RANKS" -m ballast.cli "$@"; }
 fi
 TAG=$(printf '%s' "$GPU" | tr -cs 'A-Za-z0-9' '-' | tr 'A-Z' 'a-z' | sed 's/^-*//; s/-*$//')
@@ -59,7 +61,7 @@ step() {
     echo "== $name: $*"
     "$@" 2>&1 | tee "$WORK/$name.log" || status=$?
     "$PY" - "$OUT/gpu-$TAG-$name.json" "$name" "$status" "$((SECONDS - start))" "$WORK/$name.log" \
-        "$result" "$GPU" "$RANKS" "$*" <<'EOF'
+        "$result" "$GPU" "${WORLD:-$RANKS}" "$*" <<'EOF'
 import json, pathlib, sys
 path, name, status, seconds, log, result, gpu, ranks, command = sys.argv[1:]
 record = dict(step=name, gpu=gpu, ranks=int(ranks), command=command, exit_status=int(status),
@@ -127,7 +129,7 @@ else
     PROFILE=(--quick)
 fi
 step profile "" launch profile --model tiny "${PROFILE[@]}" --out "$WORK/profile.json" "${PRECISION[@]}"
-step profile-check "$WORK/check.json" launch profile --check "$WORK/profile.json" --plans 3 \
+step profile-check "$WORK/check.json" launch profile --check "$WORK/profile.json" "${CHECK[@]}" \
     --png "$WORK/check.png" --json "$WORK/check.json"
 step bench "$WORK/bench.json" launch bench --model tiny --data "folder:$WORK/corpus" --cache-dir "$WORK/cache" \
     --planners "$PLANNERS" --steps 2 --warmup 1 --repeats 1 --tokens-per-step 1024 --max-len 256 \
