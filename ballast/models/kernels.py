@@ -57,6 +57,18 @@ def torch_varlen_attn() -> Callable | None:
 _HALF = (torch.float16, torch.bfloat16)
 
 
+def to_device(index: Tensor, device: torch.device) -> Tensor:
+    """A host-built index or length tensor on `device`, copied without blocking the host on a
+    GPU (from pinned memory, which the copy needs to be asynchronous: a pageable source makes
+    the host wait for the device to drain). Indices built on the host are the rule here: they
+    come from the plan's Python ints."""
+    if index.device == device:
+        return index
+    if device.type == "cuda":
+        return index.pin_memory().to(device, non_blocking=True)
+    return index.to(device)
+
+
 def _cu_seqlens(bounds: Sequence[int], device: torch.device) -> tuple[Tensor, int]:
     """cu_seqlens as the varlen kernels take them (int32 on the device) and the longest sequence."""
     return (torch.tensor(bounds, dtype=torch.int32, device=device),
@@ -278,6 +290,7 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedStream) -> Te
     causal = stream.pattern.causal
     if order is None:
         return varlen_attention(q, k, v, bounds, causal)
+    order = to_device(order, q.device)  # built on the host, from the stream's grids
     # index_select, not q[order]: its backward is an index_add, not an accumulating index_put.
     out = varlen_attention(q.index_select(0, order), k.index_select(0, order), v.index_select(0, order), bounds,
                            causal)
