@@ -5,7 +5,7 @@ a patch column or a whole clip; `protocol.attention_spans`), and is causal insid
 (text decoders) or bidirectional (video DiTs). The implementation is picked at call time
 (`attention_kernel`), best first:
   - `flash-attn`: flash-attn's varlen kernel, when the tensors are on a GPU in half precision
-    and `flash_attn` is importable;
+    and `flash_attn` (>= FLASH_ATTN_MIN) is importable;
   - `torch-varlen`: PyTorch's own varlen flash kernel (`torch.nn.attention.varlen.varlen_attn`,
     torch >= 2.12), when flash-attn is not installed and PyTorch's flash attention takes the
     tensors (a CUDA build, a GPU it supports, fp16/bf16, a head size it handles). It has no
@@ -22,19 +22,39 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPAParams
+from torch.torch_version import TorchVersion
 
 from .protocol import PackedStream, attention_spans
 
-try:
-    from flash_attn import flash_attn_varlen_func
-except ImportError:  # CPU machines and GPUs without flash-attn use one of the others
-    flash_attn_varlen_func = None
+FLASH_ATTN_MIN = "2.1"
+"""Least flash-attn version ballast uses: before 2.1 its causal mask is aligned top-left, not
+bottom-right, when a sequence has fewer queries than keys, so a context-parallel chunk (its
+queries the last of its keys) would attend the wrong keys without an error."""
+
+
+@functools.cache
+def flash_attn_varlen() -> Callable | None:
+    """flash-attn's `flash_attn_varlen_func`, or None where flash-attn is not installed or older
+    than FLASH_ATTN_MIN (then a warning, once, and the next kernel serves). Imported on first use
+    by a CUDA tensor."""
+    try:
+        import flash_attn
+    except ImportError:  # CPU machines and GPUs without flash-attn use one of the others
+        return None
+    version = getattr(flash_attn, "__version__", "0")
+    if TorchVersion(version) < FLASH_ATTN_MIN:
+        warnings.warn(f"flash-attn {version} is older than {FLASH_ATTN_MIN}, whose bottom-right causal mask "
+                      f"context parallelism needs; ballast does not use it (pip install 'flash-attn>="
+                      f"{FLASH_ATTN_MIN}' to)", stacklevel=2)
+        return None
+    return flash_attn.flash_attn_varlen_func
 
 
 @functools.cache
@@ -77,7 +97,7 @@ def _cu_seqlens(bounds: Sequence[int], device: torch.device) -> tuple[Tensor, in
 
 def _flash_attn(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal: bool) -> Tensor:
     cu_seqlens, longest = _cu_seqlens(bounds, q.device)
-    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=causal)
+    return flash_attn_varlen()(q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=causal)
 
 
 def _torch_varlen(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal: bool) -> Tensor:
@@ -214,7 +234,7 @@ def span_attention(q: Tensor, k: Tensor, v: Tensor, q_bounds: Sequence[int], k_b
         cu_q, longest_q = _cu_seqlens(q_bounds, q.device)
         cu_k, longest_k = _cu_seqlens(k_bounds, q.device)
         if kernel == "flash-attn":
-            return flash_attn_varlen_func(q, k, v, cu_q, cu_k, longest_q, longest_k, causal=False)
+            return flash_attn_varlen()(q, k, v, cu_q, cu_k, longest_q, longest_k, causal=False)
         return torch_varlen_attn()(q, k, v, cu_q, cu_k, longest_q, longest_k, window_size=(-1, -1),
                                    enable_gqa=k.shape[1] != q.shape[1])
     edges_q, edges_k = torch.tensor(q_bounds, dtype=torch.long), torch.tensor(k_bounds, dtype=torch.long)
@@ -266,7 +286,7 @@ def torch_varlen_supports(q: Tensor, k: Tensor, v: Tensor) -> bool:
 
 def attention_kernel(q: Tensor, k: Tensor, v: Tensor) -> str:
     """Name (a key of KERNELS) of the implementation `varlen_attention` uses for these tensors."""
-    if flash_attn_varlen_func is not None and q.is_cuda and q.dtype in _HALF:
+    if q.is_cuda and q.dtype in _HALF and flash_attn_varlen() is not None:
         return "flash-attn"
     if torch_varlen_supports(q, k, v):
         return "torch-varlen"

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from ..models.kernels import attention_kernel, flash_attn_varlen_func, span_attention
+from ..models.kernels import attention_kernel, flash_attn_varlen, span_attention
 from ..models.offset_causal import offset_causal_attention
 from ..models.protocol import PackedStream, pattern_spans
 from ..vocabulary.patterns import CAUSAL, Span
@@ -176,7 +176,7 @@ def _chunk_attention(q: Tensor, k: Tensor, v: Tensor, shard: ContextShard) -> Te
         index = torch.cat([torch.arange(s, e, device=q.device) for s, e in keys])
         q_lens = torch.tensor([0] + [b - a for _, a, b in chunks], device=q.device)
         k_lens = torch.tensor([0] + [e - s for s, e in keys], device=q.device)
-        return flash_attn_varlen_func(q, k.index_select(0, index), v.index_select(0, index),
+        return flash_attn_varlen()(q, k.index_select(0, index), v.index_select(0, index),
                                       q_lens.cumsum(0).to(torch.int32), k_lens.cumsum(0).to(torch.int32),
                                       int(q_lens.max()), int(k_lens.max()), causal=causal)
     out, row = [], 0

@@ -20,7 +20,7 @@ from runtime_cases import LENGTHS, SHAPE, make_batches
 from ballast import verify
 from ballast.vocabulary.cluster import get_cluster
 from ballast.models import PackedStream, build_gpt
-from ballast.models.kernels import KERNELS, attention_kernel, flash_attn_varlen_func, torch_varlen_attn, torch_varlen_supports
+from ballast.models.kernels import KERNELS, attention_kernel, flash_attn_varlen, torch_varlen_attn, torch_varlen_supports
 from ballast.plans.plan import Group, MicroBatch, Plan, Wave
 from ballast.runtime import ProcessGroups, init_distributed, parallelize
 
@@ -94,7 +94,7 @@ def test_cuda_attention_matches_per_sequence_fp32_sdpa():
     varlen kernel if it takes the tensors, else per-sequence SDPA."""
     q, k, v = (t.cuda().bfloat16() for t in _packed_inputs()[:3])
     kernel = attention_kernel(q, k, v)
-    assert kernel == ("flash-attn" if flash_attn_varlen_func is not None else
+    assert kernel == ("flash-attn" if flash_attn_varlen() is not None else
                       "torch-varlen" if torch_varlen_supports(q, k, v) else "sdpa")
     _check_attention_kernel(KERNELS[kernel])
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ballast.vocabulary.layouts import CONTEXT, ULYSSES
 from ballast.models import PackedStream, varlen_attention
-from ballast.models.kernels import flash_attn_varlen_func, local_attention, span_attention
+from ballast.models.kernels import flash_attn_varlen, local_attention, span_attention
 from ballast.vocabulary.patterns import CAUSAL, FULL, SPATIAL, TEMPORAL, span
 from ballast.runtime import ProcessGroups, run_local, sequence_parallel_attention
 from ballast.runtime.context_parallel import ContextShard, _chunk_attention
@@ -141,7 +141,7 @@ def test_span_attention_equals_each_spans_sdpa(spans, kv_heads):
         torch.testing.assert_close(got[rows], want, rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.skipif(flash_attn_varlen_func is None or not torch.cuda.is_available(),
+@pytest.mark.skipif(flash_attn_varlen() is None or not torch.cuda.is_available(),
                     reason="the flash-attn varlen path needs a CUDA GPU with flash-attn installed")
 def test_flash_attn_chunks_match_one_process():  # pragma: no cover - no GPU on the CI machine
     # Each held chunk is its own query sequence against its key prefix (bottom-right causal).
