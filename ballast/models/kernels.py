@@ -304,8 +304,26 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], cau
     return KERNELS[attention_kernel(q, k, v)](q, k, v, bounds, causal)
 
 
+def in_autocast_dtype(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k and v in the autocast dtype of their device while autocast is on there, else as given.
+
+    Under autocast a model's projections give bf16, but what it applies after them need not:
+    transformers' RoPE builds cos and sin in fp32 and an RMSNorm's fp32 weight promotes q and k
+    (ballast's video models' too), so q and k, and any concatenation with v, would reach the
+    exchanges, the K/V gather and the kernel in fp32: twice the bytes on the wire, and the
+    varlen kernels, which take half precision only, never chosen. Every attention function
+    starts with this cast (`local_attention`, the runtime's `sequence_parallel_attention`), so
+    every model family gets it; autocast's backward casts the gradients back."""
+    device = q.device.type
+    if not (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(device)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
 def local_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedStream) -> Tensor:
     """Attention of `stream.pattern` when this process holds the whole stream (in stream order)."""
+    q, k, v = in_autocast_dtype(q, k, v)
     order, bounds = attention_spans(stream)
     causal = stream.pattern.causal
     if order is None:
