@@ -31,7 +31,8 @@ from torch import Tensor
 from torch.nn.attention import SDPAParams
 from torch.torch_version import TorchVersion
 
-from .protocol import PackedStream, attention_spans
+from ..vocabulary.patterns import Span
+from .protocol import PackedStream, stream_spans
 
 FLASH_ATTN_MIN = "2.1"
 """Least flash-attn version ballast uses: before 2.1 its causal mask is aligned top-left, not
@@ -89,21 +90,43 @@ def to_device(index: Tensor, device: torch.device) -> Tensor:
     return index.to(device)
 
 
-def _cu_seqlens(bounds: Sequence[int], device: torch.device) -> tuple[Tensor, int]:
+# Index and length tensors an attention call needs are built on the host from the micro-batch's
+# bounds (Python ints) and copied to the device. Every layer of a micro-batch asks for the same
+# ones, so they are cached by value (the bounds and the device, small LRU caches): built and
+# copied at the first layer, not per layer; a new micro-batch's bounds make new entries.
+METADATA_CACHE = 16
+"""Entries each attention-metadata cache keeps: a micro-batch needs a few (its patterns' spans,
+query and key bounds), a remap slot or a profile's next run replaces them."""
+
+
+@functools.lru_cache(maxsize=METADATA_CACHE)
+def _cu_seqlens(bounds: tuple[int, ...], device: torch.device) -> tuple[Tensor, int]:
     """cu_seqlens as the varlen kernels take them (int32 on the device) and the longest sequence."""
-    return (torch.tensor(bounds, dtype=torch.int32, device=device),
+    return (to_device(torch.tensor(bounds, dtype=torch.int32), device),
             max(b - a for a, b in zip(bounds, bounds[1:])))
 
 
+def packed_varlen(kernel: str, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, longest_q: int,
+                  longest_k: int, causal: bool) -> Tensor:
+    """One call of a varlen kernel ("flash-attn" or "torch-varlen"): the queries of sequence i
+    (rows cu_q[i]:cu_q[i+1]) against its keys (cu_k[i]:cu_k[i+1]). Both run flash-attn 2's
+    kernel, whose causal diagonal is bottom-right: a sequence with fewer queries than keys has
+    them at its keys' end, which context parallelism's chunks need."""
+    if kernel == "flash-attn":
+        return flash_attn_varlen()(q, k, v, cu_q, cu_k, longest_q, longest_k, causal=causal)
+    assert kernel == "torch-varlen", kernel
+    return torch_varlen_attn()(q, k, v, cu_q, cu_k, longest_q, longest_k, window_size=(-1, 0) if causal else (-1, -1),
+                               enable_gqa=k.shape[1] != q.shape[1])
+
+
 def _flash_attn(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal: bool) -> Tensor:
-    cu_seqlens, longest = _cu_seqlens(bounds, q.device)
-    return flash_attn_varlen()(q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=causal)
+    cu_seqlens, longest = _cu_seqlens(tuple(bounds), q.device)
+    return packed_varlen("flash-attn", q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal)
 
 
 def _torch_varlen(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal: bool) -> Tensor:
-    cu_seqlens, longest = _cu_seqlens(bounds, q.device)
-    return torch_varlen_attn()(q, k, v, cu_seqlens, cu_seqlens, longest, longest,
-                               window_size=(-1, 0) if causal else (-1, -1), enable_gqa=k.shape[1] != q.shape[1])
+    cu_seqlens, longest = _cu_seqlens(tuple(bounds), q.device)
+    return packed_varlen("torch-varlen", q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal)
 
 
 def equal_groups(sizes: Tensor) -> tuple[Tensor | None, list[int], list[int]]:
@@ -136,10 +159,11 @@ def token_order(starts: Tensor, lengths: Tensor) -> Tensor:
     return torch.repeat_interleave(starts - span_offsets, lengths, output_size=total) + torch.arange(total)
 
 
-def _equal_runs(bounds: Sequence[int]) -> tuple[Tensor | None, list[tuple[int, int]]]:
-    """(order, [(span length, spans)]): the rows of the non-empty spans (an empty span attends
-    to nothing) taken in `order` (None: stream order) are groups of equally long spans, one
-    after another; a group holds every span of its length, wherever it sits in the stream."""
+@functools.lru_cache(maxsize=METADATA_CACHE)
+def _equal_runs(bounds: tuple[int, ...], device: torch.device) -> tuple[Tensor | None, list[tuple[int, int]]]:
+    """(order on `device`, [(span length, spans)]): the rows of the non-empty spans (an empty
+    span attends to nothing) taken in `order` (None: stream order) are groups of equally long
+    spans, one after another; a group holds every span of its length, wherever it sits."""
     edges = torch.tensor(bounds, dtype=torch.long)
     starts, lengths = edges[:-1], edges[1:] - edges[:-1]
     spans, group_lengths, counts = equal_groups(lengths)
@@ -149,7 +173,7 @@ def _equal_runs(bounds: Sequence[int]) -> tuple[Tensor | None, list[tuple[int, i
     spans = spans[lengths[spans] > 0]
     order = token_order(starts[spans], lengths[spans])
     # Spans apart only by empty ones are in order already.
-    return (None if torch.equal(order, torch.arange(order.numel())) else order), groups
+    return (None if torch.equal(order, torch.arange(order.numel())) else to_device(order, device)), groups
 
 
 TINY_SPAN = 3
@@ -197,10 +221,9 @@ def _batched_sdpa(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal
     # A 4-D input matters too: on CPU it reaches PyTorch's flash kernel, which saves O(s) for
     # backward; 3-D ones fall back to the math path, which keeps the s^2 scores (measured on
     # `tiny`: 570 KB instead of 46 KB per token at 4096 tokens, and 13x slower).
-    order, groups = _equal_runs(bounds)
+    order, groups = _equal_runs(tuple(bounds), q.device)
     assert groups, "an empty stream has nothing to attend to; callers skip it"
     if order is not None:
-        order = order.to(q.device)
         q, k, v = q.index_select(0, order), k.index_select(0, order), v.index_select(0, order)
     sizes = [length * count for length, count in groups]
     outputs = []
@@ -219,6 +242,27 @@ def _batched_sdpa(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal
     return torch.empty_like(out).index_copy(0, order, out)
 
 
+@functools.lru_cache(maxsize=METADATA_CACHE)
+def _span_batches(q_bounds: tuple[int, ...], k_bounds: tuple[int, ...], device: torch.device
+                  ) -> tuple[Tensor, Tensor, list[tuple[int, int, int]]] | None:
+    """`span_attention`'s batches: (its queries' rows, its keys' rows, both on `device`, batch by
+    batch, and every batch's (queries, keys, spans)); None when no span has queries."""
+    edges_q, edges_k = torch.tensor(q_bounds, dtype=torch.long), torch.tensor(k_bounds, dtype=torch.long)
+    queries, keys = edges_q[1:] - edges_q[:-1], edges_k[1:] - edges_k[:-1]
+    used = queries > 0
+    assert bool((keys[used] > 0).all()), "a span with queries has keys"
+    if not bool(used.any()):
+        return None
+    q_starts, k_starts, queries, keys = edges_q[:-1][used], edges_k[:-1][used], queries[used], keys[used]
+    # Spans of equal (queries, keys) go as one batch (`equal_groups` on one key for the pair).
+    width = int(keys.max()) + 1
+    order, pairs, counts = equal_groups(queries * width + keys)
+    if order is not None:
+        q_starts, k_starts, queries, keys = q_starts[order], k_starts[order], queries[order], keys[order]
+    return (to_device(token_order(q_starts, queries), device), to_device(token_order(k_starts, keys), device),
+            [(pair // width, pair % width, count) for pair, count in zip(pairs, counts)])
+
+
 def span_attention(q: Tensor, k: Tensor, v: Tensor, q_bounds: Sequence[int], k_bounds: Sequence[int]) -> Tensor:
     """Bidirectional attention of span i's queries q[q_bounds[i]:q_bounds[i+1]] to its keys
     k[k_bounds[i]:k_bounds[i+1]]: the queries may be part of their span (context parallelism
@@ -231,28 +275,14 @@ def span_attention(q: Tensor, k: Tensor, v: Tensor, q_bounds: Sequence[int], k_b
     assert q_bounds[-1] == q.shape[0] and k_bounds[-1] == k.shape[0], (q_bounds[-1], q.shape, k_bounds[-1], k.shape)
     kernel = attention_kernel(q, k, v)
     if kernel != "sdpa":
-        cu_q, longest_q = _cu_seqlens(q_bounds, q.device)
-        cu_k, longest_k = _cu_seqlens(k_bounds, q.device)
-        if kernel == "flash-attn":
-            return flash_attn_varlen()(q, k, v, cu_q, cu_k, longest_q, longest_k, causal=False)
-        return torch_varlen_attn()(q, k, v, cu_q, cu_k, longest_q, longest_k, window_size=(-1, -1),
-                                   enable_gqa=k.shape[1] != q.shape[1])
-    edges_q, edges_k = torch.tensor(q_bounds, dtype=torch.long), torch.tensor(k_bounds, dtype=torch.long)
-    queries, keys = edges_q[1:] - edges_q[:-1], edges_k[1:] - edges_k[:-1]
-    used = queries > 0
-    assert bool((keys[used] > 0).all()), "a span with queries has keys"
-    if not bool(used.any()):
+        cu_q, longest_q = _cu_seqlens(tuple(q_bounds), q.device)
+        cu_k, longest_k = _cu_seqlens(tuple(k_bounds), q.device)
+        return packed_varlen(kernel, q, k, v, cu_q, cu_k, longest_q, longest_k, causal=False)
+    batches = _span_batches(tuple(q_bounds), tuple(k_bounds), q.device)
+    if batches is None:
         return q.clone()  # no queries: an empty output
-    q_starts, k_starts, queries, keys = edges_q[:-1][used], edges_k[:-1][used], queries[used], keys[used]
-    # Spans of equal (queries, keys) go as one batch (`equal_groups` on one key for the pair).
-    width = int(keys.max()) + 1
-    order, pairs, counts = equal_groups(queries * width + keys)
-    if order is not None:
-        q_starts, k_starts, queries, keys = q_starts[order], k_starts[order], queries[order], keys[order]
-    q_rows = token_order(q_starts, queries).to(q.device)
-    k_rows = token_order(k_starts, keys).to(q.device)
+    q_rows, k_rows, shapes = batches
     qs, ks, vs = q.index_select(0, q_rows), k.index_select(0, k_rows), v.index_select(0, k_rows)
-    shapes = [(pair // width, pair % width, count) for pair, count in zip(pairs, counts)]
     outputs = []
     for (m, s, count), qg, kg, vg in zip(shapes, qs.split([m * c for m, _, c in shapes]),
                                          ks.split([s * c for _, s, c in shapes]), vs.split([s * c for _, s, c in shapes])):
@@ -321,14 +351,21 @@ def in_autocast_dtype(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, 
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
+@functools.lru_cache(maxsize=METADATA_CACHE)
+def _spans_on(grids: tuple[tuple[int, int, int], ...] | None, bounds: tuple[int, ...], pattern: Span,
+              device: torch.device) -> tuple[Tensor | None, tuple[int, ...]]:
+    """`protocol.attention_spans` of a stream, its order on `device` (built on the host)."""
+    order, spans = stream_spans(grids, bounds, pattern)
+    return (None if order is None else to_device(order, device)), spans
+
+
 def local_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedStream) -> Tensor:
     """Attention of `stream.pattern` when this process holds the whole stream (in stream order)."""
     q, k, v = in_autocast_dtype(q, k, v)
-    order, bounds = attention_spans(stream)
+    order, bounds = _spans_on(stream.grids, stream.bounds, stream.pattern, q.device)
     causal = stream.pattern.causal
     if order is None:
         return varlen_attention(q, k, v, bounds, causal)
-    order = to_device(order, q.device)  # built on the host, from the stream's grids
     # index_select, not q[order]: its backward is an index_add, not an accumulating index_put.
     out = varlen_attention(q.index_select(0, order), k.index_select(0, order), v.index_select(0, order), bounds,
                            causal)

@@ -46,3 +46,37 @@ def test_span_attention_builds_its_indices_on_the_inputs_device():
     k = v = torch.empty(12, 2, 8, device="meta")
     with OneDevice():
         assert span_attention(q, k, v, q_bounds, k_bounds).shape == q.shape
+
+
+class HostWork(TorchFunctionMode):
+    """Records the ops that build an index on the host, copy one to the device or read one back."""
+
+    NAMES = {"tensor", "arange", "to", "tolist", "__int__", "item", "cpu", "unique", "searchsorted"}
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in self.NAMES:
+            self.calls.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("pattern", [SPATIAL, TEMPORAL])
+def test_the_next_layers_reuse_the_first_ones_indices(pattern):
+    # Every layer of a micro-batch attends over the same spans: their indices are built on the
+    # host and copied to the device by the first layer only (a pageable copy per layer blocks
+    # the host on a GPU).
+    stream = PackedStream.of(CLIPS, "meta")
+    _, stream = stream.arrange(torch.zeros(0), pattern)
+    q = torch.empty(stream.bounds[-1], 4, 8, device="meta")
+    k = v = torch.empty(stream.bounds[-1], 2, 8, device="meta")
+    q_bounds, k_bounds = (0, 2, 2, 7), (0, 4, 6, stream.bounds[-1])
+    local_attention(q, k, v, stream)
+    span_attention(q[:7], k, v, q_bounds, k_bounds)
+    with HostWork() as work:
+        for _ in range(3):
+            local_attention(q, k, v, stream)
+            span_attention(q[:7], k, v, q_bounds, k_bounds)
+    assert work.calls == []
