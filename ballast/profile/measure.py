@@ -37,6 +37,7 @@ from ..models import build_model
 from ..models.gaussian_clips import gaussian_clips
 from ..plans.plan import Group, MicroBatch, Plan, Wave
 from ..vocabulary.model_shape import ModelShape
+from ..vocabulary.precision import Precision
 from .grid import Measurement, Point
 
 LEARNING_RATE = 1e-5
@@ -133,7 +134,7 @@ def idle_plan(world_size: int) -> Plan:
 
 
 def measure_on_ranks(shape: ModelShape, points: Sequence[Point], warmup: int, repeats: int, seed: int,
-                     progress: bool) -> dict:
+                     progress: bool, precision: Precision = Precision.AUTO) -> dict:
     """Run on every rank (see `run_local`): each point's raw records, rounds of `repeats` after
     `warmup` rounds; plus each depth's step overhead and the states it holds. A micro-batch's
     seconds are the executor's own, which synchronise the device (a GPU's too)."""
@@ -149,7 +150,8 @@ def measure_on_ranks(shape: ModelShape, points: Sequence[Point], warmup: int, re
     executors = {}
     for depth in sorted({p.layers for p in points}):
         model = build_model(dataclasses.replace(shape, layers=depth), seed).to(device)
-        executors[depth] = parallelize(model, cluster, groups=groups, measure_activations=True, lr=LEARNING_RATE)
+        executors[depth] = parallelize(model, cluster, groups=groups, measure_activations=True, precision=precision,
+                                       lr=LEARNING_RATE)
 
     def timed_step(executor: Executor, plan: Plan, samples: list[torch.Tensor]):
         synchronize(device)

@@ -66,7 +66,8 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
     check_states_fit(shape, device_memory)
     start = time.perf_counter()
     with LoadMonitor() as load:
-        args = (shape, grid + unseen + checks, settings.warmup, settings.repeats, settings.seed, progress)
+        args = (shape, grid + unseen + checks, settings.warmup, settings.repeats, settings.seed, progress,
+                settings.precision)
         per_rank = (_measure_torchrun(world_size, args, timeout) if under_torchrun() else
                     run_local(world_size, _measure_on_rank, *args, timeout=timeout))
     if per_rank is None:
