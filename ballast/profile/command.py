@@ -40,7 +40,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ..pricing.cost import CostModel
-from ..command_line.options import DEVICE_MEMORY, MAX_LEN, MODEL, WORLD, check_timeout
+from ..command_line.options import DEVICE_MEMORY, MAX_LEN, MODEL, PRECISION, WORLD, check_timeout
+from ..vocabulary.precision import Precision
 from ..vocabulary.patterns import attention_pattern
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..command_line.output_paths import check_output_file
@@ -83,6 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how repeats become one time: median (resists bursts of load) or min (what the "
                    "device does when no other job takes its cores; steadier on a shared, busy host); "
                    "--check reads it from the profile")
+    PRECISION.add(p, Precision.AUTO, "what the cost model's presets price: fp32 on these CPU ranks; bf16 "
+                                     "profiles 2-byte exchanges on them")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=3600.0,
                    help="seconds before the ranks are stopped (at least 30: they need seconds to start)")
@@ -115,7 +118,7 @@ def settings_from(args: argparse.Namespace, shape: ModelShape | None = None) -> 
         raise ValueError("--depths needs at least one depth")
     return Settings(lengths, depths, verify=args.verify if args.verify is not None else 2 if args.quick else 4,
                     repeats=args.repeats if args.repeats is not None else 2 if args.quick else 3,
-                    seed=args.seed, statistic=args.statistic,
+                    seed=args.seed, statistic=args.statistic, precision=args.precision,
                     held_out=args.held_out if args.held_out is not None else 4 if args.quick else 8)
 
 

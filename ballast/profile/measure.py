@@ -44,6 +44,7 @@ from ..plans.plan import Group, MicroBatch, Plan, Wave
 from ..vocabulary.model_shape import ModelShape
 from ..runtime import Executor, ProcessGroups, parallelize
 from .exchange import check_exchanged_values
+from ..vocabulary.precision import Precision
 from .grid import Measurement, Point
 
 LEARNING_RATE = 1e-5
@@ -180,7 +181,8 @@ def depth_phases(depths: Iterable[int], one_at_a_time: bool) -> list[tuple[int, 
 
 
 def measure_on_ranks(shape: ModelShape, points: Sequence[Point], warmup: int, repeats: int, seed: int,
-                     progress: bool, precision: str = "auto", one_depth_at_a_time: bool | None = None) -> dict:
+                     progress: bool, precision: Precision = Precision.AUTO,
+                     one_depth_at_a_time: bool | None = None) -> dict:
     """Run on every rank (see `run_local`): each point's raw records, rounds of `repeats` after
     `warmup` rounds; plus each depth's step overhead and the states it holds. A micro-batch's
     seconds are the executor's own, which synchronise the device (a GPU's too) at the point's
@@ -210,7 +212,7 @@ def measure_on_ranks(shape: ModelShape, points: Sequence[Point], warmup: int, re
 
 
 def _measure_phase(depths: tuple[int, ...], shape: ModelShape, points: Sequence[Point], warmup: int, repeats: int,
-                   seed: int, precision: str, groups: ProcessGroups, advance: Callable[[Point], None],
+                   seed: int, precision: Precision, groups: ProcessGroups, advance: Callable[[Point], None],
                    records: dict[int, list[dict]], states: dict[int, int], overhead: dict[int, float]) -> None:
     """Build the models of `depths`, measure their points into `records`, `states` and
     `overhead`; the models go with this call's frame."""

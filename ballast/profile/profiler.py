@@ -58,18 +58,19 @@ def check_states_fit(shape: ModelShape, device_memory: float) -> None:
 
 
 def profile(shape: ModelShape, world_size: int, device_memory: float, settings: Settings,
-            progress: bool = False, timeout: float = 3600.0, precision: str = "auto") -> CostModel | None:
+            progress: bool = False, timeout: float = 3600.0) -> CostModel | None:
     """Measure `shape` on `world_size` ranks and return its profiled CostModel.
 
     Spawns local gloo ranks, or under torchrun joins its job (NCCL on GPUs): then every
-    process calls this and rank 0 alone gets the CostModel, the others None. `precision` is
-    the executor's (`runtime.executor.PRECISIONS`)."""
+    process calls this and rank 0 alone gets the CostModel, the others None. The executor's
+    precision is `settings.precision`."""
     grid, checks = plan_grid(shape, world_size, settings)
     unseen = held_out(shape, world_size, settings)
     check_states_fit(shape, device_memory)
     start = time.perf_counter()
     with LoadMonitor() as load:
-        args = (shape, grid + unseen + checks, settings.warmup, settings.repeats, settings.seed, progress, precision)
+        args = (shape, grid + unseen + checks, settings.warmup, settings.repeats, settings.seed, progress,
+                settings.precision)
         per_rank = (_measure_torchrun(world_size, args, timeout) if under_torchrun() else
                     run_local(world_size, _measure_on_rank, *args, timeout=timeout))
     if per_rank is None:

@@ -23,6 +23,7 @@ from ballast.profile.profiler import all_to_all_value_bytes
 from ballast.runtime import run_local
 from ballast.vocabulary.cluster import GPU_RESERVE
 from ballast.vocabulary.model_shape import get_model_shape
+from ballast.vocabulary.precision import Precision
 from hf_folders import save_model
 
 POINTS = [Point(1, (128,), 2, 0), Point(2, (128,), 2, 1)]
@@ -73,7 +74,7 @@ def test_an_hf_model_under_bf16_autocast_profiles_at_its_exchanged_dtypes(tmp_pa
     its depth (it did around every all-to-all: 2 more per call). No model was alive when the next
     depth's was built."""
     shape = get_model_shape("hf:" + str(save_model(tmp_path / "llama", "LlamaConfig", num_key_value_heads=2)))
-    per_rank = run_local(2, _spied_measure, shape, POINTS, 1, 1, 0, False, "bf16", True, timeout=600)
+    per_rank = run_local(2, _spied_measure, shape, POINTS, 1, 1, 0, False, Precision.BF16, True, timeout=600)
     measured = combine(POINTS, per_rank)
     sent = per_rank[0]["sent"]
     sizes = {name: torch.empty(0, dtype=getattr(torch, name.split(".")[1])).element_size() for name in sent}
