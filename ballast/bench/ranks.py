@@ -29,7 +29,7 @@ from ..clip import Clip
 from ..dataset import Batch
 from ..models import build_model
 from ..plans import Plan
-from ..planners import Planner, PlannerOptions, get_planner
+from ..planners import Planner, get_planner
 from ..profile.measure import plan_samples, point_plan
 from ..profile.rounds import RankWave, micro_batch_seconds, rank_waves
 from ..runtime import Executor, ProcessGroups, StepResult, broadcast_plan, parallelize
@@ -125,8 +125,7 @@ def _executor(inputs: BenchInputs, groups: ProcessGroups, seed: int) -> Executor
 
 
 def make_planners(inputs: BenchInputs, setting: BenchSetting) -> dict[str, Planner]:
-    options = PlannerOptions(max_len=setting.max_len, degree=setting.degree, cp=setting.cp, seed=setting.seed,
-                             time_limit=setting.time_limit)
+    options = setting.planner_options()
     return {name: get_planner(name, inputs.cluster, inputs.cost, options) for name in setting.planners}
 
 

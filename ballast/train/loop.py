@@ -97,10 +97,16 @@ def open_data(config: TrainConfig, setup: Setup, progress: bool) -> tuple[BatchS
     return BatchStream(corpus, data.tokens_per_step, data.max_len, seed), corpus.describe()
 
 
+def planner_options(config: TrainConfig) -> PlannerOptions:
+    return PlannerOptions(max_len=config.data.max_len, degree=config.planner.degree, cp=config.planner.cp,
+                          seed=config.run.seed, time_limit=config.planner.time_limit,
+                          routing=config.planner.routing, lockstep=config.optimizer.fsdp)
+
+
 def make_planner(config: TrainConfig, setup: Setup) -> Planner:
-    options = PlannerOptions(max_len=config.data.max_len, degree=config.planner.degree, cp=config.planner.cp,
-                             seed=config.run.seed, time_limit=config.planner.time_limit,
-                             routing=config.planner.routing, lockstep=config.optimizer.fsdp)
+    """The run's planner; an option it would ignore (--cp with ballast) is refused."""
+    options = planner_options(config)
+    options.check_read([config.planner.planner], unset=planner_options(TrainConfig()))
     return get_planner(config.planner.planner, setup.cluster, setup.cost, options)
 
 

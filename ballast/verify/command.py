@@ -27,12 +27,12 @@ import argparse
 import dataclasses
 
 from ..cluster import Cluster, get_cluster
-from ..options import DEVICE_MEMORY, MAX_LEN, MODEL, NODES, WORLD
+from ..options import CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, ROUTING, SEED, WORLD, at_least, positive
 from ..cost import CostModel
 from ..cost_sources import analytic_cost
 from ..model_shape import ModelShape, get_model_shape
 from ..plans import Plan
-from ..value_checks import check_timeout
+from ..value_checks import TIMEOUT
 from ..models import check_buildable
 from ..layouts import ANY_SPLIT
 from .errors import GRAD_TOLERANCE, PARAM_TOLERANCE, errors_against
@@ -67,32 +67,37 @@ def routed(plan: Plan) -> Plan:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     WORLD.add(parser, 2, "the smallest world with sequence parallelism")
     NODES.add(parser, 1, "one node; 2 or more emulate nodes of --world / N ranks, whose inter-node exchanges "
-                         "--routed sends over every NIC")
-    parser.add_argument("--routed", action="store_true",
+                         "--routing and --route-every-wave send over every NIC")
+    ROUTING.add(parser, True, "the planners route as they would in a run")
+    parser.add_argument("--route-every-wave", action="store_true",
                         help="mark every wave of every planner's plans routed (Wave.routed: inter-node "
                              "all-to-alls over every NIC of the node), so they all run the routing layer; "
                              "needs --nodes 2 or more")
+    parser.add_argument("--routed", dest="route_every_wave", action="store_true",
+                        help=argparse.SUPPRESS)  # the older spelling of --route-every-wave
     parser.add_argument("--planners", default="all", help="`all` or a comma-separated list")
     MODEL.add(parser, "tiny", "verifies every planner on this machine's CPU ranks in seconds")
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per planner")
-    parser.add_argument("--batch", type=int, default=16, help="sequences per step")
+    parser.add_argument("--steps", type=positive(int), default=3, help="optimizer steps per planner")
+    parser.add_argument("--batch", type=positive(int), default=16, help="sequences per step")
     MAX_LEN.add(parser, 256, "the random batches' longest sequence: short enough that one process "
                              "runs the reference of every step in a second")
     DEVICE_MEMORY.add(parser, None, "a budget at which the longest sequences need the largest SP degree "
                                     "the heads allow even with every layer recomputed, and shorter ones fit "
                                     "one rank with some recomputation, so plans exercise both")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=0)
+    DEGREE.add(parser, None, "the least that holds --max-len")
+    CP.add(parser, None, "Ulysses alone")
+    parser.add_argument("--lr", type=positive(float), default=1e-3, help="AdamW's learning rate (default: 0.001)")
+    parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--zero1", action="store_true", help="shard optimizer state (ZeRO-1)")
     parser.add_argument("--fsdp", action="store_true",
                         help="shard parameters, gradients and optimizer state with FSDP2 (the planners "
                              "then make lockstep plans)")
-    parser.add_argument("--grad-tolerance", type=float, default=GRAD_TOLERANCE,
+    parser.add_argument("--grad-tolerance", type=at_least(float, 0), default=GRAD_TOLERANCE,
                         help="largest relative error of a step's loss and gradient")
-    parser.add_argument("--param-tolerance", type=float, default=PARAM_TOLERANCE,
+    parser.add_argument("--param-tolerance", type=at_least(float, 0), default=PARAM_TOLERANCE,
                         help="largest drift of the parameters after the steps, relative to how far "
                              "the steps moved them")
-    parser.add_argument("--timeout", type=float, default=600.0,
+    parser.add_argument("--timeout", type=TIMEOUT, default=600.0,
                         help="seconds before the ranks are stopped (at least 30: they need seconds to start)")
 
 
@@ -104,28 +109,26 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime import run_local
     from .distributed import train_all_planners
 
-    check_timeout(args.timeout)
-    if args.steps < 1 or args.batch < 1 or args.max_len < 1:
-        raise ValueError("--steps, --batch and --max-len must be >= 1")
-    if args.grad_tolerance < 0 or args.param_tolerance < 0:
-        raise ValueError(f"--grad-tolerance and --param-tolerance must be >= 0, got {args.grad_tolerance:g} "
-                         f"and {args.param_tolerance:g}")
     if args.zero1 and args.fsdp:
         raise ValueError("--zero1 and --fsdp both shard the optimizer state: choose one")
-    if args.routed and args.nodes < 2:
-        raise ValueError(f"--routed routes exchanges between nodes, but --nodes is {args.nodes}: give --nodes 2 "
-                         f"or more")
+    if args.route_every_wave and args.nodes < 2:
+        raise ValueError(f"--route-every-wave routes exchanges between nodes, but --nodes is {args.nodes}: give "
+                         f"--nodes 2 or more")
+    if args.route_every_wave and not args.routing:
+        raise ValueError("--route-every-wave and --no-routing contradict each other: choose one")
     shape = get_model_shape(args.model)
     check_buildable(shape)
     names = parse_planner_names(args.planners)
+    options = PlannerOptions(max_len=args.max_len, degree=args.degree, cp=args.cp, seed=args.seed,
+                             routing=args.routing, lockstep=args.fsdp)
+    options.check_read(names, unset=PlannerOptions())
     cluster, cost = budget(shape, args.world, args.max_len, args.device_memory_gb, args.nodes)
     cost.under(ANY_SPLIT).check_fits([args.max_len])  # a --device-memory-gb that cannot hold --max-len: before planning
     batches = random_batches(shape, args.steps, args.batch, args.max_len, args.seed)
     plans: dict[str, list[Plan]] = {}
     cannot: dict[str, str] = {}
     for name in names:
-        planner = get_planner(name, cluster, cost, PlannerOptions(max_len=args.max_len, seed=args.seed,
-                                                                  lockstep=args.fsdp))
+        planner = get_planner(name, cluster, cost, options)
         # A budget that needs context parallelism for the longest sequences (a model whose heads
         # cap Ulysses) is beyond the Ulysses-only planners: reported, not planned.
         limit = planner.cost.max_tokens(planner.cost.degrees[-1], 1.0)
@@ -134,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
                             f"{planner.cost.degrees[-1]}), not --max-len {args.max_len}")
             continue
         plans[name] = [planner.plan(b.planned) for b in batches]
-        if args.routed:
+        if args.route_every_wave:
             plans[name] = [routed(plan) for plan in plans[name]]
         for plan in plans[name]:
             plan.validate(cluster, cost)
@@ -145,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(width=max(Console().width, 120))
     sharding = " under FSDP2" if args.fsdp else " with ZeRO-1" if args.zero1 else ""
     whose = "--device-memory-gb" if args.device_memory_gb is not None else "verify's default; --device-memory-gb sets one"
-    nodes = f" as {args.nodes} nodes{', every wave routed' if args.routed else ''}" if args.nodes > 1 else ""
+    nodes = f" as {args.nodes} nodes{', every wave routed' if args.route_every_wave else ''}" if args.nodes > 1 else ""
     console.print(f"verify: {args.world} gloo ranks{nodes}{sharding}, model {shape.name}, {args.steps} step(s) of "
                   f"{args.batch} sequences up to {args.max_len} tokens, {len(names)} planner(s), "
                   f"{cost.device_memory / 1e6:.3g} MB per rank ({whose})")

@@ -4,13 +4,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import tomllib
 
 import pytest
 
 import ballast
 from ballast.train import checkpoint
-from ballast.train.config import TrainConfig, add_arguments, field_docs, from_args, load_toml
+from ballast.train.config import TrainConfig, _range, _scalar_type, add_arguments, field_docs, from_args, load_toml
 from ballast.train.metrics import final_history, summarise
 from ballast.train.loop import learning_rate
 from ballast.cost_sources import analytic_cost
@@ -62,14 +63,33 @@ def test_bad_toml_is_a_value_error(tmp_path, text, message):
         load_toml(path)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--steps", "0"], "--steps must be positive"),
-    (["--max-len", "4096", "--tokens-per-step", "1024"], "exceeds --tokens-per-step"),
-    (["--world", "0"], "--world must be >= 1"),
+def test_invalid_values_are_value_errors():
+    with pytest.raises(ValueError, match="exceeds --tokens-per-step"):
+        parse("--max-len", "4096", "--tokens-per-step", "1024")
+
+
+@pytest.mark.parametrize("section, name, value, message", [
+    ("run", "steps", 0, r"--steps must be an integer > 0, got 0"),
+    ("run", "world", 0, r"--world must be an integer > 0, got 0"),
+    ("planner", "device_memory_gb", math.inf, r"--device-memory-gb must be a finite number > 0, got inf"),
+    ("optimizer", "lr", math.nan, r"--lr must be a finite number > 0, got nan"),
+    ("data", "max_len", 1, r"--max-len must be an integer >= 2 \(a 1-token sample has no context to attend to\)"),
+    ("run", "timeout", math.inf, r"--timeout must be a finite number >= 30"),
 ])
-def test_invalid_values_are_value_errors(argv, message):
+def test_a_config_files_values_take_the_flags_ranges(section, name, value, message):
+    """A value from a TOML file or the Python API meets the range its flag's type checks."""
+    config = TrainConfig()
+    setattr(getattr(config, section), name, value)
     with pytest.raises(ValueError, match=message):
-        parse(*argv)
+        config.validate()
+
+
+def test_every_numeric_field_has_a_range():
+    for section in dataclasses.fields(TrainConfig):
+        cls = type(getattr(TrainConfig(), section.name))
+        for f in dataclasses.fields(cls):
+            if _scalar_type(cls, f.name) in (int, float):
+                assert _range(f) is not None, (section.name, f.name)
 
 
 def test_every_field_has_a_docstring_and_a_flag():
@@ -110,15 +130,18 @@ def test_final_history_keeps_the_last_record_of_each_step(tmp_path):
 
 
 def test_only_committed_checkpoints_count(tmp_path):
-    """A crash mid-write leaves a temporary folder (or one without meta.json): never resumed from."""
+    """A crash mid-write leaves a temporary folder: never resumed from. A committed folder
+    without meta.json is a damaged checkpoint, not none (`resumable` skips it, saying so)."""
     for name, meta in [("step-00000002", True), ("step-00000004", True), (".tmp-step-00000006", True),
                        ("step-00000008", False), ("step-notanumber", True)]:
         (tmp_path / name).mkdir()
         if meta:
             (tmp_path / name / checkpoint.META).write_text("{}")
-    assert [p.name for p in checkpoint.committed(tmp_path)] == ["step-00000002", "step-00000004"]
-    assert checkpoint.latest(tmp_path).name == "step-00000004"
+    assert [p.name for p in checkpoint.committed(tmp_path)] == ["step-00000002", "step-00000004", "step-00000008"]
+    assert checkpoint.latest(tmp_path).name == "step-00000008"
     assert checkpoint.latest(tmp_path / "missing") is None
+    with pytest.raises(checkpoint.Damaged, match=r"step-00000008: meta.json is missing"):
+        checkpoint.check(tmp_path / "step-00000008")
 
 
 def test_toml_of_defaults_is_valid_toml():
@@ -146,7 +169,7 @@ def test_cost_model_from_a_profile_file(tmp_path):
 def test_trainer_validates_before_any_rank_starts():
     config = TrainConfig()
     config.run.steps = 0
-    with pytest.raises(ValueError, match="--steps must be positive"):
+    with pytest.raises(ValueError, match="--steps must be an integer > 0"):
         ballast.Trainer(config)
 
 
