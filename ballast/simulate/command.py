@@ -42,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="sequences per step (512 when neither this nor --tokens-per-step is given)")
     size.add_argument("--tokens-per-step", type=positive(int), default=None, help="token budget per step")
     p.add_argument("--overlong", choices=("split", "drop", "error"), default="split",
-                   help="what to do with sequences longer than --max-len")
+                   help=f"what to do with sequences longer than --max-len: split into chunks of it (a sequence "
+                        f"of more than {LengthStream.MAX_SPLIT_CHUNKS} chunks is an error), drop, or stop with an error")
     p.add_argument("--steps", type=positive(int), default=20)
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--planners", default="all", help="comma-separated planner names, or all")

@@ -39,7 +39,7 @@ from . import checkpoint
 from .hf_folder import check_tokenizer, resolve_tokenizer, save_hf_model
 from .ahead import Lookahead, StepInput
 from .config import OptimizerConfig, TrainConfig
-from .nonfinite import nonfinite_step
+from .nonfinite import nonfinite_step, nothing_trained
 from .metrics import MetricsLog, ProgressDisplay, StepRecord, final_history, summarise
 from .plots import write_report
 
@@ -152,6 +152,7 @@ def train(config: TrainConfig) -> dict | None:
         progress = ProgressDisplay(console, start, steps, config.run.log_interval)
         plans: dict[int, Plan] = {}
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    applied = 0  # steps whose optimizer step ran (every rank sees the same)
     try:
         for step in range(start, steps):
             _inject_fault(model, step, rank, attempt)
@@ -162,6 +163,7 @@ def train(config: TrainConfig) -> dict | None:
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, steps, opt)
             result = executor.step(plan, samples)
+            applied += result.applied
             if not result.applied:
                 nonfinite_step(step, steps, result, item, lookahead.stream if rank == 0 else None,
                                opt.skip_nonfinite, console)
@@ -184,6 +186,7 @@ def train(config: TrainConfig) -> dict | None:
         if rank == 0:
             lookahead.close()
             progress.close()
+    nothing_trained(start, steps, applied, rank)
     hf_model = None  # collective: the parameters are gathered to rank 0, which writes the folder
     if setup.shape.hf_folder is not None:
         hf_model = save_hf_model(model, setup.shape, setup.tokenizer, out,

@@ -24,8 +24,13 @@ def nonfinite_step(step: int, steps: int, result: StepResult, item: StepInput | 
     message = None
     if item is not None:
         ids = [item.batch.sample_ids[i] for i in result.nonfinite_samples]
-        where = (f"a non-finite loss in the micro-batch(es) of {_sample_names(stream, ids)}" if ids else
-                 f"every micro-batch's loss finite; the step's samples: {_sample_names(stream, item.batch.sample_ids)}")
+        if len(ids) == len(item.batch.sample_ids) > 1:
+            where = (f"a non-finite loss on every one of the step's {len(ids)} samples: the weights, more likely "
+                     f"than the data, are the cause (a damaged or diverged model)")
+        elif ids:
+            where = f"a non-finite loss in the micro-batch(es) of {_sample_names(stream, ids)}"
+        else:
+            where = f"every micro-batch's loss finite; the step's samples: {_sample_names(stream, item.batch.sample_ids)}"
         message = (f"step {step + 1}/{steps}: loss {result.loss:g}, gradient norm {result.grad_norm:g}, with "
                    f"{where}")
     if skip:
@@ -37,6 +42,20 @@ def nonfinite_step(step: int, steps: int, result: StepResult, item: StepInput | 
         raise PeerFailed(0, f"step {step + 1}/{steps}: a non-finite loss or gradient norm", user_error=True)
     raise ValueError(f"{message}: stopped before the optimizer step, so the weights and the last checkpoint "
                      f"are as before it (--skip-nonfinite skips such steps instead)")
+
+
+def nothing_trained(start: int, steps: int, applied: int, rank: int) -> None:
+    """Every step of the run skipped (--skip-nonfinite): the weights never changed, so there is
+    no trained model to write (an hf-model/ of them would pass for one). Rank 0 stops with the
+    error, the others as its echo."""
+    if applied or start == steps:
+        return
+    message = (f"every one of the run's {steps - start} step(s) was skipped for a non-finite loss or gradient "
+               f"norm (--skip-nonfinite): the weights never changed, so no trained model is written; the "
+               f"warnings above say what each step met")
+    if rank != 0:
+        raise PeerFailed(0, message, user_error=True)
+    raise ValueError(message)
 
 
 def _sample_names(stream: EpochStream, ids: list[int], most: int = 8) -> str:
