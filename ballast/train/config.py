@@ -176,7 +176,7 @@ class TrainConfig:
             for f in dataclasses.fields(values):
                 value, numbers = getattr(values, f.name), _range(f)
                 if numbers is not None and value is not None:
-                    numbers.check(_flag_of(f), value)
+                    numbers.check(flag_of(f), value)
         opt = self.optimizer
         if opt.final_lr > opt.lr:
             raise ValueError(f"--min-lr {opt.final_lr:g} is above --lr {opt.lr:g}: the cosine decay would raise "
@@ -247,13 +247,13 @@ def _scalar_type(cls: type, name: str) -> type:
     return args[0] if args else hint
 
 
-def _flag_of(f: dataclasses.Field) -> str:
+def flag_of(f: dataclasses.Field) -> str:
     return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
 
 
 def _range(f: dataclasses.Field) -> Numbers | None:
     """The values a numeric field takes (its own, or its shared flag's); None for the others."""
-    shared = SHARED.get(_flag_of(f))
+    shared = SHARED.get(flag_of(f))
     return f.metadata.get("range") or (shared.type if isinstance(shared and shared.type, Numbers) else None)
 
 
@@ -301,7 +301,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         docs = field_docs(cls)
         for f in dataclasses.fields(cls):
             kind = _scalar_type(cls, f.name)
-            flag = _flag_of(f)
+            flag = flag_of(f)
             # A flag other commands share keeps their meaning; its field's docstring says why
             # train's default suits a run.
             dest = f"{section}.{f.name}"

@@ -9,6 +9,7 @@ how a restart is shown to have neither lost nor repeated data.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,6 +24,8 @@ class StepRecord:
     step: int
     attempt: int
     """torchrun's restart count (0 on the first attempt and outside torchrun)."""
+    planner: str
+    """The planner that laid the step out (a resumed run may use another than its checkpoint's)."""
     loss: float
     """Mean per-token loss of the global batch."""
     grad_norm: float
@@ -51,6 +54,8 @@ class StepRecord:
     """SP degrees the plan used."""
     context_parts: list[int]
     """CP parts of its groups (`Group.cp`; 1: Ulysses alone), so a run shows when it used context parallelism."""
+    splits: list[str]
+    """Its groups' degrees as u x c ("1x2"; a degree alone for Ulysses alone), as the log prints them."""
     checkpointed: float
     """Token-weighted mean fraction of layers recomputed in backward."""
     plan_ms: float
@@ -104,6 +109,7 @@ def summarise(history: list[dict]) -> dict:
         "plan_wait_ms": sum(r["plan_wait_ms"] for r in timed) / len(timed),
         "attempts": max(r["attempt"] for r in history) + 1,
         "skipped_steps": sum(bool(r.get("skipped")) for r in history),
+        "steps_by_planner": dict(Counter(r.get("planner", "unrecorded") for r in history)),
     }
 
 
@@ -131,7 +137,7 @@ class ProgressDisplay:
         elif (record.step + 1) % self.interval == 0 or record.step + 1 == self.total:
             self.console.print(f"step {record.step + 1}/{self.total}  loss {record.loss:.4f}  "
                                f"{record.tokens_per_s:,.0f} tok/s  idle {record.idle_fraction:.0%}  "
-                               f"waves {record.waves}  degrees {record.degrees}  "
+                               f"waves {record.waves}  degrees {','.join(record.splits)}  "
                                f"plan {record.plan_ms:.1f} ms", highlight=False)
 
     def close(self) -> None:

@@ -31,7 +31,7 @@ from ..options import CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, ROUTING,
 from ..cost import CostModel
 from ..cost_sources import analytic_cost
 from ..model_shape import ModelShape, get_model_shape
-from ..plans import Plan
+from ..plans import Plan, splits_used
 from ..value_checks import TIMEOUT
 from ..models import check_buildable
 from ..layouts import ANY_SPLIT
@@ -169,10 +169,7 @@ def run(args: argparse.Namespace) -> int:
         if not ok:
             failed.append(name)
         mbs = [mb for p in plans[name] for _, _, mb in p.micro_batches() if mb.seq_ids]
-        # A group with a CP part shows its split, u x c.
-        degrees = sorted({(g.degree, g.cp) for p in plans[name] for _, g, mb in p.micro_batches() if mb.seq_ids})
-        table.add_row(name, str(max(len(p.waves) for p in plans[name])),
-                      ",".join(f"{d // c}x{c}" if c > 1 else str(d) for d, c in degrees),
+        table.add_row(name, str(max(len(p.waves) for p in plans[name])), ",".join(splits_used(plans[name])),
                       f"{sum(mb.checkpoint for mb in mbs) / len(mbs):.2f}",
                       f"{errors.loss:.1e}", f"{errors.grad_abs:.1e}", f"{errors.grad_rel:.1e}",
                       f"{errors.param_abs:.1e}", f"{errors.param_drift:.1e}",
