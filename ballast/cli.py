@@ -52,11 +52,14 @@ def _left_to_local_rank0() -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="ballast", description=DESCRIPTION, formatter_class=Formatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    commands = {}
     for name, module in COMMANDS.items():
-        p = sub.add_parser(name, help=module.HELP, description=module.__doc__, formatter_class=Formatter)
-        module.add_arguments(p)
+        commands[name] = sub.add_parser(name, help=module.HELP, description=module.__doc__, formatter_class=Formatter)
+        module.add_arguments(commands[name])
     try:
-        args = parser.parse_args(argv)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # said by the command's parser, which names the command
+            commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     except SystemExit as e:  # a usage error, said in one line (`Parser.error`), or --help
         return e.code if isinstance(e.code, int) else 2
     try:

@@ -202,3 +202,36 @@ def test_checksums_find_bytes_changed_at_the_same_size(tmp_path):
     (tmp_path / "b.bin").unlink()
     (tmp_path / checksums.MANIFEST).write_text("{\"sha256\": [")
     assert checksums.verify(tmp_path).startswith("sha256.json is unreadable (JSONDecodeError")
+
+
+def test_a_run_inside_its_warm_up_is_warned_about():
+    config = TrainConfig()
+    config.run.steps, config.optimizer.warmup_steps = 3, 10
+    assert config.warnings() == [
+        "the run's 3 step(s) end inside the 10-step warm-up (--warmup-steps): the rate rises to 30% of --lr 0.003 "
+        "and never decays (to --min-lr 0.0003); give fewer --warmup-steps or more --steps"]
+    config.optimizer.warmup_steps = 2
+    assert config.warnings() == []
+
+
+def test_the_summary_counts_the_steps_of_every_planner():
+    records = [dict(step=k, attempt=0, planner="static" if k < 2 else "ballast", tokens=10, step_time=1.0,
+                    predicted_step_time=1.0, idle_fraction=0.0, loss=1.0, plan_ms=1.0, plan_wait_ms=0.0)
+               for k in range(5)]
+    assert summarise(records)["steps_by_planner"] == {"static": 2, "ballast": 3}
+
+
+def test_the_log_prints_a_cp_group_as_u_x_c(capsys):
+    from rich.console import Console
+
+    from ballast.train.metrics import ProgressDisplay, StepRecord
+
+    record = StepRecord(step=0, attempt=0, planner="static", loss=1.0, grad_norm=1.0, skipped=False, lr=1e-3,
+                        tokens=8, sample_ids=[0], lengths=[8], epoch=0, step_time=1.0, tokens_per_s=8.0,
+                        predicted_step_time=1.0, idle_fraction=0.0, rank_idle=[0.0, 0.0], waves=1, micro_batches=1,
+                        degrees=[2], context_parts=[2], splits=["1x2"], checkpointed=0.0, plan_ms=1.0,
+                        plan_wait_ms=0.0)
+    display = ProgressDisplay(Console(force_terminal=False), 0, 1, 1)
+    display.update(record)
+    assert "degrees 1x2" in capsys.readouterr().out
+
