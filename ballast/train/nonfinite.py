@@ -5,7 +5,7 @@ holds alike, and leaves the optimizer alone (`StepResult.applied`): the weights 
 state stay as they were, so no checkpoint is ever written from them. Rank 0, which alone
 knows the batch's sample ids, names the samples of the micro-batches whose loss was not finite
 (the data to look at), or, when every loss was finite and only the gradient was not, the
-step's samples.
+step's samples; when the loss of every micro-batch was not finite, the weights.
 """
 from __future__ import annotations
 
@@ -24,9 +24,10 @@ def nonfinite_step(step: int, steps: int, result: StepResult, item: StepInput | 
     message = None
     if item is not None:
         ids = [item.batch.sample_ids[i] for i in result.nonfinite_samples]
-        if len(ids) == len(item.batch.sample_ids) > 1:
-            where = (f"a non-finite loss on every one of the step's {len(ids)} samples: the weights, more likely "
-                     f"than the data, are the cause (a damaged or diverged model)")
+        micro_batches = [set(mb.seq_ids) for _, _, mb in item.plan.micro_batches() if mb.seq_ids]
+        if len(micro_batches) > 1 and all(mb & set(result.nonfinite_samples) for mb in micro_batches):
+            where = (f"a non-finite loss in every one of the step's {len(micro_batches)} micro-batches: the "
+                     f"weights, more likely than the data, are the cause (a damaged or diverged model)")
         elif ids:
             where = f"a non-finite loss in the micro-batch(es) of {_sample_names(stream, ids)}"
         else:

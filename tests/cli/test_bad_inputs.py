@@ -501,8 +501,8 @@ def test_a_newest_checkpoint_without_meta_is_skipped_with_a_warning(files, train
 WEIGHT_CASES = [
     ("--model hf:{hf-nan} --skip-nonfinite", r"hf-nan: its weights hold non-finite values \(NaN or infinity\) in "
                                              r"model.layers.0.self_attn.q_proj.weight"),
-    ("--model hf:{hf-huge}", r"step 1/2: loss nan, .*a non-finite loss on every one of the step's \d+ samples: the "
-                             r"weights, more likely than the data, are the cause"),
+    ("--model hf:{hf-huge}", r"step 1/2: loss nan, .*a non-finite loss in every one of the step's \d+ micro-batches: "
+                             r"the weights, more likely than the data, are the cause"),
     ("--model hf:{hf-huge} --skip-nonfinite", r"every one of the run's 2 step\(s\) was skipped for a non-finite loss "
                                               r"or gradient norm \(--skip-nonfinite\): the weights never changed, so no "
                                               r"trained model is written"),
