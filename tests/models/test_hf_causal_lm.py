@@ -387,11 +387,11 @@ def test_not_a_causal_lm(tmp_path):
     BertModel(config()).save_pretrained(tmp_path / "bert-model")
     with pytest.raises(ValueError, match=r"model type 'bert' is BertModel, not a causal LM"):
         get_model_shape(f"hf:{tmp_path / 'bert-model'}")
-    # A config alone names no architecture: the shape reads, the model does not build.
+    # A config alone names no architecture (transformers' causal-LM class would be BertLMHeadModel):
+    # it is refused for what it is, an encoder, where its shape is read (simulate too).
     config().save_pretrained(tmp_path / "bert-config")
-    shape = get_model_shape(f"hf:{tmp_path / 'bert-config'}")
-    with pytest.raises(ValueError, match="model type 'bert'"):
-        build_model(shape)
+    with pytest.raises(ValueError, match=r"model type 'bert' is an encoder, with attention both ways"):
+        get_model_shape(f"hf:{tmp_path / 'bert-config'}")
 
 
 def test_degree_the_heads_do_not_divide(tmp_path):
