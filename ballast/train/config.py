@@ -118,6 +118,14 @@ class OptimizerConfig:
     fsdp: bool = False
     """Shard parameters, gradients and AdamW's state over the ranks with FSDP2 (ZeRO-3); the
     planner then makes lockstep plans (every group of a wave runs as many micro-batches)."""
+    bucket_mb: float = 25.0
+    """Size in MiB of the gradient buckets summed over the ranks while backward runs (PyTorch
+    DDP's default; not under --fsdp, which reduces per block): smaller ones start earlier in
+    backward, larger ones pay the collectives' latency less often."""
+
+    @property
+    def bucket_bytes(self) -> int:
+        return int(self.bucket_mb * 2**20)
 
     @property
     def final_lr(self) -> float:
@@ -208,6 +216,8 @@ class TrainConfig:
                              f"file, not a folder")
         if opt.zero1 and opt.fsdp:
             raise ValueError("--zero1 and --fsdp both shard the optimizer state: choose one")
+        if opt.bucket_bytes < 1:
+            raise ValueError(f"--bucket-mb must hold at least a byte, got {opt.bucket_mb:g}")
         if self.data.max_len > self.data.tokens_per_step:
             raise ValueError(f"--max-len {self.data.max_len} exceeds --tokens-per-step "
                              f"{self.data.tokens_per_step}: a step could not hold its longest sequence")
