@@ -50,7 +50,7 @@ tokens, and remapping are in each rank's gradient already), grouped by bucket.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -71,8 +71,8 @@ class Bucket:
     buffer: Tensor
     segments: list[int]
     """Elements per rank's segment under ZeRO-1 (rank order); [numel] when replicated."""
-    ready: int = 0
-    """Parameters whose gradient is final, counted while armed."""
+    ready: set[int] = field(default_factory=set)
+    """Indices (in `params`) of the parameters whose gradient is final, marked while armed."""
     work: dist.Work | None = None
     """The collective in flight."""
 
@@ -94,8 +94,8 @@ class GradSync:
         self._launched = 0
         self._armed = False
         for b, bucket in enumerate(self.buckets):
-            for p in bucket.params:
-                p.register_post_accumulate_grad_hook(functools.partial(self._ready, b))
+            for i, p in enumerate(bucket.params):
+                p.register_post_accumulate_grad_hook(functools.partial(self._ready, b, i))
 
     def _bucket(self, params: list[Tensor]) -> Bucket:
         # Model order inside a bucket (buckets are cut in reverse), grouped by owner under ZeRO-1.
@@ -110,7 +110,7 @@ class GradSync:
         assert not self._armed and all(b.work is None for b in self.buckets)
         for bucket in self.buckets:
             bucket.buffer.zero_()
-            bucket.ready = 0
+            bucket.ready.clear()
             offset = 0
             for p in bucket.params:
                 p.grad = bucket.buffer[offset:offset + p.numel()].view_as(p)
@@ -122,16 +122,17 @@ class GradSync:
         assert not self._armed
         self._armed = True
 
-    def _ready(self, b: int, param: Tensor) -> None:
+    def _ready(self, b: int, i: int, param: Tensor) -> None:
+        """Parameter i of bucket b has its gradient accumulated (its post-accumulate-grad hook)."""
         if not self._armed:
             return
         bucket = self.buckets[b]
         # Backward accumulates in place; a .grad replaced during the step would not be reduced.
         assert param.grad is not None and param.grad._base is bucket.buffer, "a gradient left its bucket"
-        bucket.ready += 1
-        assert bucket.ready <= len(bucket.params), "a parameter's gradient was accumulated twice while armed"
+        assert i not in bucket.ready, "a gradient was accumulated twice in the last backward"
+        bucket.ready.add(i)
         while self._launched < len(self.buckets) and \
-                self.buckets[self._launched].ready == len(self.buckets[self._launched].params):
+                len(self.buckets[self._launched].ready) == len(self.buckets[self._launched].params):
             self._launch(self.buckets[self._launched])
 
     def _launch(self, bucket: Bucket) -> None:
@@ -141,11 +142,6 @@ class GradSync:
         else:
             bucket.work = dist.all_reduce(bucket.buffer, group=self.group, async_op=True)
         self._launched += 1
-
-    @property
-    def launched(self) -> int:
-        """Buckets whose collective this step has issued so far."""
-        return self._launched
 
     def finish(self) -> None:
         """After this rank's last wave: launch the buckets not yet launched, in order, and wait
