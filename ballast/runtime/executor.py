@@ -88,6 +88,7 @@ def autocasts(precision: str, device: torch.device) -> bool:
     """Whether a run of `precision` (one of PRECISIONS) on `device` computes in bf16."""
     return precision == "bf16" or (precision == "auto" and device.type == "cuda")
 
+
 SHARDS: dict[Layout, type[StreamShard]] = {ULYSSES: StreamShard, VIDEO_2D: VideoShard, CONTEXT: HybridShard}
 """How a group's ranks hold a micro-batch in each layout (`layouts.py`; a group of one rank
 holds its stream whole, a `StreamShard` of degree 1; a group with a CP part, `Group.cp` > 1,
@@ -391,7 +392,7 @@ class Executor:
         held = [p.grad for p in self._params if p.grad is not None]
         squares = self._squares(g.to_local() if self.fsdp else g for g in held)
         shared = self.fsdp or (self.sync is not None and self.sync.sharded)
-        stats = torch.cat([loss.reshape(1), nonfinite, squares.reshape(1) if shared else torch.zeros(1, device=self.device)])
+        stats = torch.cat([loss.reshape(1), nonfinite, squares.reshape(1)])
         dist.all_reduce(stats)
         return float(stats[0]), math.sqrt(float(stats[-1] if shared else squares)), stats[1:-1]
 

@@ -102,6 +102,7 @@ class GradSync:
         params = sorted(reversed(params), key=lambda p: self.owner.get(id(p), 0))
         sizes = [sum(p.numel() for p in params if self.owner[id(p)] == r) for r in range(self.world)] \
             if self.sharded else [sum(p.numel() for p in params)]
+        assert len({(p.dtype, p.device) for p in params}) == 1, "a bucket holds gradients of one dtype and device"
         buffer = torch.zeros(sum(sizes), dtype=params[0].dtype, device=params[0].device)
         return Bucket(params, buffer, sizes)
 
@@ -175,10 +176,10 @@ class GradSync:
 def _chunks(params: list[Tensor], bucket_bytes: int) -> list[list[Tensor]]:
     """Consecutive runs of `params` of at most `bucket_bytes` each (a larger parameter alone)."""
     chunks: list[list[Tensor]] = []
-    size = bucket_bytes
+    size = 0
     for p in params:
         nbytes = p.numel() * p.element_size()
-        if size + nbytes > bucket_bytes:
+        if not chunks or size + nbytes > bucket_bytes:
             chunks.append([])
             size = 0
         chunks[-1].append(p)
