@@ -80,7 +80,8 @@ class Bucket:
 class GradSync:
     """Reduces the gradients of `params` over `group` in buckets during each step's last backward.
 
-    owners: each parameter's owning rank under ZeRO-1 (`zero1_owners`), None when replicated."""
+    group: the whole world, ranks in order (`ProcessGroups.gradients`); owners: each parameter's
+    owning rank under ZeRO-1 (`zero1_owners`), None when replicated."""
 
     def __init__(self, params: list[Tensor], group: ProcessGroup, bucket_bytes: int = BUCKET_BYTES,
                  owners: list[int] | None = None):
@@ -168,7 +169,7 @@ class GradSync:
         out = []
         for p in params:
             grad = p.grad if self.owner[id(p)] == self.rank else torch.empty_like(p)
-            dist.broadcast(grad, group=self.group, group_src=self.owner[id(p)])
+            dist.broadcast(grad, src=self.owner[id(p)])  # on WORLD: the gradient group carries buckets only
             out.append(grad)
         return out
 
