@@ -66,6 +66,7 @@ def test_bad_toml_is_a_value_error(tmp_path, text, message):
     (["--steps", "0"], "--steps must be positive"),
     (["--max-len", "4096", "--tokens-per-step", "1024"], "exceeds --tokens-per-step"),
     (["--world", "0"], "--world must be >= 1"),
+    (["--bucket-mb", "0"], "--bucket-mb must hold at least a byte"),
 ])
 def test_invalid_values_are_value_errors(argv, message):
     with pytest.raises(ValueError, match=message):
