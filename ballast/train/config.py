@@ -131,6 +131,14 @@ class OptimizerConfig:
     fsdp: bool = False
     """Shard parameters, gradients and AdamW's state over the ranks with FSDP2 (ZeRO-3); the
     planner then makes lockstep plans (every group of a wave runs as many micro-batches)."""
+    bucket_mb: float = field(default=25.0, metadata=_in(at_least(float, 2**-20, "a bucket holds at least a byte")))
+    """Size in MiB of the gradient buckets summed over the ranks while backward runs (PyTorch
+    DDP's default; not under --fsdp, which reduces per block): smaller ones start earlier in
+    backward, larger ones pay the collectives' latency less often."""
+
+    @property
+    def bucket_bytes(self) -> int:
+        return int(self.bucket_mb * 2**20)
 
     @property
     def final_lr(self) -> float:

@@ -140,6 +140,7 @@ def train(config: TrainConfig) -> dict | None:
     model = build_model(setup.shape, config.run.seed).to(device)
     opt = config.optimizer
     executor = parallelize(model, setup.cluster, fsdp=opt.fsdp, zero1=opt.zero1, precision=config.run.precision,
+                           bucket_bytes=opt.bucket_bytes,
                            lr=opt.lr, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay)
     optimizer = executor.optimizer
     start = 0

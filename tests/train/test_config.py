@@ -75,6 +75,7 @@ def test_invalid_values_are_value_errors():
     ("optimizer", "lr", math.nan, r"--lr must be a finite number > 0, got nan"),
     ("data", "max_len", 1, r"--max-len must be an integer >= 2 \(a 1-token sample has no context to attend to\)"),
     ("run", "timeout", math.inf, r"--timeout must be a finite number >= 30"),
+    ("optimizer", "bucket_mb", 0, r"--bucket-mb must be a finite number >= .* \(a bucket holds at least a byte\), got 0"),
 ])
 def test_a_config_files_values_take_the_flags_ranges(section, name, value, message):
     """A value from a TOML file or the Python API meets the range its flag's type checks."""
@@ -242,9 +243,9 @@ def test_the_log_prints_a_cp_group_as_u_x_c(capsys):
     record = StepRecord(step=0, attempt=0, planner="static", loss=1.0, grad_norm=1.0, skipped=False, lr=1e-3,
                         tokens=8, sample_ids=[0], lengths=[8], epoch=0, step_time=1.0, tokens_per_s=8.0,
                         predicted_step_time=1.0, idle_fraction=0.0, rank_idle=[0.0, 0.0], waves=1, micro_batches=1,
-                        degrees=[2], context_parts=[2], splits=["1x2"], checkpointed=0.0, plan_ms=1.0,
-                        plan_wait_ms=0.0)
+                        degrees=[2], context_parts=[2], splits=["1x2"], recomputed=0.0,
+                        layout="1x2 recompute 0%", plan_ms=1.0, plan_wait_ms=0.0)
     display = ProgressDisplay(Console(force_terminal=False), 0, 1, 1)
     display.update(record)
-    assert "degrees 1x2" in capsys.readouterr().out
+    assert "layout 1x2 recompute 0%" in capsys.readouterr().out
 
