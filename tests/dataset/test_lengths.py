@@ -237,7 +237,9 @@ def test_budget_below_max_len_still_makes_progress():
 @st.composite
 def sampler_setups(draw):
     values = draw(st.lists(st.integers(1, 5000), min_size=1, max_size=8))
-    max_len = draw(st.integers(1, 3000))
+    # at least 2, as every command's --max-len: 5000 tokens then split into fewer chunks than
+    # LengthStream.MAX_SPLIT_CHUNKS allows
+    max_len = draw(st.integers(2, 3000))
     by_tokens = draw(st.booleans())
     size = draw(st.integers(1, 6000) if by_tokens else st.integers(1, 20))
     spec = BatchSpec(tokens_per_step=size, max_len=max_len) if by_tokens else \
