@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import ballast
+from ballast.command_line.provenance import provenance
 from ballast.simulate import simulate_planners
 from ballast.pricing.cost import InfeasibleError
 from ballast.pricing.cost_sources import get_cost_model
@@ -98,7 +99,7 @@ def main() -> None:
 
     names = [n for n in PLANNERS if not (args.no_flexsp and n == "flexsp")]
     rng = random.Random(args.seed)
-    rows, began = [], time.perf_counter()
+    rows, began, origin = [], time.perf_counter(), provenance()
     while len(rows) < args.settings:
         setting = draw_setting(rng)
         planners = run_setting(setting, names, args.steps, args.seed, args.time_limit)
@@ -121,7 +122,7 @@ def main() -> None:
                "behind": [r for r in rows if r["ballast_vs_best_other"] < 1 - TIE]}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    out.with_suffix(".json").write_text(json.dumps({"summary": summary, "rows": rows, "provenance": origin}, indent=1))
     plot(rows, names, out.with_suffix(".png"))
     print(f"ballast fastest or within {TIE:.0%} of the fastest on {summary['ballast_fastest_or_tied']} of "
           f"{len(rows)} settings; worst ratio {summary['ratio_min']:.3f}, median {summary['ratio_median']:.3f}")

@@ -44,6 +44,7 @@ from ..command_line.options import DEVICE_MEMORY, MAX_LEN, MODEL, WORLD
 from ..vocabulary.patterns import attention_pattern
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..command_line.output_paths import check_output_file
+from ..command_line.provenance import provenance
 from .grid import checkpoint_levels
 from .machine import physical_memory
 from .measure import STATISTICS
@@ -125,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         from .check import run_check
         return run_check(args)
     console = Console(quiet=under_torchrun() and os.environ["RANK"] != "0")  # one report per job
+    origin = provenance()
     if not console.quiet:  # rank 0 writes the profile
         check_output_file(args.out, "--out")
     shape = get_model_shape(args.model)
@@ -145,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     if cost is None:  # a torchrun rank other than 0
         return 0
     print_report(console, cost)
-    cost.save(args.out)
+    cost.save(args.out, origin)
     console.print(f"wrote {args.out}")
     return 0
 
