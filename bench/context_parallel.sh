@@ -5,13 +5,12 @@
 #   CP2  DCP's any-size video with wan-14b (40 heads: Ulysses stops at 8) on h200-32;
 #   CP3  1M-token sequences: Qwen2.5-7B's shape on lognormal:8,2, h200-64, max-len 1048576.
 # Static USP (static with a fixed CP part) is added by bench/static_usp.py through the Python API.
-# flexsp is left out by default (Ulysses only, its MILPs take minutes per setting).
-# Usage: bench/context_parallel.sh [planners]
+# Usage: bench/context_parallel.sh [planners]   (default: all; about 30 minutes, mostly flexsp's MILPs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BALLAST=${BALLAST:-.venv/bin/ballast}
 PYTHON=${PYTHON:-.venv/bin/python}
-PLANNERS=${1:-static,batch-adaptive,bucket,megatron-dynamic-cp,ballast,dcp,hydraulis,zeppelin,wlb-llm}
+PLANNERS=${1:-all}
 OUT=bench/results
 mkdir -p "$OUT"
 CP1=(--lengths lognormal:8,1.6 --cluster h100-32 --model bench/data/qwen2.5-7b.json --max-len 262144 --batch 256 --steps 20)

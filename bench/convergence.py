@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from ballast.cli import main as ballast
+from ballast.command_line.provenance import provenance
 from ballast.train.metrics import final_history
 
 PLANNERS = {"static": ["--degree", "2"], "ballast": []}
@@ -55,6 +56,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
+    origin = provenance()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     histories: dict[str, list[dict]] = {}
@@ -76,7 +78,7 @@ def main() -> int:
               "planners": {name: {"losses": [r["loss"] for r in h],
                                   "tokens_per_s": sum(r["tokens"] for r in h[1:]) / sum(r["step_time"] for r in h[1:]),
                                   "degrees": sorted({d for r in h for d in r["degrees"]})}
-                           for name, h in histories.items()}}
+                           for name, h in histories.items()}, "provenance": origin}
     (out / "convergence.json").write_text(json.dumps(result, indent=1))
     print(f"{different} of {args.steps} steps were laid out differently; largest relative loss "
           f"difference {worst:.2e}; wrote {out / 'convergence.png'} and {out / 'convergence.json'}")

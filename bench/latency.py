@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 import ballast
+from ballast.command_line.provenance import provenance
 from ballast.pricing.cost_sources import published_cost
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
@@ -79,6 +80,7 @@ def main() -> None:
     parser.add_argument("--slow", type=float, default=30.0)
     parser.add_argument("--out", default="bench/results/latency")
     args = parser.parse_args()
+    origin = provenance()
     names = list(PLANNERS) if args.planners == "all" else args.planners.split(",")
     results, skip = [], set()
     for devices, sequences in POINTS:
@@ -87,7 +89,7 @@ def main() -> None:
         results.append({"devices": devices, "sequences": sequences, "planners": planners})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"points": results}, indent=2))
+    out.with_suffix(".json").write_text(json.dumps({"points": results, "provenance": origin}, indent=2))
     plot(results, out.with_suffix(".png"))
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
 

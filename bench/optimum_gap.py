@@ -17,6 +17,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 
 from ballast.plans.exhaustive import brute_force, cluster_for, optimum
+from ballast.command_line.provenance import provenance
 from ballast.vocabulary.layouts import ANY_SPLIT
 from ballast.planners import get_planner
 from ballast.plans.timeline import step_time
@@ -69,8 +70,9 @@ def main() -> None:
     parser.add_argument("--instances", type=int, default=20000)
     parser.add_argument("--json", default="bench/results/optimum-gap.json")
     args = parser.parse_args()
+    origin = provenance()
     result = measure(args.instances)
-    Path(args.json).write_text(json.dumps(result, indent=1))
+    Path(args.json).write_text(json.dumps({**result, "provenance": origin}, indent=1))
     q = result["ratio_quantiles"]
     print(f"{result['instances']} instances in {result['seconds']:.0f} s: exactly optimal on "
           f"{result['exactly_optimal']:.1%}; ratio to the optimum p99 {q['0.99']:.4f}, worst {q['1.0']:.4f}")

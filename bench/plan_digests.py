@@ -20,6 +20,7 @@ import sys
 import time
 
 from ballast.vocabulary.cluster import get_cluster
+from ballast.command_line.provenance import provenance
 from ballast.pricing.cost_sources import get_cost_model
 from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.dataset.lengths import get_length_source
@@ -101,7 +102,7 @@ def main() -> None:
     p.add_argument("settings", nargs="*", default=list(SETTINGS))
     p.add_argument("--against", default=None, help="digests recorded before the change")
     args = p.parse_args()
-    result = {}
+    result = {"provenance": provenance()}
     for name in args.settings:
         print(name, file=sys.stderr)
         result[name] = setting_digests(SETTINGS[name])
@@ -116,7 +117,7 @@ def main() -> None:
 def differences(before: dict, after: dict) -> list[str]:
     """The settings' lower bounds and planners' plans that differ between two records."""
     out = []
-    for name in before.keys() & after.keys():
+    for name in before.keys() & after.keys() & SETTINGS.keys():
         if before[name]["lower_bounds"] != after[name]["lower_bounds"]:
             out.append(f"{name}: lower bounds differ")
         for planner, digests in before[name]["planners"].items():

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from ballast.command_line.provenance import provenance
 from ballast.vocabulary.model_shape import get_model_shape
 from ballast.models.kernels import varlen_attention
 from ballast.profile.sources import default_source
@@ -93,6 +94,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be >= 1")
+    origin = provenance()
     lengths = default_source(get_model_shape(args.model))
     RESULTS.mkdir(exist_ok=True)
     out = {stage: RESULTS / f"profile-{args.name}{stage}.json" for stage in ("", "-quick", "-check", "-simulate")}
@@ -156,6 +158,7 @@ def main() -> int:
         "coefficients": {k: profiled.get(k, 0.0) for k in (
             "a", "b", "g", "recompute", "recompute_attention", "span_seconds", "sample_seconds", "call_seconds",
             "remap_per_token", "remap_latency", "kept", "act_per_token", "bandwidth", "comm_latency", "states")},
+        "provenance": origin,
     }
     (RESULTS / f"profile-{args.name}-summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary["targets"], indent=2))

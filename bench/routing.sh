@@ -7,13 +7,12 @@
 #   R2  the same on an H200-like cluster: 8 NICs of 400 Gb/s per node, 64 GPUs
 #   R3  many short sequences (lognormal:6,1, 1M tokens a step) on the A800-like cluster
 #   R4  the same on the H200-like cluster
-# flexsp is left out by default (its MILPs take minutes per setting).
-# Usage: bench/routing.sh [planners]
+# Usage: bench/routing.sh [planners]   (default: all; about 30 minutes, mostly flexsp's MILPs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BALLAST=${BALLAST:-.venv/bin/ballast}
 PYTHON=${PYTHON:-.venv/bin/python}
-PLANNERS=${1:-static,batch-adaptive,bucket,megatron-dynamic-cp,wlb-llm,dcp,hydraulis,zeppelin,ballast}
+PLANNERS=${1:-all}
 OUT=bench/results
 mkdir -p "$OUT"
 R1=(--lengths wikipedia --cluster a800-64 --model gpt-7b --max-len 393216 --batch 512 --steps 10)

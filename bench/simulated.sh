@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The planners issue's three simulated settings, every planner, recorded as JSON and Gantt PNGs.
-# Usage: bench/simulated.sh [planners]   (default: all). Takes a few minutes (flexsp's MILPs).
+# Usage: bench/simulated.sh [planners]   (default: all). About 30 minutes (flexsp's MILPs, 10-50 s a step).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BALLAST=${BALLAST:-.venv/bin/ballast}

@@ -1,10 +1,12 @@
 """Add static USP (`static` with a fixed CP part, `PlannerOptions.cp`) to a `ballast simulate` JSON.
 
-The CLI has no flag for static's CP part yet, so this drives it through the Python API on the
-same batches `ballast simulate` drew (same flags, same seed): every (degree, CP part) of
---degrees x --cp-parts that the model and cluster run is simulated (static's own rule, the least
-degree holding max-len, would often pick degree 1 with full recomputation, which no USP user
-runs), and the fastest is recorded as planner `static-usp` with its degree and CP part.
+`ballast simulate --planners static --degree D --cp C` runs one such layout; a USP user picks
+the fastest, so this tries them all through the Python API on the same batches `ballast
+simulate` drew (same flags, same seed): every (degree, CP part) of --degrees x --cp-parts that
+the model and cluster run is simulated (static's own rule, the least degree holding max-len,
+would often pick degree 1 with full recomputation, which no USP user runs), and the fastest is
+recorded as planner `static-usp` with its degree and CP part. The row joins OUT only when OUT
+was simulated at this script's commit (its "provenance"), so a record never mixes code.
 
     python bench/static_usp.py OUT.json --degrees 8,16,32 --cp-parts 2,4,8,16 SIMULATE-FLAGS...
 """
@@ -15,6 +17,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from ballast.command_line.provenance import provenance
 from ballast.vocabulary.cluster import get_cluster
 from ballast.pricing.cost_sources import get_cost_model
 from ballast.dataset.length_stream import BatchSpec, LengthStream
@@ -31,6 +34,10 @@ def main() -> None:
     p.add_argument("--cp-parts", default="2,4,8,16", help="static's CP parts to try (comma-separated)")
     add_arguments(p)
     args = p.parse_args()
+    data = json.loads(Path(args.out).read_text())
+    commit = provenance()["commit"]
+    if data.get("provenance", {}).get("commit") != commit:
+        raise SystemExit(f"{args.out} was not simulated at this checkout's commit {commit}: simulate it again first")
     cluster = get_cluster(args.cluster, args.world, args.device_memory_gb)
     shape = get_model_shape(args.model)
     cost = get_cost_model(args.cost, shape, cluster, args.device_memory_gb)
@@ -51,7 +58,6 @@ def main() -> None:
         print(f"static --degree {degree} --cp {cp}: {summary['step_time_s']:.3f} s per step")
         if best is None or summary["step_time_s"] < best["step_time_s"]:
             best = summary
-    data = json.loads(Path(args.out).read_text())
     data["planners"]["static-usp"] = best
     Path(args.out).write_text(json.dumps(data, indent=2))
     print(f"wrote static-usp (cp {best['cp']}, degree {best['degree']}) into {args.out}")

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import ballast
+from ballast.command_line.provenance import provenance
 from ballast.simulate import simulate_planners
 from ballast.planners.fits import check_fits
 from ballast.pricing.coefficients import InfeasibleError
@@ -99,7 +100,7 @@ def main() -> None:
 
     names = [n for n in PLANNERS if not (args.no_flexsp and n == "flexsp")]
     rng = random.Random(args.seed)
-    rows, began = [], time.perf_counter()
+    rows, began, origin = [], time.perf_counter(), provenance()
     while len(rows) < args.settings:
         setting = draw_setting(rng)
         planners = run_setting(setting, names, args.steps, args.seed, args.time_limit)
@@ -120,9 +121,10 @@ def main() -> None:
                "ratio_min": min(ratios), "ratio_median": statistics.median(ratios),
                "ballast_plan_ms_mean": statistics.fmean(r["planners"]["ballast"]["plan_ms"] for r in rows),
                "behind": [r for r in rows if r["ballast_vs_best_other"] < 1 - TIE]}
+    left_out = {"left_out": {"flexsp": "--no-flexsp: its MILPs would take most of the sweep's time"}} if args.no_flexsp else {}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    out.with_suffix(".json").write_text(json.dumps({"summary": summary, "rows": rows, **left_out, "provenance": origin}, indent=1))
     plot(rows, names, out.with_suffix(".png"))
     print(f"ballast fastest or within {TIE:.0%} of the fastest on {summary['ballast_fastest_or_tied']} of "
           f"{len(rows)} settings; worst ratio {summary['ratio_min']:.3f}, median {summary['ratio_median']:.3f}")

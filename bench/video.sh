@@ -2,7 +2,8 @@
 # The shape-aware issue's simulated video settings V1-V3, every planner, each run twice: planned
 # with the clips' shapes (the real cost), and planned as if every clip were a causal text
 # sequence of its tokens (--as-lengths), both priced under the model's real attention pattern.
-# Usage: bench/video.sh [planners]   (default: all). JSON and Gantt charts in bench/results/.
+# Usage: bench/video.sh [planners]   (default: all; about 20 minutes, mostly flexsp's MILPs). JSON and
+# Gantt charts in bench/results/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BALLAST=${BALLAST:-.venv/bin/ballast}

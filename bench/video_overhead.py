@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ballast.command_line.provenance import provenance
 from ballast.dataset.video import open_clip_stream
 from ballast.vocabulary.model_shape import MODEL_PRESETS
 from ballast.models import PackedStream, build_model
@@ -81,13 +82,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "video-overhead.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    origin = provenance()
     rows = [row for name in MODELS for row in measure(name, args.repeats)]
     print(f"{'model':<12}{'clips':>6}{'tokens':>8}{'ms':>10}{'us/token':>10}{'ratio':>7}")
     for row in rows:
         print(f"{row['model']:<12}{row['clips']:>6}{row['tokens']:>8}{row['ms']:>10.1f}{row['us_per_token']:>10.1f}"
               f"{row['ratio']:>7.2f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"threads": 1, "repeats": args.repeats, "points": rows}, indent=2) + "\n")
+    args.out.write_text(json.dumps({"threads": 1, "repeats": args.repeats, "points": rows, "provenance": origin}, indent=2) + "\n")
     print(f"wrote {args.out}")
 
 

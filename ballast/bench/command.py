@@ -18,6 +18,7 @@ from rich.console import Console
 from ..dataset import SYNTAX, VIDEO_DATA_SYNTAX
 from ..command_line.options import COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, PRECISION, TIMEOUT, WORLD
 from ..command_line.output_paths import check_output_file
+from ..command_line.provenance import provenance
 from ..planners import parse_planner_names
 from ..profile.drift import how_much, machine_drift
 from ..profile.measure import fitted_statistic
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     png = args.png or (str(Path(args.json_out).with_suffix(".png")) if args.json_out else None)
     check_output_file(args.json_out, "--json")
     check_output_file(png, "--png" if args.png else "--png (next to --json)")
-    start = time.perf_counter()
+    start, origin = time.perf_counter(), provenance()
     setting = setting_from(args)
     inputs = prepare(setting)
     statistic = fitted_statistic(inputs.cost)  # a damaged profile fails here, before any rank starts
@@ -168,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     print_drift(console, result)
     print_targets(console, result)
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps(result, indent=1))
+        Path(args.json_out).write_text(json.dumps({**result, "provenance": origin}, indent=1))
         console.print(f"wrote {args.json_out}")
     if png:
         bar_chart(result, title, png)

@@ -165,8 +165,10 @@ class CostCoefficients:
     def from_dict(cls, data: dict):
         return from_fields(cls, data, "cost-model")
 
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2))
+    def save(self, path: str | Path, provenance: dict | None = None) -> None:
+        """Write the model as JSON; `provenance` (where the file comes from) goes beside its fields."""
+        record = self.to_dict() if provenance is None else {**self.to_dict(), "provenance": provenance}
+        Path(path).write_text(json.dumps(record, indent=2))
 
     @classmethod
     def load(cls, path: str | Path):
@@ -174,6 +176,8 @@ class CostCoefficients:
         if not path.is_file():
             raise ValueError(f"cost model file {path} does not exist")
         data = read_json(path, "cost model file")
+        if isinstance(data, dict):
+            data.pop("provenance", None)  # the file's origin, not a field of the model
         try:
             return cls.from_dict(data)
         except (ValueError, TypeError) as e:

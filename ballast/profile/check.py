@@ -53,6 +53,7 @@ from ..plans.plan import Plan
 from ..planners import SHORT_SOLVES, get_planner, parse_planner_names
 from ..vocabulary.model_shape import ModelShape
 from ..command_line.output_paths import check_output_file
+from ..command_line.provenance import provenance
 from ..plans.timeline import simulate
 from ..vocabulary.precision import Precision
 from .context import CheckedPlanner, checked_planners, runs_context, splits_used
@@ -246,6 +247,7 @@ def run_check(args: argparse.Namespace) -> int:
     from ..runtime import run_local
 
     console = Console()
+    origin = provenance()
     cost = CostModel.load(args.check)
     if args.device_memory_gb is not None:  # as everywhere a profile is a cost model (`get_cost_model`)
         cost = dataclasses.replace(cost, device_memory=args.device_memory_gb * 1e9)
@@ -328,6 +330,6 @@ def run_check(args: argparse.Namespace) -> int:
         Path(args.json_out).write_text(json.dumps(dict(
             setting=setting, summary=summary, drift=drift, seconds=seconds, load_average=loads,
             core_share=statistics.median(r["core_share"] for r in rows),
-            machine=machine_info(cost.world_size, CHECK_DEVICE), plans=rows), indent=2))
+            machine=machine_info(cost.world_size, CHECK_DEVICE), plans=rows, provenance=origin), indent=2))
         console.print(f"wrote {args.json_out}")
     return 0

@@ -46,6 +46,7 @@ from ..vocabulary.precision import Precision
 from ..vocabulary.patterns import attention_pattern
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..command_line.output_paths import check_output_file
+from ..command_line.provenance import provenance
 from .grid import recompute_levels
 from .machine import default_device_memory, ranks_on_gpus
 from .measure import STATISTICS
@@ -128,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
         from .check import run_check
         return run_check(args)
     console = Console(quiet=under_torchrun() and os.environ["RANK"] != "0")  # one report per job
+    origin = provenance()
     if not console.quiet:  # rank 0 writes the profile
         check_output_file(args.out, "--out")
     shape = get_model_shape(args.model)
@@ -149,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     if cost is None:  # a torchrun rank other than 0
         return 0
     print_report(console, cost)
-    cost.save(args.out)
+    cost.save(args.out, origin)
     console.print(f"wrote {args.out}")
     return 0
 

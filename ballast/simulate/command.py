@@ -22,6 +22,7 @@ from ..vocabulary.model_shape import get_model_shape
 from ..command_line.options import (CLUSTER, COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, ROUTING, SEED,
                                     WORLD, OnOff, positive)
 from ..command_line.output_paths import check_output_file
+from ..command_line.provenance import provenance
 from ..vocabulary.samples import tokens
 
 HELP = "plan and simulate steps under several planners; print a table, write JSON"
@@ -75,6 +76,7 @@ def planner_options(args: argparse.Namespace) -> PlannerOptions:
 
 def run(args: argparse.Namespace) -> int:
     console = Console(soft_wrap=True)
+    origin = provenance()
     check_output_file(args.json_out, "--json")
     check_output_file(args.gantt, "--gantt")
     cluster = get_cluster(args.cluster, args.world, args.device_memory_gb, args.nodes)
@@ -117,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"data: {lengths_stream.report()}")
     if args.json_out:
         out = {"setting": setting, "steps": args.steps, "lower_bound_s": lower_mean, "longest_alone_s": longest,
-               "planners": summaries}
+               "planners": summaries, "provenance": origin}
         Path(args.json_out).write_text(json.dumps(out, indent=2))
         console.print(f"wrote {args.json_out}")
     if args.gantt:

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
+from ..command_line.provenance import provenance
 from ..vocabulary.cluster import Cluster, default_cluster, get_cluster
 from ..pricing.cost import CostModel
 from ..pricing.cost_sources import get_cost_model
@@ -131,6 +132,7 @@ def train(config: TrainConfig) -> dict | None:
     device = torch.device(f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu")
     console = Console(soft_wrap=True)
     out = Path(config.run.out_dir)
+    origin = provenance() if rank == 0 else None
     setup = Setup.of(config, world, torch.cuda.get_device_name(device) if device.type == "cuda" else None)
 
     # Data, planner and the checkpoint to resume from are rank 0's; the others learn only
@@ -207,7 +209,7 @@ def train(config: TrainConfig) -> dict | None:
                    metrics=str(out / "metrics.jsonl"), report={k: str(v) for k, v in paths.items()},
                    checkpoint=str(checkpoint.latest(config.checkpoint_path)),
                    hf_model=None if hf_model is None else str(hf_model))
-    (out / "report" / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "report" / "summary.json").write_text(json.dumps({**summary, "provenance": origin}, indent=1))
     return summary
 
 

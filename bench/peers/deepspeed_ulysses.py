@@ -358,10 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=3600.0)
     p.add_argument("--json", default=None, help="write the result here")
     args = p.parse_args(argv)
+    from ballast.command_line.provenance import provenance
+
+    origin = provenance()
     result = run(args)
     print_table(result)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        Path(args.json).write_text(json.dumps({**result, "provenance": origin}, indent=1))
         print(f"wrote {args.json}")
     return 0
 

@@ -116,7 +116,7 @@ def test_bench_two_ranks_two_planners_two_steps(corpus, tmp_path):
     assert main(["bench", *flags]) == 0
     result = json.loads(out.read_text())
     assert Path(out.with_suffix(".png")).stat().st_size > 0
-    assert set(result["planners"]) == set(PLANNERS)
+    assert set(result["planners"]) == set(PLANNERS) and result["provenance"]["commit"]
     for s in result["planners"].values():
         assert s["tokens_per_s"] > 0 and 0 <= s["idle_fraction"] < 1 and s["predicted_s"] > 0
         assert s["plan_ms"] >= 0 and len(s["tokens_per_s_rounds"]) == 1

@@ -7,8 +7,10 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from ballast.cli import main
+from ballast.command_line.provenance import provenance
 from ballast.vocabulary.cluster import get_cluster
 from ballast.pricing.coefficients import InfeasibleError
 from ballast.pricing.cost import CostModel
@@ -237,7 +239,8 @@ def profiled_cost(world: int = 4, memory_gb: float = 0.1) -> CostModel:
 def test_profile_json_round_trips_and_plans_with_every_planner(tmp_path):
     cost = profiled_cost()
     path = tmp_path / "profile.json"
-    cost.save(path)
+    cost.save(path, provenance())  # as `ballast profile` writes it: where the file comes from, beside the model
+    assert json.loads(path.read_text())["provenance"]["torch"] == torch.__version__
     cluster = get_cluster("cpu", world_size=4, device_memory_gb=0.1)
     loaded = get_cost_model(str(path), TINY, cluster)
     assert loaded == cost and loaded.source == "profiled"
@@ -306,7 +309,7 @@ def test_tiny_real_profile_and_check_on_two_ranks(tmp_path):
                  "--tokens-per-step", "256", "--planners", "static,ballast", "--json", str(out),
                  "--png", str(png)]) == 0
     report = json.loads(out.read_text())
-    assert [p["planner"] for p in report["plans"]] == ["static", "ballast"]
+    assert report["provenance"]["commit"] and [p["planner"] for p in report["plans"]] == ["static", "ballast"]
     assert report["setting"]["planners"] == ["static", "ballast", "static 1x2cp"]
     assert report["summary"]["time"]["count"] == 2 and report["plans"][0]["measured_s"] > 0
     # The profile's one full-depth point, run again among the plans, gives the machine's drift.

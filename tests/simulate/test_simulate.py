@@ -7,9 +7,13 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+
+import ballast
 
 from ballast.simulate import command as simulate_cmd
 from ballast.cli import main
@@ -62,7 +66,12 @@ def test_json_table_and_gantt(tmp_path, capsys, wide):
     assert simulate_cli(*SETTING, "--planners", ",".join(PLANNERS), "--json", str(out), "--gantt", str(png)) == 0
     printed = capsys.readouterr().out
     data = json.loads(out.read_text())
-    assert set(data) == {"setting", "steps", "lower_bound_s", "longest_alone_s", "planners"} and data["steps"] == 2
+    assert set(data) == {"setting", "steps", "lower_bound_s", "longest_alone_s", "planners", "provenance"}
+    assert data["steps"] == 2
+    # the record names the code it ran (this checkout's commit) and the torch it ran on
+    assert data["provenance"]["commit"] == subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(ballast.__file__).parents[1],
+                                                          capture_output=True, text=True).stdout.strip()
+    assert data["provenance"]["torch"] == torch.__version__
     # no planner's step beats the floor of plans without remapping by more than remapping can
     assert 0 < data["longest_alone_s"] <= max(p["step_time_s"] for p in data["planners"].values())
     setting = data["setting"]

@@ -154,6 +154,7 @@ def test_report_is_written(runs):
         assert (report / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = json.loads((report / "summary.json").read_text())
     assert summary["steps"] == 6 and summary["attempts"] == 1 and summary["cost_model"] == "analytic"
+    assert summary["provenance"]["commit"]
     assert (runs["whole"] / "config.toml").is_file()
 
 
