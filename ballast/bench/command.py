@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ..dataset import SYNTAX, VIDEO_DATA_SYNTAX
-from ..command_line.options import COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, PRECISION, TIMEOUT, WORLD
+from ..command_line.options import COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, PRECISION, ROUTING, TIMEOUT, WORLD
 from ..command_line.output_paths import check_output_file
 from ..command_line.provenance import provenance
 from ..planners import parse_planner_names
@@ -52,6 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"seconds per MILP solve, flexsp (default {d.planner.time_limit:g})")
     DEGREE.add(p, d.planner.degree, "the least that holds --max-len")
     CP.add(p, d.planner.cp, "Ulysses alone")
+    ROUTING.add(p, d.planner.routing)
     PRECISION.add(p, d.precision, "what the cost model's presets price: fp32 on these CPU ranks")
     p.add_argument("--seed", type=RANGES["seed"], default=d.seed)
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
@@ -62,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def setting_from(args: argparse.Namespace) -> BenchSetting:
     planner = dataclasses.replace(BenchSetting().planner, max_len=args.max_len, degree=args.degree, cp=args.cp,
-                                  time_limit=args.time_limit, seed=args.seed)
+                                  time_limit=args.time_limit, seed=args.seed, routing=args.routing)
     return BenchSetting(model=args.model, data=args.data, cache_dir=args.cache_dir, world=args.world,
                         planners=tuple(parse_planner_names(args.planners)), steps=args.steps,
                         warmup=args.warmup, repeats=args.repeats, tokens_per_step=args.tokens_per_step,

@@ -56,7 +56,7 @@ def test_every_numeric_option_is_range_checked_where_it_is_parsed(command):
 
 
 # The shared spellings of the planning options, and the commands that plan.
-PLANNING = {"--routing": ("simulate", "train", "verify"), "--degree": ("simulate", "train", "verify", "bench"),
+PLANNING = {"--routing": ("simulate", "train", "verify", "bench"), "--degree": ("simulate", "train", "verify", "bench"),
             "--cp": ("simulate", "train", "verify", "bench")}
 
 
