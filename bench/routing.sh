@@ -8,15 +8,15 @@
 #   R3  many short sequences (lognormal:6,1, 1M tokens a step) on the A800-like cluster
 #   R4  the same on the H200-like cluster
 # flexsp is left out by default, and each routed record says why ("left_out"): flexsp never routes,
-# and on R2 and R3 one of its HiGHS MILPs ran past its 10 s time limit for over 40 minutes (the
-# solver's presolve of a sub-MIP does not check the limit).
+# and on R2 its planning ran over 30 minutes where its limit allows 50 s a step (one HiGHS MILP
+# stuck in the presolve of a sub-MIP, which does not check the time limit).
 # Usage: bench/routing.sh [planners]   (default: every planner but flexsp; a few minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BALLAST=${BALLAST:-.venv/bin/ballast}
 PYTHON=${PYTHON:-.venv/bin/python}
 PLANNERS=${1:-static,batch-adaptive,bucket,megatron-dynamic-cp,wlb-llm,dcp,hydraulis,zeppelin,ballast}
-LEFT_OUT="flexsp never routes, and on R2 and R3 one of its HiGHS MILPs ran past its 10 s time limit for over 40 minutes"
+LEFT_OUT="flexsp never routes, and on R2 its planning ran over 30 minutes where its limit allows 50 s a step (a HiGHS MILP stuck in a sub-MIP's presolve, which does not check the time limit)"
 OUT=bench/results
 mkdir -p "$OUT"
 R1=(--lengths wikipedia --cluster a800-64 --model gpt-7b --max-len 393216 --batch 512 --steps 10)
