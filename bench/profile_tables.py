@@ -81,38 +81,3 @@ def runs_text(runs: list[dict]) -> str:
             f"the profile's own rounds, median {each([r['held_out_median'] for r in runs])}. The check's targets "
             f"below are judged on the median over runs.")
 
-
-def context_profile_text() -> str:
-    """The tiny model's profile with context-parallel points (bench/results/profile-tiny-cp.json)
-    and its check on a setting where the CP planners use CP (profile-tiny-cp-check.json)."""
-    profile, check = record("profile-tiny-cp"), record("profile-tiny-cp-check")
-    fit, setting, summary = profile["fit"], check["setting"], check["summary"]
-    kinds = fit["residuals_by_kind"]
-
-    def row(label: str, stats: dict) -> str:
-        return f"| {label} | {stats['median']:.1%} | {stats['p90']:.1%} | {stats['max']:.1%} | {stats['count']} |"
-
-    def kind_row(family: str) -> str:
-        # profiles recorded before the rename label their recomputed points "ckpt"
-        recomputed = kinds.get(f"{family} recomp", kinds.get(f"{family} ckpt"))
-        parts = [kinds[family]["time"], recomputed["time"], kinds[f"{family} packed"]["time"]]
-        return ("| fit residuals, " + ("CP" if family == "cp" else "Ulysses") + " points / recomputed / packed | "
-                + " | ".join(" / ".join(f"{p[q]:.1%}" for p in parts) for q in ("median", "p90"))
-                + " | | " + " / ".join(str(p["count"]) for p in parts) + " |")
-
-    head = (f"**Profile with context parallelism** ({profile['model']} on {profile['world_size']} gloo ranks, "
-            f"{len(fit['points'])} fitted points, of which {sum(kinds[k]['time']['count'] for k in ('cp', 'cp ckpt', 'cp packed'))} "
-            f"split for CP, {profile['device_memory'] / 1e6:.0f} MB budget; {fit['seconds']:.0f} s at load average "
-            f"{fit['load_average']['median']:.1f}, ranks at {fit['core_share']:.0%} of a core). Fitted: "
-            f"`context_attention` {profile['context_attention']:.2f} (the CP kernel against the local causal one), "
-            f"`context_latency` {profile['context_latency']['2'] * 1e3:.1f} ms at degree 2 (Ulysses' fixed part: "
-            f"{profile['comm_latency']['2'] * 1e3:.1f} ms). Its check: {setting['plans']} {setting['lengths']} plans of "
-            f"{', '.join(setting['planners'])}, max-len {setting['max_len']:,}, ~{setting['tokens_per_step']:,} "
-            f"tokens/step, {setting['repeats']} rounds, {setting['statistic']}; load average "
-            f"{check['load_average']['min']:.1f}..{check['load_average']['max']:.1f}{commit_note(check)}:\n\n")
-    rows = ["| step time \\|error\\| | median | 90th pct | max | n |", "|---|---:|---:|---:|---:|",
-            row("plans with a CP part", summary["time_context"]),
-            row("plans without", summary["time_without_context"]), kind_row("cp"), kind_row("ulysses")]
-    met = summary["time_context"]["median"] <= summary["time_without_context"]["median"] + 0.02
-    return (head + "\n".join(rows) + f"\n\nTarget (CP plans within the error of plans without + 2 points): "
-            f"{'met' if met else '**not met**'}.")

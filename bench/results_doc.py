@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling table modules, when imported
 
 from measured_tables import convergence_text, hf_table, measured_table, peers_table, video_measured_table  # noqa: E402
-from profile_tables import context_profile_text, profile_text  # noqa: E402
+from profile_tables import profile_text  # noqa: E402
 from simulated_tables import (CONTEXT_PARALLEL, ROUTING, SETTINGS, VIDEO, context_parallel_table,  # noqa: E402
                               headline_table, latency_table, optimum_gap_text, routing_table, simulated_table,
                               sweep_text, video_table)
@@ -38,7 +38,6 @@ TABLES: dict[str, Callable[[], str]] = {
     "measured": measured_table, "hf": hf_table, "peers": peers_table, "video-measured": video_measured_table,
     "convergence": convergence_text,
     **{f"profile-{n}": partial(profile_text, n) for n in ("tiny", "hf-llama", "dit-tiny", "stdit-tiny")},
-    "profile-tiny-cp": context_profile_text,
 }
 """Every table the template may place, by name."""
 
