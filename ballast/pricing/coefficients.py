@@ -64,6 +64,9 @@ class CostCoefficients:
     """Fixed seconds a micro-batch's all-to-alls cost at an SP degree whatever their size (the
     latency of its 4 x layers collectives and the sharding work around them); `ballast profile`
     measures it, 0 where absent. comm() adds it, so a gloo run's many small exchanges are priced."""
+    loss_per_token: float = 0.0
+    """Bytes of `act_per_token` that are the loss's [tokens, vocab] tensors (folded in, kept
+    under recomputation: `cost_sources.with_device_memory`); 0 in a profile's own fit."""
     parameters: dict = field(default_factory=dict)
     """The model's `device_memory.ParameterCounts` fields as `ballast profile` counted them on the
     model it ran; empty: the shape's formulas (`ParameterCounts.of_shape`)."""

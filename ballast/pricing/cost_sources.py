@@ -53,8 +53,14 @@ def with_device_memory(memory: DeviceMemory, act_per_token: float, kept: float) 
     A' (c k' + 1 - c) = A (c k + 1 - c) + l at every level c: every formula of the cost model,
     the planners and the bound prices the loss as a term of its own."""
     loss = memory.loss_per_token
-    return dict(states=memory.states, act_per_token=act_per_token + loss,
+    return dict(states=memory.states, act_per_token=act_per_token + loss, loss_per_token=loss,
                 kept=(kept * act_per_token + loss) / (act_per_token + loss), device=memory)
+
+
+def activations_alone(cost: CostModel) -> tuple[float, float]:
+    """(act_per_token, kept) of `cost` without the loss folded in (`with_device_memory`)."""
+    act = cost.act_per_token - cost.loss_per_token
+    return act, (cost.kept * cost.act_per_token - cost.loss_per_token) / act
 
 
 def analytic_cost(shape: ModelShape, cluster: Cluster, memory: DeviceMemory | None = None) -> CostModel:
@@ -130,5 +136,5 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
                          f"the cluster has {cluster.world_size}")
     counts = ParameterCounts(**cost.parameters) if cost.parameters else None
     memory = device_memory(shape, cluster, sharding, precision, counts)
-    return dataclasses.replace(cost, network=cluster, **with_device_memory(memory, cost.act_per_token, cost.kept),
+    return dataclasses.replace(cost, network=cluster, **with_device_memory(memory, *activations_alone(cost)),
                                **({} if device_memory_gb is None else dict(device_memory=device_memory_gb * 1e9)))

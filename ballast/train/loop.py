@@ -27,6 +27,7 @@ from rich.console import Console
 from ..vocabulary.cluster import Cluster, get_cluster
 from ..pricing.cost import CostModel
 from ..pricing.cost_sources import get_cost_model
+from ..vocabulary.sharding import Sharding
 from ..dataset import (BatchStream, ClipStream, build_corpus, check_data_kind, check_vocab, is_video_data,
                        open_clip_stream)
 from ..models import build_model, check_buildable
@@ -72,7 +73,8 @@ class Setup:
         check_buildable(shape)
         check_data_kind(config.data.source, shape)
         cluster = get_cluster(config.planner.cluster, world, config.planner.device_memory_gb, config.planner.nodes)
-        cost = get_cost_model(config.planner.cost, shape, cluster, config.planner.device_memory_gb)
+        sharding = Sharding.of_flags(config.optimizer.zero1, config.optimizer.fsdp)
+        cost = get_cost_model(config.planner.cost, shape, cluster, config.planner.device_memory_gb, sharding)
         check_fits(cost.under(ANY_SPLIT), [config.data.max_len])  # a max_len no plan can hold fails here, not at step k
         return cls(shape, cluster, cost, resolve_tokenizer(config.data.tokenizer, shape))
 
