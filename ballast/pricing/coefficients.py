@@ -67,9 +67,6 @@ class CostCoefficients:
     loss_per_token: float = 0.0
     """Bytes of `act_per_token` that are the loss's [tokens, vocab] tensors (folded in, kept
     under recomputation: `cost_sources.with_device_memory`); 0 in a profile's own fit."""
-    parameters: dict = field(default_factory=dict)
-    """The model's `device_memory.ParameterCounts` fields as `ballast profile` counted them on the
-    model it ran; empty: the shape's formulas (`ParameterCounts.of_shape`)."""
     fit: dict = field(default_factory=dict)
     """Free-form report of how the coefficients were obtained (residuals of a profile fit)."""
     recompute_attention: float | None = None

@@ -120,8 +120,7 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
     A profile must describe `shape` and `cluster`'s size: every caller (simulate, train, bench)
     relies on this one check. It brings the device memory it was made for unless
     `device_memory_gb` (the flag, which `get_cluster` gave the cluster too) replaces it, and its
-    measured activations; its states are priced like the others', from the parameters it counted
-    (`parameters`)."""
+    measured activations; its states are priced like the others', from the shape's parameters."""
     if spec == "auto":
         spec = "published" if shape.name in _PUBLISHED and cluster.name == "a100-64" else "analytic"
     if spec in ("analytic", "published"):
@@ -134,7 +133,6 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
     if cost.world_size != cluster.world_size:
         raise ValueError(f"cost model {spec} was made for {cost.world_size} devices, "
                          f"the cluster has {cluster.world_size}")
-    counts = ParameterCounts(**cost.parameters) if cost.parameters else None
-    memory = device_memory(shape, cluster, sharding, precision, counts)
+    memory = device_memory(shape, cluster, sharding, precision)
     return dataclasses.replace(cost, network=cluster, **with_device_memory(memory, *activations_alone(cost)),
                                **({} if device_memory_gb is None else dict(device_memory=device_memory_gb * 1e9)))
