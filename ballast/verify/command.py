@@ -41,6 +41,11 @@ from ..planners.fits import check_fits
 HELP = "check that plans run on N local gloo ranks train exactly like one process"
 
 
+AFTER_BACKWARD_MARGIN = 1.01
+"""A budget set from what a step holds after backward leaves this much over it (the cost model
+refuses a device that it fills exactly)."""
+
+
 def budget(shape: ModelShape, world: int, max_len: int, device_memory_gb: float | None = None,
            nodes: int = 1) -> tuple[Cluster, CostModel]:
     """The cpu cluster of `world` ranks (as `nodes` emulated nodes) and its analytic cost model,
@@ -53,7 +58,10 @@ def budget(shape: ModelShape, world: int, max_len: int, device_memory_gb: float 
     cluster = get_cluster("cpu", world_size=world, device_memory_gb=device_memory_gb, nodes=nodes)
     cost = analytic_cost(shape, cluster)
     if device_memory_gb is None:
-        memory = cost.states + 1.2 * cost.act_per_token * cost.kept * max_len / min(2, cost.degrees[-1])
+        # No less than the step holds after backward (the gradient reduction's flat copy), which
+        # short max_lens' activations do not reach.
+        memory = max(cost.states + 1.2 * cost.act_per_token * cost.kept * max_len / min(2, cost.degrees[-1]),
+                     AFTER_BACKWARD_MARGIN * cost.device.after_backward)
         cluster = get_cluster("cpu", world_size=world, device_memory_gb=memory / 1e9, nodes=nodes)
         cost = analytic_cost(shape, cluster)
     return cluster, cost
