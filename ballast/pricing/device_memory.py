@@ -6,13 +6,13 @@ With P parameters (A of them in linear layers), N ranks, fp32 parameters and Ada
     mode        parameters   gradients   optimizer   while a micro-batch runs     after backward
     replicated  4 P          4 P         8 P         autocast copies              reduction buffer
     zero1       4 P          4 P         8 P / N     autocast copies              reduction buffer
-    fsdp        4 P / N      4 P / N     8 P / N     gathered units, copies       the root's, its buffer
+    fsdp        4 P / N      4 P / N     8 P / N     gathered units               the root's, its buffer
 
 Autocast copies: 2 A under bf16 (autocast casts every linear layer's weight and bias, and each
-copy stays saved for backward). The loss holds 12 bytes per token and vocabulary entry at its
+copy stays saved for backward); none under FSDP2, whose units are gathered in bf16. The loss holds 12 bytes per token and vocabulary entry at its
 backward (`LOSS_VALUES`), on the ranks holding those tokens; `loss_per_token`. The reduction
 buffer is `reduction_buffer_bytes`. Parameters and gradients stay fp32 under bf16 autocast
-(the runtime's precision: autocast, not bf16 weights).
+(the runtime's precision: autocast, not bf16 weights); only FSDP2's gathered copies are bf16.
 """
 from __future__ import annotations
 
@@ -62,8 +62,8 @@ def reduction_buffer_bytes(sharding: Sharding, counts: ParameterCounts) -> float
     """Bytes the gradient reduction allocates on top of the gradients, as the runtime on main
     does it: replicated and ZeRO-1 concatenate every fp32 gradient into one flat buffer and
     all-reduce it after backward (`Executor._synchronise`), 4 P while the gradients still live;
-    FSDP2 reduce-scatters each unit's gradients (a block's, the root's last) through a buffer of
-    the unit's size. The one place this is priced: bucketed reduction replaces it by its buckets."""
+    FSDP2 reduce-scatters each unit's gradients (a block's, the root's last) through an fp32
+    buffer of the unit's size (under bf16 too: the policy's reduce dtype). The one place this is priced: bucketed reduction replaces it by its buckets."""
     return FP32 * (max(counts.block, counts.root) if sharding is Sharding.FSDP else counts.total)
 
 
@@ -100,10 +100,24 @@ class DeviceMemory:
         return self.parameters + self.gradients + self.optimizer
 
     @property
+    def _gathers_bf16(self) -> bool:
+        # FSDP2 under bf16 runs a MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), as
+        # the runtime's bf16 FSDP will (the bucketed-sync change): its units are gathered in bf16
+        # (2 bytes per parameter, their unsharded gradients too), so autocast finds bf16 weights
+        # and makes no copies of its own, and gradients are still reduced in fp32. Main's
+        # runtime has no policy yet, so this case is priced, not measured (memory.json's notes).
+        return self.bf16 and self.sharding is Sharding.FSDP
+
+    @property
+    def _unsharded(self) -> int:
+        """Bytes per parameter of FSDP2's gathered units and their unsharded gradients."""
+        return BF16 if self._gathers_bf16 else FP32
+
+    @property
     def autocast_copies(self) -> float:
-        """bf16 copies of the linear layers' parameters, saved for backward (whole under FSDP
-        too: autocast copies the gathered parameters)."""
-        return BF16 * self.counts.autocast if self.bf16 else 0.0
+        """bf16 copies of the linear layers' parameters, saved for backward; none under FSDP2,
+        which gathers them in bf16 (`_gathers_bf16`)."""
+        return BF16 * self.counts.autocast if self.bf16 and not self._gathers_bf16 else 0.0
 
     @property
     def gathered(self) -> float:
@@ -114,7 +128,7 @@ class DeviceMemory:
         activations over-predicted FSDP's peak by 4-8% (bench/memory_fit.py). 0 unless FSDP."""
         if self.sharding is not Sharding.FSDP:
             return 0.0
-        return FP32 * (self.counts.root + FSDP_GATHERED_BLOCKS * self.counts.block)
+        return self._unsharded * (self.counts.root + FSDP_GATHERED_BLOCKS * self.counts.block)
 
     @property
     def states(self) -> float:
@@ -130,7 +144,7 @@ class DeviceMemory:
         this rank updates), whichever is larger."""
         reduction = reduction_buffer_bytes(self.sharding, self.counts)
         if self.sharding is Sharding.FSDP:
-            reduction += 2 * FP32 * self.counts.root
+            reduction += 2 * self._unsharded * self.counts.root
         updated = self._sharded(FP32 * self.counts.total, self.sharding is not Sharding.REPLICATED)
         return self.resident + max(reduction, updated)
 

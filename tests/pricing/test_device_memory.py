@@ -23,20 +23,24 @@ def memory(sharding: Sharding, bf16: bool = False) -> DeviceMemory:
     return DeviceMemory(COUNTS, sharding, bf16, world_size=4, vocab=10)
 
 
-@pytest.mark.parametrize("sharding, states, after_backward", [
-    # 4 P parameters + 4 P gradients + 8 P AdamW; after backward the flat gradient copy (4 P)
-    (Sharding.REPLICATED, 16000, 20000),
+@pytest.mark.parametrize("sharding, states, after_backward, bf16_states, bf16_after_backward", [
+    # 4 P parameters + 4 P gradients + 8 P AdamW; after backward the flat gradient copy (4 P);
+    # bf16 autocast adds its copies, 2 bytes per linear-layer parameter (1600 B)
+    (Sharding.REPLICATED, 16000, 20000, 16000 + 1600, 20000),
     # AdamW's 8 P over 4 ranks; the same flat copy after backward (larger than the 4 P / 4 AdamW updates)
-    (Sharding.ZERO1, 4000 + 4000 + 2000, 10000 + 4000),
+    (Sharding.ZERO1, 4000 + 4000 + 2000, 10000 + 4000, 10000 + 1600, 14000),
     # 16 P / 4, the root (800 B) and two blocks (1600 B) gathered; after backward the root's
-    # parameters and gradients (1600 B) and its reduction buffer (800 B)
-    (Sharding.FSDP, 4000 + 800 + 1600, 4000 + 1600 + 800),
+    # parameters and gradients (1600 B) and its fp32 reduction buffer (800 B). Under bf16 the
+    # policy gathers the same units at 2 bytes per parameter (1200 B) and autocast makes no
+    # copies; after backward the root's bf16 parameters and gradients (800 B) and the same fp32
+    # buffer: 1600 B, more than AdamW's 4 P / 4 = 1000 B
+    (Sharding.FSDP, 4000 + 800 + 1600, 4000 + 1600 + 800, 4000 + 1200, 4000 + 800 + 800),
 ])
-def test_states_per_mode_by_hand(sharding, states, after_backward):
+def test_states_per_mode_by_hand(sharding, states, after_backward, bf16_states, bf16_after_backward):
     fp32, bf16 = memory(sharding), memory(sharding, bf16=True)
     assert fp32.states == states and fp32.after_backward == after_backward
-    # bf16 autocast: 2 bytes per linear-layer parameter, in every mode (FSDP's gathered ones too)
-    assert bf16.states == states + 1600 and bf16.after_backward == after_backward
+    assert bf16.states == bf16_states and bf16.after_backward == bf16_after_backward
+    assert bf16.autocast_copies == (0 if sharding is Sharding.FSDP else 1600)
     # the loss: 3 fp32 [tokens, vocab] tensors at its backward
     assert fp32.loss_per_token == 3 * 4 * 10
 
