@@ -97,5 +97,7 @@ def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed:
         jitter = 1.0 + noise * rng.standard_normal(2)
         out.append(Measurement(p, seconds * jitter[0], (comm + context) * jitter[1], calls + context_calls,
                                comm_bytes + context_bytes, act, shard, context_seconds=context * jitter[1],
-                               context_calls=context_calls, context_bytes=context_bytes))
+                               context_calls=context_calls, context_bytes=context_bytes,
+                               comm_values=(comm_bytes + context_bytes) / value_bytes,
+                               context_values=context_bytes / value_bytes))
     return out

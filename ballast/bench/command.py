@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ..dataset import SYNTAX, VIDEO_DATA_SYNTAX
-from ..command_line.options import COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, WORLD, check_timeout
+from ..command_line.options import COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, PRECISION, WORLD, check_timeout
 from ..command_line.output_paths import check_output_file
 from ..planners import parse_planner_names
 from ..profile.drift import how_much, machine_drift
@@ -51,6 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"seconds per MILP solve, flexsp (default {d.planner.time_limit:g})")
     DEGREE.add(p, d.planner.degree, "the least that holds --max-len")
     CP.add(p, d.planner.cp, "Ulysses alone")
+    PRECISION.add(p, d.precision, "what the cost model's presets price: fp32 on these CPU ranks")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
     p.add_argument("--png", default=None, help="bar chart (default: next to --json)")
@@ -64,7 +65,8 @@ def setting_from(args: argparse.Namespace) -> BenchSetting:
     return BenchSetting(model=args.model, data=args.data, cache_dir=args.cache_dir, world=args.world,
                         planners=tuple(parse_planner_names(args.planners)), steps=args.steps,
                         warmup=args.warmup, repeats=args.repeats, tokens_per_step=args.tokens_per_step,
-                        device_memory_gb=args.device_memory_gb, cost=args.cost, planner=planner)
+                        device_memory_gb=args.device_memory_gb, cost=args.cost, precision=args.precision,
+                        planner=planner)
 
 
 def describe(inputs: BenchInputs, setting: BenchSetting) -> str:

@@ -60,7 +60,7 @@ def run_on_rank(inputs: BenchInputs, setting: BenchSetting) -> tuple[list[dict],
     the others None."""
     rank = dist.get_rank()
     groups = ProcessGroups()
-    executors = {name: _executor(inputs, groups, setting.seed) for name in setting.planners}
+    executors = {name: _executor(inputs, groups, setting) for name in setting.planners}
     planners = make_planners(inputs, setting) if rank == 0 else {}
     references = References(inputs, groups, setting)
     plans: dict[tuple[str, int], Plan] = {}
@@ -98,7 +98,7 @@ class References:
         self.samples = [plan_samples(p, inputs.shape, setting.seed + i) for i, p in enumerate(self.plans)]
         self.after = reference_steps(setting.steps, len(self.plans))
         self.seconds: list[list[list[float]]] = [[] for _ in self.plans]
-        self.executor = _executor(inputs, groups, setting.seed) if self.plans else None
+        self.executor = _executor(inputs, groups, setting) if self.plans else None
         for i in range(len(self.plans)):
             self._run(i)
 
@@ -119,9 +119,9 @@ class References:
         return per_rank
 
 
-def _executor(inputs: BenchInputs, groups: ProcessGroups, seed: int) -> Executor:
-    model = build_model(inputs.shape, seed)
-    return parallelize(model, inputs.cluster, groups=groups, lr=LEARNING_RATE)
+def _executor(inputs: BenchInputs, groups: ProcessGroups, setting: BenchSetting) -> Executor:
+    model = build_model(inputs.shape, setting.seed)
+    return parallelize(model, inputs.cluster, groups=groups, precision=setting.precision, lr=LEARNING_RATE)
 
 
 def make_planners(inputs: BenchInputs, setting: BenchSetting) -> dict[str, Planner]:

@@ -29,6 +29,7 @@ from ..profile.drift import reference_points
 from ..profile.grid import Measurement
 from ..profile.machine import measured_device
 from ..planners.fits import check_fits
+from ..vocabulary.precision import Precision
 
 ALL_PLANNERS = ("static", "batch-adaptive", "bucket", "megatron-dynamic-cp", "wlb-llm", "dcp", "flexsp", "hydraulis",
                 "zeppelin", "ballast")
@@ -58,6 +59,8 @@ class BenchSetting:
     """Memory budget per rank the planners plan for; None: `auto_device_memory`."""
     cost: str = "analytic"
     """`analytic` or a `ballast profile` JSON: the planners' cost model and the predictions'."""
+    precision: Precision = Precision.AUTO
+    """The ranks' forward precision (`options.PRECISION`)."""
     planner: PlannerOptions = dataclasses.replace(SHORT_SOLVES, max_len=8192)
     """Every planner's options. Its `max_len` is the data's longest sample too and its `seed`
     the batches' and the models' (`max_len`, `seed`); a forced `degree` is set as a user of a
@@ -173,7 +176,7 @@ def auto_device_memory(cost: CostModel, max_len: int) -> float:
 def make_cost(setting: BenchSetting, shape: ModelShape) -> tuple[Cluster, CostModel]:
     """The cpu cluster of `world` ranks and the cost model, both at the benchmark's memory budget."""
     base = get_cluster("cpu", setting.world)
-    cost = get_cost_model(setting.cost, shape, base)
+    cost = get_cost_model(setting.cost, shape, base, precision=setting.precision)
     memory = (setting.device_memory_gb * 1e9 if setting.device_memory_gb is not None
               else auto_device_memory(cost, setting.max_len))
     cost = dataclasses.replace(cost, device_memory=memory)

@@ -2,7 +2,8 @@
 
 `--model`, `--max-len`, `--cluster`, `--world`, `--cost` and `--device-memory-gb` mean the same
 in `simulate`, `verify`, `profile`, `bench` and `train`, `--degree` and `--cp` in those that plan
-with a fixed-degree planner (`simulate`, `bench`, `train`): each command adds an option with
+with a fixed-degree planner (`simulate`, `bench`, `train`), `--precision` in those that start
+ranks (`verify`, `profile`, `bench`, `train`): each command adds an option with
 `SharedOption.add` (argparse) or, for `train`'s config fields, `SharedOption.help`, giving its
 own default and why that default suits it. Only defaults differ between commands. `--timeout`
 of the commands that start ranks has one rule, `check_timeout`.
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..vocabulary.model_shape import MODEL_PRESETS
+from ..vocabulary.precision import Precision
 
 
 def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
@@ -30,6 +32,15 @@ def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
             raise argparse.ArgumentTypeError(f"must be {what} > 0, got {text}")
         return value
     return parse
+
+
+def precision(text: str) -> Precision:
+    """An argparse type: a `Precision` by its name (auto, bf16, fp32)."""
+    try:
+        return Precision(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(p.value for p in Precision)}, "
+                                         f"got {text!r}") from None
 
 
 MIN_TIMEOUT = 30.0
@@ -93,4 +104,9 @@ DEGREE = SharedOption(
 CP = SharedOption(
     "--cp", "static's context-parallel part c, a power of two: static USP, Ulysses over --degree / c ranks "
             "times context parallelism over c", positive(int), "C")
-SHARED = {option.flag: option for option in (MODEL, MAX_LEN, CLUSTER, WORLD, NODES, COST, DEVICE_MEMORY, DEGREE, CP)}
+PRECISION = SharedOption(
+    "--precision", "what the ranks' forward computes in: auto (bf16 autocast on CUDA devices, fp32 elsewhere), "
+                   "bf16 (bf16 autocast on any device; on CPU it runs the bf16 dtypes, exchanges and "
+                   "tolerances, not flash-attn, NCCL or CUDA placement) or fp32", precision, "auto|bf16|fp32")
+SHARED = {option.flag: option for option in (MODEL, MAX_LEN, CLUSTER, WORLD, NODES, COST, DEVICE_MEMORY, DEGREE, CP,
+                                             PRECISION)}

@@ -5,7 +5,7 @@ a patch column or a whole clip; `protocol.attention_spans`), and is causal insid
 (text decoders) or bidirectional (video DiTs). The implementation is picked at call time
 (`attention_kernel`), best first:
   - `flash-attn`: flash-attn's varlen kernel, when the tensors are on a GPU in half precision
-    and `flash_attn` is importable;
+    and `flash_attn` (>= FLASH_ATTN_MIN) is importable;
   - `torch-varlen`: PyTorch's own varlen flash kernel (`torch.nn.attention.varlen.varlen_attn`,
     torch >= 2.12), when flash-attn is not installed and PyTorch's flash attention takes the
     tensors (a CUDA build, a GPU it supports, fp16/bf16, a head size it handles). It has no
@@ -22,19 +22,40 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPAParams
+from torch.torch_version import TorchVersion
 
-from .protocol import PackedStream, attention_spans
+from ..vocabulary.patterns import Span
+from .protocol import PackedStream, stream_spans
 
-try:
-    from flash_attn import flash_attn_varlen_func
-except ImportError:  # CPU machines and GPUs without flash-attn use one of the others
-    flash_attn_varlen_func = None
+FLASH_ATTN_MIN = "2.1"
+"""Least flash-attn version ballast uses: before 2.1 its causal mask is aligned top-left, not
+bottom-right, when a sequence has fewer queries than keys, so a context-parallel chunk (its
+queries the last of its keys) would attend the wrong keys without an error."""
+
+
+@functools.cache
+def flash_attn_varlen() -> Callable | None:
+    """flash-attn's `flash_attn_varlen_func`, or None where flash-attn is not installed or older
+    than FLASH_ATTN_MIN (then a warning, once, and the next kernel serves). Imported on first use
+    by a CUDA tensor."""
+    try:
+        import flash_attn
+    except ImportError:  # CPU machines and GPUs without flash-attn use one of the others
+        return None
+    version = getattr(flash_attn, "__version__", "0")
+    if TorchVersion(version) < FLASH_ATTN_MIN:
+        warnings.warn(f"flash-attn {version} is older than {FLASH_ATTN_MIN}, whose bottom-right causal mask "
+                      f"context parallelism needs; ballast does not use it (pip install 'flash-attn>="
+                      f"{FLASH_ATTN_MIN}' to)", stacklevel=2)
+        return None
+    return flash_attn.flash_attn_varlen_func
 
 
 @functools.cache
@@ -57,21 +78,55 @@ def torch_varlen_attn() -> Callable | None:
 _HALF = (torch.float16, torch.bfloat16)
 
 
-def _cu_seqlens(bounds: Sequence[int], device: torch.device) -> tuple[Tensor, int]:
+def to_device(index: Tensor, device: torch.device) -> Tensor:
+    """A host-built index or length tensor on `device`, copied without blocking the host on a
+    GPU (from pinned memory, which the copy needs to be asynchronous: a pageable source makes
+    the host wait for the device to drain). Indices built on the host are the rule here: they
+    come from the plan's Python ints."""
+    if index.device == device:
+        return index
+    if device.type == "cuda":
+        return index.pin_memory().to(device, non_blocking=True)
+    return index.to(device)
+
+
+# Index and length tensors an attention call needs are built on the host from the micro-batch's
+# bounds (Python ints) and copied to the device. Every layer of a micro-batch asks for the same
+# ones, so they are cached by value (the bounds and the device, small LRU caches): built and
+# copied at the first layer, not per layer; a new micro-batch's bounds make new entries.
+METADATA_CACHE = 16
+"""Entries each attention-metadata cache keeps: a micro-batch needs a few (its patterns' spans,
+query and key bounds), a remap slot or a profile's next run replaces them."""
+
+
+@functools.lru_cache(maxsize=METADATA_CACHE)
+def _cu_seqlens(bounds: tuple[int, ...], device: torch.device) -> tuple[Tensor, int]:
     """cu_seqlens as the varlen kernels take them (int32 on the device) and the longest sequence."""
-    return (torch.tensor(bounds, dtype=torch.int32, device=device),
+    return (to_device(torch.tensor(bounds, dtype=torch.int32), device),
             max(b - a for a, b in zip(bounds, bounds[1:])))
 
 
+def packed_varlen(kernel: str, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, longest_q: int,
+                  longest_k: int, causal: bool) -> Tensor:
+    """One call of a varlen kernel ("flash-attn" or "torch-varlen"): the queries of sequence i
+    (rows cu_q[i]:cu_q[i+1]) against its keys (cu_k[i]:cu_k[i+1]). Both run flash-attn 2's
+    kernel, whose causal diagonal is bottom-right: a sequence with fewer queries than keys has
+    them at its keys' end, which context parallelism's chunks need."""
+    if kernel == "flash-attn":
+        return flash_attn_varlen()(q, k, v, cu_q, cu_k, longest_q, longest_k, causal=causal)
+    assert kernel == "torch-varlen", kernel
+    return torch_varlen_attn()(q, k, v, cu_q, cu_k, longest_q, longest_k, window_size=(-1, 0) if causal else (-1, -1),
+                               enable_gqa=k.shape[1] != q.shape[1])
+
+
 def _flash_attn(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal: bool) -> Tensor:
-    cu_seqlens, longest = _cu_seqlens(bounds, q.device)
-    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=causal)
+    cu_seqlens, longest = _cu_seqlens(tuple(bounds), q.device)
+    return packed_varlen("flash-attn", q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal)
 
 
 def _torch_varlen(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal: bool) -> Tensor:
-    cu_seqlens, longest = _cu_seqlens(bounds, q.device)
-    return torch_varlen_attn()(q, k, v, cu_seqlens, cu_seqlens, longest, longest,
-                               window_size=(-1, 0) if causal else (-1, -1), enable_gqa=k.shape[1] != q.shape[1])
+    cu_seqlens, longest = _cu_seqlens(tuple(bounds), q.device)
+    return packed_varlen("torch-varlen", q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal)
 
 
 def equal_groups(sizes: Tensor) -> tuple[Tensor | None, list[int], list[int]]:
@@ -104,10 +159,11 @@ def token_order(starts: Tensor, lengths: Tensor) -> Tensor:
     return torch.repeat_interleave(starts - span_offsets, lengths, output_size=total) + torch.arange(total)
 
 
-def _equal_runs(bounds: Sequence[int]) -> tuple[Tensor | None, list[tuple[int, int]]]:
-    """(order, [(span length, spans)]): the rows of the non-empty spans (an empty span attends
-    to nothing) taken in `order` (None: stream order) are groups of equally long spans, one
-    after another; a group holds every span of its length, wherever it sits in the stream."""
+@functools.lru_cache(maxsize=METADATA_CACHE)
+def _equal_runs(bounds: tuple[int, ...], device: torch.device) -> tuple[Tensor | None, list[tuple[int, int]]]:
+    """(order on `device`, [(span length, spans)]): the rows of the non-empty spans (an empty
+    span attends to nothing) taken in `order` (None: stream order) are groups of equally long
+    spans, one after another; a group holds every span of its length, wherever it sits."""
     edges = torch.tensor(bounds, dtype=torch.long)
     starts, lengths = edges[:-1], edges[1:] - edges[:-1]
     spans, group_lengths, counts = equal_groups(lengths)
@@ -117,7 +173,7 @@ def _equal_runs(bounds: Sequence[int]) -> tuple[Tensor | None, list[tuple[int, i
     spans = spans[lengths[spans] > 0]
     order = token_order(starts[spans], lengths[spans])
     # Spans apart only by empty ones are in order already.
-    return (None if torch.equal(order, torch.arange(order.numel())) else order), groups
+    return (None if torch.equal(order, torch.arange(order.numel())) else to_device(order, device)), groups
 
 
 TINY_SPAN = 3
@@ -165,10 +221,9 @@ def _batched_sdpa(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal
     # A 4-D input matters too: on CPU it reaches PyTorch's flash kernel, which saves O(s) for
     # backward; 3-D ones fall back to the math path, which keeps the s^2 scores (measured on
     # `tiny`: 570 KB instead of 46 KB per token at 4096 tokens, and 13x slower).
-    order, groups = _equal_runs(bounds)
+    order, groups = _equal_runs(tuple(bounds), q.device)
     assert groups, "an empty stream has nothing to attend to; callers skip it"
     if order is not None:
-        order = order.to(q.device)
         q, k, v = q.index_select(0, order), k.index_select(0, order), v.index_select(0, order)
     sizes = [length * count for length, count in groups]
     outputs = []
@@ -187,6 +242,27 @@ def _batched_sdpa(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], causal
     return torch.empty_like(out).index_copy(0, order, out)
 
 
+@functools.lru_cache(maxsize=METADATA_CACHE)
+def _span_batches(q_bounds: tuple[int, ...], k_bounds: tuple[int, ...], device: torch.device
+                  ) -> tuple[Tensor, Tensor, list[tuple[int, int, int]]] | None:
+    """`span_attention`'s batches: (its queries' rows, its keys' rows, both on `device`, batch by
+    batch, and every batch's (queries, keys, spans)); None when no span has queries."""
+    edges_q, edges_k = torch.tensor(q_bounds, dtype=torch.long), torch.tensor(k_bounds, dtype=torch.long)
+    queries, keys = edges_q[1:] - edges_q[:-1], edges_k[1:] - edges_k[:-1]
+    used = queries > 0
+    assert bool((keys[used] > 0).all()), "a span with queries has keys"
+    if not bool(used.any()):
+        return None
+    q_starts, k_starts, queries, keys = edges_q[:-1][used], edges_k[:-1][used], queries[used], keys[used]
+    # Spans of equal (queries, keys) go as one batch (`equal_groups` on one key for the pair).
+    width = int(keys.max()) + 1
+    order, pairs, counts = equal_groups(queries * width + keys)
+    if order is not None:
+        q_starts, k_starts, queries, keys = q_starts[order], k_starts[order], queries[order], keys[order]
+    return (to_device(token_order(q_starts, queries), device), to_device(token_order(k_starts, keys), device),
+            [(pair // width, pair % width, count) for pair, count in zip(pairs, counts)])
+
+
 def span_attention(q: Tensor, k: Tensor, v: Tensor, q_bounds: Sequence[int], k_bounds: Sequence[int]) -> Tensor:
     """Bidirectional attention of span i's queries q[q_bounds[i]:q_bounds[i+1]] to its keys
     k[k_bounds[i]:k_bounds[i+1]]: the queries may be part of their span (context parallelism
@@ -199,28 +275,14 @@ def span_attention(q: Tensor, k: Tensor, v: Tensor, q_bounds: Sequence[int], k_b
     assert q_bounds[-1] == q.shape[0] and k_bounds[-1] == k.shape[0], (q_bounds[-1], q.shape, k_bounds[-1], k.shape)
     kernel = attention_kernel(q, k, v)
     if kernel != "sdpa":
-        cu_q, longest_q = _cu_seqlens(q_bounds, q.device)
-        cu_k, longest_k = _cu_seqlens(k_bounds, q.device)
-        if kernel == "flash-attn":
-            return flash_attn_varlen_func(q, k, v, cu_q, cu_k, longest_q, longest_k, causal=False)
-        return torch_varlen_attn()(q, k, v, cu_q, cu_k, longest_q, longest_k, window_size=(-1, -1),
-                                   enable_gqa=k.shape[1] != q.shape[1])
-    edges_q, edges_k = torch.tensor(q_bounds, dtype=torch.long), torch.tensor(k_bounds, dtype=torch.long)
-    queries, keys = edges_q[1:] - edges_q[:-1], edges_k[1:] - edges_k[:-1]
-    used = queries > 0
-    assert bool((keys[used] > 0).all()), "a span with queries has keys"
-    if not bool(used.any()):
+        cu_q, longest_q = _cu_seqlens(tuple(q_bounds), q.device)
+        cu_k, longest_k = _cu_seqlens(tuple(k_bounds), q.device)
+        return packed_varlen(kernel, q, k, v, cu_q, cu_k, longest_q, longest_k, causal=False)
+    batches = _span_batches(tuple(q_bounds), tuple(k_bounds), q.device)
+    if batches is None:
         return q.clone()  # no queries: an empty output
-    q_starts, k_starts, queries, keys = edges_q[:-1][used], edges_k[:-1][used], queries[used], keys[used]
-    # Spans of equal (queries, keys) go as one batch (`equal_groups` on one key for the pair).
-    width = int(keys.max()) + 1
-    order, pairs, counts = equal_groups(queries * width + keys)
-    if order is not None:
-        q_starts, k_starts, queries, keys = q_starts[order], k_starts[order], queries[order], keys[order]
-    q_rows = token_order(q_starts, queries).to(q.device)
-    k_rows = token_order(k_starts, keys).to(q.device)
+    q_rows, k_rows, shapes = batches
     qs, ks, vs = q.index_select(0, q_rows), k.index_select(0, k_rows), v.index_select(0, k_rows)
-    shapes = [(pair // width, pair % width, count) for pair, count in zip(pairs, counts)]
     outputs = []
     for (m, s, count), qg, kg, vg in zip(shapes, qs.split([m * c for m, _, c in shapes]),
                                          ks.split([s * c for _, s, c in shapes]), vs.split([s * c for _, s, c in shapes])):
@@ -254,7 +316,7 @@ def torch_varlen_supports(q: Tensor, k: Tensor, v: Tensor) -> bool:
 
 def attention_kernel(q: Tensor, k: Tensor, v: Tensor) -> str:
     """Name (a key of KERNELS) of the implementation `varlen_attention` uses for these tensors."""
-    if flash_attn_varlen_func is not None and q.is_cuda and q.dtype in _HALF:
+    if q.is_cuda and q.dtype in _HALF and flash_attn_varlen() is not None:
         return "flash-attn"
     if torch_varlen_supports(q, k, v):
         return "torch-varlen"
@@ -272,9 +334,35 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, bounds: Sequence[int], cau
     return KERNELS[attention_kernel(q, k, v)](q, k, v, bounds, causal)
 
 
+def in_autocast_dtype(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k and v in the autocast dtype of their device while autocast is on there, else as given.
+
+    Under autocast a model's projections give bf16, but what it applies after them need not:
+    transformers' RoPE builds cos and sin in fp32 and an RMSNorm's fp32 weight promotes q and k
+    (ballast's video models' too), so q and k, and any concatenation with v, would reach the
+    exchanges, the K/V gather and the kernel in fp32: twice the bytes on the wire, and the
+    varlen kernels, which take half precision only, never chosen. Every attention function
+    starts with this cast (`local_attention`, the runtime's `sequence_parallel_attention`), so
+    every model family gets it; autocast's backward casts the gradients back."""
+    device = q.device.type
+    if not (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)):
+        return q, k, v
+    dtype = torch.get_autocast_dtype(device)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+@functools.lru_cache(maxsize=METADATA_CACHE)
+def _spans_on(grids: tuple[tuple[int, int, int], ...] | None, bounds: tuple[int, ...], pattern: Span,
+              device: torch.device) -> tuple[Tensor | None, tuple[int, ...]]:
+    """`protocol.attention_spans` of a stream, its order on `device` (built on the host)."""
+    order, spans = stream_spans(grids, bounds, pattern)
+    return (None if order is None else to_device(order, device)), spans
+
+
 def local_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedStream) -> Tensor:
     """Attention of `stream.pattern` when this process holds the whole stream (in stream order)."""
-    order, bounds = attention_spans(stream)
+    q, k, v = in_autocast_dtype(q, k, v)
+    order, bounds = _spans_on(stream.grids, stream.bounds, stream.pattern, q.device)
     causal = stream.pattern.causal
     if order is None:
         return varlen_attention(q, k, v, bounds, causal)

@@ -121,10 +121,16 @@ def attention_spans(stream: PackedStream) -> tuple[Tensor | None, tuple[int, ...
     is attention inside every span `bounds` of the stream's tokens taken in `order` (None:
     stream order). Frames are contiguous in the frame-major stream; patch columns are not, so
     `temporal` gathers every clip's tokens column by column."""
-    if stream.pattern.whole_sample:
-        return None, stream.bounds
-    grids = stream.grids or video_grids([b - a for a, b in zip(stream.bounds, stream.bounds[1:])])
-    return pattern_spans(grids, stream.bounds, stream.pattern)
+    return stream_spans(stream.grids, stream.bounds, stream.pattern)
+
+
+def stream_spans(grids: Sequence[tuple[int, int, int]] | None, bounds: Sequence[int], pattern: Span
+                 ) -> tuple[Tensor | None, tuple[int, ...]]:
+    """`attention_spans` of a stream of these grids (None: text), sample bounds and pattern."""
+    if pattern.whole_sample:
+        return None, tuple(bounds)
+    grids = grids or video_grids([b - a for a, b in zip(bounds, bounds[1:])])
+    return pattern_spans(grids, bounds, pattern)
 
 
 def pattern_spans(grids: Sequence[tuple[int, int, int]], bounds: Sequence[int], pattern: Span

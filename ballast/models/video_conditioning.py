@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..vocabulary.model_shape import ModelShape
 from .flow import TIMESTEP_SCALE
@@ -133,5 +134,15 @@ class HeldSamples:
     @classmethod
     def of(cls, stream: PackedStream) -> HeldSamples:
         index = stream.positions[:, 0]
-        samples, counts = torch.unique_consecutive(index, return_counts=True)
-        return cls(index, samples.cpu(), counts.cpu())
+        runs = _RUNS.get(stream.positions)
+        if runs is None:
+            samples, counts = torch.unique_consecutive(index, return_counts=True)
+            runs = _RUNS[stream.positions] = samples.cpu(), counts.cpu()
+        return cls(index, *runs)
+
+
+_RUNS = WeakIdKeyDictionary()
+"""`HeldSamples`' runs of a positions tensor (which a layout's streams share for the whole
+micro-batch: `arrange` hands the same one to every block of a pattern), so that finding them,
+a copy to the host that waits for the device, runs once per layout and micro-batch, not once
+per block; an entry goes with its tensor."""

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from ..vocabulary.model_shape import ModelShape
 from ..vocabulary.patterns import FULL, SPATIAL, TEMPORAL, Span
 from .gpt import MLP, RMSNorm
-from .kernels import equal_groups, local_attention, token_order
+from .kernels import equal_groups, local_attention, to_device, token_order
 from .protocol import AttentionFn, PackedStream
 from .video_conditioning import Conditioning, HeldSamples
 
@@ -145,7 +145,7 @@ class CrossAttention(nn.Module):
         lengths = (edges[1:] - edges[:-1])[samples]
         # Every held sample's condition tokens, in batch order. Projected before the gather when
         # that is fewer rows (labels: a few distinct rows shared by many samples), else after.
-        context = condition.rows[token_order(edges[:-1][samples], lengths)].to(condition.tokens.device)
+        context = to_device(condition.rows[token_order(edges[:-1][samples], lengths)], condition.tokens.device)
         if n and condition.tokens.shape[0] <= context.numel():
             k, v = (proj(condition.tokens).index_select(0, context) for proj in (self.k, self.v))
         else:
@@ -158,7 +158,7 @@ class CrossAttention(nn.Module):
             return self.o((q + (k.sum() + v.sum())).reshape(n, self.heads * self.head_dim))
         if order is not None:
             firsts = (torch.cumsum(held.counts, 0) - held.counts)[picked]
-            order = token_order(firsts, counts).to(device)
+            order = to_device(token_order(firsts, counts), device)
             q = q.index_select(0, order)
         key_lengths = lengths.tolist()
         firsts = list(itertools.accumulate(runs, initial=0))
@@ -174,10 +174,10 @@ class CrossAttention(nn.Module):
                 own = lengths[run:run + count]
                 slot = torch.arange(longest)
                 pick = (torch.cumsum(own, 0) - own)[:, None] + torch.minimum(slot[None, :], own[:, None] - 1)
-                pick = pick.reshape(-1).to(device)
+                pick = to_device(pick.reshape(-1), device)
                 k_batch, v_batch = (t.index_select(0, pick).view(count, longest, self.kv_heads, self.head_dim)
                                     for t in (k_batch, v_batch))
-                mask = (slot[None, :] < own[:, None]).to(device)[:, None, None, :]
+                mask = to_device(slot[None, :] < own[:, None], device)[:, None, None, :]
             out = F.scaled_dot_product_attention(
                 q_batch.view(count, size, self.heads, self.head_dim).transpose(1, 2), k_batch.transpose(1, 2),
                 v_batch.transpose(1, 2), attn_mask=mask, enable_gqa=True)

@@ -7,14 +7,13 @@ from __future__ import annotations
 import dataclasses
 
 from ..vocabulary.cluster import Cluster
+from ..vocabulary.precision import Precision
 from ..vocabulary.sharding import Sharding, default_sharding
 from .cost import CostModel
 from .device_memory import DeviceMemory, ParameterCounts
 from ..vocabulary.model_shape import ModelShape
 from .coefficients import KEPT_UNDER_RECOMPUTE
 
-PRECISIONS = ("auto", "bf16", "fp32")
-"""The runtime's precisions (`runtime.executor.PRECISIONS`): auto is bf16 autocast on GPUs."""
 # Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"):
 # a block saves 34 h bytes per token in bf16 (17 h values) once flash attention drops the s^2
 # term (full recomputation keeps only the block input: coefficients.KEPT_UNDER_RECOMPUTE).
@@ -33,16 +32,16 @@ _PUBLISHED = {
 
 
 def device_memory(shape: ModelShape, cluster: Cluster, sharding: Sharding | None = None,
-                  precision: str = "auto", counts: ParameterCounts | None = None) -> DeviceMemory:
+                  precision: Precision = Precision.AUTO, counts: ParameterCounts | None = None) -> DeviceMemory:
     """What a rank of `cluster` holds besides activations for `shape` in a sharding mode (None:
     `default_sharding`) and precision (auto: bf16 autocast on a cluster of 2-byte values, the
     GPUs'), with the model's parameter counts (None: the shape's formulas)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision not in tuple(Precision):
+        raise ValueError(f"precision must be one of {', '.join(p.value for p in Precision)}, got {precision!r}")
     # Text models (causal attention) score next tokens over the vocabulary; a video model's
     # "vocabulary" is a patch's latent values, regressed without logits.
     return DeviceMemory(counts or ParameterCounts.of_shape(shape), sharding or default_sharding(cluster),
-                        precision == "bf16" or (precision == "auto" and cluster.value_bytes == 2),
+                        precision == Precision.BF16 or (precision == Precision.AUTO and cluster.value_bytes == 2),
                         cluster.world_size, shape.vocab if shape.attention == "causal" else 0)
 
 
@@ -112,7 +111,7 @@ def _all_to_all_bytes_per_token(shape: ModelShape, value_bytes: int) -> float:
 
 
 def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory_gb: float | None = None,
-                   sharding: Sharding | None = None, precision: str = "auto") -> CostModel:
+                   sharding: Sharding | None = None, precision: Precision = Precision.AUTO) -> CostModel:
     """`analytic`, `published`, `auto` (published where FlexSP measured it) or a profile JSON path,
     its memory priced for the sharding mode (None: `default_sharding`) and precision
     (`device_memory`).

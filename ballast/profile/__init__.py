@@ -7,6 +7,7 @@
     video_grid.py  a video model's points: clips that separate its attention terms, tiny packs
     sources.py   real lengths and clips: held-out points, a video grid's source packs, the check's
     measure.py   the points run for real on local ranks (or torchrun's), timed
+    exchange.py  what a text model's all-to-alls exchange, checked on the ranks
     fit.py       the cost model's coefficients from the measurements, per layer (a video DiT's
                  attention by its pattern: spatial and temporal blocks apart; CP's own terms)
     noise.py     how the repeats' spread grows with a point's seconds: the fit's weights
@@ -17,5 +18,5 @@
                  kind, the planners --check takes CP plans from
     check.py     random plans run for real against the profile's predictions
     drift.py     the machine's drift between the profile and its check (profile points again)
-    machine.py   what the profile ran on and how loaded the machine was
+    machine.py   what the profile ran on, how loaded the machine was, its default device memory
 """

@@ -54,6 +54,7 @@ from ..planners import SHORT_SOLVES, get_planner, parse_planner_names
 from ..vocabulary.model_shape import ModelShape
 from ..command_line.output_paths import check_output_file
 from ..plans.timeline import simulate
+from ..vocabulary.precision import Precision
 from .context import CheckedPlanner, checked_planners, runs_context, splits_used
 from .residuals import error_summary
 from .machine import LoadMonitor, machine_info, measured_device
@@ -106,7 +107,7 @@ def make_plans(cost: CostModel, lengths: str | LengthSource, count: int, tokens_
 
 
 def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats: int, seed: int,
-                     progress: bool) -> list[list[dict]]:
+                     progress: bool, precision: Precision = Precision.AUTO) -> list[list[dict]]:
     """Run on every rank: per plan, one record per round (after `warmup` steps of plan 0)."""
     import torch.distributed as dist
 
@@ -114,7 +115,8 @@ def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats:
 
     world, rank = dist.get_world_size(), dist.get_rank()
     model = build_model(shape, seed)
-    executor = parallelize(model, get_cluster("cpu", world_size=world), measure_activations=True, lr=LEARNING_RATE)
+    executor = parallelize(model, get_cluster("cpu", world_size=world), measure_activations=True, precision=precision,
+                           lr=LEARNING_RATE)
     parsed = [Plan.from_dict(p) for p in plans]
     samples = [plan_samples(p, shape, seed + i) for i, p in enumerate(parsed)]
     for _ in range(warmup):
@@ -287,7 +289,7 @@ def run_check(args: argparse.Namespace) -> int:
     with LoadMonitor() as load:
         run = [p.to_dict() for p in plans] + [point_plan(m.point, cost.world_size).to_dict() for m in references]
         per_rank = run_local(cost.world_size, execute_on_ranks, shape, run, 1, repeats, args.seed, True,
-                             timeout=args.timeout)
+                             args.precision, timeout=args.timeout)
     seconds = time.perf_counter() - start
     drift = machine_drift(references, [[[records[len(plans) + i][r]["micro_batch_s"] for records in per_rank]
                                         for r in range(repeats)] for i in range(len(references))], statistic)

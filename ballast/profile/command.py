@@ -40,12 +40,13 @@ from rich.console import Console
 from rich.table import Table
 
 from ..pricing.cost import CostModel
-from ..command_line.options import DEVICE_MEMORY, MAX_LEN, MODEL, WORLD, check_timeout
+from ..command_line.options import DEVICE_MEMORY, MAX_LEN, MODEL, PRECISION, WORLD, check_timeout
+from ..vocabulary.precision import Precision
 from ..vocabulary.patterns import attention_pattern
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..command_line.output_paths import check_output_file
 from .grid import recompute_levels
-from .machine import physical_memory
+from .machine import default_device_memory, ranks_on_gpus
 from .measure import STATISTICS
 from ..runtime import under_torchrun
 from ..models import check_buildable
@@ -66,7 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                          f"profile's largest clip")
     p.add_argument("--out", default="profile.json", help="where the profile JSON goes")
     p.add_argument("--quick", action="store_true", help="a smaller grid and fewer repeats (a first look)")
-    DEVICE_MEMORY.add(p, None, "this machine's RAM / world; it stands in for a GPU's and decides which "
+    DEVICE_MEMORY.add(p, None, "under torchrun on GPUs the GPU's memory less the presets' 12 GB reserve; "
+                               "else this machine's RAM / world, standing in for a GPU's; it decides which "
                                "lengths each degree is profiled at; --check: the profile's (a smaller one "
                                "makes the planners shard more, e.g. megatron-dynamic-cp run CP)")
     p.add_argument("--depths", default=None, help="reduced depths (blocks) the grid runs at, then "
@@ -82,6 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how repeats become one time: median (resists bursts of load) or min (what the "
                    "device does when no other job takes its cores; steadier on a shared, busy host); "
                    "--check reads it from the profile")
+    PRECISION.add(p, Precision.AUTO, "what the cost model's presets price: fp32 on these CPU ranks; bf16 "
+                                     "profiles 2-byte exchanges on them")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=3600.0,
                    help="seconds before the ranks are stopped (at least 30: they need seconds to start)")
@@ -114,7 +118,7 @@ def settings_from(args: argparse.Namespace, shape: ModelShape | None = None) -> 
         raise ValueError("--depths needs at least one depth")
     return Settings(lengths, depths, verify=args.verify if args.verify is not None else 2 if args.quick else 4,
                     repeats=args.repeats if args.repeats is not None else 2 if args.quick else 3,
-                    seed=args.seed, statistic=args.statistic,
+                    seed=args.seed, statistic=args.statistic, precision=args.precision,
                     held_out=args.held_out if args.held_out is not None else 4 if args.quick else 8)
 
 
@@ -129,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
     shape = get_model_shape(args.model)
     check_buildable(shape)
     world = args.world or (int(os.environ["WORLD_SIZE"]) if under_torchrun() else 2)
-    memory = args.device_memory_gb * 1e9 if args.device_memory_gb is not None else physical_memory() / world
+    memory = (args.device_memory_gb * 1e9 if args.device_memory_gb is not None
+              else default_device_memory(world, ranks_on_gpus()))
     settings = settings_from(args, shape)
     ranks = "torchrun" if under_torchrun() else "local gloo"
     if not under_torchrun() and torch.cuda.is_available():

@@ -146,6 +146,12 @@ class Measurement:
     context_bytes: float = 0.0
     """Send-buffer bytes of the CP collectives per rank (the gather sends its rows once per CP
     rank, itself included)."""
+    comm_values: float = 0.0
+    """Values (elements) of the all-to-all send buffers per rank: `comm_bytes` / `comm_values` is
+    the bytes per value the runs exchanged, whatever their dtypes (0 in records made before it
+    was measured)."""
+    context_values: float = 0.0
+    """Of `comm_values`, those of the CP collectives."""
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -156,7 +162,7 @@ class Measurement:
             out["point"]["shapes"] = [list(shape) for shape in self.point.shapes]
         if self.point.cp == 1:  # points without CP as they always were
             del out["point"]["cp"]
-            for key in ("context_seconds", "context_calls", "context_bytes"):
+            for key in ("context_seconds", "context_calls", "context_bytes", "context_values"):
                 del out[key]
         return out
 

@@ -10,7 +10,11 @@ from __future__ import annotations
 import os
 import platform
 import threading
+
 import torch
+
+from ..runtime import under_torchrun
+from ..vocabulary.cluster import GPU_RESERVE
 
 
 def machine_info(world_size: int, device: str = "cpu", backend: str = "gloo") -> dict:
@@ -38,6 +42,22 @@ def measured_device(machine: dict) -> str:
 def physical_memory() -> float:
     """Bytes of RAM of this machine."""
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def ranks_on_gpus() -> bool:
+    """Whether the profile's ranks will compute on GPUs: torchrun's ranks on a machine with CUDA
+    (`runtime.init_distributed` joins them with NCCL, each on its GPU); local ranks are gloo's."""
+    return under_torchrun() and torch.cuda.is_available()
+
+
+def default_device_memory(world: int, on_gpus: bool) -> float:
+    """The memory per rank a profile plans for when --device-memory-gb does not say: on GPUs
+    the card's own less the GPU presets' reserve (`cluster.GPU_RESERVE`; this process's GPU,
+    LOCAL_RANK's), else this machine's RAM shared by its `world` ranks."""
+    if on_gpus:
+        total = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", 0))).total_memory
+        return float(total - GPU_RESERVE)
+    return physical_memory() / world
 
 
 class LoadMonitor:

@@ -1,32 +1,37 @@
 """Measuring grid points with the real runtime, on every rank of the job (local gloo ranks, or
-torchrun's: NCCL on GPUs, where timings are taken around device synchronisations).
+torchrun's: NCCL on GPUs, where a point's timings are taken between device synchronisations
+at its ends, as a training step's are: none inside it).
 
 Each point runs as a one-wave plan through `Executor.step`: every aligned block of `degree`
 ranks runs the same micro-batch shape, so all ranks are busy as in a real step (a lone rank
 would have the machine's memory bandwidth to itself and look faster than it is). The
 executor reports the micro-batch's forward + backward seconds and, with `measure_activations`,
 the bytes saved for backward; the all-to-alls are timed where they happen, by wrapping
-`torch.distributed.all_to_all_single` for the duration of the measurement.
+`torch.distributed.all_to_all_single` for the duration of the measurement (on a GPU with CUDA
+events, read after the point: `Stopwatch`).
 
 A video model's points run clips (`models.gaussian_clips.gaussian_clips`: Gaussian latents of the
 point's (frames, height, width) grids, a random label or caption), and their plans carry the grids (`Plan.shapes`),
 which the executor checks against the model's view of every clip.
 
 Rounds, not back-to-back repeats: a warm-up round over every point, then `repeats` rounds,
-every depth in every round, each round in a shuffled order. The repeats of a point are spread
-over the whole run, so a burst of load from another job on this shared machine touches one of
-them and the median drops it, and a slow drift of the load touches all depths alike (the
-extrapolation compares depths).
+each round in a shuffled order. The repeats of a point are spread over the whole run, so a
+burst of load from another job on this shared machine touches one of them and the median drops
+it. On a CPU every depth runs in every round, so a slow drift of the load touches all depths
+alike (the extrapolation compares depths); on a GPU, whose memory must hold the full depth's
+model, the depths run one after the other, each model freed before the next is built
+(`depth_phases`).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import random
 import statistics
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -38,29 +43,58 @@ from ..models import build_model
 from ..models.gaussian_clips import gaussian_clips
 from ..plans.plan import Group, MicroBatch, Plan, Wave
 from ..vocabulary.model_shape import ModelShape
+from ..runtime import Executor, ProcessGroups, parallelize
+from ..runtime.executor import StepResult
+from .exchange import check_exchanged_values
+from ..vocabulary.precision import Precision
 from .grid import Measurement, Point
-
-if TYPE_CHECKING:
-    from ..runtime.executor import Executor, StepResult
 
 LEARNING_RATE = 1e-5
 """Steps do update the weights (the executor always steps the optimizer); keep them small."""
 
 
+class Stopwatch:
+    """Marks on a device's timeline, read once its work is done: CUDA events recorded on the
+    current stream (no host synchronisation, so the ranks run as in training), or the wall
+    clock on a CPU, whose work is done when a call returns."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self) -> torch.cuda.Event | float:
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @staticmethod
+    def seconds(start: torch.cuda.Event | float, end: torch.cuda.Event | float) -> float:
+        """Seconds between two marks; CUDA ones once the device has run past `end`."""
+        return end - start if isinstance(start, float) else start.elapsed_time(end) / 1e3
+
+
 @dataclass
 class CallCounter:
-    """All-to-all calls seen inside `timed_all_to_alls`, their seconds and send bytes; those over
-    the CP group among them again in `context`."""
+    """All-to-all calls seen inside `timed_all_to_alls`, their send bytes and values and the
+    marks around each; those over the CP group among them again in `context`."""
 
     calls: int = 0
-    seconds: float = 0.0
     bytes: int = 0
+    values: int = 0
+    spans: list[tuple] = field(default_factory=list)
     context: CallCounter | None = None
 
-    def add(self, seconds: float, sent: int) -> None:
-        self.seconds += seconds
+    def add(self, span: tuple, sent: torch.Tensor) -> None:
+        self.spans.append(span)
         self.calls += 1
-        self.bytes += sent
+        self.bytes += sent.numel() * sent.element_size()
+        self.values += sent.numel()
+
+    @property
+    def seconds(self) -> float:
+        """Seconds inside the calls; read after the point's synchronisation (CUDA marks)."""
+        return sum(Stopwatch.seconds(*span) for span in self.spans)
 
 
 def rank_device() -> torch.device:
@@ -78,18 +112,20 @@ def synchronize(device: torch.device) -> None:
 def timed_all_to_alls(device: torch.device, context_group=None) -> Iterator[CallCounter]:
     """Count and time every `torch.distributed.all_to_all_single` call made inside the block;
     those over `context_group` (this rank's CP group, whose K, V gather and dK, dV
-    reduce-scatter the runtime runs as all-to-alls) also in the counter's `context`."""
-    counter, real = CallCounter(context=CallCounter()), dist.all_to_all_single
+    reduce-scatter the runtime runs as all-to-alls) also in the counter's `context`.
+
+    No host synchronisation around a call: training has none there, and one would idle the
+    GPU between every exchange and the kernels queued behind it. The marks are read once the
+    point's step has synchronised (`CallCounter.seconds`)."""
+    counter, real, clock = CallCounter(context=CallCounter()), dist.all_to_all_single, Stopwatch(device)
 
     def timed(output, input, *args, **kwargs):
-        synchronize(device)
-        start = time.perf_counter()
+        start = clock.mark()
         work = real(output, input, *args, **kwargs)
-        synchronize(device)
-        seconds, sent = time.perf_counter() - start, input.numel() * input.element_size()
-        counter.add(seconds, sent)
+        span = (start, clock.mark())
+        counter.add(span, input)
         if context_group is not None and kwargs.get("group") is context_group:
-            counter.context.add(seconds, sent)
+            counter.context.add(span, input)
         return work
 
     dist.all_to_all_single = timed
@@ -166,61 +202,102 @@ def idle_plan(world_size: int) -> Plan:
     return Plan([], [Wave([Group(r, 1) for r in range(world_size)])], planner="profile")
 
 
+def depth_phases(depths: Iterable[int], one_at_a_time: bool) -> list[tuple[int, ...]]:
+    """The depths whose models are resident together, phase after phase. One at a time (on a
+    GPU): each depth's model is built, measured and freed before the next, so the device holds
+    one model's states and activations, as in training. Otherwise (on a CPU, whose host memory
+    holds the small reduced copies beside the full one) one phase of every depth, measured in
+    the same rounds, so a drift of a shared host's load touches all depths alike."""
+    depths = sorted(set(depths))
+    return [(d,) for d in depths] if one_at_a_time else [tuple(depths)]
+
+
 def measure_on_ranks(shape: ModelShape, points: Sequence[Point], warmup: int, repeats: int, seed: int,
-                     progress: bool) -> dict:
+                     progress: bool, precision: Precision = Precision.AUTO,
+                     one_depth_at_a_time: bool | None = None) -> dict:
     """Run on every rank (see `run_local`): each point's raw records, rounds of `repeats` after
     `warmup` rounds; plus each depth's step overhead and the states it holds. A micro-batch's
-    seconds are the executor's own, which synchronise the device (a GPU's too)."""
+    seconds are the executor's own, which synchronise the device (a GPU's too) at the point's
+    ends only. `one_depth_at_a_time` (`depth_phases`): unset, on a GPU only. A text point's
+    exchanged values are checked in its first round (`exchange.check_exchanged_values`)."""
     from rich.progress import Progress
 
-    from ..runtime import Executor, ProcessGroups, parallelize
-
     world, rank, device = dist.get_world_size(), dist.get_rank(), rank_device()
-    cluster = get_cluster("cpu", world_size=world)
+    one_at_a_time = device.type == "cuda" if one_depth_at_a_time is None else one_depth_at_a_time
     groups = ProcessGroups()
     records: dict[int, list[dict]] = {i: [] for i in range(len(points))}
     states: dict[int, int] = {}
-    executors = {}
-    for depth in sorted({p.layers for p in points}):
-        model = build_model(dataclasses.replace(shape, layers=depth), seed).to(device)
-        executors[depth] = parallelize(model, cluster, groups=groups, measure_activations=True, lr=LEARNING_RATE)
-
-    def timed_step(executor: Executor, plan: Plan, samples: list[torch.Tensor]):
-        synchronize(device)
-        start, cpu = time.perf_counter(), time.thread_time()
-        result = executor.step(plan, samples)
-        synchronize(device)
-        return result, time.perf_counter() - start, time.thread_time() - cpu
-
-    overhead = {depth: statistics.median(timed_step(executor, idle_plan(world), [])[1]
-                                         for _ in range(warmup + repeats))
-                for depth, executor in executors.items()}
+    overhead: dict[int, float] = {}
     with Progress(disable=not (progress and rank == 0), transient=True) as bar:
         task = bar.add_task("profiling", total=len(points) * (warmup + repeats))
-        for r in range(warmup + repeats):
-            # Every depth in every round, in an order of its own (the same on every rank): slow
-            # drifts of the machine's load spread over all points instead of biasing some.
-            order = list(range(len(points)))
-            random.Random(seed + r).shuffle(order)
-            for i in order:
-                point, executor = points[i], executors[points[i].layers]
-                bar.update(task, advance=1, description=f"profiling: {point.label()}")
-                plan = point_plan(point, world)
-                samples = plan_samples(plan, shape, seed + i)
-                context = (None if point.cp == 1 else
-                           groups.get(rank // point.degree * point.degree, point.degree, point.cp).context)
-                with timed_all_to_alls(device, context) as comm:
-                    result, wall, cpu = timed_step(executor, plan, samples)
-                states.setdefault(point.layers, state_bytes(executor.model, executor.optimizer))
-                if r < warmup:
-                    continue
-                (mb,) = result.micro_batches
-                records[i].append(dict(seconds=mb.seconds, activation_bytes=mb.activation_bytes, tokens=mb.tokens,
-                                       comm_seconds=comm.seconds, comm_calls=comm.calls, comm_bytes=comm.bytes,
-                                       context_seconds=comm.context.seconds, context_calls=comm.context.calls,
-                                       context_bytes=comm.context.bytes,
-                                       step_seconds=wall, step_cpu_seconds=cpu))
+
+        def advance(point: Point) -> None:
+            bar.update(task, advance=1, description=f"profiling: {point.label()}")
+
+        for depths in depth_phases((p.layers for p in points), one_at_a_time):
+            _measure_phase(depths, shape, points, warmup, repeats, seed, precision, groups, advance,
+                           records, states, overhead)
+            gc.collect()  # the phase's models sit in reference cycles: free them before the next's
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     return dict(records=records, step_overhead=overhead, states=states)
+
+
+def _measure_phase(depths: tuple[int, ...], shape: ModelShape, points: Sequence[Point], warmup: int, repeats: int,
+                   seed: int, precision: Precision, groups: ProcessGroups, advance: Callable[[Point], None],
+                   records: dict[int, list[dict]], states: dict[int, int], overhead: dict[int, float]) -> None:
+    """Build the models of `depths`, measure their points into `records`, `states` and
+    `overhead`; the models go with this call's frame."""
+    world, device = dist.get_world_size(), rank_device()
+    cluster = get_cluster("cpu", world_size=world)
+    executors = {depth: parallelize(build_model(dataclasses.replace(shape, layers=depth), seed).to(device),
+                                    cluster, groups=groups, measure_activations=True, lr=LEARNING_RATE,
+                                    precision=precision)
+                 for depth in depths}
+    for depth, executor in executors.items():
+        overhead[depth] = statistics.median(_timed_step(executor, idle_plan(world), [], device)[1]
+                                            for _ in range(warmup + repeats))
+    phase = [i for i, p in enumerate(points) if p.layers in executors]
+    for r in range(warmup + repeats):
+        # Every depth of the phase in every round, in an order of its own (the same on every
+        # rank): slow drifts of the machine's load spread over all points instead of biasing some.
+        order = list(phase)
+        random.Random(seed + r).shuffle(order)
+        for i in order:
+            point, executor = points[i], executors[points[i].layers]
+            advance(point)
+            record = _measure_point(executor, point, shape, groups, seed + i, device)
+            if r == 0 and not shape.pattern.clips:
+                check_exchanged_values(point, shape, record["tokens"], record["comm_values"])
+            states.setdefault(point.layers, state_bytes(executor.model, executor.optimizer))
+            if r >= warmup:
+                records[i].append(record)
+
+
+def _timed_step(executor: Executor, plan: Plan, samples: list, device: torch.device) -> tuple:
+    """The step's result, wall and CPU seconds, its device work done at both ends."""
+    synchronize(device)
+    start, cpu = time.perf_counter(), time.thread_time()
+    result = executor.step(plan, samples)
+    synchronize(device)
+    return result, time.perf_counter() - start, time.thread_time() - cpu
+
+
+def _measure_point(executor: Executor, point: Point, shape: ModelShape, groups: ProcessGroups, seed: int,
+                   device: torch.device) -> dict:
+    """One run of a point's plan on this rank: its micro-batch's record."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    plan = point_plan(point, world)
+    samples = plan_samples(plan, shape, seed)
+    context = None if point.cp == 1 else groups.get(rank // point.degree * point.degree, point.degree, point.cp).context
+    with timed_all_to_alls(device, context) as comm:
+        result, wall, cpu = _timed_step(executor, plan, samples, device)
+    (mb,) = result.micro_batches
+    return dict(seconds=mb.seconds, activation_bytes=mb.activation_bytes, tokens=mb.tokens,
+                comm_seconds=comm.seconds, comm_calls=comm.calls, comm_bytes=comm.bytes, comm_values=comm.values,
+                context_seconds=comm.context.seconds, context_calls=comm.context.calls,
+                context_bytes=comm.context.bytes, context_values=comm.context.values,
+                step_seconds=wall, step_cpu_seconds=cpu)
 
 
 def core_share(records: Sequence[dict]) -> float:
@@ -282,5 +359,6 @@ def combine(points: Sequence[Point], per_rank: Sequence[dict], statistic: str = 
             comm_bytes=largest("comm_bytes"), activation_bytes=largest("activation_bytes"),
             shard_tokens=int(largest("tokens")), samples=seconds, comm_samples=comm,
             context_seconds=reduce(over_rounds("context_seconds")), context_calls=int(largest("context_calls")),
-            context_bytes=largest("context_bytes")))
+            context_bytes=largest("context_bytes"), comm_values=largest("comm_values"),
+            context_values=largest("context_values")))
     return out

@@ -18,6 +18,7 @@ from ..pricing.cost_sources import device_memory
 from ..pricing.device_memory import DeviceMemory, ParameterCounts
 from ..vocabulary.cluster import get_cluster
 from ..vocabulary.model_shape import ModelShape
+from ..vocabulary.precision import Precision
 from ..vocabulary.sharding import Sharding
 
 TOLERANCE = 0.10
@@ -55,7 +56,8 @@ def measure_on_rank(shape: ModelShape, micro_batches: list[list], runs: list[tup
         model = build_model(shape, seed)
         counts = parameter_counts(model)
         executor = parallelize(model, cluster, groups=groups, fsdp=sharding is Sharding.FSDP,
-                               zero1=sharding is Sharding.ZERO1, precision=precision, measure_activations=True, lr=1e-5)
+                               zero1=sharding is Sharding.ZERO1, precision=Precision(precision), measure_activations=True,
+                               lr=1e-5)
         executor.step(plan, batch)
         peak, result = step_peak(executor, plan, batch)
         out.append(dict(sharding=sharding.value, precision=precision, peak=peak,

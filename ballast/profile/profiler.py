@@ -23,7 +23,8 @@ from ..pricing.coefficients import InfeasibleError
 from ..pricing.cost import CostModel
 from ..vocabulary.model_shape import ModelShape
 from ..runtime import run_local, under_torchrun
-from .context import context_bytes_per_token_layer, context_splits, gathered_values_per_token_layer, residuals_by_kind
+from .context import context_bytes_per_token_layer, context_splits, residuals_by_kind
+from .exchange import shape_bytes_per_token_layer
 from .coefficients import Coefficients
 from .fit import fit
 from .residuals import prediction_errors, time_and_act_errors
@@ -61,13 +62,15 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
     """Measure `shape` on `world_size` ranks and return its profiled CostModel.
 
     Spawns local gloo ranks, or under torchrun joins its job (NCCL on GPUs): then every
-    process calls this and rank 0 alone gets the CostModel, the others None."""
+    process calls this and rank 0 alone gets the CostModel, the others None. The executor's
+    precision is `settings.precision`."""
     grid, checks = plan_grid(shape, world_size, settings)
     unseen = held_out(shape, world_size, settings)
     check_states_fit(shape, device_memory)
     start = time.perf_counter()
     with LoadMonitor() as load:
-        args = (shape, grid + unseen + checks, settings.warmup, settings.repeats, settings.seed, progress)
+        args = (shape, grid + unseen + checks, settings.warmup, settings.repeats, settings.seed, progress,
+                settings.precision)
         per_rank = (_measure_torchrun(world_size, args, timeout) if under_torchrun() else
                     run_local(world_size, _measure_on_rank, *args, timeout=timeout))
     if per_rank is None:
@@ -169,54 +172,34 @@ def _measure_on_rank(*args) -> dict:
     return dict(measure_on_ranks(*args), device=rank_device().type, backend=dist.get_backend())
 
 
-def shape_bytes_per_token_layer(shape: ModelShape, value_bytes: int, degree: int = 1) -> float:
-    """All-to-all send bytes per token and block at SP degree `degree`: q+k+v then out in
-    forward, both again in backward, `value_bytes` each (4 in fp32, 2 in bf16); k and v with
-    the kv heads the degree exchanges (`layouts.HeadLayout.exchanged_kv_heads`; degree 1: the model's own)."""
-    kv_dim = shape.pattern.layout.exchanged_kv_heads(shape.kv_heads, degree) * shape.head_dim
-    return 2.0 * (2 * shape.hidden + 2 * kv_dim) * value_bytes
-
-
-def _context_value_bytes(measurements: Sequence[Measurement], shape: ModelShape) -> int:
+def _context_value_bytes(measurements: Sequence[Measurement], shape: ModelShape) -> float:
     """Bytes per value the runs computed in: what their Ulysses all-to-alls sent, or where none
-    ran, their CP collectives (a block without recomputation sends about every token's K, V
-    once each way: the gather its rows to every CP rank, the reduce-scatter every rank's)."""
+    ran, their CP collectives (4 where neither ran)."""
     sent = all_to_all_value_bytes(measurements, shape)
     if sent is not None:
         return sent
-    rows = [m for m in measurements if m.point.cp > 1 and m.point.recompute_layers == 0]
+    rows = [m for m in measurements if m.point.cp > 1]
+    values = sum(m.context_values for m in rows)
+    return sum(m.context_bytes for m in rows) / values if values else 4.0
+
+
+def all_to_all_value_bytes(measurements: Sequence[Measurement], shape: ModelShape) -> float | None:
+    """Bytes per value the Ulysses all-to-alls sent, their send bytes over their send values;
+    None when no point ran above degree 1 without CP.
+
+    The executor picks the precision (bf16 autocast on CUDA by default, fp32 elsewhere), and a
+    tensor may reach an exchange in another dtype than its neighbours (an fp32 RoPE or norm
+    weight promotes q and k under autocast while v stays bf16): the runs' own buffers say what
+    a value cost, 4 in fp32, 2 in bf16, in between where they mixed, so the profile prices
+    values of the size its bandwidth was fitted from. How many values a block exchanges is the
+    formula's (`exchange.shape_bytes_per_token_layer`), checked on the ranks in the first round
+    (`exchange.check_exchanged_values`), before the grid is measured."""
+    rows = [m for m in measurements if m.point.degree > 1 and m.point.cp == 1]
     if not rows:
-        return 4
-    values = sum(2 * m.point.layers * m.point.tokens * gathered_values_per_token_layer(shape, m.point.degree, m.point.cp)
-                 for m in rows)
-    return min((2, 4), key=lambda size: abs(sum(m.context_bytes for m in rows) / values - size))
-
-
-def even_single(point: Point) -> bool:
-    """One sequence whose tokens every rank of the degree shares equally: its ranks' send buffers
-    are exactly `shard_tokens` rows (a packed stream's or an uneven split's largest shard is not
-    every rank's), so its bytes per value can be read exactly."""
-    return len(point.lengths) == 1 and point.tokens % point.degree == 0
-
-
-def all_to_all_value_bytes(measurements: Sequence[Measurement], shape: ModelShape) -> int | None:
-    """Bytes per value the measured all-to-alls sent; None when no point ran above degree 1.
-
-    The executor picks the precision (bf16 autocast on CUDA, fp32 elsewhere), and the bytes the
-    runs actually sent say which one it picked, so the profile cannot price values of another
-    size than those its bandwidth was fitted from. A rank sends its padded shard (the largest
-    one, `shard_tokens` rows) through every exchange: a plain block once per direction and pass,
-    a recomputed one's forward pair again when it is recomputed."""
-    sent = {m.comm_bytes / (m.shard_tokens * (m.point.layers + m.point.recompute_layers / 2)
-                            * shape_bytes_per_token_layer(shape, 1, m.point.degree))
-            for m in measurements if m.point.degree > 1 and m.point.cp == 1 and even_single(m.point)}
-    if not sent:
         return None
-    if len(sent) > 1 or not sent <= {2.0, 4.0}:
-        raise ValueError(f"the all-to-alls sent {sorted(sent)} bytes per value of {shape.name!r}'s q, k, v and "
-                         f"output, not one of 2 (bf16) or 4 (fp32): the runtime no longer exchanges what "
-                         f"shape_bytes_per_token_layer counts")
-    return int(sent.pop())
+    values = sum(m.comm_values for m in rows)
+    assert values > 0, f"{len(rows)} points exchanged bytes but recorded no values"
+    return sum(m.comm_bytes for m in rows) / values
 
 
 def _cost(coefficients: Coefficients, shape: ModelShape, depth: int, world_size: int,

@@ -8,6 +8,7 @@ import dataclasses
 
 from ..vocabulary.model_shape import ModelShape
 from ..vocabulary.patterns import SPATIAL_TEMPORAL, AttentionPattern, as_pattern
+from ..vocabulary.precision import Precision
 from .context import context_splits
 from .grid import (Point, build_context_grid, build_grid, recompute_levels, remap_points, tiny_documents,
                    verification_points)
@@ -31,6 +32,8 @@ class Settings:
     held_out: int = 8
     """Micro-batches of real lengths or clips (`sources.held_out_points`) measured with the grid
     but never fitted: their error is reported apart from the fit's own residuals."""
+    precision: Precision = Precision.AUTO
+    """The ranks' forward precision (`options.PRECISION`): the bytes the exchanges move follow it."""
 
 
 def default_lengths(max_len: int, quick: bool) -> tuple[int, ...]:

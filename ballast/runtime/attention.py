@@ -32,7 +32,7 @@ from torch.distributed import ProcessGroup
 from ..vocabulary.layouts import ULYSSES
 from ..vocabulary.samples import Sample
 from ..models.protocol import PackedStream
-from ..models.kernels import local_attention
+from ..models.kernels import in_autocast_dtype, local_attention
 from .all_to_all import Exchange, all_to_all
 from .remap import RemappedStream, Route
 from .routing import RoutingGroups, SpanGroups
@@ -157,7 +157,10 @@ def sequence_parallel_attention(q: Tensor, k: Tensor, v: Tensor, stream: PackedS
     it: each of its stream classes attends in its own layout (`StreamShard.attend`: Ulysses;
     `video_sp.VideoShard`: the 2D layouts; `remap.RemappedStream`: the remapping layer's
     exchanges around its group's); a stream one process holds whole attends locally. A new
-    layout is a new stream class with its `attend`, not a branch here."""
+    layout is a new stream class with its `attend`, not a branch here. Under autocast q, k and
+    v are cast to its dtype first (`in_autocast_dtype`), so every exchange moves half-precision
+    values."""
+    q, k, v = in_autocast_dtype(q, k, v)
     if isinstance(stream, (StreamShard, RemappedStream)):  # hybrid.HybridShard is a StreamShard
         return stream.attend(q, k, v)
     return local_attention(q, k, v, stream)

@@ -15,6 +15,7 @@ column's gathered keys (`_span_attention`).
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from ..models.kernels import attention_kernel, flash_attn_varlen_func, span_attention
+from ..models.kernels import attention_kernel, packed_varlen, span_attention, to_device, token_order
 from ..models.offset_causal import offset_causal_attention
 from ..models.protocol import PackedStream, pattern_spans
 from ..vocabulary.patterns import CAUSAL, Span
@@ -96,6 +97,31 @@ class ContextShard(PackedStream):
         return (torch.argsort(mine, stable=True).to(device), q_bounds,
                 None if order is None else order.to(device), k_bounds)
 
+    @functools.cached_property
+    def chunk_keys(self) -> tuple[tuple[int, int], ...]:
+        """The keys [start, end) each held chunk attends: a causal chunk [a, b) of a sequence
+        starting at s reads [s, b); bidirectional, the whole sequence."""
+        ends = dict(zip(self.bounds, self.bounds[1:]))
+        return tuple((s, b if self.pattern.causal else ends[s]) for s, _, b in self.chunks_of(self.index))
+
+    @functools.cached_property
+    def varlen_chunks(self) -> tuple[Tensor, Tensor, Tensor, int, int]:
+        """The held chunks as one varlen call takes them: (the stream rows of every chunk's keys,
+        packed chunk after chunk; the queries' cu_seqlens; the keys'; the longest chunk; the
+        longest key run), on the device. A rank's head and tail chunks of one document are
+        separate entries (their key prefixes differ), and the prefixes are copied into one key
+        buffer, as cu_seqlens_k must not overlap. Built on the host once per micro-batch (they
+        depend on the plan only) and copied without blocking it: no layer pays a launch per
+        chunk or waits for the device."""
+        chunks, keys = self.chunks_of(self.index), self.chunk_keys
+        q_lens = [b - a for _, a, b in chunks]
+        k_lens = [e - s for s, e in keys]
+        rows = token_order(torch.tensor([s for s, _ in keys], dtype=torch.long), torch.tensor(k_lens, dtype=torch.long))
+        device = self.positions.device
+        cu_q, cu_k = (to_device(torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32), device)
+                      for lens in (q_lens, k_lens))
+        return to_device(rows, device), cu_q, cu_k, max(q_lens), max(k_lens)
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return context_parallel_attention(q, k, v, self)
 
@@ -136,6 +162,14 @@ def _chunk_sdpa(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
         # never need.
         from torch.nn.attention.bias import causal_lower_right
         mask = causal_lower_right(q.shape[0], k.shape[0])
+        if k.shape[1] != q.shape[1]:
+            # Grouped-query heads: the lower-right mask runs unmaterialised only in SDPA's flash
+            # kernel (which would have served as the varlen kernel, had it taken these tensors)
+            # or its memory-efficient one, which refuses GQA (torch 2.13); otherwise the bias is
+            # materialised and the math kernel keeps heads x chunk x prefix scores. Repeating the
+            # kv heads costs (heads / kv - 1) copies of the chunk's keys and values, linear in
+            # the prefix, and lets the memory-efficient kernel take the mask as a mask type.
+            k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
     out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                          attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])
     return out[0].transpose(0, 1)
@@ -162,25 +196,22 @@ def _chunk_attention(q: Tensor, k: Tensor, v: Tensor, shard: ContextShard) -> Te
         return q.clone()  # no rows (the caller keeps the gathered K/V in the graph)
     if not shard.pattern.whole_sample:
         return _span_attention(q, k, v, shard)
-    # A causal chunk [a, b) of a sequence starting at s reads keys [s, b); bidirectional, the
-    # whole sequence.
-    ends = {a: b for a, b in zip(shard.bounds, shard.bounds[1:])}
-    keys = [(s, b if causal else ends[s]) for s, _, b in chunks]
-    if attention_kernel(q, k, v) == "flash-attn":
-        # CUDA path, untested here (no GPU): one varlen call with separate query and key
-        # cu_seqlens. flash-attn aligns the causal diagonal bottom-right, so each chunk is its
-        # own query "sequence" whose key sequence ends at the chunk's last token: query i of
-        # chunk [a, b) then sees keys up to a + i, its global position. A rank's head and tail
-        # chunks of one document are separate entries (their key prefixes differ), and the
-        # prefixes are copied into one packed key buffer, as cu_seqlens_k must not overlap.
-        index = torch.cat([torch.arange(s, e, device=q.device) for s, e in keys])
-        q_lens = torch.tensor([0] + [b - a for _, a, b in chunks], device=q.device)
-        k_lens = torch.tensor([0] + [e - s for s, e in keys], device=q.device)
-        return flash_attn_varlen_func(q, k.index_select(0, index), v.index_select(0, index),
-                                      q_lens.cumsum(0).to(torch.int32), k_lens.cumsum(0).to(torch.int32),
-                                      int(q_lens.max()), int(k_lens.max()), causal=causal)
+    kernel = attention_kernel(q, k, v)
+    if kernel != "sdpa":
+        # One varlen call with separate query and key cu_seqlens: with the causal diagonal
+        # bottom-right (`packed_varlen`), each chunk is its own query "sequence" whose keys end
+        # at the chunk's last token, so query i of chunk [a, b) sees keys up to a + i, its
+        # global position. Runs on CUDA only (no GPU here: `test_context_parallel` checks the
+        # call's metadata against the SDPA path with a stand-in for the kernel).
+        rows, cu_q, cu_k, longest_q, longest_k = shard.varlen_chunks
+        return packed_varlen(kernel, q, k.index_select(0, rows), v.index_select(0, rows), cu_q, cu_k, longest_q,
+                             longest_k, causal)
+    # Without a varlen kernel (CPU; a GPU in fp32 or without one): a call per chunk. PyTorch
+    # 2.13's CPU build has no varlen kernel (torch.nn.attention.varlen runs on CUDA only), and
+    # flex_attention's block mask would batch the chunks only compiled (a compile per shape;
+    # eager it materialises the scores).
     out, row = [], 0
-    for (s, a, b), (_, e) in zip(chunks, keys):
+    for (s, a, b), (_, e) in zip(chunks, shard.chunk_keys):
         rows = slice(row, row + b - a)
         out.append(_chunk_sdpa(q[rows], k[s:e], v[s:e], causal))
         row += b - a

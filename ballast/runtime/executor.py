@@ -36,11 +36,13 @@ to exactly one rank, and the remap all-to-alls are adjoint pairs like Ulysses'.
 A rank idle in a wave, or holding an empty shard, contributes zero. So sum over ranks and
 micro-batches = dL/dparam, whatever the plan.
 
-Precision: on a GPU the forward runs under bf16 autocast (matmuls, attention and the
-all-to-alls in bf16, so flash-attn's varlen kernel serves the attention; parameters, gradients
-and AdamW stay fp32), as the cost model's GPU presets assume (`Cluster.value_bytes` = 2); on
-a CPU everything is fp32 (the `cpu` preset's 4 bytes). `precision="bf16"` forces autocast on
-a CPU too, which is how the tests run the GPU's path without one.
+Precision (`Precision`): by default on a GPU the forward runs under bf16 autocast (matmuls,
+attention and the all-to-alls in bf16: every attention casts q, k and v to the autocast dtype,
+`kernels.in_autocast_dtype`, so a varlen kernel can serve it; parameters, gradients and AdamW
+stay fp32), as the cost model's GPU presets assume (`Cluster.value_bytes` = 2); on a CPU
+everything is fp32 (the `cpu` preset's 4 bytes). `Precision.BF16` autocasts on a CPU too: the
+tests and `verify --precision bf16` run the bf16 dtypes, exchanges and tolerances that way, not
+the GPU's kernels (flash-attn, PyTorch's CUDA varlen), NCCL or CUDA placement.
 
 Empty micro-batches (`seq_ids == []`, the padding of lockstep plans) run nothing with
 replicated parameters: no collective needs them. A model sharded with FSDP2 (`fsdp.py`) runs
@@ -63,6 +65,7 @@ from torch import Tensor
 
 from ..vocabulary.cluster import Cluster
 from ..vocabulary.layouts import CONTEXT, ULYSSES, VIDEO_2D, Layout
+from ..vocabulary.precision import Precision
 from ..models.protocol import Local, PackedStream, ParallelModel, held_tokens, take
 from ..plans.plan import Group, MicroBatch, Plan
 from .attention import StreamShard
@@ -75,9 +78,6 @@ from .routing import RoutingGroups
 from .shard_sizes import shard_sizes
 from .video_sp import VideoShard
 
-
-PRECISIONS = ("auto", "bf16", "fp32")
-"""auto: bf16 autocast on CUDA, fp32 elsewhere."""
 
 SHARDS: dict[Layout, type[StreamShard]] = {ULYSSES: StreamShard, VIDEO_2D: VideoShard, CONTEXT: HybridShard}
 """How a group's ranks hold a micro-batch in each layout (`layouts.py`; a group of one rank
@@ -139,8 +139,8 @@ class Executor:
 
     def __init__(self, model: ParallelModel, optimizer: torch.optim.Optimizer, cluster: Cluster,
                  groups: ProcessGroups, routing: RoutingGroups | None = None, *, measure_activations: bool = False,
-                 precision: str = "auto"):
-        assert precision in PRECISIONS, precision
+                 precision: Precision = Precision.AUTO):
+        assert isinstance(precision, Precision), precision
         assert routing is not None or cluster.nodes == 1, "parallelize makes the routing groups of 2+ nodes"
         self.fsdp = is_sharded(model)
         self.model = model
@@ -153,7 +153,7 @@ class Executor:
         self.rank = groups.rank
         self.measure_activations = measure_activations
         self.device = next(model.parameters()).device
-        self.bf16 = precision == "bf16" or (precision == "auto" and self.device.type == "cuda")
+        self.bf16 = precision.autocast(self.device.type)
         self._params = [p for p in model.parameters() if p.requires_grad]
         # The running step's (seq_ids, loss share) of every micro-batch this rank ran: checked for
         # finiteness once, at the end, not per micro-batch (each check would wait for the device).

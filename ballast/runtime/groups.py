@@ -15,6 +15,11 @@ d/2 + d/4 + ... + 2 = d - 2 groups per block (c = d is the block itself), N - 2N
 for N = 64, 258 strided groups besides the 63 blocks (321 in all, each a world rendezvous at
 start-up; no two splits share a strided group).
 
+Under NCCL the world is bound to the rank's GPU (`world._init_process_group`'s `device_id`), so
+each of these groups is split from the world's communicator and connected as it is made, here,
+at start-up: not lazily at its first collective in some step (0.1 s to seconds each), and with
+its buffers taken before any step measures the memory left.
+
 Every group gets the world's collective timeout (`world_timeout`): `new_group` without one
 falls back to torch's defaults (30 minutes under gloo, 10 under NCCL), so a dead peer in a
 sequence-parallel all-to-all would hang for that long whatever `--timeout` said.

@@ -24,17 +24,18 @@ import torch.distributed as dist
 from torch import nn
 
 from ..vocabulary.cluster import Cluster
+from ..vocabulary.precision import Precision
 from ..models.protocol import ParallelModel
 from .attention import sequence_parallel_attention
-from .executor import PRECISIONS, Executor
+from .executor import Executor
 from .fsdp import is_sharded, shard_model
 from .groups import ProcessGroups
 from .routing import NodeNics, RoutingGroups, routing_groups
 
 
 def parallelize(model: ParallelModel, cluster: Cluster, *, groups: ProcessGroups | None = None,
-                routing: RoutingGroups | None = None, fsdp: bool = False, zero1: bool = False, precision: str = "auto",
-                measure_activations: bool = False, **adamw: float) -> Executor:
+                routing: RoutingGroups | None = None, fsdp: bool = False, zero1: bool = False,
+                precision: Precision = Precision.AUTO, measure_activations: bool = False, **adamw: float) -> Executor:
     """The executor that runs plans of `cluster` with `model` on this rank (a collective: every
     rank of the job calls it with a model built alike).
 
@@ -42,14 +43,14 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, groups: ProcessGroups
     routing: the routing groups of the cluster's nodes, which routed waves use (made here when
     None and the cluster has two or more nodes, `routing.routing_groups`; share them likewise).
     fsdp / zero1: shard parameters, gradients and optimizer state (FSDP2), or the optimizer
-    state only (ZeRO-1); at most one. precision: "auto" (bf16 autocast on CUDA, fp32
-    elsewhere), "bf16" or "fp32". measure_activations: record the bytes each micro-batch saves
+    state only (ZeRO-1); at most one. precision: `Precision.AUTO` (bf16 autocast on CUDA, fp32
+    elsewhere), `BF16` or `FP32`. measure_activations: record the bytes each micro-batch saves
     for backward. adamw: AdamW's keyword arguments (lr, betas, weight_decay, ...).
     """
     world = dist.get_world_size()
     cluster.check_world_size(world)
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if not isinstance(precision, Precision):
+        raise ValueError(f"precision must be a Precision ({', '.join(p.value for p in Precision)}), got {precision!r}")
     if zero1 and fsdp:
         raise ValueError("ZeRO-1 and FSDP both shard the optimizer state: use one of them")
     if routing is not None and routing.nics != NodeNics.of(cluster):

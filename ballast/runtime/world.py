@@ -72,7 +72,7 @@ def init_distributed(backend: str | None = None, timeout: timedelta = COLLECTIVE
     """
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(process_device(backend))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     # Under the agent's store (the default) every rank is a client; otherwise rank 0 hosts it.
     hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0
@@ -96,6 +96,10 @@ def run_local(world_size: int, fn: Callable[..., Any], *args: Any, timeout: floa
     """
     if world_size < 1:
         raise ValueError(f"world size must be >= 1, got {world_size}")
+    if under_torchrun():
+        # Each of torchrun's processes would run a whole job of its own on the CPU and pass.
+        raise ValueError("this command runs its own local gloo ranks and does not join torchrun's job: "
+                         "run it without torchrun")
     # The parent owns the rendezvous store on a port the OS picked: no race for a "free" port.
     store = dist.TCPStore(_LOOPBACK, 0, None, True, collective_timeout, wait_for_workers=False)
     with tempfile.TemporaryDirectory(prefix="ballast-ranks-") as out:
@@ -274,10 +278,22 @@ def _rank_main(rank: int, world_size: int, port: int, collective_timeout: timede
         dist.destroy_process_group()
 
 
+def process_device(backend: str) -> torch.device | None:
+    """The one device a process of this backend works on: under NCCL the GPU LOCAL_RANK names;
+    None under gloo (its ranks compute on the CPU)."""
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else None
+
+
 def _init_process_group(backend: str, store: dist.Store, rank: int, world_size: int,
                         timeout: timedelta) -> None:
+    """Join the world. Under NCCL the world is bound to this process's GPU (`device_id`): its
+    communicator is created now, not at the first collective, and every group made from it
+    later (`ProcessGroups`) is split from it (ncclCommSplit) when it is made, so no step pays
+    a communicator's creation (0.1 s to seconds) the first time it uses a group, and their
+    buffers are taken at start-up, before the first step measures what is left."""
     global _joined_timeout
     if backend == "gloo":  # a rank that computes on the CPU: see host_memory.py
         keep_freed_memory()
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
+                            device_id=process_device(backend))
     _joined_timeout = timeout

@@ -9,6 +9,17 @@ Only the thread touches the stream and the planner once it has started, so neith
 lock. A checkpoint after step k must resume at step k + 1 while the thread may already have
 drawn that batch, so every `StepInput` carries the stream's and planner's state right after
 its own step was drawn and planned: the state to save with step k is step k's.
+
+The thread shares rank 0's interpreter lock with the training loop. On a CPU rank the step's
+kernels run inside the calls that launched them and release the lock, so planning only takes
+cores. On a GPU the loop's work is launching kernels, each launch a short Python call that must
+take the lock back: while the planner runs pure Python, each launch can wait up to the
+interpreter's switch interval (`sys.getswitchinterval()`, 5 ms) for it, so rank 0 launches
+slower while step k + 1 is planned, and the other ranks wait for rank 0 at the step's
+collectives. Its cost is bounded by the planning time (not measured on a GPU here): a planner
+that is fast next to a step (ballast, static, bucket) costs rank 0 at most its own seconds per
+step; a slow one (FlexSP's MILP) should be measured with its plan time against the step's, or
+run with --no-plan-ahead, which plans between steps instead.
 """
 from __future__ import annotations
 

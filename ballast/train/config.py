@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import enum
 import functools
 import inspect
 import json
@@ -23,6 +24,7 @@ from typing import Any
 
 from ..command_line.options import SHARED, check_timeout
 from ..planners.base import SHORT_SOLVES
+from ..vocabulary.precision import Precision
 
 
 def _flag(name: str) -> Any:
@@ -71,8 +73,10 @@ class PlannerConfig:
     cost: str = "analytic"
     """The planner's cost model (`options.COST`); analytic figures until `ballast profile` measures
     the machine."""
-    cluster: str = "cpu"
-    """The cluster (`options.CLUSTER`); cpu: one node of the run's ranks."""
+    cluster: str | None = None
+    """The cluster (`options.CLUSTER`); cpu: one node of the run's ranks. Unset: cpu on gloo
+    ranks; on GPU ranks (NCCL) the preset of the GPU's model at the world's size (h100-8,
+    a100-4, ...), an error naming --cluster for a GPU no preset describes."""
     nodes: int | None = None
     """The nodes the ranks form (`options.NODES`); unset: the cluster's own (cpu: one node). A
     cpu run of 4 ranks as 2 nodes trains with routed waves where the planner routes."""
@@ -139,6 +143,9 @@ class RunConfig:
     hf-model/ (the trained model as a Hugging Face folder)."""
     log_interval: int = 10
     """Steps between log lines when the output is not a terminal (a progress bar otherwise)."""
+    precision: Precision = field(default=Precision.AUTO, metadata=_flag("--precision"))
+    """The forward's precision (`options.PRECISION`): auto is what the cost model's presets price
+    (bf16 on GPUs, fp32 on the cpu cluster)."""
     timeout: float = 300.0
     """Seconds a collective may wait for a peer before the job fails (a dead rank ends in an error);
     at least 30: the ranks meet in the store with it while they start (importing torch takes
@@ -260,6 +267,11 @@ def _coerce(value: Any, kind: type, where: str) -> Any:
     """A TOML value checked against the field's type (an int is a fine float)."""
     if kind is float and type(value) is int:
         return float(value)
+    if issubclass(kind, enum.Enum):
+        try:
+            return kind(value)
+        except ValueError:
+            raise ValueError(f"{where}: expected one of {', '.join(str(k.value) for k in kind)}, got {value!r}") from None
     if type(value) is not kind:
         raise ValueError(f"{where}: expected {kind.__name__}, got {value!r}")
     return value
@@ -307,6 +319,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             common = {"dest": f"{section}.{f.name}", "default": argparse.SUPPRESS, "help": text}
             if kind is bool:
                 group.add_argument(flag, action=argparse.BooleanOptionalAction, **common)
+            elif issubclass(kind, enum.Enum):  # a shared option's value type: its own parser
+                group.add_argument(flag, type=SHARED[flag].type, metavar=SHARED[flag].metavar, **common)
             else:
                 group.add_argument(flag, type=kind, metavar={int: "N", float: "X"}.get(kind, "TEXT"), **common)
 

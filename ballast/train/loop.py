@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
-from ..vocabulary.cluster import Cluster, get_cluster
+from ..vocabulary.cluster import Cluster, default_cluster, get_cluster
 from ..pricing.cost import CostModel
 from ..pricing.cost_sources import get_cost_model
 from ..vocabulary.sharding import Sharding
@@ -68,13 +68,17 @@ class Setup:
     tokenizer.json, else "bytes" (hf_folder.resolve_tokenizer)."""
 
     @classmethod
-    def of(cls, config: TrainConfig, world: int) -> Setup:
+    def of(cls, config: TrainConfig, world: int, gpu_name: str | None = None) -> Setup:
+        """The setup of `world` ranks on GPUs of model `gpu_name` (None: on the CPU), which
+        names the cluster when the config does not (`cluster.default_cluster`)."""
         shape = get_model_shape(config.model.model)
         check_buildable(shape)
         check_data_kind(config.data.source, shape)
-        cluster = get_cluster(config.planner.cluster, world, config.planner.device_memory_gb, config.planner.nodes)
+        spec = config.planner.cluster or default_cluster(world, gpu_name)
+        cluster = get_cluster(spec, world, config.planner.device_memory_gb, config.planner.nodes)
         sharding = Sharding.of_flags(config.optimizer.zero1, config.optimizer.fsdp)
-        cost = get_cost_model(config.planner.cost, shape, cluster, config.planner.device_memory_gb, sharding)
+        cost = get_cost_model(config.planner.cost, shape, cluster, config.planner.device_memory_gb, sharding,
+                              config.run.precision)
         check_fits(cost.under(ANY_SPLIT), [config.data.max_len])  # a max_len no plan can hold fails here, not at step k
         return cls(shape, cluster, cost, resolve_tokenizer(config.data.tokenizer, shape))
 
@@ -123,7 +127,7 @@ def train(config: TrainConfig) -> dict | None:
     device = torch.device(f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu")
     console = Console(soft_wrap=True)
     out = Path(config.run.out_dir)
-    setup = Setup.of(config, world)
+    setup = Setup.of(config, world, torch.cuda.get_device_name(device) if device.type == "cuda" else None)
 
     # Data, planner and the checkpoint to resume from are rank 0's; the others learn only
     # whether that worked and where to resume.
@@ -131,8 +135,8 @@ def train(config: TrainConfig) -> dict | None:
 
     model = build_model(setup.shape, config.run.seed).to(device)
     opt = config.optimizer
-    executor = parallelize(model, setup.cluster, fsdp=opt.fsdp, zero1=opt.zero1, lr=opt.lr,
-                           betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay)
+    executor = parallelize(model, setup.cluster, fsdp=opt.fsdp, zero1=opt.zero1, precision=config.run.precision,
+                           lr=opt.lr, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay)
     optimizer = executor.optimizer
     start = 0
     if resume is not None:

@@ -20,6 +20,11 @@ Two checks, with two tolerances:
     itself with 2 threads instead of 1. The tolerance, 1e-3, leaves room for that; a lost or
     doubly counted micro-batch moves the drift to ~0.1. AdamW is blind to a wrong loss scale,
     which the gradient check catches.
+
+`--precision bf16` runs the ranks under bf16 autocast on the CPU against the fp32 reference; both
+tolerances are then a multiple of the single-process model's own bf16 error (`errors.
+BF16_GAP_MULTIPLE`, which says why). It checks the bf16 dtypes, exchanges and tolerances, not the
+GPU's kernels, NCCL or CUDA placement.
 """
 from __future__ import annotations
 
@@ -27,14 +32,15 @@ import argparse
 import dataclasses
 
 from ..vocabulary.cluster import Cluster, get_cluster
-from ..command_line.options import DEVICE_MEMORY, MAX_LEN, MODEL, NODES, WORLD, check_timeout
+from ..command_line.options import DEVICE_MEMORY, MAX_LEN, MODEL, NODES, PRECISION, WORLD, check_timeout
 from ..pricing.cost import CostModel
 from ..pricing.cost_sources import analytic_cost
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..plans.plan import Plan
 from ..models import check_buildable
 from ..vocabulary.layouts import ANY_SPLIT
-from .errors import GRAD_TOLERANCE, PARAM_TOLERANCE, errors_against
+from ..vocabulary.precision import Precision
+from .errors import BF16_GAP_MULTIPLE, GRAD_TOLERANCE, PARAM_TOLERANCE, bf16_tolerances, errors_against
 from .reference import random_batches, reference_at, train_reference
 from ..planners.fits import check_fits
 
@@ -95,11 +101,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fsdp", action="store_true",
                         help="shard parameters, gradients and optimizer state with FSDP2 (the planners "
                              "then make lockstep plans)")
-    parser.add_argument("--grad-tolerance", type=float, default=GRAD_TOLERANCE,
-                        help="largest relative error of a step's loss and gradient")
-    parser.add_argument("--param-tolerance", type=float, default=PARAM_TOLERANCE,
-                        help="largest drift of the parameters after the steps, relative to how far "
-                             "the steps moved them")
+    PRECISION.add(parser, Precision.AUTO, "fp32 on these CPU ranks; bf16 autocasts on the CPU and is "
+                                          "compared to the fp32 reference with the bf16 tolerances below")
+    bf16 = (f"under --precision bf16, {BF16_GAP_MULTIPLE:g}x the single-process model's own bf16-vs-fp32 "
+            f"error, measured each run: bf16 keeps 8 significant bits, and distributed runs measured 1.0-1.2x it; "
+            f"see verify.errors.BF16_GAP_MULTIPLE")
+    parser.add_argument("--grad-tolerance", type=float, default=None,
+                        help=f"largest relative error of a step's loss and gradient at the same parameters "
+                             f"(default: {GRAD_TOLERANCE:g} in fp32; {bf16}; never below the fp32 default)")
+    parser.add_argument("--param-tolerance", type=float, default=None,
+                        help=f"largest drift of the parameters after the steps, relative to how far the steps "
+                             f"moved them (default: {PARAM_TOLERANCE:g} in fp32; {bf16}; never below the fp32 "
+                             f"default)")
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds before the ranks are stopped (at least 30: they need seconds to start)")
 
@@ -115,9 +128,9 @@ def run(args: argparse.Namespace) -> int:
     check_timeout(args.timeout)
     if args.steps < 1 or args.batch < 1 or args.max_len < 1:
         raise ValueError("--steps, --batch and --max-len must be >= 1")
-    if args.grad_tolerance < 0 or args.param_tolerance < 0:
-        raise ValueError(f"--grad-tolerance and --param-tolerance must be >= 0, got {args.grad_tolerance:g} "
-                         f"and {args.param_tolerance:g}")
+    if min(args.grad_tolerance or 0, args.param_tolerance or 0) < 0:
+        raise ValueError(f"--grad-tolerance and --param-tolerance must be >= 0, got {args.grad_tolerance} "
+                         f"and {args.param_tolerance}")
     if args.zero1 and args.fsdp:
         raise ValueError("--zero1 and --fsdp both shard the optimizer state: choose one")
     if args.routed and args.nodes < 2:
@@ -150,27 +163,39 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"no planner of --planners {args.planners} can hold --max-len {args.max_len}: "
                          + "; ".join(f"{n} {why}" for n, why in cannot.items()))
     names = [n for n in names if n in plans]
-    console = Console(width=max(Console().width, 120))
+    bf16 = args.precision.autocast("cpu")
+    console = Console(width=max(Console().width, 140 if bf16 else 120))  # bf16 adds a tolerances column
     sharding = " under FSDP2" if args.fsdp else " with ZeRO-1" if args.zero1 else ""
     whose = "--device-memory-gb" if args.device_memory_gb is not None else "verify's default; --device-memory-gb sets one"
     nodes = f" as {args.nodes} nodes{', every wave routed' if args.routed else ''}" if args.nodes > 1 else ""
-    console.print(f"verify: {args.world} gloo ranks{nodes}{sharding}, model {shape.name}, {args.steps} step(s) of "
+    console.print(f"verify: {args.world} gloo ranks{nodes}{sharding}{' in bf16' if bf16 else ''}, model {shape.name}, "
+                  f"{args.steps} step(s) of "
                   f"{args.batch} sequences up to {args.max_len} tokens, {len(names)} planner(s), "
                   f"{cost.device_memory / 1e6:.3g} MB per rank ({whose})")
     reference = train_reference(shape, batches, args.seed, args.lr)
+    bf16_reference = train_reference(shape, batches, args.seed, args.lr, bf16=True) if bf16 else None
     results = run_local(args.world, train_all_planners, shape,
                         {n: [p.to_dict() for p in ps] for n, ps in plans.items()},
-                        batches, args.seed, args.lr, args.zero1, args.fsdp, args.nodes, timeout=args.timeout)[0]
-    table = Table(title=f"{args.world} ranks vs one process: step loss and gradient at the same "
-                        f"parameters (tolerance {args.grad_tolerance:g}); drift of the parameters "
-                        f"after {args.steps} step(s) (tolerance {args.param_tolerance:g})")
+                        batches, args.seed, args.lr, args.zero1, args.fsdp, args.nodes, args.precision,
+                        timeout=args.timeout)[0]
+    given = (args.grad_tolerance, args.param_tolerance)
+    fp32 = tuple(t if t is not None else default for t, default in zip(given, (GRAD_TOLERANCE, PARAM_TOLERANCE)))
+    # In bf16 each planner's tolerances are measured (its own parameters): a column, not the title.
+    against = (f"the fp32 reference; tolerances {BF16_GAP_MULTIPLE:g}x the single-process bf16 error unless given"
+               if bf16 else f"tolerance {fp32[0]:g}; drift tolerance {fp32[1]:g}")
+    table = Table(title=f"{args.world} ranks vs one process: step loss and gradient at the same parameters; "
+                        f"drift of the parameters after {args.steps} step(s) ({against})")
     for column in ("planner", "waves", "degrees", "recomp", "loss rel", "grad abs", "grad rel",
-                   "param abs", "param drift", ""):
+                   "param abs", "param drift", *(("tolerances",) if bf16 else ()), ""):
         table.add_column(column, justify="left" if column == "planner" else "right")
     failed = []
     for name in names:
-        errors = errors_against(results[name], reference_at(shape, results[name], batches), reference)
-        ok = errors.within(args.grad_tolerance, args.param_tolerance)
+        at_same = reference_at(shape, results[name], batches)
+        errors = errors_against(results[name], at_same, reference)
+        measured = (bf16_tolerances(at_same, reference_at(shape, results[name], batches, bf16=True), reference,
+                                    bf16_reference) if bf16 else fp32)
+        grad_tolerance, param_tolerance = (t if t is not None else m for t, m in zip(given, measured))
+        ok = errors.within(grad_tolerance, param_tolerance)
         if not ok:
             failed.append(name)
         mbs = [mb for p in plans[name] for _, _, mb in p.micro_batches() if mb.seq_ids]
@@ -181,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
                       f"{sum(mb.recompute for mb in mbs) / len(mbs):.2f}",
                       f"{errors.loss:.1e}", f"{errors.grad_abs:.1e}", f"{errors.grad_rel:.1e}",
                       f"{errors.param_abs:.1e}", f"{errors.param_drift:.1e}",
+                      *((f"{grad_tolerance:.1e}, {param_tolerance:.1e}",) if bf16 else ()),
                       "[green]ok[/green]" if ok else "[red]FAIL[/red]")
     console.print(table)
     for name, why in cannot.items():

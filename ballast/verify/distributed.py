@@ -5,6 +5,7 @@ import torch.distributed as dist
 
 from ..vocabulary.cluster import get_cluster
 from ..vocabulary.model_shape import ModelShape
+from ..vocabulary.precision import Precision
 from ..models import build_model
 from ..plans.plan import Plan
 from ..runtime import ProcessGroups, broadcast_plan, full_tensor, parallelize
@@ -14,7 +15,7 @@ from .reference import VerifyBatch, Trajectory, flatten
 
 def train_distributed(shape: ModelShape, plans: list[dict], batches: list[VerifyBatch], seed: int, lr: float,
                       groups: ProcessGroups, zero1: bool = False, fsdp: bool = False,
-                      precision: str = "auto", nodes: int = 1, routing: RoutingGroups | None = None) -> Trajectory:
+                      precision: Precision = Precision.AUTO, nodes: int = 1, routing: RoutingGroups | None = None) -> Trajectory:
     """The steps under `plans` (Plan.to_dict of rank 0's plans), on every rank of the job; with
     `fsdp` the model is sharded with FSDP2 (the plans must be lockstep); `precision` is the
     executor's. The job's ranks form `nodes` emulated nodes (the cpu cluster's), whose routing
@@ -34,9 +35,10 @@ def train_distributed(shape: ModelShape, plans: list[dict], batches: list[Verify
 
 
 def train_all_planners(shape: ModelShape, plans: dict[str, list[dict]], batches: list[VerifyBatch], seed: int,
-                        lr: float, zero1: bool, fsdp: bool, nodes: int = 1) -> dict[str, Trajectory] | None:
+                        lr: float, zero1: bool, fsdp: bool, nodes: int = 1, precision: Precision = Precision.AUTO
+                        ) -> dict[str, Trajectory] | None:
     groups = ProcessGroups()
     routing = routing_groups(get_cluster("cpu", world_size=dist.get_world_size(), nodes=nodes))
-    out = {name: train_distributed(shape, p, batches, seed, lr, groups, zero1, fsdp, nodes=nodes, routing=routing)
+    out = {name: train_distributed(shape, p, batches, seed, lr, groups, zero1, fsdp, precision, nodes, routing)
            for name, p in plans.items()}
     return out if dist.get_rank() == 0 else None

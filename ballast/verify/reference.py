@@ -82,35 +82,41 @@ def flatten(tensors) -> Tensor:
     return torch.cat([t.detach().reshape(-1) for t in tensors]).clone()
 
 
-def _whole_batch_backward(model: ParallelModel, batch: VerifyBatch) -> float:
-    """Loss and gradient of the whole batch as one packed stream in this process."""
+def _whole_batch_backward(model: ParallelModel, batch: VerifyBatch, bf16: bool) -> float:
+    """Loss and gradient of the whole batch as one packed stream in this process (under CPU bf16
+    autocast with `bf16`, as the executor's forward under `Precision.BF16`)."""
     stream = PackedStream.of([model.sample_shape(s) for s in batch.samples])
-    loss = model.loss(batch.samples, stream, slice(0, stream.bounds[-1])) / sum(batch.lengths)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss = model.loss(batch.samples, stream, slice(0, stream.bounds[-1])) / sum(batch.lengths)
     loss.backward()
     return loss.item()
 
 
-def train_reference(shape: ModelShape, batches: list[VerifyBatch], seed: int, lr: float) -> Trajectory:
-    """The steps in one process: the whole batch as one packed stream, plain AdamW."""
+def train_reference(shape: ModelShape, batches: list[VerifyBatch], seed: int, lr: float, bf16: bool = False
+                    ) -> Trajectory:
+    """The steps in one process: the whole batch as one packed stream, plain AdamW (the forward
+    in fp32, or under CPU bf16 autocast)."""
     model = build_model(shape, seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     losses, grads, starts = [], [], []
     for batch in batches:
         optimizer.zero_grad(set_to_none=True)
         starts.append(flatten(model.parameters()))
-        losses.append(_whole_batch_backward(model, batch))
+        losses.append(_whole_batch_backward(model, batch, bf16))
         grads.append(flatten(p.grad for p in model.parameters()))
         optimizer.step()
     return Trajectory(losses, grads, starts, flatten(model.parameters()))
 
 
-def reference_at(shape: ModelShape, trajectory: Trajectory, batches: list[VerifyBatch]) -> Trajectory:
-    """Single-process loss and gradient of every step at the parameters `trajectory` started it from."""
+def reference_at(shape: ModelShape, trajectory: Trajectory, batches: list[VerifyBatch], bf16: bool = False
+                 ) -> Trajectory:
+    """Single-process loss and gradient of every step at the parameters `trajectory` started it
+    from (the forward in fp32, or under CPU bf16 autocast)."""
     model = build_model(shape)
     losses, grads = [], []
     for params, batch in zip(trajectory.start_params, batches, strict=True):
         torch.nn.utils.vector_to_parameters(params, model.parameters())
         model.zero_grad(set_to_none=True)
-        losses.append(_whole_batch_backward(model, batch))
+        losses.append(_whole_batch_backward(model, batch, bf16))
         grads.append(flatten(p.grad for p in model.parameters()))
     return Trajectory(losses, grads, trajectory.start_params, trajectory.params)

@@ -9,6 +9,7 @@ same field names.
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -231,6 +232,9 @@ def _link_fraction(degree: int) -> float:
 # H800 SXM: the H100's FLOP/s and 80 GB with NVLink cut to 400 GB/s bidirectional (NVIDIA H800
 # datasheet); 8 x 400 Gb/s InfiniBand NICs per node of 8, 50 GB/s per GPU (DeepSeek-V3 technical
 # report, arXiv 2412.19437, section 3.2.2, which prices its H800 nodes' IB at 50 GB/s per GPU).
+GPU_RESERVE = 12 * GB
+"""What every GPU preset keeps back of a GPU's memory for the framework, NCCL's buffers and
+fragmentation: its usable memory is the card's less this (A100 40 -> 28 GB, H100 80 -> 68)."""
 _GPUS = {
     "a100": (28 * GB, 312e12, 0.5, _A100_NVLINK, 8, _A100_NIC),
     "a800": (68 * GB, 312e12, 0.5, 200 * GB, 4, 25 * GB),
@@ -242,19 +246,22 @@ _GPUS_PER_NODE = 8
 
 
 def _gpu_cluster(name: str, gpu: str, devices: int) -> Cluster:
-    """`devices` GPUs in DGX-style nodes of 8; the bandwidth table has FlexSP's shape.
+    """`devices` GPUs in DGX-style nodes of 8 (fewer, a power of two: one node of them, as a
+    machine of 1, 2 or 4 GPUs); the bandwidth table has FlexSP's shape.
 
     An all-to-all across nodes gets each GPU its share of the node's NICs, nics x NIC bandwidth
     / 8 (the NIC of an A100, an H100 or an H200; half an A800's), times FlexSP's link fraction
     of that degree: so an A800 node's degrees above 8 are half an A100 node's."""
-    if devices < _GPUS_PER_NODE or devices % _GPUS_PER_NODE:
-        raise ValueError(f"cluster {name!r}: devices must be a positive multiple of {_GPUS_PER_NODE}")
+    partial = 0 < devices < _GPUS_PER_NODE and is_power_of_two(devices)
+    if not partial and (devices < _GPUS_PER_NODE or devices % _GPUS_PER_NODE):
+        raise ValueError(f"cluster {name!r}: devices must be 1, 2, 4 or a positive multiple of {_GPUS_PER_NODE}")
     memory, flops, efficiency, nvlink, nics, nic = _GPUS[gpu]
     nic_share = nics * nic / _GPUS_PER_NODE
     bandwidth = {d: _link_fraction(d) * (nvlink if d <= _GPUS_PER_NODE else nic_share)
                  for d in (1 << i for i in range(1, devices.bit_length()))}
-    return Cluster(name, devices // _GPUS_PER_NODE, _GPUS_PER_NODE, memory, flops, efficiency,
-                   bandwidth, _GPU_MICRO_BATCH_OVERHEAD, nics_per_node=nics, nic_bandwidth=nic)
+    per_node = devices if partial else _GPUS_PER_NODE
+    return Cluster(name, devices // per_node, per_node, memory, flops, efficiency, bandwidth,
+                   _GPU_MICRO_BATCH_OVERHEAD, nics_per_node=max(1, nics * per_node // _GPUS_PER_NODE), nic_bandwidth=nic)
 
 
 # gloo on a 2-core x86 host, from `ballast profile` of `tiny` (bench/results/*profile*.json):
@@ -286,8 +293,22 @@ def _cpu_cluster(world_size: int | None, nodes: int | None) -> Cluster:
 
 
 PRESETS = ("a100-64", "a800-64", "h100-32", "h800-32", "h200-32", "cpu")
-"""Named presets; `a100-N`, `a800-N`, `h100-N`, `h800-N` and `h200-N` work for any N that is a
-multiple of 8."""
+"""Named presets; `a100-N`, `a800-N`, `h100-N`, `h800-N` and `h200-N` work for N = 1, 2, 4 (one
+node of them) or any multiple of 8."""
+
+
+def default_cluster(world_size: int, gpu_name: str | None) -> str:
+    """The cluster a job of `world_size` ranks runs on when none is named: `cpu` for ranks on
+    the CPU (`gpu_name` None); on GPUs the preset of their model (`torch.cuda.get_device_name`:
+    "NVIDIA H100 80GB HBM3" -> h100-<world>), whose figures are the SXM part's. A GPU no preset
+    describes is an error naming --cluster: the cpu preset's figures would plan it silently wrong."""
+    if gpu_name is None:
+        return "cpu"
+    found = re.search(r"\b(" + "|".join(_GPUS) + r")\b", gpu_name.lower())
+    if found is None:
+        raise ValueError(f"no cluster preset describes the GPU {gpu_name!r} ({', '.join(_GPUS)} have presets): "
+                         f"give --cluster, a preset such as h100-{world_size} or a .toml/.json file with Cluster's fields")
+    return f"{found.group(1)}-{world_size}"
 
 
 def get_cluster(spec: str, world_size: int | None = None, device_memory_gb: float | None = None,
@@ -309,8 +330,8 @@ def get_cluster(spec: str, world_size: int | None = None, device_memory_gb: floa
         cluster = Cluster.load(spec)
     else:
         sized = ", ".join(f"{g}-N" for g in _GPUS)
-        raise ValueError(f"unknown cluster {spec!r}: presets are {', '.join(PRESETS)} (or {sized} with N a "
-                         f"multiple of 8), or give a .toml/.json file")
+        raise ValueError(f"unknown cluster {spec!r}: presets are {', '.join(PRESETS)} (or {sized} with N 1, 2, 4 "
+                         f"or a multiple of 8), or give a .toml/.json file")
     if world_size is not None:
         cluster.check_world_size(world_size, nodes)
     elif nodes is not None:

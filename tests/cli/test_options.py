@@ -39,3 +39,22 @@ def test_a_shared_option_takes_the_shared_type(command):
     with pytest.raises(SystemExit):
         parser.parse_args(["--max-len", "0"])
     assert parser.parse_args(["--max-len", "64"]).max_len == 64
+
+
+@pytest.mark.parametrize("command", ["verify", "profile", "bench", "train"])
+def test_every_command_that_starts_ranks_takes_precision_as_one_typed_value(command):
+    from ballast.vocabulary.precision import Precision
+
+    parser = argparse.ArgumentParser()
+    COMMANDS[command].add_arguments(parser)
+    dest = next(a.dest for a in parser._actions if "--precision" in a.option_strings)
+    assert getattr(parser.parse_args(["--precision", "bf16"]), dest) is Precision.BF16
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--precision", "fp16"])
+
+
+def test_precision_autocasts_bf16_on_cuda_only_when_auto():
+    from ballast.vocabulary.precision import Precision
+
+    assert [p.autocast("cuda") for p in Precision] == [True, True, False]
+    assert [p.autocast("cpu") for p in Precision] == [False, True, False]

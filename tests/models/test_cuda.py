@@ -19,10 +19,13 @@ from runtime_cases import LENGTHS, SHAPE, make_batches
 
 from ballast import verify
 from ballast.vocabulary.cluster import get_cluster
+from ballast.vocabulary.precision import Precision
 from ballast.models import PackedStream, build_gpt
-from ballast.models.kernels import KERNELS, attention_kernel, flash_attn_varlen_func, torch_varlen_attn, torch_varlen_supports
+from ballast.models.kernels import KERNELS, attention_kernel, flash_attn_varlen, torch_varlen_attn, torch_varlen_supports
 from ballast.plans.plan import Group, MicroBatch, Plan, Wave
 from ballast.runtime import ProcessGroups, init_distributed, parallelize
+
+pytestmark = pytest.mark.cuda
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA device: the varlen attention kernels, bf16 autocast and "
@@ -94,7 +97,7 @@ def test_cuda_attention_matches_per_sequence_fp32_sdpa():
     varlen kernel if it takes the tensors, else per-sequence SDPA."""
     q, k, v = (t.cuda().bfloat16() for t in _packed_inputs()[:3])
     kernel = attention_kernel(q, k, v)
-    assert kernel == ("flash-attn" if flash_attn_varlen_func is not None else
+    assert kernel == ("flash-attn" if flash_attn_varlen() is not None else
                       "torch-varlen" if torch_varlen_supports(q, k, v) else "sdpa")
     _check_attention_kernel(KERNELS[kernel])
 
@@ -129,10 +132,10 @@ def test_executor_on_one_cuda_rank_gives_the_cpu_fp32_gradient(one_cuda_rank):
     # Two micro-batches, one of them with half its blocks recomputed.
     plan = Plan(LENGTHS, [Wave([Group(0, 1, [MicroBatch([0, 1, 2, 3, 4], 0.5), MicroBatch([5, 6, 7, 8, 9])])])])
     groups = ProcessGroups()
-    for precision, tolerance in (("auto", BF16_GRAD_TOL), ("fp32", FP32_GRAD_TOL)):
+    for precision, tolerance in ((Precision.AUTO, BF16_GRAD_TOL), (Precision.FP32, FP32_GRAD_TOL)):
         model = build_gpt(SHAPE).cuda()
         executor = parallelize(model, get_cluster("cpu", world_size=1), groups=groups, precision=precision, lr=1e-3)
-        assert executor.bf16 == (precision == "auto")  # auto is bf16 on CUDA
+        assert executor.bf16 == (precision is Precision.AUTO)  # auto is bf16 on CUDA
         start = verify.flatten(model.parameters()).cpu()
         result = executor.step(plan, batch.samples)
         grads = verify.flatten(p.grad for p in model.parameters()).cpu()

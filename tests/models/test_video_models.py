@@ -420,3 +420,25 @@ def test_per_token_values_follow_the_tokens_through_arrange():
     moving = ColumnStream(plain.bounds, plain.positions, plain.grids)
     losses = [model.loss(clips, s, slice(0, plain.bounds[-1])) for s in (plain, moving)]
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_held_samples_go_to_the_host_once_per_layout_not_per_block(name):
+    # Finding a layout's runs of samples copies them to the host, which waits for the device
+    # on a GPU: once per positions tensor (one layout here), not in each of the blocks (8 copies
+    # before: 2 per block).
+    from torch.overrides import TorchFunctionMode
+
+    class HostCopies(TorchFunctionMode):
+        count = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            HostCopies.count += getattr(func, "__name__", "") == "cpu"
+            return func(*args, **(kwargs or {}))
+
+    model = model_of(name)
+    clips = clips_of(GRIDS)
+    stream = stream_of(model, clips)
+    with HostCopies():
+        model.loss(clips, stream, slice(0, stream.bounds[-1]))
+    assert model.shape.layers > 1 and HostCopies.count == 2  # the runs' samples and counts

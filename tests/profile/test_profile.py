@@ -23,6 +23,7 @@ from ballast.profile.context import (CheckedPlanner, checked_planners, context_b
 from ballast.profile.coefficients import Coefficients
 from ballast.profile.columns import TimeColumns
 from ballast.profile.fit import fit
+from ballast.profile.exchange import check_exchanged_values, expected_values
 from ballast.profile.measure import combine
 from ballast.profile.residuals import prediction_errors as compare
 from ballast.profile.grid import (Measurement, Point, build_context_grid, build_grid, remap_points, tiny_documents,
@@ -122,9 +123,10 @@ def test_all_to_all_bytes_follow_the_precision_the_runs_used():
     # No degree above 1: nothing was exchanged, so no value size was seen.
     assert all_to_all_value_bytes([m for m in synthetic(grid(), TRUE, 0.0) if m.point.degree == 1], TINY) is None
     # A packed stream or an odd split (a held-out batch of real lengths) need not send exactly its
-    # largest shard on every rank: it is not read, so it cannot make the value size look wrong.
+    # largest shard on every rank: its bytes per value are still the size of its values.
     (odd,) = synthetic([Point(1, (1037, 16), 2, 0)], TRUE, noise=0.0)
     odd.comm_bytes *= 0.999
+    odd.comm_values *= 0.999
     assert all_to_all_value_bytes(synthetic(grid(), TRUE, 0.0) + [odd], TINY) == 4
 
 
@@ -145,12 +147,22 @@ def test_replicated_kv_heads_are_counted_in_the_bytes_and_the_fit():
     assert max(abs(row["time_error"]) for row in compare(measured, at)) < 1e-3
 
 
-def test_all_to_all_bytes_that_match_no_precision_are_an_error():
+def test_mixed_dtype_exchanges_are_priced_at_their_mix_and_a_wrong_count_is_an_error():
+    """Under autocast an fp32 RoPE promotes q and k (and the cat q, k, v) to fp32 while the
+    output is bf16: an HF model's runs sent 3.3 bytes per value, neither 2 nor 4, and the profile
+    measured every point and then raised. The size is what the buffers held, bytes over values;
+    only the count of values is the runtime's contract with the formula, checked per point."""
     measured = synthetic(grid(), TRUE, noise=0.0)
-    i = max(i for i, m in enumerate(measured) if len(m.point.lengths) == 1 and m.point.degree > 1)
-    measured[i] = dataclasses.replace(measured[i], comm_bytes=measured[i].comm_bytes * 0.75)
-    with pytest.raises(ValueError, match="bytes per value"):
-        all_to_all_value_bytes(measured, TINY)
+    for m in measured:  # two thirds of the values in fp32, a third in bf16
+        m.comm_bytes = m.comm_values * (2 * 4 + 2) / 3
+    assert all_to_all_value_bytes(measured, TINY) == pytest.approx(10 / 3)
+    point = Point(1, (1024,), 2, 0)
+    sent = expected_values(point, TINY, 512)
+    assert sent == 512 * shape_bytes_per_token_layer(TINY, 1, 2)
+    check_exchanged_values(point, TINY, 512, sent)
+    check_exchanged_values(Point(1, (1023,), 2, 0), TINY, 512, 0)  # an uneven split is not read exactly
+    with pytest.raises(ValueError, match="values"):
+        check_exchanged_values(point, TINY, 512, sent * 3 // 4)
 
 
 def test_fit_needs_recomputed_points():
@@ -165,7 +177,7 @@ def test_a_points_seconds_are_its_slowest_ranks_and_its_collective_seconds_their
 
     def record(seconds: float, comm: float) -> dict:
         return dict(seconds=seconds, comm_seconds=comm, comm_calls=4, comm_bytes=1000, activation_bytes=10,
-                    tokens=128, context_seconds=0.0, context_calls=0, context_bytes=0)
+                    tokens=128, context_seconds=0.0, context_calls=0, context_bytes=0, comm_values=250, context_values=0)
 
     per_rank = [{"records": [[record(1.0, 0.2), record(2.0, 0.1), record(1.5, 0.3)]]},
                 {"records": [[record(1.2, 0.4), record(1.9, 0.3), record(1.1, 0.1)]]}]

@@ -12,12 +12,15 @@ import torch
 import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
+from torch.overrides import TorchFunctionMode
 
 from ballast.vocabulary.layouts import CONTEXT, ULYSSES
 from ballast.models import PackedStream, varlen_attention
-from ballast.models.kernels import flash_attn_varlen_func, local_attention, span_attention
+from ballast.models import kernels
+from ballast.models.kernels import flash_attn_varlen, local_attention, span_attention
 from ballast.vocabulary.patterns import CAUSAL, FULL, SPATIAL, TEMPORAL, span
 from ballast.runtime import ProcessGroups, run_local, sequence_parallel_attention
+from ballast.runtime import context_parallel
 from ballast.runtime.context_parallel import ContextShard, _chunk_attention
 from ballast.runtime.context_shard import held_chunks
 from ballast.runtime.hybrid import HybridShard, attention_rows
@@ -141,7 +144,8 @@ def test_span_attention_equals_each_spans_sdpa(spans, kv_heads):
         torch.testing.assert_close(got[rows], want, rtol=RTOL, atol=ATOL)
 
 
-@pytest.mark.skipif(flash_attn_varlen_func is None or not torch.cuda.is_available(),
+@pytest.mark.cuda
+@pytest.mark.skipif(flash_attn_varlen() is None or not torch.cuda.is_available(),
                     reason="the flash-attn varlen path needs a CUDA GPU with flash-attn installed")
 def test_flash_attn_chunks_match_one_process():  # pragma: no cover - no GPU on the CI machine
     # Each held chunk is its own query sequence against its key prefix (bottom-right causal).
@@ -256,3 +260,76 @@ def test_context_parallel_attention_on_2_ranks_matches_one_process():
 def test_context_parallel_and_hybrid_attention_on_4_ranks_match_one_process():
     splits = [(1, 2), (1, 4), (2, 2)]
     _check(run_local(4, _worker, splits, timeout=240), splits)
+
+
+class HostWork(TorchFunctionMode):
+    """Counts the ops that build index tensors on the host or wait for the device (a sync on
+    CUDA): what a layer's attention should not run once its micro-batch's metadata exists."""
+
+    NAMES = {"arange", "tensor", "cumsum", "max", "__int__", "item", "tolist", "to"}
+
+    def __init__(self):
+        super().__init__()
+        self.calls, self.counting = [], True
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if self.counting and name in self.NAMES:
+            self.calls.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_varlen_chunks_are_built_once_per_micro_batch_and_attend_as_sdpa(monkeypatch, causal):
+    # The varlen branch runs on CUDA only; here a stand-in kernel with flash-attn's semantics
+    # (queries of entry i against its keys, causal diagonal bottom-right), itself one
+    # `_chunk_sdpa` per entry, runs the call's metadata against the SDPA path on CPU.
+    lengths = [5, 1, 9, 3, 16]
+    q, k, v, _ = _inputs(lengths, 2)
+    mode = HostWork()
+
+    def stand_in(q, k, v, cu_q, cu_k, longest_q, longest_k, causal):
+        mode.counting = False
+        cu_q, cu_k = cu_q.tolist(), cu_k.tolist()
+        assert longest_q == max(b - a for a, b in zip(cu_q, cu_q[1:]))
+        assert longest_k == max(b - a for a, b in zip(cu_k, cu_k[1:]))
+        out = torch.cat([context_parallel._chunk_sdpa(q[a:b], k[c:d], v[c:d], causal)
+                         for a, b, c, d in zip(cu_q, cu_q[1:], cu_k, cu_k[1:])])
+        mode.counting = True
+        return out
+
+    pattern = CAUSAL if causal else FULL
+    for j in range(2):
+        shard = ContextShard.create(lengths, None, 2, j, pattern=pattern)
+        expected = _chunk_attention(q[shard.held], k, v, shard)
+        with monkeypatch.context() as patch:
+            patch.setattr(context_parallel, "attention_kernel", lambda *_: "flash-attn")
+            patch.setattr(kernels, "flash_attn_varlen", lambda: stand_in)
+            with mode:
+                first = _chunk_attention(q[shard.held], k, v, shard)
+                built = len(mode.calls)
+                for _ in range(3):  # the next layers of the micro-batch
+                    torch.testing.assert_close(_chunk_attention(q[shard.held], k, v, shard), first, rtol=0, atol=0)
+        torch.testing.assert_close(first, expected, rtol=RTOL, atol=ATOL)
+        assert built > 0 and mode.calls[built:] == [], mode.calls[built:]
+        mode.calls.clear()
+
+
+def test_gqa_chunks_off_cpu_do_not_materialise_the_causal_mask(monkeypatch):
+    # Off the CPU (`meta` stands in for the GPU: the same branch), a causal chunk with grouped-
+    # query heads goes to SDPA with a lower-right bias. CUDA's memory-efficient kernel refuses
+    # GQA (stood in here, as its rule), and a refused bias is materialised into a heads x chunk x
+    # prefix mask for the math kernel: the kv heads are repeated so that it is not.
+    import torch.nn.attention.bias as bias
+
+    def materialise(self, device=None):
+        raise AssertionError("the lower-right causal mask was materialised")
+
+    monkeypatch.setattr(bias, "can_use_efficient_attention", lambda params, debug=False: not params.enable_gqa)
+    monkeypatch.setattr(bias.CausalBias, "_materialize", materialise)
+    q = torch.empty(5, HEADS, HEAD_DIM, device="meta", requires_grad=True)
+    k, v = (torch.empty(12, 2, HEAD_DIM, device="meta", requires_grad=True) for _ in range(2))
+    out = context_parallel._chunk_sdpa(q, k, v, causal=True)
+    assert out.shape == q.shape
+    out.sum().backward()
+    assert k.grad.shape == k.shape

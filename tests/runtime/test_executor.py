@@ -13,6 +13,7 @@ from runtime_cases import (LENGTHS, PARAM_DRIFT, SHAPE, STEPS, assert_single_pro
 
 from ballast import verify
 from ballast.vocabulary.cluster import get_cluster
+from ballast.vocabulary.precision import Precision
 from ballast.pricing.cost import CostModel
 from ballast.pricing.cost_sources import analytic_cost
 from ballast.models import build_gpt
@@ -181,7 +182,7 @@ def _world2_worker(batches: list[verify.VerifyBatch], planners: dict[str, list[d
     out["planners"] = {name: verify.train_distributed(SHAPE, plans, batches[:1], 0, 1e-3, groups)
                        for name, plans in planners.items()}
     out["two-waves-bf16"] = verify.train_distributed(SHAPE, [two_wave_plan().to_dict()], batches[:1], 0, 1e-3,
-                                                     groups, precision="bf16")
+                                                     groups, precision=Precision.BF16)
     return out if dist.get_rank() == 0 else None
 
 
@@ -228,9 +229,10 @@ def test_a_remapped_long_pole_gives_the_single_process_gradient(world4):
 
 
 @pytest.mark.slow
-def test_bf16_autocast_runs_the_gpu_path_and_stays_near_fp32(world2, batches):
-    # The GPU's precision on CPU: matmuls, attention and all-to-alls in bf16 (8-bit mantissa,
-    # 2^-9 = 2e-3 relative rounding per operation), parameters and gradients fp32. Through 4
+def test_bf16_autocast_on_cpu_stays_near_fp32(world2, batches):
+    # The GPU's precision on CPU: its dtypes and exchanges, not its kernels (flash-attn, CUDA
+    # varlen), NCCL or device placement. Matmuls, attention and all-to-alls in bf16 (8-bit
+    # mantissa, 2^-9 = 2e-3 relative rounding per operation), parameters and gradients fp32. Through 4
     # layers and the loss the gradient moves ~1e-2 of its largest entry from the fp32
     # single-process one (measured 1.2e-2); a wrong shard or a lost micro-batch moves it by
     # O(1). The loss, a mean over 218 tokens, moves ~1e-5 (measured 9e-6).
@@ -303,7 +305,7 @@ def test_step_reports_waves_and_micro_batches_per_rank(world4):
 def test_user_errors_are_value_errors_before_any_collective(world4):
     for rank in world4:
         precision, fewer_ranks, more_ranks, unknown_sequence, few_samples, short_sample, odd_heads = rank["errors"]
-        assert "precision must be one of ('auto', 'bf16', 'fp32'), got 'fp16'" in precision
+        assert "precision must be a Precision (auto, bf16, fp32), got 'fp16'" in precision
         assert "PlanError" in fewer_ranks and "rank 2 is in no group" in fewer_ranks
         assert "PlanError" in more_ranks and "outside the cluster's 4 ranks" in more_ranks
         assert "PlanError" in unknown_sequence and "sequence 99 is not in the batch" in unknown_sequence

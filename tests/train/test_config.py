@@ -143,6 +143,19 @@ def test_cost_model_from_a_profile_file(tmp_path):
         Setup.of(parse("--cost", str(tmp_path / "tiny.json"), "--model", "gpt-7b"), world=2)
 
 
+def test_cluster_defaults_to_cpu_on_cpu_ranks_and_to_the_gpus_preset_on_gpus():
+    """Under NCCL `train` planned for the cpu preset without a word; the GPU's model now names the
+    cluster when --cluster does not (the ranks pass torch.cuda.get_device_name; a name here)."""
+    from ballast.train.loop import Setup
+
+    assert Setup.of(parse(), world=2).cluster.name == "cpu"
+    on_h100 = Setup.of(parse(), world=2, gpu_name="NVIDIA H100 80GB HBM3")
+    assert (on_h100.cluster.name, on_h100.cluster.world_size, on_h100.cluster.value_bytes) == ("h100-2", 2, 2)
+    assert Setup.of(parse("--cluster", "cpu"), world=2, gpu_name="NVIDIA H100 80GB HBM3").cluster.name == "cpu"
+    with pytest.raises(ValueError, match="give --cluster"):
+        Setup.of(parse(), world=2, gpu_name="NVIDIA GeForce RTX 4090")
+
+
 def test_trainer_validates_before_any_rank_starts():
     config = TrainConfig()
     config.run.steps = 0

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ballast.vocabulary.cluster import PRESETS, Cluster, get_cluster
+from ballast.vocabulary.cluster import default_cluster, PRESETS, Cluster, get_cluster
 
 GB = 1e9
 # FlexSP's measured all-to-all bandwidth on 64 A100-40GB, GB/s by SP degree (docs/design.md).
@@ -51,9 +51,28 @@ def test_sized_gpu_presets():
     assert (c.nodes, c.devices_per_node, c.device_memory) == (2, 8, 28 * GB)
     assert c.bandwidth == {d: FLEXSP_BW_GBS[d] * GB for d in (2, 4, 8, 16)}
     assert get_cluster("h100-64").bandwidth[64] < get_cluster("h100-64").bandwidth[8]
-    for bad in ("a100-12", "a100-0", "h200-4"):
+    for bad in ("a100-12", "a100-0", "h200-3", "h200-6"):
         with pytest.raises(ValueError, match="multiple of 8"):
             get_cluster(bad)
+    # A machine of 1, 2 or 4 GPUs is one node of them, its NICs its share of a node's.
+    for devices in (1, 2, 4):
+        small = get_cluster(f"h100-{devices}")
+        assert (small.nodes, small.devices_per_node, small.nics_per_node) == (1, devices, devices)
+        assert small.bandwidth == {d: get_cluster("h100-8").bandwidth[d] for d in small.degrees if d > 1}
+    assert get_cluster("a800-2").nics_per_node == 1
+
+
+def test_default_cluster_is_cpu_for_cpu_ranks_and_the_gpus_preset_on_gpus():
+    """`train` under NCCL planned for the cpu preset without a word; now the GPU's model names
+    the preset, and a GPU without one is an error naming --cluster."""
+    assert default_cluster(2, None) == "cpu"
+    assert default_cluster(8, "NVIDIA H100 80GB HBM3") == "h100-8"
+    assert default_cluster(4, "NVIDIA A100-SXM4-40GB") == "a100-4"
+    assert default_cluster(16, "NVIDIA H200") == "h200-16"
+    assert get_cluster(default_cluster(2, "NVIDIA A800-SXM4-80GB"), 2).world_size == 2
+    for unknown in ("NVIDIA GeForce RTX 4090", "NVIDIA GH200 480GB"):
+        with pytest.raises(ValueError, match="--cluster"):
+            default_cluster(8, unknown)
 
 
 def test_cpu_preset_size_and_memory():
