@@ -32,7 +32,7 @@ def test_package_map_names_every_folder_of_the_package_and_only_those():
 
 
 def test_readme_has_a_quickstart_for_each_subcommand_and_no_other():
-    [subcommands] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    [subcommands] = [a for a in build_parser()[0]._actions if isinstance(a, argparse._SubParsersAction)]
     listed = re.findall(r"^### `ballast (\w+)`$", section(README.read_text(), "Commands"), re.M)
     assert sorted(listed) == sorted(subcommands.choices)
 

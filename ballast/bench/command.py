@@ -16,13 +16,13 @@ from pathlib import Path
 from rich.console import Console
 
 from ..dataset import SYNTAX, VIDEO_DATA_SYNTAX
-from ..command_line.options import COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, PRECISION, WORLD, check_timeout
+from ..command_line.options import COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, PRECISION, TIMEOUT, WORLD
 from ..command_line.output_paths import check_output_file
 from ..planners import parse_planner_names
 from ..profile.drift import how_much, machine_drift
 from ..profile.measure import fitted_statistic
 from .output import bar_chart, bench_table
-from .setting import ALL_PLANNERS, BenchInputs, BenchSetting, prepare
+from .setting import ALL_PLANNERS, RANGES, BenchInputs, BenchSetting, prepare
 from .summary import summarise, targets
 
 TABLE_WIDTH = 190
@@ -36,26 +36,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", default=None, help="token cache folder (default: the data pipeline's)")
     WORLD.add(p, d.world, "the smallest world with sequence parallelism")
     p.add_argument("--planners", default=",".join(ALL_PLANNERS), help="comma-separated planner names, or all")
-    p.add_argument("--steps", type=int, default=d.steps, help=f"measured steps (batches) per round (default {d.steps})")
-    p.add_argument("--warmup", type=int, default=d.warmup, help=f"unmeasured steps every planner runs first (default {d.warmup})")
-    p.add_argument("--repeats", type=int, default=d.repeats,
+    p.add_argument("--steps", type=RANGES["steps"], default=d.steps, help=f"measured steps (batches) per round (default {d.steps})")
+    p.add_argument("--warmup", type=RANGES["warmup"], default=d.warmup, help=f"unmeasured steps every planner runs first (default {d.warmup})")
+    p.add_argument("--repeats", type=RANGES["repeats"], default=d.repeats,
                    help=f"rounds over the measured batches (same plans): their spread is the run-to-run noise "
                         f"(default {d.repeats})")
-    p.add_argument("--tokens-per-step", type=int, default=d.tokens_per_step, help=f"token budget of a step (default {d.tokens_per_step})")
+    p.add_argument("--tokens-per-step", type=RANGES["tokens_per_step"], default=d.tokens_per_step, help=f"token budget of a step (default {d.tokens_per_step})")
     MAX_LEN.add(p, d.max_len, "longer documents are cut into chunks of it")
     DEVICE_MEMORY.add(p, None, "a budget at which a max-len sequence runs without recomputation only at SP "
                                "degree 2")
     COST.add(p, d.cost, "the planners' cost model and the predictions the measurements are held against; "
                         "`ballast profile` measures this machine's")
-    p.add_argument("--time-limit", type=float, default=d.planner.time_limit,
+    p.add_argument("--time-limit", type=RANGES["time_limit"], default=d.planner.time_limit,
                    help=f"seconds per MILP solve, flexsp (default {d.planner.time_limit:g})")
     DEGREE.add(p, d.planner.degree, "the least that holds --max-len")
     CP.add(p, d.planner.cp, "Ulysses alone")
     PRECISION.add(p, d.precision, "what the cost model's presets price: fp32 on these CPU ranks")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=RANGES["seed"], default=d.seed)
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
     p.add_argument("--png", default=None, help="bar chart (default: next to --json)")
-    p.add_argument("--timeout", type=float, default=3600.0,
+    p.add_argument("--timeout", type=TIMEOUT, default=3600.0,
                    help="seconds before the ranks are stopped (at least 30: they need seconds to start)")
 
 
@@ -152,7 +152,6 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.json_out, "--json")
     check_output_file(png, "--png" if args.png else "--png (next to --json)")
     start = time.perf_counter()
-    check_timeout(args.timeout)
     setting = setting_from(args)
     inputs = prepare(setting)
     statistic = fitted_statistic(inputs.cost)  # a damaged profile fails here, before any rank starts

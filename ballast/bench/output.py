@@ -5,6 +5,8 @@ from pathlib import Path
 
 from rich.table import Table
 
+from ..plans.plan import split_label
+
 
 def _ranked(planners: dict[str, dict]) -> list[tuple[str, dict]]:
     return sorted(planners.items(), key=lambda kv: -kv[1]["tokens_per_s"])
@@ -25,7 +27,7 @@ def bench_table(title: str, summary: dict) -> Table:
             f"{s['round_spread']:.1%}", f"{s['step_s']:.3f}", f"{s['waves_s']:.3f}", f"{s['predicted_s']:.3f}",
             f"{s['prediction_error']:+.1%}", f"{s['prediction_error_step']:+.1%}", f"{s['idle_fraction']:.1%}",
             f"{s['plan_ms']:.1f}",
-            ",".join(map(str, s["degrees"])), f"{s['recomputed']:.2f}", f"{s['micro_batches']:.1f}")
+            ",".join(split_label(degree, cp) for degree, cp in s["degree_splits"]), f"{s['recomputed']:.2f}", f"{s['micro_batches']:.1f}")
     table.caption = ("tokens/s: total tokens / sum over batches of the median step time over rounds; paired: "
                      "median per-batch step-time ratio to static; spread: (max-min)/median of tokens/s over rounds; "
                      "step s (median per batch), waves s, predicted s: medians; pred err: median over batches of "

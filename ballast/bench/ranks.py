@@ -28,7 +28,7 @@ import torch.distributed as dist
 from ..vocabulary.clip import Clip
 from ..dataset import GlobalBatch
 from ..models import build_model
-from ..plans.plan import Plan
+from ..plans.plan import Plan, degree_splits
 from ..planners import Planner, get_planner
 from ..profile.measure import plan_samples, point_plan
 from ..profile.rounds import RankWave, micro_batch_seconds, rank_waves
@@ -167,5 +167,6 @@ def _record(slot: Slot, plan: Plan, plan_seconds: float | None, predicted: float
         cpu_share=sum(t["cpu"]) / max(1e-12, sum(t["wall"])),
         plan_ms=None if plan_seconds is None else 1e3 * plan_seconds,
         waves=len(plan.waves), micro_batches=plan.busy_micro_batches(), degrees=plan.degrees_used(),
+        degree_splits=degree_splits([plan]),
         recomputed=plan.recomputed_fraction(),
         rank_busy_s=t["busy"], rank_wait_s=t["wait"], digests=t["digest"], rank_waves=per_rank)

@@ -21,6 +21,8 @@ from ..pricing.cost import CostModel
 from ..pricing.cost_sources import get_cost_model
 from ..dataset import (BatchStream, EpochStream, GlobalBatch, build_corpus, check_data_kind, check_vocab,
                        is_video_data, open_clip_stream)
+from ..command_line.options import CP, DEGREE, DEVICE_MEMORY, MAX_LEN, SEED, WORLD
+from ..vocabulary.value_checks import at_least, positive
 from ..planners import SHORT_SOLVES, PlannerOptions, parse_planner_names
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..models import check_buildable
@@ -36,6 +38,12 @@ ALL_PLANNERS = ("static", "batch-adaptive", "bucket", "megatron-dynamic-cp", "wl
 """The default line-up: every planner, baselines first."""
 MEMORY_SLACK = 1.01
 """The default memory budget holds half a max_len sequence without recomputation, 1% to spare."""
+
+
+RANGES = {"world": WORLD.type, "steps": positive(int), "warmup": at_least(int, 0), "repeats": positive(int),
+          "tokens_per_step": positive(int), "max_len": MAX_LEN.type, "device_memory_gb": DEVICE_MEMORY.type,
+          "degree": DEGREE.type, "cp": CP.type, "time_limit": positive(float), "seed": SEED}
+"""The values every numeric knob takes, for the flags and for a setting made in Python alike."""
 
 
 @dataclass(frozen=True)
@@ -86,19 +94,14 @@ class BenchSetting:
             raise ValueError("a bench setting's planner options need a max_len: the longest sample it draws")
         if len(set(self.planners)) != len(self.planners):
             raise ValueError(f"--planners names a planner twice: {','.join(self.planners)}")
-        for flag, value in {"--world": self.world, "--steps": self.steps, "--repeats": self.repeats,
-                            "--tokens-per-step": self.tokens_per_step, "--max-len": self.max_len}.items():
-            if value < 1:
-                raise ValueError(f"{flag} must be >= 1, got {value}")
-        if self.warmup < 0:
-            raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
-        if self.planner.time_limit <= 0:
-            raise ValueError(f"--time-limit must be positive, got {self.planner.time_limit}")
-        if self.device_memory_gb is not None and self.device_memory_gb <= 0:
-            raise ValueError(f"--device-memory-gb must be positive, got {self.device_memory_gb}")
+        for name, numbers in RANGES.items():
+            value = getattr(self.planner if hasattr(self.planner, name) else self, name)
+            if value is not None:
+                numbers.check("--" + name.replace("_", "-"), value)
         if self.max_len > self.tokens_per_step:
             raise ValueError(f"--max-len {self.max_len} exceeds --tokens-per-step {self.tokens_per_step}: "
                              f"a step could not hold its longest sequence")
+        self.planner.check_read(self.planners, unset=BenchSetting().planner)
 
 
 @dataclass

@@ -98,6 +98,7 @@ def planner_summary(mine: list[dict], statistic: str = "median", drift: float | 
         waves=statistics.fmean(r["waves"] for r in mine),
         micro_batches=statistics.fmean(r["micro_batches"] for r in mine),
         degrees=sorted({d for r in mine for d in r["degrees"]}),
+        degree_splits=sorted({tuple(split) for r in mine for split in r["degree_splits"]}),
         recomputed=statistics.fmean(r["recomputed"] for r in mine),
         loss_last=mine[-1]["loss"])
 

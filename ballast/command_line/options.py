@@ -1,12 +1,15 @@
-"""The options several commands share, each defined once with one meaning.
+"""The options several commands share, each defined once with one meaning, one spelling and
+one range.
 
 `--model`, `--max-len`, `--cluster`, `--world`, `--cost` and `--device-memory-gb` mean the same
-in `simulate`, `verify`, `profile`, `bench` and `train`, `--degree` and `--cp` in those that plan
-with a fixed-degree planner (`simulate`, `bench`, `train`), `--precision` in those that start
-ranks (`verify`, `profile`, `bench`, `train`): each command adds an option with
+in `simulate`, `verify`, `profile`, `bench` and `train`; `--degree`, `--cp` and `--routing` /
+`--no-routing` in those that plan (`simulate`, `verify`, `bench`, `train`), `--precision` in
+those that start ranks (`verify`, `profile`, `bench`, `train`): each command adds an option with
 `SharedOption.add` (argparse) or, for `train`'s config fields, `SharedOption.help`, giving its
-own default and why that default suits it. Only defaults differ between commands. `--timeout`
-of the commands that start ranks has one rule, `check_timeout`.
+own default and why that default suits it. Only defaults differ between commands. A numeric
+option's type is a `vocabulary.value_checks.Numbers`: its range, finiteness included, is checked
+where the flag is parsed, and the same object checks a config file's value. `--timeout` of the
+commands that start ranks has one rule, `TIMEOUT`.
 """
 from __future__ import annotations
 
@@ -16,22 +19,17 @@ from typing import Any, Callable
 
 from ..vocabulary.model_shape import MODEL_PRESETS
 from ..vocabulary.precision import Precision
+from ..vocabulary.value_checks import at_least, positive
+
+SEED = at_least(int, 0, "numpy's generators take no negative seed")
+MIN_MAX_LEN = 2
+"""The shortest --max-len: a sample of one token attends to nothing but itself, so a model
+trained on such chunks learns no use of context (the next token of a chunk's last one is the
+next chunk's)."""
 
 
-def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
-    """An argparse type: a `kind` above 0. A 0 or negative count, size or limit is refused by
-    name at once, not met later as a ZeroDivisionError or taken for "use the default"."""
-    what = "an integer" if kind is int else "a number"
-
-    def parse(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what} > 0, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be {what} > 0, got {text}")
-        return value
-    return parse
+SAME = object()
+"""`SharedOption.add`'s `when_absent` when it is the command's default."""
 
 
 def precision(text: str) -> Precision:
@@ -46,13 +44,13 @@ def precision(text: str) -> Precision:
 MIN_TIMEOUT = 30.0
 """Least --timeout of a command that starts ranks: they need seconds to start (importing torch,
 more on a busy machine) and to meet in the rendezvous store, which waits with the same timeout."""
+TIMEOUT = at_least(float, MIN_TIMEOUT, "seconds: the ranks need seconds to start (importing torch) and to meet "
+                                       "in the rendezvous store")
 
 
 def check_timeout(seconds: float) -> None:
-    """ValueError when a --timeout is below `MIN_TIMEOUT` (or not a number at all: NaN)."""
-    if not seconds >= MIN_TIMEOUT:
-        raise ValueError(f"--timeout {seconds:g} is below {MIN_TIMEOUT:g} seconds: the ranks need seconds to start "
-                         f"(importing torch) and to meet in the rendezvous store")
+    """ValueError when a --timeout is below `MIN_TIMEOUT`, infinite or not a number at all."""
+    TIMEOUT.check("--timeout", seconds)
 
 
 @dataclass(frozen=True)
@@ -71,9 +69,54 @@ class SharedOption:
         return f"{self.meaning} (default: {default}{'; ' + why if why else ''})"
 
     def add(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: Any, why: str = "",
-            **kwargs: Any) -> None:
-        parser.add_argument(self.flag, type=self.type, default=default, metavar=self.metavar,
-                            help=self.help(default, why), **kwargs)
+            when_absent: Any = SAME, **kwargs: Any) -> None:
+        """Add the flag with this command's `default` and `why`; `when_absent`: what the
+        arguments hold when the flag is not given, if not `default` (train: SUPPRESS, so that
+        its config file's value stands)."""
+        parser.add_argument(self.flag, type=self.type, metavar=self.metavar, help=self.help(default, why),
+                            default=default if when_absent is SAME else when_absent, **kwargs)
+
+
+class Formatter(argparse.HelpFormatter):
+    """argparse's help, with a switch shown as `--NAME, --no-NAME` (it takes no value)."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, OnOff):
+            return ", ".join(action.option_strings)
+        return super()._format_action_invocation(action)
+
+
+class OnOff(argparse.Action):
+    """`--NAME` (on) and `--no-NAME` (off), the spelling of every switch; `--NAME on|off`, an
+    older spelling of `simulate`'s, is still understood."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any):
+        flag = option_strings[0]
+        super().__init__([flag, "--no-" + flag[2:]], dest, nargs="?", metavar="on|off", **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if option_string is not None and option_string.startswith("--no-"):
+            if values is not None:
+                parser.error(f"argument {option_string}: takes no value, got {values!r}")
+            setattr(namespace, self.dest, False)
+        elif values is None or values in ("on", "off"):
+            setattr(namespace, self.dest, values != "off")
+        else:
+            parser.error(f"argument {option_string}: expected no value (or on / off), got {values!r}")
+
+    def format_usage(self) -> str:
+        return " | ".join(self.option_strings)
+
+
+@dataclass(frozen=True)
+class SharedSwitch(SharedOption):
+    """A shared on/off option: `--NAME` / `--no-NAME` (`OnOff`)."""
+
+    def add(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup, default: Any, why: str = "",
+            when_absent: Any = SAME, **kwargs: Any) -> None:
+        parser.add_argument(self.flag, action=OnOff, help=self.help("on" if default else "off", why),
+                            default=default if when_absent is SAME else when_absent, **kwargs)
 
 
 MODEL = SharedOption(
@@ -81,7 +124,7 @@ MODEL = SharedOption(
                f"folder) or a .json file with ModelShape's fields", str, "MODEL")
 MAX_LEN = SharedOption(
     "--max-len", "the longest sample a step holds, in tokens (a clip: its latent patches); every plan "
-                 "must hold it", positive(int), "N")
+                 "must hold it", at_least(int, MIN_MAX_LEN, "a 1-token sample has no context to attend to"), "N")
 CLUSTER = SharedOption(
     "--cluster", "the cluster: a preset (a100-64, a800-64, h100-32, h800-32, h200-32, any a100-N / a800-N / "
                  "h100-N / h800-N / h200-N, cpu: --world ranks as --nodes nodes) or a .toml/.json file with "
@@ -100,7 +143,7 @@ DEVICE_MEMORY = SharedOption(
     "--device-memory-gb", "usable memory per device in GB that plans must fit, on any cluster and over a "
                           "--cost profile's", positive(float), "GB")
 DEGREE = SharedOption(
-    "--degree", "the SP degree of the fixed-degree planners (static, bucket)", positive(int), "N")
+    "--degree", "the SP degree of the fixed-degree planners (static, bucket, wlb-llm)", positive(int), "N")
 CP = SharedOption(
     "--cp", "static's context-parallel part c, a power of two: static USP, Ulysses over --degree / c ranks "
             "times context parallelism over c", positive(int), "C")
@@ -108,5 +151,9 @@ PRECISION = SharedOption(
     "--precision", "what the ranks' forward computes in: auto (bf16 autocast on CUDA devices, fp32 elsewhere), "
                    "bf16 (bf16 autocast on any device; on CPU it runs the bf16 dtypes, exchanges and "
                    "tolerances, not flash-attn, NCCL or CUDA placement) or fp32", precision, "auto|bf16|fp32")
+ROUTING = SharedSwitch(
+    "--routing", "route inter-node all-to-alls over every NIC of the node (Zeppelin's routing layer) where "
+                 "the planner's rule says so: zeppelin in every wave that crosses nodes, ballast where that is "
+                 "faster; --no-routing: never (`--routing on|off` is the older spelling)", bool, "")
 SHARED = {option.flag: option for option in (MODEL, MAX_LEN, CLUSTER, WORLD, NODES, COST, DEVICE_MEMORY, DEGREE, CP,
-                                             PRECISION)}
+                                             PRECISION, ROUTING)}

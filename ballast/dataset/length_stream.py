@@ -36,7 +36,8 @@ class BatchSpec:
     max_len: int = 393216
     """Longest sequence a plan must hold; longer draws go through `overlong`."""
     overlong: Overlong = "split"
-    """"split": chunks of max_len plus the remainder (a clip: runs of whole frames); "drop":
+    """"split": chunks of max_len plus the remainder (a clip: runs of whole frames; at most
+    `LengthStream.MAX_SPLIT_CHUNKS` of them, a longer draw is an error); "drop":
     discard the draw (as a corpus filter would); "error": ValueError naming the length and
     the limit."""
 
@@ -68,6 +69,10 @@ class LengthStream:
     MAX_DROPS_IN_A_ROW = 10_000
     """Under "drop", this many consecutive overlong draws means max_len excludes (nearly) the
     whole source: a configuration error, not something to loop on forever."""
+    MAX_SPLIT_CHUNKS = 4096
+    """Under "split", the most chunks one draw may become (a 1M-token book at max_len 256 is
+    about 3900): a longer draw is refused before any chunk is made, where splitting it would
+    build (and plan) millions of sequences for one document."""
 
     def __init__(self, source: LengthSource, spec: BatchSpec, seed: int) -> None:
         self.source, self.spec = source, spec
@@ -99,6 +104,11 @@ class LengthStream:
                 raise ValueError(f"{self.source.name}: sequence of {length} tokens is longer than "
                                  f"max_len={limit} (overlong='error'; use 'split' or 'drop')")
             if self.spec.overlong == "split":
+                if length > self.MAX_SPLIT_CHUNKS * limit:
+                    raise ValueError(f"{self.source.name}: a sequence of {length} tokens would split into "
+                                     f"{-(-length // limit)} or more chunks of max_len={limit}, more than the "
+                                     f"{self.MAX_SPLIT_CHUNKS} one sequence may become; raise max_len, or use "
+                                     f"overlong='drop'")
                 chunks = split_sample(sample, limit)
                 self.split_sequences += 1
                 self.split_chunks += len(chunks)

@@ -23,16 +23,19 @@ the runtime's, as for every model: the wrapper returns logits of the tokens this
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+import itertools
 import math
+from typing import Iterator
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..vocabulary.model_shape import ModelShape
-from .hf_weights import weight_files
+from .hf_weights import check_finite, weight_files
 from .kernels import local_attention
 from .next_token import NextTokenObjective
 from .protocol import AttentionFn, PackedStream
@@ -156,6 +159,34 @@ def check_supported(hf: nn.Module, shape: ModelShape) -> None:
                          f"tokens cannot be selected before its output layer")
 
 
+_LOADS = itertools.count()
+"""Weight loads of this process, to show transformers' loading bar for the first one alone."""
+
+
+def _shows_loading() -> bool:
+    """Whether this load shows transformers' "Loading weights" bar: the first load of a job's
+    rank 0 alone, so a command shows one, not one per rank and per model built (a 4-rank verify
+    builds the model once per planner on every rank, and once more for its reference outside
+    the job: it printed 21 bars)."""
+    import torch.distributed as dist
+
+    first = next(_LOADS) == 0
+    return first and dist.is_initialized() and dist.get_rank() == 0
+
+
+@contextlib.contextmanager
+def progress_bars(shown: bool) -> Iterator[None]:
+    """transformers' progress bars on (`shown`) or off inside, as they were after."""
+    from transformers.utils import logging
+
+    was = logging.is_progress_bar_enabled()
+    (logging.enable_progress_bar if shown else logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (logging.enable_progress_bar if was else logging.disable_progress_bar)()
+
+
 def build_hf(shape: ModelShape, seed: int = 0) -> HFCausalLM:
     """The model of `shape.source` (`hf:PATH`) at `shape.layers` decoder layers: its weights when
     the folder has them (`model.safetensors`, sharded or not), else a random init from its
@@ -169,8 +200,10 @@ def build_hf(shape: ModelShape, seed: int = 0) -> HFCausalLM:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if weight_files(folder):  # check_weights (check_buildable) found them whole and fitting
-            hf = AutoModelForCausalLM.from_pretrained(folder, config=config, local_files_only=True,
-                                                      dtype=torch.float32)
+            with progress_bars(shown=_shows_loading()):
+                hf = AutoModelForCausalLM.from_pretrained(folder, config=config, local_files_only=True,
+                                                          dtype=torch.float32)
+            check_finite(folder, hf.state_dict())
         else:
             hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     hf.train()

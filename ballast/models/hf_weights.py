@@ -5,7 +5,8 @@ freshly initialised tensors where names are missing (mis-shaped ones end in a Ru
 a safetensors file cut short, or an index naming a shard that is not there, end in tracebacks.
 `check_weights` finds all of these first, from the safetensors headers alone (no tensor is
 read), against the model the config builds on the meta device (no memory): one error naming
-the folder, the file and the keys at fault.
+the folder, the file and the keys at fault. Values are checked once loaded (`check_finite`):
+a NaN or an infinity in them is the folder's fault, not the data's.
 """
 from __future__ import annotations
 
@@ -86,6 +87,18 @@ def check_weights(folder: Path) -> None:
         raise ValueError(f"hf:{folder}: its weights ({', '.join(p.name for p in files)}) do not match the model "
                          f"its config.json describes, which would train with tensors initialised afresh or "
                          f"left out; {'; '.join(problems)}: fix config.json or the weights")
+
+
+def check_finite(folder: Path, state: dict[str, torch.Tensor]) -> None:
+    """ValueError naming the folder and the tensors when loaded weights hold a NaN or an
+    infinity (a file whose bytes were overwritten with its header intact, or a diverged model's):
+    every loss would be non-finite, and the data would look to blame."""
+    bad = [f"{name} ({int((~torch.isfinite(t)).sum())} of {t.numel()} values)" for name, t in state.items()
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise ValueError(f"hf:{folder}: its weights hold non-finite values (NaN or infinity) in {_some(bad)}: a "
+                         f"damaged file (bytes overwritten) or a diverged model, which could only give non-finite "
+                         f"losses; use an intact copy of the weights")
 
 
 def _model_tensors(folder: Path) -> tuple[list[tuple[list[str], tuple[int, ...]]], set[str], set[str]]:

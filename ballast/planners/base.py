@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Sequence
 
 from ..vocabulary.cluster import Cluster
 from ..pricing.cost import CostModel
@@ -14,37 +14,56 @@ from .fits import check_fits
 from .packing import fixed_recompute
 
 
+def _read_by(flag: str, *planners: str) -> dict[str, Any]:
+    """A field's metadata: the flag that sets it and the only planners that read it."""
+    return {"flag": flag, "read_by": planners}
+
+
 @dataclass(frozen=True)
 class PlannerOptions:
-    """Settings shared by all planners; each planner reads the ones it understands. The one value
-    every command hands its planners (built from its flags; the bench setting holds one), with
-    the defaults below; `SHORT_SOLVES` is the one departure from them."""
+    """Settings shared by all planners; each planner reads the ones it understands (a field read
+    by some planners only names them, `read_by`, so that `check_read` refuses it for others).
+    The one value every command hands its planners (built from its flags; the bench setting
+    holds one), with the defaults below; `SHORT_SOLVES` is the one departure from them."""
 
     max_len: int | None = None
     """Longest sequence the run allows; fixed-layout planners size their SP degree for it.
     None: the longest sequence of each batch."""
-    degree: int | None = None
-    """Force the SP degree of fixed-degree planners (`static`, `bucket`)."""
-    cp: int | None = None
+    degree: int | None = field(default=None, metadata=_read_by("--degree", "static", "bucket", "wlb-llm"))
+    """Force the SP degree of fixed-degree planners (`static`, `bucket`, `wlb-llm`)."""
+    cp: int | None = field(default=None, metadata=_read_by("--cp", "static"))
     """`static`: the context-parallel part of its degree (static USP: `degree` = Ulysses x `cp`);
     None: Ulysses alone."""
     seed: int = 0
     """Seed of randomised planners (Hydraulis' shuffles)."""
-    time_limit: float = 10.0
+    time_limit: float = field(default=10.0, metadata=_read_by("--time-limit", "flexsp"))
     """Wall-clock seconds per MILP solve (`flexsp`)."""
-    buckets: int = 16
+    buckets: int = field(default=16, metadata=_read_by("--buckets", "flexsp"))
     """Length buckets of FlexSP's DP bucketing."""
-    dcp_mode: str = "both"
+    dcp_mode: str = field(default="both", metadata=_read_by("--dcp-mode", "dcp"))
     """`inter`, `intra` or `both`: which of DCP's two optimisations `dcp` applies."""
-    remap: bool = True
+    remap: bool = field(default=True, metadata=_read_by("--zeppelin-remap", "zeppelin"))
     """`zeppelin`: model the remapping layer that balances linear-module tokens over a wave."""
-    routing: bool = True
+    routing: bool = field(default=True, metadata=_read_by("--routing", "zeppelin", "ballast"))
     """Route inter-node all-to-alls over every NIC of the node (Zeppelin's routing layer,
     `Wave.routed`) where the planner's rule says so: `zeppelin` in every wave with one, as its
     paper does; `ballast` in the waves it makes faster. Other planners never route. False: none."""
     lockstep: bool = False
     """Emit lockstep plans (FSDP/ZeRO-3): equal micro-batch counts per group in every wave.
     Planners that are lockstep by nature (`static`, `batch-adaptive`, `bucket`) always are."""
+
+    def check_read(self, planners: Sequence[str], unset: PlannerOptions) -> None:
+        """ValueError naming the flag and the planners it applies to when a setting that differs
+        from the command's `unset` one is read by none of `planners`: it would change nothing."""
+        for f in fields(self):
+            readers = f.metadata.get("read_by")
+            value = getattr(self, f.name)
+            if readers is None or value == getattr(unset, f.name) or set(readers) & set(planners):
+                continue
+            given = f"{f.metadata['flag']} {value}" if not isinstance(value, bool) else \
+                f"--{'' if value else 'no-'}{f.metadata['flag'][2:]}"
+            which = f"planner {planners[0]}" if len(planners) == 1 else f"planners {', '.join(planners)}"
+            raise ValueError(f"{given} applies to {', '.join(readers)} only: the {which} would ignore it")
 
 
 SHORT_SOLVES = PlannerOptions(time_limit=2.0)

@@ -172,6 +172,11 @@ def _build(lengths: np.ndarray, units: np.ndarray, buckets: Buckets, cost: CostM
         # letting an integer token count exceed the capacity.
         cap = cost.max_tokens(d, recompute) + 0.5
         rows.append(({**{x[p][j]: buckets.upper[j] / cap for j in fits}, y[p]: -1.0}, -np.inf, 0.0))
+        # Sequences only in a used group. The capacity row above says so too, but where a bucket's
+        # tokens are a tiny share of a large capacity its coefficient falls below HiGHS's
+        # feasibility tolerance and an unused slot (y = 0) could take sequences: ranks the
+        # cluster does not have.
+        rows.append(({**{x[p][j]: 1.0 for j in fits}, y[p]: -float(sum(counts[j] for j in fits))}, -np.inf, 0.0))
         rows.append(({**work(p), 0: -1.0}, -np.inf, 0.0))
         area.update({x[p][j]: d * t[d, j] for j in fits})
     # Area: a used group's work beyond its g is at most T - g, and used groups are disjoint, so
@@ -293,7 +298,11 @@ def _highs(model: _Model, start: np.ndarray | None, time_limit: float,
     bound = float(info.mip_dual_bound)
     if status == core.HighsModelStatus.kInfeasible:
         return None, bound, "infeasible"
-    if info.objective_function_value >= core.kHighsInf:
+    # Stopped at the time limit, HiGHS may hold no integer-feasible point and still report the
+    # root LP's objective; its columns are then fractional and, rounded, may use more ranks than
+    # the cluster has. Only a point HiGHS calls feasible is a solution.
+    if (info.objective_function_value >= core.kHighsInf
+            or info.primal_solution_status != core.kSolutionStatusFeasible):
         return None, bound, "no solution"
     x = np.array(highs.getSolution().col_value)
     return x, bound, "optimal" if status == core.HighsModelStatus.kOptimal else "time limit"

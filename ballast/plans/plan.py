@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from ..pricing import remapping
 from ..vocabulary.cluster import Cluster, is_power_of_two
@@ -54,6 +54,10 @@ class Group:
     def ulysses(self) -> int:
         """u = degree / cp: ranks of each Ulysses sub-group (the head-sharded part)."""
         return self.degree // self.cp
+
+    @property
+    def split(self) -> str:
+        return split_label(self.degree, self.cp)
 
 
 @dataclass
@@ -324,13 +328,28 @@ class Plan:
                     continue
                 lengths = [self.lengths[i] for mb in busy for i in mb.seq_ids]
                 recomputed = sum(mb.recompute for mb in busy) / len(busy)
-                degree = f"{g.ulysses}x{g.cp}" if g.cp > 1 else str(g.degree)
-                rows.append(f"{w:>4} {f'{g.start}-{g.start + g.degree - 1}':>9} {degree:>4} "
+                rows.append(f"{w:>4} {f'{g.start}-{g.start + g.degree - 1}':>9} {g.split:>4} "
                             f"{len(g.micro_batches):>4} {len(lengths):>5} {sum(lengths):>9} {recomputed:>6.2f}  "
                             f"{max(lengths)}")
         if len(rows) > max_rows + 1:
             rows = rows[:max_rows + 1] + [f"... {len(rows) - 1 - max_rows} more groups"]
         return "\n".join([head, *rows])
+
+
+def split_label(degree: int, cp: int) -> str:
+    """A degree as every log and table prints it: u x c ("1x2") with a CP part c, the degree
+    alone ("2") for Ulysses alone."""
+    return f"{degree // cp}x{cp}" if cp > 1 else str(degree)
+
+
+def degree_splits(plans: Iterable[Plan]) -> list[tuple[int, int]]:
+    """The (degree, CP part) of the plans' busy groups, by degree."""
+    return sorted({(g.degree, g.cp) for plan in plans for _, g, mb in plan.micro_batches() if mb.seq_ids})
+
+
+def splits_used(plans: Iterable[Plan]) -> list[str]:
+    """The degrees the plans' busy groups run at, as u x c (`split_label`), by degree."""
+    return [split_label(degree, cp) for degree, cp in degree_splits(plans)]
 
 
 def fill_idle(groups: Sequence[Group], world_size: int) -> list[Group]:

@@ -263,8 +263,6 @@ def run_check(args: argparse.Namespace) -> int:
     statistic = fitted_statistic(cost)
     if args.world is not None and args.world != cost.world_size:
         raise ValueError(f"{args.check} was profiled on {cost.world_size} ranks, not --world {args.world}")
-    if args.plans < 1:
-        raise ValueError("--plans must be >= 1")
     video = shape.pattern.clips
     lengths = args.lengths or default_source(shape)
     names = parse_planner_names(args.planners)
@@ -274,8 +272,6 @@ def run_check(args: argparse.Namespace) -> int:
     max_len = args.max_len if args.max_len is not None else longest if video else DEFAULT_MAX_LEN
     tokens_per_step = (args.tokens_per_step if args.tokens_per_step is not None else
                        VIDEO_BATCHES * max_len if video else DEFAULT_TOKENS_PER_STEP)
-    if max_len < 1 or tokens_per_step < 1:
-        raise ValueError("--max-len and --tokens-per-step must be >= 1")
     if max_len > longest:
         console.print(f"[yellow]--max-len {max_len} is longer than the profile's longest length {longest}: "
                       f"its predictions extrapolate[/yellow]")

@@ -40,7 +40,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ..pricing.cost import CostModel
-from ..command_line.options import DEVICE_MEMORY, MAX_LEN, MODEL, PRECISION, WORLD, check_timeout
+from ..command_line.options import DEVICE_MEMORY, MAX_LEN, MODEL, PRECISION, SEED, TIMEOUT, WORLD
+from ..vocabulary.value_checks import at_least, positive
 from ..vocabulary.precision import Precision
 from ..vocabulary.patterns import attention_pattern
 from ..vocabulary.model_shape import ModelShape, get_model_shape
@@ -74,25 +75,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--depths", default=None, help="reduced depths (blocks) the grid runs at, then "
                    "extrapolated; the full depth, or a larger one, profiles the model as it is (default 1,2; "
                    "2,4 for a spatial-temporal model, whose blocks come in spatial + temporal pairs)")
-    p.add_argument("--verify", type=int, default=None, help="full-depth points that check the "
+    p.add_argument("--verify", type=at_least(int, 0), default=None, help="full-depth points that check the "
                    "extrapolation (default 4, quick 2)")
-    p.add_argument("--held-out", type=int, default=None, help="micro-batches of real lengths or clips "
+    p.add_argument("--held-out", type=at_least(int, 0), default=None, help="micro-batches of real lengths or clips "
                    "(stdlib code files; a video model: DCP's video buckets scaled to --max-len) measured with "
                    "the grid but never fitted, their error reported apart (default 8, quick 4)")
-    p.add_argument("--repeats", type=int, default=None, help="measured rounds (default 3, quick 2)")
+    p.add_argument("--repeats", type=positive(int), default=None, help="measured rounds (default 3, quick 2)")
     p.add_argument("--statistic", choices=sorted(STATISTICS), default="median",
                    help="how repeats become one time: median (resists bursts of load) or min (what the "
                    "device does when no other job takes its cores; steadier on a shared, busy host); "
                    "--check reads it from the profile")
     PRECISION.add(p, Precision.AUTO, "what the cost model's presets price: fp32 on these CPU ranks; bf16 "
                                      "profiles 2-byte exchanges on them")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=3600.0,
+    p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--timeout", type=TIMEOUT, default=3600.0,
                    help="seconds before the ranks are stopped (at least 30: they need seconds to start)")
     check = p.add_argument_group("--check: random plans for real against the profile's predictions")
     check.add_argument("--check", metavar="PROFILE", default=None, help="the profile JSON to check")
-    check.add_argument("--plans", type=int, default=30, help="random plans to run")
-    check.add_argument("--tokens-per-step", type=int, default=None, help="tokens of each random batch "
+    check.add_argument("--plans", type=positive(int), default=30, help="random plans to run")
+    check.add_argument("--tokens-per-step", type=positive(int), default=None, help="tokens of each random batch "
                        "(default 16384; a video model: 4 x --max-len)")
     check.add_argument("--planners", default="all", help="planners the plans come from, in turn")
     check.add_argument("--png", default=None, help="scatter of predicted vs measured (default: next to "
@@ -123,7 +124,6 @@ def settings_from(args: argparse.Namespace, shape: ModelShape | None = None) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    check_timeout(args.timeout)
     if args.check:
         from .check import run_check
         return run_check(args)

@@ -14,6 +14,7 @@
     routing.py      Zeppelin's routing layer: an exchange over whole nodes whose inter-node rows
                     cross over every NIC of the node (scatter to proxies, rails, combine)
     shard_sizes.py  the one even contiguous cut of rows over ranks
+    grad_sync.py    the gradient sync of replicated weights: buckets reduced during the last backward
     fsdp.py         FSDP2 sharding of the model
     groups.py       cached process groups of every aligned power-of-two block and its (u, c) splits
     world.py        joining the job: torchrun, or N local gloo ranks

@@ -19,9 +19,12 @@ One step (`Executor.step`):
     move, so the step is bit for bit the unrouted one;
   - a wave ends with a barrier of the world (the plan's semantics: the next wave may regroup
     ranks), which also measures how long this rank waited for the wave's slowest group;
-  - gradients accumulate locally and are all-reduced (SUM over the world) once, then AdamW,
-    skipped on every rank alike when the all-reduced loss or gradient norm is not finite
-    (`StepResult.applied`; per-sample flags of non-finite losses ride in the same all-reduce).
+  - gradients accumulate locally; during the rank's last backward of the step they are summed
+    over the world in buckets, overlapped with the rest of that backward (`grad_sync.py`: an
+    all-reduce per bucket, a reduce-scatter to the optimizer shards' owners under ZeRO-1);
+    after the last wave the rank waits for its buckets, all-reduces the loss and per-sample
+    flags of non-finite losses, and steps AdamW, skipped on every rank alike when the loss or
+    gradient norm is not finite (`StepResult.applied`).
 
 Why a plain SUM over the world is the full-batch gradient: the step's loss is
 L = sum over micro-batches m, ranks r of m's group of L_{m,r}, with L_{m,r} the summed token
@@ -48,7 +51,7 @@ Empty micro-batches (`seq_ids == []`, the padding of lockstep plans) run nothing
 replicated parameters: no collective needs them. A model sharded with FSDP2 (`fsdp.py`) runs
 lockstep plans only, every empty micro-batch as a pass on a dummy token (its rank must join
 the parameter all-gathers), and every backward reduce-scatters the gradients, which accumulate
-sharded, instead of the final all-reduce: the same sum over ranks, each rank keeping its shard.
+sharded, instead of the bucketed sync: the same sum over ranks, each rank keeping its shard.
 """
 from __future__ import annotations
 
@@ -69,7 +72,8 @@ from ..vocabulary.precision import Precision
 from ..models.protocol import Local, PackedStream, ParallelModel, held_tokens, take
 from ..plans.plan import Group, MicroBatch, Plan
 from .attention import StreamShard
-from .fsdp import is_sharded
+from .fsdp import full_tensor, is_sharded
+from .grad_sync import GradSync
 from .groups import ProcessGroups
 from .hybrid import HybridShard, attention_rows
 from .memory import ActivationMeter
@@ -123,7 +127,8 @@ class StepResult:
     applied: bool = True
     """False when the loss or the gradient norm was not finite: the optimizer did not step."""
     sync_seconds: float = 0.0
-    """Gradient all-reduce."""
+    """The gradient sync left after the waves: waiting for the buckets still in flight (their
+    reduction overlaps this rank's last backward and later waves), the loss all-reduce."""
     optimizer_seconds: float = 0.0
 
     @property
@@ -138,11 +143,13 @@ class Executor:
     installs the sequence-parallel attention and starts every rank from the same weights."""
 
     def __init__(self, model: ParallelModel, optimizer: torch.optim.Optimizer, cluster: Cluster,
-                 groups: ProcessGroups, routing: RoutingGroups | None = None, *, measure_activations: bool = False,
-                 precision: Precision = Precision.AUTO):
+                 groups: ProcessGroups, routing: RoutingGroups | None = None, *, sync: GradSync | None = None,
+                 measure_activations: bool = False, precision: Precision = Precision.AUTO):
         assert isinstance(precision, Precision), precision
         assert routing is not None or cluster.nodes == 1, "parallelize makes the routing groups of 2+ nodes"
         self.fsdp = is_sharded(model)
+        assert (sync is None) == self.fsdp, "replicated weights need the gradient sync, FSDP2 has its own"
+        self.sync = sync
         self.model = model
         self.optimizer = optimizer
         self.cluster = cluster
@@ -158,6 +165,8 @@ class Executor:
         # The running step's (seq_ids, loss share) of every micro-batch this rank ran: checked for
         # finiteness once, at the end, not per micro-batch (each check would wait for the device).
         self._shares: list[tuple[list[int], Tensor]] = []
+        self._passes_left = 0
+        """Backward passes this rank has still to run in the step: the sync arms before the last."""
 
     def step(self, plan: Plan, samples: Sequence[Any]) -> StepResult:
         """One optimizer step of `plan`; samples[i] is sample i as the model takes it (a text
@@ -168,9 +177,13 @@ class Executor:
         """
         self._check(plan, samples)
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.sync is None:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.sync.start()
         loss = torch.zeros((), dtype=torch.float32, device=self.device)
         self._shares = []
+        self._passes_left = self._backward_passes(plan)
         result = StepResult(loss=0.0, tokens=plan.tokens, waves=[])
         for w, wave in enumerate(plan.waves):
             group = plan.group_of(w, self.rank)
@@ -182,7 +195,8 @@ class Executor:
                         else self._skip()
             else:
                 for slot in range(max(len(g.micro_batches) for g in wave.domain_groups(*domain))):
-                    loss += self._run_slot(plan, w, domain, slot, samples, result)
+                    loss += self._run_slot(plan, w, domain, slot, samples, result) \
+                        if self._slot_runs(plan, w, domain, slot) else self._skip()
             busy = self._clock() - start
             dist.barrier()
             result.waves.append(WaveTiming(busy, self._clock() - start - busy))
@@ -196,6 +210,36 @@ class Executor:
             self.optimizer.step()
             result.optimizer_seconds = self._clock() - start
         return result
+
+    def gradients(self) -> list[Tensor]:
+        """The last step's summed gradient of every trained parameter, whole, on every rank (a
+        collective, for checks: ZeRO-1 and FSDP2 leave each rank its share only)."""
+        if self.sync is None:
+            return [full_tensor(p.grad) for p in self._params]
+        return self.sync.whole(self._params)
+
+    def _backward_passes(self, plan: Plan) -> int:
+        """How many backward passes this rank runs in `plan`: its groups' micro-batches and its
+        remap domains' slots that hold tokens (what `step` runs rather than skips)."""
+        count = 0
+        for w, wave in enumerate(plan.waves):
+            domain = wave.domain_of(self.rank)
+            if domain is None:
+                count += sum(1 for mb in plan.group_of(w, self.rank).micro_batches if sum(plan.mb_lengths(mb)))
+            else:
+                slots = max(len(g.micro_batches) for g in wave.domain_groups(*domain))
+                count += sum(1 for slot in range(slots) if self._slot_runs(plan, w, domain, slot))
+        return count
+
+    @staticmethod
+    def _slot_parts(plan: Plan, wave: int, domain: tuple[int, int], slot: int) -> list[tuple[Group, MicroBatch]]:
+        """Every group of the remap domain with its slot-th micro-batch (empty past its last)."""
+        return [(g, g.micro_batches[slot] if slot < len(g.micro_batches) else MicroBatch([]))
+                for g in plan.waves[wave].domain_groups(*domain)]
+
+    def _slot_runs(self, plan: Plan, wave: int, domain: tuple[int, int], slot: int) -> bool:
+        """Whether the slot holds any token (else the domain's ranks skip it alike)."""
+        return any(sum(plan.mb_lengths(mb)) for _, mb in self._slot_parts(plan, wave, domain, slot))
 
     def _clock(self) -> float:
         """Seconds on a wall clock, read once the device has run all the work queued so far:
@@ -250,13 +294,10 @@ class Executor:
         over it (`attention_spans`: frames, or patch columns gathered column by column)."""
         began = self._clock()
         start, size = domain
-        parts = [(g, g.micro_batches[slot] if slot < len(g.micro_batches) else MicroBatch([]))
-                 for g in plan.waves[wave].domain_groups(start, size)]
+        parts = self._slot_parts(plan, wave, domain, slot)
         seq_ids = [i for _, mb in parts for i in mb.seq_ids]
         rows = [attention_rows(plan.mb_samples(mb), g.degree, g.cp) for g, mb in parts]
         attention = [len(r) for held in rows for r in held]
-        if sum(attention) == 0:
-            return self._skip()
         balanced = shard_sizes(sum(attention), size)
         index = self.rank - start
         send, recv = overlaps(balanced, attention, index)
@@ -302,6 +343,9 @@ class Executor:
             # The model's loss is summed over its tokens: the normaliser is the whole batch's.
             loss = self.model.loss([samples[i] for i in seq_ids], stream, local, recompute_layers) / plan.tokens
         # Every rank of the group runs backward, an empty shard too: its all-to-alls are awaited.
+        self._passes_left -= 1
+        if self._passes_left == 0 and self.sync is not None:
+            self.sync.arm()
         loss.backward()
         self._shares.append((seq_ids, loss.detach()))
         wave, group, mb = mine
@@ -331,32 +375,22 @@ class Executor:
         return flags
 
     def _synchronise(self, loss: Tensor, nonfinite: Tensor) -> tuple[float, float, Tensor]:
-        """All-reduce every gradient, the loss and the per-sample non-finite flags in one
-        collective; returns the batch loss, the gradient norm and the summed flags. Under FSDP
-        every backward has already reduce-scattered its gradients: the sum of squares of this
-        rank's shards rides along instead, and its sum over the world is the norm's square."""
-        if self.fsdp:
-            squares = self._squares(p.grad.to_local() for p in self._params if p.grad is not None)
-            stats = torch.cat([loss.reshape(1), nonfinite, squares.reshape(1)])
-            dist.all_reduce(stats)
-            return float(stats[0]), math.sqrt(float(stats[-1])), stats[1:-1]
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                          for p in self._params] + [loss.reshape(1).to(self._params[0].dtype),
-                                                    nonfinite.to(self._params[0].dtype)])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-        grads = flat[:-1 - nonfinite.numel()]
-        self._unflatten(grads)
-        norm = math.sqrt(float(self._squares(p.grad for p in self._params)))
-        return float(flat[grads.numel()]), norm, flat[grads.numel() + 1:]
+        """Finish the gradient sync, then all-reduce the loss and the per-sample non-finite flags
+        in one collective; returns the batch loss, the gradient norm and the summed flags. When
+        each rank holds a share of the summed gradients (FSDP2's shards, ZeRO-1's owned
+        parameters) the sum of squares of its share rides along, and its sum over the world is
+        the norm's square; replicated, every rank holds them all and sums its own squares."""
+        assert self._passes_left == 0, "the step ran another number of backward passes than its plan"
+        if self.sync is not None:
+            self.sync.finish()
+        held = [p.grad for p in self._params if p.grad is not None]
+        squares = self._squares(g.to_local() if self.fsdp else g for g in held)
+        shared = self.fsdp or (self.sync is not None and self.sync.sharded)
+        stats = torch.cat([loss.reshape(1), nonfinite, squares.reshape(1)])
+        dist.all_reduce(stats)
+        return float(stats[0]), math.sqrt(float(stats[-1] if shared else squares)), stats[1:-1]
 
     def _squares(self, grads: Iterable[Tensor]) -> Tensor:
         """The summed squares of `grads`, parameter by parameter: `torch.sum`'s cascade keeps it
         to float32 rounding, where one vector_norm over all gradients drifted by 5e-5 (tiny)."""
         return sum((g.pow(2).sum() for g in grads), torch.zeros((), device=self.device))
-
-    def _unflatten(self, flat: Tensor) -> None:
-        offset = 0
-        for p in self._params:
-            p.grad = flat[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
-        assert offset == flat.numel()

@@ -17,7 +17,12 @@ What this asks of the executor (`executor.py`):
     alternative, FSDP2's `set_requires_gradient_sync(False)` until the step's last pass, would
     save the per-pass reduce-scatters but keep an unsharded gradient for the whole step;
   - the reduction is a plain SUM: the executor's loss is already divided by the step's tokens
-    (FSDP's default would divide again by the world size), and gloo has no PREMUL_SUM.
+    (FSDP's default would divide again by the world size), and gloo has no PREMUL_SUM;
+  - under bf16 autocast, a `MixedPrecisionPolicy` gathers the parameters in bf16 (half the
+    bytes of each all-gather, and autocast's casts of the weights become no-ops) and reduces
+    the gradients in fp32 (their sum over the world keeps fp32's precision, as the replicated
+    sync's does); the sharded parameters, gradients and AdamW's state stay fp32. Under fp32
+    there is no policy: everything is fp32.
 """
 from __future__ import annotations
 
@@ -35,14 +40,18 @@ from ..models.protocol import ParallelModel
 _FSDP, _DTENSOR = "torch.distributed.fsdp", "torch.distributed.tensor"
 
 
-def shard_model(model: ParallelModel) -> ParallelModel:
-    """Shard `model` over the world with FSDP2 (in place; returns it). Collective: every rank
-    calls it, with the same weights (`parallelize` broadcasts rank 0's first)."""
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+def shard_model(model: ParallelModel, bf16: bool = False) -> ParallelModel:
+    """Shard `model` over the world with FSDP2 (in place; returns it); `bf16`: the run computes
+    in bf16 (`Precision.autocast`), so parameters are gathered in bf16 and gradients reduced in
+    fp32. Collective: every rank calls it, with the same weights (`parallelize` broadcasts
+    rank 0's first)."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
+        else MixedPrecisionPolicy()
     for block in model.blocks():
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     for module in model.modules():
         if isinstance(module, FSDPModule):  # both settings are per module, not recursive
             module.set_gradient_divide_factor(1.0)

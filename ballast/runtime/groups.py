@@ -23,6 +23,11 @@ its buffers taken before any step measures the memory left.
 Every group gets the world's collective timeout (`world_timeout`): `new_group` without one
 falls back to torch's defaults (30 minutes under gloo, 10 under NCCL), so a dead peer in a
 sequence-parallel all-to-all would hang for that long whatever `--timeout` said.
+
+`gradients` is one more group of the whole world, for the gradient buckets alone
+(`grad_sync.py`): their collectives are issued from backward hooks, at times that differ from
+rank to rank, so they must not share a communicator with any exchange (a group spanning the
+world is `WORLD`) or barrier, whose order the plan fixes.
 """
 from __future__ import annotations
 
@@ -60,6 +65,8 @@ class ProcessGroups:
         self._groups: dict[tuple[int, int], ProcessGroup] = {}
         self._strided: dict[tuple[int, int, int], ProcessGroup] = {}
         """(first rank, stride u, c) -> the CP group of those c ranks."""
+        self.gradients: ProcessGroup = dist.new_group(list(range(self.world_size)), timeout=timeout)
+        """The whole world, for the gradient sync's bucket collectives only."""
         degree = 2
         while degree <= self.world_size:
             # Same loops, same order on every rank: new_group's collective contract.

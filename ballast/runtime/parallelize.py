@@ -12,7 +12,8 @@ torchtitan's order, for a model built the same way on every rank:
     4. the weights: every rank starts from rank 0's (one broadcast), replicated or then sharded
        with FSDP2 (`fsdp.py`);
     5. AdamW over the parameters, its state sharded over the world with ZeRO-1 or not (FSDP2
-       shards it with the parameters);
+       shards it with the parameters), and for replicated weights the bucketed gradient sync
+       (`grad_sync.py`; FSDP2 reduces its own);
     6. the `Executor` that runs plans with all of it.
 
 Train, verify, profile, check and bench all build their executor here.
@@ -29,13 +30,15 @@ from ..models.protocol import ParallelModel
 from .attention import sequence_parallel_attention
 from .executor import Executor
 from .fsdp import is_sharded, shard_model
+from .grad_sync import BUCKET_BYTES, GradSync, zero1_owners
 from .groups import ProcessGroups
 from .routing import NodeNics, RoutingGroups, routing_groups
 
 
 def parallelize(model: ParallelModel, cluster: Cluster, *, groups: ProcessGroups | None = None,
                 routing: RoutingGroups | None = None, fsdp: bool = False, zero1: bool = False,
-                precision: Precision = Precision.AUTO, measure_activations: bool = False, **adamw: float) -> Executor:
+                precision: Precision = Precision.AUTO, bucket_bytes: int = BUCKET_BYTES,
+                measure_activations: bool = False, **adamw: float) -> Executor:
     """The executor that runs plans of `cluster` with `model` on this rank (a collective: every
     rank of the job calls it with a model built alike).
 
@@ -44,8 +47,10 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, groups: ProcessGroups
     None and the cluster has two or more nodes, `routing.routing_groups`; share them likewise).
     fsdp / zero1: shard parameters, gradients and optimizer state (FSDP2), or the optimizer
     state only (ZeRO-1); at most one. precision: `Precision.AUTO` (bf16 autocast on CUDA, fp32
-    elsewhere), `BF16` or `FP32`. measure_activations: record the bytes each micro-batch saves
-    for backward. adamw: AdamW's keyword arguments (lr, betas, weight_decay, ...).
+    elsewhere), `BF16` or `FP32`; under bf16 FSDP2 gathers the parameters in bf16.
+    bucket_bytes: the gradient sync's bucket size (`grad_sync.BUCKET_BYTES`; not under FSDP2).
+    measure_activations: record the bytes each micro-batch saves for backward. adamw: AdamW's
+    keyword arguments (lr, betas, weight_decay, ...).
     """
     world = dist.get_world_size()
     cluster.check_world_size(world)
@@ -56,14 +61,21 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, groups: ProcessGroups
     if routing is not None and routing.nics != NodeNics.of(cluster):
         raise ValueError(f"routing groups for {routing.nics} do not match cluster {cluster.name!r}'s nodes, "
                          f"{NodeNics.of(cluster)}")
+    if bucket_bytes < 1:
+        raise ValueError(f"the gradient bucket size must be >= 1 byte, got {bucket_bytes}")
     groups = groups or ProcessGroups()
     routing = routing or routing_groups(cluster)
     model.install_attention(sequence_parallel_attention)
     if not is_sharded(model):
         broadcast_weights(model)
         if fsdp:
-            shard_model(model)
-    return Executor(model, make_optimizer(model, zero1, **adamw), cluster, groups, routing,
+            shard_model(model, bf16=precision.autocast(next(model.parameters()).device.type))
+    optimizer = make_optimizer(model, zero1, **adamw)
+    sync = None
+    if not is_sharded(model):
+        params = [p for p in model.parameters() if p.requires_grad]
+        sync = GradSync(params, groups.gradients, bucket_bytes, zero1_owners(optimizer, params) if zero1 else None)
+    return Executor(model, optimizer, cluster, groups, routing, sync=sync,
                     measure_activations=measure_activations, precision=precision)
 
 

@@ -19,7 +19,8 @@ from ..planners import PlannerOptions, parse_planner_names
 from ..plans.gantt import gantt
 from .table import planner_table
 from ..vocabulary.model_shape import get_model_shape
-from ..command_line.options import CLUSTER, COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, WORLD, positive
+from ..command_line.options import (CLUSTER, COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, ROUTING, SEED,
+                                    WORLD, OnOff, positive)
 from ..command_line.output_paths import check_output_file
 from ..vocabulary.samples import tokens
 from ..vocabulary.sharding import Sharding
@@ -43,20 +44,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="sequences per step (512 when neither this nor --tokens-per-step is given)")
     size.add_argument("--tokens-per-step", type=positive(int), default=None, help="token budget per step")
     p.add_argument("--overlong", choices=("split", "drop", "error"), default="split",
-                   help="what to do with sequences longer than --max-len")
+                   help=f"what to do with sequences longer than --max-len: split into chunks of it (a sequence "
+                        f"of more than {LengthStream.MAX_SPLIT_CHUNKS} chunks is an error), drop, or stop with an error")
     p.add_argument("--steps", type=positive(int), default=20)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--planners", default="all", help="comma-separated planner names, or all")
     DEGREE.add(p, None, "the least that holds --max-len")
     CP.add(p, None, "Ulysses alone")
     p.add_argument("--time-limit", type=positive(float), default=d.time_limit, help="seconds per MILP solve (flexsp)")
     p.add_argument("--buckets", type=positive(int), default=d.buckets, help="length buckets of flexsp's DP bucketing")
     p.add_argument("--dcp-mode", choices=("inter", "intra", "both"), default=d.dcp_mode)
-    p.add_argument("--zeppelin-remap", choices=("on", "off"), default="on" if d.remap else "off",
-                   help="zeppelin: model its remapping layer (default), or plan without it")
-    p.add_argument("--routing", choices=("on", "off"), default="on" if d.routing else "off",
-                   help="route inter-node all-to-alls over every NIC of the node (Zeppelin's routing layer): "
-                        "zeppelin in every wave that has one, ballast where that is faster (default); off: never")
+    p.add_argument("--zeppelin-remap", action=OnOff, default=d.remap,
+                   help="zeppelin: model its remapping layer (default), or plan without it (--no-zeppelin-remap)")
+    ROUTING.add(p, d.routing)
     p.add_argument("--sharding", type=Sharding.parse, default=None, metavar="MODE",
                    help="how ranks hold the model's state, which the memory model prices: replicated, zero1 or fsdp "
                         "(default: fsdp on GPU clusters, replicated on cpu: vocabulary/sharding.default_sharding says why)")
@@ -74,7 +74,7 @@ def planner_options(args: argparse.Namespace) -> PlannerOptions:
     flags read them here too)."""
     return PlannerOptions(max_len=args.max_len, degree=args.degree, cp=args.cp, seed=args.seed,
                           time_limit=args.time_limit, buckets=args.buckets, dcp_mode=args.dcp_mode,
-                          remap=args.zeppelin_remap == "on", routing=args.routing == "on", lockstep=args.lockstep)
+                          remap=args.zeppelin_remap, routing=args.routing, lockstep=args.lockstep)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,13 +85,14 @@ def run(args: argparse.Namespace) -> int:
     shape = get_model_shape(args.model)
     cost = get_cost_model(args.cost, shape, cluster, args.device_memory_gb, args.sharding)
     names = parse_planner_names(args.planners)
+    options = planner_options(args)
+    options.check_read(names, unset=PlannerOptions())
     if args.batch is None and args.tokens_per_step is None:
         args.batch = 512
     spec = BatchSpec(batch=args.batch, tokens_per_step=args.tokens_per_step, max_len=args.max_len,
                      overlong=args.overlong)
     lengths_stream = LengthStream(get_length_source(args.lengths, shape.video_geometry), spec, seed=args.seed)
     batches = [lengths_stream.next_batch() for _ in range(args.steps)]
-    options = planner_options(args)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("planning", total=len(names) * len(batches))
         lower, results = simulate_planners(batches, names, cluster, cost, options,
@@ -105,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
                "model": shape.name, "attention": shape.attention, "as_lengths": args.as_lengths,
                "cost": cost.source, "sharding": cost.device.sharding.value, "max_len": args.max_len, "batch": args.batch,
                "tokens_per_step": args.tokens_per_step, "overlong": args.overlong, "seed": args.seed,
-               "dcp_mode": args.dcp_mode, "zeppelin_remap": args.zeppelin_remap, "routing": args.routing, "lockstep": args.lockstep,
+               "dcp_mode": args.dcp_mode, "zeppelin_remap": _on_off(args.zeppelin_remap), "routing": _on_off(args.routing),
+               "lockstep": args.lockstep,
                "data": lengths_stream.report(),
                "mean_tokens_per_step": sum(tokens(x) for b in batches for x in b) / len(batches)}
     title = (f"{args.lengths} on {cluster.name} ({cluster.world_size} devices), {shape.name} "
@@ -126,3 +128,8 @@ def run(args: argparse.Namespace) -> int:
         gantt({n: r.first_plan for n, r in results.items()}, cost, cluster.world_size, args.gantt)
         console.print(f"wrote {args.gantt}")
     return 0
+
+
+def _on_off(switch: bool) -> str:
+    """A switch as the JSON's setting has always said it."""
+    return "on" if switch else "off"

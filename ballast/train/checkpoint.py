@@ -63,11 +63,12 @@ def _name(step: int) -> str:
 
 
 def committed(root: Path) -> list[Path]:
-    """Committed checkpoints under `root`, oldest first."""
+    """Committed checkpoints under `root`, oldest first: every `step-NNNNNNNN` folder, whole or
+    not. Only a finished save renames its folder to that name, so one that lacks a file
+    (meta.json too) is a damaged checkpoint, for `check` to find, never "no checkpoint"."""
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)
-             and p.name[len(PREFIX):].isdigit() and (p / META).is_file()]
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit()]
     return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
 
 
@@ -149,6 +150,9 @@ def read_meta(path: Path) -> dict:
     """meta.json of a committed checkpoint: step, data position, planner state, world, config."""
     try:
         meta = read_json(path / META, "checkpoint file")
+    except FileNotFoundError:
+        raise Damaged(f"checkpoint {path}: {META} is missing (the step, the data's position and the "
+                      f"planner's state)") from None
     except OSError as e:
         raise Damaged(f"checkpoint {path}: cannot read {META}: {e.strerror}") from None
     except ValueError as e:

@@ -28,10 +28,11 @@ def run(args: argparse.Namespace) -> int:
 
 def print_summary(summary: dict) -> None:
     console = Console(highlight=False, soft_wrap=True)
-    attempts = summary["attempts"]
-    console.print(f"[bold]trained {summary['steps']} steps[/bold] with the {summary['planner']} planner on "
-                  f"{summary['world']} ranks ({attempts} attempt{'s' * (attempts != 1)}): "
-                  f"{summary['tokens']:,} tokens")
+    attempts, by_planner = summary["attempts"], summary["steps_by_planner"]
+    planners = (f"the {next(iter(by_planner))} planner" if len(by_planner) == 1 else
+                "planners " + ", ".join(f"{name} ({steps})" for name, steps in by_planner.items()))
+    console.print(f"[bold]trained {summary['steps']} steps[/bold] with {planners} on {summary['world']} ranks "
+                  f"({attempts} attempt{'s' * (attempts != 1)}): {summary['tokens']:,} tokens")
     console.print(f"  throughput  {summary['tokens_per_s']:,.0f} tokens/s, {summary['step_time_s']:.3f} s per "
                   f"step (cost model, {summary['cost_model']}: {summary['predicted_step_time_s']:.3f} s)")
     console.print(f"  idle        {summary['idle_fraction']:.1%} of rank time waiting for other groups")

@@ -22,13 +22,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..command_line.options import SHARED, check_timeout
+from ..command_line.options import SEED, SHARED, TIMEOUT
 from ..planners.base import SHORT_SOLVES
 from ..vocabulary.precision import Precision
+from ..vocabulary.value_checks import Numbers, at_least, positive
 
 
 def _flag(name: str) -> Any:
     return {"flag": name}
+
+
+def _in(numbers: Numbers) -> Any:
+    """A numeric field's range (a shared flag's is its `options.SHARED` type)."""
+    return {"range": numbers}
 
 
 @dataclass
@@ -54,7 +60,7 @@ class DataConfig:
     """Where tokenised corpora are cached; default: the data pipeline's own."""
     skip_bad: bool = False
     """Skip (and count) unreadable documents instead of stopping at the first."""
-    tokens_per_step: int = 8192
+    tokens_per_step: int = field(default=8192, metadata=_in(positive(int)))
     """Token budget of one optimizer step (the global batch)."""
     max_len: int = 1024
     """The longest sample (`options.MAX_LEN`): longer documents are cut into chunks of it; a longer
@@ -80,9 +86,9 @@ class PlannerConfig:
     nodes: int | None = None
     """The nodes the ranks form (`options.NODES`); unset: the cluster's own (cpu: one node). A
     cpu run of 4 ranks as 2 nodes trains with routed waves where the planner routes."""
-    routing: bool = SHORT_SOLVES.routing
-    """Route inter-node all-to-alls over every NIC of the node where the planner's rule says so
-    (zeppelin: every wave that crosses nodes; ballast: where that is faster); --no-routing: never."""
+    routing: bool = field(default=SHORT_SOLVES.routing, metadata=_flag("--routing"))
+    """The planner's routing of inter-node all-to-alls (`options.ROUTING`); a run of ranks on one
+    node has none to route."""
     device_memory_gb: float | None = None
     """The budget per rank plans must fit (`options.DEVICE_MEMORY`); unset: the cluster's own (cpu: 4)
     or the profile's."""
@@ -92,26 +98,29 @@ class PlannerConfig:
     """The SP degree of fixed-degree planners (`options.DEGREE`); unset: the least that holds --max-len."""
     cp: int | None = None
     """static's context-parallel part (`options.CP`), dividing --degree; unset: Ulysses alone."""
-    time_limit: float = SHORT_SOLVES.time_limit
+    time_limit: float = field(default=SHORT_SOLVES.time_limit, metadata=_in(positive(float)))
     """Seconds per MILP solve (flexsp)."""
+
+
+MOMENT_DECAY = Numbers(float, 0, high=1, high_open=True, why="AdamW's moment decay")
 
 
 @dataclass
 class OptimizerConfig:
-    lr: float = 3e-3
+    lr: float = field(default=3e-3, metadata=_in(positive(float)))
     """Peak learning rate of AdamW."""
-    min_lr: float | None = None
+    min_lr: float | None = field(default=None, metadata=_in(at_least(float, 0)))
     """Learning rate the cosine decay after warm-up ends at, at most --lr; default --lr / 10."""
-    warmup_steps: int = 10
+    warmup_steps: int = field(default=10, metadata=_in(at_least(int, 0)))
     """Steps of linear warm-up from 0 to --lr."""
-    decay_steps: int | None = None
+    decay_steps: int | None = field(default=None, metadata=_in(positive(int)))
     """Step at which the cosine decay reaches --min-lr; default --steps. Fix it to lengthen a
     run (a larger --steps on resume) without changing its schedule."""
-    weight_decay: float = 0.1
+    weight_decay: float = field(default=0.1, metadata=_in(at_least(float, 0)))
     """AdamW's decoupled weight decay."""
-    beta1: float = 0.9
+    beta1: float = field(default=0.9, metadata=_in(MOMENT_DECAY))
     """AdamW's first-moment decay."""
-    beta2: float = 0.95
+    beta2: float = field(default=0.95, metadata=_in(MOMENT_DECAY))
     """AdamW's second-moment decay."""
     skip_nonfinite: bool = False
     """Skip a step whose loss or gradient norm is not finite (the weights and AdamW's state stay as
@@ -122,6 +131,14 @@ class OptimizerConfig:
     fsdp: bool = False
     """Shard parameters, gradients and AdamW's state over the ranks with FSDP2 (ZeRO-3); the
     planner then makes lockstep plans (every group of a wave runs as many micro-batches)."""
+    bucket_mb: float = field(default=25.0, metadata=_in(at_least(float, 2**-20, "a bucket holds at least a byte")))
+    """Size in MiB of the gradient buckets summed over the ranks while backward runs (PyTorch
+    DDP's default; not under --fsdp, which reduces per block): smaller ones start earlier in
+    backward, larger ones pay the collectives' latency less often."""
+
+    @property
+    def bucket_bytes(self) -> int:
+        return int(self.bucket_mb * 2**20)
 
     @property
     def final_lr(self) -> float:
@@ -131,9 +148,9 @@ class OptimizerConfig:
 
 @dataclass
 class RunConfig:
-    steps: int = 100
+    steps: int = field(default=100, metadata=_in(positive(int)))
     """Optimizer steps of the whole run (a resumed run continues up to this many)."""
-    seed: int = 0
+    seed: int = field(default=0, metadata=_in(SEED))
     """Seeds the model's initial weights and the data order."""
     world: int | None = None
     """The run's ranks (`options.WORLD`): spawned locally (2 when unset), or under torchrun its
@@ -141,12 +158,12 @@ class RunConfig:
     out_dir: str = "runs/train"
     """Run folder: config.toml, metrics.jsonl, checkpoints/, report/, and for an hf:PATH model
     hf-model/ (the trained model as a Hugging Face folder)."""
-    log_interval: int = 10
+    log_interval: int = field(default=10, metadata=_in(positive(int)))
     """Steps between log lines when the output is not a terminal (a progress bar otherwise)."""
     precision: Precision = field(default=Precision.AUTO, metadata=_flag("--precision"))
     """The forward's precision (`options.PRECISION`): auto is what the cost model's presets price
     (bf16 on GPUs, fp32 on the cpu cluster)."""
-    timeout: float = 300.0
+    timeout: float = field(default=300.0, metadata=_in(TIMEOUT))
     """Seconds a collective may wait for a peer before the job fails (a dead rank ends in an error);
     at least 30: the ranks meet in the store with it while they start (importing torch takes
     seconds, more on a busy machine), and a step's collectives wait for its slowest group."""
@@ -156,9 +173,9 @@ class RunConfig:
 class CheckpointConfig:
     checkpoint_dir: str | None = None
     """Checkpoint folder (shared by all nodes); default: OUT_DIR/checkpoints."""
-    checkpoint_interval: int = 50
+    checkpoint_interval: int = field(default=50, metadata=_in(at_least(int, 0)))
     """Steps between checkpoints; the last step is always saved. 0: only the last."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = field(default=2, metadata=_in(positive(int)))
     """How many of the newest checkpoints to keep."""
     resume: bool = True
     """Continue from the newest checkpoint in the checkpoint folder if there is one."""
@@ -178,37 +195,18 @@ class TrainConfig:
         for section in dataclasses.fields(self):
             values = getattr(self, section.name)
             for f in dataclasses.fields(values):
-                value = getattr(values, f.name)
-                if isinstance(value, float) and not math.isfinite(value):
-                    raise ValueError(f"{_flag_of(f)} must be a finite number, got {value}")
-        positive = {"--tokens-per-step": self.data.tokens_per_step, "--max-len": self.data.max_len,
-                    "--steps": self.run.steps, "--log-interval": self.run.log_interval,
-                    "--keep-checkpoints": self.checkpoint.keep_checkpoints,
-                    "--lr": self.optimizer.lr, "--device-memory-gb": self.planner.device_memory_gb,
-                    "--time-limit": self.planner.time_limit}
-        for flag, value in positive.items():
-            if value is not None and value <= 0:
-                raise ValueError(f"{flag} must be positive, got {value}")
-        for flag, value in {"--world": self.run.world, "--decay-steps": self.optimizer.decay_steps,
-                            "--degree": self.planner.degree, "--cp": self.planner.cp,
-                            "--nodes": self.planner.nodes}.items():
-            if value is not None and value < 1:
-                raise ValueError(f"{flag} must be >= 1, got {value}")
-        for flag, value in {"--checkpoint-interval": self.checkpoint.checkpoint_interval,
-                            "--warmup-steps": self.optimizer.warmup_steps,
-                            "--min-lr": self.optimizer.final_lr}.items():
-            if value < 0:
-                raise ValueError(f"{flag} must be >= 0, got {value}")
+                value, numbers = getattr(values, f.name), _range(f)
+                if numbers is not None and value is not None:
+                    numbers.check(flag_of(f), value)
         opt = self.optimizer
-        for flag, value in {"--beta1": opt.beta1, "--beta2": opt.beta2}.items():
-            if not 0 <= value < 1:
-                raise ValueError(f"{flag} must be in [0, 1) (AdamW's moment decay), got {value}")
-        if opt.weight_decay < 0:
-            raise ValueError(f"--weight-decay must be >= 0, got {opt.weight_decay}")
         if opt.final_lr > opt.lr:
             raise ValueError(f"--min-lr {opt.final_lr:g} is above --lr {opt.lr:g}: the cosine decay would raise "
                              f"the rate; give a --min-lr of at most --lr")
-        check_timeout(self.run.timeout)
+        if opt.decay_steps is not None and 0 < opt.warmup_steps >= opt.decay_steps:
+            raise ValueError(f"--decay-steps {opt.decay_steps} is not after the warm-up's end (--warmup-steps "
+                             f"{opt.warmup_steps}): the rate would warm up and then drop to --min-lr "
+                             f"{opt.final_lr:g} at once, with no decay; give a --decay-steps above "
+                             f"{opt.warmup_steps}, or fewer --warmup-steps")
         path = self.checkpoint_path
         if path.exists() and not path.is_dir():
             raise ValueError(f"the checkpoint folder {path} (--checkpoint-dir, default OUT_DIR/checkpoints) is a "
@@ -218,6 +216,17 @@ class TrainConfig:
         if self.data.max_len > self.data.tokens_per_step:
             raise ValueError(f"--max-len {self.data.max_len} exceeds --tokens-per-step "
                              f"{self.data.tokens_per_step}: a step could not hold its longest sequence")
+
+    def warnings(self) -> list[str]:
+        """What the run will do that its settings may not mean it to (it still runs)."""
+        opt, steps = self.optimizer, self.run.steps
+        if opt.warmup_steps < steps:
+            return []
+        peak = steps / opt.warmup_steps
+        return [f"the run's {steps} step(s) end inside the {opt.warmup_steps}-step warm-up (--warmup-steps): the "
+                f"rate rises to {peak:.0%} of --lr {opt.lr:g} and never decays (to --min-lr {opt.final_lr:g}"
+                f"{'' if opt.decay_steps is None else f' at --decay-steps {opt.decay_steps}'}); give fewer "
+                f"--warmup-steps or more --steps"]
 
     @property
     def checkpoint_path(self) -> Path:
@@ -259,8 +268,14 @@ def _scalar_type(cls: type, name: str) -> type:
     return args[0] if args else hint
 
 
-def _flag_of(f: dataclasses.Field) -> str:
+def flag_of(f: dataclasses.Field) -> str:
     return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+
+
+def _range(f: dataclasses.Field) -> Numbers | None:
+    """The values a numeric field takes (its own, or its shared flag's); None for the others."""
+    shared = SHARED.get(flag_of(f))
+    return f.metadata.get("range") or (shared.type if isinstance(shared and shared.type, Numbers) else None)
 
 
 def _coerce(value: Any, kind: type, where: str) -> Any:
@@ -312,17 +327,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         docs = field_docs(cls)
         for f in dataclasses.fields(cls):
             kind = _scalar_type(cls, f.name)
-            flag = _flag_of(f)
+            flag = flag_of(f)
             # A flag other commands share keeps their meaning; its field's docstring says why
             # train's default suits a run.
-            text = SHARED[flag].help(f.default, docs[f.name]) if flag in SHARED else f"{docs[f.name]} (default: {f.default})"
-            common = {"dest": f"{section}.{f.name}", "default": argparse.SUPPRESS, "help": text}
+            dest = f"{section}.{f.name}"
+            if flag in SHARED:
+                SHARED[flag].add(group, f.default, docs[f.name], when_absent=argparse.SUPPRESS, dest=dest)
+                continue
+            common = {"dest": dest, "default": argparse.SUPPRESS}
             if kind is bool:
-                group.add_argument(flag, action=argparse.BooleanOptionalAction, **common)
+                group.add_argument(flag, action=argparse.BooleanOptionalAction,
+                                   help=f"{docs[f.name]} (default: {f.default})", **common)
             elif issubclass(kind, enum.Enum):  # a shared option's value type: its own parser
                 group.add_argument(flag, type=SHARED[flag].type, metavar=SHARED[flag].metavar, **common)
             else:
-                group.add_argument(flag, type=kind, metavar={int: "N", float: "X"}.get(kind, "TEXT"), **common)
+                group.add_argument(flag, type=_range(f) or kind, metavar={int: "N", float: "X"}.get(kind, "TEXT"),
+                                   help=f"{docs[f.name]} (default: {f.default})", **common)
 
 
 def from_args(args: argparse.Namespace) -> TrainConfig:

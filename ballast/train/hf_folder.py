@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from ..dataset import check_vocab, load_tokenizer
 from ..vocabulary.model_shape import ModelShape
+from ..models.hf import progress_bars
 
 HF_MODEL_DIR = "hf-model"
 """The trained model's Hugging Face folder, under --out-dir."""
@@ -95,7 +96,7 @@ def save_hf_model(model: torch.nn.Module, shape: ModelShape, tokenizer: str, out
     final, tmp = out / HF_MODEL_DIR, out / f".tmp-{HF_MODEL_DIR}"
     shutil.rmtree(tmp, ignore_errors=True)  # left by a crash
     tmp.mkdir(parents=True)
-    with _no_progress_bars():  # save_pretrained pops from the dict it is given: it is ours
+    with progress_bars(shown=False):  # save_pretrained draws one per shard, and pops from the dict: ours
         model.hf.save_pretrained(tmp, state_dict=weights)
     note = _copy_tokenizer(shape, tokenizer, tmp)
     (tmp / "ballast.json").write_text(json.dumps(
@@ -125,18 +126,3 @@ def _copy_tokenizer(shape: ModelShape, tokenizer: str, into: Path) -> str:
         return f"the model folder's tokenizer files: {', '.join(copied)}"
     shutil.copy2(given, into / TOKENIZER_JSON)
     return f"{TOKENIZER_JSON} is {given} (--tokenizer), which the model trained with"
-
-
-class _no_progress_bars:
-    """transformers' progress bars off for the block (save_pretrained draws one per shard)."""
-
-    def __enter__(self) -> None:
-        from transformers.utils import logging
-
-        self._logging = logging
-        self._was = logging.is_progress_bar_enabled()
-        logging.disable_progress_bar()
-
-    def __exit__(self, *_: object) -> None:
-        if self._was:
-            self._logging.enable_progress_bar()

@@ -31,7 +31,7 @@ from ..vocabulary.sharding import Sharding
 from ..dataset import (BatchStream, ClipStream, build_corpus, check_data_kind, check_vocab, is_video_data,
                        open_clip_stream)
 from ..models import build_model, check_buildable
-from ..plans.plan import Plan
+from ..plans.plan import Plan, splits_used
 from ..planners import Planner, PlannerOptions, get_planner
 from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize
 from ..vocabulary.model_shape import ModelShape, get_model_shape
@@ -40,7 +40,8 @@ from . import checkpoint
 from .hf_folder import check_tokenizer, resolve_tokenizer, save_hf_model
 from .ahead import Lookahead, StepInput
 from .config import OptimizerConfig, TrainConfig
-from .nonfinite import nonfinite_step
+from .nonfinite import nonfinite_step, nothing_trained
+from .resume import checkpoint_to_resume, say_what_changed
 from .metrics import MetricsLog, ProgressDisplay, StepRecord, final_history, layout_of, summarise
 from .plots import write_report
 from ..planners.fits import check_fits
@@ -104,10 +105,16 @@ def open_data(config: TrainConfig, setup: Setup, progress: bool) -> tuple[BatchS
     return BatchStream(corpus, data.tokens_per_step, data.max_len, seed), corpus.describe()
 
 
+def planner_options(config: TrainConfig) -> PlannerOptions:
+    return PlannerOptions(max_len=config.data.max_len, degree=config.planner.degree, cp=config.planner.cp,
+                          seed=config.run.seed, time_limit=config.planner.time_limit,
+                          routing=config.planner.routing, lockstep=config.optimizer.fsdp)
+
+
 def make_planner(config: TrainConfig, setup: Setup) -> Planner:
-    options = PlannerOptions(max_len=config.data.max_len, degree=config.planner.degree, cp=config.planner.cp,
-                             seed=config.run.seed, time_limit=config.planner.time_limit,
-                             routing=config.planner.routing, lockstep=config.optimizer.fsdp)
+    """The run's planner; an option it would ignore (--cp with ballast) is refused."""
+    options = planner_options(config)
+    options.check_read([config.planner.planner], unset=planner_options(TrainConfig()))
     return get_planner(config.planner.planner, setup.cluster, setup.cost, options)
 
 
@@ -131,11 +138,12 @@ def train(config: TrainConfig) -> dict | None:
 
     # Data, planner and the checkpoint to resume from are rank 0's; the others learn only
     # whether that worked and where to resume.
-    data, resume = from_rank0(lambda: _prepare_data(config, setup, console))
+    data, resume = from_rank0(lambda: _prepare_data(config, setup, world, console))
 
     model = build_model(setup.shape, config.run.seed).to(device)
     opt = config.optimizer
     executor = parallelize(model, setup.cluster, fsdp=opt.fsdp, zero1=opt.zero1, precision=config.run.precision,
+                           bucket_bytes=opt.bucket_bytes,
                            lr=opt.lr, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay)
     optimizer = executor.optimizer
     start = 0
@@ -153,6 +161,7 @@ def train(config: TrainConfig) -> dict | None:
         progress = ProgressDisplay(console, start, steps, config.run.log_interval)
         plans: dict[int, Plan] = {}
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    applied = 0  # steps whose optimizer step ran (every rank sees the same)
     try:
         for step in range(start, steps):
             _inject_fault(model, step, rank, attempt)
@@ -163,6 +172,7 @@ def train(config: TrainConfig) -> dict | None:
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, steps, opt)
             result = executor.step(plan, samples)
+            applied += result.applied
             if not result.applied:
                 nonfinite_step(step, steps, result, item, lookahead.stream if rank == 0 else None,
                                opt.skip_nonfinite, console)
@@ -185,6 +195,7 @@ def train(config: TrainConfig) -> dict | None:
         if rank == 0:
             lookahead.close()
             progress.close()
+    nothing_trained(start, steps, applied, rank)
     hf_model = None  # collective: the parameters are gathered to rank 0, which writes the folder
     if setup.shape.hf_folder is not None:
         hf_model = save_hf_model(model, setup.shape, setup.tokenizer, out,
@@ -231,18 +242,14 @@ def from_rank0(prepare: Callable[[], tuple[T, Any]]) -> tuple[T | None, Any]:
     return private, shared
 
 
-def _prepare_data(config: TrainConfig, setup: Setup, console: Console
+def _prepare_data(config: TrainConfig, setup: Setup, world: int, console: Console
                   ) -> tuple[tuple[BatchStream | ClipStream, Planner], str | None]:
     """Rank 0's ((stream, planner), checkpoint to resume from), both at the resumed position."""
-    resume = _checkpoint_to_resume(config, console)
+    resume = checkpoint_to_resume(config, console)
     meta = None if resume is None else checkpoint.read_meta(Path(resume))
     if meta is not None:  # another model fails here, before anything of the checkpoint is used
         checkpoint.check_same_model(Path(resume), meta, setup.shape)
-        saved = meta["data"].get("tokens_per_step")
-        if saved != config.data.tokens_per_step:
-            console.print(f"[yellow]warning:[/yellow] resuming {resume} with --tokens-per-step "
-                          f"{config.data.tokens_per_step}; it was saved with {saved}: the steps from "
-                          f"{meta['step']} on draw batches of the new size", highlight=False)
+        say_what_changed(Path(resume), meta, config, world, console)
     stream, described = open_data(config, setup, progress=True)
     planner = make_planner(config, setup)
     if meta is not None:  # a position of other data or another seed fails here, on every rank
@@ -251,26 +258,6 @@ def _prepare_data(config: TrainConfig, setup: Setup, console: Console
     console.print(described, highlight=False)
     console.print(setup.describe(), highlight=False)
     return (stream, planner), resume
-
-
-def _checkpoint_to_resume(config: TrainConfig, console: Console) -> str | None:
-    """The checkpoint to resume from, said in the log's first line either way (resuming is the
-    default): the newest one that checks out, damaged newer ones skipped with a warning."""
-    root = config.checkpoint_path
-    if not config.checkpoint.resume:
-        found = checkpoint.latest(root)
-        if found is not None:
-            raise ValueError(f"{root} holds checkpoints (newest {found.name}) and --no-resume was given: "
-                             f"remove them or choose another --checkpoint-dir")
-        console.print(f"starting fresh (--no-resume): checkpoints go to {root}", highlight=False)
-        return None
-    found = checkpoint.resumable(root, warn=lambda message: console.print(
-        f"[yellow]warning:[/yellow] {message}", highlight=False))
-    if found is None:
-        console.print(f"starting fresh: no checkpoint in {root}", highlight=False)
-        return None
-    console.print(f"resuming from {found} (--no-resume starts fresh instead)", highlight=False)
-    return str(found)
 
 
 def _next_input(lookahead: Lookahead, step: int) -> tuple[StepInput | None, Exception | None]:
@@ -317,12 +304,12 @@ def _record(step: int, attempt: int, item: StepInput, result: StepResult,
             idle: tuple[float, list[float]], seconds: float, waited: float, lr: float) -> StepRecord:
     plan = item.plan
     return StepRecord(
-        step=step, attempt=attempt, loss=result.loss, grad_norm=result.grad_norm, skipped=not result.applied,
+        step=step, attempt=attempt, planner=plan.planner, loss=result.loss, grad_norm=result.grad_norm, skipped=not result.applied,
         lr=lr, tokens=plan.tokens,
         sample_ids=item.batch.sample_ids, lengths=item.batch.lengths, epoch=item.batch.epoch,
         step_time=seconds, tokens_per_s=plan.tokens / seconds, predicted_step_time=item.predicted_seconds,
         idle_fraction=idle[0], rank_idle=idle[1], waves=len(plan.waves),
         micro_batches=plan.busy_micro_batches(), degrees=plan.degrees_used(),
-        context_parts=plan.context_parts_used(),
+        context_parts=plan.context_parts_used(), splits=splits_used([plan]),
         recomputed=plan.recomputed_fraction(), layout=layout_of(plan),
         plan_ms=1e3 * item.plan_seconds, plan_wait_ms=1e3 * waited)

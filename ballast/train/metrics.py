@@ -43,6 +43,8 @@ class StepRecord:
     step: int
     attempt: int
     """torchrun's restart count (0 on the first attempt and outside torchrun)."""
+    planner: str
+    """The planner that laid the step out (a resumed run may use another than its checkpoint's)."""
     loss: float
     """Mean per-token loss of the global batch."""
     grad_norm: float
@@ -71,6 +73,8 @@ class StepRecord:
     """SP degrees the plan used."""
     context_parts: list[int]
     """CP parts of its groups (`Group.cp`; 1: Ulysses alone), so a run shows when it used context parallelism."""
+    splits: list[str]
+    """Its groups' degrees as u x c ("1x2"; a degree alone for Ulysses alone), as the log prints them."""
     recomputed: float
     """Token-weighted mean fraction of layers recomputed in backward."""
     layout: str
@@ -127,6 +131,7 @@ def summarise(history: list[dict]) -> dict:
         "attempts": max(r["attempt"] for r in history) + 1,
         "skipped_steps": sum(bool(r.get("skipped")) for r in history),
         "layouts": dict(Counter(r.get("layout", UNRECORDED) for r in history).most_common()),
+        "steps_by_planner": dict(Counter(r.get("planner", "unrecorded") for r in history)),
     }
 
 

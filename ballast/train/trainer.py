@@ -13,6 +13,8 @@ import math
 import os
 from datetime import timedelta
 
+from rich.console import Console
+
 from ..command_line.output_paths import check_output_folder
 from ..runtime import under_torchrun
 from .config import TrainConfig
@@ -30,8 +32,11 @@ class Trainer:
     def fit(self) -> dict | None:
         """Train to `config.run.steps` (resuming from the newest checkpoint unless told not to).
         Returns the run's summary (tokens/s, idle, loss, report paths) on rank 0, None elsewhere."""
-        if int(os.environ.get("RANK", "0")) == 0:  # the process that writes the run folder
+        if int(os.environ.get("RANK", "0")) == 0:  # the process that writes the run folder and the log
             check_output_folder(self.config.run.out_dir, "--out-dir")
+            console = Console(soft_wrap=True, highlight=False)
+            for warning in self.config.warnings():
+                console.print(f"[yellow]warning:[/yellow] {warning}")
         return self._fit_torchrun() if under_torchrun() else self._fit_local()
 
     def _fit_torchrun(self) -> dict | None:

@@ -32,11 +32,13 @@ import argparse
 import dataclasses
 
 from ..vocabulary.cluster import Cluster, get_cluster
-from ..command_line.options import DEVICE_MEMORY, MAX_LEN, MODEL, NODES, PRECISION, WORLD, check_timeout
+from ..command_line.options import (CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, PRECISION, ROUTING, SEED,
+                                    TIMEOUT, WORLD)
+from ..vocabulary.value_checks import at_least, positive
 from ..pricing.cost import CostModel
 from ..pricing.cost_sources import analytic_cost
 from ..vocabulary.model_shape import ModelShape, get_model_shape
-from ..plans.plan import Plan
+from ..plans.plan import Plan, splits_used
 from ..models import check_buildable
 from ..vocabulary.layouts import ANY_SPLIT
 from ..vocabulary.precision import Precision
@@ -81,22 +83,27 @@ def routed(plan: Plan) -> Plan:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     WORLD.add(parser, 2, "the smallest world with sequence parallelism")
     NODES.add(parser, 1, "one node; 2 or more emulate nodes of --world / N ranks, whose inter-node exchanges "
-                         "--routed sends over every NIC")
-    parser.add_argument("--routed", action="store_true",
+                         "--routing and --route-every-wave send over every NIC")
+    ROUTING.add(parser, True, "the planners route as they would in a run")
+    parser.add_argument("--route-every-wave", action="store_true",
                         help="mark every wave of every planner's plans routed (Wave.routed: inter-node "
                              "all-to-alls over every NIC of the node), so they all run the routing layer; "
                              "needs --nodes 2 or more")
+    parser.add_argument("--routed", dest="route_every_wave", action="store_true",
+                        help=argparse.SUPPRESS)  # the older spelling of --route-every-wave
     parser.add_argument("--planners", default="all", help="`all` or a comma-separated list")
     MODEL.add(parser, "tiny", "verifies every planner on this machine's CPU ranks in seconds")
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per planner")
-    parser.add_argument("--batch", type=int, default=16, help="sequences per step")
+    parser.add_argument("--steps", type=positive(int), default=3, help="optimizer steps per planner")
+    parser.add_argument("--batch", type=positive(int), default=16, help="sequences per step")
     MAX_LEN.add(parser, 256, "the random batches' longest sequence: short enough that one process "
                              "runs the reference of every step in a second")
     DEVICE_MEMORY.add(parser, None, "a budget at which the longest sequences need the largest SP degree "
                                     "the heads allow even with every layer recomputed, and shorter ones fit "
                                     "one rank with some recomputation, so plans exercise both")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=0)
+    DEGREE.add(parser, None, "the least that holds --max-len")
+    CP.add(parser, None, "Ulysses alone")
+    parser.add_argument("--lr", type=positive(float), default=1e-3, help="AdamW's learning rate (default: 0.001)")
+    parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--zero1", action="store_true", help="shard optimizer state (ZeRO-1)")
     parser.add_argument("--fsdp", action="store_true",
                         help="shard parameters, gradients and optimizer state with FSDP2 (the planners "
@@ -106,14 +113,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bf16 = (f"under --precision bf16, {BF16_GAP_MULTIPLE:g}x the single-process model's own bf16-vs-fp32 "
             f"error, measured each run: bf16 keeps 8 significant bits, and distributed runs measured 1.0-1.2x it; "
             f"see verify.errors.BF16_GAP_MULTIPLE")
-    parser.add_argument("--grad-tolerance", type=float, default=None,
+    parser.add_argument("--grad-tolerance", type=at_least(float, 0), default=None,
                         help=f"largest relative error of a step's loss and gradient at the same parameters "
                              f"(default: {GRAD_TOLERANCE:g} in fp32; {bf16}; never below the fp32 default)")
-    parser.add_argument("--param-tolerance", type=float, default=None,
+    parser.add_argument("--param-tolerance", type=at_least(float, 0), default=None,
                         help=f"largest drift of the parameters after the steps, relative to how far the steps "
                              f"moved them (default: {PARAM_TOLERANCE:g} in fp32; {bf16}; never below the fp32 "
                              f"default)")
-    parser.add_argument("--timeout", type=float, default=600.0,
+    parser.add_argument("--timeout", type=TIMEOUT, default=600.0,
                         help="seconds before the ranks are stopped (at least 30: they need seconds to start)")
 
 
@@ -125,28 +132,26 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime import run_local
     from .distributed import train_all_planners
 
-    check_timeout(args.timeout)
-    if args.steps < 1 or args.batch < 1 or args.max_len < 1:
-        raise ValueError("--steps, --batch and --max-len must be >= 1")
-    if min(args.grad_tolerance or 0, args.param_tolerance or 0) < 0:
-        raise ValueError(f"--grad-tolerance and --param-tolerance must be >= 0, got {args.grad_tolerance} "
-                         f"and {args.param_tolerance}")
     if args.zero1 and args.fsdp:
         raise ValueError("--zero1 and --fsdp both shard the optimizer state: choose one")
-    if args.routed and args.nodes < 2:
-        raise ValueError(f"--routed routes exchanges between nodes, but --nodes is {args.nodes}: give --nodes 2 "
-                         f"or more")
+    if args.route_every_wave and args.nodes < 2:
+        raise ValueError(f"--route-every-wave routes exchanges between nodes, but --nodes is {args.nodes}: give "
+                         f"--nodes 2 or more")
+    if args.route_every_wave and not args.routing:
+        raise ValueError("--route-every-wave and --no-routing contradict each other: choose one")
     shape = get_model_shape(args.model)
     check_buildable(shape)
     names = parse_planner_names(args.planners)
+    options = PlannerOptions(max_len=args.max_len, degree=args.degree, cp=args.cp, seed=args.seed,
+                             routing=args.routing, lockstep=args.fsdp)
+    options.check_read(names, unset=PlannerOptions())
     cluster, cost = budget(shape, args.world, args.max_len, args.device_memory_gb, args.nodes)
     check_fits(cost.under(ANY_SPLIT), [args.max_len])  # a --device-memory-gb that cannot hold --max-len: before planning
     batches = random_batches(shape, args.steps, args.batch, args.max_len, args.seed)
     plans: dict[str, list[Plan]] = {}
     cannot: dict[str, str] = {}
     for name in names:
-        planner = get_planner(name, cluster, cost, PlannerOptions(max_len=args.max_len, seed=args.seed,
-                                                                  lockstep=args.fsdp))
+        planner = get_planner(name, cluster, cost, options)
         # A budget that needs context parallelism for the longest sequences (a model whose heads
         # cap Ulysses) is beyond the Ulysses-only planners: reported, not planned.
         limit = planner.cost.max_tokens(planner.cost.degrees[-1], 1.0)
@@ -155,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
                             f"{planner.cost.degrees[-1]}), not --max-len {args.max_len}")
             continue
         plans[name] = [planner.plan(b.planned) for b in batches]
-        if args.routed:
+        if args.route_every_wave:
             plans[name] = [routed(plan) for plan in plans[name]]
         for plan in plans[name]:
             plan.validate(cluster, cost)
@@ -167,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(width=max(Console().width, 140 if bf16 else 120))  # bf16 adds a tolerances column
     sharding = " under FSDP2" if args.fsdp else " with ZeRO-1" if args.zero1 else ""
     whose = "--device-memory-gb" if args.device_memory_gb is not None else "verify's default; --device-memory-gb sets one"
-    nodes = f" as {args.nodes} nodes{', every wave routed' if args.routed else ''}" if args.nodes > 1 else ""
+    nodes = f" as {args.nodes} nodes{', every wave routed' if args.route_every_wave else ''}" if args.nodes > 1 else ""
     console.print(f"verify: {args.world} gloo ranks{nodes}{sharding}{' in bf16' if bf16 else ''}, model {shape.name}, "
                   f"{args.steps} step(s) of "
                   f"{args.batch} sequences up to {args.max_len} tokens, {len(names)} planner(s), "
@@ -199,10 +204,7 @@ def run(args: argparse.Namespace) -> int:
         if not ok:
             failed.append(name)
         mbs = [mb for p in plans[name] for _, _, mb in p.micro_batches() if mb.seq_ids]
-        # A group with a CP part shows its split, u x c.
-        degrees = sorted({(g.degree, g.cp) for p in plans[name] for _, g, mb in p.micro_batches() if mb.seq_ids})
-        table.add_row(name, str(max(len(p.waves) for p in plans[name])),
-                      ",".join(f"{d // c}x{c}" if c > 1 else str(d) for d, c in degrees),
+        table.add_row(name, str(max(len(p.waves) for p in plans[name])), ",".join(splits_used(plans[name])),
                       f"{sum(mb.recompute for mb in mbs) / len(mbs):.2f}",
                       f"{errors.loss:.1e}", f"{errors.grad_abs:.1e}", f"{errors.grad_rel:.1e}",
                       f"{errors.param_abs:.1e}", f"{errors.param_drift:.1e}",

@@ -30,7 +30,7 @@ def train_distributed(shape: ModelShape, plans: list[dict], batches: list[Verify
         starts.append(flatten(full_tensor(p) for p in model.parameters()))
         losses.append(executor.step(plan, batch.samples).loss)
         # The step leaves the summed gradients in place (optimizers do not clear them).
-        grads.append(flatten(full_tensor(p.grad) for p in model.parameters()))
+        grads.append(flatten(executor.gradients()))
     return Trajectory(losses, grads, starts, flatten(full_tensor(p) for p in model.parameters()))
 
 

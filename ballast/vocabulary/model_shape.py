@@ -242,9 +242,32 @@ def get_model_shape(spec: str) -> ModelShape:
     raise ValueError(f"unknown model {spec!r}; presets: {', '.join(MODEL_PRESETS)}, hf:PATH or a .json file")
 
 
+def check_causal_decoder(config: dict, where: str) -> None:
+    """ValueError naming the model type when a Hugging Face config is no causal decoder by what it
+    is, whatever causal-LM class transformers would build for it: an encoder-decoder
+    (`is_encoder_decoder`; T5, BART), or an encoder family (BERT, RoBERTa, ...: attention both
+    ways, a decoder only when `is_decoder` makes it one, and never the Llama-style layout ballast
+    trains), or a type transformers has no causal LM for at all."""
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+
+    kind = config.get("model_type", "?")
+    trains = "ballast trains causal decoders (Llama, Qwen2, Mistral and relatives)"
+    if config.get("is_encoder_decoder"):
+        raise ValueError(f"{where}: model type {kind!r} is an encoder-decoder (is_encoder_decoder): {trains}")
+    if kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        how = ("run as a decoder by is_decoder, not a Llama-style decoder" if config.get("is_decoder") else
+               "with attention both ways (is_decoder false)")
+        raise ValueError(f"{where}: model type {kind!r} is an encoder, {how}: {trains}")
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ValueError(f"{where}: model type {kind!r} has no causal LM in transformers "
+                         f"(AutoModelForCausalLM cannot build it): {trains}")
+
+
 def hf_model_shape(folder: str) -> ModelShape:
     """The shape of the Hugging Face causal LM in `folder`, from its `config.json` alone (no
-    weights read, transformers not imported): what the cost model and the planners need."""
+    weights read): what the cost model and the planners need. Only a causal decoder passes
+    (`check_causal_decoder`), in every command, planning ones included."""
     path = Path(folder)
     if not (path / "config.json").is_file():
         raise ValueError(f"hf:{folder}: no config.json there (a Hugging Face model folder has one)")
@@ -254,6 +277,7 @@ def hf_model_shape(folder: str) -> ModelShape:
     if architectures and not any(a.endswith(CAUSAL_LM_CLASSES) for a in architectures):
         raise ValueError(f"hf:{folder}: model type {kind!r} is {', '.join(architectures)}, not a causal LM "
                          f"(...ForCausalLM or ...LMHeadModel)")
+    check_causal_decoder(config, f"hf:{folder}")
     missing = [k for k in LLAMA_STYLE_SIZES if k not in config]
     if missing:
         # GPT-2 and its kin are causal LMs of another layout: own size names (n_layer, n_embd,

@@ -1,15 +1,82 @@
 """Building the value objects (Cluster, ModelShape, CostModel) from user-written files and dicts."""
 from __future__ import annotations
 
+import argparse
 import functools
 import json
+import math
 import types
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, dataclass, fields
 from numbers import Integral, Real
 from pathlib import Path
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 T = TypeVar("T")
+
+@dataclass(frozen=True)
+class Numbers:
+    """The values a numeric option takes: finite numbers of `kind` from `low` (excluded when
+    `low_open`) up to `high` (excluded when `high_open`). One definition checks a flag's text
+    (as an argparse `type`) and a value from a config file or the Python API (`check`), so an
+    infinity, a NaN or a value out of range is refused by name wherever it enters."""
+
+    kind: type
+    low: float | None = None
+    low_open: bool = False
+    high: float | None = None
+    high_open: bool = False
+    why: str = ""
+    """Why the range is what it is, said with a refusal."""
+
+    def describe(self) -> str:
+        what = "an integer" if self.kind is int else "a finite number"
+        if self.low is not None and self.high is not None:
+            return (f"{what} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}"
+                    f"{')' if self.high_open else ']'}")
+        if self.low is not None:
+            return f"{what} {'>' if self.low_open else '>='} {self.low:g}"
+        if self.high is not None:
+            return f"{what} {'<' if self.high_open else '<='} {self.high:g}"
+        return what
+
+    def holds(self, value: object) -> bool:
+        if isinstance(value, bool) or not isinstance(value, Integral if self.kind is int else Real):
+            return False
+        if not math.isfinite(value):
+            return False
+        low_ok = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        high_ok = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return low_ok and high_ok
+
+    def check(self, flag: str, value: object) -> None:
+        """ValueError naming `flag`, the range and the value when `value` is out of it."""
+        if not self.holds(value):
+            raise ValueError(f"{flag} must be {self.describe()}{self._why}, got {value}")
+
+    def __call__(self, text: str) -> int | float:
+        """argparse's `type`: the number `text` says, or an error naming the range."""
+        try:
+            value = self.kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {self.describe()}, got {text!r}") from None
+        if not self.holds(value):
+            raise argparse.ArgumentTypeError(f"must be {self.describe()}{self._why}, got {text}")
+        return value
+
+    @property
+    def _why(self) -> str:
+        return f" ({self.why})" if self.why else ""
+
+
+def positive(kind: type) -> Numbers:
+    """A finite `kind` above 0: a 0 or negative count, size or limit is refused by name at once,
+    not met later as a ZeroDivisionError or taken for "use the default"."""
+    return Numbers(kind, 0, low_open=True)
+
+
+def at_least(kind: type, low: float, why: str = "") -> Numbers:
+    return Numbers(kind, low, why=why)
+
 
 
 def read_json(path: Path, what: str) -> Any:

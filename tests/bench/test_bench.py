@@ -51,7 +51,8 @@ def record(planner: str, round_: int, step: int, step_s: float, waves_s: float, 
     return dict(round=round_, step=step, batch=step, planner=planner, position=0, tokens=1000, loss=5.0,
                 step_s=step_s, waves_s=waves_s, predicted_s=predicted_s, idle=0.0, sync_s=0.01, optimizer_s=0.01,
                 cpu_share=1.0, plan_ms=2.0 if round_ == 0 else None, waves=1, micro_batches=2, degrees=[1],
-                recomputed=0.5, rank_busy_s=[waves_s, 0.75 * waves_s], rank_wait_s=[0.0, 0.25 * waves_s],
+                degree_splits=[[1, 1]], recomputed=0.5, rank_busy_s=[waves_s, 0.75 * waves_s],
+                rank_wait_s=[0.0, 0.25 * waves_s],
                 digests=[float(step), float(step)],
                 rank_waves=[[([0.5 * waves_s, 0.45 * waves_s], 0.05 * waves_s)], [([0.75 * waves_s], 0.0)]])
 

@@ -46,6 +46,7 @@ def files(tmp_path_factory) -> dict[str, str]:
         "bad.jsonl": "{\"text\": \"fine\"}\n{\"text\": 3}\n",
         "bad.toml": "[run]\nsteps = \"many\"\n",
         "huge.txt": "100000000\n",
+        "huger.txt": "99999999999\n",
         "bad-clips.txt": "81 480 832\n81 480\n",
         "long-clips.txt": "17 144 256\n# a long clip at 720p\n68 720 1280\n",
         "short-clips.txt": "17 64 64\n17 64 128\n",
@@ -133,7 +134,22 @@ def hf_folders(root: Path) -> dict[str, str]:
     (legacy / "model.safetensors").rename(legacy / "pytorch_model.bin")
     short = copy("hf-short-positions")
     (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
-    return out
+    nan = {**weights, "model.layers.0.self_attn.q_proj.weight": weights["model.layers.0.self_attn.q_proj.weight"].clone()}
+    nan["model.layers.0.self_attn.q_proj.weight"][3, 5] = float("nan")
+    save_file(nan, copy("hf-nan") / "model.safetensors", metadata={"format": "pt"})
+    header = 8 + int.from_bytes(data[:8], "little")  # the body, overwritten with seeded bytes, header intact
+    body = torch.randint(0, 256, (len(data) - header,), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    (copy("hf-body") / "model.safetensors").write_bytes(data[:header] + body.numpy().tobytes())
+    huge = {key: tensor * 1e30 if "proj" in key else tensor for key, tensor in weights.items()}  # finite, overflowing
+    save_file(huge, copy("hf-huge") / "model.safetensors", metadata={"format": "pt"})
+    from transformers import BertConfig, T5Config
+
+    # Saved by transformers itself, with no architectures: its causal-LM auto class would build
+    # BertLMHeadModel, an encoder; T5 is an encoder-decoder.
+    BertConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128,
+               vocab_size=256).save_pretrained(root / "bert-lm")
+    T5Config(num_layers=2, d_model=64, num_heads=4, d_ff=128, vocab_size=256).save_pretrained(root / "t5")
+    return {**out, "bert-lm": str(root / "bert-lm"), "t5": str(root / "t5")}
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +189,11 @@ def damaged(trained: Path, tmp_path: Path, how: str) -> Path:
     elif how == "no manifests":  # as a ballast before checksums wrote them
         for path in checkpoints:
             (path / checksums.MANIFEST).unlink()
+    elif how == "meta missing":
+        (newest / "meta.json").unlink()
+    elif how == "every meta missing":
+        for path in checkpoints:
+            (path / "meta.json").unlink()
     return out
 
 
@@ -188,7 +209,8 @@ CASES = [
     ("simulate --cluster cpu --world 3", 2, "3"),
     ("simulate --cluster cpu --world 4 --nodes 3", 2, "cpu cluster: 4 ranks do not form 3 nodes of equal size"),
     ("simulate --cluster h100-32 --nodes 2", 2, "cluster 'h100-32' has 4 nodes of 8 devices but the job asks for 2 nodes"),
-    ("verify --world 4 --routed", 2, "--routed routes exchanges between nodes, but --nodes is 1: give --nodes 2 or more"),
+    ("verify --world 4 --route-every-wave", 2, "--route-every-wave routes exchanges between nodes, but --nodes is 1: "
+                                               "give --nodes 2 or more"),
     ("train --world 4 --nodes 3 --steps 1", 2, "cpu cluster: 4 ranks do not form 3 nodes of equal size"),
     ("simulate --model nosuch", 2, "unknown model 'nosuch'"),
     ("simulate --model {not.json}", 2, r"model file .*not.json.*line 2"),
@@ -219,9 +241,9 @@ CASES = [
     ("train --data jsonl:{bad.jsonl}", 2, r"bad.jsonl.*line 2"),
     ("train --data folder:/no/such/dir", 2, "/no/such/dir"),
     ("train --min-lr 1e-2 --lr 1e-4", 2, r"--min-lr 0.01 is above --lr 0.0001: the cosine decay would raise the rate"),
-    ("train --lr nan", 2, r"--lr must be a finite number, got nan"),
-    ("train --beta1 1.5", 2, r"--beta1 must be in \[0, 1\) \(AdamW's moment decay\), got 1.5"),
-    ("train --weight-decay -0.1", 2, r"--weight-decay must be >= 0"),
+    ("train --lr nan", 2, r"--lr: must be a finite number > 0, got nan"),
+    ("train --beta1 1.5", 2, r"--beta1: must be a finite number in \[0, 1\) \(AdamW's moment decay\), got 1.5"),
+    ("train --weight-decay -0.1", 2, r"--weight-decay: must be a finite number >= 0"),
     ("train --checkpoint-dir {lengths.txt}", 2, r"checkpoint folder .*lengths.txt \(--checkpoint-dir.*\) is a file"),
     ("train --world 3", 2, "world size must be a power of two, got 3"),
     ("train --zero1 --fsdp", 2, "zero1"),
@@ -234,8 +256,8 @@ CASES = [
     ("profile --check /no/such/profile.json", 2, "/no/such/profile.json"),
     ("profile --device-memory-gb 0.000001", 2, "--device-memory-gb"),
     # the shared options take one type in every command; a pattern is resolved where its name enters
-    ("verify --max-len 0", 2, r"--max-len: must be an integer > 0, got 0"),
-    ("profile --device-memory-gb 0", 2, r"--device-memory-gb: must be a number > 0, got 0"),
+    ("verify --max-len 0", 2, r"--max-len: must be an integer >= 2 \(.*\), got 0"),
+    ("profile --device-memory-gb 0", 2, r"--device-memory-gb: must be a finite number > 0, got 0"),
     ("bench --world 0", 2, r"--world: must be an integer > 0, got 0"),
     ("simulate --model {sparse-model.json}", 2,
      r"model 'sparse-model': attention pattern 'sparse': expected one of causal, full, spatial-temporal"),
@@ -243,7 +265,8 @@ CASES = [
     ("bench --planners nosuch", 2, "unknown planner"),
     ("bench --data nosuch:x", 2, "nosuch:x"),
     # every command that starts ranks: a --timeout they cannot start in
-    *[(f"{command} --timeout 0.01", 2, r"--timeout 0.01 is below 30 seconds: the ranks need seconds to start")
+    *[(f"{command} --timeout 0.01", 2, r"--timeout: must be a finite number >= 30 \(seconds: the ranks need seconds "
+                                       r"to start \(importing torch\).*\), got 0.01")
       for command in ("train", "verify", "profile", "bench")],
     # video: clip lists, shapes that no --max-len holds, data that does not suit the model
     ("simulate --lengths videos:{bad-clips.txt} --model wan-1.3b", 2, r"bad-clips.txt line 2: expected `frames height width`"),
@@ -313,7 +336,7 @@ CASES = [
     ("train --planner static --degree 1 --cp 2", 2, r"--cp 2 does not divide --degree 1"),
     ("train --planner static --cp 4", 2, r"--cp 4 is more ranks than the cluster's 2"),
     ("bench --planners static --cp 3", 2, r"--cp: CP degree 3 is not a power of two"),
-    ("train --planner static --cp 0", 2, r"--cp must be >= 1, got 0"),
+    ("train --planner static --cp 0", 2, r"--cp: must be an integer > 0, got 0"),
     # no planner asked for can hold --max-len: one line naming each one's limit, before any rank
     # (5.5 MB: 457 tokens at degree 1, the most 3 heads allow Ulysses alone; 914 with CP)
     ("verify --model {three-heads.json} --world 2 --planners dcp,static --device-memory-gb 0.0055 --max-len 512", 2,
@@ -330,7 +353,7 @@ CASES = [
      r"cost model file .*bad-remap-profile.json: cost model 'tiny': remap_per_token -1e-06 must be >= 0"),
     ("simulate --cluster cpu --world 2 --model tiny --cost {bad-recompute-profile.json}", 2,
      r"cost model file .*bad-recompute-profile.json: cost model 'tiny': recompute_fixed -0.001 must be >= 0"),
-    ("profile --held-out -1", 2, r"--held-out must be >= 0, got -1"),
+    ("profile --held-out -1", 2, r"--held-out: must be an integer >= 0, got -1"),
     # output paths no command could write, found before the work
     ("simulate --json {lengths.txt}/out.json", 2, r"--json .*lengths.txt/out.json: .*lengths.txt is not a folder"),
     ("simulate --gantt /no/such/dir/gantt.png", 2, r"--gantt /no/such/dir/gantt.png: /no/such/dir does not exist"),
@@ -345,16 +368,51 @@ CASES = [
     # the README's profile example as it was: --lengths takes integers when profiling
     ("profile --lengths stdlib", 2, r"--lengths and --depths take comma-separated integers when profiling \(a length "
      r"source such as stdlib is for --check\)"),
+    # issue 56: an option a planner ignores, where it is parsed, naming the planners it applies to
+    ("train --planner ballast --cp 2", 2, r"--cp 2 applies to static only: the planner ballast would ignore it"),
+    ("simulate --planners ballast --cp 2", 2, r"--cp 2 applies to static only: the planner ballast would ignore it"),
+    ("simulate --planners ballast,dcp --degree 2", 2,
+     r"--degree 2 applies to static, bucket, wlb-llm only: the planners ballast, dcp would ignore it"),
+    ("simulate --planners static --no-routing", 2, r"--no-routing applies to zeppelin, ballast only"),
+    ("verify --planners dcp --cp 2", 2, r"--cp 2 applies to static only: the planner dcp would ignore it"),
+    ("bench --planners ballast --cp 2", 2, r"--cp 2 applies to static only: the planner ballast would ignore it"),
+    # a schedule that cannot do what its options say
+    ("train --steps 3 --decay-steps 1", 2, r"--decay-steps 1 is not after the warm-up's end \(--warmup-steps 10\): "
+     r"the rate would warm up and then drop to --min-lr 0.0003 at once"),
+    # only causal decoders, by what their config says they are, in every command
+    ("simulate --model hf:{bert-lm} --max-len 256", 2, r"model type 'bert' is an encoder, with attention both ways "
+     r"\(is_decoder false\): ballast trains causal decoders"),
+    ("simulate --model hf:{bert-lm} --max-len 100000", 2, r"model type 'bert' is an encoder"),
+    ("train --model hf:{bert-lm}", 2, r"model type 'bert' is an encoder"),
+    ("verify --model hf:{t5}", 2, r"model type 't5' is an encoder-decoder \(is_encoder_decoder\)"),
+    # the shortest sample with context to attend to
+    ("train --max-len 1", 2, r"--max-len: must be an integer >= 2 \(a 1-token sample has no context to attend to\), "
+     r"got 1"),
+    # every numeric option finite and in range where it is parsed
+    ("simulate --device-memory-gb 1e309", 2, r"--device-memory-gb: must be a finite number > 0, got 1e309"),
+    ("train --device-memory-gb inf", 2, r"--device-memory-gb: must be a finite number > 0, got inf"),
+    ("verify --lr nan", 2, r"--lr: must be a finite number > 0, got nan"),
+    ("bench --time-limit nan", 2, r"--time-limit: must be a finite number > 0, got nan"),
+    ("simulate --seed -1", 2, r"--seed: must be an integer >= 0 \(numpy's generators take no negative seed\)"),
+    ("verify --param-tolerance inf", 2, r"--param-tolerance: must be a finite number >= 0, got inf"),
+    # weights, not documents, named when they are the cause
+    ("verify --model hf:{hf-nan}", 2, r"hf-nan: its weights hold non-finite values \(NaN or infinity\) in "
+     r"model.layers.0.self_attn.q_proj.weight \(1 of 4096 values\)"),
+    ("verify --model hf:{hf-body}", 2, r"hf-body: its weights hold non-finite values .*: a damaged file"),
+    # a length that splits into millions of chunks: refused before any is made
+    ("simulate --lengths file:{huger.txt}", 2, r"huger.txt: a sequence of 99999999999 tokens would split into 254314 "
+     r"or more chunks of max_len=393216, more than the 4096 one sequence may become"),
+    # argparse's own errors: one line, as every other error
+    ("simulate --nosuch 3", 2, r"^ballast simulate: error: unrecognized arguments: --nosuch 3 \(`ballast simulate "
+     r"--help` lists the options\)$"),
+    ("verify --routing maybe", 2, r"--routing: expected no value \(or on / off\), got 'maybe'"),
 ]
 
 
 def _run(argv: list[str], capture) -> tuple[int, str, str]:
     """Exit code, stderr and stdout of `ballast argv` (`capture`: capsys, or capfd to see the
     spawned ranks' output too)."""
-    try:
-        code = main(argv)
-    except SystemExit as e:  # argparse's own usage errors
-        code = e.code
+    code = main(argv)
     out, err = capture.readouterr()
     return code, err, out
 
@@ -363,8 +421,9 @@ def _assert_one_error(err: str, command: str, pattern: str) -> None:
     assert "Traceback" not in err, err
     lines = [line for line in err.splitlines() if "error:" in line]
     assert len(lines) == 1, err
-    assert re.search(pattern, err, re.S), f"{pattern!r} not in:\n{err}"
-    assert f"ballast {command}" in lines[0] or lines[0].startswith("ballast: error") or "usage:" in err, err
+    assert re.search(pattern, err, re.S | re.M), f"{pattern!r} not in:\n{err}"
+    assert f"ballast {command}" in lines[0] or lines[0].startswith("ballast: error"), err
+    assert "usage:" not in err, err  # argparse's errors are one line too
 
 
 @pytest.mark.timeout(120)
@@ -396,6 +455,11 @@ CHECKPOINT_CASES = [
                                             r"from the older step-00000001"),
     ("no manifests", "step-00000002", r"step-00000002 has no sha256.json \(written by a ballast before "
                                       r"checksums\): its files are checked by size only"),
+    # a committed checkpoint without its meta.json is damaged, never "no checkpoint"
+    ("meta missing", "step-00000001", r"step-00000002: meta.json is missing .*; resuming from the older "
+                                      r"step-00000001"),
+    ("every meta missing", None, r"checkpoints holds no usable checkpoint: checkpoint .*step-00000002: meta.json is "
+                                 r"missing .*\(and 1 older damaged one\(s\)\)"),
 ]
 SAID = {how: pattern for how, _, pattern in CHECKPOINT_CASES}
 
@@ -408,7 +472,7 @@ def test_damaged_checkpoint(how, picked, pattern, trained, tmp_path):
     of the pick runs for real below: a resume from the older one, and the error."""
     root = damaged(trained, tmp_path, how) / "checkpoints"
     warnings: list[str] = []
-    if how == "all damaged":
+    if picked is None and pattern is not None:
         with pytest.raises(checkpoint.Damaged) as raised:
             checkpoint.resumable(root, warnings.append)
         assert re.search(pattern, str(raised.value), re.S), raised.value
@@ -421,12 +485,66 @@ def test_damaged_checkpoint(how, picked, pattern, trained, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_no_usable_checkpoint_stops_the_run_with_one_error(files, trained, tmp_path, capfd):
-    run = damaged(trained, tmp_path, "all damaged")
+@pytest.mark.parametrize("how", ["all damaged", "every meta missing"])
+def test_no_usable_checkpoint_stops_the_run_with_one_error(how, files, trained, tmp_path, capfd):
+    run = damaged(trained, tmp_path, how)
     got, err, _ = _run(["train", *TRAIN, "--steps", "3", "--data", files["corpus"], "--cache-dir", files["cache"],
                         "--out-dir", str(run)], capfd)
     assert got == 2, err
-    _assert_one_error(err, "train", SAID["all damaged"])
+    _assert_one_error(err, "train", SAID[how])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_newest_checkpoint_without_meta_is_skipped_with_a_warning(files, trained, tmp_path, capfd):
+    run = damaged(trained, tmp_path, "meta missing")
+    got, err, out = _run(["train", *TRAIN, "--data", files["corpus"], "--cache-dir", files["cache"],
+                          "--out-dir", str(run)], capfd)
+    assert got == 0, err
+    assert re.search(r"warning: checkpoint .*" + SAID["meta missing"], out, re.S), out
+    assert "resumed from" in out and "step-00000001 at step 1" in out and "starting fresh" not in out
+
+
+# (the run's flags on an hf: folder whose weights are at fault, what the one error must say):
+# errors the ranks meet when they load the weights or run the first step
+WEIGHT_CASES = [
+    ("--model hf:{hf-nan} --skip-nonfinite", r"hf-nan: its weights hold non-finite values \(NaN or infinity\) in "
+                                             r"model.layers.0.self_attn.q_proj.weight"),
+    ("--model hf:{hf-huge}", r"step 1/2: loss nan, .*a non-finite loss in every one of the step's \d+ micro-batches: "
+                             r"the weights, more likely than the data, are the cause"),
+    ("--model hf:{hf-huge} --skip-nonfinite", r"every one of the run's 2 step\(s\) was skipped for a non-finite loss "
+                                              r"or gradient norm \(--skip-nonfinite\): the weights never changed, so no "
+                                              r"trained model is written"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("flags, pattern", WEIGHT_CASES, ids=[c[0] for c in WEIGHT_CASES])
+def test_weights_at_fault_are_named(flags, pattern, files, tmp_path, capfd):
+    argv = [re.sub(r"\{([^}]+)\}", lambda m: files[m.group(1)], part) for part in flags.split()]
+    out_dir = tmp_path / "out"
+    got, err, _ = _run(["train", *TRAIN, *argv, "--max-len", "64", "--tokens-per-step", "512", "--data",
+                        files["corpus"], "--cache-dir", files["cache"], "--out-dir", str(out_dir)], capfd)
+    assert got == 2, err
+    _assert_one_error(err, "train", pattern)
+    assert not (out_dir / "hf-model").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_resuming_with_another_planner_and_world_says_so(files, trained, tmp_path, capfd):
+    """The resume line says how to start fresh; a note names the settings that change the
+    plans; the summary counts the steps of each planner."""
+    run = damaged(trained, tmp_path, "none")
+    got, err, out = _run(["train", *TRAIN, "--steps", "3", "--planner", "static", "--world", "4", "--data",
+                          files["corpus"], "--cache-dir", files["cache"], "--out-dir", str(run)], capfd)
+    assert got == 0, err
+    assert re.search(r"resuming from .*step-00000002 \(to start fresh instead, give another --out-dir or "
+                     r"--checkpoint-dir; --no-resume refuses a folder that holds checkpoints\)", out), out
+    assert ("note: resuming step-00000002 with settings that change the plans from step 2 on: --world 4 (was 2), "
+            "--planner static (was ballast)") in out, out
+    assert "trained 3 steps with planners ballast (2), static (1) on 4 ranks" in out, out
 
 
 @pytest.mark.slow

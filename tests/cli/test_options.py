@@ -41,6 +41,55 @@ def test_a_shared_option_takes_the_shared_type(command):
     assert parser.parse_args(["--max-len", "64"]).max_len == 64
 
 
+def parser_of(command: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    COMMANDS[command].add_arguments(parser)
+    return parser
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_every_numeric_option_is_range_checked_where_it_is_parsed(command):
+    """No option takes a bare int or float: each one's type refuses an infinity, a NaN and a value
+    out of its range by name (`value_checks.Numbers`)."""
+    for action in parser_of(command)._actions:
+        assert action.type not in (int, float), (command, action.option_strings)
+
+
+# The shared spellings of the planning options, and the commands that plan.
+PLANNING = {"--routing": ("simulate", "train", "verify"), "--degree": ("simulate", "train", "verify", "bench"),
+            "--cp": ("simulate", "train", "verify", "bench")}
+
+
+@pytest.mark.parametrize("flag, commands", PLANNING.items())
+def test_the_planning_options_are_spelled_and_explained_alike(flag, commands):
+    for command in commands:
+        actions = [a for a in parser_of(command)._actions if flag in a.option_strings]
+        assert len(actions) == 1, (command, flag)
+        assert actions[0].help.startswith(SHARED[flag].meaning), (command, flag)
+
+
+@pytest.mark.parametrize("command", PLANNING["--routing"])
+@pytest.mark.parametrize("argv, on", [([], True), (["--routing"], True), (["--no-routing"], False),
+                                      (["--routing", "off"], False), (["--routing", "on"], True)])
+def test_routing_is_one_switch_and_the_older_spelling_still_works(command, argv, on):
+    parser = parser_of(command)
+    dest = next(a.dest for a in parser._actions if "--routing" in a.option_strings)
+    value = getattr(parser.parse_args(argv), dest, True)  # train leaves an absent flag to its config
+    assert value is on
+
+
+def test_a_switch_shows_as_both_its_spellings_in_help():
+    from ballast.command_line.options import Formatter
+
+    parser = argparse.ArgumentParser(formatter_class=Formatter)
+    COMMANDS["simulate"].add_arguments(parser)
+    assert "--routing, --no-routing" in parser.format_help()
+
+
+def test_verify_keeps_routed_as_the_older_spelling_of_route_every_wave():
+    assert parser_of("verify").parse_args(["--routed"]).route_every_wave is True
+
+
 @pytest.mark.parametrize("command", ["verify", "profile", "bench", "train"])
 def test_every_command_that_starts_ranks_takes_precision_as_one_typed_value(command):
     from ballast.vocabulary.precision import Precision

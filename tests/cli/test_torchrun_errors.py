@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("flags, message", [
     (["--world", "3"], "--world 3 does not match torchrun's WORLD_SIZE 2"),
-    (["--lr", "nan"], "--lr must be a finite number, got nan"),
+    # argparse's own error: one line on local rank 0 too
+    (["--lr", "nan"], "argument --lr: must be a finite number > 0, got nan (`ballast train --help` lists the options)"),
 ], ids=["world", "lr"])
 def test_torchrun_user_error_is_one_line(flags, message, tmp_path):
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

@@ -9,7 +9,7 @@ import pytest
 
 from ballast.vocabulary.cluster import get_cluster
 from ballast.pricing.cost_sources import analytic_cost
-from ballast.plans.plan import Group, MicroBatch, Plan, PlanError, Wave, fill_idle
+from ballast.plans.plan import Group, MicroBatch, Plan, PlanError, Wave, fill_idle, splits_used
 from ballast.vocabulary.model_shape import get_model_shape
 from ballast.pricing import remapping
 
@@ -313,3 +313,11 @@ def test_table_truncates_and_skips_idle_groups():
     lines = plan.table(max_rows=3).splitlines()
     assert lines[0].endswith("1 wave(s), lockstep")
     assert len(lines) == 2 + 3 + 1 and lines[-1] == "... 5 more groups"
+
+
+def test_a_groups_degree_prints_as_u_x_c_everywhere():
+    """Every log and table prints a group with a CP part as u x c, Ulysses alone as its degree."""
+    plan = Plan([8, 8, 8], [Wave([Group(0, 2, [MicroBatch([0])], cp=2), Group(2, 2, [MicroBatch([1])])]),
+                            Wave([Group(0, 4, [MicroBatch([2])], cp=2)])])
+    assert splits_used([plan]) == ["2", "1x2", "2x2"]
+    assert "1x2" in plan.table()

@@ -102,8 +102,8 @@ def plan_names(world: int, model: str, mode: str) -> list[str]:
     both models run every planner's plan and the hand-made one; FSDP2 runs every planner's
     lockstep plan (they run nowhere else) on stdit-tiny, whose blocks take both 2D layouts and
     the Ulysses fallback, and on dit-tiny (other parameters to shard, the same plan shapes)
-    ballast's and the hand-made one. ZeRO-1 shards only the optimizer state, after the step's
-    gradients are whole, so the plan does not reach it: ballast's plan. On 2 ranks (degree 2
+    ballast's and the hand-made one. ZeRO-1 changes only how the step's gradients are summed (a
+    reduce-scatter per bucket to their owners, the replicated all-reduce's twin): ballast's plan. On 2 ranks (degree 2
     over the whole cluster) replicated and FSDP2 run ballast's and the hand-made one; the 4-rank
     job runs every planner at degrees 1 and 2 besides 4."""
     if mode == "zero1":
@@ -190,7 +190,7 @@ def _world_worker(plans: dict, params: dict[str, torch.Tensor], references: dict
                 if i == 0:  # the reset reaches every shard
                     assert torch.equal(verify.flatten(full_tensor(p) for p in model.parameters()), params[name])
                 result = executor.step(Plan.from_dict(plan), batch.samples)
-                grads = {n: full_tensor(p.grad) for n, p in model.named_parameters()}
+                grads = {n: g for (n, _), g in zip(model.named_parameters(), executor.gradients(), strict=True)}
                 if rank0:
                     out["errors"][name, mode, planner] = errors_of(result.loss, grads, references[name])
     return out

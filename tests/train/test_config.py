@@ -4,13 +4,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import tomllib
 
 import pytest
 
 import ballast
 from ballast.train import checkpoint
-from ballast.train.config import TrainConfig, add_arguments, field_docs, from_args, load_toml
+from ballast.train.config import TrainConfig, _range, _scalar_type, add_arguments, field_docs, from_args, load_toml
 from ballast.train.metrics import final_history, summarise
 from ballast.train.loop import learning_rate
 from ballast.pricing.cost_sources import analytic_cost
@@ -62,14 +63,34 @@ def test_bad_toml_is_a_value_error(tmp_path, text, message):
         load_toml(path)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--steps", "0"], "--steps must be positive"),
-    (["--max-len", "4096", "--tokens-per-step", "1024"], "exceeds --tokens-per-step"),
-    (["--world", "0"], "--world must be >= 1"),
+def test_invalid_values_are_value_errors():
+    with pytest.raises(ValueError, match="exceeds --tokens-per-step"):
+        parse("--max-len", "4096", "--tokens-per-step", "1024")
+
+
+@pytest.mark.parametrize("section, name, value, message", [
+    ("run", "steps", 0, r"--steps must be an integer > 0, got 0"),
+    ("run", "world", 0, r"--world must be an integer > 0, got 0"),
+    ("planner", "device_memory_gb", math.inf, r"--device-memory-gb must be a finite number > 0, got inf"),
+    ("optimizer", "lr", math.nan, r"--lr must be a finite number > 0, got nan"),
+    ("data", "max_len", 1, r"--max-len must be an integer >= 2 \(a 1-token sample has no context to attend to\)"),
+    ("run", "timeout", math.inf, r"--timeout must be a finite number >= 30"),
+    ("optimizer", "bucket_mb", 0, r"--bucket-mb must be a finite number >= .* \(a bucket holds at least a byte\), got 0"),
 ])
-def test_invalid_values_are_value_errors(argv, message):
+def test_a_config_files_values_take_the_flags_ranges(section, name, value, message):
+    """A value from a TOML file or the Python API meets the range its flag's type checks."""
+    config = TrainConfig()
+    setattr(getattr(config, section), name, value)
     with pytest.raises(ValueError, match=message):
-        parse(*argv)
+        config.validate()
+
+
+def test_every_numeric_field_has_a_range():
+    for section in dataclasses.fields(TrainConfig):
+        cls = type(getattr(TrainConfig(), section.name))
+        for f in dataclasses.fields(cls):
+            if _scalar_type(cls, f.name) in (int, float):
+                assert _range(f) is not None, (section.name, f.name)
 
 
 def test_every_field_has_a_docstring_and_a_flag():
@@ -110,15 +131,18 @@ def test_final_history_keeps_the_last_record_of_each_step(tmp_path):
 
 
 def test_only_committed_checkpoints_count(tmp_path):
-    """A crash mid-write leaves a temporary folder (or one without meta.json): never resumed from."""
+    """A crash mid-write leaves a temporary folder: never resumed from. A committed folder
+    without meta.json is a damaged checkpoint, not none (`resumable` skips it, saying so)."""
     for name, meta in [("step-00000002", True), ("step-00000004", True), (".tmp-step-00000006", True),
                        ("step-00000008", False), ("step-notanumber", True)]:
         (tmp_path / name).mkdir()
         if meta:
             (tmp_path / name / checkpoint.META).write_text("{}")
-    assert [p.name for p in checkpoint.committed(tmp_path)] == ["step-00000002", "step-00000004"]
-    assert checkpoint.latest(tmp_path).name == "step-00000004"
+    assert [p.name for p in checkpoint.committed(tmp_path)] == ["step-00000002", "step-00000004", "step-00000008"]
+    assert checkpoint.latest(tmp_path).name == "step-00000008"
     assert checkpoint.latest(tmp_path / "missing") is None
+    with pytest.raises(checkpoint.Damaged, match=r"step-00000008: meta.json is missing"):
+        checkpoint.check(tmp_path / "step-00000008")
 
 
 def test_toml_of_defaults_is_valid_toml():
@@ -159,7 +183,7 @@ def test_cluster_defaults_to_cpu_on_cpu_ranks_and_to_the_gpus_preset_on_gpus():
 def test_trainer_validates_before_any_rank_starts():
     config = TrainConfig()
     config.run.steps = 0
-    with pytest.raises(ValueError, match="--steps must be positive"):
+    with pytest.raises(ValueError, match="--steps must be an integer > 0"):
         ballast.Trainer(config)
 
 
@@ -192,3 +216,36 @@ def test_checksums_find_bytes_changed_at_the_same_size(tmp_path):
     (tmp_path / "b.bin").unlink()
     (tmp_path / checksums.MANIFEST).write_text("{\"sha256\": [")
     assert checksums.verify(tmp_path).startswith("sha256.json is unreadable (JSONDecodeError")
+
+
+def test_a_run_inside_its_warm_up_is_warned_about():
+    config = TrainConfig()
+    config.run.steps, config.optimizer.warmup_steps = 3, 10
+    assert config.warnings() == [
+        "the run's 3 step(s) end inside the 10-step warm-up (--warmup-steps): the rate rises to 30% of --lr 0.003 "
+        "and never decays (to --min-lr 0.0003); give fewer --warmup-steps or more --steps"]
+    config.optimizer.warmup_steps = 2
+    assert config.warnings() == []
+
+
+def test_the_summary_counts_the_steps_of_every_planner():
+    records = [dict(step=k, attempt=0, planner="static" if k < 2 else "ballast", tokens=10, step_time=1.0,
+                    predicted_step_time=1.0, idle_fraction=0.0, loss=1.0, plan_ms=1.0, plan_wait_ms=0.0)
+               for k in range(5)]
+    assert summarise(records)["steps_by_planner"] == {"static": 2, "ballast": 3}
+
+
+def test_the_log_prints_a_cp_group_as_u_x_c(capsys):
+    from rich.console import Console
+
+    from ballast.train.metrics import ProgressDisplay, StepRecord
+
+    record = StepRecord(step=0, attempt=0, planner="static", loss=1.0, grad_norm=1.0, skipped=False, lr=1e-3,
+                        tokens=8, sample_ids=[0], lengths=[8], epoch=0, step_time=1.0, tokens_per_s=8.0,
+                        predicted_step_time=1.0, idle_fraction=0.0, rank_idle=[0.0, 0.0], waves=1, micro_batches=1,
+                        degrees=[2], context_parts=[2], splits=["1x2"], recomputed=0.0,
+                        layout="1x2 recompute 0%", plan_ms=1.0, plan_wait_ms=0.0)
+    display = ProgressDisplay(Console(force_terminal=False), 0, 1, 1)
+    display.update(record)
+    assert "layout 1x2 recompute 0%" in capsys.readouterr().out
+

@@ -44,12 +44,12 @@ def test_verify_fails_when_a_tolerance_is_exceeded(capsys):
 
 def test_negative_tolerances_are_refused_before_any_rank_starts(capsys):
     assert main([*ARGS, "--grad-tolerance", "-1"]) == 2
-    assert "--grad-tolerance and --param-tolerance must be >= 0, got -1" in capsys.readouterr().err
+    assert "argument --grad-tolerance: must be a finite number >= 0, got -1" in capsys.readouterr().err
 
 
 @pytest.mark.slow
 def test_verify_passes_for_every_planner_routed_over_two_emulated_nodes(capsys):
-    args = ["verify", "--world", "4", "--nodes", "2", "--routed", "--planners", "all", "--model", "tiny",
+    args = ["verify", "--world", "4", "--nodes", "2", "--route-every-wave", "--planners", "all", "--model", "tiny",
             "--steps", "1", "--batch", "6", "--max-len", "64"]
     assert main(args) == 0
     out = capsys.readouterr().out
@@ -61,7 +61,7 @@ def test_verify_passes_for_every_planner_routed_over_two_emulated_nodes(capsys):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--routed"], "--routed routes exchanges between nodes, but --nodes is 1: give --nodes 2 or more"),
+    (["--routed"], "--route-every-wave routes exchanges between nodes, but --nodes is 1: give --nodes 2 or more"),
     (["--nodes", "3"], "cpu cluster: 2 ranks do not form 3 nodes of equal size")])
 def test_routing_needs_nodes_that_divide_the_world_before_any_rank_starts(capsys, flags, message):
     assert main([*ARGS, *flags]) == 2
