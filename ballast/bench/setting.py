@@ -172,7 +172,7 @@ def auto_device_memory(cost: CostModel, max_len: int) -> float:
     whole run; shorter sequences need less or no recomputation, and the longest can trade it
     for SP's all-to-alls: every choice the planners make matters, and they differ in them.
     """
-    # No less than the step holds after backward (the gradient reduction's flat copy).
+    # No less than the step holds after backward (AdamW's temporaries, FSDP2's root and reduction buffer).
     return max(cost.states + MEMORY_SLACK * cost.act_per_token * max_len / 2, MEMORY_SLACK * cost.device.after_backward)
 
 

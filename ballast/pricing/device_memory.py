@@ -4,8 +4,8 @@ terms `get_cost_model` adds to every cost model (docs/design.md, section 4, give
 With P parameters (A of them in linear layers), N ranks, fp32 parameters and AdamW:
 
     mode        parameters   gradients   optimizer   while a micro-batch runs     after backward
-    replicated  4 P          4 P         8 P         autocast copies              reduction buffer
-    zero1       4 P          4 P         8 P / N     autocast copies              reduction buffer
+    replicated  4 P          4 P         8 P         autocast copies              AdamW's temporaries
+    zero1       4 P          4 P         8 P / N     autocast copies              AdamW's temporaries
     fsdp        4 P / N      4 P / N     8 P / N     gathered units               the root's, its buffer
 
 Autocast copies: 2 A under bf16 (autocast casts every linear layer's weight and bias, and each
@@ -59,12 +59,13 @@ class ParameterCounts:
 
 
 def reduction_buffer_bytes(sharding: Sharding, counts: ParameterCounts) -> float:
-    """Bytes the gradient reduction allocates on top of the gradients, as the runtime on main
-    does it: replicated and ZeRO-1 concatenate every fp32 gradient into one flat buffer and
-    all-reduce it after backward (`Executor._synchronise`), 4 P while the gradients still live;
-    FSDP2 reduce-scatters each unit's gradients (a block's, the root's last) through an fp32
-    buffer of the unit's size (under bf16 too: the policy's reduce dtype). The one place this is priced: bucketed reduction replaces it by its buckets."""
-    return FP32 * (max(counts.block, counts.root) if sharding is Sharding.FSDP else counts.total)
+    """Bytes the gradient reduction allocates on top of the gradients, as the runtime holds them:
+    replicated and ZeRO-1 keep every fp32 gradient in the bucketed sync's buffers (`grad_sync.py`:
+    each `.grad` a view of its bucket, reduced in place, no flat copy), so the reduction adds
+    nothing to the 4 P of gradients; FSDP2 reduce-scatters each unit's gradients (a block's, the
+    root's last) through an fp32 buffer of the unit's size (under bf16 too: the policy's reduce
+    dtype)."""
+    return FP32 * max(counts.block, counts.root) if sharding is Sharding.FSDP else 0.0
 
 
 @dataclass(frozen=True)
@@ -101,11 +102,10 @@ class DeviceMemory:
 
     @property
     def _gathers_bf16(self) -> bool:
-        # FSDP2 under bf16 runs a MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), as
-        # the runtime's bf16 FSDP will (the bucketed-sync change): its units are gathered in bf16
-        # (2 bytes per parameter, their unsharded gradients too), so autocast finds bf16 weights
-        # and makes no copies of its own, and gradients are still reduced in fp32. Main's
-        # runtime has no policy yet, so this case is priced, not measured (memory.json's notes).
+        # FSDP2 under bf16 runs a MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)
+        # (runtime/fsdp.py): its units are gathered in bf16 (2 bytes per parameter, their
+        # unsharded gradients too), so autocast finds bf16 weights and makes no copies of its
+        # own, and gradients are still reduced in fp32. Priced, not yet measured (memory.json's notes).
         return self.bf16 and self.sharding is Sharding.FSDP
 
     @property
@@ -138,8 +138,8 @@ class DeviceMemory:
 
     @property
     def after_backward(self) -> float:
-        """The step's peak once backward has freed the activations: the reduction buffer (under
-        FSDP with the root's unsharded parameters and gradients, reduced last), or the optimizer
+        """The step's peak once backward has freed the activations: FSDP2's reduction buffer with
+        the root's unsharded parameters and gradients (reduced last), or the optimizer
         step's temporaries (the foreach AdamW's square root of the variance of the parameters
         this rank updates), whichever is larger."""
         reduction = reduction_buffer_bytes(self.sharding, self.counts)
