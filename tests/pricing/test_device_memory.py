@@ -24,11 +24,12 @@ def memory(sharding: Sharding, bf16: bool = False) -> DeviceMemory:
 
 
 @pytest.mark.parametrize("sharding, states, after_backward, bf16_states, bf16_after_backward", [
-    # 4 P parameters + 4 P gradients + 8 P AdamW; after backward the flat gradient copy (4 P);
-    # bf16 autocast adds its copies, 2 bytes per linear-layer parameter (1600 B)
+    # 4 P parameters + 4 P gradients (in the sync's buckets, no copy) + 8 P AdamW; after
+    # backward AdamW's temporaries (4 P); bf16 autocast adds its copies, 2 bytes per
+    # linear-layer parameter (1600 B)
     (Sharding.REPLICATED, 16000, 20000, 16000 + 1600, 20000),
-    # AdamW's 8 P over 4 ranks; the same flat copy after backward (larger than the 4 P / 4 AdamW updates)
-    (Sharding.ZERO1, 4000 + 4000 + 2000, 10000 + 4000, 10000 + 1600, 14000),
+    # AdamW's 8 P over 4 ranks; after backward its temporaries for the rank's 4 P / 4
+    (Sharding.ZERO1, 4000 + 4000 + 2000, 10000 + 1000, 10000 + 1600, 11000),
     # 16 P / 4, the root (800 B) and two blocks (1600 B) gathered; after backward the root's
     # parameters and gradients (1600 B) and its fp32 reduction buffer (800 B). Under bf16 the
     # policy gathers the same units at 2 bytes per parameter (1200 B) and autocast makes no
@@ -45,9 +46,9 @@ def test_states_per_mode_by_hand(sharding, states, after_backward, bf16_states, 
     assert fp32.loss_per_token == 3 * 4 * 10
 
 
-def test_reduction_buffer_is_what_main_allocates():
-    assert reduction_buffer_bytes(Sharding.REPLICATED, COUNTS) == 4000   # the flat all-reduce copy
-    assert reduction_buffer_bytes(Sharding.ZERO1, COUNTS) == 4000
+def test_reduction_buffer_is_what_the_runtime_allocates():
+    assert reduction_buffer_bytes(Sharding.REPLICATED, COUNTS) == 0      # reduced in place in the gradients' buckets
+    assert reduction_buffer_bytes(Sharding.ZERO1, COUNTS) == 0
     assert reduction_buffer_bytes(Sharding.FSDP, COUNTS) == 800          # the largest unit's reduce-scatter
 
 
