@@ -1,7 +1,7 @@
 """The memory model against the real peak of a step (issue #52): the tiny GPT, a tiny Hugging
 Face Llama (made here, seeded, in a temporary folder) and the tiny video DiT on 2 gloo ranks, in
-every sharding mode, fp32 (the CPU's precision) and bf16 autocast (but FSDP2 under bf16:
-`UNMEASURED`); predicted vs measured peak per rank (`ballast.profile.memory_check`), written to
+every sharding mode, fp32 (the CPU's precision) and bf16 autocast (FSDP2's under its bf16
+MixedPrecisionPolicy); predicted vs measured peak per rank (`ballast.profile.memory_check`), written to
 bench/results/memory.json.
 
     python bench/memory_fit.py [--out bench/results/memory.json] [--precisions fp32,bf16]
@@ -42,21 +42,12 @@ def tiny_llama(folder: Path) -> str:
     return f"hf:{folder}"
 
 
-# FSDP2 under bf16 is priced as the runtime will run it, with a MixedPrecisionPolicy gathering in
-# bf16 (`device_memory.DeviceMemory._gathers_bf16`); main's runtime has no policy yet (it gathers
-# fp32 and autocast copies), so a measurement of it here would test neither: run once it lands.
-UNMEASURED = {(Sharding.FSDP, "bf16")}
-NOTES = ("fsdp under bf16 not measured: the model prices FSDP2 with a bf16 MixedPrecisionPolicy "
-         "(units gathered in bf16, no autocast copies), which main's runtime does not apply yet")
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench/results/memory.json")
     p.add_argument("--precisions", default="fp32,bf16")
     args = p.parse_args()
-    runs = [(mode, precision) for precision in args.precisions.split(",") for mode in Sharding
-            if (mode, precision) not in UNMEASURED]
+    runs = [(mode, precision) for precision in args.precisions.split(",") for mode in Sharding]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for spec, samples in (("tiny", TEXT), (tiny_llama(Path(tmp) / "llama"), TEXT), ("dit-tiny", CLIPS)):
@@ -75,7 +66,7 @@ def main() -> int:
     worst = max(abs(r["ratio"] - 1) for r in rows)
     out = {"provenance": {"ballast": ballast.__file__, "world": WORLD, "text_lengths": TEXT, "clips": CLIPS,
                           "llama": LLAMA, "note": "ballast/command_line/provenance.py did not exist on main"},
-           "notes": NOTES, "tolerance": TOLERANCE, "worst_error": worst, "rows": rows}
+           "tolerance": TOLERANCE, "worst_error": worst, "rows": rows}
     Path(args.out).write_text(json.dumps(out, indent=2))
     print(f"worst |predicted / measured - 1|: {worst:.1%} (tolerance {TOLERANCE:.0%}); wrote {args.out}")
     return 0 if worst <= TOLERANCE else 1

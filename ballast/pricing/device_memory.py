@@ -105,7 +105,7 @@ class DeviceMemory:
         # FSDP2 under bf16 runs a MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)
         # (runtime/fsdp.py): its units are gathered in bf16 (2 bytes per parameter, their
         # unsharded gradients too), so autocast finds bf16 weights and makes no copies of its
-        # own, and gradients are still reduced in fp32. Priced, not yet measured (memory.json's notes).
+        # own, and gradients are still reduced in fp32 (measured: bench/results/memory.json).
         return self.bf16 and self.sharding is Sharding.FSDP
 
     @property
