@@ -13,6 +13,7 @@ from ballast.vocabulary.cluster import get_cluster
 from ballast.models import build_gpt
 from ballast.plans.plan import Group, MicroBatch, Plan, Wave
 from ballast.runtime import ProcessGroups, make_optimizer, parallelize, run_local, shard_model
+from ballast.vocabulary.precision import Precision
 
 
 def empty(count: int) -> list[MicroBatch]:
@@ -59,7 +60,7 @@ def _errors(groups: ProcessGroups, batches: list[verify.VerifyBatch]) -> list[st
     return messages
 
 
-def _gathered_dtypes(groups: ProcessGroups, batch: verify.VerifyBatch, precision: str) -> set[torch.dtype]:
+def _gathered_dtypes(groups: ProcessGroups, batch: verify.VerifyBatch, precision: Precision) -> set[torch.dtype]:
     """The dtypes a block's weight has in its forwards during one step: what FSDP2 gathered."""
     executor = parallelize(build_gpt(SHAPE), get_cluster("cpu", world_size=4), groups=groups, fsdp=True,
                            precision=precision, lr=1e-3)
@@ -76,8 +77,9 @@ def _worker(batches: list[verify.VerifyBatch], planners: dict[str, list[dict]]) 
     out["lockstep"] = verify.train_distributed(SHAPE, plans, batches, 0, 1e-3, groups, fsdp=True)
     out["replicated"] = verify.train_distributed(SHAPE, plans, batches, 0, 1e-3, groups)
     out["lockstep-bf16"] = verify.train_distributed(SHAPE, plans[:1], batches[:1], 0, 1e-3, groups, fsdp=True,
-                                                    precision="bf16")
-    out["gathered"] = {precision: _gathered_dtypes(groups, batches[0], precision) for precision in ("bf16", "fp32")}
+                                                    precision=Precision.BF16)
+    out["gathered"] = {precision.value: _gathered_dtypes(groups, batches[0], precision)
+                       for precision in (Precision.BF16, Precision.FP32)}
     out["remapped"] = verify.train_distributed(SHAPE, [remapped_lockstep_plan().to_dict()] * 2, batches[:2],
                                                0, 1e-3, groups, fsdp=True)
     out["planners"] = {name: verify.train_distributed(SHAPE, plans, batches[:1], 0, 1e-3, groups, fsdp=True)
