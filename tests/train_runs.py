@@ -13,7 +13,7 @@ def text_memory_gb(model: str, max_len: int) -> float:
     """Per-rank memory (of 2 CPU ranks) in which `max_len` tokens need SP degree 2 or
     recomputation (as `verify`)."""
     cost = analytic_cost(get_model_shape(model), get_cluster("cpu", world_size=2))
-    return (cost.states + cost.act_per_token * max_len / 2) / 1e9
+    return max(cost.states + cost.act_per_token * max_len / 2, 1.01 * cost.device.after_backward) / 1e9
 
 
 def run_config(out: Path, steps: int, *, model: str, source: str, max_len: int, tokens_per_step: int,

@@ -172,13 +172,14 @@ def auto_device_memory(cost: CostModel, max_len: int) -> float:
     whole run; shorter sequences need less or no recomputation, and the longest can trade it
     for SP's all-to-alls: every choice the planners make matters, and they differ in them.
     """
-    return cost.states + MEMORY_SLACK * cost.act_per_token * max_len / 2
+    # No less than the step holds after backward (AdamW's temporaries, FSDP2's root and reduction buffer).
+    return max(cost.states + MEMORY_SLACK * cost.act_per_token * max_len / 2, MEMORY_SLACK * cost.device.after_backward)
 
 
 def make_cost(setting: BenchSetting, shape: ModelShape) -> tuple[Cluster, CostModel]:
     """The cpu cluster of `world` ranks and the cost model, both at the benchmark's memory budget."""
     base = get_cluster("cpu", setting.world)
-    cost = get_cost_model(setting.cost, shape, base)
+    cost = get_cost_model(setting.cost, shape, base, precision=setting.precision)
     memory = (setting.device_memory_gb * 1e9 if setting.device_memory_gb is not None
               else auto_device_memory(cost, setting.max_len))
     cost = dataclasses.replace(cost, device_memory=memory)

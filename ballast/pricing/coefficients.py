@@ -44,7 +44,9 @@ class CostCoefficients:
     act_per_token: float
     """Activation bytes saved for backward per token with no recomputation."""
     states: float
-    """Bytes of model and optimizer state per device (sharded over all devices)."""
+    """Bytes per device a micro-batch finds held besides its activations: parameters, gradients,
+    optimizer state, FSDP's gathered units, autocast copies (`device_memory.DeviceMemory.states`;
+    `get_cost_model` prices it for the job's sharding mode and precision, whatever a file says)."""
     device_memory: float
     """Usable bytes per device."""
     layers: int
@@ -52,7 +54,7 @@ class CostCoefficients:
     heads: int
     kv_heads: int
     world_size: int
-    """Devices the coefficients were made for (states are sharded over them)."""
+    """Devices the coefficients were made for (states are sharded over them, as the mode says)."""
     recompute: float = RECOMPUTE_OVERHEAD
     """r: extra compute of recomputing every layer, as a fraction of forward + backward (of the
     linear term b s; also of the attention term a s^2 unless `recompute_attention` is set)."""
@@ -62,6 +64,9 @@ class CostCoefficients:
     """Fixed seconds a micro-batch's all-to-alls cost at an SP degree whatever their size (the
     latency of its 4 x layers collectives and the sharding work around them); `ballast profile`
     measures it, 0 where absent. comm() adds it, so a gloo run's many small exchanges are priced."""
+    loss_per_token: float = 0.0
+    """Bytes of `act_per_token` that are the loss's [tokens, vocab] tensors (folded in, kept
+    under recomputation: `cost_sources.with_device_memory`); 0 in a profile's own fit."""
     fit: dict = field(default_factory=dict)
     """Free-form report of how the coefficients were obtained (residuals of a profile fit)."""
     recompute_attention: float | None = None
@@ -147,9 +152,9 @@ class CostCoefficients:
             raise ValueError(f"cost model {self.model!r}: context_attention must be > 0, got {self.context_attention}")
         if self.states >= self.device_memory:
             raise InfeasibleError(
-                f"model {self.model!r}: its states ({self.states / 1e9:.3g} GB per device, sharded over "
-                f"{self.world_size} devices) do not fit the device memory ({self.device_memory / 1e9:.3g} GB) "
-                f"at any degree: give the job more devices, or each device more memory (--device-memory-gb)")
+                f"model {self.model!r}: its states ({self.states / 1e9:.3g} GB per device on {self.world_size} "
+                f"devices) do not fit the device memory ({self.device_memory / 1e9:.3g} GB) at any degree: give "
+                f"the job more devices, or each device more memory (--device-memory-gb), or shard more (--fsdp)")
 
     @property
     def pattern(self) -> AttentionPattern:

@@ -8,7 +8,8 @@ docs/design.md (section 4) is the home of the formulas; in short, for a micro-ba
     comm(n, d)       = bytes(u) n / (d bw(u)) + 2 G n (cp - 1) / cp / bw(d) + fixed latency
     memory(mb, d, c) = states + act_per_token n / d (c k + 1 - c) + G n (1 - c)
 
-G is `gathered_per_token` (0 without CP). The coefficients and their JSON are `coefficients.py`'s;
+G is `gathered_per_token` (0 without CP); `states`, and the loss's logits inside act_per_token
+and k, are priced per sharding mode and precision by `device_memory.py` (`device`). The coefficients and their JSON are `coefficients.py`'s;
 which degrees and splits exist is the model's `catalogue` (`vocabulary/split_catalogue.py`) under
 its planner's rule (`splits`); a sample alone at every degree (planners' and the bound's rows) is
 `sequence_times.py`'s; whether samples fit at all is `fits.py`'s; remap slots are
@@ -27,7 +28,8 @@ from ..vocabulary.cluster import Cluster
 from ..vocabulary.layouts import ULYSSES_ONLY, HeadLayout, Splits
 from ..vocabulary.samples import Sample, sample_grid, tokens as sample_tokens
 from ..vocabulary.split_catalogue import SplitCatalogue
-from .coefficients import CostCoefficients
+from .coefficients import CostCoefficients, InfeasibleError
+from .device_memory import DeviceMemory
 
 # Recomputing a layer repeats its forward exchanges (the whole block is recomputed, its
 # all-to-alls or CP gathers inside): half of the layer's, each forward one moving as many bytes
@@ -47,8 +49,18 @@ class CostModel(CostCoefficients):
     """Which (Ulysses x CP) splits of a degree the planner that holds this model may run (`under`,
     `catalogue`); not part of the coefficients, so not in the JSON."""
 
+    device: DeviceMemory | None = field(default=None, compare=False, repr=False)
+    """What `states`, and the loss's part of `act_per_token` and `kept`, were priced from: the
+    model's parameters, the sharding mode and the precision (`cost_sources.with_device_memory`);
+    not a coefficient, so not in the JSON. None: the coefficients as given."""
+
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.device is not None and self.device.after_backward >= self.device_memory:
+            raise InfeasibleError(
+                f"model {self.model!r}: after backward a device holds {self.device.after_backward / 1e9:.3g} GB "
+                f"({self.device.describe()}), more than its memory ({self.device_memory / 1e9:.3g} GB): give the "
+                f"job more devices or memory (--device-memory-gb), or shard more (--zero1, --fsdp)")
         # A profile offers a CP part only where it measured one (`SplitCatalogue.measured_context`).
         measured = frozenset(self.context_latency) if self.source == "profiled" else None
         catalogue = SplitCatalogue(self.world_size, self.heads, self.pattern.layout, frozenset(self.bandwidth),

@@ -7,11 +7,13 @@ from __future__ import annotations
 import dataclasses
 
 from ..vocabulary.cluster import Cluster
+from ..vocabulary.precision import Precision
+from ..vocabulary.sharding import Sharding, default_sharding
 from .cost import CostModel
+from .device_memory import DeviceMemory, ParameterCounts
 from ..vocabulary.model_shape import ModelShape
+from .coefficients import KEPT_UNDER_RECOMPUTE
 
-# Mixed-precision Adam: bf16 weights and grads + fp32 master weights, momentum and variance.
-STATE_BYTES_PER_PARAM = 16
 # Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"):
 # a block saves 34 h bytes per token in bf16 (17 h values) once flash attention drops the s^2
 # term (full recomputation keeps only the block input: coefficients.KEPT_UNDER_RECOMPUTE).
@@ -29,8 +31,40 @@ _PUBLISHED = {
 }
 
 
-def analytic_cost(shape: ModelShape, cluster: Cluster) -> CostModel:
+def device_memory(shape: ModelShape, cluster: Cluster, sharding: Sharding | None = None,
+                  precision: Precision = Precision.AUTO, counts: ParameterCounts | None = None) -> DeviceMemory:
+    """What a rank of `cluster` holds besides activations for `shape` in a sharding mode (None:
+    `default_sharding`) and precision (auto: bf16 autocast on a cluster of 2-byte values, the
+    GPUs'), with the model's parameter counts (None: the shape's formulas)."""
+    if precision not in tuple(Precision):
+        raise ValueError(f"precision must be one of {', '.join(p.value for p in Precision)}, got {precision!r}")
+    # Text models (causal attention) score next tokens over the vocabulary; a video model's
+    # "vocabulary" is a patch's latent values, regressed without logits.
+    return DeviceMemory(counts or ParameterCounts.of_shape(shape), sharding or default_sharding(cluster),
+                        precision == Precision.BF16 or (precision == Precision.AUTO and cluster.value_bytes == 2),
+                        cluster.world_size, shape.vocab if shape.attention == "causal" else 0)
+
+
+def with_device_memory(memory: DeviceMemory, act_per_token: float, kept: float) -> dict:
+    """The CostModel fields that price `memory`: `states`, and the loss's bytes per token folded
+    into the activations. The loss is not recomputed, so with activations A (kept k under full
+    recomputation) and loss bytes l, A' = A + l and k' = (k A + l) / A' give
+    A' (c k' + 1 - c) = A (c k + 1 - c) + l at every level c: every formula of the cost model,
+    the planners and the bound prices the loss as a term of its own."""
+    loss = memory.loss_per_token
+    return dict(states=memory.states, act_per_token=act_per_token + loss, loss_per_token=loss,
+                kept=(kept * act_per_token + loss) / (act_per_token + loss), device=memory)
+
+
+def activations_alone(cost: CostModel) -> tuple[float, float]:
+    """(act_per_token, kept) of `cost` without the loss folded in (`with_device_memory`)."""
+    act = cost.act_per_token - cost.loss_per_token
+    return act, (cost.kept * cost.act_per_token - cost.loss_per_token) / act
+
+
+def analytic_cost(shape: ModelShape, cluster: Cluster, memory: DeviceMemory | None = None) -> CostModel:
     """Coefficients from FLOP counts of the shape and the cluster's peak and bandwidth."""
+    memory = memory or device_memory(shape, cluster)
     flops = cluster.peak_flops * cluster.efficiency
     linear = shape.layers * shape.layer_token_params + shape.vocab * shape.hidden
     return CostModel(
@@ -43,27 +77,28 @@ def analytic_cost(shape: ModelShape, cluster: Cluster) -> CostModel:
         g=cluster.micro_batch_overhead,
         bandwidth={d: cluster.bandwidth[d] for d in cluster.degrees if d > 1},
         bytes_per_token=_all_to_all_bytes_per_token(shape, cluster.value_bytes),
-        act_per_token=float(ACT_VALUES_PER_HIDDEN * cluster.value_bytes * shape.hidden * shape.layers),
+        **with_device_memory(memory, float(ACT_VALUES_PER_HIDDEN * cluster.value_bytes * shape.hidden * shape.layers),
+                             KEPT_UNDER_RECOMPUTE),
         comm_latency={d: ALL_TO_ALLS_PER_LAYER * shape.layers * cluster.all_to_all_latency
                       for d in cluster.degrees if d > 1 and cluster.all_to_all_latency > 0},
         context_latency={d: CONTEXT_COLLECTIVES_PER_LAYER * shape.layers * cluster.all_to_all_latency
                          for d in cluster.degrees if d > 1 and cluster.all_to_all_latency > 0},
-        states=STATE_BYTES_PER_PARAM * shape.params / cluster.world_size,
         device_memory=cluster.device_memory, layers=shape.layers, heads=shape.heads,
         kv_heads=shape.kv_heads, world_size=cluster.world_size, attention_window=shape.attention_window,
         max_positions=shape.max_positions,
         attention=shape.attention, spatial_share=shape.spatial_share, network=cluster)
 
-def published_cost(shape: ModelShape, cluster: Cluster) -> CostModel:
+def published_cost(shape: ModelShape, cluster: Cluster, memory: DeviceMemory | None = None) -> CostModel:
     """FlexSP's measured GPT-7B/13B/30B coefficients on A100-40GB (docs/design.md)."""
+    memory = memory or device_memory(shape, cluster)
     if shape.name not in _PUBLISHED:
         raise ValueError(f"no published profile for model {shape.name!r}; have {sorted(_PUBLISHED)}")
     a_ms, b_ms, fixed_ms, act_mb = _PUBLISHED[shape.name]
     return CostModel(
         source="published", model=shape.name, a=a_ms * 1e-3, b=b_ms * 1e-3, g=fixed_ms * 1e-3,
         bandwidth={d: cluster.bandwidth[d] for d in cluster.degrees if d > 1},
-        bytes_per_token=_all_to_all_bytes_per_token(shape, 2), act_per_token=act_mb * 1e6,
-        states=STATE_BYTES_PER_PARAM * shape.params / cluster.world_size,
+        bytes_per_token=_all_to_all_bytes_per_token(shape, 2),
+        **with_device_memory(memory, act_mb * 1e6, KEPT_UNDER_RECOMPUTE),
         device_memory=cluster.device_memory, layers=shape.layers, heads=shape.heads,
         kv_heads=shape.kv_heads, world_size=cluster.world_size, network=cluster)
 
@@ -75,19 +110,21 @@ def _all_to_all_bytes_per_token(shape: ModelShape, value_bytes: int) -> float:
     return 2.0 * shape.layers * (2 * shape.hidden + 2 * shape.kv_dim) * value_bytes
 
 
-def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster,
-                   device_memory_gb: float | None = None) -> CostModel:
-    """`analytic`, `published`, `auto` (published where FlexSP measured it) or a profile JSON path.
+def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory_gb: float | None = None,
+                   sharding: Sharding | None = None, precision: Precision = Precision.AUTO) -> CostModel:
+    """`analytic`, `published`, `auto` (published where FlexSP measured it) or a profile JSON path,
+    its memory priced for the sharding mode (None: `default_sharding`) and precision
+    (`device_memory`).
 
     A profile must describe `shape` and `cluster`'s size: every caller (simulate, train, bench)
     relies on this one check. It brings the device memory it was made for unless
-    `device_memory_gb` (the flag, which `get_cluster` gave the cluster too) replaces it."""
+    `device_memory_gb` (the flag, which `get_cluster` gave the cluster too) replaces it, and its
+    measured activations; its states are priced like the others', from the shape's parameters."""
     if spec == "auto":
         spec = "published" if shape.name in _PUBLISHED and cluster.name == "a100-64" else "analytic"
-    if spec == "analytic":
-        return analytic_cost(shape, cluster)
-    if spec == "published":
-        return published_cost(shape, cluster)
+    if spec in ("analytic", "published"):
+        memory = device_memory(shape, cluster, sharding, precision)
+        return (analytic_cost if spec == "analytic" else published_cost)(shape, cluster, memory)
     cost = CostModel.load(spec)
     if cost.model != shape.name:
         raise ValueError(f"cost model {spec} describes model {cost.model!r}, not {shape.name!r} "
@@ -95,6 +132,6 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster,
     if cost.world_size != cluster.world_size:
         raise ValueError(f"cost model {spec} was made for {cost.world_size} devices, "
                          f"the cluster has {cluster.world_size}")
-    if device_memory_gb is not None:
-        cost = dataclasses.replace(cost, device_memory=device_memory_gb * 1e9)
-    return dataclasses.replace(cost, network=cluster)
+    memory = device_memory(shape, cluster, sharding, precision)
+    return dataclasses.replace(cost, network=cluster, **with_device_memory(memory, *activations_alone(cost)),
+                               **({} if device_memory_gb is None else dict(device_memory=device_memory_gb * 1e9)))

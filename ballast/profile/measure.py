@@ -38,11 +38,13 @@ import torch.distributed as dist
 
 from ..vocabulary.cluster import get_cluster
 from ..pricing.cost import CostModel
+from ..pricing.device_memory import ParameterCounts
 from ..models import build_model
 from ..models.gaussian_clips import gaussian_clips
 from ..plans.plan import Group, MicroBatch, Plan, Wave
 from ..vocabulary.model_shape import ModelShape
 from ..runtime import Executor, ProcessGroups, parallelize
+from ..runtime.executor import StepResult
 from .exchange import check_exchanged_values
 from ..vocabulary.precision import Precision
 from .grid import Measurement, Point
@@ -163,6 +165,36 @@ def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int
     tensors += [t for state in optimizer.state.values() for t in state.values()
                 if isinstance(t, torch.Tensor) and t.dim() > 0]
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def parameter_counts(model: torch.nn.Module) -> ParameterCounts:
+    """The model's parameters as its memory depends on them (`ParameterCounts`), counted: the
+    linear layers' weights and biases are what bf16 autocast copies; a model sharded with FSDP2
+    counts its global sizes."""
+    def count(module: torch.nn.Module) -> int:
+        return sum(p.numel() for p in module.parameters())
+
+    linear = sum(count(m) for m in model.modules() if isinstance(m, torch.nn.Linear))
+    blocks = [count(b) for b in model.blocks()]
+    return ParameterCounts(total=count(model), autocast=linear, block=max(blocks), root=count(model) - sum(blocks))
+
+
+def held_tensors(executor: Executor) -> list[torch.Tensor]:
+    """What a rank holds between steps: parameters, buffers, gradients, optimizer state (ZeRO-1's
+    local shard: `ZeroRedundancyOptimizer.optim`)."""
+    model, optimizer = executor.model, getattr(executor.optimizer, "optim", executor.optimizer)
+    tensors = [*model.parameters(), *model.buffers()] + [p.grad for p in model.parameters() if p.grad is not None]
+    return tensors + [t for state in optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+
+
+def step_peak(executor: Executor, plan: Plan, samples: Sequence) -> tuple[int, StepResult]:
+    """The peak bytes of a whole step on this rank (forward, backward, gradient sync, optimizer
+    step; what it held before included, `held_tensors`) and the step's result."""
+    from ..runtime.memory import PeakMemoryMeter
+
+    with PeakMemoryMeter(held_tensors(executor)) as meter:
+        result = executor.step(plan, samples)
+    return meter.peak, result
 
 
 def idle_plan(world_size: int) -> Plan:

@@ -338,7 +338,7 @@ class Executor:
         layouts' set-up that a wave's busy time (what a step measures) holds; returns the
         (detached) loss share."""
         recompute_layers = round(recompute * self.model.shape.layers)
-        meter = ActivationMeter(self._params) if self.measure_activations else None
+        meter = ActivationMeter() if self.measure_activations else None
         with meter or contextlib.nullcontext(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             # The model's loss is summed over its tokens: the normaliser is the whole batch's.
             loss = self.model.loss([samples[i] for i in seq_ids], stream, local, recompute_layers) / plan.tokens

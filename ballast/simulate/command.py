@@ -24,6 +24,7 @@ from ..command_line.options import (CLUSTER, COST, CP, DEGREE, DEVICE_MEMORY, MA
 from ..command_line.output_paths import check_output_file
 from ..command_line.provenance import provenance
 from ..vocabulary.samples import tokens
+from ..vocabulary.sharding import Sharding
 
 HELP = "plan and simulate steps under several planners; print a table, write JSON"
 
@@ -57,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--zeppelin-remap", action=OnOff, default=d.remap,
                    help="zeppelin: model its remapping layer (default), or plan without it (--no-zeppelin-remap)")
     ROUTING.add(p, d.routing)
+    p.add_argument("--sharding", type=Sharding.parse, default=None, metavar="MODE",
+                   help="how ranks hold the model's state, which the memory model prices: replicated, zero1 or fsdp "
+                        "(default: fsdp on GPU clusters, replicated on cpu: vocabulary/sharding.default_sharding says why)")
     p.add_argument("--lockstep", action="store_true",
                    help="plans for FSDP/ZeRO-3: equal micro-batch counts per group in every wave")
     p.add_argument("--as-lengths", action="store_true",
@@ -81,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.gantt, "--gantt")
     cluster = get_cluster(args.cluster, args.world, args.device_memory_gb, args.nodes)
     shape = get_model_shape(args.model)
-    cost = get_cost_model(args.cost, shape, cluster, args.device_memory_gb)
+    cost = get_cost_model(args.cost, shape, cluster, args.device_memory_gb, args.sharding)
     names = parse_planner_names(args.planners)
     options = planner_options(args)
     options.check_read(names, unset=PlannerOptions())
@@ -102,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     summaries = {name: r.summary() for name, r in results.items()}
     setting = {"lengths": args.lengths, "cluster": cluster.name, "world_size": cluster.world_size,
                "model": shape.name, "attention": shape.attention, "as_lengths": args.as_lengths,
-               "cost": cost.source, "max_len": args.max_len, "batch": args.batch,
+               "cost": cost.source, "sharding": cost.device.sharding.value, "max_len": args.max_len, "batch": args.batch,
                "tokens_per_step": args.tokens_per_step, "overlong": args.overlong, "seed": args.seed,
                "dcp_mode": args.dcp_mode, "zeppelin_remap": _on_off(args.zeppelin_remap), "routing": _on_off(args.routing),
                "lockstep": args.lockstep,

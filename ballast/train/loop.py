@@ -28,6 +28,7 @@ from ..command_line.provenance import provenance
 from ..vocabulary.cluster import Cluster, default_cluster, get_cluster
 from ..pricing.cost import CostModel
 from ..pricing.cost_sources import get_cost_model
+from ..vocabulary.sharding import Sharding
 from ..dataset import (BatchStream, ClipStream, build_corpus, check_data_kind, check_vocab, is_video_data,
                        open_clip_stream)
 from ..models import build_model, check_buildable
@@ -77,7 +78,9 @@ class Setup:
         check_data_kind(config.data.source, shape)
         spec = config.planner.cluster or default_cluster(world, gpu_name)
         cluster = get_cluster(spec, world, config.planner.device_memory_gb, config.planner.nodes)
-        cost = get_cost_model(config.planner.cost, shape, cluster, config.planner.device_memory_gb)
+        sharding = Sharding.of_flags(config.optimizer.zero1, config.optimizer.fsdp)
+        cost = get_cost_model(config.planner.cost, shape, cluster, config.planner.device_memory_gb, sharding,
+                              config.run.precision)
         check_fits(cost.under(ANY_SPLIT), [config.data.max_len])  # a max_len no plan can hold fails here, not at step k
         return cls(shape, cluster, cost, resolve_tokenizer(config.data.tokenizer, shape))
 

@@ -36,12 +36,13 @@ from ..command_line.options import (CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, N
                                     TIMEOUT, WORLD)
 from ..vocabulary.value_checks import at_least, positive
 from ..pricing.cost import CostModel
-from ..pricing.cost_sources import analytic_cost
+from ..pricing.cost_sources import analytic_cost, device_memory
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..plans.plan import Plan, splits_used
 from ..models import check_buildable
 from ..vocabulary.layouts import ANY_SPLIT
 from ..vocabulary.precision import Precision
+from ..vocabulary.sharding import Sharding
 from .errors import BF16_GAP_MULTIPLE, GRAD_TOLERANCE, PARAM_TOLERANCE, bf16_tolerances, errors_against
 from .reference import random_batches, reference_at, train_reference
 from ..planners.fits import check_fits
@@ -49,21 +50,34 @@ from ..planners.fits import check_fits
 HELP = "check that plans run on N local gloo ranks train exactly like one process"
 
 
+AFTER_BACKWARD_MARGIN = 1.01
+"""A budget set from what a step holds after backward leaves this much over it (the cost model
+refuses a device that it fills exactly)."""
+
+
 def budget(shape: ModelShape, world: int, max_len: int, device_memory_gb: float | None = None,
-           nodes: int = 1) -> tuple[Cluster, CostModel]:
+           nodes: int = 1, sharding: Sharding = Sharding.REPLICATED,
+           precision: Precision = Precision.AUTO) -> tuple[Cluster, CostModel]:
     """The cpu cluster of `world` ranks (as `nodes` emulated nodes) and its analytic cost model,
-    at `device_memory_gb` per rank or, by default, at a budget that makes plans exercise sequence parallelism: 1.2x what
+    its memory priced for the run's `sharding` and `precision`, at `device_memory_gb` per rank or, by default, at a budget that makes plans exercise sequence parallelism: 1.2x what
     half of a `max_len` sequence keeps under full recomputation, so the longest sequences fit
     degree 2 only when recomputed and never one rank (a whole one where the heads allow no degree
     above 1, else nothing could hold it). (A looser budget, the longest at degree 2
     without recomputation, let nearly every planner choose degree 1 with recomputation on CPU,
-    where gloo's all-to-all latency is priced, and then no all-to-all ran.)"""
+    where gloo's all-to-all latency is priced, and then no all-to-all ran.) The budget is no less
+    than what a step holds after backward, which a short max_len's activations may not reach
+    (replicated: AdamW's temporaries, 4 bytes a parameter); the statement above then does not
+    hold and the longest sequences fit one rank."""
+    def priced(cluster: Cluster) -> CostModel:
+        return analytic_cost(shape, cluster, device_memory(shape, cluster, sharding, precision))
+
     cluster = get_cluster("cpu", world_size=world, device_memory_gb=device_memory_gb, nodes=nodes)
-    cost = analytic_cost(shape, cluster)
+    cost = priced(cluster)
     if device_memory_gb is None:
-        memory = cost.states + 1.2 * cost.act_per_token * cost.kept * max_len / min(2, cost.degrees[-1])
+        memory = max(cost.states + 1.2 * cost.act_per_token * cost.kept * max_len / min(2, cost.degrees[-1]),
+                     AFTER_BACKWARD_MARGIN * cost.device.after_backward)
         cluster = get_cluster("cpu", world_size=world, device_memory_gb=memory / 1e9, nodes=nodes)
-        cost = analytic_cost(shape, cluster)
+        cost = priced(cluster)
     return cluster, cost
 
 
@@ -137,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
     options = PlannerOptions(max_len=args.max_len, degree=args.degree, cp=args.cp, seed=args.seed,
                              routing=args.routing, lockstep=args.fsdp)
     options.check_read(names, unset=PlannerOptions())
-    cluster, cost = budget(shape, args.world, args.max_len, args.device_memory_gb, args.nodes)
+    cluster, cost = budget(shape, args.world, args.max_len, args.device_memory_gb, args.nodes,
+                           Sharding.of_flags(args.zero1, args.fsdp), args.precision)
     check_fits(cost.under(ANY_SPLIT), [args.max_len])  # a --device-memory-gb that cannot hold --max-len: before planning
     batches = random_batches(shape, args.steps, args.batch, args.max_len, args.seed)
     plans: dict[str, list[Plan]] = {}

@@ -302,18 +302,26 @@ CASES = [
     ("train --model hf:{hf-short-positions} --max-len 128", 2, r"128 tokens, more than model 'hf-short-positions'.s "
      r"positions cover \(max_position_embeddings 64\).*lower --max-len to 64, or raise max_position_embeddings"),
     ("verify --model hf:{hf-short-positions} --max-len 128", 2, r"max_position_embeddings 64"),
-    # --device-memory-gb applies to every cluster, and the states error names both levers
+    # --device-memory-gb applies to every cluster, and the states error names both levers. FSDP
+    # under bf16 (a100-64's defaults): gpt-7b's 16 B x 6.85e9 / 64 = 1.71 GB and its root and two
+    # blocks gathered in bf16, 2 x (4.12e8 + 2 x 2.01e8) = 1.63 GB
     ("simulate --cluster a100-64 --device-memory-gb 1 --steps 1", 2,
-     r"states \(1.71 GB per device, sharded over 64 devices\) do not fit the device memory \(1 GB\)"),
+     r"states \(3.34 GB per device on 64 devices\) do not fit the device memory \(1 GB\)"),
     ("train --cluster {two-gpus.json} --device-memory-gb 0.001", 2, r"do not fit the device memory \(0.001 GB\)"),
-    ("simulate --model gpt-30b --cluster a100-8 --steps 1", 2, r"\(65.1 GB per device, sharded over 8 devices\) do not "
+    # 16 B x 3.26e10 / 8 = 65.1 GB, and 2 x (6.70e8 + 2 x 5.32e8) = 3.47 GB gathered
+    ("simulate --model gpt-30b --cluster a100-8 --steps 1", 2, r"\(68.6 GB per device on 8 devices\) do not "
      r"fit the device memory \(28 GB\) at any degree: give the job more devices, or each device more memory "
      r"\(--device-memory-gb\)"),
-    # the levers of a sequence no plan holds: context parallelism lifts the head cap, so more ranks help
-    ("verify --model {three-heads.json} --device-memory-gb 0.0019", 2, r"256 tokens, more than any plan can hold: "
+    # the levers of a sequence no plan holds: context parallelism lifts the head cap, so more ranks help.
+    # three-heads on 2 replicated fp32 ranks: 16 B x 233,952 = 3.74 MB of states (4.68 MB after
+    # backward), 3,840 B a fully recomputed token (768 of block inputs, the loss's 12 B x 256):
+    # 5.5 MB hold 457 tokens a rank, 914 at degree 2
+    ("verify --model {three-heads.json} --device-memory-gb 0.0055 --max-len 1024", 2,
+     r"1024 tokens, more than any plan can hold: "
      r"at most \d+ tokens fit one micro-batch \(SP degree 2, .*--device-memory-gb\) or the job more ranks"),
     # ... a planner of Ulysses alone is told which lever it lacks
-    ("simulate --cluster cpu --world 4 --planners dcp --model {three-heads.json} --device-memory-gb 0.01 "
+    # (0.05 GB: 12,046 tokens a rank at full recomputation)
+    ("simulate --cluster cpu --world 4 --planners dcp --model {three-heads.json} --device-memory-gb 0.05 "
      "--max-len 40000", 2, r"\(SP degree 1,.* SP degree 2 needs context parallelism \(SP degree 2 does not divide "
      r"the attention heads \(3\).*use a planner that runs it .* or static with --cp"),
     # static USP's CP part (--cp): checked where it enters, naming the value and its limit
@@ -323,16 +331,17 @@ CASES = [
     ("simulate --cluster cpu --world 8 --planners static --model {three-heads.json} --degree 8 --cp 2", 2,
      r"--degree 8 with --cp 2 leaves Ulysses over 4 ranks: SP degree 4 does not divide the attention heads \(3\)"),
     ("simulate --cluster cpu --world 4 --planners static --model {three-heads.json} --degree 2 --cp 2 "
-     "--device-memory-gb 0.01 --max-len 40000", 2, r"a 40000-token sequence \(--max-len\) does not fit SP degree 2 "
+     "--device-memory-gb 0.05 --max-len 40000", 2, r"a 40000-token sequence \(--max-len\) does not fit SP degree 2 "
      r"\(Ulysses 1 x CP 2\) even with full recomputation \(at most \d+ tokens"),
     ("train --planner static --degree 1 --cp 2", 2, r"--cp 2 does not divide --degree 1"),
     ("train --planner static --cp 4", 2, r"--cp 4 is more ranks than the cluster's 2"),
     ("bench --planners static --cp 3", 2, r"--cp: CP degree 3 is not a power of two"),
     ("train --planner static --cp 0", 2, r"--cp: must be an integer > 0, got 0"),
     # no planner asked for can hold --max-len: one line naming each one's limit, before any rank
-    ("verify --model {three-heads.json} --world 2 --planners dcp,static --device-memory-gb 0.002 --max-len 256", 2,
-     r"no planner of --planners dcp,static can hold --max-len 256: dcp holds at most 167 tokens \(ulysses-only "
-     r"splits, degrees up to 1\), not --max-len 256; static holds at most 167 tokens"),
+    # (5.5 MB: 457 tokens at degree 1, the most 3 heads allow Ulysses alone; 914 with CP)
+    ("verify --model {three-heads.json} --world 2 --planners dcp,static --device-memory-gb 0.0055 --max-len 512", 2,
+     r"no planner of --planners dcp,static can hold --max-len 512: dcp holds at most 457 tokens \(ulysses-only "
+     r"splits, degrees up to 1\), not --max-len 512; static holds at most 457 tokens"),
     ("simulate --cluster cpu --world 2 --model tiny --cost {bad-cp-profile.json}", 2,
      r"cost model file .*bad-cp-profile.json: cost model 'tiny': context_attention must be > 0, got 0.0"),
     ("simulate --cluster cpu --world 2 --model tiny --cost {bad-span-profile.json}", 2,

@@ -19,9 +19,12 @@ BASELINES = ["static", "batch-adaptive", "bucket", "megatron-dynamic-cp"]
 
 
 def tiny8():
-    """8 ranks with 0.1 GB each, activations in bf16: the tiny model holds ~5.6K tokens per
-    device without recomputation and ~96K with full recomputation; degrees 1, 2, 4, 8 (8 heads)."""
-    cluster = dataclasses.replace(get_cluster("cpu", world_size=8, device_memory_gb=0.1), value_bytes=2)
+    """8 ranks with 0.4 GB each, activations in bf16 (so FSDP, 2.48 MB of states): the tiny model
+    holds ~19.4K tokens per device without recomputation (20,480 B a token: 17 h values of 2 B
+    per layer, 17 x 128 x 2 x 4 = 17,408, and the loss's 12 B x 256 entries, 3,072) and ~97K
+    with full recomputation (4,096 B: the blocks' inputs, 1,024, and the loss, kept); degrees
+    1, 2, 4, 8 (8 heads)."""
+    cluster = dataclasses.replace(get_cluster("cpu", world_size=8, device_memory_gb=0.4), value_bytes=2)
     return cluster, analytic_cost(get_model_shape("tiny"), cluster)
 
 
@@ -43,7 +46,8 @@ BATCH = [90_000, 40_000, 12_000, 5_000, 5_000, 3_000, 800, 700, 300, 120, 64, 1]
 
 
 # --- static ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("max_len, degree", [(None, 1), (90_000, 1), (96_086, 1), (96_087, 2),
+# (0.4e9 - 2,477,568) / 4,096 = 97,051.4 tokens at degree 1 with full recomputation
+@pytest.mark.parametrize("max_len, degree", [(None, 1), (90_000, 1), (97_051, 1), (97_052, 2),
                                              (150_000, 2), (300_000, 4)])
 def test_static_uses_smallest_degree_that_holds_max_len(max_len, degree):
     cluster, cost = tiny8()
@@ -81,11 +85,13 @@ def test_static_rejects_sequence_over_max_len():
 
 def test_static_on_flexsp_cluster():
     cluster, cost = gpt7b()
-    # 393216 tokens (the demo's max_len) need degree 4 with full recomputation on 28 GB A100s:
-    # 4.48 MB x 393216 / 4 x 2/34 = 26 GB of activations
+    # 393216 tokens (the demo's max_len) need degree 16 with full recomputation on 28 GB A100s:
+    # a token keeps 4.48 MB x 2/34 = 0.264 MB of activations and the loss's 12 B x 50,304 =
+    # 0.604 MB, so 393216 / 16 x 0.867 MB = 21.3 GB beside FSDP's 3.34 GB of states (42.6 GB
+    # at degree 8)
     plan = get_planner("static", cluster, cost, PlannerOptions(max_len=393_216)).plan([1000] * 64)
-    assert {g.degree for g in plan.waves[0].groups} == {4}
-    assert not fits(cost, 393_216, 2, 1.0) and fits(cost, 393_216, 4, 1.0)
+    assert {g.degree for g in plan.waves[0].groups} == {16}
+    assert not fits(cost, 393_216, 8, 1.0) and fits(cost, 393_216, 16, 1.0)
 
 
 # --- batch-adaptive ----------------------------------------------------------------------------
@@ -227,13 +233,15 @@ def test_planner_rejects_cost_for_another_cluster():
 @pytest.mark.parametrize("name", list(PLANNERS))
 def test_sequence_at_exactly_the_limit(name):
     # check_fits admits up to max_tokens(largest degree, full recomputation) tokens, so every
-    # planner must plan such a sequence. With 519 bytes over 5000 tokens of free memory the
-    # capacity is not a multiple of the degree: 4 ranks hold 340001 tokens, one rank 85000.
+    # planner must plan such a sequence. With 1300 bytes over 5000 tokens of free memory the
+    # capacity is not a multiple of the degree: a token fully recomputed keeps 5,120 of its
+    # 37,888 B (fp32: the block inputs, 4 x 128 x 4, and the loss's 3 x 4 x 256), so one rank
+    # holds 5000 x 37,888 / 5,120 + 1300 / 5,120 = 37,000.25 tokens, 4 ranks 148,001.
     cluster = get_cluster("cpu", world_size=4, device_memory_gb=0.1)
     cost = analytic_cost(get_model_shape("tiny"), cluster)
-    memory = cost.states + 5000 * cost.act_per_token + 519
+    memory = cost.states + 5000 * cost.act_per_token + 1300
     cluster, cost = (dataclasses.replace(x, device_memory=memory) for x in (cluster, cost))
     limit = cost.max_tokens(cost.degrees[-1], 1.0)
-    assert (limit, cost.max_tokens(1, 1.0)) == (340_001, 85_000)
+    assert (limit, cost.max_tokens(1, 1.0)) == (148_001, 37_000)
     plan = get_planner(name, cluster, cost, PlannerOptions(time_limit=0.5)).plan([limit, 10])
     plan.validate(cluster, cost)

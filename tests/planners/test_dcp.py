@@ -186,8 +186,10 @@ def test_unknown_mode_and_overlong_sequence_are_errors():
 def test_count_ratio_bound_binds(mode, monkeypatch):
     # A sequence that runs alone at SP degree 2 (it needs recomputation at 1) beside short ones
     # that fill a micro-batch each at degree 1: unbounded, the two degree-1 groups take six
-    # micro-batches each next to the long one's single one.
-    cluster = make_cluster(1, 4, 4e9)
+    # micro-batches each next to the long one's single one. 7.8 GB: FSDP's 0.846 GB of states and
+    # 662,528 B a token without recomputation (278,528 of activations, the loss's 12 B x 32,000)
+    # hold 10,496 tokens at degree 1 (one 6000 each), 20,993 at degree 2.
+    cluster = make_cluster(1, 4, 7.8e9)
     cost = analytic_cost(SMALL, cluster)
     assert cost.max_tokens(1, 0.0) < 20_000 <= cost.max_tokens(2, 0.0)
     lengths = [20_000] + [6000] * 12

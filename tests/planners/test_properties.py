@@ -66,7 +66,8 @@ def setups(draw, name, lockstep=None):
         shape = dataclasses.replace(shape, attention=pattern, spatial_share=share)
     cost = analytic_cost(shape, cluster)
     cap = draw(st.integers(32, 50_000))     # tokens a device holds without recomputation
-    memory = cost.states + cap * cost.act_per_token
+    # beside the states, or what a step holds after backward where that is more (FSDP on 1 rank)
+    memory = max(cost.states, cost.device.after_backward) + cap * cost.act_per_token
     cluster = dataclasses.replace(cluster, device_memory=memory)
     # Attention's recomputation priced like the rest (docs/design.md) or apart, as profiles find it.
     cost = dataclasses.replace(cost, device_memory=memory,

@@ -16,7 +16,7 @@ from ballast.plans.plan import Plan
 from ballast.planners import PlannerOptions, get_planner
 from ballast.runtime import ProcessGroups, run_local
 
-WORLD, STEPS, BATCH, MAX_LEN, LR = 2, 5, 12, 256, 1e-3
+WORLD, STEPS, BATCH, MAX_LEN, LR = 2, 5, 12, 1024, 1e-3
 PLANNERS = ("static", "ballast")
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -35,10 +35,13 @@ def batches() -> list[verify.VerifyBatch]:
 
 @pytest.fixture(scope="module")
 def plans(batches) -> dict[str, list[Plan]]:
-    # verify's default budget: a MAX_LEN sequence fits two ranks only when recomputed, never
-    # one, so `static` runs every step at degree 2; `ballast` puts a batch whose longest
-    # sequence is shorter on single ranks.
+    # verify's default budget (replicated, as `_train` runs): a MAX_LEN sequence fits two ranks
+    # only when recomputed, never one, so `static` runs every step at degree 2; `ballast` puts a
+    # batch whose longest sequence is shorter on single ranks. MAX_LEN 1024: the budget is no
+    # less than a replicated step's after-backward peak (16.1 MB for tiny), which holds 659
+    # tokens on one rank recomputed, so a shorter MAX_LEN (256 before) fits one rank.
     cluster, cost = verify.budget(SHAPE, WORLD, MAX_LEN)
+    assert cost.max_tokens(1, 1.0) < MAX_LEN <= cost.max_tokens(2, 1.0) and cost.max_tokens(2, 0.0) < MAX_LEN
     out = {}
     for name in PLANNERS:
         planner = get_planner(name, cluster, cost, PlannerOptions(max_len=MAX_LEN, seed=0))

@@ -60,8 +60,12 @@ def test_verify_runs_degree_4_with_context_parallelism_for_six_heads(tmp_path, c
 
 
 def test_no_planner_that_can_hold_max_len_is_an_error_before_any_rank_starts(tmp_path, capsys):
+    # Replicated fp32: 16 B x 37,104 = 594 KB of states (742 KB after backward); a fully
+    # recomputed token keeps 2 x 48 x 4 = 384 B and the loss's 12 B x 64 = 768 B: 0.75 MB hold
+    # (750,000 - 593,664) / 1,152 = 135 tokens a rank, 271 at Ulysses' widest degree 2 (6 heads,
+    # 2 kv heads), 542 at degree 4 with CP
     args = ["verify", "--world", "4", "--planners", "dcp,static", "--model", six_head_json(tmp_path),
-            "--max-len", "224", "--device-memory-gb", "0.00017"]
+            "--max-len", "448", "--device-memory-gb", "0.00075"]
     assert main(args) == 2
-    assert ("no planner of --planners dcp,static can hold --max-len 224: dcp holds at most 112 tokens "
+    assert ("no planner of --planners dcp,static can hold --max-len 448: dcp holds at most 271 tokens "
             "(ulysses-only splits, degrees up to 2)") in capsys.readouterr().err

@@ -1,0 +1,43 @@
+"""How a job's ranks hold the model's state: replicated, ZeRO-1 or FSDP2 (`runtime/parallelize.py`
+applies it; `pricing/device_memory.py` prices it)."""
+from __future__ import annotations
+
+import enum
+
+from .cluster import Cluster
+
+
+class Sharding(enum.Enum):
+    REPLICATED = "replicated"
+    """Every rank holds every parameter, gradient and optimizer state (the commands' default)."""
+    ZERO1 = "zero1"
+    """The optimizer state sharded over the world (`--zero1`); parameters and gradients whole."""
+    FSDP = "fsdp"
+    """Parameters, gradients and optimizer state sharded over the world (FSDP2, `--fsdp`)."""
+
+    @classmethod
+    def of_flags(cls, zero1: bool, fsdp: bool) -> Sharding:
+        """The mode the commands' `--zero1` / `--fsdp` flags choose (at most one of them)."""
+        if zero1 and fsdp:
+            raise ValueError("--zero1 and --fsdp both shard the optimizer state: choose one")
+        return cls.FSDP if fsdp else cls.ZERO1 if zero1 else cls.REPLICATED
+
+    @classmethod
+    def parse(cls, name: str) -> Sharding:
+        """The mode named `name` (an argparse type)."""
+        try:
+            return cls(name)
+        except ValueError:
+            raise ValueError(f"sharding must be one of {', '.join(m.value for m in cls)}, got {name!r}") from None
+
+
+def default_sharding(cluster: Cluster) -> Sharding:
+    """The mode a user of `cluster` would run, where no flag says (simulate, bench settings).
+
+    GPU presets: FSDP. Their models (GPT-7B to 30B, Llama-3 8B, the video DiTs) hold 16 bytes of
+    mixed-precision AdamW state per parameter: 112 GB for a 7B model, which replicated ranks
+    (16 P each) or ZeRO-1 (8 P of parameters and gradients each) cannot hold on a 28-68 GB
+    device, and FSDP (ZeRO-3) is what the systems the tables compare with (FlexSP, Zeppelin) run.
+    The old cost model's 16 P / N per device was this mode. `cpu`: replicated, what `train`,
+    `verify` and `bench` run without `--zero1` / `--fsdp`."""
+    return Sharding.REPLICATED if cluster.value_bytes == 4 else Sharding.FSDP
