@@ -168,7 +168,14 @@ class Plan:
 
     # --- invariants ---------------------------------------------------------------------------
     def validate(self, cluster: Cluster, cost: CostModel | None = None) -> None:
-        """Raise PlanError unless the plan is executable on `cluster` (and fits memory under `cost`)."""
+        """Raise PlanError unless the plan is executable on `cluster`, the cluster of the pool its
+        ranks are (`JobMesh.pool_cluster`: the job's own without TP or PP), and fits memory under
+        `cost`, whose coefficients are a rank's of the mesh the plan was made for (a TP shard's)."""
+        if cost is not None:
+            priced = (cost.mesh.tp, cost.mesh.pp) if cost.mesh is not None else (1, 1)
+            if (self.tp, self.pp) != priced:
+                raise PlanError(f"plan made for TP degree {self.tp} and PP degree {self.pp}, but the cost model "
+                                f"prices a rank of TP degree {priced[0]} and PP degree {priced[1]}")
         n = cluster.world_size
         seen: dict[int, str] = {}
         for w, wave in enumerate(self.waves):

@@ -26,6 +26,7 @@ from rich.console import Console
 
 from ..command_line.provenance import provenance
 from ..vocabulary.cluster import Cluster, default_cluster, get_cluster
+from ..vocabulary.job_mesh import JobMesh
 from ..pricing.cost import CostModel
 from ..pricing.cost_sources import get_cost_model
 from ..vocabulary.sharding import Sharding
@@ -64,7 +65,11 @@ class Setup:
 
     shape: ModelShape
     cluster: Cluster
+    """The job's devices."""
+    mesh: JobMesh
+    """Its TP degree and the pool the plans are made over."""
     cost: CostModel
+    """A rank's of the mesh (a TP shard's), over the pool."""
     tokenizer: str
     """The tokenizer the corpus is tokenised with: --tokenizer, else an hf:PATH model's own
     tokenizer.json, else "bytes" (hf_folder.resolve_tokenizer)."""
@@ -79,15 +84,22 @@ class Setup:
         spec = config.planner.cluster or default_cluster(world, gpu_name)
         cluster = get_cluster(spec, world, config.planner.device_memory_gb, config.planner.nodes)
         sharding = Sharding.of_flags(config.optimizer.zero1, config.optimizer.fsdp)
+        mesh = JobMesh.of(cluster, tp=config.planner.tp, shape=shape)
         cost = get_cost_model(config.planner.cost, shape, cluster, config.planner.device_memory_gb, sharding,
-                              config.run.precision)
+                              config.run.precision, mesh)
         check_fits(cost.under(ANY_SPLIT), [config.data.max_len])  # a max_len no plan can hold fails here, not at step k
-        return cls(shape, cluster, cost, resolve_tokenizer(config.data.tokenizer, shape))
+        return cls(shape, cluster, mesh, cost, resolve_tokenizer(config.data.tokenizer, shape))
+
+    @property
+    def pool(self) -> Cluster:
+        """The cluster the plans are made for: the mesh's pool (`JobMesh.pool_cluster`)."""
+        return self.mesh.pool_cluster(self.cluster)
 
     def describe(self) -> str:
         where = "" if self.cost.source != "analytic" else " (`ballast profile` measures a real one)"
+        tp = f", TP {self.mesh.tp}: plans over a pool of {self.mesh.pool}" if self.mesh.tp > 1 else ""
         return (f"cost model: {self.cost.source} for {self.shape.name} on {self.cluster.name} "
-                f"({self.cluster.world_size} ranks, {self.cost.device_memory / 1e9:.3g} GB each){where}")
+                f"({self.cluster.world_size} ranks{tp}, {self.cost.device_memory / 1e9:.3g} GB each){where}")
 
 
 def open_data(config: TrainConfig, setup: Setup, progress: bool) -> tuple[BatchStream | ClipStream, str]:
@@ -116,7 +128,7 @@ def make_planner(config: TrainConfig, setup: Setup) -> Planner:
     """The run's planner; an option it would ignore (--cp with ballast) is refused."""
     options = planner_options(config)
     options.check_read([config.planner.planner], unset=planner_options(TrainConfig()))
-    return get_planner(config.planner.planner, setup.cluster, setup.cost, options)
+    return get_planner(config.planner.planner, setup.pool, setup.cost, options)
 
 
 def learning_rate(step: int, steps: int, opt: OptimizerConfig) -> float:
