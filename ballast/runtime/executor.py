@@ -173,8 +173,9 @@ class Executor:
         self.device = next(model.parameters()).device
         self.bf16 = precision.autocast(self.device.type)
         trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self._names = [n for n, _ in trained]
-        """The trained parameters' names, by which TP knows its split ones (FSDP2 replaces the objects)."""
+        self.parameter_names = [n for n, _ in trained]
+        """The trained parameters' names (`parameters` and `gradients` in this order), by which TP
+        knows its split ones (FSDP2 replaces the objects)."""
         self._params = [p for _, p in trained]
         # The running step's (seq_ids, loss share) of every micro-batch this rank ran: checked for
         # finiteness once, at the end, not per micro-batch (each check would wait for the device).
@@ -233,13 +234,14 @@ class Executor:
         return self._whole_over_tensor_parallel(grads)
 
     def parameters(self) -> list[Tensor]:
-        """Every trained parameter, whole, on every rank (a collective, for checks)."""
+        """Every trained parameter, whole, on every rank (a collective, for checks and for
+        writing the model out), in the order of `parameter_names`."""
         return self._whole_over_tensor_parallel([full_tensor(p.detach()) for p in self._params])
 
     def _whole_over_tensor_parallel(self, tensors: list[Tensor]) -> list[Tensor]:
         if self.tensor_parallel is None:
             return tensors
-        return self.tensor_parallel.whole(self._names, tensors)
+        return self.tensor_parallel.whole(self.parameter_names, tensors)
 
     def _backward_passes(self, plan: Plan) -> int:
         """How many backward passes this rank runs in `plan`: its groups' micro-batches and its
@@ -417,7 +419,7 @@ class Executor:
         if self.sync is not None:
             self.sync.finish()
         first = self.tp_index == 0
-        held = [p.grad for n, p in zip(self._names, self._params)
+        held = [p.grad for n, p in zip(self.parameter_names, self._params)
                 if p.grad is not None and (first or self.tensor_parallel.is_split(n))]
         squares = self._squares(g.to_local() if self.fsdp else g for g in held)
         if not (self.fsdp or self.sync.sharded or self.rank == 0):

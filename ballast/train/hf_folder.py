@@ -15,7 +15,8 @@ the tokenizer files of the model's folder when it trained with that tokenizer, t
 tokenizer; and `ballast.json`, saying what was trained from what and with which tokenizer.
 Under FSDP2 the parameters are sharded: every rank takes part in gathering the full state
 dict (`get_model_state_dict` with `full_state_dict=True, cpu_offload=True`, which leaves it on
-rank 0's CPU) and rank 0 writes the folder, into a temporary one renamed into place.
+rank 0's CPU) and rank 0 writes the folder, into a temporary one renamed into place. Under TP
+the executor gathers its TP groups' shards whole (`Executor.parameters`), FSDP2's with them.
 Checkpoints are unaffected: they save the wrapper's state through DCP, as for every model.
 """
 from __future__ import annotations
@@ -25,11 +26,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from ..dataset import check_vocab, load_tokenizer
+from ..runtime import Executor
 from ..vocabulary.model_shape import ModelShape
 from ..models.hf import progress_bars
 
@@ -79,13 +80,17 @@ def check_tokenizer(tokenizer: str, configured: str | None, shape: ModelShape) -
                      f"or a model with a vocab_size of at least {vocab}")
 
 
-def save_hf_model(model: torch.nn.Module, shape: ModelShape, tokenizer: str, out: Path,
+def save_hf_model(executor: Executor, shape: ModelShape, tokenizer: str, out: Path,
                   provenance: dict[str, Any]) -> Path | None:
-    """Write the trained `HFCausalLM` as `out/hf-model/` (collective: every rank calls it; the
-    parameters are gathered to rank 0, which writes). Returns the folder on rank 0, None elsewhere.
-    `provenance` (steps, data, ...) goes into its ballast.json."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    state = get_model_state_dict(model, options=options)  # full tensors on rank 0, {} elsewhere
+    """Write the trained `HFCausalLM` the executor trains as `out/hf-model/` (collective: every
+    rank calls it; the parameters are gathered to rank 0, which writes). Returns the folder on
+    rank 0, None elsewhere. `provenance` (steps, data, ...) goes into its ballast.json."""
+    model = executor.model
+    if executor.tensor_parallel is None:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(model, options=options)  # full tensors on rank 0, {} elsewhere
+    else:  # its split layers' shards gathered whole on every rank (FSDP2's too)
+        state = dict(zip(executor.parameter_names, executor.parameters()))
     if dist.get_rank() != 0:
         return None
     weights = {}

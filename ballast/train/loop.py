@@ -156,13 +156,13 @@ def train(config: TrainConfig) -> dict | None:
 
     model = build_model(setup.shape, config.run.seed).to(device)
     opt = config.optimizer
-    executor = parallelize(model, setup.cluster, fsdp=opt.fsdp, zero1=opt.zero1, precision=config.run.precision,
-                           bucket_bytes=opt.bucket_bytes,
+    executor = parallelize(model, setup.cluster, mesh=setup.mesh, fsdp=opt.fsdp, zero1=opt.zero1,
+                           precision=config.run.precision, bucket_bytes=opt.bucket_bytes,
                            lr=opt.lr, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay)
     optimizer = executor.optimizer
     start = 0
     if resume is not None:
-        start = checkpoint.load(Path(resume), model, optimizer)["step"]
+        start = checkpoint.load(Path(resume), model, optimizer, executor.tensor_parallel)["step"]
         if rank == 0:
             console.print(f"resumed from {resume} at step {start}", highlight=False)
 
@@ -204,7 +204,7 @@ def train(config: TrainConfig) -> dict | None:
                                                "model": checkpoint.model_record(setup.shape),
                                                "config": config.to_dict()}
                 checkpoint.save(config.checkpoint_path, step + 1, model, optimizer, meta,
-                                config.checkpoint.keep_checkpoints)
+                                config.checkpoint.keep_checkpoints, executor.tensor_parallel)
     finally:
         if rank == 0:
             lookahead.close()
@@ -212,14 +212,15 @@ def train(config: TrainConfig) -> dict | None:
     nothing_trained(start, steps, applied, rank)
     hf_model = None  # collective: the parameters are gathered to rank 0, which writes the folder
     if setup.shape.hf_folder is not None:
-        hf_model = save_hf_model(model, setup.shape, setup.tokenizer, out,
+        hf_model = save_hf_model(executor, setup.shape, setup.tokenizer, out,
                                  {"steps": steps, "data": config.data.source, "seed": config.run.seed})
     if rank != 0:
         return None
     history = final_history(out / "metrics.jsonl")
     summary = summarise(history)
-    title = f"{config.planner.planner} planner, {setup.shape.name}, {world} ranks"
-    paths = write_report(out / "report", history, plans, setup.cost, world, title)
+    title = (f"{config.planner.planner} planner, {setup.shape.name}, {world} ranks"
+             f"{f' (TP {setup.mesh.tp}, pool {setup.mesh.pool})' if setup.mesh.tp > 1 else ''}")
+    paths = write_report(out / "report", history, plans, setup.cost, setup.mesh.pool, title)
     summary.update(planner=config.planner.planner, world=world, cost_model=setup.cost.source,
                    metrics=str(out / "metrics.jsonl"), report={k: str(v) for k, v in paths.items()},
                    checkpoint=str(checkpoint.latest(config.checkpoint_path)),

@@ -60,7 +60,7 @@ def _replicas_agree(executor) -> bool:
     """Whether every TP rank holds the same whole parameters (the norms) after the steps: their
     gradients come out of all-reduces, identical on every rank, or the replicas would drift."""
     tp = executor.tensor_parallel
-    for name, p in zip(executor._names, executor._params):
+    for name, p in zip(executor.parameter_names, executor._params):
         if not tp.is_split(name):
             copies = [torch.empty_like(p) for _ in range(tp.degree)]
             dist.all_gather(copies, p.detach().contiguous(), group=tp.group)
