@@ -39,6 +39,12 @@ to exactly one rank, and the remap all-to-alls are adjoint pairs like Ulysses'.
 A rank idle in a wave, or holding an empty shard, contributes zero. So sum over ranks and
 micro-batches = dL/dparam, whatever the plan.
 
+Under tensor parallelism (a `JobMesh` with TP degree t, `parallelize(mesh=)`) the plan's ranks
+are the pool's: every rank of a TP group runs its pool rank's part of the plan on the same tokens,
+over its own TP index's copy of the pool's groups (`ProcessGroups`), each rank with its shard of
+the split layers (`tensor_parallel/`). The sum above is then over the pool of the rank's TP
+index; a TP group's ranks hold the same loss, so only the first adds it (`_synchronise`).
+
 Precision (`Precision`): by default on a GPU the forward runs under bf16 autocast (matmuls,
 attention and the all-to-alls in bf16: every attention casts q, k and v to the autocast dtype,
 `kernels.in_autocast_dtype`, so a varlen kernel can serve it; parameters, gradients and AdamW
