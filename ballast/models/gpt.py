@@ -62,11 +62,10 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, stream: PackedStream) -> Tensor:
         # Head counts from the projections, not the shape: tensor parallelism leaves a rank its
         # share of the heads (`protocol.TensorParallelModel`).
-        n = x.shape[0]
-        q = apply_rotary(self.wq(x).view(n, -1, self.head_dim), stream.positions)
-        k = apply_rotary(self.wk(x).view(n, -1, self.head_dim), stream.positions)
-        v = self.wv(x).view(n, -1, self.head_dim)
-        return self.wo(self.attend(q, k, v, stream).reshape(n, -1))
+        q = apply_rotary(self.wq(x).unflatten(-1, (-1, self.head_dim)), stream.positions)
+        k = apply_rotary(self.wk(x).unflatten(-1, (-1, self.head_dim)), stream.positions)
+        v = self.wv(x).unflatten(-1, (-1, self.head_dim))
+        return self.wo(self.attend(q, k, v, stream).flatten(1))
 
 
 class MLP(nn.Module):

@@ -73,6 +73,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..vocabulary.cluster import Cluster
+from ..vocabulary.job_mesh import JobMesh
 from ..vocabulary.layouts import CONTEXT, ULYSSES, VIDEO_2D, Layout
 from ..vocabulary.precision import Precision
 from ..models.protocol import Local, PackedStream, ParallelModel, held_tokens, take
@@ -149,12 +150,13 @@ class Executor:
     """Runs plans on this rank: `executor.step(plan, samples)`. Made by `parallelize`, which
     installs the sequence-parallel attention and starts every rank from the same weights."""
 
-    def __init__(self, model: ParallelModel, optimizer: torch.optim.Optimizer, cluster: Cluster,
+    def __init__(self, model: ParallelModel, optimizer: torch.optim.Optimizer, cluster: Cluster, mesh: JobMesh,
                  groups: ProcessGroups, routing: RoutingGroups | None = None, *, sync: GradSync | None = None,
                  tensor_parallel: TensorParallel | None = None, measure_activations: bool = False,
                  precision: Precision = Precision.AUTO):
         assert isinstance(precision, Precision), precision
-        self.mesh = groups.mesh
+        assert (mesh.tp, mesh.pp) == (groups.mesh.tp, groups.mesh.pp), "the groups are the mesh's"
+        self.mesh = mesh
         """The job's TP degree, PP degree and pool: plans name the pool's ranks."""
         assert routing is not None or cluster.nodes == 1 or self.mesh.tp * self.mesh.pp > 1, \
             "parallelize makes the routing groups of 2+ nodes"

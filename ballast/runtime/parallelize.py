@@ -73,10 +73,11 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None 
                          f"{NodeNics.of(cluster)}")
     if bucket_bytes < 1:
         raise ValueError(f"the gradient bucket size must be >= 1 byte, got {bucket_bytes}")
-    mesh = mesh or (groups.mesh if groups is not None else JobMesh.of(cluster))
+    if mesh is None:  # the groups' TP and PP degrees (their mesh knows no nodes), else one pool
+        mesh = JobMesh.of(cluster, groups.mesh.tp, groups.mesh.pp) if groups is not None else JobMesh.of(cluster)
     mesh.check_cluster(cluster)
     mesh.check_model(model.shape)
-    if groups is not None and groups.mesh != mesh:
+    if groups is not None and (groups.mesh.tp, groups.mesh.pp) != (mesh.tp, mesh.pp):
         raise ValueError(f"process groups made for {groups.mesh.describe()}, but the job runs {mesh.describe()}")
     if mesh.pp > 1:
         raise ValueError(f"PP degree {mesh.pp}: this runtime does not run pipelines yet")
@@ -101,7 +102,7 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None 
         params = [p for p in model.parameters() if p.requires_grad]
         owners = zero1_owners(optimizer, params, None if plain else groups.pool) if zero1 else None
         sync = GradSync(params, groups.gradients, bucket_bytes, owners)
-    return Executor(model, optimizer, cluster, groups, routing, sync=sync, tensor_parallel=tensor_parallel,
+    return Executor(model, optimizer, cluster, mesh, groups, routing, sync=sync, tensor_parallel=tensor_parallel,
                     measure_activations=measure_activations, precision=precision)
 
 

@@ -44,8 +44,9 @@ def one_rank_plan() -> Plan:
 
 def pool_plan() -> Plan:
     """A pool of two ranks (4 ranks, TP 2): Ulysses over both, then CP over both (u = 1, c = 2),
-    then each pool rank alone, one fully recomputed; a 1-token sequence leaves a shard empty."""
-    return Plan(LENGTHS, [Wave([Group(0, 2, [MicroBatch([0, 1, 8], 0.25), MicroBatch([2])])]),
+    then each pool rank alone, one fully recomputed; a micro-batch of one 1-token sequence leaves
+    a pool rank, and so its whole TP group, an empty shard."""
+    return Plan(LENGTHS, [Wave([Group(0, 2, [MicroBatch([0, 1], 0.25), MicroBatch([8]), MicroBatch([2])])]),
                           Wave([Group(0, 2, [MicroBatch([3, 4, 5])], cp=2)]),
                           Wave([Group(0, 1, [MicroBatch([6])]), Group(1, 1, [MicroBatch([7, 9], 1.0)])])], tp=2)
 
