@@ -8,7 +8,7 @@ import pytest
 
 from ballast.cli import main
 from ballast.planners import get_planner
-from ballast.plans.plan import PlanError
+from ballast.plans.plan import Plan, PlanError
 from ballast.pricing.cost_sources import get_cost_model
 from ballast.pricing.tensor_parallel import activation_share, parameter_counts
 from ballast.vocabulary.cluster import get_cluster
@@ -65,6 +65,7 @@ def test_planners_stamp_the_mesh_and_validation_refuses_another():
     pool = mesh.pool_cluster(cluster)
     plan = get_planner("ballast", pool, rank).plan([300, 40, 7, 120])
     assert (plan.tp, plan.pp) == (2, 1)
+    assert plan.to_dict()["tp"] == 2 and "pp" not in plan.to_dict() and Plan.from_json(plan.to_json()).tp == 2
     assert max(g.degree for _, g, _ in plan.micro_batches()) <= 2
     plan.validate(pool, rank)
     with pytest.raises(PlanError, match="plan made for TP degree 2 and PP degree 1, but the cost model prices a "
