@@ -32,12 +32,12 @@ from .memory import ActivationMeter
 from .parallelize import make_optimizer, parallelize
 from .shard_sizes import shard_sizes
 from .video_sp import BALANCE, Relayout, TokenSplit, VideoLayouts, VideoShard, video_layouts
-from .job import describe_ranks, in_job, job_world, on_ranks
+from .job import describe_ranks, in_job, job_backend, job_world, on_ranks
 from .world import PeerFailed, RankFailed, RankInputError, init_distributed, rank_device, run_local, under_torchrun
 
 __all__ = ["ActivationMeter", "BALANCE", "Executor", "MicroBatchRecord", "PeerFailed", "ProcessGroups",
            "RankFailed", "RankInputError", "Relayout", "StepResult",
            "StreamShard", "TokenSplit", "VideoLayouts", "VideoShard", "WaveTiming", "broadcast_plan", "describe_ranks",
-           "full_tensor", "in_job", "init_distributed", "is_sharded", "job_world", "make_optimizer", "on_ranks",
-           "parallelize", "rank_device", "run_local",
+           "full_tensor", "in_job", "init_distributed", "is_sharded", "job_backend", "job_world", "make_optimizer",
+           "on_ranks", "parallelize", "rank_device", "run_local",
            "sequence_parallel_attention", "shard_model", "shard_sizes", "under_torchrun", "video_layouts"]

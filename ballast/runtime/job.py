@@ -42,7 +42,7 @@ _inside_fn = False
 message, and rank 0 sends none."""
 
 
-def job_world(world: int | None, default: int) -> int:
+def job_world(world: int | None, default: int | None) -> int | None:
     """The ranks a command runs on: torchrun's WORLD_SIZE under torchrun (a --world that differs
     is a ValueError naming both), else `world`, or `default` when it is None."""
     if not under_torchrun():
@@ -123,6 +123,12 @@ def on_ranks(world: int, fn: Callable[..., Any], *args: Any, timeout: float = 30
     return _gather(_run(fn, args))
 
 
+def job_backend() -> str:
+    """The backend of the ranks `on_ranks` runs on: the joined job's under `drive`, else gloo's
+    (local ranks)."""
+    return dist.get_backend() if _control is not None else "gloo"
+
+
 def describe_ranks(world: int) -> str:
     """The ranks a command runs on, for its log: "2 local gloo ranks", or under `drive` e.g. "8
     torchrun ranks (nccl, NVIDIA H100 80GB HBM3)" or "2 torchrun ranks (gloo, cpu)"."""
@@ -130,7 +136,7 @@ def describe_ranks(world: int) -> str:
         return f"{world} local gloo ranks"
     device = rank_device()
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    return f"{world} torchrun ranks ({dist.get_backend()}, {where})"
+    return f"{world} torchrun ranks ({job_backend()}, {where})"
 
 
 def _run(fn: Callable[..., Any], args: tuple) -> Any:
