@@ -8,14 +8,8 @@ started by this process, which runs the reference; or, launched by torchrun (`to
 LOCAL_RANK's; `runtime.job`), whose rank 0 plans, runs the reference on its own device and
 compares, and sends every rank the verdict: a mismatch is a non-zero exit on every rank.
 
-Why the reference on rank 0 alone: it needs one device that holds the whole model, its AdamW
-state and the whole batch's activations once (verify's batches: 16 sequences up to 256 tokens),
-no more than a replicated rank holds in the run itself; on every rank it would take the same
-memory on each GPU and the same time again on each, to compare on rank 0 anyway. The other
-ranks wait for it between the run's steps (a few single-process steps per planner, seconds on a
-GPU). A model that fits only sharded cannot be verified. The loss of a
-step is summed per token and divided by the batch's tokens, so the gradient does not depend
-on the plan: only float rounding differs (summation order of all-reduce, accumulation and
+The loss of a step is summed per token and divided by the batch's tokens, so the gradient does
+not depend on the plan: only float rounding differs (summation order of all-reduce, accumulation and
 attention). Errors are relative to the largest reference magnitude of the same quantity
 (max |a - b| / max |b|): element-wise ratios blow up where a gradient is near zero.
 
@@ -39,6 +33,13 @@ GPUs the fp32 reference runs in fp32 on rank 0's GPU and the bf16 one under CUDA
 with the GPU's own bf16 kernels. On the CPU, `--precision bf16` checks the bf16 dtypes,
 exchanges and tolerances, not the GPU's kernels, NCCL or CUDA placement, which only a run under
 torchrun on GPUs reaches (bench/gpu.sh).
+
+Why the reference on rank 0 alone: it needs one device that holds the whole model and its AdamW
+state, as a replicated rank of the run does, and the whole batch's activations (verify's
+batches: 16 sequences up to 256 tokens by default); on every rank it would take that memory on
+every GPU and the same time again on each, to be compared on rank 0 anyway. The other ranks
+wait for it (a few single-process steps per planner: seconds on a GPU). A model that fits only
+sharded cannot be verified.
 """
 from __future__ import annotations
 
