@@ -40,7 +40,8 @@ if (( DRY )); then
     GPU=cpu-dry-run RANKS=2 PLANNERS=ballast,zeppelin
     PRECISION=()
     SIZES=(--steps 1 --batch 4 --max-len 128)
-    CHECK=(--plans 2 --tokens-per-step 2048)
+    CHECK=(--plans 2 --repeats 1 --tokens-per-step 2048)
+    BENCH=(--steps 1 --warmup 1 --repeats 1 --tokens-per-step 1024 --max-len 256)
 else
     GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
     if (( GPUS < 1 )); then
@@ -54,6 +55,7 @@ else
     PRECISION=(--precision bf16)
     SIZES=(--steps 2)
     CHECK=(--plans 10)
+    BENCH=(--steps 2 --warmup 1 --repeats 2 --tokens-per-step 16384 --max-len 4096)
 fi
 # One process per rank, as torchrun starts them on a GPU node: NCCL where CUDA is, gloo here.
 launch() { "$PY" -m torch.distributed.run --standalone --nproc-per-node "${WORLD:-$RANKS}" -m ballast.cli "$@"; }
@@ -142,8 +144,8 @@ step profile-check "$WORK/check.json" launch profile --check "$WORK/profile.json
 # Against the profile just measured on these ranks' device: its predictions, and its full-depth
 # points run again for the machine's drift.
 step bench "$WORK/bench.json" launch bench --model tiny --data "folder:$WORK/corpus" --cache-dir "$WORK/cache" \
-    --cost "$WORK/profile.json" --planners "$PLANNERS" --steps 2 --warmup 1 --repeats 1 --tokens-per-step 1024 \
-    --max-len 256 --json "$WORK/bench.json" --png "$WORK/bench.png" "${PRECISION[@]}"
+    --cost "$WORK/profile.json" --planners "$PLANNERS" "${BENCH[@]}" --json "$WORK/bench.json" --png "$WORK/bench.png" \
+    "${PRECISION[@]}"
 
 "$PY" - "$OUT" "$TAG" "$GPU" "$RANKS" "$DRY" "${STEPS[@]}" <<'EOF'
 import json, pathlib, sys
