@@ -1,9 +1,9 @@
 """The profiler behind `ballast profile`: the grid measured on ranks, the fit, the report.
 
 `profile(shape, world, memory, settings)` runs `measure.measure_on_ranks` at every grid point
-on the command's ranks (`runtime.on_ranks`: local gloo ranks, or torchrun's job: NCCL on GPUs), fits the coefficients (`fit.py`) at the
-reduced depths, checks the extrapolation to the full depth, and returns the profiled CostModel
-with its report in `fit`.
+on the command's ranks (`runtime.on_ranks`: local gloo ranks, or torchrun's job: NCCL on GPUs),
+fits the coefficients (`fit.py`) at the reduced depths, checks the extrapolation to the full
+depth, and returns the profiled CostModel with its report in `fit`.
 
 Video models (`ModelShape.attention` `full` or `spatial-temporal`) profile on clips: the
 settings' lengths are the grid's token counts, each turned into clips by `video_grid.video_clips`;
