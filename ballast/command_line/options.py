@@ -131,8 +131,8 @@ CLUSTER = SharedOption(
                  "h100-N / h800-N / h200-N, cpu: --world ranks as --nodes nodes) or a .toml/.json file with "
                  "Cluster's fields", str, "CLUSTER")
 WORLD = SharedOption(
-    "--world", "ranks: the local gloo ranks a command spawns (a power of two), or the cluster size a "
-               "simulation must match", positive(int), "N")
+    "--world", "ranks: the local gloo ranks a command spawns (a power of two; under torchrun its processes), "
+               "or the cluster size a simulation must match", positive(int), "N")
 NODES = SharedOption(
     "--nodes", "nodes the ranks form: the cpu preset's emulated nodes (each rank under its own NIC), or the "
                "node count a cluster must have", positive(int), "N")

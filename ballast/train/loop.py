@@ -35,7 +35,7 @@ from ..dataset import (BatchStream, ClipStream, build_corpus, check_data_kind, c
 from ..models import build_model, check_buildable
 from ..plans.plan import Plan, splits_used
 from ..planners import Planner, PlannerOptions, get_planner
-from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize
+from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize, rank_device
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..vocabulary.layouts import ANY_SPLIT
 from . import checkpoint
@@ -144,7 +144,7 @@ def learning_rate(step: int, steps: int, opt: OptimizerConfig) -> float:
 def train(config: TrainConfig) -> dict | None:
     """Train as the config says on the current torch.distributed job; rank 0 returns the summary."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device(f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu")
+    device = rank_device()
     console = Console(soft_wrap=True)
     out = Path(config.run.out_dir)
     origin = provenance() if rank == 0 else None

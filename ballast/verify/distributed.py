@@ -9,7 +9,7 @@ from ..vocabulary.model_shape import ModelShape
 from ..vocabulary.precision import Precision
 from ..models import build_model
 from ..plans.plan import Plan
-from ..runtime import ProcessGroups, broadcast_plan, parallelize
+from ..runtime import ProcessGroups, broadcast_plan, parallelize, rank_device
 from ..runtime.routing import RoutingGroups, routing_groups
 from .reference import VerifyBatch, Trajectory, flatten
 
@@ -17,14 +17,16 @@ from .reference import VerifyBatch, Trajectory, flatten
 def train_distributed(shape: ModelShape, plans: list[dict], batches: list[VerifyBatch], seed: int, lr: float,
                       groups: ProcessGroups, zero1: bool = False, fsdp: bool = False,
                       precision: Precision = Precision.AUTO, nodes: int = 1, routing: RoutingGroups | None = None) -> Trajectory:
-    """The steps under `plans` (Plan.to_dict of rank 0's plans), on every rank of the job; with
-    `fsdp` the model is sharded with FSDP2 (the plans must be lockstep); `precision` is the
-    executor's. The job's ranks form `nodes` emulated nodes (the cpu cluster's), whose routing
-    groups (`routing_groups`, made when None) routed waves use; `groups` were made for the job's
-    mesh (`ProcessGroups.mesh`: the TP degree the model is split over). Parameters and gradients
-    are gathered whole (`Executor.parameters`, `Executor.gradients`)."""
+    """The steps under `plans` (Plan.to_dict of rank 0's plans), on every rank of the job, each
+    on its device (`rank_device`: under NCCL the GPU LOCAL_RANK names), the trajectory's tensors
+    on the CPU; with `fsdp` the model is sharded with FSDP2 (the plans must be lockstep);
+    `precision` is the executor's. The job's ranks form `nodes` emulated nodes (the cpu
+    cluster's), whose routing groups (`routing_groups`, made when None) routed waves use;
+    `groups` were made for the job's mesh (`ProcessGroups.mesh`: the TP degree the model is split
+    over). Parameters and gradients are gathered whole (`Executor.parameters`,
+    `Executor.gradients`)."""
     cluster = get_cluster("cpu", world_size=dist.get_world_size(), nodes=nodes)
-    model = build_model(shape, seed)
+    model = build_model(shape, seed).to(rank_device())
     executor = parallelize(model, cluster, groups=groups, routing=routing, fsdp=fsdp, zero1=zero1,
                            precision=precision, lr=lr)
     losses, grads, starts = [], [], []
