@@ -13,6 +13,8 @@ hook. No runtime, planner or CLI code names a model family.
                       of `stream.pattern` inside every sample, however the stream is sharded
     ParallelModel     shape (what the cost model prices), the loss of this process's tokens,
                       blocks (recomputation and FSDP units), install_attention
+    StagedModel       what pipeline parallelism adds (text models): keep one stage's part,
+                      and run it from token ids or the previous stage's hidden states
 
 Token order. A text sample's tokens are its sequence; a clip's (frames, height, width) latent
 patches are packed frame by frame, each frame row by row ("frame-major"). The runtime only
@@ -216,4 +218,27 @@ class ParallelModel(Protocol):
     def install_attention(self, attend: AttentionFn) -> None:
         """Route every self-attention of the model through `attend` (the runtime passes the
         sequence-parallel one)."""
+        ...
+
+
+@runtime_checkable
+class StagedModel(Protocol):
+    """A `ParallelModel` a pipeline can cut into stages (`ballast.runtime.pipeline`): after the
+    model is built alike on every rank, each keeps its stage's part (torchtitan's way)."""
+
+    def keep_stage(self, layers: range, first: bool, last: bool) -> None:
+        """Drop every module outside one stage: the blocks outside `layers` (the kept ones keep
+        their names, so a checkpoint's keys are the whole model's whatever the stages), the
+        embedding unless `first`, the final norm and output layer unless `last`. ValueError
+        when the model cannot be cut so (its input embeddings transformed inside the decoder,
+        tied embedding and output weights)."""
+        ...
+
+    def stage_forward(self, received: Tensor | None, samples: Sequence[Any], stream: PackedStream, local: Local,
+                      recompute_layers: int = 0) -> Tensor:
+        """The held tokens through the kept part: on the first stage from the samples
+        (`received` None), else from `received`, the previous stage's output [tokens held,
+        hidden]; returns on the last stage the summed loss of the held tokens (`loss`), else
+        the hidden states [tokens held, hidden] the next stage receives. The first
+        `recompute_layers` of the stage's own blocks are recomputed in backward."""
         ...

@@ -181,10 +181,25 @@ class Executor:
             self.optimizer.zero_grad(set_to_none=True)
         else:
             self.sync.start()
-        loss = torch.zeros((), dtype=torch.float32, device=self.device)
         self._shares = []
         self._passes_left = self._backward_passes(plan)
         result = StepResult(loss=0.0, tokens=plan.tokens, waves=[])
+        loss = self._run_plan(plan, samples, result)
+        start = self._clock()
+        result.loss, result.grad_norm, nonfinite = self._synchronise(loss, self._nonfinite_flags(len(plan.lengths)))
+        result.nonfinite_samples = torch.nonzero(nonfinite).flatten().tolist()
+        result.sync_seconds = self._clock() - start
+        result.applied = math.isfinite(result.loss) and math.isfinite(result.grad_norm)
+        if result.applied:
+            start = self._clock()
+            self.optimizer.step()
+            result.optimizer_seconds = self._clock() - start
+        return result
+
+    def _run_plan(self, plan: Plan, samples: Sequence[Any], result: StepResult) -> Tensor:
+        """The step's passes on this rank, wave by wave (timed into `result.waves`); returns the
+        rank's summed loss shares."""
+        loss = torch.zeros((), dtype=torch.float32, device=self.device)
         for w, wave in enumerate(plan.waves):
             group = plan.group_of(w, self.rank)
             domain = wave.domain_of(self.rank)
@@ -200,23 +215,18 @@ class Executor:
             busy = self._clock() - start
             dist.barrier()
             result.waves.append(WaveTiming(busy, self._clock() - start - busy))
-        start = self._clock()
-        result.loss, result.grad_norm, nonfinite = self._synchronise(loss, self._nonfinite_flags(len(plan.lengths)))
-        result.nonfinite_samples = torch.nonzero(nonfinite).flatten().tolist()
-        result.sync_seconds = self._clock() - start
-        result.applied = math.isfinite(result.loss) and math.isfinite(result.grad_norm)
-        if result.applied:
-            start = self._clock()
-            self.optimizer.step()
-            result.optimizer_seconds = self._clock() - start
-        return result
+        return loss
 
     def gradients(self) -> list[Tensor]:
         """The last step's summed gradient of every trained parameter, whole, on every rank (a
         collective, for checks: ZeRO-1 and FSDP2 leave each rank its share only)."""
         if self.sync is None:
             return [full_tensor(p.grad) for p in self._params]
-        return self.sync.whole(self._params)
+        return self.sync.whole(self._params, self.groups.pool_group)
+
+    def whole_parameters(self) -> list[Tensor]:
+        """Every parameter of the model, whole, on every rank (a collective under FSDP2)."""
+        return [full_tensor(p).detach() for p in self.model.parameters()]
 
     def _backward_passes(self, plan: Plan) -> int:
         """How many backward passes this rank runs in `plan`: its groups' micro-batches and its
@@ -272,13 +282,17 @@ class Executor:
         # the even split when frames do not balance); with a CP part, the stream indices of the
         # rank's rows (its CP shard's head and tail chunks are not contiguous).
         start = self._clock()
-        layout = self.model.shape.pattern.layout.with_context(group.cp)
-        holder = SHARDS[layout] if group.degree > 1 else StreamShard
-        shard = holder.create(
-            plan.mb_samples(mb), self.groups.get(group.start, group.degree, group.cp), group.degree,
-            self.rank - group.start, self.device, routing=self._routing(plan, wave))
+        shard = self._shard(plan, wave, group, mb)
         return self._forward_backward(plan, mb.seq_ids, shard, shard.local, mb.recompute, samples, result,
                                       (wave, group, mb), start)
+
+    def _shard(self, plan: Plan, wave: int, group: Group, mb: MicroBatch) -> StreamShard:
+        """This rank's share of micro-batch `mb` of `group` in wave `wave`, in the group's layout."""
+        layout = self.model.shape.pattern.layout.with_context(group.cp)
+        holder = SHARDS[layout] if group.degree > 1 else StreamShard
+        return holder.create(
+            plan.mb_samples(mb), self.groups.get(group.start, group.degree, group.cp), group.degree,
+            self.rank - group.start, self.device, routing=self._routing(plan, wave))
 
     def _run_slot(self, plan: Plan, wave: int, domain: tuple[int, int], slot: int,
                   samples: Sequence[Any], result: StepResult) -> Tensor:
@@ -343,9 +357,7 @@ class Executor:
             # The model's loss is summed over its tokens: the normaliser is the whole batch's.
             loss = self.model.loss([samples[i] for i in seq_ids], stream, local, recompute_layers) / plan.tokens
         # Every rank of the group runs backward, an empty shard too: its all-to-alls are awaited.
-        self._passes_left -= 1
-        if self._passes_left == 0 and self.sync is not None:
-            self.sync.arm()
+        self._before_backward()
         loss.backward()
         self._shares.append((seq_ids, loss.detach()))
         wave, group, mb = mine
@@ -353,6 +365,12 @@ class Executor:
             wave, group.degree, list(mb.seq_ids), held_tokens(local, stream.bounds[-1]), recompute_layers,
             self._clock() - start, meter.bytes if meter else None))
         return loss.detach()
+
+    def _before_backward(self) -> None:
+        """Count a backward pass; arm the gradient sync before the rank's last of the step."""
+        self._passes_left -= 1
+        if self._passes_left == 0 and self.sync is not None:
+            self.sync.arm()
 
     def _skip(self) -> Tensor:
         """An empty micro-batch: nothing to run, except under FSDP, where this rank must still join
@@ -386,9 +404,13 @@ class Executor:
         held = [p.grad for p in self._params if p.grad is not None]
         squares = self._squares(g.to_local() if self.fsdp else g for g in held)
         shared = self.fsdp or (self.sync is not None and self.sync.sharded)
-        stats = torch.cat([loss.reshape(1), nonfinite, squares.reshape(1)])
+        # Replicated, every rank of a pool holds the whole summed gradient of its parameters: its
+        # pool's first rank counts them, so the world's sum counts every parameter once (under a
+        # pipeline each pool holds its stage's), and adding exact zeros leaves it bit for bit.
+        counted = squares if shared or self.groups.rank == 0 else torch.zeros_like(squares)
+        stats = torch.cat([loss.reshape(1), nonfinite, counted.reshape(1)])
         dist.all_reduce(stats)
-        return float(stats[0]), math.sqrt(float(stats[-1] if shared else squares)), stats[1:-1]
+        return float(stats[0]), math.sqrt(float(stats[-1])), stats[1:-1]
 
     def _squares(self, grads: Iterable[Tensor]) -> Tensor:
         """The summed squares of `grads`, parameter by parameter: `torch.sum`'s cascade keeps it

@@ -161,15 +161,16 @@ class GradSync:
                     if self.owner[id(p)] != self.rank:
                         p.grad = None
 
-    def whole(self, params: list[Tensor]) -> list[Tensor]:
+    def whole(self, params: list[Tensor], group: ProcessGroup) -> list[Tensor]:
         """Every parameter's summed gradient on every rank, after `finish` (a collective, for
-        checks: under ZeRO-1 each gradient is broadcast from its owner)."""
+        checks: under ZeRO-1 each gradient is broadcast from its owner over `group`, the same
+        ranks as the sync's in the same order; the sync's own group carries buckets only)."""
         if not self.sharded:
             return [p.grad for p in params]
         out = []
         for p in params:
             grad = p.grad if self.owner[id(p)] == self.rank else torch.empty_like(p)
-            dist.broadcast(grad, src=self.owner[id(p)])  # on WORLD: the gradient group carries buckets only
+            dist.broadcast(grad, group=group, group_src=self.owner[id(p)])
             out.append(grad)
         return out
 
@@ -188,13 +189,14 @@ def _chunks(params: list[Tensor], bucket_bytes: int) -> list[list[Tensor]]:
     return chunks
 
 
-def zero1_owners(optimizer: torch.optim.Optimizer, params: list[Tensor]) -> list[int]:
-    """Each parameter's owning rank in a `ZeroRedundancyOptimizer`'s partition (a collective:
-    every rank names the parameters its local AdamW steps, and all gather them)."""
+def zero1_owners(optimizer: torch.optim.Optimizer, params: list[Tensor], group: ProcessGroup) -> list[int]:
+    """Each parameter's owning rank (in `group`, the optimizer's) in a `ZeroRedundancyOptimizer`'s
+    partition (a collective: every rank names the parameters its local AdamW steps, and all
+    gather them)."""
     index = {id(p): i for i, p in enumerate(params)}
-    mine = [index[id(p)] for group in optimizer.optim.param_groups for p in group["params"]]
-    gathered: list[list[int] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
+    mine = [index[id(p)] for param_group in optimizer.optim.param_groups for p in param_group["params"]]
+    gathered: list[list[int] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, mine, group=group)
     owners = [-1] * len(params)
     for rank, indices in enumerate(gathered):
         for i in indices or []:

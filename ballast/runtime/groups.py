@@ -28,10 +28,18 @@ sequence-parallel all-to-all would hang for that long whatever `--timeout` said.
 (`grad_sync.py`): their collectives are issued from backward hooks, at times that differ from
 rank to rank, so they must not share a communicator with any exchange (a group spanning the
 world is `WORLD`) or barrier, whose order the plan fixes.
+
+Pools (pipeline parallelism, `pipeline/`): a plan lays out a pool of ranks, and a job of several
+pools (one per pipeline stage) runs every plan on each. `ProcessGroups(pools)` then makes every
+block and split inside every pool (their ranks the pool's, in its order), and `get` takes a
+block's pool-relative start: this rank's own pool's group. `rank` is the rank's index in its
+pool, what the plan's groups count; `gradients` and `pool_group` span its pool (the ranks that
+hold the same parameters).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
@@ -53,33 +61,62 @@ class ContextGroups:
 
 
 class ProcessGroups:
-    """Cache of the process groups of all aligned power-of-two blocks of the default world."""
+    """Cache of the process groups of all aligned power-of-two blocks of the default world, or of
+    every pool of `pools` (each a list of global ranks; together the world, in one order on every
+    rank)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pools: Sequence[Sequence[int]] | None = None) -> None:
         timeout = world_timeout()
         if not dist.is_initialized() or timeout is None:
             raise ValueError("ProcessGroups needs torch.distributed to be initialised first, by "
                              "ballast.runtime.init_distributed or run_local (they record its timeout)")
-        self.world_size = dist.get_world_size()
-        self.rank = dist.get_rank()
+        world = dist.get_world_size()
+        pools = [list(pool) for pool in pools] if pools is not None else [list(range(world))]
+        assert sorted(r for pool in pools for r in pool) == list(range(world)), "pools must cover the world once"
+        assert len({len(pool) for pool in pools}) == 1, "every pool runs the same plans: one size"
+        self.pool = next(pool for pool in pools if dist.get_rank() in pool)
+        """This rank's pool: the global ranks the plans' ranks 0, 1, ... are."""
+        self.world_size = len(self.pool)
+        self.rank = self.pool.index(dist.get_rank())
         self._groups: dict[tuple[int, int], ProcessGroup] = {}
         self._strided: dict[tuple[int, int, int], ProcessGroup] = {}
-        """(first rank, stride u, c) -> the CP group of those c ranks."""
-        self.gradients: ProcessGroup = dist.new_group(list(range(self.world_size)), timeout=timeout)
-        """The whole world, for the gradient sync's bucket collectives only."""
+        """(first rank, stride u, c) -> the CP group of those c ranks (pool-relative)."""
+        gradients = [self._new(pool, range(len(pool)), timeout) for pool in pools]
+        self.gradients: ProcessGroup = gradients[pools.index(self.pool)]
+        """This rank's pool, for the gradient sync's bucket collectives only."""
+        self.pool_group: ProcessGroup = (dist.group.WORLD if len(pools) == 1 else
+                                         [self._new(pool, range(len(pool)), timeout) for pool in pools]
+                                         [pools.index(self.pool)])
+        """This rank's pool, for the collectives outside a step's passes (ZeRO-1's parameter
+        broadcasts, checks): the world when the pool is."""
+        for pool in pools:
+            self._make_blocks(pool, timeout)
+
+    def _new(self, pool: list[int], members: Sequence[int], timeout) -> ProcessGroup:
+        """A new group of the pool's ranks `members` (pool-relative): a world collective, made
+        by every rank in the same order."""
+        return dist.new_group([pool[i] for i in members], timeout=timeout)
+
+    def _make_blocks(self, pool: list[int], timeout) -> None:
+        """Every aligned block of `pool` and its strided CP groups; kept where the pool is this
+        rank's."""
+        size, mine = len(pool), pool == self.pool
+        whole = len(pool) == dist.get_world_size()
         degree = 2
-        while degree <= self.world_size:
+        while degree <= size:
             # Same loops, same order on every rank: new_group's collective contract.
-            for start in range(0, self.world_size - degree + 1, degree):
-                ranks = list(range(start, start + degree))
-                self._groups[(start, degree)] = (dist.group.WORLD if degree == self.world_size
-                                                 else dist.new_group(ranks, timeout=timeout))
+            for start in range(0, size - degree + 1, degree):
+                block = (dist.group.WORLD if degree == size and whole
+                         else self._new(pool, range(start, start + degree), timeout))
+                if mine:
+                    self._groups[(start, degree)] = block
                 cp = 2
                 while cp < degree:
                     u = degree // cp
                     for first in range(start, start + u):
-                        self._strided[(first, u, cp)] = dist.new_group(list(range(first, start + degree, u)),
-                                                                       timeout=timeout)
+                        group = self._new(pool, range(first, start + degree, u), timeout)
+                        if mine:
+                            self._strided[(first, u, cp)] = group
                     cp *= 2
             degree *= 2
 
@@ -94,12 +131,12 @@ class ProcessGroups:
             return ContextGroups(self.get(start + index // u * u, u), context, cp, block)
         if degree == 1 and 0 <= start < self.world_size:
             return None
-        if (start, degree) == (0, self.world_size):  # a remap domain may span a world of any size
-            return dist.group.WORLD
+        if (start, degree) == (0, self.world_size) and self.world_size == dist.get_world_size():
+            return dist.group.WORLD  # a remap domain may span a world of any size
         group = self._groups.get((start, degree))
         if group is None:
             raise ValueError(f"no process group for ranks {start}..{start + degree - 1}: a group must be "
-                             f"an aligned power-of-two block inside the world of {self.world_size} ranks")
+                             f"an aligned power-of-two block inside the {self.world_size} ranks of a plan")
         return group
 
     def __len__(self) -> int:

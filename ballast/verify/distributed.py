@@ -8,37 +8,42 @@ from ..vocabulary.model_shape import ModelShape
 from ..vocabulary.precision import Precision
 from ..models import build_model
 from ..plans.plan import Plan
-from ..runtime import ProcessGroups, broadcast_plan, full_tensor, parallelize
+from ..runtime import ProcessGroups, broadcast_plan, parallelize
+from ..runtime.pipeline import PipelineConfig
 from ..runtime.routing import RoutingGroups, routing_groups
 from .reference import VerifyBatch, Trajectory, flatten
 
 
 def train_distributed(shape: ModelShape, plans: list[dict], batches: list[VerifyBatch], seed: int, lr: float,
                       groups: ProcessGroups, zero1: bool = False, fsdp: bool = False,
-                      precision: Precision = Precision.AUTO, nodes: int = 1, routing: RoutingGroups | None = None) -> Trajectory:
+                      precision: Precision = Precision.AUTO, nodes: int = 1, routing: RoutingGroups | None = None,
+                      pipeline: PipelineConfig | None = None) -> Trajectory:
     """The steps under `plans` (Plan.to_dict of rank 0's plans), on every rank of the job; with
     `fsdp` the model is sharded with FSDP2 (the plans must be lockstep); `precision` is the
     executor's. The job's ranks form `nodes` emulated nodes (the cpu cluster's), whose routing
-    groups (`routing_groups`, made when None) routed waves use."""
-    cluster = get_cluster("cpu", world_size=dist.get_world_size(), nodes=nodes)
+    groups (`routing_groups`, made when None) routed waves use; under a `pipeline` the plans lay
+    out each stage's pool (`groups` made with its pools)."""
+    cluster = get_cluster("cpu", world_size=groups.world_size, nodes=nodes)
     model = build_model(shape, seed)
     executor = parallelize(model, cluster, groups=groups, routing=routing, fsdp=fsdp, zero1=zero1,
-                           precision=precision, lr=lr)
+                           precision=precision, pipeline=pipeline, lr=lr)
     losses, grads, starts = [], [], []
     for plan_data, batch in zip(plans, batches, strict=True):
         plan, _ = broadcast_plan(Plan.from_dict(plan_data) if dist.get_rank() == 0 else None)
-        starts.append(flatten(full_tensor(p) for p in model.parameters()))
+        starts.append(flatten(executor.whole_parameters()))
         losses.append(executor.step(plan, batch.samples).loss)
         # The step leaves the summed gradients in place (optimizers do not clear them).
         grads.append(flatten(executor.gradients()))
-    return Trajectory(losses, grads, starts, flatten(full_tensor(p) for p in model.parameters()))
+    return Trajectory(losses, grads, starts, flatten(executor.whole_parameters()))
 
 
 def train_all_planners(shape: ModelShape, plans: dict[str, list[dict]], batches: list[VerifyBatch], seed: int,
-                        lr: float, zero1: bool, fsdp: bool, nodes: int = 1, precision: Precision = Precision.AUTO
-                        ) -> dict[str, Trajectory] | None:
-    groups = ProcessGroups()
-    routing = routing_groups(get_cluster("cpu", world_size=dist.get_world_size(), nodes=nodes))
-    out = {name: train_distributed(shape, p, batches, seed, lr, groups, zero1, fsdp, precision, nodes, routing)
+                       lr: float, zero1: bool, fsdp: bool, nodes: int = 1, precision: Precision = Precision.AUTO,
+                       stages: int = 1) -> dict[str, Trajectory] | None:
+    pipeline = PipelineConfig.of_world(dist.get_world_size(), stages)
+    groups = ProcessGroups(pipeline.pools())
+    routing = routing_groups(get_cluster("cpu", world_size=pipeline.pool, nodes=nodes))
+    out = {name: train_distributed(shape, p, batches, seed, lr, groups, zero1, fsdp, precision, nodes, routing,
+                                   pipeline)
            for name, p in plans.items()}
     return out if dist.get_rank() == 0 else None
