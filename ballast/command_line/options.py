@@ -4,7 +4,8 @@ one range.
 `--model`, `--max-len`, `--cluster`, `--world`, `--cost` and `--device-memory-gb` mean the same
 in `simulate`, `verify`, `profile`, `bench` and `train`; `--degree`, `--cp` and `--routing` /
 `--no-routing` in those that plan (`simulate`, `verify`, `bench`, `train`), `--precision` in
-those that start ranks (`verify`, `profile`, `bench`, `train`): each command adds an option with
+those that start ranks (`verify`, `profile`, `bench`, `train`), `--pp` in those that run
+pipelines (`verify`, `train`): each command adds an option with
 `SharedOption.add` (argparse) or, for `train`'s config fields, `SharedOption.help`, giving its
 own default and why that default suits it. Only defaults differ between commands. A numeric
 option's type is a `vocabulary.value_checks.Numbers`: its range, finiteness included, is checked
@@ -155,5 +156,10 @@ ROUTING = SharedSwitch(
     "--routing", "route inter-node all-to-alls over every NIC of the node (Zeppelin's routing layer) where "
                  "the planner's rule says so: zeppelin in every wave that crosses nodes, ballast where that is "
                  "faster; --no-routing: never (`--routing on|off` is the older spelling)", bool, "")
+PP = SharedOption(
+    "--pp", "pipeline stages p: the ranks (--world) as p stages of world / p ranks, the model's layers cut into p "
+            "equal runs (the embedding on the first stage, the output layer and loss on the last), every step's "
+            "plan laying out one stage's ranks and its micro-batches run through the stages in 1F1B order",
+    positive(int), "P")
 SHARED = {option.flag: option for option in (MODEL, MAX_LEN, CLUSTER, WORLD, NODES, COST, DEVICE_MEMORY, DEGREE, CP,
-                                             PRECISION, ROUTING)}
+                                             PRECISION, ROUTING, PP)}

@@ -44,8 +44,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ..vocabulary.model_shape import ModelShape
@@ -56,6 +57,11 @@ from . import checksums
 PREFIX = "step-"
 TMP = ".tmp-"
 META = "meta.json"
+FLAT_OPTIMIZER = "flat_optimizer"
+"""meta.json's mark of a checkpoint whose optimizer state is flat: every parameter's state and
+hyperparameters (`param_groups.<name>.lr`, ...) under keys of its own. A pipeline stage holds
+some parameters only, and the one `param_groups` list of an unflattened state (each stage's
+naming its own parameters) would be saved once, from one stage, and loaded by all."""
 
 
 def _name(step: int) -> str:
@@ -82,12 +88,16 @@ def _local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
 
 
-def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """What DCP saves and loads in place (FQN-keyed, so independent of parameter order)."""
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, flat: bool = True) -> dict:
+    """What DCP saves and loads in place (FQN-keyed, so independent of parameter order). `flat`:
+    the optimizer's state and hyperparameters under one key per parameter (`FLAT_OPTIMIZER`),
+    as checkpoints are saved since pipeline stages; False: one `param_groups` list, as earlier
+    checkpoints hold it."""
     sharded = isinstance(optimizer, ZeroRedundancyOptimizer)
     key = f"optimizer.rank{dist.get_rank()}" if sharded else "optimizer"
+    options = StateDictOptions(flatten_optimizer_state_dict=flat)
     return {"model": get_model_state_dict(model),
-            key: get_optimizer_state_dict(model, _local_optimizer(optimizer))}
+            key: get_optimizer_state_dict(model, _local_optimizer(optimizer), options=options)}
 
 
 def _rng_state() -> dict:
@@ -128,7 +138,7 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.O
         assert meta is not None and digests is not None
         _write_synced(tmp / META, json.dumps({**meta, "step": step, "world": dist.get_world_size(),
                                               "zero1": isinstance(optimizer, ZeroRedundancyOptimizer),
-                                              "fsdp": is_sharded(model)},
+                                              "fsdp": is_sharded(model), FLAT_OPTIMIZER: True},
                                              indent=1))
         _write_synced(tmp / checksums.MANIFEST, checksums.manifest({**digests, META: checksums.digest(tmp / META)}))
         if final.exists():  # the same step saved by an earlier attempt
@@ -277,7 +287,7 @@ def check_model(path: Path, model_state: dict) -> None:
 def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """Restore model, optimizer and this rank's RNG from `path` (collective); returns meta.json."""
     meta = read_meta(path)
-    state = _state(model, optimizer)
+    state = _state(model, optimizer, flat=meta.get(FLAT_OPTIMIZER, False))
     check_model(path, state["model"])
     zero1 = isinstance(optimizer, ZeroRedundancyOptimizer)
     if meta["zero1"] != zero1:

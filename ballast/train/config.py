@@ -160,6 +160,8 @@ class RunConfig:
     hf-model/ (the trained model as a Hugging Face folder)."""
     log_interval: int = field(default=10, metadata=_in(positive(int)))
     """Steps between log lines when the output is not a terminal (a progress bar otherwise)."""
+    pp: int = field(default=1, metadata=_flag("--pp"))
+    """Pipeline stages (`options.PP`); 1: no pipeline, every rank holds the whole model."""
     precision: Precision = field(default=Precision.AUTO, metadata=_flag("--precision"))
     """The forward's precision (`options.PRECISION`): auto is what the cost model's presets price
     (bf16 on GPUs, fp32 on the cpu cluster)."""
@@ -213,6 +215,9 @@ class TrainConfig:
                              f"file, not a folder")
         if opt.zero1 and opt.fsdp:
             raise ValueError("--zero1 and --fsdp both shard the optimizer state: choose one")
+        if opt.fsdp and self.run.pp > 1:
+            raise ValueError(f"--fsdp does not run under pipeline parallelism (--pp {self.run.pp}): use --zero1 or "
+                             f"replicated weights")
         if self.data.max_len > self.data.tokens_per_step:
             raise ValueError(f"--max-len {self.data.max_len} exceeds --tokens-per-step "
                              f"{self.data.tokens_per_step}: a step could not hold its longest sequence")

@@ -35,6 +35,7 @@ from ..models import build_model, check_buildable
 from ..plans.plan import Plan, splits_used
 from ..planners import Planner, PlannerOptions, get_planner
 from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize
+from ..runtime.pipeline import PipelineConfig
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..vocabulary.layouts import ANY_SPLIT
 from . import checkpoint
@@ -64,10 +65,13 @@ class Setup:
 
     shape: ModelShape
     cluster: Cluster
+    """The ranks every step's plan lays out: the whole job, or under --pp one stage's pool."""
     cost: CostModel
     tokenizer: str
     """The tokenizer the corpus is tokenised with: --tokenizer, else an hf:PATH model's own
     tokenizer.json, else "bytes" (hf_folder.resolve_tokenizer)."""
+    pipeline: PipelineConfig
+    """The job's pipeline stages (--pp), each a pool of `cluster`'s ranks."""
 
     @classmethod
     def of(cls, config: TrainConfig, world: int, gpu_name: str | None = None) -> Setup:
@@ -76,18 +80,24 @@ class Setup:
         shape = get_model_shape(config.model.model)
         check_buildable(shape)
         check_data_kind(config.data.source, shape)
-        spec = config.planner.cluster or default_cluster(world, gpu_name)
-        cluster = get_cluster(spec, world, config.planner.device_memory_gb, config.planner.nodes)
+        pipeline = PipelineConfig.of_world(world, config.run.pp)
+        pipeline.check(world, shape.layers)
+        if pipeline.stages > 1 and shape.hf_folder is not None:
+            raise ValueError(f"--pp {pipeline.stages} with an hf:PATH model: writing the trained Hugging Face folder "
+                             f"from pipeline stages is not supported; train it without --pp")
+        spec = config.planner.cluster or default_cluster(pipeline.pool, gpu_name)
+        cluster = get_cluster(spec, pipeline.pool, config.planner.device_memory_gb, config.planner.nodes)
         sharding = Sharding.of_flags(config.optimizer.zero1, config.optimizer.fsdp)
         cost = get_cost_model(config.planner.cost, shape, cluster, config.planner.device_memory_gb, sharding,
                               config.run.precision)
         check_fits(cost.under(ANY_SPLIT), [config.data.max_len])  # a max_len no plan can hold fails here, not at step k
-        return cls(shape, cluster, cost, resolve_tokenizer(config.data.tokenizer, shape))
+        return cls(shape, cluster, cost, resolve_tokenizer(config.data.tokenizer, shape), pipeline)
 
     def describe(self) -> str:
         where = "" if self.cost.source != "analytic" else " (`ballast profile` measures a real one)"
+        stages = f", {self.pipeline.stages} pipeline stages of them" if self.pipeline.stages > 1 else ""
         return (f"cost model: {self.cost.source} for {self.shape.name} on {self.cluster.name} "
-                f"({self.cluster.world_size} ranks, {self.cost.device_memory / 1e9:.3g} GB each){where}")
+                f"({self.cluster.world_size} ranks{stages}, {self.cost.device_memory / 1e9:.3g} GB each){where}")
 
 
 def open_data(config: TrainConfig, setup: Setup, progress: bool) -> tuple[BatchStream | ClipStream, str]:
@@ -145,7 +155,7 @@ def train(config: TrainConfig) -> dict | None:
     model = build_model(setup.shape, config.run.seed).to(device)
     opt = config.optimizer
     executor = parallelize(model, setup.cluster, fsdp=opt.fsdp, zero1=opt.zero1, precision=config.run.precision,
-                           bucket_bytes=opt.bucket_bytes,
+                           bucket_bytes=opt.bucket_bytes, pipeline=setup.pipeline,
                            lr=opt.lr, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay)
     optimizer = executor.optimizer
     start = 0
@@ -182,7 +192,7 @@ def train(config: TrainConfig) -> dict | None:
             seconds = time.perf_counter() - began
             if rank == 0:
                 record = _record(step, attempt, item, result, idle, seconds, waited,
-                                 optimizer.param_groups[0]["lr"])
+                                 optimizer.param_groups[0]["lr"], setup.pipeline.stages)
                 log.write(record)
                 progress.update(record)
                 plans[step] = plan
@@ -206,8 +216,9 @@ def train(config: TrainConfig) -> dict | None:
         return None
     history = final_history(out / "metrics.jsonl")
     summary = summarise(history)
-    title = f"{config.planner.planner} planner, {setup.shape.name}, {world} ranks"
-    paths = write_report(out / "report", history, plans, setup.cost, world, title)
+    stages = f" as {setup.pipeline.stages} pipeline stages" if setup.pipeline.stages > 1 else ""
+    title = f"{config.planner.planner} planner, {setup.shape.name}, {world} ranks{stages}"
+    paths = write_report(out / "report", history, plans, setup.cost, setup.pipeline.pool, title)
     summary.update(planner=config.planner.planner, world=world, cost_model=setup.cost.source,
                    metrics=str(out / "metrics.jsonl"), report={k: str(v) for k, v in paths.items()},
                    checkpoint=str(checkpoint.latest(config.checkpoint_path)),
@@ -303,7 +314,7 @@ def _idle(result: StepResult, device: torch.device) -> tuple[float, list[float]]
 
 
 def _record(step: int, attempt: int, item: StepInput, result: StepResult,
-            idle: tuple[float, list[float]], seconds: float, waited: float, lr: float) -> StepRecord:
+            idle: tuple[float, list[float]], seconds: float, waited: float, lr: float, stages: int) -> StepRecord:
     plan = item.plan
     return StepRecord(
         step=step, attempt=attempt, planner=plan.planner, loss=result.loss, grad_norm=result.grad_norm, skipped=not result.applied,
@@ -313,5 +324,5 @@ def _record(step: int, attempt: int, item: StepInput, result: StepResult,
         idle_fraction=idle[0], rank_idle=idle[1], waves=len(plan.waves),
         micro_batches=plan.busy_micro_batches(), degrees=plan.degrees_used(),
         context_parts=plan.context_parts_used(), splits=splits_used([plan]),
-        recomputed=plan.recomputed_fraction(), layout=layout_of(plan),
+        recomputed=plan.recomputed_fraction(), layout=layout_of(plan, stages),
         plan_ms=1e3 * item.plan_seconds, plan_wait_ms=1e3 * waited)
