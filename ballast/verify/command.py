@@ -32,8 +32,8 @@ import argparse
 import dataclasses
 
 from ..vocabulary.cluster import Cluster, get_cluster
-from ..command_line.options import (CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, PRECISION, ROUTING, SEED,
-                                    TIMEOUT, WORLD)
+from ..command_line.options import (CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, PP, PRECISION, ROUTING,
+                                    SEED, TIMEOUT, WORLD)
 from ..vocabulary.value_checks import at_least, positive
 from ..pricing.cost import CostModel
 from ..pricing.cost_sources import analytic_cost, device_memory
@@ -88,6 +88,8 @@ def routed(plan: Plan) -> Plan:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     WORLD.add(parser, 2, "the smallest world with sequence parallelism")
+    PP.add(parser, 1, "no pipeline; under --pp the planners lay out a stage's --world / P ranks and every rank "
+                      "holds its stage's layers")
     NODES.add(parser, 1, "one node; 2 or more emulate nodes of --world / N ranks, whose inter-node exchanges "
                          "--routing and --route-every-wave send over every NIC")
     ROUTING.add(parser, True, "the planners route as they would in a run")
@@ -136,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..planners import PlannerOptions, get_planner, parse_planner_names
     from ..runtime import run_local
+    from ..runtime.pipeline import PipelineConfig
     from .distributed import train_all_planners
 
     if args.zero1 and args.fsdp:
@@ -145,13 +148,18 @@ def run(args: argparse.Namespace) -> int:
                          f"--nodes 2 or more")
     if args.route_every_wave and not args.routing:
         raise ValueError("--route-every-wave and --no-routing contradict each other: choose one")
+    pipeline = PipelineConfig.of_world(args.world, args.pp)
+    if args.pp > 1 and (args.fsdp or args.nodes > 1):
+        raise ValueError(f"--pp {args.pp} runs with replicated weights or --zero1 on one node: drop "
+                         f"{'--fsdp' if args.fsdp else f'--nodes {args.nodes}'}")
     shape = get_model_shape(args.model)
     check_buildable(shape)
+    pipeline.check(args.world, shape.layers)
     names = parse_planner_names(args.planners)
     options = PlannerOptions(max_len=args.max_len, degree=args.degree, cp=args.cp, seed=args.seed,
                              routing=args.routing, lockstep=args.fsdp)
     options.check_read(names, unset=PlannerOptions())
-    cluster, cost = budget(shape, args.world, args.max_len, args.device_memory_gb, args.nodes,
+    cluster, cost = budget(shape, pipeline.pool, args.max_len, args.device_memory_gb, args.nodes,
                            Sharding.of_flags(args.zero1, args.fsdp), args.precision)
     check_fits(cost.under(ANY_SPLIT), [args.max_len])  # a --device-memory-gb that cannot hold --max-len: before planning
     batches = random_batches(shape, args.steps, args.batch, args.max_len, args.seed)
@@ -167,6 +175,10 @@ def run(args: argparse.Namespace) -> int:
                             f"{planner.cost.degrees[-1]}), not --max-len {args.max_len}")
             continue
         plans[name] = [planner.plan(b.planned) for b in batches]
+        if args.pp > 1 and any(wave.remap for plan in plans[name] for wave in plan.waves):
+            del plans[name]
+            cannot[name] = "plans remap domains, which a pipeline stage does not run"
+            continue
         if args.route_every_wave:
             plans[name] = [routed(plan) for plan in plans[name]]
         for plan in plans[name]:
@@ -180,7 +192,9 @@ def run(args: argparse.Namespace) -> int:
     sharding = " under FSDP2" if args.fsdp else " with ZeRO-1" if args.zero1 else ""
     whose = "--device-memory-gb" if args.device_memory_gb is not None else "verify's default; --device-memory-gb sets one"
     nodes = f" as {args.nodes} nodes{', every wave routed' if args.route_every_wave else ''}" if args.nodes > 1 else ""
-    console.print(f"verify: {args.world} gloo ranks{nodes}{sharding}{' in bf16' if bf16 else ''}, model {shape.name}, "
+    stages = f" as {args.pp} pipeline stages of {pipeline.pool}" if args.pp > 1 else ""
+    console.print(f"verify: {args.world} gloo ranks{stages}{nodes}{sharding}{' in bf16' if bf16 else ''}, "
+                  f"model {shape.name}, "
                   f"{args.steps} step(s) of "
                   f"{args.batch} sequences up to {args.max_len} tokens, {len(names)} planner(s), "
                   f"{cost.device_memory / 1e6:.3g} MB per rank ({whose})")
@@ -188,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     bf16_reference = train_reference(shape, batches, args.seed, args.lr, bf16=True) if bf16 else None
     results = run_local(args.world, train_all_planners, shape,
                         {n: [p.to_dict() for p in ps] for n, ps in plans.items()},
-                        batches, args.seed, args.lr, args.zero1, args.fsdp, args.nodes, args.precision,
+                        batches, args.seed, args.lr, args.zero1, args.fsdp, args.nodes, args.precision, args.pp,
                         timeout=args.timeout)[0]
     given = (args.grad_tolerance, args.param_tolerance)
     fp32 = tuple(t if t is not None else default for t, default in zip(given, (GRAD_TOLERANCE, PARAM_TOLERANCE)))

@@ -50,7 +50,7 @@ from .p2p import Receive, Send, StageLinks
 
 
 @dataclass(frozen=True)
-class Slot:
+class PipelineSlot:
     """One micro-batch of the step's pipeline schedule, as this rank sees it."""
 
     wave: int
@@ -60,13 +60,14 @@ class Slot:
     """Its micro-batch of this slot (empty past its last)."""
 
 
-def pipeline_slots(plan: Plan, rank: int) -> list[Slot]:
+def pipeline_slots(plan: Plan, rank: int) -> list[PipelineSlot]:
     """The step's slots for pool rank `rank`: as many for every rank of the pool."""
     out = []
     for w, wave in enumerate(plan.waves):
         group = plan.group_of(w, rank)
+        mine = group.micro_batches
         for i in range(max(len(g.micro_batches) for g in wave.groups)):
-            out.append(Slot(w, group, group.micro_batches[i] if i < len(group.micro_batches) else MicroBatch([])))
+            out.append(PipelineSlot(w, group, mine[i] if i < len(mine) else MicroBatch([])))
     return out
 
 
@@ -74,7 +75,7 @@ def pipeline_slots(plan: Plan, rank: int) -> list[Slot]:
 class InFlight:
     """A micro-batch between its forward and its backward on this stage."""
 
-    slot: Slot
+    slot: PipelineSlot
     received: Tensor | None
     """The rows received from the previous stage (a leaf that requires grad); None on the first."""
     output: Tensor
@@ -151,7 +152,7 @@ class PipelineExecutor(Executor):
         result.waves.append(WaveTiming(self._clock() - began - waited, waited))
         return loss
 
-    def _forward(self, plan: Plan, slot: Slot, shard: Any, received: Tensor | None, rows: int,
+    def _forward(self, plan: Plan, slot: PipelineSlot, shard: Any, received: Tensor | None, rows: int,
                  samples: Sequence[Any]) -> InFlight:
         """The stage's forward of the slot's micro-batch on this rank's rows."""
         start = self._clock()
@@ -161,7 +162,8 @@ class PipelineExecutor(Executor):
         mb = slot.micro_batch
         recompute_layers = round(mb.recompute * len(self.model.blocks()))
         meter = ActivationMeter() if self.measure_activations else None
-        with meter or contextlib.nullcontext(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+        with meter or contextlib.nullcontext(), autocast:
             out = self.model.stage_forward(received, [samples[i] for i in mb.seq_ids], shard, shard.local,
                                            recompute_layers)
             if self.last:  # the model's loss is summed over its tokens: the normaliser is the whole batch's
