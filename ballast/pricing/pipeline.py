@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..vocabulary.model_shape import ModelShape
-from ..vocabulary.pipeline_schedule import check_stages, in_flight, one_f_one_b, stage_layers
+from ..vocabulary.pipeline_schedule import (check_pipeline_shape, check_stages, in_flight, one_f_one_b,
+                                            stage_layers)
 from ..vocabulary.samples import Sample, tokens as sample_tokens
 from .cost import CostModel
 from .device_memory import ParameterCounts
@@ -125,11 +126,7 @@ def stage_counts(shape: ModelShape, stage: int, stages: int) -> ParameterCounts:
     """The parameters stage `stage` of `stages` holds of a text model: its blocks, the embedding on
     the first stage, the final norm and output layer on the last (`ParameterCounts.of_shape`'s
     terms, split)."""
-    if shape.pattern.clips:
-        raise ValueError(f"model {shape.name!r} cannot be cut into pipeline stages (text models can)")
-    if shape.tied_embeddings and stages > 1:
-        raise ValueError(f"model {shape.name!r} ties its embedding and output weights, which pipeline stages "
-                         f"cannot split")
+    check_pipeline_shape(shape, stages)
     layers = len(stage_layers(stage, stages, shape.layers))
     block = shape.layer_matmul_params + 2 * shape.hidden
     first, last = stage == 0, stage == stages - 1

@@ -58,7 +58,7 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, groups: ProcessGroups
     """
     world = dist.get_world_size()
     pipeline = pipeline or PipelineConfig(1, world)
-    pipeline.check(world, model.shape.layers)
+    pipeline.check(world, model.shape)
     cluster.check_world_size(pipeline.pool)
     if not isinstance(precision, Precision):
         raise ValueError(f"precision must be a Precision ({', '.join(p.value for p in Precision)}), got {precision!r}")

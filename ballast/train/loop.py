@@ -81,7 +81,7 @@ class Setup:
         check_buildable(shape)
         check_data_kind(config.data.source, shape)
         pipeline = PipelineConfig.of_world(world, config.run.pp)
-        pipeline.check(world, shape.layers)
+        pipeline.check(world, shape)
         if pipeline.stages > 1 and shape.hf_folder is not None:
             raise ValueError(f"--pp {pipeline.stages} with an hf:PATH model: writing the trained Hugging Face folder "
                              f"from pipeline stages is not supported; train it without --pp")

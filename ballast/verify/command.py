@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
                          f"{'--fsdp' if args.fsdp else f'--nodes {args.nodes}'}")
     shape = get_model_shape(args.model)
     check_buildable(shape)
-    pipeline.check(args.world, shape.layers)
+    pipeline.check(args.world, shape)
     names = parse_planner_names(args.planners)
     options = PlannerOptions(max_len=args.max_len, degree=args.degree, cp=args.cp, seed=args.seed,
                              routing=args.routing, lockstep=args.fsdp)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .model_shape import ModelShape
+
 
 @dataclass(frozen=True)
 class Pass:
@@ -31,6 +33,21 @@ def check_stages(stages: int, layers: int) -> None:
     if layers % stages:
         raise ValueError(f"{stages} pipeline stages do not divide the model's {layers} layers: every stage holds "
                          f"as many")
+
+
+def check_pipeline_shape(shape: ModelShape, stages: int) -> None:
+    """ValueError unless a model of `shape` can be cut into `stages` stages: equal runs of its
+    blocks, a text model (a pipeline's last stage holds the output layer and the loss), its
+    embedding and output weights not tied (the first and last stage would each hold a copy)."""
+    check_stages(stages, shape.layers)
+    if stages == 1:
+        return
+    if shape.pattern.clips:
+        raise ValueError(f"model {shape.name!r} cannot be cut into pipeline stages (text models can): run it "
+                         f"without --pp")
+    if shape.tied_embeddings:
+        raise ValueError(f"model {shape.name!r} ties its embedding and output weights, which pipeline stages cannot "
+                         f"split (the first and last stage would each hold a copy): run it without --pp")
 
 
 def stage_layers(stage: int, stages: int, layers: int) -> range:

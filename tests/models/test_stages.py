@@ -84,7 +84,9 @@ def test_a_stage_holds_its_part_only(llama):
 
 def test_what_cannot_be_cut_is_refused(tmp_path):
     with pytest.raises(ValueError, match="3 pipeline stages do not divide the model's 4 layers"):
-        PipelineConfig(3, 1).check(3, 4)
+        PipelineConfig(3, 1).check(3, MODEL_PRESETS["tiny"])
+    with pytest.raises(ValueError, match="'dit-tiny' cannot be cut into pipeline stages"):
+        PipelineConfig(2, 1).check(2, MODEL_PRESETS["dit-tiny"])
     with pytest.raises(ValueError, match="--pp 3 does not divide the 4 ranks"):
         PipelineConfig.of_world(4, 3)
     dit = build_model(MODEL_PRESETS["dit-tiny"])

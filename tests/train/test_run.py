@@ -1,5 +1,5 @@
-"""`ballast train` for real on 2 gloo ranks: resume, ZeRO-1, FSDP2, metrics, plots, planners, a killed
-rank, rank 0's data preparation outlasting the collective timeout.
+"""`ballast train` for real on 2 gloo ranks: resume, ZeRO-1, FSDP2, two pipeline stages, metrics, plots,
+planners, a killed rank, rank 0's data preparation outlasting the collective timeout.
 
 The corpus is a seeded JSONL of English-like documents with long-tailed lengths (16..2000
 bytes, byte tokenizer), and the memory budget is set so that the longest sequence (MAX_LEN)
@@ -60,13 +60,16 @@ def flags(corpus: tuple[str, str], out: Path, steps: int, *extra: str) -> list[s
             "--warmup-steps", "2", "--steps", str(steps), "--out-dir", str(out), "--timeout", "60", *extra]
 
 
-def config(corpus: tuple[str, str], out: Path, steps: int, **optimizer) -> TrainConfig:
-    return run_config(out, steps, model="tiny", source=corpus[0], cache_dir=corpus[1], max_len=MAX_LEN,
-                      tokens_per_step=BUDGET, device_memory_gb=text_memory_gb("tiny", MAX_LEN), **optimizer)
+def config(corpus: tuple[str, str], out: Path, steps: int, pp: int = 1, **optimizer) -> TrainConfig:
+    c = run_config(out, steps, model="tiny", source=corpus[0], cache_dir=corpus[1], max_len=MAX_LEN,
+                   tokens_per_step=BUDGET, device_memory_gb=text_memory_gb("tiny", MAX_LEN), **optimizer)
+    c.run.pp = pp
+    return c
 
 
-SHARDINGS = {"": {}, "-zero1": {"zero1": True}, "-fsdp": {"fsdp": True}}
-"""Suffix of a run's name -> its optimizer settings."""
+SHARDINGS = {"": {}, "-zero1": {"zero1": True}, "-fsdp": {"fsdp": True}, "-pp": {"pp": 2}}
+"""Suffix of a run's name -> its optimizer settings (and `-pp`'s pipeline stages: each a pool of
+one rank)."""
 
 
 def _train_all(configs: list[TrainConfig], failing: TrainConfig) -> tuple[list[dict | None], str]:
@@ -98,8 +101,9 @@ def losses(out: Path) -> list[float]:
 
 @pytest.fixture(scope="module")
 def runs(corpus, tmp_path_factory) -> dict[str, Path]:
-    """One spawn of 2 ranks: 6 steps; 3 steps then resume to 6; the same two with ZeRO-1 and with
-    FSDP2; then an attempt to resume the FSDP2 checkpoint without FSDP (its error is "error")."""
+    """One spawn of 2 ranks: 6 steps; 3 steps then resume to 6; the same two with ZeRO-1, with
+    FSDP2 and as 2 pipeline stages; then an attempt to resume the FSDP2 checkpoint without FSDP
+    (its error is "error")."""
     root = tmp_path_factory.mktemp("runs")
     build_corpus(corpus[0], cache_dir=corpus[1], progress=False)  # tokenise once, before the ranks
     outs = {f"{run}{suffix}": root / f"{run}{suffix}" for suffix in SHARDINGS for run in ("whole", "split")}
@@ -132,6 +136,14 @@ def test_fsdp_trains_like_replicated_parameters(runs):
     norms = [[r["grad_norm"] for r in final_history(runs[run] / "metrics.jsonl")] for run in ("whole", "whole-fsdp")]
     assert norms[1] == pytest.approx(norms[0], rel=LOSS_RTOL) and min(norms[0]) > 0
     assert "saved with FSDP; resume with the same --fsdp setting" in runs["error"]
+
+
+def test_a_pipeline_trains_like_one_stage(runs):
+    # Same batches and gradients (the stages' chain is exact; the sums' order differs), each
+    # step's one-rank plan run through two stages, its layout logged as the pipeline's.
+    assert losses(runs["whole-pp"]) == pytest.approx(losses(runs["whole"]), rel=LOSS_RTOL)
+    layouts = [r["layout"] for r in final_history(runs["whole-pp"] / "metrics.jsonl")]
+    assert all(layout.startswith("pp2[1x1 recompute") and "in 1F1B]" in layout for layout in layouts), layouts
 
 
 def test_metrics_fields_and_every_sample_once(runs, corpus):

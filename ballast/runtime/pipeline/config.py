@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...vocabulary.pipeline_schedule import check_stages, stage_layers
+from ...vocabulary.model_shape import ModelShape
+from ...vocabulary.pipeline_schedule import check_pipeline_shape, stage_layers
 
 
 @dataclass(frozen=True)
@@ -40,13 +41,13 @@ class PipelineConfig:
     def world(self) -> int:
         return self.stages * self.pool
 
-    def check(self, world: int, layers: int) -> None:
-        """ValueError unless the pipeline covers a job of `world` ranks and cuts `layers` blocks
-        into equal stages."""
+    def check(self, world: int, shape: ModelShape) -> None:
+        """ValueError unless the pipeline covers a job of `world` ranks and can cut a model of
+        `shape` into its stages (`check_pipeline_shape`)."""
         if world != self.world:
             raise ValueError(f"{self.stages} pipeline stage(s) of {self.pool} rank(s) need {self.world} ranks, "
                              f"the job has {world}")
-        check_stages(self.stages, layers)
+        check_pipeline_shape(shape, self.stages)
 
     def stage_of(self, rank: int) -> int:
         return rank // self.pool
