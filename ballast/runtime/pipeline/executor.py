@@ -40,6 +40,7 @@ from ...plans.plan import Group, MicroBatch, Plan
 from ...vocabulary.cluster import Cluster
 from ...vocabulary.pipeline_schedule import one_f_one_b
 from ...vocabulary.precision import Precision
+from ..attention import StreamShard
 from ..executor import Executor, MicroBatchRecord, StepResult, WaveTiming
 from ..fsdp import full_tensor
 from ..grad_sync import GradSync
@@ -152,7 +153,7 @@ class PipelineExecutor(Executor):
         result.waves.append(WaveTiming(self._clock() - began - waited, waited))
         return loss
 
-    def _forward(self, plan: Plan, slot: PipelineSlot, shard: Any, received: Tensor | None, rows: int,
+    def _forward(self, plan: Plan, slot: PipelineSlot, shard: StreamShard, received: Tensor | None, rows: int,
                  samples: Sequence[Any]) -> InFlight:
         """The stage's forward of the slot's micro-batch on this rank's rows."""
         start = self._clock()
