@@ -20,6 +20,7 @@
     world.py        joining the job: torchrun, or N local gloo ranks
     host_memory.py  a CPU rank's malloc keeps freed memory, as CUDA's caching allocator does
     memory.py       bytes saved for backward, measured
+    pipeline/       pipeline parallelism: p stages of a pool each, a plan's micro-batches in 1F1B
 """
 from .attention import StreamShard, sequence_parallel_attention
 from .broadcast import broadcast_plan
