@@ -9,11 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ballast.pricing.cost_sources import analytic_cost, device_memory
+from ballast.pricing.cost_sources import analytic_cost, device_memory, get_cost_model
 from ballast.pricing.device_memory import ParameterCounts
-from ballast.pricing.pipeline import (boundary_bytes, in_flight_peak, one_f_one_b_times, stage_activation_bytes,
-                                      stage_counts, stage_memory, stage_states, transfer_seconds)
+from ballast.pricing.pipeline import (StagePart, boundary_bandwidth, boundary_bytes, in_flight_peak,
+                                      one_f_one_b_parts, one_f_one_b_times, stage_activation_bytes, stage_counts,
+                                      stage_memory, stage_passes, stage_states, transfer_seconds)
+from ballast.pricing.tensor_parallel import parameter_counts
 from ballast.vocabulary.cluster import get_cluster
+from ballast.vocabulary.job_mesh import JobMesh
 from ballast.vocabulary.model_shape import MODEL_PRESETS, get_model_shape
 from ballast.vocabulary.pipeline_schedule import Pass, in_flight, one_f_one_b
 from ballast.vocabulary.sharding import Sharding
@@ -70,7 +73,8 @@ def test_hand_worked_cases():
     # for B0 (stage 1: F0 [1,2] B0 [2,4]) [4,6], stage 1 F1 [4,5] B1 [5,7], stage 0 B1 [7,9].
     equal = one_f_one_b_times([[1, 1], [1, 1]], [[2, 2], [2, 2]])
     assert (equal.step, equal.work, equal.bubble, equal.bubble_ratio) == (9, (6, 6), 3, 0.5)
-    assert equal.forward_ends == ((1, 2), (2, 5)) and equal.backward_ends == ((6, 4), (9, 7))
+    assert [ends[0] for ends in equal.forward_ends] == [(1, 2), (2, 5)]
+    assert [ends[0] for ends in equal.backward_ends] == [(6, 4), (9, 7)]
     # 0.5 s across a boundary: stage 1 F0 [1.5,2.5] B0 [2.5,4.5], stage 0 B0 [5,7], stage 1 F1
     # [4.5,5.5] B1 [5.5,7.5], stage 0 B1 [8,10].
     assert one_f_one_b_times([[1, 1], [1, 1]], [[2, 2], [2, 2]], [0.5, 0.5]).step == 10
@@ -125,6 +129,54 @@ def test_a_slower_pass_never_shortens_the_step(case, data):
     assert one_f_one_b_times(forward, slower, transfer).step >= one_f_one_b_times(forward, backward, transfer).step
 
 
+def test_groups_of_a_pool_run_their_slots_together():
+    # A pool of 2 on 2 stages, forward 1 s and backward 2 s a stage for any micro-batch. Slot 0:
+    # one group of both ranks; slot 1: rank 0 alone (rank 1's group has run out); slot 2: both
+    # again. Rank 1 has no pass in slot 1 and runs ahead to slot 2, whose passes then wait for
+    # rank 0 (their collectives meet): the step is rank 0's three micro-batches in a row.
+    both, alone = (0, 1), (0,)
+    part = lambda lanes: StagePart(lanes, (1.0, 1.0), (2.0, 2.0))  # noqa: E731
+    got = one_f_one_b_parts([[part(both)], [part(alone)], [part(both)]], 2, 2)
+    single = one_f_one_b_times([[1, 1]] * 3, [[2, 2]] * 3)
+    assert got.step == single.step == 12 and got.work == (9, 9)
+    # Two one-rank groups side by side are two independent pipelines: the longer sets the step.
+    short, long = StagePart((0,), (1.0, 1.0), (2.0, 2.0)), StagePart((1,), (3.0, 3.0), (6.0, 6.0))
+    side = one_f_one_b_parts([[short, long], [short, long]], 2, 2)
+    assert side.step == one_f_one_b_times([[3, 3]] * 2, [[6, 6]] * 2).step and side.work == (18, 18)
+    # A slot with nothing to run takes no time but keeps its place in the order, as the runtime
+    # walks it: stage 0 runs F0 [0,1], its empty F1, waits for B0 [4,6], F2 [6,7]; stage 1 F2
+    # [7,8] B2 [8,10]; stage 0 B2 [10,12] (without the empty slot, 9 s: F1 before B0).
+    assert one_f_one_b_parts([[part(both)], [], [part(both)]], 2, 2).step == 12
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(pipelines(), min_size=1, max_size=3).filter(
+    lambda cases: len({(len(c[0]), len(c[0][0])) for c in cases}) == 1))
+def test_one_rank_groups_are_independent_pipelines(cases):
+    # Lanes that never share a group (every slot one part per lane) run as pipelines of their
+    # own: the step is the slowest one's, each lane's work its own.
+    m, p = len(cases[0][0]), len(cases[0][0][0])
+    slots = [[StagePart((lane,), tuple(f[i]), tuple(b[i]), t[i]) for lane, (f, b, t) in enumerate(cases)]
+             for i in range(m)]
+    alone = [one_f_one_b_times(*case) for case in cases]
+    got = one_f_one_b_parts(slots, p, len(cases))
+    assert got.step == pytest.approx(max(a.step for a in alone), rel=1e-12, abs=1e-12)
+    assert got.work == pytest.approx([max(a.work[k] for a in alone) for k in range(p)])
+
+
+def test_a_stage_runs_its_share_of_a_micro_batch():
+    # 9 s for the whole model (6 s without recomputation) on 3 stages: a forward of 6 / 3 / 3 = 2/3 s
+    # a stage, the backward the rest of the stage's 3 s.
+    forward, backward = stage_passes(9.0, 6.0, 3)
+    assert forward == pytest.approx(2 / 3) and backward == pytest.approx(3 - 2 / 3)
+    # A stage a share of a node: the TP group's and its counterpart's 2 t devices exchanging; whole
+    # nodes: the node's NICs shared by its devices.
+    h100 = get_cluster("h100-32")
+    assert boundary_bandwidth(h100, JobMesh.of(h100, tp=2, pp=8)) == h100.bandwidth[4]
+    assert boundary_bandwidth(h100, JobMesh.of(h100, tp=8, pp=4)) == \
+        h100.nic_bandwidth * h100.nics_per_node / h100.devices_per_node
+
+
 def test_boundary_bytes_and_seconds():
     # 1000 tokens of hidden 128 in fp32 cross a boundary: 512 kB each way; a group of 4 sends it
     # at once, 128 kB per rank at 1 GB/s: 128 us, plus the latency.
@@ -151,6 +203,11 @@ def test_stage_states_split_the_model():
     # ZeRO-1 over a pool of 2 shards AdamW's state: 4 + 4 + 8 / 2 bytes a parameter.
     cost = analytic_cost(TINY, cluster, device_memory(TINY, cluster, Sharding.ZERO1))
     assert stage_states(cost, TINY, 1, 2) == 12 * stage_counts(TINY, 1, 2).total
+    # A TP rank's stages split its shard of the model (`tensor_parallel.parameter_counts`).
+    shard = parameter_counts(TINY, 2)
+    parts = [stage_counts(TINY, k, 2, tp=2) for k in range(2)]
+    assert sum(c.total for c in parts) == shard.total and sum(c.root for c in parts) == shard.root
+    assert {c.block for c in parts} == {shard.block}
 
 
 def test_activations_in_flight_per_stage():
@@ -166,5 +223,9 @@ def test_activations_in_flight_per_stage():
     parts = [stage_activation_bytes(cost, samples, 2, 0.5, 1, k, 4) for k in range(4)]
     assert sum(parts) == pytest.approx(whole)  # the layers split, the loss's bytes on the last stage only
     assert parts[0] == parts[1] == parts[2] and parts[3] - parts[0] == pytest.approx(cost.loss_per_token * 317 / 2)
-    acts = [stage_activation_bytes(cost, [n], 1, 0.0, 1, 0, 2) for n in (100, 400, 50)]
-    assert stage_memory(cost, TINY, 0, 2, acts) == pytest.approx(stage_states(cost, TINY, 0, 2) + acts[0] + acts[1])
+    # A cost model of a mesh with PP prices its stages (`CostModel.stages`).
+    staged = get_cost_model("analytic", TINY, get_cluster("cpu", world_size=4), mesh=JobMesh(4, 4, tp=2, pp=2))
+    assert staged.stages.states == tuple(stage_states(staged, TINY, k, 2) for k in range(2))
+    assert staged.stages.hidden == TINY.hidden and get_cost_model("analytic", TINY, cluster).stages is None
+    acts = [stage_activation_bytes(staged, [n], 1, 0.0, 1, 0, 2) for n in (100, 400, 50)]
+    assert stage_memory(staged.stages, 0, acts) == pytest.approx(staged.stages.states[0] + acts[0] + acts[1])

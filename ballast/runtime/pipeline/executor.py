@@ -72,14 +72,8 @@ class PipelineSlot:
 
 
 def pipeline_slots(plan: Plan, rank: int) -> list[PipelineSlot]:
-    """The step's slots for pool rank `rank`: as many for every rank of the pool."""
-    out = []
-    for w, wave in enumerate(plan.waves):
-        group = plan.group_of(w, rank)
-        mine = group.micro_batches
-        for i in range(max(len(g.micro_batches) for g in wave.groups)):
-            out.append(PipelineSlot(w, group, mine[i] if i < len(mine) else MicroBatch([])))
-    return out
+    """The step's slots (`Plan.slots`) for pool rank `rank`: as many for every rank of the pool."""
+    return [PipelineSlot(w, group, mb) for w, _, parts in plan.slots() for group, mb in parts if rank in group.ranks]
 
 
 @dataclass
