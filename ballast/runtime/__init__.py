@@ -1,7 +1,8 @@
 """Executes plans for real with torch.distributed.
 
-    parallelize.py  the one entry point: model + cluster -> Executor (SP attention, FSDP2 or
-                    replicated weights, AdamW with ZeRO-1 or not)
+    parallelize.py  the one entry point: model + cluster (+ job mesh) -> Executor (SP attention,
+                    the model cut into PP stages and split over TP groups, FSDP2 or replicated
+                    weights, AdamW with ZeRO-1 or not)
     executor.py     Executor.step: a plan's waves, micro-batches, recomputation, loss, grad sync
     broadcast.py    rank 0's plan (and the batch's tokens) on every rank
     attention.py    Ulysses attention over a packed stream sharded across a group
@@ -22,6 +23,9 @@
                     the others serve its distributed calls)
     host_memory.py  a CPU rank's malloc keeps freed memory, as CUDA's caching allocator does
     memory.py       bytes saved for backward, measured
+    tensor_parallel/  tensor parallelism: every layer split over the job mesh's TP groups
+    pipeline/       pipeline parallelism: the job mesh's p stages, a plan's micro-batches run
+                    through them in 1F1B
 """
 from .attention import StreamShard, sequence_parallel_attention
 from .broadcast import broadcast_plan

@@ -47,8 +47,8 @@ import argparse
 import dataclasses
 
 from ..vocabulary.cluster import Cluster, get_cluster
-from ..command_line.options import (CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, PRECISION, ROUTING, SEED,
-                                    TIMEOUT, TP, WORLD)
+from ..command_line.options import (CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, PP, PRECISION, ROUTING,
+                                    SEED, TIMEOUT, TP, WORLD)
 from ..vocabulary.value_checks import at_least, positive
 from ..pricing.cost import CostModel
 from ..pricing.cost_sources import get_cost_model
@@ -76,13 +76,12 @@ refuses a device that it fills exactly)."""
 
 def budget(shape: ModelShape, world: int, max_len: int, device_memory_gb: float | None = None,
            nodes: int = 1, sharding: Sharding = Sharding.REPLICATED,
-           precision: Precision = Precision.AUTO, tp: int = 1) -> tuple[Cluster, CostModel]:
+           precision: Precision = Precision.AUTO, tp: int = 1, pp: int = 1) -> tuple[Cluster, CostModel]:
     """The cluster plans are made for, the pool of the cpu cluster of `world` ranks (as `nodes`
-    emulated nodes) under TP degree `tp` (the cluster itself at 1), and its analytic cost model
-    (a TP rank's), its memory priced for the run's `sharding` and `precision`, at
-    `device_memory_gb` per rank or, by default, at a budget that makes plans exercise sequence
-    parallelism: 1.2x what
-    half of a `max_len` sequence keeps under full recomputation, so the longest sequences fit
+    emulated nodes) under TP degree `tp` and PP degree `pp` (the cluster itself at 1, 1), and its
+    analytic cost model (a TP rank's), its memory priced for the run's `sharding` and
+    `precision`, at `device_memory_gb` per rank or, by default, at a budget that makes plans
+    exercise sequence parallelism: 1.2x what half of a `max_len` sequence keeps under full recomputation, so the longest sequences fit
     degree 2 only when recomputed and never one rank (a whole one where the heads allow no degree
     above 1, else nothing could hold it). (A looser budget, the longest at degree 2
     without recomputation, let nearly every planner choose degree 1 with recomputation on CPU,
@@ -91,7 +90,7 @@ def budget(shape: ModelShape, world: int, max_len: int, device_memory_gb: float 
     (replicated: AdamW's temporaries, 4 bytes a parameter); the statement above then does not
     hold and the longest sequences fit one rank."""
     def priced(cluster: Cluster) -> tuple[Cluster, CostModel]:
-        mesh = JobMesh.of(cluster, tp=tp, shape=shape)
+        mesh = JobMesh.of(cluster, tp=tp, pp=pp, shape=shape)
         return mesh.pool_cluster(cluster), get_cost_model("analytic", shape, cluster, sharding=sharding,
                                                          precision=precision, mesh=mesh)
 
@@ -111,6 +110,8 @@ def routed(plan: Plan) -> Plan:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     WORLD.add(parser, None, f"{DEFAULT_WORLD}, the smallest world with sequence parallelism; under torchrun its "
                             f"WORLD_SIZE, which a --world given must match")
+    PP.add(parser, 1, "no pipeline; under --pp the planners lay out a stage's pool of --world / (P T) ranks and "
+                      "every rank holds its stage's layers")
     NODES.add(parser, 1, "one node; 2 or more emulate nodes of --world / N ranks, whose inter-node exchanges "
                          "--routing and --route-every-wave send over every NIC")
     ROUTING.add(parser, True, "the planners route as they would in a run")
@@ -179,9 +180,11 @@ def verify(args: argparse.Namespace, world: int) -> int:
                          f"--nodes 2 or more")
     if args.route_every_wave and not args.routing:
         raise ValueError("--route-every-wave and --no-routing contradict each other: choose one")
-    if args.tp > 1 and args.nodes > 1 and args.routing:
-        raise ValueError(f"--tp {args.tp} with --nodes {args.nodes}: a job with tensor parallelism runs no routing "
-                         f"layer; give --no-routing")
+    if (args.tp > 1 or args.pp > 1) and args.nodes > 1 and args.routing:
+        raise ValueError(f"--tp {args.tp} --pp {args.pp} with --nodes {args.nodes}: a job with tensor or pipeline "
+                         f"parallelism runs no routing layer; give --no-routing")
+    if args.pp > 1 and args.fsdp:
+        raise ValueError(f"--pp {args.pp} runs with replicated weights or --zero1: drop --fsdp")
     shape = get_model_shape(args.model)
     check_buildable(shape)
     names = parse_planner_names(args.planners)
@@ -191,7 +194,7 @@ def verify(args: argparse.Namespace, world: int) -> int:
     device = rank_device()  # the ranks' and the reference's: rank 0's GPU under torchrun on NCCL
     precision = Precision.BF16 if args.precision.autocast(device.type) else Precision.FP32
     cluster, cost = budget(shape, world, args.max_len, args.device_memory_gb, args.nodes,
-                           Sharding.of_flags(args.zero1, args.fsdp), precision, args.tp)
+                           Sharding.of_flags(args.zero1, args.fsdp), precision, args.tp, args.pp)
     check_fits(cost.under(ANY_SPLIT), [args.max_len])  # a --device-memory-gb that cannot hold --max-len: before planning
     batches = random_batches(shape, args.steps, args.batch, args.max_len, args.seed)
     plans, cannot = plan_all(names, cluster, cost, options, batches, args)
@@ -201,8 +204,11 @@ def verify(args: argparse.Namespace, world: int) -> int:
     sharding = " under FSDP2" if args.fsdp else " with ZeRO-1" if args.zero1 else ""
     whose = "--device-memory-gb" if args.device_memory_gb is not None else "verify's default; --device-memory-gb sets one"
     nodes = f" as {args.nodes} nodes{', every wave routed' if args.route_every_wave else ''}" if args.nodes > 1 else ""
-    tp = f", TP {args.tp} (plans over a pool of {cluster.world_size})" if args.tp > 1 else ""
-    console.print(f"verify: {describe_ranks(world)}{nodes}{tp}{sharding}{' in bf16' if bf16 else ''}, model {shape.name}, "
+    tp = f", TP {args.tp}" if args.tp > 1 else ""
+    stages = f" as {args.pp} pipeline stages" if args.pp > 1 else ""
+    pool = f" (plans over a pool of {cluster.world_size})" if args.tp * args.pp > 1 else ""
+    console.print(f"verify: {describe_ranks(world)}{stages}{nodes}{tp}{pool}{sharding}{' in bf16' if bf16 else ''}, "
+                  f"model {shape.name}, "
                   f"{args.steps} step(s) of "
                   f"{args.batch} sequences up to {args.max_len} tokens, {len(names)} planner(s), "
                   f"{cost.device_memory / 1e6:.3g} MB per rank ({whose})")
@@ -211,7 +217,7 @@ def verify(args: argparse.Namespace, world: int) -> int:
     results = on_ranks(world, train_all_planners, shape,
                        {n: [p.to_dict() for p in ps] for n, ps in plans.items()},
                        batches, args.seed, args.lr, args.zero1, args.fsdp, args.nodes, precision, args.tp,
-                       timeout=args.timeout)[0]
+                       args.pp, timeout=args.timeout)[0]
     given = (args.grad_tolerance, args.param_tolerance)
     fp32 = tuple(t if t is not None else default for t, default in zip(given, (GRAD_TOLERANCE, PARAM_TOLERANCE)))
     # In bf16 each planner's tolerances are measured (its own parameters): a column, not the title.
@@ -263,6 +269,10 @@ def plan_all(names: list[str], cluster: Cluster, cost: CostModel, options: Plann
                             f"{planner.cost.degrees[-1]}), not --max-len {args.max_len}")
             continue
         plans[name] = [planner.plan(b.planned) for b in batches]
+        if args.pp > 1 and any(wave.remap for plan in plans[name] for wave in plan.waves):
+            del plans[name]
+            cannot[name] = "plans remap domains, which a pipeline stage does not run"
+            continue
         if args.route_every_wave:
             plans[name] = [routed(plan) for plan in plans[name]]
         for plan in plans[name]:
