@@ -9,13 +9,16 @@ A remap domain of a wave (Zeppelin's remapping layer, `Wave.remap`) runs its gro
 slot with linear work spread evenly over its ranks; `remapping.slot_time` prices its slots,
 and every group of the domain is busy for all of each one.
 
-A plan of PP degree p > 1 runs as a pipeline (`runtime/pipeline`): its micro-batches in the
+A plan priced under a cost model of p > 1 stages (`cost.stages`: made for them, or being made
+by a planner under it, whose `Planner.plan` stamps p on it) runs as a pipeline
+(`runtime/pipeline`): its micro-batches in the
 slots' order (`Plan.slots`), each group's on every stage at the cost model's seconds / p split
 into forward and backward (`pipeline.stage_passes`), its rows crossing each boundary at the
 stages' bandwidth, through the 1F1B schedule simulated exactly (`pipeline.one_f_one_b_parts`):
 waves are no barriers there, and the step is the schedule's. Its ranks' busy seconds are a
-stage's, its Gantt segments the first stage's passes, its bound the plain one / p (no bubble
-term).
+stage's, its Gantt segments the first stage's passes, its bound the pipeline's
+(`pipeline_bound.pipeline_lower_bound`: a stage's share of the work and the bubble no order
+avoids).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import numpy as np
 
 from ..pricing.bounds import uncapped_lower_bound
 from ..pricing.cost import CostModel
+from ..pricing.pipeline_bound import pipeline_lower_bound
 from ..pricing.pipeline import PipelineTimes, StagePart, one_f_one_b_parts, stage_passes, transfer_seconds
 from ..pricing.stages import StagePrices
 from .plan import Group, MicroBatch, Plan, Wave
@@ -65,6 +69,14 @@ class StepMetrics:
     segments: list[Segment] = field(default_factory=list)
     nic_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """Bytes each NIC of the cluster sends in the step (`nic_bytes`; none on one node)."""
+    bubble: float = 0.0
+    """Under PP, seconds of the step the pipeline's busiest rank of a stage idles
+    (`PipelineTimes.bubble`: the step less its work); 0 without a pipeline."""
+
+    @property
+    def bubble_fraction(self) -> float:
+        """The pipeline's bubble as a share of the step."""
+        return self.bubble / self.step_time if self.step_time > 0 else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -83,7 +95,7 @@ class StepMetrics:
 
 def simulate(plan: Plan, cost: CostModel, world_size: int, timeline: bool = False) -> StepMetrics:
     """Run `plan` under `cost`; keep every micro-batch's Segment when `timeline` is set."""
-    if plan.pp > 1:
+    if pipelined(plan, cost):
         return _simulate_pipeline(plan, cost, world_size, timeline)
     busy = np.zeros(world_size)
     comm_time = np.zeros(world_size)
@@ -138,7 +150,7 @@ def nic_bytes(plan: Plan, cost: CostModel) -> np.ndarray:
 
 def step_time(plan: Plan, cost: CostModel) -> float:
     """The simulated step time alone (what planners compare)."""
-    if plan.pp > 1:
+    if pipelined(plan, cost):
         return pipeline_times(plan, cost).step
     return sum(wave_time(plan, wave, cost) for wave in plan.waves)
 
@@ -156,9 +168,16 @@ class StagedMicroBatch:
     part: StagePart
 
 
+def pipelined(plan: Plan, cost: CostModel) -> bool:
+    """Whether `plan` runs as a pipeline under `cost`: made for p > 1 stages, or priced under a
+    cost model of them (a planner's plan in the making has p = 1 until `Planner.plan` stamps it)."""
+    return plan.pp > 1 or cost.stages is not None
+
+
 def pipeline_times(plan: Plan, cost: CostModel) -> PipelineTimes:
-    """The 1F1B step of a plan of PP degree p > 1 over the cost model's pool (module docstring)."""
-    return one_f_one_b_parts([[s.part for s in slot] for slot in _staged(plan, cost)], plan.pp, cost.world_size)
+    """The 1F1B step of a plan over the cost model's pipeline and pool (module docstring)."""
+    stages = _stages(plan, cost)
+    return one_f_one_b_parts([[s.part for s in slot] for slot in _staged(plan, cost)], stages.count, cost.world_size)
 
 
 def _staged(plan: Plan, cost: CostModel) -> list[list[StagedMicroBatch]]:
@@ -183,7 +202,7 @@ def _staged(plan: Plan, cost: CostModel) -> list[list[StagedMicroBatch]]:
 
 
 def _stages(plan: Plan, cost: CostModel) -> StagePrices:
-    if cost.stages is None or cost.stages.count != plan.pp:
+    if cost.stages is None or plan.pp not in (1, cost.stages.count):
         priced = cost.stages.count if cost.stages is not None else 1
         raise ValueError(f"plan {plan.planner!r} runs {plan.pp} pipeline stages, but the cost model prices {priced}")
     return cost.stages
@@ -192,7 +211,8 @@ def _stages(plan: Plan, cost: CostModel) -> StagePrices:
 def _simulate_pipeline(plan: Plan, cost: CostModel, world_size: int, timeline: bool) -> StepMetrics:
     """`simulate` of a plan of PP degree p > 1 (module docstring)."""
     staged = _staged(plan, cost)
-    times = one_f_one_b_parts([[s.part for s in slot] for slot in staged], plan.pp, world_size)
+    p = _stages(plan, cost).count
+    times = one_f_one_b_parts([[s.part for s in slot] for slot in staged], p, world_size)
     busy, comm_time = np.zeros(world_size), np.zeros(world_size)
     segments: list[Segment] = []
     for i, slot in enumerate(staged):
@@ -205,9 +225,8 @@ def _simulate_pipeline(plan: Plan, cost: CostModel, world_size: int, timeline: b
                                 (times.backward_ends[i][j][0], s.part.backward[0])) if timeline else ():
                 segments.append(Segment(s.wave, s.group.start, s.group.degree, s.position, end - length,
                                         (1 - s.comm_share) * length, s.comm_share * length))
-    lower = uncapped_lower_bound(cost, plan.samples) / plan.pp
-    return StepMetrics(times.step, plan.tokens, lower, busy, comm_time, [times.step], segments,
-                       nic_bytes(plan, cost) / plan.pp)
+    return StepMetrics(times.step, plan.tokens, pipeline_lower_bound(cost, plan.samples), busy, comm_time,
+                       [times.step], segments, nic_bytes(plan, cost) / p, times.bubble)
 
 
 def wave_time(plan: Plan, wave: Wave, cost: CostModel) -> float:

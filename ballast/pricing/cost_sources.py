@@ -11,7 +11,7 @@ from ..vocabulary.precision import Precision
 from ..vocabulary.sharding import Sharding, default_sharding
 from .cost import CostModel
 from .device_memory import DeviceMemory, ParameterCounts
-from .pipeline import stage_prices
+from .pipeline import planning_counts, stage_prices
 from .tensor_parallel import activation_share, parameter_counts, sharded
 from ..vocabulary.job_mesh import JobMesh
 from ..vocabulary.model_shape import ModelShape
@@ -135,7 +135,9 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
     its memory priced for the sharding mode (None: `default_sharding`) and precision
     (`device_memory`), for a rank of the job's `mesh` (None: the cluster's ranks one pool): its
     plans are over the pool's cluster (`JobMesh.pool_cluster`), and under TP the coefficients are
-    a TP rank's (`tensor_parallel.sharded`).
+    a TP rank's (`tensor_parallel.sharded`). Under PP its states are the fullest stage's
+    (`pipeline.planning_counts`), so a micro-batch that fits them with its whole activations
+    fits every stage (`Plan.validate` checks each stage exactly).
 
     A profile must describe `shape` and `cluster`'s size: every caller (simulate, train, bench)
     relies on this one check. It brings the device memory it was made for unless
@@ -148,7 +150,7 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
         spec = "published" if shape.name in _PUBLISHED and cluster.name == "a100-64" else "analytic"
     if spec in ("analytic", "published"):
         pool = mesh.pool_cluster(cluster)
-        memory = device_memory(shape, pool, sharding, precision, tp=mesh.tp)
+        memory = device_memory(shape, pool, sharding, precision, planning_counts(shape, mesh), mesh.tp)
         cost = (analytic_cost if spec == "analytic" else published_cost)(shape, pool, memory, mesh.tp)
         return with_stages(sharded(cost, shape, cluster, mesh), shape, cluster, mesh)
     if mesh.tp > 1:
@@ -161,7 +163,7 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
     if cost.world_size != cluster.world_size:
         raise ValueError(f"cost model {spec} was made for {cost.world_size} devices, "
                          f"the cluster has {cluster.world_size}")
-    memory = device_memory(shape, cluster, sharding, precision)
+    memory = device_memory(shape, cluster, sharding, precision, planning_counts(shape, mesh))
     cost = dataclasses.replace(cost, network=cluster, mesh=mesh, **with_device_memory(memory, *activations_alone(cost)),
                                **({} if device_memory_gb is None else dict(device_memory=device_memory_gb * 1e9)))
     return with_stages(cost, shape, cluster, mesh)

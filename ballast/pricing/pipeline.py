@@ -32,7 +32,8 @@ them under TP), priced as the cost model's `states` are for the whole model
 run and backward not yet: under 1F1B at most min(p - k, m) of them on stage k, the first stage
 the most. A micro-batch's activations on a stage are its share of the layers' (the cost model's
 per-token bytes, `CostModel.activation_bytes`, without the loss's part, times the stage's
-layers / L), and on the last stage the loss's too. `stage_prices` gives a cost model its
+layers / L), and on the last stage the loss's too. The cost model's own `states` are the fullest
+stage's (`planning_counts`), which planners fit micro-batches against. `stage_prices` gives a cost model its
 stages' states and boundary (`CostModel.stages`), which the timeline and `Plan.validate` read.
 """
 from __future__ import annotations
@@ -209,6 +210,19 @@ def stage_counts(shape: ModelShape, stage: int, stages: int, tp: int = 1) -> Par
     root = first * matrix + last * (matrix + shape.hidden)
     return ParameterCounts(total=layers * block + root,
                            autocast=layers * shape.layer_matmul_params // tp + last * matrix, block=block, root=root)
+
+
+def planning_counts(shape: ModelShape, mesh: JobMesh) -> ParameterCounts | None:
+    """The parameters a cost model under `mesh` prices its states from: under PP the last
+    stage's, the fullest (its blocks, and the output layer and final norm beside the first
+    stage's embedding); None without PP (the whole model's, `parameter_counts`).
+
+    A micro-batch whose whole activations fit beside them fits every stage under 1F1B: stage k
+    holds at most p - k micro-batches in flight, each a 1 / p share of its layers' activations
+    (and the loss on the last stage, which holds one at a time), at most the largest one's whole.
+    So a planner fitting micro-batches against the cost model's `states` makes plans that pass
+    `Plan.validate`'s exact check per stage."""
+    return stage_counts(shape, mesh.pp - 1, mesh.pp, mesh.tp) if mesh.pp > 1 else None
 
 
 def stage_states(cost: CostModel, shape: ModelShape, stage: int, stages: int) -> float:

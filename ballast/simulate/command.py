@@ -20,7 +20,7 @@ from ..plans.gantt import gantt
 from .table import planner_table
 from ..vocabulary.model_shape import get_model_shape
 from ..command_line.options import (CLUSTER, COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, ROUTING, SEED,
-                                    TP, WORLD, OnOff, positive)
+                                    PP, TP, WORLD, OnOff, positive)
 from ..vocabulary.job_mesh import JobMesh
 from ..command_line.output_paths import check_output_file
 from ..command_line.provenance import provenance
@@ -54,6 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     DEGREE.add(p, None, "the least that holds --max-len")
     CP.add(p, None, "Ulysses alone")
     TP.add(p, 1, "no tensor parallelism: every device one rank of the plans")
+    PP.add(p, 1, "no pipeline: every rank holds every layer")
     p.add_argument("--time-limit", type=positive(float), default=d.time_limit, help="seconds per MILP solve (flexsp)")
     p.add_argument("--buckets", type=positive(int), default=d.buckets, help="length buckets of flexsp's DP bucketing")
     p.add_argument("--dcp-mode", choices=("inter", "intra", "both"), default=d.dcp_mode)
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.gantt, "--gantt")
     cluster = get_cluster(args.cluster, args.world, args.device_memory_gb, args.nodes)
     shape = get_model_shape(args.model)
-    mesh = JobMesh.of(cluster, tp=args.tp, shape=shape)
+    mesh = JobMesh.of(cluster, tp=args.tp, pp=args.pp, shape=shape)
     cost = get_cost_model(args.cost, shape, cluster, args.device_memory_gb, args.sharding, mesh=mesh)
     pool = mesh.pool_cluster(cluster)
     names = parse_planner_names(args.planners)
@@ -110,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     summaries = {name: r.summary() for name, r in results.items()}
     setting = {"lengths": args.lengths, "cluster": cluster.name, "world_size": cluster.world_size,
                **({"tp": mesh.tp, "pool": mesh.pool} if mesh.tp > 1 else {}),
+               **({"pp": mesh.pp, "pool": mesh.pool} if mesh.pp > 1 else {}),
                "model": shape.name, "attention": shape.attention, "as_lengths": args.as_lengths,
                "cost": cost.source, "sharding": cost.device.sharding.value, "max_len": args.max_len, "batch": args.batch,
                "tokens_per_step": args.tokens_per_step, "overlong": args.overlong, "seed": args.seed,
@@ -118,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
                "data": lengths_stream.report(),
                "mean_tokens_per_step": sum(tokens(x) for b in batches for x in b) / len(batches)}
     title = (f"{args.lengths} on {cluster.name} ({cluster.world_size} devices"
-             f"{f', TP {mesh.tp}: plans over a pool of {mesh.pool}' if mesh.tp > 1 else ''}), {shape.name} "
+             f"{f', {_mesh_label(mesh)}: plans over a pool of {mesh.pool}' if (mesh.tp, mesh.pp) != (1, 1) else ''}"
+             f"), {shape.name} "
              f"({shape.attention} attention), {cost.source} cost, {args.steps} steps"
              f"{', planned as lengths' if args.as_lengths else ''}")
     table = planner_table(title, summaries, lower_mean)
@@ -141,3 +144,8 @@ def run(args: argparse.Namespace) -> int:
 def _on_off(switch: bool) -> str:
     """A switch as the JSON's setting has always said it."""
     return "on" if switch else "off"
+
+
+def _mesh_label(mesh: JobMesh) -> str:
+    """The model-parallel degrees a title names: "TP 8 x PP 4", "TP 4", "PP 2"."""
+    return " x ".join(f"{name} {degree}" for name, degree in (("TP", mesh.tp), ("PP", mesh.pp)) if degree > 1)

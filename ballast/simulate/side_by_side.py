@@ -17,7 +17,7 @@ from ..planners.fits import check_fits
 from ..vocabulary.layouts import ANY_SPLIT
 from ..vocabulary.samples import Sample, check_samples, is_shaped, tokens
 from ..plans.timeline import StepMetrics, simulate
-from ..pricing.bounds import uncapped_lower_bound
+from ..pricing.pipeline_bound import report_lower_bound
 
 
 @dataclass
@@ -39,6 +39,8 @@ class PlannerResult:
     """Fraction of the step's waves routed over every NIC (`Wave.routed`)."""
     nic_gb: list[np.ndarray] = field(default_factory=list)
     """GB each NIC sends in the step (`StepMetrics.nic_bytes`, global NIC order)."""
+    bubble_fraction: list[float] = field(default_factory=list)
+    """Under PP, the share of the step the pipeline's busiest rank idles (`StepMetrics.bubble`)."""
     first_plan: Plan | None = None
     info: list[dict] = field(default_factory=list)
 
@@ -52,6 +54,8 @@ class PlannerResult:
         self.plan_ms.append(plan_seconds * 1e3)
         self.waves.append(len(plan.waves))
         self.info.append(plan.info)
+        if plan.pp > 1:
+            self.bubble_fraction.append(metrics.bubble_fraction)
         if len(metrics.nic_bytes):
             busy = metrics.nic_bytes[metrics.nic_bytes > 0]
             self.busiest_nic_gb.append(float(metrics.nic_bytes.max()) / 1e9)
@@ -66,7 +70,7 @@ class PlannerResult:
         out = {k: float(np.mean(getattr(self, k))) for k in keys}
         out["plan_ms_max"] = float(np.max(self.plan_ms))
         out["vs_lower_bound_max"] = float(np.max(self.vs_lower_bound))
-        for key in ("busiest_nic_gb", "nic_imbalance", "routed_waves"):
+        for key in ("busiest_nic_gb", "nic_imbalance", "routed_waves", "bubble_fraction"):
             if getattr(self, key):
                 out[key] = float(np.mean(getattr(self, key)))
         if self.nic_gb:
@@ -92,7 +96,7 @@ def simulate_planners(batches: Sequence[list[Sample]], planners: Sequence[str], 
     pattern with the real shapes: what shape-blind planning costs."""
     for batch in batches:  # before the bound: a batch no plan holds is told with the options that would help
         check_fits(cost.under(ANY_SPLIT), batch)
-    lower = [uncapped_lower_bound(cost, b) for b in batches]
+    lower = [report_lower_bound(cost, b) for b in batches]
     planning_cost = lengths_only(cost) if as_lengths else cost
     results = {}
     for name in planners:

@@ -190,6 +190,8 @@ MODEL_PRESETS: dict[str, ModelShape] = {
     "gpt-30b": ModelShape("gpt-30b", 60, 6656, 64, 64, 4 * 6656, 50304, gated_mlp=False),
     # Llama 3 8B (Meta's model card / config.json).
     "llama3-8b": ModelShape("llama3-8b", 32, 4096, 32, 8, 14336, 128256),
+    # Llama 3 70B (Meta's config.json): the model users train with TP 8 x PP 4.
+    "llama3-70b": ModelShape("llama3-70b", 80, 8192, 64, 8, 28672, 128256),
     # Trains on a CPU in seconds per step; 4 kv heads, so degrees 1, 2 and 4 exchange no replicas.
     "tiny": ModelShape("tiny", 4, 128, 8, 4, 352, 256),
     # Video DiTs (shapes for the cost model). "Layers" count blocks; the "vocabulary" is a

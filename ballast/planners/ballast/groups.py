@@ -2,7 +2,10 @@
 
 Within a group, compute and all-to-all time do not depend on how its sequences are packed;
 only the fixed cost g per micro-batch and recomputation do. `GroupPacker.pack` searches the
-micro-batch count, `repair` moves single sequences between groups by exact times.
+micro-batch count, `repair` moves single sequences between groups by exact times. Under a
+pipeline of p stages a group's time is its micro-batches' through it (`pipelines.py`: a
+bubble of p - 1 longest micro-batches), so more micro-batches, each shorter, may win; `pack`
+tries counts up to one sequence per micro-batch and runs them in `pipeline_order`.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from ...pricing.cost import CostModel
 from ...plans.plan import Group, MicroBatch
 from ...vocabulary.samples import SampleBatch
 from ..packing import best_fit_decreasing
+from ..pipelines import pipeline_order, pipelined_seconds
 
 # Micro-batch counts tried per group: a geometric ladder of this many between the fewest that
 # memory allows and the count with no recomputation, then this many either side of the best.
@@ -39,6 +43,8 @@ class GroupPacker:
         """a q + b s of every sample (q its attention units, s its tokens)."""
         self.row = row
         """Row of `work` for each degree."""
+        self.stages = cost.stages.count if cost.stages is not None else 1
+        """p: the pipeline's stages every group runs its micro-batches through (1: none)."""
 
     def repair(self, groups: list[Group], times: list[float]) -> int | None:
         """Move one sequence off the slowest group, judged by exact times: the donor's index,
@@ -60,9 +66,13 @@ class GroupPacker:
                             or times[j] + self.quad[s] / d + self.cost.comm(self.lengths[s], d, cp) >= times[slow]):
                         continue
                     joined, added = self.with_sequence(groups[j].micro_batches, s, d, cp)
+                    if self.stages > 1:
+                        added = self.mbs_time(joined, d, cp) - times[j]
                     if times[j] + added >= times[slow]:
                         continue
                     left, saved = self.without_sequence(donor.micro_batches, m, s, donor.degree, donor.cp)
+                    if self.stages > 1:
+                        saved = times[slow] - self.mbs_time(left, donor.degree, donor.cp)
                     if saved > 0:
                         groups[j].micro_batches, times[j] = joined, times[j] + added
                         donor.micro_batches, times[slow] = left, times[slow] - saved
@@ -108,9 +118,17 @@ class GroupPacker:
 
     def pack(self, seqs: list[int], degree: int) -> tuple[float, list[MicroBatch], int]:
         """The split (cp), micro-batch count and recompute levels of least time for these
-        sequences in a group of `degree`: the time, the micro-batches and the split."""
-        return min(((*self.pack_at(seqs, degree, cp), cp) for cp in self.cost.fastest_candidates(degree)),
-                   key=lambda p: p[0])
+        sequences in a group of `degree`: the time, the micro-batches (in a pipeline's order) and
+        the split."""
+        time, mbs, cp = min(((*self.pack_at(seqs, degree, cp), cp) for cp in self.cost.fastest_candidates(degree)),
+                            key=lambda p: p[0])
+        return time, self.ordered(mbs, degree, cp), cp
+
+    def ordered(self, mbs: list[MicroBatch], degree: int, cp: int) -> list[MicroBatch]:
+        """`mbs` in the order a pipeline runs them best (`pipeline_order`); as they are without one."""
+        if self.stages == 1:
+            return mbs
+        return [mbs[i] for i in pipeline_order([self.mb_time(mb, degree, cp) for mb in mbs])]
 
     def pack_at(self, seqs: list[int], degree: int, cp: int) -> tuple[float, list[MicroBatch]]:
         """`pack` at split `cp`: the time and the micro-batches."""
@@ -127,9 +145,13 @@ class GroupPacker:
         # it, and one sequence per micro-batch is the most there is to try.
         unchecked = self.bins(seqs, degree, cp, cap) if lengths[seqs[0]] <= cap else []
         no_recompute = max(fewest, math.ceil(tokens / cap), len(unchecked)) if cap else len(seqs)
+        # A pipeline's bubble shrinks with its micro-batches' (`pipelined_seconds`: the longest),
+        # down to the longest sequence's: counts up to twice the tokens over its tokens, where
+        # token balance has made every micro-batch that short.
+        most = max(no_recompute, math.ceil(2 * tokens / lengths[seqs[0]])) if self.stages > 1 else no_recompute
         # Time against the count is roughly convex (g grows, recomputation shrinks): try the
         # ends, a geometric ladder between them, then the neighbours of the best.
-        top = max(fewest, min(no_recompute, len(seqs)))
+        top = max(fewest, min(most, len(seqs)))
         ratio = (top / fewest) ** (1.0 / (LADDER - 1))
         ladder = {fewest, top, *(round(fewest * ratio ** i) for i in range(1, LADDER - 1))}
         timed = {m: self.timed(seqs, degree, cp, m) for m in ladder}
@@ -187,5 +209,9 @@ class GroupPacker:
                                         sum(map(self.lengths.__getitem__, mb.seq_ids)), degree, mb.recompute, cp)
 
     def mbs_time(self, mbs: list[MicroBatch], degree: int, cp: int) -> float:
-        return sum(self.mb_time(mb, degree, cp) for mb in mbs)
+        """A group's seconds for `mbs`: their sum, through the pipeline where there is one
+        (`pipelined_seconds`)."""
+        if self.stages == 1:
+            return sum(self.mb_time(mb, degree, cp) for mb in mbs)
+        return pipelined_seconds([self.mb_time(mb, degree, cp) for mb in mbs], self.stages)
 

@@ -178,6 +178,8 @@ class WaveSearch:
                 donors.add(donor)
             for i in donors:
                 times[i] = self.packer.repack(groups[i], times[i])
+            for group in groups:  # a receiver's new micro-batch joined at its end
+                group.micro_batches = self.packer.ordered(group.micro_batches, group.degree, group.cp)
             if best is None or max(times) < best[0]:
                 best = (max(times), groups)
         return Wave(fill_idle([g for g in best[1] if g.micro_batches], self.ranks))

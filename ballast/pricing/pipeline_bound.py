@@ -1,0 +1,73 @@
+"""What no plan of a pipeline can beat (docs/design.md, section 5, *Pipelines*).
+
+A pool rank r on the last stage runs its passes one after another, W_r seconds of them; its
+first pass waits for its first micro-batch i's forwards through the p - 1 stages before it, and
+after its last pass (a backward: on the last stage each forward is followed by its own
+backward) its micro-batch j's backward still crosses the p - 1 stages before it:
+
+    step >= (p - 1)(f_i + t_i) + W_r + (p - 1)(b_j + t_j)
+
+Every micro-batch holds a sample, so its forward and backward on a stage take at least the
+shortest sample's alone at its fastest degree and split, without recomputation, over p
+(`stage_passes`: f + b = seconds / p, the forward a share of the plain seconds), and its rows
+cross a boundary in at least that sample's at the widest degree (`transfer_seconds`). W_r is
+a stage's share, 1 / p, of the seconds rank r's micro-batches take in the cost model, and the
+busiest rank's are at least the lower bound of a plan without pipeline (`bounds.lower_bound`),
+priced with the memory a stage offers (below). So
+
+    LB_pp = LB(relaxed) / p + (p - 1) (min_d time(s_min, d) / p + 2 t(s_min))
+
+Memory: a micro-batch keeps on the last stage its layers' share and its whole loss, at least
+1 / p of its activations in the cost model, so it fits only where those are within p times what
+the last stage leaves free. The relaxed model gives every micro-batch that much room (states
+the last stage's, free memory p times its own): every plan that passes `Plan.validate`'s stage
+check fits it, so its bound holds for them all.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from ..vocabulary.layouts import ANY_SPLIT
+from ..vocabulary.samples import Sample, tokens as sample_tokens
+from .bounds import lower_bound, uncapped_lower_bound
+from .cost import CostModel
+from .pipeline import transfer_seconds
+
+
+def relaxed_memory(cost: CostModel) -> CostModel:
+    """`cost` with the room a micro-batch has on the last stage of its pipeline: that stage's
+    states, and p times the memory it leaves free (module docstring)."""
+    stages = cost.stages
+    states = stages.states[-1]
+    return dataclasses.replace(cost, states=states,
+                               device_memory=states + stages.count * (cost.device_memory - states))
+
+
+def unavoidable_bubble(cost: CostModel, samples: Sequence[Sample]) -> float:
+    """(p - 1) times the least forward, backward and two boundary crossings a micro-batch can
+    take on a stage: the shortest sample alone at its fastest degree and split without
+    recomputation, its rows over the widest group (module docstring)."""
+    stages, every = cost.stages, cost.under(ANY_SPLIT)
+    shortest = min(samples, key=sample_tokens)
+    alone = min(every.time([shortest], d, 0.0, cp) for d in every.degrees for cp in every.catalogue.context_parts(d))
+    moved = transfer_seconds(sample_tokens(shortest), every.degrees[-1], stages.hidden, stages.bandwidth,
+                             stages.latency)
+    return (stages.count - 1) * (alone / stages.count + 2 * moved)
+
+
+def pipeline_lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
+    """No plan of the cost model's pipeline (`cost.stages`, p > 1) takes a step shorter than
+    this: the busiest rank's share of a stage's work, at least `lower_bound` / p under the
+    stage's memory, plus the bubble no 1F1B order of micro-batches avoids (module docstring)."""
+    assert cost.stages is not None, "a pipeline's bound needs its stages' prices"
+    if not len(samples):
+        return 0.0
+    work = lower_bound(relaxed_memory(cost).under(ANY_SPLIT), samples) / cost.stages.count
+    return work + unavoidable_bubble(cost, samples)
+
+
+def report_lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
+    """What reports divide a step by: the pipeline's bound under PP, else the bound of every
+    split (`uncapped_lower_bound`)."""
+    return pipeline_lower_bound(cost, samples) if cost.stages is not None else uncapped_lower_bound(cost, samples)
