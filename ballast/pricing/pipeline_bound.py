@@ -15,7 +15,14 @@ a stage's share, 1 / p, of the seconds rank r's micro-batches take in the cost m
 busiest rank's are at least the lower bound of a plan without pipeline (`bounds.lower_bound`),
 priced with the memory a stage offers (below). So
 
-    LB_pp = LB(relaxed) / p + (p - 1) (min_d time(s_min, d) / p + 2 t(s_min))
+    LB_pp = max( LB(relaxed) / p + (p - 1) (min_d time(s_min, d) / p + 2 t(s_min)),
+                 max_s (min_d alone(s, d) + g + 2 (p - 1) t(s)) )
+
+The second term is a micro-batch's own chain: its forward runs through the p stages one after
+another and its backward back, every stage its 1 / p of the seconds, its rows crossing the
+p - 1 boundaries both ways; so no step is shorter than the chain of the micro-batch holding any
+one sample, at least that sample alone at its best degree, split and least level
+(`sequence_times`, plus g) and its rows over the widest group.
 
 Memory: a micro-batch keeps on the last stage its layers' share and its whole loss, at least
 1 / p of its activations in the cost model, so it fits only where those are within p times what
@@ -28,11 +35,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import numpy as np
+
 from ..vocabulary.layouts import ANY_SPLIT
 from ..vocabulary.samples import Sample, tokens as sample_tokens
 from .bounds import lower_bound, uncapped_lower_bound
 from .cost import CostModel
 from .pipeline import transfer_seconds
+from .sequence_times import sequence_times
 
 
 def relaxed_memory(cost: CostModel) -> CostModel:
@@ -59,12 +69,25 @@ def unavoidable_bubble(cost: CostModel, samples: Sequence[Sample]) -> float:
 def pipeline_lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
     """No plan of the cost model's pipeline (`cost.stages`, p > 1) takes a step shorter than
     this: the busiest rank's share of a stage's work, at least `lower_bound` / p under the
-    stage's memory, plus the bubble no 1F1B order of micro-batches avoids (module docstring)."""
+    stage's memory, plus the bubble no 1F1B order of micro-batches avoids, or the longest chain
+    of one micro-batch through the stages (module docstring)."""
     assert cost.stages is not None, "a pipeline's bound needs its stages' prices"
     if not len(samples):
         return 0.0
-    work = lower_bound(relaxed_memory(cost).under(ANY_SPLIT), samples) / cost.stages.count
-    return work + unavoidable_bubble(cost, samples)
+    relaxed = relaxed_memory(cost).under(ANY_SPLIT)
+    work = lower_bound(relaxed, samples) / cost.stages.count
+    return max(work + unavoidable_bubble(cost, samples), longest_chain(relaxed, samples))
+
+
+def longest_chain(cost: CostModel, samples: Sequence[Sample]) -> float:
+    """The longest chain of a micro-batch through the pipeline, forward and back, that the
+    samples force: the slowest sample alone at its best degree and split (least level, plus g)
+    and its rows across the p - 1 boundaries both ways over the widest group."""
+    stages = cost.stages
+    alone = np.min(sequence_times(cost, samples, every_split=True), axis=0) + cost.g
+    moved = np.asarray([transfer_seconds(sample_tokens(x), cost.degrees[-1], stages.hidden, stages.bandwidth,
+                                         stages.latency) for x in samples])
+    return float(np.max(alone + 2 * (stages.count - 1) * moved))
 
 
 def report_lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
