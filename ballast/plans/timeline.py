@@ -16,7 +16,7 @@ slots' order (`Plan.slots`), each group's on every stage at the cost model's sec
 into forward and backward (`pipeline.stage_passes`), its rows crossing each boundary at the
 stages' bandwidth, through the 1F1B schedule simulated exactly (`pipeline.one_f_one_b_parts`):
 waves are no barriers there, and the step is the schedule's. Its ranks' busy seconds are a
-stage's, its Gantt segments the first stage's passes, its bound the pipeline's
+stage's, its Gantt segments every stage's passes, its bound the pipeline's
 (`pipeline_bound.pipeline_lower_bound`: a stage's share of the work and the bubble no order
 avoids).
 """
@@ -50,6 +50,10 @@ class Segment:
     """Seconds of computation (including the fixed per-micro-batch overhead)."""
     comm: float
     """Seconds of all-to-all communication."""
+    stage: int = 0
+    """Under PP, the pipeline stage the pass runs on (0 without a pipeline)."""
+    forward: bool | None = None
+    """Under PP, whether the pass is the micro-batch's forward (else its backward); None: both."""
 
     @property
     def end(self) -> float:
@@ -221,10 +225,11 @@ def _simulate_pipeline(plan: Plan, cost: CostModel, world_size: int, timeline: b
             seconds = s.part.forward[0] + s.part.backward[0]
             busy[ranks] += seconds
             comm_time[ranks] += s.comm_share * seconds
-            for end, length in ((times.forward_ends[i][j][0], s.part.forward[0]),
-                                (times.backward_ends[i][j][0], s.part.backward[0])) if timeline else ():
-                segments.append(Segment(s.wave, s.group.start, s.group.degree, s.position, end - length,
-                                        (1 - s.comm_share) * length, s.comm_share * length))
+            for k in range(p) if timeline else ():
+                for forward, end, length in ((True, times.forward_ends[i][j][k], s.part.forward[k]),
+                                             (False, times.backward_ends[i][j][k], s.part.backward[k])):
+                    segments.append(Segment(s.wave, s.group.start, s.group.degree, s.position, end - length,
+                                            (1 - s.comm_share) * length, s.comm_share * length, k, forward))
     return StepMetrics(times.step, plan.tokens, pipeline_lower_bound(cost, plan.samples), busy, comm_time,
                        [times.step], segments, nic_bytes(plan, cost) / p, times.bubble)
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 from hypothesis import given, settings
@@ -231,11 +232,14 @@ def test_a_pipeline_plan_is_timed_as_its_1f1b_step():
     # about 0.5104 at its best split) and its rows crossing twice (250 tokens a rank: 0.00025 s).
     assert m.lower_bound == pytest.approx(pipeline_lower_bound(cost, LENGTHS), rel=EXACT)
     assert m.lower_bound - uncapped_lower_bound(cost, LENGTHS) / 2 == pytest.approx(0.5105 / 2 + 0.0005, abs=1e-4)
-    # The Gantt's segments are the first stage's passes: a forward and a backward of each of the
-    # 5 busy micro-batches, never two at once on a rank, the last ending with the step or before.
-    assert len(m.segments) == 10
-    for rank in range(4):
-        mine = sorted((s for s in m.segments if s.start_rank <= rank < s.start_rank + s.degree), key=lambda s: s.begin)
+    # The Gantt's segments are every stage's passes: a forward and a backward of each of the 5
+    # busy micro-batches on each of 2 stages, never two at once on a rank of a stage, the last
+    # ending with the step or before.
+    assert len(m.segments) == 20 and {(s.stage, s.forward) for s in m.segments} == {(0, True), (0, False), (1, True),
+                                                                                   (1, False)}
+    for rank, stage in itertools.product(range(4), range(2)):
+        mine = sorted((s for s in m.segments if s.start_rank <= rank < s.start_rank + s.degree and s.stage == stage),
+                      key=lambda s: s.begin)
         assert all(a.end <= b.begin + 1e-12 for a, b in zip(mine, mine[1:]))
     assert max(s.end for s in m.segments) <= m.step_time + 1e-12
     # Without its stages' prices a cost model cannot time a pipeline plan.

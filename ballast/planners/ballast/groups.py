@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from typing import Sequence
 
 import numpy as np
 
@@ -168,6 +169,10 @@ class GroupPacker:
             for m in range(max(fewest, centre - REFINE), min(top, centre + REFINE) + 1):
                 if m not in timed and (candidate := self.timed(seqs, degree, cp, m)) and candidate[0] < best[0]:
                     best = candidate
+            # A pipeline stalls behind its longest micro-batch: the best count balanced on work
+            # (WLB-LLM's equal cost per micro-batch) rather than tokens, where memory allows.
+            if self.stages > 1 and (mbs := self.micro_batches(seqs, degree, cp, len(best[1]), self.quad)):
+                best = min(best, (self.mbs_time(mbs, degree, cp), mbs), key=lambda v: v[0])
         if best is None:
             # One sequence per micro-batch always fits: the last resort if balancing cannot.
             mbs = self.micro_batches(seqs, degree, cp, len(seqs))
@@ -184,19 +189,22 @@ class GroupPacker:
         mbs = self.micro_batches(seqs, degree, cp, count)
         return None if mbs is None else (self.mbs_time(mbs, degree, cp), mbs)
 
-    def micro_batches(self, longest_first: list[int], degree: int, cp: int, count: int) -> list[MicroBatch] | None:
-        """`count` token-balanced micro-batches (LPT on tokens) at their least recompute levels."""
+    def micro_batches(self, longest_first: list[int], degree: int, cp: int, count: int,
+                      weights: Sequence[float] | None = None) -> list[MicroBatch] | None:
+        """`count` micro-batches balanced by LPT on `weights` (None: tokens) at their least
+        recompute levels."""
         lengths = self.lengths
+        weights = lengths if weights is None else weights
         heap = [(0, b) for b in range(count)]
         bins: list[list[int]] = [[] for _ in range(count)]
         for s in longest_first:
             load, b = heapq.heappop(heap)
             bins[b].append(s)
-            heapq.heappush(heap, (load + lengths[s], b))
+            heapq.heappush(heap, (load + weights[s], b))
         mbs = []
-        for load, b in sorted(heap, key=lambda item: item[1]):
+        for b in range(count):
             if bins[b]:
-                level = self.cost.min_recompute(load, degree, cp)
+                level = self.cost.min_recompute(sum(lengths[s] for s in bins[b]), degree, cp)
                 if level is None:
                     return None
                 mbs.append(MicroBatch(bins[b], level))

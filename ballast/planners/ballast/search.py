@@ -200,7 +200,8 @@ class WaveSearch:
         return choice
 
     def _proxy(self, ids: np.ndarray, choice: np.ndarray, layout: list[int]) -> float:
-        """The wave's time if every class spread its sequences evenly over its groups."""
+        """The wave's time if every class spread its sequences evenly over its groups (through the
+        pipeline, where there is one, as the packer prices it)."""
         rows = np.searchsorted(self.deg, layout)
         groups = np.bincount(rows, minlength=len(self.deg))
         quad = np.bincount(choice, weights=self.quad[ids], minlength=len(self.deg))
@@ -211,8 +212,13 @@ class WaveSearch:
         spread = self.estimates.estimate(quad[used] / groups[used], attn[used] / groups[used],
                                           tokens[used] / groups[used],
                                           forced[used] / groups[used], used)
-        alone = self.work[choice, ids].max() + self.cost.g
-        return max(float(spread.max()), float(alone))
+        seconds = self.work[choice, ids] + self.cost.g
+        stages = self.packer.stages
+        if stages > 1:  # a class's groups through the pipeline: a bubble of its longest (`pipelined_seconds`)
+            longest = np.zeros(len(self.deg))
+            np.maximum.at(longest, choice, seconds)
+            spread = spread + (stages - 1) * longest[used]
+        return max(float(spread.max()), stages * float(seconds.max()))
 
     def _assign(self, ids: np.ndarray, layout: list[int]) -> tuple[GroupEstimates, list[int], list[list[int]]]:
         """Slowest first, each sequence to the group whose estimated time grows least."""
