@@ -7,6 +7,13 @@ are filled greedily into groups of their size: into the least-loaded open group 
 size while its tokens fit and its workload stays within 5% over the balanced target, else
 into a newly opened aligned block, else into the next round. Every round is one wave of
 single-micro-batch groups.
+
+Under pipeline parallelism Megatron keeps TP and PP static and runs every round's bins through
+one schedule: the scheduler runs on all-gathered lengths, the micro-batch count is broadcast,
+and every stage runs round i as micro-batch i, each bin's CP group the same on every stage
+(middle stages receive only its cu_seqlens, max_seqlen and CP size). Here a round is a wave of
+one micro-batch per group, so the plan's slots (`Plan.slots`) are its rounds, in the order the
+scheduler made them (heaviest first), and the timeline runs them as that one 1F1B schedule.
 """
 from __future__ import annotations
 

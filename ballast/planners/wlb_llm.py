@@ -25,10 +25,13 @@ work inside it:
   packed as above), which the replicas run besides the first round's.
 
 Micro-batches go to the replicas by LPT on their time (in lockstep where asked, as under
-FSDP, WLB-LLM's data parallelism). Not modelled: pipeline parallelism (a ballast group runs its micro-batches in
-turn; balanced micro-batches are what both a pipeline and gradient accumulation need) and the
-runtime choice between per-sequence and per-document sharding (ballast's runtime always shards
-per document; the cost model's `context_attention` prices its kernels).
+FSDP, WLB-LLM's data parallelism). Under pipeline parallelism each replica is a pipeline and
+runs its micro-batches through it in packing order: Algorithm 1 is WLB-LLM's PP-level balance,
+micro-batches of unequal tokens and equal workload, so 1F1B's steady state does not stall behind
+a heavy one; their count stays fixed-length packing's, as in its evaluation. Not modelled: the
+delay of outliers to later steps (here to later rounds of the same step, above) and the runtime
+choice between per-sequence and per-document sharding (ballast's runtime always shards per
+document; the cost model's `context_attention` prices its kernels).
 """
 from __future__ import annotations
 

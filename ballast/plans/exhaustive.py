@@ -6,17 +6,20 @@ tests, bench/optimum_gap.py).
 assignment of sequences to groups and every packing into micro-batches (each at its least
 fitting recompute level); `optimum` the fastest step with any number of waves. Neither
 remaps; `remapped_optimum` is the fastest one wave that is one remap domain, priced by the
-timeline. Batches are lists of samples (`samples.py`): lengths or (frames, height, width) clips.
+timeline. `pipeline_optimum` is the fastest one-wave plan of a pipeline (the cost model's
+stages), where the micro-batches' order counts too. Batches are lists of samples (`samples.py`):
+lengths or (frames, height, width) clips.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
 
 from ..vocabulary.cluster import Cluster
 from ..pricing.cost import CostModel
-from .plan import Group, MicroBatch, Plan, Wave
+from .plan import Group, MicroBatch, Plan, Wave, fill_idle
 from ..vocabulary.samples import is_shaped, tokens
 from .timeline import step_time
 
@@ -168,4 +171,32 @@ def remapped_optimum(cost: CostModel, lengths: list) -> float:
                     if leveled is not None:
                         plan.waves[0].groups = leveled
                         best = min(best, step_time(plan, cost))
+    return best
+
+
+def pipeline_optimum(cost: CostModel, lengths: list[int], fitted: CostModel) -> float:
+    """The fastest one-wave plan of the cost model's pipeline (`cost.stages`): every group layout,
+    assignment, split, packing and order of the micro-batches, each micro-batch at the least level
+    the cost model `fitted` fits it at (`cost` for the plans a planner may make, a relaxed one for
+    a superset). A wave's groups run on lanes of their own, so each group's best is found alone."""
+    n = len(lengths)
+
+    @functools.lru_cache(maxsize=None)
+    def group(degree: int, mask: int) -> float:
+        ids = [i for i in range(n) if mask >> i & 1]
+        best = np.inf
+        for cp in cost.catalogue.context_parts(degree) if degree > 1 else [1]:
+            for mbs in packings(ids):
+                levels = [fitted.min_recompute(sum(tokens(lengths[i]) for i in b), degree, cp) for b in mbs]
+                if None not in levels:
+                    wave = Wave(fill_idle([Group(0, degree, [MicroBatch(b, c) for b, c in zip(mbs, levels)], cp)],
+                                          cost.world_size))
+                    best = min(best, step_time(Plan(list(map(tokens, lengths)), [wave]), cost))
+        return best
+
+    best = np.inf
+    for layout in layouts(cost.world_size):
+        for assign in itertools.product(range(len(layout)), repeat=n):
+            masks = [sum(1 << i for i, g in enumerate(assign) if g == k) for k in range(len(layout))]
+            best = min(best, max(group(d, m) if m else 0.0 for (_, d), m in zip(layout, masks)))
     return best
