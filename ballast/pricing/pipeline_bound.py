@@ -83,9 +83,9 @@ def longest_chain(cost: CostModel, samples: Sequence[Sample]) -> float:
     """The longest chain of a micro-batch through the pipeline, forward and back, that the
     samples force: the slowest sample alone at its best degree and split (least level, plus g)
     and its rows across the p - 1 boundaries both ways over the widest group."""
-    stages = cost.stages
-    alone = np.min(sequence_times(cost, samples, every_split=True), axis=0) + cost.g
-    moved = np.asarray([transfer_seconds(sample_tokens(x), cost.degrees[-1], stages.hidden, stages.bandwidth,
+    stages, every = cost.stages, cost.under(ANY_SPLIT)
+    alone = np.min(sequence_times(every, samples, every_split=True), axis=0) + cost.g
+    moved = np.asarray([transfer_seconds(sample_tokens(x), every.degrees[-1], stages.hidden, stages.bandwidth,
                                          stages.latency) for x in samples])
     return float(np.max(alone + 2 * (stages.count - 1) * moved))
 

@@ -46,6 +46,8 @@ class GroupPacker:
         """Row of `work` for each degree."""
         self.stages = cost.stages.count if cost.stages is not None else 1
         """p: the pipeline's stages every group runs its micro-batches through (1: none)."""
+        self._bins: dict[tuple, list[tuple[tuple[int, ...], int]]] = {}
+        """LPT's bins by (sequences, count, balanced on tokens), `_lpt`."""
 
     def repair(self, groups: list[Group], times: list[float]) -> int | None:
         """Move one sequence off the slowest group, judged by exact times: the donor's index,
@@ -194,21 +196,30 @@ class GroupPacker:
         """`count` micro-batches balanced by LPT on `weights` (None: tokens) at their least
         recompute levels."""
         lengths = self.lengths
-        weights = lengths if weights is None else weights
-        heap = [(0, b) for b in range(count)]
-        bins: list[list[int]] = [[] for _ in range(count)]
-        for s in longest_first:
-            load, b = heapq.heappop(heap)
-            bins[b].append(s)
-            heapq.heappush(heap, (load + weights[s], b))
         mbs = []
-        for b in range(count):
-            if bins[b]:
-                level = self.cost.min_recompute(sum(lengths[s] for s in bins[b]), degree, cp)
-                if level is None:
-                    return None
-                mbs.append(MicroBatch(bins[b], level))
+        for ids, tokens in self._lpt(tuple(longest_first), count, weights):
+            level = self.cost.min_recompute(tokens, degree, cp)
+            if level is None:
+                return None
+            mbs.append(MicroBatch(list(ids), level))
         return mbs
+
+    def _lpt(self, longest_first: tuple[int, ...], count: int, weights: Sequence[float] | None
+             ) -> list[tuple[tuple[int, ...], int]]:
+        """LPT's non-empty bins of `longest_first` into `count` by `weights` (None: tokens), each
+        with its tokens; kept for the packer's life, since every split of a degree packs the same
+        sequences into the same bins (only their levels and times differ)."""
+        key = (longest_first, count, weights is None)
+        if key not in self._bins:
+            weights = self.lengths if weights is None else weights
+            heap = [(0, b) for b in range(count)]
+            bins: list[list[int]] = [[] for _ in range(count)]
+            for s in longest_first:
+                load, b = heapq.heappop(heap)
+                bins[b].append(s)
+                heapq.heappush(heap, (load + weights[s], b))
+            self._bins[key] = [(tuple(b), sum(self.lengths[s] for s in b)) for b in bins if b]
+        return self._bins[key]
 
     def mb_time(self, mb: MicroBatch, degree: int, cp: int) -> float:
         # Sums through map over lists: the packer times tens of thousands of micro-batches per
