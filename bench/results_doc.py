@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling table modules, when imported
 
 from memory_tables import memory_table  # noqa: E402
+from pipeline_tables import PIPELINES, pipeline_table  # noqa: E402
 from measured_tables import convergence_text, hf_table, measured_table, peers_table, video_measured_table  # noqa: E402
 from profile_tables import profile_text  # noqa: E402
 from simulated_tables import (CONTEXT_PARALLEL, ROUTING, SETTINGS, VIDEO, context_parallel_table,  # noqa: E402
@@ -35,6 +36,7 @@ TABLES: dict[str, Callable[[], str]] = {
     **{f"simulate-{n}": partial(video_table, n) for n in VIDEO},
     **{f"simulate-{n}": partial(context_parallel_table, n) for n in CONTEXT_PARALLEL},
     **{f"simulate-{n}": partial(routing_table, n) for n in ROUTING},
+    **{f"simulate-{n}": partial(pipeline_table, n) for n in PIPELINES},
     "headline": headline_table, "sweep": sweep_text, "optimum-gap": optimum_gap_text, "latency": latency_table,
     "measured": measured_table, "hf": hf_table, "peers": peers_table, "video-measured": video_measured_table,
     "convergence": convergence_text, "memory": memory_table,
