@@ -29,7 +29,8 @@ everything but attention. Per wave, the domains of one scope are remapped where 
 memory (each slot at the least recompute level it needs there, `Plan.leveled`) and
 their groups finish sooner under `timeline.remap_slots` (slowest attention + linear
 work / domain size + moving the largest per-rank surplus + g), and the scope is kept if the
-wave is faster. `info["remap"]` lists the domains and the step time with and without them;
+wave is faster (not under pipeline parallelism: a pipeline stage runs no remap domain).
+`info["remap"]` lists the domains and the step time with and without them;
 with remap on, one more candidate is built in Zeppelin's split (ranks balanced by attention
 alone, linear work left to the remap) and kept if faster.
 
@@ -179,7 +180,7 @@ class ZeppelinPlanner(Planner):
                     best = (plan.info["remap"]["predicted_step_s"], plan, budget, cls)
         assert best is not None
         score, plan, budget, cls = best
-        if self.options.remap:  # Zeppelin's split, kept only if predicted faster
+        if self._remaps:  # Zeppelin's split, kept only if predicted faster
             step.cls, step.by_attention = cls.tolist(), True
             alt = self._build(step, target, plan.info["layout"])
             alt.info.update(plan.info, rank_balance="attention", remap=self._remap(alt))
@@ -308,11 +309,17 @@ class ZeppelinPlanner(Planner):
         return sorted(mbs, key=lambda mb: -mb_time(mb, batch, degree, cost)) if len(mbs) > 1 else mbs
 
     # --- remapping -----------------------------------------------------------------------------
+    @property
+    def _remaps(self) -> bool:
+        """Whether plans get the remapping layer: asked for (`options.remap`), and no pipeline,
+        whose stages do not run remap domains (`runtime/pipeline`)."""
+        return self.options.remap and self.cost.stages is None
+
     def _remap(self, plan: Plan) -> dict:
         """Per wave, remap domains of one scope (every node, or the whole wave) where that is
         faster and fits memory, if the wave is then faster; sets `Wave.remap`, returns the info."""
         plain = step_time(plan, self.cost)
-        if not self.options.remap:
+        if not self._remaps:
             return {"enabled": False, "domains": [], "predicted_step_s": plain, "step_s_without_remap": plain}
         for w, wave in enumerate(plan.waves):
             best = (wave_time(plan, wave, self.cost), wave.groups, [])

@@ -52,7 +52,8 @@ Two-wave splits are tried too: the longest sequences in a wave of their own when
 them takes a large part of the step, and, as Zeppelin splits by class, the sequences that need wide groups at the
 lower bound ahead of the rest. Every candidate is a valid plan and the fastest under the
 cost model wins. Last, a step that a few sequences decide alone gets those sequences remapped
-where that is faster (`poles.py`; not under lockstep), and each wave whose all-to-alls cross
+where that is faster (`poles.py`; not under lockstep, nor under a pipeline, whose stages run no
+remap domain), and each wave whose all-to-alls cross
 nodes is routed over every NIC of the node (`Wave.routed`) where that ends it sooner.
 """
 from __future__ import annotations
@@ -80,7 +81,7 @@ class BallastPlanner(Planner):
         waves = self.waves(batch, self.cluster.world_size)
         if self.options.lockstep:
             waves = [pad_lockstep(wave, batch, self.cost) for wave in waves]
-        else:
+        elif self.cost.stages is None:  # a pipeline stage runs no remap domain
             waves = remap_poles(self.cost, batch, waves, self.waves)
         plan = Plan(batch.lengths, waves, lockstep=self.options.lockstep, shapes=batch.shapes)
         if self.options.routing:
