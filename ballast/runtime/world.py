@@ -43,8 +43,11 @@ START_METHOD = "forkserver"
 once (`PRELOADED`) and ran nothing else, so no thread pool or process group of its own is
 copied into them. Spawned ranks would each import them again: about 4 s of CPU per rank,
 which a test suite of a hundred jobs pays hundreds of times."""
-PRELOADED = ["ballast.runtime.world", "ballast.train.loop"]
-"""What the fork server imports before it forks ranks: the runtime and the training loop."""
+PRELOADED = ["ballast.runtime.world", "ballast.train.loop", "torch._dynamo", "matplotlib.pyplot"]
+"""What the fork server imports before it forks ranks: the runtime and the training loop, and
+two that they import late: torch._dynamo, which torch.optim imports when a rank makes its
+first optimizer, and matplotlib, with which rank 0 draws a run's report (about 0.6 s of CPU
+each, a rank, a job; neither starts a thread)."""
 _LOOPBACK = "127.0.0.1"
 _joined_timeout: timedelta | None = None
 """The timeout of this process's world, once `_init_process_group` has joined it."""

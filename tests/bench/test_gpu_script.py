@@ -39,11 +39,16 @@ def test_dry_run_passes_every_cpu_stand_in_and_records_each_step(tmp_path):
             assert f"verify: {ranks} torchrun ranks (gloo, cpu)" in " ".join(records[name]["log_tail"]), name
     # Past the 6 heads on 4 ranks: the plans ran degree 4 as u x c with context parallelism.
     assert any("2x2" in line or "1x4" in line for line in records["verify-six-heads-cp"]["log_tail"])
+    # What rank 0 of each torchrun job wrote: measured on both gloo ranks.
     machine = records["profile"]["result"]["fit"]["machine"]
     assert (machine["device"], machine["backend"], machine["world_size"]) == ("cpu", "gloo", 2)
-    assert records["profile-check"]["result"]["plans"] and records["profile-check"]["result"]["machine"]["backend"] == "gloo"
+    check = records["profile-check"]["result"]
+    assert (check["machine"]["backend"], check["machine"]["world_size"]) == ("gloo", 2)
+    assert check["plans"] and all(row["measured_s"] > 0 for row in check["plans"])
     bench = records["bench"]["result"]
-    assert bench["planners"] and bench["cost_model"]["source"] == "profiled" and bench["drift"] is not None
+    assert (bench["machine"]["backend"], bench["setting"]["world"]) == ("gloo", 2) and bench["same_batches"]
+    assert bench["planners"] and all(p["tokens_per_s"] > 0 for p in bench["planners"].values())
+    assert bench["cost_model"]["source"] == "profiled" and bench["drift"] is not None
 
 
 def test_without_a_gpu_the_script_fails_at_once_and_names_the_dry_run(tmp_path):

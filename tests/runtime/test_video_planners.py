@@ -2,13 +2,12 @@
 
 `stdit-tiny` (spatial and temporal blocks in turn: 2D sequence parallelism, `video_sp.py`) and
 `dit-tiny` (full attention: Ulysses) run one step of one batch of clips under the plan of every
-registered planner, plus hand-made plans with remap domains, on 2 and 4 gloo ranks, with
-replicated parameters, ZeRO-1 and FSDP2 (lockstep plans, `PlannerOptions(lockstep=True)`);
-`plan_names` says which plans each world and sharding runs (every planner's on 4 ranks). The
+registered planner, plus a hand-made plan with remap domains, on 4 gloo ranks (degrees 1, 2
+and 4 side by side), with replicated parameters, ZeRO-1 and FSDP2 (lockstep plans,
+`PlannerOptions(lockstep=True)`); `plan_names` says which plans each sharding runs. The
 step's loss and every parameter's gradient must be those of one process running the whole
 batch as one packed stream (`verify.reference_at`), which equals the sum of each clip alone
-(`tests/models/test_video_models.py` proves that). One `run_local` spawn per world size runs
-everything: an executor per (model, sharding), reused across plans, its parameters reset to the
+(`tests/models/test_video_models.py` proves that). One `run_local` spawn runs everything: an executor per (model, sharding), reused across plans, its parameters reset to the
 same values before every step; rank 0 compares with the reference inside the job and returns
 only the errors.
 
@@ -28,7 +27,7 @@ per parameter, relative to the largest entry of that parameter's reference gradi
 than verify's over all parameters at once, as in `tests/models/test_hf_causal_lm.py`), and to
 the loss relative to itself. Measured (`test_print_measured_errors`, -s): gradients 1.4e-6 to
 1.7e-6 (norm weights, whose gradient sums over every token), losses 1e-7, over every model,
-sharding, plan and world size. Losing the one-token clip moves the gradient by 6e-2 and the
+sharding and plan. Losing the one-token clip moves the gradient by 6e-2 and the
 loss by 1.3e-3; losing the 5-token one by 0.26 and 4.7e-3.
 """
 from __future__ import annotations
@@ -71,8 +70,8 @@ LENGTHS = [math.prod(g) for g in GRIDS]
 MAX_LEN = max(LENGTHS)
 
 
-def remapped_plan_4() -> Plan:
-    """For 4 ranks, lockstep (so every sharding runs it): wave 0 one remap domain over the whole
+def remapped_plan() -> Plan:
+    """Lockstep (so every sharding runs it): wave 0 one remap domain over the whole
     cluster (degrees 2 and 1 side by side, an idle rank in slot 0, the long clip recomputed
     fully in its slot, the slot's lowest level applied to all of it); wave 1 two domains, one a
     single group of degree 2 whose second slot is empty; wave 2 the one-token clip and the
@@ -87,53 +86,42 @@ def remapped_plan_4() -> Plan:
     ], lockstep=True, planner="remapped", shapes=GRIDS)
 
 
-def remapped_plan_2() -> Plan:
-    """For 2 ranks, lockstep: a remap domain over both single-rank groups, then degree 2."""
-    return Plan(LENGTHS, [
-        Wave([Group(0, 1, [MicroBatch([0], 1.0), MicroBatch([6])]),
-              Group(1, 1, [MicroBatch([1, 5], 0.5), MicroBatch([])])], remap=[(0, 2)]),
-        Wave([Group(0, 2, [MicroBatch([2, 3, 4, 7, 8, 9], 0.25)])]),
-    ], lockstep=True, planner="remapped", shapes=GRIDS)
+WORLD = 4
+"""The ranks of the job: degrees 1, 2 and 4, mixed within a wave."""
 
 
-HAND_PLANS = {2: remapped_plan_2, 4: remapped_plan_4}
-
-
-def plan_names(world: int, model: str, mode: str) -> list[str]:
-    """The plans `model` runs on `world` ranks under sharding `mode`. On 4 ranks, replicated,
-    both models run every planner's plan and the hand-made one; FSDP2 runs every planner's
-    lockstep plan (they run nowhere else) on stdit-tiny, whose blocks take both 2D layouts and
-    the Ulysses fallback, and on dit-tiny (other parameters to shard, the same plan shapes)
-    ballast's and the hand-made one. ZeRO-1 changes only how the step's gradients are summed (a
-    reduce-scatter per bucket to their owners, the replicated all-reduce's twin): ballast's plan. On 2 ranks (degree 2
-    over the whole cluster) replicated and FSDP2 run ballast's and the hand-made one; the 4-rank
-    job runs every planner at degrees 1 and 2 besides 4."""
+def plan_names(mode: str) -> list[str]:
+    """The plans each model runs under sharding `mode`. Replicated, every planner's plan and the
+    hand-made one. FSDP2 changes how parameters are held, not what a plan runs: ballast's
+    lockstep plan and the hand-made one (`tests/runtime/test_fsdp.py` runs every planner's
+    lockstep plan sharded, on the GPT). ZeRO-1 changes only how the step's gradients are summed
+    (a reduce-scatter per bucket to their owners, the replicated all-reduce's twin): ballast's."""
     if mode == "zero1":
         return ["ballast"]
-    if world == 4 and (mode == "plain" or model == "stdit-tiny"):
+    if mode == "plain":
         return [*PLANNERS, "remapped"]
     return ["ballast", "remapped"]
 
 
-def plan_budget(shape: ModelShape, world: int) -> tuple[Cluster, CostModel]:
+def plan_budget(shape: ModelShape) -> tuple[Cluster, CostModel]:
     """verify's default budget priced as under FSDP2, for every mode's plans: there the longest
     clip needs SP (`test_the_batch_has_every_kind_of_clip`). Replicated and ZeRO-1 hold more
     after backward than their states leave (AdamW's temporaries, 4 bytes a parameter), which
     verify's budget does not go below, and that holds every clip of this batch on one rank.
     The runtime checks here are of exactness, not memory: any mode runs these plans."""
-    return verify.budget(shape, world, MAX_LEN, sharding=Sharding.FSDP)
+    return verify.budget(shape, WORLD, MAX_LEN, sharding=Sharding.FSDP)
 
 
-def planner_plans(name: str, world: int, lockstep: bool, names: list[str]) -> dict[str, dict]:
+def planner_plans(name: str, lockstep: bool, names: list[str]) -> dict[str, dict]:
     """The named plans of the batch: a registered planner's at `plan_budget` or the hand-made one."""
     shape = MODEL_PRESETS[name]
-    cluster, cost = plan_budget(shape, world)
+    cluster, cost = plan_budget(shape)
     options = PlannerOptions(max_len=MAX_LEN, lockstep=lockstep, time_limit=2.0, seed=0)
     out = {}
     for planner in names:
         if planner == "remapped":
-            plan = HAND_PLANS[world]()
-            plan.validate(get_cluster("cpu", world_size=world))
+            plan = remapped_plan()
+            plan.validate(get_cluster("cpu", world_size=WORLD))
         else:
             plan = get_planner(planner, cluster, cost, options).plan(GRIDS)
             plan.validate(cluster, cost)
@@ -141,10 +129,10 @@ def planner_plans(name: str, world: int, lockstep: bool, names: list[str]) -> di
     return out
 
 
-def all_plans(world: int) -> dict[str, dict[str, dict[str, dict]]]:
+def all_plans() -> dict[str, dict[str, dict[str, dict]]]:
     """model -> sharding -> planner -> plan (FSDP2 runs the lockstep ones)."""
-    return {name: {mode: planner_plans(name, world, mode == "fsdp", plan_names(world, name, mode))
-                   for mode in MODES} for name in MODELS}
+    return {name: {mode: planner_plans(name, mode == "fsdp", plan_names(mode)) for mode in MODES}
+            for name in MODELS}
 
 
 # --------------------------------------------------------------------------------------------
@@ -238,19 +226,11 @@ def references(batch, params) -> dict[str, tuple[float, dict[str, torch.Tensor]]
     return out
 
 
-def _run_world(world: int, batch, params, references) -> tuple[list[dict], dict]:
-    plans = all_plans(world)
-    return run_local(world, _world_worker, plans, params, references, batch, timeout=600), plans
-
-
 @pytest.fixture(scope="module")
-def world2(batch, params, references):
-    return _run_world(2, batch, params, references)
-
-
-@pytest.fixture(scope="module")
-def world4(batch, params, references):
-    return _run_world(4, batch, params, references)
+def world(batch, params, references) -> tuple[list[dict], dict]:
+    """Every rank's results and the plans they ran."""
+    plans = all_plans()
+    return run_local(WORLD, _world_worker, plans, params, references, batch, timeout=600), plans
 
 
 # --------------------------------------------------------------------------------------------
@@ -262,10 +242,9 @@ def test_the_batch_has_every_kind_of_clip(batch, references):
     assert 1 in frames and any(1 < f < 4 for f in frames)
     assert any(h * w == 1 and f > 1 for f, h, w in GRIDS)
     assert [MODEL_PRESETS[m].video_geometry.latent_channels for m in MODELS] == [4, 4]  # one batch fits both
-    for world in (2, 4):
-        for model in MODELS:
-            _, cost = plan_budget(MODEL_PRESETS[model], world)
-            assert cost.max_tokens(1, 1.0) < MAX_LEN <= cost.max_tokens(2, 1.0)
+    for model in MODELS:
+        _, cost = plan_budget(MODEL_PRESETS[model])
+        assert cost.max_tokens(1, 1.0) < MAX_LEN <= cost.max_tokens(2, 1.0)
     layouts = video_layouts([GRIDS[1]], 4)
     assert not layouts["frames"].balances() and layouts["columns"].balances()
     # Every parameter has a gradient: the comparison is not of zeros.
@@ -274,56 +253,44 @@ def test_the_batch_has_every_kind_of_clip(batch, references):
 
 
 # --------------------------------------------------------------------------------------------
-# on 2 and 4 ranks
+# on 4 ranks
 
 
-def check_world(world: int, ranks: list[dict], plans: dict) -> None:
+@pytest.mark.slow
+def test_every_planners_plans_give_the_single_process_gradient(world):
+    ranks, plans = world
     errors = ranks[0]["errors"]
     failures = []
     for name, by_mode in plans.items():
         for mode, by_planner in by_mode.items():
-            assert list(by_planner) == plan_names(world, name, mode)
+            assert list(by_planner) == plan_names(mode)
             assert mode != "fsdp" or all(plan["lockstep"] for plan in by_planner.values())
             for planner in by_planner:
                 loss, grad, where = errors[name, mode, planner]
                 if loss > GRAD_RTOL or grad > GRAD_RTOL:
-                    failures.append(f"{world} ranks {name} {mode} {planner}: loss {loss:.1e}, "
-                                    f"gradient {grad:.1e} ({where})")
+                    failures.append(f"{name} {mode} {planner}: loss {loss:.1e}, gradient {grad:.1e} ({where})")
     assert len(errors) == sum(len(p) for by_mode in plans.values() for p in by_mode.values())
     assert not failures, "\n".join(failures)
 
 
 @pytest.mark.slow
-def test_every_planners_plans_give_the_single_process_gradient_on_2_ranks(world2):
-    check_world(2, *world2)
-
-
-@pytest.mark.slow
-def test_every_planners_plans_give_the_single_process_gradient_on_4_ranks(world4):
-    check_world(4, *world4)
-
-
-@pytest.mark.slow
-def test_the_plans_exercise_every_path(world2, world4):
-    for world, (ranks, plans) in ((2, world2), (4, world4)):
-        for name in MODELS:
-            ran = [Plan.from_dict(p) for by_mode in plans[name].values() for p in by_mode.values()]
-            made = [p for p in ran if p.planner in PLANNERS]
-            # every degree, several waves, recomputation at several levels: in the planners' own
-            # plans on 4 ranks, in ballast's and the hand-made one on 2
-            shown = made if world == 4 else ran
-            assert {d for p in shown for d in p.degrees_used()} == ({1, 2} if world == 2 else {1, 2, 4})
-            assert max(len(p.waves) for p in shown) >= 2
-            levels = {mb.recompute for p in shown for _, _, mb in p.micro_batches() if mb.seq_ids}
-            assert 1.0 in levels and 0.0 in levels and len(levels) >= 3
-            # the long clip never on one rank
-            assert all(g.degree >= 2 for p in made for _, g, mb in p.micro_batches() if 0 in mb.seq_ids)
-            # mixed degrees within a wave (4 ranks), remap domains (the hand-made plans)
-            if world == 4:
-                assert any(len({g.degree for g in w.groups if any(mb.seq_ids for mb in g.micro_batches)}) > 1
-                           for p in made for w in p.waves)
-            assert any(w.remap for p in ran for w in p.waves)
-    seen = set().union(*(rank["attention"] for ranks, _ in (world2, world4) for rank in ranks))
+def test_the_plans_exercise_every_path(world):
+    ranks, plans = world
+    for name in MODELS:
+        ran = [Plan.from_dict(p) for by_mode in plans[name].values() for p in by_mode.values()]
+        made = [p for p in ran if p.planner in PLANNERS]
+        # every degree, several waves, recomputation at several levels in the planners' own plans
+        assert {d for p in made for d in p.degrees_used()} == {1, 2, 4}
+        assert max(len(p.waves) for p in made) >= 2
+        levels = {mb.recompute for p in made for _, _, mb in p.micro_batches() if mb.seq_ids}
+        assert 1.0 in levels and 0.0 in levels and len(levels) >= 3
+        # the long clip never on one rank
+        assert all(g.degree >= 2 for p in made for _, g, mb in p.micro_batches() if 0 in mb.seq_ids)
+        # mixed degrees within a wave, remap domains (the hand-made plan)
+        assert any(len({g.degree for g in w.groups if any(mb.seq_ids for mb in g.micro_batches)}) > 1
+                   for p in made for w in p.waves)
+        assert any(w.remap for p in ran for w in p.waves)
+    seen = set().union(*(rank["attention"] for rank in ranks))
     for degree in (2, 4):
         # STDiT: whole frames for spatial blocks, whole columns for temporal ones...
         assert ("stdit-tiny", "2d", "spatial", degree, "frames") in seen
@@ -340,12 +307,11 @@ def test_the_plans_exercise_every_path(world2, world4):
 
 
 @pytest.mark.slow
-def test_print_measured_errors(world2, world4):
-    for world, (ranks, plans) in ((2, world2), (4, world4)):
-        errors = ranks[0]["errors"]
-        for name, by_mode in plans.items():
-            for mode, by_planner in by_mode.items():
-                found = [errors[name, mode, p] for p in by_planner]
-                grad, where = max((e[1], e[2]) for e in found)
-                print(f"{world} ranks {name:10} {mode:6} loss {max(e[0] for e in found):.1e} "
-                      f"gradient {grad:.1e} ({where})")
+def test_print_measured_errors(world):
+    ranks, plans = world
+    errors = ranks[0]["errors"]
+    for name, by_mode in plans.items():
+        for mode, by_planner in by_mode.items():
+            found = [errors[name, mode, p] for p in by_planner]
+            grad, where = max((e[1], e[2]) for e in found)
+            print(f"{name:10} {mode:6} loss {max(e[0] for e in found):.1e} gradient {grad:.1e} ({where})")
