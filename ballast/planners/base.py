@@ -88,6 +88,13 @@ class Planner(ABC):
         self.cost = cost.under(self.splits())
         self._check_degree(self.options.degree)
 
+    @property
+    def pipelined(self) -> bool:
+        """Whether the plans run through a pipeline of stages (`cost.stages`, PP p > 1): then no
+        planner remaps or routes, since a stage runs neither remap domains nor routed exchanges
+        (`runtime/pipeline`; the timeline would price what the runtime does not run)."""
+        return self.cost.stages is not None
+
     def splits(self) -> Splits:
         """The (Ulysses x CP) splits of a degree this planner runs (`layouts.Splits`): Ulysses
         alone unless a planner says otherwise, so published rivals keep their behaviour."""

@@ -29,7 +29,7 @@ everything but attention. Per wave, the domains of one scope are remapped where 
 memory (each slot at the least recompute level it needs there, `Plan.leveled`) and
 their groups finish sooner under `timeline.remap_slots` (slowest attention + linear
 work / domain size + moving the largest per-rank surplus + g), and the scope is kept if the
-wave is faster (not under pipeline parallelism: a pipeline stage runs no remap domain).
+wave is faster (not under pipeline parallelism, nor routing: a pipeline stage runs neither).
 `info["remap"]` lists the domains and the step time with and without them;
 with remap on, one more candidate is built in Zeppelin's split (ranks balanced by attention
 alone, linear work left to the remap) and kept if faster.
@@ -284,8 +284,8 @@ class ZeppelinPlanner(Planner):
 
     def _routed(self, wave: Wave) -> Wave:
         """`wave` routed over every NIC where its all-to-alls cross nodes: Zeppelin's routing layer
-        is always on (unless `options.routing` is off)."""
-        wave.routed = self.options.routing and wave.crosses_nodes(self.cluster.devices_per_node)
+        is always on (unless `options.routing` is off, or under a pipeline: `Planner.pipelined`)."""
+        wave.routed = self.options.routing and not self.pipelined and wave.crosses_nodes(self.cluster.devices_per_node)
         return wave
 
     def _pack(self, batch: SampleBatch, ids: list[int], degree: int) -> list[MicroBatch]:
@@ -311,9 +311,9 @@ class ZeppelinPlanner(Planner):
     # --- remapping -----------------------------------------------------------------------------
     @property
     def _remaps(self) -> bool:
-        """Whether plans get the remapping layer: asked for (`options.remap`), and no pipeline,
-        whose stages do not run remap domains (`runtime/pipeline`)."""
-        return self.options.remap and self.cost.stages is None
+        """Whether plans get the remapping layer: asked for (`options.remap`), and no pipeline
+        (`Planner.pipelined`)."""
+        return self.options.remap and not self.pipelined
 
     def _remap(self, plan: Plan) -> dict:
         """Per wave, remap domains of one scope (every node, or the whole wave) where that is

@@ -269,10 +269,6 @@ def plan_all(names: list[str], cluster: Cluster, cost: CostModel, options: Plann
                             f"{planner.cost.degrees[-1]}), not --max-len {args.max_len}")
             continue
         plans[name] = [planner.plan(b.planned) for b in batches]
-        if args.pp > 1 and any(wave.remap for plan in plans[name] for wave in plan.waves):
-            del plans[name]
-            cannot[name] = "plans remap domains, which a pipeline stage does not run"
-            continue
         if args.route_every_wave:
             plans[name] = [routed(plan) for plan in plans[name]]
         for plan in plans[name]:

@@ -104,15 +104,17 @@ def test_megatron_runs_its_rounds_through_one_schedule():
     assert all(len(group.micro_batches) == 1 for wave in plan.waves for group in wave.groups if group.micro_batches)
 
 
-def test_no_planner_remaps_under_a_pipeline():
-    # A pipeline stage runs no remap domain: zeppelin remaps this batch without the pipeline
-    # (a node's domain in its second wave), and neither it nor ballast does with it.
+def test_no_planner_remaps_or_routes_under_a_pipeline():
+    # A pipeline stage runs neither remap domains nor routed exchanges: zeppelin remaps this
+    # batch without the pipeline (a node's domain in its second wave), and neither it nor
+    # ballast remaps or routes with it (on nodes of 8 pool ranks, its groups of 16 cross nodes).
     cost, pool = pipeline_cost()
     flat = dataclasses.replace(cost, stages=None)
     lengths = [131_072] + np.clip(np.random.default_rng(3).lognormal(7, 1.5, 60), 16, 131_072).astype(int).tolist()
     options = PlannerOptions(max_len=131_072)
-    assert any(wave.remap for wave in get_planner("zeppelin", pool, flat, options).plan(lengths).waves)
+    unpiped = get_planner("zeppelin", pool, flat, options).plan(lengths)
+    assert any(wave.remap for wave in unpiped.waves) and any(wave.routed for wave in unpiped.waves)
     for name in ("zeppelin", "ballast"):
         plan = get_planner(name, pool, cost, options).plan(lengths)
         plan.validate(pool, cost)
-        assert not any(wave.remap for wave in plan.waves), name
+        assert not any(wave.remap or wave.routed for wave in plan.waves), name

@@ -52,9 +52,9 @@ Two-wave splits are tried too: the longest sequences in a wave of their own when
 them takes a large part of the step, and, as Zeppelin splits by class, the sequences that need wide groups at the
 lower bound ahead of the rest. Every candidate is a valid plan and the fastest under the
 cost model wins. Last, a step that a few sequences decide alone gets those sequences remapped
-where that is faster (`poles.py`; not under lockstep, nor under a pipeline, whose stages run no
-remap domain), and each wave whose all-to-alls cross
-nodes is routed over every NIC of the node (`Wave.routed`) where that ends it sooner.
+where that is faster (`poles.py`; not under lockstep), and each wave whose all-to-alls cross
+nodes is routed over every NIC of the node (`Wave.routed`) where that ends it sooner. Under a
+pipeline neither (`Planner.pipelined`).
 """
 from __future__ import annotations
 
@@ -81,10 +81,10 @@ class BallastPlanner(Planner):
         waves = self.waves(batch, self.cluster.world_size)
         if self.options.lockstep:
             waves = [pad_lockstep(wave, batch, self.cost) for wave in waves]
-        elif self.cost.stages is None:  # a pipeline stage runs no remap domain
+        elif not self.pipelined:
             waves = remap_poles(self.cost, batch, waves, self.waves)
         plan = Plan(batch.lengths, waves, lockstep=self.options.lockstep, shapes=batch.shapes)
-        if self.options.routing:
+        if self.options.routing and not self.pipelined:
             self._route(plan)
         return plan
 
