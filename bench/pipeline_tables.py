@@ -6,13 +6,13 @@ from record_files import commit_note, record
 from simulated_tables import carry_note, verdicts
 
 PIPELINES = {
-    "P1": "wikipedia lengths, h100-256 as TP 8 x PP 4 x a pool of 8, Llama-3-70B (analytic), max-len 131072, "
+    "P1": "wikipedia lengths (the raw file), h100-256 as TP 8 x PP 4 x a pool of 8, Llama-3-70B (analytic), max-len 131072, "
           "2M tokens/step",
     "P2": "lognormal:8,1.5 lengths, h100-256 as TP 8 x PP 4 x a pool of 8, Llama-3-70B (analytic), max-len 131072, "
           "2M tokens/step",
-    "P3": "wikipedia lengths, h100-1024 as TP 8 x PP 4 x a pool of 32, Llama-3-70B (analytic), max-len 131072, "
+    "P3": "wikipedia lengths (the raw file), h100-1024 as TP 8 x PP 4 x a pool of 32, Llama-3-70B (analytic), max-len 131072, "
           "4,096 sequences/step",
-    "P4": "wikipedia lengths, h100-1024 as TP 8 x PP 2 x a pool of 64, Llama-3-405B's shape "
+    "P4": "wikipedia lengths (the raw file), h100-1024 as TP 8 x PP 2 x a pool of 64, Llama-3-405B's shape "
           "(bench/data/llama3-405b.json, analytic), max-len 131072, 4,096 sequences/step",
 }
 RIVALS = ("megatron-dynamic-cp", "wlb-llm")
