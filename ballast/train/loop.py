@@ -224,7 +224,10 @@ def train(config: TrainConfig) -> dict | None:
     mesh = setup.mesh
     title = (f"{config.planner.planner} planner, {setup.shape.name}, {world} ranks"
              f"{f' ({mesh.describe()})' if mesh.tp * mesh.pp > 1 else ''}")
-    paths = write_report(out / "report", history, plans, setup.cost, mesh.pool, title)
+    paths = {}
+    if config.run.report:
+        paths = write_report(out / "report", history, plans, setup.cost, mesh.pool, title)
+    (out / "report").mkdir(parents=True, exist_ok=True)
     summary.update(planner=config.planner.planner, world=world, cost_model=setup.cost.source,
                    metrics=str(out / "metrics.jsonl"), report={k: str(v) for k, v in paths.items()},
                    checkpoint=str(checkpoint.latest(config.checkpoint_path)),

@@ -29,7 +29,8 @@ from ballast.models import build_model
 from ballast.train import checkpoint, checksums
 from ballast.train.metrics import final_history
 
-TRAIN = ["--model", "tiny", "--max-len", "256", "--tokens-per-step", "1024", "--steps", "2", "--timeout", "60"]
+TRAIN = ["--model", "tiny", "--max-len", "256", "--tokens-per-step", "1024", "--steps", "2", "--timeout", "60",
+         "--no-report"]
 
 
 @pytest.fixture(scope="module")
