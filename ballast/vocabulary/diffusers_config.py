@@ -2,8 +2,8 @@
 config.json alone: what simulate prices and every other command checks before it imports
 diffusers. The model itself is `ballast.models.diffusers_wan`'s.
 
-A `WanTransformer3DModel` folder (Wan 2.1 text-to-video, Wan 2.2 TI2V and each A14B expert)
-is a full-attention video DiT: `num_layers` blocks of self-attention with 3-D RoPE over every
+A `WanTransformer3DModel` folder (Wan 2.1 text-to-video, Wan 2.2 TI2V, trained text-to-video,
+and each T2V-A14B expert) is a full-attention video DiT: `num_layers` blocks of self-attention with 3-D RoPE over every
 clip, cross-attention to the clip's text and a GELU feed-forward of `ffn_dim`, conditioned on
 the timestep by adaLN. Its token is a `patch_size` block of `in_channels` latent channels. The
 VAE's compression comes from the pipeline folder's `../vae/config.json` when the transformer
@@ -24,7 +24,7 @@ WAN_CLASS = "WanTransformer3DModel"
 WAN_SIZES = ("patch_size", "num_attention_heads", "attention_head_dim", "in_channels", "text_dim", "ffn_dim",
              "num_layers")
 """The config.json keys the shape is read from (diffusers writes every argument of the class)."""
-RATIONALE = "ballast trains text-to-video WanTransformer3DModel (Wan 2.1 T2V, Wan 2.2 TI2V and A14B)"
+RATIONALE = "ballast trains text-to-video WanTransformer3DModel (Wan 2.1 T2V, Wan 2.2 TI2V and T2V-A14B)"
 WAN_VAE = {"scale_factor_temporal": 4, "scale_factor_spatial": 8}
 """Wan 2.1's VAE: what diffusers' WanPipeline assumes without one."""
 ROPE_MAX_SEQ_LEN = 1024
