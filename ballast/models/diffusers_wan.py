@@ -26,6 +26,7 @@ Errors before any rank starts: diffusers missing, a class or config ballast does
 from __future__ import annotations
 
 import functools
+import importlib.util
 import itertools
 from pathlib import Path
 from typing import Sequence
@@ -43,6 +44,7 @@ from .flow import TIMESTEP_SCALE, flow_pair, patchify, token_loss, unpatchify
 from .hf_weights import DIFFUSERS, check_finite, check_weights, weight_files
 from .protocol import INPUT, AttentionFn, PackedStream
 from .video_conditioning import HeldSamples
+from .wan_attention import BallastWanProcessor, PackedRotary, PackedText
 
 TESTED = "0.42.1"
 """The diffusers version ballast's tests run (pyproject's `diffusers` extra pins its range)."""
@@ -50,13 +52,22 @@ TESTED = "0.42.1"
 
 @functools.cache
 def wan_class() -> type[nn.Module]:
-    """diffusers' WanTransformer3DModel; a ValueError saying how to install it when it is not."""
-    try:
-        from diffusers import WanTransformer3DModel
-    except ImportError:
-        raise ValueError(f"--model diffusers:PATH needs diffusers and accelerate, which are not installed: "
-                         f"pip install 'ballast[diffusers]' (tested with diffusers {TESTED})") from None
+    """diffusers' WanTransformer3DModel; a ValueError saying how to install it when diffusers or
+    accelerate (which its `from_pretrained` of a Wan folder needs) is not installed."""
+    missing = [name for name in ("diffusers", "accelerate") if not _importable(name)]
+    if missing:
+        raise ValueError(f"--model diffusers:PATH needs {' and '.join(missing)}, not installed here: pip install "
+                         f"'ballast[diffusers]' (tested with diffusers {TESTED})")
+    from diffusers import WanTransformer3DModel
+
     return WanTransformer3DModel
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ValueError:  # a module set to None in sys.modules (how the tests hide one)
+        return False
 
 
 def _meta_model(folder: Path) -> nn.Module:
@@ -109,8 +120,6 @@ class DiffusersWan(ClipFlowObjective, nn.Module):
 
     def __init__(self, wan: nn.Module, shape: ModelShape):
         super().__init__()
-        from .wan_attention import BallastWanProcessor
-
         dropout = [name for name, m in wan.named_modules() if isinstance(m, nn.Dropout) and m.p > 0]
         if dropout:
             raise ValueError(f"model {shape.name!r}: dropout in {dropout[0]} (and {len(dropout) - 1} more) is not "
@@ -139,8 +148,6 @@ class DiffusersWan(ClipFlowObjective, nn.Module):
                 recompute_layers: int = 0) -> Tensor:
         """Predicted velocity [tokens held, patch values] of the noisy patch tokens this process
         holds (see `video_dit.VideoDiT.forward`: the same contract)."""
-        from .wan_attention import PackedRotary, PackedText
-
         if tokens.dim() != 2 or tokens.shape != (stream.positions.shape[0], self.shape.vocab):
             raise ValueError(f"tokens of shape {tuple(tokens.shape)} do not match the stream's "
                              f"{stream.positions.shape[0]} positions x {self.shape.vocab} patch values")

@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 from torch import Tensor, nn
 
 from .condition_attention import condition_attention
@@ -73,6 +72,8 @@ class BallastWanProcessor:
     """The attention processor of every attention module of a Wan model trained by ballast."""
 
     def __init__(self) -> None:
+        from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
         self.attend: AttentionFn = local_attention
         """Swapped by the wrapper's `install_attention` for the sequence-parallel attention."""
         self.stock = WanAttnProcessor()

@@ -155,14 +155,16 @@ def test_dropout_is_refused(folder):
         DiffusersWan(model.wan, model.shape)
 
 
-def test_without_diffusers_planning_works_and_building_says_how_to_install(folder, monkeypatch):
+@pytest.mark.parametrize("hidden", [("diffusers",), ("accelerate",), ("diffusers", "accelerate")])
+def test_without_diffusers_planning_works_and_building_says_how_to_install(folder, monkeypatch, hidden):
     from ballast.models import diffusers_wan
 
-    monkeypatch.setitem(sys.modules, "diffusers", None)  # `import diffusers` raises ImportError
+    for name in hidden:
+        monkeypatch.setitem(sys.modules, name, None)  # `import NAME` raises ImportError
     diffusers_wan.wan_class.cache_clear()
     try:
         shape = get_model_shape(f"diffusers:{folder}")  # simulate's part: the config alone
-        with pytest.raises(ValueError, match=r"needs diffusers and accelerate, which are not installed: "
+        with pytest.raises(ValueError, match=rf"needs {' and '.join(hidden)}, not installed here: "
                                              r"pip install 'ballast\[diffusers\]'"):
             check_buildable(shape)
     finally:
