@@ -9,7 +9,8 @@ in sorted relative path order. The folder is indexed once from the files' header
 the data is read) and every clip is loaded when its batch is drawn, memory-mapped, as float32.
 C must be the model's latent channels and the patch must divide F, H and W. Every file is
 captioned, with one embedding width D, or none is (a model takes one kind of condition: a
-caption-conditioned model's text width, or labels); a captioned file's label is ignored. Anything else is a ValueError naming the file.
+caption-conditioned model's text width, or labels); a captioned file's label is ignored.
+Anything else is a ValueError naming the file.
 """
 from __future__ import annotations
 
