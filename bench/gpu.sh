@@ -33,6 +33,8 @@ mkdir -p "$OUT"
 if (( DRY )); then
     GPU=cpu-dry-run RANKS=2 PLANNERS=ballast,zeppelin
     PRECISION=()
+    # fp32: Ulysses (degree 2 at most with 6 heads) holds 271 tokens, 1x4 with CP 542
+    SIX_HEADS_GB=0.00075
     SIZES=(--steps 1 --batch 4 --max-len 128)
     CHECK=(--plans 2 --tokens-per-step 2048)
     launch() { "$PY" -m ballast.cli "$@" --world "${WORLD:-$RANKS}"; }
@@ -47,6 +49,8 @@ else
     GPU=$("$PY" -c 'import torch; print(torch.cuda.get_device_name(0))')
     PLANNERS=all
     PRECISION=(--precision bf16)
+    # bf16 (the autocast copies priced): Ulysses holds 275 tokens, 1x4 with CP past 448
+    SIX_HEADS_GB=0.00082
     SIZES=(--steps 2)
     CHECK=(--plans 10)
     launch() { torchrun --standalone --nproc-per-node "$RANKS" -m ballast.cli "$@"; }
@@ -116,7 +120,7 @@ step verify-hf-gqa-fsdp2 "" launch "${VERIFY[@]}" --model "hf:$WORK/hf-gqa" --fs
 # only as u x c with context parallelism (tests/verify/test_verify_context.py's setting).
 if (( DRY || RANKS >= 4 )); then
     WORLD=4 step verify-six-heads-cp "" launch verify --planners megatron-dynamic-cp,ballast --steps 1 \
-        --batch 6 --max-len 224 --device-memory-gb 0.00017 --model "$WORK/six-heads.json" "${PRECISION[@]}"
+        --batch 6 --max-len 448 --device-memory-gb "$SIX_HEADS_GB" --model "$WORK/six-heads.json" "${PRECISION[@]}"
 else
     echo "== verify-six-heads-cp: not run: context parallelism past 6 heads needs 4 GPUs or more, this machine has $RANKS"
 fi

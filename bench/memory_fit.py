@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import ballast
+from ballast.command_line.provenance import provenance
 from ballast.profile.memory_check import TOLERANCE, compare, measure_on_rank
 from ballast.runtime import run_local
 from ballast.vocabulary.model_shape import get_model_shape
@@ -49,6 +49,7 @@ def main() -> int:
     args = p.parse_args()
     runs = [(mode, precision) for precision in args.precisions.split(",") for mode in Sharding]
     rows = []
+    origin = provenance()
     with tempfile.TemporaryDirectory() as tmp:
         for spec, samples in (("tiny", TEXT), (tiny_llama(Path(tmp) / "llama"), TEXT), ("dit-tiny", CLIPS)):
             shape = get_model_shape(spec)
@@ -64,8 +65,7 @@ def main() -> int:
                           f"({row['ratio'] - 1:+.1%}; old model {row['old_ratio'] - 1:+.1%})", flush=True)
             print(f"  {time.perf_counter() - start:.0f} s", flush=True)
     worst = max(abs(r["ratio"] - 1) for r in rows)
-    out = {"provenance": {"ballast": ballast.__file__, "world": WORLD, "text_lengths": TEXT, "clips": CLIPS,
-                          "llama": LLAMA, "note": "ballast/command_line/provenance.py did not exist on main"},
+    out = {"provenance": origin, "setting": {"world": WORLD, "text_lengths": TEXT, "clips": CLIPS, "llama": LLAMA},
            "tolerance": TOLERANCE, "worst_error": worst, "rows": rows}
     Path(args.out).write_text(json.dumps(out, indent=2))
     print(f"worst |predicted / measured - 1|: {worst:.1%} (tolerance {TOLERANCE:.0%}); wrote {args.out}")

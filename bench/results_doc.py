@@ -16,6 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling table modules, when imported
 
+from memory_tables import memory_table  # noqa: E402
 from measured_tables import convergence_text, hf_table, measured_table, peers_table, video_measured_table  # noqa: E402
 from profile_tables import profile_text  # noqa: E402
 from simulated_tables import (CONTEXT_PARALLEL, ROUTING, SETTINGS, VIDEO, context_parallel_table,  # noqa: E402
@@ -36,7 +37,7 @@ TABLES: dict[str, Callable[[], str]] = {
     **{f"simulate-{n}": partial(routing_table, n) for n in ROUTING},
     "headline": headline_table, "sweep": sweep_text, "optimum-gap": optimum_gap_text, "latency": latency_table,
     "measured": measured_table, "hf": hf_table, "peers": peers_table, "video-measured": video_measured_table,
-    "convergence": convergence_text,
+    "convergence": convergence_text, "memory": memory_table,
     **{f"profile-{n}": partial(profile_text, n) for n in ("tiny", "hf-llama", "dit-tiny", "stdit-tiny")},
 }
 """Every table the template may place, by name."""

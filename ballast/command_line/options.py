@@ -3,7 +3,8 @@ one range.
 
 `--model`, `--max-len`, `--cluster`, `--world`, `--cost` and `--device-memory-gb` mean the same
 in `simulate`, `verify`, `profile`, `bench` and `train`; `--degree`, `--cp` and `--routing` /
-`--no-routing` in those that plan (`simulate`, `verify`, `bench`, `train`), `--precision` in
+`--no-routing` in those that plan (`simulate`, `verify`, `bench`, `train`), `--tp` in `simulate`,
+`verify` and `train`, `--precision` in
 those that start ranks (`verify`, `profile`, `bench`, `train`): each command adds an option with
 `SharedOption.add` (argparse) or, for `train`'s config fields, `SharedOption.help`, giving its
 own default and why that default suits it. Only defaults differ between commands. A numeric
@@ -156,5 +157,8 @@ ROUTING = SharedSwitch(
     "--routing", "route inter-node all-to-alls over every NIC of the node (Zeppelin's routing layer) where "
                  "the planner's rule says so: zeppelin in every wave that crosses nodes, ballast where that is "
                  "faster; --no-routing: never (`--routing on|off` is the older spelling)", bool, "")
+TP = SharedOption(
+    "--tp", "tensor-parallel degree t: every layer's weights split over t ranks inside a node (Megatron's split), "
+            "plans made over the pool of the other world / t ranks, each a TP group", positive(int), "T")
 SHARED = {option.flag: option for option in (MODEL, MAX_LEN, CLUSTER, WORLD, NODES, COST, DEVICE_MEMORY, DEGREE, CP,
-                                             PRECISION, ROUTING)}
+                                             PRECISION, ROUTING, TP)}

@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 from ..vocabulary.model_shape import ModelShape
 from .kernels import local_attention
 from .next_token import NextTokenObjective
-from .protocol import AttentionFn, PackedStream
+from .protocol import COLWISE, ROWWISE, VOCAB_EMBEDDING, VOCAB_OUTPUT, AttentionFn, PackedStream
 
 ROPE_THETA = 10000.0
 NORM_EPS = 1e-5
@@ -51,7 +51,7 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     def __init__(self, shape: ModelShape):
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = shape.heads, shape.kv_heads, shape.head_dim
+        self.head_dim = shape.head_dim
         self.wq = nn.Linear(shape.hidden, shape.heads * shape.head_dim, bias=False)
         self.wk = nn.Linear(shape.hidden, shape.kv_dim, bias=False)
         self.wv = nn.Linear(shape.hidden, shape.kv_dim, bias=False)
@@ -60,11 +60,12 @@ class Attention(nn.Module):
         """Swapped by `GPT.install_attention` for the sequence-parallel attention."""
 
     def forward(self, x: Tensor, stream: PackedStream) -> Tensor:
-        n = x.shape[0]
-        q = apply_rotary(self.wq(x).view(n, self.heads, self.head_dim), stream.positions)
-        k = apply_rotary(self.wk(x).view(n, self.kv_heads, self.head_dim), stream.positions)
-        v = self.wv(x).view(n, self.kv_heads, self.head_dim)
-        return self.wo(self.attend(q, k, v, stream).reshape(n, self.heads * self.head_dim))
+        # Head counts from the projections, not the shape: tensor parallelism leaves a rank its
+        # share of the heads (`protocol.TensorParallelModel`).
+        q = apply_rotary(self.wq(x).unflatten(-1, (-1, self.head_dim)), stream.positions)
+        k = apply_rotary(self.wk(x).unflatten(-1, (-1, self.head_dim)), stream.positions)
+        v = self.wv(x).unflatten(-1, (-1, self.head_dim))
+        return self.wo(self.attend(q, k, v, stream).flatten(1))
 
 
 class MLP(nn.Module):
@@ -115,6 +116,17 @@ class GPT(NextTokenObjective, nn.Module):
     def install_attention(self, attend: AttentionFn) -> None:
         for block in self.layers:
             block.attention.attend = attend
+
+    def tensor_parallel_plan(self) -> dict[str, str]:
+        """Megatron's split (`protocol.TensorParallelModel`): q, k, v and the MLP's w1, w3 by
+        output rows, the output projection and w2 by input columns, embedding and output layer
+        by vocabulary."""
+        plan = {"embedding": VOCAB_EMBEDDING, "output": VOCAB_OUTPUT,
+                **{f"layers.*.attention.{w}": COLWISE for w in ("wq", "wk", "wv")},
+                "layers.*.attention.wo": ROWWISE, "layers.*.mlp.w1": COLWISE, "layers.*.mlp.w2": ROWWISE}
+        if self.shape.gated_mlp:
+            plan["layers.*.mlp.w3"] = COLWISE
+        return plan
 
     def forward(self, tokens: Tensor, stream: PackedStream, recompute_layers: int = 0) -> Tensor:
         """Logits [tokens, vocab] of the tokens this process holds.

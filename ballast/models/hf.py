@@ -38,7 +38,7 @@ from ..vocabulary.model_shape import ModelShape
 from .hf_weights import check_finite, weight_files
 from .kernels import local_attention
 from .next_token import NextTokenObjective
-from .protocol import AttentionFn, PackedStream
+from .protocol import VOCAB_EMBEDDING, VOCAB_OUTPUT, AttentionFn, PackedStream
 
 ATTENTION = "ballast"
 """The name ballast's attention function is registered under in transformers."""
@@ -110,6 +110,21 @@ class HFCausalLM(NextTokenObjective, nn.Module):
 
     def install_attention(self, attend: AttentionFn) -> None:
         self._attend = attend
+
+    def tensor_parallel_plan(self) -> dict[str, str]:
+        """transformers' own split of the decoder, its config's `base_model_tp_plan` (Llama and its
+        relatives: q, k, v, gate and up colwise, o and down rowwise), under the base model's name,
+        with the embedding and the output layer split by vocabulary
+        (`protocol.TensorParallelModel`). The attention reshapes its projections to [tokens, -1,
+        head_dim], so a rank's share of the heads needs no change to the model."""
+        plan = getattr(self.hf.config, "base_model_tp_plan", None)
+        if not plan:
+            raise ValueError(f"model type {self.hf.config.model_type!r}: its config has no base_model_tp_plan, so "
+                             f"transformers does not say how tensor parallelism splits it")
+        names = {id(module): name for name, module in self.named_modules()}
+        return {**{f"hf.{self.hf.base_model_prefix}.{name}": style for name, style in plan.items()},
+                names[id(self.hf.get_input_embeddings())]: VOCAB_EMBEDDING,
+                names[id(self.hf.get_output_embeddings())]: VOCAB_OUTPUT}
 
     def forward(self, tokens: Tensor, stream: PackedStream, recompute_layers: int = 0) -> Tensor:
         """Logits [tokens, vocab] of the tokens this process holds (see `protocol.ParallelModel`)."""

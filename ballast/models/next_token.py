@@ -14,28 +14,39 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .protocol import Local, PackedStream, take
+from .protocol import CrossEntropy, Local, PackedStream, take
 
 Forward = Callable[[Tensor, PackedStream, int], Tensor]
 """(token ids held, stream, recompute_layers) -> logits [tokens held, vocab]."""
 
 
+def summed_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    """Cross-entropy summed, not averaged: a shard holds a part of a batch whose normaliser is global."""
+    return F.cross_entropy(logits, targets, reduction="sum")
+
+
 def next_token_loss(forward: Forward, samples: Sequence[Tensor], stream: PackedStream, local: Local,
-                    recompute_layers: int) -> Tensor:
+                    recompute_layers: int, cross_entropy: CrossEntropy = summed_cross_entropy) -> Tensor:
     """Summed cross-entropy of the held tokens' next-token predictions."""
     inputs = take(torch.cat([s[:-1] for s in samples]), local).to(stream.positions.device)
     targets = take(torch.cat([s[1:] for s in samples]), local).to(stream.positions.device)
-    # Summed, not averaged: the shard holds a part of a batch whose normaliser is global.
-    return F.cross_entropy(forward(inputs, stream, recompute_layers), targets, reduction="sum")
+    return cross_entropy(forward(inputs, stream, recompute_layers), targets)
 
 
 class NextTokenObjective:
     """The protocol's sample and loss members for a text model whose forward gives the logits
-    of the held tokens (`Forward`): mixed into GPT and HFCausalLM."""
+    of the held tokens (`Forward`): mixed into GPT and HFCausalLM, with the cross-entropy hook of
+    `protocol.TensorParallelModel`."""
+
+    cross_entropy: CrossEntropy = staticmethod(summed_cross_entropy)
+    """Scores the logits; tensor parallelism installs one over a split vocabulary."""
 
     def loss(self, samples: Sequence[Tensor], stream: PackedStream, local: Local, recompute_layers: int = 0) -> Tensor:
         """Summed next-token cross-entropy of the held tokens (`protocol.ParallelModel.loss`)."""
-        return next_token_loss(self, samples, stream, local, recompute_layers)
+        return next_token_loss(self, samples, stream, local, recompute_layers, self.cross_entropy)
+
+    def install_cross_entropy(self, cross_entropy: CrossEntropy) -> None:
+        self.cross_entropy = cross_entropy
 
     @staticmethod
     def sample_shape(sample: Tensor) -> int:

@@ -15,6 +15,8 @@ hook. No runtime, planner or CLI code names a model family.
                       blocks (recomputation and FSDP units), install_attention; a user's model
                       with a forward of its own may add `reference_loss(samples)`, the loss of
                       the samples through that forward one by one, which verify compares with
+    TensorParallelModel  a ParallelModel that tensor parallelism can split: which module splits
+                      how (`tensor_parallel_plan`), and the hook of its loss over split logits
 
 Token order. A text sample's tokens are its sequence; a clip's (frames, height, width) latent
 patches are packed frame by frame, each frame row by row ("frame-major"). The runtime only
@@ -218,4 +220,38 @@ class ParallelModel(Protocol):
     def install_attention(self, attend: AttentionFn) -> None:
         """Route every self-attention of the model through `attend` (the runtime passes the
         sequence-parallel one)."""
+        ...
+
+
+COLWISE = "colwise"
+"""A linear layer split by output rows over a TP group (q, k, v; the MLP's gate and up)."""
+ROWWISE = "rowwise"
+"""A linear layer split by input columns, its outputs summed over the group (attention's output
+projection, the MLP's down projection)."""
+VOCAB_EMBEDDING = "embedding"
+"""The token embedding, split by vocabulary rows."""
+VOCAB_OUTPUT = "output"
+"""The output layer, split by vocabulary rows (column-parallel): its logits stay split, and the
+model's loss runs over the split vocabulary (`TensorParallelModel.install_cross_entropy`)."""
+TENSOR_PARALLEL_STYLES = (COLWISE, ROWWISE, VOCAB_EMBEDDING, VOCAB_OUTPUT)
+"""How `TensorParallelModel.tensor_parallel_plan` may split a module (the first two as Hugging
+Face's `base_model_tp_plan` names them)."""
+
+CrossEntropy = Callable[[Tensor, Tensor], Tensor]
+"""(logits [tokens, vocab entries held], targets [tokens]) -> the summed cross-entropy."""
+
+
+@runtime_checkable
+class TensorParallelModel(ParallelModel, Protocol):
+    """A model that tensor parallelism (`runtime/tensor_parallel`) can split after it is built."""
+
+    def tensor_parallel_plan(self) -> dict[str, str]:
+        """Module name (as `named_modules` gives it; `*` stands for a block's index) -> how it is
+        split, one of `TENSOR_PARALLEL_STYLES`. The split modules' heads and columns must be what
+        the rest of the model reads per rank: attention reshapes its projections to
+        [tokens, -1, head_dim], never to a head count of its own."""
+        ...
+
+    def install_cross_entropy(self, cross_entropy: CrossEntropy) -> None:
+        """Score the logits with `cross_entropy` (the runtime passes one over split logits)."""
         ...

@@ -115,6 +115,8 @@ class Planner(ABC):
         check_fits(self.cost, batch.lengths)
         plan = self._plan(batch)
         plan.planner = self.name
+        # A plan over the pool of the mesh its cost model prices a rank of (TP shards, stages).
+        plan.tp, plan.pp = (self.cost.mesh.tp, self.cost.mesh.pp) if self.cost.mesh is not None else (1, 1)
         # A planner that weighs the splits gave its groups theirs (ballast packs each at its
         # fastest); one that prices degrees alone priced them at `SplitCatalogue.split`, which they get.
         for _, group, _ in plan.micro_batches():

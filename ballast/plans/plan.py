@@ -105,8 +105,18 @@ class Plan:
     shapes: list[Sample] | None = None
     """Every sample as planned (`samples.Sample`) when the batch holds video clips, whose
     attention work follows their (frames, height, width); None: text only, `lengths` is all."""
+    tp: int = 1
+    """The TP degree of the job the plan was made for (`vocabulary.job_mesh.JobMesh`): its ranks
+    are the pool's, each a TP group of `tp` devices that all run the rank's part; its groups'
+    Ulysses parts divide a TP rank's heads, its memory is a TP shard's (JSON key "tp" only > 1)."""
+    pp: int = 1
+    """The PP degree of that job: every stage runs the plan (JSON key "pp" only > 1)."""
 
     def __post_init__(self) -> None:
+        for name in ("tp", "pp"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int) \
+                    or getattr(self, name) < 1:
+                raise PlanError(f"plan {name} {getattr(self, name)!r} must be an integer >= 1")
         self.lengths = [int(s) for s in self.lengths]
         if self.tokens < 0:
             self.tokens = sum(self.lengths)
@@ -158,7 +168,14 @@ class Plan:
 
     # --- invariants ---------------------------------------------------------------------------
     def validate(self, cluster: Cluster, cost: CostModel | None = None) -> None:
-        """Raise PlanError unless the plan is executable on `cluster` (and fits memory under `cost`)."""
+        """Raise PlanError unless the plan is executable on `cluster`, the cluster of the pool its
+        ranks are (`JobMesh.pool_cluster`: the job's own without TP or PP), and fits memory under
+        `cost`, whose coefficients are a rank's of the mesh the plan was made for (a TP shard's)."""
+        if cost is not None:
+            priced = (cost.mesh.tp, cost.mesh.pp) if cost.mesh is not None else (1, 1)
+            if (self.tp, self.pp) != priced:
+                raise PlanError(f"plan made for TP degree {self.tp} and PP degree {self.pp}, but the cost model "
+                                f"prices a rank of TP degree {priced[0]} and PP degree {priced[1]}")
         n = cluster.world_size
         seen: dict[int, str] = {}
         for w, wave in enumerate(self.waves):
@@ -278,6 +295,7 @@ class Plan:
             "planner": self.planner, "tokens": self.tokens, "lockstep": self.lockstep,
             "lengths": self.lengths, "info": self.info,
             **({} if self.shapes is None else {"shapes": [x if isinstance(x, int) else list(x) for x in self.shapes]}),
+            **({"tp": self.tp} if self.tp > 1 else {}), **({"pp": self.pp} if self.pp > 1 else {}),
             "remap": [[w, start, size] for w, wave in enumerate(self.waves) for start, size in wave.remap],
             **({"routed": routed} if (routed := [w for w, wave in enumerate(self.waves) if wave.routed]) else {}),
             "waves": [[{"start": g.start, "degree": g.degree, **({"cp": g.cp} if g.cp != 1 else {}),
@@ -298,7 +316,8 @@ class Plan:
             for w in data.get("routed", []):
                 waves[int(w)].routed = True
             return cls(list(data["lengths"]), waves, int(data["tokens"]), bool(data["lockstep"]),
-                       str(data.get("planner", "")), dict(data.get("info", {})), data.get("shapes"))
+                       str(data.get("planner", "")), dict(data.get("info", {})), data.get("shapes"),
+                       int(data.get("tp", 1)), int(data.get("pp", 1)))
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise PlanError(f"malformed plan data: missing or wrong field {e}") from e
 
@@ -313,6 +332,8 @@ class Plan:
         """A compact text table: one row per busy group of every wave."""
         head = (f"plan by {self.planner or '?'}: {len(self.lengths)} sequences, {self.tokens} tokens, "
                 f"{len(self.waves)} wave(s){', lockstep' if self.lockstep else ''}")
+        if (self.tp, self.pp) != (1, 1):
+            head += f"; ranks of the pool of TP {self.tp} x PP {self.pp}"
         remapped = [f"wave {w} ranks {start}-{start + size - 1}" for w, wave in enumerate(self.waves)
                     for start, size in wave.remap]
         if remapped:

@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from ..vocabulary.cluster import Cluster
+from ..vocabulary.job_mesh import JobMesh
 from ..vocabulary.layouts import ULYSSES_ONLY, HeadLayout, Splits
 from ..vocabulary.samples import Sample, sample_grid, tokens as sample_tokens
 from ..vocabulary.split_catalogue import SplitCatalogue
@@ -53,6 +54,11 @@ class CostModel(CostCoefficients):
     """What `states`, and the loss's part of `act_per_token` and `kept`, were priced from: the
     model's parameters, the sharding mode and the precision (`cost_sources.with_device_memory`);
     not a coefficient, so not in the JSON. None: the coefficients as given."""
+    mesh: JobMesh | None = field(default=None, compare=False, repr=False)
+    """The job mesh the coefficients are a rank's of (`get_cost_model`): under TP a TP shard's
+    work, memory and heads over the mesh's pool (`tensor_parallel.sharded`); plans made with this
+    model record its TP and PP degrees. Not a coefficient, so not in the JSON. None: one pool of
+    the whole world."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -11,6 +11,8 @@ from ..vocabulary.precision import Precision
 from ..vocabulary.sharding import Sharding, default_sharding
 from .cost import CostModel
 from .device_memory import DeviceMemory, ParameterCounts
+from .tensor_parallel import activation_share, parameter_counts, sharded
+from ..vocabulary.job_mesh import JobMesh
 from ..vocabulary.model_shape import ModelShape
 from .coefficients import KEPT_UNDER_RECOMPUTE
 
@@ -32,17 +34,20 @@ _PUBLISHED = {
 
 
 def device_memory(shape: ModelShape, cluster: Cluster, sharding: Sharding | None = None,
-                  precision: Precision = Precision.AUTO, counts: ParameterCounts | None = None) -> DeviceMemory:
+                  precision: Precision = Precision.AUTO, counts: ParameterCounts | None = None,
+                  tp: int = 1) -> DeviceMemory:
     """What a rank of `cluster` holds besides activations for `shape` in a sharding mode (None:
     `default_sharding`) and precision (auto: bf16 autocast on a cluster of 2-byte values, the
-    GPUs'), with the model's parameter counts (None: the shape's formulas)."""
+    GPUs'), with the model's parameter counts (None: the shape's formulas, a TP shard's of `tp`:
+    `tensor_parallel.parameter_counts`). Under TP `cluster` is the pool's (`JobMesh.pool_cluster`),
+    whose ranks the sharding modes shard over."""
     if precision not in tuple(Precision):
         raise ValueError(f"precision must be one of {', '.join(p.value for p in Precision)}, got {precision!r}")
-    # Text models (causal attention) score next tokens over the vocabulary; a video model's
-    # "vocabulary" is a patch's latent values, regressed without logits.
-    return DeviceMemory(counts or ParameterCounts.of_shape(shape), sharding or default_sharding(cluster),
+    # Text models (causal attention) score next tokens over the vocabulary (a TP rank over its
+    # share of it); a video model's "vocabulary" is a patch's latent values, regressed without logits.
+    return DeviceMemory(counts or parameter_counts(shape, tp), sharding or default_sharding(cluster),
                         precision == Precision.BF16 or (precision == Precision.AUTO and cluster.value_bytes == 2),
-                        cluster.world_size, shape.vocab if shape.attention == "causal" else 0)
+                        cluster.world_size, shape.vocab // tp if shape.attention == "causal" else 0)
 
 
 def with_device_memory(memory: DeviceMemory, act_per_token: float, kept: float) -> dict:
@@ -56,15 +61,25 @@ def with_device_memory(memory: DeviceMemory, act_per_token: float, kept: float) 
                 kept=(kept * act_per_token + loss) / (act_per_token + loss), device=memory)
 
 
+def tensor_parallel_activations(act_per_token: float, kept: float, tp: int) -> tuple[float, float]:
+    """(act_per_token, kept) of a TP rank of `tp`: its share of the activations
+    (`tensor_parallel.activation_share`); full recomputation keeps a block's input, whole on
+    every TP rank, so the bytes it keeps stay and their share grows."""
+    share = activation_share(tp)
+    return act_per_token * share, kept / share
+
+
 def activations_alone(cost: CostModel) -> tuple[float, float]:
     """(act_per_token, kept) of `cost` without the loss folded in (`with_device_memory`)."""
     act = cost.act_per_token - cost.loss_per_token
     return act, (cost.kept * cost.act_per_token - cost.loss_per_token) / act
 
 
-def analytic_cost(shape: ModelShape, cluster: Cluster, memory: DeviceMemory | None = None) -> CostModel:
-    """Coefficients from FLOP counts of the shape and the cluster's peak and bandwidth."""
-    memory = memory or device_memory(shape, cluster)
+def analytic_cost(shape: ModelShape, cluster: Cluster, memory: DeviceMemory | None = None, tp: int = 1) -> CostModel:
+    """Coefficients from FLOP counts of the shape and the cluster's peak and bandwidth; the
+    activations a TP rank of `tp` keeps (`tensor_parallel.activation_share`), with `memory` its
+    shard's, on the pool's cluster (`get_cost_model` then shards the rest)."""
+    memory = memory or device_memory(shape, cluster, tp=tp)
     flops = cluster.peak_flops * cluster.efficiency
     linear = shape.layers * shape.layer_token_params + shape.vocab * shape.hidden
     return CostModel(
@@ -77,8 +92,8 @@ def analytic_cost(shape: ModelShape, cluster: Cluster, memory: DeviceMemory | No
         g=cluster.micro_batch_overhead,
         bandwidth={d: cluster.bandwidth[d] for d in cluster.degrees if d > 1},
         bytes_per_token=_all_to_all_bytes_per_token(shape, cluster.value_bytes),
-        **with_device_memory(memory, float(ACT_VALUES_PER_HIDDEN * cluster.value_bytes * shape.hidden * shape.layers),
-                             KEPT_UNDER_RECOMPUTE),
+        **with_device_memory(memory, *tensor_parallel_activations(
+            float(ACT_VALUES_PER_HIDDEN * cluster.value_bytes * shape.hidden * shape.layers), KEPT_UNDER_RECOMPUTE, tp)),
         comm_latency={d: ALL_TO_ALLS_PER_LAYER * shape.layers * cluster.all_to_all_latency
                       for d in cluster.degrees if d > 1 and cluster.all_to_all_latency > 0},
         context_latency={d: CONTEXT_COLLECTIVES_PER_LAYER * shape.layers * cluster.all_to_all_latency
@@ -88,9 +103,11 @@ def analytic_cost(shape: ModelShape, cluster: Cluster, memory: DeviceMemory | No
         max_positions=shape.max_positions,
         attention=shape.attention, spatial_share=shape.spatial_share, network=cluster)
 
-def published_cost(shape: ModelShape, cluster: Cluster, memory: DeviceMemory | None = None) -> CostModel:
-    """FlexSP's measured GPT-7B/13B/30B coefficients on A100-40GB (docs/design.md)."""
-    memory = memory or device_memory(shape, cluster)
+def published_cost(shape: ModelShape, cluster: Cluster, memory: DeviceMemory | None = None, tp: int = 1
+                   ) -> CostModel:
+    """FlexSP's measured GPT-7B/13B/30B coefficients on A100-40GB (docs/design.md); measured
+    without TP, whose rank keeps `tensor_parallel.activation_share` of the activations."""
+    memory = memory or device_memory(shape, cluster, tp=tp)
     if shape.name not in _PUBLISHED:
         raise ValueError(f"no published profile for model {shape.name!r}; have {sorted(_PUBLISHED)}")
     a_ms, b_ms, fixed_ms, act_mb = _PUBLISHED[shape.name]
@@ -98,7 +115,7 @@ def published_cost(shape: ModelShape, cluster: Cluster, memory: DeviceMemory | N
         source="published", model=shape.name, a=a_ms * 1e-3, b=b_ms * 1e-3, g=fixed_ms * 1e-3,
         bandwidth={d: cluster.bandwidth[d] for d in cluster.degrees if d > 1},
         bytes_per_token=_all_to_all_bytes_per_token(shape, 2),
-        **with_device_memory(memory, act_mb * 1e6, KEPT_UNDER_RECOMPUTE),
+        **with_device_memory(memory, *tensor_parallel_activations(act_mb * 1e6, KEPT_UNDER_RECOMPUTE, tp)),
         device_memory=cluster.device_memory, layers=shape.layers, heads=shape.heads,
         kv_heads=shape.kv_heads, world_size=cluster.world_size, network=cluster)
 
@@ -111,20 +128,31 @@ def _all_to_all_bytes_per_token(shape: ModelShape, value_bytes: int) -> float:
 
 
 def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory_gb: float | None = None,
-                   sharding: Sharding | None = None, precision: Precision = Precision.AUTO) -> CostModel:
+                   sharding: Sharding | None = None, precision: Precision = Precision.AUTO,
+                   mesh: JobMesh | None = None) -> CostModel:
     """`analytic`, `published`, `auto` (published where FlexSP measured it) or a profile JSON path,
     its memory priced for the sharding mode (None: `default_sharding`) and precision
-    (`device_memory`).
+    (`device_memory`), for a rank of the job's `mesh` (None: the cluster's ranks one pool): its
+    plans are over the pool's cluster (`JobMesh.pool_cluster`), and under TP the coefficients are
+    a TP rank's (`tensor_parallel.sharded`).
 
     A profile must describe `shape` and `cluster`'s size: every caller (simulate, train, bench)
     relies on this one check. It brings the device memory it was made for unless
     `device_memory_gb` (the flag, which `get_cluster` gave the cluster too) replaces it, and its
     measured activations; its states are priced like the others', from the shape's parameters."""
+    mesh = mesh or JobMesh.of(cluster)
+    mesh.check_cluster(cluster)
+    mesh.check_model(shape)
     if spec == "auto":
         spec = "published" if shape.name in _PUBLISHED and cluster.name == "a100-64" else "analytic"
     if spec in ("analytic", "published"):
-        memory = device_memory(shape, cluster, sharding, precision)
-        return (analytic_cost if spec == "analytic" else published_cost)(shape, cluster, memory)
+        pool = mesh.pool_cluster(cluster)
+        memory = device_memory(shape, pool, sharding, precision, tp=mesh.tp)
+        cost = (analytic_cost if spec == "analytic" else published_cost)(shape, pool, memory, mesh.tp)
+        return sharded(cost, shape, cluster, mesh)
+    if mesh.tp > 1:
+        raise ValueError(f"cost model {spec} is a profile of whole layers on one device; TP degree {mesh.tp} is priced "
+                         f"from the analytic or published coefficients (--cost analytic or published)")
     cost = CostModel.load(spec)
     if cost.model != shape.name:
         raise ValueError(f"cost model {spec} describes model {cost.model!r}, not {shape.name!r} "
@@ -133,5 +161,5 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
         raise ValueError(f"cost model {spec} was made for {cost.world_size} devices, "
                          f"the cluster has {cluster.world_size}")
     memory = device_memory(shape, cluster, sharding, precision)
-    return dataclasses.replace(cost, network=cluster, **with_device_memory(memory, *activations_alone(cost)),
+    return dataclasses.replace(cost, network=cluster, mesh=mesh, **with_device_memory(memory, *activations_alone(cost)),
                                **({} if device_memory_gb is None else dict(device_memory=device_memory_gb * 1e9)))

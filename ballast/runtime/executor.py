@@ -39,6 +39,12 @@ to exactly one rank, and the remap all-to-alls are adjoint pairs like Ulysses'.
 A rank idle in a wave, or holding an empty shard, contributes zero. So sum over ranks and
 micro-batches = dL/dparam, whatever the plan.
 
+Under tensor parallelism (a `JobMesh` with TP degree t, `parallelize(mesh=)`) the plan's ranks
+are the pool's: every rank of a TP group runs its pool rank's part of the plan on the same tokens,
+over its own TP index's copy of the pool's groups (`ProcessGroups`), each rank with its shard of
+the split layers (`tensor_parallel/`). The sum above is then over the pool of the rank's TP
+index; a TP group's ranks hold the same loss, so only the first adds it (`_synchronise`).
+
 Precision (`Precision`): by default on a GPU the forward runs under bf16 autocast (matmuls,
 attention and the all-to-alls in bf16: every attention casts q, k and v to the autocast dtype,
 `kernels.in_autocast_dtype`, so a varlen kernel can serve it; parameters, gradients and AdamW
@@ -67,6 +73,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..vocabulary.cluster import Cluster
+from ..vocabulary.job_mesh import JobMesh
 from ..vocabulary.layouts import CONTEXT, ULYSSES, VIDEO_2D, Layout
 from ..vocabulary.precision import Precision
 from ..models.protocol import Local, PackedStream, ParallelModel, held_tokens, take
@@ -80,6 +87,7 @@ from .memory import ActivationMeter
 from .remap import RemappedStream, Route, overlaps
 from .routing import RoutingGroups
 from .shard_sizes import shard_sizes
+from .tensor_parallel import TensorParallel
 from .video_sp import VideoShard
 
 
@@ -142,26 +150,41 @@ class Executor:
     """Runs plans on this rank: `executor.step(plan, samples)`. Made by `parallelize`, which
     installs the sequence-parallel attention and starts every rank from the same weights."""
 
-    def __init__(self, model: ParallelModel, optimizer: torch.optim.Optimizer, cluster: Cluster,
+    def __init__(self, model: ParallelModel, optimizer: torch.optim.Optimizer, cluster: Cluster, mesh: JobMesh,
                  groups: ProcessGroups, routing: RoutingGroups | None = None, *, sync: GradSync | None = None,
-                 measure_activations: bool = False, precision: Precision = Precision.AUTO):
+                 tensor_parallel: TensorParallel | None = None, measure_activations: bool = False,
+                 precision: Precision = Precision.AUTO):
         assert isinstance(precision, Precision), precision
-        assert routing is not None or cluster.nodes == 1, "parallelize makes the routing groups of 2+ nodes"
+        assert (mesh.tp, mesh.pp) == (groups.mesh.tp, groups.mesh.pp), "the groups are the mesh's"
+        self.mesh = mesh
+        """The job's TP degree, PP degree and pool: plans name the pool's ranks."""
+        assert routing is not None or cluster.nodes == 1 or self.mesh.tp * self.mesh.pp > 1, \
+            "parallelize makes the routing groups of 2+ nodes"
+        assert (tensor_parallel is None) == (self.mesh.tp == 1), "TP splits the model when the mesh has a TP degree"
         self.fsdp = is_sharded(model)
         assert (sync is None) == self.fsdp, "replicated weights need the gradient sync, FSDP2 has its own"
         self.sync = sync
+        self.tensor_parallel = tensor_parallel
         self.model = model
         self.optimizer = optimizer
         self.cluster = cluster
+        self.pool_cluster = self.mesh.pool_cluster(cluster)
+        """The cluster the plans are made for: the pool's ranks (`JobMesh.pool_cluster`)."""
         self.groups = groups
         self.routing = routing
         """The node and rail groups of a cluster of two or more nodes, made at start-up: a
         routed wave's inter-node exchanges run over them (`_routing`)."""
         self.rank = groups.rank
+        """This rank's pool rank: the rank of the plans' groups."""
+        self.tp_index = self.mesh.coordinate(dist.get_rank()).tp_index
         self.measure_activations = measure_activations
         self.device = next(model.parameters()).device
         self.bf16 = precision.autocast(self.device.type)
-        self._params = [p for p in model.parameters() if p.requires_grad]
+        trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.parameter_names = [n for n, _ in trained]
+        """The trained parameters' names (`parameters` and `gradients` in this order), by which TP
+        knows its split ones (FSDP2 replaces the objects)."""
+        self._params = [p for _, p in trained]
         # The running step's (seq_ids, loss share) of every micro-batch this rank ran: checked for
         # finiteness once, at the end, not per micro-batch (each check would wait for the device).
         self._shares: list[tuple[list[int], Tensor]] = []
@@ -213,10 +236,20 @@ class Executor:
 
     def gradients(self) -> list[Tensor]:
         """The last step's summed gradient of every trained parameter, whole, on every rank (a
-        collective, for checks: ZeRO-1 and FSDP2 leave each rank its share only)."""
-        if self.sync is None:
-            return [full_tensor(p.grad) for p in self._params]
-        return self.sync.whole(self._params)
+        collective, for checks: ZeRO-1 and FSDP2 leave each rank its share only, TP its shard)."""
+        grads = [full_tensor(p.grad) for p in self._params] if self.sync is None else \
+            self.sync.whole(self._params, self.groups.pool)
+        return self._whole_over_tensor_parallel(grads)
+
+    def parameters(self) -> list[Tensor]:
+        """Every trained parameter, whole, on every rank (a collective, for checks and for
+        writing the model out), in the order of `parameter_names`."""
+        return self._whole_over_tensor_parallel([full_tensor(p.detach()) for p in self._params])
+
+    def _whole_over_tensor_parallel(self, tensors: list[Tensor]) -> list[Tensor]:
+        if self.tensor_parallel is None:
+            return tensors
+        return self.tensor_parallel.whole(self.parameter_names, tensors)
 
     def _backward_passes(self, plan: Plan) -> int:
         """How many backward passes this rank runs in `plan`: its groups' micro-batches and its
@@ -251,10 +284,17 @@ class Executor:
         return time.perf_counter()
 
     def _check(self, plan: Plan, samples: Sequence[Any]) -> None:
-        plan.validate(self.cluster)
+        if (plan.tp, plan.pp) != (self.mesh.tp, self.mesh.pp):
+            raise ValueError(f"plan {plan.planner!r} was made for TP degree {plan.tp} and PP degree {plan.pp}; "
+                             f"the job runs {self.mesh.describe()}")
+        plan.validate(self.pool_cluster)
+        for w, wave in enumerate(plan.waves):
+            if wave.routed and self.routing is None:
+                raise ValueError(f"wave {w} of plan {plan.planner!r} is routed, but a job with tensor or pipeline "
+                                 f"parallelism makes no routing groups: plan it with --no-routing")
         for _, group, mb in plan.micro_batches():
-            if mb.seq_ids:
-                self.model.shape.check_degree(group.degree, group.cp)
+            if mb.seq_ids and (why := self.mesh.split_why_not(self.model.shape, group.degree, group.cp)):
+                raise ValueError(f"model {self.model.shape.name!r}: {why}")
         if len(samples) != len(plan.lengths):
             raise ValueError(f"the plan has {len(plan.lengths)} samples but {len(samples)} were given")
         for i, (sample, planned) in enumerate(zip(samples, plan.samples)):
@@ -375,20 +415,28 @@ class Executor:
         return flags
 
     def _synchronise(self, loss: Tensor, nonfinite: Tensor) -> tuple[float, float, Tensor]:
-        """Finish the gradient sync, then all-reduce the loss and the per-sample non-finite flags
-        in one collective; returns the batch loss, the gradient norm and the summed flags. When
-        each rank holds a share of the summed gradients (FSDP2's shards, ZeRO-1's owned
-        parameters) the sum of squares of its share rides along, and its sum over the world is
-        the norm's square; replicated, every rank holds them all and sums its own squares."""
+        """Finish the gradient sync, then all-reduce the loss, the per-sample non-finite flags
+        and the gradient's sum of squares in one collective; returns the batch loss, the
+        gradient norm and the summed flags. Every squared entry is counted once over the world:
+        where ranks hold shares of the summed gradients (FSDP2's shards, ZeRO-1's owned
+        parameters, a TP rank's split weights) each adds its own; what ranks hold alike (the
+        gradients every pool rank holds when replicated, the TP group's whole parameters: the
+        norms) the first of them adds. A TP group's ranks hold the same loss and flags: its
+        first rank adds them."""
         assert self._passes_left == 0, "the step ran another number of backward passes than its plan"
         if self.sync is not None:
             self.sync.finish()
-        held = [p.grad for p in self._params if p.grad is not None]
+        first = self.tp_index == 0
+        held = [p.grad for n, p in zip(self.parameter_names, self._params)
+                if p.grad is not None and (first or self.tensor_parallel.is_split(n))]
         squares = self._squares(g.to_local() if self.fsdp else g for g in held)
-        shared = self.fsdp or (self.sync is not None and self.sync.sharded)
+        if not (self.fsdp or self.sync.sharded or self.rank == 0):
+            squares = torch.zeros_like(squares)
         stats = torch.cat([loss.reshape(1), nonfinite, squares.reshape(1)])
+        if not first:
+            stats[:-1] = 0.0
         dist.all_reduce(stats)
-        return float(stats[0]), math.sqrt(float(stats[-1] if shared else squares)), stats[1:-1]
+        return float(stats[0]), math.sqrt(float(stats[-1])), stats[1:-1]
 
     def _squares(self, grads: Iterable[Tensor]) -> Tensor:
         """The summed squares of `grads`, parameter by parameter: `torch.sum`'s cascade keeps it

@@ -31,6 +31,7 @@ import sys
 
 import torch
 from torch import Tensor
+from torch.distributed import ProcessGroup
 
 from ..models.protocol import ParallelModel
 
@@ -41,11 +42,13 @@ from ..models.protocol import ParallelModel
 _FSDP, _DTENSOR = "torch.distributed.fsdp", "torch.distributed.tensor"
 
 
-def shard_model(model: ParallelModel, bf16: bool = False) -> ParallelModel:
-    """Shard `model` over the world with FSDP2 (in place; returns it); `bf16`: the run computes
-    in bf16 (`Precision.autocast`), so parameters are gathered in bf16 and gradients reduced in
-    fp32. Collective: every rank calls it, with the same weights (`parallelize` broadcasts
-    rank 0's first)."""
+def shard_model(model: ParallelModel, bf16: bool = False, group: ProcessGroup | None = None) -> ParallelModel:
+    """Shard `model` over the world, or over `group` (a pool's ranks under tensor or pipeline
+    parallelism: the data-parallel dimension), with FSDP2 (in place; returns it); `bf16`: the run
+    computes in bf16 (`Precision.autocast`), so parameters are gathered in bf16 and gradients
+    reduced in fp32. Collective: every rank calls it, with the same weights (`parallelize`
+    broadcasts rank 0's first)."""
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     policy, root = MixedPrecisionPolicy(), MixedPrecisionPolicy()
@@ -55,9 +58,11 @@ def shard_model(model: ParallelModel, bf16: bool = False) -> ParallelModel:
         # and condition), which autocast casts where it computes with them: casting them ahead
         # would round a clip's t to bf16 before its sinusoidal embedding (t x 1000 off by up to 2).
         root = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    device = next(model.parameters()).device.type
+    mesh = None if group is None else DeviceMesh.from_group(group, device)
     for block in model.blocks():
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=root)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=root)
     for module in model.modules():
         if isinstance(module, FSDPModule):  # both settings are per module, not recursive
             module.set_gradient_divide_factor(1.0)

@@ -2,8 +2,8 @@
 summed gradients reduced over the world in fixed-size buckets while its last backward of the
 step still runs (PyTorch DDP's scheme, fitted to plans). FSDP2 has its own (`fsdp.py`).
 
-Communication, on `ProcessGroups.gradients`, a communicator of the whole world that carries
-nothing else (forward: none; backward: one collective per bucket):
+Communication, on `ProcessGroups.gradients`, a communicator of the data-parallel ranks (the
+whole world, or under tensor or pipeline parallelism the rank's pool) that carries nothing else (forward: none; backward: one collective per bucket):
   - replicated AdamW: a SUM all-reduce of the bucket; every rank gets the bucket's summed
     gradients, 2 (world - 1) / world of its bytes sent per rank (ring);
   - ZeRO-1 (`ZeroRedundancyOptimizer`, whose partition gives each parameter an owning rank): a
@@ -80,8 +80,9 @@ class Bucket:
 class GradSync:
     """Reduces the gradients of `params` over `group` in buckets during each step's last backward.
 
-    group: the whole world, ranks in order (`ProcessGroups.gradients`); owners: each parameter's
-    owning rank under ZeRO-1 (`zero1_owners`), None when replicated."""
+    group: the data-parallel ranks, the pool's (the whole world without tensor or pipeline
+    parallelism), in order (`ProcessGroups.gradients`); owners: each parameter's owning rank in
+    it under ZeRO-1 (`zero1_owners`), None when replicated."""
 
     def __init__(self, params: list[Tensor], group: ProcessGroup, bucket_bytes: int = BUCKET_BYTES,
                  owners: list[int] | None = None):
@@ -161,15 +162,17 @@ class GradSync:
                     if self.owner[id(p)] != self.rank:
                         p.grad = None
 
-    def whole(self, params: list[Tensor]) -> list[Tensor]:
+    def whole(self, params: list[Tensor], group: ProcessGroup) -> list[Tensor]:
         """Every parameter's summed gradient on every rank, after `finish` (a collective, for
-        checks: under ZeRO-1 each gradient is broadcast from its owner)."""
+        checks: under ZeRO-1 each gradient is broadcast from its owner over `group`, the same
+        ranks in the same order as the sync's on another communicator: the gradient group
+        carries buckets only)."""
         if not self.sharded:
             return [p.grad for p in params]
         out = []
         for p in params:
             grad = p.grad if self.owner[id(p)] == self.rank else torch.empty_like(p)
-            dist.broadcast(grad, src=self.owner[id(p)])  # on WORLD: the gradient group carries buckets only
+            dist.broadcast(grad, group=group, group_src=self.owner[id(p)])
             out.append(grad)
         return out
 
@@ -188,13 +191,15 @@ def _chunks(params: list[Tensor], bucket_bytes: int) -> list[list[Tensor]]:
     return chunks
 
 
-def zero1_owners(optimizer: torch.optim.Optimizer, params: list[Tensor]) -> list[int]:
-    """Each parameter's owning rank in a `ZeroRedundancyOptimizer`'s partition (a collective:
-    every rank names the parameters its local AdamW steps, and all gather them)."""
+def zero1_owners(optimizer: torch.optim.Optimizer, params: list[Tensor], group: ProcessGroup | None = None
+                 ) -> list[int]:
+    """Each parameter's owning rank (in `group`, the optimizer's: the world when None) in a
+    `ZeroRedundancyOptimizer`'s partition (a collective: every rank names the parameters its
+    local AdamW steps, and all gather them)."""
     index = {id(p): i for i, p in enumerate(params)}
-    mine = [index[id(p)] for group in optimizer.optim.param_groups for p in group["params"]]
-    gathered: list[list[int] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
+    mine = [index[id(p)] for g in optimizer.optim.param_groups for p in g["params"]]
+    gathered: list[list[int] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, mine, group=group)
     owners = [-1] * len(params)
     for rank, indices in enumerate(gathered):
         for i in indices or []:

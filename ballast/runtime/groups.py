@@ -1,5 +1,5 @@
 """Process groups for every aligned power-of-two block of ranks and every (u, c) split of it,
-created once at start-up.
+created once at start-up; under tensor parallelism, of the pool's ranks, and the TP groups.
 
 A plan may put any aligned block (start divisible by its size) into a sequence-parallel
 group, and a different one in every wave. Creating a group is a collective of the whole world
@@ -24,7 +24,12 @@ Every group gets the world's collective timeout (`world_timeout`): `new_group` w
 falls back to torch's defaults (30 minutes under gloo, 10 under NCCL), so a dead peer in a
 sequence-parallel all-to-all would hang for that long whatever `--timeout` said.
 
-`gradients` is one more group of the whole world, for the gradient buckets alone
+Under a `JobMesh` with TP or PP the blocks are of the pool (`JobMesh.pool_ranks`): a plan's
+ranks are pool ranks, and the ranks of every TP index and stage run their own copy of each
+group (t p copies of every block, each made by every rank); `rank` and `world_size` are then
+the pool's, and `tensor` is the rank's TP group.
+
+`gradients` is one more group of the whole pool, for the gradient buckets alone
 (`grad_sync.py`): their collectives are issued from backward hooks, at times that differ from
 rank to rank, so they must not share a communicator with any exchange (a group spanning the
 world is `WORLD`) or barrier, whose order the plan fixes.
@@ -36,6 +41,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from ..vocabulary.job_mesh import JobMesh
 from .world import world_timeout
 
 
@@ -53,35 +59,60 @@ class ContextGroups:
 
 
 class ProcessGroups:
-    """Cache of the process groups of all aligned power-of-two blocks of the default world."""
+    """Cache of the process groups of all aligned power-of-two blocks of the pool (the default
+    world without tensor or pipeline parallelism), and of this rank's TP group."""
 
-    def __init__(self) -> None:
+    def __init__(self, mesh: JobMesh | None = None) -> None:
         timeout = world_timeout()
         if not dist.is_initialized() or timeout is None:
             raise ValueError("ProcessGroups needs torch.distributed to be initialised first, by "
                              "ballast.runtime.init_distributed or run_local (they record its timeout)")
-        self.world_size = dist.get_world_size()
-        self.rank = dist.get_rank()
+        world = dist.get_world_size()
+        self.mesh = mesh or JobMesh(world, world)
+        """The job's mesh: plans' ranks are its pool's; a world of one pool when not given."""
+        if self.mesh.world_size != world:
+            raise ValueError(f"job mesh of {self.mesh.world_size} ranks, but the job has {world}")
+        me = dist.get_rank()
+        self.world_size = self.mesh.pool
+        """Ranks of the pool, what plans' groups divide."""
+        self.rank = self.mesh.coordinate(me).pool_index
+        """This rank's pool rank, the rank plans name."""
         self._groups: dict[tuple[int, int], ProcessGroup] = {}
         self._strided: dict[tuple[int, int, int], ProcessGroup] = {}
         """(first rank, stride u, c) -> the CP group of those c ranks."""
-        self.gradients: ProcessGroup = dist.new_group(list(range(self.world_size)), timeout=timeout)
-        """The whole world, for the gradient sync's bucket collectives only."""
-        degree = 2
-        while degree <= self.world_size:
-            # Same loops, same order on every rank: new_group's collective contract.
-            for start in range(0, self.world_size - degree + 1, degree):
-                ranks = list(range(start, start + degree))
-                self._groups[(start, degree)] = (dist.group.WORLD if degree == self.world_size
-                                                 else dist.new_group(ranks, timeout=timeout))
-                cp = 2
-                while cp < degree:
-                    u = degree // cp
-                    for first in range(start, start + u):
-                        self._strided[(first, u, cp)] = dist.new_group(list(range(first, start + degree, u)),
-                                                                       timeout=timeout)
-                    cp *= 2
-            degree *= 2
+
+        def made(ranks: list[int]) -> ProcessGroup | None:
+            """The group of global `ranks` (every rank calls it, in one order: new_group's
+            collective contract); kept only by its members."""
+            group = dist.group.WORLD if len(ranks) == world else dist.new_group(ranks, timeout=timeout)
+            return group if me in ranks else None
+
+        def mine(groups: list[ProcessGroup | None]) -> ProcessGroup | None:
+            return next((g for g in groups if g is not None), None)
+
+        gradients = [dist.new_group(pool, timeout=timeout) for pool in self.mesh.pools()]
+        self.gradients: ProcessGroup = gradients[self.mesh.pools().index(self.mesh.pool_ranks(me))]
+        """The pool, for the gradient sync's bucket collectives only (the data-parallel dimension)."""
+        self.tensor = mine([made(ranks) for ranks in self.mesh.tp_groups()]) if self.mesh.tp > 1 else None
+        """This rank's TP group; None without tensor parallelism."""
+        self.pool = mine([made(pool) for pool in self.mesh.pools()])
+        """This rank's whole pool (the world without TP or PP), for exchanges and checks: a
+        remap domain may span a pool of any size."""
+        for pool in self.mesh.pools():
+            degree = 2
+            while degree <= self.world_size:
+                for start in range(0, self.world_size - degree + 1, degree):
+                    group = made(pool[start:start + degree]) if degree < self.world_size else self.pool
+                    if self.rank in range(start, start + degree) and pool == self.mesh.pool_ranks(me):
+                        self._groups[(start, degree)] = group
+                    cp = 2
+                    while cp < degree:
+                        u = degree // cp
+                        for first in range(start, start + u):
+                            if (group := made(pool[first:start + degree:u])) is not None:
+                                self._strided[(first, u, cp)] = group
+                        cp *= 2
+                degree *= 2
 
     def get(self, start: int, degree: int, cp: int = 1) -> ProcessGroup | ContextGroups | None:
         """The group of ranks start..start+degree-1; None for one rank (it needs no communication).
@@ -94,8 +125,8 @@ class ProcessGroups:
             return ContextGroups(self.get(start + index // u * u, u), context, cp, block)
         if degree == 1 and 0 <= start < self.world_size:
             return None
-        if (start, degree) == (0, self.world_size):  # a remap domain may span a world of any size
-            return dist.group.WORLD
+        if (start, degree) == (0, self.world_size):
+            return self.pool
         group = self._groups.get((start, degree))
         if group is None:
             raise ValueError(f"no process group for ranks {start}..{start + degree - 1}: a group must be "

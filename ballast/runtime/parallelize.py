@@ -2,18 +2,21 @@
 
 torchtitan's order, for a model built the same way on every rank:
 
-    1. checks that need no communication (world size against the cluster, precision, the
-       sharding options), so a user error stops every rank before any collective;
-    2. the process groups of the plans' blocks (`groups.py`) and, on two or more nodes, the
-       routing groups that routed waves run their inter-node exchanges over (`routing.py`),
-       unless given (a job shares them between its executors);
+    1. checks that need no communication (world size against the cluster, the job's mesh against
+       the cluster and the model, precision, the sharding options), so a user error stops every
+       rank before any collective;
+    2. the process groups of the plans' blocks over the pool and the TP groups (`groups.py`)
+       and, on two or more nodes without TP or PP, the routing groups that routed waves run
+       their inter-node exchanges over (`routing.py`), unless given (a job shares them between
+       its executors);
     3. sequence-parallel attention (`attention.py`) installed through the model's own hook
        (`ParallelModel.install_attention`: the runtime knows no model family);
-    4. the weights: every rank starts from rank 0's (one broadcast), replicated or then sharded
-       with FSDP2 (`fsdp.py`);
-    5. AdamW over the parameters, its state sharded over the world with ZeRO-1 or not (FSDP2
+    4. the weights: every rank starts from rank 0's (one broadcast), then under TP keeps its
+       shard of the split layers (`tensor_parallel/`, the model's own plan), replicated over the
+       pool or then sharded over it with FSDP2 (`fsdp.py`);
+    5. AdamW over the parameters, its state sharded over the pool with ZeRO-1 or not (FSDP2
        shards it with the parameters), and for replicated weights the bucketed gradient sync
-       (`grad_sync.py`; FSDP2 reduces its own);
+       over the pool (`grad_sync.py`; FSDP2 reduces its own);
     6. the `Executor` that runs plans with all of it.
 
 Train, verify, profile, check and bench all build their executor here.
@@ -23,8 +26,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed import ProcessGroup
 
 from ..vocabulary.cluster import Cluster
+from ..vocabulary.job_mesh import JobMesh
 from ..vocabulary.precision import Precision
 from ..models.protocol import ParallelModel
 from .attention import sequence_parallel_attention
@@ -33,20 +38,25 @@ from .fsdp import is_sharded, shard_model
 from .grad_sync import BUCKET_BYTES, GradSync, zero1_owners
 from .groups import ProcessGroups
 from .routing import NodeNics, RoutingGroups, routing_groups
+from .tensor_parallel import parallelize_tensors
 
 
-def parallelize(model: ParallelModel, cluster: Cluster, *, groups: ProcessGroups | None = None,
+def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None = None,
+                groups: ProcessGroups | None = None,
                 routing: RoutingGroups | None = None, fsdp: bool = False, zero1: bool = False,
                 precision: Precision = Precision.AUTO, bucket_bytes: int = BUCKET_BYTES,
                 measure_activations: bool = False, **adamw: float) -> Executor:
     """The executor that runs plans of `cluster` with `model` on this rank (a collective: every
     rank of the job calls it with a model built alike).
 
-    groups: the job's cached process groups (made here when None; share one between executors).
-    routing: the routing groups of the cluster's nodes, which routed waves use (made here when
-    None and the cluster has two or more nodes, `routing.routing_groups`; share them likewise).
+    mesh: the job's TP degree, PP degree and pool (`JobMesh`; None: the cluster's ranks all one
+    pool); plans then run over the pool's ranks, and the model is split over each TP group.
+    groups: the job's cached process groups, made for `mesh` (made here when None; share one
+    between executors). routing: the routing groups of the cluster's nodes, which routed waves
+    use (made here when None and the cluster has two or more nodes, `routing.routing_groups`;
+    share them likewise; none under TP or PP, whose plans cannot route).
     fsdp / zero1: shard parameters, gradients and optimizer state (FSDP2), or the optimizer
-    state only (ZeRO-1); at most one. precision: `Precision.AUTO` (bf16 autocast on CUDA, fp32
+    state only (ZeRO-1), over the pool; at most one. precision: `Precision.AUTO` (bf16 autocast on CUDA, fp32
     elsewhere), `BF16` or `FP32`; under bf16 FSDP2 gathers the parameters in bf16.
     bucket_bytes: the gradient sync's bucket size (`grad_sync.BUCKET_BYTES`; not under FSDP2).
     measure_activations: record the bytes each micro-batch saves for backward. adamw: AdamW's
@@ -63,26 +73,45 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, groups: ProcessGroups
                          f"{NodeNics.of(cluster)}")
     if bucket_bytes < 1:
         raise ValueError(f"the gradient bucket size must be >= 1 byte, got {bucket_bytes}")
-    groups = groups or ProcessGroups()
-    routing = routing or routing_groups(cluster)
+    if mesh is None:  # the groups' TP and PP degrees (their mesh knows no nodes), else one pool
+        mesh = JobMesh.of(cluster, groups.mesh.tp, groups.mesh.pp) if groups is not None else JobMesh.of(cluster)
+    mesh.check_cluster(cluster)
+    mesh.check_model(model.shape)
+    if groups is not None and (groups.mesh.tp, groups.mesh.pp) != (mesh.tp, mesh.pp):
+        raise ValueError(f"process groups made for {groups.mesh.describe()}, but the job runs {mesh.describe()}")
+    if mesh.pp > 1:
+        raise ValueError(f"PP degree {mesh.pp}: this runtime does not run pipelines yet")
+    if mesh.tp > 1 and is_sharded(model):
+        raise ValueError("a model sharded with FSDP before parallelize cannot be split for TP: pass fsdp=True, "
+                         "which shards it after the split")
+    plain = (mesh.tp, mesh.pp) == (1, 1)
+    groups = groups or ProcessGroups(mesh)
+    routing = routing or (routing_groups(cluster) if plain else None)
     model.install_attention(sequence_parallel_attention)
+    tensor_parallel = None
     if not is_sharded(model):
         broadcast_weights(model)
+        if mesh.tp > 1:
+            tensor_parallel = parallelize_tensors(model, groups.tensor, mesh.tp, mesh.coordinate(dist.get_rank()).tp_index)
         if fsdp:
-            shard_model(model, bf16=precision.autocast(next(model.parameters()).device.type))
-    optimizer = make_optimizer(model, zero1, **adamw)
+            shard_model(model, bf16=precision.autocast(next(model.parameters()).device.type),
+                        group=None if plain else groups.pool)
+    optimizer = make_optimizer(model, zero1, group=None if plain else groups.pool, **adamw)
     sync = None
     if not is_sharded(model):
         params = [p for p in model.parameters() if p.requires_grad]
-        sync = GradSync(params, groups.gradients, bucket_bytes, zero1_owners(optimizer, params) if zero1 else None)
-    return Executor(model, optimizer, cluster, groups, routing, sync=sync,
+        owners = zero1_owners(optimizer, params, None if plain else groups.pool) if zero1 else None
+        sync = GradSync(params, groups.gradients, bucket_bytes, owners)
+    return Executor(model, optimizer, cluster, mesh, groups, routing, sync=sync, tensor_parallel=tensor_parallel,
                     measure_activations=measure_activations, precision=precision)
 
 
-def make_optimizer(model: nn.Module, zero1: bool = False, **adamw: float) -> torch.optim.Optimizer:
-    """AdamW over the model's parameters; with `zero1`, its state sharded over the world (ZeRO-1):
-    each rank keeps and updates the state of its share of the parameters, then broadcasts them.
-    A model sharded with FSDP (`shard_model`) has sharded state already."""
+def make_optimizer(model: nn.Module, zero1: bool = False, *, group: ProcessGroup | None = None,
+                   **adamw: float) -> torch.optim.Optimizer:
+    """AdamW over the model's parameters; with `zero1`, its state sharded over the world, or over
+    `group` (a pool's ranks under tensor or pipeline parallelism) (ZeRO-1): each rank keeps and
+    updates the state of its share of the parameters, then broadcasts them. A model sharded with
+    FSDP (`shard_model`) has sharded state already."""
     params = [p for p in model.parameters() if p.requires_grad]
     if zero1 and is_sharded(model):
         raise ValueError("ZeRO-1 and FSDP both shard the optimizer state: use one of them")
@@ -90,7 +119,7 @@ def make_optimizer(model: nn.Module, zero1: bool = False, **adamw: float) -> tor
         # Imported here: torch.distributed.optim costs every rank about 0.5 s at start.
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
-        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, **adamw)
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=group, **adamw)
     return torch.optim.AdamW(params, **adamw)
 
 

@@ -20,7 +20,8 @@ from ..plans.gantt import gantt
 from .table import planner_table
 from ..vocabulary.model_shape import get_model_shape
 from ..command_line.options import (CLUSTER, COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, ROUTING, SEED,
-                                    WORLD, OnOff, positive)
+                                    TP, WORLD, OnOff, positive)
+from ..vocabulary.job_mesh import JobMesh
 from ..command_line.output_paths import check_output_file
 from ..command_line.provenance import provenance
 from ..vocabulary.samples import tokens
@@ -52,6 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--planners", default="all", help="comma-separated planner names, or all")
     DEGREE.add(p, None, "the least that holds --max-len")
     CP.add(p, None, "Ulysses alone")
+    TP.add(p, 1, "no tensor parallelism: every device one rank of the plans")
     p.add_argument("--time-limit", type=positive(float), default=d.time_limit, help="seconds per MILP solve (flexsp)")
     p.add_argument("--buckets", type=positive(int), default=d.buckets, help="length buckets of flexsp's DP bucketing")
     p.add_argument("--dcp-mode", choices=("inter", "intra", "both"), default=d.dcp_mode)
@@ -85,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.gantt, "--gantt")
     cluster = get_cluster(args.cluster, args.world, args.device_memory_gb, args.nodes)
     shape = get_model_shape(args.model)
-    cost = get_cost_model(args.cost, shape, cluster, args.device_memory_gb, args.sharding)
+    mesh = JobMesh.of(cluster, tp=args.tp, shape=shape)
+    cost = get_cost_model(args.cost, shape, cluster, args.device_memory_gb, args.sharding, mesh=mesh)
+    pool = mesh.pool_cluster(cluster)
     names = parse_planner_names(args.planners)
     options = planner_options(args)
     options.check_read(names, unset=PlannerOptions())
@@ -97,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     batches = [lengths_stream.next_batch() for _ in range(args.steps)]
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("planning", total=len(names) * len(batches))
-        lower, results = simulate_planners(batches, names, cluster, cost, options,
+        lower, results = simulate_planners(batches, names, pool, cost, options,
                                            on_step=lambda name, k: progress.update(task, advance=1,
                                                                                    description=f"planning: {name}"),
                                            as_lengths=args.as_lengths)
@@ -105,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     longest = sum(longest_alone(cost, b) for b in batches) / len(batches)
     summaries = {name: r.summary() for name, r in results.items()}
     setting = {"lengths": args.lengths, "cluster": cluster.name, "world_size": cluster.world_size,
+               **({"tp": mesh.tp, "pool": mesh.pool} if mesh.tp > 1 else {}),
                "model": shape.name, "attention": shape.attention, "as_lengths": args.as_lengths,
                "cost": cost.source, "sharding": cost.device.sharding.value, "max_len": args.max_len, "batch": args.batch,
                "tokens_per_step": args.tokens_per_step, "overlong": args.overlong, "seed": args.seed,
@@ -112,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
                "lockstep": args.lockstep,
                "data": lengths_stream.report(),
                "mean_tokens_per_step": sum(tokens(x) for b in batches for x in b) / len(batches)}
-    title = (f"{args.lengths} on {cluster.name} ({cluster.world_size} devices), {shape.name} "
+    title = (f"{args.lengths} on {cluster.name} ({cluster.world_size} devices"
+             f"{f', TP {mesh.tp}: plans over a pool of {mesh.pool}' if mesh.tp > 1 else ''}), {shape.name} "
              f"({shape.attention} attention), {cost.source} cost, {args.steps} steps"
              f"{', planned as lengths' if args.as_lengths else ''}")
     table = planner_table(title, summaries, lower_mean)
@@ -127,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json_out).write_text(json.dumps(out, indent=2))
         console.print(f"wrote {args.json_out}")
     if args.gantt:
-        gantt({n: r.first_plan for n, r in results.items()}, cost, cluster.world_size, args.gantt)
+        gantt({n: r.first_plan for n, r in results.items()}, cost, pool.world_size, args.gantt)
         console.print(f"wrote {args.gantt}")
     return 0
 

@@ -30,6 +30,8 @@ saves it under a key of its own (`optimizer.rankR`), and resuming needs the same
 Without ZeRO-1 the optimizer state is replicated and a checkpoint resumes on any world size.
 FSDP2: model and optimizer state are DTensors, which DCP saves shard by shard and reshards on
 load; the checkpoint records that it was sharded and resumes only under FSDP again.
+TP: each TP index saves its shards under keys of its own (`model.tpJ`, `optimizer.tpJ`), and
+resuming needs the same TP degree (meta.json's "tp").
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ..vocabulary.model_shape import ModelShape
 from ..runtime import is_sharded
+from ..runtime.tensor_parallel import TensorParallel
 from ..vocabulary.value_checks import read_json
 from . import checksums
 
@@ -82,11 +85,19 @@ def _local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
 
 
-def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+def _model_key(tensor_parallel: TensorParallel | None) -> str:
+    """The model's key: under TP one per TP index (`model.tpJ`), whose ranks hold the same shards,
+    which DCP then saves once; a key shared by all would keep one TP index's shards alone (DCP
+    takes tensors of one name on several ranks for replicas)."""
+    return "model" if tensor_parallel is None else f"model.tp{tensor_parallel.index}"
+
+
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+           tensor_parallel: TensorParallel | None = None) -> dict:
     """What DCP saves and loads in place (FQN-keyed, so independent of parameter order)."""
     sharded = isinstance(optimizer, ZeroRedundancyOptimizer)
-    key = f"optimizer.rank{dist.get_rank()}" if sharded else "optimizer"
-    return {"model": get_model_state_dict(model),
+    key = f"optimizer.rank{dist.get_rank()}" if sharded else _model_key(tensor_parallel).replace("model", "optimizer")
+    return {_model_key(tensor_parallel): get_model_state_dict(model),
             key: get_optimizer_state_dict(model, _local_optimizer(optimizer))}
 
 
@@ -111,16 +122,17 @@ def _write_synced(path: Path, text: str) -> None:
 
 
 def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         meta: dict | None, keep: int) -> Path:
+         meta: dict | None, keep: int, tensor_parallel: TensorParallel | None = None) -> Path:
     """Checkpoint after `step` completed steps (collective: every rank calls it; rank 0 passes
-    `meta`). Keeps the newest `keep` checkpoints."""
+    `meta`; `tensor_parallel`: the rank's part in its TP group, whose shards it saves). Keeps the
+    newest `keep` checkpoints."""
     rank = dist.get_rank()
     tmp, final = root / f"{TMP}{_name(step)}", root / _name(step)
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)  # left by a crash
         tmp.mkdir(parents=True)
     dist.barrier()
-    dcp.save(_state(model, optimizer), checkpoint_id=tmp)
+    dcp.save(_state(model, optimizer, tensor_parallel), checkpoint_id=tmp)
     torch.save(_rng_state(), tmp / f"rng-rank{rank}.pt")
     dist.barrier()  # every rank's files are in tmp
     digests = checksums.hash_shares(tmp)
@@ -128,7 +140,8 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.O
         assert meta is not None and digests is not None
         _write_synced(tmp / META, json.dumps({**meta, "step": step, "world": dist.get_world_size(),
                                               "zero1": isinstance(optimizer, ZeroRedundancyOptimizer),
-                                              "fsdp": is_sharded(model)},
+                                              "fsdp": is_sharded(model),
+                                              "tp": 1 if tensor_parallel is None else tensor_parallel.degree},
                                              indent=1))
         _write_synced(tmp / checksums.MANIFEST, checksums.manifest({**digests, META: checksums.digest(tmp / META)}))
         if final.exists():  # the same step saved by an earlier attempt
@@ -264,12 +277,13 @@ def _label(record: dict) -> str:
     return f"{record.get('name')!r} ({source}{kind})"
 
 
-def check_model(path: Path, model_state: dict) -> None:
+def check_model(path: Path, model_state: dict, key: str = "model") -> None:
     """ValueError when the checkpoint holds another model than the one whose state dict (as DCP
-    saves it, `get_model_state_dict`) is `model_state`: a parameter it lacks, or of another shape."""
+    saves it, `get_model_state_dict`, under `key`) is `model_state`: a parameter it lacks, or of
+    another shape."""
     saved = _metadata(path).state_dict_metadata
     for name, tensor in model_state.items():
-        entry = saved.get(f"model.{name}")
+        entry = saved.get(f"{key}.{name}")
         if entry is None:
             raise ValueError(f"checkpoint {path} holds another model: it has no parameter {name}")
         if tuple(entry.size) != tuple(tensor.shape):
@@ -277,11 +291,18 @@ def check_model(path: Path, model_state: dict) -> None:
                              f"there, {tuple(tensor.shape)} here")
 
 
-def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Restore model, optimizer and this rank's RNG from `path` (collective); returns meta.json."""
+def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         tensor_parallel: TensorParallel | None = None) -> dict:
+    """Restore model, optimizer and this rank's RNG from `path` (collective; `tensor_parallel`:
+    the rank's part in its TP group, whose shards it loads); returns meta.json."""
     meta = read_meta(path)
-    state = _state(model, optimizer)
-    check_model(path, state["model"])
+    tp = 1 if tensor_parallel is None else tensor_parallel.degree
+    if meta.get("tp", 1) != tp:
+        raise ValueError(f"checkpoint {path} holds TP degree {meta.get('tp', 1)}'s shards; resume it with --tp "
+                         f"{meta.get('tp', 1)}, not {tp}")
+    key = _model_key(tensor_parallel)
+    state = _state(model, optimizer, tensor_parallel)
+    check_model(path, state[key], key)
     zero1 = isinstance(optimizer, ZeroRedundancyOptimizer)
     if meta["zero1"] != zero1:
         raise ValueError(f"checkpoint {path} was saved {'with' if meta['zero1'] else 'without'} "
@@ -293,9 +314,9 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -
         raise ValueError(f"checkpoint {path} holds ZeRO-1 optimizer shards of {meta['world']} ranks; "
                          f"resume it on {meta['world']} ranks, not {dist.get_world_size()}")
     dcp.load(state, checkpoint_id=path)
-    set_model_state_dict(model, state["model"])
-    key = next(k for k in state if k.startswith("optimizer"))
-    set_optimizer_state_dict(model, _local_optimizer(optimizer), state[key])
+    set_model_state_dict(model, state[key])
+    optimizer_key = next(k for k in state if k.startswith("optimizer"))
+    set_optimizer_state_dict(model, _local_optimizer(optimizer), state[optimizer_key])
     rng = path / f"rng-rank{dist.get_rank()}.pt"
     if rng.is_file():  # a rank the saving job did not have starts from its seed
         _set_rng_state(torch.load(rng, weights_only=False))

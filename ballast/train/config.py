@@ -100,6 +100,8 @@ class PlannerConfig:
     """static's context-parallel part (`options.CP`), dividing --degree; unset: Ulysses alone."""
     time_limit: float = field(default=SHORT_SOLVES.time_limit, metadata=_in(positive(float)))
     """Seconds per MILP solve (flexsp)."""
+    tp: int = field(default=1, metadata=_flag("--tp"))
+    """The tensor-parallel degree (`options.TP`); 1: every rank holds whole layers."""
 
 
 MOMENT_DECAY = Numbers(float, 0, high=1, high_open=True, why="AdamW's moment decay")

@@ -18,7 +18,8 @@ diffusion_pytorch_model.safetensors through the model class's own `save_pretrain
 ballast.json), which `WanTransformer3DModel.from_pretrained` loads.
 Under FSDP2 the parameters are sharded: every rank takes part in gathering the full state
 dict (`get_model_state_dict` with `full_state_dict=True, cpu_offload=True`, which leaves it on
-rank 0's CPU) and rank 0 writes the folder, into a temporary one renamed into place.
+rank 0's CPU) and rank 0 writes the folder, into a temporary one renamed into place. Under TP
+the executor gathers its TP groups' shards whole (`Executor.parameters`), FSDP2's with them.
 Checkpoints are unaffected: they save the wrapper's state through DCP, as for every model.
 """
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from ..dataset import check_vocab, load_tokenizer
+from ..runtime import Executor
 from ..vocabulary.model_shape import ModelShape
 from ..vocabulary.value_checks import read_json
 from ..models.diffusers_wan import save_wan
@@ -88,47 +90,47 @@ def check_tokenizer(tokenizer: str, configured: str | None, shape: ModelShape) -
                      f"or a model with a vocab_size of at least {vocab}")
 
 
-def save_hf_model(model: torch.nn.Module, shape: ModelShape, tokenizer: str, out: Path,
+def save_hf_model(executor: Executor, shape: ModelShape, tokenizer: str, out: Path,
                   provenance: dict[str, Any]) -> Path | None:
-    """Write the trained `HFCausalLM` as `out/hf-model/` (collective: every rank calls it; the
-    parameters are gathered to rank 0, which writes). Returns the folder on rank 0, None elsewhere.
-    `provenance` (steps, data, ...) goes into its ballast.json."""
-    weights = _gathered(model, WRAPPER_PREFIX)
+    """Write the trained `HFCausalLM` the executor trains as `out/hf-model/` (collective: every
+    rank calls it; the parameters are gathered to rank 0, which writes). Returns the folder on
+    rank 0, None elsewhere. `provenance` (steps, data, ...) goes into its ballast.json."""
+    weights = _gathered(executor, WRAPPER_PREFIX)
     if weights is None:
         return None
 
     def write(folder: Path) -> None:
         with progress_bars(shown=False):  # save_pretrained draws one per shard, and pops from the dict: ours
-            model.hf.save_pretrained(folder, state_dict=weights)
+            executor.model.hf.save_pretrained(folder, state_dict=weights)
         note = _copy_tokenizer(shape, tokenizer, folder)
         _write_record(folder, shape, {**provenance, "tokenizer": tokenizer, "tokenizer_files": note})
 
     return _replace(out / HF_MODEL_DIR, write)
 
 
-def save_diffusers_model(model: torch.nn.Module, shape: ModelShape, out: Path,
+def save_diffusers_model(executor: Executor, shape: ModelShape, out: Path,
                          provenance: dict[str, Any]) -> Path | None:
-    """Write the trained `DiffusersWan` as `out/diffusers-model/`, which the model class's
-    `from_pretrained` loads (collective, as `save_hf_model`)."""
-    weights = _gathered(model, DIFFUSERS_WRAPPER_PREFIX)
+    """Write the trained `DiffusersWan` the executor trains as `out/diffusers-model/`, which the
+    model class's `from_pretrained` loads (collective, as `save_hf_model`)."""
+    weights = _gathered(executor, DIFFUSERS_WRAPPER_PREFIX)
     if weights is None:
         return None
 
     def write(folder: Path) -> None:
-        save_wan(dict(model.wan.config), weights, folder)
+        save_wan(dict(executor.model.wan.config), weights, folder)
         _write_record(folder, shape, provenance)
 
     return _replace(out / DIFFUSERS_MODEL_DIR, write)
 
 
-def export_model(model: torch.nn.Module, shape: ModelShape, tokenizer: str, out: Path,
+def export_model(executor: Executor, shape: ModelShape, tokenizer: str, out: Path,
                  provenance: dict[str, Any]) -> Path | None:
     """The trained model written back as the kind of folder it came from (`hf:PATH`,
     `diffusers:PATH`); None for ballast's own models, and on ranks other than 0 (collective)."""
     if shape.hf_folder is not None:
-        return save_hf_model(model, shape, tokenizer, out, provenance)
+        return save_hf_model(executor, shape, tokenizer, out, provenance)
     if shape.diffusers_folder is not None:
-        return save_diffusers_model(model, shape, out, provenance)
+        return save_diffusers_model(executor, shape, out, provenance)
     return None
 
 
@@ -141,11 +143,14 @@ def folder_loader(shape: ModelShape) -> str | None:
     return None
 
 
-def _gathered(model: torch.nn.Module, prefix: str) -> dict[str, torch.Tensor] | None:
+def _gathered(executor: Executor, prefix: str) -> dict[str, torch.Tensor] | None:
     """The user's model's whole state dict (the wrapper's keys under `prefix`, without it), on
-    rank 0's CPU; None on the other ranks. Collective: under FSDP2 every rank takes part."""
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    state = get_model_state_dict(model, options=options)  # full tensors on rank 0, {} elsewhere
+    rank 0's CPU; None on the other ranks. Collective: under FSDP2 and TP every rank takes part."""
+    if executor.tensor_parallel is None:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(executor.model, options=options)  # full tensors on rank 0, {} elsewhere
+    else:  # its split layers' shards gathered whole on every rank (FSDP2's too)
+        state = dict(zip(executor.parameter_names, executor.parameters()))
     if dist.get_rank() != 0:
         return None
     weights = {}

@@ -26,6 +26,7 @@ from rich.console import Console
 
 from ..command_line.provenance import provenance
 from ..vocabulary.cluster import Cluster, default_cluster, get_cluster
+from ..vocabulary.job_mesh import JobMesh
 from ..pricing.cost import CostModel
 from ..pricing.cost_sources import get_cost_model
 from ..vocabulary.sharding import Sharding
@@ -64,7 +65,11 @@ class Setup:
 
     shape: ModelShape
     cluster: Cluster
+    """The job's devices."""
+    mesh: JobMesh
+    """Its TP degree and the pool the plans are made over."""
     cost: CostModel
+    """A rank's of the mesh (a TP shard's), over the pool."""
     tokenizer: str
     """The tokenizer the corpus is tokenised with: --tokenizer, else an hf:PATH model's own
     tokenizer.json, else "bytes" (hf_folder.resolve_tokenizer)."""
@@ -79,15 +84,22 @@ class Setup:
         spec = config.planner.cluster or default_cluster(world, gpu_name)
         cluster = get_cluster(spec, world, config.planner.device_memory_gb, config.planner.nodes)
         sharding = Sharding.of_flags(config.optimizer.zero1, config.optimizer.fsdp)
+        mesh = JobMesh.of(cluster, tp=config.planner.tp, shape=shape)
         cost = get_cost_model(config.planner.cost, shape, cluster, config.planner.device_memory_gb, sharding,
-                              config.run.precision)
+                              config.run.precision, mesh)
         check_fits(cost.under(ANY_SPLIT), [config.data.max_len])  # a max_len no plan can hold fails here, not at step k
-        return cls(shape, cluster, cost, resolve_tokenizer(config.data.tokenizer, shape))
+        return cls(shape, cluster, mesh, cost, resolve_tokenizer(config.data.tokenizer, shape))
+
+    @property
+    def pool(self) -> Cluster:
+        """The cluster the plans are made for: the mesh's pool (`JobMesh.pool_cluster`)."""
+        return self.mesh.pool_cluster(self.cluster)
 
     def describe(self) -> str:
         where = "" if self.cost.source != "analytic" else " (`ballast profile` measures a real one)"
+        tp = f", TP {self.mesh.tp}: plans over a pool of {self.mesh.pool}" if self.mesh.tp > 1 else ""
         return (f"cost model: {self.cost.source} for {self.shape.name} on {self.cluster.name} "
-                f"({self.cluster.world_size} ranks, {self.cost.device_memory / 1e9:.3g} GB each){where}")
+                f"({self.cluster.world_size} ranks{tp}, {self.cost.device_memory / 1e9:.3g} GB each){where}")
 
 
 def open_data(config: TrainConfig, setup: Setup, progress: bool) -> tuple[BatchStream | ClipStream, str]:
@@ -117,7 +129,7 @@ def make_planner(config: TrainConfig, setup: Setup) -> Planner:
     """The run's planner; an option it would ignore (--cp with ballast) is refused."""
     options = planner_options(config)
     options.check_read([config.planner.planner], unset=planner_options(TrainConfig()))
-    return get_planner(config.planner.planner, setup.cluster, setup.cost, options)
+    return get_planner(config.planner.planner, setup.pool, setup.cost, options)
 
 
 def learning_rate(step: int, steps: int, opt: OptimizerConfig) -> float:
@@ -145,13 +157,13 @@ def train(config: TrainConfig) -> dict | None:
 
     model = build_model(setup.shape, config.run.seed).to(device)
     opt = config.optimizer
-    executor = parallelize(model, setup.cluster, fsdp=opt.fsdp, zero1=opt.zero1, precision=config.run.precision,
-                           bucket_bytes=opt.bucket_bytes,
+    executor = parallelize(model, setup.cluster, mesh=setup.mesh, fsdp=opt.fsdp, zero1=opt.zero1,
+                           precision=config.run.precision, bucket_bytes=opt.bucket_bytes,
                            lr=opt.lr, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay)
     optimizer = executor.optimizer
     start = 0
     if resume is not None:
-        start = checkpoint.load(Path(resume), model, optimizer)["step"]
+        start = checkpoint.load(Path(resume), model, optimizer, executor.tensor_parallel)["step"]
         if rank == 0:
             console.print(f"resumed from {resume} at step {start}", highlight=False)
 
@@ -193,21 +205,22 @@ def train(config: TrainConfig) -> dict | None:
                                                "model": checkpoint.model_record(setup.shape),
                                                "config": config.to_dict()}
                 checkpoint.save(config.checkpoint_path, step + 1, model, optimizer, meta,
-                                config.checkpoint.keep_checkpoints)
+                                config.checkpoint.keep_checkpoints, executor.tensor_parallel)
     finally:
         if rank == 0:
             lookahead.close()
             progress.close()
     nothing_trained(start, steps, applied, rank)
     # Collective: the parameters are gathered to rank 0, which writes the folder.
-    hf_model = export_model(model, setup.shape, setup.tokenizer, out,
+    hf_model = export_model(executor, setup.shape, setup.tokenizer, out,
                             {"steps": steps, "data": config.data.source, "seed": config.run.seed})
     if rank != 0:
         return None
     history = final_history(out / "metrics.jsonl")
     summary = summarise(history)
-    title = f"{config.planner.planner} planner, {setup.shape.name}, {world} ranks"
-    paths = write_report(out / "report", history, plans, setup.cost, world, title)
+    title = (f"{config.planner.planner} planner, {setup.shape.name}, {world} ranks"
+             f"{f' (TP {setup.mesh.tp}, pool {setup.mesh.pool})' if setup.mesh.tp > 1 else ''}")
+    paths = write_report(out / "report", history, plans, setup.cost, setup.mesh.pool, title)
     summary.update(planner=config.planner.planner, world=world, cost_model=setup.cost.source,
                    metrics=str(out / "metrics.jsonl"), report={k: str(v) for k, v in paths.items()},
                    checkpoint=str(checkpoint.latest(config.checkpoint_path)),

@@ -33,10 +33,11 @@ import dataclasses
 
 from ..vocabulary.cluster import Cluster, get_cluster
 from ..command_line.options import (CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, PRECISION, ROUTING, SEED,
-                                    TIMEOUT, WORLD)
+                                    TIMEOUT, TP, WORLD)
 from ..vocabulary.value_checks import at_least, positive
 from ..pricing.cost import CostModel
-from ..pricing.cost_sources import analytic_cost, device_memory
+from ..pricing.cost_sources import get_cost_model
+from ..vocabulary.job_mesh import JobMesh
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..plans.plan import Plan, splits_used
 from ..models import check_buildable
@@ -57,9 +58,12 @@ refuses a device that it fills exactly)."""
 
 def budget(shape: ModelShape, world: int, max_len: int, device_memory_gb: float | None = None,
            nodes: int = 1, sharding: Sharding = Sharding.REPLICATED,
-           precision: Precision = Precision.AUTO) -> tuple[Cluster, CostModel]:
-    """The cpu cluster of `world` ranks (as `nodes` emulated nodes) and its analytic cost model,
-    its memory priced for the run's `sharding` and `precision`, at `device_memory_gb` per rank or, by default, at a budget that makes plans exercise sequence parallelism: 1.2x what
+           precision: Precision = Precision.AUTO, tp: int = 1) -> tuple[Cluster, CostModel]:
+    """The cluster plans are made for, the pool of the cpu cluster of `world` ranks (as `nodes`
+    emulated nodes) under TP degree `tp` (the cluster itself at 1), and its analytic cost model
+    (a TP rank's), its memory priced for the run's `sharding` and `precision`, at
+    `device_memory_gb` per rank or, by default, at a budget that makes plans exercise sequence
+    parallelism: 1.2x what
     half of a `max_len` sequence keeps under full recomputation, so the longest sequences fit
     degree 2 only when recomputed and never one rank (a whole one where the heads allow no degree
     above 1, else nothing could hold it). (A looser budget, the longest at degree 2
@@ -68,17 +72,17 @@ def budget(shape: ModelShape, world: int, max_len: int, device_memory_gb: float 
     than what a step holds after backward, which a short max_len's activations may not reach
     (replicated: AdamW's temporaries, 4 bytes a parameter); the statement above then does not
     hold and the longest sequences fit one rank."""
-    def priced(cluster: Cluster) -> CostModel:
-        return analytic_cost(shape, cluster, device_memory(shape, cluster, sharding, precision))
+    def priced(cluster: Cluster) -> tuple[Cluster, CostModel]:
+        mesh = JobMesh.of(cluster, tp=tp, shape=shape)
+        return mesh.pool_cluster(cluster), get_cost_model("analytic", shape, cluster, sharding=sharding,
+                                                         precision=precision, mesh=mesh)
 
-    cluster = get_cluster("cpu", world_size=world, device_memory_gb=device_memory_gb, nodes=nodes)
-    cost = priced(cluster)
+    pool, cost = priced(get_cluster("cpu", world_size=world, device_memory_gb=device_memory_gb, nodes=nodes))
     if device_memory_gb is None:
         memory = max(cost.states + 1.2 * cost.act_per_token * cost.kept * max_len / min(2, cost.degrees[-1]),
                      AFTER_BACKWARD_MARGIN * cost.device.after_backward)
-        cluster = get_cluster("cpu", world_size=world, device_memory_gb=memory / 1e9, nodes=nodes)
-        cost = priced(cluster)
-    return cluster, cost
+        pool, cost = priced(get_cluster("cpu", world_size=world, device_memory_gb=memory / 1e9, nodes=nodes))
+    return pool, cost
 
 
 def routed(plan: Plan) -> Plan:
@@ -108,6 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                     "one rank with some recomputation, so plans exercise both")
     DEGREE.add(parser, None, "the least that holds --max-len")
     CP.add(parser, None, "Ulysses alone")
+    TP.add(parser, 1, "no tensor parallelism; 2 on --world 2 leaves a pool of one rank, --world 4 a pool of two")
     parser.add_argument("--lr", type=positive(float), default=1e-3, help="AdamW's learning rate (default: 0.001)")
     parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--zero1", action="store_true", help="shard optimizer state (ZeRO-1)")
@@ -145,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
                          f"--nodes 2 or more")
     if args.route_every_wave and not args.routing:
         raise ValueError("--route-every-wave and --no-routing contradict each other: choose one")
+    if args.tp > 1 and args.nodes > 1 and args.routing:
+        raise ValueError(f"--tp {args.tp} with --nodes {args.nodes}: a job with tensor parallelism runs no routing "
+                         f"layer; give --no-routing")
     shape = get_model_shape(args.model)
     check_buildable(shape)
     names = parse_planner_names(args.planners)
@@ -152,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
                              routing=args.routing, lockstep=args.fsdp)
     options.check_read(names, unset=PlannerOptions())
     cluster, cost = budget(shape, args.world, args.max_len, args.device_memory_gb, args.nodes,
-                           Sharding.of_flags(args.zero1, args.fsdp), args.precision)
+                           Sharding.of_flags(args.zero1, args.fsdp), args.precision, args.tp)
     check_fits(cost.under(ANY_SPLIT), [args.max_len])  # a --device-memory-gb that cannot hold --max-len: before planning
     batches = random_batches(shape, args.steps, args.batch, args.max_len, args.seed)
     plans: dict[str, list[Plan]] = {}
@@ -180,7 +188,8 @@ def run(args: argparse.Namespace) -> int:
     sharding = " under FSDP2" if args.fsdp else " with ZeRO-1" if args.zero1 else ""
     whose = "--device-memory-gb" if args.device_memory_gb is not None else "verify's default; --device-memory-gb sets one"
     nodes = f" as {args.nodes} nodes{', every wave routed' if args.route_every_wave else ''}" if args.nodes > 1 else ""
-    console.print(f"verify: {args.world} gloo ranks{nodes}{sharding}{' in bf16' if bf16 else ''}, model {shape.name}, "
+    tp = f", TP {args.tp} (plans over a pool of {cluster.world_size})" if args.tp > 1 else ""
+    console.print(f"verify: {args.world} gloo ranks{nodes}{tp}{sharding}{' in bf16' if bf16 else ''}, model {shape.name}, "
                   f"{args.steps} step(s) of "
                   f"{args.batch} sequences up to {args.max_len} tokens, {len(names)} planner(s), "
                   f"{cost.device_memory / 1e6:.3g} MB per rank ({whose})")
@@ -188,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     bf16_reference = train_reference(shape, batches, args.seed, args.lr, bf16=True) if bf16 else None
     results = run_local(args.world, train_all_planners, shape,
                         {n: [p.to_dict() for p in ps] for n, ps in plans.items()},
-                        batches, args.seed, args.lr, args.zero1, args.fsdp, args.nodes, args.precision,
+                        batches, args.seed, args.lr, args.zero1, args.fsdp, args.nodes, args.precision, args.tp,
                         timeout=args.timeout)[0]
     given = (args.grad_tolerance, args.param_tolerance)
     fp32 = tuple(t if t is not None else default for t, default in zip(given, (GRAD_TOLERANCE, PARAM_TOLERANCE)))

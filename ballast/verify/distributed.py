@@ -4,11 +4,12 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from ..vocabulary.cluster import get_cluster
+from ..vocabulary.job_mesh import JobMesh
 from ..vocabulary.model_shape import ModelShape
 from ..vocabulary.precision import Precision
 from ..models import build_model
 from ..plans.plan import Plan
-from ..runtime import ProcessGroups, broadcast_plan, full_tensor, parallelize
+from ..runtime import ProcessGroups, broadcast_plan, parallelize
 from ..runtime.routing import RoutingGroups, routing_groups
 from .reference import VerifyBatch, Trajectory, flatten
 
@@ -19,7 +20,9 @@ def train_distributed(shape: ModelShape, plans: list[dict], batches: list[Verify
     """The steps under `plans` (Plan.to_dict of rank 0's plans), on every rank of the job; with
     `fsdp` the model is sharded with FSDP2 (the plans must be lockstep); `precision` is the
     executor's. The job's ranks form `nodes` emulated nodes (the cpu cluster's), whose routing
-    groups (`routing_groups`, made when None) routed waves use."""
+    groups (`routing_groups`, made when None) routed waves use; `groups` were made for the job's
+    mesh (`ProcessGroups.mesh`: the TP degree the model is split over). Parameters and gradients
+    are gathered whole (`Executor.parameters`, `Executor.gradients`)."""
     cluster = get_cluster("cpu", world_size=dist.get_world_size(), nodes=nodes)
     model = build_model(shape, seed)
     executor = parallelize(model, cluster, groups=groups, routing=routing, fsdp=fsdp, zero1=zero1,
@@ -27,18 +30,20 @@ def train_distributed(shape: ModelShape, plans: list[dict], batches: list[Verify
     losses, grads, starts = [], [], []
     for plan_data, batch in zip(plans, batches, strict=True):
         plan, _ = broadcast_plan(Plan.from_dict(plan_data) if dist.get_rank() == 0 else None)
-        starts.append(flatten(full_tensor(p) for p in model.parameters()))
+        starts.append(flatten(executor.parameters()))
         losses.append(executor.step(plan, batch.samples).loss)
         # The step leaves the summed gradients in place (optimizers do not clear them).
         grads.append(flatten(executor.gradients()))
-    return Trajectory(losses, grads, starts, flatten(full_tensor(p) for p in model.parameters()))
+    return Trajectory(losses, grads, starts, flatten(executor.parameters()))
 
 
 def train_all_planners(shape: ModelShape, plans: dict[str, list[dict]], batches: list[VerifyBatch], seed: int,
-                        lr: float, zero1: bool, fsdp: bool, nodes: int = 1, precision: Precision = Precision.AUTO
-                        ) -> dict[str, Trajectory] | None:
-    groups = ProcessGroups()
-    routing = routing_groups(get_cluster("cpu", world_size=dist.get_world_size(), nodes=nodes))
+                        lr: float, zero1: bool, fsdp: bool, nodes: int = 1, precision: Precision = Precision.AUTO,
+                        tp: int = 1) -> dict[str, Trajectory] | None:
+    cluster = get_cluster("cpu", world_size=dist.get_world_size(), nodes=nodes)
+    mesh = JobMesh.of(cluster, tp=tp)
+    groups = ProcessGroups(mesh)
+    routing = routing_groups(cluster) if tp == 1 else None
     out = {name: train_distributed(shape, p, batches, seed, lr, groups, zero1, fsdp, precision, nodes, routing)
            for name, p in plans.items()}
     return out if dist.get_rank() == 0 else None

@@ -2,8 +2,10 @@
 (which picks CP groups at this budget) end at the parameters static Ulysses at degree 2 ends at,
 and a CP run resumed from its checkpoint repeats the uninterrupted one bit for bit.
 
-The budget holds the longest sequence (MAX_LEN) only at SP degree 2 fully recomputed, where
-context parallelism's exchange is the cheaper one, so ballast's groups of degree 2 run CP.
+Every run shards the model with FSDP2. The budget holds the longest sequence (MAX_LEN) only at SP
+degree 2 fully recomputed, where context parallelism's exchange is the cheaper one, so ballast's
+groups of degree 2 run CP. (Replicated, a rank holds 16 bytes a parameter and AdamW's
+temporaries after backward: any budget it fits holds MAX_LEN tokens on one rank.)
 Same seed and batches: every plan sums the same per-token gradients, in another order (CP
 reduce-scatters dK and dV where Ulysses all-to-alls them back), so losses agree to float rounding
 (LOSS_RTOL, as tests/train/test_run.py) and parameters up to that rounding as AdamW carries it:
@@ -23,7 +25,9 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from train_runs import run_config
 
 from ballast.vocabulary.cluster import get_cluster
-from ballast.pricing.cost_sources import analytic_cost
+from ballast.pricing.cost_sources import get_cost_model
+from ballast.vocabulary.precision import Precision
+from ballast.vocabulary.sharding import Sharding
 from ballast.dataset import build_corpus
 from ballast.vocabulary.model_shape import get_model_shape
 from ballast.runtime import run_local
@@ -40,8 +44,11 @@ pytestmark = pytest.mark.slow
 
 def budget_gb() -> float:
     """Per-rank memory in which MAX_LEN tokens fit only at degree 2, every layer recomputed, CP included."""
-    cost = analytic_cost(get_model_shape("tiny"), get_cluster("cpu", world_size=2))
-    return cost.memory([MAX_LEN], 2, 1.0, 2) * 1.001 / 1e9
+    cost = get_cost_model("analytic", get_model_shape("tiny"), get_cluster("cpu", world_size=2),
+                          sharding=Sharding.FSDP, precision=Precision.FP32)
+    memory = cost.memory([MAX_LEN], 2, 1.0, 2) * 1.001
+    assert cost.device.after_backward < memory < cost.memory([MAX_LEN], 1, 1.0, 1)
+    return memory / 1e9
 
 
 def _train_all(configs) -> None:
@@ -60,7 +67,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     def config(name: str, steps: int, planner: str, degree: int | None = None, cp: int | None = None):
         c = run_config(root / name, steps, model="tiny", source=source, cache_dir=cache, max_len=MAX_LEN,
                        tokens_per_step=BUDGET, device_memory_gb=budget_gb(), planner=planner, degree=degree,
-                       decay_steps=STEPS, checkpoint_interval=0)
+                       decay_steps=STEPS, checkpoint_interval=0, fsdp=True)
         c.planner.cp = cp
         return c
 

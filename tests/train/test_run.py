@@ -65,8 +65,9 @@ def config(corpus: tuple[str, str], out: Path, steps: int, **optimizer) -> Train
                       tokens_per_step=BUDGET, device_memory_gb=text_memory_gb("tiny", MAX_LEN), **optimizer)
 
 
-SHARDINGS = {"": {}, "-zero1": {"zero1": True}, "-fsdp": {"fsdp": True}}
-"""Suffix of a run's name -> its optimizer settings."""
+SHARDINGS = {"": {}, "-zero1": {"zero1": True}, "-fsdp": {"fsdp": True}, "-tp": {"tp": 2}}
+"""Suffix of a run's name -> how its ranks hold the model: optimizer settings, or a TP degree
+(2 on 2 ranks: every layer split over both, plans over a pool of one)."""
 
 
 def _train_all(configs: list[TrainConfig], failing: TrainConfig) -> tuple[list[dict | None], str]:
@@ -98,8 +99,9 @@ def losses(out: Path) -> list[float]:
 
 @pytest.fixture(scope="module")
 def runs(corpus, tmp_path_factory) -> dict[str, Path]:
-    """One spawn of 2 ranks: 6 steps; 3 steps then resume to 6; the same two with ZeRO-1 and with
-    FSDP2; then an attempt to resume the FSDP2 checkpoint without FSDP (its error is "error")."""
+    """One spawn of 2 ranks: 6 steps; 3 steps then resume to 6; the same two with ZeRO-1, with
+    FSDP2 and with TP 2; then an attempt to resume the FSDP2 checkpoint without FSDP (its error is
+    "error")."""
     root = tmp_path_factory.mktemp("runs")
     build_corpus(corpus[0], cache_dir=corpus[1], progress=False)  # tokenise once, before the ranks
     outs = {f"{run}{suffix}": root / f"{run}{suffix}" for suffix in SHARDINGS for run in ("whole", "split")}
@@ -132,6 +134,16 @@ def test_fsdp_trains_like_replicated_parameters(runs):
     norms = [[r["grad_norm"] for r in final_history(runs[run] / "metrics.jsonl")] for run in ("whole", "whole-fsdp")]
     assert norms[1] == pytest.approx(norms[0], rel=LOSS_RTOL) and min(norms[0]) > 0
     assert "saved with FSDP; resume with the same --fsdp setting" in runs["error"]
+
+
+def test_tensor_parallelism_trains_like_whole_layers(runs):
+    # Same batches, same gradients (split matmuls' partial sums, the loss's split softmax), one
+    # pool rank: every step runs degree 1, so the planner's budget held a TP shard's memory.
+    whole, split = (final_history(runs[run] / "metrics.jsonl") for run in ("whole", "whole-tp"))
+    assert [r["loss"] for r in split] == pytest.approx([r["loss"] for r in whole], rel=LOSS_RTOL)
+    assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in whole], rel=LOSS_RTOL)
+    assert {d for r in split for d in r["degrees"]} == {1}
+    assert json.loads((runs["whole-tp"] / "checkpoints" / "step-00000006" / "meta.json").read_text())["tp"] == 2
 
 
 def test_metrics_fields_and_every_sample_once(runs, corpus):
