@@ -45,4 +45,5 @@ rm -rf runs/wan-train
 $BALLAST train --model "diffusers:$MODEL" --data "video-latents:$LATENTS" --world 2 --steps 40 --max-len 128 \
     --tokens-per-step 512 --out-dir runs/wan-train --no-resume
 cp runs/wan-train/report/loss.png "$OUT/wan-train-loss.png"
+cp runs/wan-train/report/summary.json "$OUT/wan-train-summary.json"
 $PYTHON bench/results_doc.py
