@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
 # bench/gpu.sh: one command that checks ballast's GPU path on a machine with 1 to 8 GPUs.
 #
-#   bench/gpu.sh            on the GPUs: the CUDA tests, then every command under torchrun/NCCL
-#   bench/gpu.sh --dry-run  the same steps with their CPU stand-ins: local gloo ranks (2; 4 for
+#   bench/gpu.sh            on the GPUs: the CUDA tests, then every command under torchrun on NCCL
+#   bench/gpu.sh --dry-run  the same commands under torchrun on the CPU: gloo (2 processes; 4 for
 #                           the CP step), fp32, tiny sizes (what `make test` runs)
 #
 # Steps: the CUDA tests (pytest -m cuda; any skip fails, a missing flash-attn too); `ballast
 # verify` for the tiny GPT (replicated and FSDP2), a Hugging Face Llama with GQA (2 kv heads of
 # 4), a 6-head model that runs past its heads with context parallelism (4 ranks or more), the
 # STDiT and the Wan-style full-attention DiT, under every planner (the remapping ones among
-# them); a quick `ballast profile` and its `--check`; a short `ballast bench`. Every step writes
-# bench/results/gpu-<gpu>-<step>.json (its command, exit status, seconds, the end of its log,
-# and the command's own JSON where it writes one), and bench/results/gpu-<gpu>.json sums them
-# up. The first failing step stops the script with its exit status.
+# them), each compared with the single-process fp32 reference that torchrun's rank 0 runs on its
+# GPU (a mismatch fails every rank); a quick `ballast profile` and its `--check`; a short
+# `ballast bench` against that profile. Every command runs as a user runs it on a GPU node,
+# `torchrun --nproc-per-node N -m ballast.cli ...` (one process per GPU, the largest power of two
+# of them up to 8; 4 for the CP step). Every step writes bench/results/gpu-<gpu>-<step>.json
+# (its command, exit status, seconds, the end of its log, and the command's own JSON where it
+# writes one: the profile, the check's comparison, the bench's results), and
+# bench/results/gpu-<gpu>.json sums them up. The first failing step stops the script with its
+# exit status.
 #
-# GPU-only, and so not run by --dry-run: the CUDA tests, torchrun's launch on NCCL (one rank
-# per GPU, the largest power of two of them up to 8) and `--precision bf16`.
+# GPU-only, and so not run by --dry-run: the CUDA tests, NCCL (and with it CUDA placement and
+# flash-attn) and `--precision bf16`; the dry run's gloo processes take the same commands,
+# launches, joins and exits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,8 +42,8 @@ if (( DRY )); then
     # fp32: Ulysses (degree 2 at most with 6 heads) holds 271 tokens, 1x4 with CP 542
     SIX_HEADS_GB=0.00075
     SIZES=(--steps 1 --batch 4 --max-len 128)
-    CHECK=(--plans 2 --tokens-per-step 2048)
-    launch() { "$PY" -m ballast.cli "$@" --world "${WORLD:-$RANKS}"; }
+    CHECK=(--plans 2 --repeats 1 --tokens-per-step 2048)
+    BENCH=(--steps 1 --warmup 1 --repeats 1 --tokens-per-step 1024 --max-len 256)
 else
     GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
     if (( GPUS < 1 )); then
@@ -53,8 +59,10 @@ else
     SIX_HEADS_GB=0.00082
     SIZES=(--steps 2)
     CHECK=(--plans 10)
-    launch() { torchrun --standalone --nproc-per-node "$RANKS" -m ballast.cli "$@"; }
+    BENCH=(--steps 2 --warmup 1 --repeats 2 --tokens-per-step 16384 --max-len 4096)
 fi
+# One process per rank, as torchrun starts them on a GPU node: NCCL where CUDA is, gloo here.
+launch() { "$PY" -m torch.distributed.run --standalone --nproc-per-node "${WORLD:-$RANKS}" -m ballast.cli "$@"; }
 TAG=$(printf '%s' "$GPU" | tr -cs 'A-Za-z0-9' '-' | tr 'A-Z' 'a-z' | sed 's/^-*//; s/-*$//')
 STEPS=()
 
@@ -117,7 +125,9 @@ step verify-gpt-fsdp2 "" launch "${VERIFY[@]}" --model tiny --fsdp
 step verify-hf-gqa "" launch "${VERIFY[@]}" --model "hf:$WORK/hf-gqa"
 step verify-hf-gqa-fsdp2 "" launch "${VERIFY[@]}" --model "hf:$WORK/hf-gqa" --fsdp
 # Past the heads: a budget at which the longest samples need degree 4, which 6 heads allow
-# only as u x c with context parallelism (tests/verify/test_verify_context.py's setting).
+# only as u x c with context parallelism: in fp32 0.75 MB a rank holds 135 tokens, 271 at
+# Ulysses' widest degree 2, 542 at degree 4 with CP (tests/verify/test_verify_context.py works
+# it out); bf16's autocast copies take more, hence SIX_HEADS_GB per precision.
 if (( DRY || RANKS >= 4 )); then
     WORLD=4 step verify-six-heads-cp "" launch verify --planners megatron-dynamic-cp,ballast --steps 1 \
         --batch 6 --max-len 448 --device-memory-gb "$SIX_HEADS_GB" --model "$WORK/six-heads.json" "${PRECISION[@]}"
@@ -132,12 +142,15 @@ if (( DRY )); then
 else
     PROFILE=(--quick)
 fi
-step profile "" launch profile --model tiny "${PROFILE[@]}" --out "$WORK/profile.json" "${PRECISION[@]}"
+step profile "$WORK/profile.json" launch profile --model tiny "${PROFILE[@]}" --out "$WORK/profile.json" \
+    "${PRECISION[@]}"
 step profile-check "$WORK/check.json" launch profile --check "$WORK/profile.json" "${CHECK[@]}" \
     --png "$WORK/check.png" --json "$WORK/check.json"
+# Against the profile just measured on these ranks' device: its predictions, and its full-depth
+# points run again for the machine's drift.
 step bench "$WORK/bench.json" launch bench --model tiny --data "folder:$WORK/corpus" --cache-dir "$WORK/cache" \
-    --planners "$PLANNERS" --steps 2 --warmup 1 --repeats 1 --tokens-per-step 1024 --max-len 256 \
-    --json "$WORK/bench.json" --png "$WORK/bench.png" "${PRECISION[@]}"
+    --cost "$WORK/profile.json" --planners "$PLANNERS" "${BENCH[@]}" --json "$WORK/bench.json" --png "$WORK/bench.png" \
+    "${PRECISION[@]}"
 
 "$PY" - "$OUT" "$TAG" "$GPU" "$RANKS" "$DRY" "${STEPS[@]}" <<'EOF'
 import json, pathlib, sys

@@ -2,8 +2,10 @@
 ranks, interleaved step by step; measured tokens/s, idle fraction, planning time and the cost
 model's prediction, side by side, as a table, a JSON file and a PNG bar chart.
 
-One gloo job runs the whole benchmark (ballast.bench.ranks); the batches are drawn once
-from one BatchStream (ballast.bench.setting); summary.py says what every number means.
+One job runs the whole benchmark (ballast.bench.ranks): local gloo ranks, or launched by
+torchrun its processes (NCCL on GPUs; rank 0 draws the batches, plans and reports, the others
+serve it, `runtime.job`). The batches are drawn once from one BatchStream
+(ballast.bench.setting); summary.py says what every number means.
 """
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     MODEL.add(p, d.model, "trains every planner on this machine's CPU ranks in minutes")
     p.add_argument("--data", default=d.data, help=f"corpus: {SYNTAX}; clips for video DiTs: {VIDEO_DATA_SYNTAX}")
     p.add_argument("--cache-dir", default=None, help="token cache folder (default: the data pipeline's)")
-    WORLD.add(p, d.world, "the smallest world with sequence parallelism")
+    WORLD.add(p, None, f"{d.world}, the smallest world with sequence parallelism; under torchrun its WORLD_SIZE, "
+                       f"which a --world given must match")
     p.add_argument("--planners", default=",".join(ALL_PLANNERS), help="comma-separated planner names, or all")
     p.add_argument("--steps", type=RANGES["steps"], default=d.steps, help=f"measured steps (batches) per round (default {d.steps})")
     p.add_argument("--warmup", type=RANGES["warmup"], default=d.warmup, help=f"unmeasured steps every planner runs first (default {d.warmup})")
@@ -53,18 +56,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     DEGREE.add(p, d.planner.degree, "the least that holds --max-len")
     CP.add(p, d.planner.cp, "Ulysses alone")
     ROUTING.add(p, d.planner.routing)
-    PRECISION.add(p, d.precision, "what the cost model's presets price: fp32 on these CPU ranks")
+    PRECISION.add(p, d.precision, "what the cost model's presets price: fp32 on CPU ranks, bf16 under torchrun "
+                                  "on GPUs")
     p.add_argument("--seed", type=RANGES["seed"], default=d.seed)
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
     p.add_argument("--png", default=None, help="bar chart (default: next to --json)")
     p.add_argument("--timeout", type=TIMEOUT, default=3600.0,
-                   help="seconds before the ranks are stopped (at least 30: they need seconds to start)")
+                   help="seconds before the local ranks are stopped, or under torchrun before a collective is "
+                        "given up (at least 30: they need seconds to start)")
 
 
-def setting_from(args: argparse.Namespace) -> BenchSetting:
+def setting_from(args: argparse.Namespace, world: int) -> BenchSetting:
     planner = dataclasses.replace(BenchSetting().planner, max_len=args.max_len, degree=args.degree, cp=args.cp,
                                   time_limit=args.time_limit, seed=args.seed, routing=args.routing)
-    return BenchSetting(model=args.model, data=args.data, cache_dir=args.cache_dir, world=args.world,
+    return BenchSetting(model=args.model, data=args.data, cache_dir=args.cache_dir, world=world,
                         planners=tuple(parse_planner_names(args.planners)), steps=args.steps,
                         warmup=args.warmup, repeats=args.repeats, tokens_per_step=args.tokens_per_step,
                         device_memory_gb=args.device_memory_gb, cost=args.cost, precision=args.precision,
@@ -72,26 +77,28 @@ def setting_from(args: argparse.Namespace) -> BenchSetting:
 
 
 def describe(inputs: BenchInputs, setting: BenchSetting) -> str:
+    from ..runtime import describe_ranks
+
     cost, lengths = inputs.cost, [s for b in inputs.batches for s in b.lengths]
     where = "" if cost.source != "analytic" else " (placeholder CPU figures: `ballast profile` measures real ones)"
     return (f"{inputs.data}\n{len(setting.planners)} planners x ({setting.warmup} warm-up + {setting.repeats} x "
             f"{setting.steps} measured) steps of ~{setting.tokens_per_step} tokens (max_len {setting.max_len}; "
             f"{len(lengths)} sequences, {sum(s == setting.max_len for s in lengths)} at max_len) on "
-            f"{setting.world} gloo ranks; cost model: {cost.source}{where}; {cost.device_memory / 1e6:.1f} MB per "
+            f"{describe_ranks(setting.world)}; cost model: {cost.source}{where}; {cost.device_memory / 1e6:.1f} MB per "
             f"rank (states {cost.states / 1e6:.1f} MB; a max_len sequence fits degree 1 at recompute "
             f"{cost.min_recompute(setting.max_len, 1)})")
 
 
 def bench(setting: BenchSetting, inputs: BenchInputs, timeout: float) -> tuple[list[dict], list, dict]:
-    """Run the benchmark's one gloo job; rank 0's records, its reference points' seconds
+    """Run the benchmark's one job; rank 0's records, its reference points' seconds
     (`ranks.References`) and the load average seen meanwhile."""
     from ..profile.machine import LoadMonitor
-    from ..runtime import run_local
+    from ..runtime import on_ranks
     from .ranks import make_planners, run_on_rank
 
     make_planners(inputs, setting)  # a planner option no plan can meet fails here, before any rank starts
     with LoadMonitor() as load:
-        records, references = run_local(setting.world, run_on_rank, inputs, setting, timeout=timeout)[0]
+        records, references = on_ranks(setting.world, run_on_rank, inputs, setting, timeout=timeout)[0]
     return records, references, load.summary()
 
 
@@ -101,6 +108,7 @@ def result_json(setting: BenchSetting, inputs: BenchInputs, records: list[dict],
     `statistic`; the machine's drift since the profile from the reference points' seconds), and
     the raw records."""
     from ..profile.machine import machine_info
+    from ..runtime import job_backend, rank_device
 
     cost = inputs.cost
     drift = machine_drift(inputs.references, references, statistic)
@@ -112,13 +120,13 @@ def result_json(setting: BenchSetting, inputs: BenchInputs, records: list[dict],
                         max_len_recompute_at_degree_1=cost.min_recompute(setting.max_len, 1)),
         batches=[dict(sample_ids=b.sample_ids, lengths=b.lengths, measured=i >= setting.warmup)
                  for i, b in enumerate(inputs.batches)],
-        machine=machine_info(setting.world), load_average=load, seconds=seconds, drift=drift,
+        machine=machine_info(setting.world, rank_device().type, job_backend()), load_average=load, seconds=seconds, drift=drift,
         **summary, targets=targets(summary, seconds), records=records)
 
 
 def chart_title(result: dict) -> str:
     s = result["setting"]
-    return (f"ballast bench: {s['model']} on {s['world']} gloo ranks, {s['data']} (~{s['tokens_per_step']} "
+    return (f"ballast bench: {s['model']} on {s['world']} {result['machine']['backend']} ranks, {s['data']} (~{s['tokens_per_step']} "
             f"tokens/step, max_len {s['max_len']}), {result['cost_model']['source']} cost model")
 
 
@@ -147,6 +155,15 @@ def print_targets(console: Console, result: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..runtime import in_job, job_world
+
+    world = job_world(args.world, BenchSetting().world)  # before any rank joins: a mismatch is one line per node
+    return in_job(lambda: run_bench(args, world), args.timeout)
+
+
+def run_bench(args: argparse.Namespace, world: int) -> int:
+    """`ballast bench` on `world` ranks, started here or the torchrun job's with this process its
+    rank 0."""
     console = Console()
     if not console.is_terminal:  # a log file: the table's 14 columns need more than 80
         console.width = TABLE_WIDTH
@@ -154,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.json_out, "--json")
     check_output_file(png, "--png" if args.png else "--png (next to --json)")
     start, origin = time.perf_counter(), provenance()
-    setting = setting_from(args)
+    setting = setting_from(args, world)
     inputs = prepare(setting)
     statistic = fitted_statistic(inputs.cost)  # a damaged profile fails here, before any rank starts
     console.print(describe(inputs, setting), highlight=False)

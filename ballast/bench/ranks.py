@@ -1,4 +1,5 @@
-"""The benchmark's rank loop: one gloo job in which every rank runs every planner's steps.
+"""The benchmark's rank loop: one job in which every rank runs every planner's steps, each rank
+on its device (`runtime.rank_device`: under NCCL the GPU LOCAL_RANK names).
 
 The ranks are spawned once for the whole benchmark (spawning per planner would put the start-up
 of the job, and a colder machine, into some planners' numbers and not others'). Each planner
@@ -32,7 +33,7 @@ from ..plans.plan import Plan, degree_splits
 from ..planners import Planner, get_planner
 from ..profile.measure import plan_samples, point_plan
 from ..profile.rounds import RankWave, micro_batch_seconds, rank_waves
-from ..runtime import Executor, ProcessGroups, StepResult, broadcast_plan, parallelize
+from ..runtime import Executor, ProcessGroups, StepResult, broadcast_plan, parallelize, rank_device
 from ..plans.timeline import step_time
 from .setting import BenchInputs, BenchSetting, Slot, reference_steps, schedule
 
@@ -120,7 +121,7 @@ class References:
 
 
 def _executor(inputs: BenchInputs, groups: ProcessGroups, setting: BenchSetting) -> Executor:
-    model = build_model(inputs.shape, setting.seed)
+    model = build_model(inputs.shape, setting.seed).to(rank_device())
     return parallelize(model, inputs.cluster, groups=groups, precision=setting.precision, lr=LEARNING_RATE)
 
 
@@ -143,13 +144,15 @@ def _plan(planner: Planner, plans: dict[tuple[str, int], Plan], slot: Slot, batc
 
 
 def _gather(result: StepResult, wall: float, cpu: float, digest: float) -> torch.Tensor:
-    """Every rank's TIMINGS as rows of one [world, len(TIMINGS)] tensor, by one all-reduce."""
+    """Every rank's TIMINGS as rows of one [world, len(TIMINGS)] tensor on the CPU, by one
+    all-reduce on the rank's device (NCCL's must be its GPU)."""
     rows = torch.zeros(dist.get_world_size(), len(TIMINGS), dtype=torch.float64)
     rows[dist.get_rank()] = torch.tensor([
         wall, sum(w.busy for w in result.waves), sum(w.wait for w in result.waves), result.sync_seconds,
         result.optimizer_seconds, cpu, digest], dtype=torch.float64)
+    rows = rows.to(rank_device())
     dist.all_reduce(rows)
-    return rows
+    return rows.cpu()
 
 
 def _record(slot: Slot, plan: Plan, plan_seconds: float | None, predicted: float, result: StepResult,

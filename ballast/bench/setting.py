@@ -157,12 +157,12 @@ def reference_steps(steps: int, references: int) -> list[int]:
     return [i * steps // references for i in range(references)]
 
 
-def drift_references(cost: CostModel, shape: ModelShape) -> list[Measurement]:
+def drift_references(cost: CostModel, shape: ModelShape, device: str) -> list[Measurement]:
     """The profile's reference points (`profile.drift.reference_points`) if it was measured on
-    the CPU, where the benchmark's gloo ranks run; else none (a GPU's seconds are no reference
-    for this machine's speed)."""
+    the device type the benchmark's ranks run on (`device`: "cpu" for gloo ranks, "cuda" for
+    torchrun's on GPUs); else none (one device's seconds are no reference for another's speed)."""
     machine = cost.fit.get("machine")
-    return reference_points(cost, shape) if machine and measured_device(machine) == "cpu" else []
+    return reference_points(cost, shape) if machine and measured_device(machine) == device else []
 
 
 def auto_device_memory(cost: CostModel, max_len: int) -> float:
@@ -188,14 +188,17 @@ def make_cost(setting: BenchSetting, shape: ModelShape) -> tuple[Cluster, CostMo
 
 
 def prepare(setting: BenchSetting, progress: bool = True) -> BenchInputs:
-    """Cost model, cluster and the benchmark's batches (warm-up + measured), drawn once."""
+    """Cost model, cluster and the benchmark's batches (warm-up + measured), drawn once; in the
+    process that runs the command (under torchrun rank 0, on the job's device)."""
+    from ..runtime import rank_device
+
     setting.validate()
     shape = get_model_shape(setting.model)
     check_buildable(shape)
     cluster, cost = make_cost(setting, shape)
     stream, described = open_stream(setting, shape, progress)
     batches = [stream.next_batch() for _ in range(setting.warmup + setting.steps)]
-    return BenchInputs(shape, cluster, cost, batches, described, drift_references(cost, shape))
+    return BenchInputs(shape, cluster, cost, batches, described, drift_references(cost, shape, rank_device().type))
 
 
 def open_stream(setting: BenchSetting, shape: ModelShape, progress: bool) -> tuple[EpochStream, str]:

@@ -4,7 +4,7 @@ one range.
 `--model`, `--max-len`, `--cluster`, `--world`, `--cost` and `--device-memory-gb` mean the same
 in `simulate`, `verify`, `profile`, `bench` and `train`; `--degree`, `--cp` and `--routing` /
 `--no-routing` in those that plan (`simulate`, `verify`, `bench`, `train`), `--tp` in `simulate`,
-`verify` and `train`, `--precision` in
+`verify` and `train`, `--pp` in those that run pipelines (`verify`, `train`), `--precision` in
 those that start ranks (`verify`, `profile`, `bench`, `train`): each command adds an option with
 `SharedOption.add` (argparse) or, for `train`'s config fields, `SharedOption.help`, giving its
 own default and why that default suits it. Only defaults differ between commands. A numeric
@@ -132,8 +132,8 @@ CLUSTER = SharedOption(
                  "h100-N / h800-N / h200-N, cpu: --world ranks as --nodes nodes) or a .toml/.json file with "
                  "Cluster's fields", str, "CLUSTER")
 WORLD = SharedOption(
-    "--world", "ranks: the local gloo ranks a command spawns (a power of two), or the cluster size a "
-               "simulation must match", positive(int), "N")
+    "--world", "ranks: the local gloo ranks a command spawns (a power of two; under torchrun its processes), "
+               "or the cluster size a simulation must match", positive(int), "N")
 NODES = SharedOption(
     "--nodes", "nodes the ranks form: the cpu preset's emulated nodes (each rank under its own NIC), or the "
                "node count a cluster must have", positive(int), "N")
@@ -159,6 +159,12 @@ ROUTING = SharedSwitch(
                  "faster; --no-routing: never (`--routing on|off` is the older spelling)", bool, "")
 TP = SharedOption(
     "--tp", "tensor-parallel degree t: every layer's weights split over t ranks inside a node (Megatron's split), "
-            "plans made over the pool of the other world / t ranks, each a TP group", positive(int), "T")
+            "plans made over the pool of world / (t p) TP groups (p: --pp)", positive(int), "T")
+PP = SharedOption(
+    "--pp", "pipeline stages p: the ranks (--world) as p stages of world / p ranks, the model's layers cut into p "
+            "equal runs (the embedding on the first stage, the output layer and loss on the last), every step's "
+            "plan laying out one stage's pool (world / (t p) ranks, t: --tp) and its micro-batches run through "
+            "the stages in 1F1B order",
+    positive(int), "P")
 SHARED = {option.flag: option for option in (MODEL, MAX_LEN, CLUSTER, WORLD, NODES, COST, DEVICE_MEMORY, DEGREE, CP,
-                                             PRECISION, ROUTING, TP)}
+                                             PRECISION, ROUTING, TP, PP)}

@@ -1,7 +1,9 @@
 """Models the runtime trains: plain single-device code behind the runtime's model protocol
 (`protocol.ParallelModel`); parallelism is applied by `ballast.runtime.parallelize`.
 
-    protocol.py  ParallelModel, PackedStream, AttentionFn: all the runtime knows of a model
+    protocol.py  ParallelModel, PackedStream, AttentionFn: all the runtime knows of a model;
+                 StagedModel: what a pipeline stage needs of a text model
+    stage_layers.py  a pipeline stage's blocks under their whole-model names
     gpt.py       ballast's Llama-style decoder
     hf.py        Hugging Face causal LMs (`hf:PATH`), through transformers' AttentionInterface
     hf_weights.py  a Hugging Face folder's weights checked against its config before any load

@@ -23,6 +23,7 @@ from ..vocabulary.model_shape import ModelShape
 from .kernels import local_attention
 from .next_token import NextTokenObjective
 from .protocol import COLWISE, ROWWISE, VOCAB_EMBEDDING, VOCAB_OUTPUT, AttentionFn, PackedStream
+from .stage_layers import StageLayers
 
 ROPE_THETA = 10000.0
 NORM_EPS = 1e-5
@@ -120,33 +121,55 @@ class GPT(NextTokenObjective, nn.Module):
     def tensor_parallel_plan(self) -> dict[str, str]:
         """Megatron's split (`protocol.TensorParallelModel`): q, k, v and the MLP's w1, w3 by
         output rows, the output projection and w2 by input columns, embedding and output layer
-        by vocabulary."""
-        plan = {"embedding": VOCAB_EMBEDDING, "output": VOCAB_OUTPUT,
-                **{f"layers.*.attention.{w}": COLWISE for w in ("wq", "wk", "wv")},
+        (where this model or its pipeline stage holds them) by vocabulary."""
+        plan = {**{f"layers.*.attention.{w}": COLWISE for w in ("wq", "wk", "wv")},
                 "layers.*.attention.wo": ROWWISE, "layers.*.mlp.w1": COLWISE, "layers.*.mlp.w2": ROWWISE}
         if self.shape.gated_mlp:
             plan["layers.*.mlp.w3"] = COLWISE
+        if self.holds_embedding:
+            plan["embedding"] = VOCAB_EMBEDDING
+        if self.holds_head:
+            plan["output"] = VOCAB_OUTPUT
         return plan
 
-    def forward(self, tokens: Tensor, stream: PackedStream, recompute_layers: int = 0) -> Tensor:
-        """Logits [tokens, vocab] of the tokens this process holds.
+    @property
+    def holds_embedding(self) -> bool:
+        return self.embedding is not None
 
-        tokens: [n] token ids, one per entry of `stream.positions`. The first
-        `recompute_layers` blocks keep only their input and recompute the rest in backward
-        (non-reentrant `torch.utils.checkpoint`).
+    @property
+    def holds_head(self) -> bool:
+        return self.output is not None
+
+    def keep_stage(self, layers: range, first: bool, last: bool) -> None:
+        """Keep a pipeline stage's part (`protocol.StagedModel.keep_stage`)."""
+        self.layers = StageLayers(self.layers, layers)
+        if not first:
+            self.embedding = None
+        if not last:
+            self.norm = self.output = None
+
+    def forward(self, inputs: Tensor, stream: PackedStream, recompute_layers: int = 0) -> Tensor:
+        """Logits [tokens, vocab] of the tokens this process holds, or the hidden states
+        [tokens, hidden] where a pipeline stage holds no output layer.
+
+        inputs: [n] token ids, one per entry of `stream.positions`, or where the model holds no
+        embedding (a later pipeline stage) the previous stage's hidden states [n, hidden]. The
+        first `recompute_layers` blocks keep only their input and recompute the rest in
+        backward (non-reentrant `torch.utils.checkpoint`).
         """
-        if tokens.dim() != 1 or tokens.shape[0] != stream.positions.shape[0]:
-            raise ValueError(f"tokens of shape {tuple(tokens.shape)} do not match the stream's "
-                             f"{stream.positions.shape[0]} positions")
+        rank = 1 if self.holds_embedding else 2
+        if inputs.dim() != rank or inputs.shape[0] != stream.positions.shape[0]:
+            raise ValueError(f"inputs of shape {tuple(inputs.shape)} do not match the stream's "
+                             f"{stream.positions.shape[0]} positions ({'token ids' if rank == 1 else 'hidden states'})")
         if not 0 <= recompute_layers <= len(self.layers):
             raise ValueError(f"recompute_layers {recompute_layers} is outside 0..{len(self.layers)}")
-        x = self.embedding(tokens)
+        x = self.embedding(inputs) if self.holds_embedding else inputs
         for i, layer in enumerate(self.layers):
             if i < recompute_layers:
                 x = checkpoint(layer, x, stream, use_reentrant=False)
             else:
                 x = layer(x, stream)
-        return self.output(self.norm(x))
+        return self.output(self.norm(x)) if self.holds_head else x
 
 
 def build_gpt(shape: ModelShape, seed: int = 0) -> GPT:

@@ -20,6 +20,11 @@ whose attention goes through transformers' `AttentionInterface`) and implements
 
 Loss, its normalisation by the step's tokens and the label shift across shard boundaries are
 the runtime's, as for every model: the wrapper returns logits of the tokens this process holds.
+
+Pipeline stages (`keep_stage`): the decoder keeps its stage's layers (under their own names),
+the embedding only on the first stage, the final norm (else an identity) and output layer only
+on the last; a later stage hands the decoder its input as `inputs_embeds`, and a stage without
+the output layer returns the decoder's hidden states.
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ from .hf_weights import check_finite, weight_files
 from .kernels import local_attention
 from .next_token import NextTokenObjective
 from .protocol import VOCAB_EMBEDDING, VOCAB_OUTPUT, AttentionFn, PackedStream
+from .stage_layers import StageLayers
 
 ATTENTION = "ballast"
 """The name ballast's attention function is registered under in transformers."""
@@ -114,43 +120,106 @@ class HFCausalLM(NextTokenObjective, nn.Module):
     def tensor_parallel_plan(self) -> dict[str, str]:
         """transformers' own split of the decoder, its config's `base_model_tp_plan` (Llama and its
         relatives: q, k, v, gate and up colwise, o and down rowwise), under the base model's name,
-        with the embedding and the output layer split by vocabulary
-        (`protocol.TensorParallelModel`). The attention reshapes its projections to [tokens, -1,
-        head_dim], so a rank's share of the heads needs no change to the model."""
+        with the embedding and the output layer split by vocabulary where this model (or its
+        pipeline stage) holds them (`protocol.TensorParallelModel`). The attention reshapes its
+        projections to [tokens, -1, head_dim], so a rank's share of the heads needs no change to
+        the model."""
         plan = getattr(self.hf.config, "base_model_tp_plan", None)
         if not plan:
             raise ValueError(f"model type {self.hf.config.model_type!r}: its config has no base_model_tp_plan, so "
                              f"transformers does not say how tensor parallelism splits it")
         names = {id(module): name for name, module in self.named_modules()}
+        ends = [(self.hf.get_input_embeddings(), VOCAB_EMBEDDING), (self.hf.get_output_embeddings(), VOCAB_OUTPUT)]
         return {**{f"hf.{self.hf.base_model_prefix}.{name}": style for name, style in plan.items()},
-                names[id(self.hf.get_input_embeddings())]: VOCAB_EMBEDDING,
-                names[id(self.hf.get_output_embeddings())]: VOCAB_OUTPUT}
+                **{names[id(module)]: style for module, style in ends if module is not None}}
 
-    def forward(self, tokens: Tensor, stream: PackedStream, recompute_layers: int = 0) -> Tensor:
-        """Logits [tokens, vocab] of the tokens this process holds (see `protocol.ParallelModel`)."""
-        if tokens.dim() != 1 or tokens.shape[0] != stream.positions.shape[0]:
-            raise ValueError(f"tokens of shape {tuple(tokens.shape)} do not match the stream's "
-                             f"{stream.positions.shape[0]} positions")
-        if not 0 <= recompute_layers <= self.shape.layers:
-            raise ValueError(f"recompute_layers {recompute_layers} is outside 0..{self.shape.layers}")
-        for i, layer in enumerate(self.blocks()):
+    @property
+    def holds_embedding(self) -> bool:
+        return self.hf.get_decoder().embed_tokens is not None
+
+    @property
+    def holds_head(self) -> bool:
+        return self.hf.lm_head is not None
+
+    def keep_stage(self, layers: range, first: bool, last: bool) -> None:
+        """Keep a pipeline stage's part (`protocol.StagedModel.keep_stage`): its decoder layers,
+        the embedding on the first stage, the final norm and output layer on the last. A later
+        stage hands its input to the decoder as `inputs_embeds`, which must then reach the first
+        layer unchanged (`check_stageable`)."""
+        check_stageable(self.hf, first, last)
+        decoder = self.hf.get_decoder()
+        decoder.layers = StageLayers(decoder.layers, layers)
+        if not first:
+            decoder.embed_tokens = None
+        if not last:
+            decoder.norm = nn.Identity()
+            self.hf.lm_head = None
+
+    def forward(self, inputs: Tensor, stream: PackedStream, recompute_layers: int = 0) -> Tensor:
+        """Logits [tokens, vocab] of the tokens this process holds (see `protocol.ParallelModel`),
+        or the decoder's hidden states [tokens, hidden] where a pipeline stage holds no output
+        layer; from token ids, or where it holds no embedding from the previous stage's hidden
+        states [tokens, hidden]."""
+        rank = 1 if self.holds_embedding else 2
+        if inputs.dim() != rank or inputs.shape[0] != stream.positions.shape[0]:
+            raise ValueError(f"inputs of shape {tuple(inputs.shape)} do not match the stream's "
+                             f"{stream.positions.shape[0]} positions ({'token ids' if rank == 1 else 'hidden states'})")
+        layers = self.blocks()
+        if not 0 <= recompute_layers <= len(layers):
+            raise ValueError(f"recompute_layers {recompute_layers} is outside 0..{len(layers)}")
+        for i, layer in enumerate(layers):
             layer.gradient_checkpointing = i < recompute_layers
         # A rank may hold no token of a micro-batch (a stream shorter than its group) and must
         # still join the group's all-to-alls; transformers' layers cannot reshape zero tokens, so
-        # the rank runs one stand-in token that attention leaves out and the logits drop.
-        rows = tokens.shape[0]
+        # the rank runs one stand-in token that attention leaves out and the output drops.
+        rows = inputs.shape[0]
         pad = int(rows == 0)
         positions = stream.positions
         if pad:
-            tokens, positions = tokens.new_zeros(1), positions.new_zeros(1)
+            inputs, positions = inputs.new_zeros(1, *inputs.shape[1:]), positions.new_zeros(1)
+        feed = dict(input_ids=inputs[None]) if self.holds_embedding else dict(inputs_embeds=inputs[None])
+        feed.update(position_ids=positions[None], use_cache=False, ballast_stream=stream, ballast_attend=self._attend,
+                    ballast_pad=pad)
+        if not self.holds_head:
+            return self.hf.get_decoder()(**feed).last_hidden_state[0, :rows]
         # A boolean `logits_to_keep` makes transformers select the kept positions' hidden states
         # (batch dimension and stand-in token dropped) before its output layer, whose logits are
         # then the [rows, vocab] this returns. Slicing its [1, tokens, vocab] logits instead would
         # return a view, which FSDP2 warns may lose the root's pre-backward hook to an in-place op.
-        keep = torch.full((1, tokens.shape[0]), not pad, dtype=torch.bool, device=tokens.device)
-        out = self.hf(input_ids=tokens[None], position_ids=positions[None], use_cache=False, logits_to_keep=keep,
-                      ballast_stream=stream, ballast_attend=self._attend, ballast_pad=pad)
-        return out.logits
+        keep = torch.full((1, inputs.shape[0]), not pad, dtype=torch.bool, device=inputs.device)
+        return self.hf(**feed, logits_to_keep=keep).logits
+
+
+def check_stageable(hf: nn.Module, first: bool, last: bool) -> None:
+    """ValueError naming the model type and why it cannot be cut into pipeline stages here, before
+    anything is dropped: tied embedding and output weights would live on two stages; a decoder
+    without `embed_tokens`, `layers`, `norm` or the model without `lm_head` has nothing to drop by
+    those names; and a later stage's input goes through the decoder as `inputs_embeds`, so a
+    decoder that transforms them before its first layer (Gemma scales them by sqrt(hidden))
+    would transform them on every stage. The last is probed: the decoder without layers or
+    norm must return a random input unchanged."""
+    kind = getattr(hf.config, "model_type", type(hf).__name__)
+    decoder = hf.get_decoder()
+    missing = [name for name, owner in (("embed_tokens", decoder), ("layers", decoder), ("norm", decoder),
+                                        ("lm_head", hf)) if not hasattr(owner, name)]
+    if missing:
+        raise ValueError(f"model type {kind!r}: no {', '.join(missing)} to split into pipeline stages")
+    if getattr(hf.config, "tie_word_embeddings", False) and not (first and last):
+        raise ValueError(f"model type {kind!r}: tied embedding and output weights cannot be split over pipeline "
+                         f"stages (the first and last stage would each hold a copy); untie them or run without --pp")
+    if first:
+        return
+    layers, norm = decoder.layers, decoder.norm
+    probe = torch.randn(1, 2, hf.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    decoder.layers, decoder.norm = nn.ModuleList(), nn.Identity()
+    try:
+        with torch.no_grad():
+            out = decoder(inputs_embeds=probe, position_ids=torch.arange(2)[None], use_cache=False).last_hidden_state
+    finally:
+        decoder.layers, decoder.norm = layers, norm
+    if not torch.equal(out, probe):
+        raise ValueError(f"model type {kind!r}: its decoder transforms the input embeddings before the first layer, "
+                         f"so a pipeline stage cannot hand it the previous stage's hidden states; run without --pp")
 
 
 def check_supported(hf: nn.Module, shape: ModelShape) -> None:

@@ -17,6 +17,8 @@ hook. No runtime, planner or CLI code names a model family.
                       the samples through that forward one by one, which verify compares with
     TensorParallelModel  a ParallelModel that tensor parallelism can split: which module splits
                       how (`tensor_parallel_plan`), and the hook of its loss over split logits
+    StagedModel       what pipeline parallelism adds (text models): keep one stage's part,
+                      and run it from token ids or the previous stage's hidden states
 
 Token order. A text sample's tokens are its sequence; a clip's (frames, height, width) latent
 patches are packed frame by frame, each frame row by row ("frame-major"). The runtime only
@@ -247,11 +249,40 @@ class TensorParallelModel(ParallelModel, Protocol):
 
     def tensor_parallel_plan(self) -> dict[str, str]:
         """Module name (as `named_modules` gives it; `*` stands for a block's index) -> how it is
-        split, one of `TENSOR_PARALLEL_STYLES`. The split modules' heads and columns must be what
-        the rest of the model reads per rank: attention reshapes its projections to
+        split, one of `TENSOR_PARALLEL_STYLES`, of the modules it holds (a pipeline stage's
+        part names its embedding or output layer only where it keeps them). The split modules'
+        heads and columns must be what the rest of the model reads per rank: attention reshapes its projections to
         [tokens, -1, head_dim], never to a head count of its own."""
         ...
 
     def install_cross_entropy(self, cross_entropy: CrossEntropy) -> None:
         """Score the logits with `cross_entropy` (the runtime passes one over split logits)."""
+        ...
+
+
+@runtime_checkable
+class StagedModel(Protocol):
+    """A `ParallelModel` a pipeline can cut into stages (`ballast.runtime.pipeline`): after the
+    model is built alike on every rank, each keeps its stage's part (torchtitan's way)."""
+
+    holds_embedding: bool
+    """Whether it holds the token embedding: whole, or the first stage's part."""
+    holds_head: bool
+    """Whether it holds the final norm, output layer and loss: whole, or the last stage's part."""
+
+    def keep_stage(self, layers: range, first: bool, last: bool) -> None:
+        """Drop every module outside one stage: the blocks outside `layers` (the kept ones keep
+        their names, so a checkpoint's keys are the whole model's whatever the stages), the
+        embedding unless `first`, the final norm and output layer unless `last`. ValueError
+        when the model cannot be cut so (its input embeddings transformed inside the decoder,
+        tied embedding and output weights)."""
+        ...
+
+    def stage_forward(self, received: Tensor | None, samples: Sequence[Any], stream: PackedStream, local: Local,
+                      recompute_layers: int = 0) -> Tensor:
+        """The held tokens through the kept part: on the first stage from the samples
+        (`received` None), else from `received`, the previous stage's output [tokens held,
+        hidden]; returns on the last stage the summed loss of the held tokens (`loss`), else
+        the hidden states [tokens held, hidden] the next stage receives. The first
+        `recompute_layers` of the stage's own blocks are recomputed in backward."""
         ...

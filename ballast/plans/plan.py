@@ -17,6 +17,7 @@ from typing import Iterable, Iterator, Sequence
 from ..pricing import remapping
 from ..vocabulary.cluster import Cluster, is_power_of_two
 from ..pricing.cost import CostModel
+from ..pricing.pipeline import stage_activation_bytes, stage_memory
 from ..pricing.remapping import MEMORY_SLACK, SlotPart
 from ..vocabulary.samples import Sample, check_samples, tokens as sample_tokens
 
@@ -137,6 +138,15 @@ class Plan:
                 for mb in group.micro_batches:
                     yield w, group, mb
 
+    def slots(self) -> list[tuple[int, int, list[tuple[Group, MicroBatch]]]]:
+        """The step's micro-batches in the order a pipeline runs them (`runtime/pipeline`; the
+        timeline under PP): wave by wave, every group's first micro-batch, then every group's
+        second, ... up to the wave's longest group; each slot as (wave, position i, every group
+        of the wave with its i-th micro-batch, empty past the group's last)."""
+        return [(w, i, [(g, g.micro_batches[i] if i < len(g.micro_batches) else MicroBatch([])) for g in wave.groups])
+                for w, wave in enumerate(self.waves)
+                for i in range(max((len(g.micro_batches) for g in wave.groups), default=0))]
+
     def mb_lengths(self, mb: MicroBatch) -> list[int]:
         return [self.lengths[i] for i in mb.seq_ids]
 
@@ -170,7 +180,9 @@ class Plan:
     def validate(self, cluster: Cluster, cost: CostModel | None = None) -> None:
         """Raise PlanError unless the plan is executable on `cluster`, the cluster of the pool its
         ranks are (`JobMesh.pool_cluster`: the job's own without TP or PP), and fits memory under
-        `cost`, whose coefficients are a rank's of the mesh the plan was made for (a TP shard's)."""
+        `cost`, whose coefficients are a rank's of the mesh the plan was made for (a TP shard's):
+        each micro-batch at its degree, or under PP every rank on every stage, its stage's states
+        and the micro-batches 1F1B holds there at once (`_validate_stage_memory`)."""
         if cost is not None:
             priced = (cost.mesh.tp, cost.mesh.pp) if cost.mesh is not None else (1, 1)
             if (self.tp, self.pp) != priced:
@@ -201,8 +213,9 @@ class Plan:
                 if busy and cost is not None and (why := cost.pattern.split_why_not(group.degree, group.cp, cost.heads)):
                     raise PlanError(f"{where}: {why}")
                 counts.add(len(group.micro_batches))
-                # A remap domain's memory is its slots' (`remap_overflow`), not each group's own.
-                own = None if wave.domain_of(group.start) else cost
+                # A remap domain's memory is its slots' (`remap_overflow`), not each group's own; a
+                # pipeline's is its stages' (`_validate_stage_memory`).
+                own = None if wave.domain_of(group.start) or (cost is not None and cost.stages) else cost
                 for m, mb in enumerate(group.micro_batches):
                     self._validate_micro_batch(f"{where}, micro-batch {m}", mb, group, own, seen)
             if not all(covered):
@@ -216,6 +229,8 @@ class Plan:
                     raise PlanError(f"wave {w}, remap domain ranks {start}..{start + size - 1}: {why}")
             if self.lockstep and len(counts) > 1:
                 raise PlanError(f"wave {w}: lockstep plan but groups run {sorted(counts)} micro-batches")
+        if cost is not None and cost.stages is not None:
+            self._validate_stage_memory(cost, n)
         missing = [i for i in range(len(self.lengths)) if i not in seen]
         if missing:
             raise PlanError(f"sequence {missing[0]} ({self.lengths[missing[0]]} tokens) is in no micro-batch"
@@ -268,6 +283,26 @@ class Plan:
                         not (start <= group.start and group.start + group.degree <= start + size):
                     raise PlanError(f"{where}: group of ranks {group.start}..{group.start + group.degree - 1} "
                                     f"is partly outside it")
+
+    def _validate_stage_memory(self, cost: CostModel, ranks: int) -> None:
+        """PlanError unless every pool rank fits on every pipeline stage (`cost.stages`): its
+        stage's states and the most activations 1F1B holds there at once
+        (`pipeline.stage_memory`), every micro-batch keeping its stage's share of the layers'."""
+        stages, slots = cost.stages, self.slots()
+        for k in range(stages.count):
+            held = [[0.0] * len(slots) for _ in range(ranks)]
+            for i, (_, _, parts) in enumerate(slots):
+                for group, mb in (part for part in parts if part[1].seq_ids):
+                    kept = stage_activation_bytes(cost, self.mb_samples(mb), group.degree, mb.recompute, group.cp, k,
+                                                  stages.count)
+                    for r in group.ranks:
+                        held[r][i] = kept
+            for r, activations in enumerate(held):
+                if (used := stage_memory(stages, k, activations)) > cost.device_memory * (1 + MEMORY_SLACK):
+                    raise PlanError(
+                        f"pipeline stage {k}, pool rank {r}: needs {used / 1e9:.2f} GB per device at its peak "
+                        f"({stages.states[k] / 1e9:.2f} GB states and the activations of the micro-batches 1F1B "
+                        f"holds at once); the device has {cost.device_memory / 1e9:.2f} GB")
 
     def _validate_micro_batch(self, where: str, mb: MicroBatch, group: Group,
                               cost: CostModel | None, seen: dict[int, str]) -> None:

@@ -8,15 +8,26 @@ slowest group's micro-batch i ends.
 A remap domain of a wave (Zeppelin's remapping layer, `Wave.remap`) runs its groups slot by
 slot with linear work spread evenly over its ranks; `remapping.slot_time` prices its slots,
 and every group of the domain is busy for all of each one.
+
+A plan of PP degree p > 1 runs as a pipeline (`runtime/pipeline`): its micro-batches in the
+slots' order (`Plan.slots`), each group's on every stage at the cost model's seconds / p split
+into forward and backward (`pipeline.stage_passes`), its rows crossing each boundary at the
+stages' bandwidth, through the 1F1B schedule simulated exactly (`pipeline.one_f_one_b_parts`):
+waves are no barriers there, and the step is the schedule's. Its ranks' busy seconds are a
+stage's, its Gantt segments the first stage's passes, its bound the plain one / p (no bubble
+term).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..pricing.bounds import uncapped_lower_bound
 from ..pricing.cost import CostModel
+from ..pricing.pipeline import PipelineTimes, StagePart, one_f_one_b_parts, stage_passes, transfer_seconds
+from ..pricing.stages import StagePrices
 from .plan import Group, MicroBatch, Plan, Wave
 from ..pricing.nics import crosses_nodes, exchange_surcharge, group_nic_bytes, move_load
 from ..pricing.remapping import slot_time, slot_tokens
@@ -72,6 +83,8 @@ class StepMetrics:
 
 def simulate(plan: Plan, cost: CostModel, world_size: int, timeline: bool = False) -> StepMetrics:
     """Run `plan` under `cost`; keep every micro-batch's Segment when `timeline` is set."""
+    if plan.pp > 1:
+        return _simulate_pipeline(plan, cost, world_size, timeline)
     busy = np.zeros(world_size)
     comm_time = np.zeros(world_size)
     segments: list[Segment] = []
@@ -125,7 +138,76 @@ def nic_bytes(plan: Plan, cost: CostModel) -> np.ndarray:
 
 def step_time(plan: Plan, cost: CostModel) -> float:
     """The simulated step time alone (what planners compare)."""
+    if plan.pp > 1:
+        return pipeline_times(plan, cost).step
     return sum(wave_time(plan, wave, cost) for wave in plan.waves)
+
+
+@dataclass(frozen=True)
+class StagedMicroBatch:
+    """A group's micro-batch in a pipeline slot, as the 1F1B schedule prices it."""
+
+    wave: int
+    position: int
+    """Its index among its group's micro-batches."""
+    group: Group
+    comm_share: float
+    """The share of its seconds spent in exchanges."""
+    part: StagePart
+
+
+def pipeline_times(plan: Plan, cost: CostModel) -> PipelineTimes:
+    """The 1F1B step of a plan of PP degree p > 1 over the cost model's pool (module docstring)."""
+    return one_f_one_b_parts([[s.part for s in slot] for slot in _staged(plan, cost)], plan.pp, cost.world_size)
+
+
+def _staged(plan: Plan, cost: CostModel) -> list[list[StagedMicroBatch]]:
+    """Every slot's micro-batches that hold tokens, priced per stage."""
+    stages = _stages(plan, cost)
+    out = []
+    for w, i, parts in plan.slots():
+        routed = plan.waves[w].routed
+        slot = []
+        for group, mb in parts:
+            if not mb.seq_ids:
+                continue
+            compute, comm = _mb_time(plan, mb, group, cost, routed)
+            plain = sum(_mb_time(plan, dataclasses.replace(mb, recompute=0.0), group, cost, routed))
+            forward, backward = stage_passes(compute + comm, plain, stages.count)
+            moved = transfer_seconds(sum(plan.mb_lengths(mb)), group.degree, stages.hidden, stages.bandwidth,
+                                     stages.latency)
+            part = StagePart(tuple(group.ranks), (forward,) * stages.count, (backward,) * stages.count, moved)
+            slot.append(StagedMicroBatch(w, i, group, comm / (compute + comm) if compute + comm > 0 else 0.0, part))
+        out.append(slot)
+    return out
+
+
+def _stages(plan: Plan, cost: CostModel) -> StagePrices:
+    if cost.stages is None or cost.stages.count != plan.pp:
+        priced = cost.stages.count if cost.stages is not None else 1
+        raise ValueError(f"plan {plan.planner!r} runs {plan.pp} pipeline stages, but the cost model prices {priced}")
+    return cost.stages
+
+
+def _simulate_pipeline(plan: Plan, cost: CostModel, world_size: int, timeline: bool) -> StepMetrics:
+    """`simulate` of a plan of PP degree p > 1 (module docstring)."""
+    staged = _staged(plan, cost)
+    times = one_f_one_b_parts([[s.part for s in slot] for slot in staged], plan.pp, world_size)
+    busy, comm_time = np.zeros(world_size), np.zeros(world_size)
+    segments: list[Segment] = []
+    for i, slot in enumerate(staged):
+        for j, s in enumerate(slot):
+            ranks = slice(s.group.start, s.group.start + s.group.degree)
+            seconds = s.part.forward[0] + s.part.backward[0]
+            busy[ranks] += seconds
+            comm_time[ranks] += s.comm_share * seconds
+            for end, length in ((times.forward_ends[i][j][0], s.part.forward[0]),
+                                (times.backward_ends[i][j][0], s.part.backward[0])) if timeline else ():
+                segments.append(Segment(s.wave, s.group.start, s.group.degree, s.position, end - length,
+                                        (1 - s.comm_share) * length, s.comm_share * length))
+    lower = uncapped_lower_bound(cost, plan.samples) / plan.pp
+    return StepMetrics(times.step, plan.tokens, lower, busy, comm_time, [times.step], segments,
+                       nic_bytes(plan, cost) / plan.pp)
 
 
 def wave_time(plan: Plan, wave: Wave, cost: CostModel) -> float:

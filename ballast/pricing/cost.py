@@ -31,6 +31,7 @@ from ..vocabulary.samples import Sample, sample_grid, tokens as sample_tokens
 from ..vocabulary.split_catalogue import SplitCatalogue
 from .coefficients import CostCoefficients, InfeasibleError
 from .device_memory import DeviceMemory
+from .stages import StagePrices
 
 # Recomputing a layer repeats its forward exchanges (the whole block is recomputed, its
 # all-to-alls or CP gathers inside): half of the layer's, each forward one moving as many bytes
@@ -59,6 +60,10 @@ class CostModel(CostCoefficients):
     work, memory and heads over the mesh's pool (`tensor_parallel.sharded`); plans made with this
     model record its TP and PP degrees. Not a coefficient, so not in the JSON. None: one pool of
     the whole world."""
+    stages: StagePrices | None = field(default=None, compare=False, repr=False)
+    """Under PP (the mesh's p > 1) its stages' states and boundary (`pipeline.stage_prices`): a
+    plan of p stages is timed as the 1F1B step of its micro-batches and its memory checked per
+    stage. Not a coefficient, so not in the JSON. None: no pipeline."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

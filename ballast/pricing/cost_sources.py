@@ -11,6 +11,7 @@ from ..vocabulary.precision import Precision
 from ..vocabulary.sharding import Sharding, default_sharding
 from .cost import CostModel
 from .device_memory import DeviceMemory, ParameterCounts
+from .pipeline import stage_prices
 from .tensor_parallel import activation_share, parameter_counts, sharded
 from ..vocabulary.job_mesh import JobMesh
 from ..vocabulary.model_shape import ModelShape
@@ -149,7 +150,7 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
         pool = mesh.pool_cluster(cluster)
         memory = device_memory(shape, pool, sharding, precision, tp=mesh.tp)
         cost = (analytic_cost if spec == "analytic" else published_cost)(shape, pool, memory, mesh.tp)
-        return sharded(cost, shape, cluster, mesh)
+        return with_stages(sharded(cost, shape, cluster, mesh), shape, cluster, mesh)
     if mesh.tp > 1:
         raise ValueError(f"cost model {spec} is a profile of whole layers on one device; TP degree {mesh.tp} is priced "
                          f"from the analytic or published coefficients (--cost analytic or published)")
@@ -161,5 +162,11 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
         raise ValueError(f"cost model {spec} was made for {cost.world_size} devices, "
                          f"the cluster has {cluster.world_size}")
     memory = device_memory(shape, cluster, sharding, precision)
-    return dataclasses.replace(cost, network=cluster, mesh=mesh, **with_device_memory(memory, *activations_alone(cost)),
+    cost = dataclasses.replace(cost, network=cluster, mesh=mesh, **with_device_memory(memory, *activations_alone(cost)),
                                **({} if device_memory_gb is None else dict(device_memory=device_memory_gb * 1e9)))
+    return with_stages(cost, shape, cluster, mesh)
+
+
+def with_stages(cost: CostModel, shape: ModelShape, cluster: Cluster, mesh: JobMesh) -> CostModel:
+    """`cost` with its pipeline's stages priced (`CostModel.stages`) under PP, else as it is."""
+    return dataclasses.replace(cost, stages=stage_prices(cost, shape, cluster, mesh)) if mesh.pp > 1 else cost

@@ -8,9 +8,10 @@ video-synthetic scales them, the Zipf weights kept), --max-len defaulting to the
 (up to ~490k tokens) do not run on a CPU, and a frame longer than --max-len could not be split.
 Each is planned by the next planner in turn, validated, simulated under the
 profile (predicted step time of the plan as the runtime executes it, see `as_executed`, and
-peak activation bytes per device), then executed by the runtime on local gloo ranks, on the
-CPU: a profile measured on another device (GPUs under torchrun) is refused, since its
-predictions are for that device. Measured
+peak activation bytes per device), then executed by the runtime on the command's ranks: local
+gloo ranks on the CPU, or launched by torchrun its processes (on GPUs under NCCL, rank 0
+planning and comparing, `runtime.job`). A profile measured on another device than the ranks
+run on is refused, since its predictions are for that device. Measured
 step time is what the simulator models: the sum over waves of the wave's time (its busiest
 rank's micro-batches); the gradient all-reduce and optimizer step, a constant per step that no
 planner can change, are reported apart. Measured activation memory is the largest
@@ -63,8 +64,6 @@ from .drift import drift_errors, how_much, machine_drift, reference_points
 from .measure import LEARNING_RATE, STATISTICS, core_share, fitted_statistic, plan_samples, point_plan
 from .rounds import composed_step, micro_batch_seconds, rank_waves
 
-CHECK_DEVICE = "cpu"
-"""Where the check runs its plans: `run_local`'s gloo ranks, on the CPU."""
 DEFAULT_MAX_LEN = 4096
 """--max-len of a text model's check."""
 DEFAULT_TOKENS_PER_STEP = 16384
@@ -114,8 +113,10 @@ def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats:
 
     from ..runtime import parallelize
 
+    from ..runtime import rank_device
+
     world, rank = dist.get_world_size(), dist.get_rank()
-    model = build_model(shape, seed)
+    model = build_model(shape, seed).to(rank_device())
     executor = parallelize(model, get_cluster("cpu", world_size=world), measure_activations=True, precision=precision,
                            lr=LEARNING_RATE)
     parsed = [Plan.from_dict(p) for p in plans]
@@ -243,8 +244,10 @@ def plan_table(rows: list[dict]) -> Table:
     return table
 
 
-def run_check(args: argparse.Namespace) -> int:
-    from ..runtime import run_local
+def run_check(args: argparse.Namespace, world: int | None) -> int:
+    """`ballast profile --check` on `world` ranks (None: the profile's), started here or the
+    torchrun job's with this process its rank 0."""
+    from ..runtime import describe_ranks, job_backend, on_ranks, rank_device, under_torchrun
 
     console = Console()
     origin = provenance()
@@ -257,14 +260,15 @@ def run_check(args: argparse.Namespace) -> int:
     if "shape" not in cost.fit:
         raise ValueError(f"{args.check} is not a profile written by `ballast profile` (its fit has no model shape)")
     shape = ModelShape.from_dict(cost.fit["shape"])
-    machine = cost.fit["machine"]
-    if measured_device(machine) != CHECK_DEVICE:
+    machine, device = cost.fit["machine"], rank_device().type
+    if world is not None and world != cost.world_size:
+        given = "torchrun's WORLD_SIZE" if under_torchrun() else "--world"
+        raise ValueError(f"{args.check} was profiled on {cost.world_size} ranks, not {given} {world}")
+    if measured_device(machine) != device:
         raise ValueError(f"{args.check} was measured on {measured_device(machine)} ({machine['backend']} ranks), "
-                         f"but --check runs plans on local gloo ranks on the {CHECK_DEVICE}: its predictions "
-                         f"are for another device than the one the check would measure")
+                         f"but --check runs plans on {describe_ranks(cost.world_size)} on the {device}: its "
+                         f"predictions are for another device than the one the check would measure")
     statistic = fitted_statistic(cost)
-    if args.world is not None and args.world != cost.world_size:
-        raise ValueError(f"{args.check} was profiled on {cost.world_size} ranks, not --world {args.world}")
     video = shape.pattern.clips
     lengths = args.lengths or default_source(shape)
     names = parse_planner_names(args.planners)
@@ -286,8 +290,8 @@ def run_check(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with LoadMonitor() as load:
         run = [p.to_dict() for p in plans] + [point_plan(m.point, cost.world_size).to_dict() for m in references]
-        per_rank = run_local(cost.world_size, execute_on_ranks, shape, run, 1, repeats, args.seed, True,
-                             args.precision, timeout=args.timeout)
+        per_rank = on_ranks(cost.world_size, execute_on_ranks, shape, run, 1, repeats, args.seed, True,
+                            args.precision, timeout=args.timeout)
     seconds = time.perf_counter() - start
     drift = machine_drift(references, [[[records[len(plans) + i][r]["micro_batch_s"] for records in per_rank]
                                         for r in range(repeats)] for i in range(len(references))], statistic)
@@ -330,6 +334,6 @@ def run_check(args: argparse.Namespace) -> int:
         Path(args.json_out).write_text(json.dumps(dict(
             setting=setting, summary=summary, drift=drift, seconds=seconds, load_average=loads,
             core_share=statistics.median(r["core_share"] for r in rows),
-            machine=machine_info(cost.world_size, CHECK_DEVICE), plans=rows, provenance=origin), indent=2))
+            machine=machine_info(cost.world_size, device, job_backend()), plans=rows, provenance=origin), indent=2))
         console.print(f"wrote {args.json_out}")
     return 0

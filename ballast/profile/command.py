@@ -1,7 +1,8 @@
 """`ballast profile`: measure the real model with the real runtime, fit the cost model, save it.
 
-It runs the model with `Executor` on this machine's ranks (local gloo ranks on the CPU, or
-torchrun's: NCCL on GPUs) over a grid of sequence lengths x SP degrees (powers of two up to the
+It runs the model with `Executor` on this machine's ranks (local gloo ranks on the CPU, or,
+launched by torchrun, its processes: NCCL on GPUs, rank 0 running the command and the others
+serving it, `runtime.job`) over a grid of sequence lengths x SP degrees (powers of two up to the
 world that divide the heads) x recompute levels (none, half the layers, all), with a warm-up
 round and repeated rounds (reduced by their median, or their minimum with `--statistic min`:
 see measure.STATISTICS), and fits docs/design.md's coefficients (ballast.profile.fit): a (s^2),
@@ -21,8 +22,9 @@ ranks measured on) and its load average. The device memory is a setting (`--devi
 GB) so that a CPU run can stand in for a GPU's capacity; the report says how many tokens each
 degree holds in it.
 
-`ballast profile --check profile.json` runs random plans for real and compares them with the
-profile's predictions (ballast.profile.check).
+`ballast profile --check profile.json` runs random plans for real, on ranks of the device the
+profile measured (local gloo ranks for a CPU profile, torchrun's on GPUs for a GPU one), and
+compares them with the profile's predictions (ballast.profile.check).
 
 Video models (`stdit-tiny`, `dit-tiny`, any shape whose attention is `full` or
 `spatial-temporal`) profile on clips: --lengths / --max-len give the grid's token counts
@@ -33,7 +35,6 @@ pattern's attention terms (`video_grid.video_clips`): a small grid, a few minute
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 from rich.console import Console
@@ -48,18 +49,20 @@ from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..command_line.output_paths import check_output_file
 from ..command_line.provenance import provenance
 from .grid import recompute_levels
-from .machine import default_device_memory, ranks_on_gpus
+from .machine import default_device_memory
 from .measure import STATISTICS
-from ..runtime import under_torchrun
 from ..models import check_buildable
 from .profiler import profile
 from .settings import VIDEO_MAX_TOKENS, Settings, default_depths, default_lengths, default_video_sizes, is_video
 
 HELP = "measure the real model on this machine's ranks, fit and save the cost model (or --check one)"
+DEFAULT_WORLD = 2
+"""--world of a profile without torchrun."""
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     MODEL.add(p, "tiny", "profiles on this machine's CPU ranks in minutes")
-    WORLD.add(p, None, "2; --check: the profile's")
+    WORLD.add(p, None, f"{DEFAULT_WORLD}; --check: the profile's; under torchrun its WORLD_SIZE, which a --world "
+                       f"given must match")
     p.add_argument("--lengths", default=None, help="profile: comma-separated grid lengths (default powers of "
                    "two from 128 to --max-len; a video model: token counts of its grid's clips, default --max-len "
                    "and a quarter of it for spatial-temporal attention, powers of two from 256 for full); --check: a length source (default stdlib; a video model: video, scaled "
@@ -86,11 +89,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how repeats become one time: median (resists bursts of load) or min (what the "
                    "device does when no other job takes its cores; steadier on a shared, busy host); "
                    "--check reads it from the profile")
-    PRECISION.add(p, Precision.AUTO, "what the cost model's presets price: fp32 on these CPU ranks; bf16 "
-                                     "profiles 2-byte exchanges on them")
+    PRECISION.add(p, Precision.AUTO, "what the cost model's presets price: fp32 on CPU ranks, bf16 under "
+                                     "torchrun on GPUs; bf16 on CPU ranks profiles 2-byte exchanges on them")
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--timeout", type=TIMEOUT, default=3600.0,
-                   help="seconds before the ranks are stopped (at least 30: they need seconds to start)")
+                   help="seconds before the local ranks are stopped, or under torchrun before a collective is "
+                        "given up (at least 30: they need seconds to start)")
     check = p.add_argument_group("--check: random plans for real against the profile's predictions")
     check.add_argument("--check", metavar="PROFILE", default=None, help="the profile JSON to check")
     check.add_argument("--plans", type=positive(int), default=30, help="random plans to run")
@@ -125,31 +129,38 @@ def settings_from(args: argparse.Namespace, shape: ModelShape | None = None) -> 
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..runtime import in_job, job_world
+
+    # Before any rank joins: a --world that torchrun's contradicts is one line per node.
+    world = job_world(args.world, None if args.check else DEFAULT_WORLD)
     if args.check:
         from .check import run_check
-        return run_check(args)
-    console = Console(quiet=under_torchrun() and os.environ["RANK"] != "0")  # one report per job
+        return in_job(lambda: run_check(args, world), args.timeout)
+    return in_job(lambda: measure_and_fit(args, world), args.timeout)
+
+
+def measure_and_fit(args: argparse.Namespace, world: int) -> int:
+    """`ballast profile` on `world` ranks (started here, or the torchrun job's with this process
+    its rank 0): the grid measured, the fit reported and saved."""
+    from ..runtime import describe_ranks, rank_device, under_torchrun
+
+    console = Console()
     origin = provenance()
-    if not console.quiet:  # rank 0 writes the profile
-        check_output_file(args.out, "--out")
+    check_output_file(args.out, "--out")
     shape = get_model_shape(args.model)
     check_buildable(shape)
-    world = args.world or (int(os.environ["WORLD_SIZE"]) if under_torchrun() else 2)
     memory = (args.device_memory_gb * 1e9 if args.device_memory_gb is not None
-              else default_device_memory(world, ranks_on_gpus()))
+              else default_device_memory(world, rank_device().type == "cuda"))
     settings = settings_from(args, shape)
-    ranks = "torchrun" if under_torchrun() else "local gloo"
     if not under_torchrun() and torch.cuda.is_available():
         console.print("[yellow]this machine has a GPU, but local gloo ranks measure the CPU (and the profile "
                       "says so): launch under torchrun, one process per GPU, to profile the GPUs[/yellow]")
     sizes = ",".join(map(str, settings.lengths))
     what = f"{shape.attention} attention, clips of {sizes} tokens" if is_video(shape) else f"lengths {sizes}"
-    console.print(f"profiling {shape.name} ({shape.layers} blocks) on {world} {ranks} ranks at depths "
+    console.print(f"profiling {shape.name} ({shape.layers} blocks) on {describe_ranks(world)} at depths "
                   f"{','.join(map(str, settings.depths))}: {what}, "
                   f"{settings.warmup} warm-up + {settings.repeats} rounds ({settings.statistic})")
     cost = profile(shape, world, memory, settings, progress=True, timeout=args.timeout)
-    if cost is None:  # a torchrun rank other than 0
-        return 0
     print_report(console, cost)
     cost.save(args.out, origin)
     console.print(f"wrote {args.out}")

@@ -13,7 +13,6 @@ import threading
 
 import torch
 
-from ..runtime import under_torchrun
 from ..vocabulary.cluster import GPU_RESERVE
 
 
@@ -42,12 +41,6 @@ def measured_device(machine: dict) -> str:
 def physical_memory() -> float:
     """Bytes of RAM of this machine."""
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
-def ranks_on_gpus() -> bool:
-    """Whether the profile's ranks will compute on GPUs: torchrun's ranks on a machine with CUDA
-    (`runtime.init_distributed` joins them with NCCL, each on its GPU); local ranks are gloo's."""
-    return under_torchrun() and torch.cuda.is_available()
 
 
 def default_device_memory(world: int, on_gpus: bool) -> float:

@@ -43,7 +43,7 @@ from ..models import build_model
 from ..models.gaussian_clips import gaussian_clips
 from ..plans.plan import Group, MicroBatch, Plan, Wave
 from ..vocabulary.model_shape import ModelShape
-from ..runtime import Executor, ProcessGroups, parallelize
+from ..runtime import Executor, ProcessGroups, parallelize, rank_device
 from ..runtime.executor import StepResult
 from .exchange import check_exchanged_values
 from ..vocabulary.precision import Precision
@@ -95,11 +95,6 @@ class CallCounter:
     def seconds(self) -> float:
         """Seconds inside the calls; read after the point's synchronisation (CUDA marks)."""
         return sum(Stopwatch.seconds(*span) for span in self.spans)
-
-
-def rank_device() -> torch.device:
-    """Where this rank computes: its GPU under NCCL (`init_distributed` selected it), else the CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def synchronize(device: torch.device) -> None:

@@ -1,9 +1,9 @@
 """The profiler behind `ballast profile`: the grid measured on ranks, the fit, the report.
 
-`profile(shape, world, memory, settings)` spawns local gloo ranks (or joins torchrun's job),
-runs `measure.measure_on_ranks` at every grid point, fits the coefficients (`fit.py`) at the
-reduced depths, checks the extrapolation to the full depth, and returns the profiled CostModel
-with its report in `fit`.
+`profile(shape, world, memory, settings)` runs `measure.measure_on_ranks` at every grid point
+on the command's ranks (`runtime.on_ranks`: local gloo ranks, or torchrun's job: NCCL on GPUs),
+fits the coefficients (`fit.py`) at the reduced depths, checks the extrapolation to the full
+depth, and returns the profiled CostModel with its report in `fit`.
 
 Video models (`ModelShape.attention` `full` or `spatial-temporal`) profile on clips: the
 settings' lengths are the grid's token counts, each turned into clips by `video_grid.video_clips`;
@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
-from datetime import timedelta
 from typing import Sequence
 
 from ..pricing.coefficients import InfeasibleError
 from ..pricing.cost import CostModel
 from ..vocabulary.model_shape import ModelShape
-from ..runtime import run_local, under_torchrun
+from ..runtime import on_ranks, rank_device
 from .context import context_bytes_per_token_layer, context_splits, residuals_by_kind
 from .exchange import shape_bytes_per_token_layer
 from .coefficients import Coefficients
@@ -31,7 +29,7 @@ from .residuals import prediction_errors, time_and_act_errors
 from .grid import Measurement, Point, recompute_levels
 from .machine import LoadMonitor, machine_info
 from .noise import noise_exponent
-from .measure import combine, core_share, measure_on_ranks, rank_device
+from .measure import combine, core_share, measure_on_ranks
 from .settings import Settings, held_out, is_video, plan_grid, sp_degrees
 
 
@@ -58,11 +56,9 @@ def check_states_fit(shape: ModelShape, device_memory: float) -> None:
 
 
 def profile(shape: ModelShape, world_size: int, device_memory: float, settings: Settings,
-            progress: bool = False, timeout: float = 3600.0) -> CostModel | None:
-    """Measure `shape` on `world_size` ranks and return its profiled CostModel.
-
-    Spawns local gloo ranks, or under torchrun joins its job (NCCL on GPUs): then every
-    process calls this and rank 0 alone gets the CostModel, the others None. The executor's
+            progress: bool = False, timeout: float = 3600.0) -> CostModel:
+    """Measure `shape` on `world_size` ranks (`on_ranks`: local gloo ranks stopped after
+    `timeout` seconds, or torchrun's) and return its profiled CostModel. The executor's
     precision is `settings.precision`."""
     grid, checks = plan_grid(shape, world_size, settings)
     unseen = held_out(shape, world_size, settings)
@@ -71,10 +67,7 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
     with LoadMonitor() as load:
         args = (shape, grid + unseen + checks, settings.warmup, settings.repeats, settings.seed, progress,
                 settings.precision)
-        per_rank = (_measure_torchrun(world_size, args, timeout) if under_torchrun() else
-                    run_local(world_size, _measure_on_rank, *args, timeout=timeout))
-    if per_rank is None:
-        return None
+        per_rank = on_ranks(world_size, _measure_on_rank, *args, timeout=timeout)
     measured = combine(grid + unseen + checks, per_rank, settings.statistic)
     fitted, unseen_measured, verified = (measured[:len(grid)], measured[len(grid):len(grid) + len(unseen)],
                                          measured[len(grid) + len(unseen):])
@@ -144,24 +137,6 @@ def measured_bytes_per_token_layer(measurements: Sequence[Measurement]) -> float
     rows = [m for m in measurements if m.point.degree > 1 and m.point.recompute_layers == 0]
     tokens = sum(m.shard_tokens * m.point.layers for m in rows)
     return sum(m.comm_bytes for m in rows) / tokens if tokens else 0.0
-
-
-def _measure_torchrun(world_size: int, args: tuple, timeout: float) -> list[dict] | None:
-    """Join torchrun's job, measure on this rank, gather every rank's records on rank 0."""
-    import torch.distributed as dist
-
-    from ..runtime import init_distributed
-
-    if int(os.environ["WORLD_SIZE"]) != world_size:
-        raise ValueError(f"--world {world_size} does not match torchrun's WORLD_SIZE {os.environ['WORLD_SIZE']}")
-    init_distributed(timeout=timedelta(seconds=timeout))
-    try:
-        mine = _measure_on_rank(*args)
-        gathered = [None] * world_size if dist.get_rank() == 0 else None
-        dist.gather_object(mine, gathered, dst=0)
-        return gathered
-    finally:
-        dist.destroy_process_group()
 
 
 def _measure_on_rank(*args) -> dict:

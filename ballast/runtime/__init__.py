@@ -1,7 +1,8 @@
 """Executes plans for real with torch.distributed.
 
-    parallelize.py  the one entry point: model + cluster -> Executor (SP attention, FSDP2 or
-                    replicated weights, AdamW with ZeRO-1 or not)
+    parallelize.py  the one entry point: model + cluster (+ job mesh) -> Executor (SP attention,
+                    the model cut into PP stages and split over TP groups, FSDP2 or replicated
+                    weights, AdamW with ZeRO-1 or not)
     executor.py     Executor.step: a plan's waves, micro-batches, recomputation, loss, grad sync
     broadcast.py    rank 0's plan (and the batch's tokens) on every rank
     attention.py    Ulysses attention over a packed stream sharded across a group
@@ -18,8 +19,13 @@
     fsdp.py         FSDP2 sharding of the model
     groups.py       cached process groups of every aligned power-of-two block and its (u, c) splits
     world.py        joining the job: torchrun, or N local gloo ranks
+    job.py          a command's ranks: local gloo ranks, or torchrun's (rank 0 runs the command,
+                    the others serve its distributed calls)
     host_memory.py  a CPU rank's malloc keeps freed memory, as CUDA's caching allocator does
     memory.py       bytes saved for backward, measured
+    tensor_parallel/  tensor parallelism: every layer split over the job mesh's TP groups
+    pipeline/       pipeline parallelism: the job mesh's p stages, a plan's micro-batches run
+                    through them in 1F1B
 """
 from .attention import StreamShard, sequence_parallel_attention
 from .broadcast import broadcast_plan
@@ -30,10 +36,12 @@ from .memory import ActivationMeter
 from .parallelize import make_optimizer, parallelize
 from .shard_sizes import shard_sizes
 from .video_sp import BALANCE, Relayout, TokenSplit, VideoLayouts, VideoShard, video_layouts
-from .world import PeerFailed, RankFailed, RankInputError, init_distributed, run_local, under_torchrun
+from .job import describe_ranks, in_job, job_backend, job_world, on_ranks
+from .world import PeerFailed, RankFailed, RankInputError, init_distributed, rank_device, run_local, under_torchrun
 
 __all__ = ["ActivationMeter", "BALANCE", "Executor", "MicroBatchRecord", "PeerFailed", "ProcessGroups",
            "RankFailed", "RankInputError", "Relayout", "StepResult",
-           "StreamShard", "TokenSplit", "VideoLayouts", "VideoShard", "WaveTiming", "broadcast_plan", "full_tensor",
-           "init_distributed", "is_sharded", "make_optimizer", "parallelize", "run_local",
+           "StreamShard", "TokenSplit", "VideoLayouts", "VideoShard", "WaveTiming", "broadcast_plan", "describe_ranks",
+           "full_tensor", "in_job", "init_distributed", "is_sharded", "job_backend", "job_world", "make_optimizer",
+           "on_ranks", "parallelize", "rank_device", "run_local",
            "sequence_parallel_attention", "shard_model", "shard_sizes", "under_torchrun", "video_layouts"]

@@ -44,6 +44,9 @@ are the pool's: every rank of a TP group runs its pool rank's part of the plan o
 over its own TP index's copy of the pool's groups (`ProcessGroups`), each rank with its shard of
 the split layers (`tensor_parallel/`). The sum above is then over the pool of the rank's TP
 index; a TP group's ranks hold the same loss, so only the first adds it (`_synchronise`).
+Under pipeline parallelism (`pipeline/executor.py`, `PipelineExecutor`) each rank holds its
+stage's layers and runs the plan's micro-batches through the stages in 1F1B order; the sum is
+the same, each stage's over its own pool.
 
 Precision (`Precision`): by default on a GPU the forward runs under bf16 autocast (matmuls,
 attention and the all-to-alls in bf16: every attention casts q, k and v to the autocast dtype,
@@ -204,10 +207,25 @@ class Executor:
             self.optimizer.zero_grad(set_to_none=True)
         else:
             self.sync.start()
-        loss = torch.zeros((), dtype=torch.float32, device=self.device)
         self._shares = []
         self._passes_left = self._backward_passes(plan)
         result = StepResult(loss=0.0, tokens=plan.tokens, waves=[])
+        loss = self._run_plan(plan, samples, result)
+        start = self._clock()
+        result.loss, result.grad_norm, nonfinite = self._synchronise(loss, self._nonfinite_flags(len(plan.lengths)))
+        result.nonfinite_samples = torch.nonzero(nonfinite).flatten().tolist()
+        result.sync_seconds = self._clock() - start
+        result.applied = math.isfinite(result.loss) and math.isfinite(result.grad_norm)
+        if result.applied:
+            start = self._clock()
+            self.optimizer.step()
+            result.optimizer_seconds = self._clock() - start
+        return result
+
+    def _run_plan(self, plan: Plan, samples: Sequence[Any], result: StepResult) -> Tensor:
+        """The step's passes on this rank, wave by wave (timed into `result.waves`); returns the
+        rank's summed loss shares."""
+        loss = torch.zeros((), dtype=torch.float32, device=self.device)
         for w, wave in enumerate(plan.waves):
             group = plan.group_of(w, self.rank)
             domain = wave.domain_of(self.rank)
@@ -223,16 +241,7 @@ class Executor:
             busy = self._clock() - start
             dist.barrier()
             result.waves.append(WaveTiming(busy, self._clock() - start - busy))
-        start = self._clock()
-        result.loss, result.grad_norm, nonfinite = self._synchronise(loss, self._nonfinite_flags(len(plan.lengths)))
-        result.nonfinite_samples = torch.nonzero(nonfinite).flatten().tolist()
-        result.sync_seconds = self._clock() - start
-        result.applied = math.isfinite(result.loss) and math.isfinite(result.grad_norm)
-        if result.applied:
-            start = self._clock()
-            self.optimizer.step()
-            result.optimizer_seconds = self._clock() - start
-        return result
+        return loss
 
     def gradients(self) -> list[Tensor]:
         """The last step's summed gradient of every trained parameter, whole, on every rank (a
@@ -312,13 +321,17 @@ class Executor:
         # the even split when frames do not balance); with a CP part, the stream indices of the
         # rank's rows (its CP shard's head and tail chunks are not contiguous).
         start = self._clock()
-        layout = self.model.shape.pattern.layout.with_context(group.cp)
-        holder = SHARDS[layout] if group.degree > 1 else StreamShard
-        shard = holder.create(
-            plan.mb_samples(mb), self.groups.get(group.start, group.degree, group.cp), group.degree,
-            self.rank - group.start, self.device, routing=self._routing(plan, wave))
+        shard = self._shard(plan, wave, group, mb)
         return self._forward_backward(plan, mb.seq_ids, shard, shard.local, mb.recompute, samples, result,
                                       (wave, group, mb), start)
+
+    def _shard(self, plan: Plan, wave: int, group: Group, mb: MicroBatch) -> StreamShard:
+        """This rank's share of micro-batch `mb` of `group` in wave `wave`, in the group's layout."""
+        layout = self.model.shape.pattern.layout.with_context(group.cp)
+        holder = SHARDS[layout] if group.degree > 1 else StreamShard
+        return holder.create(
+            plan.mb_samples(mb), self.groups.get(group.start, group.degree, group.cp), group.degree,
+            self.rank - group.start, self.device, routing=self._routing(plan, wave))
 
     def _run_slot(self, plan: Plan, wave: int, domain: tuple[int, int], slot: int,
                   samples: Sequence[Any], result: StepResult) -> Tensor:
@@ -383,9 +396,7 @@ class Executor:
             # The model's loss is summed over its tokens: the normaliser is the whole batch's.
             loss = self.model.loss([samples[i] for i in seq_ids], stream, local, recompute_layers) / plan.tokens
         # Every rank of the group runs backward, an empty shard too: its all-to-alls are awaited.
-        self._passes_left -= 1
-        if self._passes_left == 0 and self.sync is not None:
-            self.sync.arm()
+        self._before_backward()
         loss.backward()
         self._shares.append((seq_ids, loss.detach()))
         wave, group, mb = mine
@@ -393,6 +404,12 @@ class Executor:
             wave, group.degree, list(mb.seq_ids), held_tokens(local, stream.bounds[-1]), recompute_layers,
             self._clock() - start, meter.bytes if meter else None))
         return loss.detach()
+
+    def _before_backward(self) -> None:
+        """Count a backward pass; arm the gradient sync before the rank's last of the step."""
+        self._passes_left -= 1
+        if self._passes_left == 0 and self.sync is not None:
+            self.sync.arm()
 
     def _skip(self) -> Tensor:
         """An empty micro-batch: nothing to run, except under FSDP, where this rank must still join
@@ -422,7 +439,8 @@ class Executor:
         parameters, a TP rank's split weights) each adds its own; what ranks hold alike (the
         gradients every pool rank holds when replicated, the TP group's whole parameters: the
         norms) the first of them adds. A TP group's ranks hold the same loss and flags: its
-        first rank adds them."""
+        first rank adds them. Under PP each stage's pools hold that stage's parameters, and
+        the last stage alone the loss and flags: the world's sum counts each once."""
         assert self._passes_left == 0, "the step ran another number of backward passes than its plan"
         if self.sync is not None:
             self.sync.finish()

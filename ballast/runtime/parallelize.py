@@ -11,13 +11,14 @@ torchtitan's order, for a model built the same way on every rank:
        its executors);
     3. sequence-parallel attention (`attention.py`) installed through the model's own hook
        (`ParallelModel.install_attention`: the runtime knows no model family);
-    4. the weights: every rank starts from rank 0's (one broadcast), then under TP keeps its
-       shard of the split layers (`tensor_parallel/`, the model's own plan), replicated over the
-       pool or then sharded over it with FSDP2 (`fsdp.py`);
+    4. the weights: every rank starts from rank 0's (one broadcast), then under PP keeps its
+       stage's part of the model (`pipeline/split.py`), under TP its shard of the split layers
+       of that part (`tensor_parallel/`, the model's own plan), replicated over the pool or then
+       sharded over it with FSDP2 (`fsdp.py`);
     5. AdamW over the parameters, its state sharded over the pool with ZeRO-1 or not (FSDP2
        shards it with the parameters), and for replicated weights the bucketed gradient sync
        over the pool (`grad_sync.py`; FSDP2 reduces its own);
-    6. the `Executor` that runs plans with all of it.
+    6. the `Executor` that runs plans with all of it (`PipelineExecutor` under PP).
 
 Train, verify, profile, check and bench all build their executor here.
 """
@@ -37,6 +38,7 @@ from .executor import Executor
 from .fsdp import is_sharded, shard_model
 from .grad_sync import BUCKET_BYTES, GradSync, zero1_owners
 from .groups import ProcessGroups
+from .pipeline import PipelineExecutor, split_model
 from .routing import NodeNics, RoutingGroups, routing_groups
 from .tensor_parallel import parallelize_tensors
 
@@ -50,14 +52,16 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None 
     rank of the job calls it with a model built alike).
 
     mesh: the job's TP degree, PP degree and pool (`JobMesh`; None: the cluster's ranks all one
-    pool); plans then run over the pool's ranks, and the model is split over each TP group.
+    pool); plans then run over the pool's ranks, the model is cut into the mesh's pipeline
+    stages and each stage's part split over its TP groups.
     groups: the job's cached process groups, made for `mesh` (made here when None; share one
     between executors). routing: the routing groups of the cluster's nodes, which routed waves
     use (made here when None and the cluster has two or more nodes, `routing.routing_groups`;
     share them likewise; none under TP or PP, whose plans cannot route).
     fsdp / zero1: shard parameters, gradients and optimizer state (FSDP2), or the optimizer
-    state only (ZeRO-1), over the pool; at most one. precision: `Precision.AUTO` (bf16 autocast on CUDA, fp32
-    elsewhere), `BF16` or `FP32`; under bf16 FSDP2 gathers the parameters in bf16.
+    state only (ZeRO-1), over the pool; at most one, and not FSDP2 under PP. precision:
+    `Precision.AUTO` (bf16 autocast on CUDA, fp32 elsewhere), `BF16` or `FP32`; under bf16 FSDP2
+    gathers the parameters in bf16.
     bucket_bytes: the gradient sync's bucket size (`grad_sync.BUCKET_BYTES`; not under FSDP2).
     measure_activations: record the bytes each micro-batch saves for backward. adamw: AdamW's
     keyword arguments (lr, betas, weight_decay, ...).
@@ -79,8 +83,9 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None 
     mesh.check_model(model.shape)
     if groups is not None and (groups.mesh.tp, groups.mesh.pp) != (mesh.tp, mesh.pp):
         raise ValueError(f"process groups made for {groups.mesh.describe()}, but the job runs {mesh.describe()}")
-    if mesh.pp > 1:
-        raise ValueError(f"PP degree {mesh.pp}: this runtime does not run pipelines yet")
+    if mesh.pp > 1 and (fsdp or is_sharded(model)):
+        raise ValueError(f"FSDP2 does not run under pipeline parallelism (PP degree {mesh.pp}): a stage's empty "
+                         f"slots would have to join its all-gathers; use ZeRO-1 or replicated weights with --pp")
     if mesh.tp > 1 and is_sharded(model):
         raise ValueError("a model sharded with FSDP before parallelize cannot be split for TP: pass fsdp=True, "
                          "which shards it after the split")
@@ -91,8 +96,11 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None 
     tensor_parallel = None
     if not is_sharded(model):
         broadcast_weights(model)
+        here = mesh.coordinate(dist.get_rank())
+        if mesh.pp > 1:  # every stage keeps its part of rank 0's weights, which TP then splits
+            split_model(model, mesh, here.stage)
         if mesh.tp > 1:
-            tensor_parallel = parallelize_tensors(model, groups.tensor, mesh.tp, mesh.coordinate(dist.get_rank()).tp_index)
+            tensor_parallel = parallelize_tensors(model, groups.tensor, mesh.tp, here.tp_index)
         if fsdp:
             shard_model(model, bf16=precision.autocast(next(model.parameters()).device.type),
                         group=None if plain else groups.pool)
@@ -102,8 +110,9 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None 
         params = [p for p in model.parameters() if p.requires_grad]
         owners = zero1_owners(optimizer, params, None if plain else groups.pool) if zero1 else None
         sync = GradSync(params, groups.gradients, bucket_bytes, owners)
-    return Executor(model, optimizer, cluster, mesh, groups, routing, sync=sync, tensor_parallel=tensor_parallel,
-                    measure_activations=measure_activations, precision=precision)
+    run = PipelineExecutor if mesh.pp > 1 else Executor
+    return run(model, optimizer, cluster, mesh, groups, routing, sync=sync, tensor_parallel=tensor_parallel,
+               measure_activations=measure_activations, precision=precision)
 
 
 def make_optimizer(model: nn.Module, zero1: bool = False, *, group: ProcessGroup | None = None,

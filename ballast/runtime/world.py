@@ -1,9 +1,10 @@
 """Joining a distributed job: under torchrun, or as N local gloo ranks of this machine.
 
 Multi-device and multi-node jobs are launched with `torchrun` (docs/design.md) and call
-`init_distributed()`. `run_local` starts a whole gloo world on this machine, bound to
-127.0.0.1, and gets every rank's return value back: what `ballast train`, `verify`, `profile`
-and `bench` run on without torchrun, and what the tests run on. A rank's error comes back once,
+`init_distributed()` (`ballast train` directly, `verify`, `profile` and `bench` through
+`job.drive`). `run_local` starts a whole gloo world on this machine, bound to 127.0.0.1, and
+gets every rank's return value back: what those commands run on without torchrun, and what the
+tests run on. A rank's error comes back once,
 as the original error of the first rank that failed (its peers' consequent errors are echoes).
 
 Every process group gets a timeout, so a dead or diverging peer ends in an error instead of a
@@ -282,6 +283,15 @@ def process_device(backend: str) -> torch.device | None:
     """The one device a process of this backend works on: under NCCL the GPU LOCAL_RANK names;
     None under gloo (its ranks compute on the CPU)."""
     return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if backend == "nccl" else None
+
+
+def rank_device() -> torch.device:
+    """Where this process computes as a rank: its GPU in a job joined under NCCL
+    (`init_distributed` selected LOCAL_RANK's), else the CPU (gloo ranks, and a process that has
+    joined no job)."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _init_process_group(backend: str, store: dist.Store, rank: int, world_size: int,

@@ -32,6 +32,9 @@ FSDP2: model and optimizer state are DTensors, which DCP saves shard by shard an
 load; the checkpoint records that it was sharded and resumes only under FSDP again.
 TP: each TP index saves its shards under keys of its own (`model.tpJ`, `optimizer.tpJ`), and
 resuming needs the same TP degree (meta.json's "tp").
+PP: a stage holds its parameters only, under their whole-model names, so the stages' model
+states together are the model's; its optimizer state is saved flat (`FLAT_OPTIMIZER`: a key
+per parameter), so each stage's AdamW state is kept whole too.
 """
 from __future__ import annotations
 
@@ -46,8 +49,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ..vocabulary.model_shape import ModelShape
@@ -59,6 +63,11 @@ from . import checksums
 PREFIX = "step-"
 TMP = ".tmp-"
 META = "meta.json"
+FLAT_OPTIMIZER = "flat_optimizer"
+"""meta.json's mark of a checkpoint whose optimizer state is flat: every parameter's state and
+hyperparameters (`param_groups.<name>.lr`, ...) under keys of its own. A pipeline stage holds
+some parameters only, and the one `param_groups` list of an unflattened state (each stage's
+naming its own parameters) would be saved once, from one stage, and loaded by all."""
 
 
 def _name(step: int) -> str:
@@ -93,12 +102,16 @@ def _model_key(tensor_parallel: TensorParallel | None) -> str:
 
 
 def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-           tensor_parallel: TensorParallel | None = None) -> dict:
-    """What DCP saves and loads in place (FQN-keyed, so independent of parameter order)."""
+           tensor_parallel: TensorParallel | None = None, flat: bool = True) -> dict:
+    """What DCP saves and loads in place (FQN-keyed, so independent of parameter order). `flat`:
+    the optimizer's state and hyperparameters under one key per parameter (`FLAT_OPTIMIZER`),
+    as checkpoints are saved since pipeline stages; False: one `param_groups` list, as earlier
+    checkpoints hold it."""
     sharded = isinstance(optimizer, ZeroRedundancyOptimizer)
     key = f"optimizer.rank{dist.get_rank()}" if sharded else _model_key(tensor_parallel).replace("model", "optimizer")
+    options = StateDictOptions(flatten_optimizer_state_dict=flat)
     return {_model_key(tensor_parallel): get_model_state_dict(model),
-            key: get_optimizer_state_dict(model, _local_optimizer(optimizer))}
+            key: get_optimizer_state_dict(model, _local_optimizer(optimizer), options=options)}
 
 
 def _rng_state() -> dict:
@@ -140,7 +153,7 @@ def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.O
         assert meta is not None and digests is not None
         _write_synced(tmp / META, json.dumps({**meta, "step": step, "world": dist.get_world_size(),
                                               "zero1": isinstance(optimizer, ZeroRedundancyOptimizer),
-                                              "fsdp": is_sharded(model),
+                                              "fsdp": is_sharded(model), FLAT_OPTIMIZER: True,
                                               "tp": 1 if tensor_parallel is None else tensor_parallel.degree},
                                              indent=1))
         _write_synced(tmp / checksums.MANIFEST, checksums.manifest({**digests, META: checksums.digest(tmp / META)}))
@@ -301,7 +314,7 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         raise ValueError(f"checkpoint {path} holds TP degree {meta.get('tp', 1)}'s shards; resume it with --tp "
                          f"{meta.get('tp', 1)}, not {tp}")
     key = _model_key(tensor_parallel)
-    state = _state(model, optimizer, tensor_parallel)
+    state = _state(model, optimizer, tensor_parallel, flat=meta.get(FLAT_OPTIMIZER, False))
     check_model(path, state[key], key)
     zero1 = isinstance(optimizer, ZeroRedundancyOptimizer)
     if meta["zero1"] != zero1:

@@ -102,6 +102,8 @@ class PlannerConfig:
     """Seconds per MILP solve (flexsp)."""
     tp: int = field(default=1, metadata=_flag("--tp"))
     """The tensor-parallel degree (`options.TP`); 1: every rank holds whole layers."""
+    pp: int = field(default=1, metadata=_flag("--pp"))
+    """Pipeline stages (`options.PP`); 1: no pipeline, every rank holds all the model's layers."""
 
 
 MOMENT_DECAY = Numbers(float, 0, high=1, high_open=True, why="AdamW's moment decay")
@@ -216,6 +218,9 @@ class TrainConfig:
                              f"file, not a folder")
         if opt.zero1 and opt.fsdp:
             raise ValueError("--zero1 and --fsdp both shard the optimizer state: choose one")
+        if opt.fsdp and self.planner.pp > 1:
+            raise ValueError(f"--fsdp does not run under pipeline parallelism (--pp {self.planner.pp}): use --zero1 or "
+                             f"replicated weights")
         if self.data.max_len > self.data.tokens_per_step:
             raise ValueError(f"--max-len {self.data.max_len} exceeds --tokens-per-step "
                              f"{self.data.tokens_per_step}: a step could not hold its longest sequence")

@@ -35,7 +35,7 @@ from ..dataset import (BatchStream, ClipStream, build_corpus, check_data_kind, c
 from ..models import build_model, check_buildable
 from ..plans.plan import Plan, splits_used
 from ..planners import Planner, PlannerOptions, get_planner
-from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize
+from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize, rank_device
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..vocabulary.layouts import ANY_SPLIT
 from . import checkpoint
@@ -67,7 +67,7 @@ class Setup:
     cluster: Cluster
     """The job's devices."""
     mesh: JobMesh
-    """Its TP degree and the pool the plans are made over."""
+    """Its TP degree, PP degree and the pool the plans are made over."""
     cost: CostModel
     """A rank's of the mesh (a TP shard's), over the pool."""
     tokenizer: str
@@ -81,10 +81,13 @@ class Setup:
         shape = get_model_shape(config.model.model)
         check_buildable(shape)
         check_data_kind(config.data.source, shape)
+        if config.planner.pp > 1 and shape.hf_folder is not None:
+            raise ValueError(f"--pp {config.planner.pp} with an hf:PATH model: writing the trained Hugging Face "
+                             f"folder from pipeline stages is not supported; train it without --pp")
         spec = config.planner.cluster or default_cluster(world, gpu_name)
         cluster = get_cluster(spec, world, config.planner.device_memory_gb, config.planner.nodes)
         sharding = Sharding.of_flags(config.optimizer.zero1, config.optimizer.fsdp)
-        mesh = JobMesh.of(cluster, tp=config.planner.tp, shape=shape)
+        mesh = JobMesh.of(cluster, tp=config.planner.tp, pp=config.planner.pp, shape=shape)
         cost = get_cost_model(config.planner.cost, shape, cluster, config.planner.device_memory_gb, sharding,
                               config.run.precision, mesh)
         check_fits(cost.under(ANY_SPLIT), [config.data.max_len])  # a max_len no plan can hold fails here, not at step k
@@ -97,9 +100,9 @@ class Setup:
 
     def describe(self) -> str:
         where = "" if self.cost.source != "analytic" else " (`ballast profile` measures a real one)"
-        tp = f", TP {self.mesh.tp}: plans over a pool of {self.mesh.pool}" if self.mesh.tp > 1 else ""
+        mesh = f", {self.mesh.describe()}: plans over the pool" if self.mesh.tp * self.mesh.pp > 1 else ""
         return (f"cost model: {self.cost.source} for {self.shape.name} on {self.cluster.name} "
-                f"({self.cluster.world_size} ranks{tp}, {self.cost.device_memory / 1e9:.3g} GB each){where}")
+                f"({self.cluster.world_size} ranks{mesh}, {self.cost.device_memory / 1e9:.3g} GB each){where}")
 
 
 def open_data(config: TrainConfig, setup: Setup, progress: bool) -> tuple[BatchStream | ClipStream, str]:
@@ -145,7 +148,7 @@ def learning_rate(step: int, steps: int, opt: OptimizerConfig) -> float:
 def train(config: TrainConfig) -> dict | None:
     """Train as the config says on the current torch.distributed job; rank 0 returns the summary."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device(f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu")
+    device = rank_device()
     console = Console(soft_wrap=True)
     out = Path(config.run.out_dir)
     origin = provenance() if rank == 0 else None
@@ -195,7 +198,7 @@ def train(config: TrainConfig) -> dict | None:
             seconds = time.perf_counter() - began
             if rank == 0:
                 record = _record(step, attempt, item, result, idle, seconds, waited,
-                                 optimizer.param_groups[0]["lr"])
+                                 optimizer.param_groups[0]["lr"], setup.mesh.pp)
                 log.write(record)
                 progress.update(record)
                 plans[step] = plan
@@ -218,9 +221,10 @@ def train(config: TrainConfig) -> dict | None:
         return None
     history = final_history(out / "metrics.jsonl")
     summary = summarise(history)
+    mesh = setup.mesh
     title = (f"{config.planner.planner} planner, {setup.shape.name}, {world} ranks"
-             f"{f' (TP {setup.mesh.tp}, pool {setup.mesh.pool})' if setup.mesh.tp > 1 else ''}")
-    paths = write_report(out / "report", history, plans, setup.cost, setup.mesh.pool, title)
+             f"{f' ({mesh.describe()})' if mesh.tp * mesh.pp > 1 else ''}")
+    paths = write_report(out / "report", history, plans, setup.cost, mesh.pool, title)
     summary.update(planner=config.planner.planner, world=world, cost_model=setup.cost.source,
                    metrics=str(out / "metrics.jsonl"), report={k: str(v) for k, v in paths.items()},
                    checkpoint=str(checkpoint.latest(config.checkpoint_path)),
@@ -317,7 +321,7 @@ def _idle(result: StepResult, device: torch.device) -> tuple[float, list[float]]
 
 
 def _record(step: int, attempt: int, item: StepInput, result: StepResult,
-            idle: tuple[float, list[float]], seconds: float, waited: float, lr: float) -> StepRecord:
+            idle: tuple[float, list[float]], seconds: float, waited: float, lr: float, stages: int) -> StepRecord:
     plan = item.plan
     return StepRecord(
         step=step, attempt=attempt, planner=plan.planner, loss=result.loss, grad_norm=result.grad_norm, skipped=not result.applied,
@@ -327,5 +331,5 @@ def _record(step: int, attempt: int, item: StepInput, result: StepResult,
         idle_fraction=idle[0], rank_idle=idle[1], waves=len(plan.waves),
         micro_batches=plan.busy_micro_batches(), degrees=plan.degrees_used(),
         context_parts=plan.context_parts_used(), splits=splits_used([plan]),
-        recomputed=plan.recomputed_fraction(), layout=layout_of(plan),
+        recomputed=plan.recomputed_fraction(), layout=layout_of(plan, stages),
         plan_ms=1e3 * item.plan_seconds, plan_wait_ms=1e3 * waited)

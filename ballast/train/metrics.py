@@ -17,16 +17,23 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..plans.plan import Plan, Wave
+from ..runtime.pipeline import pipeline_slots
 
 UNRECORDED = "not recorded"
 """The layout of a step logged before records named it (a run resumed across that change)."""
 
 
-def layout_of(plan: Plan) -> str:
+def layout_of(plan: Plan, stages: int = 1) -> str:
     """The plan's layout in a phrase, e.g. `1x1+1x1 recompute 75% then 1x2 recompute 50%`: its
     waves in order, each as its busy groups in rank order, u x c (Ulysses ranks x context-parallel
-    ranks), and the largest share of the model's layers any of the wave's micro-batches recomputes."""
-    return " then ".join(_wave_layout(wave) for wave in plan.waves)
+    ranks), and the largest share of the model's layers any of the wave's micro-batches recomputes;
+    under a pipeline of p stages `ppP[...]`, the layout every stage runs, and how many micro-batches
+    its 1F1B schedule runs through the stages."""
+    waves = " then ".join(_wave_layout(wave) for wave in plan.waves)
+    if stages == 1:
+        return waves
+    slots = len(pipeline_slots(plan, 0))
+    return f"pp{stages}[{waves}; {slots} micro-batch{'es' if slots != 1 else ''} in 1F1B]"
 
 
 def _wave_layout(wave: Wave) -> str:

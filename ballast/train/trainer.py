@@ -42,12 +42,10 @@ class Trainer:
     def _fit_torchrun(self) -> dict | None:
         import torch.distributed as dist
 
-        from ..runtime import init_distributed
+        from ..runtime import init_distributed, job_world
         from .loop import train
 
-        world = int(os.environ["WORLD_SIZE"])
-        if self.config.run.world is not None and self.config.run.world != world:
-            raise ValueError(f"--world {self.config.run.world} does not match torchrun's WORLD_SIZE {world}")
+        job_world(self.config.run.world, None)  # a --world that torchrun's contradicts: before joining
         init_distributed(timeout=timedelta(seconds=self.config.run.timeout))
         try:
             return train(self.config)

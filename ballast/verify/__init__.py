@@ -1,6 +1,7 @@
-"""`ballast verify`: plans of any planner, run on N local gloo ranks, train exactly like one process.
+"""`ballast verify`: plans of any planner, run on N ranks, train exactly like one process.
 
-    command.py      the CLI: random batches -> every planner's plans -> ranks vs one process -> table
+    command.py      the CLI: random batches -> every planner's plans -> ranks vs one process (rank 0
+                    under torchrun) -> table, its verdict on every rank
     reference.py    the single-process reference: the whole batch as one packed stream
     distributed.py  the same steps under plans on every rank of a job
     errors.py       the two comparisons and their tolerances

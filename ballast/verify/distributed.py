@@ -9,22 +9,25 @@ from ..vocabulary.model_shape import ModelShape
 from ..vocabulary.precision import Precision
 from ..models import build_model
 from ..plans.plan import Plan
-from ..runtime import ProcessGroups, broadcast_plan, parallelize
+from ..runtime import ProcessGroups, broadcast_plan, parallelize, rank_device
 from ..runtime.routing import RoutingGroups, routing_groups
 from .reference import VerifyBatch, Trajectory, flatten
 
 
 def train_distributed(shape: ModelShape, plans: list[dict], batches: list[VerifyBatch], seed: int, lr: float,
                       groups: ProcessGroups, zero1: bool = False, fsdp: bool = False,
-                      precision: Precision = Precision.AUTO, nodes: int = 1, routing: RoutingGroups | None = None) -> Trajectory:
-    """The steps under `plans` (Plan.to_dict of rank 0's plans), on every rank of the job; with
-    `fsdp` the model is sharded with FSDP2 (the plans must be lockstep); `precision` is the
-    executor's. The job's ranks form `nodes` emulated nodes (the cpu cluster's), whose routing
-    groups (`routing_groups`, made when None) routed waves use; `groups` were made for the job's
-    mesh (`ProcessGroups.mesh`: the TP degree the model is split over). Parameters and gradients
-    are gathered whole (`Executor.parameters`, `Executor.gradients`)."""
+                      precision: Precision = Precision.AUTO, nodes: int = 1,
+                      routing: RoutingGroups | None = None) -> Trajectory:
+    """The steps under `plans` (Plan.to_dict of rank 0's plans), on every rank of the job, each
+    on its device (`rank_device`: under NCCL the GPU LOCAL_RANK names), the trajectory's tensors
+    on the CPU; with `fsdp` the model is sharded with FSDP2 (the plans must be lockstep);
+    `precision` is the executor's. The job's ranks form `nodes` emulated nodes (the cpu
+    cluster's), whose routing groups (`routing_groups`, made when None) routed waves use;
+    `groups` were made for the job's mesh (`ProcessGroups.mesh`: the TP degree the model is split
+    over, the PP degree it is cut into stages by). Parameters and gradients are gathered whole,
+    every stage's (`Executor.parameters`, `Executor.gradients`)."""
     cluster = get_cluster("cpu", world_size=dist.get_world_size(), nodes=nodes)
-    model = build_model(shape, seed)
+    model = build_model(shape, seed).to(rank_device())
     executor = parallelize(model, cluster, groups=groups, routing=routing, fsdp=fsdp, zero1=zero1,
                            precision=precision, lr=lr)
     losses, grads, starts = [], [], []
@@ -39,11 +42,11 @@ def train_distributed(shape: ModelShape, plans: list[dict], batches: list[Verify
 
 def train_all_planners(shape: ModelShape, plans: dict[str, list[dict]], batches: list[VerifyBatch], seed: int,
                         lr: float, zero1: bool, fsdp: bool, nodes: int = 1, precision: Precision = Precision.AUTO,
-                        tp: int = 1) -> dict[str, Trajectory] | None:
+                        tp: int = 1, pp: int = 1) -> dict[str, Trajectory] | None:
     cluster = get_cluster("cpu", world_size=dist.get_world_size(), nodes=nodes)
-    mesh = JobMesh.of(cluster, tp=tp)
+    mesh = JobMesh.of(cluster, tp=tp, pp=pp)
     groups = ProcessGroups(mesh)
-    routing = routing_groups(cluster) if tp == 1 else None
+    routing = routing_groups(cluster) if (tp, pp) == (1, 1) else None
     out = {name: train_distributed(shape, p, batches, seed, lr, groups, zero1, fsdp, precision, nodes, routing)
            for name, p in plans.items()}
     return out if dist.get_rank() == 0 else None

@@ -80,29 +80,31 @@ def random_clips(shape: ModelShape, sizes: list[int], rng: np.random.Generator) 
 
 
 def flatten(tensors) -> Tensor:
-    """Detached copy of the tensors as one vector (parameters or gradients, in model order)."""
-    return torch.cat([t.detach().reshape(-1) for t in tensors]).clone()
+    """Detached copy of the tensors as one vector on the CPU (parameters or gradients, in model
+    order, from any device), where runs on different devices compare."""
+    return torch.cat([t.detach().reshape(-1) for t in tensors]).to("cpu", copy=True)
 
 
 def _whole_batch_backward(model: ParallelModel, batch: VerifyBatch, bf16: bool) -> float:
-    """Loss and gradient of the whole batch in this process (under CPU bf16 autocast with
-    `bf16`, as the executor's forward under `Precision.BF16`): through the user's own model's
-    forward sample by sample where the model has one (`protocol.ParallelModel.reference_loss`),
-    else as one packed stream."""
+    """Loss and gradient of the whole batch in this process, on the model's device (under bf16
+    autocast with `bf16`, as the executor's forward under `Precision.BF16`): through the user's
+    own model's forward sample by sample where the model has one
+    (`protocol.ParallelModel.reference_loss`), else as one packed stream."""
     own = getattr(model, "reference_loss", None)
-    stream = PackedStream.of([model.sample_shape(s) for s in batch.samples])
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    device = next(model.parameters()).device
+    stream = PackedStream.of([model.sample_shape(s) for s in batch.samples], device)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         loss = own(batch.samples) if own is not None else model.loss(batch.samples, stream, slice(0, stream.bounds[-1]))
         loss = loss / sum(batch.lengths)
     loss.backward()
     return loss.item()
 
 
-def train_reference(shape: ModelShape, batches: list[VerifyBatch], seed: int, lr: float, bf16: bool = False
-                    ) -> Trajectory:
-    """The steps in one process: the whole batch as one packed stream, plain AdamW (the forward
-    in fp32, or under CPU bf16 autocast)."""
-    model = build_model(shape, seed)
+def train_reference(shape: ModelShape, batches: list[VerifyBatch], seed: int, lr: float, bf16: bool = False,
+                    device: torch.device | str = "cpu") -> Trajectory:
+    """The steps in one process on `device`: the whole batch as one packed stream, plain AdamW
+    (the forward in fp32, or under bf16 autocast)."""
+    model = build_model(shape, seed).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     losses, grads, starts = [], [], []
     for batch in batches:
@@ -114,14 +116,14 @@ def train_reference(shape: ModelShape, batches: list[VerifyBatch], seed: int, lr
     return Trajectory(losses, grads, starts, flatten(model.parameters()))
 
 
-def reference_at(shape: ModelShape, trajectory: Trajectory, batches: list[VerifyBatch], bf16: bool = False
-                 ) -> Trajectory:
-    """Single-process loss and gradient of every step at the parameters `trajectory` started it
-    from (the forward in fp32, or under CPU bf16 autocast)."""
-    model = build_model(shape)
+def reference_at(shape: ModelShape, trajectory: Trajectory, batches: list[VerifyBatch], bf16: bool = False,
+                 device: torch.device | str = "cpu") -> Trajectory:
+    """Single-process loss and gradient on `device` of every step at the parameters `trajectory`
+    started it from (the forward in fp32, or under bf16 autocast)."""
+    model = build_model(shape).to(device)
     losses, grads = [], []
     for params, batch in zip(trajectory.start_params, batches, strict=True):
-        torch.nn.utils.vector_to_parameters(params, model.parameters())
+        torch.nn.utils.vector_to_parameters(params.to(device), model.parameters())
         model.zero_grad(set_to_none=True)
         losses.append(_whole_batch_backward(model, batch, bf16))
         grads.append(flatten(p.grad for p in model.parameters()))

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from .cluster import Cluster
 from .model_shape import ModelShape
+from .pipeline_schedule import check_pipeline_shape, stage_layers
 
 
 @dataclass(frozen=True)
@@ -92,16 +93,23 @@ class JobMesh:
     def check_model(self, shape: ModelShape) -> None:
         """ValueError naming the value and the limit where `shape` cannot be split t ways or cut
         into p stages: TP splits the query and kv heads, the MLP's inner width and the
-        vocabulary evenly over its ranks; every stage holds as many blocks."""
+        vocabulary evenly over its ranks of a text model (a video model declares no split); PP cuts
+        text models with untied embedding and output weights into equal runs of blocks
+        (`pipeline_schedule.check_pipeline_shape`)."""
         t, p = self.tp, self.pp
+        if t > 1 and shape.pattern.clips:
+            raise ValueError(f"model {shape.name!r} cannot be split by tensor parallelism (text models can): run it "
+                             f"without --tp")
         for what, value in (("heads", shape.heads), ("kv heads", shape.kv_heads), ("MLP width (ffn)", shape.ffn),
                             ("vocabulary", shape.vocab)):
             if value % t:
                 raise ValueError(f"TP degree {t} does not divide model {shape.name!r}'s {value} {what}: each TP "
                                  f"rank holds an equal share of them")
-        if shape.layers % p:
-            raise ValueError(f"PP degree {p} does not divide model {shape.name!r}'s {shape.layers} layers: every "
-                             f"stage holds as many blocks")
+        check_pipeline_shape(shape, p)
+
+    def stage_layers(self, stage: int, layers: int) -> range:
+        """The blocks pipeline stage `stage` holds of a model of `layers` blocks."""
+        return stage_layers(stage, self.pp, layers)
 
     def local_heads(self, shape: ModelShape) -> int:
         """Query heads one TP rank holds, what its Ulysses part must divide."""
@@ -117,6 +125,7 @@ class JobMesh:
 
     # --- ranks ---------------------------------------------------------------------------------
     def rank(self, stage: int, pool_index: int, tp_index: int) -> int:
+        """The global rank at (stage, pool index, TP index): the module docstring's layout."""
         assert 0 <= stage < self.pp and 0 <= pool_index < self.pool and 0 <= tp_index < self.tp
         return (stage * self.pool + pool_index) * self.tp + tp_index
 

@@ -195,13 +195,15 @@ def profile_like_cost(shape_name: str, seconds: dict[tuple[int, int], float], de
     return {**cost.to_dict(), "fit": fit}
 
 
-def test_only_a_cpu_profile_is_a_reference_for_the_bench():
+def test_only_a_profile_of_the_ranks_device_is_a_reference_for_the_bench():
     shape = get_model_shape("tiny")
     cpu = CostModel.from_dict(profile_like_cost("tiny", {(64, 1): 0.1, (128, 2): 0.2}, "cpu"))
-    assert [m.point.lengths for m in drift_references(cpu, shape)] == [(128,), (64,)]
+    assert [m.point.lengths for m in drift_references(cpu, shape, "cpu")] == [(128,), (64,)]
+    assert drift_references(cpu, shape, "cuda") == []
     gpu = CostModel.from_dict(profile_like_cost("tiny", {(64, 1): 0.1}, "cuda"))
-    assert drift_references(gpu, shape) == []
-    assert drift_references(analytic_cost(shape, get_cluster("cpu", 2)), shape) == []
+    assert drift_references(gpu, shape, "cpu") == []
+    assert [m.point.lengths for m in drift_references(gpu, shape, "cuda")] == [(64,)]
+    assert drift_references(analytic_cost(shape, get_cluster("cpu", 2)), shape, "cpu") == []
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
-"""bench/gpu.sh: its CPU dry run runs every step that has a CPU stand-in (local gloo ranks,
-fp32, tiny sizes) and writes their records. What it cannot reach on a CPU: the CUDA tests,
-torchrun's launch on NCCL and --precision bf16 (the script's GPU-only lines)."""
+"""bench/gpu.sh: its CPU dry run launches every command of the GPU run under torchrun, as on a
+GPU node but on gloo (2 processes, 4 for the CP step; fp32, tiny sizes), and writes their
+records. What it cannot reach on a CPU: the CUDA tests, NCCL (with CUDA placement and
+flash-attn) and --precision bf16 (the script's GPU-only lines)."""
 from __future__ import annotations
 
 import json
@@ -31,9 +32,18 @@ def test_dry_run_passes_every_cpu_stand_in_and_records_each_step(tmp_path):
     assert summary["passed"] == STEPS and summary["dry_run"] and summary["ranks"] == 2
     records = {name: json.loads((tmp_path / f"gpu-cpu-dry-run-{name}.json").read_text()) for name in STEPS}
     assert all(r["exit_status"] == 0 and r["gpu"] == "cpu-dry-run" for r in records.values())
+    # Every command joined torchrun's job, whose rank 0 reported.
+    for name in STEPS:
+        if name.startswith("verify"):
+            ranks = 4 if name == "verify-six-heads-cp" else 2
+            assert f"verify: {ranks} torchrun ranks (gloo, cpu)" in " ".join(records[name]["log_tail"]), name
     # Past the 6 heads on 4 ranks: the plans ran degree 4 as u x c with context parallelism.
     assert any("2x2" in line or "1x4" in line for line in records["verify-six-heads-cp"]["log_tail"])
-    assert records["bench"]["result"]["planners"] and records["profile-check"]["result"]
+    machine = records["profile"]["result"]["fit"]["machine"]
+    assert (machine["device"], machine["backend"], machine["world_size"]) == ("cpu", "gloo", 2)
+    assert records["profile-check"]["result"]["plans"] and records["profile-check"]["result"]["machine"]["backend"] == "gloo"
+    bench = records["bench"]["result"]
+    assert bench["planners"] and bench["cost_model"]["source"] == "profiled" and bench["drift"] is not None
 
 
 def test_without_a_gpu_the_script_fails_at_once_and_names_the_dry_run(tmp_path):

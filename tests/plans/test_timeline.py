@@ -1,15 +1,24 @@
 """The simulator (ballast/timeline.py) by hand, the lower bound by brute force, Gantt charts."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 
 from ballast.plans import gantt as report
 from ballast.plans.exhaustive import brute_force, cluster_for, layouts, optimum
 from ballast.planners import PlannerOptions, get_planner
-from ballast.plans.plan import Group, MicroBatch, Plan, Wave
+from ballast.plans.plan import Group, MicroBatch, Plan, PlanError, Wave
 from ballast.plans.timeline import simulate, step_time
 from ballast.pricing.bounds import lower_bound, uncapped_lower_bound
+from ballast.pricing.cost import CostModel
+from ballast.pricing.cost_sources import get_cost_model
+from ballast.pricing.pipeline import StagePart, one_f_one_b_parts, stage_activation_bytes
+from ballast.pricing.stages import StagePrices
+from ballast.vocabulary.cluster import get_cluster
+from ballast.vocabulary.job_mesh import JobMesh
+from ballast.vocabulary.model_shape import get_model_shape
 
 from exhaustive_instances import hand_cost, tiny_instances, tiny_shaped_instances
 
@@ -187,3 +196,61 @@ def test_gantt_writes_png(tmp_path, cpu4, tiny4):
     one = tmp_path / "one.png"
     report.gantt({"static": plans["static"]}, tiny4, 4, one)
     assert matplotlib.image.imread(one).shape[:2] == (round(3.4 * 110), 1320)
+
+
+# --- pipelines (PP degree p > 1) ----------------------------------------------------------------
+def staged_hand_cost(stages: int = 2) -> CostModel:
+    """`hand_cost` with p stages of 250-wide rows (1000 bytes a token across a boundary) at 1 GB/s."""
+    return dataclasses.replace(hand_cost(), stages=StagePrices((0.0,) * stages, 250, 1e9, 0.0))
+
+
+def test_a_pipeline_plan_is_timed_as_its_1f1b_step():
+    cost = staged_hand_cost()
+    plan = dataclasses.replace(two_wave_plan(), pp=2)
+    # By hand: each busy micro-batch's seconds above (all but [5] at recompute 0; [5] at 0 is
+    # 18 + 0.004 + 0.01), a stage's forward a sixth of its plain seconds and its backward the
+    # rest of half; its rows 1000 bytes a token / degree at 1 GB/s; the slots of `Plan.slots`:
+    # wave 0's first micro-batches, then group 0's second alone, then wave 1's.
+    def part(lanes, seconds, plain, tokens, degree):
+        forward = plain / 6
+        return StagePart(lanes, (forward,) * 2, (seconds / 2 - forward,) * 2, 1000 * tokens / degree / 1e9)
+
+    slots = [[part((0, 1), 10.012, 10.012, 4000, 2), part((2,), 12.01, 12.01, 3000, 1),
+              part((3,), 6.01, 6.01, 2000, 1)],
+             [part((0, 1), 2.011, 2.011, 2000, 2)],
+             [part((0, 1, 2, 3), 22.515, 18.014, 8000, 4)]]
+    expected = one_f_one_b_parts(slots, 2, 4)
+    assert step_time(plan, cost) == pytest.approx(expected.step, rel=EXACT)
+    m = simulate(plan, cost, 4, timeline=True)
+    assert m.step_time == pytest.approx(expected.step, rel=EXACT) and m.wave_times == [m.step_time]
+    # A rank's busy seconds are one stage's: half its micro-batches'.
+    assert m.busy == pytest.approx([34.538 / 2] * 2 + [(12.01 + 22.515) / 2, (6.01 + 22.515) / 2], rel=EXACT)
+    assert m.lower_bound == pytest.approx(uncapped_lower_bound(cost, LENGTHS) / 2, rel=EXACT)
+    # The Gantt's segments are the first stage's passes: a forward and a backward of each of the
+    # 5 busy micro-batches, never two at once on a rank, the last ending with the step or before.
+    assert len(m.segments) == 10
+    for rank in range(4):
+        mine = sorted((s for s in m.segments if s.start_rank <= rank < s.start_rank + s.degree), key=lambda s: s.begin)
+        assert all(a.end <= b.begin + 1e-12 for a, b in zip(mine, mine[1:]))
+    assert max(s.end for s in m.segments) <= m.step_time + 1e-12
+    # Without its stages' prices a cost model cannot time a pipeline plan.
+    with pytest.raises(ValueError, match="runs 2 pipeline stages, but the cost model prices 1"):
+        step_time(plan, hand_cost())
+
+
+def test_a_pipeline_plan_fits_memory_per_stage():
+    tiny = get_model_shape("tiny")
+    cluster = get_cluster("cpu", world_size=2)
+    mesh = JobMesh.of(cluster, pp=2)
+    cost = get_cost_model("analytic", tiny, cluster, mesh=mesh)
+    act = stage_activation_bytes(cost, [2000], 1, 0.0, 1, 0, 2)
+    # Room on stage 0 for its states and 1.5 micro-batches' activations of 2000 tokens: one fits
+    # (the whole model's check would refuse it: all 4 layers' activations and states), two in
+    # flight at once (1F1B's warm-up on the first of 2 stages) do not.
+    cost = dataclasses.replace(cost, device_memory=cost.stages.states[0] + 1.5 * act)
+    assert cost.memory([2000], 1, 0.0) > cost.device_memory
+    pool = mesh.pool_cluster(cluster)
+    Plan([2000], [Wave([Group(0, 1, [MicroBatch([0])])])], pp=2).validate(pool, cost)
+    two = Plan([2000, 2000], [Wave([Group(0, 1, [MicroBatch([0]), MicroBatch([1])])])], pp=2)
+    with pytest.raises(PlanError, match=r"pipeline stage 0, pool rank 0: needs .* GB per device at its peak"):
+        two.validate(pool, cost)

@@ -107,12 +107,3 @@ def test_default_device_memory_is_the_gpus_under_torchrun_on_gpus_else_ram_per_r
     assert machine.default_device_memory(8, on_gpus=True) == 80e9 - GPU_RESERVE
     assert asked == [3]
     assert machine.default_device_memory(8, on_gpus=False) == machine.physical_memory() / 8
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "8")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert machine.ranks_on_gpus()
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert not machine.ranks_on_gpus()
-    monkeypatch.delenv("RANK")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert not machine.ranks_on_gpus()  # local ranks are gloo's, on the CPU

@@ -89,9 +89,10 @@ def ranks() -> list[dict]:
 
 @pytest.mark.slow
 def test_every_aligned_block_has_a_cached_group(ranks):
-    # Blocks of two or more ranks in a world of 4: (0,1), (2,3) and the world itself; and the
-    # world split 2 x 2 adds its two strided CP groups (0,2) and (1,3).
-    assert all(r["groups"] == WORLD - 1 + 2 for r in ranks)
+    # A rank keeps the groups it is a member of (`ProcessGroups`: made on every rank in one
+    # order, kept by their members): in a world of 4 its block of two ((0,1) or (2,3)), the
+    # world itself, and of the 2 x 2 split's strided CP groups (0,2) and (1,3) its own.
+    assert all(r["groups"] == 3 for r in ranks)
     assert [r["split"] for r in ranks] == [([0, 1], [0, 2]), ([0, 1], [1, 3]), ([2, 3], [0, 2]), ([2, 3], [1, 3])]
     assert "ranks 1..2" in ranks[0]["unaligned_error"]
 

@@ -1,5 +1,5 @@
-"""`ballast train` for real on 2 gloo ranks: resume, ZeRO-1, FSDP2, metrics, plots, planners, a killed
-rank, rank 0's data preparation outlasting the collective timeout.
+"""`ballast train` for real on 2 gloo ranks: resume, ZeRO-1, FSDP2, two pipeline stages, metrics, plots,
+planners, a killed rank, rank 0's data preparation outlasting the collective timeout.
 
 The corpus is a seeded JSONL of English-like documents with long-tailed lengths (16..2000
 bytes, byte tokenizer), and the memory budget is set so that the longest sequence (MAX_LEN)
@@ -65,9 +65,10 @@ def config(corpus: tuple[str, str], out: Path, steps: int, **optimizer) -> Train
                       tokens_per_step=BUDGET, device_memory_gb=text_memory_gb("tiny", MAX_LEN), **optimizer)
 
 
-SHARDINGS = {"": {}, "-zero1": {"zero1": True}, "-fsdp": {"fsdp": True}, "-tp": {"tp": 2}}
-"""Suffix of a run's name -> how its ranks hold the model: optimizer settings, or a TP degree
-(2 on 2 ranks: every layer split over both, plans over a pool of one)."""
+SHARDINGS = {"": {}, "-zero1": {"zero1": True}, "-fsdp": {"fsdp": True}, "-tp": {"tp": 2}, "-pp": {"pp": 2}}
+"""Suffix of a run's name -> how its ranks hold the model: optimizer settings, a TP degree (2 on
+2 ranks: every layer split over both, plans over a pool of one), or pipeline stages (2 on 2
+ranks: each stage a pool of one)."""
 
 
 def _train_all(configs: list[TrainConfig], failing: TrainConfig) -> tuple[list[dict | None], str]:
@@ -100,8 +101,8 @@ def losses(out: Path) -> list[float]:
 @pytest.fixture(scope="module")
 def runs(corpus, tmp_path_factory) -> dict[str, Path]:
     """One spawn of 2 ranks: 6 steps; 3 steps then resume to 6; the same two with ZeRO-1, with
-    FSDP2 and with TP 2; then an attempt to resume the FSDP2 checkpoint without FSDP (its error is
-    "error")."""
+    FSDP2, with TP 2 and as 2 pipeline stages; then an attempt to resume the FSDP2 checkpoint
+    without FSDP (its error is "error")."""
     root = tmp_path_factory.mktemp("runs")
     build_corpus(corpus[0], cache_dir=corpus[1], progress=False)  # tokenise once, before the ranks
     outs = {f"{run}{suffix}": root / f"{run}{suffix}" for suffix in SHARDINGS for run in ("whole", "split")}
@@ -144,6 +145,14 @@ def test_tensor_parallelism_trains_like_whole_layers(runs):
     assert [r["grad_norm"] for r in split] == pytest.approx([r["grad_norm"] for r in whole], rel=LOSS_RTOL)
     assert {d for r in split for d in r["degrees"]} == {1}
     assert json.loads((runs["whole-tp"] / "checkpoints" / "step-00000006" / "meta.json").read_text())["tp"] == 2
+
+
+def test_a_pipeline_trains_like_one_stage(runs):
+    # Same batches and gradients (the stages' chain is exact; the sums' order differs), each
+    # step's one-rank plan run through two stages, its layout logged as the pipeline's.
+    assert losses(runs["whole-pp"]) == pytest.approx(losses(runs["whole"]), rel=LOSS_RTOL)
+    layouts = [r["layout"] for r in final_history(runs["whole-pp"] / "metrics.jsonl")]
+    assert all(layout.startswith("pp2[1x1 recompute") and "in 1F1B]" in layout for layout in layouts), layouts
 
 
 def test_metrics_fields_and_every_sample_once(runs, corpus):

@@ -55,7 +55,7 @@ def test_verify_passes_for_every_planner_routed_over_two_emulated_nodes(capsys):
             "--steps", "1", "--batch", "6", "--max-len", "64"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "4 gloo ranks as 2 nodes, every wave routed" in out
+    assert "4 local gloo ranks as 2 nodes, every wave routed" in out
     rows = re.findall(r"^\W*([a-z-]+)\W+\d+\W+([\dx,]+)\W.*\b(ok|FAIL)\W*$", out, re.MULTILINE)
     assert sorted((name, verdict) for name, _, verdict in rows) == sorted((name, "ok") for name in PLANNERS_ALL)
     # Some plans hold Ulysses groups of 4 ranks, over both nodes: their exchanges ran routed.

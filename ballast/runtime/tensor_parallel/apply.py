@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from torch.distributed import ProcessGroup
 
 from ...models.protocol import (COLWISE, ROWWISE, TENSOR_PARALLEL_STYLES, VOCAB_EMBEDDING, VOCAB_OUTPUT,
-                                TensorParallelModel)
+                                StagedModel, TensorParallelModel)
 from .cross_entropy import vocab_parallel_cross_entropy
 from .layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 
@@ -59,7 +59,8 @@ def parallelize_tensors(model: TensorParallelModel, group: ProcessGroup, degree:
     """Split `model` in place over a TP group of `degree` ranks, this rank holding shard `index`
     (every rank holding the same whole weights before: `parallelize` broadcasts rank 0's first).
     ValueError, before any module is replaced, when the model declares no plan, its plan names a
-    style or module that cannot be split so, or it splits no embedding and no output layer."""
+    style or module that cannot be split so, or it does not split the embedding and the output
+    layer it holds (a pipeline stage may hold neither)."""
     if not isinstance(model, TensorParallelModel):
         raise ValueError(f"model {model.shape.name!r} ({type(model).__name__}) declares no tensor-parallel plan: "
                          f"tensor parallelism splits text models (ballast's GPT, Hugging Face causal LMs)")
@@ -83,8 +84,9 @@ def parallelize_tensors(model: TensorParallelModel, group: ProcessGroup, degree:
     split.update({id(m.bias): 0 for n, m in model.named_modules()
                   if found.get(n) in (COLWISE, VOCAB_OUTPUT) and m.bias is not None})
     tp.split_dims = {n: split[id(p)] for n, p in model.named_parameters() if id(p) in split}
-    start = index * model.shape.vocab // degree
-    model.install_cross_entropy(functools.partial(vocab_parallel_cross_entropy, start=start, group=group))
+    if VOCAB_OUTPUT in found.values():
+        start = index * model.shape.vocab // degree
+        model.install_cross_entropy(functools.partial(vocab_parallel_cross_entropy, start=start, group=group))
     return tp
 
 
@@ -105,8 +107,10 @@ def _modules_to_split(model: nn.Module, plan: dict[str, str]) -> dict[str, str]:
                 raise ValueError(f"model {model.shape.name!r}: tensor parallelism splits {name} as {style!r}, but "
                                  f"it is a {type(module).__name__}, not an {wanted.__name__}")
             found[name] = style
-    for style in (VOCAB_EMBEDDING, VOCAB_OUTPUT):
-        if list(found.values()).count(style) != 1:
-            raise ValueError(f"model {model.shape.name!r}: its tensor-parallel plan must split exactly one module "
-                             f"as {style!r} (the vocabulary-parallel loss needs it)")
+    held = (model.holds_embedding, model.holds_head) if isinstance(model, StagedModel) else (True, True)
+    for style, holds in zip((VOCAB_EMBEDDING, VOCAB_OUTPUT), held):
+        if list(found.values()).count(style) != holds:
+            count = "exactly one module" if holds else "no module (this pipeline stage holds none)"
+            raise ValueError(f"model {model.shape.name!r}: its tensor-parallel plan must split {count} as {style!r}: "
+                             f"the vocabulary-parallel loss needs the embedding and the output layer split")
     return found
