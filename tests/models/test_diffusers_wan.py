@@ -23,6 +23,7 @@ import pytest
 import torch
 from wan_cases import SIX_HEADS, TINY_WAN, captioned, diffusers_loss, gradient_errors, save_wan
 
+from ballast.dataset.video import open_clip_stream
 from ballast.models import PackedStream, build_model, check_buildable
 from ballast.vocabulary.clip import Clip
 from ballast.vocabulary.model_shape import get_model_shape
@@ -75,6 +76,23 @@ def test_packed_stream_is_diffusers_forward_clip_by_clip(folder):
         assert loss.item() == pytest.approx(want_loss.item(), rel=GRAD_RTOL) and errors[worst] <= GRAD_RTOL
     # The wrapper's reference (what verify compares with) is diffusers' forward itself, value for value.
     assert torch.equal(model.reference_loss(clips).detach(), want_loss.detach())
+
+
+def test_synthetic_clips_with_their_captions_are_diffusers_forward(folder):
+    """A step's batch of `video-synthetic` clips as train opens it for the Wan (captions of its
+    text width, one per shape kind) trains the function diffusers' forward computes."""
+    from diffusers import WanTransformer3DModel
+
+    shape = get_model_shape(f"diffusers:{folder}")
+    batch = next(open_clip_stream("video-synthetic:1", shape.video_geometry, 48, 64, 0, shape.caption_dim,
+                                  shape.max_axis_patches))
+    assert len(batch.samples) > 1 and all(c.condition.shape[1] == shape.caption_dim for c in batch.samples)
+    model = build_model(shape)
+    stream = PackedStream.of([model.sample_shape(c) for c in batch.samples])
+    with torch.no_grad():
+        packed = model.loss(batch.samples, stream, slice(0, stream.bounds[-1])).item()
+        alone = diffusers_loss(WanTransformer3DModel.from_pretrained(folder), batch.samples, model.patch).item()
+    assert packed == pytest.approx(alone, rel=GRAD_RTOL)
 
 
 def test_folder_written_back_loads_with_the_same_weights_and_outputs(folder, tmp_path):
