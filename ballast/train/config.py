@@ -161,7 +161,8 @@ class RunConfig:
     WORLD_SIZE, which this must match if set."""
     out_dir: str = "runs/train"
     """Run folder: config.toml, metrics.jsonl, checkpoints/, report/, and for an hf:PATH model
-    hf-model/ (the trained model as a Hugging Face folder)."""
+    hf-model/ (the trained model as a Hugging Face folder), for a diffusers:PATH model
+    diffusers-model/ (as a diffusers folder)."""
     report: bool = True
     """Draw the run's report at the end (report/: loss, throughput, lengths and a showcase
     plan's Gantt as PNG); off (`--no-report`), report/ holds summary.json alone: for sweeps of
