@@ -40,7 +40,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "headline": headline_table, "sweep": sweep_text, "optimum-gap": optimum_gap_text, "latency": latency_table,
     "measured": measured_table, "hf": hf_table, "peers": peers_table, "video-measured": video_measured_table,
     "convergence": convergence_text, "memory": memory_table,
-    **{f"profile-{n}": partial(profile_text, n) for n in ("tiny", "hf-llama", "dit-tiny", "stdit-tiny")},
+    **{f"profile-{n}": partial(profile_text, n) for n in ("tiny", "hf-llama", "dit-tiny", "stdit-tiny", "wan-tiny")},
 }
 """Every table the template may place, by name."""
 

@@ -19,9 +19,11 @@ def text_memory_gb(model: str, max_len: int) -> float:
 def run_config(out: Path, steps: int, *, model: str, source: str, max_len: int, tokens_per_step: int,
                device_memory_gb: float, cache_dir: str | None = None, planner: str = "ballast",
                degree: int | None = None, decay_steps: int | None = None, timeout: float = 60.0,
-               checkpoint_interval: int = 2, tp: int = 1, pp: int = 1, **optimizer) -> TrainConfig:
+               checkpoint_interval: int = 2, tp: int = 1, pp: int = 1, report: bool = False,
+               **optimizer) -> TrainConfig:
     """`steps` steps of `model` on `source` written to `out`, after a 2-step warm-up, at TP degree
-    `tp` and PP degree `pp`; `optimizer` sets the optimizer's other fields (`zero1=True`,
+    `tp` and PP degree `pp`, its report's plots drawn if `report` (they cost more than a few
+    steps; the tests that read them ask for them); `optimizer` sets the optimizer's other fields (`zero1=True`,
     `fsdp=True`, `lr=...`)."""
     c = TrainConfig()
     c.model.model = model
@@ -32,6 +34,6 @@ def run_config(out: Path, steps: int, *, model: str, source: str, max_len: int, 
     c.optimizer.warmup_steps, c.optimizer.decay_steps = 2, decay_steps
     for key, value in optimizer.items():
         setattr(c.optimizer, key, value)
-    c.run.steps, c.run.out_dir, c.run.timeout = steps, str(out), timeout
+    c.run.steps, c.run.out_dir, c.run.timeout, c.run.report = steps, str(out), timeout, report
     c.checkpoint.checkpoint_interval = checkpoint_interval
     return c

@@ -206,7 +206,7 @@ def open_stream(setting: BenchSetting, shape: ModelShape, progress: bool) -> tup
     check_data_kind(setting.data, shape)
     if is_video_data(setting.data):
         clips = open_clip_stream(setting.data, shape.video_geometry, setting.tokens_per_step, setting.max_len,
-                                 setting.seed)
+                                 setting.seed, shape.caption_dim, shape.max_axis_patches)
         return clips, clips.describe()
     corpus = build_corpus(setting.data, cache_dir=setting.cache_dir, progress=progress)
     check_vocab(corpus.vocab_size, shape.vocab, shape.name)

@@ -122,7 +122,8 @@ class SharedSwitch(SharedOption):
 
 MODEL = SharedOption(
     "--model", f"the model: a preset ({', '.join(MODEL_PRESETS)}), hf:PATH (a Hugging Face causal LM "
-               f"folder) or a .json file with ModelShape's fields", str, "MODEL")
+               f"folder), diffusers:PATH (a diffusers WanTransformer3DModel folder) or a .json file with "
+               f"ModelShape's fields", str, "MODEL")
 MAX_LEN = SharedOption(
     "--max-len", "the longest sample a step holds, in tokens (a clip: its latent patches); every plan "
                  "must hold it", at_least(int, MIN_MAX_LEN, "a 1-token sample has no context to attend to"), "N")

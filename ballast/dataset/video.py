@@ -15,8 +15,9 @@ Specs (`VIDEO_DATA_SYNTAX`):
 A `ClipStream` batches a dataset exactly as `BatchStream` batches a corpus (`stream.EpochStream`:
 epoch permutation seeded by (seed, epoch), the longest run of samples under tokens_per_step,
 no batch across an epoch's end, the position as state). A sample is one whole clip: its tokens
-are its latent patches F'·H'·W', and a clip over max_len is an error when the dataset is opened
-(every shape is known up front), never skipped or cut. A clip's key, which seeds its noise and
+are its latent patches F'·H'·W', and a clip over max_len (or with an axis longer than the model's
+positions cover, `ModelShape.max_axis_patches`) is an error when the dataset is opened (every
+shape is known up front), never skipped or cut. A clip's key, which seeds its noise and
 timestep, is a hash of (seed, epoch, sample id): the same in whatever plan, new in every epoch.
 """
 from __future__ import annotations
@@ -68,7 +69,7 @@ class ClipStream(EpochStream):
     """Endless stream of global batches of whole clips over `dataset` (module docstring)."""
 
     def __init__(self, dataset: ClipDataset, geometry: VideoGeometry, tokens_per_step: int,
-                 max_len: int, seed: int) -> None:
+                 max_len: int, seed: int, max_axis: int | None = None) -> None:
         super().__init__(tokens_per_step, max_len, seed)
         self.dataset, self.geometry = dataset, geometry
         self.shapes = np.asarray(dataset.shapes, dtype=np.int64).reshape(-1, 3)
@@ -84,6 +85,14 @@ class ClipStream(EpochStream):
             raise ValueError(f"{dataset.clip_name(i)} (sample {i}): {f} x {h} x {w} latent patches = "
                              f"{int(self._tokens[i])} tokens, over max_len {max_len}{more}; clips are "
                              f"never cut or skipped: raise --max-len or shorten the clip")
+        over = np.flatnonzero(self.shapes.max(axis=1) > (max_axis or np.inf))
+        if over.size:
+            i = int(over[0])
+            f, h, w = self.shapes[i].tolist()
+            more = f" (and {over.size - 1} more)" if over.size > 1 else ""
+            raise ValueError(f"{dataset.clip_name(i)} (sample {i}): {f} x {h} x {w} latent patches, an axis over "
+                             f"the model's {max_axis} (the positions per axis of its RoPE table){more}; clips are "
+                             f"never cut or skipped: shorten or downscale the clip")
 
     def sample_lengths(self, sample_ids: np.ndarray | list[int]) -> np.ndarray:
         """Tokens (latent patches) of each sample id."""
@@ -130,8 +139,12 @@ def check_data_kind(spec: str, shape: ModelShape) -> None:
                          f"{'use video-synthetic or video-latents:PATH' if video_model else 'use a text corpus'}")
 
 
-def open_clip_dataset(spec: str, geometry: VideoGeometry, max_len: int) -> ClipDataset:
-    """The clip dataset a `--data` spec names (`VIDEO_DATA_SYNTAX`); ValueError if malformed."""
+def open_clip_dataset(spec: str, geometry: VideoGeometry, max_len: int, caption_dim: int | None = None
+                      ) -> ClipDataset:
+    """The clip dataset a `--data` spec names (`VIDEO_DATA_SYNTAX`); ValueError if malformed.
+    `caption_dim`: the model's (`ModelShape.caption_dim`): synthetic clips carry captions of that
+    width when it is above 0, labels otherwise; a latent folder's conditions must be that kind
+    (None: whatever they are)."""
     kind, _, rest = spec.partition(":")
     if kind == SYNTHETIC_PREFIX:
         seed_text, _, path = rest.partition(":")
@@ -144,17 +157,18 @@ def open_clip_dataset(spec: str, geometry: VideoGeometry, max_len: int) -> ClipD
             seed = int(seed_text)
         if rest.count(":") >= 1 and path == "":
             raise ValueError(f"--data {spec}: empty clip list path (syntax: {VIDEO_DATA_SYNTAX})")
-        return SyntheticClips(seed, geometry, max_len, clip_list=path or None)
+        return SyntheticClips(seed, geometry, max_len, clip_list=path or None, caption_dim=caption_dim or 0)
     if kind == LATENTS_PREFIX:
         if not rest:
             raise ValueError(f"--data {spec}: no folder given (syntax: {VIDEO_DATA_SYNTAX})")
-        return LatentFolder(rest, geometry)
+        return LatentFolder(rest, geometry, caption_dim)
     raise ValueError(f"--data {spec}: not video data (syntax: {VIDEO_DATA_SYNTAX})")
 
 
 def open_clip_stream(spec: str, geometry: VideoGeometry, tokens_per_step: int, max_len: int,
-                     seed: int) -> ClipStream:
+                     seed: int, caption_dim: int | None = None, max_axis: int | None = None) -> ClipStream:
     """The trainer's entry point: the clip stream of a `--data` spec for a model of `geometry`
-    (`ModelShape.video_geometry`), batched like `BatchStream` with the run's seed."""
-    return ClipStream(open_clip_dataset(spec, geometry, max_len), geometry, tokens_per_step,
-                      max_len, seed)
+    (`ModelShape.video_geometry`), `caption_dim` (`open_clip_dataset`) and longest clip axis in
+    patches `max_axis` (`ModelShape.max_axis_patches`), batched like `BatchStream` with the run's seed."""
+    return ClipStream(open_clip_dataset(spec, geometry, max_len, caption_dim), geometry, tokens_per_step,
+                      max_len, seed, max_axis)

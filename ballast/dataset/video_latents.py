@@ -8,8 +8,9 @@ Files are found anywhere under PATH (hidden folders and files skipped), sample i
 in sorted relative path order. The folder is indexed once from the files' headers (nothing of
 the data is read) and every clip is loaded when its batch is drawn, memory-mapped, as float32.
 C must be the model's latent channels and the patch must divide F, H and W. Every file is
-captioned, with one embedding width D, or none is (a model takes one kind of condition); a
-captioned file's label is ignored. Anything else is a ValueError naming the file.
+captioned, with one embedding width D, or none is (a model takes one kind of condition: a
+caption-conditioned model's text width, or labels); a captioned file's label is ignored.
+Anything else is a ValueError naming the file.
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def _header(path: Path) -> tuple[list[int], str, list[int] | None, str | None]:
 class LatentFolder:
     """The clip dataset of `video-latents:PATH` (module docstring)."""
 
-    def __init__(self, folder: str, geometry: VideoGeometry) -> None:
+    def __init__(self, folder: str, geometry: VideoGeometry, caption_dim: int | None = None) -> None:
         self.name, self.geometry = f"{LATENTS_PREFIX}:{folder}", geometry
         root = Path(folder)
         if not root.is_dir():
@@ -102,6 +103,11 @@ class LatentFolder:
             listing.update(f"{path.relative_to(root).as_posix()}|{shape}|{dtype}|{caption}|{label}|"
                            f"{path.stat().st_size}\n".encode())
         self.shapes = np.array(shapes, dtype=np.int64)
+        if caption_dim is not None and (self.caption_dim or 0) != caption_dim:
+            has = f"captions of width {self.caption_dim}" if self.caption_dim else "labels (no `caption` tensor)"
+            takes = f"caption embeddings of width {caption_dim}" if caption_dim else "class labels"
+            raise ValueError(f"{self.name}: its clips carry {has} ({self.files[0]}), but the model is "
+                             f"conditioned on {takes}")
         self.fingerprint = f"{self.name}|{geometry}|{listing.hexdigest()[:16]}"
 
     def clip_name(self, sample_id: int) -> str:

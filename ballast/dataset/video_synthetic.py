@@ -6,6 +6,9 @@ Content is a function of (SEED, sample id) alone (numpy's PCG64 seeded with [SEE
 condition label (`KINDS`, 0..7): it fixes the outline, the fill texture (stripes and checker)
 and the base colour (a fixed palette per kind, jittered per shape), so a conditioned model can
 learn what a label looks like and an unconditioned one still learns smooth moving structure.
+A model conditioned on caption embeddings (caption_dim D > 0, a Wan's text_dim) reads instead
+the kind's caption (`kind_caption`): 2 + kind tokens of width D, N(0, 1), fixed per (kind, D),
+standing in for a text encoder's embedding of the kind's name (captions of several lengths).
 Edges are anti-aliased over about one latent pixel. Values are O(1), like scaled VAE latents.
 
 Shapes. By default the clips have DCP's any-size bucket shapes (`clips.video_source`: Open-Sora's
@@ -62,6 +65,11 @@ def _outline(kind: int, lx: np.ndarray, ly: np.ndarray) -> tuple[np.ndarray, np.
     return d, texture
 
 
+def kind_caption(kind: int, dim: int) -> np.ndarray:
+    """The caption embedding [2 + kind, dim] (float32) of a kind, the same for every clip of it."""
+    return np.random.default_rng([0xCA9, kind, dim]).normal(0.0, 1.0, (2 + kind, dim)).astype(np.float32)
+
+
 def synthetic_clip(seed: int, sample_id: int, channels: int, frames: int, height: int,
                    width: int) -> tuple[np.ndarray, int]:
     """(float32 latent [channels, frames, height, width] in latent pixels, label) of clip
@@ -105,10 +113,11 @@ def synthetic_clip(seed: int, sample_id: int, channels: int, frames: int, height
 class SyntheticClips:
     """The clip dataset of `video-synthetic[:SEED[:PATH]]` (module docstring)."""
 
-    def __init__(self, seed: int, geometry: VideoGeometry, max_len: int, clip_list: str | None = None) -> None:
+    def __init__(self, seed: int, geometry: VideoGeometry, max_len: int, clip_list: str | None = None,
+                 caption_dim: int = 0) -> None:
         if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
             raise ValueError(f"{SYNTHETIC_PREFIX}: max_len must be a positive integer, got {max_len!r}")
-        self.seed, self.geometry, self.clip_list = seed, geometry, clip_list
+        self.seed, self.geometry, self.clip_list, self.caption_dim = seed, geometry, clip_list, caption_dim
         if clip_list is None:
             self.name = f"{SYNTHETIC_PREFIX}:{seed}"
             source = video_source(geometry)
@@ -121,24 +130,27 @@ class SyntheticClips:
             self.shapes = clip_list_source(clip_list, geometry).shapes  # over max_len: ClipStream's error
             self._lines = [n for n, _ in numbered_lines(f"videos:{clip_list}", "clip list")]
             content = hashlib.sha256(Path(clip_list).read_bytes()).hexdigest()[:16]
-        self.fingerprint = f"{self.name}|{geometry}|{content}"
+        self.fingerprint = f"{self.name}|{geometry}|{content}" + (f"|captions {caption_dim}" if caption_dim else "")
 
     def clip_name(self, sample_id: int) -> str:
         if self.clip_list is None:
             return f"{self.name} bucket {int(self._bucket[sample_id])}"
         return f"videos:{self.clip_list} line {self._lines[sample_id]}"
 
-    def content(self, sample_id: int) -> tuple[torch.Tensor, int]:
+    def content(self, sample_id: int) -> tuple[torch.Tensor, int | torch.Tensor]:
         pf, ph, pw = self.geometry.patch
         f, h, w = self.shapes[sample_id].tolist()
         latent, label = synthetic_clip(self.seed, sample_id, self.geometry.latent_channels,
                                        f * pf, h * ph, w * pw)
+        if self.caption_dim:
+            return torch.from_numpy(latent), torch.from_numpy(kind_caption(label, self.caption_dim))
         return torch.from_numpy(latent), label
 
     def describe(self) -> str:
         tokens = self.shapes.prod(axis=1)
-        what = (f"labels 0-{len(KINDS) - 1} ({', '.join(KINDS)}), "
-                f"{self.geometry.latent_channels} latent channels")
+        condition = (f"captions of width {self.caption_dim} per kind" if self.caption_dim else
+                     f"labels 0-{len(KINDS) - 1}")
+        what = f"{condition} ({', '.join(KINDS)}), {self.geometry.latent_channels} latent channels"
         if self.clip_list is not None:
             return (f"{self.name}: {len(self.shapes)} procedural clips per epoch, shapes from the clip list "
                     f"({tokens.min()}..{tokens.max()} patches), {what}")

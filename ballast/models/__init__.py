@@ -6,6 +6,7 @@
     stage_layers.py  a pipeline stage's blocks under their whole-model names
     gpt.py       ballast's Llama-style decoder
     hf.py        Hugging Face causal LMs (`hf:PATH`), through transformers' AttentionInterface
+    hf_weights.py  a Hugging Face folder's weights checked against its config before any load
     next_token.py  the text models' objective (next-token cross-entropy over a packed stream)
     kernels.py   attention inside every span of a packed stream (flash-attn / torch varlen on CUDA, SDPA)
     gaussian_clips.py  Gaussian clips with the conditions a video model takes (verify, profile)
@@ -16,13 +17,17 @@
     video_dit.py VideoDiT: what both video DiTs share (the protocol, the loss)
     stdit.py     STDiT3-style DiT: spatial and temporal blocks in turn
     dit.py       Wan-style DiT: full attention over every clip
+    clip_objective.py  the video models' sample checks and loss around their forward
+    condition_attention.py  cross-attention of every held token to its own sample's condition
+    diffusers_wan.py  diffusers' Wan transformers (`diffusers:PATH`), the model object run per token
+    wan_attention.py  ballast's attention inside them, through diffusers' attention processors
 """
 from typing import Callable
 
 import torch
 from torch import nn
 
-from ..vocabulary.model_shape import HF_PREFIX, ModelShape
+from ..vocabulary.model_shape import DIFFUSERS_PREFIX, HF_PREFIX, ModelShape
 from ..vocabulary.patterns import CAUSAL_LM, AttentionPattern
 from .dit import DiT, build_dit
 from .gpt import GPT, build_gpt
@@ -43,11 +48,15 @@ def check_buildable(shape: ModelShape) -> None:
     bench check before any rank starts. A video DiT's constructor checks its shape (even depth
     for STDiT, the patch values as vocab, ...): it runs here on the meta device, which
     allocates nothing."""
-    if shape.source is not None and shape.hf_folder is None:
-        raise ValueError(f"model {shape.name!r}: unknown source {shape.source!r} (expected {HF_PREFIX}PATH)")
+    if shape.source is not None and shape.hf_folder is None and shape.diffusers_folder is None:
+        raise ValueError(f"model {shape.name!r}: unknown source {shape.source!r} (expected {HF_PREFIX}PATH or "
+                         f"{DIFFUSERS_PREFIX}PATH)")
     if shape.hf_folder is not None:
         from .hf_weights import check_weights
         check_weights(shape.hf_folder)
+    if shape.diffusers_folder is not None:
+        from .diffusers_wan import check_wan_folder
+        check_wan_folder(shape)
     if shape.source is None and shape.pattern in VIDEO_MODELS:
         with torch.device("meta"):
             VIDEO_MODELS[shape.pattern](shape)
@@ -56,11 +65,14 @@ def check_buildable(shape: ModelShape) -> None:
 def build_model(shape: ModelShape, seed: int = 0) -> ParallelModel:
     """The model `shape` describes, with weights that depend only on `seed` unless it brings its
     own: ballast's GPT, a video DiT (STDiT for spatial-temporal attention, DiT for full), or the
-    Hugging Face model of `shape.source` (transformers imported only then)."""
+    Hugging Face model of `shape.source` (transformers or diffusers imported only then)."""
     check_buildable(shape)
     if shape.hf_folder is not None:
         from .hf import build_hf
         return build_hf(shape, seed)
+    if shape.diffusers_folder is not None:
+        from .diffusers_wan import build_wan
+        return build_wan(shape, seed)
     return BUILDERS[shape.pattern](shape, seed)
 
 

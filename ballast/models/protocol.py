@@ -12,7 +12,9 @@ hook. No runtime, planner or CLI code names a model family.
     AttentionFn       (q, k, v, stream) -> out, each [tokens held, heads, head_dim]: attention
                       of `stream.pattern` inside every sample, however the stream is sharded
     ParallelModel     shape (what the cost model prices), the loss of this process's tokens,
-                      blocks (recomputation and FSDP units), install_attention
+                      blocks (recomputation and FSDP units), install_attention; a user's model
+                      with a forward of its own may add `reference_loss(samples)`, the loss of
+                      the samples through that forward one by one, which verify compares with
     TensorParallelModel  a ParallelModel that tensor parallelism can split: which module splits
                       how (`tensor_parallel_plan`), and the hook of its loss over split logits
     StagedModel       what pipeline parallelism adds (text models): keep one stage's part,

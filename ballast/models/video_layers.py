@@ -18,17 +18,16 @@ cross-attention, which has no gate, starts with a zero output projection, as in 
 """
 from __future__ import annotations
 
-import itertools
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..vocabulary.model_shape import ModelShape
 from ..vocabulary.patterns import FULL, SPATIAL, TEMPORAL, Span
+from .condition_attention import condition_attention
 from .gpt import MLP, RMSNorm
-from .kernels import equal_groups, local_attention, to_device, token_order
+from .kernels import local_attention
 from .protocol import AttentionFn, PackedStream
 from .video_conditioning import Conditioning, HeldSamples
 
@@ -107,21 +106,8 @@ class SelfAttention(nn.Module):
 
 
 class CrossAttention(nn.Module):
-    """Every held token attends to its own sample's condition tokens (Wan's normed input).
-
-    Samples are batched by how many rows they hold: all samples with c held tokens go as one
-    SDPA call [samples, heads, c, head_dim] against their own condition tokens, gathered into
-    place by one index over the rows and put back by one, so a micro-batch of hundreds of tiny
-    clips makes a few calls (at most one per distinct clip size: n tokens have ~sqrt(2n) sizes
-    at most), not one per sample. The kernel never scores a token against another sample's
-    condition (a block mask over all of them would cost tokens x all condition tokens, mostly
-    masked). Class labels give every sample CONDITION_TOKENS tokens: no padding. Captions vary
-    in length: a batch's captions are padded to its longest with a key mask, after the key and
-    value projections (padding rows are gathered copies, masked out). That keeps memory at most
-    samples x longest caption x kv_dim per batch, the order of the captions themselves; padding
-    queries too, into one call, would cost samples x longest clip (one large clip beside hundreds
-    of tiny ones), and gathering each token's own keys tokens x caption length x kv_dim.
-    Always local: every process has every sample's condition."""
+    """Every held token attends to its own sample's condition tokens (Wan's normed input;
+    `condition_attention` batches the samples)."""
 
     def __init__(self, shape: ModelShape):
         super().__init__()
@@ -134,57 +120,13 @@ class CrossAttention(nn.Module):
         self.v = nn.Linear(shape.hidden, shape.kv_dim)
         self.o = nn.Linear(shape.heads * shape.head_dim, shape.hidden)
 
+    def keys_values(self, tokens: Tensor) -> tuple[Tensor, Tensor]:
+        return tuple(proj(tokens).view(-1, self.kv_heads, self.head_dim) for proj in (self.k, self.v))
+
     def forward(self, x: Tensor, held: HeldSamples, condition: Conditioning) -> Tensor:
-        n, device = x.shape[0], x.device
+        n = x.shape[0]
         q = self.q(self.norm(x)).view(n, self.heads, self.head_dim)
-        edges = torch.tensor(condition.bounds, dtype=torch.long)
-        # The held runs batched by their rows (`equal_groups`: runs of one size, wherever they are).
-        order, rows, runs = equal_groups(held.counts)
-        picked = order if order is not None else torch.arange(held.counts.numel())
-        samples, counts = held.samples[picked], held.counts[picked]
-        lengths = (edges[1:] - edges[:-1])[samples]
-        # Every held sample's condition tokens, in batch order. Projected before the gather when
-        # that is fewer rows (labels: a few distinct rows shared by many samples), else after.
-        context = to_device(condition.rows[token_order(edges[:-1][samples], lengths)], condition.tokens.device)
-        if n and condition.tokens.shape[0] <= context.numel():
-            k, v = (proj(condition.tokens).index_select(0, context) for proj in (self.k, self.v))
-        else:
-            tokens = condition.tokens.index_select(0, context)
-            k, v = self.k(tokens), self.v(tokens)
-        k, v = k.view(-1, self.kv_heads, self.head_dim), v.view(-1, self.kv_heads, self.head_dim)
-        if n == 0:
-            # No held token: an empty output that keeps k and v (empty too, so their sums are
-            # 0) on the graph, so that their weights get a (zero) gradient as on every other rank.
-            return self.o((q + (k.sum() + v.sum())).reshape(n, self.heads * self.head_dim))
-        if order is not None:
-            firsts = (torch.cumsum(held.counts, 0) - held.counts)[picked]
-            order = to_device(token_order(firsts, counts), device)
-            q = q.index_select(0, order)
-        key_lengths = lengths.tolist()
-        firsts = list(itertools.accumulate(runs, initial=0))
-        batches = [key_lengths[a:b] for a, b in zip(firsts, firsts[1:])]
-        outputs = []
-        for size, count, run, batch_lengths, q_batch, k_batch, v_batch in zip(
-                rows, runs, firsts, batches, q.split([r * c for r, c in zip(rows, runs)]),
-                k.split([sum(b) for b in batches]), v.split([sum(b) for b in batches])):
-            longest, mask = max(batch_lengths), None
-            if longest == min(batch_lengths):
-                k_batch, v_batch = (t.view(count, longest, self.kv_heads, self.head_dim) for t in (k_batch, v_batch))
-            else:  # captions of several lengths: pad to the longest, mask the padding
-                own = lengths[run:run + count]
-                slot = torch.arange(longest)
-                pick = (torch.cumsum(own, 0) - own)[:, None] + torch.minimum(slot[None, :], own[:, None] - 1)
-                pick = to_device(pick.reshape(-1), device)
-                k_batch, v_batch = (t.index_select(0, pick).view(count, longest, self.kv_heads, self.head_dim)
-                                    for t in (k_batch, v_batch))
-                mask = to_device(slot[None, :] < own[:, None], device)[:, None, None, :]
-            out = F.scaled_dot_product_attention(
-                q_batch.view(count, size, self.heads, self.head_dim).transpose(1, 2), k_batch.transpose(1, 2),
-                v_batch.transpose(1, 2), attn_mask=mask, enable_gqa=True)
-            outputs.append(out.transpose(1, 2).reshape(count * size, self.heads, self.head_dim))
-        out = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
-        if order is not None:
-            out = torch.empty_like(out).index_copy(0, order, out)
+        out = condition_attention(q, held, condition.bounds, condition.rows, condition.tokens, self.keys_values)
         return self.o(out.reshape(n, self.heads * self.head_dim))
 
 

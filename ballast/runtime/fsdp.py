@@ -21,8 +21,9 @@ What this asks of the executor (`executor.py`):
   - under bf16 autocast, a `MixedPrecisionPolicy` gathers the parameters in bf16 (half the
     bytes of each all-gather, and autocast's casts of the weights become no-ops) and reduces
     the gradients in fp32 (their sum over the world keeps fp32's precision, as the replicated
-    sync's does); the sharded parameters, gradients and AdamW's state stay fp32. Under fp32
-    there is no policy: everything is fp32.
+    sync's does); the sharded parameters, gradients and AdamW's state stay fp32. The root's
+    inputs are left as the model was given them (a video model's timesteps stay fp32 for their
+    sinusoids, as in one process under autocast). Under fp32 there is no policy: everything is fp32.
 """
 from __future__ import annotations
 
@@ -50,13 +51,18 @@ def shard_model(model: ParallelModel, bf16: bool = False, group: ProcessGroup | 
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
-        else MixedPrecisionPolicy()
+    policy, root = MixedPrecisionPolicy(), MixedPrecisionPolicy()
+    if bf16:
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        # The root's forward inputs are the model's own (token ids, latents, a clip's timestep
+        # and condition), which autocast casts where it computes with them: casting them ahead
+        # would round a clip's t to bf16 before its sinusoidal embedding (t x 1000 off by up to 2).
+        root = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
     device = next(model.parameters()).device.type
     mesh = None if group is None else DeviceMesh.from_group(group, device)
     for block in model.blocks():
         fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=root)
     for module in model.modules():
         if isinstance(module, FSDPModule):  # both settings are per module, not recursive
             module.set_gradient_divide_factor(1.0)

@@ -255,12 +255,15 @@ the same model."""
 
 def model_record(shape: ModelShape) -> dict:
     """What meta.json says of the model: its name and source, its shape's numbers and, for an
-    hf:PATH model, the architecture its config.json names (two families may share the numbers).
+    hf:PATH or diffusers:PATH model, the architecture its config.json names (two families may
+    share the numbers).
     As JSON gives it back (tuples as lists), so that records compare equal."""
     record = {**shape.to_dict(), "architecture": None}
     if shape.hf_folder is not None:
         config = read_json(shape.hf_folder / "config.json", "model config")
         record["architecture"] = ", ".join(config.get("architectures") or [config.get("model_type", "?")])
+    if shape.diffusers_folder is not None:
+        record["architecture"] = read_json(shape.diffusers_folder / "config.json", "model config")["_class_name"]
     return json.loads(json.dumps(record))
 
 

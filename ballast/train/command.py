@@ -49,4 +49,4 @@ def print_summary(summary: dict) -> None:
     console.print(f"  plots       {', '.join(summary['report'].values())}")
     console.print(f"  checkpoint  {summary['checkpoint']}")
     if summary.get("hf_model"):
-        console.print(f"  hf model    {summary['hf_model']} (AutoModelForCausalLM.from_pretrained)")
+        console.print(f"  hf model    {summary['hf_model']} ({summary['hf_model_loader']}.from_pretrained)")

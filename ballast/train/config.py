@@ -161,7 +161,12 @@ class RunConfig:
     WORLD_SIZE, which this must match if set."""
     out_dir: str = "runs/train"
     """Run folder: config.toml, metrics.jsonl, checkpoints/, report/, and for an hf:PATH model
-    hf-model/ (the trained model as a Hugging Face folder)."""
+    hf-model/ (the trained model as a Hugging Face folder), for a diffusers:PATH model
+    diffusers-model/ (as a diffusers folder)."""
+    report: bool = True
+    """Draw the run's report at the end (report/: loss, throughput, lengths and a showcase
+    plan's Gantt as PNG); off (`--no-report`), report/ holds summary.json alone: for sweeps of
+    many short runs, where the plots cost more than the steps."""
     log_interval: int = field(default=10, metadata=_in(positive(int)))
     """Steps between log lines when the output is not a terminal (a progress bar otherwise)."""
     precision: Precision = field(default=Precision.AUTO, metadata=_flag("--precision"))

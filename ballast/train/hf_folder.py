@@ -1,5 +1,5 @@
-"""Hugging Face models (`--model hf:PATH`) in `ballast train`: their tokenizer, and the trained
-model written back as a Hugging Face folder.
+"""Hugging Face models (`--model hf:PATH`, `--model diffusers:PATH`) in `ballast train`: a causal
+LM's tokenizer, and the trained model written back as a folder of the kind it came from.
 
 Tokenizer. Without `--tokenizer`, an hf:PATH model trains with its folder's own
 `tokenizer.json` when the folder has one, else with ballast's byte-level tokenizer (ids 0..255,
@@ -13,6 +13,9 @@ config.json at the depth that was trained, through the model object's own `save_
 the tokenizer files of the model's folder when it trained with that tokenizer, the
 `--tokenizer` file as tokenizer.json when it trained with another one, none for the byte-level
 tokenizer; and `ballast.json`, saying what was trained from what and with which tokenizer.
+A diffusers Wan is written as `<out-dir>/diffusers-model/` (config.json and
+diffusion_pytorch_model.safetensors through the model class's own `save_pretrained`, and
+ballast.json), which `WanTransformer3DModel.from_pretrained` loads.
 Under FSDP2 the parameters are sharded: every rank takes part in gathering the full state
 dict (`get_model_state_dict` with `full_state_dict=True, cpu_offload=True`, which leaves it on
 rank 0's CPU) and rank 0 writes the folder, into a temporary one renamed into place. Under TP
@@ -24,18 +27,23 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from ..dataset import check_vocab, load_tokenizer
 from ..runtime import Executor
 from ..vocabulary.model_shape import ModelShape
+from ..vocabulary.value_checks import read_json
+from ..models.diffusers_wan import save_wan
 from ..models.hf import progress_bars
 
 HF_MODEL_DIR = "hf-model"
 """The trained model's Hugging Face folder, under --out-dir."""
+DIFFUSERS_MODEL_DIR = "diffusers-model"
+"""The trained diffusers model's folder, under --out-dir."""
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_FILES = (TOKENIZER_JSON, "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "tokenizer.model", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja",
@@ -43,6 +51,8 @@ TOKENIZER_FILES = (TOKENIZER_JSON, "tokenizer_config.json", "special_tokens_map.
 """The files of a Hugging Face model folder that make up its tokenizer (copied when it trained with it)."""
 WRAPPER_PREFIX = "hf."
 """State-dict keys of `HFCausalLM` are the transformers model's under its attribute `hf`."""
+DIFFUSERS_WRAPPER_PREFIX = "wan."
+"""State-dict keys of `DiffusersWan` are the diffusers model's under its attribute `wan`."""
 BYTES_NOTE = ("no tokenizer files: trained with ballast's byte-level tokenizer, whose token ids are the "
               "UTF-8 bytes of the text (ids = list(text.encode('utf-8')); text = bytes(ids).decode('utf-8'))")
 
@@ -85,31 +95,86 @@ def save_hf_model(executor: Executor, shape: ModelShape, tokenizer: str, out: Pa
     """Write the trained `HFCausalLM` the executor trains as `out/hf-model/` (collective: every
     rank calls it; the parameters are gathered to rank 0, which writes). Returns the folder on
     rank 0, None elsewhere. `provenance` (steps, data, ...) goes into its ballast.json."""
-    model = executor.model
+    weights = _gathered(executor, WRAPPER_PREFIX)
+    if weights is None:
+        return None
+
+    def write(folder: Path) -> None:
+        with progress_bars(shown=False):  # save_pretrained draws one per shard, and pops from the dict: ours
+            executor.model.hf.save_pretrained(folder, state_dict=weights)
+        note = _copy_tokenizer(shape, tokenizer, folder)
+        _write_record(folder, shape, {**provenance, "tokenizer": tokenizer, "tokenizer_files": note})
+
+    return _replace(out / HF_MODEL_DIR, write)
+
+
+def save_diffusers_model(executor: Executor, shape: ModelShape, out: Path,
+                         provenance: dict[str, Any]) -> Path | None:
+    """Write the trained `DiffusersWan` the executor trains as `out/diffusers-model/`, which the
+    model class's `from_pretrained` loads (collective, as `save_hf_model`)."""
+    weights = _gathered(executor, DIFFUSERS_WRAPPER_PREFIX)
+    if weights is None:
+        return None
+
+    def write(folder: Path) -> None:
+        save_wan(dict(executor.model.wan.config), weights, folder)
+        _write_record(folder, shape, provenance)
+
+    return _replace(out / DIFFUSERS_MODEL_DIR, write)
+
+
+def export_model(executor: Executor, shape: ModelShape, tokenizer: str, out: Path,
+                 provenance: dict[str, Any]) -> Path | None:
+    """The trained model written back as the kind of folder it came from (`hf:PATH`,
+    `diffusers:PATH`); None for ballast's own models, and on ranks other than 0 (collective)."""
+    if shape.hf_folder is not None:
+        return save_hf_model(executor, shape, tokenizer, out, provenance)
+    if shape.diffusers_folder is not None:
+        return save_diffusers_model(executor, shape, out, provenance)
+    return None
+
+
+def folder_loader(shape: ModelShape) -> str | None:
+    """What loads the folder `export_model` writes for `shape`: the class whose `from_pretrained` takes it."""
+    if shape.hf_folder is not None:
+        return "AutoModelForCausalLM"
+    if shape.diffusers_folder is not None:
+        return read_json(shape.diffusers_folder / "config.json", "model config")["_class_name"]
+    return None
+
+
+def _gathered(executor: Executor, prefix: str) -> dict[str, torch.Tensor] | None:
+    """The user's model's whole state dict (the wrapper's keys under `prefix`, without it), on
+    rank 0's CPU; None on the other ranks. Collective: under FSDP2 and TP every rank takes part."""
     if executor.tensor_parallel is None:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = get_model_state_dict(model, options=options)  # full tensors on rank 0, {} elsewhere
+        state = get_model_state_dict(executor.model, options=options)  # full tensors on rank 0, {} elsewhere
     else:  # its split layers' shards gathered whole on every rank (FSDP2's too)
         state = dict(zip(executor.parameter_names, executor.parameters()))
     if dist.get_rank() != 0:
         return None
     weights = {}
     for key, tensor in state.items():
-        if not key.startswith(WRAPPER_PREFIX):
-            raise RuntimeError(f"state-dict key {key!r} of an hf model is not under {WRAPPER_PREFIX!r}")
-        weights[key[len(WRAPPER_PREFIX):]] = tensor
-    final, tmp = out / HF_MODEL_DIR, out / f".tmp-{HF_MODEL_DIR}"
+        if not key.startswith(prefix):
+            raise RuntimeError(f"state-dict key {key!r} of the wrapped model is not under {prefix!r}")
+        weights[key[len(prefix):]] = tensor
+    return weights
+
+
+def _write_record(folder: Path, shape: ModelShape, provenance: dict[str, Any]) -> None:
+    """`ballast.json`: what was trained from what."""
+    (folder / "ballast.json").write_text(json.dumps(
+        {"trained_from": shape.source, "layers": shape.layers, **provenance}, indent=1) + "\n")
+
+
+def _replace(final: Path, write: Callable[[Path], None]) -> Path:
+    """`write` a folder into a temporary one, then put it at `final`. An earlier run's folder
+    (this run resumed it, or a longer one ran here) is moved aside, not deleted, until the new
+    one is in place: a crash in between leaves one of them whole."""
+    tmp, old = final.parent / f".tmp-{final.name}", final.parent / f".old-{final.name}"
     shutil.rmtree(tmp, ignore_errors=True)  # left by a crash
     tmp.mkdir(parents=True)
-    with progress_bars(shown=False):  # save_pretrained draws one per shard, and pops from the dict: ours
-        model.hf.save_pretrained(tmp, state_dict=weights)
-    note = _copy_tokenizer(shape, tokenizer, tmp)
-    (tmp / "ballast.json").write_text(json.dumps(
-        {"trained_from": shape.source, "layers": shape.layers, **provenance, "tokenizer": tokenizer,
-         "tokenizer_files": note}, indent=1) + "\n")
-    # An earlier run's folder (this run resumed it, or a longer one ran here) is moved aside, not
-    # deleted, until the new one is in place: a crash in between leaves one of them whole.
-    old = out / f".old-{HF_MODEL_DIR}"
+    write(tmp)
     shutil.rmtree(old, ignore_errors=True)
     if final.exists():
         final.rename(old)

@@ -39,7 +39,7 @@ from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize, rank_
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..vocabulary.layouts import ANY_SPLIT
 from . import checkpoint
-from .hf_folder import check_tokenizer, resolve_tokenizer, save_hf_model
+from .hf_folder import check_tokenizer, export_model, folder_loader, resolve_tokenizer
 from .ahead import Lookahead, StepInput
 from .config import OptimizerConfig, TrainConfig
 from .nonfinite import nonfinite_step, nothing_trained
@@ -112,7 +112,8 @@ def open_data(config: TrainConfig, setup: Setup, progress: bool) -> tuple[BatchS
     against max_len up front."""
     data, seed = config.data, config.run.seed
     if is_video_data(data.source):
-        clips = open_clip_stream(data.source, setup.shape.video_geometry, data.tokens_per_step, data.max_len, seed)
+        clips = open_clip_stream(data.source, setup.shape.video_geometry, data.tokens_per_step, data.max_len, seed,
+                                 setup.shape.caption_dim, setup.shape.max_axis_patches)
         return clips, clips.describe()
     check_tokenizer(setup.tokenizer, data.tokenizer, setup.shape)
     corpus = build_corpus(data.source, tokenizer=setup.tokenizer, cache_dir=data.cache_dir,
@@ -213,10 +214,9 @@ def train(config: TrainConfig) -> dict | None:
             lookahead.close()
             progress.close()
     nothing_trained(start, steps, applied, rank)
-    hf_model = None  # collective: the parameters are gathered to rank 0, which writes the folder
-    if setup.shape.hf_folder is not None:
-        hf_model = save_hf_model(executor, setup.shape, setup.tokenizer, out,
-                                 {"steps": steps, "data": config.data.source, "seed": config.run.seed})
+    # Collective: the parameters are gathered to rank 0, which writes the folder.
+    hf_model = export_model(executor, setup.shape, setup.tokenizer, out,
+                            {"steps": steps, "data": config.data.source, "seed": config.run.seed})
     if rank != 0:
         return None
     history = final_history(out / "metrics.jsonl")
@@ -224,11 +224,15 @@ def train(config: TrainConfig) -> dict | None:
     mesh = setup.mesh
     title = (f"{config.planner.planner} planner, {setup.shape.name}, {world} ranks"
              f"{f' ({mesh.describe()})' if mesh.tp * mesh.pp > 1 else ''}")
-    paths = write_report(out / "report", history, plans, setup.cost, mesh.pool, title)
+    paths = {}
+    if config.run.report:
+        paths = write_report(out / "report", history, plans, setup.cost, mesh.pool, title)
+    (out / "report").mkdir(parents=True, exist_ok=True)
     summary.update(planner=config.planner.planner, world=world, cost_model=setup.cost.source,
                    metrics=str(out / "metrics.jsonl"), report={k: str(v) for k, v in paths.items()},
                    checkpoint=str(checkpoint.latest(config.checkpoint_path)),
-                   hf_model=None if hf_model is None else str(hf_model))
+                   hf_model=None if hf_model is None else str(hf_model),
+                   hf_model_loader=None if hf_model is None else folder_loader(setup.shape))
     (out / "report" / "summary.json").write_text(json.dumps({**summary, "provenance": origin}, indent=1))
     return summary
 

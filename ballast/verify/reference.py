@@ -1,7 +1,8 @@
 """The single-process reference `ballast verify` and the runtime tests compare with.
 
-The whole batch runs as one packed stream in one process, with plain AdamW: no runtime, no
-plan. `train_reference` trains K steps that way; `reference_at` takes the loss and gradient of
+The whole batch runs in one process, with plain AdamW: no runtime, no plan; as one packed
+stream, or, for a user's model with a forward of its own (a diffusers Wan), through that
+forward clip by clip. `train_reference` trains K steps that way; `reference_at` takes the loss and gradient of
 each step at the parameters a distributed run started it from.
 """
 from __future__ import annotations
@@ -65,13 +66,14 @@ def random_batches(shape: ModelShape, steps: int, batch: int, max_len: int, seed
 def random_clips(shape: ModelShape, sizes: list[int], rng: np.random.Generator) -> VerifyBatch:
     """A clip of at most each size in tokens, of every kind a video model must take: a random
     split of the size into frames x height x width patches (single images, single-patch frames
-    and long thin clips among them), with Gaussian latents, conditions and keys
-    (`gaussian_clips`)."""
+    and long thin clips among them, no axis over `shape.max_axis_patches`), with Gaussian
+    latents, conditions and keys (`gaussian_clips`)."""
     grids = []
     for size in sizes:
-        frames = int(rng.integers(1, size + 1))
-        height = int(rng.integers(1, size // frames + 1))
-        width = int(rng.integers(1, size // (frames * height) + 1))
+        axis = min(size, shape.max_axis_patches or size)
+        frames = int(rng.integers(1, axis + 1))
+        height = int(rng.integers(1, min(size // frames, axis) + 1))
+        width = int(rng.integers(1, min(size // (frames * height), axis) + 1))
         grids.append((frames, height, width))
     clips = gaussian_clips(grids, shape, int(rng.integers(0, 2 ** 62)))
     return VerifyBatch([f * h * w for f, h, w in grids], clips, grids)
@@ -84,12 +86,16 @@ def flatten(tensors) -> Tensor:
 
 
 def _whole_batch_backward(model: ParallelModel, batch: VerifyBatch, bf16: bool) -> float:
-    """Loss and gradient of the whole batch as one packed stream in this process, on the model's
-    device (under bf16 autocast with `bf16`, as the executor's forward under `Precision.BF16`)."""
+    """Loss and gradient of the whole batch in this process, on the model's device (under bf16
+    autocast with `bf16`, as the executor's forward under `Precision.BF16`): through the user's
+    own model's forward sample by sample where the model has one
+    (`protocol.ParallelModel.reference_loss`), else as one packed stream."""
+    own = getattr(model, "reference_loss", None)
     device = next(model.parameters()).device
     stream = PackedStream.of([model.sample_shape(s) for s in batch.samples], device)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-        loss = model.loss(batch.samples, stream, slice(0, stream.bounds[-1])) / sum(batch.lengths)
+        loss = own(batch.samples) if own is not None else model.loss(batch.samples, stream, slice(0, stream.bounds[-1]))
+        loss = loss / sum(batch.lengths)
     loss.backward()
     return loss.item()
 

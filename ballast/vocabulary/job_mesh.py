@@ -93,9 +93,13 @@ class JobMesh:
     def check_model(self, shape: ModelShape) -> None:
         """ValueError naming the value and the limit where `shape` cannot be split t ways or cut
         into p stages: TP splits the query and kv heads, the MLP's inner width and the
-        vocabulary evenly over its ranks; PP cuts text models with untied embedding and output
-        weights into equal runs of blocks (`pipeline_schedule.check_pipeline_shape`)."""
+        vocabulary evenly over its ranks of a text model (a video model declares no split); PP cuts
+        text models with untied embedding and output weights into equal runs of blocks
+        (`pipeline_schedule.check_pipeline_shape`)."""
         t, p = self.tp, self.pp
+        if t > 1 and shape.pattern.clips:
+            raise ValueError(f"model {shape.name!r} cannot be split by tensor parallelism (text models can): run it "
+                             f"without --tp")
         for what, value in (("heads", shape.heads), ("kv heads", shape.kv_heads), ("MLP width (ffn)", shape.ffn),
                             ("vocabulary", shape.vocab)):
             if value % t:

@@ -5,6 +5,8 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .diffusers_config import DIFFUSERS_PREFIX, wan_shape_fields
+from .hf_config import HF_PREFIX, hf_shape_fields
 from .patterns import AttentionPattern, attention_pattern
 from .value_checks import check_types, from_fields, read_json
 
@@ -82,8 +84,9 @@ class ModelShape:
     any. No sequence may be longer: its last tokens would sit at positions the model never
     trained (RoPE) or has no embedding for (a position table)."""
     source: str | None = None
-    """Where the model comes from: None for ballast's own GPT built from this shape, or
-    `hf:PATH` for a Hugging Face causal LM folder (`ballast.models.build_model` reads it)."""
+    """Where the model comes from: None for ballast's own model built from this shape, `hf:PATH`
+    for a Hugging Face causal LM folder, or `diffusers:PATH` for a diffusers Wan transformer
+    folder (`ballast.models.build_model` reads them)."""
     attention: str = "causal"
     """Attention pattern, by name (`patterns.PATTERNS`: causal, full or spatial-temporal); the
     value is `pattern`. It decides what a sample of a given shape costs in attention, which
@@ -99,6 +102,9 @@ class ModelShape:
     caption_dim: int = 0
     """Width of a caption embedding token, what a video DiT's condition encoder reads (T5-XXL's
     and umT5-XXL's 4096); 0: the model is conditioned on class labels only."""
+    max_axis_patches: int | None = None
+    """A video model's longest clip axis (frames, height or width) in latent patches: the
+    positions per axis its RoPE table holds (a diffusers Wan's rope_max_seq_len); None: any."""
 
     def __post_init__(self) -> None:
         if isinstance(self.video, dict):
@@ -110,6 +116,8 @@ class ModelShape:
             raise ValueError(f"model {self.name!r}: {e}") from None
         if self.caption_dim < 0:
             raise ValueError(f"model {self.name!r}: caption_dim {self.caption_dim} must be >= 0 (0: labels only)")
+        if self.max_axis_patches is not None and self.max_axis_patches < 1:
+            raise ValueError(f"model {self.name!r}: max_axis_patches {self.max_axis_patches} must be >= 1 (None: any)")
         if not 0.0 <= self.spatial_share <= 1.0:
             raise ValueError(f"model {self.name!r}: spatial_share {self.spatial_share} is not in [0, 1]")
         for field_name in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab"):
@@ -126,6 +134,13 @@ class ModelShape:
         if self.source is None or not self.source.startswith(HF_PREFIX):
             return None
         return Path(self.source[len(HF_PREFIX):])
+
+    @property
+    def diffusers_folder(self) -> Path | None:
+        """The diffusers model folder of a `diffusers:PATH` model; None otherwise."""
+        if self.source is None or not self.source.startswith(DIFFUSERS_PREFIX):
+            return None
+        return Path(self.source[len(DIFFUSERS_PREFIX):])
 
     @property
     def pattern(self) -> AttentionPattern:
@@ -222,83 +237,19 @@ MODEL_PRESETS: dict[str, ModelShape] = {
 }
 
 
-HF_PREFIX = "hf:"
-CAUSAL_LM_CLASSES = ("ForCausalLM", "LMHeadModel")
-"""How transformers names its causal-LM classes (LlamaForCausalLM, GPT2LMHeadModel)."""
-LLAMA_STYLE_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
-"""The config.json keys ballast reads a decoder's shape from."""
-
-
 def get_model_shape(spec: str) -> ModelShape:
-    """A preset name, `hf:PATH` (a Hugging Face model folder), or a path to a JSON file with
-    `ModelShape`'s fields."""
+    """A preset name, `hf:PATH` (a Hugging Face model folder), `diffusers:PATH` (a diffusers Wan
+    transformer folder) or a path to a JSON file with `ModelShape`'s fields."""
     if spec in MODEL_PRESETS:
         return MODEL_PRESETS[spec]
     if spec.startswith(HF_PREFIX):
-        return hf_model_shape(spec[len(HF_PREFIX):])
+        return ModelShape(**hf_shape_fields(spec[len(HF_PREFIX):]))
+    if spec.startswith(DIFFUSERS_PREFIX):
+        return ModelShape(**wan_shape_fields(spec[len(DIFFUSERS_PREFIX):]))
     path = Path(spec)
     if path.suffix == ".json" and path.is_file():
         data = read_json(path, "model file")
         data.setdefault("name", path.stem)
         return ModelShape.from_dict(data)
-    raise ValueError(f"unknown model {spec!r}; presets: {', '.join(MODEL_PRESETS)}, hf:PATH or a .json file")
-
-
-def check_causal_decoder(config: dict, where: str) -> None:
-    """ValueError naming the model type when a Hugging Face config is no causal decoder by what it
-    is, whatever causal-LM class transformers would build for it: an encoder-decoder
-    (`is_encoder_decoder`; T5, BART), or an encoder family (BERT, RoBERTa, ...: attention both
-    ways, a decoder only when `is_decoder` makes it one, and never the Llama-style layout ballast
-    trains), or a type transformers has no causal LM for at all."""
-    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
-                                                        MODEL_FOR_MASKED_LM_MAPPING_NAMES)
-
-    kind = config.get("model_type", "?")
-    trains = "ballast trains causal decoders (Llama, Qwen2, Mistral and relatives)"
-    if config.get("is_encoder_decoder"):
-        raise ValueError(f"{where}: model type {kind!r} is an encoder-decoder (is_encoder_decoder): {trains}")
-    if kind in MODEL_FOR_MASKED_LM_MAPPING_NAMES:
-        how = ("run as a decoder by is_decoder, not a Llama-style decoder" if config.get("is_decoder") else
-               "with attention both ways (is_decoder false)")
-        raise ValueError(f"{where}: model type {kind!r} is an encoder, {how}: {trains}")
-    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise ValueError(f"{where}: model type {kind!r} has no causal LM in transformers "
-                         f"(AutoModelForCausalLM cannot build it): {trains}")
-
-
-def hf_model_shape(folder: str) -> ModelShape:
-    """The shape of the Hugging Face causal LM in `folder`, from its `config.json` alone (no
-    weights read): what the cost model and the planners need. Only a causal decoder passes
-    (`check_causal_decoder`), in every command, planning ones included."""
-    path = Path(folder)
-    if not (path / "config.json").is_file():
-        raise ValueError(f"hf:{folder}: no config.json there (a Hugging Face model folder has one)")
-    config = read_json(path / "config.json", "model config")
-    kind = config.get("model_type", "?")
-    architectures = config.get("architectures") or []
-    if architectures and not any(a.endswith(CAUSAL_LM_CLASSES) for a in architectures):
-        raise ValueError(f"hf:{folder}: model type {kind!r} is {', '.join(architectures)}, not a causal LM "
-                         f"(...ForCausalLM or ...LMHeadModel)")
-    check_causal_decoder(config, f"hf:{folder}")
-    missing = [k for k in LLAMA_STYLE_SIZES if k not in config]
-    if missing:
-        # GPT-2 and its kin are causal LMs of another layout: own size names (n_layer, n_embd,
-        # ...), blocks at transformer.h where ballast switches recomputation at model.layers,
-        # dropout in the residual stream that would make the gradient depend on the plan.
-        raise ValueError(f"hf:{folder}: model type {kind!r} ({', '.join(architectures) or 'no architectures'}) is "
-                         f"not a Llama-style decoder, the layout ballast trains (Llama, Qwen2, Mistral and "
-                         f"relatives: decoder layers at model.layers, sizes named {', '.join(LLAMA_STYLE_SIZES)}): "
-                         f"its config.json lacks {', '.join(missing)}")
-    heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    if head_dim * heads != config["hidden_size"]:
-        raise ValueError(f"hf:{folder}: model type {kind!r} has head_dim {head_dim} x {heads} heads != hidden "
-                         f"{config['hidden_size']}: not supported")
-    return ModelShape(
-        name=path.name, layers=config["num_hidden_layers"], hidden=config["hidden_size"], heads=heads,
-        kv_heads=config.get("num_key_value_heads") or heads, ffn=config["intermediate_size"],
-        vocab=config["vocab_size"], gated_mlp=config.get("hidden_act", "silu") in ("silu", "swiglu"),
-        tied_embeddings=bool(config.get("tie_word_embeddings", False)), source=f"{HF_PREFIX}{folder}",
-        # Qwen2-style configs keep a window that is off unless use_sliding_window says otherwise.
-        attention_window=config.get("sliding_window") if config.get("use_sliding_window", True) else None,
-        max_positions=config.get("max_position_embeddings"))
+    raise ValueError(f"unknown model {spec!r}; presets: {', '.join(MODEL_PRESETS)}, hf:PATH, diffusers:PATH or a "
+                     f".json file")

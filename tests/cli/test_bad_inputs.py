@@ -20,6 +20,7 @@ import torch.distributed.checkpoint as dcp
 from corpora import jsonl_corpus
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from hf_folders import save_model
+from wan_cases import TINY_WAN
 
 from ballast.cli import main
 from ballast.vocabulary.cluster import get_cluster
@@ -29,7 +30,8 @@ from ballast.models import build_model
 from ballast.train import checkpoint, checksums
 from ballast.train.metrics import final_history
 
-TRAIN = ["--model", "tiny", "--max-len", "256", "--tokens-per-step", "1024", "--steps", "2", "--timeout", "60"]
+TRAIN = ["--model", "tiny", "--max-len", "256", "--tokens-per-step", "1024", "--steps", "2", "--timeout", "60",
+         "--no-report"]
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +98,12 @@ def files(tmp_path_factory) -> dict[str, str]:
     (root / "gpt2" / "config.json").write_text(json.dumps({
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4,
         "n_inner": None, "n_positions": 128, "vocab_size": 256}))
+    (root / "wan-tiny").mkdir()  # a diffusers Wan's config alone: built from it with a random init
+    (root / "wan-tiny" / "config.json").write_text(json.dumps({"_class_name": "WanTransformer3DModel", **TINY_WAN}))
     corpus, cache = jsonl_corpus(root, documents=60, longest=800, seed=1)
     return {**{name: str(root / name) for name in write}, "corpus": corpus, "cache": cache, "root": str(root),
-            "mistral": str(mistral), "bert": str(bert), "gpt2": str(root / "gpt2"), **hf_folders(root)}
+            "mistral": str(mistral), "bert": str(bert), "gpt2": str(root / "gpt2"), "wan-tiny": str(root / "wan-tiny"),
+            **hf_folders(root)}
 
 
 def hf_folders(root: Path) -> dict[str, str]:
@@ -239,6 +244,13 @@ CASES = [
     ("verify --pp 2 --fsdp", 2, r"--pp 2 runs with replicated weights or --zero1: drop --fsdp"),
     ("verify --world 4 --tp 2 --pp 2 --nodes 2", 2, r"--tp 2 --pp 2 with --nodes 2: .* give --no-routing"),
     ("verify --pp 2 --model dit-tiny", 2, r"'dit-tiny' cannot be cut into pipeline stages \(text models can\)"),
+    ("verify --tp 2 --model dit-tiny", 2, r"'dit-tiny' cannot be split by tensor parallelism \(text models can\)"),
+    ("verify --pp 2 --model diffusers:{wan-tiny}", 2,
+     r"^ballast verify: error: model 'wan-tiny' cannot be cut into pipeline stages \(text models can\): run it "
+     r"without --pp$"),
+    ("verify --tp 2 --model diffusers:{wan-tiny}", 2,
+     r"^ballast verify: error: model 'wan-tiny' cannot be split by tensor parallelism \(text models can\): run it "
+     r"without --tp$"),
     # train: data, config, planner, degree, memory, flags in conflict
     ("train --planner static --degree 3", 2, "SP degree 3 is not usable"),
     ("train --planner static --degree 4 --world 2", 2, r"SP degree 4 is not usable by planner .static.: degrees are \[1, 2\]"),
@@ -254,6 +266,10 @@ CASES = [
     ("train --zero1 --fsdp", 2, "zero1"),
     ("train --pp 3", 2, r"TP degree 1 x PP degree 3 = 3 does not divide the world of 2 ranks"),
     ("train --pp 2 --fsdp", 2, r"--fsdp does not run under pipeline parallelism \(--pp 2\)"),
+    ("train --pp 2 --model diffusers:{wan-tiny} --data video-synthetic", 2,
+     r"model 'wan-tiny' cannot be cut into pipeline stages \(text models can\): run it without --pp"),
+    ("train --tp 2 --model diffusers:{wan-tiny} --data video-synthetic", 2,
+     r"model 'wan-tiny' cannot be split by tensor parallelism \(text models can\): run it without --tp"),
     ("train --config {bad.toml}", 2, "steps"),
     ("train --model tiny --data stdlib --max-len 100000000 --tokens-per-step 100000000 --device-memory-gb 0.042", 2,
      r"more than any plan can hold.*--max-len"),

@@ -241,6 +241,35 @@ def test_latent_folder_with_captions(tmp_path):
     assert caption.shape == (7, 8) and caption.dtype == torch.float32 and float(caption[0, 0]) == 1.0
 
 
+def test_a_caption_models_data_carries_captions_of_its_width(tmp_path):
+    # Synthetic clips: the kind's caption, 2 + kind tokens, the same for every clip of a kind.
+    labels = open_clip_dataset("video-synthetic:2", GEOMETRY, 100)
+    captions = open_clip_dataset("video-synthetic:2", GEOMETRY, 100, caption_dim=16)
+    assert "captions of width 16 per kind" in captions.describe() and captions.fingerprint != labels.fingerprint
+    kinds = {}
+    for i in range(12):
+        latent, caption = captions.content(i)
+        label = labels.content(i)[1]
+        assert torch.equal(latent, labels.content(i)[0]) and caption.shape == (2 + label, 16)
+        assert torch.equal(kinds.setdefault(label, caption), caption)
+    assert len(kinds) > 1
+    # A latent folder must carry the kind of condition the model reads.
+    save_file({"latent": torch.zeros(4, 1, 2, 2), "caption": torch.zeros(3, 8)}, tmp_path / "a.safetensors")
+    assert open_clip_dataset(f"video-latents:{tmp_path}", GEOMETRY, 100, caption_dim=8).caption_dim == 8
+    for dim, error in ((16, "captions of width 8 .* conditioned on caption embeddings of width 16"),
+                       (0, "captions of width 8 .* conditioned on class labels")):
+        with pytest.raises(ValueError, match=error):
+            open_clip_dataset(f"video-latents:{tmp_path}", GEOMETRY, 100, caption_dim=dim)
+
+
+def test_clips_longer_than_the_models_positions_are_refused_up_front(tmp_path):
+    np.save(tmp_path / "wide.npy", np.zeros((4, 1, 2, 70), dtype=np.float32))
+    open_clip_stream(f"video-latents:{tmp_path}", GEOMETRY, 100, 40, seed=0)
+    with pytest.raises(ValueError, match=r"wide.npy \(sample 0\): 1 x 1 x 35 latent patches, an axis over the "
+                                         r"model's 32 \(the positions per axis of its RoPE table\)"):
+        open_clip_stream(f"video-latents:{tmp_path}", GEOMETRY, 100, 40, seed=0, max_axis=32)
+
+
 def malformed(tmp_path: Path, kind: str) -> Path:
     good = torch.zeros(4, 1, 2, 2)
     save_file({"latent": good}, tmp_path / "a_good.safetensors")

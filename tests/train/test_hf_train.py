@@ -263,7 +263,7 @@ def test_cli_trains_on_an_hf_dataset_with_the_models_tokenizer(tmp_path, capfd):
     assert main(["train", "--model", f"hf:{folder}", "--data", f"hf-dataset:{tmp_path / 'ds'}",
                  "--text-field", "body", "--cache-dir", str(tmp_path / "cache"), "--world", "2",
                  "--steps", "3", "--max-len", "128", "--tokens-per-step", "512", "--out-dir", str(out),
-                 "--warmup-steps", "1", "--timeout", "60"]) == 0
+                 "--warmup-steps", "1", "--timeout", "60", "--no-report"]) == 0
     printed = capfd.readouterr().out
     assert f"hf-dataset:{(tmp_path / 'ds').resolve()}: 40 documents" in printed
     assert f"vocab {len(words) + 1}" in printed and "trained 3 steps" in printed

@@ -32,7 +32,7 @@ LATENT = (4, 2, 8, 8)
 """[channels, frames, height, width]: 2 x 4 x 4 = 32 patches under stdit-tiny's 1x2x2 patches."""
 BUDGET = 64
 FLAGS = ["--model", MODEL, "--max-len", str(BUDGET), "--tokens-per-step", str(BUDGET), "--steps", "3",
-         "--checkpoint-interval", "1", "--timeout", "60"]
+         "--checkpoint-interval", "1", "--timeout", "60", "--no-report"]
 
 
 def parameters(folder: Path) -> torch.Tensor:

@@ -57,7 +57,8 @@ def one_epoch_corpus(tmp_path_factory) -> tuple[str, str]:
 def flags(corpus: tuple[str, str], out: Path, steps: int, *extra: str) -> list[str]:
     return ["--model", "tiny", "--data", corpus[0], "--cache-dir", corpus[1], "--max-len", str(MAX_LEN),
             "--tokens-per-step", str(BUDGET), "--device-memory-gb", f"{text_memory_gb('tiny', MAX_LEN):.6f}",
-            "--warmup-steps", "2", "--steps", str(steps), "--out-dir", str(out), "--timeout", "60", *extra]
+            "--warmup-steps", "2", "--steps", str(steps), "--out-dir", str(out), "--timeout", "60", "--no-report",
+            *extra]
 
 
 def config(corpus: tuple[str, str], out: Path, steps: int, **optimizer) -> TrainConfig:
@@ -108,7 +109,7 @@ def runs(corpus, tmp_path_factory) -> dict[str, Path]:
     outs = {f"{run}{suffix}": root / f"{run}{suffix}" for suffix in SHARDINGS for run in ("whole", "split")}
     configs = []
     for suffix, sharding in SHARDINGS.items():
-        configs += [config(corpus, outs["whole" + suffix], 6, **sharding),
+        configs += [config(corpus, outs["whole" + suffix], 6, report=not suffix, **sharding),
                     config(corpus, outs["split" + suffix], 3, decay_steps=6, **sharding),
                     config(corpus, outs["split" + suffix], 6, decay_steps=6, **sharding)]
     unsharded_resume = config(corpus, outs["whole-fsdp"], 8)
@@ -177,6 +178,8 @@ def test_report_is_written(runs):
     assert summary["steps"] == 6 and summary["attempts"] == 1 and summary["cost_model"] == "analytic"
     assert summary["provenance"]["commit"]
     assert (runs["whole"] / "config.toml").is_file()
+    # without the plots (`report = false`): the summary alone
+    assert [p.name for p in (runs["whole-zero1"] / "report").iterdir()] == ["summary.json"]
 
 
 def test_static_and_ballast_train_the_same_model(corpus, tmp_path, capsys):

@@ -56,14 +56,14 @@ def small_memory_gb(model: str, sharding: Sharding) -> float:
 
 
 def config(out: Path, steps: int, planner: str = "ballast", model: str = "stdit-tiny",
-           sharding: Sharding = Sharding.FSDP) -> TrainConfig:
+           sharding: Sharding = Sharding.FSDP, report: bool = False) -> TrainConfig:
     return run_config(out, steps, model=model, source=DATA, max_len=MAX_LEN, tokens_per_step=BUDGET,
                       device_memory_gb=small_memory_gb(model, sharding), planner=planner,
                       degree=2 if planner == "static" else None, decay_steps=STEPS, timeout=120.0,
                       # a checkpoint at the end of each run only: the resume starts from the
                       # split run's last, `final_parameters` reads each run's last
                       checkpoint_interval=0, zero1=sharding is Sharding.ZERO1,
-                      fsdp=sharding is Sharding.FSDP)
+                      fsdp=sharding is Sharding.FSDP, report=report)
 
 
 def _train_all(configs: list[TrainConfig]) -> list[dict | None]:
@@ -76,7 +76,7 @@ def _train_all(configs: list[TrainConfig]) -> list[dict | None]:
 def runs(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("video-runs")
     outs = {name: root / name for name in ("whole", "split", "static", "replicated", "zero1", "dit")}
-    configs = [config(outs["whole"], STEPS), config(outs["split"], 3), config(outs["split"], STEPS),
+    configs = [config(outs["whole"], STEPS, report=True), config(outs["split"], 3), config(outs["split"], STEPS),
                config(outs["static"], STEPS, planner="static"),
                config(outs["replicated"], STEPS, sharding=Sharding.REPLICATED),
                config(outs["zero1"], STEPS, sharding=Sharding.ZERO1),
