@@ -3,10 +3,9 @@
 Tiny Llama, Qwen2 and Mistral models (and variants: linear RoPE scaling, tied embeddings,
 grouped-query attention) are saved with their weights into folders, loaded by path through
 `get_model_shape("hf:" + folder)` + `build_model`, and run one step under the plans of
-`plan_names` on 2 and 4 gloo ranks, replicated, with ZeRO-1 and with FSDP2 (one `run_local`
-spawn per world size runs all of it): on 4 ranks Llama under every planner's plan, every
-variant under ballast's and the hand-made ones (ZeRO-1 under ballast's); on 2 ranks every
-variant under ballast's. The reference uses no ballast code: the same folder loaded with
+`plan_names` on 4 gloo ranks (degrees 1, 2 and 4), replicated, with ZeRO-1 and with FSDP2 (one
+`run_local` spawn runs all of it): Llama under every planner's plan, every variant under
+ballast's and the hand-made ones (ZeRO-1 under ballast's). The reference uses no ballast code: the same folder loaded with
 `AutoModelForCausalLM.from_pretrained` (eager attention) in this process, every sequence run on
 its own, the loss summed over all target tokens and divided by their count.
 
@@ -18,7 +17,7 @@ Each reordered sum of n terms moves its result by ~n * 2^-24 of its largest term
 `tests/runtime_cases.py` measures for ballast's own GPT (~5e-7). So every parameter's gradient
 must match to GRAD_RTOL = 1e-5 of the largest |entry| of that parameter's reference gradient
 (and the loss to 1e-5 relative): several times the rounding (measured: gradient errors
-5e-7 to 1.4e-6, loss errors <= 2.5e-7, over every variant, mode, planner and world size),
+5e-7 to 1.4e-6, loss errors <= 2.5e-7, over every variant, mode and planner),
 while a lost or doubled micro-batch (each holds at least 1 of the 439 tokens), a wrong shard or
 a missing gradient contribution (e.g. the head's share of a tied matrix) moves it by orders of
 magnitude more. Positions restarting at every shard instead of every sequence moved the
@@ -121,34 +120,36 @@ def remapped_plan() -> Plan:
     ], lockstep=True, planner="remapped")
 
 
-HAND_PLANS = {4: {"empty-shards": empty_shards_plan, "remapped": remapped_plan}, 2: {}}
+HAND_PLANS = {"empty-shards": empty_shards_plan, "remapped": remapped_plan}
+WORLD = 4
+"""The job's ranks: degrees 1, 2 and 4."""
 
 
-def plan_names(world: int, variant: str, mode: str) -> list[str]:
-    """The plans `variant` runs on `world` ranks under sharding `mode`. The planners' plans
-    differ in their shapes (degrees, waves, slots, recomputation), which reach the executor, not
-    in the model code they reach, so on 4 ranks one variant runs them all, replicated and with
-    FSDP2; the other variants run ballast's plan and the hand-made ones, which between them have
-    degrees 1, 2 and 4 (so GQA/MQA replication at 2 and 4), empty shards, recomputation at
-    several levels and remap domains. ZeRO-1 changes only how the step's gradients are summed (a
-    reduce-scatter per bucket to their owners, the replicated all-reduce's twin): ballast's plan. On 2 ranks (degree 2
-    over the whole cluster) every variant runs ballast's plan; the 4-rank job runs every planner
-    at degrees 1 and 2 besides 4."""
-    if world == 2 or mode == "zero1":
+def plan_names(variant: str, mode: str) -> list[str]:
+    """The plans `variant` runs under sharding `mode`. The planners' plans differ in their shapes
+    (degrees, waves, slots, recomputation), which reach the executor, not in the model code they
+    reach, so one variant runs them all, replicated; the other variants, and FSDP2 (which
+    changes how parameters are held, not what a plan runs: `tests/runtime/test_fsdp.py` runs
+    every planner's lockstep plan sharded), run ballast's plan and the hand-made ones, which
+    between them have degrees 1, 2 and 4 (so GQA/MQA replication at 2 and 4), empty shards,
+    recomputation at several levels and remap domains. ZeRO-1 changes only how the step's
+    gradients are summed (a reduce-scatter per bucket to their owners, the replicated
+    all-reduce's twin): ballast's plan."""
+    if mode == "zero1":
         return ["ballast"]
-    return [*PLANNERS, *HAND_PLANS[4]] if variant == "llama" else ["ballast", *HAND_PLANS[4]]
+    return [*PLANNERS, *HAND_PLANS] if variant == "llama" and mode == "plain" else ["ballast", *HAND_PLANS]
 
 
-def planner_plans(shape: ModelShape, world: int, lockstep: bool, names: list[str]) -> dict[str, dict]:
+def planner_plans(shape: ModelShape, lockstep: bool, names: list[str]) -> dict[str, dict]:
     """The named plans of LENGTHS, as dicts: a planner's at `verify.budget` (degrees 1/2/4,
     several waves, recomputation) or a hand-made one."""
-    cluster, cost = verify.budget(shape, world, MAX_LEN)
+    cluster, cost = verify.budget(shape, WORLD, MAX_LEN)
     options = PlannerOptions(max_len=MAX_LEN, lockstep=lockstep, time_limit=2.0)
     out = {}
     for name in names:
-        if name in HAND_PLANS[world]:
-            plan = HAND_PLANS[world][name]()
-            plan.validate(get_cluster("cpu", world_size=world))
+        if name in HAND_PLANS:
+            plan = HAND_PLANS[name]()
+            plan.validate(get_cluster("cpu", world_size=WORLD))
         else:
             plan = get_planner(name, cluster, cost, options).plan(LENGTHS)
             plan.validate(cluster, cost)
@@ -185,9 +186,7 @@ def _world_worker(folders: dict[str, str], plans: dict[str, dict[str, dict[str, 
     """Every variant x sharding mode x planner: one step each; rank 0 returns losses and gradients."""
     quiet()
     groups = ProcessGroups()
-    out: dict = {}
-    if dist.get_world_size() == 4:
-        out["degree-error"] = _degree_error(folders["two-heads"], samples, groups)
+    out: dict = {"degree-error": _degree_error(folders["two-heads"], samples, groups)}
     for variant, by_mode in plans.items():
         shape = get_model_shape("hf:" + folders[variant])
         for mode, by_planner in by_mode.items():
@@ -220,25 +219,16 @@ def references(folders, samples) -> dict[str, tuple[float, dict[str, torch.Tenso
     return {name: transformers_reference(folders[name], samples) for name in VARIANTS}
 
 
-def _run_world(world: int, folders: dict[str, Path], samples: list[torch.Tensor]) -> tuple[dict, dict]:
+@pytest.fixture(scope="module")
+def world4(folders, samples) -> tuple[dict, dict]:
+    """Rank 0's results and the plans they ran."""
     plans = {}
     for variant in VARIANTS:
         shape = get_model_shape(f"hf:{folders[variant]}")
-        plans[variant] = {mode: planner_plans(shape, world, mode == "fsdp", plan_names(world, variant, mode))
-                          for mode in MODES}
-    result = run_local(world, _world_worker, {k: str(v) for k, v in folders.items()}, plans, samples,
+        plans[variant] = {mode: planner_plans(shape, mode == "fsdp", plan_names(variant, mode)) for mode in MODES}
+    result = run_local(WORLD, _world_worker, {k: str(v) for k, v in folders.items()}, plans, samples,
                        timeout=600)[0]
     return result, plans
-
-
-@pytest.fixture(scope="module")
-def world2(folders, samples):
-    return _run_world(2, folders, samples)
-
-
-@pytest.fixture(scope="module")
-def world4(folders, samples):
-    return _run_world(4, folders, samples)
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -262,16 +252,16 @@ def errors_of(result: tuple[float, dict[str, torch.Tensor]], reference: tuple[fl
     return abs(loss - want_loss) / abs(want_loss), worst, where
 
 
-def check_world(world: int, result: dict, plans: dict, references: dict) -> None:
+def check_world(result: dict, plans: dict, references: dict) -> None:
     failures = []
     for variant, by_mode in plans.items():
         for mode, by_planner in by_mode.items():
-            assert list(by_planner) == plan_names(world, variant, mode)
+            assert list(by_planner) == plan_names(variant, mode)
             assert mode != "fsdp" or all(plan["lockstep"] for plan in by_planner.values())
             for planner in by_planner:
                 loss, grad, where = errors_of(result[variant, mode, planner], references[variant])
                 if loss > LOSS_RTOL or grad > GRAD_RTOL:
-                    failures.append(f"{world} ranks {variant} {mode} {planner}: loss {loss:.1e}, "
+                    failures.append(f"{variant} {mode} {planner}: loss {loss:.1e}, "
                                     f"gradient {grad:.1e} ({where})")
     assert not failures, "\n".join(failures)
 
@@ -281,15 +271,9 @@ def check_world(world: int, result: dict, plans: dict, references: dict) -> None
 
 
 @pytest.mark.slow
-def test_plans_give_transformers_gradient_on_2_ranks(world2, references):
-    result, plans = world2
-    check_world(2, result, plans, references)
-
-
-@pytest.mark.slow
 def test_plans_give_transformers_gradient_on_4_ranks(world4, references):
     result, plans = world4
-    check_world(4, result, plans, references)
+    check_world(result, plans, references)
     # the plans ran sequence parallelism at every degree, several waves and recomputation
     plain = [Plan.from_dict(p) for by_mode in plans.values() for p in by_mode["plain"].values()]
     assert {d for p in plain for d in p.degrees_used()} == {1, 2, 4}
@@ -299,7 +283,7 @@ def test_plans_give_transformers_gradient_on_4_ranks(world4, references):
 
 
 @pytest.mark.slow
-def test_tied_matrix_gets_embedding_and_head_gradient(world2, world4, references):
+def test_tied_matrix_gets_embedding_and_head_gradient(world4, references):
     # The tied matrix is one parameter (no lm_head entry), and its gradient, which the test
     # above compares, holds the head's share: rows of tokens never input still get one.
     _, want = references["qwen2-tied"]
@@ -308,12 +292,12 @@ def test_tied_matrix_gets_embedding_and_head_gradient(world2, world4, references
     unseen = torch.ones(COMMON["vocab_size"], dtype=torch.bool)
     unseen[inputs] = False
     assert unseen.any()
-    for result, _ in (world2, world4):
-        for mode in MODES:
-            tied = result["qwen2-tied", mode, "ballast"][1]["hf.model.embed_tokens.weight"]
-            assert float(tied[unseen].abs().max()) > 0.01 * float(tied.abs().max())
-            untied = result["llama", mode, "ballast"][1]["hf.model.embed_tokens.weight"]
-            assert float(untied[unseen].abs().max()) == 0.0
+    result, _ = world4
+    for mode in MODES:
+        tied = result["qwen2-tied", mode, "ballast"][1]["hf.model.embed_tokens.weight"]
+        assert float(tied[unseen].abs().max()) > 0.01 * float(tied.abs().max())
+        untied = result["llama", mode, "ballast"][1]["hf.model.embed_tokens.weight"]
+        assert float(untied[unseen].abs().max()) == 0.0
 
 
 @pytest.mark.slow
@@ -323,14 +307,14 @@ def test_degree_the_heads_do_not_divide_is_a_value_error_before_any_collective(w
 
 
 @pytest.mark.slow
-def test_print_measured_errors(world2, world4, references):
-    for world, (result, plans) in ((2, world2), (4, world4)):
-        for variant, by_mode in plans.items():
-            for mode, by_planner in by_mode.items():
-                errors = [errors_of(result[variant, mode, p], references[variant]) for p in by_planner]
-                loss = max(e[0] for e in errors)
-                grad, where = max((e[1], e[2]) for e in errors)
-                print(f"{world} ranks {variant:18} {mode:6} loss {loss:.1e} gradient {grad:.1e} ({where})")
+def test_print_measured_errors(world4, references):
+    result, plans = world4
+    for variant, by_mode in plans.items():
+        for mode, by_planner in by_mode.items():
+            errors = [errors_of(result[variant, mode, p], references[variant]) for p in by_planner]
+            loss = max(e[0] for e in errors)
+            grad, where = max((e[1], e[2]) for e in errors)
+            print(f"{variant:18} {mode:6} loss {loss:.1e} gradient {grad:.1e} ({where})")
 
 
 # --------------------------------------------------------------------------------------------
