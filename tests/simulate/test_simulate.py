@@ -24,6 +24,8 @@ from ballast.dataset.lengths import get_length_source
 from ballast.planners import PlannerOptions, get_planner
 from ballast.vocabulary.model_shape import get_model_shape
 from ballast.plans.timeline import simulate
+from ballast.pricing.pipeline_bound import pipeline_lower_bound
+from ballast.vocabulary.job_mesh import JobMesh
 
 UNSIZED = ["--lengths", "lognormal:7,1.2", "--cluster", "a100-8", "--model", "gpt-7b",
            "--max-len", "32768", "--steps", "2"]
@@ -181,3 +183,23 @@ def test_piped_output_has_whole_columns_and_no_solver_banner():
     assert [cell.strip() for cell in header.strip("┃ ").split("┃")] == [
         "planner", "step s", "tokens/s", "vs static", "idle", "x LB", "plan ms", "waves"]
     assert {"flexsp", "megatron-dynamic-cp", "batch-adaptive"} <= set(re.findall(r"[a-z-]+", run.stdout))
+
+
+def test_a_pipeline_setting_reports_its_bubble_and_draws_its_stages(tmp_path, capsys, wide):
+    # --pp prices every planner's plan as the 1F1B step through the stages, divides it by the
+    # pipeline's bound and records its bubble; the Gantt draws each stage.
+    out, png = tmp_path / "out.json", tmp_path / "out.png"
+    argv = ["--lengths", "lognormal:7,1.2", "--cluster", "h100-32", "--model", "llama3-8b", "--max-len", "32768",
+            "--steps", "1", "--batch", "32", "--tp", "2", "--pp", "2", "--planners", "ballast,wlb-llm"]
+    assert simulate_cli(*argv, "--json", str(out), "--gantt", str(png)) == 0
+    assert "TP 2 x PP 2: plans over a pool of 8" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert (data["setting"]["tp"], data["setting"]["pp"], data["setting"]["pool"]) == (2, 2, 8)
+    cluster = get_cluster("h100-32")
+    mesh = JobMesh.of(cluster, tp=2, pp=2)
+    cost = get_cost_model("auto", get_model_shape("llama3-8b"), cluster, mesh=mesh)
+    batch = LengthStream(get_length_source("lognormal:7,1.2"), BatchSpec(batch=32, max_len=32768), seed=0).next_batch()
+    assert data["lower_bound_s"] == pytest.approx(pipeline_lower_bound(cost, batch), rel=1e-12)
+    for s in data["planners"].values():
+        assert 0 < s["bubble_fraction"] < 1 and s["vs_lower_bound"] >= 1 - 1e-9
+    assert png.read_bytes().startswith(PNG_MAGIC)
