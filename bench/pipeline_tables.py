@@ -3,7 +3,7 @@ TP, PP and a pool), with the issue's simulated targets for them."""
 from __future__ import annotations
 
 from record_files import commit_note, record
-from simulated_tables import carry_note, verdicts
+from simulated_tables import carry_note, planner_rows, verdicts
 
 PIPELINES = {
     "P1": "wikipedia lengths (the raw file), h100-256 as TP 8 x PP 4 x a pool of 8, Llama-3-70B (analytic), max-len 131072, "
@@ -27,14 +27,7 @@ def pipeline_table(name: str) -> str:
     step planned within `PLAN_MS`."""
     data = record(f"simulate-{name}")
     planners, ours = data["planners"], data["planners"]["ballast"]
-    base = planners.get("static", {}).get("tokens_per_s")
-    rows = ["| planner | step (s) | tokens/s | vs static | bubble | idle | time / LB | plan ms (mean, max) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for planner, s in sorted(planners.items(), key=lambda kv: -kv[1]["tokens_per_s"]):
-        speed = f"{s['tokens_per_s'] / base:.2f}x" if base else "-"
-        rows.append(f"| {planner} | {s['step_time_s']:.3f} | {s['tokens_per_s']:,.0f} | {speed} | "
-                    f"{s.get('bubble_fraction', 0.0):.1%} | {s['idle_fraction']:.1%} | {s['vs_lower_bound']:.3f} | "
-                    f"{s['plan_ms']:,.0f}, {s['plan_ms_max']:,.0f} |")
+    rows = planner_rows(planners, pipeline=True)
     checks = [(f"<= 1.05x the lower bound: {ours['vs_lower_bound']:.3f}", ours["vs_lower_bound"] <= 1.05)]
     for rival in RIVALS:
         if rival in planners:

@@ -49,19 +49,29 @@ def verdicts(checks: list[tuple[str, bool]]) -> str:
     return "; ".join(f"{text} ({'met' if ok else 'NOT met'})" for text, ok in checks)
 
 
+def planner_rows(planners: dict[str, dict], pipeline: bool = False) -> list[str]:
+    """A setting's table, one row per planner, fastest first, with its speed over static's; a
+    pipeline setting's rows add each planner's bubble and its worst planning time."""
+    base = planners.get("static", {}).get("tokens_per_s")
+    header = ["planner", "step (s)", "tokens/s", "vs static", *(["bubble"] if pipeline else []), "idle",
+              "time / LB", "plan ms (mean, max)" if pipeline else "plan ms (mean)"]
+    rows = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    for planner, s in sorted(planners.items(), key=lambda kv: -kv[1]["tokens_per_s"]):
+        cells = [planner, f"{s['step_time_s']:.3f}", f"{s['tokens_per_s']:,.0f}",
+                 f"{s['tokens_per_s'] / base:.2f}x" if base else "-"]
+        if pipeline:
+            cells.append(f"{s.get('bubble_fraction', 0.0):.1%}")
+        cells += [f"{s['idle_fraction']:.1%}", f"{s['vs_lower_bound']:.3f}",
+                  f"{s['plan_ms']:,.0f}, {s['plan_ms_max']:,.0f}" if pipeline else f"{s['plan_ms']:.1f}"]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
 def simulated_table(name: str, settings: dict[str, str] = SETTINGS) -> str:
     data = record(f"simulate-{name}")
-    planners = data["planners"]
-    base = planners.get("static", {}).get("tokens_per_s")
-    rows = ["| planner | step (s) | tokens/s | vs static | idle | time / LB | plan ms (mean) |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
-    for planner, s in sorted(planners.items(), key=lambda kv: -kv[1]["tokens_per_s"]):
-        speed = f"{s['tokens_per_s'] / base:.2f}x" if base else "-"
-        rows.append(f"| {planner} | {s['step_time_s']:.3f} | {s['tokens_per_s']:,.0f} | {speed} | "
-                    f"{s['idle_fraction']:.1%} | {s['vs_lower_bound']:.3f} | {s['plan_ms']:.1f} |")
     head = (f"**Setting {name}** ({settings[name]}; {data['steps']} steps, mean lower bound "
             f"{data['lower_bound_s']:.3f} s/step{commit_note(data)}):\n\n")
-    return head + "\n".join(rows) + carry_note(data)
+    return head + "\n".join(planner_rows(data["planners"])) + carry_note(data)
 
 
 def context_parallel_table(name: str) -> str:
