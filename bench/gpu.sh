@@ -2,8 +2,9 @@
 # bench/gpu.sh: one command that checks ballast's GPU path on a machine with 1 to 8 GPUs.
 #
 #   bench/gpu.sh            on the GPUs: the CUDA tests, then every command under torchrun on NCCL
-#   bench/gpu.sh --dry-run  the same commands under torchrun on the CPU: gloo (2 processes; 4 for
-#                           the CP step), fp32, tiny sizes (what `make test` runs)
+#   bench/gpu.sh --dry-run  its commands under torchrun on the CPU: gloo (2 processes; 4 for the
+#                           CP step), fp32, tiny sizes (what `make test` runs); each command and
+#                           each launch path once (see `gpu_only`)
 #
 # Steps: the CUDA tests (pytest -m cuda; any skip fails, a missing flash-attn too); `ballast
 # verify` for the tiny GPT (replicated and FSDP2), a Hugging Face Llama with GQA (2 kv heads of
@@ -21,7 +22,10 @@
 #
 # GPU-only, and so not run by --dry-run: the CUDA tests, NCCL (and with it CUDA placement and
 # flash-attn) and `--precision bf16`; the dry run's gloo processes take the same commands,
-# launches, joins and exits.
+# launches, joins and exits. The dry run also leaves out three verify steps whose launch path
+# another of its steps takes with another model or sharding (`gpu_only`): each torchrun launch
+# costs a CPU ~15 s of imports, and on a GPU those steps differ in their CUDA kernels, which a
+# CPU does not reach anyway.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -89,6 +93,17 @@ EOF
     fi
 }
 
+# gpu_only NAME RESULT COMMAND...: a step of the GPU run only. On a CPU it would repeat a dry-run
+# step's launch with another model (the replicated GPT: as the HF Llama's; the DiT: as the
+# STDiT's) or sharding (the HF Llama's FSDP2: as the GPT's), and reach no code that step does not.
+gpu_only() {
+    if (( DRY )); then
+        echo "== $1: GPU run only (the dry run takes its launch path in another step)"
+    else
+        step "$@"
+    fi
+}
+
 # The CUDA tests, none skipped: a skip means a GPU path went unchecked (no flash-attn, say).
 cuda_tests() {
     local out status=0
@@ -120,10 +135,10 @@ if (( ! DRY )); then
     step cuda-tests "" cuda_tests
 fi
 VERIFY=(verify --planners "$PLANNERS" "${SIZES[@]}" "${PRECISION[@]}")
-step verify-gpt "" launch "${VERIFY[@]}" --model tiny
+gpu_only verify-gpt "" launch "${VERIFY[@]}" --model tiny
 step verify-gpt-fsdp2 "" launch "${VERIFY[@]}" --model tiny --fsdp
 step verify-hf-gqa "" launch "${VERIFY[@]}" --model "hf:$WORK/hf-gqa"
-step verify-hf-gqa-fsdp2 "" launch "${VERIFY[@]}" --model "hf:$WORK/hf-gqa" --fsdp
+gpu_only verify-hf-gqa-fsdp2 "" launch "${VERIFY[@]}" --model "hf:$WORK/hf-gqa" --fsdp
 # Past the heads: a budget at which the longest samples need degree 4, which 6 heads allow
 # only as u x c with context parallelism: in fp32 0.75 MB a rank holds 135 tokens, 271 at
 # Ulysses' widest degree 2, 542 at degree 4 with CP (tests/verify/test_verify_context.py works
@@ -135,7 +150,7 @@ else
     echo "== verify-six-heads-cp: not run: context parallelism past 6 heads needs 4 GPUs or more, this machine has $RANKS"
 fi
 step verify-stdit "" launch "${VERIFY[@]}" --model stdit-tiny
-step verify-dit "" launch "${VERIFY[@]}" --model dit-tiny
+gpu_only verify-dit "" launch "${VERIFY[@]}" --model dit-tiny
 
 if (( DRY )); then
     PROFILE=(--lengths 32,128 --depths 1,2 --repeats 1 --verify 1 --held-out 1)

@@ -1,6 +1,7 @@
-"""bench/gpu.sh: its CPU dry run launches every command of the GPU run under torchrun, as on a
-GPU node but on gloo (2 processes, 4 for the CP step; fp32, tiny sizes), and writes their
-records. What it cannot reach on a CPU: the CUDA tests, NCCL (with CUDA placement and
+"""bench/gpu.sh: its CPU dry run launches each command of the GPU run and each launch path under
+torchrun, as on a GPU node but on gloo (2 processes, 4 for the CP step; fp32, tiny sizes), and
+writes their records; the three verify steps it leaves to the GPU run (`GPU_ONLY`) repeat a
+launch path of its own with another model or sharding. What it cannot reach on a CPU: the CUDA tests, NCCL (with CUDA placement and
 flash-attn) and --precision bf16 (the script's GPU-only lines)."""
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ["verify-gpt", "verify-gpt-fsdp2", "verify-hf-gqa", "verify-hf-gqa-fsdp2", "verify-six-heads-cp",
-         "verify-stdit", "verify-dit", "profile", "profile-check", "bench"]
+STEPS = ["verify-gpt-fsdp2", "verify-hf-gqa", "verify-six-heads-cp", "verify-stdit", "profile", "profile-check",
+         "bench"]
+GPU_ONLY = ["verify-gpt", "verify-hf-gqa-fsdp2", "verify-dit"]
 
 
 def run_script(*args: str, out: Path) -> subprocess.CompletedProcess:
@@ -31,6 +33,8 @@ def test_dry_run_passes_every_cpu_stand_in_and_records_each_step(tmp_path):
     summary = json.loads((tmp_path / "gpu-cpu-dry-run.json").read_text())
     assert summary["passed"] == STEPS and summary["dry_run"] and summary["ranks"] == 2
     records = {name: json.loads((tmp_path / f"gpu-cpu-dry-run-{name}.json").read_text()) for name in STEPS}
+    assert all(f"== {name}: GPU run only" in run.stdout for name in GPU_ONLY)
+    assert not any((tmp_path / f"gpu-cpu-dry-run-{name}.json").exists() for name in GPU_ONLY)
     assert all(r["exit_status"] == 0 and r["gpu"] == "cpu-dry-run" for r in records.values())
     # Every command joined torchrun's job, whose rank 0 reported.
     for name in STEPS:

@@ -285,7 +285,7 @@ def test_held_out_clips_fill_their_budget_as_a_planner_packs_them():
 def test_tiny_real_stdit_profile_and_check_on_two_ranks(tmp_path):
     """stdit-tiny on 2 gloo ranks at depth 2 (its smallest), clips of two token counts, one
     round: the profile fits and saves, `--check` runs video plans against it."""
-    settings = Settings(lengths=(64, 256), depths=(2,), verify=1, warmup=1, repeats=1)
+    settings = Settings(lengths=(64, 256), depths=(2,), verify=1, warmup=1, repeats=1, held_out=2)
     cost = profile(STDIT, 2, 0.2e9, settings, timeout=240)
     path = tmp_path / "profile.json"
     cost.save(path)

@@ -1,10 +1,11 @@
 """The video DiTs under every planner's plans train exactly like one process.
 
-`stdit-tiny` (spatial and temporal blocks in turn: 2D sequence parallelism, `video_sp.py`) and
-`dit-tiny` (full attention: Ulysses) run one step of one batch of clips under the plan of every
-registered planner, plus a hand-made plan with remap domains, on 4 gloo ranks (degrees 1, 2
+`stdit-tiny` (spatial and temporal blocks in turn: 2D sequence parallelism, `video_sp.py`) runs
+one step of one batch of clips under the plan of every registered planner, `dit-tiny` (full
+attention: Ulysses) under the planners whose plans hold every path, both also under a hand-made
+plan with remap domains, on 4 gloo ranks (degrees 1, 2
 and 4 side by side), with replicated parameters, ZeRO-1 and FSDP2 (lockstep plans,
-`PlannerOptions(lockstep=True)`); `plan_names` says which plans each sharding runs. The
+`PlannerOptions(lockstep=True)`); `plan_names` says which plans each model and sharding runs. The
 step's loss and every parameter's gradient must be those of one process running the whole
 batch as one packed stream (`verify.reference_at`), which equals the sum of each clip alone
 (`tests/models/test_video_models.py` proves that). One `run_local` spawn runs everything: an executor per (model, sharding), reused across plans, its parameters reset to the
@@ -90,16 +91,20 @@ WORLD = 4
 """The ranks of the job: degrees 1, 2 and 4, mixed within a wave."""
 
 
-def plan_names(mode: str) -> list[str]:
-    """The plans each model runs under sharding `mode`. Replicated, every planner's plan and the
-    hand-made one. FSDP2 changes how parameters are held, not what a plan runs: ballast's
+def plan_names(model: str, mode: str) -> list[str]:
+    """The plans `model` runs under sharding `mode`. Replicated, the STDiT runs every planner's
+    plan and the hand-made one; the DiT, whose full attention is Ulysses over the packed stream
+    (the GPT's path, which `tests/runtime/test_executor.py` runs under every planner), runs the
+    planners whose plans together hold every degree, several waves, recompute levels 0 to 1 and
+    mixed degrees in a wave (`test_the_plans_exercise_every_path` checks it), and the
+    hand-made one for remap domains. FSDP2 changes how parameters are held, not what a plan runs: ballast's
     lockstep plan and the hand-made one (`tests/runtime/test_fsdp.py` runs every planner's
     lockstep plan sharded, on the GPT). ZeRO-1 changes only how the step's gradients are summed
     (a reduce-scatter per bucket to their owners, the replicated all-reduce's twin): ballast's."""
     if mode == "zero1":
         return ["ballast"]
     if mode == "plain":
-        return [*PLANNERS, "remapped"]
+        return [*PLANNERS, "remapped"] if model == "stdit-tiny" else ["ballast", "dcp", "flexsp", "remapped"]
     return ["ballast", "remapped"]
 
 
@@ -131,7 +136,7 @@ def planner_plans(name: str, lockstep: bool, names: list[str]) -> dict[str, dict
 
 def all_plans() -> dict[str, dict[str, dict[str, dict]]]:
     """model -> sharding -> planner -> plan (FSDP2 runs the lockstep ones)."""
-    return {name: {mode: planner_plans(name, mode == "fsdp", plan_names(mode)) for mode in MODES}
+    return {name: {mode: planner_plans(name, mode == "fsdp", plan_names(name, mode)) for mode in MODES}
             for name in MODELS}
 
 
@@ -263,7 +268,7 @@ def test_every_planners_plans_give_the_single_process_gradient(world):
     failures = []
     for name, by_mode in plans.items():
         for mode, by_planner in by_mode.items():
-            assert list(by_planner) == plan_names(mode)
+            assert list(by_planner) == plan_names(name, mode)
             assert mode != "fsdp" or all(plan["lockstep"] for plan in by_planner.values())
             for planner in by_planner:
                 loss, grad, where = errors[name, mode, planner]
