@@ -5,6 +5,7 @@ import pytest
 import torch
 from hypothesis import settings
 
+from ballast.runtime.world import preload
 from ballast.vocabulary.cluster import get_cluster
 from ballast.pricing.cost_sources import analytic_cost
 from ballast.vocabulary.model_shape import get_model_shape
@@ -14,6 +15,13 @@ from ballast.vocabulary.model_shape import get_model_shape
 # burst exceeds Hypothesis's 200 ms with nothing wrong. Speed is measured in bench/.
 settings.register_profile("ballast", deadline=None)
 settings.load_profile("ballast")
+
+# The suite's jobs of Hugging Face and diffusers models would each import the library on every
+# rank (transformers' modeling_utils ~4 s of CPU, diffusers' Wan ~3 s more): its fork server,
+# started by its first job, imports them once.
+preload("ballast.models.hf", "transformers.modeling_utils", "transformers.models.llama.modeling_llama",
+        "transformers.models.qwen2.modeling_qwen2", "transformers.models.mistral.modeling_mistral",
+        "ballast.models.diffusers_wan", "diffusers.models.transformers.transformer_wan")
 
 
 @pytest.fixture

@@ -48,6 +48,17 @@ PRELOADED = ["ballast.runtime.world", "ballast.train.loop", "torch._dynamo", "ma
 two that they import late: torch._dynamo, which torch.optim imports when a rank makes its
 first optimizer, and matplotlib, with which rank 0 draws a run's report (about 0.6 s of CPU
 each, a rank, a job; neither starts a thread)."""
+
+
+def preload(*modules: str) -> None:
+    """Have the fork server import `modules` too before it forks ranks: for a process that runs
+    many jobs of one model family (a test suite, a notebook), whose library every rank would
+    otherwise import again (transformers: ~4 s of CPU a rank). The server starts at this
+    process's first `run_local`: call it before then. A module that fails to import is skipped
+    there and imported by the ranks that need it, as without it."""
+    PRELOADED.extend(m for m in modules if m not in PRELOADED)
+
+
 _LOOPBACK = "127.0.0.1"
 _joined_timeout: timedelta | None = None
 """The timeout of this process's world, once `_init_process_group` has joined it."""
