@@ -95,9 +95,18 @@ def batches() -> list[verify.VerifyBatch]:
     return make_batches()
 
 
+SHARDED_PLANNERS = ("ballast", "dcp", "megatron-dynamic-cp", "bucket")
+"""The planners whose lockstep plans run sharded. FSDP2 changes how parameters are held, not what
+a plan runs (`tests/runtime/test_executor.py` runs every planner's plan replicated): these are
+the ones whose plans differ in what FSDP2 meets, degree 4 alone in a wave (dcp), three waves of
+mixed degrees with padded idle ranks (megatron-dynamic-cp), five slots a wave at several
+recompute levels (bucket), and ballast's own; the hand-made plans add remap domains."""
+
+
 @pytest.fixture(scope="module")
 def planners(batches) -> dict[str, list[dict]]:
-    return planner_plans(4, batches, lockstep=True)
+    return {name: plans for name, plans in planner_plans(4, batches, lockstep=True).items()
+            if name in SHARDED_PLANNERS}
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +128,10 @@ def test_sharded_training_ends_where_replicated_training_does(world4):
     assert verify.param_drift(world4[0]["lockstep"], reference) <= PARAM_DRIFT
 
 
-def test_every_planners_lockstep_plan_runs_sharded(world4, planners, batches):
+def test_the_planners_lockstep_plans_run_sharded(world4, planners, batches):
     assert all(plan["lockstep"] for plans in planners.values() for plan in plans)
+    ran = [Plan.from_dict(plans[0]) for plans in planners.values()]
+    assert {d for plan in ran for d in plan.degrees_used()} == {1, 2, 4} and max(len(p.waves) for p in ran) == 3
     assert world4[0]["planners"].keys() == planners.keys()
     for result in world4[0]["planners"].values():
         assert_single_process_gradients(result, batches)

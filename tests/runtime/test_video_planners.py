@@ -98,8 +98,8 @@ def plan_names(model: str, mode: str) -> list[str]:
     planners whose plans together hold every degree, several waves, recompute levels 0 to 1 and
     mixed degrees in a wave (`test_the_plans_exercise_every_path` checks it), and the
     hand-made one for remap domains. FSDP2 changes how parameters are held, not what a plan runs: ballast's
-    lockstep plan and the hand-made one (`tests/runtime/test_fsdp.py` runs every planner's
-    lockstep plan sharded, on the GPT). ZeRO-1 changes only how the step's gradients are summed
+    lockstep plan and the hand-made one (`tests/runtime/test_fsdp.py` runs several planners'
+    lockstep plans sharded, on the GPT). ZeRO-1 changes only how the step's gradients are summed
     (a reduce-scatter per bucket to their owners, the replicated all-reduce's twin): ballast's."""
     if mode == "zero1":
         return ["ballast"]
