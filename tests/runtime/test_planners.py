@@ -1,4 +1,4 @@
-"""Five optimizer steps under real planners: `static` and `ballast` lay the same batches out
+"""Three optimizer steps under real planners: `static` and `ballast` lay the same batches out
 differently, yet train the same model, as each other and as one process (2 gloo ranks, one spawn).
 
 Tolerances: see `runtime_cases` (a step's gradient at given parameters within GRAD_RTOL of one
@@ -16,7 +16,7 @@ from ballast.plans.plan import Plan
 from ballast.planners import PlannerOptions, get_planner
 from ballast.runtime import ProcessGroups, run_local
 
-WORLD, STEPS, BATCH, MAX_LEN, LR = 2, 5, 12, 1024, 1e-3
+WORLD, STEPS, BATCH, MAX_LEN, LR = 2, 3, 12, 1024, 1e-3
 PLANNERS = ("static", "ballast")
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -66,12 +66,12 @@ def test_the_budget_makes_the_planners_lay_out_steps_differently(plans):
 
 
 @pytest.mark.slow
-def test_five_steps_under_static_and_ballast_end_with_the_same_parameters(trained, batches):
+def test_three_steps_under_static_and_ballast_end_with_the_same_parameters(trained, batches):
     static, ballast = trained["static"], trained["ballast"]
     reference = verify.train_reference(SHAPE, batches, 0, LR)
     for result in (static, ballast):
         assert len(result.grads) == STEPS
         assert_single_process_gradients(result, batches)
         assert verify.param_drift(result, reference) <= PARAM_DRIFT
-    # Measured: 1.2e-5 (static) and 9.8e-6 (ballast) from one process, 1.1e-5 between them.
+    # Measured: 1.3e-5 (static) and 1.4e-5 (ballast) from one process, 7.5e-6 between them.
     assert verify.param_drift(static, ballast) <= PARAM_DRIFT
