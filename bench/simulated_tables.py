@@ -50,15 +50,19 @@ def verdicts(checks: list[tuple[str, bool]]) -> str:
 
 
 def planner_rows(planners: dict[str, dict], pipeline: bool = False) -> list[str]:
-    """A setting's table, one row per planner, fastest first, with its speed over static's; a
-    pipeline setting's rows add each planner's bubble and its worst planning time."""
+    """A setting's table, one row per planner, fastest first: the whole step and, of it, the
+    gradient sync left after the waves and the optimizer step (where recorded), its speed over
+    static's; a pipeline setting's rows add each planner's bubble and its worst planning time."""
     base = planners.get("static", {}).get("tokens_per_s")
-    header = ["planner", "step (s)", "tokens/s", "vs static", *(["bubble"] if pipeline else []), "idle",
-              "time / LB", "plan ms (mean, max)" if pipeline else "plan ms (mean)"]
+    whole = all("sync_time_s" in s for s in planners.values())
+    header = ["planner", "step (s)", *(["sync + optimizer (s)"] if whole else []), "tokens/s", "vs static",
+              *(["bubble"] if pipeline else []), "idle", "time / LB",
+              "plan ms (mean, max)" if pipeline else "plan ms (mean)"]
     rows = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     for planner, s in sorted(planners.items(), key=lambda kv: -kv[1]["tokens_per_s"]):
-        cells = [planner, f"{s['step_time_s']:.3f}", f"{s['tokens_per_s']:,.0f}",
-                 f"{s['tokens_per_s'] / base:.2f}x" if base else "-"]
+        cells = [planner, f"{s['step_time_s']:.3f}",
+                 *([f"{s['sync_time_s']:.3f} + {s['optimizer_time_s']:.3f}"] if whole else []),
+                 f"{s['tokens_per_s']:,.0f}", f"{s['tokens_per_s'] / base:.2f}x" if base else "-"]
         if pipeline:
             cells.append(f"{s.get('bubble_fraction', 0.0):.1%}")
         cells += [f"{s['idle_fraction']:.1%}", f"{s['vs_lower_bound']:.3f}",

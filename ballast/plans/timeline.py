@@ -19,104 +19,62 @@ waves are no barriers there, and the step is the schedule's. Its ranks' busy sec
 stage's, its Gantt segments every stage's passes, its bound the pipeline's
 (`pipeline_bound.pipeline_lower_bound`: a stage's share of the work and the bubble no order
 avoids).
+
+Every step also runs what its data-parallel sharding costs besides the passes' work
+(`cost.data_parallel`, `pricing/whole_step.py`): FSDP2's gathers lengthen a pass they outlast
+(in the waves, so planners that compare `step_time` see them), and after the waves the gradient
+reduction's part that the ranks' last backwards did not hide, then the optimizer step. So
+`simulate`'s step is the whole step, its bound the whole step's (`report_lower_bound`);
+`step_time`, what planners compare, is the waves' (or the pipeline's schedule): the reduction
+and the optimizer after them are the same for every plan but for the overlap.
 """
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-
 import numpy as np
 
-from ..pricing.bounds import uncapped_lower_bound
 from ..pricing.cost import CostModel
-from ..pricing.pipeline_bound import pipeline_lower_bound
-from ..pricing.pipeline import PipelineTimes, StagePart, one_f_one_b_parts, stage_passes, transfer_seconds
-from ..pricing.stages import StagePrices
-from .plan import Group, MicroBatch, Plan, Wave
-from ..pricing.nics import crosses_nodes, exchange_surcharge, group_nic_bytes, move_load
-from ..pricing.remapping import slot_time, slot_tokens
+from ..pricing.pipeline_bound import report_lower_bound
+from .pass_times import backward_seconds, nic_bytes, wave_passes, wave_time
+from .pipeline_timeline import pipeline_times, pipelined, simulate_pipeline
+from .plan import Plan
+from .step_metrics import Segment, StepMetrics
 
-
-@dataclass
-class Segment:
-    """One micro-batch on one group's ranks in the timeline."""
-
-    wave: int
-    start_rank: int
-    degree: int
-    micro_batch: int
-    begin: float
-    compute: float
-    """Seconds of computation (including the fixed per-micro-batch overhead)."""
-    comm: float
-    """Seconds of all-to-all communication."""
-    stage: int = 0
-    """Under PP, the pipeline stage the pass runs on (0 without a pipeline)."""
-    forward: bool | None = None
-    """Under PP, whether the pass is the micro-batch's forward (else its backward); None: both."""
-
-    @property
-    def end(self) -> float:
-        return self.begin + self.compute + self.comm
-
-
-@dataclass
-class StepMetrics:
-    step_time: float
-    tokens: int
-    lower_bound: float
-    busy: np.ndarray
-    """Seconds each rank spends computing or communicating."""
-    comm: np.ndarray
-    """Seconds each rank spends in all-to-alls."""
-    wave_times: list[float]
-    segments: list[Segment] = field(default_factory=list)
-    nic_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    """Bytes each NIC of the cluster sends in the step (`nic_bytes`; none on one node)."""
-    bubble: float = 0.0
-    """Under PP, seconds of the step the pipeline's busiest rank of a stage idles
-    (`PipelineTimes.bubble`: the step less its work); 0 without a pipeline."""
-
-    @property
-    def bubble_fraction(self) -> float:
-        """The pipeline's bubble as a share of the step."""
-        return self.bubble / self.step_time if self.step_time > 0 else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.step_time if self.step_time > 0 else 0.0
-
-    @property
-    def idle_fraction(self) -> float:
-        if self.step_time <= 0:
-            return 0.0
-        return max(0.0, 1.0 - float(self.busy.sum()) / (len(self.busy) * self.step_time))
-
-    @property
-    def vs_lower_bound(self) -> float:
-        return self.step_time / self.lower_bound if self.lower_bound > 0 else 1.0
+__all__ = ["Segment", "StepMetrics", "nic_bytes", "pipelined", "simulate", "step_time", "wave_time", "whole_step_time"]
 
 
 def simulate(plan: Plan, cost: CostModel, world_size: int, timeline: bool = False) -> StepMetrics:
     """Run `plan` under `cost`; keep every micro-batch's Segment when `timeline` is set."""
+    metrics = _run(plan, cost, world_size, timeline)
+    metrics.lower_bound = report_lower_bound(cost, plan.samples)
+    return metrics
+
+
+def whole_step_time(plan: Plan, cost: CostModel) -> float:
+    """`simulate`'s whole step alone, on the cost model's ranks (what `train` predicts a step at)."""
+    return _run(plan, cost, cost.world_size, False).step_time
+
+
+def _run(plan: Plan, cost: CostModel, world_size: int, timeline: bool) -> StepMetrics:
+    """`simulate` but for the bound (0 here)."""
     if pipelined(plan, cost):
-        return _simulate_pipeline(plan, cost, world_size, timeline)
+        return simulate_pipeline(plan, cost, world_size, timeline)
     busy = np.zeros(world_size)
     comm_time = np.zeros(world_size)
     segments: list[Segment] = []
     wave_times: list[float] = []
+    lasts: list[tuple[float, float] | None] = [None] * world_size
     clock = 0.0
     for w, wave in enumerate(plan.waves):
-        durations = _durations(plan, wave, cost)
+        passes = wave_passes(plan, wave, cost)
         if plan.lockstep:
-            depth = max((len(d) for d in durations), default=0)
-            slot_ends = np.cumsum([max((sum(d[m]) for d in durations if m < len(d)), default=0.0)
+            depth = max((len(d) for d in passes), default=0)
+            slot_ends = np.cumsum([max((sum(d[m]) for d in passes if m < len(d)), default=0.0)
                                    for m in range(depth)])
             slot_begins = np.concatenate([[0.0], slot_ends[:-1]]) if depth else np.zeros(0)
-            wave_time = float(slot_ends[-1]) if depth else 0.0
+            wave_seconds = float(slot_ends[-1]) if depth else 0.0
         else:
-            wave_time = max((sum(map(sum, d)) for d in durations), default=0.0)
-        for group, durs in zip(wave.groups, durations):
+            wave_seconds = max((sum(map(sum, d)) for d in passes), default=0.0)
+        for g, (group, durs) in enumerate(zip(wave.groups, passes)):
             t = 0.0
             for m, (compute, comm) in enumerate(durs):
                 begin = float(slot_begins[m]) if plan.lockstep else t
@@ -125,138 +83,21 @@ def simulate(plan: Plan, cost: CostModel, world_size: int, timeline: bool = Fals
                 t = begin + compute + comm
                 busy[group.start:group.start + group.degree] += compute + comm
                 comm_time[group.start:group.start + group.degree] += comm
-        wave_times.append(wave_time)
-        clock += wave_time
-    lower = uncapped_lower_bound(cost, plan.samples)
-    return StepMetrics(clock, plan.tokens, lower, busy, comm_time, wave_times, segments, nic_bytes(plan, cost))
-
-
-def nic_bytes(plan: Plan, cost: CostModel) -> np.ndarray:
-    """Bytes each NIC of `cost.network` sends in the plan's step (global NIC order,
-    `Cluster.nic_of`): the exchanges of every group wider than a node and the token moves of
-    every remap domain wider than a node, routed where their wave is. Empty without NICs to load."""
-    network = cost.network
-    if network is None or network.nodes == 1:
-        return np.zeros(0)
-    sent = np.zeros(network.nics)
-    for wave in plan.waves:
-        for group in wave.groups:
-            if crosses_nodes(cost, group.degree):
-                for mb in group.micro_batches:
-                    sent += group_nic_bytes(cost, group.start, group.degree, group.cp, sum(plan.mb_lengths(mb)),
-                                            wave.routed)
-        for start, size in wave.remap:
-            if crosses_nodes(cost, size):
-                for parts in plan.slot_parts(wave, start, size):
-                    sent += move_load(cost, slot_tokens(parts, start, size), start, wave.routed).sent
-    return sent
+            if durs:
+                last = (clock + t, backward_seconds(plan, wave, g, cost, sum(durs[-1])))
+                lasts[group.start:group.start + group.degree] = [last] * group.degree
+        wave_times.append(wave_seconds)
+        clock += wave_seconds
+    dp = cost.data_parallel
+    synced = dp.reduction_end(lasts, clock)
+    return StepMetrics(synced + dp.after_reduction, plan.tokens, 0.0, busy,
+                       comm_time, wave_times, segments, nic_bytes(plan, cost), sync_time=synced - clock,
+                       optimizer_time=dp.after_reduction)
 
 
 def step_time(plan: Plan, cost: CostModel) -> float:
-    """The simulated step time alone (what planners compare)."""
+    """The plan's waves (a pipeline's 1F1B schedule) under `cost`: what planners compare (the
+    module docstring says why not the whole step)."""
     if pipelined(plan, cost):
         return pipeline_times(plan, cost).step
     return sum(wave_time(plan, wave, cost) for wave in plan.waves)
-
-
-@dataclass(frozen=True)
-class StagedMicroBatch:
-    """A group's micro-batch in a pipeline slot, as the 1F1B schedule prices it."""
-
-    wave: int
-    position: int
-    """Its index among its group's micro-batches."""
-    group: Group
-    comm_share: float
-    """The share of its seconds spent in exchanges."""
-    part: StagePart
-
-
-def pipelined(plan: Plan, cost: CostModel) -> bool:
-    """Whether `plan` runs as a pipeline under `cost`: made for p > 1 stages, or priced under a
-    cost model of them (a planner's plan in the making has p = 1 until `Planner.plan` stamps it)."""
-    return plan.pp > 1 or cost.stages is not None
-
-
-def pipeline_times(plan: Plan, cost: CostModel) -> PipelineTimes:
-    """The 1F1B step of a plan over the cost model's pipeline and pool (module docstring)."""
-    stages = _stages(plan, cost)
-    return one_f_one_b_parts([[s.part for s in slot] for slot in _staged(plan, cost)], stages.count, cost.world_size)
-
-
-def _staged(plan: Plan, cost: CostModel) -> list[list[StagedMicroBatch]]:
-    """Every slot's micro-batches that hold tokens, priced per stage."""
-    stages = _stages(plan, cost)
-    out = []
-    for w, i, parts in plan.slots():
-        routed = plan.waves[w].routed
-        slot = []
-        for group, mb in parts:
-            if not mb.seq_ids:
-                continue
-            compute, comm = _mb_time(plan, mb, group, cost, routed)
-            plain = sum(_mb_time(plan, dataclasses.replace(mb, recompute=0.0), group, cost, routed))
-            forward, backward = stage_passes(compute + comm, plain, stages.count)
-            moved = transfer_seconds(sum(plan.mb_lengths(mb)), group.degree, stages.hidden, stages.bandwidth,
-                                     stages.latency)
-            part = StagePart(tuple(group.ranks), (forward,) * stages.count, (backward,) * stages.count, moved)
-            slot.append(StagedMicroBatch(w, i, group, comm / (compute + comm) if compute + comm > 0 else 0.0, part))
-        out.append(slot)
-    return out
-
-
-def _stages(plan: Plan, cost: CostModel) -> StagePrices:
-    if cost.stages is None or plan.pp not in (1, cost.stages.count):
-        priced = cost.stages.count if cost.stages is not None else 1
-        raise ValueError(f"plan {plan.planner!r} runs {plan.pp} pipeline stages, but the cost model prices {priced}")
-    return cost.stages
-
-
-def _simulate_pipeline(plan: Plan, cost: CostModel, world_size: int, timeline: bool) -> StepMetrics:
-    """`simulate` of a plan of PP degree p > 1 (module docstring)."""
-    staged = _staged(plan, cost)
-    p = _stages(plan, cost).count
-    times = one_f_one_b_parts([[s.part for s in slot] for slot in staged], p, world_size)
-    busy, comm_time = np.zeros(world_size), np.zeros(world_size)
-    segments: list[Segment] = []
-    for i, slot in enumerate(staged):
-        for j, s in enumerate(slot):
-            ranks = slice(s.group.start, s.group.start + s.group.degree)
-            seconds = s.part.forward[0] + s.part.backward[0]
-            busy[ranks] += seconds
-            comm_time[ranks] += s.comm_share * seconds
-            for k in range(p) if timeline else ():
-                for forward, end, length in ((True, times.forward_ends[i][j][k], s.part.forward[k]),
-                                             (False, times.backward_ends[i][j][k], s.part.backward[k])):
-                    segments.append(Segment(s.wave, s.group.start, s.group.degree, s.position, end - length,
-                                            (1 - s.comm_share) * length, s.comm_share * length, k, forward))
-    return StepMetrics(times.step, plan.tokens, pipeline_lower_bound(cost, plan.samples), busy, comm_time,
-                       [times.step], segments, nic_bytes(plan, cost) / p, times.bubble)
-
-
-def wave_time(plan: Plan, wave: Wave, cost: CostModel) -> float:
-    durations = [[sum(d) for d in group] for group in _durations(plan, wave, cost)]
-    if plan.lockstep:
-        depth = max((len(d) for d in durations), default=0)
-        return sum(max(d[m] for d in durations if m < len(d)) for m in range(depth))
-    return max((sum(d) for d in durations), default=0.0)
-
-
-def _durations(plan: Plan, wave: Wave, cost: CostModel) -> list[list[tuple[float, float]]]:
-    """[g][m] = (compute, comm) of group g's micro-batch m (in a remap domain: of slot m)."""
-    durations = [[_mb_time(plan, mb, g, cost, wave.routed) for mb in g.micro_batches] for g in wave.groups]
-    for start, size in wave.remap:
-        slots = [slot_time(cost, parts, start, size, wave.routed) for parts in plan.slot_parts(wave, start, size)]
-        for i in (i for i, g in enumerate(wave.groups) if start <= g.start < start + size):
-            durations[i] = slots
-    return durations
-
-
-def _mb_time(plan: Plan, mb: MicroBatch, group: Group, cost: CostModel, routed: bool) -> tuple[float, float]:
-    if not mb.seq_ids:
-        # A lockstep filler: no tokens, but the forward still joins the parameter gathers.
-        return cost.g, 0.0
-    compute, comm = cost.split_time(plan.mb_samples(mb), group.degree, mb.recompute, group.cp)
-    if crosses_nodes(cost, group.degree):
-        comm += exchange_surcharge(cost, group.degree, group.cp, sum(plan.mb_lengths(mb)), routed, mb.recompute)
-    return compute, comm

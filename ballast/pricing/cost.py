@@ -13,7 +13,7 @@ and k, are priced per sharding mode and precision by `device_memory.py` (`device
 which degrees and splits exist is the model's `catalogue` (`vocabulary/split_catalogue.py`) under
 its planner's rule (`splits`); a sample alone at every degree (planners' and the bound's rows) is
 `sequence_times.py`'s; whether samples fit at all is `fits.py`'s; remap slots are
-`remapping.py`'s. Every method that takes `samples` takes token counts (text) or (frames, height,
+`remapping.py`'s; the data-parallel collectives and the optimizer step `whole_step.py`'s. Every method that takes `samples` takes token counts (text) or (frames, height,
 width) shapes alike, and `cp=None` means the catalogue's split of the degree.
 """
 from __future__ import annotations
@@ -32,6 +32,7 @@ from ..vocabulary.split_catalogue import SplitCatalogue
 from .coefficients import CostCoefficients, InfeasibleError
 from .device_memory import DeviceMemory
 from .stages import StagePrices
+from .whole_step import NOTHING, DataParallelPrices
 
 # Recomputing a layer repeats its forward exchanges (the whole block is recomputed, its
 # all-to-alls or CP gathers inside): half of the layer's, each forward one moving as many bytes
@@ -60,6 +61,12 @@ class CostModel(CostCoefficients):
     work, memory and heads over the mesh's pool (`tensor_parallel.sharded`); plans made with this
     model record its TP and PP degrees. Not a coefficient, so not in the JSON. None: one pool of
     the whole world."""
+    data_parallel: DataParallelPrices = field(default=NOTHING, compare=False, repr=False)
+    """What the data-parallel sharding costs besides the passes' work: the gradient sync and the
+    part of it that backward does not hide, FSDP2's gathers around each pass, the optimizer step
+    (`whole_step.data_parallel_prices`, set where the model meets its cluster and sharding mode,
+    `cost_sources.get_cost_model`; under PP each stage's own, `StagePrices.data_parallel`). Not a
+    coefficient, so not in the JSON. NOTHING: none of it priced."""
     stages: StagePrices | None = field(default=None, compare=False, repr=False)
     """Under PP (the mesh's p > 1) its stages' states and boundary (`pipeline.stage_prices`): a
     plan of p stages is timed as the 1F1B step of its micro-batches and its memory checked per

@@ -8,10 +8,11 @@ import dataclasses
 
 from ..vocabulary.cluster import Cluster
 from ..vocabulary.precision import Precision
-from ..vocabulary.sharding import Sharding, default_sharding
+from ..vocabulary.sharding import Sharding, check_pipeline_sharding, default_sharding
 from .cost import CostModel
 from .device_memory import DeviceMemory, ParameterCounts
 from .pipeline import planning_counts, stage_prices
+from .whole_step import data_parallel_prices
 from .tensor_parallel import activation_share, parameter_counts, sharded
 from ..vocabulary.job_mesh import JobMesh
 from ..vocabulary.model_shape import ModelShape
@@ -132,8 +133,8 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
                    sharding: Sharding | None = None, precision: Precision = Precision.AUTO,
                    mesh: JobMesh | None = None) -> CostModel:
     """`analytic`, `published`, `auto` (published where FlexSP measured it) or a profile JSON path,
-    its memory priced for the sharding mode (None: `default_sharding`) and precision
-    (`device_memory`), for a rank of the job's `mesh` (None: the cluster's ranks one pool): its
+    its memory priced for the sharding mode (None: `default_sharding` for the mesh's PP degree;
+    FSDP2 under PP refused) and precision (`device_memory`), for a rank of the job's `mesh` (None: the cluster's ranks one pool): its
     plans are over the pool's cluster (`JobMesh.pool_cluster`), and under TP the coefficients are
     a TP rank's (`tensor_parallel.sharded`). Under PP its states are the fullest stage's
     (`pipeline.planning_counts`), so a micro-batch that fits them with its whole activations
@@ -146,13 +147,15 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
     mesh = mesh or JobMesh.of(cluster)
     mesh.check_cluster(cluster)
     mesh.check_model(shape)
+    sharding = sharding or default_sharding(cluster, mesh.pp)
+    check_pipeline_sharding(sharding, mesh.pp)
     if spec == "auto":
         spec = "published" if shape.name in _PUBLISHED and cluster.name == "a100-64" else "analytic"
     if spec in ("analytic", "published"):
         pool = mesh.pool_cluster(cluster)
         memory = device_memory(shape, pool, sharding, precision, planning_counts(shape, mesh), mesh.tp)
         cost = (analytic_cost if spec == "analytic" else published_cost)(shape, pool, memory, mesh.tp)
-        return with_stages(sharded(cost, shape, cluster, mesh), shape, cluster, mesh)
+        return with_job_prices(sharded(cost, shape, cluster, mesh), shape, cluster, mesh)
     if mesh.tp > 1:
         raise ValueError(f"cost model {spec} is a profile of whole layers on one device; TP degree {mesh.tp} is priced "
                          f"from the analytic or published coefficients (--cost analytic or published)")
@@ -166,9 +169,13 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
     memory = device_memory(shape, cluster, sharding, precision, planning_counts(shape, mesh))
     cost = dataclasses.replace(cost, network=cluster, mesh=mesh, **with_device_memory(memory, *activations_alone(cost)),
                                **({} if device_memory_gb is None else dict(device_memory=device_memory_gb * 1e9)))
-    return with_stages(cost, shape, cluster, mesh)
+    return with_job_prices(cost, shape, cluster, mesh)
 
 
-def with_stages(cost: CostModel, shape: ModelShape, cluster: Cluster, mesh: JobMesh) -> CostModel:
-    """`cost` with its pipeline's stages priced (`CostModel.stages`) under PP, else as it is."""
+def with_job_prices(cost: CostModel, shape: ModelShape, cluster: Cluster, mesh: JobMesh) -> CostModel:
+    """`cost` with its data-parallel prices (`CostModel.data_parallel`) and, under PP, its
+    pipeline's stages, each with its own (`CostModel.stages`)."""
+    device = cost.device
+    cost = dataclasses.replace(cost, data_parallel=data_parallel_prices(
+        device.counts, device.sharding, device.bf16, mesh.pool, mesh.pool_cluster(cluster), cost.source))
     return dataclasses.replace(cost, stages=stage_prices(cost, shape, cluster, mesh)) if mesh.pp > 1 else cost

@@ -51,6 +51,7 @@ from ..vocabulary.samples import Sample, tokens as sample_tokens
 from .cost import CostModel
 from .device_memory import ParameterCounts
 from .stages import StagePrices
+from .whole_step import data_parallel_prices
 
 RESIDUAL_BYTES = 4
 """Bytes per value of what a stage sends: the fp32 residual stream."""
@@ -238,8 +239,13 @@ def stage_states(cost: CostModel, shape: ModelShape, stage: int, stages: int) ->
 
 def stage_prices(cost: CostModel, shape: ModelShape, cluster: Cluster, mesh: JobMesh) -> StagePrices:
     """The mesh's stages as `cost` (a rank's of `mesh` on the job's `cluster`) prices them."""
+    device, pool = cost.device, mesh.pool_cluster(cluster)
+    data_parallel = () if device is None else tuple(
+        data_parallel_prices(stage_counts(shape, k, mesh.pp, mesh.tp), device.sharding, device.bf16, mesh.pool, pool,
+                             cost.source)
+        for k in range(mesh.pp))
     return StagePrices(tuple(stage_states(cost, shape, k, mesh.pp) for k in range(mesh.pp)), shape.hidden,
-                       boundary_bandwidth(cluster, mesh), cluster.all_to_all_latency)
+                       boundary_bandwidth(cluster, mesh), cluster.all_to_all_latency, data_parallel)
 
 
 def stage_activation_bytes(cost: CostModel, samples: Sequence[Sample], degree: int, recompute: float,

@@ -91,6 +91,15 @@ def longest_chain(cost: CostModel, samples: Sequence[Sample]) -> float:
 
 
 def report_lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
-    """What reports divide a step by: the pipeline's bound under PP, else the bound of every
-    split (`uncapped_lower_bound`)."""
-    return pipeline_lower_bound(cost, samples) if cost.stages is not None else uncapped_lower_bound(cost, samples)
+    """What reports divide a whole step by: the least step of the waves, the pipeline's bound
+    under PP, else the bound of every split (`uncapped_lower_bound`), with the least of what
+    follows them (`whole_step.py`'s bound: the last bucket's reduction, or every bucket's, and
+    the optimizer step; under PP the stage that ends last is not known, so the least over them)."""
+    if cost.stages is None:
+        return cost.data_parallel.least_end(uncapped_lower_bound(cost, samples))
+    waves = pipeline_lower_bound(cost, samples)
+    prices = cost.stages.data_parallel
+    if not prices:
+        return waves
+    return max(waves + min(p.last_bucket + p.after_reduction for p in prices),
+               max(p.reduction + p.after_reduction for p in prices))

@@ -3,7 +3,9 @@ meets its cluster (`cost_sources.get_cost_model`, priced by `pipeline.stage_pric
 timeline's 1F1B step and `Plan.validate`'s memory per stage read it (docs/design.md, section 4)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .whole_step import DataParallelPrices
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,9 @@ class StagePrices:
     (`pipeline.boundary_bandwidth`)."""
     latency: float
     """Seconds a transfer costs beyond its bytes: the cluster's collective latency."""
+    data_parallel: tuple[DataParallelPrices, ...] = field(default=())
+    """Each stage's data-parallel prices: its own parameters' sync over its pool, FSDP2's gathers
+    and the optimizer step (`whole_step.data_parallel_prices`); empty: none priced."""
 
     @property
     def count(self) -> int:

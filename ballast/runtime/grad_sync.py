@@ -57,9 +57,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-BUCKET_BYTES = 25 * 2**20
-"""Default bucket size, PyTorch DDP's 25 MiB: large enough that a collective's latency is small
-beside its bytes, small enough that the first bucket starts early in backward."""
+from ..vocabulary.sharding import BUCKET_BYTES
+
 
 
 @dataclass

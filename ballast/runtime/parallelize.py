@@ -36,7 +36,8 @@ from ..models.protocol import ParallelModel
 from .attention import sequence_parallel_attention
 from .executor import Executor
 from .fsdp import is_sharded, shard_model
-from .grad_sync import BUCKET_BYTES, GradSync, zero1_owners
+from ..vocabulary.sharding import BUCKET_BYTES
+from .grad_sync import GradSync, zero1_owners
 from .groups import ProcessGroups
 from .pipeline import PipelineExecutor, split_model
 from .routing import NodeNics, RoutingGroups, routing_groups
@@ -62,7 +63,7 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None 
     state only (ZeRO-1), over the pool; at most one, and not FSDP2 under PP. precision:
     `Precision.AUTO` (bf16 autocast on CUDA, fp32 elsewhere), `BF16` or `FP32`; under bf16 FSDP2
     gathers the parameters in bf16.
-    bucket_bytes: the gradient sync's bucket size (`grad_sync.BUCKET_BYTES`; not under FSDP2).
+    bucket_bytes: the gradient sync's bucket size (`sharding.BUCKET_BYTES`; not under FSDP2).
     measure_activations: record the bytes each micro-batch saves for backward. adamw: AdamW's
     keyword arguments (lr, betas, weight_decay, ...).
     """

@@ -63,7 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ROUTING.add(p, d.routing)
     p.add_argument("--sharding", type=Sharding.parse, default=None, metavar="MODE",
                    help="how ranks hold the model's state, which the memory model prices: replicated, zero1 or fsdp "
-                        "(default: fsdp on GPU clusters, replicated on cpu: vocabulary/sharding.default_sharding says why)")
+                        "(default: fsdp on GPU clusters, zero1 there under --pp, replicated on cpu: "
+                        "vocabulary/sharding.default_sharding says why)")
     p.add_argument("--lockstep", action="store_true",
                    help="plans for FSDP/ZeRO-3: equal micro-batch counts per group in every wave")
     p.add_argument("--as-lengths", action="store_true",
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
                "cost": cost.source, "sharding": cost.device.sharding.value, "max_len": args.max_len, "batch": args.batch,
                "tokens_per_step": args.tokens_per_step, "overlong": args.overlong, "seed": args.seed,
                "dcp_mode": args.dcp_mode, "zeppelin_remap": _on_off(args.zeppelin_remap), "routing": _on_off(args.routing),
-               "lockstep": args.lockstep,
+               "lockstep": args.lockstep, "data_parallel": _data_parallel(cost),
                "data": lengths_stream.report(),
                "mean_tokens_per_step": sum(tokens(x) for b in batches for x in b) / len(batches)}
     title = (f"{args.lengths} on {cluster.name} ({cluster.world_size} devices"
@@ -125,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
              f"({shape.attention} attention), {cost.source} cost, {args.steps} steps"
              f"{', planned as lengths' if args.as_lengths else ''}")
     table = planner_table(title, summaries, lower_mean)
+    if pool.memory_bandwidth is None:
+        table.caption += f"; optimizer step not priced: cluster {cluster.name!r} gives no memory_bandwidth"
     if not console.is_terminal:  # a pipe or a file: as wide as the table needs, no column cut
         needed = Measurement.get(console, console.options.update_width(10_000), table).maximum
         console.width = max(console.width, needed)
@@ -139,6 +142,15 @@ def run(args: argparse.Namespace) -> int:
         gantt({n: r.first_plan for n, r in results.items()}, cost, pool.world_size, args.gantt)
         console.print(f"wrote {args.gantt}")
     return 0
+
+
+def _data_parallel(cost) -> dict | list[dict]:
+    """What the step pays besides its passes' work, per rank (per stage under PP), for the record."""
+    prices = cost.stages.data_parallel if cost.stages is not None else (cost.data_parallel,)
+    rows = [dict(buckets=p.buckets, reduction_s=p.reduction, last_bucket_s=p.last_bucket, optimizer_s=p.optimizer,
+                 after_optimizer_s=p.after_optimizer, forward_gathers_s=p.forward_gathers,
+                 backward_collectives_s=p.backward_collectives, first_gathers_s=p.first_gathers) for p in prices]
+    return rows if cost.stages is not None else rows[0]
 
 
 def _on_off(switch: bool) -> str:

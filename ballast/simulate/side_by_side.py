@@ -41,6 +41,10 @@ class PlannerResult:
     """GB each NIC sends in the step (`StepMetrics.nic_bytes`, global NIC order)."""
     bubble_fraction: list[float] = field(default_factory=list)
     """Under PP, the share of the step the pipeline's busiest rank idles (`StepMetrics.bubble`)."""
+    sync_time_s: list[float] = field(default_factory=list)
+    """Seconds of the gradient reduction left after the waves (`StepMetrics.sync_time`)."""
+    optimizer_time_s: list[float] = field(default_factory=list)
+    """Seconds of the optimizer step and what follows it (`StepMetrics.optimizer_time`)."""
     first_plan: Plan | None = None
     info: list[dict] = field(default_factory=list)
 
@@ -53,6 +57,8 @@ class PlannerResult:
         self.vs_lower_bound.append(metrics.vs_lower_bound)
         self.plan_ms.append(plan_seconds * 1e3)
         self.waves.append(len(plan.waves))
+        self.sync_time_s.append(metrics.sync_time)
+        self.optimizer_time_s.append(metrics.optimizer_time)
         self.info.append(plan.info)
         if plan.pp > 1:
             self.bubble_fraction.append(metrics.bubble_fraction)
@@ -66,7 +72,8 @@ class PlannerResult:
     def summary(self) -> dict:
         """Every figure a mean over the steps (tokens_per_s too: each step's tokens / its time,
         averaged), plus the worst step's plan_ms and vs_lower_bound."""
-        keys = ("step_time_s", "tokens_per_s", "idle_fraction", "vs_lower_bound", "plan_ms", "waves")
+        keys = ("step_time_s", "tokens_per_s", "idle_fraction", "vs_lower_bound", "plan_ms", "waves", "sync_time_s",
+                "optimizer_time_s")
         out = {k: float(np.mean(getattr(self, k))) for k in keys}
         out["plan_ms_max"] = float(np.max(self.plan_ms))
         out["vs_lower_bound_max"] = float(np.max(self.vs_lower_bound))

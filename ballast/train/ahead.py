@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from ..dataset import EpochStream, GlobalBatch
 from ..plans.plan import Plan
 from ..planners import Planner
-from ..plans.timeline import step_time
+from ..plans.timeline import whole_step_time
 
 
 @dataclass
@@ -43,7 +43,8 @@ class StepInput:
     plan_seconds: float
     """Wall-clock time the planner took for this batch."""
     predicted_seconds: float
-    """The plan's step time under the cost model (`ballast.plans.timeline.step_time`)."""
+    """The plan's whole step under the cost model (`ballast.plans.timeline.whole_step_time`): its
+    waves, the gradient sync left after them and the optimizer step, as the measured step holds."""
     data_state: dict
     """The stream's `state_dict()` right after this batch: where step + 1 starts."""
     planner_state: dict
@@ -64,7 +65,7 @@ class Lookahead:
         start = time.perf_counter()
         plan = self.planner.plan(batch.planned)
         seconds = time.perf_counter() - start
-        return StepInput(step, batch, plan, seconds, step_time(plan, self.planner.cost), data_state,
+        return StepInput(step, batch, plan, seconds, whole_step_time(plan, self.planner.cost), data_state,
                          self.planner.state_dict())
 
     def get(self, step: int) -> StepInput:

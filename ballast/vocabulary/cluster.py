@@ -63,6 +63,17 @@ class Cluster:
     """The local devices (0 .. devices_per_node - 1) each NIC of a node serves, one list per NIC,
     the same on every node; every device under exactly one NIC. Unset: contiguous equal blocks
     (NIC i serves devices i x b .. (i + 1) x b - 1 with b = devices_per_node / nics_per_node)."""
+    ring_bandwidth: float | None = None
+    """Bytes/s per device that a ring collective over every device moves (NCCL-tests' bus
+    bandwidth): the rate of the data-parallel gradient sync and ZeRO-1's parameter all-gather
+    (`pricing/whole_step.py`). Unset: across nodes, a device's share of its node's NICs (nics x
+    nic_bandwidth / devices_per_node: every ring hop between nodes crosses them, one ring per
+    device); inside one node, the all-to-all bandwidth of the whole node (a ring on NVLink gets
+    at least that); none on one device."""
+    memory_bandwidth: float | None = None
+    """Bytes/s of a device's memory: the rate of the optimizer step, which streams the states of
+    the parameters a rank updates (`whole_step.OPTIMIZER_BYTES`). Unset: the optimizer step is
+    not priced, and `simulate` says so."""
 
     def __post_init__(self) -> None:
         check_types(self, "cluster", self.name)
@@ -97,6 +108,20 @@ class Cluster:
                     f"cluster {self.name!r}: no positive all-to-all bandwidth for SP degree {d}; "
                     f"give bandwidth for every power of two up to {self.max_degree}")
         self._resolve_nics()
+        self._resolve_ring()
+        if self.memory_bandwidth is not None and not self.memory_bandwidth > 0:
+            raise ValueError(f"cluster {self.name!r}: memory_bandwidth must be > 0 bytes/s, got {self.memory_bandwidth:g}")
+
+    def _resolve_ring(self) -> None:
+        """Fill in `ring_bandwidth` where unset (its docstring) and refuse one that is not positive."""
+        ring = self.ring_bandwidth
+        if ring is None and self.nodes > 1:
+            ring = self.nic_bandwidth * self.nics_per_node / self.devices_per_node
+        elif ring is None and self.devices_per_node > 1:
+            ring = self.bandwidth[self.devices_per_node]
+        if ring is not None and not ring > 0:
+            raise ValueError(f"cluster {self.name!r}: ring_bandwidth must be > 0 bytes/s, got {ring:g}")
+        object.__setattr__(self, "ring_bandwidth", None if ring is None else float(ring))
 
     def _resolve_nics(self) -> None:
         """Fill in the NIC fields left unset and refuse a topology no node can have."""
@@ -220,7 +245,8 @@ def _link_fraction(degree: int) -> float:
 
 
 # name: (usable memory, dense bf16 FLOP/s, matmul efficiency, NVLink each way, NICs per node,
-# bytes/s of one NIC each way).
+# bytes/s of one NIC each way, memory bandwidth). Memory bandwidth from the same datasheets: A100
+# 40GB 1,555 GB/s, A800 80GB 2,039 GB/s, H100 and H800 SXM 3.35 TB/s, H200 4.8 TB/s.
 # A100: 312 TFLOP/s (A100 datasheet), NVLink 3 (600 GB/s bidirectional), HDR 200 Gb/s per GPU
 # (DGX A100: 8 compute NICs), FlexSP's 28 GB usable of 40 -- a 12 GB reserve the others keep too.
 # A800 SXM4 80GB: the A100's 312 TFLOP/s with NVLink cut to 400 GB/s bidirectional (NVIDIA A800
@@ -236,11 +262,11 @@ GPU_RESERVE = 12 * GB
 """What every GPU preset keeps back of a GPU's memory for the framework, NCCL's buffers and
 fragmentation: its usable memory is the card's less this (A100 40 -> 28 GB, H100 80 -> 68)."""
 _GPUS = {
-    "a100": (28 * GB, 312e12, 0.5, _A100_NVLINK, 8, _A100_NIC),
-    "a800": (68 * GB, 312e12, 0.5, 200 * GB, 4, 25 * GB),
-    "h100": (68 * GB, 989e12, 0.45, 450 * GB, 8, 50 * GB),
-    "h800": (68 * GB, 989e12, 0.45, 200 * GB, 8, 50 * GB),
-    "h200": (129 * GB, 989e12, 0.45, 450 * GB, 8, 50 * GB),
+    "a100": (28 * GB, 312e12, 0.5, _A100_NVLINK, 8, _A100_NIC, 1555 * GB),
+    "a800": (68 * GB, 312e12, 0.5, 200 * GB, 4, 25 * GB, 2039 * GB),
+    "h100": (68 * GB, 989e12, 0.45, 450 * GB, 8, 50 * GB, 3350 * GB),
+    "h800": (68 * GB, 989e12, 0.45, 200 * GB, 8, 50 * GB, 3350 * GB),
+    "h200": (129 * GB, 989e12, 0.45, 450 * GB, 8, 50 * GB, 4800 * GB),
 }
 _GPUS_PER_NODE = 8
 
@@ -255,13 +281,14 @@ def _gpu_cluster(name: str, gpu: str, devices: int) -> Cluster:
     partial = 0 < devices < _GPUS_PER_NODE and is_power_of_two(devices)
     if not partial and (devices < _GPUS_PER_NODE or devices % _GPUS_PER_NODE):
         raise ValueError(f"cluster {name!r}: devices must be 1, 2, 4 or a positive multiple of {_GPUS_PER_NODE}")
-    memory, flops, efficiency, nvlink, nics, nic = _GPUS[gpu]
+    memory, flops, efficiency, nvlink, nics, nic, memory_bandwidth = _GPUS[gpu]
     nic_share = nics * nic / _GPUS_PER_NODE
     bandwidth = {d: _link_fraction(d) * (nvlink if d <= _GPUS_PER_NODE else nic_share)
                  for d in (1 << i for i in range(1, devices.bit_length()))}
     per_node = devices if partial else _GPUS_PER_NODE
     return Cluster(name, devices // per_node, per_node, memory, flops, efficiency, bandwidth,
-                   _GPU_MICRO_BATCH_OVERHEAD, nics_per_node=max(1, nics * per_node // _GPUS_PER_NODE), nic_bandwidth=nic)
+                   _GPU_MICRO_BATCH_OVERHEAD, nics_per_node=max(1, nics * per_node // _GPUS_PER_NODE), nic_bandwidth=nic,
+                   memory_bandwidth=memory_bandwidth)
 
 
 # gloo on a 2-core x86 host, from `ballast profile` of `tiny` (bench/results/*profile*.json):
@@ -271,6 +298,11 @@ def _gpu_cluster(name: str, gpu: str, devices: int) -> Cluster:
 _CPU_ALL_TO_ALL = 0.7 * GB
 _CPU_ALL_TO_ALL_LATENCY = 1.5e-3
 _CPU_MICRO_BATCH_OVERHEAD = 2e-3
+
+
+# AdamW's step with the gradient norm before it (32 bytes a parameter, `whole_step.OPTIMIZER_BYTES`)
+# on one core of this machine: 11.3-11.5 GB/s at 2M and 8M parameters (torch 2.13, foreach).
+_CPU_MEMORY_BANDWIDTH = 11 * GB
 
 
 _CPU_DEVICE_MEMORY = 4 * GB
@@ -289,7 +321,8 @@ def _cpu_cluster(world_size: int | None, nodes: int | None) -> Cluster:
         raise ValueError(f"cpu cluster: {world} ranks do not form {nodes} nodes of equal size")
     bw = {1 << i: _CPU_ALL_TO_ALL for i in range(1, world.bit_length())}
     return Cluster("cpu", nodes, world // nodes, _CPU_DEVICE_MEMORY, 5e10, 1.0, bw, _CPU_MICRO_BATCH_OVERHEAD,
-                   _CPU_ALL_TO_ALL_LATENCY, value_bytes=4, nic_bandwidth=_CPU_ALL_TO_ALL)
+                   _CPU_ALL_TO_ALL_LATENCY, value_bytes=4, nic_bandwidth=_CPU_ALL_TO_ALL,
+                   memory_bandwidth=_CPU_MEMORY_BANDWIDTH)
 
 
 PRESETS = ("a100-64", "a800-64", "h100-32", "h800-32", "h200-32", "cpu")

@@ -6,6 +6,11 @@ import enum
 
 from .cluster import Cluster
 
+BUCKET_BYTES = 25 * 2**20
+"""The replicated and ZeRO-1 gradient sync's bucket size (`runtime/grad_sync.py`, priced by
+`pricing/whole_step.py`), PyTorch DDP's 25 MiB: large enough that a collective's latency is small
+beside its bytes, small enough that the first bucket starts early in backward."""
+
 
 class Sharding(enum.Enum):
     REPLICATED = "replicated"
@@ -31,13 +36,26 @@ class Sharding(enum.Enum):
             raise ValueError(f"sharding must be one of {', '.join(m.value for m in cls)}, got {name!r}") from None
 
 
-def default_sharding(cluster: Cluster) -> Sharding:
-    """The mode a user of `cluster` would run, where no flag says (simulate, bench settings).
+def default_sharding(cluster: Cluster, pp: int = 1) -> Sharding:
+    """The mode a user of `cluster` would run, where no flag says (simulate, bench settings), in
+    a job of `pp` pipeline stages.
 
     GPU presets: FSDP. Their models (GPT-7B to 30B, Llama-3 8B, the video DiTs) hold 16 bytes of
     mixed-precision AdamW state per parameter: 112 GB for a 7B model, which replicated ranks
     (16 P each) or ZeRO-1 (8 P of parameters and gradients each) cannot hold on a 28-68 GB
     device, and FSDP (ZeRO-3) is what the systems the tables compare with (FlexSP, Zeppelin) run.
     The old cost model's 16 P / N per device was this mode. `cpu`: replicated, what `train`,
-    `verify` and `bench` run without `--zero1` / `--fsdp`."""
-    return Sharding.REPLICATED if cluster.value_bytes == 4 else Sharding.FSDP
+    `verify` and `bench` run without `--zero1` / `--fsdp`. Under PP (p > 1) GPU presets take
+    ZeRO-1, Megatron's distributed optimizer: the runtime runs no FSDP2 under a pipeline
+    (`check_pipeline_sharding`), and a stage's share of the model leaves room for whole
+    parameters and gradients."""
+    if cluster.value_bytes == 4:
+        return Sharding.REPLICATED
+    return Sharding.ZERO1 if pp > 1 else Sharding.FSDP
+
+
+def check_pipeline_sharding(sharding: Sharding, pp: int) -> None:
+    """Refuse FSDP2 under a pipeline: the runtime shards no stage with it, so no command prices
+    or runs it (ZeRO-1 or replicated weights do run under PP)."""
+    if pp > 1 and sharding is Sharding.FSDP:
+        raise ValueError(f"FSDP2 does not run under pipeline parallelism (PP {pp}): use zero1 or replicated")

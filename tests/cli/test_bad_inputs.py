@@ -225,6 +225,8 @@ CASES = [
     ("simulate --steps 0", 2, "--steps"),
     ("simulate --batch 4 --tokens-per-step 100", 2, "--tokens-per-step"),
     ("simulate --cost {not.json}", 2, r"cost model file .*not.json"),
+    ("simulate --cluster h100-32 --model llama3-8b --pp 2 --sharding fsdp --steps 1", 2,
+     r"FSDP2 does not run under pipeline parallelism \(PP 2\): use zero1 or replicated"),
     ("simulate --cluster cpu --world 2 --model tiny --device-memory-gb 0.00001", 2, "--device-memory-gb"),
     ("simulate --cluster cpu --world 2 --model tiny --lengths file:{huge.txt} --max-len 100000000 --steps 1",
      2, r"more than any plan can hold.*--max-len.*--device-memory-gb"),

@@ -79,18 +79,23 @@ def pipeline_cost(model="llama3-8b", cluster="h100-64", tp=1, pp=4):
 
 
 def test_planning_for_the_pipeline_beats_planning_without_it():
-    # The same batches planned by ballast as if there were no pipeline, then run through it:
-    # measured 10-35% slower than planned for it (fewer, longer micro-batches: a longer bubble).
+    # The same batches planned by ballast as if there were no pipeline, then run through it
+    # (ZeRO-1, the GPU presets' mode under PP): 14% and 36% slower than planned for it on two of
+    # three batches (fewer, longer micro-batches: a longer bubble); on the third the plain
+    # search's layout is the faster through the pipeline too, and ballast, which also searches
+    # as if there were none, keeps it.
     cost, pool = pipeline_cost()
     flat = dataclasses.replace(cost, stages=None)
     rng = np.random.default_rng(1)
+    gains = []
     for _ in range(3):
         lengths = np.clip(rng.lognormal(8, 1.5, 64), 16, 65_536).astype(int).tolist()
         planned = get_planner("ballast", pool, cost, PlannerOptions(max_len=65_536)).plan(lengths)
         unaware = get_planner("ballast", pool, flat, PlannerOptions(max_len=65_536)).plan(lengths)
         unaware.pp = planned.pp
         planned.validate(pool, cost)
-        assert step_time(planned, cost) < step_time(unaware, cost)
+        gains.append(step_time(unaware, cost) / step_time(planned, cost))
+    assert min(gains) >= 1.0 and sum(gain > 1.1 for gain in gains) >= 2, gains
 
 
 def test_megatron_runs_its_rounds_through_one_schedule():
@@ -105,12 +110,12 @@ def test_megatron_runs_its_rounds_through_one_schedule():
 
 
 def test_no_planner_remaps_or_routes_under_a_pipeline():
-    # A pipeline stage runs neither remap domains nor routed exchanges: zeppelin remaps this
-    # batch without the pipeline (a node's domain in its second wave), and neither it nor
-    # ballast remaps or routes with it (on nodes of 8 pool ranks, its groups of 16 cross nodes).
+    # A pipeline stage runs neither remap domains nor routed exchanges: zeppelin remaps and
+    # routes this batch without the pipeline, and neither it nor ballast remaps or routes with
+    # it (on nodes of 8 pool ranks, its groups of 16 cross nodes).
     cost, pool = pipeline_cost()
     flat = dataclasses.replace(cost, stages=None)
-    lengths = [131_072] + np.clip(np.random.default_rng(3).lognormal(7, 1.5, 60), 16, 131_072).astype(int).tolist()
+    lengths = [131_072] + np.clip(np.random.default_rng(7).lognormal(7, 1.5, 60), 16, 131_072).astype(int).tolist()
     options = PlannerOptions(max_len=131_072)
     unpiped = get_planner("zeppelin", pool, flat, options).plan(lengths)
     assert any(wave.remap for wave in unpiped.waves) and any(wave.routed for wave in unpiped.waves)
