@@ -1,4 +1,5 @@
-"""A plan drawn as a Gantt chart of its ranks over time, as the timeline prices it."""
+"""A plan drawn as a Gantt chart of its ranks over time, as the timeline prices it: its passes,
+and after the waves what the step still runs (the gradient sync, the optimizer) as one band."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -48,6 +49,10 @@ def gantt(plans: Mapping[str, Plan], cost: CostModel, world_size: int, path: str
             if seg.comm > 0:
                 ax.broken_barh([(seg.begin + seg.compute, seg.comm)], (row, seg.degree), alpha=alpha,
                                facecolors=face, edgecolors="black", hatch="///", linewidth=0.2)
+        tail = metrics.step_time - metrics.waves_time
+        if tail > 0:  # after the waves: the gradient sync their backwards did not hide, the optimizer
+            ax.broken_barh([(metrics.waves_time, tail)], (0, stages * world_size), facecolors="whitesmoke",
+                           edgecolors="grey", hatch="..", linewidth=0.3)
         clock = 0.0
         for wave_time in metrics.wave_times[:-1]:
             clock += wave_time
@@ -68,7 +73,8 @@ def gantt(plans: Mapping[str, Plan], cost: CostModel, world_size: int, path: str
             nics = (f", busiest NIC {size}"
                     f"{f', {routed} of {len(plan.waves)} waves routed' if routed else ''}")
         bubble = f", bubble {metrics.bubble_fraction:.0%} over {stages} stages" if stages > 1 else ""
-        ax.set_title(f"{name}: step {metrics.step_time:.2f} s, idle {metrics.idle_fraction:.0%}{bubble}, "
+        after = f" ({tail:.2f} s sync + optimizer, dotted)" if tail > 0 else ""
+        ax.set_title(f"{name}: step {metrics.step_time:.2f} s{after}, idle {metrics.idle_fraction:.0%}{bubble}, "
                      f"{metrics.vs_lower_bound:.2f}x lower bound{nics}", fontsize=9, loc="left")
     axes[-1, 0].set_xlabel("seconds")
     used = sorted({d for p in plans.values() for d in p.degrees_used()})

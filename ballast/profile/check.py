@@ -167,7 +167,8 @@ def compare_plans(plans: list[Plan], cost: CostModel, per_rank: list[list[list[d
                     for name in STATISTICS}
         measured, act = composed[statistic], max(r["activation"] for ranks in rounds for r in ranks)
         step = STATISTICS[statistic](samples)
-        predicted = simulate(as_executed(plan), cost, cost.world_size).step_time
+        # The waves: what the rounds measure (the sync and optimizer after them are `overhead`).
+        predicted = simulate(as_executed(plan), cost, cost.world_size).waves_time
         predicted_act = predicted_activation(plan, cost)
         rows.append(dict(planner=plan.planner, sequences=len(plan.lengths), tokens=plan.tokens,
                          longest=max(plan.lengths), waves=len(plan.waves), degrees=plan.degrees_used(),
