@@ -80,7 +80,7 @@ def pipeline_cost(model="llama3-8b", cluster="h100-64", tp=1, pp=4):
 
 def test_planning_for_the_pipeline_beats_planning_without_it():
     # The same batches planned by ballast as if there were no pipeline, then run through it
-    # (ZeRO-1, the GPU presets' mode under PP): 14% and 36% slower than planned for it on two of
+    # (ZeRO-1, the GPU presets' mode under PP): 45% and 14% slower than planned for it on two of
     # three batches (fewer, longer micro-batches: a longer bubble); on the third the plain
     # search's layout is the faster through the pipeline too, and ballast, which also searches
     # as if there were none, keeps it.
