@@ -16,6 +16,7 @@ from .plan import Group, MicroBatch, Plan, Wave
 
 
 def wave_time(plan: Plan, wave: Wave, cost: CostModel) -> float:
+    """A wave's seconds: its slowest group's (under lockstep, slot by slot the slowest's)."""
     durations = [[sum(d) for d in group] for group in wave_passes(plan, wave, cost)]
     if plan.lockstep:
         depth = max((len(d) for d in durations), default=0)
