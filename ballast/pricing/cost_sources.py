@@ -173,9 +173,11 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
 
 
 def with_job_prices(cost: CostModel, shape: ModelShape, cluster: Cluster, mesh: JobMesh) -> CostModel:
-    """`cost` with its data-parallel prices (`CostModel.data_parallel`) and, under PP, its
-    pipeline's stages, each with its own (`CostModel.stages`)."""
+    """`cost` with its data-parallel prices (`CostModel.data_parallel`; FSDP2's first gathers, a
+    fixed cost of every micro-batch, in its g) and, under PP, its pipeline's stages, each with its
+    own (`CostModel.stages`)."""
     device = cost.device
-    cost = dataclasses.replace(cost, data_parallel=data_parallel_prices(
-        device.counts, device.sharding, device.bf16, mesh.pool, mesh.pool_cluster(cluster), cost.source))
+    prices = data_parallel_prices(device.counts, device.sharding, device.bf16, mesh.pool, mesh.pool_cluster(cluster),
+                                  cost.source)
+    cost = dataclasses.replace(cost, g=cost.g + prices.first_gathers, data_parallel=prices)
     return dataclasses.replace(cost, stages=stage_prices(cost, shape, cluster, mesh)) if mesh.pp > 1 else cost

@@ -20,8 +20,11 @@ memory bandwidth (`Cluster.memory_bandwidth`) and 32 bytes a parameter what Adam
 (Gf = v pb P / bw + (blocks + 1) l), a backward every block again and reduce-scatters every
 unit's gradients (Gb = v (pb (P - R) + 4 P) / bw + (2 blocks + 1) l), on a stream of their own
 while the pass computes (prefetched a unit ahead). Nothing hides the first gathers, the root's
-and the first block's (u = v pb (R + B) / bw + 2 l, B the largest block), so a pass of f seconds
-forward and b backward takes max(f + u, Gf) and max(b, Gb): a short pass waits for its gathers.
+and the first block's (u = v pb (R + B) / bw + 2 l, B the largest block): a fixed cost of every
+micro-batch, which `get_cost_model` adds to the cost model's g (`Cluster.micro_batch_overhead`
+counts parameter gathers there too), so planners and the bound see it. A pass of f seconds
+forward and b backward (u in f) then takes max(f, Gf) and max(b, Gb): a short pass waits for
+its gathers.
 
 **Overlap of the reduction.** Bucket k's collective starts once every rank of the pool has its
 gradients final and bucket k - 1 is done. A rank's gradients become final during its last
@@ -38,8 +41,9 @@ step their own optimizer: the step ends at max_k (F_k + O_k + Z_k).
 **Bound.** The rank that ends the waves at T must still reduce its last bucket, and the buckets
 run one after another: F >= max(T + S / K, S). So a step is at least max(LB + S / K, S) + O + Z
 over a lower bound LB of the waves, and under PP at least max(LB + min_k (S_k / K_k + O_k + Z_k),
-max_k (S_k + O_k + Z_k)) (the stage that ends last is not known). The passes' gathers only
-lengthen passes, so a bound of the waves without them holds with them.
+max_k (S_k + O_k + Z_k)) (the stage that ends last is not known). FSDP2's gathers only lengthen
+passes, so a bound of the waves without them holds with them, and the busiest rank's one pass at
+least lasts Gf + Gb.
 """
 from __future__ import annotations
 
@@ -76,7 +80,8 @@ class DataParallelPrices:
     backward_collectives: float = 0.0
     """Gb: FSDP2's gathers and reduce-scatters of one backward pass (0 unless FSDP)."""
     first_gathers: float = 0.0
-    """u: the gathers a pass waits for before it computes (0 unless FSDP)."""
+    """u: the gathers a pass waits for before it computes (0 unless FSDP): part of the cost
+    model's g, where `get_cost_model` puts it."""
 
     def __post_init__(self) -> None:
         assert self.buckets >= 0 and min(self.reduction, self.after_optimizer, self.optimizer, self.forward_gathers,
@@ -93,10 +98,9 @@ class DataParallelPrices:
         return self.optimizer + self.after_optimizer
 
     def passes(self, forward: float, backward: float) -> tuple[float, float]:
-        """A pass's seconds (forward, backward) with FSDP2's gathers around it (module docstring)."""
-        if not self.forward_gathers:
-            return forward, backward
-        return max(forward + self.first_gathers, self.forward_gathers), max(backward, self.backward_collectives)
+        """A pass's seconds (forward, backward; the first gathers in its g) with FSDP2's gathers
+        around it (module docstring)."""
+        return max(forward, self.forward_gathers), max(backward, self.backward_collectives)
 
     def reduction_end(self, last_backwards: Iterable[tuple[float, float] | None], waves_end: float) -> float:
         """F: when the reduction ends, given each pool rank's last backward as (end, seconds), None
@@ -111,8 +115,10 @@ class DataParallelPrices:
         return end
 
     def least_end(self, waves_bound: float) -> float:
-        """No step whose waves take at least `waves_bound` ends sooner (module docstring)."""
-        return max(waves_bound + self.last_bucket, self.reduction) + self.after_reduction
+        """No step whose waves take at least `waves_bound` (and one pass: its gathers) ends sooner
+        (module docstring)."""
+        waves = max(waves_bound, self.forward_gathers + self.backward_collectives)
+        return max(waves + self.last_bucket, self.reduction) + self.after_reduction
 
 
 NOTHING = DataParallelPrices()
