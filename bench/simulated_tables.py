@@ -75,7 +75,15 @@ def simulated_table(name: str, settings: dict[str, str] = SETTINGS) -> str:
     data = record(f"simulate-{name}")
     head = (f"**Setting {name}** ({settings[name]}; {data['steps']} steps, mean lower bound "
             f"{data['lower_bound_s']:.3f} s/step{commit_note(data)}):\n\n")
-    return head + "\n".join(planner_rows(data["planners"])) + carry_note(data)
+    return head + "\n".join(planner_rows(data["planners"])) + carry_note(data) + left_out_note(data)
+
+
+def left_out_note(data: dict) -> str:
+    """The planners a record left out, grouped by the reason it gives, or ''."""
+    reasons: dict[str, list[str]] = {}
+    for planner, why in data.get("left_out", {}).items():
+        reasons.setdefault(why, []).append(planner)
+    return "".join(f"\n\nLeft out: {', '.join(names)}: {why}." for why, names in reasons.items())
 
 
 def context_parallel_table(name: str) -> str:
