@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Sequence
 import highspy as core
 import numpy as np
 
+from .hard_stop import call_with_hard_stop
+
 from ..pricing.cost import CostModel
 from ..vocabulary.samples import Sample, tokens
 
@@ -260,7 +262,16 @@ def _seed(model: _Model, buckets: Buckets, cost: CostModel, recompute: float) ->
 
 def _highs(model: _Model, start: np.ndarray | None, time_limit: float,
            mip_rel_gap: float) -> tuple[np.ndarray | None, float, str]:
-    """Run HiGHS from `start`; (best point or None, dual bound, status).
+    """Run HiGHS from `start`; (best point or None, dual bound, status). In a child process
+    killed shortly past `time_limit` (`hard_stop.py`: HiGHS's presolve does not always check
+    it), whose overrun counts as a solve that found nothing ("killed")."""
+    finished, found = call_with_hard_stop(_run_highs, time_limit, model, start, time_limit, mip_rel_gap)
+    return found if finished else (None, np.nan, "killed")
+
+
+def _run_highs(model: _Model, start: np.ndarray | None, time_limit: float,
+               mip_rel_gap: float) -> tuple[np.ndarray | None, float, str]:
+    """`_highs` in this process.
 
     scipy.optimize.milp cannot take a starting point, so this talks to HiGHS's own Python
     bindings (`highspy`, a dependency).
