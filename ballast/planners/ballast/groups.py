@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from ...pricing.cost import CostModel
+from ...pricing.pipeline import stage_passes
 from ...plans.plan import Group, MicroBatch
 from ...vocabulary.samples import SampleBatch
 from ..packing import best_fit_decreasing
@@ -222,10 +223,18 @@ class GroupPacker:
         return self._bins[key]
 
     def mb_time(self, mb: MicroBatch, degree: int, cp: int) -> float:
+        """A micro-batch's seconds, with FSDP2's gathers where they outlast its passes
+        (`DataParallelPrices.passes`): under FSDP2 a count that makes short passes pays for it."""
         # Sums through map over lists: the packer times tens of thousands of micro-batches per
         # plan. A text sample's units are integers in float64, summed exactly below 2^53.
-        return self.cost.time_from_sums(sum(map(self.units.__getitem__, mb.seq_ids)),
-                                        sum(map(self.lengths.__getitem__, mb.seq_ids)), degree, mb.recompute, cp)
+        units = sum(map(self.units.__getitem__, mb.seq_ids))
+        tokens = sum(map(self.lengths.__getitem__, mb.seq_ids))
+        seconds = self.cost.time_from_sums(units, tokens, degree, mb.recompute, cp)
+        prices = self.cost.data_parallel
+        if not prices.forward_gathers:
+            return seconds
+        plain = self.cost.time_from_sums(units, tokens, degree, 0.0, cp) if mb.recompute else seconds
+        return sum(prices.passes(*stage_passes(seconds, plain, 1)))
 
     def mbs_time(self, mbs: list[MicroBatch], degree: int, cp: int) -> float:
         """A group's seconds for `mbs`: their sum, through the pipeline where there is one
