@@ -17,9 +17,9 @@ $(STAMP): pyproject.toml
 # 2 gloo ranks, the ballast planner, in the setting of demo.toml: chunks of at most 2048 tokens,
 # 8192 a step, 30 MB per rank standing in for a GPU's capacity. Steps of four full chunks run
 # as two degree-1 groups (1x1+1x1), every layer recomputed; a step with a short chunk
-# runs as one group of both ranks with context parallelism (1x2), half of every chunk on each
-# rank and three of four layers recomputed, or in two waves, two full chunks at degree 1 and then the
-# rest at 1x2. The log names each step's layout; the summary counts the steps of each.
+# runs in two waves, two full chunks at degree 1 and then the rest as one group of both ranks
+# with context parallelism (1x2), half of every chunk on each rank and three of four layers
+# recomputed. The log names each step's layout; the summary counts the steps of each.
 demo: $(STAMP)
 	rm -rf runs/demo
 	$(VENV)/bin/ballast train --config demo.toml --out-dir runs/demo
