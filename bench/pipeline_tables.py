@@ -1,4 +1,4 @@
-"""The pipeline settings' tables (`bench/pipelines.sh`: P1-P4, every planner on the same job mesh of
+"""The pipeline settings' tables (`bench/pipelines.sh`: P1-P3, every planner on the same job mesh of
 TP, PP and a pool), with the issue's simulated targets for them."""
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ PIPELINES = {
           "2M tokens/step",
     "P3": "wikipedia lengths (the raw file), h100-1024 as TP 8 x PP 4 x a pool of 32, Llama-3-70B (analytic), max-len 131072, "
           "4,096 sequences/step",
-    "P4": "wikipedia lengths (the raw file), h100-1024 as TP 8 x PP 2 x a pool of 64, Llama-3-405B's shape "
-          "(bench/data/llama3-405b.json, analytic), max-len 131072, 4,096 sequences/step",
 }
 RIVALS = ("megatron-dynamic-cp", "wlb-llm")
 """The planners the issue's targets say ballast must be ahead of at the same TP and PP."""
