@@ -181,7 +181,7 @@ def test_piped_output_has_whole_columns_and_no_solver_banner():
     assert "HiGHS" not in run.stdout + run.stderr
     header = next(line for line in run.stdout.splitlines() if "planner" in line)
     assert [cell.strip() for cell in header.strip("┃ ").split("┃")] == [
-        "planner", "step s", "tokens/s", "vs static", "idle", "x LB", "plan ms", "waves"]
+        "planner", "step s", "sync s", "optim s", "tokens/s", "vs static", "idle", "x LB", "plan ms", "waves"]
     assert {"flexsp", "megatron-dynamic-cp", "batch-adaptive"} <= set(re.findall(r"[a-z-]+", run.stdout))
 
 
