@@ -33,7 +33,9 @@ bound tight. For a makespan target T the planner builds a wave in four moves:
    sequences token-balanced, gives each micro-batch the least recompute level that fits
    (DCP-intra, per micro-batch), and keeps the fastest count; sequences do not split, so
    best-fit bins of what fits without recomputation, and of what fits with all of it (the
-   fewest micro-batches memory allows, which token balance can miss), are tried too.
+   fewest micro-batches memory allows, which token balance can miss), are tried too. Under
+   FSDP2 each micro-batch is priced with the gathers that outlast its passes
+   (`GroupPacker.mb_time`), so a count that makes short passes pays for them.
 
 **Splits.** A group of degree d runs attention as Ulysses over u ranks times context
 parallelism over c (d = u c, `layouts.Splits`; ballast may use any split the heads allow). Each
