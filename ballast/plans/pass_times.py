@@ -46,13 +46,20 @@ def mb_time(plan: Plan, mb: MicroBatch, group: Group, cost: CostModel, routed: b
 
 def with_gathers(prices: DataParallelPrices, compute: float, comm: float, plain: float | None = None
                   ) -> tuple[float, float]:
-    """(compute, comm) of a pass with FSDP2's gathers around it (`DataParallelPrices.passes`): what
-    they add is communication. `plain`: its seconds without recomputation (None: as they are)."""
-    if not prices.forward_gathers:
+    """(compute, comm) of a pass with FSDP2's gathers around it (`gathered_seconds`): what they
+    add is communication. `plain`: its seconds without recomputation (None: as they are)."""
+    if not prices.forward_gathers:  # as it is, to the last bit
         return compute, comm
     seconds = compute + comm
-    forward, backward = stage_passes(seconds, seconds if plain is None else plain, 1)
-    return compute, comm + sum(prices.passes(forward, backward)) - seconds
+    return compute, comm + gathered_seconds(prices, seconds, seconds if plain is None else plain) - seconds
+
+
+def gathered_seconds(prices: DataParallelPrices, seconds: float, plain: float) -> float:
+    """A micro-batch of `seconds` (`plain` without recomputation) with FSDP2's gathers around its
+    forward and backward (`DataParallelPrices.passes`); `seconds` where nothing gathers."""
+    if not prices.forward_gathers:
+        return seconds
+    return sum(prices.passes(*stage_passes(seconds, plain, 1)))
 
 
 def work_time(plan: Plan, mb: MicroBatch, group: Group, cost: CostModel, routed: bool) -> tuple[float, float]:

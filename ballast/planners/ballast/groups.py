@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from ...pricing.cost import CostModel
-from ...pricing.pipeline import stage_passes
+from ...plans.pass_times import gathered_seconds
 from ...plans.plan import Group, MicroBatch
 from ...vocabulary.samples import SampleBatch
 from ..packing import best_fit_decreasing
@@ -230,11 +230,10 @@ class GroupPacker:
         units = sum(map(self.units.__getitem__, mb.seq_ids))
         tokens = sum(map(self.lengths.__getitem__, mb.seq_ids))
         seconds = self.cost.time_from_sums(units, tokens, degree, mb.recompute, cp)
-        prices = self.cost.data_parallel
-        if not prices.forward_gathers:
+        if not self.cost.data_parallel.forward_gathers:
             return seconds
         plain = self.cost.time_from_sums(units, tokens, degree, 0.0, cp) if mb.recompute else seconds
-        return sum(prices.passes(*stage_passes(seconds, plain, 1)))
+        return gathered_seconds(self.cost.data_parallel, seconds, plain)
 
     def mbs_time(self, mbs: list[MicroBatch], degree: int, cp: int) -> float:
         """A group's seconds for `mbs`: their sum, through the pipeline where there is one
