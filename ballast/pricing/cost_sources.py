@@ -135,8 +135,9 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
     """`analytic`, `published`, `auto` (published where FlexSP measured it) or a profile JSON path,
     its memory priced for the sharding mode (None: `default_sharding` for the mesh's PP degree;
     FSDP2 under PP refused) and precision (`device_memory`), for a rank of the job's `mesh`
-    (None: the cluster's ranks one pool): its plans are over the pool's cluster (`JobMesh.pool_cluster`), and under TP the coefficients are
-    a TP rank's (`tensor_parallel.sharded`). Under PP its states are the fullest stage's
+    (None: the cluster's ranks one pool): its plans are over the pool's cluster
+    (`JobMesh.pool_cluster`), and under TP the coefficients are a TP rank's
+    (`tensor_parallel.sharded`). Under PP its states are the fullest stage's
     (`pipeline.planning_counts`), so a micro-batch that fits them with its whole activations
     fits every stage (`Plan.validate` checks each stage exactly).
 
