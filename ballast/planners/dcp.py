@@ -185,7 +185,8 @@ class DCPPlanner(Planner):
         units = bucket_units(buckets, inverse, batch)
         out = []
         # Pyramid recomputation profiles every level, the fixed setting only the run's.
-        levels = np.arange(self.cost.layers + 1) / self.cost.layers if intra else np.array([level])
+        blocks = self.cost.level_blocks
+        levels = np.arange(blocks + 1) / blocks if intra else np.array([level])
         for b, choice in enumerate(self.profile(buckets, units, target, levels)):
             ids = np.flatnonzero(inverse == b)
             ids = ids[np.argsort(-s[ids], kind="stable")]

@@ -159,15 +159,23 @@ class CostModel(CostCoefficients):
         # A relative margin: above ~1e7 tokens one ulp exceeds an absolute 1e-9 (exact fits lost).
         return int(free * degree / per_rank * (1 + 1e-12))
 
+    @property
+    def level_blocks(self) -> int:
+        """The blocks a recompute level counts in (levels are multiples of its inverse): the
+        model's, or under PP one stage's, since every stage recomputes the same share of its own
+        blocks (`runtime/pipeline`: a level of 3/4 on stages of 2 blocks would run 2 of 2)."""
+        return max(1, self.layers // self.stages.count) if self.stages is not None else self.layers
+
     def levels(self, need, degree: int, cp: int | None = None):
-        """The least recompute levels (multiples of 1/layers; above 1 where none fits) at which
-        micro-batches whose `activation_bytes` at level 0 are `need` (a float or an array, above
-        the free memory) fit: need (1 - c (1 - kept_share)) = free."""
+        """The least recompute levels (multiples of 1 / `level_blocks`; above 1 where none fits)
+        at which micro-batches whose `activation_bytes` at level 0 are `need` (a float or an array,
+        above the free memory) fit: need (1 - c (1 - kept_share)) = free."""
         c = (1.0 - (self.device_memory - self.states) / need) / (1.0 - self.kept_share(degree, cp))
-        return np.ceil(c * self.layers - LEVEL_EPS) / self.layers
+        return np.ceil(c * self.level_blocks - LEVEL_EPS) / self.level_blocks
 
     def min_recompute(self, tokens: int, degree: int, cp: int | None = None) -> float | None:
-        """The smallest recompute level (a multiple of 1/layers) at which `tokens` fit, or None."""
+        """The smallest recompute level (a multiple of 1 / `level_blocks`) at which `tokens` fit,
+        or None."""
         need = self.activation_bytes(tokens, degree, 0.0, cp)
         if need <= (self.device_memory - self.states) * (1 + LEVEL_EPS):
             return 0.0

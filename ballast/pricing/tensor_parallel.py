@@ -23,6 +23,7 @@ block keeps whole on every TP rank are priced whole.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from ..vocabulary.cluster import Cluster
 from ..vocabulary.job_mesh import JobMesh
@@ -63,29 +64,52 @@ def parameter_counts(shape: ModelShape, tp: int) -> ParameterCounts:
     return ParameterCounts(total=shape.layers * block + root, autocast=counts.autocast // tp, block=block, root=root)
 
 
-def all_reduce_seconds_per_token(shape: ModelShape, cluster: Cluster, tp: int) -> float:
+@dataclass(frozen=True)
+class TensorLink:
+    """What a TP group's all-reduce of hidden states costs: seconds = latency + `ring_bytes` /
+    bandwidth per call. A preset's (`of_cluster`) or measured by `ballast profile`
+    (`profile/tensor_link.py`)."""
+
+    bandwidth: float
+    """Bytes/s each rank moves in the ring."""
+    latency: float
+    """Seconds per call beyond its bytes."""
+    value_bytes: float
+    """Bytes per value of the all-reduced hidden state (the executor's precision)."""
+
+    @classmethod
+    def of_cluster(cls, cluster: Cluster, tp: int) -> TensorLink:
+        """The cluster's: its all-to-all bandwidth of degree t (the TP group's links inside a node)
+        and per-call latency, at its value size."""
+        return cls(cluster.bandwidth[tp], cluster.all_to_all_latency, cluster.value_bytes)
+
+
+def ring_bytes(tensor_bytes: float, tp: int) -> float:
+    """Bytes each rank of a ring all-reduce of `tp` ranks sends: 2 (t - 1) / t of the tensor."""
+    return 2 * (tp - 1) / tp * tensor_bytes
+
+
+def all_reduce_seconds_per_token(shape: ModelShape, link: TensorLink, tp: int) -> float:
     """Seconds per token of a micro-batch's TP all-reduces, forward and backward: each moves a
-    token's hidden state, 2 (t - 1) / t of it per rank in a ring, at the all-to-all bandwidth of
-    degree t (the TP group's links inside a node)."""
+    token's hidden state, `ring_bytes` of it per rank, over the TP group's `link`."""
     if tp == 1:
         return 0.0
     calls = ALL_REDUCES_PER_LAYER * shape.layers + ROOT_ALL_REDUCES
-    per_call = 2 * (tp - 1) / tp * shape.hidden * cluster.value_bytes / cluster.bandwidth[tp]
-    return calls * per_call
+    return calls * ring_bytes(shape.hidden * link.value_bytes, tp) / link.bandwidth
 
 
-def sharded(cost: CostModel, shape: ModelShape, cluster: Cluster, mesh: JobMesh) -> CostModel:
+def sharded(cost: CostModel, shape: ModelShape, link: TensorLink | None, mesh: JobMesh) -> CostModel:
     """`cost`, priced on the mesh's pool cluster with a TP shard's memory (`cost_sources`), as
-    a TP rank's coefficients (module docstring); `cluster` is the job's, whose bandwidth inside a
-    node carries the all-reduces."""
+    a TP rank's coefficients (module docstring), its all-reduces over `link` (None without TP)."""
     t = mesh.tp
     if t == 1:
         return dataclasses.replace(cost, mesh=mesh)
-    per_token = all_reduce_seconds_per_token(shape, cluster, t)
+    assert link is not None, "TP prices its all-reduces over a link"
+    per_token = all_reduce_seconds_per_token(shape, link, t)
     repeated = per_token * RECOMPUTED_ALL_REDUCES_PER_LAYER * shape.layers / (
         ALL_REDUCES_PER_LAYER * shape.layers + ROOT_ALL_REDUCES)
     b = cost.b / t + per_token
-    latency = cluster.all_to_all_latency
+    latency = link.latency
     return dataclasses.replace(
         cost, a=cost.a / t, b=b, recompute=(cost.recompute * cost.b / t + repeated) / b,
         recompute_attention=cost.recompute_attention,

@@ -43,15 +43,17 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from ..vocabulary.cluster import get_cluster
+from ..vocabulary.cluster import Cluster, get_cluster
 from ..pricing.cost import CostModel
 from ..pricing.cost_sources import get_cost_model
+from ..pricing.pipeline import stage_activation_bytes
 from ..dataset.length_stream import BatchSpec, LengthStream
 from ..dataset.lengths import LengthSource, get_length_source
 from .sources import check_source, default_source
 from ..models import build_model
 from ..plans.plan import Plan
 from ..planners import SHORT_SOLVES, get_planner, parse_planner_names
+from ..vocabulary.job_mesh import JobMesh
 from ..vocabulary.model_shape import ModelShape
 from ..command_line.output_paths import check_output_file
 from ..command_line.provenance import provenance
@@ -84,15 +86,21 @@ def as_executed(plan: Plan) -> Plan:
 
 
 def predicted_activation(plan: Plan, cost: CostModel) -> float:
-    """Peak bytes saved for backward per device over the plan's micro-batches."""
-    return max(cost.memory(plan.mb_lengths(mb), group.degree, mb.recompute) - cost.states
-               for _, group, mb in plan.micro_batches() if mb.seq_ids)
+    """Peak bytes one micro-batch saves for backward per device over the plan's micro-batches;
+    under PP on any stage (its share of the layers, the loss's on the last)."""
+    if cost.stages is None:
+        return max(cost.memory(plan.mb_lengths(mb), group.degree, mb.recompute) - cost.states
+                   for _, group, mb in plan.micro_batches() if mb.seq_ids)
+    p = cost.stages.count
+    return max(stage_activation_bytes(cost, plan.mb_samples(mb), group.degree, mb.recompute, group.cp, k, p)
+               for _, group, mb in plan.micro_batches() if mb.seq_ids for k in range(p))
 
 
 def make_plans(cost: CostModel, lengths: str | LengthSource, count: int, tokens_per_step: int, max_len: int,
-               planners: list[CheckedPlanner], seed: int) -> list[Plan]:
-    """`count` random batches, planned by `planners` in turn and validated against `cost`."""
-    cluster = get_cluster("cpu", world_size=cost.world_size, device_memory_gb=cost.device_memory / 1e9)
+               planners: list[CheckedPlanner], seed: int, pool: Cluster | None = None) -> list[Plan]:
+    """`count` random batches, planned by `planners` in turn over the `pool` a rank of `cost`
+    plans (None: the profile's ranks, one pool) and validated against `cost`."""
+    cluster = pool or get_cluster("cpu", world_size=cost.world_size, device_memory_gb=cost.device_memory / 1e9)
     source = get_length_source(lengths) if isinstance(lengths, str) else lengths
     stream = LengthStream(source, BatchSpec(tokens_per_step=tokens_per_step, max_len=max_len), seed)
     made = [get_planner(p.name, cluster, cost, dataclasses.replace(SHORT_SOLVES, max_len=max_len, seed=seed,
@@ -107,8 +115,10 @@ def make_plans(cost: CostModel, lengths: str | LengthSource, count: int, tokens_
 
 
 def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats: int, seed: int,
-                     progress: bool, precision: Precision = Precision.AUTO) -> list[list[dict]]:
-    """Run on every rank: per plan, one record per round (after `warmup` steps of plan 0)."""
+                     progress: bool, precision: Precision = Precision.AUTO, tp: int = 1, pp: int = 1
+                     ) -> list[list[dict]]:
+    """Run on every rank: per plan, one record per round (after `warmup` steps of plan 0), the
+    ranks a job mesh of TP degree `tp` and `pp` pipeline stages."""
     import torch.distributed as dist
 
     from ..runtime import parallelize
@@ -117,8 +127,9 @@ def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats:
 
     world, rank = dist.get_world_size(), dist.get_rank()
     model = build_model(shape, seed).to(rank_device())
-    executor = parallelize(model, get_cluster("cpu", world_size=world), measure_activations=True, precision=precision,
-                           lr=LEARNING_RATE)
+    cluster = get_cluster("cpu", world_size=world)
+    executor = parallelize(model, cluster, mesh=JobMesh.of(cluster, tp, pp, shape), measure_activations=True,
+                           precision=precision, lr=LEARNING_RATE)
     parsed = [Plan.from_dict(p) for p in plans]
     samples = [plan_samples(p, shape, seed + i) for i, p in enumerate(parsed)]
     for _ in range(warmup):
@@ -155,20 +166,25 @@ def beyond_noise(predicted: float, samples: Sequence[float], measured: float) ->
 
 
 def compare_plans(plans: list[Plan], cost: CostModel, per_rank: list[list[list[dict]]],
-                  statistic: str) -> list[dict]:
+                  statistic: str, pool_size: int | None = None) -> list[dict]:
     """Each plan's prediction next to its measurement: its micro-batches reduced over rounds by
-    `statistic` and composed into the step (`rounds.composed_step`), and the whole step as is
-    (the worst rank's waves of each round, `samples_s`, reduced by `statistic`)."""
+    `statistic` and composed into the step (`rounds.composed_step`; through a pipeline the step
+    as is), and the whole step as is (the worst rank's waves of each round, `samples_s`, reduced
+    by `statistic`). The plans are over `pool_size` ranks (None: the profile's)."""
+    pool_size = pool_size or cost.world_size
     rows = []
     for i, plan in enumerate(plans):
         rounds = list(zip(*(rank[i] for rank in per_rank)))
         samples = [max(r["waves"] for r in ranks) for ranks in rounds]
-        composed = {name: composed_step([[r["rank_waves"] for r in ranks] for ranks in rounds], name)
+        step = STATISTICS[statistic](samples)
+        # Through a pipeline the step is its schedule, bubble and waits included, which a sum of
+        # micro-batches composed per rank leaves out: there the measurement is the step as is.
+        composed = {name: STATISTICS[name](samples) if cost.stages is not None else
+                    composed_step([[r["rank_waves"] for r in ranks] for ranks in rounds], name)
                     for name in STATISTICS}
         measured, act = composed[statistic], max(r["activation"] for ranks in rounds for r in ranks)
-        step = STATISTICS[statistic](samples)
         # The waves: what the rounds measure (the sync and optimizer after them are `overhead`).
-        predicted = simulate(as_executed(plan), cost, cost.world_size).waves_time
+        predicted = simulate(as_executed(plan), cost, pool_size).waves_time
         predicted_act = predicted_activation(plan, cost)
         rows.append(dict(planner=plan.planner, sequences=len(plan.lengths), tokens=plan.tokens,
                          longest=max(plan.lengths), waves=len(plan.waves), degrees=plan.degrees_used(),
@@ -245,6 +261,21 @@ def plan_table(rows: list[dict]) -> Table:
     return table
 
 
+def check_mesh(args: argparse.Namespace, profiled: CostModel, shape: ModelShape
+               ) -> tuple[JobMesh, CostModel, Cluster]:
+    """The job mesh of `--tp` and `--pp` over the profile's ranks, the profile as a rank of it
+    prices plans, and the pool the plans are over: as it was fitted without them; under TP or
+    PP through `get_cost_model`, as simulate and train price it (a TP rank's coefficients from
+    the profile's measured TP link, the stages' states and boundary), with the device memory
+    the check runs with."""
+    cluster = get_cluster("cpu", world_size=profiled.world_size, device_memory_gb=profiled.device_memory / 1e9)
+    mesh = JobMesh.of(cluster, tp=args.tp, pp=args.pp, shape=shape)
+    if (mesh.tp, mesh.pp) == (1, 1):
+        return mesh, profiled, cluster
+    cost = get_cost_model(args.check, shape, cluster, profiled.device_memory / 1e9, mesh=mesh)
+    return mesh, cost, mesh.pool_cluster(cluster)
+
+
 def run_check(args: argparse.Namespace, world: int | None) -> int:
     """`ballast profile --check` on `world` ranks (None: the profile's), started here or the
     torchrun job's with this process its rank 0."""
@@ -270,10 +301,12 @@ def run_check(args: argparse.Namespace, world: int | None) -> int:
                          f"but --check runs plans on {describe_ranks(cost.world_size)} on the {device}: its "
                          f"predictions are for another device than the one the check would measure")
     statistic = fitted_statistic(cost)
+    world_size = cost.world_size
+    mesh, cost, pool = check_mesh(args, cost, shape)
     video = shape.pattern.clips
     lengths = args.lengths or default_source(shape)
     names = parse_planner_names(args.planners)
-    planners = checked_planners(names, shape, cost.world_size)
+    planners = checked_planners(names, shape, pool.world_size)
     repeats = args.repeats if args.repeats is not None else 3
     longest = max(cost.fit["settings"]["lengths"])
     max_len = args.max_len if args.max_len is not None else longest if video else DEFAULT_MAX_LEN
@@ -283,21 +316,23 @@ def run_check(args: argparse.Namespace, world: int | None) -> int:
         console.print(f"[yellow]--max-len {max_len} is longer than the profile's longest length {longest}: "
                       f"its predictions extrapolate[/yellow]")
     source = check_source(lengths, shape, max_len)
-    plans = make_plans(cost, source, args.plans, tokens_per_step, max_len, planners, args.seed)
-    references = reference_points(cost, shape)
+    plans = make_plans(cost, source, args.plans, tokens_per_step, max_len, planners, args.seed, pool)
+    # The profile's points run on its ranks as one pool: under a mesh they would need an executor
+    # of their own, so the machine's drift is measured on plain checks only.
+    references = reference_points(cost, shape) if mesh.pool == world_size else []
     console.print(f"check: {len(plans)} plans of {tokens_per_step} tokens from {source.name} (max {max_len}) "
-                  f"by {', '.join(p.label for p in planners)}; {cost.world_size} ranks, {repeats} rounds ({statistic}); "
+                  f"by {', '.join(p.label for p in planners)}; {world_size} ranks{_mesh_label(mesh)}, {repeats} rounds ({statistic}); "
                   f"{len(references)} of the profile's full-depth points again, for the machine's drift")
     start = time.perf_counter()
     with LoadMonitor() as load:
-        run = [p.to_dict() for p in plans] + [point_plan(m.point, cost.world_size).to_dict() for m in references]
-        per_rank = on_ranks(cost.world_size, execute_on_ranks, shape, run, 1, repeats, args.seed, True,
-                            args.precision, timeout=args.timeout)
+        run = [p.to_dict() for p in plans] + [point_plan(m.point, world_size).to_dict() for m in references]
+        per_rank = on_ranks(world_size, execute_on_ranks, shape, run, 1, repeats, args.seed, True,
+                            args.precision, mesh.tp, mesh.pp, timeout=args.timeout)
     seconds = time.perf_counter() - start
     drift = machine_drift(references, [[[records[len(plans) + i][r]["micro_batch_s"] for records in per_rank]
                                         for r in range(repeats)] for i in range(len(references))], statistic)
     per_rank = [records[:len(plans)] for records in per_rank]
-    rows = compare_plans(plans, cost, per_rank, statistic)
+    rows = compare_plans(plans, cost, per_rank, statistic, pool.world_size)
     summary, loads = summarise(rows), load.summary()
     console.print(plan_table(rows))
     t, a, whole = summary["time"], summary["act"], summary["time_step"]
@@ -325,16 +360,22 @@ def run_check(args: argparse.Namespace, world: int | None) -> int:
         if summary[key]["count"]:
             console.print(f"step time |error| of the {summary[key]['count']} plans {name}: median "
                           f"{summary[key]['median']:.1%}, p90 {summary[key]['p90']:.1%}, max {summary[key]['max']:.1%}")
-    scatter(rows, png, f"{shape.name}, {cost.world_size} ranks, {len(rows)} plans from {lengths} (max {max_len}): "
+    scatter(rows, png, f"{shape.name}, {world_size} ranks{_mesh_label(mesh)}, {len(rows)} plans from {lengths} (max {max_len}): "
                        f"step time |error| median {t['median']:.1%}, p90 {t['p90']:.1%} ({statistic} of {repeats})")
     console.print(f"wrote {png}")
     if args.json_out:
         setting = dict(profile=args.check, lengths=lengths, **(dict(source=source.name) if video else {}),
                        max_len=max_len, tokens_per_step=tokens_per_step,
-                       planners=[p.label for p in planners], plans=len(rows), repeats=repeats, statistic=statistic, seed=args.seed)
+                       planners=[p.label for p in planners], tp=mesh.tp, pp=mesh.pp, plans=len(rows), repeats=repeats, statistic=statistic, seed=args.seed)
         Path(args.json_out).write_text(json.dumps(dict(
             setting=setting, summary=summary, drift=drift, seconds=seconds, load_average=loads,
             core_share=statistics.median(r["core_share"] for r in rows),
-            machine=machine_info(cost.world_size, device, job_backend()), plans=rows, provenance=origin), indent=2))
+            machine=machine_info(world_size, device, job_backend()), plans=rows, provenance=origin), indent=2))
         console.print(f"wrote {args.json_out}")
     return 0
+
+
+def _mesh_label(mesh: JobMesh) -> str:
+    """", TP 2 x PP 2 (plans over a pool of 1)" under a mesh; "" without one."""
+    degrees = [f"{name} {d}" for name, d in (("TP", mesh.tp), ("PP", mesh.pp)) if d > 1]
+    return f" as {' x '.join(degrees)} (plans over a pool of {mesh.pool})" if degrees else ""

@@ -41,7 +41,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..pricing.cost import CostModel
-from ..command_line.options import DEVICE_MEMORY, MAX_LEN, MODEL, PRECISION, SEED, TIMEOUT, WORLD
+from ..command_line.options import DEVICE_MEMORY, MAX_LEN, MODEL, PP, PRECISION, SEED, TIMEOUT, TP, WORLD
 from ..vocabulary.value_checks import at_least, positive
 from ..vocabulary.precision import Precision
 from ..vocabulary.patterns import attention_pattern
@@ -104,6 +104,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     check.add_argument("--png", default=None, help="scatter of predicted vs measured (default: next to "
                        "the profile, -check.png)")
     check.add_argument("--json", dest="json_out", default=None, help="write the comparison here")
+    TP.add(check, 1, "plans over the profile's ranks as one pool; a TP check prices a TP rank from the profile's "
+                     "measured TP link")
+    PP.add(check, 1, "no pipeline; under --pp the plans run through the stages and the measurement is the step "
+                     "as is")
 
 
 def settings_from(args: argparse.Namespace, shape: ModelShape | None = None) -> Settings:
@@ -133,6 +137,9 @@ def run(args: argparse.Namespace) -> int:
 
     # Before any rank joins: a --world that torchrun's contradicts is one line per node.
     world = job_world(args.world, None if args.check else DEFAULT_WORLD)
+    if not args.check and (args.tp, args.pp) != (1, 1):
+        raise ValueError(f"--tp {args.tp} --pp {args.pp} are for --check: a profile measures whole layers on every "
+                         f"rank and the TP link of every degree its ranks allow")
     if args.check:
         from .check import run_check
         return in_job(lambda: run_check(args, world), args.timeout)

@@ -29,6 +29,7 @@ from .residuals import prediction_errors, time_and_act_errors
 from .grid import Measurement, Point, recompute_levels
 from .machine import LoadMonitor, machine_info
 from .noise import noise_exponent
+from .tensor_link import fit_tensor_link, tensor_degrees, time_all_reduces
 from .measure import combine, core_share, measure_on_ranks
 from .settings import Settings, held_out, is_video, plan_grid, sp_degrees
 
@@ -67,7 +68,7 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
     with LoadMonitor() as load:
         args = (shape, grid + unseen + checks, settings.warmup, settings.repeats, settings.seed, progress,
                 settings.precision)
-        per_rank = on_ranks(world_size, _measure_on_rank, *args, timeout=timeout)
+        per_rank = on_ranks(world_size, _measure_on_rank, tensor_degrees(shape, world_size), *args, timeout=timeout)
     measured = combine(grid + unseen + checks, per_rank, settings.statistic)
     fitted, unseen_measured, verified = (measured[:len(grid)], measured[len(grid):len(grid) + len(unseen)],
                                          measured[len(grid) + len(unseen):])
@@ -99,6 +100,8 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
         residuals=time_and_act_errors(points),
         extrapolation_error=time_and_act_errors(extrapolation), held_out=held, held_out_error=time_and_act_errors(held),
         residuals_by_kind=residuals_by_kind(points + extrapolation),
+        tensor_link={str(t): dataclasses.asdict(link) for t, link in fit_tensor_link(per_rank[0]["all_reduces"]).items()},
+        all_reduces=per_rank[0]["all_reduces"],
         max_tokens={d: {c / shape.layers: cost.max_tokens(d, c / shape.layers) for c in recompute_levels(shape.layers)}
                     for d in cost.degrees},
         measurements=[m.to_dict() for m in measured])
@@ -139,12 +142,19 @@ def measured_bytes_per_token_layer(measurements: Sequence[Measurement]) -> float
     return sum(m.comm_bytes for m in rows) / tokens if tokens else 0.0
 
 
-def _measure_on_rank(*args) -> dict:
-    """`measure_on_ranks`, and the device and backend this rank measured on (the profile records
-    what the ranks used, not what the machine has)."""
+def _measure_on_rank(tensor_degrees: list[int], *args) -> dict:
+    """`measure_on_ranks`, the TP all-reduces of these degrees timed in the dtype the executor's
+    precision (args' last) computes in (`tensor_link.time_all_reduces`), and the device and
+    backend this rank measured on (the profile records what the ranks used, not what the machine
+    has)."""
+    import torch
     import torch.distributed as dist
 
-    return dict(measure_on_ranks(*args), device=rank_device().type, backend=dist.get_backend())
+    measured = measure_on_ranks(*args)
+    shape, repeats, precision, device = args[0], args[3], args[-1], rank_device()
+    dtype = torch.bfloat16 if precision.autocast(device.type) else torch.float32
+    return dict(measured, all_reduces=time_all_reduces(shape, tensor_degrees, repeats, dtype), device=device.type,
+                backend=dist.get_backend())
 
 
 def _context_value_bytes(measurements: Sequence[Measurement], shape: ModelShape) -> float:

@@ -33,10 +33,11 @@ of its busy time (making shards of empty micro-batches, the loop around them).""
 
 
 def rank_waves(result: StepResult) -> list[RankWave]:
-    """This rank's waves of a step, as `composed_step` takes them."""
+    """This rank's waves of a step, as `composed_step` takes them (through a pipeline the step's
+    one timing, the schedule, holds every micro-batch: its waves are not barriers there)."""
     seconds: list[list[float]] = [[] for _ in result.waves]
     for mb in result.micro_batches:
-        seconds[mb.wave].append(mb.seconds)
+        seconds[mb.wave if len(result.waves) > 1 else 0].append(mb.seconds)
     return [(s, max(0.0, wave.busy - sum(s))) for s, wave in zip(seconds, result.waves)]
 
 

@@ -67,7 +67,9 @@ def test_ballast_is_near_the_best_one_wave_pipeline_plan(instance, p):
                                bandwidth={d: b for d, b in cost.bandwidth.items() if d <= 2})
     lengths = lengths[:4]
     assume(first_unfit(cost, lengths) is None)
-    cost = dataclasses.replace(cost, stages=StagePrices((cost.states,) * p, 64, 1e9, 0.0))
+    # p stages of the instance's blocks each: a pipeline cuts its layers evenly (`check_stages`),
+    # and its levels count in a stage's blocks (`CostModel.level_blocks`).
+    cost = dataclasses.replace(cost, layers=cost.layers * p, stages=StagePrices((cost.states,) * p, 64, 1e9, 0.0))
     plan = get_planner("ballast", cluster_for(cost), cost, PlannerOptions()).plan(lengths)
     assert plan.pp == 1 and step_time(plan, cost) <= 1.25 * pipeline_optimum(cost, lengths, cost)
 

@@ -70,7 +70,10 @@ def test_no_one_wave_pipeline_plan_beats_the_bound(instance, p, bandwidth, laten
         cost = dataclasses.replace(cost, world_size=min(cost.world_size, 2),
                                    bandwidth={d: b for d, b in cost.bandwidth.items() if d <= 2})
         lengths = lengths[:4]
-    cost = dataclasses.replace(cost, stages=StagePrices((cost.states,) * p, 64, bandwidth, latency))
+    # p stages of the instance's blocks each: a pipeline cuts its layers evenly (`check_stages`),
+    # and its levels count in a stage's blocks (`CostModel.level_blocks`).
+    cost = dataclasses.replace(cost, layers=cost.layers * p,
+                               stages=StagePrices((cost.states,) * p, 64, bandwidth, latency))
     # Every plan whose stages fit memory fits the relaxed model (`relaxed_memory`): a superset.
     best = pipeline_optimum(cost, lengths, relaxed_memory(cost))
     assert pipeline_lower_bound(cost, lengths) <= best * (1 + SLACK)

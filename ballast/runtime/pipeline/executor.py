@@ -14,7 +14,7 @@ pipeline), so micro-batches of different layouts are in flight at once.
 
 A slot's micro-batch has the same group, split and shard at every stage: stage k's rank of pool
 rank r receives exactly the rows its predecessor of pool rank r sends, and both know how many
-from the plan. Each stage recomputes `round(recompute * its blocks)` of its own blocks for a
+from the plan. Each stage recomputes `ceil(recompute * its blocks)` of its own blocks for a
 micro-batch at level `recompute`. The last stage scores its rows (loss / Plan.tokens, as the
 executor's) and starts backward; the others backpropagate the gradient of the rows they sent.
 
@@ -37,6 +37,7 @@ parameter lives on one stage, so each stage's sum is its parameters' whole gradi
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -170,7 +171,10 @@ class PipelineExecutor(Executor):
             received = (received if rows else torch.zeros(0, self.model.shape.hidden, dtype=self.links.dtype,
                                                           device=self.device)).requires_grad_()
         mb = slot.micro_batch
-        recompute_layers = round(mb.recompute * len(self.model.blocks()))
+        # At least the plan's share of this stage's blocks, so that it fits what the plan priced:
+        # exact for the levels of a pipeline's cost model (`CostModel.level_blocks`); the slack
+        # absorbs a level's float rounding (3 x (1/3) blocks is 1, not 2).
+        recompute_layers = math.ceil(mb.recompute * len(self.model.blocks()) - 1e-9)
         meter = ActivationMeter() if self.measure_activations else None
         autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
         with meter or contextlib.nullcontext(), autocast:
