@@ -81,3 +81,34 @@ def runs_text(runs: list[dict]) -> str:
             f"the profile's own rounds, median {each([r['held_out_median'] for r in runs])}. The check's targets "
             f"below are judged on the median over runs.")
 
+
+
+MESH_CHECKS = ("tp2", "pp2")
+"""`bench/mesh_check.sh`'s checks of the tiny GPT's fresh profile on its 2 ranks as a job mesh."""
+MESH_TARGETS = {"median": 0.03, "p90": 0.06}
+"""The tiny GPT's text targets (`profile_record.py`'s defaults), which the mesh checks are held to."""
+
+
+def mesh_check_table() -> str:
+    """`bench/mesh_check.sh`: the profile's check with TP and PP plans, against the text targets."""
+    rows = ["| mesh | plans | planners | step time median | p90 | max | activation median | max | targets |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    commits = set()
+    for name in MESH_CHECKS:
+        data = record(f"profile-tiny-mesh-check-{name}")
+        s, t, a = data["setting"], data["summary"]["time"], data["summary"]["act"]
+        commits.add(commit_note(data))
+        met = t["median"] <= MESH_TARGETS["median"] and t["p90"] <= MESH_TARGETS["p90"]
+        mesh = " x ".join(f"{k.upper()} {s[k]}" for k in ("tp", "pp") if s[k] > 1)
+        rows.append(f"| {mesh} (a pool of 1) | {s['plans']} | {len(s['planners'])} | {t['median']:.1%} | "
+                    f"{t['p90']:.1%} | {t['max']:.1%} | {a['median']:.1%} | {a['max']:.1%} | "
+                    f"{'met' if met else '**not met**'} |")
+    profile = record("profile-tiny-mesh")
+    terms = profile["fit"]["tensor_parallel"]["2"]
+    head = (f"The tiny GPT profiled afresh on 2 gloo ranks (`bench/mesh_check.sh`{''.join(sorted(commits))}; its TP "
+            f"terms of degree 2 measured: the all-reduce at {terms['bandwidth'] / 1e9:.2f} GB/s and "
+            f"{terms['latency'] * 1e3:.2f} ms a call, a TP rank's compute {terms['compute_factor']:.2f}x its "
+            f"shard's share), then checked with random plans run on the same ranks as "
+            f"the job mesh named, each against the text targets (median {MESH_TARGETS['median']:.0%}, 90th "
+            f"percentile {MESH_TARGETS['p90']:.0%}):\n\n")
+    return head + "\n".join(rows)

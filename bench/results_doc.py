@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling table mo
 from memory_tables import memory_table  # noqa: E402
 from pipeline_tables import PIPELINES, pipeline_table  # noqa: E402
 from measured_tables import convergence_text, hf_table, measured_table, peers_table, video_measured_table  # noqa: E402
-from profile_tables import profile_text  # noqa: E402
+from profile_tables import mesh_check_table, profile_text  # noqa: E402
 from simulated_tables import (CONTEXT_PARALLEL, ROUTING, SETTINGS, VIDEO, context_parallel_table,  # noqa: E402
                               headline_table, latency_table, optimum_gap_text, routing_table, simulated_table,
                               sweep_text, video_table)
@@ -39,7 +39,7 @@ TABLES: dict[str, Callable[[], str]] = {
     **{f"simulate-{n}": partial(pipeline_table, n) for n in PIPELINES},
     "headline": headline_table, "sweep": sweep_text, "optimum-gap": optimum_gap_text, "latency": latency_table,
     "measured": measured_table, "hf": hf_table, "peers": peers_table, "video-measured": video_measured_table,
-    "convergence": convergence_text, "memory": memory_table,
+    "convergence": convergence_text, "memory": memory_table, "profile-mesh": mesh_check_table,
     **{f"profile-{n}": partial(profile_text, n) for n in ("tiny", "hf-llama", "dit-tiny", "stdit-tiny", "wan-tiny")},
 }
 """Every table the template may place, by name."""

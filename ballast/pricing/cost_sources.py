@@ -13,7 +13,7 @@ from .cost import CostModel
 from .device_memory import DeviceMemory, ParameterCounts
 from .pipeline import planning_counts, stage_prices
 from .whole_step import data_parallel_prices
-from .tensor_parallel import TensorLink, activation_share, parameter_counts, sharded
+from .tensor_parallel import TensorTerms, activation_share, parameter_counts, sharded
 from ..vocabulary.job_mesh import JobMesh
 from ..vocabulary.model_shape import ModelShape
 from .coefficients import KEPT_UNDER_RECOMPUTE
@@ -156,8 +156,8 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
         pool = mesh.pool_cluster(cluster)
         memory = device_memory(shape, pool, sharding, precision, planning_counts(shape, mesh), mesh.tp)
         cost = (analytic_cost if spec == "analytic" else published_cost)(shape, pool, memory, mesh.tp)
-        link = TensorLink.of_cluster(cluster, mesh.tp) if mesh.tp > 1 else None
-        return with_job_prices(sharded(cost, shape, link, mesh), shape, cluster, mesh)
+        terms = TensorTerms.of_cluster(cluster, mesh.tp) if mesh.tp > 1 else None
+        return with_job_prices(sharded(cost, shape, terms, mesh), shape, cluster, mesh)
     cost = CostModel.load(spec)
     if cost.model != shape.name:
         raise ValueError(f"cost model {spec} describes model {cost.model!r}, not {shape.name!r} "
@@ -167,28 +167,28 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
                          f"the cluster has {cluster.world_size}")
     # Plans are over the mesh's pool, as the analytic coefficients' are (the profile's ranks
     # themselves without TP or PP); under TP a rank keeps its shard's states and share of the
-    # activations, and its coefficients are sharded over the profile's measured TP link.
-    link = profiled_tensor_link(cost, spec, mesh.tp)
+    # activations, and its coefficients are sharded by the profile's measured TP terms.
+    terms = profiled_tensor_terms(cost, spec, mesh.tp)
     pool = mesh.pool_cluster(cluster)
     memory = device_memory(shape, pool, sharding, precision, planning_counts(shape, mesh), mesh.tp)
     cost = dataclasses.replace(cost, world_size=pool.world_size, network=pool,
                                **with_device_memory(memory, *tensor_parallel_activations(*activations_alone(cost),
                                                                                          mesh.tp)),
                                **({} if device_memory_gb is None else dict(device_memory=device_memory_gb * 1e9)))
-    return with_job_prices(sharded(cost, shape, link, mesh), shape, cluster, mesh)
+    return with_job_prices(sharded(cost, shape, terms, mesh), shape, cluster, mesh)
 
 
-def profiled_tensor_link(cost: CostModel, spec: str, tp: int) -> TensorLink | None:
-    """The TP link of degree `tp` that profile `spec` measured (`profile/tensor_link.py`); None
-    without TP. ValueError where the profile measured none of that degree."""
+def profiled_tensor_terms(cost: CostModel, spec: str, tp: int) -> TensorTerms | None:
+    """The TP terms of degree `tp` that profile `spec` measured (`profile/tensor_terms.py`);
+    None without TP. ValueError where the profile measured none of that degree."""
     if tp == 1:
         return None
-    links = cost.fit.get("tensor_link", {})
-    if str(tp) not in links:
-        measured = ", ".join(sorted(links, key=int)) or "none"
-        raise ValueError(f"cost model {spec} measured no TP link of degree {tp} (it has: {measured}): profile on "
+    measured = cost.fit.get("tensor_parallel", {})
+    if str(tp) not in measured:
+        degrees = ", ".join(sorted(measured, key=int)) or "none"
+        raise ValueError(f"cost model {spec} measured no TP terms of degree {tp} (it has: {degrees}): profile on "
                          f"at least {tp} ranks with this version of ballast, or price TP from --cost analytic")
-    return TensorLink(**links[str(tp)])
+    return TensorTerms(**measured[str(tp)])
 
 
 def with_job_prices(cost: CostModel, shape: ModelShape, cluster: Cluster, mesh: JobMesh) -> CostModel:

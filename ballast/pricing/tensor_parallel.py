@@ -3,15 +3,17 @@ device of every pool rank's TP group of t), and the group's own all-reduces join
 and fixed terms. The cost model's formulas stay as they are (docs/design.md, section 4): a plan
 over the pool is priced by the same `CostModel`, whose coefficients this module shards.
 
-    a, b          / t: a rank computes its heads' attention and its shard of every matmul
-                  (the output layer's vocabulary too)
+    a, b          x phi / t: a rank computes its heads' attention and its shard of every
+                  matmul (the output layer's vocabulary too); phi (`TensorTerms.compute_factor`)
+                  1 for the presets, measured by a profile
     b             + the TP all-reduces' seconds per token (4 per block: forward after the
                   output and down projections, backward before q, k, v and before the MLP; 2 for
-                  the embedding and the output layer), ring all-reduces of the hidden state at
-                  the TP degree's bandwidth inside a node (`all_reduce_seconds_per_token`)
+                  the embedding and the output layer), ring all-reduces of the hidden state over
+                  the TP link (`TensorTerms`: the degree's bandwidth inside a node, or measured;
+                  `all_reduce_seconds_per_token`)
     r             a recomputed block repeats its 2 forward all-reduces, half of its 4: r is
                   re-weighted so b r prices the matmuls' r and the all-reduces' 1/2
-    g, g_r        + the all-reduces' calls at the cluster's collective latency (g_r: the 2
+    g, g_r        + the all-reduces' calls at the link's latency (g_r: the 2
                   repeated per recomputed block)
     heads, kv, all-to-all bytes   / t: Ulysses and CP move a rank's heads only
     memory        parameters per TP shard (`parameter_counts`); activations 5 + 12 / t values
@@ -65,10 +67,11 @@ def parameter_counts(shape: ModelShape, tp: int) -> ParameterCounts:
 
 
 @dataclass(frozen=True)
-class TensorLink:
-    """What a TP group's all-reduce of hidden states costs: seconds = latency + `ring_bytes` /
-    bandwidth per call. A preset's (`of_cluster`) or measured by `ballast profile`
-    (`profile/tensor_link.py`)."""
+class TensorTerms:
+    """What a TP rank of degree t pays besides its whole-layer coefficients: each all-reduce of
+    hidden states, seconds = latency + `ring_bytes` / bandwidth per call, and its compute over
+    1 / t of the whole layers'. A preset's (`of_cluster`) or measured by `ballast profile`
+    (`profile/tensor_terms.py`)."""
 
     bandwidth: float
     """Bytes/s each rank moves in the ring."""
@@ -76,11 +79,16 @@ class TensorLink:
     """Seconds per call beyond its bytes."""
     value_bytes: float
     """Bytes per value of the all-reduced hidden state (the executor's precision)."""
+    compute_factor: float = 1.0
+    """A TP rank's compute (a, b) over its shard's share a / t, b / t: 1 where every per-token
+    cost splits with the matmuls (FLOPs, the presets); above 1 where some does not (norms,
+    residual adds and element-wise work on the whole hidden state, smaller matmuls running
+    less efficiently), as a profile measures it."""
 
     @classmethod
-    def of_cluster(cls, cluster: Cluster, tp: int) -> TensorLink:
+    def of_cluster(cls, cluster: Cluster, tp: int) -> TensorTerms:
         """The cluster's: its all-to-all bandwidth of degree t (the TP group's links inside a node)
-        and per-call latency, at its value size."""
+        and per-call latency, at its value size; compute split exactly."""
         return cls(cluster.bandwidth[tp], cluster.all_to_all_latency, cluster.value_bytes)
 
 
@@ -89,29 +97,32 @@ def ring_bytes(tensor_bytes: float, tp: int) -> float:
     return 2 * (tp - 1) / tp * tensor_bytes
 
 
-def all_reduce_seconds_per_token(shape: ModelShape, link: TensorLink, tp: int) -> float:
+def all_reduce_seconds_per_token(shape: ModelShape, terms: TensorTerms, tp: int) -> float:
     """Seconds per token of a micro-batch's TP all-reduces, forward and backward: each moves a
-    token's hidden state, `ring_bytes` of it per rank, over the TP group's `link`."""
+    token's hidden state, `ring_bytes` of it per rank, over the TP group's link (`terms`)."""
     if tp == 1:
         return 0.0
     calls = ALL_REDUCES_PER_LAYER * shape.layers + ROOT_ALL_REDUCES
-    return calls * ring_bytes(shape.hidden * link.value_bytes, tp) / link.bandwidth
+    return calls * ring_bytes(shape.hidden * terms.value_bytes, tp) / terms.bandwidth
 
 
-def sharded(cost: CostModel, shape: ModelShape, link: TensorLink | None, mesh: JobMesh) -> CostModel:
+def sharded(cost: CostModel, shape: ModelShape, terms: TensorTerms | None, mesh: JobMesh) -> CostModel:
     """`cost`, priced on the mesh's pool cluster with a TP shard's memory (`cost_sources`), as
-    a TP rank's coefficients (module docstring), its all-reduces over `link` (None without TP)."""
+    a TP rank's coefficients (module docstring) under `terms` (None without TP)."""
     t = mesh.tp
     if t == 1:
         return dataclasses.replace(cost, mesh=mesh)
-    assert link is not None, "TP prices its all-reduces over a link"
-    per_token = all_reduce_seconds_per_token(shape, link, t)
+    assert terms is not None, "TP prices its all-reduces and compute share from its terms"
+    per_token = all_reduce_seconds_per_token(shape, terms, t)
     repeated = per_token * RECOMPUTED_ALL_REDUCES_PER_LAYER * shape.layers / (
         ALL_REDUCES_PER_LAYER * shape.layers + ROOT_ALL_REDUCES)
-    b = cost.b / t + per_token
-    latency = link.latency
+    # Multiplied by the factor before dividing by t: at a factor of 1 the presets' prices are
+    # those of a / t and b / t to the last bit.
+    phi = terms.compute_factor
+    b = cost.b * phi / t + per_token
+    latency = terms.latency
     return dataclasses.replace(
-        cost, a=cost.a / t, b=b, recompute=(cost.recompute * cost.b / t + repeated) / b,
+        cost, a=cost.a * phi / t, b=b, recompute=(cost.recompute * cost.b * phi / t + repeated) / b,
         recompute_attention=cost.recompute_attention,
         g=cost.g + (ALL_REDUCES_PER_LAYER * shape.layers + ROOT_ALL_REDUCES) * latency,
         recompute_fixed=cost.recompute_fixed + RECOMPUTED_ALL_REDUCES_PER_LAYER * shape.layers * latency,

@@ -29,8 +29,8 @@ from .residuals import prediction_errors, time_and_act_errors
 from .grid import Measurement, Point, recompute_levels
 from .machine import LoadMonitor, machine_info
 from .noise import noise_exponent
-from .tensor_link import fit_tensor_link, tensor_degrees, time_all_reduces
-from .measure import combine, core_share, measure_on_ranks
+from .tensor_terms import fit_tensor_terms, measure_tensor_points, tensor_degrees, tensor_points, time_all_reduces
+from .measure import STATISTICS, combine, core_share, measure_on_ranks
 from .settings import Settings, held_out, is_video, plan_grid, sp_degrees
 
 
@@ -68,7 +68,8 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
     with LoadMonitor() as load:
         args = (shape, grid + unseen + checks, settings.warmup, settings.repeats, settings.seed, progress,
                 settings.precision)
-        per_rank = on_ranks(world_size, _measure_on_rank, tensor_degrees(shape, world_size), *args, timeout=timeout)
+        tensor = (tensor_degrees(shape, world_size), tensor_points(shape, settings.lengths))
+        per_rank = on_ranks(world_size, _measure_on_rank, tensor, *args, timeout=timeout)
     measured = combine(grid + unseen + checks, per_rank, settings.statistic)
     fitted, unseen_measured, verified = (measured[:len(grid)], measured[len(grid):len(grid) + len(unseen)],
                                          measured[len(grid) + len(unseen):])
@@ -86,6 +87,7 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
     at = {d: _cost(coefficients, shape, d, world_size, device_memory)
           for d in {shape.layers, *(m.point.layers for m in measured)}}
     cost, points, extrapolation = at[shape.layers], prediction_errors(fitted, at), prediction_errors(verified, at)
+    tensor_seconds = tensor_point_seconds(per_rank, settings.statistic)
     held = prediction_errors(unseen_measured, at)
     report = dict(
         profiler="ballast profile", seconds=time.perf_counter() - start, load_average=load.summary(),
@@ -100,8 +102,10 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
         residuals=time_and_act_errors(points),
         extrapolation_error=time_and_act_errors(extrapolation), held_out=held, held_out_error=time_and_act_errors(held),
         residuals_by_kind=residuals_by_kind(points + extrapolation),
-        tensor_link={str(t): dataclasses.asdict(link) for t, link in fit_tensor_link(per_rank[0]["all_reduces"]).items()},
-        all_reduces=per_rank[0]["all_reduces"],
+        tensor_parallel={str(t): dataclasses.asdict(terms) for t, terms in fit_tensor_terms(
+            per_rank[0]["all_reduces"], tensor[1], tensor_seconds, cost, shape).items()},
+        all_reduces=per_rank[0]["all_reduces"], tensor_points=[dict(point=p.label(), **{
+            str(t): seconds[i] for t, seconds in tensor_seconds.items()}) for i, p in enumerate(tensor[1])],
         max_tokens={d: {c / shape.layers: cost.max_tokens(d, c / shape.layers) for c in recompute_levels(shape.layers)}
                     for d in cost.degrees},
         measurements=[m.to_dict() for m in measured])
@@ -142,19 +146,30 @@ def measured_bytes_per_token_layer(measurements: Sequence[Measurement]) -> float
     return sum(m.comm_bytes for m in rows) / tokens if tokens else 0.0
 
 
-def _measure_on_rank(tensor_degrees: list[int], *args) -> dict:
-    """`measure_on_ranks`, the TP all-reduces of these degrees timed in the dtype the executor's
-    precision (args' last) computes in (`tensor_link.time_all_reduces`), and the device and
-    backend this rank measured on (the profile records what the ranks used, not what the machine
-    has)."""
+def _measure_on_rank(tensor: tuple[list[int], list[Point]], *args) -> dict:
+    """`measure_on_ranks`; the TP terms of `tensor`'s degrees: all-reduces timed in the dtype
+    the executor's precision (args' last) computes in and `tensor`'s points on the TP-split model
+    (`tensor_terms.py`); and the device and backend this rank measured on (the profile records
+    what the ranks used, not what the machine has)."""
     import torch
     import torch.distributed as dist
 
     measured = measure_on_ranks(*args)
-    shape, repeats, precision, device = args[0], args[3], args[-1], rank_device()
+    shape, _, warmup, repeats, seed, _, precision = args
+    device = rank_device()
     dtype = torch.bfloat16 if precision.autocast(device.type) else torch.float32
-    return dict(measured, all_reduces=time_all_reduces(shape, tensor_degrees, repeats, dtype), device=device.type,
-                backend=dist.get_backend())
+    degrees, points = tensor
+    return dict(measured, all_reduces=time_all_reduces(shape, degrees, repeats, dtype),
+                tensor_points=measure_tensor_points(shape, points, degrees, warmup, repeats, seed, precision),
+                device=device.type, backend=dist.get_backend())
+
+
+def tensor_point_seconds(per_rank: Sequence[dict], statistic: str) -> dict[int, list[float]]:
+    """Each TP degree's point seconds: per round the slowest rank's (`measure.slowest_rank`, as
+    the grid's points), reduced over rounds by the profile's statistic."""
+    reduce, degrees = STATISTICS[statistic], per_rank[0]["tensor_points"]
+    return {t: [reduce([max(rank["tensor_points"][t][i][r] for rank in per_rank) for r in range(len(rounds))])
+                for i, rounds in enumerate(degrees[t])] for t in degrees}
 
 
 def _context_value_bytes(measurements: Sequence[Measurement], shape: ModelShape) -> float:

@@ -74,10 +74,10 @@ def test_planners_stamp_the_mesh_and_validation_refuses_another():
     assert get_planner("ballast", cluster, whole).plan([300, 40]).tp == 1
 
 
-def test_a_profile_prices_tp_only_from_a_link_it_measured(tmp_path):
+def test_a_profile_prices_tp_only_from_terms_it_measured(tmp_path):
     cluster, mesh, whole, _ = costs()
-    whole.save(tmp_path / "profile.json")  # no `ballast profile` report: no measured TP link
-    with pytest.raises(ValueError, match="measured no TP link of degree 2"):
+    whole.save(tmp_path / "profile.json")  # no `ballast profile` report: no measured TP terms
+    with pytest.raises(ValueError, match="measured no TP terms of degree 2"):
         get_cost_model(str(tmp_path / "profile.json"), TINY, cluster, mesh=mesh)
 
 

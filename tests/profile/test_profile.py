@@ -27,6 +27,7 @@ from ballast.profile.columns import TimeColumns
 from ballast.profile.fit import fit
 from ballast.profile.exchange import check_exchanged_values, expected_values
 from ballast.profile.measure import combine
+from ballast.profile.tensor_terms import TOKENS
 from ballast.profile.residuals import prediction_errors as compare
 from ballast.profile.grid import (Measurement, Point, build_context_grid, build_grid, remap_points, tiny_documents,
                                   verification_points)
@@ -322,6 +323,20 @@ def test_tiny_real_profile_and_check_on_two_ranks(tmp_path):
     assert [p["point"] for p in report["drift"]["points"]] == [loaded.fit["extrapolation"][0]["point"]]
     assert report["drift"]["points"][0]["check_s"] > 0 and report["drift"]["ratio"] > 0
     assert png.stat().st_size > 0
+    # The TP terms of degree 2 were measured on both ranks and fitted; the check runs plans on the
+    # mesh's pool under TP (a TP rank priced over that link) and through a pipeline.
+    terms = loaded.fit["tensor_parallel"]["2"]
+    assert terms["bandwidth"] > 0 and terms["latency"] >= 0 and terms["value_bytes"] == 4
+    assert terms["compute_factor"] > 0 and len(loaded.fit["tensor_points"]) == 4
+    assert {row["tokens"] for row in loaded.fit["all_reduces"]} == set(TOKENS)
+    for tp, pp in ((2, 1), (1, 2)):
+        assert main(["profile", "--check", str(path), "--tp", str(tp), "--pp", str(pp), "--plans", "2", "--repeats",
+                     "1", "--max-len", "128", "--tokens-per-step", "256", "--planners", "static,ballast", "--json",
+                     str(out), "--png", str(png)]) == 0
+        report = json.loads(out.read_text())
+        assert (report["setting"]["tp"], report["setting"]["pp"]) == (tp, pp)
+        assert report["summary"]["time"]["count"] == 2 and report["drift"] is None
+        assert all(p["degrees"] == [1] and p["measured_s"] > 0 and p["predicted_s"] > 0 for p in report["plans"])
 
 
 TRUE_CP = dataclasses.replace(TRUE, context_attention=1.3, context_latency_layer={2: 2e-3, 4: 4e-3},
