@@ -19,7 +19,8 @@ from ballast.planners import PLANNERS, PlannerOptions, get_planner
 from ballast.profile.profiler import (all_to_all_value_bytes, check_states_fit, profile, shape_bytes_per_token_layer,
                                      state_bytes)
 from ballast.profile.settings import Settings, default_lengths, held_out, plan_grid
-from ballast.profile.check import beyond_noise, make_plans, summarise
+from ballast.profile.check import make_plans
+from ballast.profile.comparison import beyond_noise, summarise
 from ballast.profile.context import (CheckedPlanner, checked_planners, context_bytes_per_token_layer, context_splits,
                                      splits_used)
 from ballast.profile.coefficients import Coefficients
