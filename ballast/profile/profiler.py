@@ -68,7 +68,7 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
     with LoadMonitor() as load:
         args = (shape, grid + unseen + checks, settings.warmup, settings.repeats, settings.seed, progress,
                 settings.precision)
-        tensor = (tensor_degrees(shape, world_size), tensor_points(shape, settings.lengths))
+        tensor = (tensor_degrees(shape, world_size), tensor_points(shape, settings.lengths, settings.depths))
         per_rank = on_ranks(world_size, _measure_on_rank, tensor, *args, timeout=timeout)
     measured = combine(grid + unseen + checks, per_rank, settings.statistic)
     fitted, unseen_measured, verified = (measured[:len(grid)], measured[len(grid):len(grid) + len(unseen)],
@@ -86,8 +86,8 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
     coefficients = fit(fitted, exchanged, shape.attention, gathered)
     at = {d: _cost(coefficients, shape, d, world_size, device_memory)
           for d in {shape.layers, *(m.point.layers for m in measured)}}
+    tensor_seconds = tensor_point_seconds(per_rank, settings.statistic)  # at the grid's depths, which `at` prices
     cost, points, extrapolation = at[shape.layers], prediction_errors(fitted, at), prediction_errors(verified, at)
-    tensor_seconds = tensor_point_seconds(per_rank, settings.statistic)
     held = prediction_errors(unseen_measured, at)
     report = dict(
         profiler="ballast profile", seconds=time.perf_counter() - start, load_average=load.summary(),
@@ -103,9 +103,10 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
         extrapolation_error=time_and_act_errors(extrapolation), held_out=held, held_out_error=time_and_act_errors(held),
         residuals_by_kind=residuals_by_kind(points + extrapolation),
         tensor_parallel={str(t): dataclasses.asdict(terms) for t, terms in fit_tensor_terms(
-            per_rank[0]["all_reduces"], tensor[1], tensor_seconds, cost, shape).items()},
+            per_rank[0]["all_reduces"], tensor[1], tensor_seconds, at, shape).items()},
         all_reduces=per_rank[0]["all_reduces"], tensor_points=[dict(point=p.label(), **{
-            str(t): seconds[i] for t, seconds in tensor_seconds.items()}) for i, p in enumerate(tensor[1])],
+            f"{layout}{t}": seconds[layout][i] for t, seconds in tensor_seconds.items() for layout in seconds})
+            for i, p in enumerate(tensor[1])],
         max_tokens={d: {c / shape.layers: cost.max_tokens(d, c / shape.layers) for c in recompute_levels(shape.layers)}
                     for d in cost.degrees},
         measurements=[m.to_dict() for m in measured])
@@ -164,12 +165,14 @@ def _measure_on_rank(tensor: tuple[list[int], list[Point]], *args) -> dict:
                 device=device.type, backend=dist.get_backend())
 
 
-def tensor_point_seconds(per_rank: Sequence[dict], statistic: str) -> dict[int, list[float]]:
-    """Each TP degree's point seconds: per round the slowest rank's (`measure.slowest_rank`, as
-    the grid's points), reduced over rounds by the profile's statistic."""
+def tensor_point_seconds(per_rank: Sequence[dict], statistic: str) -> dict[int, dict[str, list[float]]]:
+    """Each TP degree's point seconds in each layout ("tp", "whole"): per round the slowest
+    rank's (`measure.slowest_rank`, as the grid's points), reduced over rounds by the profile's
+    statistic."""
     reduce, degrees = STATISTICS[statistic], per_rank[0]["tensor_points"]
-    return {t: [reduce([max(rank["tensor_points"][t][i][r] for rank in per_rank) for r in range(len(rounds))])
-                for i, rounds in enumerate(degrees[t])] for t in degrees}
+    return {t: {layout: [reduce([max(rank["tensor_points"][t][layout][i][r] for rank in per_rank)
+                                 for r in range(len(rounds))]) for i, rounds in enumerate(points)]
+                for layout, points in degrees[t].items()} for t in degrees}
 
 
 def _context_value_bytes(measurements: Sequence[Measurement], shape: ModelShape) -> float:

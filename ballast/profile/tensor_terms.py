@@ -12,12 +12,16 @@ and the model allow (`tensor_degrees`):
   counts, alone (`time_all_reduces`), fitted per degree as seconds per call = latency +
   2 (t - 1) / t x bytes / bandwidth (a ring's bytes per rank; the all-to-alls' least squares,
   `fit._link`);
-- **the compute share**: a few full-depth micro-batches run on the TP-split model
-  (`tensor_points`, `measure_tensor_points`), whose seconds fit one factor phi over the
-  sharded prediction's compute, a and b times phi / t (`fit_compute_factor`): a shard does not
-  split the norms, residual adds and element-wise work on the whole hidden state, and its
-  smaller matmuls run less efficiently. On the tiny GPT on 2 gloo ranks phi = 1 left every TP
-  plan of the check 12% under-predicted.
+- **the compute share**: the grid's two longest sequences at its reduced depths, with no block
+  and every block recomputed (`tensor_points`), run in every round on the TP-split model and on
+  the whole model one after the other (`measure_tensor_points`), fit one factor phi, a TP rank's
+  compute over its shard's share of the whole model's as measured beside it (a and b times
+  phi / t, `fit_compute_factor`): a shard does not split the norms, residual adds and
+  element-wise work on the whole hidden state, and its smaller matmuls run less efficiently. On
+  the tiny GPT on 2 gloo ranks phi = 1 left every TP plan of the check 12% under-predicted; a
+  phi fitted against the grid's prediction instead of a measurement beside it moved with the
+  machine's drift between the grid and the TP points (1.18 and 1.26 in two profiles, the check
+  +-10%). Reduced depths, as the grid's: a model TP is for may not fit one device whole.
 """
 from __future__ import annotations
 
@@ -51,11 +55,12 @@ def tensor_degrees(shape: ModelShape, world_size: int) -> list[int]:
             all(value % t == 0 for value in (shape.heads, shape.kv_heads, shape.ffn, shape.vocab))]
 
 
-def tensor_points(shape: ModelShape, lengths: Sequence[int]) -> list[Point]:
-    """The full-depth micro-batches a TP rank is measured on: the grid's two longest sequences,
-    with no block and every block recomputed (the recomputed forward's all-reduces and compute)."""
+def tensor_points(shape: ModelShape, lengths: Sequence[int], depths: Sequence[int]) -> list[Point]:
+    """The micro-batches a TP rank is measured on: the grid's two longest sequences at each of its
+    depths, with no block and every block recomputed (the recomputed forward's all-reduces and
+    compute)."""
     longest = sorted(set(lengths))[-2:]
-    return [Point(shape.layers, (n,), 1, k) for n in longest for k in (0, shape.layers)]
+    return [Point(depth, (n,), 1, k) for depth in sorted(set(depths)) for n in longest for k in (0, depth)]
 
 
 def time_all_reduces(shape: ModelShape, degrees: Sequence[int], repeats: int, dtype) -> list[dict]:
@@ -92,10 +97,11 @@ def time_all_reduces(shape: ModelShape, degrees: Sequence[int], repeats: int, dt
 
 
 def measure_tensor_points(shape: ModelShape, points: Sequence[Point], degrees: Sequence[int], warmup: int,
-                          repeats: int, seed: int, precision: Precision) -> dict[int, list[list[float]]]:
+                          repeats: int, seed: int, precision: Precision) -> dict[int, dict[str, list[list[float]]]]:
     """Run on every rank: per TP degree t, each point's micro-batch seconds on this rank in each
-    of `repeats` rounds (after `warmup`), the model split over TP groups of t and every pool rank
-    running a copy of the point."""
+    of `repeats` rounds (after `warmup`), on the model split over TP groups of t ("tp") and right
+    after on the whole model ("whole"), every pool rank running a copy of the point: the two
+    measured side by side, so that the machine's drift is in both."""
     import torch.distributed as dist
 
     from ..models import build_model
@@ -107,52 +113,66 @@ def measure_tensor_points(shape: ModelShape, points: Sequence[Point], degrees: S
     out = {}
     for t in degrees:
         mesh = JobMesh.of(cluster, tp=t, shape=shape)
-        executor = parallelize(build_model(shape, seed).to(rank_device()), cluster, mesh=mesh, precision=precision,
-                               lr=1e-9)
-        plans = [dataclasses.replace(point_plan(point, mesh.pool), tp=t) for point in points]
-        samples = [plan_samples(plan, shape, seed + i) for i, plan in enumerate(plans)]
-        rounds: list[list[float]] = [[] for _ in points]
+        runs = {}
+        for depth in sorted({p.layers for p in points}):
+            model = dataclasses.replace(shape, layers=depth)
+            runs[depth] = {layout: parallelize(build_model(model, seed).to(rank_device()), cluster, mesh=m,
+                                               precision=precision, lr=1e-9)
+                           for layout, m in (("tp", mesh), ("whole", JobMesh.of(cluster)))}
+        plans = {"tp": [dataclasses.replace(point_plan(p, mesh.pool), tp=t) for p in points],
+                 "whole": [point_plan(p, world) for p in points]}
+        rounds = {layout: [[] for _ in points] for layout in plans}
         for r in range(warmup + repeats):
-            for i, (plan, batch) in enumerate(zip(plans, samples)):
-                (mb,) = executor.step(plan, batch).micro_batches
-                if r >= warmup:
-                    rounds[i].append(mb.seconds)
+            for i, point in enumerate(points):
+                for layout in ("tp", "whole"):
+                    plan = plans[layout][i]
+                    (mb,) = runs[point.layers][layout].step(plan, plan_samples(plan, shape, seed + i)).micro_batches
+                    if r >= warmup:
+                        rounds[layout][i].append(mb.seconds)
         out[t] = rounds
-        del executor
     return out
 
 
-def fit_tensor_terms(all_reduces: Sequence[dict], points: Sequence[Point], seconds: dict[int, Sequence[float]],
-                     cost: CostModel, shape: ModelShape) -> dict[int, TensorTerms]:
+def fit_tensor_terms(all_reduces: Sequence[dict], points: Sequence[Point], seconds: dict[int, dict[str, list[float]]],
+                     costs: dict[int, CostModel], shape: ModelShape) -> dict[int, TensorTerms]:
     """Each degree's terms: its link from its timed all-reduces (`time_all_reduces` of one rank:
     every rank of a group waits for the slowest, so each measures the group's time), then its
-    compute factor from its points' measured `seconds` (reduced over rounds and ranks) under the
-    whole-layer profile `cost` sharded over that link."""
+    compute factor from its points' measured `seconds` ("tp" and "whole", reduced over rounds and
+    ranks) under the whole-layer profile at each depth (`costs`) sharded over that link."""
     terms = {}
     for t in sorted({row["degree"] for row in all_reduces}):
         mine = [row for row in all_reduces if row["degree"] == t]
         bandwidth, latency = _link(np.ones(len(mine)), np.array([ring_bytes(row["bytes"], t) for row in mine]),
                                    np.array([row["seconds"] for row in mine]))
         link = TensorTerms(float(bandwidth), float(latency), mine[0]["value_bytes"])
-        factor = fit_compute_factor(link, points, seconds[t], cost, shape, t) if t in seconds else 1.0
+        factor = fit_compute_factor(link, points, seconds[t], costs, shape, t) if t in seconds else 1.0
         terms[t] = dataclasses.replace(link, compute_factor=factor)
     return terms
 
 
-def fit_compute_factor(link: TensorTerms, points: Sequence[Point], seconds: Sequence[float], cost: CostModel,
-                       shape: ModelShape, tp: int) -> float:
-    """phi of least relative error over the points: a TP rank's predicted seconds are linear in
-    it, A + phi B (A: the all-reduces and fixed costs, B: the sharded compute), so it is closed
-    form, phi = sum (B/M)(1 - A/M) / sum (B/M)^2 over measured seconds M."""
+def fit_compute_factor(link: TensorTerms, points: Sequence[Point], seconds: dict[str, Sequence[float]],
+                       costs: dict[int, CostModel], shape: ModelShape, tp: int) -> float:
+    """phi of least relative error over the points. Both layouts' predictions are linear in the
+    compute's scale: the whole model's W = A_w + C, a TP rank's T = A_t + phi C / t (A: the
+    all-reduces and fixed costs, C: the compute). The compute is taken as measured beside the TP
+    run, C = M_w - A_w, so T = A_t + phi D with D = (M_w - A_w) / t and, against the TP run's
+    measured M_t, phi = sum (D/M_t)(1 - A_t/M_t) / sum (D/M_t)^2."""
     mesh = JobMesh(world_size=tp, devices_per_node=tp, tp=tp)
 
-    def predicted(factor: float) -> np.ndarray:
-        rank = sharded(cost, shape, dataclasses.replace(link, compute_factor=factor), mesh)
-        return np.array([rank.time(list(p.lengths), p.degree, p.recompute_layers / shape.layers) for p in points])
+    def predicted(point: Point, scale: float, sharded_over: TensorTerms | None) -> float:
+        cost = costs[point.layers]
+        scaled = dataclasses.replace(cost, a=cost.a * scale, b=cost.b * scale)
+        at_depth = dataclasses.replace(shape, layers=point.layers)
+        rank = sharded(scaled, at_depth, sharded_over, mesh) if sharded_over is not None else scaled
+        return rank.time(list(point.lengths), point.degree, point.recompute_layers / point.layers)
 
-    # Two factors give the line (0 would make a cost model of no attention with a span cost).
-    compute = predicted(2.0) - predicted(1.0)
-    fixed = predicted(1.0) - compute
-    measured = np.asarray(seconds, dtype=float)
-    b, rest = compute / measured, 1.0 - fixed / measured
-    return float(np.dot(b, rest) / np.dot(b, b))
+    def fixed(point: Point, sharded_over: TensorTerms | None) -> float:
+        # Two scales give the line (0 would make a cost model of no attention with a span cost).
+        once, twice = predicted(point, 1.0, sharded_over), predicted(point, 2.0, sharded_over)
+        return 2 * once - twice
+
+    whole, measured = np.asarray(seconds["whole"], dtype=float), np.asarray(seconds["tp"], dtype=float)
+    compute = (whole - np.array([fixed(p, None) for p in points])) / tp
+    rest = 1.0 - np.array([fixed(p, link) for p in points]) / measured
+    d = compute / measured
+    return float(np.dot(d, rest) / np.dot(d, d))
