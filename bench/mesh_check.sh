@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Issue #53's profiler check under model parallelism on the CPU: a fresh profile of the tiny GPT
-# on 2 gloo ranks (`ballast profile`'s defaults, with the TP all-reduce link it now measures),
+# on 2 gloo ranks (the settings of its record in profile_record.py's docs/results.md entry:
+# 5 repeats, depths 1, 2 and 4, the fastest round; with the TP terms it measures),
 # then `--check` of random plans from every planner on the same 2 ranks as TP 2 and as PP 2 (a
 # pool of one rank each: the plans choose micro-batches and recomputation; a TP rank is priced
 # from the measured link, a pipeline's step is the 1F1B timeline), each against the text
 # targets of the tiny GPT's records (median 3%, 90th percentile 6%). TP 2 x PP 2 needs 4 ranks,
 # which 2 cores would run two to a core: not checked here.
 #
-# Usage: bench/mesh_check.sh     (about 15 minutes on 2 quiet cores)
+# Usage: bench/mesh_check.sh     (about 20 minutes on 2 quiet cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BALLAST=${BALLAST:-.venv/bin/ballast}
@@ -15,11 +16,12 @@ PYTHON=${PYTHON:-.venv/bin/python}
 OUT=bench/results
 PROFILE=$OUT/profile-tiny-mesh.json
 mkdir -p "$OUT"
-$BALLAST profile --model tiny --world 2 --device-memory-gb 0.1 --max-len 4096 --out "$PROFILE"
+$BALLAST profile --model tiny --world 2 --device-memory-gb 0.1 --max-len 4096 --repeats 5 --depths 1,2,4 \
+    --statistic min --out "$PROFILE"
 for mesh in "--tp 2" "--pp 2"; do
     name=$(echo "$mesh" | tr -d ' -')
     # shellcheck disable=SC2086
-    $BALLAST profile --check "$PROFILE" $mesh --plans 10 --repeats 3 --json "$OUT/profile-tiny-mesh-check-$name.json" \
+    $BALLAST profile --check "$PROFILE" $mesh --plans 8 --repeats 3 --json "$OUT/profile-tiny-mesh-check-$name.json" \
         --png "$OUT/profile-tiny-mesh-check-$name.png"
 done
 $PYTHON bench/results_doc.py

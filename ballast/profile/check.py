@@ -97,7 +97,8 @@ def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats:
                      progress: bool, precision: Precision = Precision.AUTO, tp: int = 1, pp: int = 1
                      ) -> list[list[dict]]:
     """Run on every rank: per plan, one record per round (after `warmup` steps of plan 0), the
-    ranks a job mesh of TP degree `tp` and `pp` pipeline stages."""
+    ranks a job mesh of TP degree `tp` and `pp` pipeline stages; a plan made for no mesh (the
+    profile's drift points under a mesh) on a model of its own over the ranks as one pool."""
     import torch.distributed as dist
 
     from ..runtime import parallelize
@@ -105,14 +106,16 @@ def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats:
     from ..runtime import rank_device
 
     world, rank = dist.get_world_size(), dist.get_rank()
-    model = build_model(shape, seed).to(rank_device())
     cluster = get_cluster("cpu", world_size=world)
-    executor = parallelize(model, cluster, mesh=JobMesh.of(cluster, tp, pp, shape), measure_activations=True,
-                           precision=precision, lr=LEARNING_RATE)
     parsed = [Plan.from_dict(p) for p in plans]
+    executors = {degrees: parallelize(build_model(shape, seed).to(rank_device()), cluster,
+                                      mesh=JobMesh.of(cluster, *degrees, shape=shape), measure_activations=True,
+                                      precision=precision, lr=LEARNING_RATE)
+                 for degrees in dict.fromkeys([(tp, pp)] + [(p.tp, p.pp) for p in parsed])}
     samples = [plan_samples(p, shape, seed + i) for i, p in enumerate(parsed)]
     for _ in range(warmup):
-        executor.step(parsed[0], samples[0])
+        for i in {(p.tp, p.pp): i for i, p in enumerate(parsed)}.values():  # every executor's first plan
+            executors[parsed[i].tp, parsed[i].pp].step(parsed[i], samples[i])
     records: list[list[dict]] = [[] for _ in parsed]
     with Progress(disable=not (progress and rank == 0), transient=True) as bar:
         task = bar.add_task("running plans", total=len(parsed) * repeats)
@@ -122,7 +125,7 @@ def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats:
             for i in order:
                 bar.update(task, advance=1, description=f"running plans: {parsed[i].planner}")
                 start, cpu = time.perf_counter(), time.thread_time()
-                result = executor.step(parsed[i], samples[i])
+                result = executors[parsed[i].tp, parsed[i].pp].step(parsed[i], samples[i])
                 records[i].append(dict(
                     step_seconds=time.perf_counter() - start, step_cpu_seconds=time.thread_time() - cpu,
                     waves=sum(w.busy + w.wait for w in result.waves),
@@ -188,9 +191,8 @@ def run_check(args: argparse.Namespace, world: int | None) -> int:
                       f"its predictions extrapolate[/yellow]")
     source = check_source(lengths, shape, max_len)
     plans = make_plans(cost, source, args.plans, tokens_per_step, max_len, planners, args.seed, pool)
-    # The profile's points run on its ranks as one pool: under a mesh they would need an executor
-    # of their own, so the machine's drift is measured on plain checks only.
-    references = reference_points(cost, shape) if mesh.pool == world_size else []
+    # The profile's points run on its ranks as one pool, under a mesh on an executor of their own.
+    references = reference_points(cost, shape)
     console.print(f"check: {len(plans)} plans of {tokens_per_step} tokens from {source.name} (max {max_len}) "
                   f"by {', '.join(p.label for p in planners)}; {world_size} ranks{_mesh_label(mesh)}, {repeats} rounds ({statistic}); "
                   f"{len(references)} of the profile's full-depth points again, for the machine's drift")

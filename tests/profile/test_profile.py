@@ -336,7 +336,7 @@ def test_tiny_real_profile_and_check_on_two_ranks(tmp_path):
                      str(out), "--png", str(png)]) == 0
         report = json.loads(out.read_text())
         assert (report["setting"]["tp"], report["setting"]["pp"]) == (tp, pp)
-        assert report["summary"]["time"]["count"] == 2 and report["drift"] is None
+        assert report["summary"]["time"]["count"] == 2 and report["drift"]["ratio"] > 0  # on a plain model beside
         assert all(p["degrees"] == [1] and p["measured_s"] > 0 and p["predicted_s"] > 0 for p in report["plans"])
 
 
