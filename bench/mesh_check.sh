@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue #53's profiler check under model parallelism on the CPU: a fresh profile of the tiny GPT
-# on 2 gloo ranks (the settings of its record in profile_record.py's docs/results.md entry:
+# on 2 gloo ranks (the settings of its record in docs/results.md, "The cost model, recorded":
 # 5 repeats, depths 1, 2 and 4, the fastest round; with the TP terms it measures),
 # then `--check` of random plans from every planner on the same 2 ranks as TP 2 and as PP 2 (a
 # pool of one rank each: the plans choose micro-batches and recomputation; a TP rank is priced
