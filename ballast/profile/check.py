@@ -113,8 +113,11 @@ def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats:
                                       precision=precision, lr=LEARNING_RATE)
                  for degrees in dict.fromkeys([(tp, pp)] + [(p.tp, p.pp) for p in parsed])}
     samples = [plan_samples(p, shape, seed + i) for i, p in enumerate(parsed)]
+    firsts: dict[tuple[int, int], int] = {}  # every executor's first plan warms it up
+    for i, p in enumerate(parsed):
+        firsts.setdefault((p.tp, p.pp), i)
     for _ in range(warmup):
-        for i in {(p.tp, p.pp): i for i, p in enumerate(parsed)}.values():  # every executor's first plan
+        for i in firsts.values():
             executors[parsed[i].tp, parsed[i].pp].step(parsed[i], samples[i])
     records: list[list[dict]] = [[] for _ in parsed]
     with Progress(disable=not (progress and rank == 0), transient=True) as bar:

@@ -62,6 +62,8 @@ def files(tmp_path_factory) -> dict[str, str]:
                                         "vocab": 256}),
         "sparse-model.json": json.dumps({"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 4, "ffn": 128,
                                          "vocab": 256, "attention": "sparse"}),
+        # a profile of tiny on 2 CPU ranks that measured no TP terms (one from before they were)
+        "no-tp-profile.json": json.dumps(analytic_cost(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict()),
         # a profile of tiny on 2 CPU ranks whose CP attention factor is no factor at all
         "bad-cp-profile.json": json.dumps({**analytic_cost(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
                                            "context_attention": 0.0}),
@@ -279,6 +281,9 @@ CASES = [
     ("profile --world 3", 2, "power of two"),
     ("profile --model nosuch", 2, "unknown model 'nosuch'"),
     ("profile --check /no/such/profile.json", 2, "/no/such/profile.json"),
+    ("profile --tp 2", 2, r"--tp 2 --pp 1 are for --check: a profile measures whole layers"),
+    ("simulate --cost {no-tp-profile.json} --model tiny --cluster cpu --world 2 --tp 2 --steps 1", 2,
+     r"no-tp-profile.json measured no TP terms of degree 2 \(it has: none\)"),
     ("profile --device-memory-gb 0.000001", 2, "--device-memory-gb"),
     # the shared options take one type in every command; a pattern is resolved where its name enters
     ("verify --max-len 0", 2, r"--max-len: must be an integer >= 2 \(.*\), got 0"),
