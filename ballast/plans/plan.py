@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
@@ -287,8 +288,15 @@ class Plan:
     def _validate_stage_memory(self, cost: CostModel, ranks: int) -> None:
         """PlanError unless every pool rank fits on every pipeline stage (`cost.stages`): its
         stage's states and the most activations 1F1B holds there at once
-        (`pipeline.stage_memory`), every micro-batch keeping its stage's share of the layers'."""
-        stages, slots = cost.stages, self.slots()
+        (`pipeline.stage_memory`), every micro-batch keeping its stage's share of the layers' at a
+        level a stage runs as priced: a whole number of its blocks (`CostModel.level_blocks`)."""
+        stages, slots, blocks = cost.stages, self.slots(), cost.level_blocks
+        for w, i, parts in slots:
+            for group, mb in (part for part in parts if part[1].seq_ids):
+                if abs(mb.recompute * blocks - round(mb.recompute * blocks)) > 1e-6:
+                    raise PlanError(f"wave {w}, group at rank {group.start}, micro-batch {i}: recompute level "
+                                    f"{mb.recompute:g} is no whole number of a stage's {blocks} blocks, which the "
+                                    f"stage would run as {math.ceil(mb.recompute * blocks - 1e-9)} of them")
         for k in range(stages.count):
             held = [[0.0] * len(slots) for _ in range(ranks)]
             for i, (_, _, parts) in enumerate(slots):

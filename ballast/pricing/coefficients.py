@@ -65,8 +65,11 @@ class CostCoefficients:
     latency of its 4 x layers collectives and the sharding work around them); `ballast profile`
     measures it, 0 where absent. comm() adds it, so a gloo run's many small exchanges are priced."""
     loss_per_token: float = 0.0
-    """Bytes of `act_per_token` that are the loss's [tokens, vocab] tensors (folded in, kept
-    under recomputation: `cost_sources.with_device_memory`); 0 in a profile's own fit."""
+    """Bytes of `act_per_token` that are the model's head's, not its blocks' (folded in, kept
+    under recomputation), which a pipeline holds on its last stage only: the loss's [tokens,
+    vocab] tensors (`cost_sources.with_device_memory`), or in a profile's own fit what its
+    measurements at several depths left per token beside the blocks (`act_fixed`: the final
+    norm's input and the log-probabilities saved; 0 from one depth)."""
     fit: dict = field(default_factory=dict)
     """Free-form report of how the coefficients were obtained (residuals of a profile fit)."""
     recompute_attention: float | None = None

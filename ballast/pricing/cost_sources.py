@@ -52,13 +52,15 @@ def device_memory(shape: ModelShape, cluster: Cluster, sharding: Sharding | None
                         cluster.world_size, shape.vocab // tp if shape.attention == "causal" else 0)
 
 
-def with_device_memory(memory: DeviceMemory, act_per_token: float, kept: float) -> dict:
+def with_device_memory(memory: DeviceMemory, act_per_token: float, kept: float, head: float = 0.0) -> dict:
     """The CostModel fields that price `memory`: `states`, and the loss's bytes per token folded
     into the activations. The loss is not recomputed, so with activations A (kept k under full
     recomputation) and loss bytes l, A' = A + l and k' = (k A + l) / A' give
     A' (c k' + 1 - c) = A (c k + 1 - c) + l at every level c: every formula of the cost model,
-    the planners and the bound prices the loss as a term of its own."""
-    loss = memory.loss_per_token
+    the planners and the bound prices the loss as a term of its own. l is the loss's bytes at its
+    backward (`DeviceMemory.loss_per_token`), or where a profile measured what the head saves
+    (`head`: its log-probabilities among them), that and what lives only at the loss's backward."""
+    loss = head + memory.loss_transient_per_token if head > 0 else memory.loss_per_token
     return dict(states=memory.states, act_per_token=act_per_token + loss, loss_per_token=loss,
                 kept=(kept * act_per_token + loss) / (act_per_token + loss), device=memory)
 
@@ -72,7 +74,8 @@ def tensor_parallel_activations(act_per_token: float, kept: float, tp: int) -> t
 
 
 def activations_alone(cost: CostModel) -> tuple[float, float]:
-    """(act_per_token, kept) of `cost` without the loss folded in (`with_device_memory`)."""
+    """(act_per_token, kept) of `cost`'s blocks: without the head's bytes folded in (the loss's,
+    `with_device_memory`, or a profile's measured `act_fixed`)."""
     act = cost.act_per_token - cost.loss_per_token
     return act, (cost.kept * cost.act_per_token - cost.loss_per_token) / act
 
@@ -171,9 +174,13 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
     terms = profiled_tensor_terms(cost, spec, mesh.tp)
     pool = mesh.pool_cluster(cluster)
     memory = device_memory(shape, pool, sharding, precision, planning_counts(shape, mesh), mesh.tp)
+    # A profile's own fit measured what the head saves (`Coefficients.act_fixed`), mostly its
+    # log-probabilities, a TP rank's over its share of the vocabulary; a file of another source
+    # holds the loss's whole bytes, priced again from the shape.
+    blocks = tensor_parallel_activations(*activations_alone(cost), mesh.tp)
+    head = cost.loss_per_token / mesh.tp if cost.source == "profiled" else 0.0
     cost = dataclasses.replace(cost, world_size=pool.world_size, network=pool,
-                               **with_device_memory(memory, *tensor_parallel_activations(*activations_alone(cost),
-                                                                                         mesh.tp)),
+                               **with_device_memory(memory, *blocks, head=head),
                                **({} if device_memory_gb is None else dict(device_memory=device_memory_gb * 1e9)))
     return with_job_prices(sharded(cost, shape, terms, mesh), shape, cluster, mesh)
 

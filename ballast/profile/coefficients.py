@@ -40,8 +40,12 @@ class Coefficients:
     """All-to-all send bytes per token and block, in the values the runs sent (bf16 on GPUs, fp32
     on CPUs); 0 when no degree above 1 was measured (nothing exchanged, nothing to price)."""
     act_fixed: float
+    """Saved-for-backward bytes per token besides the blocks' (the head's, never recomputed);
+    fitted only from several depths, else 0 and in the blocks' terms."""
     act_layer: float
+    """Saved-for-backward bytes per token of one block, not recomputed."""
     kept_layer: float
+    """Bytes per token one recomputed block keeps (its input)."""
     attention: str = "causal"
     """The attention pattern the coefficients price (`ModelShape.attention`)."""
     spatial_layer: float | None = None
@@ -110,7 +114,7 @@ class Coefficients:
             attention=shape.attention, spatial_share=shape.spatial_share if share is None else share,
             recompute=self.recompute_layer * depth * self.b_layer / b if b > 0 else 0.0,
             recompute_attention=self.recompute_attention_layer,
-            kept=(self.act_fixed + depth * self.kept_layer) / act,
+            kept=(self.act_fixed + depth * self.kept_layer) / act, loss_per_token=self.act_fixed,
             comm_latency={d: depth * v for d, v in self.latency_layer.items()},
             context_attention=self.context_attention, span_seconds=depth * self.span_layer if a > 0 else 0.0,
             sample_seconds=depth * self.sample_layer if a > 0 else 0.0, call_seconds=depth * self.call_layer,

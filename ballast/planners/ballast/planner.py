@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ...pricing.cost import CostModel
 from ...vocabulary.layouts import ANY_SPLIT, Splits
 from ...plans.plan import Plan, Wave
 from ...vocabulary.samples import SampleBatch
@@ -72,6 +73,19 @@ from ..base import Planner
 from ..packing import pad_lockstep
 from .poles import remap_poles
 from .search import WaveSearch
+
+
+def staged_levels(waves: list[Wave], batch: SampleBatch, cost: CostModel) -> None:
+    """Give every micro-batch of `waves`, searched as if there were no pipeline (levels in the
+    whole model's blocks), the least level a stage of `cost`'s pipeline runs as priced (in its
+    blocks, `CostModel.level_blocks`): never below its own, so it still fits."""
+    for wave in waves:
+        for group in wave.groups:
+            for mb in group.micro_batches:
+                if mb.seq_ids:
+                    level = cost.min_recompute(sum(batch.lengths[i] for i in mb.seq_ids), group.degree, group.cp)
+                    assert level is not None and level >= mb.recompute - 1e-9, "a coarser level fits as well"
+                    mb.recompute = level
 
 
 @register
@@ -112,5 +126,6 @@ class BallastPlanner(Planner):
         if not self.pipelined:
             return found
         plain = WaveSearch(dataclasses.replace(self.cost, stages=None), batch, ranks).best()
+        staged_levels(plain, batch, self.cost)
         return min((found, plain), key=lambda waves: step_time(Plan(batch.lengths, waves, shapes=batch.shapes),
                                                                 self.cost))
