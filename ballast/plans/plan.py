@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
@@ -19,6 +18,7 @@ from ..pricing import remapping
 from ..vocabulary.cluster import Cluster, is_power_of_two
 from ..pricing.cost import CostModel
 from ..pricing.pipeline import stage_activation_bytes, stage_memory
+from ..vocabulary.pipeline_schedule import recomputed_blocks
 from ..pricing.remapping import MEMORY_SLACK, SlotPart
 from ..vocabulary.samples import Sample, check_samples, tokens as sample_tokens
 
@@ -296,7 +296,7 @@ class Plan:
                 if abs(mb.recompute * blocks - round(mb.recompute * blocks)) > 1e-6:
                     raise PlanError(f"wave {w}, group at rank {group.start}, micro-batch {i}: recompute level "
                                     f"{mb.recompute:g} is no whole number of a stage's {blocks} blocks, which the "
-                                    f"stage would run as {math.ceil(mb.recompute * blocks - 1e-9)} of them")
+                                    f"stage would run as {recomputed_blocks(mb.recompute, blocks)} of them")
         for k in range(stages.count):
             held = [[0.0] * len(slots) for _ in range(ranks)]
             for i, (_, _, parts) in enumerate(slots):

@@ -10,6 +10,7 @@ min(p - k, m) micro-batches' activations, the first stage the most.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .model_shape import ModelShape
@@ -57,6 +58,13 @@ def stage_layers(stage: int, stages: int, layers: int) -> range:
     assert 0 <= stage < stages, (stage, stages)
     per = layers // stages
     return range(stage * per, (stage + 1) * per)
+
+
+def recomputed_blocks(level: float, blocks: int) -> int:
+    """The blocks a stage of `blocks` recomputes for a micro-batch at recompute `level`: at least
+    that share of them, so that it fits what the plan priced; the slack absorbs a level's float
+    rounding (3 x (1/3) blocks is 1, not 2)."""
+    return math.ceil(level * blocks - 1e-9)
 
 
 def warmup(stage: int, stages: int, micro_batches: int) -> int:

@@ -13,8 +13,10 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ballast.planners import PlannerOptions, get_planner
+from ballast.planners.ballast.planner import staged_levels
 from ballast.planners.pipelines import pipeline_order, pipelined_seconds
 from ballast.plans.exhaustive import cluster_for, pipeline_optimum
+from ballast.plans.plan import PlanError
 from ballast.plans.timeline import step_time
 from ballast.pricing.cost_sources import get_cost_model
 from ballast.pricing.fits import first_unfit
@@ -23,6 +25,7 @@ from ballast.pricing.stages import StagePrices
 from ballast.vocabulary.cluster import get_cluster
 from ballast.vocabulary.job_mesh import JobMesh
 from ballast.vocabulary.model_shape import get_model_shape
+from ballast.vocabulary.samples import SampleBatch
 
 from exhaustive_instances import tiny_instances
 
@@ -125,3 +128,24 @@ def test_no_planner_remaps_or_routes_under_a_pipeline():
         plan = get_planner(name, pool, cost, options).plan(lengths)
         plan.validate(pool, cost)
         assert not any(wave.remap or wave.routed for wave in plan.waves), name
+
+
+def test_recompute_levels_are_whole_numbers_of_a_stages_blocks():
+    # llama3-8b on PP 4: 8 blocks a stage. The search as if there were no pipeline levels in the
+    # model's 32 blocks; a stage would run 1/32 as 1 of its 8, more than was priced.
+    cost, pool = pipeline_cost()
+    assert cost.level_blocks == 8
+    flat = dataclasses.replace(cost, stages=None)
+    lengths = np.clip(np.random.default_rng(1).lognormal(8, 1.5, 64), 16, 65_536).astype(int).tolist()
+    unaware = get_planner("ballast", pool, flat, PlannerOptions(max_len=65_536)).plan(lengths)
+    unaware.pp = cost.stages.count
+    before = [mb.recompute for _, _, mb in unaware.micro_batches() if mb.seq_ids]
+    assert any((level * 8) % 1 for level in before), before
+    with pytest.raises(PlanError, match="is no whole number of a stage's 8 blocks"):
+        unaware.validate(pool, cost)
+    staged_levels(unaware.waves, SampleBatch.of(lengths, cost), cost)
+    after = [mb.recompute for _, _, mb in unaware.micro_batches() if mb.seq_ids]
+    assert all(a >= b and (a * 8) % 1 == 0 for a, b in zip(after, before)), (before, after)
+    unaware.validate(pool, cost)
+    planned = get_planner("ballast", pool, cost, PlannerOptions(max_len=65_536)).plan(lengths)
+    assert all((mb.recompute * 8) % 1 == 0 for _, _, mb in planned.micro_batches())

@@ -37,7 +37,6 @@ parameter lives on one stage, so each stage's sum is its parameters' whole gradi
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -49,7 +48,7 @@ from ...models.protocol import ParallelModel, StagedModel, held_tokens
 from ...plans.plan import Group, MicroBatch, Plan
 from ...vocabulary.cluster import Cluster
 from ...vocabulary.job_mesh import JobMesh
-from ...vocabulary.pipeline_schedule import one_f_one_b
+from ...vocabulary.pipeline_schedule import one_f_one_b, recomputed_blocks
 from ...vocabulary.precision import Precision
 from ..attention import StreamShard
 from ..executor import Executor, MicroBatchRecord, StepResult, WaveTiming
@@ -171,10 +170,8 @@ class PipelineExecutor(Executor):
             received = (received if rows else torch.zeros(0, self.model.shape.hidden, dtype=self.links.dtype,
                                                           device=self.device)).requires_grad_()
         mb = slot.micro_batch
-        # At least the plan's share of this stage's blocks, so that it fits what the plan priced:
-        # exact for the levels of a pipeline's cost model (`CostModel.level_blocks`); the slack
-        # absorbs a level's float rounding (3 x (1/3) blocks is 1, not 2).
-        recompute_layers = math.ceil(mb.recompute * len(self.model.blocks()) - 1e-9)
+        # Exact for the levels of a pipeline's cost model (`CostModel.level_blocks`).
+        recompute_layers = recomputed_blocks(mb.recompute, len(self.model.blocks()))
         meter = ActivationMeter() if self.measure_activations else None
         autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
         with meter or contextlib.nullcontext(), autocast:
