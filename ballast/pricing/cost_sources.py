@@ -174,15 +174,21 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
     terms = profiled_tensor_terms(cost, spec, mesh.tp)
     pool = mesh.pool_cluster(cluster)
     memory = device_memory(shape, pool, sharding, precision, planning_counts(shape, mesh), mesh.tp)
-    # A profile's own fit measured what the head saves (`Coefficients.act_fixed`), mostly its
-    # log-probabilities, a TP rank's over its share of the vocabulary; a file of another source
-    # holds the loss's whole bytes, priced again from the shape.
     blocks = tensor_parallel_activations(*activations_alone(cost), mesh.tp)
-    head = cost.loss_per_token / mesh.tp if cost.source == "profiled" else 0.0
+    head = measured_head(cost) / mesh.tp
     cost = dataclasses.replace(cost, world_size=pool.world_size, network=pool,
                                **with_device_memory(memory, *blocks, head=head),
                                **({} if device_memory_gb is None else dict(device_memory=device_memory_gb * 1e9)))
     return with_job_prices(sharded(cost, shape, terms, mesh), shape, cluster, mesh)
+
+
+def measured_head(cost: CostModel) -> float:
+    """Bytes per token a profile's own fit measured the head to save, its `loss_per_token`
+    (`Coefficients.act_fixed`: mostly the log-probabilities, a TP rank's over its share of the
+    vocabulary); 0 for any other file, whose `loss_per_token` is the loss's whole bytes, priced
+    again from the shape."""
+    fitted = cost.fit.get("coefficients", {}).get("act_fixed")
+    return cost.loss_per_token if fitted is not None and fitted == cost.loss_per_token else 0.0
 
 
 def profiled_tensor_terms(cost: CostModel, spec: str, tp: int) -> TensorTerms | None:

@@ -235,7 +235,8 @@ def test_plan_grid_extrapolates_from_reduced_depths_and_rejects_bad_settings():
 def profiled_cost(world: int = 4, memory_gb: float = 0.1) -> CostModel:
     shape = TINY
     return TRUE.cost_model(shape, world, memory_gb * 1e9, state_bytes(shape),
-                           fit={"shape": shape.to_dict(), "load_average": {"median": 0.0}})
+                           fit={"shape": shape.to_dict(), "load_average": {"median": 0.0},
+                                "coefficients": {"act_fixed": TRUE.act_fixed}})
 
 
 def test_profile_json_round_trips_and_plans_with_every_planner(tmp_path):
