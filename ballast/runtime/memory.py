@@ -76,17 +76,20 @@ SAVED_KINDS = ("activations", "parameters", "weight copies", "loss")
 
 
 def saved_kind(tensor: Tensor) -> str:
-    """What a saved tensor is: a parameter (a leaf that requires a gradient, or a view of one:
-    `linear` saves its weight transposed; under FSDP2 the gathered, unsharded one), a cast of a parameter (it, or the tensor it views, made by a copy
-    whose input is a leaf that accumulates a gradient: autocast's weight copies, which `linear`
-    saves transposed), the loss's log-probabilities (log_softmax's saved output: the
-    cross-entropy's), or an activation."""
+    """What a saved tensor is: a parameter (an `nn.Parameter`, or a view of one: `linear` saves
+    its weight transposed; under FSDP2 the gathered, unsharded one, itself an `nn.Parameter`), a
+    cast of a parameter (it, or the tensor it views, made by a copy of a parameter: autocast's
+    weight copies, which `linear` saves transposed), the loss's log-probabilities (log_softmax's
+    saved output: the cross-entropy's), or an activation. A leaf that requires a gradient but is
+    no parameter is an activation: a pipeline stage's received hidden states, which it holds
+    until its backward sends their gradient back."""
     base = tensor._base if tensor._base is not None else tensor
-    if base.grad_fn is None and base.requires_grad:
+    if isinstance(base, torch.nn.Parameter):
         return "parameters"
     node = base.grad_fn
     name = type(node).__name__ if node is not None else ""
-    if name == "ToCopyBackward0" and any(type(n).__name__ == "AccumulateGrad" for n, _ in node.next_functions):
+    if name == "ToCopyBackward0" and any(isinstance(getattr(n, "variable", None), torch.nn.Parameter)
+                                         for n, _ in node.next_functions if n is not None):
         return "weight copies"
     return "loss" if name == "LogSoftmaxBackward0" else "activations"
 

@@ -402,3 +402,18 @@ def test_activation_meter_counts_saved_storages_once_and_no_parameters():
         z = (y * y).sum()       # saves y (twice, one storage)
     assert meter.bytes == x.numel() * 4 + y.numel() * 4
     z.backward()
+
+
+def test_activation_meter_counts_a_received_leaf_as_an_activation():
+    """A pipeline stage's received hidden states are a leaf that requires a gradient but no
+    parameter: the stage holds them until its backward, so they are its activations, and
+    autocast's copy of them is no weight copy."""
+    weight = torch.nn.Parameter(torch.randn(8, 8))
+    received = torch.randn(4, 8).requires_grad_()
+    with ActivationMeter() as meter, torch.autocast("cpu", dtype=torch.bfloat16):
+        y = torch.nn.functional.layer_norm(received, (8,)) @ weight
+        received_copy = received @ weight         # autocast saves received's bf16 copy
+    assert meter.weight_copy_bytes == 8 * 8 * 2   # the weight's bf16 copy, once
+    # received (fp32, by layer_norm), its bf16 copy, and layer_norm's output cast, mean and rstd
+    assert meter.bytes == 4 * 8 * 4 + 4 * 8 * 2 + 4 * 8 * 2 + 2 * 4 * 4
+    (y.sum() + received_copy.sum()).backward()
