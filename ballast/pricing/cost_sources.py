@@ -58,9 +58,10 @@ def with_device_memory(memory: DeviceMemory, act_per_token: float, kept: float, 
     recomputation) and loss bytes l, A' = A + l and k' = (k A + l) / A' give
     A' (c k' + 1 - c) = A (c k + 1 - c) + l at every level c: every formula of the cost model,
     the planners and the bound prices the loss as a term of its own. l is the loss's bytes at its
-    backward (`DeviceMemory.loss_per_token`), or where a profile measured what the head saves
-    (`head`: its log-probabilities among them), that and what lives only at the loss's backward."""
-    loss = head + memory.loss_transient_per_token if head > 0 else memory.loss_per_token
+    backward (`DeviceMemory.loss_per_token`), plus, where a profile measured it, what the rest of
+    the head saves (`head`: the final norm's input and output, the targets; the meter counts the
+    loss's [tokens, vocab] tensors apart, so they are not in it)."""
+    loss = head + memory.loss_per_token
     return dict(states=memory.states, act_per_token=act_per_token + loss, loss_per_token=loss,
                 kept=(kept * act_per_token + loss) / (act_per_token + loss), device=memory)
 
@@ -175,7 +176,9 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
     pool = mesh.pool_cluster(cluster)
     memory = device_memory(shape, pool, sharding, precision, planning_counts(shape, mesh), mesh.tp)
     blocks = tensor_parallel_activations(*activations_alone(cost), mesh.tp)
-    head = measured_head(cost) / mesh.tp
+    # The head's hidden states are whole on every TP rank (only its vocabulary is split, and the
+    # loss's tensors over it are priced per rank in `memory`).
+    head = measured_head(cost)
     cost = dataclasses.replace(cost, world_size=pool.world_size, network=pool,
                                **with_device_memory(memory, *blocks, head=head),
                                **({} if device_memory_gb is None else dict(device_memory=device_memory_gb * 1e9)))
@@ -184,9 +187,9 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
 
 def measured_head(cost: CostModel) -> float:
     """Bytes per token a profile's own fit measured the head to save, its `loss_per_token`
-    (`Coefficients.act_fixed`: mostly the log-probabilities, a TP rank's over its share of the
-    vocabulary); 0 for any other file, whose `loss_per_token` is the loss's whole bytes, priced
-    again from the shape."""
+    (`Coefficients.act_fixed`: the final norm's input and output and the targets, without the
+    log-probabilities, which the meter counts apart); 0 for any other file, whose
+    `loss_per_token` is the loss's whole bytes, priced again from the shape."""
     fitted = cost.fit.get("coefficients", {}).get("act_fixed")
     return cost.loss_per_token if fitted is not None and fitted == cost.loss_per_token else 0.0
 

@@ -28,9 +28,6 @@ LOSS_VALUES = 3
 is still saved: the log-probabilities log_softmax saved, the gradient it receives from the
 NLL and the one it returns (measured: 12 bytes per token and entry under fp32 and bf16 alike;
 the forward's peak, the bf16 logits, their fp32 cast and the log-probabilities, is 10)."""
-LOSS_SAVED_VALUES = 1
-"""Of them, saved for backward by the forward (the log-probabilities): what an activation meter
-sees; the other two live only while the loss's backward runs."""
 FSDP_GATHERED_BLOCKS = 2
 """Blocks whose parameters FSDP2 holds unsharded at once: the one running and the one its
 backward prefetches."""
@@ -155,12 +152,6 @@ class DeviceMemory:
     def loss_per_token(self) -> float:
         """Bytes one held token adds at the loss's backward (`LOSS_VALUES`), not recomputed."""
         return LOSS_VALUES * FP32 * self.vocab
-
-    @property
-    def loss_transient_per_token(self) -> float:
-        """Of `loss_per_token`, the bytes that live only at the loss's backward, not saved by
-        its forward (`LOSS_SAVED_VALUES`)."""
-        return (LOSS_VALUES - LOSS_SAVED_VALUES) * FP32 * self.vocab
 
     def describe(self) -> str:
         return (f"{self.sharding.value}{', bf16 autocast' if self.bf16 else ''}: states "

@@ -32,13 +32,13 @@ def as_executed(plan: Plan) -> Plan:
 
 def predicted_activation(plan: Plan, cost: CostModel) -> float:
     """Peak bytes one micro-batch saves for backward per device over the plan's micro-batches,
-    as the runtime's meter sees them: without the loss's bytes that live only at its backward
-    (`DeviceMemory.loss_transient_per_token`); under PP on any stage (its share of the layers,
-    the head's on the last)."""
-    transient = cost.device.loss_transient_per_token if cost.device is not None else 0.0
+    as the runtime's meter sees them: without the loss's [tokens, vocab] tensors
+    (`DeviceMemory.loss_per_token`), which it counts apart; under PP on any stage (its share of
+    the layers, the head's on the last)."""
+    loss = cost.device.loss_per_token if cost.device is not None else 0.0
     p = cost.stages.count if cost.stages is not None else 1
     return max(stage_activation_bytes(cost, plan.mb_samples(mb), group.degree, mb.recompute, group.cp, k, p)
-               - (k == p - 1) * transient * sum(plan.mb_lengths(mb)) / group.degree
+               - (k == p - 1) * loss * sum(plan.mb_lengths(mb)) / group.degree
                for _, group, mb in plan.micro_batches() if mb.seq_ids for k in range(p))
 
 

@@ -80,7 +80,8 @@ def saved_kind(tensor: Tensor) -> str:
     its weight transposed; under FSDP2 the gathered, unsharded one, itself an `nn.Parameter`), a
     cast of a parameter (it, or the tensor it views, made by a copy of a parameter: autocast's
     weight copies, which `linear` saves transposed), the loss's log-probabilities (log_softmax's
-    saved output: the cross-entropy's), or an activation. A leaf that requires a gradient but is
+    saved output: the cross-entropy's; or a tensor a loss marked with `mark_loss`), or an
+    activation. A leaf that requires a gradient but is
     no parameter is an activation: a pipeline stage's received hidden states, which it holds
     until its backward sends their gradient back."""
     base = tensor._base if tensor._base is not None else tensor
@@ -91,7 +92,20 @@ def saved_kind(tensor: Tensor) -> str:
     if name == "ToCopyBackward0" and any(isinstance(getattr(n, "variable", None), torch.nn.Parameter)
                                          for n, _ in node.next_functions if n is not None):
         return "weight copies"
-    return "loss" if name == "LogSoftmaxBackward0" else "activations"
+    return "loss" if name == "LogSoftmaxBackward0" or getattr(base, LOSS_MARK, False) else "activations"
+
+
+LOSS_MARK = "_ballast_loss"
+"""The attribute `mark_loss` sets: a loss's [tokens, vocab] tensor that no grad_fn names (a custom
+autograd function's saved tensor is made without one)."""
+
+
+def mark_loss(tensor: Tensor) -> Tensor:
+    """`tensor`, marked as a loss's [tokens, vocab] tensor for `saved_kind`: what a loss computed
+    by its own autograd function saves in place of log_softmax's output (the vocabulary-parallel
+    loss's softmax), so that the meter counts it apart as it counts the log-probabilities."""
+    setattr(tensor, LOSS_MARK, True)
+    return tensor
 
 
 def storages(tensor: Tensor) -> list[torch.UntypedStorage]:

@@ -6,7 +6,7 @@ import torch
 
 from ballast.profile.memory_check import TOLERANCE, compare, measure_on_rank
 from ballast.runtime import run_local
-from ballast.runtime.memory import ActivationMeter, PeakMemoryMeter
+from ballast.runtime.memory import ActivationMeter, PeakMemoryMeter, mark_loss
 from ballast.vocabulary.model_shape import get_model_shape
 from ballast.vocabulary.sharding import Sharding
 
@@ -31,6 +31,30 @@ def test_activation_meter_counts_weight_copies_and_the_loss_apart():
     assert meter.loss_bytes == 4 * 16 * 4                    # fp32 log-probabilities
     # the activations: the input's bf16 cast, the targets (int64) and the NLL's total weight
     assert meter.bytes == 4 * 8 * 2 + 4 * 8 + 4
+    loss.backward()
+
+
+class MarkedSoftmaxLoss(torch.autograd.Function):
+    """A loss of its own autograd function, saving its softmax as the vocabulary-parallel one does."""
+
+    @staticmethod
+    def forward(ctx, logits):
+        softmax = logits.softmax(-1)
+        ctx.save_for_backward(mark_loss(softmax), logits.new_zeros(logits.shape[0]))
+        return softmax.sum()
+
+    @staticmethod
+    def backward(ctx, grad):
+        softmax, _ = ctx.saved_tensors
+        return softmax * grad
+
+
+def test_activation_meter_counts_a_marked_loss_tensor_apart():
+    logits = torch.randn(4, 16, requires_grad=True).clone()
+    with ActivationMeter() as meter:
+        loss = MarkedSoftmaxLoss.apply(logits)
+    assert meter.loss_bytes == 4 * 16 * 4     # the marked softmax, as log_softmax's output would be
+    assert meter.bytes == 4 * 4               # its unmarked companion alone
     loss.backward()
 
 

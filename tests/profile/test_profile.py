@@ -248,13 +248,14 @@ def test_profile_json_round_trips_and_plans_with_every_planner(tmp_path):
     loaded = get_cost_model(str(path), TINY, cluster)
     # the file holds the profile's own fit; loading prices the run's memory: replicated fp32
     # states (16 B a parameter, as the profile's), and beside what the head was measured to save
-    # (act_fixed, the log-probabilities among it) the loss's 2 fp32 [tokens, vocab] tensors that
-    # live only at its backward, 8 B x 256 a token, folded into the activations, kept under recomputation
+    # (act_fixed: the final norm's input and output, the targets) the loss's 3 fp32 [tokens,
+    # vocab] tensors at its backward, which the meter counts apart (so no fit holds them), 12 B x
+    # 256 a token, folded into the activations, kept under recomputation
     assert cost.loss_per_token == TRUE.act_fixed > 0
     assert loaded.source == "profiled" and loaded.states == cost.states
-    assert loaded.loss_per_token == TRUE.act_fixed + 8 * 256
-    assert loaded.act_per_token == cost.act_per_token + 8 * 256
-    assert loaded.kept * loaded.act_per_token == pytest.approx(cost.kept * cost.act_per_token + 8 * 256, rel=1e-12)
+    assert loaded.loss_per_token == TRUE.act_fixed + 12 * 256
+    assert loaded.act_per_token == cost.act_per_token + 12 * 256
+    assert loaded.kept * loaded.act_per_token == pytest.approx(cost.kept * cost.act_per_token + 12 * 256, rel=1e-12)
     assert dataclasses.replace(loaded, act_per_token=cost.act_per_token, kept=cost.kept,
                                loss_per_token=cost.loss_per_token) == cost
     assert loaded.comm_latency == {2: TRUE.latency_layer[2] * TINY.layers, 4: TRUE.latency_layer[4] * TINY.layers}

@@ -19,6 +19,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
+from ..memory import mark_loss
+
 
 def _all_reduce(x: Tensor, group: ProcessGroup, op: dist.ReduceOp = dist.ReduceOp.SUM) -> Tensor:
     if x.numel():  # a group holds as many tokens on every rank: all skip an empty shard alike
@@ -41,7 +43,7 @@ class VocabParallelCrossEntropy(torch.autograd.Function):
         local = local.masked_fill(~held, 0)
         target = shifted.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(~held, 0.0)
         target = _all_reduce(target, group)
-        ctx.save_for_backward(exp.div_(total.unsqueeze(-1)), local, held)
+        ctx.save_for_backward(mark_loss(exp.div_(total.unsqueeze(-1))), local, held)
         return (total.log() - target).sum()
 
     @staticmethod
