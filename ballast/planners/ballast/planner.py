@@ -57,7 +57,8 @@ cost model wins. Last, a step that a few sequences decide alone gets those seque
 where that is faster (`poles.py`; not under lockstep), and each wave whose all-to-alls cross
 nodes is routed over every NIC of the node (`Wave.routed`) where that ends it sooner. Under a
 pipeline neither (`Planner.pipelined`), and the search runs twice, for the pipeline and as if
-there were none, the shorter step through the pipeline kept (`waves`).
+there were none (that one building only its proxy's best head size), the shorter step through
+the pipeline kept (`waves`).
 """
 from __future__ import annotations
 
@@ -121,11 +122,14 @@ class BallastPlanner(Planner):
         """The fastest waves for `batch` on ranks 0..ranks-1 (the rest of the cluster idle); under
         a pipeline, also the waves searched as if there were none, whichever step is shorter
         through the pipeline: its packing for 1F1B can miss a layout the plain search finds (on
-        llama3-8b, PP 4 under ZeRO-1, one batch of three ran 16% slower without it)."""
+        llama3-8b, PP 4 under ZeRO-1, one batch of three ran 16% slower without it; on P1 one
+        step of ten 2.3%). The plain search builds only the head size its proxy ranks best: on
+        P1-P3 (bench/pipelines.sh) every plain plan that won was that one, and building three
+        had doubled the planning time (P1 1.99 s a step, now 1.15; P3 2.65 s, now 2.40)."""
         found = WaveSearch(self.cost, batch, ranks).best()
         if not self.pipelined:
             return found
-        plain = WaveSearch(dataclasses.replace(self.cost, stages=None), batch, ranks).best()
+        plain = WaveSearch(dataclasses.replace(self.cost, stages=None), batch, ranks).best(heads=1)
         staged_levels(plain, batch, self.cost)
         return min((found, plain), key=lambda waves: step_time(Plan(batch.lengths, waves, shapes=batch.shapes),
                                                                 self.cost))

@@ -67,8 +67,9 @@ class WaveSearch:
         _, _, self.forced = self.estimates.terms(s[None, :], self.span[None, :], np.arange(len(self.deg))[:, None])
         self.packer = GroupPacker(self.cost, batch, self.work, self.quad, self.row)
 
-    def best(self) -> list[Wave]:
-        """The fastest waves: one wave, or the longest sequences in a wave of their own first."""
+    def best(self, heads: int = HEAD_CANDIDATES) -> list[Wave]:
+        """The fastest waves: one wave, or the longest sequences in a wave of their own first;
+        of the head sizes, `heads` built fully (one: the proxy's best alone, one wave included)."""
         batch = self.batch
         order = np.argsort(-np.min(self.work, axis=0), kind="stable")
         # Head sizes are compared by their layouts' proxies; only the best are built fully.
@@ -79,7 +80,10 @@ class WaveSearch:
             score = sum(found[0][0] if found else math.inf for found in layouts)
             options.append((score, head, parts, layouts))
         # One wave (head 0) is always built; other head sizes only if their proxies promise.
-        options = options[:1] + sorted(options[1:], key=lambda option: option[0])[:HEAD_CANDIDATES - 1]
+        if heads > 1:
+            options = options[:1] + sorted(options[1:], key=lambda option: option[0])[:heads - 1]
+        else:
+            options = [min(options, key=lambda option: option[0])]
         best: tuple[float, list[Wave]] | None = None
         for _, _, parts, layouts in options:
             waves = [wave for part, found in zip(parts, layouts)
