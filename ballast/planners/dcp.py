@@ -59,7 +59,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..pricing.cost import recomputed_exchanges
+from ..pricing.micro_batch import recomputed_exchanges
 from ..plans.plan import Group, MicroBatch, Plan, Wave, fill_idle
 from ..vocabulary.samples import SampleBatch
 from ..plans.timeline import step_time

@@ -31,16 +31,9 @@ from ..vocabulary.samples import Sample, sample_grid, tokens as sample_tokens
 from ..vocabulary.split_catalogue import SplitCatalogue
 from .coefficients import CostCoefficients, InfeasibleError
 from .device_memory import DeviceMemory
+from .micro_batch import MicroBatchPrices, fixed_seconds, recomputed_exchanges
 from .stages import StagePrices
 from .whole_step import NOTHING, DataParallelPrices
-
-# Recomputing a layer repeats its forward exchanges (the whole block is recomputed, its
-# all-to-alls or CP gathers inside): half of the layer's, each forward one moving as many bytes
-# and calls as its backward twin (Ulysses: q, k, v and out of four all-to-alls; CP: the K, V
-# gather of gather and reduce-scatter; the 2D video layout alike).
-RECOMPUTED_EXCHANGES = 0.5
-LEVEL_EPS = 1e-9  # relative slack of a level or fit computed in floats
-
 
 @dataclass(frozen=True)
 class CostModel(CostCoefficients):
@@ -84,6 +77,7 @@ class CostModel(CostCoefficients):
         catalogue = SplitCatalogue(self.world_size, self.heads, self.pattern.layout, frozenset(self.bandwidth),
                                    measured, self.splits)
         object.__setattr__(self, "catalogue", catalogue)
+        object.__setattr__(self, "_prices", {})
         # Planners ask per micro-batch, so the undominated splits are found once.
         object.__setattr__(self, "_candidates", {d: self._undominated(d) for d in catalogue.degrees})
 
@@ -114,6 +108,26 @@ class CostModel(CostCoefficients):
     def _cp(self, degree: int, cp: int | None) -> int:
         return self.catalogue.default_cp(degree) if cp is None else cp
 
+    def micro_batch_prices(self, degree: int, cp: int | None = None) -> MicroBatchPrices:
+        """A micro-batch's prices at this degree and split, made once (`micro_batch.py`)."""
+        key = (degree, cp)
+        prices = self._prices.get(key)
+        if prices is None:
+            split = self._cp(degree, cp)
+            u = degree // split
+            ulysses = degree > 1 and u > 1
+            context = degree > 1 and split > 1
+            gathered = self.gathered_per_token(degree, split)
+            prices = MicroBatchPrices(
+                degree, split, self.a, self.b, self.g, self.recompute, self.recompute_attention,
+                self.recompute_fixed, self.attention_factor(split),
+                self.exchange_bytes(u) if ulysses else 0.0, degree * self.bandwidth[u] if ulysses else 1.0,
+                2.0 * gathered * (split - 1) / split / self.bandwidth[degree] if context else 0.0,
+                self.fixed_latency(degree, split), self.act_per_token, self.kept, gathered,
+                self.device_memory - self.states, self.level_blocks)
+            self._prices[key] = prices
+        return prices
+
     # --- memory --------------------------------------------------------------------------------
     def gathered_per_token(self, degree: int, cp: int) -> float:
         """Bytes of K and V one token of a micro-batch brings to each rank of a group of degree
@@ -131,11 +145,7 @@ class CostModel(CostCoefficients):
         """Bytes per device that `tokens` (a float or an array) of a micro-batch keep for backward
         at this degree, level and split: their activations, and the gathered K, V of the layers
         that are not recomputed."""
-        gathered = self.gathered_per_token(degree, self._cp(degree, cp)) * (1.0 - recompute)
-        return self.act_per_token * tokens / degree * self._kept_fraction(recompute) + gathered * tokens
-
-    def _kept_fraction(self, recompute: float) -> float:
-        return recompute * self.kept + (1.0 - recompute)
+        return self.micro_batch_prices(degree, cp).activation_bytes(tokens, recompute)
 
     def per_token_memory(self, degree: int, recompute: float, cp: int | None = None) -> float:
         """Bytes per device one token of a micro-batch takes at this degree, level and split."""
@@ -144,8 +154,7 @@ class CostModel(CostCoefficients):
     def kept_share(self, degree: int, cp: int | None = None) -> float:
         """The share of a token's bytes (`activation_bytes` at level 0) that full recomputation
         keeps: k of the activations, none of the gathered K, V."""
-        gathered = degree * self.gathered_per_token(degree, self._cp(degree, cp))
-        return self.kept * (self.act_per_token / (self.act_per_token + gathered))
+        return self.micro_batch_prices(degree, cp).kept_share
 
     def memory(self, samples: Sequence[Sample], degree: int, recompute: float, cp: int | None = None) -> float:
         tokens = float(sum(map(sample_tokens, samples))) if len(samples) else 0.0
@@ -153,11 +162,7 @@ class CostModel(CostCoefficients):
 
     def max_tokens(self, degree: int, recompute: float, cp: int | None = None) -> int:
         """The most tokens one micro-batch can hold at this degree, recompute level and split."""
-        free = self.device_memory - self.states
-        per_rank = (self.act_per_token * self._kept_fraction(recompute)
-                    + degree * self.gathered_per_token(degree, self._cp(degree, cp)) * (1.0 - recompute))
-        # A relative margin: above ~1e7 tokens one ulp exceeds an absolute 1e-9 (exact fits lost).
-        return int(free * degree / per_rank * (1 + 1e-12))
+        return self.micro_batch_prices(degree, cp).max_tokens(recompute)
 
     @property
     def level_blocks(self) -> int:
@@ -170,17 +175,12 @@ class CostModel(CostCoefficients):
         """The least recompute levels (multiples of 1 / `level_blocks`; above 1 where none fits)
         at which micro-batches whose `activation_bytes` at level 0 are `need` (a float or an array,
         above the free memory) fit: need (1 - c (1 - kept_share)) = free."""
-        c = (1.0 - (self.device_memory - self.states) / need) / (1.0 - self.kept_share(degree, cp))
-        return np.ceil(c * self.level_blocks - LEVEL_EPS) / self.level_blocks
+        return self.micro_batch_prices(degree, cp).levels(need)
 
     def min_recompute(self, tokens: int, degree: int, cp: int | None = None) -> float | None:
         """The smallest recompute level (a multiple of 1 / `level_blocks`) at which `tokens` fit,
         or None."""
-        need = self.activation_bytes(tokens, degree, 0.0, cp)
-        if need <= (self.device_memory - self.states) * (1 + LEVEL_EPS):
-            return 0.0
-        level = float(self.levels(need, degree, cp))
-        return level if level <= 1.0 else None
+        return self.micro_batch_prices(degree, cp).min_recompute(tokens)
 
     def min_degree(self, tokens: int, at_least: int = 1) -> int | None:
         """The smallest degree, from `at_least` up, at which `tokens` fit in one micro-batch at
@@ -209,14 +209,7 @@ class CostModel(CostCoefficients):
         """Seconds the exchanges of `tokens` (a float or an array) of a micro-batch take at this
         degree and split besides their fixed latency: the Ulysses part's all-to-alls at bw(u),
         the CP part's K, V gather and dK, dV reduce-scatter at bw(d); 0 at degree 1."""
-        if degree == 1:
-            return 0.0 * tokens
-        cp = self._cp(degree, cp)
-        u = degree // cp
-        seconds = 0.0 if u == 1 else self.exchange_bytes(u) * tokens / (degree * self.bandwidth[u])
-        if cp == 1:
-            return seconds
-        return seconds + 2.0 * self.gathered_per_token(degree, cp) * (cp - 1) / cp / self.bandwidth[degree] * tokens
+        return self.micro_batch_prices(degree, cp).exchange_seconds(tokens)
 
     def comm_per_token(self, degree: int, cp: int | None = None) -> float:
         """Seconds of exchanges per token of a micro-batch at this degree and split (0 at degree 1)."""
@@ -234,10 +227,7 @@ class CostModel(CostCoefficients):
     def comm(self, tokens: float, degree: int, cp: int | None = None, recompute: float = 0.0) -> float:
         """Seconds of a micro-batch's exchanges: their bytes and fixed latency, the forward ones
         again for the recomputed layers (`recomputed_exchanges`)."""
-        if degree == 1 or tokens == 0:
-            return 0.0
-        return ((self.exchange_seconds(tokens, degree, cp) + self.fixed_latency(degree, cp))
-                * recomputed_exchanges(recompute))
+        return self.micro_batch_prices(degree, cp).comm(tokens, recompute)
 
     def attention_factor(self, cp: int) -> float:
         """What a split's CP part multiplies the attention term by (`context_attention`)."""
@@ -247,15 +237,11 @@ class CostModel(CostCoefficients):
                        cp: int | None = None) -> float:
         """time() from the sums over the micro-batch of attention units and tokens (planners
         keep these)."""
-        attention = (self.a * sum_units * (1.0 + recompute * self.recompute_attention)
-                     * self.attention_factor(self._cp(degree, cp)))
-        compute = (attention + self.b * sum_s * (1.0 + recompute * self.recompute)) / degree
-        return compute + self.comm(sum_s, degree, cp, recompute) + self.fixed_seconds(recompute)
+        return self.micro_batch_prices(degree, cp).seconds(sum_units, sum_s, recompute)
 
     def fixed_seconds(self, recompute: float) -> float:
-        """Seconds of a micro-batch at this recompute level whatever its samples: g, and the
-        recomputed layers' fixed part (`recompute_fixed`)."""
-        return self.g + recompute * self.recompute_fixed
+        """Seconds of a micro-batch at this recompute level whatever its samples (`micro_batch.fixed_seconds`)."""
+        return fixed_seconds(self.g, self.recompute_fixed, recompute)
 
     def attention_time(self, tokens, units):
         """a q elementwise, computed as (a (q / s)) s: for text q / s is s exactly, so this
@@ -296,12 +282,6 @@ class CostModel(CostCoefficients):
                      * self.attention_factor(self._cp(degree, cp)))
         linear = self.b * tokens * (1.0 + recompute * self.recompute)
         return (attention + linear) / degree + self.exchange_seconds(tokens, degree, cp) * recomputed_exchanges(recompute)
-
-
-def recomputed_exchanges(recompute):
-    """How many times a micro-batch's exchanges run at this recompute level (floats or arrays),
-    relative to none recomputed: recomputed layers repeat their forward ones."""
-    return 1.0 + recompute * RECOMPUTED_EXCHANGES
 
 
 def tokens_array(samples: Sequence[Sample]) -> np.ndarray:

@@ -37,7 +37,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..vocabulary.cluster import Cluster
-from .cost import CostModel, recomputed_exchanges
+from .cost import CostModel
+from .micro_batch import recomputed_exchanges
 
 Transfers = Mapping[tuple[int, int], float]
 """Bytes each (source rank, destination rank) pair moves in one wave; absent pairs move none."""

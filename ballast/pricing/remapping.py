@@ -29,7 +29,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from .cost import LEVEL_EPS, CostModel, recomputed_exchanges
+from .cost import CostModel
+from .micro_batch import LEVEL_EPS, recomputed_exchanges
 from .nics import crosses_nodes, exchange_surcharge, fastest_move_rate, move_time
 from ..vocabulary.samples import Sample, tokens as sample_tokens
 

@@ -11,7 +11,8 @@ from typing import Sequence
 import numpy as np
 
 from ..vocabulary.samples import Sample
-from .cost import LEVEL_EPS, CostModel, tokens_array
+from .cost import CostModel, tokens_array
+from .micro_batch import LEVEL_EPS
 
 
 def sequence_times(cost: CostModel, samples: Sequence[Sample], every_split: bool = False) -> np.ndarray:

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..pricing.cost import RECOMPUTED_EXCHANGES
+from ..pricing.micro_batch import RECOMPUTED_EXCHANGES
 from ..vocabulary.patterns import AttentionPattern, as_pattern
 from ..vocabulary.samples import sample_grid
 from .grid import Point
@@ -36,7 +36,7 @@ def separates_calls(points: Sequence[Point], pattern: AttentionPattern) -> bool:
 
 def exchanged_layers(p: Point) -> float:
     """Blocks' worth of a point's exchanges: every block's, and the forward half again for each
-    recomputed one (`cost.RECOMPUTED_EXCHANGES`)."""
+    recomputed one (`micro_batch.RECOMPUTED_EXCHANGES`)."""
     return p.layers + RECOMPUTED_EXCHANGES * p.recompute_layers
 
 

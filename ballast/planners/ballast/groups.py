@@ -196,10 +196,10 @@ class GroupPacker:
                       weights: Sequence[float] | None = None) -> list[MicroBatch] | None:
         """`count` micro-batches balanced by LPT on `weights` (None: tokens) at their least
         recompute levels."""
-        lengths = self.lengths
+        prices = self.cost.micro_batch_prices(degree, cp)
         mbs = []
         for ids, tokens in self._lpt(tuple(longest_first), count, weights):
-            level = self.cost.min_recompute(tokens, degree, cp)
+            level = prices.min_recompute(tokens)
             if level is None:
                 return None
             mbs.append(MicroBatch(list(ids), level))
@@ -229,10 +229,11 @@ class GroupPacker:
         # plan. A text sample's units are integers in float64, summed exactly below 2^53.
         units = sum(map(self.units.__getitem__, mb.seq_ids))
         tokens = sum(map(self.lengths.__getitem__, mb.seq_ids))
-        seconds = self.cost.time_from_sums(units, tokens, degree, mb.recompute, cp)
+        prices = self.cost.micro_batch_prices(degree, cp)
+        seconds = prices.seconds(units, tokens, mb.recompute)
         if not self.cost.data_parallel.forward_gathers:
             return seconds
-        plain = self.cost.time_from_sums(units, tokens, degree, 0.0, cp) if mb.recompute else seconds
+        plain = prices.seconds(units, tokens, 0.0) if mb.recompute else seconds
         return gathered_seconds(self.cost.data_parallel, seconds, plain)
 
     def mbs_time(self, mbs: list[MicroBatch], degree: int, cp: int) -> float:
