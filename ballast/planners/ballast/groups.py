@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from ...pricing.cost import CostModel
+from ...pricing.micro_batch import MicroBatchPrices
 from ...plans.pass_times import gathered_seconds
 from ...plans.plan import Group, MicroBatch
 from ...vocabulary.samples import SampleBatch
@@ -174,13 +175,13 @@ class GroupPacker:
                     best = candidate
             # A pipeline stalls behind its longest micro-batch: the best count balanced on work
             # (WLB-LLM's equal cost per micro-batch) rather than tokens, where memory allows.
-            if self.stages > 1 and (mbs := self.micro_batches(seqs, degree, cp, len(best[1]), self.quad)):
-                best = min(best, (self.mbs_time(mbs, degree, cp), mbs), key=lambda v: v[0])
+            if self.stages > 1 and (weighted := self.timed(seqs, degree, cp, len(best[1]), self.quad)):
+                best = min(best, weighted, key=lambda v: v[0])
         if best is None:
             # One sequence per micro-batch always fits: the last resort if balancing cannot.
-            mbs = self.micro_batches(seqs, degree, cp, len(seqs))
-            assert mbs is not None, f"sequences {seqs[:5]} fit no packing at degree {degree}"
-            return self.mbs_time(mbs, degree, cp), mbs
+            alone = self.timed(seqs, degree, cp, len(seqs))
+            assert alone is not None, f"sequences {seqs[:5]} fit no packing at degree {degree}"
+            return alone
         return best
 
     def bins(self, seqs: list[int], degree: int, cp: int, capacity: int) -> list[MicroBatch]:
@@ -188,38 +189,36 @@ class GroupPacker:
         return [MicroBatch(b, self.cost.min_recompute(sum(self.lengths[s] for s in b), degree, cp))
                 for b in best_fit_decreasing(seqs, self.lengths, capacity)]
 
-    def timed(self, seqs: list[int], degree: int, cp: int, count: int) -> tuple[float, list[MicroBatch]] | None:
-        mbs = self.micro_batches(seqs, degree, cp, count)
-        return None if mbs is None else (self.mbs_time(mbs, degree, cp), mbs)
-
-    def micro_batches(self, longest_first: list[int], degree: int, cp: int, count: int,
-                      weights: Sequence[float] | None = None) -> list[MicroBatch] | None:
+    def timed(self, longest_first: list[int], degree: int, cp: int, count: int,
+              weights: Sequence[float] | None = None) -> tuple[float, list[MicroBatch]] | None:
         """`count` micro-batches balanced by LPT on `weights` (None: tokens) at their least
-        recompute levels."""
+        recompute levels, and the group's seconds for them (`mbs_time`); None if one cannot fit."""
         prices = self.cost.micro_batch_prices(degree, cp)
-        mbs = []
-        for ids, tokens in self._lpt(tuple(longest_first), count, weights):
+        mbs, seconds = [], []
+        for ids, tokens, units in self._lpt(tuple(longest_first), count, weights):
             level = prices.min_recompute(tokens)
             if level is None:
                 return None
             mbs.append(MicroBatch(list(ids), level))
-        return mbs
+            seconds.append(self._seconds(prices, units, tokens, level))
+        return self._total(seconds), mbs
 
     def _lpt(self, longest_first: tuple[int, ...], count: int, weights: Sequence[float] | None
-             ) -> list[tuple[tuple[int, ...], int]]:
+             ) -> list[tuple[tuple[int, ...], int, float]]:
         """LPT's non-empty bins of `longest_first` into `count` by `weights` (None: tokens), each
-        with its tokens; kept for the packer's life, since every split of a degree packs the same
-        sequences into the same bins (only their levels and times differ)."""
+        with its tokens and attention units; kept for the packer's life, since every split of a
+        degree packs the same sequences into the same bins (only their levels and times differ)."""
         key = (longest_first, count, weights is None)
         if key not in self._bins:
             weights = self.lengths if weights is None else weights
             heap = [(0, b) for b in range(count)]
             bins: list[list[int]] = [[] for _ in range(count)]
             for s in longest_first:
-                load, b = heapq.heappop(heap)
+                load, b = heap[0]
                 bins[b].append(s)
-                heapq.heappush(heap, (load + weights[s], b))
-            self._bins[key] = [(tuple(b), sum(self.lengths[s] for s in b)) for b in bins if b]
+                heapq.heapreplace(heap, (load + weights[s], b))
+            lengths, units = self.lengths.__getitem__, self.units.__getitem__
+            self._bins[key] = [(tuple(b), sum(map(lengths, b)), sum(map(units, b))) for b in bins if b]
         return self._bins[key]
 
     def mb_time(self, mb: MicroBatch, degree: int, cp: int) -> float:
@@ -229,17 +228,22 @@ class GroupPacker:
         # plan. A text sample's units are integers in float64, summed exactly below 2^53.
         units = sum(map(self.units.__getitem__, mb.seq_ids))
         tokens = sum(map(self.lengths.__getitem__, mb.seq_ids))
-        prices = self.cost.micro_batch_prices(degree, cp)
-        seconds = prices.seconds(units, tokens, mb.recompute)
+        return self._seconds(self.cost.micro_batch_prices(degree, cp), units, tokens, mb.recompute)
+
+    def _seconds(self, prices: MicroBatchPrices, units: float, tokens: int, level: float) -> float:
+        """`mb_time` from a micro-batch's sums of attention units and tokens at `level`."""
+        seconds = prices.seconds(units, tokens, level)
         if not self.cost.data_parallel.forward_gathers:
             return seconds
-        plain = prices.seconds(units, tokens, 0.0) if mb.recompute else seconds
+        plain = prices.seconds(units, tokens, 0.0) if level else seconds
         return gathered_seconds(self.cost.data_parallel, seconds, plain)
+
+    def _total(self, seconds: list[float]) -> float:
+        """A group's seconds for micro-batches of these seconds (`mbs_time`)."""
+        return sum(seconds) if self.stages == 1 else pipelined_seconds(seconds, self.stages)
 
     def mbs_time(self, mbs: list[MicroBatch], degree: int, cp: int) -> float:
         """A group's seconds for `mbs`: their sum, through the pipeline where there is one
         (`pipelined_seconds`)."""
-        if self.stages == 1:
-            return sum(self.mb_time(mb, degree, cp) for mb in mbs)
-        return pipelined_seconds([self.mb_time(mb, degree, cp) for mb in mbs], self.stages)
+        return self._total([self.mb_time(mb, degree, cp) for mb in mbs])
 
