@@ -81,9 +81,9 @@ def saved_kind(tensor: Tensor) -> str:
     cast of a parameter (it, or the tensor it views, made by a copy of a parameter: autocast's
     weight copies, which `linear` saves transposed), the loss's log-probabilities (log_softmax's
     saved output: the cross-entropy's; or a tensor a loss marked with `mark_loss`), or an
-    activation. A leaf that requires a gradient but is
-    no parameter is an activation: a pipeline stage's received hidden states, which it holds
-    until its backward sends their gradient back."""
+    activation. A leaf that requires a gradient but is no parameter is an activation: a
+    pipeline stage's received hidden states, which it holds until its backward sends their
+    gradient back."""
     base = tensor._base if tensor._base is not None else tensor
     if isinstance(base, torch.nn.Parameter):
         return "parameters"
