@@ -56,7 +56,8 @@ def _staged(plan: Plan, cost: CostModel) -> list[list[StagedMicroBatch]]:
             if not mb.seq_ids:
                 continue
             compute, comm = work_time(plan, mb, group, cost, routed)
-            plain = sum(work_time(plan, dataclasses.replace(mb, recompute=0.0), group, cost, routed))
+            plain = (sum(work_time(plan, dataclasses.replace(mb, recompute=0.0), group, cost, routed))
+                     if mb.recompute else compute + comm)
             passes = [price.passes(*stage_passes(compute + comm, plain, stages.count)) for price in _stage_prices(stages)]
             moved = transfer_seconds(sum(plan.mb_lengths(mb)), group.degree, stages.hidden, stages.bandwidth,
                                      stages.latency)

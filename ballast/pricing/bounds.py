@@ -10,11 +10,11 @@ from typing import Sequence
 
 import numpy as np
 
-from .cost import CostModel
+from .cost import CostModel, tokens_array
 from .fits import check_fits
 from ..vocabulary.layouts import ANY_SPLIT
 from .remapping import bound_terms
-from ..vocabulary.samples import Sample, tokens as sample_tokens
+from ..vocabulary.samples import Sample
 from .sequence_times import sequence_times
 
 
@@ -66,10 +66,16 @@ def lower_bound(cost: CostModel, samples: Sequence[Sample]) -> float:
     if len(samples) == 0:
         return 0.0
     check_fits(cost, samples)
-    s = np.fromiter(map(sample_tokens, samples), dtype=np.float64, count=len(samples))
-    q = cost.units(samples)
+    return bound_of(cost, tokens_array(samples), cost.units(samples), sequence_times(cost, samples, every_split=True))
+
+
+def bound_of(cost: CostModel, s: np.ndarray, q: np.ndarray, times: np.ndarray) -> float:
+    """`lower_bound` of samples that fit, given their tokens `s`, attention units `q` and times
+    alone (`sequence_times(cost, ..., every_split=True)`): these are per sample, so a planner that
+    holds them for its batch bounds any part of it by slicing, without pricing the part afresh."""
+    if len(s) == 0:
+        return 0.0
     n = cost.world_size
-    times = sequence_times(cost, samples, every_split=True)
     degrees = np.asarray(cost.degrees, dtype=np.float64)[:, None]
     # The most device-seconds per token, beyond its linear work, any sequence takes in its group
     # at its least-area degree: what a remap slot's other sequences are charged at most (led).

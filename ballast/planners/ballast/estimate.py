@@ -63,6 +63,8 @@ class GroupEstimates:
         self.deg = table[:, 0]
         self._table = [float(column[0]) if (column == column[0]).all() else column for column in table.T]
         self._a, self._b, self._g = cost.a, cost.b, cost.g
+        # `swap_floor` holds while the estimate grows with every sum: recomputation rates >= 0.
+        self._monotone = all(rate >= 0.0 and rate + attn_rate >= 0.0 for _, _, rate, attn_rate, *_ in rows)
         self.quad = [0.0] * len(degrees)      # sum of f a p n + b n
         self.attn = [0.0] * len(degrees)      # sum of f a p n
         self.tokens = [0.0] * len(degrees)
@@ -115,6 +117,36 @@ class GroupEstimates:
                               np.array(self.attn)[groups] - attn_r + attn_a,
                               np.array(self.tokens)[groups] - removed[0] + added[0],
                               np.array(self.forced)[groups] - forced_r + forced_a, columns)
+
+    def may_swap_below(self, slow: int, left: np.ndarray, owners: np.ndarray, ours: tuple, theirs: tuple,
+                       limit: float) -> np.ndarray:
+        """[s, t]: False where group `slow` giving sample s of `ours` (tokens, span; `left` its
+        estimate without s) for sample t of `theirs`, owned by group `owners[t]`, surely leaves
+        one of the two at `limit` or above.
+
+        The estimate grows with each of its sums (F with tokens, with the recomputation rate's
+        sums and with the forced part), so adding a sample raises it by at least its linear
+        part (compute over d, exchange): `slow` ends at no less than left[s] + lin(t), and an
+        owner taking s for a t within it in tokens and span at no less than its estimate +
+        lin(s) - lin(t). Two additions per pair instead of two estimates: a wave of a few groups
+        of hundreds of sequences each tries over a million swaps, few of which come near."""
+        if not self._monotone:
+            return np.ones((len(left), len(owners)), dtype=bool)
+        groups = np.arange(len(self.quad))
+        slow_t = self._linear(np.full(len(owners), slow), *theirs)
+        owner_t = self._linear(owners, *theirs)
+        owner_s = np.broadcast_to(self._linear(groups[None, :], ours[0][:, None], ours[1][:, None]),
+                                  (len(left), len(groups)))[:, owners]
+        within = (theirs[0][None, :] <= ours[0][:, None]) & (theirs[1][None, :] <= ours[1][:, None])
+        return ((left[:, None] + slow_t[None, :] < limit)
+                & ((owner_s < (limit - self.current()[owners] + owner_t)[None, :]) | ~within))
+
+    def _linear(self, groups: np.ndarray, length, span) -> np.ndarray:
+        """What a sample of (length, span) adds at least to the estimates of `groups`: its
+        compute over the degree and its exchange."""
+        columns = self._columns(groups)
+        quad, _, _ = self._terms(length, span, columns)
+        return quad / columns[0] + length * columns[5]
 
     def fill(self, seqs: list[int], lengths: list[float], spans: list[float], first_rows: list[int],
              rows: list[int]) -> list[list[int]]:

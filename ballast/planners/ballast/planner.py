@@ -126,10 +126,9 @@ class BallastPlanner(Planner):
         step of ten 2.3%). The plain search builds only the head size its proxy ranks best: on
         P1-P3 (bench/pipelines.sh) every plain plan that won was that one, and building three
         had doubled the planning time (P1 1.99 s a step, now 1.15; P3 2.65 s, now 2.40)."""
-        found = WaveSearch(self.cost, batch, ranks).best()
+        seconds, found = WaveSearch(self.cost, batch, ranks).best()
         if not self.pipelined:
             return found
-        plain = WaveSearch(dataclasses.replace(self.cost, stages=None), batch, ranks).best(heads=1)
+        _, plain = WaveSearch(dataclasses.replace(self.cost, stages=None), batch, ranks).best(heads=1)
         staged_levels(plain, batch, self.cost)
-        return min((found, plain), key=lambda waves: step_time(Plan(batch.lengths, waves, shapes=batch.shapes),
-                                                                self.cost))
+        return plain if step_time(Plan(batch.lengths, plain, shapes=batch.shapes), self.cost) < seconds else found

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ...pricing.bounds import lower_bound
+from ...pricing.bounds import bound_of
 from ...pricing.cost import CostModel
 from ...plans.plan import Group, Plan, Wave, fill_idle
 from ...vocabulary.samples import SampleBatch
@@ -56,8 +56,9 @@ class WaveSearch:
         self.deg = np.asarray([d for d in self.cost.degrees if d <= ranks])
         self.row = {int(d): i for i, d in enumerate(self.deg)}
         # [degree index, sequence]: alone at that degree at its best split, least recomputation,
-        # without g.
-        self.work = sequence_times(self.cost, batch.samples, every_split=True)[:len(self.deg)]
+        # without g; over every degree for the lower bound (`_bound`), up to `ranks` for the rest.
+        self.alone = sequence_times(self.cost, batch.samples, every_split=True)
+        self.work = self.alone[:len(self.deg)]
         # The split each degree's groups are estimated at (`_estimate_split`); the packer then
         # gives each group the split it runs fastest at.
         self.cps = {int(d): self._estimate_split(int(d)) for d in self.deg}
@@ -67,9 +68,10 @@ class WaveSearch:
         _, _, self.forced = self.estimates.terms(s[None, :], self.span[None, :], np.arange(len(self.deg))[:, None])
         self.packer = GroupPacker(self.cost, batch, self.work, self.quad, self.row)
 
-    def best(self, heads: int = HEAD_CANDIDATES) -> list[Wave]:
-        """The fastest waves: one wave, or the longest sequences in a wave of their own first;
-        of the head sizes, `heads` built fully (one: the proxy's best alone, one wave included)."""
+    def best(self, heads: int = HEAD_CANDIDATES) -> tuple[float, list[Wave]]:
+        """The fastest waves and their step time: one wave, or the longest sequences in a wave of
+        their own first; of the head sizes, `heads` built fully (one: the proxy's best alone, one
+        wave included)."""
         batch = self.batch
         order = np.argsort(-np.min(self.work, axis=0), kind="stable")
         # Head sizes are compared by their layouts' proxies; only the best are built fully.
@@ -91,7 +93,7 @@ class WaveSearch:
             t = step_time(Plan(batch.lengths, waves, shapes=batch.shapes), self.cost)
             if best is None or t < best[0]:
                 best = (t, waves)
-        return best[1]
+        return best
 
     # --- candidates ---------------------------------------------------------------------------
     def _head_sizes(self, order: np.ndarray) -> list[int]:
@@ -102,7 +104,7 @@ class WaveSearch:
         sizes = {k for k in HEAD_SIZES if k < len(order) and fastest[order[k - 1]] > 0.25 * area}
         # ... or as Zeppelin splits by length class: the sequences that need wide groups at the
         # lower bound get the whole cluster first, so they run wider and recompute less.
-        choice = self._degrees(self.work[:, order], lower_bound(self.cost, self.batch.samples),
+        choice = self._degrees(self.work[:, order], self._bound(np.arange(len(order))),
                                self.ranks)
         if choice is not None:
             degrees = self.deg[choice]
@@ -121,7 +123,7 @@ class WaveSearch:
 
     def _layouts(self, ids: np.ndarray) -> list[tuple[float, list[int]]]:
         """Distinct group layouts for `ids`, one per makespan target, best proxy first."""
-        lower = lower_bound(self.cost, self.batch.pick(ids))
+        lower = self._bound(ids)
         work = self.work[:, ids]
         allocations: dict[bytes, list[int] | None] = {}
 
@@ -191,6 +193,10 @@ class WaveSearch:
         return Wave(fill_idle([g for g in best[1] if g.micro_batches], self.ranks))
 
     # --- one candidate wave -------------------------------------------------------------------
+    def _bound(self, ids: np.ndarray) -> float:
+        """`lower_bound` of sequences `ids`, from the arrays of the whole batch."""
+        return bound_of(self.cost, self.tokens[ids], self.batch.units[ids], self.alone[:, ids])
+
     def _degrees(self, work: np.ndarray, target: float, width: int) -> np.ndarray | None:
         """Degree index per sequence (columns of `work`, a slice of `_work`): least area within
         `target`, degrees <= `width`."""
@@ -286,20 +292,24 @@ class WaveSearch:
             others = np.array([t for j, seqs in enumerate(members) if j != slow for t in seqs], dtype=np.int64)
             if not len(others):
                 return
-            mine = mine[self._first_of_kind(mine)]
+            kinds = self._first_of_kind(mine)
+            mine, left = mine[kinds], left[kinds]
             keep = self._first_of_kind(others, owner)
             owner, others = owner[keep], others[keep]
-            ours, theirs = self._pair(mine[:, None]), self._pair(others[None, :])
-            ok = ((self.quad[others][None, :] < self.quad[mine][:, None])
-                  & np.isfinite(self.work[rows[slow], others])[None, :]
-                  & np.isfinite(self.work[rows[owner][:, None], mine[None, :]]).T)
-            after = np.maximum(loads.changed(np.full(ok.shape, slow), ours, theirs),
-                               loads.changed(owner[None, :], theirs, ours))
-            after = np.where(ok, after, np.inf)
-            s, t = np.unravel_index(int(np.argmin(after)), after.shape)
-            if not after[s, t] < times[slow] * (1.0 - SWAP_GAIN):
+            limit = times[slow] * (1.0 - SWAP_GAIN)
+            ours, theirs = self._pair(mine), self._pair(others)
+            # Only the pairs that may end below the limit (`GroupEstimates.may_swap_below`; the
+            # margin covers rounding) are priced, in the same order.
+            s, t = np.nonzero(loads.may_swap_below(slow, left, owner, ours, theirs, limit * (1.0 + 1e-9)))
+            keep = ((self.quad[others[t]] < self.quad[mine[s]])
+                    & np.isfinite(self.work[rows[slow], others[t]])
+                    & np.isfinite(self.work[rows[owner[t]], mine[s]]))
+            s, t = s[keep], t[keep]
+            after = np.maximum(loads.changed(np.full(len(s), slow), self._pair(mine[s]), self._pair(others[t])),
+                               loads.changed(owner[t], self._pair(others[t]), self._pair(mine[s])))
+            if not len(after) or not after[k := int(np.argmin(after))] < limit:
                 return
-            self._exchange(loads, members, slow, int(mine[s]), int(owner[t]), int(others[t]))
+            self._exchange(loads, members, slow, int(mine[s[k]]), int(owner[t[k]]), int(others[t[k]]))
 
     def _exchange(self, loads: GroupEstimates, members: list[list[int]], slow: int, s: int, j: int,
                   t: int) -> None:
