@@ -109,7 +109,12 @@ class EpochStream(ABC):
         """Sample ids of `epoch` in the order the stream yields them."""
         return np.random.default_rng([self.seed, epoch]).permutation(self.num_samples)
 
-    def next_batch(self) -> GlobalBatch:
+    def planned_samples(self, sample_ids: np.ndarray | list[int]) -> list:
+        """What a planner plans of each sample id (`GlobalBatch.planned`): its tokens here."""
+        return self.sample_lengths(sample_ids).tolist()
+
+    def next_ids(self) -> tuple[np.ndarray, int]:
+        """The next batch's sample ids and the epoch they are drawn in, without the samples."""
         if self._order_epoch != self.epoch:  # one epoch's order and running lengths are kept
             self._order = self.epoch_order(self.epoch)
             self._cum = np.cumsum(self.sample_lengths(self._order))
@@ -122,7 +127,10 @@ class EpochStream(ABC):
         self._cursor = end
         if end == self.num_samples:  # so `epoch` is always the next batch's
             self.epoch, self._cursor = epoch + 1, 0
-        return self.make_batch(ids, epoch)
+        return ids, epoch
+
+    def next_batch(self) -> GlobalBatch:
+        return self.make_batch(*self.next_ids())
 
     def __iter__(self) -> Iterator[GlobalBatch]:
         return self

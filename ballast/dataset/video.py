@@ -98,6 +98,10 @@ class ClipStream(EpochStream):
         """Tokens (latent patches) of each sample id."""
         return self._tokens[np.asarray(sample_ids, dtype=np.int64)]
 
+    def planned_samples(self, sample_ids: np.ndarray | list[int]) -> list:
+        """Each clip's (frames, height, width) in latent patches, as a planner plans it."""
+        return [tuple(s) for s in self.shapes[np.asarray(sample_ids, dtype=np.int64)].tolist()]
+
     def sample_name(self, sample_id: int) -> str:
         return f"sample {sample_id} ({self.dataset.clip_name(sample_id)})"
 
@@ -116,7 +120,7 @@ class ClipStream(EpochStream):
         ids = sample_ids.tolist()
         return GlobalBatch(sample_ids=ids, lengths=self.sample_lengths(sample_ids).tolist(),
                      samples=[self.sample_clip(i, epoch) for i in ids], epoch=epoch,
-                     shapes=[tuple(s) for s in self.shapes[sample_ids].tolist()])
+                     shapes=self.planned_samples(sample_ids))
 
     def state_identity(self) -> dict:
         return {"data": self.dataset.fingerprint}

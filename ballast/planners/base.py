@@ -48,6 +48,11 @@ class PlannerOptions:
     """Route inter-node all-to-alls over every NIC of the node (Zeppelin's routing layer,
     `Wave.routed`) where the planner's rule says so: `zeppelin` in every wave with one, as its
     paper does; `ballast` in the waves it makes faster. Other planners never route. False: none."""
+    defer_outliers: bool = field(default=True, metadata=_read_by("--defer-outliers", "wlb-llm", "ballast"))
+    """Let outliers wait for later steps in WLB-LLM's queue (`outliers.py`, `held.py`): `wlb-llm`
+    as its paper does, `ballast` under a pipeline, where it measured faster (its `defer`). Then
+    they train some samples a few steps after they were drawn, so their loss curve is not the
+    other planners'; False: every sample trains in the step that drew it."""
     lockstep: bool = False
     """Emit lockstep plans (FSDP/ZeRO-3): equal micro-batch counts per group in every wave.
     Planners that are lockstep by nature (`static`, `batch-adaptive`, `bucket`) always are."""
@@ -135,6 +140,14 @@ class Planner(ABC):
     @abstractmethod
     def _plan(self, batch: SampleBatch) -> Plan:
         """Plan a non-empty batch whose every sample fits some degree."""
+
+    def defer(self, samples: Sequence[Sample], waited: Sequence[int]) -> list[int]:
+        """Indices of `samples`, a step's candidates (those held from earlier steps first, in the
+        order they were drawn, each `waited` steps so far; then the step's fresh draw), that
+        should train in a later step (`held.HeldSamples` keeps them and bounds their wait).
+        None unless a planner says otherwise: most train every sample in the step it is drawn."""
+        del samples, waited
+        return []
 
     def state_dict(self) -> dict:
         """Planner state to checkpoint (most planners are stateless)."""

@@ -19,62 +19,31 @@ work inside it:
   there, else it waits for the next round.
 - Outlier delay: documents of at least L_1 tokens wait in a multi-level queue (level i holds
   L_i <= length < L_(i+1)); a level that holds N of them releases N, one for every micro-batch,
-  the earliest first. WLB-LLM delays the others to later steps. Here every sample of a batch
-  trains in its step, so the delayed outliers, with the documents that found no room, form
-  later rounds of the same step: micro-batches of their own (N' of them for their tokens,
-  packed as above), which the replicas run besides the first round's.
+  the earliest first, and the others wait for later steps (`outliers.py`; `defer`, which
+  `held.HeldSamples` carries: at most `held.MAX_WAIT` steps, and never past an epoch's last
+  step). A batch planned alone (verify, bench) trains all its outliers in its step.
 
 Micro-batches go to the replicas by LPT on their time (in lockstep where asked, as under
 FSDP, WLB-LLM's data parallelism). Under pipeline parallelism each replica is a pipeline and
 runs its micro-batches through it in packing order: Algorithm 1 is WLB-LLM's PP-level balance,
 micro-batches of unequal tokens and equal workload, so 1F1B's steady state does not stall behind
 a heavy one; their count stays fixed-length packing's, as in its evaluation. Not modelled: the
-delay of outliers to later steps (here to later rounds of the same step, above) and the runtime
-choice between per-sequence and per-document sharding (ballast's runtime always shards per
-document; the cost model's `context_attention` prices its kernels).
+runtime choice between per-sequence and per-document sharding (ballast's runtime always shards
+per document; the cost model's `context_attention` prices its kernels).
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
 
 from ..vocabulary.layouts import CONTEXT_ONLY, Splits
 from ..plans.plan import Group, Plan, Wave
-from ..vocabulary.samples import SampleBatch
+from ..vocabulary.samples import Sample, SampleBatch, tokens
 from .base import Planner
+from .outliers import micro_batch_count, waiting_outliers
 from .packing import deal_by_time, fixed_run, micro_batch, pad_lockstep
 from .registry import register
-
-OUTLIER_LEVELS = (1 / 4, 1 / 2)
-"""L_1 < L_2, the outlier queues' least lengths as fractions of max_len. Ours: the paper tunes
-them on a sample of the data; two queues are what its Table 2 finds balanced."""
-
-
-def micro_batch_count(tokens: int, max_len: int, replicas: int) -> int:
-    """N: the micro-batches fixed-length packing at `max_len` makes of `tokens`, rounded up to
-    a multiple of the replicas (each runs as many)."""
-    return replicas * max(1, math.ceil(tokens / (replicas * max_len)))
-
-
-def release_outliers(lengths: Sequence[int], max_len: int, count: int) -> tuple[list[int], list[int]]:
-    """(ids packed in the first round, ids delayed): documents below L_1 and, of every queue
-    level holding at least `count` outliers, its first `count`; the rest of the queues wait."""
-    bounds = [level * max_len for level in OUTLIER_LEVELS]
-    queues: list[list[int]] = [[] for _ in bounds]
-    first = []
-    for i, s in enumerate(lengths):
-        level = sum(s >= bound for bound in bounds) - 1
-        (first if level < 0 else queues[level]).append(i)
-    delayed = []
-    for queue in queues:
-        if len(queue) >= count:
-            first += queue[:count]
-            queue = queue[count:]
-        delayed += queue
-    return sorted(first), sorted(delayed)
-
 
 def greedy_pack(ids: Sequence[int], lengths: Sequence[int], workload: np.ndarray, count: int,
                 capacity: int) -> tuple[list[list[int]], list[int]]:
@@ -105,6 +74,16 @@ class WLBLLMPlanner(Planner):
         """Context parallelism over the whole group (per-document head-tail sharding)."""
         return CONTEXT_ONLY
 
+    def defer(self, samples: Sequence[Sample], waited: Sequence[int]) -> list[int]:
+        """The outliers its queue keeps (`outliers.waiting_outliers`, N over its replicas), unless
+        --no-defer-outliers."""
+        del waited  # the queue releases the earliest drawn; HeldSamples bounds the wait
+        if not self.options.defer_outliers:
+            return []
+        lengths = [tokens(x) for x in samples]
+        max_len, degree, _ = fixed_run(self.cost, lengths, self.options.max_len, self.options.degree)
+        return waiting_outliers(lengths, max_len, self.cluster.world_size // degree)
+
     def _plan(self, batch: SampleBatch) -> Plan:
         cost, lengths = self.cost, batch.lengths
         max_len, degree, recompute = fixed_run(cost, lengths, self.options.max_len, self.options.degree)
@@ -112,14 +91,13 @@ class WLBLLMPlanner(Planner):
         capacity = cost.max_tokens(degree, recompute)
         workload = cost.marginal_times(np.asarray(lengths, dtype=np.float64), batch.units, degree, recompute)
         count = micro_batch_count(sum(lengths), max_len, replicas)
-        pending, delayed = release_outliers(lengths, max_len, count)
-        info = {"degree": degree, "recompute": recompute, "micro_batches": count, "delayed": len(delayed)}
+        info = {"degree": degree, "recompute": recompute, "micro_batches": count}
         bins: list[list[int]] = []
-        while pending or delayed:  # a first round may hold no document: every one an outlier
-            packed, left = greedy_pack(pending, lengths, workload, count, capacity)
-            assert packed or not pending, "a round places its longest document: it fits an empty micro-batch"
+        pending = list(range(len(lengths)))
+        while pending:  # the documents that found no room form later rounds
+            packed, pending = greedy_pack(pending, lengths, workload, count, capacity)
+            assert packed, "a round places its longest document: it fits an empty micro-batch"
             bins += packed
-            pending, delayed = left + delayed, []
             count = micro_batch_count(sum(lengths[i] for i in pending), max_len, replicas)
         micro_batches = [micro_batch(b, lengths, degree, cost, recompute) for b in bins]
         per_group = deal_by_time(micro_batches, batch, degree, cost, replicas)

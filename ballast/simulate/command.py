@@ -61,6 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--zeppelin-remap", action=OnOff, default=d.remap,
                    help="zeppelin: model its remapping layer (default), or plan without it (--no-zeppelin-remap)")
     ROUTING.add(p, d.routing)
+    p.add_argument("--defer-outliers", action=OnOff, default=d.defer_outliers,
+                   help="wlb-llm and ballast: let outliers wait for later steps in WLB-LLM's queue, every sample "
+                        "trained by the last step (default), or train each in the step that drew it "
+                        "(--no-defer-outliers)")
     p.add_argument("--sharding", type=Sharding.parse, default=None, metavar="MODE",
                    help="how ranks hold the model's state, which the memory model prices: replicated, zero1 or fsdp "
                         "(default: fsdp on GPU clusters, zero1 there under --pp, replicated on cpu: "
@@ -79,7 +83,8 @@ def planner_options(args: argparse.Namespace) -> PlannerOptions:
     flags read them here too)."""
     return PlannerOptions(max_len=args.max_len, degree=args.degree, cp=args.cp, seed=args.seed,
                           time_limit=args.time_limit, buckets=args.buckets, dcp_mode=args.dcp_mode,
-                          remap=args.zeppelin_remap, routing=args.routing, lockstep=args.lockstep)
+                          remap=args.zeppelin_remap, routing=args.routing, defer_outliers=args.defer_outliers,
+                          lockstep=args.lockstep)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
                "cost": cost.source, "sharding": cost.device.sharding.value, "max_len": args.max_len, "batch": args.batch,
                "tokens_per_step": args.tokens_per_step, "overlong": args.overlong, "seed": args.seed,
                "dcp_mode": args.dcp_mode, "zeppelin_remap": _on_off(args.zeppelin_remap), "routing": _on_off(args.routing),
+               "defer_outliers": _on_off(args.defer_outliers),
                "lockstep": args.lockstep, "data_parallel": _data_parallel(cost),
                "data": lengths_stream.report(),
                "mean_tokens_per_step": sum(tokens(x) for b in batches for x in b) / len(batches)}

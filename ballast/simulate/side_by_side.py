@@ -14,6 +14,7 @@ from ..vocabulary.patterns import CAUSAL_LM
 from ..plans.plan import Plan
 from ..planners import PlannerOptions, get_planner
 from ..planners.fits import check_fits
+from ..planners.held import HeldSamples
 from ..vocabulary.layouts import ANY_SPLIT
 from ..vocabulary.samples import Sample, check_samples, is_shaped, tokens
 from ..plans.timeline import StepMetrics, simulate
@@ -45,10 +46,13 @@ class PlannerResult:
     """Seconds of the gradient reduction left after the waves (`StepMetrics.sync_time`)."""
     optimizer_time_s: list[float] = field(default_factory=list)
     """Seconds of the optimizer step and what follows it (`StepMetrics.optimizer_time`)."""
+    held: list[int] = field(default_factory=list)
+    """Samples left to later steps after each step (`Planner.defer`, `planners/held.py`)."""
     first_plan: Plan | None = None
     info: list[dict] = field(default_factory=list)
 
-    def add(self, plan: Plan, metrics: StepMetrics, plan_seconds: float) -> None:
+    def add(self, plan: Plan, metrics: StepMetrics, plan_seconds: float, held: int = 0) -> None:
+        self.held.append(held)
         if self.first_plan is None:
             self.first_plan = plan
         self.step_time_s.append(metrics.step_time)
@@ -80,6 +84,8 @@ class PlannerResult:
         for key in ("busiest_nic_gb", "nic_imbalance", "routed_waves", "bubble_fraction"):
             if getattr(self, key):
                 out[key] = float(np.mean(getattr(self, key)))
+        if any(self.held):
+            out["held"] = float(np.mean(self.held))
         if self.nic_gb:
             out["nic_gb"] = [round(float(x), 4) for x in np.mean(self.nic_gb, axis=0)]
         gaps = [i["mip_gap"] for i in self.info if "mip_gap" in i]
@@ -97,6 +103,8 @@ def simulate_planners(batches: Sequence[list[Sample]], planners: Sequence[str], 
                       options: PlannerOptions, on_step: Callable[[str, int], None] | None = None,
                       as_lengths: bool = False) -> tuple[list[float], dict[str, PlannerResult]]:
     """Lower bound per batch, and each planner's results on the same batches (validated plans).
+    A planner that defers samples (`Planner.defer`) trains some of a batch in later steps, and
+    the held ones in the last step at the latest, so every planner trains the same samples.
 
     as_lengths: the planners see every sample as a text sequence of its tokens under causal
     attention (what a length-only planner believes), and their plans run under `cost`'s own
@@ -108,15 +116,16 @@ def simulate_planners(batches: Sequence[list[Sample]], planners: Sequence[str], 
     results = {}
     for name in planners:
         planner = get_planner(name, cluster, planning_cost, options)
-        result = PlannerResult(name)
-        for k, batch in enumerate(batches):
+        result, held = PlannerResult(name), HeldSamples()
+        for k, drawn in enumerate(batches):
             begin = time.perf_counter()
+            batch = held.admit([(x, tokens(x) if as_lengths else x) for x in drawn], planner, k == len(batches) - 1)
             plan = planner.plan([tokens(x) for x in batch] if as_lengths else batch)
             elapsed = time.perf_counter() - begin
             if as_lengths and is_shaped(batch):
                 plan.shapes = check_samples(batch)
             plan.validate(cluster, cost)
-            result.add(plan, simulate(plan, cost, cluster.world_size), elapsed)
+            result.add(plan, simulate(plan, cost, cluster.world_size), elapsed, len(held))
             if on_step:
                 on_step(name, k)
         results[name] = result

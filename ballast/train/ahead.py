@@ -27,9 +27,12 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..dataset import EpochStream, GlobalBatch
 from ..plans.plan import Plan
 from ..planners import Planner
+from ..planners.held import HeldSamples
 from ..plans.timeline import whole_step_time
 
 
@@ -46,27 +49,46 @@ class StepInput:
     """The plan's whole step under the cost model (`ballast.plans.timeline.whole_step_time`): its
     waves, the gradient sync left after them and the optimizer step, as the measured step holds."""
     data_state: dict
-    """The stream's `state_dict()` right after this batch: where step + 1 starts."""
+    """Where step + 1 starts: the stream's `state_dict()` right after this batch, with the
+    samples held for later steps under "held" (`load_data_state`)."""
     planner_state: dict
     """`Planner.state_dict()` right after planning this batch."""
+    held: int
+    """Samples drawn by this step or before that wait for a later one (`Planner.defer`)."""
+
+
+def load_data_state(stream: EpochStream, held: HeldSamples, state: dict) -> None:
+    """Resume `stream` and `held` at a `StepInput.data_state` (one saved before samples could be
+    held has none)."""
+    stream.load_state_dict(state)
+    saved = state.get("held", {"keys": [], "waited": []})
+    keys = saved.get("keys") if isinstance(saved, dict) else None
+    if not (isinstance(keys, list) and all(isinstance(k, int) and 0 <= k < stream.num_samples for k in keys)):
+        raise ValueError(f"the data state's held samples must be sample ids of this stream "
+                         f"(0..{stream.num_samples - 1}), got {saved!r}")
+    held.load_state_dict(saved, stream.planned_samples(keys))
 
 
 class Lookahead:
     """`get(k)` returns step k's input and starts preparing step k + 1 (while it is < `steps`)."""
 
-    def __init__(self, stream: EpochStream, planner: Planner, steps: int, ahead: bool):
-        self.stream, self.planner, self.steps = stream, planner, steps
+    def __init__(self, stream: EpochStream, planner: Planner, held: HeldSamples, steps: int, ahead: bool):
+        self.stream, self.planner, self.held, self.steps = stream, planner, held, steps
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ballast-plan") if ahead else None
         self._next: Future[StepInput] | None = None
 
     def _prepare(self, step: int) -> StepInput:
-        batch = self.stream.next_batch()
-        data_state = self.stream.state_dict()
+        fresh, epoch = self.stream.next_ids()
         start = time.perf_counter()
+        # Held samples are always of the stream's epoch: the epoch's last batch holds none.
+        final = self.stream.epoch != epoch
+        ids = self.held.admit(list(zip(fresh.tolist(), self.stream.planned_samples(fresh))), self.planner, final)
+        batch = self.stream.make_batch(np.asarray(ids, dtype=np.int64), epoch)
         plan = self.planner.plan(batch.planned)
         seconds = time.perf_counter() - start
+        data_state = {**self.stream.state_dict(), "held": self.held.state_dict()}
         return StepInput(step, batch, plan, seconds, whole_step_time(plan, self.planner.cost), data_state,
-                         self.planner.state_dict())
+                         self.planner.state_dict(), len(self.held))
 
     def get(self, step: int) -> StepInput:
         if self._pool is None:

@@ -89,6 +89,10 @@ class PlannerConfig:
     routing: bool = field(default=SHORT_SOLVES.routing, metadata=_flag("--routing"))
     """The planner's routing of inter-node all-to-alls (`options.ROUTING`); a run of ranks on one
     node has none to route."""
+    defer_outliers: bool = SHORT_SOLVES.defer_outliers
+    """wlb-llm, and ballast under --pp, let outliers wait for later steps in WLB-LLM's queue
+    (`PlannerOptions.defer_outliers`), so their batches are not the other planners'; off: every
+    sample trains in the step that drew it."""
     device_memory_gb: float | None = None
     """The budget per rank plans must fit (`options.DEVICE_MEMORY`); unset: the cluster's own (cpu: 4)
     or the profile's."""

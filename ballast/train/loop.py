@@ -6,7 +6,9 @@ Rank 0 owns the data stream and the planner (`Lookahead`); each step it broadcas
 and the batch's tokens, every rank runs its part of the plan (`Executor.step`: waves, grad
 all-reduce, AdamW), and rank 0 logs the step. The gradient of a step does not depend on the
 plan (the executor's loss is summed per token over the global batch), so any planner trains
-the same model from the same seed: planners change the speed, not the loss curve.
+the same model from the same seed: planners change the speed, not the loss curve. The one
+exception is by choice: wlb-llm, and ballast under a pipeline, hold outliers for later steps
+(`planners/held.py`; --no-defer-outliers turns it off), which changes the batches themselves.
 """
 from __future__ import annotations
 
@@ -35,12 +37,13 @@ from ..dataset import (BatchStream, ClipStream, build_corpus, check_data_kind, c
 from ..models import build_model, check_buildable
 from ..plans.plan import Plan, splits_used
 from ..planners import Planner, PlannerOptions, get_planner
+from ..planners.held import HeldSamples
 from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize, rank_device
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..vocabulary.layouts import ANY_SPLIT
 from . import checkpoint
 from .hf_folder import check_tokenizer, export_model, folder_loader, resolve_tokenizer
-from .ahead import Lookahead, StepInput
+from .ahead import Lookahead, StepInput, load_data_state
 from .config import OptimizerConfig, TrainConfig
 from .nonfinite import nonfinite_step, nothing_trained
 from .resume import checkpoint_to_resume, say_what_changed
@@ -125,7 +128,8 @@ def open_data(config: TrainConfig, setup: Setup, progress: bool) -> tuple[BatchS
 def planner_options(config: TrainConfig) -> PlannerOptions:
     return PlannerOptions(max_len=config.data.max_len, degree=config.planner.degree, cp=config.planner.cp,
                           seed=config.run.seed, time_limit=config.planner.time_limit,
-                          routing=config.planner.routing, lockstep=config.optimizer.fsdp)
+                          routing=config.planner.routing, defer_outliers=config.planner.defer_outliers,
+                          lockstep=config.optimizer.fsdp)
 
 
 def make_planner(config: TrainConfig, setup: Setup) -> Planner:
@@ -266,21 +270,22 @@ def from_rank0(prepare: Callable[[], tuple[T, Any]]) -> tuple[T | None, Any]:
 
 
 def _prepare_data(config: TrainConfig, setup: Setup, world: int, console: Console
-                  ) -> tuple[tuple[BatchStream | ClipStream, Planner], str | None]:
-    """Rank 0's ((stream, planner), checkpoint to resume from), both at the resumed position."""
+                  ) -> tuple[tuple[BatchStream | ClipStream, Planner, HeldSamples], str | None]:
+    """Rank 0's ((stream, planner, samples held for later steps), checkpoint to resume from), all
+    at the resumed position."""
     resume = checkpoint_to_resume(config, console)
     meta = None if resume is None else checkpoint.read_meta(Path(resume))
     if meta is not None:  # another model fails here, before anything of the checkpoint is used
         checkpoint.check_same_model(Path(resume), meta, setup.shape)
         say_what_changed(Path(resume), meta, config, world, console)
     stream, described = open_data(config, setup, progress=True)
-    planner = make_planner(config, setup)
+    planner, held = make_planner(config, setup), HeldSamples()
     if meta is not None:  # a position of other data or another seed fails here, on every rank
-        stream.load_state_dict(meta["data"])
+        load_data_state(stream, held, meta["data"])
         planner.load_state_dict(meta["planner"])
     console.print(described, highlight=False)
     console.print(setup.describe(), highlight=False)
-    return (stream, planner), resume
+    return (stream, planner, held), resume
 
 
 def _next_input(lookahead: Lookahead, step: int) -> tuple[StepInput | None, Exception | None]:
@@ -329,7 +334,7 @@ def _record(step: int, attempt: int, item: StepInput, result: StepResult,
     return StepRecord(
         step=step, attempt=attempt, planner=plan.planner, loss=result.loss, grad_norm=result.grad_norm, skipped=not result.applied,
         lr=lr, tokens=plan.tokens,
-        sample_ids=item.batch.sample_ids, lengths=item.batch.lengths, epoch=item.batch.epoch,
+        sample_ids=item.batch.sample_ids, lengths=item.batch.lengths, epoch=item.batch.epoch, held=item.held,
         step_time=seconds, tokens_per_s=plan.tokens / seconds, predicted_step_time=item.predicted_seconds,
         idle_fraction=idle[0], rank_idle=idle[1], waves=len(plan.waves),
         micro_batches=plan.busy_micro_batches(), degrees=plan.degrees_used(),

@@ -3,8 +3,9 @@
 `metrics.jsonl` is appended to, never rewritten, while a run lasts: after a restart the
 steps since the last checkpoint run again and are logged again, so the run's history is the
 *last* record of every step (`final_history`). Each record lists the sample ids the step
-trained on; in the final history every sample of an epoch then appears exactly once, which is
-how a restart is shown to have neither lost nor repeated data.
+trained on; in the final history every sample of an epoch then appears exactly once (a sample
+a planner holds for a later step trains within its epoch, `planners/held.py`), which is how a
+restart is shown to have neither lost nor repeated data.
 """
 from __future__ import annotations
 
@@ -65,6 +66,8 @@ class StepRecord:
     lengths: list[int]
     """Tokens of every sequence, in sample_ids order."""
     epoch: int
+    held: int
+    """Samples drawn by this step or before it that its planner left to later steps (`Planner.defer`)."""
     step_time: float
     """Wall-clock seconds of the whole step on rank 0: waiting for its plan, the broadcast,
     the executor's waves, gradient sync and optimizer."""
@@ -166,7 +169,8 @@ class ProgressDisplay:
         elif (record.step + 1) % self.interval == 0 or record.step + 1 == self.total:
             self.console.print(f"step {record.step + 1}/{self.total}  loss {record.loss:.4f}  "
                                f"{record.tokens_per_s:,.0f} tok/s  idle {record.idle_fraction:.0%}  "
-                               f"layout {record.layout}  plan {record.plan_ms:.1f} ms", highlight=False)
+                               f"layout {record.layout}  plan {record.plan_ms:.1f} ms"
+                               f"{f'  {record.held} held' if record.held else ''}", highlight=False)
 
     def close(self) -> None:
         if self.bar is not None:

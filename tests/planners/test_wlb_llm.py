@@ -1,5 +1,5 @@
 """The `wlb-llm` planner: a fixed CP degree over every group, WLB-LLM's workload-balanced
-var-length packing and its outlier delay (as later rounds of the same step)."""
+var-length packing and its outlier delay to later steps."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +14,9 @@ from ballast.pricing.coefficients import InfeasibleError
 from ballast.pricing.cost_sources import analytic_cost
 from ballast.vocabulary.model_shape import ModelShape, get_model_shape
 from ballast.planners import PlannerOptions, get_planner
-from ballast.planners.wlb_llm import OUTLIER_LEVELS, greedy_pack, micro_batch_count, release_outliers
+from ballast.planners.held import HeldSamples
+from ballast.planners.outliers import OUTLIER_LEVELS, micro_batch_count, release_outliers
+from ballast.planners.wlb_llm import greedy_pack
 
 THREE_HEADS = ModelShape("three-heads", 2, 96, 3, 3, 192, 256)
 
@@ -62,7 +64,7 @@ def test_micro_batches_balance_workload_as_greedy_can(lengths, forced):
     planner = get_planner("wlb-llm", cluster, cost, PlannerOptions(max_len=max_len, degree=forced))
     plan = planner.plan(lengths)
     plan.validate(cluster, cost)
-    assert plan.info["delayed"] == 0
+    assert planner.defer(lengths, [0] * len(lengths)) == []   # no outlier: nothing waits
     loads = workloads(plan, planner.cost, forced)
     replicas = 8 // forced
     assert len(loads) <= plan.info["micro_batches"] == micro_batch_count(sum(lengths), max_len, replicas)
@@ -104,16 +106,44 @@ def test_outliers_released_one_per_micro_batch_when_a_level_has_enough():
     assert sorted(sum(lengths[i] == long for i in b) for b in bins) == [1, 1, 1, 1]
 
 
-def test_delayed_outliers_run_in_micro_batches_of_their_own():
+def test_outliers_wait_for_later_steps_until_a_level_fills():
     cluster, cost = cpu8(memory_gb=2.0)
     max_len = 40_000
-    lengths = [30_000, 25_000] + [1_000] * 200   # 2 outliers, 8 micro-batches: too few to release
+    step = [30_000, 25_000] + [1_000] * 200   # 2 outliers of level 2; 8 micro-batches need 8
     planner = get_planner("wlb-llm", cluster, cost, PlannerOptions(max_len=max_len, degree=1))
-    plan = planner.plan(lengths)
+    assert planner.defer(step, [0] * len(step)) == [0, 1]
+    held = HeldSamples()
+    trained = [held.admit([((k, i), x) for i, x in enumerate(step)], planner, final=False) for k in range(4)]
+    # three steps hold their two, the fourth gathers 8 and releases them, one per micro-batch
+    assert [len(t) for t in trained] == [200, 200, 200, 208] and len(held) == 0
+    plan = planner.plan([step[i] for _, i in trained[3]])
     plan.validate(cluster, cost)
-    assert plan.info["micro_batches"] == 8 and plan.info["delayed"] == 2
-    holding = [mb.seq_ids for _, _, mb in plan.micro_batches() if {0, 1} & set(mb.seq_ids)]
-    assert all(set(ids) <= {0, 1} for ids in holding)   # no short document rides with them
+    outliers = {j for j, (_, i) in enumerate(trained[3]) if i < 2}
+    per_micro_batch = [len(outliers & set(mb.seq_ids)) for _, _, mb in plan.micro_batches() if mb.seq_ids]
+    assert sorted(per_micro_batch)[-8:] == [1] * 8 and sum(per_micro_batch) == 8
+
+
+def test_a_batch_planned_alone_trains_its_outliers_in_its_step():
+    cluster, cost = cpu8(memory_gb=2.0)
+    lengths = [30_000, 25_000] + [1_000] * 200
+    plan = get_planner("wlb-llm", cluster, cost, PlannerOptions(max_len=40_000, degree=1)).plan(lengths)
+    plan.validate(cluster, cost)
+    assert sorted(i for _, _, mb in plan.micro_batches() for i in mb.seq_ids) == list(range(len(lengths)))
+
+
+def test_the_release_count_is_the_micro_batches_of_what_trains():
+    # Held outliers raise the candidates' tokens past one more micro-batch of the replicas; the
+    # release is counted on the documents that train, which hold one micro-batch fewer.
+    cluster, cost = cpu8(memory_gb=2.0)
+    max_len, replicas = 40_000, 8
+    lengths = [30_000] * 9 + [1_000] * 60    # 330k tokens: 16 micro-batches, none of the 9 released;
+    # then 8 for 8 released (300k tokens): the ninth waits
+    planner = get_planner("wlb-llm", cluster, cost, PlannerOptions(max_len=max_len, degree=1))
+    assert micro_batch_count(sum(lengths), max_len, replicas) == 16
+    delayed = planner.defer(lengths, [0] * len(lengths))
+    first = [x for i, x in enumerate(lengths) if i not in delayed]
+    count = micro_batch_count(sum(first), max_len, replicas)
+    assert delayed == [8] and count == 8 and sum(x == 30_000 for x in first) == count
 
 
 def test_heads_do_not_cap_its_cp_degree():

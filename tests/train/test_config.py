@@ -241,7 +241,7 @@ def test_the_log_prints_a_cp_group_as_u_x_c(capsys):
     from ballast.train.metrics import ProgressDisplay, StepRecord
 
     record = StepRecord(step=0, attempt=0, planner="static", loss=1.0, grad_norm=1.0, skipped=False, lr=1e-3,
-                        tokens=8, sample_ids=[0], lengths=[8], epoch=0, step_time=1.0, tokens_per_s=8.0,
+                        tokens=8, sample_ids=[0], lengths=[8], epoch=0, held=0, step_time=1.0, tokens_per_s=8.0,
                         predicted_step_time=1.0, idle_fraction=0.0, rank_idle=[0.0, 0.0], waves=1, micro_batches=1,
                         degrees=[2], context_parts=[2], splits=["1x2"], recomputed=0.0,
                         layout="1x2 recompute 0%", plan_ms=1.0, plan_wait_ms=0.0)
