@@ -41,6 +41,9 @@ def print_summary(summary: dict) -> None:
     if summary["skipped_steps"]:
         console.print(f"  skipped     {summary['skipped_steps']} step(s) whose loss or gradient norm was not "
                       f"finite (--skip-nonfinite; metrics.jsonl marks them)")
+    if summary.get("steps_holding"):
+        console.print(f"  held        outliers waited for later steps after {summary['steps_holding']} step(s), "
+                      f"at most {summary['most_held']} at once (--no-defer-outliers: none)")
     console.print("  layouts     " + ", ".join(f"{layout} ({steps} step{'s' * (steps != 1)})"
                                                for layout, steps in summary["layouts"].items()))
     console.print(f"  planning    {summary['plan_ms']:.1f} ms per step; steps waited "

@@ -140,6 +140,8 @@ def summarise(history: list[dict]) -> dict:
         "plan_wait_ms": sum(r["plan_wait_ms"] for r in timed) / len(timed),
         "attempts": max(r["attempt"] for r in history) + 1,
         "skipped_steps": sum(bool(r.get("skipped")) for r in history),
+        "steps_holding": sum(r.get("held", 0) > 0 for r in history),
+        "most_held": max(r.get("held", 0) for r in history),
         "layouts": dict(Counter(r.get("layout", UNRECORDED) for r in history).most_common()),
         "steps_by_planner": dict(Counter(r.get("planner", "unrecorded") for r in history)),
     }

@@ -144,6 +144,8 @@ def test_samples_held_for_later_steps_resume_bit_identical(runs, corpus):
     trained = [i for r in whole for i in r["sample_ids"]]
     assert len(trained) == len(set(trained)) and set(trained) <= set(drawn)
     assert len(trained) + whole[-1]["held"] == len(drawn)
+    summary = json.loads((runs["whole-wlb"] / "report" / "summary.json").read_text())
+    assert summary["steps_holding"] == sum(r["held"] > 0 for r in whole) and summary["most_held"] >= whole[1]["held"]
 
 
 def test_fsdp_trains_like_replicated_parameters(runs):
