@@ -25,6 +25,11 @@ RECORDS = "bench/results"
 """Records being written are not the code that wrote them: a change there does not make the
 checkout dirty."""
 
+RENDERED = ("docs/results.md", "README.md")
+"""What `bench/results_doc.py` renders from the records (the results doc and README's headline
+table): a bench script ends by rendering them, so without this the next script a session runs
+would find its checkout dirty though its code is its commit's."""
+
 
 def provenance() -> dict:
     """The record's origin: commit (and whether the checkout differs from it), torch and ballast
@@ -36,7 +41,8 @@ def provenance() -> dict:
 
 
 def git_state(folder: Path) -> tuple[str, bool | None]:
-    """(HEAD's commit, whether tracked files outside bench/results differ from it) of the
+    """(HEAD's commit, whether tracked files other than the records and what is rendered from
+    them (`RECORDS`, `RENDERED`) differ from it) of the
     checkout whose top folder is `folder`; ("unknown", None) without git or when `folder` is not
     a checkout's top (an installed copy under a virtualenv inside some clone is not that clone)."""
     try:
@@ -44,7 +50,7 @@ def git_state(folder: Path) -> tuple[str, bool | None]:
             return "unknown", None
         head = _git(folder, "rev-parse", "HEAD")
         changed = _git(folder, "status", "--porcelain", "--untracked-files=no", "--", ".",
-                       f":(exclude){RECORDS}")
+                       *(f":(exclude){path}" for path in (RECORDS, *RENDERED)))
     except (OSError, subprocess.SubprocessError):
         return "unknown", None
     return head, bool(changed)

@@ -15,6 +15,8 @@ def checkout(tmp_path):
     (tmp_path / "bench" / "results").mkdir(parents=True)
     (tmp_path / "code.py").write_text("x = 1\n")
     (tmp_path / "bench" / "results" / "record.json").write_text("{}\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "results.md").write_text("| table |\n")
     git(tmp_path, "init", "-q")
     git(tmp_path, "add", ".")
     git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
@@ -29,6 +31,7 @@ def test_clean_checkout_names_its_head(tmp_path):
 def test_changed_code_is_dirty_a_changed_record_is_not(tmp_path):
     repo = checkout(tmp_path)
     (repo / "bench" / "results" / "record.json").write_text('{"rerun": 1}\n')
+    (repo / "docs" / "results.md").write_text("| rendered again |\n")  # what results_doc.py writes
     (repo / "untracked.py").write_text("")
     assert git_state(repo)[1] is False
     (repo / "code.py").write_text("x = 2\n")
