@@ -44,7 +44,8 @@ def release_outliers(lengths: Sequence[int], max_len: int, count: int) -> tuple[
 def waiting_outliers(lengths: Sequence[int], max_len: int, replicas: int) -> list[int]:
     """The candidates (`lengths`, earliest drawn first) that wait: N is the micro-batch count of
     the documents that train, which the release itself changes, so it is sought from the count
-    of all of them down (each try releases no fewer, so the first count that holds is kept)."""
+    of all of them down, to the first count whose release makes at least that many micro-batches
+    (each try's count is smaller, never below the replicas, where any release holds)."""
     count = micro_batch_count(sum(lengths), max_len, replicas)
     while True:
         first, delayed = release_outliers(lengths, max_len, count)
