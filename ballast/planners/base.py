@@ -144,7 +144,7 @@ class Planner(ABC):
     def defer(self, samples: Sequence[Sample], waited: Sequence[int]) -> list[int]:
         """Indices of `samples`, a step's candidates (those held from earlier steps first, in the
         order they were drawn, each `waited` steps so far; then the step's fresh draw), that
-        should train in a later step (`held.HeldSamples` keeps them and bounds their wait).
+        should train in a later step (`held.DeferredSamples` keeps them and bounds their wait).
         None unless a planner says otherwise: most train every sample in the step it is drawn."""
         del samples, waited
         return []

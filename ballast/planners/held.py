@@ -2,7 +2,7 @@
 
 A planner may name samples of a step that should train in a later one instead (`Planner.defer`):
 WLB-LLM queues its longest documents until enough of them have gathered to give every
-micro-batch one, so no step's pipeline stalls behind a single outlier. `HeldSamples` is the
+micro-batch one, so no step's pipeline stalls behind a single outlier. `DeferredSamples` is the
 queue the trainer and `ballast simulate` keep for it. Each step's candidates are the held samples,
 in the order they were drawn, then the step's fresh draw; the planner names the ones to hold; the
 others are the step's batch, and every one of them trains in that step, once.
@@ -33,7 +33,7 @@ a bound keeps a rare outlier from training hundreds of steps after it was drawn 
 position from growing without end) when its queue level seldom fills."""
 
 
-class HeldSamples(Generic[Key]):
+class DeferredSamples(Generic[Key]):
     """The samples held for later steps, each as (key, planned sample, steps waited): the key is
     what the caller draws a sample by (a sample id for the trainer, the sample for simulate)."""
 

@@ -4,7 +4,7 @@ WLB-LLM (OSDI 2025, its section 4) keeps the documents of at least L_1 tokens in
 queue (level i holds L_i <= length < L_(i+1)) and lets a level in only when it holds N of them,
 N the step's micro-batches, so each micro-batch gets one and no pipeline stalls behind a lone
 outlier; the others wait for later steps. `wlb-llm` counts N over its data-parallel replicas,
-`ballast` over its pool's ranks (each a pipeline under PP); `held.HeldSamples` carries the
+`ballast` over its pool's ranks (each a pipeline under PP); `held.DeferredSamples` carries the
 waiting ones across steps and bounds their wait.
 """
 from __future__ import annotations

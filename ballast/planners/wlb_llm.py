@@ -20,7 +20,7 @@ work inside it:
 - Outlier delay: documents of at least L_1 tokens wait in a multi-level queue (level i holds
   L_i <= length < L_(i+1)); a level that holds N of them releases N, one for every micro-batch,
   the earliest first, and the others wait for later steps (`outliers.py`; `defer`, which
-  `held.HeldSamples` carries: at most `held.MAX_WAIT` steps, and never past an epoch's last
+  `held.DeferredSamples` carries: at most `held.MAX_WAIT` steps, and never past an epoch's last
   step). A batch planned alone (verify, bench) trains all its outliers in its step.
 
 Micro-batches go to the replicas by LPT on their time (in lockstep where asked, as under
@@ -77,7 +77,7 @@ class WLBLLMPlanner(Planner):
     def defer(self, samples: Sequence[Sample], waited: Sequence[int]) -> list[int]:
         """The outliers its queue keeps (`outliers.waiting_outliers`, N over its replicas), unless
         --no-defer-outliers."""
-        del waited  # the queue releases the earliest drawn; HeldSamples bounds the wait
+        del waited  # the queue releases the earliest drawn; DeferredSamples bounds the wait
         if not self.options.defer_outliers:
             return []
         lengths = [tokens(x) for x in samples]

@@ -14,7 +14,7 @@ from ..vocabulary.patterns import CAUSAL_LM
 from ..plans.plan import Plan
 from ..planners import PlannerOptions, get_planner
 from ..planners.fits import check_fits
-from ..planners.held import HeldSamples
+from ..planners.held import DeferredSamples
 from ..vocabulary.layouts import ANY_SPLIT
 from ..vocabulary.samples import Sample, check_samples, is_shaped, tokens
 from ..plans.timeline import StepMetrics, simulate
@@ -116,7 +116,7 @@ def simulate_planners(batches: Sequence[list[Sample]], planners: Sequence[str], 
     results = {}
     for name in planners:
         planner = get_planner(name, cluster, planning_cost, options)
-        result, held = PlannerResult(name), HeldSamples()
+        result, held = PlannerResult(name), DeferredSamples()
         for k, drawn in enumerate(batches):
             begin = time.perf_counter()
             batch = held.admit([(x, tokens(x) if as_lengths else x) for x in drawn], planner, k == len(batches) - 1)

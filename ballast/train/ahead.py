@@ -32,7 +32,7 @@ import numpy as np
 from ..dataset import EpochStream, GlobalBatch
 from ..plans.plan import Plan
 from ..planners import Planner
-from ..planners.held import HeldSamples
+from ..planners.held import DeferredSamples
 from ..plans.timeline import whole_step_time
 
 
@@ -57,7 +57,7 @@ class StepInput:
     """Samples drawn by this step or before that wait for a later one (`Planner.defer`)."""
 
 
-def load_data_state(stream: EpochStream, held: HeldSamples, state: dict) -> None:
+def load_data_state(stream: EpochStream, held: DeferredSamples, state: dict) -> None:
     """Resume `stream` and `held` at a `StepInput.data_state` (one saved before samples could be
     held has none)."""
     stream.load_state_dict(state)
@@ -72,7 +72,7 @@ def load_data_state(stream: EpochStream, held: HeldSamples, state: dict) -> None
 class Lookahead:
     """`get(k)` returns step k's input and starts preparing step k + 1 (while it is < `steps`)."""
 
-    def __init__(self, stream: EpochStream, planner: Planner, held: HeldSamples, steps: int, ahead: bool):
+    def __init__(self, stream: EpochStream, planner: Planner, held: DeferredSamples, steps: int, ahead: bool):
         self.stream, self.planner, self.held, self.steps = stream, planner, held, steps
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ballast-plan") if ahead else None
         self._next: Future[StepInput] | None = None

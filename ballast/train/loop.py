@@ -37,7 +37,7 @@ from ..dataset import (BatchStream, ClipStream, build_corpus, check_data_kind, c
 from ..models import build_model, check_buildable
 from ..plans.plan import Plan, splits_used
 from ..planners import Planner, PlannerOptions, get_planner
-from ..planners.held import HeldSamples
+from ..planners.held import DeferredSamples
 from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize, rank_device
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..vocabulary.layouts import ANY_SPLIT
@@ -270,7 +270,7 @@ def from_rank0(prepare: Callable[[], tuple[T, Any]]) -> tuple[T | None, Any]:
 
 
 def _prepare_data(config: TrainConfig, setup: Setup, world: int, console: Console
-                  ) -> tuple[tuple[BatchStream | ClipStream, Planner, HeldSamples], str | None]:
+                  ) -> tuple[tuple[BatchStream | ClipStream, Planner, DeferredSamples], str | None]:
     """Rank 0's ((stream, planner, samples held for later steps), checkpoint to resume from), all
     at the resumed position."""
     resume = checkpoint_to_resume(config, console)
@@ -279,7 +279,7 @@ def _prepare_data(config: TrainConfig, setup: Setup, world: int, console: Consol
         checkpoint.check_same_model(Path(resume), meta, setup.shape)
         say_what_changed(Path(resume), meta, config, world, console)
     stream, described = open_data(config, setup, progress=True)
-    planner, held = make_planner(config, setup), HeldSamples()
+    planner, held = make_planner(config, setup), DeferredSamples()
     if meta is not None:  # a position of other data or another seed fails here, on every rank
         load_data_state(stream, held, meta["data"])
         planner.load_state_dict(meta["planner"])

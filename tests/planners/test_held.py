@@ -1,4 +1,4 @@
-"""`HeldSamples`: what a planner defers trains later, exactly once, within its bound, and a state
+"""`DeferredSamples`: what a planner defers trains later, exactly once, within its bound, and a state
 saved after any step resumes the same sequence of batches."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ballast.planners.held import MAX_WAIT, HeldSamples
+from ballast.planners.held import MAX_WAIT, DeferredSamples
 
 
 class RandomDeferral:
@@ -27,7 +27,7 @@ class RandomDeferral:
         return [i for i in range(len(samples)) if self.rng.random() < self.share]
 
 
-def draw(batches: list[list[int]], planner: RandomDeferral, held: HeldSamples, start: int = 0) -> list[list[int]]:
+def draw(batches: list[list[int]], planner: RandomDeferral, held: DeferredSamples, start: int = 0) -> list[list[int]]:
     """The batches trained from step `start` on; a sample's key is its id, its planned sample its length."""
     return [held.admit([(i, 10 + i) for i in fresh], planner, k == len(batches) - 1)
             for k, fresh in enumerate(batches) if k >= start]
@@ -39,7 +39,7 @@ def test_every_sample_trains_once_in_draw_order_within_its_wait(sizes, share, se
     ids = iter(range(sum(sizes)))
     batches = [[next(ids) for _ in range(n)] for n in sizes]
     planner = RandomDeferral(share, seed)
-    trained = draw(batches, planner, HeldSamples())
+    trained = draw(batches, planner, DeferredSamples())
     flat = [i for batch in trained for i in batch]
     assert sorted(flat) == list(range(sum(sizes)))      # each once; the last step holds nothing
     assert all(trained), "a step trained nothing"
@@ -57,12 +57,12 @@ def test_every_sample_trains_once_in_draw_order_within_its_wait(sizes, share, se
 def test_a_state_saved_after_any_step_resumes_the_same_batches(sizes, share, seed, data):
     ids = iter(range(sum(sizes)))
     batches = [[next(ids) for _ in range(n)] for n in sizes]
-    whole = draw(batches, RandomDeferral(share, seed), HeldSamples())
+    whole = draw(batches, RandomDeferral(share, seed), DeferredSamples())
     cut = data.draw(st.integers(1, len(batches) - 1))
-    planner, held = RandomDeferral(share, seed), HeldSamples()
+    planner, held = RandomDeferral(share, seed), DeferredSamples()
     first = [held.admit([(i, 10 + i) for i in fresh], planner, False) for fresh in batches[:cut]]
     state = held.state_dict()
-    resumed = HeldSamples()
+    resumed = DeferredSamples()
     resumed.load_state_dict(state, [10 + i for i in state["keys"]])
     assert first + draw(batches, planner, resumed, start=cut) == whole
 
@@ -74,7 +74,7 @@ def test_a_planner_that_holds_everything_trains_everything():
         def defer(self, samples, waited):
             return list(range(len(samples)))
 
-    held = HeldSamples()
+    held = DeferredSamples()
     assert held.admit([(1, 5), (2, 6)], HoldAll(), final=False) == [1, 2] and len(held) == 0
 
 
@@ -82,7 +82,7 @@ def test_a_planner_that_holds_everything_trains_everything():
                                    {"keys": [1], "waited": [MAX_WAIT + 1]}, {"keys": "1"}, {}])
 def test_a_malformed_state_is_refused(state):
     with pytest.raises(ValueError, match="held samples' state"):
-        HeldSamples().load_state_dict(state, [5] * len(state.get("keys", [])))
+        DeferredSamples().load_state_dict(state, [5] * len(state.get("keys", [])))
 
 
 def ballast_on(pp: int, **options):

@@ -14,7 +14,7 @@ from ballast.pricing.coefficients import InfeasibleError
 from ballast.pricing.cost_sources import analytic_cost
 from ballast.vocabulary.model_shape import ModelShape, get_model_shape
 from ballast.planners import PlannerOptions, get_planner
-from ballast.planners.held import HeldSamples
+from ballast.planners.held import DeferredSamples
 from ballast.planners.outliers import OUTLIER_LEVELS, micro_batch_count, release_outliers
 from ballast.planners.wlb_llm import greedy_pack
 
@@ -112,7 +112,7 @@ def test_outliers_wait_for_later_steps_until_a_level_fills():
     step = [30_000, 25_000] + [1_000] * 200   # 2 outliers of level 2; 8 micro-batches need 8
     planner = get_planner("wlb-llm", cluster, cost, PlannerOptions(max_len=max_len, degree=1))
     assert planner.defer(step, [0] * len(step)) == [0, 1]
-    held = HeldSamples()
+    held = DeferredSamples()
     trained = [held.admit([((k, i), x) for i, x in enumerate(step)], planner, final=False) for k in range(4)]
     # three steps hold their two, the fourth gathers 8 and releases them, one per micro-batch
     assert [len(t) for t in trained] == [200, 200, 200, 208] and len(held) == 0

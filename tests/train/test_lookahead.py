@@ -8,7 +8,7 @@ from corpora import jsonl_corpus
 
 from ballast.dataset import BatchStream, build_corpus
 from ballast.planners import PlannerOptions, get_planner
-from ballast.planners.held import HeldSamples
+from ballast.planners.held import DeferredSamples
 from ballast.pricing.cost_sources import analytic_cost
 from ballast.train.ahead import Lookahead, load_data_state
 from ballast.vocabulary.cluster import get_cluster
@@ -27,7 +27,7 @@ def parts(corpus):
     cluster = get_cluster("cpu", world_size=2, device_memory_gb=1.0)
     planner = get_planner("wlb-llm", cluster, analytic_cost(get_model_shape("tiny"), cluster),
                           PlannerOptions(max_len=MAX_LEN))
-    return BatchStream(corpus, BUDGET, MAX_LEN, 0), planner, HeldSamples()
+    return BatchStream(corpus, BUDGET, MAX_LEN, 0), planner, DeferredSamples()
 
 
 def run(lookahead: Lookahead, steps: range) -> list:

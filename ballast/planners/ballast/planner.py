@@ -110,7 +110,7 @@ class BallastPlanner(Planner):
         change the step a sample trains in, so there ballast trains every sample in the step
         that drew it, the batches of the planners that do not defer. None either without a
         max_len (the queue's levels are fractions of it) or under --no-defer-outliers."""
-        del waited  # the queue releases the earliest drawn; HeldSamples bounds the wait
+        del waited  # the queue releases the earliest drawn; DeferredSamples bounds the wait
         if not (self.options.defer_outliers and self.pipelined and self.options.max_len is not None):
             return []
         return waiting_outliers([tokens(x) for x in samples], self.options.max_len, self.cluster.world_size)
