@@ -141,12 +141,12 @@ class Planner(ABC):
     def _plan(self, batch: SampleBatch) -> Plan:
         """Plan a non-empty batch whose every sample fits some degree."""
 
-    def defer(self, samples: Sequence[Sample], waited: Sequence[int]) -> list[int]:
+    def defer(self, samples: Sequence[Sample]) -> list[int]:
         """Indices of `samples`, a step's candidates (those held from earlier steps first, in the
-        order they were drawn, each `waited` steps so far; then the step's fresh draw), that
+        order they were drawn; then the step's fresh draw), that
         should train in a later step (`held.DeferredSamples` keeps them and bounds their wait).
         None unless a planner says otherwise: most train every sample in the step it is drawn."""
-        del samples, waited
+        del samples
         return []
 
     def state_dict(self) -> dict:

@@ -45,8 +45,8 @@ class DeferredSamples(Generic[Key]):
         are held. `final`: hold nothing."""
         candidates = [(key, sample, waited) for key, sample, waited in self.held] + \
                      [(key, sample, 0) for key, sample in fresh]
-        wanted = set() if final else set(planner.defer([s for _, s, _ in candidates],
-                                                       [w for _, _, w in candidates]))
+        # The queue is the planner's; the bound on waiting is kept here, for every planner alike.
+        wanted = set() if final else set(planner.defer([s for _, s, _ in candidates]))
         assert wanted <= set(range(len(candidates))), f"{planner.name} deferred an index out of its candidates"
         hold = {i for i in wanted if candidates[i][2] < MAX_WAIT}
         if len(hold) == len(candidates):  # a step trains something: then it trains them all

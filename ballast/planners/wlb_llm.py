@@ -74,10 +74,9 @@ class WLBLLMPlanner(Planner):
         """Context parallelism over the whole group (per-document head-tail sharding)."""
         return CONTEXT_ONLY
 
-    def defer(self, samples: Sequence[Sample], waited: Sequence[int]) -> list[int]:
+    def defer(self, samples: Sequence[Sample]) -> list[int]:
         """The outliers its queue keeps (`outliers.waiting_outliers`, N over its replicas), unless
         --no-defer-outliers."""
-        del waited  # the queue releases the earliest drawn; DeferredSamples bounds the wait
         if not self.options.defer_outliers:
             return []
         lengths = [tokens(x) for x in samples]

@@ -404,6 +404,8 @@ CASES = [
     ("simulate --planners ballast,dcp --degree 2", 2,
      r"--degree 2 applies to static, bucket, wlb-llm only: the planners ballast, dcp would ignore it"),
     ("simulate --planners static --no-routing", 2, r"--no-routing applies to zeppelin, ballast only"),
+    ("simulate --planners static --no-defer-outliers", 2, r"--no-defer-outliers applies to wlb-llm, ballast only"),
+    ("train --planner dcp --no-defer-outliers", 2, r"--no-defer-outliers applies to wlb-llm, ballast only"),
     ("verify --planners dcp --cp 2", 2, r"--cp 2 applies to static only: the planner dcp would ignore it"),
     ("bench --planners ballast --cp 2", 2, r"--cp 2 applies to static only: the planner ballast would ignore it"),
     # a schedule that cannot do what its options say

@@ -64,7 +64,7 @@ def test_micro_batches_balance_workload_as_greedy_can(lengths, forced):
     planner = get_planner("wlb-llm", cluster, cost, PlannerOptions(max_len=max_len, degree=forced))
     plan = planner.plan(lengths)
     plan.validate(cluster, cost)
-    assert planner.defer(lengths, [0] * len(lengths)) == []   # no outlier: nothing waits
+    assert planner.defer(lengths) == []   # no outlier: nothing waits
     loads = workloads(plan, planner.cost, forced)
     replicas = 8 // forced
     assert len(loads) <= plan.info["micro_batches"] == micro_batch_count(sum(lengths), max_len, replicas)
@@ -111,7 +111,7 @@ def test_outliers_wait_for_later_steps_until_a_level_fills():
     max_len = 40_000
     step = [30_000, 25_000] + [1_000] * 200   # 2 outliers of level 2; 8 micro-batches need 8
     planner = get_planner("wlb-llm", cluster, cost, PlannerOptions(max_len=max_len, degree=1))
-    assert planner.defer(step, [0] * len(step)) == [0, 1]
+    assert planner.defer(step) == [0, 1]
     held = DeferredSamples()
     trained = [held.admit([((k, i), x) for i, x in enumerate(step)], planner, final=False) for k in range(4)]
     # three steps hold their two, the fourth gathers 8 and releases them, one per micro-batch
@@ -140,7 +140,7 @@ def test_the_release_count_is_the_micro_batches_of_what_trains():
     # then 8 for 8 released (300k tokens): the ninth waits
     planner = get_planner("wlb-llm", cluster, cost, PlannerOptions(max_len=max_len, degree=1))
     assert micro_batch_count(sum(lengths), max_len, replicas) == 16
-    delayed = planner.defer(lengths, [0] * len(lengths))
+    delayed = planner.defer(lengths)
     first = [x for i, x in enumerate(lengths) if i not in delayed]
     count = micro_batch_count(sum(first), max_len, replicas)
     assert delayed == [8] and count == 8 and sum(x == 30_000 for x in first) == count

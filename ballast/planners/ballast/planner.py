@@ -100,7 +100,7 @@ class BallastPlanner(Planner):
         """Every split the heads allow; each group runs its fastest (`GroupPacker.pack`)."""
         return ANY_SPLIT
 
-    def defer(self, samples: Sequence[Sample], waited: Sequence[int]) -> list[int]:
+    def defer(self, samples: Sequence[Sample]) -> list[int]:
         """Under a pipeline, WLB-LLM's outlier queue (`outliers.waiting_outliers`) with N counted
         over the pool's ranks, each a pipeline: a step then holds no lone outlier whose
         micro-batch's chain through the stages sets the bubble, and the held ones gather until
@@ -110,7 +110,6 @@ class BallastPlanner(Planner):
         change the step a sample trains in, so there ballast trains every sample in the step
         that drew it, the batches of the planners that do not defer. None either without a
         max_len (the queue's levels are fractions of it) or under --no-defer-outliers."""
-        del waited  # the queue releases the earliest drawn; DeferredSamples bounds the wait
         if not (self.options.defer_outliers and self.pipelined and self.options.max_len is not None):
             return []
         return waiting_outliers([tokens(x) for x in samples], self.options.max_len, self.cluster.world_size)
