@@ -1,0 +1,162 @@
+"""Strategy: a step's heterogeneous parallel layout, Hydraulis' "strategy" (docs/design.md, section 3,
+*Strategies*): several pipelines side by side, each with its own TP degree t, PP degree p and pool,
+together covering the job's ranks, as one validated value.
+
+Pipelines sit in the order given, each on a contiguous block of t * p * pool ranks laid out as a
+`JobMesh` of its own (TP innermost, then the pool, then the stages), so a pipeline's ranks are
+
+    rank = start + (stage * pool + pool_index) * t + tp_index
+
+A homogeneous mesh is the strategy of one pipeline (`Strategy.of_mesh`). Hydraulis places each stage
+on the first node with room (Hetu's `convert_strategy`); here blocks are contiguous, which the user
+orders (largest TP first keeps every block aligned), and the checks say where one breaks a node.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .cluster import Cluster
+from .job_mesh import JobMesh
+from .model_shape import ModelShape
+
+
+@dataclass(frozen=True)
+class PipelineLayout:
+    """One pipeline of a strategy: its degrees, where its ranks start and how many there are."""
+
+    tp: int
+    """t: ranks that split each of its layers' weights, inside a node."""
+    pp: int
+    """p: its stages, each holding layers / p consecutive blocks."""
+    pool: int = 1
+    """Ranks of each stage (per TP index) that a plan divides into Ulysses x CP groups: 1 is one
+    model replica, Hydraulis' pipeline."""
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "pool"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"pipeline {self.label}: {name} must be an integer >= 1, got {value!r}")
+
+    @property
+    def size(self) -> int:
+        """Ranks it holds: t * p * pool."""
+        return self.tp * self.pp * self.pool
+
+    @property
+    def label(self) -> str:
+        """"(t,p)", or "(t,p)xpool" for a pool wider than one rank."""
+        base = f"({self.tp},{self.pp})"
+        return base if self.pool == 1 else f"{base}x{self.pool}"
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """Pipelines side by side covering a job's ranks (module docstring)."""
+
+    pipelines: tuple[PipelineLayout, ...]
+
+    def __post_init__(self) -> None:
+        if not self.pipelines:
+            raise ValueError("a strategy holds at least one pipeline")
+        assert all(isinstance(p, PipelineLayout) for p in self.pipelines), self.pipelines
+
+    @classmethod
+    def of_mesh(cls, mesh: JobMesh) -> Strategy:
+        """The strategy of a homogeneous job mesh: one pipeline of its t, p and pool."""
+        return cls((PipelineLayout(mesh.tp, mesh.pp, mesh.pool),))
+
+    @classmethod
+    def parse(cls, text: str) -> Strategy:
+        """A strategy from its command-line form, pipelines as "TxP" or "TxPxPOOL" separated by
+        commas ("2x2,2x1,1x1,1x1"), or Hydraulis' list of pairs ("[(2,2),(2,1),(1,1),(1,1)]")."""
+        spec = text.strip()
+        pairs = re.fullmatch(r"\[\s*(\(\s*\d+\s*,\s*\d+\s*\)\s*,?\s*)+\]", spec)
+        items = re.findall(r"\((\d+)\s*,\s*(\d+)\)", spec) if pairs else [item.split("x") for item in spec.split(",")]
+        pipelines = []
+        for item in items:
+            if not 2 <= len(item) <= 3 or not all(part.strip().isdigit() for part in item):
+                raise ValueError(f"strategy {text!r}: {'x'.join(item)!r} is not a pipeline; write TxP or TxPxPOOL "
+                                 f"(\"2x2,2x1,1x1,1x1\") or a list of (t,p) pairs (\"[(2,2),(1,4)]\")")
+            pipelines.append(PipelineLayout(*(int(part) for part in item)))
+        return cls(tuple(pipelines))
+
+    @property
+    def world_size(self) -> int:
+        return sum(p.size for p in self.pipelines)
+
+    @property
+    def homogeneous(self) -> bool:
+        """Whether every pipeline has the same t and p."""
+        return len({(p.tp, p.pp) for p in self.pipelines}) == 1
+
+    def starts(self) -> list[int]:
+        """The first rank of each pipeline's block."""
+        out, at = [], 0
+        for p in self.pipelines:
+            out.append(at)
+            at += p.size
+        return out
+
+    def ranks(self, index: int) -> range:
+        """Pipeline `index`'s ranks."""
+        start = self.starts()[index]
+        return range(start, start + self.pipelines[index].size)
+
+    def rank(self, index: int, stage: int, pool_index: int, tp_index: int) -> int:
+        """The global rank at (stage, pool index, TP index) of pipeline `index` (module docstring)."""
+        p = self.pipelines[index]
+        assert 0 <= stage < p.pp and 0 <= pool_index < p.pool and 0 <= tp_index < p.tp
+        return self.starts()[index] + (stage * p.pool + pool_index) * p.tp + tp_index
+
+    def mesh(self, index: int, devices_per_node: int) -> JobMesh:
+        """Pipeline `index` as a job mesh of its own ranks."""
+        p = self.pipelines[index]
+        return JobMesh(p.size, devices_per_node, p.tp, p.pp)
+
+    def check(self, cluster: Cluster, shape: ModelShape | None = None) -> None:
+        """ValueError naming the pipeline and the limit unless the strategy covers `cluster`'s
+        ranks exactly, every TP group and every stage of every pipeline stays inside a node or
+        holds whole nodes, and (with `shape`) every pipeline's t and p can split the model
+        (`JobMesh.check_model`)."""
+        if self.world_size != cluster.world_size:
+            raise ValueError(f"strategy {self} holds {self.world_size} ranks, but cluster {cluster.name!r} has "
+                             f"{cluster.world_size}: its pipelines must cover the world exactly")
+        g = cluster.devices_per_node
+        for i, (p, start) in enumerate(zip(self.pipelines, self.starts())):
+            where = f"strategy {self}: pipeline {i} {p.label} (ranks {start}..{start + p.size - 1})"
+            if g % p.tp:
+                raise ValueError(f"{where}: TP degree {p.tp} crosses a node: it must divide the node's {g} devices")
+            stage = p.tp * p.pool
+            for k in range(p.pp):
+                first = start + k * stage
+                if not _inside_node(first, stage, g):
+                    raise ValueError(f"{where}: stage {k} (ranks {first}..{first + stage - 1}) neither lies inside "
+                                     f"one node of {g} devices nor holds whole nodes; order the pipelines largest "
+                                     f"TP first, or make the pipelines' blocks whole nodes")
+            if shape is not None:
+                try:
+                    self.mesh(i, g).check_model(shape)
+                except ValueError as error:
+                    raise ValueError(f"{where}: {error}") from None
+
+    def to_list(self) -> list[list[int]]:
+        """[[t, p], ...] (with the pool as a third entry where it is wider than one rank)."""
+        return [[p.tp, p.pp] + ([p.pool] if p.pool > 1 else []) for p in self.pipelines]
+
+    @classmethod
+    def from_list(cls, data: list) -> Strategy:
+        if not isinstance(data, list) or not all(isinstance(item, list) and 2 <= len(item) <= 3 for item in data):
+            raise ValueError(f"a strategy is a list of [t, p] or [t, p, pool] lists, got {data!r}")
+        return cls(tuple(PipelineLayout(*item) for item in data))
+
+    def __str__(self) -> str:
+        return "[" + ",".join(p.label for p in self.pipelines) + "]"
+
+
+def _inside_node(first: int, size: int, per_node: int) -> bool:
+    """Whether ranks first..first+size-1 lie inside one node, or are whole nodes."""
+    if size <= per_node:
+        return first // per_node == (first + size - 1) // per_node
+    return first % per_node == 0 and size % per_node == 0

@@ -1,0 +1,59 @@
+"""Strategy: heterogeneous pipelines side by side (Hydraulis' strategies), their rank blocks and checks."""
+from __future__ import annotations
+
+import pytest
+
+from ballast.vocabulary.cluster import get_cluster
+from ballast.vocabulary.job_mesh import JobMesh
+from ballast.vocabulary.model_shape import MODEL_PRESETS
+from ballast.vocabulary.strategy import PipelineLayout, Strategy
+
+
+def test_parse_both_forms_and_round_trip():
+    a = Strategy.parse("2x2,2x1,1x1,1x1")
+    b = Strategy.parse("[(2,2),(2,1),(1,1),(1,1)]")
+    assert a == b and str(a) == "[(2,2),(2,1),(1,1),(1,1)]"
+    assert a.world_size == 8 and not a.homogeneous
+    assert Strategy.from_list(a.to_list()) == a
+    pooled = Strategy.parse("2x2x2")
+    assert pooled.pipelines == (PipelineLayout(2, 2, 2),) and pooled.to_list() == [[2, 2, 2]]
+
+
+@pytest.mark.parametrize("text", ["", "2x", "2x2x2x2", "axb", "2x0", "(2,2)"])
+def test_malformed_strategies_name_the_item(text):
+    with pytest.raises(ValueError, match="strategy|pipeline"):
+        Strategy.parse(text)
+
+
+def test_every_rank_in_exactly_one_pipeline_at_its_mesh_position():
+    s = Strategy.parse("1x4,2x2")
+    ranks = [r for i in range(2) for r in s.ranks(i)]
+    assert sorted(ranks) == list(range(8))
+    # Each pipeline's ranks are its own job mesh's, shifted to its block.
+    for i, start in enumerate(s.starts()):
+        mesh, p = s.mesh(i, 8), s.pipelines[i]
+        for stage in range(p.pp):
+            for j in range(p.tp):
+                assert s.rank(i, stage, 0, j) == start + mesh.rank(stage, 0, j)
+
+
+def test_of_mesh_is_one_pipeline():
+    s = Strategy.of_mesh(JobMesh(16, 8, tp=2, pp=2))
+    assert s.pipelines == (PipelineLayout(2, 2, 4),) and s.homogeneous and s.world_size == 16
+
+
+def test_check_coverage_nodes_and_model():
+    cluster = get_cluster("cpu", 8)
+    Strategy.parse("2x2,2x1,1x1,1x1").check(cluster, MODEL_PRESETS["tiny"])
+    Strategy.parse("1x4,2x2").check(cluster, MODEL_PRESETS["tiny"])
+    with pytest.raises(ValueError, match="holds 6 ranks.*has 8"):
+        Strategy.parse("2x2,2x1").check(cluster)
+    h100 = get_cluster("h100-16")
+    Strategy.parse("4x2,1x4,1x4").check(h100)  # Hydraulis' own 16-GPU layouts
+    Strategy.parse("4x2,1x8").check(h100)
+    with pytest.raises(ValueError, match="pipeline 1 .*stage 0 .*inside one node"):
+        Strategy.parse("1x6,4x1x2,1x2").check(h100)  # a 4-rank stage at ranks 6..9 straddles two nodes
+    with pytest.raises(ValueError, match="TP degree 16 crosses a node"):
+        Strategy.parse("16x1").check(h100)
+    with pytest.raises(ValueError, match=r"pipeline 0 \(1,3\).*PP degree 3 does not divide"):
+        Strategy.parse("1x3,1x5").check(cluster, MODEL_PRESETS["tiny"])
