@@ -19,11 +19,15 @@ from dataclasses import dataclass
 from .cluster import Cluster
 from .job_mesh import JobMesh
 from .model_shape import ModelShape
+from .value_checks import Numbers
+
+DEGREE = Numbers(int, 1)
+"""What t, p and a pool may be."""
 
 
 @dataclass(frozen=True)
 class PipelineLayout:
-    """One pipeline of a strategy: its degrees, where its ranks start and how many there are."""
+    """One pipeline of a strategy: its degrees and pool (where it sits is the strategy's order)."""
 
     tp: int
     """t: ranks that split each of its layers' weights, inside a node."""
@@ -35,9 +39,7 @@ class PipelineLayout:
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "pool"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"pipeline {self.label}: {name} must be an integer >= 1, got {value!r}")
+            DEGREE.check(f"pipeline {self.label}: {name}", getattr(self, name))
 
     @property
     def size(self) -> int:
@@ -126,8 +128,12 @@ class Strategy:
         g = cluster.devices_per_node
         for i, (p, start) in enumerate(zip(self.pipelines, self.starts())):
             where = f"strategy {self}: pipeline {i} {p.label} (ranks {start}..{start + p.size - 1})"
-            if g % p.tp:
-                raise ValueError(f"{where}: TP degree {p.tp} crosses a node: it must divide the node's {g} devices")
+            try:  # its own mesh refuses a TP degree crossing a node, and (with `shape`) the model's limits
+                mesh = self.mesh(i, g)
+                if shape is not None:
+                    mesh.check_model(shape)
+            except ValueError as error:
+                raise ValueError(f"{where}: {error}") from None
             stage = p.tp * p.pool
             for k in range(p.pp):
                 first = start + k * stage
@@ -135,11 +141,6 @@ class Strategy:
                     raise ValueError(f"{where}: stage {k} (ranks {first}..{first + stage - 1}) neither lies inside "
                                      f"one node of {g} devices nor holds whole nodes; order the pipelines largest "
                                      f"TP first, or make the pipelines' blocks whole nodes")
-            if shape is not None:
-                try:
-                    self.mesh(i, g).check_model(shape)
-                except ValueError as error:
-                    raise ValueError(f"{where}: {error}") from None
 
     def to_list(self) -> list[list[int]]:
         """[[t, p], ...] (with the pool as a third entry where it is wider than one rank)."""
