@@ -47,7 +47,7 @@ def main() -> int:
     p.add_argument("--out", default="bench/results/memory.json")
     p.add_argument("--precisions", default="fp32,bf16")
     args = p.parse_args()
-    runs = [(mode, precision) for precision in args.precisions.split(",") for mode in Sharding]
+    runs = [(mode, precision) for precision in args.precisions.split(",") for mode in Sharding.flagged()]
     rows = []
     origin = provenance()
     with tempfile.TemporaryDirectory() as tmp:

@@ -10,12 +10,13 @@ from ..vocabulary.cluster import Cluster
 from ..vocabulary.precision import Precision
 from ..vocabulary.sharding import Sharding, check_pipeline_sharding, default_sharding
 from .cost import CostModel
-from .device_memory import DeviceMemory, ParameterCounts
+from .device_memory import CanonicalLayout, DeviceMemory, ParameterCounts
 from .pipeline import planning_counts, stage_prices
 from .whole_step import data_parallel_prices
 from .tensor_parallel import TensorTerms, activation_share, parameter_counts, sharded
 from ..vocabulary.job_mesh import JobMesh
 from ..vocabulary.model_shape import ModelShape
+from ..vocabulary.strategy import Strategy
 from .coefficients import KEPT_UNDER_RECOMPUTE
 
 # Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"):
@@ -37,19 +38,20 @@ _PUBLISHED = {
 
 def device_memory(shape: ModelShape, cluster: Cluster, sharding: Sharding | None = None,
                   precision: Precision = Precision.AUTO, counts: ParameterCounts | None = None,
-                  tp: int = 1) -> DeviceMemory:
+                  tp: int = 1, canonical: CanonicalLayout | None = None) -> DeviceMemory:
     """What a rank of `cluster` holds besides activations for `shape` in a sharding mode (None:
     `default_sharding`) and precision (auto: bf16 autocast on a cluster of 2-byte values, the
     GPUs'), with the model's parameter counts (None: the shape's formulas, a TP shard's of `tp`:
     `tensor_parallel.parameter_counts`). Under TP `cluster` is the pool's (`JobMesh.pool_cluster`),
-    whose ranks the sharding modes shard over."""
+    whose ranks the sharding modes shard over; under a strategy's `canonical` mode, `canonical` is
+    the job's layout of record."""
     if precision not in tuple(Precision):
         raise ValueError(f"precision must be one of {', '.join(p.value for p in Precision)}, got {precision!r}")
     # Text models (causal attention) score next tokens over the vocabulary (a TP rank over its
     # share of it); a video model's "vocabulary" is a patch's latent values, regressed without logits.
     return DeviceMemory(counts or parameter_counts(shape, tp), sharding or default_sharding(cluster),
                         precision == Precision.BF16 or (precision == Precision.AUTO and cluster.value_bytes == 2),
-                        cluster.world_size, shape.vocab // tp if shape.attention == "causal" else 0)
+                        cluster.world_size, shape.vocab // tp if shape.attention == "causal" else 0, canonical)
 
 
 def with_device_memory(memory: DeviceMemory, act_per_token: float, kept: float, head: float = 0.0) -> dict:
@@ -135,10 +137,11 @@ def _all_to_all_bytes_per_token(shape: ModelShape, value_bytes: int) -> float:
 
 def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory_gb: float | None = None,
                    sharding: Sharding | None = None, precision: Precision = Precision.AUTO,
-                   mesh: JobMesh | None = None) -> CostModel:
+                   mesh: JobMesh | None = None, canonical: CanonicalLayout | None = None) -> CostModel:
     """`analytic`, `published`, `auto` (published where FlexSP measured it) or a profile JSON path,
     its memory priced for the sharding mode (None: `default_sharding` for the mesh's PP degree;
-    FSDP2 under PP refused) and precision (`device_memory`), for a rank of the job's `mesh`
+    FSDP2 under PP refused; `canonical` for a strategy's pipeline, with its job's layout of record:
+    `strategy_cost_models`) and precision (`device_memory`), for a rank of the job's `mesh`
     (None: the cluster's ranks one pool): its plans are over the pool's cluster
     (`JobMesh.pool_cluster`), and under TP the coefficients are a TP rank's
     (`tensor_parallel.sharded`). Under PP its states are the fullest stage's
@@ -154,11 +157,12 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
     mesh.check_model(shape)
     sharding = sharding or default_sharding(cluster, mesh.pp)
     check_pipeline_sharding(sharding, mesh.pp)
+    assert (sharding is Sharding.CANONICAL) == (canonical is not None), (sharding, canonical)
     if spec == "auto":
         spec = "published" if shape.name in _PUBLISHED and cluster.name == "a100-64" else "analytic"
     if spec in ("analytic", "published"):
         pool = mesh.pool_cluster(cluster)
-        memory = device_memory(shape, pool, sharding, precision, planning_counts(shape, mesh), mesh.tp)
+        memory = device_memory(shape, pool, sharding, precision, planning_counts(shape, mesh), mesh.tp, canonical)
         cost = (analytic_cost if spec == "analytic" else published_cost)(shape, pool, memory, mesh.tp)
         terms = TensorTerms.of_cluster(cluster, mesh.tp) if mesh.tp > 1 else None
         return with_job_prices(sharded(cost, shape, terms, mesh), shape, cluster, mesh)
@@ -174,7 +178,7 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
     # activations, and its coefficients are sharded by the profile's measured TP terms.
     terms = profiled_tensor_terms(cost, spec, mesh.tp)
     pool = mesh.pool_cluster(cluster)
-    memory = device_memory(shape, pool, sharding, precision, planning_counts(shape, mesh), mesh.tp)
+    memory = device_memory(shape, pool, sharding, precision, planning_counts(shape, mesh), mesh.tp, canonical)
     blocks = tensor_parallel_activations(*activations_alone(cost), mesh.tp)
     # The head's hidden states are whole on every TP rank (only its vocabulary is split, and the
     # loss's tensors over it are priced per rank in `memory`).
@@ -183,6 +187,24 @@ def get_cost_model(spec: str, shape: ModelShape, cluster: Cluster, device_memory
                                **with_device_memory(memory, *blocks, head=head),
                                **({} if device_memory_gb is None else dict(device_memory=device_memory_gb * 1e9)))
     return with_job_prices(sharded(cost, shape, terms, mesh), shape, cluster, mesh)
+
+
+def strategy_cost_models(spec: str, shape: ModelShape, cluster: Cluster, strategy: Strategy,
+                         device_memory_gb: float | None = None, precision: Precision = Precision.AUTO
+                         ) -> list[CostModel]:
+    """A cost model for each pipeline of `strategy` on `cluster`: a rank's of its (t, p) mesh over
+    its block's cluster (`Strategy.block_cluster`), its states in the job's canonical layout
+    (`Sharding.CANONICAL`: the whole model's state of record shared by every rank, the pipeline's
+    stage shards whole). `analytic` and `published` only: a profile was measured on one mesh of
+    its own ranks, not on a block of them."""
+    strategy.check(cluster, shape)
+    if spec not in ("analytic", "published", "auto"):
+        raise ValueError(f"cost model {spec}: a strategy's pipelines are priced from --cost analytic or published; "
+                         f"a profile measured one mesh of {cluster.world_size} ranks, not each pipeline's block")
+    canonical = CanonicalLayout(ParameterCounts.of_shape(shape), cluster.world_size)
+    return [get_cost_model("analytic" if spec == "auto" else spec, shape, strategy.block_cluster(i, cluster),
+                           device_memory_gb, Sharding.CANONICAL, precision, strategy.mesh(i, cluster), canonical)
+            for i in range(len(strategy.pipelines))]
 
 
 def measured_head(cost: CostModel) -> float:

@@ -7,12 +7,19 @@ With P parameters (A of them in linear layers), N ranks, fp32 parameters and Ada
     replicated  4 P          4 P         8 P         autocast copies              AdamW's temporaries
     zero1       4 P          4 P         8 P / N     autocast copies              AdamW's temporaries
     fsdp        4 P / N      4 P / N     8 P / N     gathered units               the root's, its buffer
+    canonical   4 P + 4 M/N  4 P         8 M / N     autocast copies              one full block's, 4 M / N
 
 Autocast copies: 2 A under bf16 (autocast casts every linear layer's weight and bias, and each
 copy stays saved for backward); none under FSDP2, whose units are gathered in bf16. The loss holds 12 bytes per token and vocabulary entry at its
 backward (`LOSS_VALUES`), on the ranks holding those tokens; `loss_per_token`. The reduction
 buffer is `reduction_buffer_bytes`. Parameters and gradients stay fp32 under bf16 autocast
 (the runtime's precision: autocast, not bf16 weights); only FSDP2's gathered copies are bf16.
+
+Under a strategy (`canonical`, `Sharding.CANONICAL`) P is a rank's compute parameters (its stage's
+TP shard, gathered whole each step) and M the whole model's, of which each of the job's N ranks
+holds the canonical 1 / N share (`CanonicalLayout`): its fp32 parameters of record and AdamW's
+state. After backward the reduction into it holds one full block's fp32 gradients at a time (the
+runtime reduce-scatters layer by layer) and the rank's share of the reduced gradients.
 """
 from __future__ import annotations
 
@@ -69,6 +76,22 @@ def reduction_buffer_bytes(sharding: Sharding, counts: ParameterCounts) -> float
 
 
 @dataclass(frozen=True)
+class CanonicalLayout:
+    """Where a strategy's state of record lives (`Sharding.CANONICAL`): the whole model's
+    parameters, a 1 / ranks share of each on every rank of the job."""
+
+    counts: ParameterCounts
+    """The whole model's parameters (M)."""
+    ranks: int
+    """N: the job's ranks, every pipeline's."""
+
+    @property
+    def share(self) -> float:
+        """Parameters of record one rank holds."""
+        return self.counts.total / self.ranks
+
+
+@dataclass(frozen=True)
 class DeviceMemory:
     """Bytes per rank besides activations, for a model, mode, precision and world."""
 
@@ -79,13 +102,24 @@ class DeviceMemory:
     world_size: int
     vocab: int
     """Entries of the loss's logits per token; 0 for a model whose loss has none (video)."""
+    canonical: CanonicalLayout | None = None
+    """Under `Sharding.CANONICAL`, the layout of record (else None)."""
+
+    def __post_init__(self) -> None:
+        assert (self.canonical is not None) == (self.sharding is Sharding.CANONICAL), self
+
+    @property
+    def _record(self) -> float:
+        """Parameters of record this rank holds and steps beside its compute parameters (0 unless
+        canonical)."""
+        return self.canonical.share if self.canonical is not None else 0.0
 
     def _sharded(self, values: float, over: bool) -> float:
         return values / self.world_size if over else values
 
     @property
     def parameters(self) -> float:
-        return self._sharded(FP32 * self.counts.total, self.sharding is Sharding.FSDP)
+        return self._sharded(FP32 * self.counts.total, self.sharding is Sharding.FSDP) + FP32 * self._record
 
     @property
     def gradients(self) -> float:
@@ -93,6 +127,8 @@ class DeviceMemory:
 
     @property
     def optimizer(self) -> float:
+        if self.canonical is not None:
+            return ADAM_VALUES * FP32 * self._record
         return self._sharded(ADAM_VALUES * FP32 * self.counts.total, self.sharding is not Sharding.REPLICATED)
 
     @property
@@ -145,6 +181,9 @@ class DeviceMemory:
         reduction = reduction_buffer_bytes(self.sharding, self.counts)
         if self.sharding is Sharding.FSDP:
             reduction += 2 * self._unsharded * self.counts.root
+        if self.canonical is not None:  # one full block's gradients in flight, then the reduced share
+            whole = self.canonical.counts
+            return self.resident + FP32 * self._record + max(FP32 * max(whole.block, whole.root), FP32 * self._record)
         updated = self._sharded(FP32 * self.counts.total, self.sharding is not Sharding.REPLICATED)
         return self.resident + max(reduction, updated)
 

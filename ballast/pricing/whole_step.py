@@ -134,7 +134,9 @@ def data_parallel_prices(counts: ParameterCounts, sharding: Sharding, bf16: bool
     `source` (`CostModel.source`): FlexSP's `published` profile was measured under ZeRO-3, so
     under FSDP its passes hold their gathers and reduce-scatters already (its g what they left
     exposed) and only the optimizer step is added."""
-    optimizer = _optimizer_seconds(counts.total / (1 if sharding is Sharding.REPLICATED else pool), cluster)
+    if sharding is Sharding.CANONICAL:  # a strategy's movement prices its reduction and step over the job
+        return NOTHING
+    optimizer = optimizer_seconds(counts.total / (1 if sharding is Sharding.REPLICATED else pool), cluster)
     if pool == 1 or (source == "published" and sharding is Sharding.FSDP):
         return DataParallelPrices(optimizer=optimizer)
     assert cluster.ring_bandwidth is not None, f"cluster {cluster.name!r} of {pool} ranks has a ring bandwidth"
@@ -156,7 +158,7 @@ def data_parallel_prices(counts: ParameterCounts, sharding: Sharding, bf16: bool
                               after_optimizer=gradients / bw + buckets * latency, optimizer=optimizer)
 
 
-def _optimizer_seconds(updated: float, cluster: Cluster) -> float:
+def optimizer_seconds(updated: float, cluster: Cluster) -> float:
     """AdamW's step over `updated` parameters; 0 where the cluster gives no memory bandwidth."""
     if cluster.memory_bandwidth is None:
         return 0.0

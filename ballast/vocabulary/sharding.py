@@ -19,6 +19,12 @@ class Sharding(enum.Enum):
     """The optimizer state sharded over the world (`--zero1`); parameters and gradients whole."""
     FSDP = "fsdp"
     """Parameters, gradients and optimizer state sharded over the world (FSDP2, `--fsdp`)."""
+    CANONICAL = "canonical"
+    """A heterogeneous strategy's mode (`vocabulary/strategy.py`, Hydraulis' "hot switching"): the
+    parameters of record and their optimizer state sharded over every rank of the job, one flat
+    shard of each tensor per rank; each step's pipelines gather their stages' TP shards from it
+    as whole compute parameters and reduce their gradients back into it
+    (`pricing/parameter_movement.py`). Chosen with a strategy, never by a flag."""
 
     @classmethod
     def of_flags(cls, zero1: bool, fsdp: bool) -> Sharding:
@@ -28,12 +34,19 @@ class Sharding(enum.Enum):
         return cls.FSDP if fsdp else cls.ZERO1 if zero1 else cls.REPLICATED
 
     @classmethod
+    def flagged(cls) -> list[Sharding]:
+        """The modes a job chooses by flag: every one but a strategy's own."""
+        return [m for m in cls if m is not cls.CANONICAL]
+
+    @classmethod
     def parse(cls, name: str) -> Sharding:
         """The mode named `name` (an argparse type)."""
-        try:
-            return cls(name)
-        except ValueError:
-            raise ValueError(f"sharding must be one of {', '.join(m.value for m in cls)}, got {name!r}") from None
+        flags = [m.value for m in cls.flagged()]
+        if name not in flags:
+            raise ValueError(f"sharding must be one of {', '.join(flags)}, got {name!r}"
+                             + (" (a strategy's own mode, which its pipelines choose)" if name == cls.CANONICAL.value
+                                else ""))
+        return cls(name)
 
 
 def default_sharding(cluster: Cluster, pp: int = 1) -> Sharding:

@@ -13,6 +13,7 @@ orders (largest TP first keeps every block aligned), and the checks say where on
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -112,10 +113,31 @@ class Strategy:
         assert 0 <= stage < p.pp and 0 <= pool_index < p.pool and 0 <= tp_index < p.tp
         return self.starts()[index] + (stage * p.pool + pool_index) * p.tp + tp_index
 
-    def mesh(self, index: int, devices_per_node: int) -> JobMesh:
-        """Pipeline `index` as a job mesh of its own ranks."""
+    def mesh(self, index: int, cluster: Cluster) -> JobMesh:
+        """Pipeline `index` as a job mesh of its block's cluster (`block_cluster`)."""
         p = self.pipelines[index]
-        return JobMesh(p.size, devices_per_node, p.tp, p.pp)
+        return JobMesh.of(self.block_cluster(index, cluster), p.tp, p.pp)
+
+    def block_cluster(self, index: int, cluster: Cluster) -> Cluster:
+        """Pipeline `index`'s ranks of `cluster` as a cluster of their own, what its plans and cost
+        model see: one node of its ranks where the block lies inside a node (its exchanges and its
+        ring at that node's all-to-all rates), else its whole nodes with their NICs. ValueError
+        naming the pipeline for a block that does neither, or one inside a node whose size is no
+        power of two (a node's devices are)."""
+        p, start, g = self.pipelines[index], self.starts()[index], cluster.devices_per_node
+        where = f"strategy {self}: pipeline {index} {p.label} (ranks {start}..{start + p.size - 1})"
+        if not _inside_node(start, p.size, g):
+            raise ValueError(f"{where} neither lies inside one node of {g} devices nor holds whole nodes, so it has "
+                             f"no cluster of its own to price; order the pipelines largest first")
+        if p.size >= g:
+            bandwidth = {d: b for d, b in cluster.bandwidth.items() if d <= p.size}
+            return dataclasses.replace(cluster, name=f"{cluster.name} {p.label}", nodes=p.size // g,
+                                       bandwidth=bandwidth)
+        if p.size & (p.size - 1):
+            raise ValueError(f"{where}: a block inside a node holds a power of two of its ranks, not {p.size}")
+        return dataclasses.replace(cluster, name=f"{cluster.name} {p.label}", nodes=1, devices_per_node=p.size,
+                                   bandwidth={d: b for d, b in cluster.bandwidth.items() if d <= p.size},
+                                   nics_per_node=None, nic_bandwidth=None, nic_devices=None, ring_bandwidth=None)
 
     def check(self, cluster: Cluster, shape: ModelShape | None = None) -> None:
         """ValueError naming the pipeline and the limit unless the strategy covers `cluster`'s
@@ -129,7 +151,7 @@ class Strategy:
         for i, (p, start) in enumerate(zip(self.pipelines, self.starts())):
             where = f"strategy {self}: pipeline {i} {p.label} (ranks {start}..{start + p.size - 1})"
             try:  # its own mesh refuses a TP degree crossing a node, and (with `shape`) the model's limits
-                mesh = self.mesh(i, g)
+                mesh = JobMesh(p.size, g, p.tp, p.pp)
                 if shape is not None:
                     mesh.check_model(shape)
             except ValueError as error:

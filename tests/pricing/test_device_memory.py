@@ -10,7 +10,7 @@ import pytest
 from ballast.plans.plan import Group, MicroBatch, Plan, PlanError, Wave
 from ballast.pricing.coefficients import InfeasibleError
 from ballast.pricing.cost_sources import device_memory, get_cost_model
-from ballast.pricing.device_memory import DeviceMemory, ParameterCounts, reduction_buffer_bytes
+from ballast.pricing.device_memory import CanonicalLayout, DeviceMemory, ParameterCounts, reduction_buffer_bytes
 from ballast.vocabulary.cluster import get_cluster
 from ballast.vocabulary.model_shape import get_model_shape
 from ballast.vocabulary.sharding import Sharding, default_sharding
@@ -68,7 +68,7 @@ def test_shape_counts_and_default_modes():
 
 def test_cost_model_prices_the_mode():
     shape, cluster = get_model_shape("tiny"), get_cluster("cpu", world_size=2, device_memory_gb=1.0)
-    costs = {mode: get_cost_model("analytic", shape, cluster, sharding=mode) for mode in Sharding}
+    costs = {mode: get_cost_model("analytic", shape, cluster, sharding=mode) for mode in Sharding.flagged()}
     for mode, cost in costs.items():
         assert cost.states == device_memory(shape, cluster, mode).states and cost.device.sharding is mode
     assert costs[Sharding.REPLICATED].states > costs[Sharding.ZERO1].states > costs[Sharding.FSDP].states
@@ -94,3 +94,23 @@ def test_plan_the_old_model_accepted_is_refused():
     plan.validate(cluster, old)
     with pytest.raises(PlanError, match="memory|GB"):
         plan.validate(cluster, cost)
+
+
+def test_canonical_states_by_hand():
+    # A strategy's rank: its 1000 compute parameters whole (4 P each of parameters and gradients),
+    # and 1 / 8 of the whole model's 4000 (blocks of 800, a root of 800) as its canonical share of
+    # 500: fp32 parameters of record (2000 B) and AdamW's state (4000 B). After backward the
+    # reduced share's gradients (2000 B) and one full block's fp32 gradients in flight (3200 B).
+    whole = ParameterCounts(total=4000, autocast=3200, block=800, root=800)
+    held = DeviceMemory(COUNTS, Sharding.CANONICAL, False, world_size=2, vocab=10,
+                        canonical=CanonicalLayout(whole, ranks=8))
+    assert (held.parameters, held.gradients, held.optimizer) == (6000, 4000, 4000)
+    assert held.states == 14000 and held.after_backward == 14000 + 2000 + 3200
+    assert DeviceMemory(COUNTS, Sharding.CANONICAL, True, 2, 10, CanonicalLayout(whole, 8)).autocast_copies == 1600
+    with pytest.raises(AssertionError):
+        DeviceMemory(COUNTS, Sharding.ZERO1, False, 2, 10, CanonicalLayout(whole, 8))
+
+
+def test_canonical_is_no_flag():
+    with pytest.raises(ValueError, match="strategy's own mode"):
+        Sharding.parse("canonical")

@@ -27,11 +27,12 @@ def test_malformed_strategies_name_the_item(text):
 
 def test_every_rank_in_exactly_one_pipeline_at_its_mesh_position():
     s = Strategy.parse("1x4,2x2")
+    cluster = get_cluster("cpu", 8)
     ranks = [r for i in range(2) for r in s.ranks(i)]
     assert sorted(ranks) == list(range(8))
     # Each pipeline's ranks are its own job mesh's, shifted to its block.
     for i, start in enumerate(s.starts()):
-        mesh, p = s.mesh(i, 8), s.pipelines[i]
+        mesh, p = s.mesh(i, cluster), s.pipelines[i]
         for stage in range(p.pp):
             for j in range(p.tp):
                 assert s.rank(i, stage, 0, j) == start + mesh.rank(stage, 0, j)
@@ -57,3 +58,24 @@ def test_check_coverage_nodes_and_model():
         Strategy.parse("16x1").check(h100)
     with pytest.raises(ValueError, match=r"pipeline 0 \(1,3\).*PP degree 3 does not divide"):
         Strategy.parse("1x3,1x5").check(cluster, MODEL_PRESETS["tiny"])
+
+
+def test_block_clusters_are_the_pipelines_own_ranks():
+    h100 = get_cluster("h100-32")
+    s = Strategy.parse("4x2x2,1x4,1x4,2x2,1x2,1x2")  # 16 + 4 + 4 + 4 + 2 + 2 ranks
+    s.check(h100)
+    whole, inside = s.block_cluster(0, h100), s.block_cluster(3, h100)
+    # Two whole nodes keep their NICs and ring; a share of a node is a node of its own ranks,
+    # its exchanges and its ring at the node's all-to-all rates up to its size.
+    assert (whole.nodes, whole.devices_per_node, whole.nics_per_node) == (2, 8, h100.nics_per_node)
+    assert whole.ring_bandwidth == h100.ring_bandwidth and whole.bandwidth[16] == h100.bandwidth[16]
+    assert (inside.nodes, inside.devices_per_node, sorted(inside.bandwidth)) == (1, 4, [2, 4])
+    assert inside.ring_bandwidth == h100.bandwidth[4] and inside.bandwidth[2] == h100.bandwidth[2]
+    assert s.block_cluster(5, h100).world_size == 2
+    mesh = s.mesh(0, h100)
+    assert (mesh.world_size, mesh.tp, mesh.pp, mesh.pool) == (16, 4, 2, 2)
+    assert [s.mesh(i, h100).world_size for i in range(6)] == [len(s.ranks(i)) for i in range(6)]
+    with pytest.raises(ValueError, match=r"pipeline 1 \(1,12\).*neither lies inside one node"):
+        Strategy.parse("1x4,1x12").block_cluster(1, get_cluster("h100-16"))
+    with pytest.raises(ValueError, match="pipeline 0 .*power of two.*not 6"):
+        Strategy.parse("1x6,1x2").block_cluster(0, get_cluster("cpu", 8))

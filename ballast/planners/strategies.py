@@ -1,0 +1,93 @@
+"""Any planner on a strategy's pipelines (docs/design.md, section 6, *Strategies*): the batch's
+sequences assigned to the pipelines, then each pipeline's part planned by its own instance of the
+planner over its pool, at its (t, p), so every planner's tables under a strategy compare like with
+like.
+
+The assignment is greedy, longest sequence first, each to the pipeline that keeps the slowest
+pipeline's estimate least (Hydraulis' stage-1 objective, made deterministic and given pools):
+
+    estimate_i = sum_s w_i(s) / (p_i pool_i) + (p_i - 1) max_s w_i(s) / p_i
+
+with w_i(s) the seconds sequence s takes on one pool rank of pipeline i at the least SP degree
+that holds it (times that degree: the pool's rank-seconds); a sequence that fits only some
+pipelines goes to one of them (a sequence no pipeline holds is refused, naming the largest). The
+`hydraulis` planner has its own, randomised, assignment; this one is the rest's.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..plans.plan import Plan
+from ..plans.strategy_plan import StrategyPlan
+from ..pricing.cost import CostModel
+from ..pricing.coefficients import InfeasibleError
+from ..vocabulary.cluster import Cluster
+from ..vocabulary.samples import Sample, tokens
+from ..vocabulary.strategy import Strategy
+from .base import PlannerOptions
+from .registry import get_planner
+
+
+class StrategyPlanner:
+    """Planner `name` on every pipeline of `strategy` (module docstring)."""
+
+    def __init__(self, name: str, strategy: Strategy, cluster: Cluster, costs: Sequence[CostModel],
+                 options: PlannerOptions | None = None):
+        assert len(costs) == len(strategy.pipelines), (len(costs), strategy)
+        self.name, self.strategy, self.costs = name, strategy, list(costs)
+        pools = [strategy.mesh(i, cluster).pool_cluster(strategy.block_cluster(i, cluster))
+                 for i in range(len(strategy.pipelines))]
+        self.planners = [get_planner(name, pool, cost, options) for pool, cost in zip(pools, costs)]
+
+    def plan(self, samples: Sequence[Sample]) -> StrategyPlan:
+        """The step's plan: the assignment, then each part planned by its pipeline's planner."""
+        if not len(samples):
+            raise ValueError("cannot plan an empty batch")
+        ids = self.assign(samples)
+        total = sum(tokens(s) for s in samples)
+        parts = []
+        for i, (planner, held) in enumerate(zip(self.planners, ids)):
+            layout = self.strategy.pipelines[i]
+            part = planner.plan([samples[j] for j in held]) if held else Plan([], [], tp=layout.tp, pp=layout.pp)
+            part.tokens = total
+            parts.append(part)
+        lengths = [tokens(s) for s in samples]
+        return StrategyPlan(self.strategy, parts, ids, lengths, total, self.name)
+
+    def assign(self, samples: Sequence[Sample]) -> list[list[int]]:
+        """Sequence ids per pipeline (module docstring)."""
+        work = [[_pool_seconds(cost, s) for s in samples] for cost in self.costs]
+        stages = [p.pp for p in self.strategy.pipelines]
+        ranks = [p.pp * p.pool for p in self.strategy.pipelines]
+        summed, longest = [0.0] * len(stages), [0.0] * len(stages)
+        ids: list[list[int]] = [[] for _ in stages]
+        for j in sorted(range(len(samples)), key=lambda j: -tokens(samples[j])):
+            fits = [i for i in range(len(stages)) if work[i][j] is not None]
+            if not fits:
+                raise InfeasibleError(f"sequence {j} ({tokens(samples[j])} tokens) fits no pipeline of strategy "
+                                      f"{self.strategy}, not even at the largest SP degree of each pool with every "
+                                      f"layer recomputed")
+
+            def worst_with(i: int) -> tuple[float, float]:
+                estimates = [(summed[k] + (work[k][j] if k == i else 0.0)) / ranks[k]
+                             + (stages[k] - 1) * max(longest[k], work[k][j] if k == i else 0.0) / stages[k]
+                             for k in range(len(stages))]
+                return max(estimates), estimates[i]
+
+            best = min(fits, key=worst_with)
+            ids[best].append(j)
+            summed[best] += work[best][j]
+            longest[best] = max(longest[best], work[best][j])
+        return [sorted(held) for held in ids]
+
+
+def _pool_seconds(cost: CostModel, sample: Sample) -> float | None:
+    """Rank-seconds of `sample` alone on a pool rank of `cost`'s pipeline, at the least degree (and
+    recompute level) that holds it; None if none does."""
+    n = tokens(sample)
+    degree = cost.min_degree(n)
+    if degree is None:
+        return None
+    recompute = cost.min_recompute(n, degree)
+    assert recompute is not None, (n, degree)
+    return degree * cost.time([sample], degree, recompute)
