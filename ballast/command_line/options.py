@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from ..vocabulary.model_shape import MODEL_PRESETS
 from ..vocabulary.precision import Precision
+from ..vocabulary.strategy import Strategy
 from ..vocabulary.value_checks import at_least, positive
 
 SEED = at_least(int, 0, "numpy's generators take no negative seed")
@@ -47,6 +48,14 @@ MIN_TIMEOUT = 30.0
 more on a busy machine) and to meet in the rendezvous store, which waits with the same timeout."""
 TIMEOUT = at_least(float, MIN_TIMEOUT, "seconds: the ranks need seconds to start (importing torch) and to meet "
                                        "in the rendezvous store")
+
+
+def strategy_steps(text: str) -> tuple[Strategy, ...]:
+    """`--strategy`'s value: one strategy, or several separated by ';' that the steps take in turn."""
+    try:
+        return tuple(Strategy.parse(part) for part in text.split(";"))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def check_timeout(seconds: float) -> None:
@@ -166,5 +175,11 @@ PP = SharedOption(
             "plan laying out one stage's pool (world / (t p) ranks, t: --tp) and its micro-batches run through "
             "the stages in 1F1B order",
     positive(int), "P")
+STRATEGY = SharedOption(
+    "--strategy", "a heterogeneous strategy (Hydraulis'): pipelines side by side, each TxP or TxPxPOOL "
+                  "(\"2x2,2x1,1x1,1x1\", or \"[(2,2),(1,4)]\"), on consecutive blocks of the ranks; several "
+                  "separated by ';' run in turn, one a step, so the strategy changes between steps. The state "
+                  "lives in one canonical layout over every rank; each step's pipelines gather their parameters "
+                  "from it and reduce their gradients back", strategy_steps, "STRATEGY")
 SHARED = {option.flag: option for option in (MODEL, MAX_LEN, CLUSTER, WORLD, NODES, COST, DEVICE_MEMORY, DEGREE, CP,
-                                             PRECISION, ROUTING, TP, PP)}
+                                             PRECISION, ROUTING, TP, PP, STRATEGY)}

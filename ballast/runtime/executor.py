@@ -101,6 +101,27 @@ runs its layout's `with_context`: CONTEXT, Ulysses over `Group.ulysses` ranks in
 VIDEO_2D, whose fallback then runs so)."""
 
 
+def device_clock(device: torch.device) -> float:
+    """Seconds on a wall clock, read once `device` has run all the work queued so far: CUDA
+    kernels and NCCL calls return to Python before they run, so an unsynchronised clock would
+    time their launches and put the GPU's work into whichever timer reads next (a wave's busy
+    time into its barrier wait). On a CPU the work is done when it returns."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def step_if_finite(result: StepResult, optimizer: torch.optim.Optimizer, device: torch.device) -> StepResult:
+    """`result` with the optimizer stepped (and timed) unless its loss or gradient norm is not
+    finite, which leaves the parameters as they were (`applied` False)."""
+    result.applied = math.isfinite(result.loss) and math.isfinite(result.grad_norm)
+    if result.applied:
+        start = device_clock(device)
+        optimizer.step()
+        result.optimizer_seconds = device_clock(device) - start
+    return result
+
+
 @dataclass
 class WaveTiming:
     busy: float
@@ -161,8 +182,8 @@ class Executor:
         assert (mesh.tp, mesh.pp) == (groups.mesh.tp, groups.mesh.pp), "the groups are the mesh's"
         self.mesh = mesh
         """The job's TP degree, PP degree and pool: plans name the pool's ranks."""
-        assert routing is not None or cluster.nodes == 1 or self.mesh.tp * self.mesh.pp > 1, \
-            "parallelize makes the routing groups of 2+ nodes"
+        assert routing is not None or cluster.nodes == 1 or self.mesh.tp * self.mesh.pp > 1 \
+            or self.mesh.ranks != range(dist.get_world_size()), "parallelize makes the routing groups of 2+ nodes"
         assert (tensor_parallel is None) == (self.mesh.tp == 1), "TP splits the model when the mesh has a TP degree"
         self.fsdp = is_sharded(model)
         assert (sync is None) == self.fsdp, "replicated weights need the gradient sync, FSDP2 has its own"
@@ -201,6 +222,18 @@ class Executor:
         Every rank must pass the same plan and samples (see `broadcast.broadcast_plan`). Invalid input
         raises ValueError (PlanError) on every rank before any collective.
         """
+        result, loss = self.passes(plan, samples)
+        start = self._clock()
+        result.loss, result.grad_norm, nonfinite = self._synchronise(loss, self.nonfinite_flags(len(plan.lengths)))
+        result.nonfinite_samples = torch.nonzero(nonfinite).flatten().tolist()
+        result.sync_seconds = self._clock() - start
+        return step_if_finite(result, self.optimizer, self.device)
+
+    def passes(self, plan: Plan, samples: Sequence[Any]) -> tuple[StepResult, Tensor]:
+        """`step`'s forward and backward passes alone (a strategy's step runs them, then reduces
+        into its canonical layout: `runtime/strategy.py`): the result so far, with its waves'
+        and micro-batches' records, and this rank's summed loss shares. The gradients are this
+        rank's until `finish_gradients`."""
         self._check(plan, samples)
         self.model.train()
         if self.sync is None:
@@ -210,17 +243,14 @@ class Executor:
         self._shares = []
         self._passes_left = self._backward_passes(plan)
         result = StepResult(loss=0.0, tokens=plan.tokens, waves=[])
-        loss = self._run_plan(plan, samples, result)
-        start = self._clock()
-        result.loss, result.grad_norm, nonfinite = self._synchronise(loss, self._nonfinite_flags(len(plan.lengths)))
-        result.nonfinite_samples = torch.nonzero(nonfinite).flatten().tolist()
-        result.sync_seconds = self._clock() - start
-        result.applied = math.isfinite(result.loss) and math.isfinite(result.grad_norm)
-        if result.applied:
-            start = self._clock()
-            self.optimizer.step()
-            result.optimizer_seconds = self._clock() - start
-        return result
+        return result, self._run_plan(plan, samples, result)
+
+    def finish_gradients(self) -> None:
+        """Wait for the gradient sync over the pool: then every pool rank holds the pool's summed
+        gradients (replicated weights), or its share of them."""
+        assert self._passes_left == 0, "the step ran another number of backward passes than its plan"
+        if self.sync is not None:
+            self.sync.finish()
 
     def _run_plan(self, plan: Plan, samples: Sequence[Any], result: StepResult) -> Tensor:
         """The step's passes on this rank, wave by wave (timed into `result.waves`); returns the
@@ -239,7 +269,7 @@ class Executor:
                     loss += self._run_slot(plan, w, domain, slot, samples, result) \
                         if self._slot_runs(plan, w, domain, slot) else self._skip()
             busy = self._clock() - start
-            dist.barrier()
+            dist.barrier(group=self.groups.job)
             result.waves.append(WaveTiming(busy, self._clock() - start - busy))
         return loss
 
@@ -284,13 +314,7 @@ class Executor:
         return any(sum(plan.mb_lengths(mb)) for _, mb in self._slot_parts(plan, wave, domain, slot))
 
     def _clock(self) -> float:
-        """Seconds on a wall clock, read once the device has run all the work queued so far:
-        CUDA kernels and NCCL calls return to Python before they run, so an unsynchronised
-        clock would time their launches and put the GPU's work into whichever timer reads next
-        (a wave's busy time into its barrier wait). On a CPU the work is done when it returns."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+        return device_clock(self.device)
 
     def _check(self, plan: Plan, samples: Sequence[Any]) -> None:
         if (plan.tp, plan.pp) != (self.mesh.tp, self.mesh.pp):
@@ -421,7 +445,7 @@ class Executor:
             (self.model.loss([dummy], stream, slice(0, stream.bounds[-1])) * 0.0).backward()
         return torch.zeros((), device=self.device)
 
-    def _nonfinite_flags(self, samples: int) -> Tensor:
+    def nonfinite_flags(self, samples: int) -> Tensor:
         """Per sample: 1 (or more) where a micro-batch holding it had a non-finite loss share here."""
         flags = torch.zeros(samples, dtype=torch.float32, device=self.device)
         if self._shares:
@@ -441,9 +465,7 @@ class Executor:
         norms) the first of them adds. A TP group's ranks hold the same loss and flags: its
         first rank adds them. Under PP each stage's pools hold that stage's parameters, and
         the last stage alone the loss and flags: the world's sum counts each once."""
-        assert self._passes_left == 0, "the step ran another number of backward passes than its plan"
-        if self.sync is not None:
-            self.sync.finish()
+        self.finish_gradients()
         first = self.tp_index == 0
         held = [p.grad for n, p in zip(self.parameter_names, self._params)
                 if p.grad is not None and (first or self.tensor_parallel.is_split(n))]
@@ -453,7 +475,7 @@ class Executor:
         stats = torch.cat([loss.reshape(1), nonfinite, squares.reshape(1)])
         if not first:
             stats[:-1] = 0.0
-        dist.all_reduce(stats)
+        dist.all_reduce(stats, group=self.groups.job)
         return float(stats[0]), math.sqrt(float(stats[-1])), stats[1:-1]
 
     def _squares(self, grads: Iterable[Tensor]) -> Tensor:

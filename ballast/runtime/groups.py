@@ -29,6 +29,11 @@ ranks are pool ranks, and the ranks of every TP index and stage run their own co
 group (t p copies of every block, each made by every rank); `rank` and `world_size` are then
 the pool's, and `tensor` is the rank's TP group.
 
+Under a strategy (`vocabulary/strategy.py`) each pipeline is a mesh of its own block of the job's
+ranks (`JobMesh.first`): every rank makes every pipeline's groups, in the strategy's order, and
+keeps its own pipeline's (`member`); `job` is the mesh's ranks, the world for a job's mesh, which
+the executor's barriers and step statistics run over.
+
 `gradients` is one more group of the whole pool, for the gradient buckets alone
 (`grad_sync.py`): their collectives are issued from backward hooks, at times that differ from
 rank to rank, so they must not share a communicator with any exchange (a group spanning the
@@ -41,7 +46,9 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
+from ..vocabulary.cluster import Cluster
 from ..vocabulary.job_mesh import JobMesh
+from ..vocabulary.strategy import Strategy
 from .world import world_timeout
 
 
@@ -62,21 +69,27 @@ class ProcessGroups:
     """Cache of the process groups of all aligned power-of-two blocks of the pool (the default
     world without tensor or pipeline parallelism), and of this rank's TP group."""
 
-    def __init__(self, mesh: JobMesh | None = None) -> None:
+    def __init__(self, mesh: JobMesh | None = None, *, block: bool = False) -> None:
+        """The groups of `mesh` (None: the world one pool), which covers the job's ranks, or with
+        `block` is one pipeline's block of them (`of_strategy`)."""
         timeout = world_timeout()
         if not dist.is_initialized() or timeout is None:
             raise ValueError("ProcessGroups needs torch.distributed to be initialised first, by "
                              "ballast.runtime.init_distributed or run_local (they record its timeout)")
         world = dist.get_world_size()
         self.mesh = mesh or JobMesh(world, world)
-        """The job's mesh: plans' ranks are its pool's; a world of one pool when not given."""
-        if self.mesh.world_size != world:
-            raise ValueError(f"job mesh of {self.mesh.world_size} ranks, but the job has {world}")
+        """The job's mesh (or a strategy pipeline's): plans' ranks are its pool's; a world of one
+        pool when not given."""
+        if (self.mesh.ranks != range(world)) if not block else self.mesh.ranks.stop > world:
+            raise ValueError(f"job mesh of ranks {self.mesh.first}..{self.mesh.ranks.stop - 1}, but the job has "
+                             f"{world}")
         me = dist.get_rank()
+        self.member = me in self.mesh.ranks
+        """Whether this rank is one of the mesh's (always, but for another pipeline's groups)."""
         self.world_size = self.mesh.pool
         """Ranks of the pool, what plans' groups divide."""
-        self.rank = self.mesh.coordinate(me).pool_index
-        """This rank's pool rank, the rank plans name."""
+        self.rank = self.mesh.coordinate(me).pool_index if self.member else -1
+        """This rank's pool rank, the rank plans name (-1 outside the mesh)."""
         self._groups: dict[tuple[int, int], ProcessGroup] = {}
         self._strided: dict[tuple[int, int, int], ProcessGroup] = {}
         """(first rank, stride u, c) -> the CP group of those c ranks."""
@@ -90,8 +103,11 @@ class ProcessGroups:
         def mine(groups: list[ProcessGroup | None]) -> ProcessGroup | None:
             return next((g for g in groups if g is not None), None)
 
+        self.job = made(list(self.mesh.ranks))
+        """The mesh's ranks: the world for a job's mesh, a pipeline's block under a strategy."""
         gradients = [dist.new_group(pool, timeout=timeout) for pool in self.mesh.pools()]
-        self.gradients: ProcessGroup = gradients[self.mesh.pools().index(self.mesh.pool_ranks(me))]
+        self.gradients: ProcessGroup | None = \
+            gradients[self.mesh.pools().index(self.mesh.pool_ranks(me))] if self.member else None
         """The pool, for the gradient sync's bucket collectives only (the data-parallel dimension)."""
         self.tensor = mine([made(ranks) for ranks in self.mesh.tp_groups()]) if self.mesh.tp > 1 else None
         """This rank's TP group; None without tensor parallelism."""
@@ -103,7 +119,7 @@ class ProcessGroups:
             while degree <= self.world_size:
                 for start in range(0, self.world_size - degree + 1, degree):
                     group = made(pool[start:start + degree]) if degree < self.world_size else self.pool
-                    if self.rank in range(start, start + degree) and pool == self.mesh.pool_ranks(me):
+                    if self.member and self.rank in range(start, start + degree) and pool == self.mesh.pool_ranks(me):
                         self._groups[(start, degree)] = group
                     cp = 2
                     while cp < degree:
@@ -113,6 +129,12 @@ class ProcessGroups:
                                 self._strided[(first, u, cp)] = group
                         cp *= 2
                 degree *= 2
+
+    @classmethod
+    def of_strategy(cls, strategy: Strategy, cluster: Cluster) -> list[ProcessGroups]:
+        """Every pipeline's groups (each rank keeps its own pipeline's), made by every rank in the
+        strategy's order."""
+        return [cls(strategy.mesh(i, cluster), block=True) for i in range(len(strategy.pipelines))]
 
     def get(self, start: int, degree: int, cp: int = 1) -> ProcessGroup | ContextGroups | None:
         """The group of ranks start..start+degree-1; None for one rank (it needs no communication).

@@ -24,6 +24,8 @@ Train, verify, profile, check and bench all build their executor here.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -68,7 +70,8 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None 
     keyword arguments (lr, betas, weight_decay, ...).
     """
     world = dist.get_world_size()
-    cluster.check_world_size(world)
+    given = mesh or (groups.mesh if groups is not None else None)
+    cluster.check_world_size(world if given is None or given.ranks == range(world) else given.world_size)
     if not isinstance(precision, Precision):
         raise ValueError(f"precision must be a Precision ({', '.join(p.value for p in Precision)}), got {precision!r}")
     if zero1 and fsdp:
@@ -80,9 +83,10 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None 
         raise ValueError(f"the gradient bucket size must be >= 1 byte, got {bucket_bytes}")
     if mesh is None:  # the groups' TP and PP degrees (their mesh knows no nodes), else one pool
         mesh = JobMesh.of(cluster, groups.mesh.tp, groups.mesh.pp) if groups is not None else JobMesh.of(cluster)
+        mesh = dataclasses.replace(mesh, first=groups.mesh.first) if groups is not None else mesh
     mesh.check_cluster(cluster)
     mesh.check_model(model.shape)
-    if groups is not None and (groups.mesh.tp, groups.mesh.pp) != (mesh.tp, mesh.pp):
+    if groups is not None and (groups.mesh.tp, groups.mesh.pp, groups.mesh.first) != (mesh.tp, mesh.pp, mesh.first):
         raise ValueError(f"process groups made for {groups.mesh.describe()}, but the job runs {mesh.describe()}")
     if mesh.pp > 1 and (fsdp or is_sharded(model)):
         raise ValueError(f"FSDP2 does not run under pipeline parallelism (PP degree {mesh.pp}): a stage's empty "
@@ -90,13 +94,15 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None 
     if mesh.tp > 1 and is_sharded(model):
         raise ValueError("a model sharded with FSDP before parallelize cannot be split for TP: pass fsdp=True, "
                          "which shards it after the split")
-    plain = (mesh.tp, mesh.pp) == (1, 1)
-    groups = groups or ProcessGroups(mesh)
+    # A job's one pool over the whole world, whose collectives run on the default group; a
+    # strategy's pipeline (a block of the world) runs its own over its groups.
+    plain = (mesh.tp, mesh.pp) == (1, 1) and mesh.ranks == range(world)
+    groups = groups if groups is not None else ProcessGroups(mesh)
     routing = routing or (routing_groups(cluster) if plain else None)
     model.install_attention(sequence_parallel_attention)
     tensor_parallel = None
     if not is_sharded(model):
-        broadcast_weights(model)
+        broadcast_weights(model, mesh.first, None if plain else groups.job)
         here = mesh.coordinate(dist.get_rank())
         if mesh.pp > 1:  # every stage keeps its part of rank 0's weights, which TP then splits
             split_model(model, mesh, here.stage)
@@ -133,12 +139,13 @@ def make_optimizer(model: nn.Module, zero1: bool = False, *, group: ProcessGroup
     return torch.optim.AdamW(params, **adamw)
 
 
-def broadcast_weights(model: nn.Module) -> None:
-    """Every rank takes rank 0's weights: the summed gradient means something only if all ranks
-    start from the same ones. One broadcast of all parameters flattened."""
+def broadcast_weights(model: nn.Module, src: int = 0, group: ProcessGroup | None = None) -> None:
+    """Every rank (of `group`) takes global rank `src`'s weights: the summed gradient means
+    something only if all ranks start from the same ones. One broadcast of all parameters
+    flattened."""
     params = [p for p in model.parameters() if p.requires_grad]
     flat = torch.cat([p.detach().reshape(-1) for p in params])
-    dist.broadcast(flat, src=0)
+    dist.broadcast(flat, src=src, group=group)
     with torch.no_grad():
         for p, piece in zip(params, torch.split(flat, [p.numel() for p in params])):
             p.copy_(piece.view_as(p))

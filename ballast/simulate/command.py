@@ -20,7 +20,9 @@ from ..plans.gantt import gantt
 from .table import planner_table
 from ..vocabulary.model_shape import get_model_shape
 from ..command_line.options import (CLUSTER, COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, ROUTING, SEED,
-                                    PP, TP, WORLD, OnOff, positive)
+                                    PP, STRATEGY, TP, WORLD, OnOff, positive)
+from ..pricing.parameter_movement import Movement
+from .strategies import simulate_strategy_planners, strategy_table
 from ..vocabulary.job_mesh import JobMesh
 from ..command_line.output_paths import check_output_file
 from ..command_line.provenance import provenance
@@ -55,6 +57,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     CP.add(p, None, "Ulysses alone")
     TP.add(p, 1, "no tensor parallelism: every device one rank of the plans")
     PP.add(p, 1, "no pipeline: every rank holds every layer")
+    STRATEGY.add(p, None, "one job mesh (--tp, --pp)")
+    p.add_argument("--movement", type=Movement, choices=list(Movement), default=Movement.FULL,
+                   help="under --strategy, how the canonical layout's parameters and gradients move: full (every "
+                        "rank gathers and reduces every whole tensor, what the runtime runs) or sliced (each rank "
+                        "only its slice, not yet run) (default: full)")
     p.add_argument("--time-limit", type=positive(float), default=d.time_limit, help="seconds per MILP solve (flexsp)")
     p.add_argument("--buckets", type=positive(int), default=d.buckets, help="length buckets of flexsp's DP bucketing")
     p.add_argument("--dcp-mode", choices=("inter", "intra", "both"), default=d.dcp_mode)
@@ -94,9 +101,6 @@ def run(args: argparse.Namespace) -> int:
     check_output_file(args.gantt, "--gantt")
     cluster = get_cluster(args.cluster, args.world, args.device_memory_gb, args.nodes)
     shape = get_model_shape(args.model)
-    mesh = JobMesh.of(cluster, tp=args.tp, pp=args.pp, shape=shape)
-    cost = get_cost_model(args.cost, shape, cluster, args.device_memory_gb, args.sharding, mesh=mesh)
-    pool = mesh.pool_cluster(cluster)
     names = parse_planner_names(args.planners)
     options = planner_options(args)
     options.check_read(names, unset=PlannerOptions())
@@ -106,6 +110,11 @@ def run(args: argparse.Namespace) -> int:
                      overlong=args.overlong)
     lengths_stream = LengthStream(get_length_source(args.lengths, shape.video_geometry), spec, seed=args.seed)
     batches = [lengths_stream.next_batch() for _ in range(args.steps)]
+    if args.strategy is not None:
+        return run_strategies(args, console, cluster, shape, names, options, batches, lengths_stream.report(), origin)
+    mesh = JobMesh.of(cluster, tp=args.tp, pp=args.pp, shape=shape)
+    cost = get_cost_model(args.cost, shape, cluster, args.device_memory_gb, args.sharding, mesh=mesh)
+    pool = mesh.pool_cluster(cluster)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("planning", total=len(names) * len(batches))
         lower, results = simulate_planners(batches, names, pool, cost, options,
@@ -134,10 +143,7 @@ def run(args: argparse.Namespace) -> int:
     table = planner_table(title, summaries, lower_mean)
     if pool.memory_bandwidth is None:
         table.caption += f"; optimizer step not priced: cluster {cluster.name!r} gives no memory_bandwidth"
-    if not console.is_terminal:  # a pipe or a file: as wide as the table needs, no column cut
-        needed = Measurement.get(console, console.options.update_width(10_000), table).maximum
-        console.width = max(console.width, needed)
-    console.print(table)
+    print_whole(console, table)
     console.print(f"data: {lengths_stream.report()}")
     if args.json_out:
         out = {"setting": setting, "steps": args.steps, "lower_bound_s": lower_mean, "longest_alone_s": longest,
@@ -148,6 +154,44 @@ def run(args: argparse.Namespace) -> int:
         gantt({n: r.first_plan for n, r in results.items()}, cost, pool.world_size, args.gantt)
         console.print(f"wrote {args.gantt}")
     return 0
+
+
+def run_strategies(args: argparse.Namespace, console: Console, cluster, shape, names: list[str],
+                   options: PlannerOptions, batches: list, data: str, origin: dict) -> int:
+    """`run` under --strategy: every planner placed on the strategies, one a step in turn."""
+    for flag, given in (("--tp", args.tp > 1), ("--pp", args.pp > 1), ("--sharding", args.sharding is not None),
+                        ("--lockstep", args.lockstep), ("--as-lengths", args.as_lengths), ("--gantt", args.gantt)):
+        if given:
+            raise ValueError(f"--strategy and {flag} do not combine: a strategy's pipelines bring their own TP and PP "
+                             f"degrees, its state lives in the canonical layout, and its plans draw no Gantt chart yet")
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("planning", total=len(names) * len(batches))
+        results = simulate_strategy_planners(
+            batches, names, args.strategy, shape, cluster, args.cost, options, args.device_memory_gb, args.movement,
+            on_step=lambda name, k: progress.update(task, advance=1, description=f"planning: {name}"))
+    summaries = {name: r.summary() for name, r in results.items()}
+    strategies = " then ".join(map(str, args.strategy))
+    print_whole(console, strategy_table(f"{args.lengths} on {cluster.name} ({cluster.world_size} devices) under "
+                                        f"{strategies}, {shape.name}, {args.cost} cost, {args.movement.value} movement, "
+                                        f"{args.steps} steps", summaries))
+    console.print(f"data: {data}")
+    if args.json_out:
+        setting = {"lengths": args.lengths, "cluster": cluster.name, "world_size": cluster.world_size,
+                   "strategies": [s.to_list() for s in args.strategy], "movement": args.movement.value,
+                   "model": shape.name, "cost": args.cost, "max_len": args.max_len, "batch": args.batch,
+                   "tokens_per_step": args.tokens_per_step, "seed": args.seed, "data": data}
+        out = {"setting": setting, "steps": args.steps, "planners": summaries, "provenance": origin}
+        Path(args.json_out).write_text(json.dumps(out, indent=2))
+        console.print(f"wrote {args.json_out}")
+    return 0
+
+
+def print_whole(console: Console, table) -> None:
+    """Print `table`; to a pipe or a file as wide as it needs, no column cut."""
+    if not console.is_terminal:
+        needed = Measurement.get(console, console.options.update_width(10_000), table).maximum
+        console.width = max(console.width, needed)
+    console.print(table)
 
 
 def _data_parallel(cost) -> dict | list[dict]:

@@ -7,10 +7,10 @@
     errors.py       the two comparisons and their tolerances
 """
 from .command import budget
-from .distributed import train_all_planners, train_distributed
+from .distributed import train_all_planners, train_distributed, train_strategies
 from .errors import GRAD_TOLERANCE, PARAM_TOLERANCE, Errors, errors_against, param_drift
 from .reference import Trajectory, VerifyBatch, flatten, random_batches, reference_at, train_reference
 
 __all__ = ["GRAD_TOLERANCE", "PARAM_TOLERANCE", "Errors", "Trajectory", "VerifyBatch", "budget", "errors_against",
            "flatten", "param_drift", "random_batches", "reference_at", "train_all_planners",
-           "train_distributed", "train_reference"]
+           "train_distributed", "train_reference", "train_strategies"]

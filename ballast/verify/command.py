@@ -48,7 +48,7 @@ import dataclasses
 
 from ..vocabulary.cluster import Cluster, get_cluster
 from ..command_line.options import (CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, PP, PRECISION, ROUTING,
-                                    SEED, TIMEOUT, TP, WORLD)
+                                    SEED, STRATEGY, TIMEOUT, TP, WORLD)
 from ..vocabulary.value_checks import at_least, positive
 from ..pricing.cost import CostModel
 from ..pricing.cost_sources import get_cost_model
@@ -133,6 +133,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     DEGREE.add(parser, None, "the least that holds --max-len")
     CP.add(parser, None, "Ulysses alone")
     TP.add(parser, 1, "no tensor parallelism; 2 on --world 2 leaves a pool of one rank, --world 4 a pool of two")
+    STRATEGY.add(parser, None, "one job mesh (--tp, --pp); under a strategy every planner's plans are placed on "
+                               "its pipelines and verified alike, the table saying how many pipelines held sequences")
     parser.add_argument("--lr", type=positive(float), default=1e-3, help="AdamW's learning rate (default: 0.001)")
     parser.add_argument("--seed", type=SEED, default=0)
     parser.add_argument("--zero1", action="store_true", help="shard optimizer state (ZeRO-1)")
@@ -172,6 +174,7 @@ def verify(args: argparse.Namespace, world: int) -> int:
 
     from ..runtime import describe_ranks, on_ranks, rank_device
     from .distributed import train_all_planners
+    from .strategies import check_strategy_flags, pipelines_used, plan_strategies, train_all_strategy_planners
 
     if args.zero1 and args.fsdp:
         raise ValueError("--zero1 and --fsdp both shard the optimizer state: choose one")
@@ -185,6 +188,8 @@ def verify(args: argparse.Namespace, world: int) -> int:
                          f"parallelism runs no routing layer; give --no-routing")
     if args.pp > 1 and args.fsdp:
         raise ValueError(f"--pp {args.pp} runs with replicated weights or --zero1: drop --fsdp")
+    if args.strategy is not None:
+        check_strategy_flags(args)
     shape = get_model_shape(args.model)
     check_buildable(shape)
     names = parse_planner_names(args.planners)
@@ -197,7 +202,11 @@ def verify(args: argparse.Namespace, world: int) -> int:
                            Sharding.of_flags(args.zero1, args.fsdp), precision, args.tp, args.pp)
     check_fits(cost.under(ANY_SPLIT), [args.max_len])  # a --device-memory-gb that cannot hold --max-len: before planning
     batches = random_batches(shape, args.steps, args.batch, args.max_len, args.seed)
-    plans, cannot = plan_all(names, cluster, cost, options, batches, args)
+    if args.strategy is None:
+        plans, cannot = plan_all(names, cluster, cost, options, batches, args)
+    else:
+        strategic = plan_strategies(names, args.strategy, shape, world, cost.device_memory, options, batches)
+        plans, cannot = {n: [part for p in ps for part in p.parts] for n, ps in strategic.items()}, {}
     names = [n for n in names if n in plans]
     bf16 = precision is Precision.BF16
     console = Console(width=max(Console().width, 140 if bf16 else 120))  # bf16 adds a tolerances column
@@ -207,6 +216,8 @@ def verify(args: argparse.Namespace, world: int) -> int:
     tp = f", TP {args.tp}" if args.tp > 1 else ""
     stages = f" as {args.pp} pipeline stages" if args.pp > 1 else ""
     pool = f" (plans over a pool of {cluster.world_size})" if args.tp * args.pp > 1 else ""
+    if args.strategy is not None:
+        pool = f" under strateg{'ies' if len(args.strategy) > 1 else 'y'} {' then '.join(map(str, args.strategy))}"
     console.print(f"verify: {describe_ranks(world)}{stages}{nodes}{tp}{pool}{sharding}{' in bf16' if bf16 else ''}, "
                   f"model {shape.name}, "
                   f"{args.steps} step(s) of "
@@ -214,10 +225,15 @@ def verify(args: argparse.Namespace, world: int) -> int:
                   f"{cost.device_memory / 1e6:.3g} MB per rank ({whose})")
     reference = train_reference(shape, batches, args.seed, args.lr, device=device)
     bf16_reference = train_reference(shape, batches, args.seed, args.lr, bf16=True, device=device) if bf16 else None
-    results = on_ranks(world, train_all_planners, shape,
-                       {n: [p.to_dict() for p in ps] for n, ps in plans.items()},
-                       batches, args.seed, args.lr, args.zero1, args.fsdp, args.nodes, precision, args.tp,
-                       args.pp, timeout=args.timeout)[0]
+    if args.strategy is None:
+        results = on_ranks(world, train_all_planners, shape,
+                           {n: [p.to_dict() for p in ps] for n, ps in plans.items()},
+                           batches, args.seed, args.lr, args.zero1, args.fsdp, args.nodes, precision, args.tp,
+                           args.pp, timeout=args.timeout)[0]
+    else:
+        results = on_ranks(world, train_all_strategy_planners, shape,
+                           {n: [p.to_dict() for p in ps] for n, ps in strategic.items()},
+                           batches, args.seed, args.lr, precision, timeout=args.timeout)[0]
     given = (args.grad_tolerance, args.param_tolerance)
     fp32 = tuple(t if t is not None else default for t, default in zip(given, (GRAD_TOLERANCE, PARAM_TOLERANCE)))
     # In bf16 each planner's tolerances are measured (its own parameters): a column, not the title.
@@ -225,7 +241,8 @@ def verify(args: argparse.Namespace, world: int) -> int:
                if bf16 else f"tolerance {fp32[0]:g}; drift tolerance {fp32[1]:g}")
     table = Table(title=f"{world} ranks vs one process: step loss and gradient at the same parameters; "
                         f"drift of the parameters after {args.steps} step(s) ({against})")
-    for column in ("planner", "waves", "degrees", "recomp", "loss rel", "grad abs", "grad rel",
+    for column in ("planner", *(("pipelines",) if args.strategy else ()), "waves", "degrees", "recomp", "loss rel",
+                   "grad abs", "grad rel",
                    "param abs", "param drift", *(("tolerances",) if bf16 else ()), ""):
         table.add_column(column, justify="left" if column == "planner" else "right")
     failed = []
@@ -239,7 +256,8 @@ def verify(args: argparse.Namespace, world: int) -> int:
         if not ok:
             failed.append(name)
         mbs = [mb for p in plans[name] for _, _, mb in p.micro_batches() if mb.seq_ids]
-        table.add_row(name, str(max(len(p.waves) for p in plans[name])), ",".join(splits_used(plans[name])),
+        table.add_row(name, *((pipelines_used(strategic[name]),) if args.strategy else ()),
+                      str(max(len(p.waves) for p in plans[name])), ",".join(splits_used(plans[name])),
                       f"{sum(mb.recompute for mb in mbs) / len(mbs):.2f}",
                       f"{errors.loss:.1e}", f"{errors.grad_abs:.1e}", f"{errors.grad_rel:.1e}",
                       f"{errors.param_abs:.1e}", f"{errors.param_drift:.1e}",

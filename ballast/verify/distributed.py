@@ -9,7 +9,9 @@ from ..vocabulary.model_shape import ModelShape
 from ..vocabulary.precision import Precision
 from ..models import build_model
 from ..plans.plan import Plan
+from ..plans.strategy_plan import StrategyPlan
 from ..runtime import ProcessGroups, broadcast_plan, parallelize, rank_device
+from ..runtime.strategy import StrategyExecutor
 from ..runtime.routing import RoutingGroups, routing_groups
 from .reference import VerifyBatch, Trajectory, flatten
 
@@ -50,3 +52,21 @@ def train_all_planners(shape: ModelShape, plans: dict[str, list[dict]], batches:
     out = {name: train_distributed(shape, p, batches, seed, lr, groups, zero1, fsdp, precision, nodes, routing)
            for name, p in plans.items()}
     return out if dist.get_rank() == 0 else None
+
+
+def train_strategies(shape: ModelShape, plans: list[dict], batches: list[VerifyBatch], seed: int, lr: float,
+                     precision: Precision = Precision.AUTO) -> Trajectory | None:
+    """The steps under strategy plans (`StrategyPlan.to_dict` of each step's, whose strategies may
+    differ from step to step), on every rank of the job: the state in the canonical layout, each
+    rank's pipeline running its part (`runtime/strategy.py`). Rank 0's trajectory, the others None."""
+    cluster = get_cluster("cpu", world_size=dist.get_world_size())
+    executor = StrategyExecutor(lambda: build_model(shape, seed).to(rank_device()), cluster, precision=precision,
+                                lr=lr)
+    losses, grads, starts = [], [], []
+    for plan_data, batch in zip(plans, batches, strict=True):
+        plan = StrategyPlan.from_dict(plan_data)
+        starts.append(flatten(executor.parameters()))
+        losses.append(executor.step(plan, batch.samples).loss)
+        grads.append(flatten(executor.gradients()))
+    trajectory = Trajectory(losses, grads, starts, flatten(executor.parameters()))
+    return trajectory if dist.get_rank() == 0 else None

@@ -54,12 +54,16 @@ class JobMesh:
     """t: ranks that split every layer's weights (Megatron's tensor parallelism)."""
     pp: int = 1
     """p: pipeline stages, each holding layers / p consecutive blocks."""
+    first: int = 0
+    """The global rank of the mesh's rank 0: 0 for a job's mesh; a pipeline's first rank under a
+    strategy (`Strategy.mesh`), whose pipelines are meshes of their own blocks of the job."""
 
     def __post_init__(self) -> None:
         for name in ("world_size", "devices_per_node", "tp", "pp"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"job mesh: {name} must be an integer >= 1, got {value!r}")
+        assert isinstance(self.first, int) and self.first >= 0, self.first
         t, p, g = self.tp, self.pp, self.devices_per_node
         if g % t:
             raise ValueError(f"TP degree {t} crosses a node: it must divide the node's {g} devices (a TP group's "
@@ -124,14 +128,21 @@ class JobMesh:
         return f"{why} (a TP rank's heads: {shape.heads} / TP degree {self.tp})"
 
     # --- ranks ---------------------------------------------------------------------------------
+    @property
+    def ranks(self) -> range:
+        """The global ranks of the mesh."""
+        return range(self.first, self.first + self.world_size)
+
     def rank(self, stage: int, pool_index: int, tp_index: int) -> int:
         """The global rank at (stage, pool index, TP index): the module docstring's layout."""
         assert 0 <= stage < self.pp and 0 <= pool_index < self.pool and 0 <= tp_index < self.tp
-        return (stage * self.pool + pool_index) * self.tp + tp_index
+        return self.first + (stage * self.pool + pool_index) * self.tp + tp_index
 
     def coordinate(self, rank: int) -> MeshCoordinate:
-        assert 0 <= rank < self.world_size, rank
-        return MeshCoordinate(rank // self.stage_size, rank // self.tp % self.pool, rank % self.tp)
+        """Where global rank `rank` of the mesh sits."""
+        assert rank in self.ranks, (rank, self.ranks)
+        local = rank - self.first
+        return MeshCoordinate(local // self.stage_size, local // self.tp % self.pool, local % self.tp)
 
     def tp_ranks(self, rank: int) -> list[int]:
         """The ranks of `rank`'s TP group, in TP order."""

@@ -107,16 +107,17 @@ class Strategy:
         start = self.starts()[index]
         return range(start, start + self.pipelines[index].size)
 
-    def rank(self, index: int, stage: int, pool_index: int, tp_index: int) -> int:
-        """The global rank at (stage, pool index, TP index) of pipeline `index` (module docstring)."""
-        p = self.pipelines[index]
-        assert 0 <= stage < p.pp and 0 <= pool_index < p.pool and 0 <= tp_index < p.tp
-        return self.starts()[index] + (stage * p.pool + pool_index) * p.tp + tp_index
+    def pipeline_of(self, rank: int) -> int:
+        """The index of the pipeline holding global rank `rank`."""
+        assert 0 <= rank < self.world_size, rank
+        return next(i for i in range(len(self.pipelines)) if rank in self.ranks(i))
 
     def mesh(self, index: int, cluster: Cluster) -> JobMesh:
-        """Pipeline `index` as a job mesh of its block's cluster (`block_cluster`)."""
+        """Pipeline `index` as a job mesh of its block's cluster (`block_cluster`), its ranks the
+        block's global ones (`JobMesh.first`)."""
         p = self.pipelines[index]
-        return JobMesh.of(self.block_cluster(index, cluster), p.tp, p.pp)
+        mesh = JobMesh.of(self.block_cluster(index, cluster), p.tp, p.pp)
+        return dataclasses.replace(mesh, first=self.starts()[index])
 
     def block_cluster(self, index: int, cluster: Cluster) -> Cluster:
         """Pipeline `index`'s ranks of `cluster` as a cluster of their own, what its plans and cost

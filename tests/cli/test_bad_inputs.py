@@ -232,6 +232,23 @@ CASES = [
     ("simulate --cluster cpu --world 2 --model tiny --device-memory-gb 0.00001", 2, "--device-memory-gb"),
     ("simulate --cluster cpu --world 2 --model tiny --lengths file:{huge.txt} --max-len 100000000 --steps 1",
      2, r"more than any plan can hold.*--max-len.*--device-memory-gb"),
+    # strategies: malformed, not covering the cluster, a block no node holds, TP across a node, the model's
+    # limits, a flag they do not combine with, a profile, a sequence no pipeline holds
+    ("simulate --strategy 2x2,2y1", 2, r"argument --strategy: strategy '2x2,2y1': '2y1' is not a pipeline"),
+    ("simulate --cluster h100-16 --strategy 4x2,1x4 --steps 1", 2,
+     r"strategy \[\(4,2\),\(1,4\)\] holds 12 ranks, but cluster 'h100-16' has 16"),
+    ("simulate --cluster h100-16 --strategy 1x2,1x8,1x2,1x4 --steps 1", 2,
+     r"pipeline 1 \(1,8\) \(ranks 2..9\) neither lies inside one node of 8 devices nor holds whole nodes"),
+    ("simulate --cluster h100-16 --strategy 16x1 --steps 1", 2, r"pipeline 0 \(16,1\).*TP degree 16 crosses a node"),
+    ("simulate --cluster cpu --world 8 --model tiny --strategy 1x8 --steps 1", 2,
+     r"pipeline 0 \(1,8\).*PP degree 8 does not divide model 'tiny''s 4 layers"),
+    ("simulate --cluster h100-16 --strategy 4x2,4x2 --tp 2", 2, r"--strategy and --tp do not combine"),
+    ("simulate --cluster cpu --world 8 --model tiny --strategy 2x2,2x2 --cost {not.json} --steps 1", 2,
+     r"a strategy's pipelines are priced from --cost analytic or published"),
+    ("simulate --cluster cpu --world 8 --model tiny --strategy 1x1x8 --lengths file:{huge.txt} --max-len 100000000 "
+     "--steps 1", 2, r"sequence 0 \(\d+ tokens\) fits no pipeline of strategy \[\(1,1\)x8\]"),
+    ("verify --world 8 --strategy 2x2,2x2 --tp 2", 2, r"--strategy and --tp do not combine"),
+    ("verify --world 4 --strategy 2x2,2x2", 2, r"holds 8 ranks, but cluster 'cpu' has 4"),
     # Hugging Face models: a missing folder, not a causal LM, a sliding window shorter than --max-len
     ("simulate --model hf:/no/such/folder", 2, r"hf:/no/such/folder: no config.json"),
     ("simulate --model hf:{bert}", 2, r"model type 'bert' is BertModel, not a causal LM"),

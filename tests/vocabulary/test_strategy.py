@@ -30,12 +30,17 @@ def test_every_rank_in_exactly_one_pipeline_at_its_mesh_position():
     cluster = get_cluster("cpu", 8)
     ranks = [r for i in range(2) for r in s.ranks(i)]
     assert sorted(ranks) == list(range(8))
-    # Each pipeline's ranks are its own job mesh's, shifted to its block.
+    # Each pipeline's mesh is a JobMesh of its own block: its global ranks are the block's, in
+    # the layout start + (stage * pool + pool_index) * t + tp_index.
     for i, start in enumerate(s.starts()):
         mesh, p = s.mesh(i, cluster), s.pipelines[i]
+        assert mesh.ranks == s.ranks(i) and mesh.first == start
         for stage in range(p.pp):
             for j in range(p.tp):
-                assert s.rank(i, stage, 0, j) == start + mesh.rank(stage, 0, j)
+                rank = mesh.rank(stage, 0, j)
+                assert rank == start + stage * p.tp + j and s.pipeline_of(rank) == i
+                assert (mesh.coordinate(rank).stage, mesh.coordinate(rank).tp_index) == (stage, j)
+    assert [s.pipeline_of(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
 
 
 def test_of_mesh_is_one_pipeline():

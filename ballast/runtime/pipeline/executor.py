@@ -216,10 +216,10 @@ class PipelineExecutor(Executor):
             source = self.mesh.rank(stage, 0, 0)
             mine = stage == self.stage
             shapes = [[tuple(t.shape) for t in tensors] if mine else None]
-            dist.broadcast_object_list(shapes, src=source)
+            dist.broadcast_object_list(shapes, src=source, group=self.groups.job)
             sizes = [int(torch.Size(s).numel()) for s in shapes[0]]
             flat = (torch.cat([t.reshape(-1) for t in tensors]) if mine
                     else torch.empty(sum(sizes), dtype=self.links.dtype, device=self.device))
-            dist.broadcast(flat, src=source)
+            dist.broadcast(flat, src=source, group=self.groups.job)
             out += [piece.view(s) for piece, s in zip(torch.split(flat, sizes), shapes[0])]
         return out

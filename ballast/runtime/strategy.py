@@ -1,0 +1,117 @@
+"""Runs a step under a heterogeneous strategy (`plans/strategy_plan.py`): this rank's pipeline runs
+its part of the plan with a model of its own (t, p), whose parameters come from the canonical
+layout every rank shares and whose gradients go back into it (`canonical.py`).
+
+    step:  the strategy's checks (every rank, before any collective)
+           -> this rank's pipeline executor (its model built, cut and split for its (t, p), its
+              process groups made once per strategy by every rank in the strategy's order)
+           -> gather the compute parameters from the canonical shards (the world)
+           -> the part's passes on the pipeline (`Executor.passes`, its own groups only)
+           -> the pool's gradient sync, then the reduction into the shards (the world)
+           -> loss, per-sample flags and the gradient's squares in one all-reduce (the world)
+           -> AdamW on the shards
+
+A rank keeps the executor of the strategy it last ran (a step of another strategy builds its
+model anew: a device holds one compute model at a time) and the process groups of every strategy
+it ran (made once: `dist.new_group` is a rendezvous of the whole world).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..models.protocol import ParallelModel
+from ..plans.strategy_plan import StrategyPlan
+from ..vocabulary.cluster import Cluster
+from ..vocabulary.precision import Precision
+from ..vocabulary.strategy import Strategy
+from .canonical import CanonicalState
+from .executor import Executor, StepResult, device_clock, step_if_finite
+from .groups import ProcessGroups
+from .parallelize import broadcast_weights, parallelize
+
+
+class StrategyExecutor:
+    """Runs `StrategyPlan`s on this rank: `executor.step(plan, samples)` (module docstring)."""
+
+    def __init__(self, build: Callable[[], ParallelModel], cluster: Cluster, *,
+                 precision: Precision = Precision.AUTO, **adamw: float):
+        """`build()` makes the whole model, alike on every rank, on this rank's device (a collective:
+        every rank of the job calls it); `adamw` are AdamW's keyword arguments."""
+        cluster.check_world_size(dist.get_world_size())
+        self.build, self.cluster, self.precision, self.adamw = build, cluster, precision, adamw
+        model = build()
+        self.shape = model.shape
+        broadcast_weights(model)
+        self.canonical = CanonicalState(model, list(model.blocks()))
+        self.device = next(model.parameters()).device
+        self.optimizer = torch.optim.AdamW(self.canonical.shards, **adamw)
+        self._groups: dict[Strategy, list[ProcessGroups]] = {}
+        self._running: tuple[Strategy, int, Executor] | None = None
+
+    def executor(self, strategy: Strategy) -> tuple[int, Executor]:
+        """This rank's pipeline of `strategy` and its executor (a collective the first time a
+        strategy runs: every rank makes every pipeline's groups)."""
+        if self._running is not None and self._running[0] == strategy:
+            return self._running[1], self._running[2]
+        if strategy not in self._groups:
+            self._groups[strategy] = ProcessGroups.of_strategy(strategy, self.cluster)
+        index = strategy.pipeline_of(dist.get_rank())
+        self._running = None  # the last strategy's model goes before this one's is built
+        executor = parallelize(self.build(), strategy.block_cluster(index, self.cluster),
+                               mesh=strategy.mesh(index, self.cluster), groups=self._groups[strategy][index],
+                               precision=self.precision, **self.adamw)
+        self._running = (strategy, index, executor)
+        return index, executor
+
+    def step(self, plan: StrategyPlan, samples: Sequence[Any]) -> StepResult:
+        """One optimizer step of `plan`; samples[j] is the batch's sample j as the model takes it.
+        Every rank passes the same plan and samples; a plan whose strategy does not cover the
+        cluster raises ValueError on every rank before any collective."""
+        self._check(plan, samples)
+        index, executor = self.executor(plan.strategy)
+        ids, part = plan.ids[index], plan.parts[index]
+        split = executor.tensor_parallel.split_dims if executor.tensor_parallel is not None else {}
+        tp, here = executor.mesh.tp, executor.mesh.coordinate(dist.get_rank())
+        start = device_clock(self.device)
+        self.canonical.gather_into(executor.model, split, tp, here.tp_index)
+        gathered = device_clock(self.device) - start
+        result, loss = executor.passes(part, [samples[j] for j in ids])
+        start = device_clock(self.device)
+        executor.finish_gradients()
+        self.canonical.reduce_from(executor.model, split, tp, here.tp_index, lays=here.pool_index == 0)
+        flags = torch.zeros(len(plan.lengths), device=loss.device)
+        if here.tp_index > 0:  # a TP group's ranks hold the same loss and flags: its first counts them
+            loss = torch.zeros_like(loss)
+        elif ids:
+            flags[torch.tensor(ids, dtype=torch.long, device=loss.device)] = executor.nonfinite_flags(len(ids))
+        stats = torch.cat([loss.reshape(1), flags, self.canonical.squares().reshape(1)])
+        dist.all_reduce(stats)
+        result.loss, result.grad_norm = float(stats[0]), math.sqrt(float(stats[-1]))
+        result.nonfinite_samples = torch.nonzero(stats[1:-1]).flatten().tolist()
+        result.tokens = plan.tokens
+        result.sync_seconds = gathered + device_clock(self.device) - start
+        return step_if_finite(result, self.optimizer, self.device)
+
+    def _check(self, plan: StrategyPlan, samples: Sequence[Any]) -> None:
+        """What every rank can check of the whole plan before any collective (a part's own
+        executor checks its samples' shapes against the model as any plan's)."""
+        plan.validate(self.cluster)
+        if len(samples) != len(plan.lengths):
+            raise ValueError(f"the plan has {len(plan.lengths)} samples but {len(samples)} were given")
+        for i, part in enumerate(plan.parts):
+            mesh = plan.strategy.mesh(i, self.cluster)
+            for _, group, mb in part.micro_batches():
+                if mb.seq_ids and (why := mesh.split_why_not(self.shape, group.degree, group.cp)):
+                    raise ValueError(f"{plan.where(i)}: model {self.shape.name!r}: {why}")
+
+    def parameters(self) -> list[torch.Tensor]:
+        """Every trained parameter whole, in the model's order (a collective, for checks)."""
+        return self.canonical.whole_parameters()
+
+    def gradients(self) -> list[torch.Tensor]:
+        """The last step's summed gradients whole, in the model's order (a collective)."""
+        return self.canonical.whole_gradients()

@@ -1,0 +1,84 @@
+"""`ballast simulate --strategy`: every planner's plans placed on heterogeneous strategies
+(`planners/strategies.py`), one strategy a step in turn, priced as the slowest pipeline between
+the canonical layout's gather and reduction (`plans/strategy_timeline.py`). Simulated, not run."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from statistics import mean
+from typing import Callable, Sequence
+
+from rich.table import Table
+
+from ..planners import PlannerOptions
+from ..planners.strategies import StrategyPlanner
+from ..plans.strategy_timeline import StrategyMetrics, simulate_strategy
+from ..pricing.cost import CostModel
+from ..pricing.cost_sources import strategy_cost_models
+from ..pricing.parameter_movement import Movement, MovementPrices, movement_prices
+from ..vocabulary.cluster import Cluster
+from ..vocabulary.model_shape import ModelShape
+from ..vocabulary.samples import Sample, tokens
+from ..vocabulary.strategy import Strategy
+
+
+@dataclass
+class StrategyResult:
+    """One planner's steps under the strategies."""
+
+    name: str
+    steps: list[StrategyMetrics] = field(default_factory=list)
+    busy: list[int] = field(default_factory=list)
+    """Pipelines that held sequences, per step."""
+    tokens: list[int] = field(default_factory=list)
+    plan_ms: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        """Means over the steps (the worst step's planning time too)."""
+        step = [m.step_time for m in self.steps]
+        return {"step_time_s": mean(step), "pipelines_time_s": mean(m.pipelines_time for m in self.steps),
+                "gather_s": mean(m.movement.gather for m in self.steps),
+                "reduction_s": mean(m.movement.reduction for m in self.steps),
+                "optimizer_s": mean(m.movement.optimizer for m in self.steps),
+                "tokens_per_s": mean(t / s for t, s in zip(self.tokens, step)),
+                "vs_assigned_bound": mean(m.step_time / m.assigned_bound for m in self.steps),
+                "busy_pipelines": self.busy, "plan_ms": mean(self.plan_ms), "plan_ms_max": max(self.plan_ms),
+                "pipeline_times_s": [[part.step_time for part in m.parts] for m in self.steps]}
+
+
+def simulate_strategy_planners(batches: Sequence[Sequence[Sample]], names: list[str],
+                               strategies: tuple[Strategy, ...], shape: ModelShape, cluster: Cluster, spec: str,
+                               options: PlannerOptions, device_memory_gb: float | None, movement: Movement,
+                               on_step: Callable[[str, int], None] = lambda name, k: None) -> dict[str, StrategyResult]:
+    """Every planner on the strategies, step k under strategies[k mod their count]."""
+    costs: dict[Strategy, list[CostModel]] = {
+        s: strategy_cost_models(spec, shape, cluster, s, device_memory_gb) for s in strategies}
+    moves: dict[Strategy, MovementPrices] = {s: movement_prices(s, shape, cluster, movement) for s in strategies}
+    results = {}
+    for name in names:
+        planners = {s: StrategyPlanner(name, s, cluster, costs[s], options) for s in strategies}
+        result = results[name] = StrategyResult(name)
+        for k, batch in enumerate(batches):
+            strategy = strategies[k % len(strategies)]
+            start = time.perf_counter()
+            plan = planners[strategy].plan(batch)
+            result.plan_ms.append((time.perf_counter() - start) * 1e3)
+            plan.validate(cluster, costs[strategy])
+            result.steps.append(simulate_strategy(plan, costs[strategy], moves[strategy]))
+            result.busy.append(sum(1 for part in plan.parts if part.lengths))
+            result.tokens.append(sum(tokens(x) for x in batch))
+            on_step(name, k)
+    return results
+
+
+def strategy_table(title: str, summaries: dict[str, dict]) -> Table:
+    table = Table(title=title, caption="simulated; step = gather + slowest pipeline + reduction + optimizer "
+                                       "(pricing/parameter_movement.py)")
+    for column in ("planner", "step s", "pipelines s", "gather s", "reduce s", "optim s", "tokens/s",
+                   "vs bound", "busy", "plan ms"):
+        table.add_column(column, justify="left" if column == "planner" else "right")
+    for name, s in summaries.items():
+        table.add_row(name, f"{s['step_time_s']:.3f}", f"{s['pipelines_time_s']:.3f}", f"{s['gather_s']:.3f}",
+                      f"{s['reduction_s']:.3f}", f"{s['optimizer_s']:.3f}", f"{s['tokens_per_s']:,.0f}",
+                      f"{s['vs_assigned_bound']:.3f}", f"{mean(s['busy_pipelines']):.1f}", f"{s['plan_ms']:.0f}")
+    return table

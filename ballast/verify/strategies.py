@@ -1,0 +1,62 @@
+"""`ballast verify --strategy`: every planner's plans placed on heterogeneous strategies
+(`planners/strategies.py`), one strategy a step in turn, trained on the job's ranks from the
+canonical layout (`runtime/strategy.py`), against the same single-process reference as any plan."""
+from __future__ import annotations
+
+import argparse
+
+import torch.distributed as dist
+
+from ..planners import PlannerOptions
+from ..planners.strategies import StrategyPlanner
+from ..plans.strategy_plan import StrategyPlan
+from ..pricing.cost_sources import strategy_cost_models
+from ..vocabulary.cluster import get_cluster
+from ..vocabulary.model_shape import ModelShape
+from ..vocabulary.precision import Precision
+from ..vocabulary.strategy import Strategy
+from .distributed import train_strategies
+from .reference import Trajectory, VerifyBatch
+
+
+def check_strategy_flags(args: argparse.Namespace) -> None:
+    """ValueError naming the flag a strategy does not combine with: its pipelines bring their own
+    TP and PP degrees, its state lives in the canonical layout (no --zero1 or --fsdp), and its
+    blocks are of one emulated node (no --nodes, so no routing)."""
+    for flag, given in (("--tp", args.tp > 1), ("--pp", args.pp > 1), ("--zero1", args.zero1), ("--fsdp", args.fsdp),
+                        ("--nodes", args.nodes > 1), ("--route-every-wave", args.route_every_wave),
+                        ("--degree", args.degree is not None), ("--cp", args.cp is not None)):
+        if given:
+            raise ValueError(f"--strategy and {flag} do not combine: a strategy's pipelines bring their own TP and "
+                             f"PP degrees, its state lives in the canonical layout over every rank, and its ranks "
+                             f"are one node's")
+
+
+def plan_strategies(names: list[str], strategies: tuple[Strategy, ...], shape: ModelShape, world: int,
+                    device_memory: float, options: PlannerOptions,
+                    batches: list[VerifyBatch]) -> dict[str, list[StrategyPlan]]:
+    """Each planner's validated plan of every batch, step k under strategies[k mod their count],
+    at `device_memory` bytes per rank."""
+    cluster = get_cluster("cpu", world_size=world, device_memory_gb=device_memory / 1e9)
+    costs = {s: strategy_cost_models("analytic", shape, cluster, s) for s in strategies}
+    plans = {}
+    for name in names:
+        planners = {s: StrategyPlanner(name, s, cluster, costs[s], options) for s in strategies}
+        plans[name] = []
+        for k, batch in enumerate(batches):
+            strategy = strategies[k % len(strategies)]
+            plan = planners[strategy].plan(batch.planned)
+            plan.validate(cluster, costs[strategy])
+            plans[name].append(plan)
+    return plans
+
+
+def pipelines_used(plans: list[StrategyPlan]) -> str:
+    """Busy pipelines of each step's strategy, as "4/4,1/2"."""
+    return ",".join(f"{sum(1 for p in plan.parts if p.lengths)}/{len(plan.parts)}" for plan in plans)
+
+
+def train_all_strategy_planners(shape: ModelShape, plans: dict[str, list[dict]], batches: list[VerifyBatch],
+                                seed: int, lr: float, precision: Precision) -> dict[str, Trajectory] | None:
+    out = {name: train_strategies(shape, p, batches, seed, lr, precision) for name, p in plans.items()}
+    return out if dist.get_rank() == 0 else None

@@ -1,0 +1,39 @@
+"""`ballast simulate --strategy`: every planner placed on heterogeneous strategies, one a step in
+turn, each step priced as the canonical layout's gather, the slowest pipeline, the reduction and
+the optimizer; the JSON records it all. Simulated, on a GPU preset, in a second."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ballast.cli import main
+
+ARGS = ["simulate", "--cluster", "h100-16", "--model", "gpt-7b", "--strategy", "4x2,1x4,1x4;4x2,4x2", "--steps", "2",
+        "--batch", "48", "--max-len", "32768", "--planners", "ballast,static,hydraulis"]
+
+
+def run(tmp_path, *extra: str) -> dict:
+    out = tmp_path / f"sim{len(extra)}.json"
+    assert main([*ARGS, *extra, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_each_step_is_the_movement_around_the_slowest_pipeline(tmp_path, capsys):
+    full = run(tmp_path)
+    assert full["setting"]["strategies"] == [[[4, 2], [1, 4], [1, 4]], [[4, 2], [4, 2]]]
+    assert full["setting"]["movement"] == "full"
+    assert "simulated; step = gather + slowest pipeline" in capsys.readouterr().out
+    for name, s in full["planners"].items():
+        assert s["step_time_s"] == pytest.approx(s["gather_s"] + s["pipelines_time_s"] + s["reduction_s"]
+                                                 + s["optimizer_s"]), name
+        # Step 1 under three pipelines, step 2 under two: each step's times are its own pipelines'.
+        assert [len(times) for times in s["pipeline_times_s"]] == [3, 2], name
+        assert s["pipelines_time_s"] == pytest.approx(sum(map(max, s["pipeline_times_s"])) / 2), name
+        assert s["vs_assigned_bound"] >= 1.0 - 1e-9, name
+    # The full movement moves the whole 7B model's fp32 tensors each way (0.5 s at 50 GB/s);
+    # the sliced one a rank's own slice, at most a (1,4) stage's quarter of them.
+    sliced = run(tmp_path, "--movement", "sliced")
+    for name in full["planners"]:
+        assert sliced["planners"][name]["gather_s"] < full["planners"][name]["gather_s"] / 3
+        assert sliced["planners"][name]["pipelines_time_s"] == pytest.approx(full["planners"][name]["pipelines_time_s"])
