@@ -8,8 +8,9 @@ pipeline's estimate least (Hydraulis' stage-1 objective, made deterministic and 
 
     estimate_i = sum_s w_i(s) / (p_i pool_i) + (p_i - 1) max_s w_i(s) / p_i
 
-with w_i(s) the seconds sequence s takes on one pool rank of pipeline i at the least SP degree
-that holds it (times that degree: the pool's rank-seconds); a sequence that fits only some
+with w_i(s) the work sequence s adds alone on one pool rank of pipeline i at the least SP degree
+that holds it (`pricing/sequence_times.py`: without a micro-batch's fixed cost; times that
+degree: the pool's rank-seconds); a sequence that fits only some
 pipelines goes to one of them (a sequence no pipeline holds is refused, naming the largest). The
 `hydraulis` planner has its own, randomised, assignment; this one is the rest's.
 """
@@ -17,10 +18,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from ..plans.plan import Plan
 from ..plans.strategy_plan import StrategyPlan
 from ..pricing.cost import CostModel
 from ..pricing.coefficients import InfeasibleError
+from ..pricing.sequence_times import sequence_times
 from ..vocabulary.cluster import Cluster
 from ..vocabulary.samples import Sample, tokens
 from ..vocabulary.strategy import Strategy
@@ -44,25 +48,25 @@ class StrategyPlanner:
         if not len(samples):
             raise ValueError("cannot plan an empty batch")
         ids = self.assign(samples)
-        total = sum(tokens(s) for s in samples)
+        lengths = [tokens(s) for s in samples]
+        total = sum(lengths)
         parts = []
         for i, (planner, held) in enumerate(zip(self.planners, ids)):
             layout = self.strategy.pipelines[i]
             part = planner.plan([samples[j] for j in held]) if held else Plan([], [], tp=layout.tp, pp=layout.pp)
             part.tokens = total
             parts.append(part)
-        lengths = [tokens(s) for s in samples]
         return StrategyPlan(self.strategy, parts, ids, lengths, total, self.name)
 
     def assign(self, samples: Sequence[Sample]) -> list[list[int]]:
         """Sequence ids per pipeline (module docstring)."""
-        work = [[_pool_seconds(cost, s) for s in samples] for cost in self.costs]
+        work = [_pool_seconds(cost, samples) for cost in self.costs]
         stages = [p.pp for p in self.strategy.pipelines]
         ranks = [p.pp * p.pool for p in self.strategy.pipelines]
         summed, longest = [0.0] * len(stages), [0.0] * len(stages)
         ids: list[list[int]] = [[] for _ in stages]
         for j in sorted(range(len(samples)), key=lambda j: -tokens(samples[j])):
-            fits = [i for i in range(len(stages)) if work[i][j] is not None]
+            fits = [i for i in range(len(stages)) if np.isfinite(work[i][j])]
             if not fits:
                 raise InfeasibleError(f"sequence {j} ({tokens(samples[j])} tokens) fits no pipeline of strategy "
                                       f"{self.strategy}, not even at the largest SP degree of each pool with every "
@@ -81,13 +85,12 @@ class StrategyPlanner:
         return [sorted(held) for held in ids]
 
 
-def _pool_seconds(cost: CostModel, sample: Sample) -> float | None:
-    """Rank-seconds of `sample` alone on a pool rank of `cost`'s pipeline, at the least degree (and
-    recompute level) that holds it; None if none does."""
-    n = tokens(sample)
-    degree = cost.min_degree(n)
-    if degree is None:
-        return None
-    recompute = cost.min_recompute(n, degree)
-    assert recompute is not None, (n, degree)
-    return degree * cost.time([sample], degree, recompute)
+def _pool_seconds(cost: CostModel, samples: Sequence[Sample]) -> np.ndarray:
+    """Rank-seconds of each sample alone on a pool rank of `cost`'s pipeline, at the least degree
+    (and recompute level) that holds it (`sequence_times`: its work, times that degree); inf
+    where none does."""
+    times = sequence_times(cost, samples)
+    held = np.isfinite(times)
+    least = held.argmax(axis=0)
+    columns = np.arange(times.shape[1])
+    return np.where(held.any(axis=0), np.array(cost.degrees)[least] * times[least, columns], np.inf)

@@ -34,7 +34,8 @@ class CanonicalState:
         trained = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
         in_blocks = [[trained[id(p)] for p in block.parameters() if id(p) in trained] for block in blocks]
         placed = {n for unit in in_blocks for n in unit}
-        self.units = in_blocks + [[n for n in trained.values() if n not in placed]]
+        units = in_blocks + [[n for n in trained.values() if n not in placed]]
+        self.units = [unit for unit in units if unit]  # a frozen block has nothing to hold
         """The trained tensors' names, unit by unit (every block's, then the rest)."""
         params = dict(model.named_parameters())
         self.shapes = {n: params[n].shape for unit in self.units for n in unit}
