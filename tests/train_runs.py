@@ -19,10 +19,11 @@ def text_memory_gb(model: str, max_len: int) -> float:
 def run_config(out: Path, steps: int, *, model: str, source: str, max_len: int, tokens_per_step: int,
                device_memory_gb: float, cache_dir: str | None = None, planner: str = "ballast",
                degree: int | None = None, decay_steps: int | None = None, timeout: float = 60.0,
-               checkpoint_interval: int = 2, tp: int = 1, pp: int = 1, report: bool = False,
+               checkpoint_interval: int = 2, tp: int = 1, pp: int = 1, strategy: str | None = None,
+               report: bool = False,
                **optimizer) -> TrainConfig:
     """`steps` steps of `model` on `source` written to `out`, after a 2-step warm-up, at TP degree
-    `tp` and PP degree `pp`, its report's plots drawn if `report` (they cost more than a few
+    `tp` and PP degree `pp` (or under the `strategy`s of --strategy), its report's plots drawn if `report` (they cost more than a few
     steps; the tests that read them ask for them); `optimizer` sets the optimizer's other fields (`zero1=True`,
     `fsdp=True`, `lr=...`)."""
     c = TrainConfig()
@@ -30,7 +31,7 @@ def run_config(out: Path, steps: int, *, model: str, source: str, max_len: int, 
     c.data.source, c.data.cache_dir = source, cache_dir
     c.data.max_len, c.data.tokens_per_step = max_len, tokens_per_step
     c.planner.planner, c.planner.device_memory_gb, c.planner.degree = planner, device_memory_gb, degree
-    c.planner.tp, c.planner.pp = tp, pp
+    c.planner.tp, c.planner.pp, c.planner.strategy = tp, pp, strategy
     c.optimizer.warmup_steps, c.optimizer.decay_steps = 2, decay_steps
     for key, value in optimizer.items():
         setattr(c.optimizer, key, value)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..vocabulary.model_shape import MODEL_PRESETS
 from ..vocabulary.precision import Precision
@@ -50,12 +50,29 @@ TIMEOUT = at_least(float, MIN_TIMEOUT, "seconds: the ranks need seconds to start
                                        "in the rendezvous store")
 
 
-def strategy_steps(text: str) -> tuple[Strategy, ...]:
-    """`--strategy`'s value: one strategy, or several separated by ';' that the steps take in turn."""
+def strategy_text(text: str) -> str:
+    """`--strategy`'s value checked and written canonically: one strategy, or several separated
+    by ';' (`parse_strategies` reads it back)."""
     try:
-        return tuple(Strategy.parse(part) for part in text.split(";"))
+        return ";".join(s.spec() for s in parse_strategies(text))
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def parse_strategies(text: str) -> tuple[Strategy, ...]:
+    """The strategies of a `--strategy` value; ValueError naming the malformed one."""
+    return tuple(Strategy.parse(part) for part in text.split(";"))
+
+
+def refuse_with_strategy(given: Sequence[tuple[str, bool]]) -> None:
+    """ValueError naming the first of the (flag, given) pairs given with --strategy: a strategy's
+    pipelines bring their own TP and PP degrees and SP pools, its state lives in the canonical
+    layout over every rank (no --zero1 or --fsdp), and its blocks are of one emulated node."""
+    for flag, present in given:
+        if present:
+            raise ValueError(f"--strategy and {flag} do not combine: a strategy's pipelines bring their own TP and "
+                             f"PP degrees, its state lives in the canonical layout over every rank, and its ranks "
+                             f"are one node's")
 
 
 def check_timeout(seconds: float) -> None:
@@ -178,8 +195,10 @@ PP = SharedOption(
 STRATEGY = SharedOption(
     "--strategy", "a heterogeneous strategy (Hydraulis'): pipelines side by side, each TxP or TxPxPOOL "
                   "(\"2x2,2x1,1x1,1x1\", or \"[(2,2),(1,4)]\"), on consecutive blocks of the ranks; several "
-                  "separated by ';' run in turn, one a step, so the strategy changes between steps. The state "
+                  "separated by ';' are the strategies a step may take: train and simulate give each step the "
+                  "one its plan is fastest under (hydraulis: by its own rule), verify runs them in turn, one a "
+                  "step, so that each is checked. The state "
                   "lives in one canonical layout over every rank; each step's pipelines gather their parameters "
-                  "from it and reduce their gradients back", strategy_steps, "STRATEGY")
+                  "from it and reduce their gradients back", strategy_text, "STRATEGY")
 SHARED = {option.flag: option for option in (MODEL, MAX_LEN, CLUSTER, WORLD, NODES, COST, DEVICE_MEMORY, DEGREE, CP,
                                              PRECISION, ROUTING, TP, PP, STRATEGY)}

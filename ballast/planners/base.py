@@ -9,6 +9,7 @@ from ..vocabulary.cluster import Cluster
 from ..pricing.cost import CostModel
 from ..vocabulary.layouts import ULYSSES_ONLY, Splits
 from ..plans.plan import Plan
+from ..plans.timeline import whole_step_time
 from ..vocabulary.samples import SampleBatch, Sample
 from .fits import check_fits
 from .packing import fixed_recompute
@@ -140,6 +141,11 @@ class Planner(ABC):
     @abstractmethod
     def _plan(self, batch: SampleBatch) -> Plan:
         """Plan a non-empty batch whose every sample fits some degree."""
+
+    def predicted_seconds(self, plan: Plan) -> float:
+        """The plan's whole step under the planner's cost model (`plans/timeline.whole_step_time`):
+        its waves, the gradient sync left after them and the optimizer step."""
+        return whole_step_time(plan, self.cost)
 
     def defer(self, samples: Sequence[Sample]) -> list[int]:
         """Indices of `samples`, a step's candidates (those held from earlier steps first, in the

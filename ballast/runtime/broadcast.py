@@ -1,4 +1,5 @@
-"""Rank 0's plan for a step, on every rank: the one plan broadcast of the runtime.
+"""Rank 0's plan for a step (a `Plan`, or a `StrategyPlan`), on every rank: the one plan broadcast of
+the runtime.
 
 Which plan: rank 0 plans and broadcasts. Letting every rank plan for itself would need
 bit-for-bit deterministic planners, which ballast does not demand: FlexSP's MILP stops at a
@@ -30,11 +31,15 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..plans.plan import Plan
+from ..plans.strategy_plan import StrategyPlan
 from .world import PeerFailed
 
 
-def broadcast_plan(plan: Plan | BaseException | None, samples: Sequence[Any] | None = None, src: int = 0
-                   ) -> tuple[Plan, list[Any] | None]:
+AnyPlan = Plan | StrategyPlan
+
+
+def broadcast_plan(plan: AnyPlan | BaseException | None, samples: Sequence[Any] | None = None, src: int = 0
+                   ) -> tuple[AnyPlan, list[Any] | None]:
     """Rank `src` passes its plan (and, if the ranks lack them, the samples) or the error that
     kept it from planning; the others pass None. Every rank gets (the plan, the samples or None)
     in one broadcast of the plan and one of the samples' tensors, or raises the error
@@ -50,18 +55,19 @@ def broadcast_plan(plan: Plan | BaseException | None, samples: Sequence[Any] | N
     else:
         structure = None if samples is None else without_tensors(list(samples), tensors)
         specs = [(tuple(t.shape), t.dtype) for t in tensors]
-        payload = [("plan", (plan.to_dict(), structure, specs))]
+        payload = [("plan", ((type(plan).__name__, plan.to_dict()), structure, specs))]
     dist.broadcast_object_list(payload, src=src)
     kind, content = payload[0]
     if kind == "error":
         PeerFailed.raise_for(content, plan if mine else None)
-    plan_data, structure, specs = content
+    (kind, plan_data), structure, specs = content
+    plan = (StrategyPlan if kind == StrategyPlan.__name__ else Plan).from_dict(plan_data)
     if structure is None:
-        return Plan.from_dict(plan_data), None
+        return plan, None
     if mine:
         _broadcast_tensors(tensors, specs, src)
-        return Plan.from_dict(plan_data), list(samples)
-    return Plan.from_dict(plan_data), with_tensors(structure, _broadcast_tensors(None, specs, src))
+        return plan, list(samples)
+    return plan, with_tensors(structure, _broadcast_tensors(None, specs, src))
 
 
 class _TensorsApart(pickle.Pickler):

@@ -108,6 +108,18 @@ class StrategyExecutor:
                 if mb.seq_ids and (why := mesh.split_why_not(self.shape, group.degree, group.cp)):
                     raise ValueError(f"{plan.where(i)}: model {self.shape.name!r}: {why}")
 
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        """This rank's canonical shards and their AdamW state, by name: what a checkpoint saves and
+        loads in place (`train/checkpoint.py`; the same world size cuts the same shards)."""
+        state = {}
+        for u, shard in enumerate(self.canonical.shards):
+            adam = self.optimizer.state[shard]
+            if not adam:  # no step applied yet: AdamW's own fresh state, which loading then fills
+                adam.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(shard), exp_avg_sq=torch.zeros_like(shard))
+            state[f"shard{u}"] = shard.detach()
+            state.update({f"{name}{u}": value for name, value in adam.items()})
+        return state
+
     def parameters(self) -> list[torch.Tensor]:
         """Every trained parameter whole, in the model's order (a collective, for checks)."""
         return self.canonical.whole_parameters()

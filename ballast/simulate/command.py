@@ -16,10 +16,11 @@ from ..pricing.cost_sources import get_cost_model
 from ..dataset.length_stream import BatchSpec, LengthStream
 from ..dataset.lengths import LENGTH_SYNTAX, get_length_source
 from ..planners import PlannerOptions, parse_planner_names
+from ..planners.strategy_choice import StrategyPrices
 from ..plans.gantt import gantt
 from .table import planner_table
 from ..vocabulary.model_shape import get_model_shape
-from ..command_line.options import (CLUSTER, COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, ROUTING, SEED,
+from ..command_line.options import (parse_strategies, CLUSTER, COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, ROUTING, SEED,
                                     PP, STRATEGY, TP, WORLD, OnOff, positive)
 from ..pricing.parameter_movement import Movement
 from .strategies import simulate_strategy_planners, strategy_table
@@ -158,26 +159,28 @@ def run(args: argparse.Namespace) -> int:
 
 def run_strategies(args: argparse.Namespace, console: Console, cluster, shape, names: list[str],
                    options: PlannerOptions, batches: list, data: str, origin: dict) -> int:
-    """`run` under --strategy: every planner placed on the strategies, one a step in turn."""
+    """`run` under --strategy: every planner placed on the strategies, each step under the one its
+    plan is fastest under."""
+    strategies = parse_strategies(args.strategy)
     for flag, given in (("--tp", args.tp > 1), ("--pp", args.pp > 1), ("--sharding", args.sharding is not None),
                         ("--lockstep", args.lockstep), ("--as-lengths", args.as_lengths), ("--gantt", args.gantt)):
         if given:
             raise ValueError(f"--strategy and {flag} do not combine: a strategy's pipelines bring their own TP and PP "
                              f"degrees, its state lives in the canonical layout, and its plans draw no Gantt chart yet")
+    prices = StrategyPrices(strategies, args.cost, shape, cluster, args.device_memory_gb, args.movement)
+    prices.check_max_len(args.max_len)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("planning", total=len(names) * len(batches))
         results = simulate_strategy_planners(
-            batches, names, args.strategy, shape, cluster, args.cost, options, args.device_memory_gb, args.movement,
-            on_step=lambda name, k: progress.update(task, advance=1, description=f"planning: {name}"))
+            batches, names, prices, options, on_step=lambda name, k: progress.update(task, advance=1, description=f"planning: {name}"))
     summaries = {name: r.summary() for name, r in results.items()}
-    strategies = " then ".join(map(str, args.strategy))
     print_whole(console, strategy_table(f"{args.lengths} on {cluster.name} ({cluster.world_size} devices) under "
-                                        f"{strategies}, {shape.name}, {args.cost} cost, {args.movement.value} movement, "
-                                        f"{args.steps} steps", summaries))
+                                        f"{' or '.join(map(str, strategies))}, {shape.name}, {args.cost} cost, "
+                                        f"{args.movement.value} movement, {args.steps} steps", summaries))
     console.print(f"data: {data}")
     if args.json_out:
         setting = {"lengths": args.lengths, "cluster": cluster.name, "world_size": cluster.world_size,
-                   "strategies": [s.to_list() for s in args.strategy], "movement": args.movement.value,
+                   "strategies": [s.to_list() for s in strategies], "movement": args.movement.value,
                    "model": shape.name, "cost": args.cost, "max_len": args.max_len, "batch": args.batch,
                    "tokens_per_step": args.tokens_per_step, "seed": args.seed, "data": data}
         out = {"setting": setting, "steps": args.steps, "planners": summaries, "provenance": origin}

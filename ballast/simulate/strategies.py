@@ -1,9 +1,11 @@
-"""`ballast simulate --strategy`: every planner's plans placed on heterogeneous strategies
-(`planners/strategies.py`), one strategy a step in turn, priced as the slowest pipeline between
-the canonical layout's gather and reduction (`plans/strategy_timeline.py`). Simulated, not run."""
+"""`ballast simulate --strategy`: every planner's plans placed on heterogeneous strategies, each
+step under the one its plan is fastest under (`planners/strategy_choice.py`), priced as the slowest
+pipeline between the canonical layout's gather and reduction (`plans/strategy_timeline.py`).
+Simulated, not run."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from statistics import mean
 from typing import Callable, Sequence
@@ -11,15 +13,9 @@ from typing import Callable, Sequence
 from rich.table import Table
 
 from ..planners import PlannerOptions
-from ..planners.strategies import StrategyPlanner
+from ..planners.strategy_choice import StrategyChoice, StrategyPrices
 from ..plans.strategy_timeline import StrategyMetrics, simulate_strategy
-from ..pricing.cost import CostModel
-from ..pricing.cost_sources import strategy_cost_models
-from ..pricing.parameter_movement import Movement, MovementPrices, movement_prices
-from ..vocabulary.cluster import Cluster
-from ..vocabulary.model_shape import ModelShape
 from ..vocabulary.samples import Sample, tokens
-from ..vocabulary.strategy import Strategy
 
 
 @dataclass
@@ -30,6 +26,8 @@ class StrategyResult:
     steps: list[StrategyMetrics] = field(default_factory=list)
     busy: list[int] = field(default_factory=list)
     """Pipelines that held sequences, per step."""
+    chosen: list[str] = field(default_factory=list)
+    """The strategy of each step."""
     tokens: list[int] = field(default_factory=list)
     plan_ms: list[float] = field(default_factory=list)
 
@@ -42,30 +40,27 @@ class StrategyResult:
                 "optimizer_s": mean(m.movement.optimizer for m in self.steps),
                 "tokens_per_s": mean(t / s for t, s in zip(self.tokens, step)),
                 "vs_assigned_bound": mean(m.step_time / m.assigned_bound for m in self.steps),
-                "busy_pipelines": self.busy, "plan_ms": mean(self.plan_ms), "plan_ms_max": max(self.plan_ms),
+                "busy_pipelines": self.busy, "strategies": dict(Counter(self.chosen)), "strategy_per_step": self.chosen, "plan_ms": mean(self.plan_ms), "plan_ms_max": max(self.plan_ms),
                 "pipeline_times_s": [[part.step_time for part in m.parts] for m in self.steps]}
 
 
-def simulate_strategy_planners(batches: Sequence[Sequence[Sample]], names: list[str],
-                               strategies: tuple[Strategy, ...], shape: ModelShape, cluster: Cluster, spec: str,
-                               options: PlannerOptions, device_memory_gb: float | None, movement: Movement,
+def simulate_strategy_planners(batches: Sequence[Sequence[Sample]], names: list[str], prices: StrategyPrices,
+                               options: PlannerOptions,
                                on_step: Callable[[str, int], None] = lambda name, k: None) -> dict[str, StrategyResult]:
-    """Every planner on the strategies, step k under strategies[k mod their count]."""
-    costs: dict[Strategy, list[CostModel]] = {
-        s: strategy_cost_models(spec, shape, cluster, s, device_memory_gb) for s in strategies}
-    moves: dict[Strategy, MovementPrices] = {s: movement_prices(s, shape, cluster, movement) for s in strategies}
+    """Every planner on the strategies `prices` prices, each step under its fastest."""
     results = {}
     for name in names:
-        planners = {s: StrategyPlanner(name, s, cluster, costs[s], options) for s in strategies}
+        planner = StrategyChoice(name, prices, options)
         result = results[name] = StrategyResult(name)
         for k, batch in enumerate(batches):
-            strategy = strategies[k % len(strategies)]
             start = time.perf_counter()
-            plan = planners[strategy].plan(batch)
+            plan = planner.plan(batch)
             result.plan_ms.append((time.perf_counter() - start) * 1e3)
-            plan.validate(cluster, costs[strategy])
-            result.steps.append(simulate_strategy(plan, costs[strategy], moves[strategy]))
+            costs = prices.costs[plan.strategy]
+            plan.validate(prices.cluster, costs)
+            result.steps.append(simulate_strategy(plan, costs, prices.moves[plan.strategy]))
             result.busy.append(sum(1 for part in plan.parts if part.lengths))
+            result.chosen.append(str(plan.strategy))
             result.tokens.append(sum(tokens(x) for x in batch))
             on_step(name, k)
     return results

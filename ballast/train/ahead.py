@@ -33,7 +33,6 @@ from ..dataset import EpochStream, GlobalBatch
 from ..plans.plan import Plan
 from ..planners import Planner
 from ..planners.held import DeferredSamples
-from ..plans.timeline import whole_step_time
 
 
 @dataclass
@@ -87,7 +86,7 @@ class Lookahead:
         plan = self.planner.plan(batch.planned)
         seconds = time.perf_counter() - start
         data_state = {**self.stream.state_dict(), "held": self.held.state_dict()}
-        return StepInput(step, batch, plan, seconds, whole_step_time(plan, self.planner.cost), data_state,
+        return StepInput(step, batch, plan, seconds, self.planner.predicted_seconds(plan), data_state,
                          self.planner.state_dict(), len(self.held))
 
     def get(self, step: int) -> StepInput:

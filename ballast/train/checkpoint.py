@@ -35,6 +35,9 @@ resuming needs the same TP degree (meta.json's "tp").
 PP: a stage holds its parameters only, under their whole-model names, so the stages' model
 states together are the model's; its optimizer state is saved flat (`FLAT_OPTIMIZER`: a key
 per parameter), so each stage's AdamW state is kept whole too.
+Strategies (`runtime/strategy.py`): the state of record is the canonical layout, each rank's
+flat shards and their AdamW moments, saved under a key of the rank's own (`canonical.rankR`);
+resuming needs a strategy run on the same world size (its shards are cut for that many ranks).
 """
 from __future__ import annotations
 
@@ -56,13 +59,19 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ..vocabulary.model_shape import ModelShape
 from ..runtime import is_sharded
+from ..runtime.executor import Executor
+from ..runtime.strategy import StrategyExecutor
 from ..runtime.tensor_parallel import TensorParallel
 from ..vocabulary.value_checks import read_json
 from . import checksums
 
+AnyExecutor = Executor | StrategyExecutor
+
 PREFIX = "step-"
 TMP = ".tmp-"
 META = "meta.json"
+CANONICAL = "canonical"
+"""meta.json's mark of a strategy run's checkpoint: the state is the canonical layout's shards."""
 FLAT_OPTIMIZER = "flat_optimizer"
 """meta.json's mark of a checkpoint whose optimizer state is flat: every parameter's state and
 hyperparameters (`param_groups.<name>.lr`, ...) under keys of its own. A pipeline stage holds
@@ -101,17 +110,27 @@ def _model_key(tensor_parallel: TensorParallel | None) -> str:
     return "model" if tensor_parallel is None else f"model.tp{tensor_parallel.index}"
 
 
-def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-           tensor_parallel: TensorParallel | None = None, flat: bool = True) -> dict:
+def _state(executor: AnyExecutor, flat: bool = True) -> dict:
     """What DCP saves and loads in place (FQN-keyed, so independent of parameter order). `flat`:
     the optimizer's state and hyperparameters under one key per parameter (`FLAT_OPTIMIZER`),
     as checkpoints are saved since pipeline stages; False: one `param_groups` list, as earlier
     checkpoints hold it."""
+    if isinstance(executor, StrategyExecutor):
+        return {f"canonical.rank{dist.get_rank()}": executor.checkpoint_state()}
+    model, optimizer, tensor_parallel = executor.model, executor.optimizer, executor.tensor_parallel
     sharded = isinstance(optimizer, ZeroRedundancyOptimizer)
     key = f"optimizer.rank{dist.get_rank()}" if sharded else _model_key(tensor_parallel).replace("model", "optimizer")
     options = StateDictOptions(flatten_optimizer_state_dict=flat)
     return {_model_key(tensor_parallel): get_model_state_dict(model),
             key: get_optimizer_state_dict(model, _local_optimizer(optimizer), options=options)}
+
+
+def _layout(executor: AnyExecutor) -> dict:
+    """What meta.json records of how the state is laid out, which a resumed run must match."""
+    if isinstance(executor, StrategyExecutor):
+        return {"zero1": False, "fsdp": False, "tp": 1, CANONICAL: True}
+    return {"zero1": isinstance(executor.optimizer, ZeroRedundancyOptimizer), "fsdp": is_sharded(executor.model),
+            "tp": 1 if executor.tensor_parallel is None else executor.tensor_parallel.degree, CANONICAL: False}
 
 
 def _rng_state() -> dict:
@@ -134,28 +153,23 @@ def _write_synced(path: Path, text: str) -> None:
         os.fsync(f.fileno())
 
 
-def save(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         meta: dict | None, keep: int, tensor_parallel: TensorParallel | None = None) -> Path:
-    """Checkpoint after `step` completed steps (collective: every rank calls it; rank 0 passes
-    `meta`; `tensor_parallel`: the rank's part in its TP group, whose shards it saves). Keeps the
-    newest `keep` checkpoints."""
+def save(root: Path, step: int, executor: AnyExecutor, meta: dict | None, keep: int) -> Path:
+    """Checkpoint the executor's state after `step` completed steps (collective: every rank calls
+    it; rank 0 passes `meta`). Keeps the newest `keep` checkpoints."""
     rank = dist.get_rank()
     tmp, final = root / f"{TMP}{_name(step)}", root / _name(step)
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)  # left by a crash
         tmp.mkdir(parents=True)
     dist.barrier()
-    dcp.save(_state(model, optimizer, tensor_parallel), checkpoint_id=tmp)
+    dcp.save(_state(executor), checkpoint_id=tmp)
     torch.save(_rng_state(), tmp / f"rng-rank{rank}.pt")
     dist.barrier()  # every rank's files are in tmp
     digests = checksums.hash_shares(tmp)
     if rank == 0:
         assert meta is not None and digests is not None
         _write_synced(tmp / META, json.dumps({**meta, "step": step, "world": dist.get_world_size(),
-                                              "zero1": isinstance(optimizer, ZeroRedundancyOptimizer),
-                                              "fsdp": is_sharded(model), FLAT_OPTIMIZER: True,
-                                              "tp": 1 if tensor_parallel is None else tensor_parallel.degree},
-                                             indent=1))
+                                              FLAT_OPTIMIZER: True, **_layout(executor)}, indent=1))
         _write_synced(tmp / checksums.MANIFEST, checksums.manifest({**digests, META: checksums.digest(tmp / META)}))
         if final.exists():  # the same step saved by an earlier attempt
             shutil.rmtree(final)
@@ -304,33 +318,43 @@ def check_model(path: Path, model_state: dict, key: str = "model") -> None:
                              f"there, {tuple(tensor.shape)} here")
 
 
-def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         tensor_parallel: TensorParallel | None = None) -> dict:
-    """Restore model, optimizer and this rank's RNG from `path` (collective; `tensor_parallel`:
-    the rank's part in its TP group, whose shards it loads); returns meta.json."""
+def load(path: Path, executor: AnyExecutor) -> dict:
+    """Restore the executor's state and this rank's RNG from `path` (collective); returns
+    meta.json."""
     meta = read_meta(path)
-    tp = 1 if tensor_parallel is None else tensor_parallel.degree
-    if meta.get("tp", 1) != tp:
-        raise ValueError(f"checkpoint {path} holds TP degree {meta.get('tp', 1)}'s shards; resume it with --tp "
-                         f"{meta.get('tp', 1)}, not {tp}")
-    key = _model_key(tensor_parallel)
-    state = _state(model, optimizer, tensor_parallel, flat=meta.get(FLAT_OPTIMIZER, False))
-    check_model(path, state[key], key)
-    zero1 = isinstance(optimizer, ZeroRedundancyOptimizer)
-    if meta["zero1"] != zero1:
-        raise ValueError(f"checkpoint {path} was saved {'with' if meta['zero1'] else 'without'} "
-                         f"ZeRO-1; resume with the same --zero1 setting")
-    if meta["fsdp"] != is_sharded(model):
-        raise ValueError(f"checkpoint {path} was saved {'with' if meta['fsdp'] else 'without'} "
-                         f"FSDP; resume with the same --fsdp setting")
-    if zero1 and meta["world"] != dist.get_world_size():
-        raise ValueError(f"checkpoint {path} holds ZeRO-1 optimizer shards of {meta['world']} ranks; "
-                         f"resume it on {meta['world']} ranks, not {dist.get_world_size()}")
-    dcp.load(state, checkpoint_id=path)
-    set_model_state_dict(model, state[key])
-    optimizer_key = next(k for k in state if k.startswith("optimizer"))
-    set_optimizer_state_dict(model, _local_optimizer(optimizer), state[optimizer_key])
+    _check_layout(path, meta, _layout(executor))
+    state = _state(executor, flat=meta.get(FLAT_OPTIMIZER, False))
+    if isinstance(executor, StrategyExecutor):
+        dcp.load(state, checkpoint_id=path)  # in place: the shards and their AdamW state
+    else:
+        key = _model_key(executor.tensor_parallel)
+        check_model(path, state[key], key)
+        dcp.load(state, checkpoint_id=path)
+        set_model_state_dict(executor.model, state[key])
+        optimizer_key = next(k for k in state if k.startswith("optimizer"))
+        set_optimizer_state_dict(executor.model, _local_optimizer(executor.optimizer), state[optimizer_key])
     rng = path / f"rng-rank{dist.get_rank()}.pt"
     if rng.is_file():  # a rank the saving job did not have starts from its seed
         _set_rng_state(torch.load(rng, weights_only=False))
     return meta
+
+
+def _check_layout(path: Path, meta: dict, mine: dict) -> None:
+    """ValueError naming the setting to resume `path` with when its state's layout is not `mine`."""
+    if meta.get(CANONICAL, False) != mine[CANONICAL]:
+        raise ValueError(f"checkpoint {path} was saved {'with' if meta.get(CANONICAL) else 'without'} --strategy "
+                         f"(its state {'in' if meta.get(CANONICAL) else 'outside'} the canonical layout); resume it "
+                         f"{'with' if meta.get(CANONICAL) else 'without'} --strategy")
+    if meta.get("tp", 1) != mine["tp"]:
+        raise ValueError(f"checkpoint {path} holds TP degree {meta.get('tp', 1)}'s shards; resume it with --tp "
+                         f"{meta.get('tp', 1)}, not {mine['tp']}")
+    if meta["zero1"] != mine["zero1"]:
+        raise ValueError(f"checkpoint {path} was saved {'with' if meta['zero1'] else 'without'} "
+                         f"ZeRO-1; resume with the same --zero1 setting")
+    if meta["fsdp"] != mine["fsdp"]:
+        raise ValueError(f"checkpoint {path} was saved {'with' if meta['fsdp'] else 'without'} "
+                         f"FSDP; resume with the same --fsdp setting")
+    sharded = "ZeRO-1 optimizer" if mine["zero1"] else "canonical" if mine[CANONICAL] else None
+    if sharded and meta["world"] != dist.get_world_size():
+        raise ValueError(f"checkpoint {path} holds {sharded} shards of {meta['world']} ranks; "
+                         f"resume it on {meta['world']} ranks, not {dist.get_world_size()}")

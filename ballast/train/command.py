@@ -46,6 +46,9 @@ def print_summary(summary: dict) -> None:
                       f"at most {summary['most_held']} at once (--no-defer-outliers: none)")
     console.print("  layouts     " + ", ".join(f"{layout} ({steps} step{'s' * (steps != 1)})"
                                                for layout, steps in summary["layouts"].items()))
+    if summary["steps_by_strategy"]:
+        console.print("  strategies  " + ", ".join(f"{strategy} ({steps} step{'s' * (steps != 1)})"
+                                                   for strategy, steps in summary["steps_by_strategy"].items()))
     console.print(f"  planning    {summary['plan_ms']:.1f} ms per step; steps waited "
                   f"{summary['plan_wait_ms']:.1f} ms for their plan")
     console.print(f"  metrics     {summary['metrics']}")

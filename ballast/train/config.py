@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..command_line.options import SEED, SHARED, TIMEOUT
+from ..command_line.options import SEED, SHARED, TIMEOUT, parse_strategies, refuse_with_strategy
 from ..planners.base import SHORT_SOLVES
 from ..vocabulary.precision import Precision
 from ..vocabulary.value_checks import Numbers, at_least, positive
@@ -108,6 +108,10 @@ class PlannerConfig:
     """The tensor-parallel degree (`options.TP`); 1: every rank holds whole layers."""
     pp: int = field(default=1, metadata=_flag("--pp"))
     """Pipeline stages (`options.PP`); 1: no pipeline, every rank holds all the model's layers."""
+    strategy: str | None = field(default=None, metadata=_flag("--strategy"))
+    """Heterogeneous strategies a step may take (`options.STRATEGY`): each step trains under the one
+    its plan is fastest under (hydraulis: by its own rule), the log names it; unset: the one mesh of
+    --tp and --pp."""
 
 
 MOMENT_DECAY = Numbers(float, 0, high=1, high_open=True, why="AdamW's moment decay")
@@ -229,6 +233,12 @@ class TrainConfig:
         if opt.fsdp and self.planner.pp > 1:
             raise ValueError(f"--fsdp does not run under pipeline parallelism (--pp {self.planner.pp}): use --zero1 or "
                              f"replicated weights")
+        if self.planner.strategy is not None:
+            parse_strategies(self.planner.strategy)  # a config file's malformed value: before any rank starts
+            plan = self.planner
+            refuse_with_strategy((("--tp", plan.tp > 1), ("--pp", plan.pp > 1), ("--zero1", opt.zero1),
+                                  ("--fsdp", opt.fsdp), ("--nodes", (plan.nodes or 1) > 1),
+                                  ("--degree", plan.degree is not None), ("--cp", plan.cp is not None)))
         if self.data.max_len > self.data.tokens_per_step:
             raise ValueError(f"--max-len {self.data.max_len} exceeds --tokens-per-step "
                              f"{self.data.tokens_per_step}: a step could not hold its longest sequence")

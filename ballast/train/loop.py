@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
+from ..command_line.options import parse_strategies
 from ..command_line.provenance import provenance
 from ..vocabulary.cluster import Cluster, default_cluster, get_cluster
 from ..vocabulary.job_mesh import JobMesh
@@ -35,10 +36,14 @@ from ..vocabulary.sharding import Sharding
 from ..dataset import (BatchStream, ClipStream, build_corpus, check_data_kind, check_vocab, is_video_data,
                        open_clip_stream)
 from ..models import build_model, check_buildable
-from ..plans.plan import Plan, splits_used
+from ..plans.plan import Plan
+from ..plans.strategy_plan import StrategyPlan
 from ..planners import Planner, PlannerOptions, get_planner
+from ..planners.strategy_choice import StrategyChoice, StrategyPrices
 from ..planners.held import DeferredSamples
 from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize, rank_device
+from ..runtime.executor import Executor
+from ..runtime.strategy import StrategyExecutor
 from ..vocabulary.model_shape import ModelShape, get_model_shape
 from ..vocabulary.layouts import ANY_SPLIT
 from . import checkpoint
@@ -47,7 +52,7 @@ from .ahead import Lookahead, StepInput, load_data_state
 from .config import OptimizerConfig, TrainConfig
 from .nonfinite import nonfinite_step, nothing_trained
 from .resume import checkpoint_to_resume, say_what_changed
-from .metrics import MetricsLog, ProgressDisplay, StepRecord, final_history, layout_of, summarise
+from .metrics import MetricsLog, ProgressDisplay, StepRecord, final_history, plan_facts, summarise
 from .plots import write_report
 from ..planners.fits import check_fits
 
@@ -76,6 +81,9 @@ class Setup:
     tokenizer: str
     """The tokenizer the corpus is tokenised with: --tokenizer, else an hf:PATH model's own
     tokenizer.json, else "bytes" (hf_folder.resolve_tokenizer)."""
+    strategies: StrategyPrices | None = None
+    """Under --strategy: the strategies a step may take and their prices (`mesh` is then the one
+    pool of every rank, which no step runs, and `cost` the first pipeline's of the first strategy)."""
 
     @classmethod
     def of(cls, config: TrainConfig, world: int, gpu_name: str | None = None) -> Setup:
@@ -89,12 +97,16 @@ class Setup:
                              f"folder from pipeline stages is not supported; train it without --pp")
         spec = config.planner.cluster or default_cluster(world, gpu_name)
         cluster = get_cluster(spec, world, config.planner.device_memory_gb, config.planner.nodes)
-        sharding = Sharding.of_flags(config.optimizer.zero1, config.optimizer.fsdp)
         mesh = JobMesh.of(cluster, tp=config.planner.tp, pp=config.planner.pp, shape=shape)
+        tokenizer = resolve_tokenizer(config.data.tokenizer, shape)
+        if config.planner.strategy is not None:
+            prices = _strategy_prices(config, shape, cluster)
+            return cls(shape, cluster, mesh, prices.costs[prices.strategies[0]][0], tokenizer, prices)
+        sharding = Sharding.of_flags(config.optimizer.zero1, config.optimizer.fsdp)
         cost = get_cost_model(config.planner.cost, shape, cluster, config.planner.device_memory_gb, sharding,
                               config.run.precision, mesh)
         check_fits(cost.under(ANY_SPLIT), [config.data.max_len])  # a max_len no plan can hold fails here, not at step k
-        return cls(shape, cluster, mesh, cost, resolve_tokenizer(config.data.tokenizer, shape))
+        return cls(shape, cluster, mesh, cost, tokenizer)
 
     @property
     def pool(self) -> Cluster:
@@ -104,8 +116,21 @@ class Setup:
     def describe(self) -> str:
         where = "" if self.cost.source != "analytic" else " (`ballast profile` measures a real one)"
         mesh = f", {self.mesh.describe()}: plans over the pool" if self.mesh.tp * self.mesh.pp > 1 else ""
+        if self.strategies is not None:
+            mesh = f", a step under {' or '.join(map(str, self.strategies.strategies))}"
         return (f"cost model: {self.cost.source} for {self.shape.name} on {self.cluster.name} "
                 f"({self.cluster.world_size} ranks{mesh}, {self.cost.device_memory / 1e9:.3g} GB each){where}")
+
+
+def _strategy_prices(config: TrainConfig, shape: ModelShape, cluster: Cluster) -> StrategyPrices:
+    """The prices of --strategy's strategies, once the model and the run can take them."""
+    if shape.hf_folder is not None or shape.diffusers_folder is not None:
+        raise ValueError(f"--strategy with model {shape.name!r}: writing the trained folder back from the canonical "
+                         f"layout is not supported yet; train it without --strategy")
+    prices = StrategyPrices(parse_strategies(config.planner.strategy), config.planner.cost, shape, cluster,
+                            config.planner.device_memory_gb)
+    prices.check_max_len(config.data.max_len)
+    return prices
 
 
 def open_data(config: TrainConfig, setup: Setup, progress: bool) -> tuple[BatchStream | ClipStream, str]:
@@ -132,11 +157,26 @@ def planner_options(config: TrainConfig) -> PlannerOptions:
                           lockstep=config.optimizer.fsdp)
 
 
-def make_planner(config: TrainConfig, setup: Setup) -> Planner:
-    """The run's planner; an option it would ignore (--cp with ballast) is refused."""
+def make_planner(config: TrainConfig, setup: Setup) -> Planner | StrategyChoice:
+    """The run's planner (under --strategy, placed on the strategies); an option it would ignore
+    (--cp with ballast) is refused."""
     options = planner_options(config)
     options.check_read([config.planner.planner], unset=planner_options(TrainConfig()))
+    if setup.strategies is not None:
+        return StrategyChoice(config.planner.planner, setup.strategies, options)
     return get_planner(config.planner.planner, setup.pool, setup.cost, options)
+
+
+def make_executor(config: TrainConfig, setup: Setup, device: torch.device) -> Executor | StrategyExecutor:
+    """What runs the run's plans on this rank: its part of the one mesh, or of each step's strategy."""
+    opt = config.optimizer
+    adamw = {"lr": opt.lr, "betas": (opt.beta1, opt.beta2), "weight_decay": opt.weight_decay}
+    if setup.strategies is not None:
+        return StrategyExecutor(lambda: build_model(setup.shape, config.run.seed).to(device), setup.cluster,
+                                precision=config.run.precision, **adamw)
+    return parallelize(build_model(setup.shape, config.run.seed).to(device), setup.cluster, mesh=setup.mesh,
+                       fsdp=opt.fsdp, zero1=opt.zero1, precision=config.run.precision, bucket_bytes=opt.bucket_bytes,
+                       **adamw)
 
 
 def learning_rate(step: int, steps: int, opt: OptimizerConfig) -> float:
@@ -162,15 +202,12 @@ def train(config: TrainConfig) -> dict | None:
     # whether that worked and where to resume.
     data, resume = from_rank0(lambda: _prepare_data(config, setup, world, console))
 
-    model = build_model(setup.shape, config.run.seed).to(device)
     opt = config.optimizer
-    executor = parallelize(model, setup.cluster, mesh=setup.mesh, fsdp=opt.fsdp, zero1=opt.zero1,
-                           precision=config.run.precision, bucket_bytes=opt.bucket_bytes,
-                           lr=opt.lr, betas=(opt.beta1, opt.beta2), weight_decay=opt.weight_decay)
+    executor = make_executor(config, setup, device)
     optimizer = executor.optimizer
     start = 0
     if resume is not None:
-        start = checkpoint.load(Path(resume), model, optimizer, executor.tensor_parallel)["step"]
+        start = checkpoint.load(Path(resume), executor)["step"]
         if rank == 0:
             console.print(f"resumed from {resume} at step {start}", highlight=False)
 
@@ -181,12 +218,12 @@ def train(config: TrainConfig) -> dict | None:
         lookahead = Lookahead(*data, steps, config.planner.plan_ahead)
         log = MetricsLog(out / "metrics.jsonl", fresh=start == 0)
         progress = ProgressDisplay(console, start, steps, config.run.log_interval)
-        plans: dict[int, Plan] = {}
+        plans: dict[int, Plan | StrategyPlan] = {}
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     applied = 0  # steps whose optimizer step ran (every rank sees the same)
     try:
         for step in range(start, steps):
-            _inject_fault(model, step, rank, attempt)
+            _inject_fault(executor, step, rank, attempt)
             began = time.perf_counter()
             item, failure = _next_input(lookahead, step) if rank == 0 else (None, None)
             waited = time.perf_counter() - began
@@ -211,8 +248,7 @@ def train(config: TrainConfig) -> dict | None:
                 meta = None if rank != 0 else {"data": item.data_state, "planner": item.planner_state,
                                                "model": checkpoint.model_record(setup.shape),
                                                "config": config.to_dict()}
-                checkpoint.save(config.checkpoint_path, step + 1, model, optimizer, meta,
-                                config.checkpoint.keep_checkpoints, executor.tensor_parallel)
+                checkpoint.save(config.checkpoint_path, step + 1, executor, meta, config.checkpoint.keep_checkpoints)
     finally:
         if rank == 0:
             lookahead.close()
@@ -230,7 +266,8 @@ def train(config: TrainConfig) -> dict | None:
              f"{f' ({mesh.describe()})' if mesh.tp * mesh.pp > 1 else ''}")
     paths = {}
     if config.run.report:
-        paths = write_report(out / "report", history, plans, setup.cost, mesh.pool, title)
+        paths = write_report(out / "report", history, {k: p for k, p in plans.items() if isinstance(p, Plan)},
+                             setup.cost, mesh.pool, title)
     (out / "report").mkdir(parents=True, exist_ok=True)
     summary.update(planner=config.planner.planner, world=world, cost_model=setup.cost.source,
                    metrics=str(out / "metrics.jsonl"), report={k: str(v) for k, v in paths.items()},
@@ -297,7 +334,7 @@ def _next_input(lookahead: Lookahead, step: int) -> tuple[StepInput | None, Exce
         return None, e
 
 
-def _inject_fault(model: torch.nn.Module, step: int, rank: int, attempt: int) -> None:
+def _inject_fault(executor: Executor | StrategyExecutor, step: int, rank: int, attempt: int) -> None:
     """FAULT_AT_STEP: rank 1 fails right after its first forward pass of the step, so mid-step,
     holding activations and with its peers in (or on their way into) collectives with it.
     `kill`: by SIGKILL, without any Python clean-up, the way a process is lost to the OOM killer
@@ -305,6 +342,9 @@ def _inject_fault(model: torch.nn.Module, step: int, rank: int, attempt: int) ->
     an exception, the way a defect surfaces; the job must end with that rank's error."""
     if os.environ.get(FAULT_AT_STEP) != str(step) or rank != 1 or attempt != 0:
         return
+    if not isinstance(executor, Executor):
+        raise ValueError(f"{FAULT_AT_STEP}: a strategy run builds its model each step; faults are injected into "
+                         f"runs of one mesh only")
     kind = os.environ.get(FAULT_KIND, "kill")
 
     def fail(*_: object) -> None:
@@ -313,7 +353,7 @@ def _inject_fault(model: torch.nn.Module, step: int, rank: int, attempt: int) ->
         print(f"rank 1: {FAULT_AT_STEP}={step}: SIGKILL after its first forward pass of the step", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    model.register_forward_hook(fail)
+    executor.model.register_forward_hook(fail)
 
 
 def _idle(result: StepResult, device: torch.device) -> tuple[float, list[float]]:
@@ -336,8 +376,5 @@ def _record(step: int, attempt: int, item: StepInput, result: StepResult,
         lr=lr, tokens=plan.tokens,
         sample_ids=item.batch.sample_ids, lengths=item.batch.lengths, epoch=item.batch.epoch, held=item.held,
         step_time=seconds, tokens_per_s=plan.tokens / seconds, predicted_step_time=item.predicted_seconds,
-        idle_fraction=idle[0], rank_idle=idle[1], waves=len(plan.waves),
-        micro_batches=plan.busy_micro_batches(), degrees=plan.degrees_used(),
-        context_parts=plan.context_parts_used(), splits=splits_used([plan]),
-        recomputed=plan.recomputed_fraction(), layout=layout_of(plan, stages),
-        plan_ms=1e3 * item.plan_seconds, plan_wait_ms=1e3 * waited)
+        idle_fraction=idle[0], rank_idle=idle[1], plan_ms=1e3 * item.plan_seconds, plan_wait_ms=1e3 * waited,
+        **plan_facts(plan, stages))

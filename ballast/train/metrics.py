@@ -17,7 +17,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from ..plans.plan import Plan, Wave
+from ..plans.plan import Plan, Wave, splits_used
+from ..plans.strategy_plan import StrategyPlan
 from ..runtime.pipeline import pipeline_slots
 
 UNRECORDED = "not recorded"
@@ -35,6 +36,25 @@ def layout_of(plan: Plan, stages: int = 1) -> str:
         return waves
     slots = len(pipeline_slots(plan, 0))
     return f"pp{stages}[{waves}; {slots} micro-batch{'es' if slots != 1 else ''} in 1F1B]"
+
+
+def plan_facts(plan: Plan | StrategyPlan, stages: int = 1) -> dict:
+    """What a step's record says of its plan (`StepRecord`'s waves ... layout, strategy): under a
+    strategy, its parts' together, the layout pipeline by pipeline."""
+    if isinstance(plan, Plan):
+        parts, layout, strategy = [plan], layout_of(plan, stages), None
+    else:
+        parts, strategy = plan.parts, str(plan.strategy)
+        layout = " | ".join(f"{pipeline.label} " + (layout_of(part, pipeline.pp) if part.lengths else "idle")
+                            for pipeline, part in zip(plan.strategy.pipelines, plan.parts))
+    tokens = [sum(part.lengths) for part in parts]
+    return {"waves": max(len(part.waves) for part in parts),
+            "micro_batches": sum(part.busy_micro_batches() for part in parts),
+            "degrees": sorted({d for part in parts for d in part.degrees_used()}),
+            "context_parts": sorted({c for part in parts for c in part.context_parts_used()}),
+            "splits": splits_used(parts),
+            "recomputed": sum(t * part.recomputed_fraction() for t, part in zip(tokens, parts)) / max(1, sum(tokens)),
+            "layout": layout, "strategy": strategy}
 
 
 def _wave_layout(wave: Wave) -> str:
@@ -93,6 +113,8 @@ class StepRecord:
     """Planner time for this step's batch (in the background when planning ahead)."""
     plan_wait_ms: float
     """How long the step waited for its batch and plan: ~0 when planning is hidden."""
+    strategy: str | None = None
+    """The step's heterogeneous strategy (--strategy), its pipelines as (t,p); None: the run's one mesh."""
 
 
 class MetricsLog:
@@ -144,6 +166,7 @@ def summarise(history: list[dict]) -> dict:
         "most_held": max(r.get("held", 0) for r in history),
         "layouts": dict(Counter(r.get("layout", UNRECORDED) for r in history).most_common()),
         "steps_by_planner": dict(Counter(r.get("planner", "unrecorded") for r in history)),
+        "steps_by_strategy": dict(Counter(r["strategy"] for r in history if r.get("strategy"))),
     }
 
 
@@ -171,6 +194,7 @@ class ProgressDisplay:
         elif (record.step + 1) % self.interval == 0 or record.step + 1 == self.total:
             self.console.print(f"step {record.step + 1}/{self.total}  loss {record.loss:.4f}  "
                                f"{record.tokens_per_s:,.0f} tok/s  idle {record.idle_fraction:.0%}  "
+                               f"{f'strategy {record.strategy}  ' if record.strategy else ''}"
                                f"layout {record.layout}  plan {record.plan_ms:.1f} ms"
                                f"{f'  {record.held} held' if record.held else ''}", highlight=False)
 

@@ -47,7 +47,7 @@ import argparse
 import dataclasses
 
 from ..vocabulary.cluster import Cluster, get_cluster
-from ..command_line.options import (CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, PP, PRECISION, ROUTING,
+from ..command_line.options import (parse_strategies, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, PP, PRECISION, ROUTING,
                                     SEED, STRATEGY, TIMEOUT, TP, WORLD)
 from ..vocabulary.value_checks import at_least, positive
 from ..pricing.cost import CostModel
@@ -188,7 +188,8 @@ def verify(args: argparse.Namespace, world: int) -> int:
                          f"parallelism runs no routing layer; give --no-routing")
     if args.pp > 1 and args.fsdp:
         raise ValueError(f"--pp {args.pp} runs with replicated weights or --zero1: drop --fsdp")
-    if args.strategy is not None:
+    strategies = None if args.strategy is None else parse_strategies(args.strategy)
+    if strategies is not None:
         check_strategy_flags(args)
     shape = get_model_shape(args.model)
     check_buildable(shape)
@@ -205,7 +206,7 @@ def verify(args: argparse.Namespace, world: int) -> int:
     if args.strategy is None:
         plans, cannot = plan_all(names, cluster, cost, options, batches, args)
     else:
-        strategic = plan_strategies(names, args.strategy, shape, world, cost.device_memory, options, batches)
+        strategic = plan_strategies(names, strategies, shape, world, cost.device_memory, options, batches)
         plans, cannot = {n: [part for p in ps for part in p.parts] for n, ps in strategic.items()}, {}
     names = [n for n in names if n in plans]
     bf16 = precision is Precision.BF16
@@ -217,7 +218,7 @@ def verify(args: argparse.Namespace, world: int) -> int:
     stages = f" as {args.pp} pipeline stages" if args.pp > 1 else ""
     pool = f" (plans over a pool of {cluster.world_size})" if args.tp * args.pp > 1 else ""
     if args.strategy is not None:
-        pool = f" under strateg{'ies' if len(args.strategy) > 1 else 'y'} {' then '.join(map(str, args.strategy))}"
+        pool = f" under strateg{'ies' if len(strategies) > 1 else 'y'} {' then '.join(map(str, strategies))}"
     console.print(f"verify: {describe_ranks(world)}{stages}{nodes}{tp}{pool}{sharding}{' in bf16' if bf16 else ''}, "
                   f"model {shape.name}, "
                   f"{args.steps} step(s) of "

@@ -7,6 +7,7 @@ import argparse
 
 import torch.distributed as dist
 
+from ..command_line.options import refuse_with_strategy
 from ..planners import PlannerOptions
 from ..planners.strategies import StrategyPlanner
 from ..plans.strategy_plan import StrategyPlan
@@ -20,16 +21,11 @@ from .reference import Trajectory, VerifyBatch
 
 
 def check_strategy_flags(args: argparse.Namespace) -> None:
-    """ValueError naming the flag a strategy does not combine with: its pipelines bring their own
-    TP and PP degrees, its state lives in the canonical layout (no --zero1 or --fsdp), and its
-    blocks are of one emulated node (no --nodes, so no routing)."""
-    for flag, given in (("--tp", args.tp > 1), ("--pp", args.pp > 1), ("--zero1", args.zero1), ("--fsdp", args.fsdp),
-                        ("--nodes", args.nodes > 1), ("--route-every-wave", args.route_every_wave),
-                        ("--degree", args.degree is not None), ("--cp", args.cp is not None)):
-        if given:
-            raise ValueError(f"--strategy and {flag} do not combine: a strategy's pipelines bring their own TP and "
-                             f"PP degrees, its state lives in the canonical layout over every rank, and its ranks "
-                             f"are one node's")
+    """ValueError naming a flag a strategy does not combine with (`refuse_with_strategy`)."""
+    refuse_with_strategy((("--tp", args.tp > 1), ("--pp", args.pp > 1), ("--zero1", args.zero1),
+                          ("--fsdp", args.fsdp), ("--nodes", args.nodes > 1),
+                          ("--route-every-wave", args.route_every_wave), ("--degree", args.degree is not None),
+                          ("--cp", args.cp is not None)))
 
 
 def plan_strategies(names: list[str], strategies: tuple[Strategy, ...], shape: ModelShape, world: int,

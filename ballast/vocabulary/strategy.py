@@ -175,6 +175,10 @@ class Strategy:
             raise ValueError(f"a strategy is a list of [t, p] or [t, p, pool] lists, got {data!r}")
         return cls(tuple(PipelineLayout(*item) for item in data))
 
+    def spec(self) -> str:
+        """Its command-line form ("2x2,2x1,1x1x2"), which `parse` reads back."""
+        return ",".join("x".join(map(str, item)) for item in self.to_list())
+
     def __str__(self) -> str:
         return "[" + ",".join(p.label for p in self.pipelines) + "]"
 

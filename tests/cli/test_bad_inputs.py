@@ -246,8 +246,15 @@ CASES = [
     ("simulate --cluster cpu --world 8 --model tiny --strategy 2x2,2x2 --cost {not.json} --steps 1", 2,
      r"a strategy's pipelines are priced from --cost analytic or published"),
     ("simulate --cluster cpu --world 8 --model tiny --strategy 1x1x8 --lengths file:{huge.txt} --max-len 100000000 "
-     "--steps 1", 2, r"sequence 0 \(\d+ tokens\) fits no pipeline of strategy \[\(1,1\)x8\]"),
+     "--steps 1", 2, r"--max-len 100000000: a sequence of that length fits no pipeline of strategy \[\(1,1\)x8\]"),
     ("verify --world 8 --strategy 2x2,2x2 --tp 2", 2, r"--strategy and --tp do not combine"),
+    ("train --world 2 --strategy 1x1,1x1 --zero1", 2, r"--strategy and --zero1 do not combine"),
+    ("train --world 2 --strategy 1x1,1x1x2", 2, r"strategy \[\(1,1\),\(1,1\)x2\] holds 3 ranks.*cluster 'cpu' has 2"),
+    ("train --world 2 --strategy 1x1,1x1 --max-len 4096 --tokens-per-step 4096 --device-memory-gb 0.015", 2,
+     r"--max-len 4096: a sequence of that length fits no pipeline of strategy \[\(1,1\),\(1,1\)\]"),
+    ("train --world 2 --strategy 1x1;2y1", 2, r"strategy '2y1': '2y1' is not a pipeline"),
+    ("train --world 2 --strategy 1x1,1x1 --model hf:{mistral} --max-len 16", 2,
+     r"--strategy with model .*writing the trained folder back from the canonical layout is not supported yet"),
     ("verify --world 4 --strategy 2x2,2x2", 2, r"holds 8 ranks, but cluster 'cpu' has 4"),
     # Hugging Face models: a missing folder, not a causal LM, a sliding window shorter than --max-len
     ("simulate --model hf:/no/such/folder", 2, r"hf:/no/such/folder: no config.json"),

@@ -1,5 +1,5 @@
-"""`ballast simulate --strategy`: every planner placed on heterogeneous strategies, one a step in
-turn, each step priced as the canonical layout's gather, the slowest pipeline, the reduction and
+"""`ballast simulate --strategy`: every planner placed on heterogeneous strategies, each step under
+the one its plan is fastest under, each step priced as the canonical layout's gather, the slowest pipeline, the reduction and
 the optimizer; the JSON records it all. Simulated, on a GPU preset, in a second."""
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ import pytest
 
 from ballast.cli import main
 
-ARGS = ["simulate", "--cluster", "h100-16", "--model", "gpt-7b", "--strategy", "4x2,1x4,1x4;4x2,4x2", "--steps", "2",
-        "--batch", "48", "--max-len", "32768", "--planners", "ballast,static,hydraulis"]
+STRATEGIES = "4x2,1x4,1x4;4x2,4x2"
+ARGS = ["simulate", "--cluster", "h100-16", "--model", "gpt-7b", "--steps", "2", "--batch", "48", "--max-len", "32768",
+        "--planners", "ballast,static,hydraulis"]
 
 
-def run(tmp_path, *extra: str) -> dict:
-    out = tmp_path / f"sim{len(extra)}.json"
-    assert main([*ARGS, *extra, "--json", str(out)]) == 0
+def run(tmp_path, *extra: str, strategies: str = STRATEGIES) -> dict:
+    out = tmp_path / f"sim{len(extra)}{strategies}.json"
+    assert main([*ARGS, "--strategy", strategies, *extra, "--json", str(out)]) == 0
     return json.loads(out.read_text())
 
 
@@ -27,8 +28,9 @@ def test_each_step_is_the_movement_around_the_slowest_pipeline(tmp_path, capsys)
     for name, s in full["planners"].items():
         assert s["step_time_s"] == pytest.approx(s["gather_s"] + s["pipelines_time_s"] + s["reduction_s"]
                                                  + s["optimizer_s"]), name
-        # Step 1 under three pipelines, step 2 under two: each step's times are its own pipelines'.
-        assert [len(times) for times in s["pipeline_times_s"]] == [3, 2], name
+        # Each step's times are its own strategy's pipelines'.
+        pipelines = [strategy.count("),(") + 1 for strategy in s["strategy_per_step"]]
+        assert [len(times) for times in s["pipeline_times_s"]] == pipelines, name
         assert s["pipelines_time_s"] == pytest.approx(sum(map(max, s["pipeline_times_s"])) / 2), name
         assert s["vs_assigned_bound"] >= 1.0 - 1e-9, name
     # The full movement moves the whole 7B model's fp32 tensors each way (0.5 s at 50 GB/s);
@@ -37,3 +39,11 @@ def test_each_step_is_the_movement_around_the_slowest_pipeline(tmp_path, capsys)
     for name in full["planners"]:
         assert sliced["planners"][name]["gather_s"] < full["planners"][name]["gather_s"] / 3
         assert sliced["planners"][name]["pipelines_time_s"] == pytest.approx(full["planners"][name]["pipelines_time_s"])
+
+
+def test_each_step_takes_the_strategy_its_plan_is_fastest_under(tmp_path):
+    chosen = run(tmp_path)["planners"]
+    alone = [run(tmp_path, strategies=strategy)["planners"] for strategy in STRATEGIES.split(";")]
+    for name, s in chosen.items():
+        assert s["step_time_s"] <= min(a[name]["step_time_s"] for a in alone) * (1 + 1e-12), name
+        assert set(s["strategy_per_step"]) <= {"[(4,2),(1,4),(1,4)]", "[(4,2),(4,2)]"}, name
