@@ -15,5 +15,6 @@ from . import hydraulis  # noqa: E402,F401
 from . import zeppelin  # noqa: E402,F401
 from . import flexsp  # noqa: E402,F401
 from . import wlb_llm  # noqa: E402,F401
+from . import hydraulis_strategies  # noqa: E402,F401  (hydraulis' own rule on --strategy)
 
 __all__ = ["PLANNERS", "SHORT_SOLVES", "Planner", "PlannerOptions", "get_planner", "make_plan", "parse_planner_names", "register"]

@@ -16,7 +16,7 @@ from ..pricing.cost_sources import get_cost_model
 from ..dataset.length_stream import BatchSpec, LengthStream
 from ..dataset.lengths import LENGTH_SYNTAX, get_length_source
 from ..planners import PlannerOptions, parse_planner_names
-from ..planners.strategy_choice import StrategyPrices
+from ..planners.strategy_prices import StrategyPrices
 from ..plans.gantt import gantt
 from .table import planner_table
 from ..vocabulary.model_shape import get_model_shape

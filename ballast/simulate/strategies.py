@@ -13,7 +13,8 @@ from typing import Callable, Sequence
 from rich.table import Table
 
 from ..planners import PlannerOptions
-from ..planners.strategy_choice import StrategyChoice, StrategyPrices
+from ..planners.strategy_choice import StrategyChoice, strategy_planner
+from ..planners.strategy_prices import StrategyPrices
 from ..plans.strategy_timeline import StrategyMetrics, simulate_strategy
 from ..vocabulary.samples import Sample, tokens
 
@@ -50,7 +51,7 @@ def simulate_strategy_planners(batches: Sequence[Sequence[Sample]], names: list[
     """Every planner on the strategies `prices` prices, each step under its fastest."""
     results = {}
     for name in names:
-        planner = StrategyChoice(name, prices, options)
+        planner = strategy_planner(name, prices, options)
         result = results[name] = StrategyResult(name)
         for k, batch in enumerate(batches):
             start = time.perf_counter()

@@ -39,7 +39,8 @@ from ..models import build_model, check_buildable
 from ..plans.plan import Plan
 from ..plans.strategy_plan import StrategyPlan
 from ..planners import Planner, PlannerOptions, get_planner
-from ..planners.strategy_choice import StrategyChoice, StrategyPrices
+from ..planners.strategy_choice import StrategyChoice, strategy_planner
+from ..planners.strategy_prices import StrategyPrices
 from ..planners.held import DeferredSamples
 from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize, rank_device
 from ..runtime.executor import Executor
@@ -163,7 +164,7 @@ def make_planner(config: TrainConfig, setup: Setup) -> Planner | StrategyChoice:
     options = planner_options(config)
     options.check_read([config.planner.planner], unset=planner_options(TrainConfig()))
     if setup.strategies is not None:
-        return StrategyChoice(config.planner.planner, setup.strategies, options)
+        return strategy_planner(config.planner.planner, setup.strategies, options)
     return get_planner(config.planner.planner, setup.pool, setup.cost, options)
 
 

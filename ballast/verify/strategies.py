@@ -1,6 +1,7 @@
 """`ballast verify --strategy`: every planner's plans placed on heterogeneous strategies
-(`planners/strategies.py`), one strategy a step in turn, trained on the job's ranks from the
-canonical layout (`runtime/strategy.py`), against the same single-process reference as any plan."""
+(`planners/strategy_choice.py`; hydraulis by its own rule), one strategy a step in turn, trained
+on the job's ranks from the canonical layout (`runtime/strategy.py`), against the same
+single-process reference as any plan."""
 from __future__ import annotations
 
 import argparse
@@ -9,9 +10,9 @@ import torch.distributed as dist
 
 from ..command_line.options import refuse_with_strategy
 from ..planners import PlannerOptions
-from ..planners.strategies import StrategyPlanner
+from ..planners.strategy_choice import strategy_planner
+from ..planners.strategy_prices import StrategyPrices
 from ..plans.strategy_plan import StrategyPlan
-from ..pricing.cost_sources import strategy_cost_models
 from ..vocabulary.cluster import get_cluster
 from ..vocabulary.model_shape import ModelShape
 from ..vocabulary.precision import Precision
@@ -31,18 +32,19 @@ def check_strategy_flags(args: argparse.Namespace) -> None:
 def plan_strategies(names: list[str], strategies: tuple[Strategy, ...], shape: ModelShape, world: int,
                     device_memory: float, options: PlannerOptions,
                     batches: list[VerifyBatch]) -> dict[str, list[StrategyPlan]]:
-    """Each planner's validated plan of every batch, step k under strategies[k mod their count],
-    at `device_memory` bytes per rank."""
+    """Each planner's validated plan of every batch, step k under strategies[k mod their count]
+    (by the planner's own rule on that one strategy where it has one: `strategy_planner`), at
+    `device_memory` bytes per rank."""
     cluster = get_cluster("cpu", world_size=world, device_memory_gb=device_memory / 1e9)
-    costs = {s: strategy_cost_models("analytic", shape, cluster, s) for s in strategies}
+    prices = {s: StrategyPrices([s], "analytic", shape, cluster) for s in strategies}
     plans = {}
     for name in names:
-        planners = {s: StrategyPlanner(name, s, cluster, costs[s], options) for s in strategies}
+        planners = {s: strategy_planner(name, prices[s], options) for s in strategies}
         plans[name] = []
         for k, batch in enumerate(batches):
             strategy = strategies[k % len(strategies)]
             plan = planners[strategy].plan(batch.planned)
-            plan.validate(cluster, costs[strategy])
+            plan.validate(cluster, prices[strategy].costs[strategy])
             plans[name].append(plan)
     return plans
 

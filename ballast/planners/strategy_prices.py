@@ -1,0 +1,58 @@
+"""What prices a step under each of a run's strategies (docs/design.md, section 6, *Strategies*):
+every pipeline's cost model, the strategy's parameter movement, and which batches a strategy
+holds; the planners that choose a step's strategy (`strategy_choice.py`, `hydraulis_strategies.py`)
+share it."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from ..plans.strategy_plan import StrategyPlan
+from ..plans.strategy_timeline import simulate_strategy
+from ..pricing.cost import CostModel
+from ..pricing.cost_sources import strategy_cost_models
+from ..pricing.parameter_movement import Movement, MovementPrices, movement_prices
+from ..pricing.sequence_times import sequence_times
+from ..vocabulary.cluster import Cluster
+from ..vocabulary.model_shape import ModelShape
+from ..vocabulary.samples import Sample
+from ..vocabulary.strategy import Strategy
+
+
+class StrategyPrices:
+    """What prices a step under each of `strategies`: every pipeline's cost model and the
+    strategy's parameter movement."""
+
+    def __init__(self, strategies: Sequence[Strategy], spec: str, shape: ModelShape, cluster: Cluster,
+                 device_memory_gb: float | None = None, movement: Movement = Movement.FULL):
+        if not strategies:
+            raise ValueError("no strategy to plan on")
+        self.strategies, self.cluster = tuple(strategies), cluster
+        self.costs: dict[Strategy, list[CostModel]] = {
+            s: strategy_cost_models(spec, shape, cluster, s, device_memory_gb) for s in self.strategies}
+        self.moves: dict[Strategy, MovementPrices] = {s: movement_prices(s, shape, cluster, movement)
+                                                     for s in self.strategies}
+
+    def step_seconds(self, plan: StrategyPlan) -> float:
+        """The plan's whole step: its slowest pipeline between the gather and the reduction, then
+        the optimizer on the canonical shards."""
+        return simulate_strategy(plan, self.costs[plan.strategy], self.moves[plan.strategy]).step_time
+
+    def holds(self, strategy: Strategy, samples: Sequence[Sample]) -> bool:
+        """Whether every sample fits some pipeline of `strategy` (at its largest SP degree with
+        every layer recomputed, if need be)."""
+        fits = [sequence_times(cost, samples) < float("inf") for cost in self.costs[strategy]]
+        return bool(sum(f.any(axis=0) for f in fits).all())
+
+    def check_max_len(self, max_len: int | None) -> None:
+        """ValueError when a sequence of `max_len` tokens fits no pipeline of any strategy: known
+        before any batch, so a run fails at its start."""
+        if max_len is not None and not any(self.holds(s, [max_len]) for s in self.strategies):
+            raise ValueError(f"--max-len {max_len}: a sequence of that length fits no pipeline of "
+                             f"{named(self.strategies)}, not even at the largest SP degree of each pool with every "
+                             f"layer recomputed; give a strategy with larger pipelines, more device memory, or a "
+                             f"shorter --max-len")
+
+
+def named(strategies: Sequence[Strategy]) -> str:
+    """The strategies as an error message names them."""
+    return f"strategy {strategies[0]}" if len(strategies) == 1 else "any of strategies " + "; ".join(map(str, strategies))
