@@ -50,9 +50,16 @@ TIMEOUT = at_least(float, MIN_TIMEOUT, "seconds: the ranks need seconds to start
                                        "in the rendezvous store")
 
 
+AUTO_STRATEGIES = "auto"
+"""`--strategy auto`: the strategies Hydraulis' offline dynamic program proposes from the length
+histogram (`planners/hydraulis_pool.py`; simulate only)."""
+
+
 def strategy_text(text: str) -> str:
     """`--strategy`'s value checked and written canonically: one strategy, or several separated
-    by ';' (`parse_strategies` reads it back)."""
+    by ';' (`parse_strategies` reads it back), or `auto`."""
+    if text.strip() == AUTO_STRATEGIES:
+        return AUTO_STRATEGIES
     try:
         return ";".join(s.spec() for s in parse_strategies(text))
     except ValueError as e:
@@ -60,7 +67,12 @@ def strategy_text(text: str) -> str:
 
 
 def parse_strategies(text: str) -> tuple[Strategy, ...]:
-    """The strategies of a `--strategy` value; ValueError naming the malformed one."""
+    """The strategies of a `--strategy` value; ValueError naming the malformed one (`auto` is
+    only simulate's, which has the length histogram before any step)."""
+    if text == AUTO_STRATEGIES:
+        raise ValueError("--strategy auto proposes strategies from a length histogram in `ballast simulate` "
+                         "(--lengths) only; give this command the strategies themselves (simulate's table "
+                         "names those it proposed)")
     return tuple(Strategy.parse(part) for part in text.split(";"))
 
 
@@ -197,7 +209,8 @@ STRATEGY = SharedOption(
                   "(\"2x2,2x1,1x1,1x1\", or \"[(2,2),(1,4)]\"), on consecutive blocks of the ranks; several "
                   "separated by ';' are the strategies a step may take: train and simulate give each step the "
                   "one its plan is fastest under (hydraulis: by its own rule), verify runs them in turn, one a "
-                  "step, so that each is checked. The state "
+                  "step, so that each is checked; simulate's `auto`: those Hydraulis' offline dynamic program "
+                  "proposes from the --lengths histogram. The state "
                   "lives in one canonical layout over every rank; each step's pipelines gather their parameters "
                   "from it and reduce their gradients back", strategy_text, "STRATEGY")
 SHARED = {option.flag: option for option in (MODEL, MAX_LEN, CLUSTER, WORLD, NODES, COST, DEVICE_MEMORY, DEGREE, CP,

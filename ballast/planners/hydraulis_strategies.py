@@ -80,24 +80,22 @@ class HydraulisStrategies(StrategyChoice):
         super().__init__(self.name, prices, options)
 
     def choose(self, candidates: list[Strategy], samples: Sequence[Sample]) -> StrategyPlan:
+        """The plan under the candidate whose slowest pipeline's makespan is least (the first on a tie)."""
+        return min((self.plan_on(strategy, samples) for strategy in candidates), key=lambda p: p.info["makespan_s"])
+
+    def plan_on(self, strategy: Strategy, samples: Sequence[Sample]) -> StrategyPlan:
+        """Stages 1 and 2 on `strategy`; the slowest pipeline's makespan in the plan's info."""
         lengths = [tokens(s) for s in samples]
-        best: tuple[float, Strategy, list[list[int]], list[Plan]] | None = None
-        for strategy in candidates:
-            costs = self.prices.costs[strategy]
-            stages = [p.pp for p in strategy.pipelines]
-            ids, _ = dispatch(stage_seconds(costs, samples, stages), stages, self.options.seed)
-            parts, makespans = [], []
-            for cost, p, held in zip(costs, stages, ids):
-                part, makespan = pack(cost, p, [samples[j] for j in held])
-                parts.append(part)
-                makespans.append(makespan)
-            if best is None or max(makespans) < best[0]:
-                best = (max(makespans), strategy, ids, parts)
-        assert best is not None
-        makespan, strategy, ids, parts = best
-        for part in parts:
+        costs = self.prices.costs[strategy]
+        stages = [p.pp for p in strategy.pipelines]
+        ids, _ = dispatch(stage_seconds(costs, samples, stages), stages, self.options.seed)
+        parts, makespans = [], []
+        for cost, p, held in zip(costs, stages, ids):
+            part, makespan = pack(cost, p, [samples[j] for j in held])
             part.tokens = sum(lengths)
-        return StrategyPlan(strategy, parts, ids, lengths, sum(lengths), self.name, {"makespan_s": makespan})
+            parts.append(part)
+            makespans.append(makespan)
+        return StrategyPlan(strategy, parts, ids, lengths, sum(lengths), self.name, {"makespan_s": max(makespans)})
 
 
 def stage_seconds(costs: Sequence[CostModel], samples: Sequence[Sample], stages: Sequence[int]) -> np.ndarray:

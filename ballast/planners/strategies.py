@@ -47,7 +47,10 @@ class StrategyPlanner:
         """The step's plan: the assignment, then each part planned by its pipeline's planner."""
         if not len(samples):
             raise ValueError("cannot plan an empty batch")
-        ids = self.assign(samples)
+        return self.place(samples, self.assign(samples))
+
+    def place(self, samples: Sequence[Sample], ids: list[list[int]]) -> StrategyPlan:
+        """The step's plan of an assignment: `ids[i]`, the sequences of pipeline i, planned by its planner."""
         lengths = [tokens(s) for s in samples]
         total = sum(lengths)
         parts = []

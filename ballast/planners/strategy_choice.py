@@ -56,12 +56,19 @@ class StrategyChoice:
         return self.choose(candidates, samples)
 
     def choose(self, candidates: list[Strategy], samples: Sequence[Sample]) -> StrategyPlan:
-        """The plan under the candidate strategy its plan is fastest under (the earlier on a tie)."""
-        plans = [self._planner(s).plan(samples) for s in candidates]
+        """The fastest of the plans on the candidate strategies under the cost model (the earlier
+        on a tie), its step and how many plans were priced in its info."""
+        plans = [plan for strategy in candidates for plan in self.plans_on(strategy, samples)]
         seconds = [self.prices.step_seconds(plan) for plan in plans]
         best = min(range(len(plans)), key=seconds.__getitem__)
-        plans[best].info["strategy_seconds"] = {str(s): t for s, t in zip(candidates, seconds)}
-        return plans[best]
+        chosen = plans[best]
+        chosen.planner = self.name
+        chosen.info.update(step_s=seconds[best], plans_priced=len(plans))
+        return chosen
+
+    def plans_on(self, strategy: Strategy, samples: Sequence[Sample]) -> list[StrategyPlan]:
+        """The plans to price on `strategy`: the planner placed on its pipelines."""
+        return [self._planner(strategy).plan(samples)]
 
     def _planner(self, strategy: Strategy) -> StrategyPlanner:
         """The planner placed on `strategy`, made the first time a batch needs it."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -16,11 +17,12 @@ from ..pricing.cost_sources import get_cost_model
 from ..dataset.length_stream import BatchSpec, LengthStream
 from ..dataset.lengths import LENGTH_SYNTAX, get_length_source
 from ..planners import PlannerOptions, parse_planner_names
+from ..planners.hydraulis_pool import auto_strategies
 from ..planners.strategy_prices import StrategyPrices
 from ..plans.gantt import gantt
 from .table import planner_table
 from ..vocabulary.model_shape import get_model_shape
-from ..command_line.options import (parse_strategies, CLUSTER, COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, ROUTING, SEED,
+from ..command_line.options import (AUTO_STRATEGIES, parse_strategies, CLUSTER, COST, CP, DEGREE, DEVICE_MEMORY, MAX_LEN, MODEL, NODES, ROUTING, SEED,
                                     PP, STRATEGY, TP, WORLD, OnOff, positive)
 from ..pricing.parameter_movement import Movement
 from .strategies import simulate_strategy_planners, strategy_table
@@ -31,6 +33,10 @@ from ..vocabulary.samples import tokens
 from ..vocabulary.sharding import Sharding
 
 HELP = "plan and simulate steps under several planners; print a table, write JSON"
+
+HISTOGRAM = 100_000
+"""Documents drawn from the length source (after the batches, with another seed) for the histogram
+`--strategy auto` proposes strategies from (Hydraulis' whole-dataset histogram)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -112,7 +118,12 @@ def run(args: argparse.Namespace) -> int:
     lengths_stream = LengthStream(get_length_source(args.lengths, shape.video_geometry), spec, seed=args.seed)
     batches = [lengths_stream.next_batch() for _ in range(args.steps)]
     if args.strategy is not None:
-        return run_strategies(args, console, cluster, shape, names, options, batches, lengths_stream.report(), origin)
+        histogram = None
+        if args.strategy == AUTO_STRATEGIES:  # Hydraulis' whole-dataset histogram: another draw of the source
+            whole = dataclasses.replace(spec, batch=HISTOGRAM, tokens_per_step=None)
+            histogram = LengthStream(lengths_stream.source, whole, seed=args.seed + 1).next_batch()
+        return run_strategies(args, console, cluster, shape, names, options, batches, lengths_stream.report(), origin,
+                              histogram)
     mesh = JobMesh.of(cluster, tp=args.tp, pp=args.pp, shape=shape)
     cost = get_cost_model(args.cost, shape, cluster, args.device_memory_gb, args.sharding, mesh=mesh)
     pool = mesh.pool_cluster(cluster)
@@ -158,10 +169,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_strategies(args: argparse.Namespace, console: Console, cluster, shape, names: list[str],
-                   options: PlannerOptions, batches: list, data: str, origin: dict) -> int:
+                   options: PlannerOptions, batches: list, data: str, origin: dict, histogram: list | None) -> int:
     """`run` under --strategy: every planner placed on the strategies, each step under the one its
-    plan is fastest under."""
-    strategies = parse_strategies(args.strategy)
+    plan is fastest under (hydraulis: its own rule); `histogram`: the samples `auto` proposes
+    them from."""
+    if histogram is None:
+        strategies = parse_strategies(args.strategy)
+    else:
+        strategies = auto_strategies(args.cost, shape, cluster, args.device_memory_gb, histogram)
+        console.print(f"strategies proposed from {len(histogram):,} sequences of {args.lengths} (Hydraulis' dynamic "
+                      f"program): {'; '.join(map(str, strategies))}")
     for flag, given in (("--tp", args.tp > 1), ("--pp", args.pp > 1), ("--sharding", args.sharding is not None),
                         ("--lockstep", args.lockstep), ("--as-lengths", args.as_lengths), ("--gantt", args.gantt)):
         if given:
