@@ -20,6 +20,7 @@ from memory_tables import memory_table  # noqa: E402
 from pipeline_tables import PIPELINES, pipeline_table  # noqa: E402
 from measured_tables import convergence_text, hf_table, measured_table, peers_table, video_measured_table  # noqa: E402
 from profile_tables import mesh_check_table, profile_text  # noqa: E402
+from strategy_tables import STRATEGY_SETTINGS, strategy_table  # noqa: E402
 from simulated_tables import (CONTEXT_PARALLEL, ROUTING, SETTINGS, VIDEO, context_parallel_table,  # noqa: E402
                               headline_table, latency_table, optimum_gap_text, routing_table, simulated_table,
                               sweep_text, video_table)
@@ -37,6 +38,7 @@ TABLES: dict[str, Callable[[], str]] = {
     **{f"simulate-{n}": partial(context_parallel_table, n) for n in CONTEXT_PARALLEL},
     **{f"simulate-{n}": partial(routing_table, n) for n in ROUTING},
     **{f"simulate-{n}": partial(pipeline_table, n) for n in PIPELINES},
+    **{f"strategies-{n}": partial(strategy_table, n) for n in STRATEGY_SETTINGS},
     "headline": headline_table, "sweep": sweep_text, "optimum-gap": optimum_gap_text, "latency": latency_table,
     "measured": measured_table, "hf": hf_table, "peers": peers_table, "video-measured": video_measured_table,
     "convergence": convergence_text, "memory": memory_table, "profile-mesh": mesh_check_table,

@@ -80,7 +80,28 @@ long solve slows or stalls the steps; the check measures the plans, not the solv
 verify plan with the defaults above."""
 
 
-class Planner(ABC):
+class StepPlanner:
+    """What the training loop asks of whatever plans its steps (a `Planner`, or a strategy's
+    `strategy_choice.StrategyChoice`) besides the plan and its predicted seconds: samples to hold
+    for later steps, and state to checkpoint."""
+
+    def defer(self, samples: Sequence[Sample]) -> list[int]:
+        """Indices of `samples`, a step's candidates (those held from earlier steps first, in the
+        order they were drawn; then the step's fresh draw), that
+        should train in a later step (`held.DeferredSamples` keeps them and bounds their wait).
+        None unless a planner says otherwise: most train every sample in the step it is drawn."""
+        del samples
+        return []
+
+    def state_dict(self) -> dict:
+        """Planner state to checkpoint (most planners are stateless)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        del state
+
+
+class Planner(StepPlanner, ABC):
     """Plans one step at a time; may keep state across steps (saved with checkpoints)."""
 
     name: ClassVar[str]
@@ -147,17 +168,3 @@ class Planner(ABC):
         its waves, the gradient sync left after them and the optimizer step."""
         return whole_step_time(plan, self.cost)
 
-    def defer(self, samples: Sequence[Sample]) -> list[int]:
-        """Indices of `samples`, a step's candidates (those held from earlier steps first, in the
-        order they were drawn; then the step's fresh draw), that
-        should train in a later step (`held.DeferredSamples` keeps them and bounds their wait).
-        None unless a planner says otherwise: most train every sample in the step it is drawn."""
-        del samples
-        return []
-
-    def state_dict(self) -> dict:
-        """Planner state to checkpoint (most planners are stateless)."""
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        del state

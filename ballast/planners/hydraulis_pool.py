@@ -4,9 +4,9 @@ one per bucket of the longest length, before any step is planned.
 
 Types: every (t, p) with t a power of two inside a node, p dividing the layers, t p ranks a power
 of two (so that pipelines placed largest first sit inside a node or on whole nodes), whose states
-fit at the job's canonical layout; c_k(s) = a stage's seconds on a sequence of s tokens alone, at
-the least recomputation it needs, plus a micro-batch's fixed cost (the pipeline's cost model:
-Hydraulis' a s^2 + b s + c), cap_k the tokens one rank holds with every layer recomputed.
+fit at the job's canonical layout; c_k(s) = a stage's seconds on a sequence of s tokens alone plus
+a micro-batch's fixed cost (the pipeline's cost model: Hydraulis' a s^2 + b s + c), cap_k the
+tokens one rank holds without recomputation (Hydraulis runs none: `hydraulis_strategies.py`).
 
 Lengths fall into buckets of `step` tokens. C_k(lo, hi], a replica of type k training every
 sequence of the histogram in (lo, hi]: sum count c_k(s) + (p - 1) c_k(longest), its 1F1B warm-up
@@ -29,11 +29,10 @@ from typing import Sequence
 import numpy as np
 
 from ..pricing.coefficients import InfeasibleError
+from ..pricing.cost import CostModel, tokens_array
 from ..pricing.cost_sources import strategy_cost_models
-from ..pricing.sequence_times import sequence_times
 from ..vocabulary.cluster import Cluster
 from ..vocabulary.model_shape import ModelShape
-from ..pricing.cost import CostModel, tokens_array
 from ..vocabulary.samples import Sample
 from ..vocabulary.strategy import PipelineLayout, Strategy
 
@@ -74,7 +73,7 @@ def propose(types: dict[PipelineLayout, CostModel], samples: Sequence[Sample], w
     longest = np.zeros(B + 1, dtype=np.int64)
     np.maximum.at(longest, bucket, lengths)
     interval = [_interval_costs(types[k], k.pp, samples, bucket, B) for k in layouts]
-    caps = np.array([types[k].max_tokens(1, 1.0) for k in layouts])
+    caps = np.array([types[k].max_tokens(1, 0.0) for k in layouts])
     # top[lo, hi]: the longest length in buckets (lo, hi]
     top = np.maximum.accumulate(np.triu(np.tile(longest, (B + 1, 1)), 1), axis=1)
     counts_n = world // unit + 1
@@ -101,7 +100,9 @@ def propose(types: dict[PipelineLayout, CostModel], samples: Sequence[Sample], w
     pool: list[Strategy] = []
     held = [b for b in range(B, 0, -1) if np.isfinite(best[counts_n - 1, b]) and longest[b] > 0]
     if not held or held[0] != B:
-        raise ValueError(f"no strategy of {world} ranks holds the longest length ({int(lengths.max())} tokens)")
+        raise ValueError(f"no strategy of {world} ranks holds the longest length ({int(lengths.max())} tokens) "
+                         f"without recomputation, as Hydraulis' pipelines must: give a shorter --max-len, more "
+                         f"devices or more memory")
     for b in held:
         strategy = _strategy(trace, layouts, counts_n - 1, b)
         if strategy not in pool:
@@ -121,7 +122,7 @@ def auto_strategies(spec: str, shape: ModelShape, cluster: Cluster, device_memor
 def _interval_costs(cost: CostModel, stages: int, samples: Sequence[Sample], bucket: np.ndarray, B: int
                     ) -> np.ndarray:
     """C[lo, hi]: a replica's seconds on every sample in buckets (lo, hi] (module docstring)."""
-    seconds = sequence_times(cost, samples)[0] / stages + cost.g
+    seconds = cost.work(tokens_array(samples), cost.units(samples)) / stages + cost.g
     summed = np.zeros(B + 1)
     np.add.at(summed, bucket, seconds)
     worst = np.zeros(B + 1)

@@ -1,11 +1,12 @@
 """`hydraulis` on heterogeneous strategies: a step planned as Hydraulis (Li et al., 2024) plans it in
 its repository (Hetu, `examples/hydraulis/strategy/`), over the strategies the run gives (Hetu's
 `--multi_tp_pp_list`; `hydraulis_pool.py` proposes them from a length histogram, as its offline
-dynamic program does). For every strategy whose pipelines hold the batch:
+dynamic program does). Hydraulis trains without recomputation (its memory model prices a
+sequence's whole activations), so a pipeline holds what one rank holds at no recomputation
+(cap_j), and only the strategies whose pipelines hold every sequence so are candidates. For each:
 
   stage 1, sequences to pipelines. c_ij: the seconds one stage of pipeline j spends on sequence i
-    alone, its compute at the pipeline's (t, p) without recomputation over p (Hydraulis'
-    a s^2 + b s). TRIALS seeded shuffles of the batch; in each, the sequences only one pipeline
+    alone, its compute at the pipeline's (t, p) over p (Hydraulis' a s^2 + b s), inf over cap_j. TRIALS seeded shuffles of the batch; in each, the sequences only one pipeline
     holds go to it first, then every other one, in the shuffled order, to the pipeline j that
     holds it and minimises max(M, acc_j + c_ij + max(w_j, (p_j - 1) c_ij)): acc_j its sum of c,
     w_j its (p_j - 1) max c (1F1B's warm-up and cool-down), M the worst acc + w so far; an empty
@@ -17,13 +18,10 @@ dynamic program does). For every strategy whose pipelines hold the batch:
     bound), and the v minimising (max + g)(p - 1 + v), 1F1B's makespan at a uniform stage time,
     with g a micro-batch's fixed cost.
   The strategy whose slowest pipeline's stage-2 makespan is least trains the step (the first on
-  a tie), its micro-batches largest first, each recomputing the least its tokens need.
+  a tie), its micro-batches largest first.
 
 Deviations, where ballast differs from the repository:
 - c and g come from the pipeline's cost model (`pricing`), not from fits of profiled steps.
-- A micro-batch's token cap is what a rank holds with every layer recomputed, and each
-  micro-batch recomputes the least its tokens need (ballast's runtime chooses per micro-batch);
-  Hydraulis' memory model caps a micro-batch at what fits its one configuration.
 - v has no lower bound on tokens per micro-batch (Hetu's `utilization_seqlen`, a per-GPU
   constant it measured) and a strategy that leaves a pipeline idle is kept (Hetu rejects it):
   an idle pipeline's ranks wait, which stage 2's makespan already prices.
@@ -43,13 +41,14 @@ from scipy.sparse import coo_matrix, vstack
 
 from ..plans.plan import Group, MicroBatch, Plan, Wave
 from ..plans.strategy_plan import StrategyPlan
+from ..pricing.coefficients import InfeasibleError
 from ..pricing.cost import CostModel
 from ..vocabulary.samples import Sample, SampleBatch, tokens
 from ..vocabulary.strategy import Strategy
 from .base import PlannerOptions
 from .hydraulis import balance_under_cap
 from .strategy_choice import StrategyChoice, own_rule
-from .strategy_prices import StrategyPrices
+from .strategy_prices import StrategyPrices, named
 
 TRIALS = 50  # stage 1's shuffles (Hetu's MINI_TRIAL_NUM in dynamic_pulp.py)
 COUNTS = 16  # stage 2's micro-batch counts tried per pipeline (Hetu: v_min .. v_min + 15)
@@ -81,14 +80,24 @@ class HydraulisStrategies(StrategyChoice):
 
     def choose(self, candidates: list[Strategy], samples: Sequence[Sample]) -> StrategyPlan:
         """The plan under the candidate whose slowest pipeline's makespan is least (the first on a tie)."""
-        return min((self.plan_on(strategy, samples) for strategy in candidates), key=lambda p: p.info["makespan_s"])
+        plans = [plan for strategy in candidates if (plan := self.plan_on(strategy, samples)) is not None]
+        if not plans:
+            raise InfeasibleError(f"planner hydraulis: the batch's longest sequence ({max(map(tokens, samples))} "
+                                  f"tokens) fits no pipeline of {named(candidates)} without recomputation, which "
+                                  f"Hydraulis runs none of; give a strategy with larger pipelines, or a planner "
+                                  f"that recomputes (ballast)")
+        return min(plans, key=lambda p: p.info["makespan_s"])
 
-    def plan_on(self, strategy: Strategy, samples: Sequence[Sample]) -> StrategyPlan:
-        """Stages 1 and 2 on `strategy`; the slowest pipeline's makespan in the plan's info."""
+    def plan_on(self, strategy: Strategy, samples: Sequence[Sample]) -> StrategyPlan | None:
+        """Stages 1 and 2 on `strategy`, the slowest pipeline's makespan in the plan's info; None
+        when a sequence fits none of its pipelines without recomputation."""
         lengths = [tokens(s) for s in samples]
         costs = self.prices.costs[strategy]
         stages = [p.pp for p in strategy.pipelines]
-        ids, _ = dispatch(stage_seconds(costs, samples, stages), stages, self.options.seed)
+        c = stage_seconds(costs, samples, stages)
+        if not np.isfinite(c).any(axis=0).all():
+            return None
+        ids, _ = dispatch(c, stages, self.options.seed)
         parts, makespans = [], []
         for cost, p, held in zip(costs, stages, ids):
             part, makespan = pack(cost, p, [samples[j] for j in held])
@@ -98,13 +107,14 @@ class HydraulisStrategies(StrategyChoice):
         return StrategyPlan(strategy, parts, ids, lengths, sum(lengths), self.name, {"makespan_s": max(makespans)})
 
 
-def stage_seconds(costs: Sequence[CostModel], samples: Sequence[Sample], stages: Sequence[int]) -> np.ndarray:
+def stage_seconds(costs: Sequence[CostModel], samples: Sequence[Sample], stages: Sequence[int],
+                  recompute: float = 0.0) -> np.ndarray:
     """c[j, i]: one stage of pipeline j on sample i alone, without recomputation (inf where the
-    pipeline does not hold it even with every layer recomputed)."""
+    pipeline does not hold it at the `recompute` level: Hydraulis' none)."""
     s = np.array([tokens(x) for x in samples], dtype=np.float64)
     out = np.empty((len(costs), len(s)))
     for j, (cost, p) in enumerate(zip(costs, stages)):
-        held = s <= cost.max_tokens(1, 1.0)
+        held = s <= cost.max_tokens(1, recompute)
         out[j] = np.where(held, cost.work(s, cost.units(samples)) / p, np.inf)
     return out
 
@@ -147,7 +157,7 @@ def pack(cost: CostModel, stages: int, samples: Sequence[Sample]) -> tuple[Plan,
     batch = SampleBatch.of(samples, cost)
     s = np.asarray(batch.lengths, dtype=np.float64)
     c = cost.work(s, batch.units) / stages
-    cap = cost.max_tokens(1, 1.0)
+    cap = cost.max_tokens(1, 0.0)
 
     def makespan(bins: list[list[int]]) -> float:
         return (max(c[b].sum() for b in bins) + cost.g) * (stages - 1 + len(bins))
@@ -162,7 +172,7 @@ def pack(cost: CostModel, stages: int, samples: Sequence[Sample]) -> tuple[Plan,
         if (better := refine(c, s, bins, cap)) is not None and makespan(better) < makespan(best):
             best = better
     best = sorted(best, key=lambda b: -s[b].sum())
-    mbs = [MicroBatch(b, cost.min_recompute(int(s[b].sum()), 1)) for b in best]
+    mbs = [MicroBatch(b, 0.0) for b in best]
     plan = Plan(batch.lengths, [Wave([Group(0, 1, mbs)])], shapes=batch.shapes, planner=HydraulisStrategies.name,
                 tp=cost.mesh.tp, pp=stages)
     return plan, makespan(best)

@@ -16,7 +16,7 @@ from ..plans.strategy_plan import StrategyPlan
 from ..pricing.coefficients import InfeasibleError
 from ..vocabulary.samples import Sample, tokens
 from ..vocabulary.strategy import Strategy
-from .base import PlannerOptions
+from .base import PlannerOptions, StepPlanner
 from .strategies import StrategyPlanner
 from .strategy_prices import StrategyPrices, named
 
@@ -37,8 +37,9 @@ def strategy_planner(name: str, prices: StrategyPrices, options: PlannerOptions 
     return OWN_RULES[name](prices, options) if name in OWN_RULES else StrategyChoice(name, prices, options)
 
 
-class StrategyChoice:
-    """Planner `name` on every candidate strategy, the fastest plan kept (module docstring)."""
+class StrategyChoice(StepPlanner):
+    """Planner `name` on every candidate strategy, the fastest plan kept (module docstring); it
+    defers nothing and keeps no state: under strategies every sample trains in the step that drew it."""
 
     name: str = ""
 
@@ -79,14 +80,3 @@ class StrategyChoice:
 
     def predicted_seconds(self, plan: StrategyPlan) -> float:
         return self.prices.step_seconds(plan)
-
-    def defer(self, samples: Sequence[Sample]) -> list[int]:
-        """Nothing waits: under strategies every sample trains in the step that drew it."""
-        del samples
-        return []
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        del state

@@ -38,7 +38,10 @@ def test_each_step_is_the_movement_around_the_slowest_pipeline(tmp_path, capsys)
     sliced = run(tmp_path, "--movement", "sliced")
     for name in full["planners"]:
         assert sliced["planners"][name]["gather_s"] < full["planners"][name]["gather_s"] / 3
-        assert sliced["planners"][name]["pipelines_time_s"] == pytest.approx(full["planners"][name]["pipelines_time_s"])
+        if sliced["planners"][name]["strategy_per_step"] == full["planners"][name]["strategy_per_step"]:
+            # the same strategies, the same plans: only the movement differs (a planner choosing by the
+            # whole step may take another strategy once the movement is cheaper)
+            assert sliced["planners"][name]["pipelines_time_s"] == pytest.approx(full["planners"][name]["pipelines_time_s"])
 
 
 def test_each_step_takes_the_strategy_its_plan_is_fastest_under(tmp_path):

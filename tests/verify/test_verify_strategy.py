@@ -30,8 +30,9 @@ def test_two_strategies_in_turn_pass_on_every_pipeline(model, tmp_path, capsys):
     if model == "llama":
         model = "hf:" + str(save_model(tmp_path / "llama", "LlamaConfig", num_key_value_heads=2, num_hidden_layers=4))
         # Its width (64) is a quarter of the GPT's: only sequences up to 1,024 tokens give its TP
-        # pipelines work that outweighs their all-reduces' latency on gloo.
-        extra = ["--max-len", "1024"]
+        # pipelines work that outweighs their all-reduces' latency on gloo; 0.2 GB a rank holds them
+        # without recomputation, which hydraulis needs (it recomputes nothing).
+        extra = ["--max-len", "1024", "--device-memory-gb", "0.2"]
     assert main([*ARGS, "--model", model, *extra]) == 0
     out = capsys.readouterr().out
     assert "under strategies [(2,2),(2,1),(1,1),(1,1)] then [(1,4),(2,2)]" in out

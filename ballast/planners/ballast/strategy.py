@@ -1,8 +1,8 @@
 """ballast on heterogeneous strategies: for every candidate strategy, the step's sequences assigned
 to its pipelines twice (its own longest-first assignment, `strategies.StrategyPlanner.assign`, and
 Hydraulis' randomised stage 1, `hydraulis_strategies.dispatch`), each pipeline's part planned by
-ballast's planner over its pool, and Hydraulis' own plan (its stage 2's micro-batches) beside
-them; the simulator prices every one whole, parameter movement included
+ballast's planner over its pool, and Hydraulis' own plan (its stage 2's micro-batches, no
+recomputation) beside them where its pipelines hold the batch so; the simulator prices every one whole, parameter movement included
 (`strategy_prices.StrategyPrices.step_seconds`), and the fastest trains the step.
 
 So the plan ballast trains is never slower, under the cost model, than Hydraulis' own on the same
@@ -39,6 +39,10 @@ class BallastStrategies(StrategyChoice):
         plans = [placed.place(samples, placed.assign(samples))]
         if self.hydraulis is not None:
             stages = [p.pp for p in strategy.pipelines]
-            ids, _ = dispatch(stage_seconds(self.prices.costs[strategy], samples, stages), stages, self.options.seed)
-            plans += [placed.place(samples, ids), self.hydraulis.plan_on(strategy, samples)]
+            # Hydraulis' stage 1 over what a rank holds with every layer recomputed: ballast recomputes
+            c = stage_seconds(self.prices.costs[strategy], samples, stages, recompute=1.0)
+            ids, _ = dispatch(c, stages, self.options.seed)
+            plans.append(placed.place(samples, ids))
+            if (theirs := self.hydraulis.plan_on(strategy, samples)) is not None:
+                plans.append(theirs)
         return plans

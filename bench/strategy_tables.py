@@ -1,0 +1,36 @@
+"""The heterogeneous-strategy settings' tables (`bench/hydraulis_settings.py`: H1-H3, Hydraulis' kind
+of setting), with issue #54's simulated targets for them."""
+from __future__ import annotations
+
+from record_files import commit_note, record
+from simulated_tables import verdicts
+
+STRATEGY_SETTINGS = ("H1", "H2", "H3")
+
+
+def strategy_table(name: str) -> str:
+    """A setting's strategies, every planner on them under both movements, the best homogeneous
+    baselines and the targets: hydraulis ahead of the best homogeneous layout, ballast of hydraulis."""
+    data = record("hydraulis")
+    if name not in data:
+        return f"*Not recorded: setting {name} is not in bench/results/hydraulis.json.*"
+    r, setting = data[name], data[name]["setting"]
+    rows = ["| planner | step, full movement (s) | of it movement (s) | step, sliced movement (s) |",
+            "|---|---|---|---|"]
+    full, sliced = r["heterogeneous"]["full"], r["heterogeneous"]["sliced"]
+    for planner in sorted(full, key=lambda p: full[p]["step_time_s"]):
+        moved = full[planner]["gather_s"] + full[planner]["reduction_s"] + full[planner]["optimizer_s"]
+        rows.append(f"| {planner} on the proposed strategies | {full[planner]['step_time_s']:.3f} | {moved:.3f} | "
+                    f"{sliced[planner]['step_time_s']:.3f} |")
+    fixed = r["best_fixed_strategy"]
+    rows.append(f"| hydraulis on the best homogeneous strategy, {fixed['layout']} replicas | {fixed['step_s']:.3f} | | |")
+    for planner, best in sorted(r["best_mesh"].items(), key=lambda kv: kv[1]["step_s"]):
+        rows.append(f"| {planner} on the best job mesh, {best['mesh']} x a pool, ZeRO-1 | {best['step_s']:.3f} | | |")
+    checks = [(f"hydraulis ahead of the best homogeneous strategy: {r['hydraulis_vs_best_fixed_strategy']:.2f}x",
+               r["hydraulis_vs_best_fixed_strategy"] > 1.0),
+              (f"ballast ahead of hydraulis: {r['ballast_vs_hydraulis']:.2f}x", r["ballast_vs_hydraulis"] > 1.0)]
+    strategies = "; ".join("[" + ",".join(f"({p[0]},{p[1]})" for p in s) + "]" for s in r["strategies"])
+    head = (f"**Setting {name}** ({setting['model']} on {setting['cluster']}, {setting['lengths']} lengths up to "
+            f"{setting['max_len']:,} tokens, {setting['tokens_per_step']:,} tokens a step, {setting['steps']} steps; "
+            f"simulated{commit_note(data)}). Proposed strategies: {strategies}.\n\n")
+    return head + "\n".join(rows) + "\n\nTargets (simulated): " + verdicts(checks) + "."
