@@ -3,10 +3,14 @@ best homogeneous (t, p) layout, and ballast on the same strategies. Simulated, n
 
 Settings (Hydraulis' LLaMA 7B / 13B / 32B are FlexSP's GPT shapes here: the same layers, widths and
 heads, a plain MLP instead of a gated one):
-  H1  gpt-7b on 32 H100s, wikipedia lengths
-  H2  gpt-13b on 32 H100s, lognormal:8,1.5 (web-like: 3k tokens typically, a long tail)
-  H3  gpt-30b (Hydraulis' 32B: 60 layers, hidden 6656) on 64 H100s, wikipedia lengths
-each up to 32,768 tokens a sequence, 512 Ki tokens a step (1 Mi on 64), STEPS steps.
+  H1  gpt-7b on 32 H100s, wikipedia lengths up to 32,768 tokens
+  H2  gpt-13b on 32 H100s, lognormal:8,1.5 (web-like: 3k tokens typically, a long tail) up to 16,384
+      (Hydraulis' 13B planner's)
+  H3  gpt-30b (Hydraulis' 32B: 60 layers, hidden 6656) on 64 H100s, wikipedia lengths up to 8,192
+each 512 Ki tokens a step (1 Mi on 64), STEPS steps. The longest lengths are what a pipeline of TP
+up to a node (8) holds without recomputation, which Hydraulis runs none of (a (8,4) pipeline of the
+30B holds 9,778 tokens; Hydraulis' own 32B planner reaches 32k with TP 16 across two nodes, which
+ballast's TP, inside a node, does not take).
 
 Per setting: the strategies Hydraulis' dynamic program proposes from the source's histogram
 (`--strategy auto`), every planner of HETEROGENEOUS on them with full and sliced movement (the
@@ -47,32 +51,31 @@ from ballast.vocabulary.sharding import Sharding
 from ballast.vocabulary.strategy import Strategy
 
 STEPS = 4
-MAX_LEN = 32768
 HETEROGENEOUS = ("hydraulis", "ballast", "static")
 HOMOGENEOUS = ("static", "megatron-dynamic-cp", "wlb-llm", "ballast")
 WIKIPEDIA = os.environ.get("WIKIPEDIA", "../shared/data/lengths/wikipedia.txt")
 WIKI = f"file:{WIKIPEDIA}" if Path(WIKIPEDIA).is_file() else "wikipedia"
 SETTINGS = {
-    "H1": ("gpt-7b", "h100-32", WIKI, 524288),
-    "H2": ("gpt-13b", "h100-32", "lognormal:8,1.5", 524288),
-    "H3": ("gpt-30b", "h100-64", WIKI, 1048576),
+    "H1": ("gpt-7b", "h100-32", WIKI, 524288, 32768),
+    "H2": ("gpt-13b", "h100-32", "lognormal:8,1.5", 524288, 16384),
+    "H3": ("gpt-30b", "h100-64", WIKI, 1048576, 8192),
 }
 
 
 def run(name: str) -> dict:
-    model, cluster_name, lengths, budget = SETTINGS[name]
+    model, cluster_name, lengths, budget, max_len = SETTINGS[name]
     shape, cluster = get_model_shape(model), get_cluster(cluster_name)
-    spec = BatchSpec(batch=None, tokens_per_step=budget, max_len=MAX_LEN, overlong="split")
+    spec = BatchSpec(batch=None, tokens_per_step=budget, max_len=max_len, overlong="split")
     source = get_length_source(lengths)
     stream = LengthStream(source, spec, seed=0)
     batches = [stream.next_batch() for _ in range(STEPS)]
-    histogram = LengthStream(source, BatchSpec(batch=100_000, tokens_per_step=None, max_len=MAX_LEN,
+    histogram = LengthStream(source, BatchSpec(batch=100_000, tokens_per_step=None, max_len=max_len,
                                                overlong="split"), seed=1).next_batch()
     began = time.perf_counter()
     strategies = auto_strategies("analytic", shape, cluster, None, histogram)
     print(f"{name}: {len(strategies)} strategies in {time.perf_counter() - began:.1f} s: "
           + "; ".join(map(str, strategies)), flush=True)
-    options = PlannerOptions(max_len=MAX_LEN)
+    options = PlannerOptions(max_len=max_len)
     heterogeneous = {}
     for movement in Movement:
         prices = StrategyPrices(strategies, "analytic", shape, cluster, None, movement)
@@ -108,7 +111,7 @@ def run(name: str) -> dict:
             for planner in HOMOGENEOUS}
     full = heterogeneous["full"]
     return {"setting": {"model": model, "cluster": cluster_name, "lengths": lengths, "tokens_per_step": budget,
-                        "max_len": MAX_LEN, "steps": STEPS},
+                        "max_len": max_len, "steps": STEPS},
             "strategies": [s.to_list() for s in strategies], "heterogeneous": heterogeneous,
             "fixed_strategies": fixed, "best_fixed_strategy": {"layout": best_fixed, "step_s": held[best_fixed]},
             "hydraulis_vs_best_fixed_strategy": held[best_fixed] / full["hydraulis"]["step_time_s"],

@@ -36,10 +36,14 @@ replica is an SP group, its strategy its degree. One step, one wave, groups inde
    all-to-alls, m g and the recomputation that sequences too long to run without
    recomputation force on any count.
 
-Deviations: the paper's replicas combine tensor, pipeline and context parallelism, and its
-packing balances pipeline micro-batches; ballast's replicas are Ulysses SP groups, so a
-replica's time is the sum of its micro-batch times and only g and recomputation make the
-count matter. Where the paper's implementation solves integer programs (its repository
+This is hydraulis on one job mesh (no --strategy): its "replicas" are the pool's Ulysses SP
+groups. On heterogeneous strategies (--strategy) the published form runs instead
+(`hydraulis_strategies.py`: pipelines of their own (TP, PP), stage 1 and stage 2 as the
+repository has them, the choice of a strategy per step; `hydraulis_pool.py`, its offline
+proposal of strategies). Deviations here: the paper's replicas combine tensor and pipeline
+parallelism, and its packing balances pipeline micro-batches; these replicas are Ulysses SP
+groups, so a replica's time is the sum of its micro-batch times and only g and recomputation
+make the count matter. Where the paper's implementation solves integer programs (its repository
 depends on PuLP), this planner keeps to the greedy heuristics above, so that a step plans in
 milliseconds.
 """

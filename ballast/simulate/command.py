@@ -18,6 +18,7 @@ from ..dataset.length_stream import BatchSpec, LengthStream
 from ..dataset.lengths import LENGTH_SYNTAX, get_length_source
 from ..planners import PlannerOptions, parse_planner_names
 from ..planners.hydraulis_pool import auto_strategies
+from ..plans.strategy_gantt import strategy_gantt
 from ..planners.strategy_prices import StrategyPrices
 from ..plans.gantt import gantt
 from .table import planner_table
@@ -180,10 +181,10 @@ def run_strategies(args: argparse.Namespace, console: Console, cluster, shape, n
         console.print(f"strategies proposed from {len(histogram):,} sequences of {args.lengths} (Hydraulis' dynamic "
                       f"program): {'; '.join(map(str, strategies))}")
     for flag, given in (("--tp", args.tp > 1), ("--pp", args.pp > 1), ("--sharding", args.sharding is not None),
-                        ("--lockstep", args.lockstep), ("--as-lengths", args.as_lengths), ("--gantt", args.gantt)):
+                        ("--lockstep", args.lockstep), ("--as-lengths", args.as_lengths)):
         if given:
             raise ValueError(f"--strategy and {flag} do not combine: a strategy's pipelines bring their own TP and PP "
-                             f"degrees, its state lives in the canonical layout, and its plans draw no Gantt chart yet")
+                             f"degrees and its state lives in the canonical layout")
     prices = StrategyPrices(strategies, args.cost, shape, cluster, args.device_memory_gb, args.movement)
     prices.check_max_len(args.max_len)
     with Progress(console=console, transient=True) as progress:
@@ -195,6 +196,10 @@ def run_strategies(args: argparse.Namespace, console: Console, cluster, shape, n
                                         f"{' or '.join(map(str, strategies))}, {shape.name}, {args.cost} cost, "
                                         f"{args.movement.value} movement, {args.steps} steps", summaries))
     console.print(f"data: {data}")
+    if args.gantt:
+        strategy_gantt({name: (r.first_plan, prices.costs[r.first_plan.strategy], prices.moves[r.first_plan.strategy])
+                        for name, r in results.items()}, cluster, args.gantt)
+        console.print(f"wrote {args.gantt} (the first step of each planner)")
     if args.json_out:
         setting = {"lengths": args.lengths, "cluster": cluster.name, "world_size": cluster.world_size,
                    "strategies": [s.to_list() for s in strategies], "movement": args.movement.value,

@@ -15,6 +15,7 @@ from rich.table import Table
 from ..planners import PlannerOptions
 from ..planners.strategy_choice import StrategyChoice, strategy_planner
 from ..planners.strategy_prices import StrategyPrices
+from ..plans.strategy_plan import StrategyPlan
 from ..plans.strategy_timeline import StrategyMetrics, simulate_strategy
 from ..vocabulary.samples import Sample, tokens
 
@@ -29,6 +30,8 @@ class StrategyResult:
     """Pipelines that held sequences, per step."""
     chosen: list[str] = field(default_factory=list)
     """The strategy of each step."""
+    first_plan: StrategyPlan | None = None
+    """The first step's plan (for its Gantt chart)."""
     tokens: list[int] = field(default_factory=list)
     plan_ms: list[float] = field(default_factory=list)
 
@@ -62,6 +65,7 @@ def simulate_strategy_planners(batches: Sequence[Sequence[Sample]], names: list[
             result.steps.append(simulate_strategy(plan, costs, prices.moves[plan.strategy]))
             result.busy.append(sum(1 for part in plan.parts if part.lengths))
             result.chosen.append(str(plan.strategy))
+            result.first_plan = result.first_plan or plan
             result.tokens.append(sum(tokens(x) for x in batch))
             on_step(name, k)
     return results

@@ -10,7 +10,8 @@ import pytest
 from ballast.cli import main
 
 STRATEGIES = "4x2,1x4,1x4;4x2,4x2"
-ARGS = ["simulate", "--cluster", "h100-16", "--model", "gpt-7b", "--steps", "2", "--batch", "48", "--max-len", "32768",
+# 16,384 tokens: what a (4,2) pipeline holds without recomputation, which hydraulis runs none of
+ARGS = ["simulate", "--cluster", "h100-16", "--model", "gpt-7b", "--steps", "2", "--batch", "48", "--max-len", "16384",
         "--planners", "ballast,static,hydraulis"]
 
 
@@ -51,3 +52,10 @@ def test_each_step_takes_the_strategy_its_plan_is_fastest_under(tmp_path):
         assert set(s["strategy_per_step"]) <= {"[(4,2),(1,4),(1,4)]", "[(4,2),(4,2)]"}, name
         if name != "hydraulis":  # which chooses by its own stage-2 makespan (test_hydraulis_strategies.py)
             assert s["step_time_s"] <= min(a[name]["step_time_s"] for a in alone) * (1 + 1e-12), name
+
+
+def test_the_gantt_chart_draws_each_planners_first_step(tmp_path, capsys):
+    chart = tmp_path / "strategy.png"
+    run(tmp_path, "--gantt", str(chart))
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {chart} (the first step of each planner)" in capsys.readouterr().out
