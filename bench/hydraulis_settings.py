@@ -13,10 +13,10 @@ up to a node (8) holds without recomputation, which Hydraulis runs none of (a (8
 ballast's TP, inside a node, does not take).
 
 Per setting: the strategies Hydraulis' dynamic program proposes from the source's histogram
-(`--strategy auto`), every planner of HETEROGENEOUS on them with full and sliced movement (the
-runtime runs full). Two homogeneous baselines:
+(`--strategy auto`), every planner of HETEROGENEOUS on them with full and sliced movement (train
+runs sliced). Two homogeneous baselines:
   fixed_strategies  every (t, p) type as Hydraulis' homogeneous layout, world / (t p) replicas of
-                    one rank each (the same canonical movement), planned by hydraulis (its
+                    one rank each (the same canonical movement, sliced), planned by hydraulis (its
                     packing): Hydraulis' own kind of baseline;
   meshes            every job mesh (t, p, pool) whose states fit, its pool carved per step into
                     SP groups by every planner of HOMOGENEOUS, with ZeRO-1 over the pool (no
@@ -86,7 +86,7 @@ def run(name: str) -> dict:
     fixed = {}
     for layout in pipeline_types("analytic", shape, cluster):
         strategy = Strategy((layout,) * (cluster.world_size // (layout.tp * layout.pp)))
-        prices = StrategyPrices([strategy], "analytic", shape, cluster)
+        prices = StrategyPrices([strategy], "analytic", shape, cluster, None, Movement.SLICED)
         try:
             result = simulate_strategy_planners(batches, ["hydraulis"], prices, options)["hydraulis"]
         except (InfeasibleError, ValueError) as e:  # a batch's sequence no replica of this type holds
@@ -109,17 +109,17 @@ def run(name: str) -> dict:
     fits = {mesh: times for mesh, times in homogeneous.items() if "error" not in times}
     best = {planner: min(((times[planner], mesh) for mesh, times in fits.items()), default=None)
             for planner in HOMOGENEOUS}
-    full = heterogeneous["full"]
+    ran = heterogeneous[Movement.SLICED.value]  # what train runs
     return {"setting": {"model": model, "cluster": cluster_name, "lengths": lengths, "tokens_per_step": budget,
                         "max_len": max_len, "steps": STEPS},
             "strategies": [s.to_list() for s in strategies], "heterogeneous": heterogeneous,
             "fixed_strategies": fixed, "best_fixed_strategy": {"layout": best_fixed, "step_s": held[best_fixed]},
-            "hydraulis_vs_best_fixed_strategy": held[best_fixed] / full["hydraulis"]["step_time_s"],
+            "hydraulis_vs_best_fixed_strategy": held[best_fixed] / ran["hydraulis"]["step_time_s"],
             "mesh_step_s": homogeneous,
             "best_mesh": {p: {"step_s": b[0], "mesh": b[1]} for p, b in best.items() if b},
             "hydraulis_vs_best_mesh_of_fixed_planners": min(b[0] for p, b in best.items() if b and p != "ballast")
-            / full["hydraulis"]["step_time_s"],
-            "ballast_vs_hydraulis": full["hydraulis"]["step_time_s"] / full["ballast"]["step_time_s"]}
+            / ran["hydraulis"]["step_time_s"],
+            "ballast_vs_hydraulis": ran["hydraulis"]["step_time_s"] / ran["ballast"]["step_time_s"]}
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ class StrategyPrices:
     strategy's parameter movement."""
 
     def __init__(self, strategies: Sequence[Strategy], spec: str, shape: ModelShape, cluster: Cluster,
-                 device_memory_gb: float | None = None, movement: Movement = Movement.FULL):
+                 device_memory_gb: float | None = None, movement: Movement = Movement.SLICED):
         if not strategies:
             raise ValueError("no strategy to plan on")
         self.strategies, self.cluster = tuple(strategies), cluster

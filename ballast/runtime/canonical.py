@@ -3,33 +3,73 @@ priced by `pricing/parameter_movement.py`): the model's trained tensors, unit by
 then the tensors in no block: `ParallelModel.blocks`), each unit flattened and cut into N equal
 flat shards, shard r on rank r of the job, in fp32; AdamW steps the shards.
 
-Every step moves them the simple way (`Movement.FULL`), unit by unit over the world:
+A tensor that tensor parallelism splits (along `split_dims[name]`) is flattened TP-major: its G
+equal pieces along that dimension one after another (G the largest power of two up to a node that
+divides the dimension), so that the TP shard i of any degree t dividing G, pieces i G / t to
+(i + 1) G / t - 1, is one contiguous range of the unit: what a rank holds of every unit is a few
+ranges, one per tensor it holds.
 
-    gather_into   all_gather_single of the unit's shards -> the unit whole on every rank, which
-                  copies into its compute model the tensors it holds, its TP shard of a split one
-    reduce_from   each rank lays its gradients into the unit's whole flat buffer (zeros where it
-                  holds nothing or another rank already counts the same values), then
-                  reduce_scatter_single -> every rank its shard's summed gradient
+Two movements (`Movement`), unit by unit over the world:
+
+    full     gather_into   all_gather_single of the unit's shards -> the unit whole on every rank,
+                           which copies in the ranges it holds
+             reduce_from   each rank lays the gradients it counts into the unit's whole flat buffer
+                           (zeros elsewhere), reduce_scatter_single -> every rank its shard's sum
+    sliced   gather_into   all_to_all_single: each shard's owner sends every rank the part of its
+                           shard that rank holds (`Exchange`: every rank's ranges, told once per
+                           strategy); a rank receives its ranges in order
+             reduce_from   the same pieces back, each rank sending the gradients it counts, the
+                           owners adding what arrives
 
 A gradient is counted once per pipeline: the pool's ranks all hold the pool's summed gradients
 after their sync (the first pool rank lays them), a TP group's ranks the same gradient of a
 tensor they hold whole (its first rank lays it), and a tensor lives on one stage. So the
-reduced shards are the batch's summed gradient whatever the strategy.
+reduced shards are the batch's summed gradient whatever the strategy or the movement.
 """
 from __future__ import annotations
 
+import itertools
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+Ranges = list[tuple[int, int]]
+"""Flat [start, stop) ranges of a unit, ascending and disjoint."""
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What a rank of a compute model holds of the canonical layout: for every unit, the ranges it
+    receives before the passes (`gathered`) and those whose gradients it counts (`laid`)."""
+
+    gathered: list[Ranges]
+    laid: list[Ranges]
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """Every rank's `Holding` (the world's, in rank order), which a sliced movement cuts by shard."""
+
+    holdings: list[Holding]
+
+    @classmethod
+    def gather(cls, mine: Holding) -> Exchange:
+        """Every rank's holding from each rank's own (a collective of the world, once per strategy)."""
+        everyone: list = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+        return cls(everyone)
+
 
 class CanonicalState:
     """This rank's shards of every unit of the model (module docstring)."""
 
-    def __init__(self, model: nn.Module, blocks: list[nn.Module]):
-        """From `model`, whole and alike on every rank (rank 0's weights), its `blocks` in order."""
+    def __init__(self, model: nn.Module, blocks: list[nn.Module], split_dims: dict[str, int], node: int):
+        """From `model`, whole and alike on every rank (rank 0's weights), its `blocks` in order;
+        `split_dims`: the dimension tensor parallelism splits each split tensor along; `node`: the
+        largest TP degree (a node's devices)."""
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         trained = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
         in_blocks = [[trained[id(p)] for p in block.parameters() if id(p) in trained] for block in blocks]
@@ -39,58 +79,139 @@ class CanonicalState:
         """The trained tensors' names, unit by unit (every block's, then the rest)."""
         params = dict(model.named_parameters())
         self.shapes = {n: params[n].shape for unit in self.units for n in unit}
+        self.split = {n: d for n, d in split_dims.items() if n in self.shapes}
+        self.pieces = {n: _pieces(self.shapes[n][d], node) for n, d in self.split.items()}
+        self.offsets = [dict(zip(unit, itertools.accumulate((self.shapes[n].numel() for n in unit), initial=0)))
+                        for unit in self.units]
+        """Each tensor's start in its unit's flat layout."""
         self.order = list(trained.values())
         """The model's own order of its trained tensors (`named_parameters`)."""
         self.shards = []
         for unit in self.units:
-            flat = self._padded(torch.cat([params[n].detach().reshape(-1).float() for n in unit]), unit)
+            flat = self._padded(torch.cat([self._flat(n, params[n].detach().float(), 1) for n in unit]), unit)
             chunk = flat.numel() // self.world
             self.shards.append(nn.Parameter(flat[self.rank * chunk:(self.rank + 1) * chunk].clone()))
+
+    # --- the TP-major layout of a tensor -----------------------------------------------------
+    def _flat(self, name: str, tensor: Tensor, tp: int) -> Tensor:
+        """`tensor` (a TP shard of degree `tp`, or whole at 1) flattened TP-major."""
+        if name not in self.split:
+            return tensor.reshape(-1)
+        return torch.cat([p.reshape(-1) for p in tensor.chunk(self.pieces[name] // tp, self.split[name])])
+
+    def _assemble(self, name: str, flat: Tensor, tp: int) -> Tensor:
+        """The inverse of `_flat`: a TP shard of degree `tp` (whole at 1) from its flat range."""
+        if name not in self.split:
+            return flat.view(self.shapes[name])
+        count, dim = self.pieces[name] // tp, self.split[name]
+        piece = list(self.shapes[name])
+        piece[dim] //= self.pieces[name]
+        return torch.cat([x.view(piece) for x in flat.chunk(count)], dim)
+
+    def _range(self, u: int, name: str, tp: int, tp_index: int) -> tuple[int, int]:
+        """The unit's flat range of TP shard `tp_index` of `tp` of tensor `name` (whole if unsplit)."""
+        start, size = self.offsets[u][name], self.shapes[name].numel()
+        if name not in self.split:
+            return start, start + size
+        if self.pieces[name] % tp:
+            raise ValueError(f"tensor {name} {tuple(self.shapes[name])} splits into {self.pieces[name]} equal pieces "
+                             f"along dimension {self.split[name]}, which TP degree {tp} does not divide")
+        return start + tp_index * size // tp, start + (tp_index + 1) * size // tp
 
     def _padded(self, flat: Tensor, unit: list[str]) -> Tensor:
         size = sum(self.shapes[n].numel() for n in unit)
         whole = math.ceil(size / self.world) * self.world
         return torch.cat([flat, flat.new_zeros(whole - size)])
 
-    def _whole(self, u: int, shard: Tensor) -> dict[str, Tensor]:
-        """Unit `u` whole on every rank from every rank's `shard` of it (a collective), by name."""
-        flat = shard.new_empty(shard.numel() * self.world)
-        dist.all_gather_single(flat, shard.detach().contiguous())
-        sizes = [self.shapes[n].numel() for n in self.units[u]]
-        pieces = torch.split(flat[:sum(sizes)], sizes)
-        return {n: piece.view(self.shapes[n]) for n, piece in zip(self.units[u], pieces)}
+    def holding(self, model: nn.Module, tp: int, tp_index: int, lays: bool) -> Holding:
+        """What this rank's compute `model` (TP shard `tp_index` of `tp`) holds; `lays`: whether its
+        gradients count (the first rank of its pool), a TP-whole tensor's on TP index 0 only."""
+        held = {n for n, _ in model.named_parameters()}
+        gathered, laid = [], []
+        for u, unit in enumerate(self.units):
+            mine = [(n, self._range(u, n, tp, tp_index)) for n in unit if n in held]
+            gathered.append([r for _, r in mine])
+            laid.append([r for n, r in mine if lays and (n in self.split or tp_index == 0)])
+        return Holding(gathered, laid)
 
-    def gather_into(self, model: nn.Module, split_dims: dict[str, int], tp: int, tp_index: int) -> None:
+    def _held(self, u: int, model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+        """The unit's tensors `model` holds, in the unit's order (ascending ranges)."""
+        params = dict(model.named_parameters())
+        return [(n, params[n]) for n in self.units[u] if n in params]
+
+    # --- full movement ----------------------------------------------------------------------
+    def gather_into(self, model: nn.Module, tp: int, tp_index: int, exchange: Exchange | None = None) -> None:
         """Every tensor `model` holds set from the canonical shards: its TP shard `tp_index` of `tp`
-        along `split_dims[name]` where split, else whole (a collective of the world)."""
-        held = dict(model.named_parameters())
+        where split, else whole (a collective of the world); sliced when given the `exchange`."""
         with torch.no_grad():
             for u, shard in enumerate(self.shards):
-                for name, whole in self._whole(u, shard).items():
-                    if name in held:
-                        piece = whole.chunk(tp, split_dims[name])[tp_index] if name in split_dims else whole
-                        held[name].copy_(piece)
+                if exchange is None:
+                    flat = self._whole_flat(shard)
+                    pieces = [flat[slice(*self._range(u, n, tp, tp_index))] for n, _ in self._held(u, model)]
+                else:
+                    pieces = self._received(u, shard, exchange)
+                for (name, param), piece in zip(self._held(u, model), pieces, strict=True):
+                    param.copy_(self._assemble(name, piece, tp))
 
-    def reduce_from(self, model: nn.Module, split_dims: dict[str, int], tp: int, tp_index: int,
-                    lays: bool) -> None:
+    def reduce_from(self, model: nn.Module, tp: int, tp_index: int, lays: bool, exchange: Exchange | None = None
+                    ) -> None:
         """Every shard's `.grad` set to the summed gradients of its part of the model, from every
         rank's `model` (a collective of the world); `lays`: whether this rank's gradients count
-        (the first rank of its pool), and of a TP-whole tensor only on TP index 0."""
-        held = dict(model.named_parameters())
-        for u, (unit, shard) in enumerate(zip(self.units, self.shards)):
-            flat = shard.new_zeros(shard.numel() * self.world)
-            at = 0
-            for name in unit:
-                size, param = self.shapes[name].numel(), held.get(name)
-                split = name in split_dims
-                if lays and param is not None and param.grad is not None and (split or tp_index == 0):
-                    whole = flat[at:at + size].view(self.shapes[name])
-                    (whole.chunk(tp, split_dims[name])[tp_index] if split else whole).copy_(param.grad)
-                at += size
-            reduced = shard.new_empty(shard.numel())
-            dist.reduce_scatter_single(reduced, flat)
+        (`holding`); sliced when given the `exchange`."""
+        for u, shard in enumerate(self.shards):
+            mine = [(n, self._range(u, n, tp, tp_index), self._flat(n, p.grad, tp))
+                    for n, p in self._held(u, model)
+                    if lays and p.grad is not None and (n in self.split or tp_index == 0)]
+            if exchange is None:
+                flat = shard.new_zeros(shard.numel() * self.world)
+                for _, (start, stop), grad in mine:
+                    flat[start:stop] = grad
+                reduced = shard.new_empty(shard.numel())
+                dist.reduce_scatter_single(reduced, flat)
+            else:
+                reduced = self._returned(u, shard, exchange, [g for *_, g in mine])
             shard.grad = reduced
 
+    def _whole_flat(self, shard: Tensor) -> Tensor:
+        flat = shard.new_empty(shard.numel() * self.world)
+        dist.all_gather_single(flat, shard.detach().contiguous())
+        return flat
+
+    # --- sliced movement --------------------------------------------------------------------
+    def _cut(self, ranges: Ranges, owner: int, chunk: int) -> Ranges:
+        """`ranges` within shard `owner` (of `chunk` values), in the shard's own offsets."""
+        lo, hi = owner * chunk, (owner + 1) * chunk
+        return [(max(a, lo) - lo, min(b, hi) - lo) for a, b in ranges if a < hi and b > lo]
+
+    def _received(self, u: int, shard: Tensor, exchange: Exchange) -> list[Tensor]:
+        """Sliced gather of unit `u`: this rank's gathered ranges, one tensor each, in order."""
+        chunk = shard.numel()
+        sends = [self._cut(h.gathered[u], self.rank, chunk) for h in exchange.holdings]
+        mine = exchange.holdings[self.rank].gathered[u]
+        sizes = [sum(b - a for a, b in self._cut(mine, r, chunk)) for r in range(self.world)]
+        data = shard.detach()
+        send = torch.cat([data[a:b] for cut in sends for a, b in cut] or [data[:0]])
+        recv = shard.new_empty(sum(sizes))
+        dist.all_to_all_single(recv, send, sizes, [sum(b - a for a, b in cut) for cut in sends])
+        return list(torch.split(recv, [b - a for a, b in mine]))
+
+    def _returned(self, u: int, shard: Tensor, exchange: Exchange, grads: list[Tensor]) -> Tensor:
+        """Sliced reduction of unit `u`: this rank's `grads` (of its laid ranges, in order) sent to
+        the shards' owners; its own shard's sum of what every rank laid in it."""
+        chunk = shard.numel()
+        mine = exchange.holdings[self.rank].laid[u]
+        send = torch.cat(grads) if grads else shard.new_empty(0)
+        arriving = [self._cut(h.laid[u], self.rank, chunk) for h in exchange.holdings]
+        recv = shard.new_empty(sum(b - a for cut in arriving for a, b in cut))
+        dist.all_to_all_single(recv, send.contiguous(), [sum(b - a for a, b in cut) for cut in arriving],
+                               [sum(b - a for a, b in self._cut(mine, r, chunk)) for r in range(self.world)])
+        reduced, at = shard.new_zeros(chunk), 0
+        for a, b in (piece for cut in arriving for piece in cut):
+            reduced[a:b] += recv[at:at + b - a]
+            at += b - a
+        return reduced
+
+    # --- checks ------------------------------------------------------------------------------
     def squares(self) -> Tensor:
         """This rank's shards' summed squared gradients (each value counted on one rank)."""
         return sum((s.grad.pow(2).sum() for s in self.shards if s.grad is not None),
@@ -105,6 +226,20 @@ class CanonicalState:
         return self._in_model_order([self._whole(u, s.grad if s.grad is not None else torch.zeros_like(s))
                                      for u, s in enumerate(self.shards)])
 
+    def _whole(self, u: int, shard: Tensor) -> dict[str, Tensor]:
+        """Unit `u` whole on every rank from every rank's `shard` of it (a collective), by name."""
+        flat = self._whole_flat(shard)
+        return {n: self._assemble(n, flat[slice(*self._range(u, n, 1, 0))], 1) for n in self.units[u]}
+
     def _in_model_order(self, units: list[dict[str, Tensor]]) -> list[Tensor]:
         byname = {n: t for unit in units for n, t in unit.items()}
         return [byname[n] for n in self.order]
+
+
+def _pieces(size: int, node: int) -> int:
+    """The largest power of two up to `node` that divides `size`: a split tensor's piece count."""
+    pieces = 1
+    while pieces * 2 <= node and size % (pieces * 2) == 0:
+        pieces *= 2
+    return pieces
+

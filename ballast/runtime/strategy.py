@@ -28,35 +28,41 @@ from ..plans.strategy_plan import StrategyPlan
 from ..vocabulary.cluster import Cluster
 from ..vocabulary.precision import Precision
 from ..vocabulary.strategy import Strategy
-from .canonical import CanonicalState
+from ..pricing.parameter_movement import Movement
+from .canonical import CanonicalState, Exchange
 from .executor import Executor, StepResult, device_clock, step_if_finite
 from .groups import ProcessGroups
 from .parallelize import broadcast_weights, parallelize
+from .tensor_parallel.apply import split_dims_of
 
 
 class StrategyExecutor:
     """Runs `StrategyPlan`s on this rank: `executor.step(plan, samples)` (module docstring)."""
 
     def __init__(self, build: Callable[[], ParallelModel], cluster: Cluster, *,
-                 precision: Precision = Precision.AUTO, **adamw: float):
+                 precision: Precision = Precision.AUTO, movement: Movement = Movement.SLICED, **adamw: float):
         """`build()` makes the whole model, alike on every rank, on this rank's device (a collective:
-        every rank of the job calls it); `adamw` are AdamW's keyword arguments."""
+        every rank of the job calls it); `movement`: how parameters and gradients move between the
+        canonical layout and each step's pipelines (`canonical.py`); `adamw` are AdamW's keyword
+        arguments."""
         cluster.check_world_size(dist.get_world_size())
         self.build, self.cluster, self.precision, self.adamw = build, cluster, precision, adamw
+        self.movement = movement
         model = build()
         self.shape = model.shape
         broadcast_weights(model)
-        self.canonical = CanonicalState(model, list(model.blocks()))
+        self.canonical = CanonicalState(model, list(model.blocks()), split_dims_of(model), cluster.devices_per_node)
         self.device = next(model.parameters()).device
         self.optimizer = torch.optim.AdamW(self.canonical.shards, **adamw)
         self._groups: dict[Strategy, list[ProcessGroups]] = {}
-        self._running: tuple[Strategy, int, Executor] | None = None
+        self._running: tuple[Strategy, int, Executor, Exchange | None] | None = None
 
-    def executor(self, strategy: Strategy) -> tuple[int, Executor]:
-        """This rank's pipeline of `strategy` and its executor (a collective the first time a
-        strategy runs: every rank makes every pipeline's groups)."""
+    def executor(self, strategy: Strategy) -> tuple[int, Executor, Exchange | None]:
+        """This rank's pipeline of `strategy`, its executor and, for the sliced movement, what every
+        rank holds (collectives when the strategy changes: every rank makes every pipeline's groups
+        the first time, and tells what its compute model holds)."""
         if self._running is not None and self._running[0] == strategy:
-            return self._running[1], self._running[2]
+            return self._running[1:]
         if strategy not in self._groups:
             self._groups[strategy] = ProcessGroups.of_strategy(strategy, self.cluster)
         index = strategy.pipeline_of(dist.get_rank())
@@ -64,25 +70,29 @@ class StrategyExecutor:
         executor = parallelize(self.build(), strategy.block_cluster(index, self.cluster),
                                mesh=strategy.mesh(index, self.cluster), groups=self._groups[strategy][index],
                                precision=self.precision, **self.adamw)
-        self._running = (strategy, index, executor)
-        return index, executor
+        exchange = None
+        if self.movement is Movement.SLICED:
+            here = executor.mesh.coordinate(dist.get_rank())
+            exchange = Exchange.gather(self.canonical.holding(executor.model, executor.mesh.tp, here.tp_index,
+                                                              lays=here.pool_index == 0))
+        self._running = (strategy, index, executor, exchange)
+        return index, executor, exchange
 
     def step(self, plan: StrategyPlan, samples: Sequence[Any]) -> StepResult:
         """One optimizer step of `plan`; samples[j] is the batch's sample j as the model takes it.
         Every rank passes the same plan and samples; a plan whose strategy does not cover the
         cluster raises ValueError on every rank before any collective."""
         self._check(plan, samples)
-        index, executor = self.executor(plan.strategy)
+        index, executor, exchange = self.executor(plan.strategy)
         ids, part = plan.ids[index], plan.parts[index]
-        split = executor.tensor_parallel.split_dims if executor.tensor_parallel is not None else {}
         tp, here = executor.mesh.tp, executor.mesh.coordinate(dist.get_rank())
         start = device_clock(self.device)
-        self.canonical.gather_into(executor.model, split, tp, here.tp_index)
+        self.canonical.gather_into(executor.model, tp, here.tp_index, exchange)
         gathered = device_clock(self.device) - start
         result, loss = executor.passes(part, [samples[j] for j in ids])
         start = device_clock(self.device)
         executor.finish_gradients()
-        self.canonical.reduce_from(executor.model, split, tp, here.tp_index, lays=here.pool_index == 0)
+        self.canonical.reduce_from(executor.model, tp, here.tp_index, here.pool_index == 0, exchange)
         flags = torch.zeros(len(plan.lengths), device=loss.device)
         if here.tp_index > 0:  # a TP group's ranks hold the same loss and flags: its first counts them
             loss = torch.zeros_like(loss)

@@ -66,10 +66,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     TP.add(p, 1, "no tensor parallelism: every device one rank of the plans")
     PP.add(p, 1, "no pipeline: every rank holds every layer")
     STRATEGY.add(p, None, "one job mesh (--tp, --pp)")
-    p.add_argument("--movement", type=Movement, choices=list(Movement), default=Movement.FULL,
-                   help="under --strategy, how the canonical layout's parameters and gradients move: full (every "
-                        "rank gathers and reduces every whole tensor, what the runtime runs) or sliced (each rank "
-                        "only its slice, not yet run) (default: full)")
+    p.add_argument("--movement", type=Movement, choices=list(Movement), default=Movement.SLICED,
+                   help="under --strategy, how the canonical layout's parameters and gradients move: sliced (each "
+                        "rank receives and returns only the ranges it holds, what train runs) or full (every rank "
+                        "gathers and reduces every whole tensor, the simple version) (default: sliced)")
     p.add_argument("--time-limit", type=positive(float), default=d.time_limit, help="seconds per MILP solve (flexsp)")
     p.add_argument("--buckets", type=positive(int), default=d.buckets, help="length buckets of flexsp's DP bucketing")
     p.add_argument("--dcp-mode", choices=("inter", "intra", "both"), default=d.dcp_mode)

@@ -11,6 +11,7 @@ from ..models import build_model
 from ..plans.plan import Plan
 from ..plans.strategy_plan import StrategyPlan
 from ..runtime import ProcessGroups, broadcast_plan, parallelize, rank_device
+from ..pricing.parameter_movement import Movement
 from ..runtime.strategy import StrategyExecutor
 from ..runtime.routing import RoutingGroups, routing_groups
 from .reference import VerifyBatch, Trajectory, flatten
@@ -55,13 +56,14 @@ def train_all_planners(shape: ModelShape, plans: dict[str, list[dict]], batches:
 
 
 def train_strategies(shape: ModelShape, plans: list[dict], batches: list[VerifyBatch], seed: int, lr: float,
-                     precision: Precision = Precision.AUTO) -> Trajectory | None:
+                     precision: Precision = Precision.AUTO, movement: Movement = Movement.SLICED) -> Trajectory | None:
     """The steps under strategy plans (`StrategyPlan.to_dict` of each step's, whose strategies may
     differ from step to step), on every rank of the job: the state in the canonical layout, each
-    rank's pipeline running its part (`runtime/strategy.py`). Rank 0's trajectory, the others None."""
+    rank's pipeline running its part (`runtime/strategy.py`), the parameters moved by `movement`.
+    Rank 0's trajectory, the others None."""
     cluster = get_cluster("cpu", world_size=dist.get_world_size())
     executor = StrategyExecutor(lambda: build_model(shape, seed).to(rank_device()), cluster, precision=precision,
-                                lr=lr)
+                                movement=movement, lr=lr)
     losses, grads, starts = [], [], []
     for plan_data, batch in zip(plans, batches, strict=True):
         plan = StrategyPlan.from_dict(plan_data)

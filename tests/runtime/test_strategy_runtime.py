@@ -5,7 +5,9 @@ CP and Ulysses x CP in two waves beside Ulysses over TP ranks' heads), and a tin
 Llama (grouped-query attention, 4 layers) the first two; every pipeline holds sequences, in
 micro-batches of unequal lengths and recompute levels. The state lives in the canonical layout
 throughout: each step gathers every pipeline's compute parameters from it and reduces their
-gradients back, so a change of strategy between steps is just the next step.
+gradients back, so a change of strategy between steps is just the next step; the GPT runs with
+both movements (`Movement.SLICED`: each rank receives and returns only the ranges it holds, and
+`FULL`: every rank gathers and reduces every whole unit).
 
 Tolerance (fp32): the loss and every gradient at the same parameters match one process's to
 `runtime_cases.GRAD_RTOL` (1e-5 of the largest entry), as the pipeline and TP tests. The gather
@@ -29,6 +31,7 @@ from hf_folders import save_model
 from ballast import verify
 from ballast.plans.plan import Group, MicroBatch, Plan, Wave
 from ballast.plans.strategy_plan import StrategyPlan
+from ballast.pricing.parameter_movement import Movement
 from ballast.runtime import run_local
 from ballast.vocabulary.cluster import get_cluster
 from ballast.vocabulary.model_shape import ModelShape, get_model_shape
@@ -79,7 +82,9 @@ def pools() -> StrategyPlan:
 def _worker(shapes: dict[str, ModelShape], plans: dict[str, list[dict]],
             batches: dict[str, list[verify.VerifyBatch]]) -> dict | None:
     torch.set_num_threads(1)
-    out = {name: verify.train_strategies(shapes[name], plans[name], batches[name], 0, 1e-3) for name in plans}
+    out = {name: verify.train_strategies(shapes[name.split("/")[0]], plans[name], batches[name.split("/")[0]], 0,
+                                         1e-3, movement=Movement(name.split("/")[1]))
+           for name in plans}
     return out if dist.get_rank() == 0 else None
 
 
@@ -103,13 +108,16 @@ def test_strategies_changing_between_steps_train_like_one_process(llama, single_
     llama_batch = verify.VerifyBatch(LENGTHS, [torch.randint(0, llama.vocab, (s + 1,), generator=generator)
                                                for s in LENGTHS])
     batches = {"gpt": make_batches()[:3], "llama": [llama_batch, llama_batch]}
-    plans = {"gpt": [p.to_dict() for p in steps], "llama": [p.to_dict() for p in steps[:2]]}
+    plans = {"gpt/sliced": [p.to_dict() for p in steps], "gpt/full": [p.to_dict() for p in steps],
+             "llama/sliced": [p.to_dict() for p in steps[:2]]}
     shapes = {"gpt": SHAPE, "llama": llama}
     results = run_local(8, _worker, shapes, plans, batches, timeout=600)[0]
     for name, result in results.items():
-        expected = verify.reference_at(shapes[name], result, batches[name])
+        model = name.split("/")[0]
+        expected = verify.reference_at(shapes[model], result, batches[model])
         for got, want in zip(result.grads, expected.grads, strict=True):
             assert float((got - want).abs().max() / want.abs().max()) <= GRAD_RTOL, name
         assert result.losses == pytest.approx(expected.losses, rel=GRAD_RTOL), name
-    assert verify.param_drift(results["gpt"], verify.train_reference(SHAPE, batches["gpt"], 0, 1e-3)) \
-        <= verify.PARAM_TOLERANCE
+    reference = verify.train_reference(SHAPE, batches["gpt"], 0, 1e-3)
+    for movement in ("sliced", "full"):
+        assert verify.param_drift(results[f"gpt/{movement}"], reference) <= verify.PARAM_TOLERANCE, movement

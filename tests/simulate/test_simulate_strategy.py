@@ -22,7 +22,7 @@ def run(tmp_path, *extra: str, strategies: str = STRATEGIES) -> dict:
 
 
 def test_each_step_is_the_movement_around_the_slowest_pipeline(tmp_path, capsys):
-    full = run(tmp_path)
+    full = run(tmp_path, "--movement", "full")
     assert full["setting"]["strategies"] == [[[4, 2], [1, 4], [1, 4]], [[4, 2], [4, 2]]]
     assert full["setting"]["movement"] == "full"
     assert "simulated; step = gather + slowest pipeline" in capsys.readouterr().out
@@ -36,7 +36,8 @@ def test_each_step_is_the_movement_around_the_slowest_pipeline(tmp_path, capsys)
         assert s["vs_assigned_bound"] >= 1.0 - 1e-9, name
     # The full movement moves the whole 7B model's fp32 tensors each way (0.5 s at 50 GB/s);
     # the sliced one a rank's own slice, at most a (1,4) stage's quarter of them.
-    sliced = run(tmp_path, "--movement", "sliced")
+    sliced = run(tmp_path)  # the default, what train runs
+    assert sliced["setting"]["movement"] == "sliced"
     for name in full["planners"]:
         assert sliced["planners"][name]["gather_s"] < full["planners"][name]["gather_s"] / 3
         if sliced["planners"][name]["strategy_per_step"] == full["planners"][name]["strategy_per_step"]:

@@ -79,15 +79,29 @@ def parallelize_tensors(model: TensorParallelModel, group: ProcessGroup, degree:
         replaced[id(old.weight)] = new.weight
         parent, _, child = name.rpartition(".")
         setattr(modules[parent] if parent else model, child, new)
-    # By name after every replacement: a tied output layer's weight is the embedding's, named once.
-    split = {id(m.weight): SPLIT_DIM[found[n]] for n, m in model.named_modules() if n in found}
-    split.update({id(m.bias): 0 for n, m in model.named_modules()
-                  if found.get(n) in (COLWISE, VOCAB_OUTPUT) and m.bias is not None})
-    tp.split_dims = {n: split[id(p)] for n, p in model.named_parameters() if id(p) in split}
+    tp.split_dims = _split_dims(model, found)
     if VOCAB_OUTPUT in found.values():
         start = index * model.shape.vocab // degree
         model.install_cross_entropy(functools.partial(vocab_parallel_cross_entropy, start=start, group=group))
     return tp
+
+
+def split_dims_of(model: nn.Module) -> dict[str, int]:
+    """The dimension tensor parallelism splits each of `model`'s parameters along, by name, as
+    `parallelize_tensors` would ({} for a model that declares no plan): what the canonical layout
+    of a strategy lays out TP-major (`runtime/canonical.py`)."""
+    if not isinstance(model, TensorParallelModel):
+        return {}
+    return _split_dims(model, _modules_to_split(model, model.tensor_parallel_plan()))
+
+
+def _split_dims(model: nn.Module, found: dict[str, str]) -> dict[str, int]:
+    """Parameter name -> split dimension of the modules `found` splits (module name -> style). By
+    name after every replacement: a tied output layer's weight is the embedding's, named once."""
+    split = {id(m.weight): SPLIT_DIM[found[n]] for n, m in model.named_modules() if n in found}
+    split.update({id(m.bias): 0 for n, m in model.named_modules()
+                  if found.get(n) in (COLWISE, VOCAB_OUTPUT) and m.bias is not None})
+    return {n: split[id(p)] for n, p in model.named_parameters() if id(p) in split}
 
 
 def _modules_to_split(model: nn.Module, plan: dict[str, str]) -> dict[str, str]:
