@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -54,6 +54,9 @@ class Exchange:
     """Every rank's `Holding` (the world's, in rank order), which a sliced movement cuts by shard."""
 
     holdings: list[Holding]
+    routes: dict = field(default_factory=dict, compare=False)
+    """Per (unit, movement) the ranges each peer sends and receives, cut once per strategy: a step
+    then runs no per-peer arithmetic in Python (`CanonicalState._routes`)."""
 
     @classmethod
     def gather(cls, mine: Holding) -> Exchange:
@@ -183,30 +186,37 @@ class CanonicalState:
         lo, hi = owner * chunk, (owner + 1) * chunk
         return [(max(a, lo) - lo, min(b, hi) - lo) for a, b in ranges if a < hi and b > lo]
 
+    def _routes(self, u: int, exchange: Exchange, kind: str) -> tuple[Ranges, list[int], list[int]]:
+        """Unit `u`'s route for the `gathered` or `laid` ranges: the pieces of this rank's shard the
+        peers hold, in rank order (shard offsets), how many values each peer holds of this shard,
+        and how many this rank holds of each peer's."""
+        if (u, kind) not in exchange.routes:
+            chunk = self.shards[u].numel()
+            theirs = [self._cut(getattr(h, kind)[u], self.rank, chunk) for h in exchange.holdings]
+            mine = getattr(exchange.holdings[self.rank], kind)[u]
+            exchange.routes[u, kind] = ([piece for cut in theirs for piece in cut],
+                                        [sum(b - a for a, b in cut) for cut in theirs],
+                                        [sum(b - a for a, b in self._cut(mine, r, chunk)) for r in range(self.world)])
+        return exchange.routes[u, kind]
+
     def _received(self, u: int, shard: Tensor, exchange: Exchange) -> list[Tensor]:
         """Sliced gather of unit `u`: this rank's gathered ranges, one tensor each, in order."""
-        chunk = shard.numel()
-        sends = [self._cut(h.gathered[u], self.rank, chunk) for h in exchange.holdings]
-        mine = exchange.holdings[self.rank].gathered[u]
-        sizes = [sum(b - a for a, b in self._cut(mine, r, chunk)) for r in range(self.world)]
+        pieces, sent, held = self._routes(u, exchange, "gathered")
         data = shard.detach()
-        send = torch.cat([data[a:b] for cut in sends for a, b in cut] or [data[:0]])
-        recv = shard.new_empty(sum(sizes))
-        dist.all_to_all_single(recv, send, sizes, [sum(b - a for a, b in cut) for cut in sends])
-        return list(torch.split(recv, [b - a for a, b in mine]))
+        send = torch.cat([data[a:b] for a, b in pieces] or [data[:0]])
+        recv = shard.new_empty(sum(held))
+        dist.all_to_all_single(recv, send, held, sent)
+        return list(torch.split(recv, [b - a for a, b in exchange.holdings[self.rank].gathered[u]]))
 
     def _returned(self, u: int, shard: Tensor, exchange: Exchange, grads: list[Tensor]) -> Tensor:
         """Sliced reduction of unit `u`: this rank's `grads` (of its laid ranges, in order) sent to
         the shards' owners; its own shard's sum of what every rank laid in it."""
-        chunk = shard.numel()
-        mine = exchange.holdings[self.rank].laid[u]
+        pieces, arriving, laid = self._routes(u, exchange, "laid")
         send = torch.cat(grads) if grads else shard.new_empty(0)
-        arriving = [self._cut(h.laid[u], self.rank, chunk) for h in exchange.holdings]
-        recv = shard.new_empty(sum(b - a for cut in arriving for a, b in cut))
-        dist.all_to_all_single(recv, send.contiguous(), [sum(b - a for a, b in cut) for cut in arriving],
-                               [sum(b - a for a, b in self._cut(mine, r, chunk)) for r in range(self.world)])
-        reduced, at = shard.new_zeros(chunk), 0
-        for a, b in (piece for cut in arriving for piece in cut):
+        recv = shard.new_empty(sum(arriving))
+        dist.all_to_all_single(recv, send.contiguous(), arriving, laid)
+        reduced, at = shard.new_zeros(shard.numel()), 0
+        for a, b in pieces:
             reduced[a:b] += recv[at:at + b - a]
             at += b - a
         return reduced
