@@ -27,10 +27,20 @@ class StrategyPrices:
         if not strategies:
             raise ValueError("no strategy to plan on")
         self.strategies, self.cluster = tuple(strategies), cluster
-        self.costs: dict[Strategy, list[CostModel]] = {
-            s: strategy_cost_models(spec, shape, cluster, s, device_memory_gb) for s in self.strategies}
-        self.moves: dict[Strategy, MovementPrices] = {s: movement_prices(s, shape, cluster, movement)
-                                                     for s in self.strategies}
+        self._made = (spec, shape, device_memory_gb, movement)
+        self.costs: dict[Strategy, list[CostModel]] = {}
+        self.moves: dict[Strategy, MovementPrices] = {}
+        for strategy in self.strategies:
+            self.price(strategy)
+
+    def price(self, strategy: Strategy) -> None:
+        """Price `strategy` too (a planner may plan on a strategy of its own making over the same
+        ranks: `ballast/strategy.py`'s pooled replicas); ValueError if it does not fit the cluster."""
+        if strategy in self.costs:
+            return
+        spec, shape, device_memory_gb, movement = self._made
+        self.costs[strategy] = strategy_cost_models(spec, shape, self.cluster, strategy, device_memory_gb)
+        self.moves[strategy] = movement_prices(strategy, shape, self.cluster, movement)
 
     def step_seconds(self, plan: StrategyPlan) -> float:
         """The plan's whole step: its slowest pipeline between the gather and the reduction, then

@@ -16,7 +16,7 @@ Two movements (`Movement`), unit by unit over the world:
              reduce_from   each rank lays the gradients it counts into the unit's whole flat buffer
                            (zeros elsewhere), reduce_scatter_single -> every rank its shard's sum
     sliced   gather_into   all_to_all_single: each shard's owner sends every rank the part of its
-                           shard that rank holds (`Exchange`: every rank's ranges, told once per
+                           shard that rank holds (`WorldHoldings`: every rank's ranges, told once per
                            strategy); a rank receives its ranges in order
              reduce_from   the same pieces back, each rank sending the gradients it counts, the
                            owners adding what arrives
@@ -50,7 +50,7 @@ class Holding:
 
 
 @dataclass(frozen=True)
-class Exchange:
+class WorldHoldings:
     """Every rank's `Holding` (the world's, in rank order), which a sliced movement cuts by shard."""
 
     holdings: list[Holding]
@@ -59,7 +59,7 @@ class Exchange:
     then runs no per-peer arithmetic in Python (`CanonicalState._routes`)."""
 
     @classmethod
-    def gather(cls, mine: Holding) -> Exchange:
+    def gather(cls, mine: Holding) -> WorldHoldings:
         """Every rank's holding from each rank's own (a collective of the world, once per strategy)."""
         everyone: list = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, mine)
@@ -143,7 +143,7 @@ class CanonicalState:
         return [(n, params[n]) for n in self.units[u] if n in params]
 
     # --- full movement ----------------------------------------------------------------------
-    def gather_into(self, model: nn.Module, tp: int, tp_index: int, exchange: Exchange | None = None) -> None:
+    def gather_into(self, model: nn.Module, tp: int, tp_index: int, exchange: WorldHoldings | None = None) -> None:
         """Every tensor `model` holds set from the canonical shards: its TP shard `tp_index` of `tp`
         where split, else whole (a collective of the world); sliced when given the `exchange`."""
         with torch.no_grad():
@@ -156,7 +156,7 @@ class CanonicalState:
                 for (name, param), piece in zip(self._held(u, model), pieces, strict=True):
                     param.copy_(self._assemble(name, piece, tp))
 
-    def reduce_from(self, model: nn.Module, tp: int, tp_index: int, lays: bool, exchange: Exchange | None = None
+    def reduce_from(self, model: nn.Module, tp: int, tp_index: int, lays: bool, exchange: WorldHoldings | None = None
                     ) -> None:
         """Every shard's `.grad` set to the summed gradients of its part of the model, from every
         rank's `model` (a collective of the world); `lays`: whether this rank's gradients count
@@ -186,7 +186,7 @@ class CanonicalState:
         lo, hi = owner * chunk, (owner + 1) * chunk
         return [(max(a, lo) - lo, min(b, hi) - lo) for a, b in ranges if a < hi and b > lo]
 
-    def _routes(self, u: int, exchange: Exchange, kind: str) -> tuple[Ranges, list[int], list[int]]:
+    def _routes(self, u: int, exchange: WorldHoldings, kind: str) -> tuple[Ranges, list[int], list[int]]:
         """Unit `u`'s route for the `gathered` or `laid` ranges: the pieces of this rank's shard the
         peers hold, in rank order (shard offsets), how many values each peer holds of this shard,
         and how many this rank holds of each peer's."""
@@ -199,7 +199,7 @@ class CanonicalState:
                                         [sum(b - a for a, b in self._cut(mine, r, chunk)) for r in range(self.world)])
         return exchange.routes[u, kind]
 
-    def _received(self, u: int, shard: Tensor, exchange: Exchange) -> list[Tensor]:
+    def _received(self, u: int, shard: Tensor, exchange: WorldHoldings) -> list[Tensor]:
         """Sliced gather of unit `u`: this rank's gathered ranges, one tensor each, in order."""
         pieces, sent, held = self._routes(u, exchange, "gathered")
         data = shard.detach()
@@ -208,7 +208,7 @@ class CanonicalState:
         dist.all_to_all_single(recv, send, held, sent)
         return list(torch.split(recv, [b - a for a, b in exchange.holdings[self.rank].gathered[u]]))
 
-    def _returned(self, u: int, shard: Tensor, exchange: Exchange, grads: list[Tensor]) -> Tensor:
+    def _returned(self, u: int, shard: Tensor, exchange: WorldHoldings, grads: list[Tensor]) -> Tensor:
         """Sliced reduction of unit `u`: this rank's `grads` (of its laid ranges, in order) sent to
         the shards' owners; its own shard's sum of what every rank laid in it."""
         pieces, arriving, laid = self._routes(u, exchange, "laid")

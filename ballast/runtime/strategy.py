@@ -29,7 +29,7 @@ from ..vocabulary.cluster import Cluster
 from ..vocabulary.precision import Precision
 from ..vocabulary.strategy import Strategy
 from ..pricing.parameter_movement import Movement
-from .canonical import CanonicalState, Exchange
+from .canonical import CanonicalState, WorldHoldings
 from .executor import Executor, StepResult, device_clock, step_if_finite
 from .groups import ProcessGroups
 from .parallelize import broadcast_weights, parallelize
@@ -55,9 +55,9 @@ class StrategyExecutor:
         self.device = next(model.parameters()).device
         self.optimizer = torch.optim.AdamW(self.canonical.shards, **adamw)
         self._groups: dict[Strategy, list[ProcessGroups]] = {}
-        self._running: tuple[Strategy, int, Executor, Exchange | None] | None = None
+        self._running: tuple[Strategy, int, Executor, WorldHoldings | None] | None = None
 
-    def executor(self, strategy: Strategy) -> tuple[int, Executor, Exchange | None]:
+    def executor(self, strategy: Strategy) -> tuple[int, Executor, WorldHoldings | None]:
         """This rank's pipeline of `strategy`, its executor and, for the sliced movement, what every
         rank holds (collectives when the strategy changes: every rank makes every pipeline's groups
         the first time, and tells what its compute model holds)."""
@@ -73,7 +73,7 @@ class StrategyExecutor:
         exchange = None
         if self.movement is Movement.SLICED:
             here = executor.mesh.coordinate(dist.get_rank())
-            exchange = Exchange.gather(self.canonical.holding(executor.model, executor.mesh.tp, here.tp_index,
+            exchange = WorldHoldings.gather(self.canonical.holding(executor.model, executor.mesh.tp, here.tp_index,
                                                               lays=here.pool_index == 0))
         self._running = (strategy, index, executor, exchange)
         return index, executor, exchange

@@ -5,8 +5,12 @@ ballast's planner over its pool, and Hydraulis' own plan (its stage 2's micro-ba
 recomputation) beside them where its pipelines hold the batch so; the simulator prices every one whole, parameter movement included
 (`strategy_prices.StrategyPrices.step_seconds`), and the fastest trains the step.
 
-So the plan ballast trains is never slower, under the cost model, than Hydraulis' own on the same
-strategies, nor than any planner placed on them by the longest-first assignment. Hydraulis'
+Each candidate's pooled form takes part too (`pooled`: every run of identical adjacent pipelines
+merged into one pipeline of the same (t, p) whose pool is the run's replicas, where its block may
+sit on the ranks): the same ranks and layers, but ballast may then carve SP groups across the
+replicas, so a long sequence's attention is split instead of one replica holding it. So the plan
+ballast trains is never slower, under the cost model, than Hydraulis' own on the same strategies,
+nor than any planner placed on them by the longest-first assignment. Hydraulis'
 plans take part only where its pipelines are one replica each (its own rule refuses a pool).
 """
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Sequence
 
 from ...plans.strategy_plan import StrategyPlan
 from ...vocabulary.samples import Sample
-from ...vocabulary.strategy import Strategy
+from ...vocabulary.strategy import PipelineLayout, Strategy
 from ..base import PlannerOptions
 from ..hydraulis_strategies import HydraulisStrategies, dispatch, stage_seconds
 from ..strategy_choice import StrategyChoice, own_rule
@@ -32,11 +36,15 @@ class BallastStrategies(StrategyChoice):
         super().__init__(self.name, prices, options)
         replicas = all(p.pool == 1 for s in prices.strategies for p in s.pipelines)
         self.hydraulis = HydraulisStrategies(prices, options) if replicas else None
+        self._pools: dict[Strategy, Strategy | None] = {}
 
     def plans_on(self, strategy: Strategy, samples: Sequence[Sample]) -> list[StrategyPlan]:
-        """ballast's parts on both assignments, and Hydraulis' own plan where it has one."""
+        """ballast's parts on both assignments and on the pooled form, and Hydraulis' own plan where
+        it has one."""
         placed = self._planner(strategy)
         plans = [placed.place(samples, placed.assign(samples))]
+        if (merged := self._pooled(strategy)) is not None and self.prices.holds(merged, samples):
+            plans.append(self._planner(merged).plan(samples))
         if self.hydraulis is not None:
             stages = [p.pp for p in strategy.pipelines]
             # Hydraulis' stage 1 over what a rank holds with every layer recomputed: ballast recomputes
@@ -46,3 +54,28 @@ class BallastStrategies(StrategyChoice):
             if (theirs := self.hydraulis.plan_on(strategy, samples)) is not None:
                 plans.append(theirs)
         return plans
+
+    def _pooled(self, strategy: Strategy) -> Strategy | None:
+        """`pooled(strategy)`, priced, where it differs and its blocks fit the cluster; else None."""
+        if strategy not in self._pools:
+            merged = pooled(strategy)
+            try:
+                if merged != strategy:
+                    self.prices.price(merged)
+            except ValueError:  # a block that straddles nodes, or states that do not fit
+                merged = strategy
+            self._pools[strategy] = None if merged == strategy else merged
+        return self._pools[strategy]
+
+
+def pooled(strategy: Strategy) -> Strategy:
+    """`strategy` with every run of identical adjacent one-replica pipelines merged into one
+    pipeline of their (t, p) over a pool of their count."""
+    merged: list[PipelineLayout] = []
+    for p in strategy.pipelines:
+        last = merged[-1] if merged else None
+        if last is not None and p.pool == 1 and (last.tp, last.pp) == (p.tp, p.pp):
+            merged[-1] = PipelineLayout(p.tp, p.pp, last.pool + 1)
+        else:
+            merged.append(p)
+    return Strategy(tuple(merged))
