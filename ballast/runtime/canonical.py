@@ -137,23 +137,24 @@ class CanonicalState:
             laid.append([r for n, r in mine if lays and (n in self.split or tp_index == 0)])
         return Holding(gathered, laid)
 
-    def _held(self, u: int, model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-        """The unit's tensors `model` holds, in the unit's order (ascending ranges)."""
-        params = dict(model.named_parameters())
+    def _held(self, u: int, params: dict[str, nn.Parameter]) -> list[tuple[str, nn.Parameter]]:
+        """The unit's tensors among a compute model's `params`, in the unit's order (ascending ranges)."""
         return [(n, params[n]) for n in self.units[u] if n in params]
 
     # --- full movement ----------------------------------------------------------------------
     def gather_into(self, model: nn.Module, tp: int, tp_index: int, exchange: WorldHoldings | None = None) -> None:
         """Every tensor `model` holds set from the canonical shards: its TP shard `tp_index` of `tp`
         where split, else whole (a collective of the world); sliced when given the `exchange`."""
+        params = dict(model.named_parameters())
         with torch.no_grad():
             for u, shard in enumerate(self.shards):
+                held = self._held(u, params)
                 if exchange is None:
                     flat = self._whole_flat(shard)
-                    pieces = [flat[slice(*self._range(u, n, tp, tp_index))] for n, _ in self._held(u, model)]
+                    pieces = [flat[slice(*self._range(u, n, tp, tp_index))] for n, _ in held]
                 else:
                     pieces = self._received(u, shard, exchange)
-                for (name, param), piece in zip(self._held(u, model), pieces, strict=True):
+                for (name, param), piece in zip(held, pieces, strict=True):
                     param.copy_(self._assemble(name, piece, tp))
 
     def reduce_from(self, model: nn.Module, tp: int, tp_index: int, lays: bool, exchange: WorldHoldings | None = None
@@ -161,9 +162,10 @@ class CanonicalState:
         """Every shard's `.grad` set to the summed gradients of its part of the model, from every
         rank's `model` (a collective of the world); `lays`: whether this rank's gradients count
         (`holding`); sliced when given the `exchange`."""
+        params = dict(model.named_parameters())
         for u, shard in enumerate(self.shards):
             mine = [(n, self._range(u, n, tp, tp_index), self._flat(n, p.grad, tp))
-                    for n, p in self._held(u, model)
+                    for n, p in self._held(u, params)
                     if lays and p.grad is not None and (n in self.split or tp_index == 0)]
             if exchange is None:
                 flat = shard.new_zeros(shard.numel() * self.world)

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 from rich.table import Table
 
 from ..planners import PlannerOptions
-from ..planners.strategy_choice import StrategyChoice, strategy_planner
+from ..planners.strategy_choice import strategy_planner
 from ..planners.strategy_prices import StrategyPrices
 from ..plans.strategy_plan import StrategyPlan
 from ..plans.strategy_timeline import StrategyMetrics, simulate_strategy

@@ -253,6 +253,17 @@ CASES = [
     ("train --world 2 --strategy 1x1,1x1 --max-len 4096 --tokens-per-step 4096 --device-memory-gb 0.015", 2,
      r"--max-len 4096: a sequence of that length fits no pipeline of strategy \[\(1,1\),\(1,1\)\]"),
     ("train --world 2 --strategy 1x1;2y1", 2, r"strategy '2y1': '2y1' is not a pipeline"),
+    ("train --world 2 --strategy auto", 2, r"--strategy auto proposes strategies from a length histogram in "
+                                           r"`ballast simulate` \(--lengths\) only"),
+    ("verify --world 8 --strategy auto", 2, r"--strategy auto proposes strategies .* in `ballast simulate`"),
+    ("simulate --cluster h100-16 --model gpt-7b --strategy 4x2,1x4,1x4 --planners hydraulis --steps 1 "
+     "--max-len 32768 --lengths lognormal:10.2,0.2", 2,
+     r"planner hydraulis: the batch's longest sequence \(32768 tokens\) fits no pipeline of strategy "
+     r"\[\(4,2\),\(1,4\),\(1,4\)\] without recomputation"),
+    ("simulate --cluster h100-16 --model gpt-30b --strategy auto --steps 1 --max-len 65536", 2,
+     r"no strategy of 16 ranks holds the longest length \(65536 tokens\) without recomputation"),
+    ("simulate --cluster cpu --world 8 --model tiny --strategy 1x1x4,2x2 --planners hydraulis --steps 1", 2,
+     r"strategy \[\(1,1\)x4,\(2,2\)\] has a pipeline of several replicas; Hydraulis' pipelines are one replica"),
     ("train --world 2 --strategy 1x1,1x1 --model hf:{mistral} --max-len 16", 2,
      r"--strategy with model .*writing the trained folder back from the canonical layout is not supported yet"),
     ("verify --world 4 --strategy 2x2,2x2", 2, r"holds 8 ranks, but cluster 'cpu' has 4"),

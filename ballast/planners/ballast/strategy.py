@@ -42,7 +42,7 @@ class BallastStrategies(StrategyChoice):
         """ballast's parts on both assignments and on the pooled form, and Hydraulis' own plan where
         it has one."""
         placed = self._planner(strategy)
-        plans = [placed.place(samples, placed.assign(samples))]
+        plans = [placed.plan(samples)]
         if (merged := self._pooled(strategy)) is not None and self.prices.holds(merged, samples):
             plans.append(self._planner(merged).plan(samples))
         if self.hydraulis is not None:
