@@ -89,6 +89,7 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
     tensor_seconds = tensor_point_seconds(per_rank, settings.statistic)  # at the grid's depths, which `at` prices
     cost, points, extrapolation = at[shape.layers], prediction_errors(fitted, at), prediction_errors(verified, at)
     held = prediction_errors(unseen_measured, at)
+    tensor_terms, factors_fitted = fit_tensor_terms(per_rank[0]["all_reduces"], tensor[1], tensor_seconds, at, shape)
     report = dict(
         profiler="ballast profile", seconds=time.perf_counter() - start, load_average=load.summary(),
         machine=machine_info(world_size, per_rank[0]["device"], per_rank[0]["backend"]),
@@ -102,8 +103,8 @@ def profile(shape: ModelShape, world_size: int, device_memory: float, settings: 
         residuals=time_and_act_errors(points),
         extrapolation_error=time_and_act_errors(extrapolation), held_out=held, held_out_error=time_and_act_errors(held),
         residuals_by_kind=residuals_by_kind(points + extrapolation),
-        tensor_parallel={str(t): dataclasses.asdict(terms) for t, terms in fit_tensor_terms(
-            per_rank[0]["all_reduces"], tensor[1], tensor_seconds, at, shape).items()},
+        tensor_parallel={str(t): dataclasses.asdict(terms) for t, terms in tensor_terms.items()},
+        compute_factors_fitted={str(t): factor for t, factor in factors_fitted.items()},
         all_reduces=per_rank[0]["all_reduces"], tensor_points=[dict(point=p.label(), **{
             f"{layout}{t}": seconds[layout][i] for t, seconds in tensor_seconds.items() for layout in seconds})
             for i, p in enumerate(tensor[1])],

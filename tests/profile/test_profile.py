@@ -334,7 +334,10 @@ def test_tiny_real_profile_and_check_on_two_ranks(tmp_path):
     # mesh's pool under TP (a TP rank priced over that link) and through a pipeline.
     terms = loaded.fit["tensor_parallel"]["2"]
     assert terms["bandwidth"] > 0 and terms["latency"] >= 0 and terms["value_bytes"] == 4
-    assert terms["compute_factor"] > 0 and len(loaded.fit["tensor_points"]) == 8  # 2 depths x 2 lengths x 2 levels
+    # The factor is held to [1, t]; the fit itself is reported beside it (noise on 2 loaded cores
+    # can move it anywhere, so only its presence is asserted).
+    assert 1.0 <= terms["compute_factor"] <= 2.0 and len(loaded.fit["tensor_points"]) == 8  # 2 depths x 2 lengths x 2 levels
+    assert terms["compute_factor"] == min(max(loaded.fit["compute_factors_fitted"]["2"], 1.0), 2.0)
     assert {row["tokens"] for row in loaded.fit["all_reduces"]} == set(TOKENS)
     for tp, pp in ((2, 1), (1, 2)):
         assert main(["profile", "--check", str(path), "--tp", str(tp), "--pp", str(pp), "--plans", "2", "--repeats",

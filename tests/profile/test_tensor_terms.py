@@ -46,7 +46,7 @@ def test_the_link_and_the_compute_factor_are_fitted_exactly_per_degree():
         return rank.time(list(point.lengths), 1, point.recompute_layers / point.layers)
 
     measured = {4: {"tp": [seconds(p, slower) for p in points], "whole": [seconds(p, None) for p in points]}}
-    terms = fit_tensor_terms(timed(LINK, 2) + timed(slower, 4), points, measured, costs, TINY)
+    terms, fitted = fit_tensor_terms(timed(LINK, 2) + timed(slower, 4), points, measured, costs, TINY)
     for degree, link, factor in ((2, LINK, 1.0), (4, slower, 1.3)):
         assert terms[degree].bandwidth == pytest.approx(link.bandwidth, rel=1e-9)
         assert terms[degree].latency == pytest.approx(link.latency, rel=1e-9)
@@ -55,7 +55,18 @@ def test_the_link_and_the_compute_factor_are_fitted_exactly_per_degree():
     # The drift is in both layouts' compute, which the fit takes as the whole model measured it:
     # the factor comes out exact, where one fitted against the profile's own prediction would be
     # off by the drift.
-    assert terms[4].compute_factor == pytest.approx(1.3, rel=1e-9)
+    assert terms[4].compute_factor == pytest.approx(1.3, rel=1e-9) and fitted == {4: pytest.approx(1.3, rel=1e-9)}
+
+
+def test_a_compute_factor_outside_its_bounds_is_held_to_them_and_reported_as_fitted():
+    # Measured TP seconds below what the link's fixed terms alone predict (the fit goes negative)
+    # and far above the whole model's (the fit goes past t): the terms keep 1 and t.
+    points = tensor_points(TINY, (512, 1024, 4096), (1, 2))
+    costs = {depth: coefficients_at(depth) for depth in (1, 2)}
+    whole = [costs[p.layers].time(list(p.lengths), 1, p.recompute_layers / p.layers) for p in points]
+    for tp_seconds, bound in (([1e-9] * len(points), 1.0), ([w * 50 for w in whole], 2.0)):
+        terms, fitted = fit_tensor_terms(timed(LINK, 2), points, {2: {"tp": tp_seconds, "whole": whole}}, costs, TINY)
+        assert terms[2].compute_factor == bound and (fitted[2] < 1.0 if bound == 1.0 else fitted[2] > 2.0)
 
 
 def coefficients_at(depth: int):
