@@ -62,17 +62,27 @@ def check_buildable(shape: ModelShape) -> None:
             VIDEO_MODELS[shape.pattern](shape)
 
 
-def build_model(shape: ModelShape, seed: int = 0) -> ParallelModel:
+def build_model(shape: ModelShape, seed: int = 0, *, weights: bool = True) -> ParallelModel:
     """The model `shape` describes, with weights that depend only on `seed` unless it brings its
     own: ballast's GPT, a video DiT (STDiT for spatial-temporal attention, DiT for full), or the
-    Hugging Face model of `shape.source` (transformers or diffusers imported only then)."""
+    Hugging Face model of `shape.source` (transformers or diffusers imported only then), on the
+    host. weights=False: its structure only, every tensor on the meta device (no weight read or
+    drawn, no memory): a model whose trained weights and buffers the caller fills after cutting
+    it (a strategy's compute model, `runtime/strategy.py`)."""
     check_buildable(shape)
+    if not weights:
+        with torch.device("meta"):
+            return _build(shape, seed, load=False)
+    return _build(shape, seed, load=True)
+
+
+def _build(shape: ModelShape, seed: int, load: bool) -> ParallelModel:
     if shape.hf_folder is not None:
         from .hf import build_hf
-        return build_hf(shape, seed)
+        return build_hf(shape, seed, load=load)
     if shape.diffusers_folder is not None:
         from .diffusers_wan import build_wan
-        return build_wan(shape, seed)
+        return build_wan(shape, seed, load=load)
     return BUILDERS[shape.pattern](shape, seed)
 
 

@@ -84,15 +84,15 @@ def check_wan_folder(shape: ModelShape) -> None:
     check_weights(shape.diffusers_folder, DIFFUSERS, _meta_model)
 
 
-def build_wan(shape: ModelShape, seed: int = 0) -> DiffusersWan:
+def build_wan(shape: ModelShape, seed: int = 0, load: bool = True) -> DiffusersWan:
     """The Wan transformer of `shape.source` (`diffusers:PATH`) at `shape.layers` blocks: its
-    weights when the folder has them, else a random init from its config that depends only on
+    weights when the folder has them and `load`, else a random init from its config that depends only on
     `seed` (every rank builds the same model). fp32: the runtime's precision autocasts."""
     cls, folder = wan_class(), shape.diffusers_folder
     assert folder is not None, shape.source
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if weight_files(folder, DIFFUSERS):  # check_wan_folder found them whole and fitting
+        if load and weight_files(folder, DIFFUSERS):  # check_wan_folder found them whole and fitting
             wan = cls.from_pretrained(folder, torch_dtype=torch.float32, local_files_only=True)
             check_finite(folder, wan.state_dict(), DIFFUSERS)
         else:

@@ -29,6 +29,7 @@ the output layer returns the decoder's hidden states.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 import itertools
@@ -209,14 +210,19 @@ def check_stageable(hf: nn.Module, first: bool, last: bool) -> None:
                          f"stages (the first and last stage would each hold a copy); untie them or run without --pp")
     if first:
         return
-    layers, norm = decoder.layers, decoder.norm
+    # The probe runs on a shell of the decoder's class and config on the host, without layers
+    # and with a vocabulary of 2: the model itself may be on the meta device (a strategy's
+    # compute model, built without weights) or too large to run a probe on where it is.
+    config = copy.deepcopy(hf.config)
+    config.vocab_size, config.pad_token_id, config.num_hidden_layers = 2, None, 0
+    if getattr(config, "layer_types", None):
+        config.layer_types = []
+    with torch.device("cpu"):
+        shell = type(decoder)(config)
+    shell.layers, shell.norm = nn.ModuleList(), nn.Identity()
     probe = torch.randn(1, 2, hf.config.hidden_size, generator=torch.Generator().manual_seed(0))
-    decoder.layers, decoder.norm = nn.ModuleList(), nn.Identity()
-    try:
-        with torch.no_grad():
-            out = decoder(inputs_embeds=probe, position_ids=torch.arange(2)[None], use_cache=False).last_hidden_state
-    finally:
-        decoder.layers, decoder.norm = layers, norm
+    with torch.no_grad():
+        out = shell(inputs_embeds=probe, position_ids=torch.arange(2)[None], use_cache=False).last_hidden_state
     if not torch.equal(out, probe):
         raise ValueError(f"model type {kind!r}: its decoder transforms the input embeddings before the first layer, "
                          f"so a pipeline stage cannot hand it the previous stage's hidden states; run without --pp")
@@ -271,10 +277,11 @@ def progress_bars(shown: bool) -> Iterator[None]:
         (logging.enable_progress_bar if was else logging.disable_progress_bar)()
 
 
-def build_hf(shape: ModelShape, seed: int = 0) -> HFCausalLM:
+def build_hf(shape: ModelShape, seed: int = 0, load: bool = True) -> HFCausalLM:
     """The model of `shape.source` (`hf:PATH`) at `shape.layers` decoder layers: its weights when
-    the folder has them (`model.safetensors`, sharded or not), else a random init from its
-    config that depends only on `seed` (every rank builds the same model). Nothing is fetched."""
+    the folder has them (`model.safetensors`, sharded or not) and `load`, else a random init
+    from its config that depends only on `seed` (every rank builds the same model). Nothing is
+    fetched."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = shape.hf_folder
@@ -283,7 +290,7 @@ def build_hf(shape: ModelShape, seed: int = 0) -> HFCausalLM:
     config.num_hidden_layers = shape.layers  # profiling builds reduced-depth copies
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if weight_files(folder):  # check_weights (check_buildable) found them whole and fitting
+        if load and weight_files(folder):  # check_weights (check_buildable) found them whole and fitting
             with progress_bars(shown=_shows_loading()):
                 hf = AutoModelForCausalLM.from_pretrained(folder, config=config, local_files_only=True,
                                                           dtype=torch.float32)

@@ -69,10 +69,12 @@ class WorldHoldings:
 class CanonicalState:
     """This rank's shards of every unit of the model (module docstring)."""
 
-    def __init__(self, model: nn.Module, blocks: list[nn.Module], split_dims: dict[str, int], node: int):
-        """From `model`, whole and alike on every rank (rank 0's weights), its `blocks` in order;
-        `split_dims`: the dimension tensor parallelism splits each split tensor along; `node`: the
-        largest TP degree (a node's devices)."""
+    def __init__(self, model: nn.Module, blocks: list[nn.Module], split_dims: dict[str, int], node: int,
+                 device: torch.device):
+        """From `model`, whole and alike on every rank (rank 0's weights; on the host, a unit at a
+        time flattened there), its `blocks` in order; `split_dims`: the dimension tensor
+        parallelism splits each split tensor along; `node`: the largest TP degree (a node's
+        devices); the shards live on `device`."""
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         trained = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
         in_blocks = [[trained[id(p)] for p in block.parameters() if id(p) in trained] for block in blocks]
@@ -93,7 +95,7 @@ class CanonicalState:
         for unit in self.units:
             flat = self._padded(torch.cat([self._flat(n, params[n].detach().float(), 1) for n in unit]), unit)
             chunk = flat.numel() // self.world
-            self.shards.append(nn.Parameter(flat[self.rank * chunk:(self.rank + 1) * chunk].clone()))
+            self.shards.append(nn.Parameter(flat[self.rank * chunk:(self.rank + 1) * chunk].to(device, copy=True)))
 
     # --- the TP-major layout of a tensor -----------------------------------------------------
     def _flat(self, name: str, tensor: Tensor, tp: int) -> Tensor:

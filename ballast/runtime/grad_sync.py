@@ -91,7 +91,7 @@ class GradSync:
         self.world = dist.get_world_size(group)
         self.sharded = owners is not None
         self.owner = dict(zip(map(id, params), owners)) if owners is not None else {}
-        self.buckets = [self._bucket(chunk) for chunk in _chunks(list(reversed(params)), bucket_bytes)]
+        self.buckets = [self._bucket(chunk) for chunk in chunks(list(reversed(params)), bucket_bytes)]
         self._launched = 0
         self._armed = False
         for b, bucket in enumerate(self.buckets):
@@ -176,7 +176,7 @@ class GradSync:
         return out
 
 
-def _chunks(params: list[Tensor], bucket_bytes: int) -> list[list[Tensor]]:
+def chunks(params: list[Tensor], bucket_bytes: int) -> list[list[Tensor]]:
     """Consecutive runs of `params` of at most `bucket_bytes` each (a larger parameter alone)."""
     chunks: list[list[Tensor]] = []
     size = 0

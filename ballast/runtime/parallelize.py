@@ -11,9 +11,11 @@ torchtitan's order, for a model built the same way on every rank:
        its executors);
     3. sequence-parallel attention (`attention.py`) installed through the model's own hook
        (`ParallelModel.install_attention`: the runtime knows no model family);
-    4. the weights: every rank starts from rank 0's (one broadcast), then under PP keeps its
-       stage's part of the model (`pipeline/split.py`), under TP its shard of the split layers
-       of that part (`tensor_parallel/`, the model's own plan), replicated over the pool or then
+    4. the weights: every rank starts from rank 0's (a broadcast, a bucket at a time), then under
+       PP keeps its stage's part of the model (`pipeline/split.py`), under TP its shard of the
+       split layers of that part (`tensor_parallel/`, the model's own plan); only that part
+       goes to the rank's device (a model built on the host, as train, verify and a strategy
+       build theirs, never holds more than its shard there), replicated over the pool or then
        sharded over it with FSDP2 (`fsdp.py`);
     5. AdamW over the parameters, its state sharded over the pool with ZeRO-1 or not (FSDP2
        shards it with the parameters), and for replicated weights the bucketed gradient sync
@@ -25,6 +27,7 @@ Train, verify, profile, check and bench all build their executor here.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import torch
 import torch.distributed as dist
@@ -39,10 +42,11 @@ from .attention import sequence_parallel_attention
 from .executor import Executor
 from .fsdp import is_sharded, shard_model
 from ..vocabulary.sharding import BUCKET_BYTES
-from .grad_sync import GradSync, zero1_owners
+from .grad_sync import GradSync, chunks, zero1_owners
 from .groups import ProcessGroups
 from .pipeline import PipelineExecutor, split_model
 from .routing import NodeNics, RoutingGroups, routing_groups
+from .world import rank_device
 from .tensor_parallel import parallelize_tensors
 
 
@@ -50,7 +54,7 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None 
                 groups: ProcessGroups | None = None,
                 routing: RoutingGroups | None = None, fsdp: bool = False, zero1: bool = False,
                 precision: Precision = Precision.AUTO, bucket_bytes: int = BUCKET_BYTES,
-                measure_activations: bool = False, **adamw: float) -> Executor:
+                measure_activations: bool = False, broadcast: bool = True, **adamw: float) -> Executor:
     """The executor that runs plans of `cluster` with `model` on this rank (a collective: every
     rank of the job calls it with a model built alike).
 
@@ -66,8 +70,11 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None 
     `Precision.AUTO` (bf16 autocast on CUDA, fp32 elsewhere), `BF16` or `FP32`; under bf16 FSDP2
     gathers the parameters in bf16.
     bucket_bytes: the gradient sync's bucket size (`sharding.BUCKET_BYTES`; not under FSDP2).
-    measure_activations: record the bytes each micro-batch saves for backward. adamw: AdamW's
-    keyword arguments (lr, betas, weight_decay, ...).
+    measure_activations: record the bytes each micro-batch saves for backward.
+    broadcast: start from rank 0's weights; False where the caller fills every trained weight
+    and buffer after (a strategy's compute model, from the canonical layout), which a model
+    built without weights (`build_model(weights=False)`, on the meta device) requires: it then
+    gets empty storage on the device. adamw: AdamW's keyword arguments (lr, betas, ...).
     """
     world = dist.get_world_size()
     given = mesh or (groups.mesh if groups is not None else None)
@@ -79,6 +86,9 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None 
     if routing is not None and routing.nics != NodeNics.of(cluster):
         raise ValueError(f"routing groups for {routing.nics} do not match cluster {cluster.name!r}'s nodes, "
                          f"{NodeNics.of(cluster)}")
+    if broadcast and any(p.is_meta for p in model.parameters()):
+        raise ValueError("a model built without weights (on the meta device) has none to broadcast: "
+                         "pass broadcast=False and fill its weights after")
     if bucket_bytes < 1:
         raise ValueError(f"the gradient bucket size must be >= 1 byte, got {bucket_bytes}")
     if mesh is None:  # the groups' TP and PP degrees (their mesh knows no nodes), else one pool
@@ -102,12 +112,14 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None 
     model.install_attention(sequence_parallel_attention)
     tensor_parallel = None
     if not is_sharded(model):
-        broadcast_weights(model, mesh.first, None if plain else groups.job)
+        if broadcast:
+            broadcast_weights(model, mesh.first, None if plain else groups.job)
         here = mesh.coordinate(dist.get_rank())
         if mesh.pp > 1:  # every stage keeps its part of rank 0's weights, which TP then splits
             split_model(model, mesh, here.stage)
         if mesh.tp > 1:
             tensor_parallel = parallelize_tensors(model, groups.tensor, mesh.tp, here.tp_index)
+        to_device(model, rank_device())
         if fsdp:
             shard_model(model, bf16=precision.autocast(next(model.parameters()).device.type),
                         group=None if plain else groups.pool)
@@ -139,13 +151,28 @@ def make_optimizer(model: nn.Module, zero1: bool = False, *, group: ProcessGroup
     return torch.optim.AdamW(params, **adamw)
 
 
-def broadcast_weights(model: nn.Module, src: int = 0, group: ProcessGroup | None = None) -> None:
+def to_device(model: nn.Module, device: torch.device) -> None:
+    """Move `model` to `device` in place; one built without weights (meta) gets empty storage
+    there, which its caller fills."""
+    if any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers())):
+        model.to_empty(device=device)
+    else:
+        model.to(device)
+
+
+def broadcast_weights(model: nn.Module, src: int = 0, group: ProcessGroup | None = None,
+                      bucket_bytes: int = BUCKET_BYTES) -> None:
     """Every rank (of `group`) takes global rank `src`'s weights: the summed gradient means
-    something only if all ranks start from the same ones. One broadcast of all parameters
-    flattened."""
+    something only if all ranks start from the same ones. One broadcast per bucket of about
+    `bucket_bytes` of the parameters flattened, sent from the backend's device (NCCL's is the
+    GPU) and copied back where the parameters are: a model built on the host never has more
+    than a bucket of itself on the device."""
+    device = rank_device()
     params = [p for p in model.parameters() if p.requires_grad]
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    dist.broadcast(flat, src=src, group=group)
-    with torch.no_grad():
-        for p, piece in zip(params, torch.split(flat, [p.numel() for p in params])):
-            p.copy_(piece.view_as(p))
+    for bucket in chunks(params, bucket_bytes):
+        flat = torch.cat([p.detach().reshape(-1) for p in bucket]).to(device)
+        dist.broadcast(flat, src=src, group=group)
+        with torch.no_grad():
+            for p, piece in zip(bucket, torch.split(flat, [p.numel() for p in bucket])):
+                p.copy_(piece.view_as(p))
+

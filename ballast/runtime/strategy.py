@@ -14,6 +14,12 @@ layout every rank shares and whose gradients go back into it (`canonical.py`).
 A rank keeps the executor of the strategy it last ran (a step of another strategy builds its
 model anew: a device holds one compute model at a time) and the process groups of every strategy
 it ran (made once: `dist.new_group` is a rendezvous of the whole world).
+
+The device never holds the whole model: the model of record is built once on the host, where
+its units are flattened and cut into the canonical shards that go to the device; a compute
+model is built without weights (on the meta device), cut to its stage and TP shard, and only
+then given storage on the device, which the gather fills, its untrained tensors (buffers such
+as RoPE's frequencies, frozen parameters) copied from the host's.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from ..models.protocol import ParallelModel
 from ..plans.strategy_plan import StrategyPlan
@@ -34,25 +41,30 @@ from .executor import Executor, StepResult, device_clock, step_if_finite
 from .groups import ProcessGroups
 from .parallelize import broadcast_weights, parallelize
 from .tensor_parallel.apply import split_dims_of
+from .world import rank_device
 
 
 class StrategyExecutor:
     """Runs `StrategyPlan`s on this rank: `executor.step(plan, samples)` (module docstring)."""
 
-    def __init__(self, build: Callable[[], ParallelModel], cluster: Cluster, *,
+    def __init__(self, build: Callable[..., ParallelModel], cluster: Cluster, *,
                  precision: Precision = Precision.AUTO, movement: Movement = Movement.SLICED, **adamw: float):
-        """`build()` makes the whole model, alike on every rank, on this rank's device (a collective:
-        every rank of the job calls it); `movement`: how parameters and gradients move between the
-        canonical layout and each step's pipelines (`canonical.py`); `adamw` are AdamW's keyword
-        arguments."""
+        """`build()` makes the whole model on the host, alike on every rank, and
+        `build(weights=False)` its structure on the meta device (`models.build_model`'s); a
+        collective: every rank of the job calls it. `movement`: how parameters and gradients move
+        between the canonical layout and each step's pipelines (`canonical.py`); `adamw` are
+        AdamW's keyword arguments."""
         cluster.check_world_size(dist.get_world_size())
         self.build, self.cluster, self.precision, self.adamw = build, cluster, precision, adamw
         self.movement = movement
+        self.device = rank_device()
         model = build()
         self.shape = model.shape
         broadcast_weights(model)
-        self.canonical = CanonicalState(model, list(model.blocks()), split_dims_of(model), cluster.devices_per_node)
-        self.device = next(model.parameters()).device
+        self.untrained = {name: tensor.detach().clone() for name, tensor in untrained_tensors(model)}
+        self.canonical = CanonicalState(model, list(model.blocks()), split_dims_of(model), cluster.devices_per_node,
+                                        self.device)
+        del model  # the host's copy: the shards hold the state from here
         self.optimizer = torch.optim.AdamW(self.canonical.shards, **adamw)
         self._groups: dict[Strategy, list[ProcessGroups]] = {}
         self._running: tuple[Strategy, int, Executor, WorldHoldings | None] | None = None
@@ -67,9 +79,13 @@ class StrategyExecutor:
             self._groups[strategy] = ProcessGroups.of_strategy(strategy, self.cluster)
         index = strategy.pipeline_of(dist.get_rank())
         self._running = None  # the last strategy's model goes before this one's is built
-        executor = parallelize(self.build(), strategy.block_cluster(index, self.cluster),
+        executor = parallelize(self.build(weights=False), strategy.block_cluster(index, self.cluster),
                                mesh=strategy.mesh(index, self.cluster), groups=self._groups[strategy][index],
-                               precision=self.precision, **self.adamw)
+                               precision=self.precision, broadcast=False, **self.adamw)
+        with torch.no_grad():
+            for name, tensor in untrained_tensors(executor.model):
+                assert tensor.shape == self.untrained[name].shape, f"{name}: an untrained tensor split by TP"
+                tensor.copy_(self.untrained[name])
         exchange = None
         if self.movement is Movement.SLICED:
             here = executor.mesh.coordinate(dist.get_rank())
@@ -137,3 +153,9 @@ class StrategyExecutor:
     def gradients(self) -> list[torch.Tensor]:
         """The last step's summed gradients whole, in the model's order (a collective)."""
         return self.canonical.whole_gradients()
+
+
+def untrained_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """`model`'s tensors that no gradient moves, by name: its buffers and frozen parameters."""
+    frozen = [(name, p) for name, p in model.named_parameters() if not p.requires_grad]
+    return list(model.named_buffers()) + frozen

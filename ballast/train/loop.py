@@ -12,6 +12,7 @@ exception is by choice: wlb-llm, and ballast under a pipeline, hold outliers for
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -168,14 +169,15 @@ def make_planner(config: TrainConfig, setup: Setup) -> Planner | StrategyChoice:
     return get_planner(config.planner.planner, setup.pool, setup.cost, options)
 
 
-def make_executor(config: TrainConfig, setup: Setup, device: torch.device) -> Executor | StrategyExecutor:
+def make_executor(config: TrainConfig, setup: Setup) -> Executor | StrategyExecutor:
     """What runs the run's plans on this rank: its part of the one mesh, or of each step's strategy."""
     opt = config.optimizer
     adamw = {"lr": opt.lr, "betas": (opt.beta1, opt.beta2), "weight_decay": opt.weight_decay}
     if setup.strategies is not None:
-        return StrategyExecutor(lambda: build_model(setup.shape, config.run.seed).to(device), setup.cluster,
+        return StrategyExecutor(functools.partial(build_model, setup.shape, config.run.seed), setup.cluster,
                                 precision=config.run.precision, **adamw)
-    return parallelize(build_model(setup.shape, config.run.seed).to(device), setup.cluster, mesh=setup.mesh,
+    # Built on the host: parallelize moves only this rank's stage and TP shard to the device.
+    return parallelize(build_model(setup.shape, config.run.seed), setup.cluster, mesh=setup.mesh,
                        fsdp=opt.fsdp, zero1=opt.zero1, precision=config.run.precision, bucket_bytes=opt.bucket_bytes,
                        **adamw)
 
@@ -204,7 +206,7 @@ def train(config: TrainConfig) -> dict | None:
     data, resume = from_rank0(lambda: _prepare_data(config, setup, world, console))
 
     opt = config.optimizer
-    executor = make_executor(config, setup, device)
+    executor = make_executor(config, setup)
     optimizer = executor.optimizer
     start = 0
     if resume is not None:

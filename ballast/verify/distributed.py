@@ -1,6 +1,8 @@
 """The same steps under plans, on every rank of a job: what `ballast verify` checks."""
 from __future__ import annotations
 
+import functools
+
 import torch.distributed as dist
 
 from ..vocabulary.cluster import get_cluster
@@ -10,7 +12,7 @@ from ..vocabulary.precision import Precision
 from ..models import build_model
 from ..plans.plan import Plan
 from ..plans.strategy_plan import StrategyPlan
-from ..runtime import ProcessGroups, broadcast_plan, parallelize, rank_device
+from ..runtime import ProcessGroups, broadcast_plan, parallelize
 from ..pricing.parameter_movement import Movement
 from ..runtime.strategy import StrategyExecutor
 from ..runtime.routing import RoutingGroups, routing_groups
@@ -30,8 +32,7 @@ def train_distributed(shape: ModelShape, plans: list[dict], batches: list[Verify
     over, the PP degree it is cut into stages by). Parameters and gradients are gathered whole,
     every stage's (`Executor.parameters`, `Executor.gradients`)."""
     cluster = get_cluster("cpu", world_size=dist.get_world_size(), nodes=nodes)
-    model = build_model(shape, seed).to(rank_device())
-    executor = parallelize(model, cluster, groups=groups, routing=routing, fsdp=fsdp, zero1=zero1,
+    executor = parallelize(build_model(shape, seed), cluster, groups=groups, routing=routing, fsdp=fsdp, zero1=zero1,
                            precision=precision, lr=lr)
     losses, grads, starts = [], [], []
     for plan_data, batch in zip(plans, batches, strict=True):
@@ -62,7 +63,7 @@ def train_strategies(shape: ModelShape, plans: list[dict], batches: list[VerifyB
     rank's pipeline running its part (`runtime/strategy.py`), the parameters moved by `movement`.
     Rank 0's trajectory, the others None."""
     cluster = get_cluster("cpu", world_size=dist.get_world_size())
-    executor = StrategyExecutor(lambda: build_model(shape, seed).to(rank_device()), cluster, precision=precision,
+    executor = StrategyExecutor(functools.partial(build_model, shape, seed), cluster, precision=precision,
                                 movement=movement, lr=lr)
     losses, grads, starts = [], [], []
     for plan_data, batch in zip(plans, batches, strict=True):
