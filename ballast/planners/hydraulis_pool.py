@@ -15,6 +15,11 @@ and cool-down. T[n][b], the least makespan of n ranks training every sequence up
     T[0][0] = 0,    T[n][b] = min over k with cap_k >= the longest in (b - l, b], l >= 1,
                                d replicas of t_k p_k ranks each:  max(T[n - d t_k p_k][b - l], C_k(b - l, b] / d)
 
+n counts ranks in steps of `unit` (Hetu's N_STEP): the smallest type's size, or the least power
+of two of at least world / COUNTS where that is larger and divides the world, so the table has
+at most COUNTS + 1 rows (1,024 ranks: steps of 16); a type smaller than the step takes replicas
+in packs that fill it.
+
 Each bucket b's plan (its intervals, each on d replicas of one type) is the strategy for data
 capped at b; the distinct ones, at most POOL of them spread over the buckets that hold lengths,
 are the pool. Deviations: T counts exactly n ranks (a strategy covers the world; Hetu's "at most n"
@@ -24,6 +29,7 @@ its batch).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -38,6 +44,7 @@ from ..vocabulary.strategy import PipelineLayout, Strategy
 
 BUCKETS = 32  # length buckets up to the longest length (Hetu: S / S_STEP, 32 for its 32B planner)
 POOL = 4  # strategies kept at most
+COUNTS = 64  # rank counts of the table at most (module docstring)
 
 
 def pipeline_types(spec: str, shape: ModelShape, cluster: Cluster,
@@ -63,54 +70,97 @@ def pipeline_types(spec: str, shape: ModelShape, cluster: Cluster,
 
 def propose(types: dict[PipelineLayout, CostModel], samples: Sequence[Sample], world: int) -> list[Strategy]:
     """The pool for the histogram of `samples` (module docstring), longest bucket's strategy first."""
-    lengths = tokens_array(samples).astype(np.int64)
-    step = max(1, math.ceil(int(lengths.max()) / BUCKETS))
-    bucket = (lengths - 1) // step + 1  # 1..B
-    B = int(bucket.max())
-    layouts = list(types)
-    sizes = np.array([k.tp * k.pp for k in layouts])
-    unit = int(np.gcd.reduce(sizes))
-    longest = np.zeros(B + 1, dtype=np.int64)
-    np.maximum.at(longest, bucket, lengths)
-    interval = [_interval_costs(types[k], k.pp, samples, bucket, B) for k in layouts]
-    caps = np.array([types[k].max_tokens(1, 0.0) for k in layouts])
-    # top[lo, hi]: the longest length in buckets (lo, hi]
-    top = np.maximum.accumulate(np.triu(np.tile(longest, (B + 1, 1)), 1), axis=1)
-    counts_n = world // unit + 1
-    best = np.full((counts_n, B + 1), np.inf)
-    best[0, 0] = 0.0
-    trace: dict[tuple[int, int], tuple[int, int, int, int]] = {}
-    for n in range(1, counts_n):
-        for b in range(1, B + 1):
-            for k, size in enumerate(sizes):
-                g = size // unit
-                if g > n:
-                    continue
-                lo = np.arange(b)  # interval (lo, b]
-                holds = caps[k] >= top[lo, b]
-                if not holds.any():
-                    continue
-                d = np.arange(1, n // g + 1)[:, None]
-                before = best[n - d * g, lo[None, :]]
-                value = np.where(holds[None, :], np.maximum(before, interval[k][lo, b][None, :] / d), np.inf)
-                at = np.unravel_index(np.argmin(value), value.shape)
-                if value[at] < best[n, b]:
-                    best[n, b] = value[at]
-                    trace[n, b] = (k, int(d[at[0], 0]), int(lo[at[1]]), n - int(d[at[0], 0]) * g)
-    pool: list[Strategy] = []
-    held = [b for b in range(B, 0, -1) if np.isfinite(best[counts_n - 1, b]) and longest[b] > 0]
-    if not held or held[0] != B:
-        raise ValueError(f"no strategy of {world} ranks holds the longest length ({int(lengths.max())} tokens) "
+    table = Table.of(types, samples, world)
+    held = [b for b in range(table.buckets, 0, -1) if np.isfinite(table.best[-1, b]) and table.longest[b] > 0]
+    if not held or held[0] != table.buckets:
+        raise ValueError(f"no strategy of {world} ranks holds the longest length ({int(table.longest.max())} tokens) "
                          f"without recomputation, as Hydraulis' pipelines must: give a shorter --max-len, more "
                          f"devices or more memory")
+    pool: list[Strategy] = []
     for b in held:
-        strategy = _strategy(trace, layouts, counts_n - 1, b)
+        strategy = table.strategy(b)
         if strategy not in pool:
             pool.append(strategy)
     if len(pool) <= POOL:
         return pool
     picks = np.unique(np.linspace(0, len(pool) - 1, POOL).round().astype(int))
     return [pool[i] for i in picks]
+
+
+@dataclass(frozen=True)
+class Table:
+    """T (module docstring): `best[n, b]` the least makespan of n steps of `unit` ranks training
+    every sequence up to bucket b, `trace[n, b]` its last interval (type index, replicas, lo,
+    the steps before)."""
+
+    layouts: list[PipelineLayout]
+    unit: int
+    best: np.ndarray
+    trace: dict[tuple[int, int], tuple[int, int, int, int]]
+    longest: np.ndarray
+    """The longest length in each bucket (0: none)."""
+
+    @property
+    def buckets(self) -> int:
+        return self.best.shape[1] - 1
+
+    @classmethod
+    def of(cls, types: dict[PipelineLayout, CostModel], samples: Sequence[Sample], world: int) -> Table:
+        lengths = tokens_array(samples).astype(np.int64)
+        step = max(1, math.ceil(int(lengths.max()) / BUCKETS))
+        bucket = (lengths - 1) // step + 1  # 1..B
+        B = int(bucket.max())
+        layouts = list(types)
+        sizes = np.array([k.tp * k.pp for k in layouts])
+        unit = rank_step(world, int(sizes.min()))
+        longest = np.zeros(B + 1, dtype=np.int64)
+        np.maximum.at(longest, bucket, lengths)
+        interval = [_interval_costs(types[k], k.pp, samples, bucket, B) for k in layouts]
+        caps = np.array([types[k].max_tokens(1, 0.0) for k in layouts])
+        # top[lo, hi]: the longest length in buckets (lo, hi]
+        top = np.maximum.accumulate(np.triu(np.tile(longest, (B + 1, 1)), 1), axis=1)
+        counts_n = world // unit + 1
+        best = np.full((counts_n, B + 1), np.inf)
+        best[0, 0] = 0.0
+        trace: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+        for n in range(1, counts_n):
+            for b in range(1, B + 1):
+                for k, size in enumerate(sizes):
+                    g, pack = max(1, size // unit), max(1, unit // size)  # steps per pack, replicas per pack
+                    if g > n:
+                        continue
+                    lo = np.arange(b)  # interval (lo, b]
+                    holds = caps[k] >= top[lo, b]
+                    if not holds.any():
+                        continue
+                    d = np.arange(1, n // g + 1)[:, None]  # packs
+                    before = best[n - d * g, lo[None, :]]
+                    value = np.where(holds[None, :], np.maximum(before, interval[k][lo, b][None, :] / (d * pack)),
+                                     np.inf)
+                    at = np.unravel_index(np.argmin(value), value.shape)
+                    if value[at] < best[n, b]:
+                        packs = int(d[at[0], 0])
+                        best[n, b] = value[at]
+                        trace[n, b] = (k, packs * pack, int(lo[at[1]]), n - packs * g)
+        return cls(layouts, unit, best, trace, longest)
+
+    def strategy(self, b: int) -> Strategy:
+        """The strategy of T[world][b]'s plan: its replicas, the largest blocks first (then TP first)."""
+        pipelines: list[PipelineLayout] = []
+        n = self.best.shape[0] - 1
+        while b > 0:
+            k, d, lo, n = self.trace[n, b]
+            pipelines += [self.layouts[k]] * d
+            b = lo
+        return Strategy(tuple(sorted(pipelines, key=lambda p: (-p.tp * p.pp, -p.tp))))
+
+
+def rank_step(world: int, smallest: int) -> int:
+    """The table's step in ranks (module docstring): `smallest` (a type's size, a power of two
+    dividing `world`) or the least power of two of at least world / COUNTS, as far as it divides
+    `world`."""
+    coarse = math.gcd(world, 1 << (math.ceil(world / COUNTS) - 1).bit_length())
+    return max(smallest, coarse)
 
 
 def auto_strategies(spec: str, shape: ModelShape, cluster: Cluster, device_memory_gb: float | None,
@@ -131,13 +181,3 @@ def _interval_costs(cost: CostModel, stages: int, samples: Sequence[Sample], buc
     lo, hi = np.meshgrid(np.arange(B + 1), np.arange(B + 1), indexing="ij")
     tail = np.maximum.accumulate(np.triu(np.tile(worst, (B + 1, 1)), 1), axis=1)
     return np.where(hi > lo, prefix[hi] - prefix[lo] + (stages - 1) * tail, np.inf)
-
-
-def _strategy(trace: dict, layouts: list[PipelineLayout], n: int, b: int) -> Strategy:
-    """The strategy of T[n][b]'s plan: its replicas, the largest blocks first (then TP first)."""
-    pipelines: list[PipelineLayout] = []
-    while b > 0:
-        k, d, lo, n = trace[n, b]
-        pipelines += [layouts[k]] * d
-        b = lo
-    return Strategy(tuple(sorted(pipelines, key=lambda p: (-p.tp * p.pp, -p.tp))))
