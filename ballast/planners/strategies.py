@@ -63,28 +63,32 @@ class StrategyPlanner:
 
     def assign(self, samples: Sequence[Sample]) -> list[list[int]]:
         """Sequence ids per pipeline (module docstring)."""
-        work = [_pool_seconds(cost, samples) for cost in self.costs]
-        stages = [p.pp for p in self.strategy.pipelines]
-        ranks = [p.pp * p.pool for p in self.strategy.pipelines]
-        summed, longest = [0.0] * len(stages), [0.0] * len(stages)
+        work = np.array([_pool_seconds(cost, samples) for cost in self.costs])  # [pipeline, sample]
+        stages = np.array([p.pp for p in self.strategy.pipelines], dtype=float)
+        ranks = np.array([p.pp * p.pool for p in self.strategy.pipelines], dtype=float)
+        summed, longest = np.zeros(len(stages)), np.zeros(len(stages))
         ids: list[list[int]] = [[] for _ in stages]
+        # Vectorised over pipelines (a thousand ranks run a hundred of them): the estimate with j on
+        # pipeline i against the slowest of the others, the same floats as one estimate at a time.
         for j in sorted(range(len(samples)), key=lambda j: -tokens(samples[j])):
-            fits = [i for i in range(len(stages)) if np.isfinite(work[i][j])]
-            if not fits:
+            w = work[:, j]
+            fits = np.isfinite(w)
+            if not fits.any():
                 raise InfeasibleError(f"sequence {j} ({tokens(samples[j])} tokens) fits no pipeline of strategy "
                                       f"{self.strategy}, not even at the largest SP degree of each pool with every "
                                       f"layer recomputed")
-
-            def worst_with(i: int) -> tuple[float, float]:
-                estimates = [(summed[k] + (work[k][j] if k == i else 0.0)) / ranks[k]
-                             + (stages[k] - 1) * max(longest[k], work[k][j] if k == i else 0.0) / stages[k]
-                             for k in range(len(stages))]
-                return max(estimates), estimates[i]
-
-            best = min(fits, key=worst_with)
+            now = summed / ranks + (stages - 1) * longest / stages
+            with_j = (summed + w) / ranks + (stages - 1) * np.maximum(longest, w) / stages
+            top = int(np.argmax(now))
+            others = np.full(len(now), now[top])
+            others[top] = np.max(np.delete(now, top), initial=-np.inf)
+            worst = np.where(fits, np.maximum(others, with_j), np.inf)
+            # The least (worst, its own estimate), the first pipeline on a tie.
+            tied = fits & (worst == worst.min())
+            best = int(np.flatnonzero(tied & (with_j == with_j[tied].min()))[0])
             ids[best].append(j)
-            summed[best] += work[best][j]
-            longest[best] = max(longest[best], work[best][j])
+            summed[best] += w[best]
+            longest[best] = max(longest[best], w[best])
         return [sorted(held) for held in ids]
 
 
