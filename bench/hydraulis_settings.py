@@ -7,6 +7,7 @@ heads, a plain MLP instead of a gated one):
   H2  gpt-13b on 32 H100s, lognormal:8,1.5 (web-like: 3k tokens typically, a long tail) up to 16,384
       (Hydraulis' 13B planner's)
   H3  gpt-30b (Hydraulis' 32B: 60 layers, hidden 6656) on 64 H100s, wikipedia lengths up to 8,192
+  H4  H3's model and lengths on 1,024 H100s (Hydraulis' 32B planner's scale), 8 Mi tokens a step
 each 512 Ki tokens a step (1 Mi on 64), STEPS steps. The longest lengths are what a pipeline of TP
 up to a node (8) holds without recomputation, which Hydraulis runs none of (a (8,4) pipeline of the
 30B holds 9,778 tokens; Hydraulis' own 32B planner reaches 32k with TP 16 across two nodes, which
@@ -59,6 +60,7 @@ SETTINGS = {
     "H1": ("gpt-7b", "h100-32", WIKI, 524288, 32768),
     "H2": ("gpt-13b", "h100-32", "lognormal:8,1.5", 524288, 16384),
     "H3": ("gpt-30b", "h100-64", WIKI, 1048576, 8192),
+    "H4": ("gpt-30b", "h100-1024", WIKI, 8388608, 8192),
 }
 
 
@@ -110,7 +112,8 @@ def run(name: str) -> dict:
     best = {planner: min(((times[planner], mesh) for mesh, times in fits.items()), default=None)
             for planner in HOMOGENEOUS}
     ran = heterogeneous[Movement.SLICED.value]  # what train runs
-    return {"setting": {"model": model, "cluster": cluster_name, "lengths": lengths, "tokens_per_step": budget,
+    return {"provenance": provenance(), "seconds": time.perf_counter() - began,
+            "setting": {"model": model, "cluster": cluster_name, "lengths": lengths, "tokens_per_step": budget,
                         "max_len": max_len, "steps": STEPS},
             "strategies": [s.to_list() for s in strategies], "heterogeneous": heterogeneous,
             "fixed_strategies": fixed, "best_fixed_strategy": {"layout": best_fixed, "step_s": held[best_fixed]},
@@ -126,7 +129,7 @@ def main() -> None:
     names = sys.argv[1].split(",") if len(sys.argv) > 1 else list(SETTINGS)
     out = Path("bench/results/hydraulis.json")
     record = json.loads(out.read_text()) if out.is_file() else {}
-    record["provenance"] = provenance()
+    record.pop("provenance", None)  # each setting carries its own: settings are re-run one at a time
     for name in names:
         record[name] = run(name)
         out.write_text(json.dumps(record, indent=1))

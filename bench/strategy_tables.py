@@ -1,11 +1,13 @@
-"""The heterogeneous-strategy settings' tables (`bench/hydraulis_settings.py`: H1-H3, Hydraulis' kind
+"""The heterogeneous-strategy settings' tables (`bench/hydraulis_settings.py`: H1-H4, Hydraulis' kind
 of setting), with issue #54's simulated targets for them."""
 from __future__ import annotations
+
+import itertools
 
 from record_files import commit_note, record
 from simulated_tables import verdicts
 
-STRATEGY_SETTINGS = ("H1", "H2", "H3")
+STRATEGY_SETTINGS = ("H1", "H2", "H3", "H4")
 
 
 def strategy_table(name: str) -> str:
@@ -33,8 +35,15 @@ def strategy_table(name: str) -> str:
     checks = [(f"hydraulis ahead of the best homogeneous strategy: {r['hydraulis_vs_best_fixed_strategy']:.2f}x",
                r["hydraulis_vs_best_fixed_strategy"] > 1.0),
               (f"ballast ahead of hydraulis: {r['ballast_vs_hydraulis']:.2f}x", r["ballast_vs_hydraulis"] > 1.0)]
-    strategies = "; ".join("[" + ",".join(f"({p[0]},{p[1]})" for p in s) + "]" for s in r["strategies"])
+    strategies = "; ".join(map(runs, r["strategies"]))
     head = (f"**Setting {name}** ({setting['model']} on {setting['cluster']}, {setting['lengths']} lengths up to "
             f"{setting['max_len']:,} tokens, {setting['tokens_per_step']:,} tokens a step, {setting['steps']} steps; "
-            f"simulated{commit_note(data)}). Proposed strategies: {strategies}.\n\n")
+            f"simulated{commit_note(r if 'provenance' in r else data)}). Proposed strategies: {strategies}.\n\n")
     return head + "\n".join(rows) + "\n\nTargets (simulated): " + verdicts(checks) + "."
+
+
+def runs(strategy: list) -> str:
+    """A strategy's pipelines with runs of one (t, p) written once, counted: [(8,2)x23,(2,4)]."""
+    return "[" + ",".join(f"({t},{p})" + (f"x{n}" if n > 1 else "")
+                          for (t, p), n in ((key, len(list(run))) for key, run in
+                                            itertools.groupby(tuple(q[:2]) for q in strategy))) + "]"
