@@ -64,7 +64,7 @@ SETTINGS = {
 }
 
 
-def run(name: str) -> dict:
+def run(name: str, origin: dict) -> dict:
     model, cluster_name, lengths, budget, max_len = SETTINGS[name]
     shape, cluster = get_model_shape(model), get_cluster(cluster_name)
     spec = BatchSpec(batch=None, tokens_per_step=budget, max_len=max_len, overlong="split")
@@ -112,7 +112,7 @@ def run(name: str) -> dict:
     best = {planner: min(((times[planner], mesh) for mesh, times in fits.items()), default=None)
             for planner in HOMOGENEOUS}
     ran = heterogeneous[Movement.SLICED.value]  # what train runs
-    return {"provenance": provenance(), "seconds": time.perf_counter() - began,
+    return {"provenance": origin, "seconds": time.perf_counter() - began,
             "setting": {"model": model, "cluster": cluster_name, "lengths": lengths, "tokens_per_step": budget,
                         "max_len": max_len, "steps": STEPS},
             "strategies": [s.to_list() for s in strategies], "heterogeneous": heterogeneous,
@@ -130,8 +130,9 @@ def main() -> None:
     out = Path("bench/results/hydraulis.json")
     record = json.loads(out.read_text()) if out.is_file() else {}
     record.pop("provenance", None)  # each setting carries its own: settings are re-run one at a time
+    origin = provenance()  # the code this process runs, whatever the tree becomes meanwhile
     for name in names:
-        record[name] = run(name)
+        record[name] = run(name, origin)
         out.write_text(json.dumps(record, indent=1))
         r = record[name]
         print(f"{name}: hydraulis {r['hydraulis_vs_best_fixed_strategy']:.3f}x the best homogeneous strategy, "

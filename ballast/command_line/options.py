@@ -51,8 +51,8 @@ TIMEOUT = at_least(float, MIN_TIMEOUT, "seconds: the ranks need seconds to start
 
 
 AUTO_STRATEGIES = "auto"
-"""`--strategy auto`: the strategies Hydraulis' offline dynamic program proposes from the length
-histogram (`planners/hydraulis_pool.py`; simulate only)."""
+"""`--strategy auto`: the strategies Hydraulis' offline dynamic program proposes from a length
+histogram (`planners/hydraulis_pool.py`): simulate's of --lengths, train's of the training data."""
 
 
 def strategy_text(text: str) -> str:
@@ -68,11 +68,11 @@ def strategy_text(text: str) -> str:
 
 def parse_strategies(text: str) -> tuple[Strategy, ...]:
     """The strategies of a `--strategy` value; ValueError naming the malformed one (`auto` is
-    only simulate's, which has the length histogram before any step)."""
+    simulate's and train's, which have a length histogram before any step)."""
     if text == AUTO_STRATEGIES:
-        raise ValueError("--strategy auto proposes strategies from a length histogram in `ballast simulate` "
-                         "(--lengths) only; give this command the strategies themselves (simulate's table "
-                         "names those it proposed)")
+        raise ValueError("--strategy auto proposes strategies from a length histogram, in `ballast simulate` "
+                         "(of --lengths) and `ballast train` (of the training data); give this command the "
+                         "strategies themselves (simulate's table names those it proposed)")
     return tuple(Strategy.parse(part) for part in text.split(";"))
 
 
@@ -209,8 +209,8 @@ STRATEGY = SharedOption(
                   "(\"2x2,2x1,1x1,1x1\", or \"[(2,2),(1,4)]\"), on consecutive blocks of the ranks; several "
                   "separated by ';' are the strategies a step may take: train and simulate give each step the "
                   "one its plan is fastest under (hydraulis: by its own rule), verify runs them in turn, one a "
-                  "step, so that each is checked; simulate's `auto`: those Hydraulis' offline dynamic program "
-                  "proposes from the --lengths histogram. The state "
+                  "step, so that each is checked; `auto` (simulate, train): those Hydraulis' offline dynamic "
+                  "program proposes from a length histogram, simulate's of --lengths, train's of its data. The state "
                   "lives in one canonical layout over every rank; each step's pipelines gather their parameters "
                   "from it and reduce their gradients back", strategy_text, "STRATEGY")
 SHARED = {option.flag: option for option in (MODEL, MAX_LEN, CLUSTER, WORLD, NODES, COST, DEVICE_MEMORY, DEGREE, CP,

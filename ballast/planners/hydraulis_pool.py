@@ -45,6 +45,9 @@ from ..vocabulary.strategy import PipelineLayout, Strategy
 BUCKETS = 32  # length buckets up to the longest length (Hetu: S / S_STEP, 32 for its 32B planner)
 POOL = 4  # strategies kept at most
 COUNTS = 64  # rank counts of the table at most (module docstring)
+HISTOGRAM = 100_000
+"""Lengths the histogram is drawn from at most: simulate's further draws of --lengths, train's sample of
+the training data (Hydraulis' is the whole dataset)."""
 
 
 def pipeline_types(spec: str, shape: ModelShape, cluster: Cluster,

@@ -17,7 +17,7 @@ from ..pricing.cost_sources import get_cost_model
 from ..dataset.length_stream import BatchSpec, LengthStream
 from ..dataset.lengths import LENGTH_SYNTAX, get_length_source
 from ..planners import PlannerOptions, parse_planner_names
-from ..planners.hydraulis_pool import auto_strategies
+from ..planners.hydraulis_pool import HISTOGRAM, auto_strategies
 from ..plans.strategy_gantt import strategy_gantt
 from ..planners.strategy_prices import StrategyPrices
 from ..plans.gantt import gantt
@@ -34,11 +34,6 @@ from ..vocabulary.samples import tokens
 from ..vocabulary.sharding import Sharding
 
 HELP = "plan and simulate steps under several planners; print a table, write JSON"
-
-HISTOGRAM = 100_000
-"""Documents drawn from the length source (after the batches, with another seed) for the histogram
-`--strategy auto` proposes strategies from (Hydraulis' whole-dataset histogram)."""
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = PlannerOptions()

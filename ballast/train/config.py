@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..command_line.options import SEED, SHARED, TIMEOUT, parse_strategies, refuse_with_strategy
+from ..command_line.options import AUTO_STRATEGIES, SEED, SHARED, TIMEOUT, parse_strategies, refuse_with_strategy
 from ..planners.base import SHORT_SOLVES
 from ..vocabulary.precision import Precision
 from ..vocabulary.value_checks import Numbers, at_least, positive
@@ -234,7 +234,8 @@ class TrainConfig:
             raise ValueError(f"--fsdp does not run under pipeline parallelism (--pp {self.planner.pp}): use --zero1 or "
                              f"replicated weights")
         if self.planner.strategy is not None:
-            parse_strategies(self.planner.strategy)  # a config file's malformed value: before any rank starts
+            if self.planner.strategy != AUTO_STRATEGIES:  # auto: proposed from the data (`setup.py`)
+                parse_strategies(self.planner.strategy)  # a config file's malformed value: before any rank starts
             plan = self.planner
             refuse_with_strategy((("--tp", plan.tp > 1), ("--pp", plan.pp > 1), ("--zero1", opt.zero1),
                                   ("--fsdp", opt.fsdp), ("--nodes", (plan.nodes or 1) > 1),

@@ -12,13 +12,11 @@ exception is by choice: wlb-llm, and ballast under a pipeline, hold outliers for
 """
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
 import signal
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -27,36 +25,24 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
-from ..command_line.options import parse_strategies
+from ..command_line.options import AUTO_STRATEGIES
 from ..command_line.provenance import provenance
-from ..vocabulary.cluster import Cluster, default_cluster, get_cluster
-from ..vocabulary.job_mesh import JobMesh
-from ..pricing.cost import CostModel
-from ..pricing.cost_sources import get_cost_model
-from ..vocabulary.sharding import Sharding
-from ..dataset import (BatchStream, ClipStream, build_corpus, check_data_kind, check_vocab, is_video_data,
-                       open_clip_stream)
-from ..models import build_model, check_buildable
 from ..plans.plan import Plan
 from ..plans.strategy_plan import StrategyPlan
-from ..planners import Planner, PlannerOptions, get_planner
-from ..planners.strategy_choice import StrategyChoice, strategy_planner
-from ..planners.strategy_prices import StrategyPrices
+from ..planners import Planner
 from ..planners.held import DeferredSamples
-from ..runtime import PeerFailed, StepResult, broadcast_plan, parallelize, rank_device
+from ..runtime import PeerFailed, StepResult, broadcast_plan, rank_device
 from ..runtime.executor import Executor
 from ..runtime.strategy import StrategyExecutor
-from ..vocabulary.model_shape import ModelShape, get_model_shape
-from ..vocabulary.layouts import ANY_SPLIT
 from . import checkpoint
-from .hf_folder import check_tokenizer, export_model, folder_loader, resolve_tokenizer
+from .hf_folder import export_model, folder_loader
 from .ahead import Lookahead, StepInput, load_data_state
 from .config import OptimizerConfig, TrainConfig
 from .nonfinite import nonfinite_step, nothing_trained
 from .resume import checkpoint_to_resume, say_what_changed
 from .metrics import MetricsLog, ProgressDisplay, StepRecord, final_history, plan_facts, summarise
 from .plots import write_report
-from ..planners.fits import check_fits
+from .setup import Setup, make_executor, make_planner, open_data, with_proposed_strategies
 
 FAULT_AT_STEP = "BALLAST_FAULT_AT_STEP"
 """Testing aid: on torchrun's first attempt rank 1 fails in the middle of this step."""
@@ -67,119 +53,6 @@ SETUP_TIMEOUT = timedelta(hours=24)
 """How long the other ranks wait for rank 0 to prepare the data (`from_rank0`)."""
 
 T = TypeVar("T")
-
-
-@dataclass
-class Setup:
-    """What every rank derives from the config alone (so every rank agrees on it)."""
-
-    shape: ModelShape
-    cluster: Cluster
-    """The job's devices."""
-    mesh: JobMesh
-    """Its TP degree, PP degree and the pool the plans are made over."""
-    cost: CostModel
-    """A rank's of the mesh (a TP shard's), over the pool."""
-    tokenizer: str
-    """The tokenizer the corpus is tokenised with: --tokenizer, else an hf:PATH model's own
-    tokenizer.json, else "bytes" (hf_folder.resolve_tokenizer)."""
-    strategies: StrategyPrices | None = None
-    """Under --strategy: the strategies a step may take and their prices (`mesh` is then the one
-    pool of every rank, which no step runs, and `cost` the first pipeline's of the first strategy)."""
-
-    @classmethod
-    def of(cls, config: TrainConfig, world: int, gpu_name: str | None = None) -> Setup:
-        """The setup of `world` ranks on GPUs of model `gpu_name` (None: on the CPU), which
-        names the cluster when the config does not (`cluster.default_cluster`)."""
-        shape = get_model_shape(config.model.model)
-        check_buildable(shape)
-        check_data_kind(config.data.source, shape)
-        if config.planner.pp > 1 and shape.hf_folder is not None:
-            raise ValueError(f"--pp {config.planner.pp} with an hf:PATH model: writing the trained Hugging Face "
-                             f"folder from pipeline stages is not supported; train it without --pp")
-        spec = config.planner.cluster or default_cluster(world, gpu_name)
-        cluster = get_cluster(spec, world, config.planner.device_memory_gb, config.planner.nodes)
-        mesh = JobMesh.of(cluster, tp=config.planner.tp, pp=config.planner.pp, shape=shape)
-        tokenizer = resolve_tokenizer(config.data.tokenizer, shape)
-        if config.planner.strategy is not None:
-            prices = _strategy_prices(config, shape, cluster)
-            return cls(shape, cluster, mesh, prices.costs[prices.strategies[0]][0], tokenizer, prices)
-        sharding = Sharding.of_flags(config.optimizer.zero1, config.optimizer.fsdp)
-        cost = get_cost_model(config.planner.cost, shape, cluster, config.planner.device_memory_gb, sharding,
-                              config.run.precision, mesh)
-        check_fits(cost.under(ANY_SPLIT), [config.data.max_len])  # a max_len no plan can hold fails here, not at step k
-        return cls(shape, cluster, mesh, cost, tokenizer)
-
-    @property
-    def pool(self) -> Cluster:
-        """The cluster the plans are made for: the mesh's pool (`JobMesh.pool_cluster`)."""
-        return self.mesh.pool_cluster(self.cluster)
-
-    def describe(self) -> str:
-        where = "" if self.cost.source != "analytic" else " (`ballast profile` measures a real one)"
-        mesh = f", {self.mesh.describe()}: plans over the pool" if self.mesh.tp * self.mesh.pp > 1 else ""
-        if self.strategies is not None:
-            mesh = f", a step under {' or '.join(map(str, self.strategies.strategies))}"
-        return (f"cost model: {self.cost.source} for {self.shape.name} on {self.cluster.name} "
-                f"({self.cluster.world_size} ranks{mesh}, {self.cost.device_memory / 1e9:.3g} GB each){where}")
-
-
-def _strategy_prices(config: TrainConfig, shape: ModelShape, cluster: Cluster) -> StrategyPrices:
-    """The prices of --strategy's strategies, once the model and the run can take them."""
-    if shape.hf_folder is not None or shape.diffusers_folder is not None:
-        raise ValueError(f"--strategy with model {shape.name!r}: writing the trained folder back from the canonical "
-                         f"layout is not supported yet; train it without --strategy")
-    prices = StrategyPrices(parse_strategies(config.planner.strategy), config.planner.cost, shape, cluster,
-                            config.planner.device_memory_gb)
-    prices.check_max_len(config.data.max_len)
-    return prices
-
-
-def open_data(config: TrainConfig, setup: Setup, progress: bool) -> tuple[BatchStream | ClipStream, str]:
-    """The run's batches and what they are, said in the log. Text: the corpus (tokenised once,
-    then from the cache), checked against the model's vocab: the tokenizer's before tokenising,
-    the corpus's after (a `tokens:` source brings its own). Video: the clips, every one checked
-    against max_len up front."""
-    data, seed = config.data, config.run.seed
-    if is_video_data(data.source):
-        clips = open_clip_stream(data.source, setup.shape.video_geometry, data.tokens_per_step, data.max_len, seed,
-                                 setup.shape.caption_dim, setup.shape.max_axis_patches)
-        return clips, clips.describe()
-    check_tokenizer(setup.tokenizer, data.tokenizer, setup.shape)
-    corpus = build_corpus(data.source, tokenizer=setup.tokenizer, cache_dir=data.cache_dir,
-                          text_field=data.text_field, skip_bad=data.skip_bad, progress=progress)
-    check_vocab(corpus.vocab_size, setup.shape.vocab, setup.shape.name)
-    return BatchStream(corpus, data.tokens_per_step, data.max_len, seed), corpus.describe()
-
-
-def planner_options(config: TrainConfig) -> PlannerOptions:
-    return PlannerOptions(max_len=config.data.max_len, degree=config.planner.degree, cp=config.planner.cp,
-                          seed=config.run.seed, time_limit=config.planner.time_limit,
-                          routing=config.planner.routing, defer_outliers=config.planner.defer_outliers,
-                          lockstep=config.optimizer.fsdp)
-
-
-def make_planner(config: TrainConfig, setup: Setup) -> Planner | StrategyChoice:
-    """The run's planner (under --strategy, placed on the strategies); an option it would ignore
-    (--cp with ballast) is refused."""
-    options = planner_options(config)
-    options.check_read([config.planner.planner], unset=planner_options(TrainConfig()))
-    if setup.strategies is not None:
-        return strategy_planner(config.planner.planner, setup.strategies, options)
-    return get_planner(config.planner.planner, setup.pool, setup.cost, options)
-
-
-def make_executor(config: TrainConfig, setup: Setup) -> Executor | StrategyExecutor:
-    """What runs the run's plans on this rank: its part of the one mesh, or of each step's strategy."""
-    opt = config.optimizer
-    adamw = {"lr": opt.lr, "betas": (opt.beta1, opt.beta2), "weight_decay": opt.weight_decay}
-    if setup.strategies is not None:
-        return StrategyExecutor(functools.partial(build_model, setup.shape, config.run.seed), setup.cluster,
-                                precision=config.run.precision, **adamw)
-    # Built on the host: parallelize moves only this rank's stage and TP shard to the device.
-    return parallelize(build_model(setup.shape, config.run.seed), setup.cluster, mesh=setup.mesh,
-                       fsdp=opt.fsdp, zero1=opt.zero1, precision=config.run.precision, bucket_bytes=opt.bucket_bytes,
-                       **adamw)
 
 
 def learning_rate(step: int, steps: int, opt: OptimizerConfig) -> float:
@@ -199,7 +72,10 @@ def train(config: TrainConfig) -> dict | None:
     console = Console(soft_wrap=True)
     out = Path(config.run.out_dir)
     origin = provenance() if rank == 0 else None
-    setup = Setup.of(config, world, torch.cuda.get_device_name(device) if device.type == "cuda" else None)
+    gpu_name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    if config.planner.strategy == AUTO_STRATEGIES:  # proposed once, by rank 0, from the training data
+        _, config = from_rank0(lambda: (None, with_proposed_strategies(config, world, gpu_name, console)))
+    setup = Setup.of(config, world, gpu_name)
 
     # Data, planner and the checkpoint to resume from are rank 0's; the others learn only
     # whether that worked and where to resume.
@@ -318,7 +194,7 @@ def _prepare_data(config: TrainConfig, setup: Setup, world: int, console: Consol
     if meta is not None:  # another model fails here, before anything of the checkpoint is used
         checkpoint.check_same_model(Path(resume), meta, setup.shape)
         say_what_changed(Path(resume), meta, config, world, console)
-    stream, described = open_data(config, setup, progress=True)
+    stream, described = open_data(config, setup.shape, setup.tokenizer, progress=True)
     planner, held = make_planner(config, setup), DeferredSamples()
     if meta is not None:  # a position of other data or another seed fails here, on every rank
         load_data_state(stream, held, meta["data"])

@@ -54,14 +54,15 @@ class Trainer:
 
     def _fit_local(self) -> dict | None:
         from ..runtime import run_local
-        from .loop import Setup, make_planner, open_data, train
+        from .loop import train
+        from .setup import Setup, make_planner, open_data, with_proposed_strategies
 
-        config = self.config
-        world = config.run.world or DEFAULT_WORLD
+        world = self.config.run.world or DEFAULT_WORLD
         # Fail on user errors here, with a plain message, before any rank starts; a corpus is
         # tokenised once here (with a progress bar) and the ranks read it from the cache.
+        config = with_proposed_strategies(self.config, world, console=Console(soft_wrap=True))
         setup = Setup.of(config, world)
-        open_data(config, setup, progress=True)
+        open_data(config, setup.shape, setup.tokenizer, progress=True)
         make_planner(config, setup)
         # A rank's error comes back once, as that rank's (a ValueError as `RankInputError`).
         return run_local(world, train, config, timeout=math.inf,

@@ -253,9 +253,10 @@ CASES = [
     ("train --world 2 --strategy 1x1,1x1 --max-len 4096 --tokens-per-step 4096 --device-memory-gb 0.015", 2,
      r"--max-len 4096: a sequence of that length fits no pipeline of strategy \[\(1,1\),\(1,1\)\]"),
     ("train --world 2 --strategy 1x1;2y1", 2, r"strategy '2y1': '2y1' is not a pipeline"),
-    ("train --world 2 --strategy auto", 2, r"--strategy auto proposes strategies from a length histogram in "
-                                           r"`ballast simulate` \(--lengths\) only"),
-    ("verify --world 8 --strategy auto", 2, r"--strategy auto proposes strategies .* in `ballast simulate`"),
+    ("train --world 2 --strategy auto --model stdit-tiny --data video-synthetic", 2,
+     r"--strategy auto with video data: the proposal prices token lengths, not clip shapes"),
+    ("verify --world 8 --strategy auto", 2, r"--strategy auto proposes strategies from a length histogram, in "
+                                            r"`ballast simulate` \(of --lengths\) and `ballast train`"),
     ("simulate --cluster h100-16 --model gpt-7b --strategy 4x2,1x4,1x4 --planners hydraulis --steps 1 "
      "--max-len 32768 --lengths lognormal:10.2,0.2", 2,
      r"planner hydraulis: the batch's longest sequence \(32768 tokens\) fits no pipeline of strategy "

@@ -154,7 +154,7 @@ def test_cost_model_from_a_profile_file(tmp_path):
     """--cost PATH loads a `ballast profile` JSON; one made for another model is refused."""
     from ballast.vocabulary.cluster import get_cluster
     from ballast.vocabulary.model_shape import get_model_shape
-    from ballast.train.loop import Setup
+    from ballast.train.setup import Setup
 
     cluster = get_cluster("cpu", world_size=2, device_memory_gb=1.0)
     profiled = dataclasses.replace(analytic_cost(get_model_shape("tiny"), cluster), source="profiled")
@@ -170,7 +170,7 @@ def test_cost_model_from_a_profile_file(tmp_path):
 def test_cluster_defaults_to_cpu_on_cpu_ranks_and_to_the_gpus_preset_on_gpus():
     """Under NCCL `train` planned for the cpu preset without a word; the GPU's model now names the
     cluster when --cluster does not (the ranks pass torch.cuda.get_device_name; a name here)."""
-    from ballast.train.loop import Setup
+    from ballast.train.setup import Setup
 
     assert Setup.of(parse(), world=2).cluster.name == "cpu"
     on_h100 = Setup.of(parse(), world=2, gpu_name="NVIDIA H100 80GB HBM3")

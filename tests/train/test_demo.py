@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 from ballast.train.config import load_toml
-from ballast.train.loop import Setup, make_planner, open_data
+from ballast.train.setup import Setup, make_planner, open_data
 from ballast.train.metrics import layout_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ def test_the_demo_trains_demo_toml():
 def test_the_demo_steps_run_more_than_one_layout():
     config = load_toml(ROOT / "demo.toml")
     setup = Setup.of(config, config.run.world)
-    stream, _ = open_data(config, setup, progress=False)
+    stream, _ = open_data(config, setup.shape, setup.tokenizer, progress=False)
     planner = make_planner(config, setup)
     steps = config.run.steps
     layouts = Counter(layout_of(planner.plan(stream.next_batch().planned)) for _ in range(steps))

@@ -1,7 +1,8 @@
 """`ballast train --strategy` for real on 8 gloo ranks: hydraulis chooses each step's strategy among
 three (its stage 1, stage 2 and choice), the strategy changes across steps, a run resumed from the
 canonical layout's checkpoint equals the uninterrupted one bit for bit, and ballast's choice over
-the same strategies trains the same batches to the same losses.
+the same strategies trains the same batches to the same losses; `--strategy auto` proposes its
+strategies from the training data (on rank 0, as under torchrun) and trains under them.
 
 The budget (MEMORY_GB) lets a lone rank hold at most 194 tokens without recomputation (Hydraulis
 runs none), a (2,2) pipeline 506, and the corpus' documents are up to 300 bytes: a batch of short
@@ -64,9 +65,10 @@ def runs(tmp_path_factory) -> dict[str, Path | str]:
     the hydraulis checkpoint resumed without --strategy (its error is "error")."""
     root = tmp_path_factory.mktemp("strategy-runs")
     corpus = jsonl_corpus(root, documents=200, longest=300, seed=0)
-    outs: dict[str, Path | str] = {name: root / name for name in ("whole", "split", "ballast")}
+    outs: dict[str, Path | str] = {name: root / name for name in ("whole", "split", "ballast", "auto")}
     configs = [config(corpus, outs["whole"], 4), config(corpus, outs["split"], 2), config(corpus, outs["split"], 4),
-               config(corpus, outs["ballast"], 4, planner="ballast")]
+               config(corpus, outs["ballast"], 4, planner="ballast"), config(corpus, outs["auto"], 2, strategy="auto")]
+    outs["corpus"] = corpus
     configs[0].run.report = True
     failing = config(corpus, outs["whole"], 6, strategy=None, device_memory_gb=0.02)
     outs["error"] = run_local(8, _train_all, configs, failing, timeout=900)[0]
@@ -101,3 +103,16 @@ def test_any_planner_trains_the_same_batches_to_the_same_losses(runs):
 
 def test_a_canonical_checkpoint_resumes_only_under_a_strategy(runs):
     assert "saved with --strategy (its state in the canonical layout); resume it with --strategy" in runs["error"]
+
+
+def test_auto_proposes_strategies_from_the_training_data_and_trains_under_them(runs):
+    from ballast.train.config import load_toml
+    from ballast.train.setup import with_proposed_strategies
+
+    written = load_toml(runs["auto"] / "config.toml").planner.strategy
+    # What rank 0 proposed is what the same config proposes here: the training data's lengths alone decide it.
+    expected = with_proposed_strategies(config(runs["corpus"], runs["auto"], 2, strategy="auto"), 8).planner.strategy
+    assert written == expected != "auto"
+    names = {str(s) for s in parse_strategies(written)}
+    history = final_history(runs["auto"] / "metrics.jsonl")
+    assert len(history) == 2 and all(r["strategy"] in names and r["planner"] == "hydraulis" for r in history)
