@@ -120,33 +120,37 @@ def stage_seconds(costs: Sequence[CostModel], samples: Sequence[Sample], stages:
 
 
 def dispatch(c: np.ndarray, stages: Sequence[int], seed: int) -> tuple[list[list[int]], float]:
-    """Stage 1 (module docstring): sequence ids per pipeline, ascending, and the winning M."""
+    """Stage 1 (module docstring): sequence ids per pipeline, ascending, and the winning M. The
+    TRIALS shuffles run side by side, a sequence of each at a time (the same floats and ties as
+    one trial after another: a Python loop over sequences, not over trials and sequences)."""
     pipelines, n = c.shape
     warm = np.asarray(stages, dtype=np.float64) - 1.0
     fits = np.isfinite(c)
     forced = fits.sum(axis=0) == 1
     rng = np.random.default_rng(seed)
-    best_ids, best_m = None, math.inf
-    for _ in range(TRIALS):
+    orders = np.empty((TRIALS, n), dtype=np.int64)
+    for t in range(TRIALS):
         order = rng.permutation(n)
-        order = np.concatenate([order[forced[order]], order[~forced[order]]])
-        acc, w, worst = np.zeros(pipelines), np.zeros(pipelines), 0.0
-        owner = np.empty(n, dtype=np.int64)
-        for i in order.tolist():
-            with np.errstate(invalid="ignore"):  # 0 x inf: a one-stage pipeline that cannot hold i
-                value = np.where(fits[:, i], np.maximum(worst, acc + c[:, i] + np.maximum(w, warm * c[:, i])), np.inf)
-            low = value.min()
-            ties = np.flatnonzero(value == low)
-            empty = ties[acc[ties] == 0.0]
-            j = int(empty[-1] if len(empty) else ties[0])
-            acc[j] += c[j, i]
-            w[j] = max(w[j], warm[j] * c[j, i])
-            worst = max(worst, acc[j] + w[j])
-            owner[i] = j
-        if worst < best_m:
-            best_m, best_ids = worst, owner
-    assert best_ids is not None
-    return [np.flatnonzero(best_ids == j).tolist() for j in range(pipelines)], best_m
+        orders[t] = np.concatenate([order[forced[order]], order[~forced[order]]])
+    rows = np.arange(TRIALS)
+    acc, w, worst = np.zeros((TRIALS, pipelines)), np.zeros((TRIALS, pipelines)), np.zeros(TRIALS)
+    owner = np.empty((TRIALS, n), dtype=np.int64)
+    for k in range(n):
+        i = orders[:, k]
+        ci, fi = c[:, i].T, fits[:, i].T  # [trial, pipeline]
+        with np.errstate(invalid="ignore"):  # 0 x inf: a one-stage pipeline that cannot hold i
+            value = np.where(fi, np.maximum(worst[:, None], acc + ci + np.maximum(w, warm * ci)), np.inf)
+        ties = value == value.min(axis=1, keepdims=True)
+        empty = ties & (acc == 0.0)
+        # The last empty pipeline among the ties, else the first tie.
+        j = np.where(empty.any(axis=1), pipelines - 1 - np.argmax(empty[:, ::-1], axis=1), np.argmax(ties, axis=1))
+        cj = ci[rows, j]
+        acc[rows, j] += cj
+        w[rows, j] = np.maximum(w[rows, j], warm[j] * cj)
+        worst = np.maximum(worst, acc[rows, j] + w[rows, j])
+        owner[rows, i] = j
+    best = int(np.argmin(worst))  # the first trial on a tie
+    return [np.flatnonzero(owner[best] == j).tolist() for j in range(pipelines)], float(worst[best])
 
 
 def pack(cost: CostModel, stages: int, samples: Sequence[Sample]) -> tuple[Plan, float]:
