@@ -27,7 +27,7 @@ import numpy as np
 from ..vocabulary.cluster import Cluster
 from ..vocabulary.job_mesh import JobMesh
 from ..vocabulary.layouts import ULYSSES_ONLY, HeadLayout, Splits
-from ..vocabulary.samples import Sample, sample_grid, tokens as sample_tokens
+from ..vocabulary.samples import Sample, sample_grid, sample_token_counts, tokens as sample_tokens
 from ..vocabulary.split_catalogue import SplitCatalogue
 from .coefficients import CostCoefficients, InfeasibleError
 from .device_memory import DeviceMemory
@@ -286,4 +286,4 @@ class CostModel(CostCoefficients):
 
 def tokens_array(samples: Sequence[Sample]) -> np.ndarray:
     """The samples' token counts as float64."""
-    return np.fromiter(map(sample_tokens, samples), dtype=np.float64, count=len(samples))
+    return sample_token_counts(samples)

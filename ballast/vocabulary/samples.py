@@ -70,9 +70,32 @@ def attention_units(samples: Sequence[Sample], pattern: AttentionPattern | str =
 
 def sample_grid(samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
     """Frames F and patches per frame S of every sample (float64); a text sequence is one frame of s."""
+    whole = _uniform(samples)
+    if whole is not None:  # every planner prices its batch's samples many times: one C loop, not one per sample
+        if whole.ndim == 1:
+            return np.ones(len(whole)), whole
+        return whole[:, 0].copy(), whole[:, 1] * whole[:, 2]
     frames = np.array([x[0] if _is_shape(x) else 1 for x in samples], dtype=np.float64)
     per_frame = np.array([x[1] * x[2] if _is_shape(x) else x for x in samples], dtype=np.float64)
     return frames, per_frame
+
+
+def sample_token_counts(samples: Sequence[Sample]) -> np.ndarray:
+    """The samples' token counts as float64."""
+    whole = _uniform(samples)
+    if whole is not None:
+        return whole if whole.ndim == 1 else whole.prod(axis=1)
+    return np.fromiter(map(tokens, samples), dtype=np.float64, count=len(samples))
+
+
+def _uniform(samples: Sequence[Sample]) -> np.ndarray | None:
+    """The samples as one float64 array where they are all text lengths ([n]) or all clip shapes
+    ([n, 3]); None for a mix."""
+    try:
+        whole = np.array(samples, dtype=np.float64)
+    except (ValueError, TypeError):  # text and clips mixed: rows of different lengths
+        return None
+    return whole if whole.ndim == 1 or (whole.ndim == 2 and whole.shape[1] == 3) else None
 
 
 def split_sample(sample: Sample, max_len: int) -> list[Sample]:
