@@ -50,7 +50,10 @@ class StrategyPrices:
     def holds(self, strategy: Strategy, samples: Sequence[Sample]) -> bool:
         """Whether every sample fits some pipeline of `strategy` (at its largest SP degree with
         every layer recomputed, if need be)."""
-        fits = [sequence_times(cost, samples) < float("inf") for cost in self.costs[strategy]]
+        # A layout's pipelines share one cost model's capacity: each distinct layout once (a
+        # thousand ranks run a hundred pipelines of four layouts).
+        distinct = dict(zip(strategy.pipelines, self.costs[strategy]))
+        fits = [sequence_times(cost, samples) < float("inf") for cost in distinct.values()]
         return bool(sum(f.any(axis=0) for f in fits).all())
 
     def check_max_len(self, max_len: int | None) -> None:
