@@ -129,8 +129,8 @@ def main() -> None:
     names = sys.argv[1].split(",") if len(sys.argv) > 1 else list(SETTINGS)
     out = Path("bench/results/hydraulis.json")
     record = json.loads(out.read_text()) if out.is_file() else {}
-    record.pop("provenance", None)  # each setting carries its own: settings are re-run one at a time
     origin = provenance()  # the code this process runs, whatever the tree becomes meanwhile
+    record["provenance"] = origin  # the latest run's; each setting carries its own too (one may be re-run alone)
     for name in names:
         record[name] = run(name, origin)
         out.write_text(json.dumps(record, indent=1))

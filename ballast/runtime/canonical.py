@@ -240,6 +240,19 @@ class CanonicalState:
         return self._in_model_order([self._whole(u, s.grad if s.grad is not None else torch.zeros_like(s))
                                      for u, s in enumerate(self.shards)])
 
+    def parameters_on_host(self, rank: int = 0) -> dict[str, Tensor]:
+        """Every trained tensor whole on global rank `rank`'s host, by name in the model's order, {}
+        on the others (a collective): a unit at a time, so a device holds one unit whole at most
+        (writing a trained model out, where the whole would not fit a device)."""
+        units = []
+        for u, shard in enumerate(self.shards):
+            unit = self._whole(u, shard.detach())
+            units.append({n: t.cpu() for n, t in unit.items()} if self.rank == rank else {})
+        if self.rank != rank:
+            return {}
+        byname = {n: t for unit in units for n, t in unit.items()}
+        return {n: byname[n] for n in self.order}
+
     def _whole(self, u: int, shard: Tensor) -> dict[str, Tensor]:
         """Unit `u` whole on every rank from every rank's `shard` of it (a collective), by name."""
         flat = self._whole_flat(shard)

@@ -146,6 +146,11 @@ class StrategyExecutor:
             state.update({f"{name}{u}": value for name, value in adam.items()})
         return state
 
+    def parameters_on_host(self) -> dict[str, torch.Tensor]:
+        """Every trained parameter whole, by name, on rank 0's host ({} elsewhere; a collective, a
+        unit at a time: what writing the trained model out takes)."""
+        return self.canonical.parameters_on_host(0)
+
     def parameters(self) -> list[torch.Tensor]:
         """Every trained parameter whole, in the model's order (a collective, for checks)."""
         return self.canonical.whole_parameters()

@@ -34,7 +34,9 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from ..dataset import check_vocab, load_tokenizer
+from ..models import build_model
 from ..runtime import Executor
+from ..runtime.strategy import StrategyExecutor
 from ..vocabulary.model_shape import ModelShape
 from ..vocabulary.value_checks import read_json
 from ..models.diffusers_wan import save_wan
@@ -90,7 +92,7 @@ def check_tokenizer(tokenizer: str, configured: str | None, shape: ModelShape) -
                      f"or a model with a vocab_size of at least {vocab}")
 
 
-def save_hf_model(executor: Executor, shape: ModelShape, tokenizer: str, out: Path,
+def save_hf_model(executor: Executor | StrategyExecutor, shape: ModelShape, tokenizer: str, out: Path,
                   provenance: dict[str, Any]) -> Path | None:
     """Write the trained `HFCausalLM` the executor trains as `out/hf-model/` (collective: every
     rank calls it; the parameters are gathered to rank 0, which writes). Returns the folder on
@@ -98,17 +100,18 @@ def save_hf_model(executor: Executor, shape: ModelShape, tokenizer: str, out: Pa
     weights = _gathered(executor, WRAPPER_PREFIX)
     if weights is None:
         return None
+    shell = build_model(shape, weights=False)  # the user's class whole (the executor's may be cut or split)
 
     def write(folder: Path) -> None:
         with progress_bars(shown=False):  # save_pretrained draws one per shard, and pops from the dict: ours
-            executor.model.hf.save_pretrained(folder, state_dict=weights)
+            shell.hf.save_pretrained(folder, state_dict=weights)
         note = _copy_tokenizer(shape, tokenizer, folder)
         _write_record(folder, shape, {**provenance, "tokenizer": tokenizer, "tokenizer_files": note})
 
     return _replace(out / HF_MODEL_DIR, write)
 
 
-def save_diffusers_model(executor: Executor, shape: ModelShape, out: Path,
+def save_diffusers_model(executor: Executor | StrategyExecutor, shape: ModelShape, out: Path,
                          provenance: dict[str, Any]) -> Path | None:
     """Write the trained `DiffusersWan` the executor trains as `out/diffusers-model/`, which the
     model class's `from_pretrained` loads (collective, as `save_hf_model`)."""
@@ -117,13 +120,13 @@ def save_diffusers_model(executor: Executor, shape: ModelShape, out: Path,
         return None
 
     def write(folder: Path) -> None:
-        save_wan(dict(executor.model.wan.config), weights, folder)
+        save_wan(dict(build_model(shape, weights=False).wan.config), weights, folder)
         _write_record(folder, shape, provenance)
 
     return _replace(out / DIFFUSERS_MODEL_DIR, write)
 
 
-def export_model(executor: Executor, shape: ModelShape, tokenizer: str, out: Path,
+def export_model(executor: Executor | StrategyExecutor, shape: ModelShape, tokenizer: str, out: Path,
                  provenance: dict[str, Any]) -> Path | None:
     """The trained model written back as the kind of folder it came from (`hf:PATH`,
     `diffusers:PATH`); None for ballast's own models, and on ranks other than 0 (collective)."""
@@ -143,10 +146,13 @@ def folder_loader(shape: ModelShape) -> str | None:
     return None
 
 
-def _gathered(executor: Executor, prefix: str) -> dict[str, torch.Tensor] | None:
+def _gathered(executor: Executor | StrategyExecutor, prefix: str) -> dict[str, torch.Tensor] | None:
     """The user's model's whole state dict (the wrapper's keys under `prefix`, without it), on
-    rank 0's CPU; None on the other ranks. Collective: under FSDP2 and TP every rank takes part."""
-    if executor.tensor_parallel is None:
+    rank 0's CPU; None on the other ranks. Collective: under FSDP2, TP and strategies every rank
+    takes part."""
+    if isinstance(executor, StrategyExecutor):  # the canonical shards, a unit at a time, to rank 0's host
+        state = executor.parameters_on_host()
+    elif executor.tensor_parallel is None:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(executor.model, options=options)  # full tensors on rank 0, {} elsewhere
     else:  # its split layers' shards gathered whole on every rank (FSDP2's too)

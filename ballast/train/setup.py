@@ -90,9 +90,9 @@ def job_of(config: TrainConfig, world: int, gpu_name: str | None = None) -> tupl
     if config.planner.pp > 1 and shape.hf_folder is not None:
         raise ValueError(f"--pp {config.planner.pp} with an hf:PATH model: writing the trained Hugging Face "
                          f"folder from pipeline stages is not supported; train it without --pp")
-    if config.planner.strategy is not None and (shape.hf_folder is not None or shape.diffusers_folder is not None):
-        raise ValueError(f"--strategy with model {shape.name!r}: writing the trained folder back from the canonical "
-                         f"layout is not supported yet; train it without --strategy")
+    if config.planner.strategy is not None and shape.diffusers_folder is not None:
+        raise ValueError(f"--strategy with model {shape.name!r}: a diffusers model is not trained under strategies "
+                         f"(its clips are not priced per pipeline); train it without --strategy")
     spec = config.planner.cluster or default_cluster(world, gpu_name)
     return shape, get_cluster(spec, world, config.planner.device_memory_gb, config.planner.nodes)
 

@@ -265,8 +265,8 @@ CASES = [
      r"no strategy of 16 ranks holds the longest length \(65536 tokens\) without recomputation"),
     ("simulate --cluster cpu --world 8 --model tiny --strategy 1x1x4,2x2 --planners hydraulis --steps 1", 2,
      r"strategy \[\(1,1\)x4,\(2,2\)\] has a pipeline of several replicas; Hydraulis' pipelines are one replica"),
-    ("train --world 2 --strategy 1x1,1x1 --model hf:{mistral} --max-len 16", 2,
-     r"--strategy with model .*writing the trained folder back from the canonical layout is not supported yet"),
+    ("train --world 2 --strategy 1x1,1x1 --model diffusers:{wan-tiny} --data video-synthetic", 2,
+     r"--strategy with model .*a diffusers model is not trained under strategies"),
     ("verify --world 4 --strategy 2x2,2x2", 2, r"holds 8 ranks, but cluster 'cpu' has 4"),
     # Hugging Face models: a missing folder, not a causal LM, a sliding window shorter than --max-len
     ("simulate --model hf:/no/such/folder", 2, r"hf:/no/such/folder: no config.json"),

@@ -4,7 +4,8 @@ What it checks: the tokenizer a run picks (the model folder's tokenizer.json, el
 the vocab errors, before any rank starts; `static` and `ballast` plans end at the same
 parameters; the Hugging Face folder the run writes (`hf-model/`) loads with
 `AutoModelForCausalLM.from_pretrained` and holds exactly the trained weights, replicated and
-gathered from FSDP2 shards; resume is exact; `--data hf-dataset:PATH` trains.
+gathered from FSDP2 shards and from the canonical layout of a run under heterogeneous strategies;
+resume is exact; `--data hf-dataset:PATH` trains.
 
 Tolerances. Two planners' plans sum the same per-token losses in another order, so their
 losses agree up to float rounding (LOSS_RTOL, as tests/train/test_run.py), and their final
@@ -43,6 +44,7 @@ BUDGET = 1024
 STEPS = 5
 LOSS_RTOL = 1e-5
 LOGITS_ATOL = 1e-5
+STRATEGIES = "1x1,1x1;2x1"  # two one-rank pipelines, or TP 2 over both ranks
 
 
 def llama_folder(path: Path, vocab: int = 256, tokenizer_words: list[str] | None = None) -> Path:
@@ -128,19 +130,21 @@ def _train_all(configs: list[TrainConfig]) -> list[dict | None]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Path]:
     """One spawn of 2 ranks, the tiny Llama on a byte-level JSONL corpus: STEPS steps under
-    static (SP degree 2) and under ballast; ballast for 3 steps then resumed to STEPS; FSDP2 for STEPS."""
+    static (SP degree 2) and under ballast; ballast for 3 steps then resumed to STEPS; FSDP2 for
+    STEPS; ballast under STRATEGIES for STEPS."""
     from ballast.dataset import build_corpus
 
     root = tmp_path_factory.mktemp("hf-runs")
     model = f"hf:{llama_folder(root / 'llama')}"
     corpus = jsonl_corpus(root, documents=60, longest=600, seed=0)
     build_corpus(corpus[0], cache_dir=corpus[1], progress=False)  # tokenise once, before the ranks
-    outs = {name: root / name for name in ("static", "ballast", "split", "fsdp")}
+    outs = {name: root / name for name in ("static", "ballast", "split", "fsdp", "strategy")}
     static = config(model, corpus, outs["static"], STEPS, planner="static")
     static.planner.degree = 2  # as a Ulysses user fixes it; ballast plans degree 1 with recomputation here
     configs = [static, config(model, corpus, outs["ballast"], STEPS),
                config(model, corpus, outs["split"], 3), config(model, corpus, outs["split"], STEPS),
-               config(model, corpus, outs["fsdp"], STEPS, fsdp=True)]
+               config(model, corpus, outs["fsdp"], STEPS, fsdp=True),
+               config(model, corpus, outs["strategy"], STEPS, strategy=STRATEGIES)]
     run_local(2, _train_all, configs, timeout=600)
     return {"model": model, **outs}
 
@@ -276,3 +280,21 @@ def test_cli_trains_on_an_hf_dataset_with_the_models_tokenizer(tmp_path, capfd):
     assert AutoTokenizer.from_pretrained(export)("the data model")["input_ids"] == expected
     history = final_history(out / "metrics.jsonl")
     assert len(history) == 3 and history[-1]["loss"] < history[0]["loss"]
+
+
+@pytest.mark.slow
+def test_a_run_under_strategies_writes_its_trained_model(runs):
+    from transformers import AutoModelForCausalLM
+
+    out = runs["strategy"]
+    history = final_history(out / "metrics.jsonl")
+    # ballast's rule may also run the two replicas' pooled form, one pipeline over a pool of both
+    assert {r["strategy"] for r in history} <= {"[(1,1),(1,1)]", "[(1,1)x2]", "[(2,1)]"} and len(history) == STEPS
+    # The same batches as ballast's run on the one mesh, so the same losses and parameters up to
+    # rounding; the folder is written from the canonical shards, a unit at a time, to rank 0.
+    assert losses(out) == pytest.approx(losses(runs["ballast"]), rel=LOSS_RTOL)
+    start = initial_weights(runs["model"])
+    assert drift(exported(out), exported(runs["ballast"]), start) <= PARAM_TOLERANCE
+    loaded = AutoModelForCausalLM.from_pretrained(out / HF_MODEL_DIR).state_dict()
+    written = exported(out)
+    assert loaded.keys() == start.keys() and all(torch.equal(loaded[k], written[k]) for k in written)
