@@ -11,6 +11,9 @@ sequence's whole activations), so a pipeline holds what one rank holds at no rec
     holds it and minimises max(M, acc_j + c_ij + max(w_j, (p_j - 1) c_ij)): acc_j its sum of c,
     w_j its (p_j - 1) max c (1F1B's warm-up and cool-down), M the worst acc + w so far; an empty
     pipeline wins a tie, else the first. The trial with the least M wins (the first on a tie).
+    Every pipeline whose total stays under M ties at M, so with many unlike pipelines the tie
+    rule, not the objective, places most sequences: on 1,024 ranks (docs/results.md, H4) the
+    first pipelines fill while long documents raise M and the last get one sequence each.
   stage 2, micro-batches inside each pipeline, for v from ceil(its tokens / cap) up, COUNTS
     values at most: its sequences into v micro-batches minimising the largest one's sum of c
     under the token cap (greedily for every v; for the REFINED best, a MILP solved by HiGHS,
