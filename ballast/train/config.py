@@ -15,7 +15,6 @@ import enum
 import functools
 import inspect
 import json
-import math
 import tomllib
 import typing
 from dataclasses import dataclass, field

@@ -27,6 +27,7 @@ from rich.console import Console
 
 from ..command_line.options import AUTO_STRATEGIES
 from ..command_line.provenance import provenance
+from ..dataset import BatchStream, ClipStream
 from ..plans.plan import Plan
 from ..plans.strategy_plan import StrategyPlan
 from ..planners import Planner
