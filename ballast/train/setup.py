@@ -19,7 +19,7 @@ from ..planners import Planner, PlannerOptions, get_planner
 from ..planners.fits import check_fits
 from ..planners.hydraulis_pool import HISTOGRAM, auto_strategies
 from ..planners.strategy_choice import StrategyChoice, strategy_planner
-from ..planners.strategy_prices import StrategyPrices, named
+from ..planners.strategy_prices import StrategyPrices
 from ..pricing.cost import CostModel
 from ..pricing.cost_sources import get_cost_model
 from ..runtime import parallelize
@@ -116,8 +116,8 @@ def with_proposed_strategies(config: TrainConfig, world: int, gpu_name: str | No
     strategies = auto_strategies(config.planner.cost, shape, cluster, config.planner.device_memory_gb,
                                  [int(n) for n in stream.sample_lengths(ids)])
     if console is not None:
-        console.print(f"--strategy auto: {named(strategies)} proposed from {ids.size} sample lengths of the "
-                      f"training data", highlight=False)
+        console.print(f"--strategy auto: {'; '.join(map(str, strategies))}, proposed from {ids.size:,} sample "
+                      f"lengths of the training data", highlight=False)
     text = ";".join(s.spec() for s in strategies)
     return dataclasses.replace(config, planner=dataclasses.replace(config.planner, strategy=text))
 
