@@ -78,7 +78,8 @@ class StrategyPlanner:
                                       f"{self.strategy}, not even at the largest SP degree of each pool with every "
                                       f"layer recomputed")
             now = summed / ranks + (stages - 1) * longest / stages
-            with_j = (summed + w) / ranks + (stages - 1) * np.maximum(longest, w) / stages
+            with np.errstate(invalid="ignore"):  # 0 x inf: a one-stage pipeline that cannot hold j (masked below)
+                with_j = (summed + w) / ranks + (stages - 1) * np.maximum(longest, w) / stages
             top = int(np.argmax(now))
             others = np.full(len(now), now[top])
             others[top] = np.max(np.delete(now, top), initial=-np.inf)
