@@ -19,7 +19,10 @@ Two movements (`Movement`), unit by unit over the world:
                            shard that rank holds (`WorldHoldings`: every rank's ranges, told once per
                            strategy); a rank receives its ranges in order
              reduce_from   the same pieces back, each rank sending the gradients it counts, the
-                           owners adding what arrives
+                           owners adding what arrives: every piece copied into its pipeline's row
+                           of a [pipelines, shard] buffer (one pipeline lays a value once, so a
+                           row's pieces never overlap), the rows summed, in a few kernels whatever
+                           the number of pieces
 
 A gradient is counted once per pipeline: the pool's ranks all hold the pool's summed gradients
 after their sync (the first pool rank lays them), a TP group's ranks the same gradient of a
@@ -47,6 +50,8 @@ class Holding:
 
     gathered: list[Ranges]
     laid: list[Ranges]
+    pipeline: int = 0
+    """The pipeline the rank runs: ranges laid by the ranks of one pipeline never overlap."""
 
 
 @dataclass(frozen=True)
@@ -128,16 +133,17 @@ class CanonicalState:
         whole = math.ceil(size / self.world) * self.world
         return torch.cat([flat, flat.new_zeros(whole - size)])
 
-    def holding(self, model: nn.Module, tp: int, tp_index: int, lays: bool) -> Holding:
-        """What this rank's compute `model` (TP shard `tp_index` of `tp`) holds; `lays`: whether its
-        gradients count (the first rank of its pool), a TP-whole tensor's on TP index 0 only."""
+    def holding(self, model: nn.Module, tp: int, tp_index: int, lays: bool, pipeline: int = 0) -> Holding:
+        """What this rank's compute `model` (TP shard `tp_index` of `tp`, in `pipeline`) holds;
+        `lays`: whether its gradients count (the first rank of its pool), a TP-whole tensor's on TP
+        index 0 only."""
         held = {n for n, _ in model.named_parameters()}
         gathered, laid = [], []
         for u, unit in enumerate(self.units):
             mine = [(n, self._range(u, n, tp, tp_index)) for n in unit if n in held]
             gathered.append([r for _, r in mine])
             laid.append([r for n, r in mine if lays and (n in self.split or tp_index == 0)])
-        return Holding(gathered, laid)
+        return Holding(gathered, laid, pipeline)
 
     def _held(self, u: int, params: dict[str, nn.Parameter]) -> list[tuple[str, nn.Parameter]]:
         """The unit's tensors among a compute model's `params`, in the unit's order (ascending ranges)."""
@@ -215,15 +221,44 @@ class CanonicalState:
     def _returned(self, u: int, shard: Tensor, exchange: WorldHoldings, grads: list[Tensor]) -> Tensor:
         """Sliced reduction of unit `u`: this rank's `grads` (of its laid ranges, in order) sent to
         the shards' owners; its own shard's sum of what every rank laid in it."""
-        pieces, arriving, laid = self._routes(u, exchange, "laid")
+        _, arriving, laid = self._routes(u, exchange, "laid")
         send = torch.cat(grads) if grads else shard.new_empty(0)
         recv = shard.new_empty(sum(arriving))
         dist.all_to_all_single(recv, send.contiguous(), arriving, laid)
-        reduced, at = shard.new_zeros(shard.numel()), 0
-        for a, b in pieces:
-            reduced[a:b] += recv[at:at + b - a]
-            at += b - a
-        return reduced
+        rows, shifts, lengths = self._rows(u, exchange, shard.device)
+        if not rows:
+            return shard.new_zeros(shard.numel())
+        # recv value k goes to k + its piece's shift: its pipeline's row, at its place in the shard.
+        # output_size: no host sync to size the index.
+        where = torch.arange(recv.numel(), device=shard.device) + torch.repeat_interleave(
+            shifts, lengths, output_size=recv.numel())
+        stacked = shard.new_zeros(rows * shard.numel())
+        stacked.index_copy_(0, where, recv)
+        return stacked.view(rows, shard.numel()).sum(0)
+
+    def _rows(self, u: int, exchange: WorldHoldings, device: torch.device) -> tuple[int, Tensor, Tensor]:
+        """Unit `u`'s reduction layout, made once per strategy: how many pipelines lay into this
+        rank's shard, and per arriving piece (in arrival order) its shift from its place in the
+        received buffer to its place in its pipeline's row, and its length (on `device`)."""
+        if (u, "rows") not in exchange.routes:
+            chunk = self.shards[u].numel()
+            cuts = [(h.pipeline, self._cut(h.laid[u], self.rank, chunk)) for h in exchange.holdings]
+            row_of = {p: i for i, p in enumerate(sorted({p for p, cut in cuts if cut}))}
+            shifts, lengths, at = [], [], 0
+            by_row: dict[int, Ranges] = {}
+            for pipeline, cut in cuts:
+                for a, b in cut:
+                    row = row_of[pipeline]
+                    shifts.append(row * chunk + a - at)
+                    lengths.append(b - a)
+                    by_row.setdefault(row, []).append((a, b))
+                    at += b - a
+            for ranges in by_row.values():  # counted once per pipeline: a row's pieces are disjoint
+                ranges.sort()
+                assert all(prev[1] <= nxt[0] for prev, nxt in zip(ranges, ranges[1:])), "a value laid twice"
+            exchange.routes[u, "rows"] = (len(row_of), torch.tensor(shifts, dtype=torch.long, device=device),
+                                          torch.tensor(lengths, dtype=torch.long, device=device))
+        return exchange.routes[u, "rows"]
 
     # --- checks ------------------------------------------------------------------------------
     def squares(self) -> Tensor:

@@ -90,7 +90,7 @@ class StrategyExecutor:
         if self.movement is Movement.SLICED:
             here = executor.mesh.coordinate(dist.get_rank())
             exchange = WorldHoldings.gather(self.canonical.holding(executor.model, executor.mesh.tp, here.tp_index,
-                                                              lays=here.pool_index == 0))
+                                                              lays=here.pool_index == 0, pipeline=index))
         self._running = (strategy, index, executor, exchange)
         return index, executor, exchange
 
