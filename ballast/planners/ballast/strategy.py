@@ -1,9 +1,8 @@
 """ballast on heterogeneous strategies: for every candidate strategy, the step's sequences assigned
-to its pipelines twice (its own longest-first assignment, `strategies.StrategyPlanner.assign`, and
-Hydraulis' randomised stage 1, `hydraulis_strategies.dispatch`), each pipeline's part planned by
-ballast's planner over its pool, and Hydraulis' own plan (its stage 2's micro-batches, no
-recomputation) beside them where its pipelines hold the batch so; the simulator prices every one whole, parameter movement included
-(`strategy_prices.StrategyPrices.step_seconds`), and the fastest trains the step.
+to its pipelines longest first (`strategies.StrategyPlanner.assign`), each pipeline's part planned
+by ballast's planner over its pool, and Hydraulis' own plan (its two stages, no recomputation)
+beside it where its pipelines hold the batch so; the simulator prices every one whole, parameter
+movement included (`strategy_prices.StrategyPrices.step_seconds`), and the fastest trains the step.
 
 Each candidate's pooled form takes part too (`pooled`: every run of identical adjacent pipelines
 merged into one pipeline of the same (t, p) whose pool is the run's replicas, where its block may
@@ -12,6 +11,11 @@ replicas, so a long sequence's attention is split instead of one replica holding
 ballast trains is never slower, under the cost model, than Hydraulis' own on the same strategies,
 nor than any planner placed on them by the longest-first assignment. Hydraulis'
 plans take part only where its pipelines are one replica each (its own rule refuses a pool).
+
+ballast's parts on Hydraulis' stage 1 (over a rank's recomputed capacity) took part until the
+records of H1-H4 (docs/results.md) showed the pooled form winning all 16 of their steps and that
+placement none; without it the same plans come 41% sooner on 1,024 ranks (H4: 13.5 s to 8.0 s a
+step) and 16% on 32 (H1: 1.70 s to 1.43 s).
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from ...plans.strategy_plan import StrategyPlan
 from ...vocabulary.samples import Sample
 from ...vocabulary.strategy import PipelineLayout, Strategy
 from ..base import PlannerOptions
-from ..hydraulis_strategies import HydraulisStrategies, dispatch, stage_seconds
+from ..hydraulis_strategies import HydraulisStrategies
 from ..strategy_choice import StrategyChoice, own_rule
 from ..strategy_prices import StrategyPrices
 
@@ -39,20 +43,14 @@ class BallastStrategies(StrategyChoice):
         self._pools: dict[Strategy, Strategy | None] = {}
 
     def plans_on(self, strategy: Strategy, samples: Sequence[Sample]) -> list[StrategyPlan]:
-        """ballast's parts on both assignments and on the pooled form, and Hydraulis' own plan where
-        it has one."""
+        """ballast's parts on its assignment and on the pooled form, and Hydraulis' own plan where it
+        has one."""
         placed = self._planner(strategy)
         plans = [placed.plan(samples)]
         if (merged := self._pooled(strategy)) is not None and self.prices.holds(merged, samples):
             plans.append(self._planner(merged).plan(samples))
-        if self.hydraulis is not None:
-            stages = [p.pp for p in strategy.pipelines]
-            # Hydraulis' stage 1 over what a rank holds with every layer recomputed: ballast recomputes
-            c = stage_seconds(self.prices.costs[strategy], samples, stages, recompute=1.0)
-            ids, _ = dispatch(c, stages, self.options.seed)
-            plans.append(placed.place(samples, ids))
-            if (theirs := self.hydraulis.plan_on(strategy, samples)) is not None:
-                plans.append(theirs)
+        if self.hydraulis is not None and (theirs := self.hydraulis.plan_on(strategy, samples)) is not None:
+            plans.append(theirs)
         return plans
 
     def _pooled(self, strategy: Strategy) -> Strategy | None:
