@@ -61,9 +61,14 @@ def strategy_text(text: str) -> str:
     if text.strip() == AUTO_STRATEGIES:
         return AUTO_STRATEGIES
     try:
-        return ";".join(s.spec() for s in parse_strategies(text))
+        return strategies_text(parse_strategies(text))
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def strategies_text(strategies: Sequence[Strategy]) -> str:
+    """The `--strategy` value of these strategies (`parse_strategies` reads it back)."""
+    return ";".join(s.spec() for s in strategies)
 
 
 def parse_strategies(text: str) -> tuple[Strategy, ...]:

@@ -27,7 +27,7 @@ import numpy as np
 from ..vocabulary.cluster import Cluster
 from ..vocabulary.job_mesh import JobMesh
 from ..vocabulary.layouts import ULYSSES_ONLY, HeadLayout, Splits
-from ..vocabulary.samples import Sample, sample_grid, sample_token_counts, tokens as sample_tokens
+from ..vocabulary.samples import Sample, sample_grid, tokens as sample_tokens, tokens_array
 from ..vocabulary.split_catalogue import SplitCatalogue
 from .coefficients import CostCoefficients, InfeasibleError
 from .device_memory import DeviceMemory
@@ -282,8 +282,3 @@ class CostModel(CostCoefficients):
                      * self.attention_factor(self._cp(degree, cp)))
         linear = self.b * tokens * (1.0 + recompute * self.recompute)
         return (attention + linear) / degree + self.exchange_seconds(tokens, degree, cp) * recomputed_exchanges(recompute)
-
-
-def tokens_array(samples: Sequence[Sample]) -> np.ndarray:
-    """The samples' token counts as float64."""
-    return sample_token_counts(samples)

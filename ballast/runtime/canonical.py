@@ -283,10 +283,7 @@ class CanonicalState:
         for u, shard in enumerate(self.shards):
             unit = self._whole(u, shard.detach())
             units.append({n: t.cpu() for n, t in unit.items()} if self.rank == rank else {})
-        if self.rank != rank:
-            return {}
-        byname = {n: t for unit in units for n, t in unit.items()}
-        return {n: byname[n] for n in self.order}
+        return dict(zip(self.order, self._in_model_order(units))) if self.rank == rank else {}
 
     def _whole(self, u: int, shard: Tensor) -> dict[str, Tensor]:
         """Unit `u` whole on every rank from every rank's `shard` of it (a collective), by name."""

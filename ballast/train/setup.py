@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from rich.console import Console
 
-from ..command_line.options import AUTO_STRATEGIES, parse_strategies
+from ..command_line.options import AUTO_STRATEGIES, parse_strategies, strategies_text
 from ..dataset import (BatchStream, ClipStream, build_corpus, check_data_kind, check_vocab, is_video_data,
                        open_clip_stream)
 from ..models import build_model, check_buildable
@@ -118,8 +118,7 @@ def with_proposed_strategies(config: TrainConfig, world: int, gpu_name: str | No
     if console is not None:
         console.print(f"--strategy auto: {'; '.join(map(str, strategies))}, proposed from {ids.size:,} sample "
                       f"lengths of the training data", highlight=False)
-    text = ";".join(s.spec() for s in strategies)
-    return dataclasses.replace(config, planner=dataclasses.replace(config.planner, strategy=text))
+    return dataclasses.replace(config, planner=dataclasses.replace(config.planner, strategy=strategies_text(strategies)))
 
 
 def _strategy_prices(config: TrainConfig, shape: ModelShape, cluster: Cluster) -> StrategyPrices:

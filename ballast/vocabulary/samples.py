@@ -80,7 +80,7 @@ def sample_grid(samples: Sequence[Sample]) -> tuple[np.ndarray, np.ndarray]:
     return frames, per_frame
 
 
-def sample_token_counts(samples: Sequence[Sample]) -> np.ndarray:
+def tokens_array(samples: Sequence[Sample]) -> np.ndarray:
     """The samples' token counts as float64."""
     whole = _uniform(samples)
     if whole is not None:
