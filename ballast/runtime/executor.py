@@ -285,6 +285,29 @@ class Executor:
         writing the model out), in the order of `parameter_names`."""
         return self._whole_over_tensor_parallel([full_tensor(p.detach()) for p in self._params])
 
+    def parameters_on_host(self, rank: int = 0) -> dict[str, Tensor]:
+        """Every trained parameter whole on global rank `rank`'s host, by name in the model's
+        order, {} on the other ranks (a collective): one parameter at a time, so a device holds
+        its shards and one parameter whole at most (writing a trained model out, where the
+        whole model would not fit a device; `parameters` gathers it all on every device)."""
+        here = dist.get_rank() == rank
+        out = {}
+        for name, p in zip(self.parameter_names, self._params):
+            whole = self._whole_parameter(name, p)
+            if here:
+                out[name] = whole.cpu()
+        return out
+
+    def _whole_parameter(self, name: str, p: Tensor) -> Tensor:
+        """Parameter `name` whole on this rank's device: FSDP2's shards gathered, then TP's (a
+        collective of its shard groups)."""
+        whole = full_tensor(p.detach())
+        return whole if self.tensor_parallel is None else self.tensor_parallel.whole([name], [whole])[0]
+
+    def _whole_shape(self, name: str, p: Tensor) -> tuple[int, ...]:
+        """Parameter `name`'s shape whole (FSDP2's parameters show theirs already; TP's shards not)."""
+        return tuple(p.shape) if self.tensor_parallel is None else self.tensor_parallel.whole_shape(name, p.shape)
+
     def _whole_over_tensor_parallel(self, tensors: list[Tensor]) -> list[Tensor]:
         if self.tensor_parallel is None:
             return tensors

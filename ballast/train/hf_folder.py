@@ -19,7 +19,10 @@ ballast.json), which `WanTransformer3DModel.from_pretrained` loads.
 Under FSDP2 the parameters are sharded: every rank takes part in gathering the full state
 dict (`get_model_state_dict` with `full_state_dict=True, cpu_offload=True`, which leaves it on
 rank 0's CPU) and rank 0 writes the folder, into a temporary one renamed into place. Under TP
-the executor gathers its TP groups' shards whole (`Executor.parameters`), FSDP2's with them.
+and PP the executor brings every parameter whole to rank 0's host one at a time
+(`Executor.parameters_on_host`: its TP group's shards gathered, FSDP2's with them, and each later
+stage's sent by that stage's first rank), under --strategy a unit at a time from the canonical
+shards: no device ever holds the whole model.
 Checkpoints are unaffected: they save the wrapper's state through DCP, as for every model.
 """
 from __future__ import annotations
@@ -150,13 +153,12 @@ def _gathered(executor: Executor | StrategyExecutor, prefix: str) -> dict[str, t
     """The user's model's whole state dict (the wrapper's keys under `prefix`, without it), on
     rank 0's CPU; None on the other ranks. Collective: under FSDP2, TP and strategies every rank
     takes part."""
-    if isinstance(executor, StrategyExecutor):  # the canonical shards, a unit at a time, to rank 0's host
+    if isinstance(executor, StrategyExecutor) or executor.tensor_parallel is not None or executor.mesh.pp > 1:
+        # The canonical shards a unit at a time, or TP's and the stages' a parameter at a time, to rank 0's host.
         state = executor.parameters_on_host()
-    elif executor.tensor_parallel is None:
+    else:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(executor.model, options=options)  # full tensors on rank 0, {} elsewhere
-    else:  # its split layers' shards gathered whole on every rank (FSDP2's too)
-        state = dict(zip(executor.parameter_names, executor.parameters()))
     if dist.get_rank() != 0:
         return None
     weights = {}

@@ -87,9 +87,6 @@ def job_of(config: TrainConfig, world: int, gpu_name: str | None = None) -> tupl
     shape = get_model_shape(config.model.model)
     check_buildable(shape)
     check_data_kind(config.data.source, shape)
-    if config.planner.pp > 1 and shape.hf_folder is not None:
-        raise ValueError(f"--pp {config.planner.pp} with an hf:PATH model: writing the trained Hugging Face "
-                         f"folder from pipeline stages is not supported; train it without --pp")
     if config.planner.strategy is not None and shape.diffusers_folder is not None:
         raise ValueError(f"--strategy with model {shape.name!r}: a diffusers model is not trained under strategies "
                          f"(its clips are not priced per pipeline); train it without --strategy")

@@ -131,20 +131,22 @@ def _train_all(configs: list[TrainConfig]) -> list[dict | None]:
 def runs(tmp_path_factory) -> dict[str, Path]:
     """One spawn of 2 ranks, the tiny Llama on a byte-level JSONL corpus: STEPS steps under
     static (SP degree 2) and under ballast; ballast for 3 steps then resumed to STEPS; FSDP2 for
-    STEPS; ballast under STRATEGIES for STEPS."""
+    STEPS; ballast under STRATEGIES for STEPS; ballast under TP 2 and as 2 pipeline stages."""
     from ballast.dataset import build_corpus
 
     root = tmp_path_factory.mktemp("hf-runs")
     model = f"hf:{llama_folder(root / 'llama')}"
     corpus = jsonl_corpus(root, documents=60, longest=600, seed=0)
     build_corpus(corpus[0], cache_dir=corpus[1], progress=False)  # tokenise once, before the ranks
-    outs = {name: root / name for name in ("static", "ballast", "split", "fsdp", "strategy")}
+    outs = {name: root / name for name in ("static", "ballast", "split", "fsdp", "strategy", "tp", "pp")}
     static = config(model, corpus, outs["static"], STEPS, planner="static")
     static.planner.degree = 2  # as a Ulysses user fixes it; ballast plans degree 1 with recomputation here
     configs = [static, config(model, corpus, outs["ballast"], STEPS),
                config(model, corpus, outs["split"], 3), config(model, corpus, outs["split"], STEPS),
                config(model, corpus, outs["fsdp"], STEPS, fsdp=True),
-               config(model, corpus, outs["strategy"], STEPS, strategy=STRATEGIES)]
+               config(model, corpus, outs["strategy"], STEPS, strategy=STRATEGIES),
+               config(model, corpus, outs["tp"], STEPS, tp=2), config(model, corpus, outs["pp"], STEPS, pp=2)]
+    configs[-1].planner.defer_outliers = False  # the batches as drawn, as the runs it is compared with
     run_local(2, _train_all, configs, timeout=600)
     return {"model": model, **outs}
 
@@ -292,6 +294,29 @@ def test_a_run_under_strategies_writes_its_trained_model(runs):
     assert {r["strategy"] for r in history} <= {"[(1,1),(1,1)]", "[(1,1)x2]", "[(2,1)]"} and len(history) == STEPS
     # The same batches as ballast's run on the one mesh, so the same losses and parameters up to
     # rounding; the folder is written from the canonical shards, a unit at a time, to rank 0.
+    assert losses(out) == pytest.approx(losses(runs["ballast"]), rel=LOSS_RTOL)
+    start = initial_weights(runs["model"])
+    assert drift(exported(out), exported(runs["ballast"]), start) <= PARAM_TOLERANCE
+    loaded = AutoModelForCausalLM.from_pretrained(out / HF_MODEL_DIR).state_dict()
+    written = exported(out)
+    assert loaded.keys() == start.keys() and all(torch.equal(loaded[k], written[k]) for k in written)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", ["tp", "pp"])
+def test_a_run_under_tp_or_pp_writes_its_trained_model(runs, run):
+    """Under TP the folder is written from both ranks' shards, under PP from both stages, a
+    parameter at a time to rank 0's host (`Executor.parameters_on_host`); the same batches as
+    ballast's run over a pool of 2, so the same losses and parameters up to rounding."""
+    from transformers import AutoModelForCausalLM
+
+    from ballast.train import checkpoint
+
+    out = runs[run]
+    if run == "tp":
+        assert json.loads((checkpoint.latest(out / "checkpoints") / "meta.json").read_text())["tp"] == 2
+    else:
+        assert all(r["layout"].startswith("pp2[") for r in final_history(out / "metrics.jsonl"))
     assert losses(out) == pytest.approx(losses(runs["ballast"]), rel=LOSS_RTOL)
     start = initial_weights(runs["model"])
     assert drift(exported(out), exported(runs["ballast"]), start) <= PARAM_TOLERANCE

@@ -206,6 +206,29 @@ class PipelineExecutor(Executor):
         """The whole model's parameters, every stage's, whole, on every rank (a collective)."""
         return self._whole(super().parameters())
 
+    def parameters_on_host(self, rank: int = 0) -> dict[str, Tensor]:
+        """Every stage's trained parameters whole on global rank `rank`'s host, by name in the
+        model's order, {} on the other ranks (a collective): stage by stage, a parameter at a
+        time, each made whole on its stage (FSDP2's, TP's shards) and sent by the stage's first
+        rank; so a device holds its stage and one parameter whole at most."""
+        here, out = dist.get_rank() == rank, {}
+        for stage in range(self.mesh.pp):
+            source = self.mesh.rank(stage, 0, 0)
+            mine = stage == self.stage
+            listed = [[(n, self._whole_shape(n, p), p.dtype) for n, p in zip(self.parameter_names, self._params)]
+                      if mine else None]
+            dist.broadcast_object_list(listed, src=source, group=self.groups.job)
+            for (name, shape, dtype), p in zip(listed[0], self._params if mine else [None] * len(listed[0])):
+                whole = self._whole_parameter(name, p) if mine else None
+                if here and source != rank:
+                    whole = torch.empty(shape, dtype=dtype, device=self.device)
+                    dist.recv(whole, src=source, group=self.groups.job)
+                elif dist.get_rank() == source and source != rank:
+                    dist.send(whole.contiguous(), dst=rank, group=self.groups.job)
+                if here:
+                    out[name] = whole.cpu()
+        return out
+
     def _whole(self, tensors: list[Tensor]) -> list[Tensor]:
         """Every stage's `tensors` (its parameters' or their gradients, whole over its TP group, in
         model order), stage by stage, on every rank: the model's order, since stages hold

@@ -36,6 +36,13 @@ class TensorParallel:
     def is_split(self, name: str) -> bool:
         return name in self.split_dims
 
+    def whole_shape(self, name: str, shard: torch.Size) -> tuple[int, ...]:
+        """The shape of parameter `name` whole, from its shard's on this rank."""
+        if not self.is_split(name):
+            return tuple(shard)
+        dim = self.split_dims[name]
+        return (*shard[:dim], shard[dim] * self.degree, *shard[dim + 1:])
+
     def whole(self, names: list[str], tensors: list[Tensor]) -> list[Tensor]:
         """Each of `tensors` (the parameter `names` names, or its gradient) whole: the group's
         shards concatenated where the parameter is split (a collective of the group, for checks)."""
