@@ -5,7 +5,7 @@ against the full one, and a simulate run under it.
     .venv/bin/python bench/profile_record.py [--model tiny] [--name tiny] [--median-target 0.03]
                                       [--p90-target 0.06] [--statistic median|min] [--repeats 3]
                                       [--device-memory-gb 0.1] [--max-len 4096] [--tokens-per-step 16384]
-                                      [--plans 30] [--runs 1] [--quiet-load 1.5] [--depths 1,2,4]
+                                      [--plans 30] [--runs 1] [--pause 20] [--quiet-cores 0.3] [--depths 1,2,4]
 
 A text model's plans draw from `stdlib` (real code files); a video DiT's from the check's clip
 source (DCP's video buckets scaled to --max-len), e.g. issue #31's video records:
@@ -23,8 +23,13 @@ machine: the files above are the first run's, the summary holds every run's erro
 check's targets are judged on the median over runs (on a shared host one run's error moves by
 more than the targets' width; see docs/results.md).
 Every stage is a subprocess of the real command line, timed from outside. On a shared machine
-each stage first waits (up to --max-wait seconds) for the 1-minute load average to fall below
---quiet-load; the summary records what it found.
+each stage starts alike: after --pause seconds idle, once the cores busy over the last
+BUSY_WINDOW seconds are fewer than --quiet-cores (waiting up to --max-wait seconds); the summary
+records what it found. Alike, because a stage that starts the moment the one before it ends
+runs on a machine still warm from it: when stages waited for the 1-minute load average instead
+(which lags a minute behind), every profile started at once after a check and every check
+after 15 s of idle, and each check's re-run of its profile's full-depth points came out 2% to
+5.5% faster than the profile had measured them (the tiny Wan at 722aac3, three runs).
 """
 from __future__ import annotations
 
@@ -66,12 +71,31 @@ def attention_kernel() -> str:
     return "flash" if any("Flash" in name for name in seen) else "math"
 
 
-def wait_for_quiet(limit: float, max_wait: float) -> dict:
-    """Sleep until the 1-minute load average is below `limit` (or `max_wait` passed)."""
+BUSY_WINDOW = 5.0
+"""Seconds over which `busy_cores` counts: the load average lags a minute behind."""
+
+
+def busy_cores() -> float:
+    """Cores busy over the last BUSY_WINDOW seconds, from /proc/stat (every process on the host)."""
+    def ticks() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle and iowait
+        return sum(fields[:8]) - idle, idle
+
+    busy, idle = ticks()
+    time.sleep(BUSY_WINDOW)
+    busy_now, idle_now = ticks()
+    return os.cpu_count() * (busy_now - busy) / max(1, (busy_now - busy) + (idle_now - idle))
+
+
+def wait_for_quiet(pause: float, limit: float, max_wait: float) -> dict:
+    """Sleep `pause` seconds, then until fewer than `limit` cores are busy (or `max_wait` passed)."""
     start = time.monotonic()
-    while os.getloadavg()[0] >= limit and time.monotonic() - start < max_wait:
-        time.sleep(15)
-    return {"waited_s": time.monotonic() - start, "load_at_start": os.getloadavg()[0]}
+    time.sleep(pause)
+    busy = busy_cores()
+    while busy >= limit and time.monotonic() - start < max_wait:
+        busy = busy_cores()
+    return {"waited_s": time.monotonic() - start, "busy_cores_at_start": busy, "load_at_start": os.getloadavg()[0]}
 
 
 def main() -> int:
@@ -89,7 +113,8 @@ def main() -> int:
     parser.add_argument("--depths", default=None,
                         help="the full profile's depths, e.g. 1,2,4 (default: `ballast profile`'s); the quick one keeps its own")
     parser.add_argument("--runs", type=int, default=1, help="full profiles, each checked, in turn (see above)")
-    parser.add_argument("--quiet-load", type=float, default=1.5, help="start a stage below this load average")
+    parser.add_argument("--pause", type=float, default=20.0, help="idle seconds before every stage")
+    parser.add_argument("--quiet-cores", type=float, default=0.3, help="start a stage below this many busy cores")
     parser.add_argument("--max-wait", type=float, default=1200.0, help="seconds to wait for it per stage")
     args = parser.parse_args()
     if args.runs < 1:
@@ -128,7 +153,7 @@ def main() -> int:
         stages[f"check{k}"] = check(run_profile, run_check, run_check.with_suffix(".png"))
     seconds, waits = {}, {}
     for stage, command in stages.items():
-        waits[stage] = wait_for_quiet(args.quiet_load, args.max_wait)
+        waits[stage] = wait_for_quiet(args.pause, args.quiet_cores, args.max_wait)
         start = time.perf_counter()
         subprocess.run([sys.executable, "-m", "ballast.cli", *command], check=True)
         seconds[stage] = time.perf_counter() - start
@@ -144,7 +169,7 @@ def main() -> int:
         "setting": {"model": args.model, "world": 2, "lengths": lengths, "max_len": int(args.max_len),
                     "tokens_per_step": int(args.tokens_per_step), "device_memory_gb": float(args.device_memory_gb),
                     "statistic": args.statistic, "repeats": int(args.repeats), "plans": int(args.plans),
-                    "attention_kernel": attention_kernel(),
+                    "pause_s": args.pause, "quiet_cores": args.quiet_cores, "attention_kernel": attention_kernel(),
                     "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                              text=True).stdout.strip()},
         "seconds": seconds, "waits_for_quiet": waits, "runs": every,
