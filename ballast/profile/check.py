@@ -103,12 +103,10 @@ def execute_on_ranks(shape: ModelShape, plans: list[dict], warmup: int, repeats:
 
     from ..runtime import parallelize
 
-    from ..runtime import rank_device
-
     world, rank = dist.get_world_size(), dist.get_rank()
     cluster = get_cluster("cpu", world_size=world)
     parsed = [Plan.from_dict(p) for p in plans]
-    executors = {degrees: parallelize(build_model(shape, seed).to(rank_device()), cluster,
+    executors = {degrees: parallelize(build_model(shape, seed), cluster,
                                       mesh=JobMesh.of(cluster, *degrees, shape=shape), measure_activations=True,
                                       precision=precision, lr=LEARNING_RATE)
                  for degrees in dict.fromkeys([(tp, pp)] + [(p.tp, p.pp) for p in parsed])}

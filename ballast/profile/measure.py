@@ -245,7 +245,7 @@ def _measure_phase(depths: tuple[int, ...], shape: ModelShape, points: Sequence[
     `overhead`; the models go with this call's frame."""
     world, device = dist.get_world_size(), rank_device()
     cluster = get_cluster("cpu", world_size=world)
-    executors = {depth: parallelize(build_model(dataclasses.replace(shape, layers=depth), seed).to(device),
+    executors = {depth: parallelize(build_model(dataclasses.replace(shape, layers=depth), seed),
                                     cluster, groups=groups, measure_activations=True, lr=LEARNING_RATE,
                                     precision=precision)
                  for depth in depths}

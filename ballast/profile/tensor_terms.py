@@ -105,7 +105,7 @@ def measure_tensor_points(shape: ModelShape, points: Sequence[Point], degrees: S
     import torch.distributed as dist
 
     from ..models import build_model
-    from ..runtime import parallelize, rank_device
+    from ..runtime import parallelize
     from .measure import plan_samples, point_plan
 
     world = dist.get_world_size()
@@ -116,7 +116,7 @@ def measure_tensor_points(shape: ModelShape, points: Sequence[Point], degrees: S
         runs = {}
         for depth in sorted({p.layers for p in points}):
             model = dataclasses.replace(shape, layers=depth)
-            runs[depth] = {layout: parallelize(build_model(model, seed).to(rank_device()), cluster, mesh=m,
+            runs[depth] = {layout: parallelize(build_model(model, seed), cluster, mesh=m,
                                                precision=precision, lr=1e-9)
                            for layout, m in (("tp", mesh), ("whole", JobMesh.of(cluster)))}
         plans = {"tp": [dataclasses.replace(point_plan(p, mesh.pool), tp=t) for p in points],

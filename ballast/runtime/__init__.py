@@ -33,6 +33,7 @@ from .executor import Executor, MicroBatchRecord, StepResult, WaveTiming
 from .fsdp import full_tensor, is_sharded, shard_model
 from .groups import ProcessGroups
 from .memory import ActivationMeter
+from .build_turns import ModelBuild
 from .parallelize import make_optimizer, parallelize
 from .shard_sizes import shard_sizes
 from .video_sp import BALANCE, Relayout, TokenSplit, VideoLayouts, VideoShard, video_layouts
@@ -43,5 +44,5 @@ __all__ = ["ActivationMeter", "BALANCE", "Executor", "MicroBatchRecord", "PeerFa
            "RankFailed", "RankInputError", "Relayout", "StepResult",
            "StreamShard", "TokenSplit", "VideoLayouts", "VideoShard", "WaveTiming", "broadcast_plan", "describe_ranks",
            "full_tensor", "in_job", "init_distributed", "is_sharded", "job_backend", "job_world", "make_optimizer",
-           "on_ranks", "parallelize", "rank_device", "run_local",
+           "ModelBuild", "on_ranks", "parallelize", "rank_device", "run_local",
            "sequence_parallel_attention", "shard_model", "shard_sizes", "under_torchrun", "video_layouts"]

@@ -11,12 +11,15 @@ torchtitan's order, for a model built the same way on every rank:
        its executors);
     3. sequence-parallel attention (`attention.py`) installed through the model's own hook
        (`ParallelModel.install_attention`: the runtime knows no model family);
-    4. the weights: every rank starts from rank 0's (a broadcast, a bucket at a time), then under
-       PP keeps its stage's part of the model (`pipeline/split.py`), under TP its shard of the
-       split layers of that part (`tensor_parallel/`, the model's own plan); only that part
-       goes to the rank's device (a model built on the host, as train, verify and a strategy
-       build theirs, never holds more than its shard there), replicated over the pool or then
-       sharded over it with FSDP2 (`fsdp.py`);
+    4. the weights: under PP every rank keeps its stage's part of the model (`pipeline/split.py`),
+       under TP its shard of the split layers of that part (`tensor_parallel/`, the model's own
+       plan); only that part goes to the rank's device (a model built on the host never holds
+       more than its shard there), and every rank of a pool takes its first rank's (a
+       broadcast, a bucket at a time: the weights the model was built with, alike on every
+       rank, from one of them), replicated over the pool or then sharded over it with FSDP2
+       (`fsdp.py`). Given a `ModelBuild` (as train and verify give theirs), the ranks of a host
+       build it in turns (`build_turns.py`), each keeping its part before the next turn
+       builds, so a host holds as many whole models at once as its memory does;
     5. AdamW over the parameters, its state sharded over the pool with ZeRO-1 or not (FSDP2
        shards it with the parameters), and for replicated weights the bucketed gradient sync
        over the pool (`grad_sync.py`; FSDP2 reduces its own);
@@ -27,6 +30,7 @@ Train, verify, profile, check and bench all build their executor here.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 
 import torch
@@ -47,16 +51,18 @@ from .groups import ProcessGroups
 from .pipeline import PipelineExecutor, split_model
 from .routing import NodeNics, RoutingGroups, routing_groups
 from .world import rank_device
-from .tensor_parallel import parallelize_tensors
+from .tensor_parallel import TensorParallel, parallelize_tensors
+from .build_turns import ModelBuild, build_turns
+from ..pricing.device_memory import ParameterCounts
 
 
-def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None = None,
+def parallelize(model: ParallelModel | ModelBuild, cluster: Cluster, *, mesh: JobMesh | None = None,
                 groups: ProcessGroups | None = None,
                 routing: RoutingGroups | None = None, fsdp: bool = False, zero1: bool = False,
                 precision: Precision = Precision.AUTO, bucket_bytes: int = BUCKET_BYTES,
                 measure_activations: bool = False, broadcast: bool = True, **adamw: float) -> Executor:
     """The executor that runs plans of `cluster` with `model` on this rank (a collective: every
-    rank of the job calls it with a model built alike).
+    rank of the job calls it with a model built alike, or the `ModelBuild` that builds it alike).
 
     mesh: the job's TP degree, PP degree and pool (`JobMesh`; None: the cluster's ranks all one
     pool); plans then run over the pool's ranks, the model is cut into the mesh's pipeline
@@ -86,7 +92,8 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None 
     if routing is not None and routing.nics != NodeNics.of(cluster):
         raise ValueError(f"routing groups for {routing.nics} do not match cluster {cluster.name!r}'s nodes, "
                          f"{NodeNics.of(cluster)}")
-    if broadcast and any(p.is_meta for p in model.parameters()):
+    built = isinstance(model, nn.Module)  # else a ModelBuild, built below in turns: on the host, never sharded
+    if broadcast and built and any(p.is_meta for p in model.parameters()):
         raise ValueError("a model built without weights (on the meta device) has none to broadcast: "
                          "pass broadcast=False and fill its weights after")
     if bucket_bytes < 1:
@@ -98,10 +105,11 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None 
     mesh.check_model(model.shape)
     if groups is not None and (groups.mesh.tp, groups.mesh.pp, groups.mesh.first) != (mesh.tp, mesh.pp, mesh.first):
         raise ValueError(f"process groups made for {groups.mesh.describe()}, but the job runs {mesh.describe()}")
-    if mesh.pp > 1 and (fsdp or is_sharded(model)):
+    sharded = built and is_sharded(model)
+    if mesh.pp > 1 and (fsdp or sharded):
         raise ValueError(f"FSDP2 does not run under pipeline parallelism (PP degree {mesh.pp}): a stage's empty "
                          f"slots would have to join its all-gathers; use ZeRO-1 or replicated weights with --pp")
-    if mesh.tp > 1 and is_sharded(model):
+    if mesh.tp > 1 and sharded:
         raise ValueError("a model sharded with FSDP before parallelize cannot be split for TP: pass fsdp=True, "
                          "which shards it after the split")
     # A job's one pool over the whole world, whose collectives run on the default group; a
@@ -109,17 +117,17 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None 
     plain = (mesh.tp, mesh.pp) == (1, 1) and mesh.ranks == range(world)
     groups = groups if groups is not None else ProcessGroups(mesh)
     routing = routing or (routing_groups(cluster) if plain else None)
-    model.install_attention(sequence_parallel_attention)
-    tensor_parallel = None
-    if not is_sharded(model):
+    if sharded:  # sharded before (a test's own FSDP2 model): already where it runs
+        model.install_attention(sequence_parallel_attention)
+        tensor_parallel = None
+    elif built:
+        tensor_parallel = local_part(model, mesh, groups)
+    else:
+        model, tensor_parallel = built_in_turns(model, mesh, groups)
+    if not sharded:
         if broadcast:
-            broadcast_weights(model, mesh.first, None if plain else groups.job)
-        here = mesh.coordinate(dist.get_rank())
-        if mesh.pp > 1:  # every stage keeps its part of rank 0's weights, which TP then splits
-            split_model(model, mesh, here.stage)
-        if mesh.tp > 1:
-            tensor_parallel = parallelize_tensors(model, groups.tensor, mesh.tp, here.tp_index)
-        to_device(model, rank_device())
+            here = mesh.coordinate(dist.get_rank())
+            broadcast_weights(model, mesh.rank(here.stage, 0, here.tp_index), None if plain else groups.pool)
         if fsdp:
             shard_model(model, bf16=precision.autocast(next(model.parameters()).device.type),
                         group=None if plain else groups.pool)
@@ -132,6 +140,35 @@ def parallelize(model: ParallelModel, cluster: Cluster, *, mesh: JobMesh | None 
     run = PipelineExecutor if mesh.pp > 1 else Executor
     return run(model, optimizer, cluster, mesh, groups, routing, sync=sync, tensor_parallel=tensor_parallel,
                measure_activations=measure_activations, precision=precision)
+
+
+def local_part(model: ParallelModel, mesh: JobMesh, groups: ProcessGroups) -> TensorParallel | None:
+    """Keep this rank's part of `model` and move it to the rank's device: under PP its stage's
+    blocks, under TP its shard of their split layers; the sequence-parallel attention installed.
+    Its TP split (None without TP). No collective: the ranks of a host may run it in turns."""
+    model.install_attention(sequence_parallel_attention)
+    here = mesh.coordinate(dist.get_rank())
+    if mesh.pp > 1:
+        split_model(model, mesh, here.stage)
+    tensor_parallel = parallelize_tensors(model, groups.tensor, mesh.tp, here.tp_index) if mesh.tp > 1 else None
+    to_device(model, rank_device())
+    return tensor_parallel
+
+
+def built_in_turns(build: ModelBuild, mesh: JobMesh, groups: ProcessGroups
+                   ) -> tuple[ParallelModel, TensorParallel | None]:
+    """`build`'s model built on this rank's host in its turn (`build_turns.py`), and its part kept
+    (`local_part`) before the next turn builds; the turns meet at a barrier of the job."""
+    turns = build_turns(ParameterCounts.of_shape(build.shape).total, mesh.first, groups.job)
+    model = tensor_parallel = None
+    for turn in range(turns.count):
+        if turn == turns.mine():
+            model = build.build()
+            tensor_parallel = local_part(model, mesh, groups)
+            gc.collect()  # the parts dropped (other stages' blocks, other shards) freed before the next turn
+        if turns.count > 1:
+            dist.barrier(group=groups.job)
+    return model, tensor_parallel
 
 
 def make_optimizer(model: nn.Module, zero1: bool = False, *, group: ProcessGroup | None = None,

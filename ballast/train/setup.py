@@ -22,7 +22,7 @@ from ..planners.strategy_choice import StrategyChoice, strategy_planner
 from ..planners.strategy_prices import StrategyPrices
 from ..pricing.cost import CostModel
 from ..pricing.cost_sources import get_cost_model
-from ..runtime import parallelize
+from ..runtime import ModelBuild, parallelize
 from ..runtime.executor import Executor
 from ..runtime.strategy import StrategyExecutor
 from ..vocabulary.cluster import Cluster, default_cluster, get_cluster
@@ -168,7 +168,9 @@ def make_executor(config: TrainConfig, setup: Setup) -> Executor | StrategyExecu
     if setup.strategies is not None:
         return StrategyExecutor(functools.partial(build_model, setup.shape, config.run.seed), setup.cluster,
                                 precision=config.run.precision, **adamw)
-    # Built on the host: parallelize moves only this rank's stage and TP shard to the device.
-    return parallelize(build_model(setup.shape, config.run.seed), setup.cluster, mesh=setup.mesh,
+    # Built on the host, by its ranks in turns: parallelize keeps this rank's stage and TP shard,
+    # on its device, before the next turn builds.
+    return parallelize(ModelBuild(setup.shape, functools.partial(build_model, setup.shape, config.run.seed)),
+                       setup.cluster, mesh=setup.mesh,
                        fsdp=opt.fsdp, zero1=opt.zero1, precision=config.run.precision, bucket_bytes=opt.bucket_bytes,
                        **adamw)

@@ -12,7 +12,7 @@ from ..vocabulary.precision import Precision
 from ..models import build_model
 from ..plans.plan import Plan
 from ..plans.strategy_plan import StrategyPlan
-from ..runtime import ProcessGroups, broadcast_plan, parallelize
+from ..runtime import ModelBuild, ProcessGroups, broadcast_plan, parallelize
 from ..pricing.parameter_movement import Movement
 from ..runtime.strategy import StrategyExecutor
 from ..runtime.routing import RoutingGroups, routing_groups
@@ -32,8 +32,8 @@ def train_distributed(shape: ModelShape, plans: list[dict], batches: list[Verify
     over, the PP degree it is cut into stages by). Parameters and gradients are gathered whole,
     every stage's (`Executor.parameters`, `Executor.gradients`)."""
     cluster = get_cluster("cpu", world_size=dist.get_world_size(), nodes=nodes)
-    executor = parallelize(build_model(shape, seed), cluster, groups=groups, routing=routing, fsdp=fsdp, zero1=zero1,
-                           precision=precision, lr=lr)
+    executor = parallelize(ModelBuild(shape, functools.partial(build_model, shape, seed)), cluster, groups=groups,
+                           routing=routing, fsdp=fsdp, zero1=zero1, precision=precision, lr=lr)
     losses, grads, starts = [], [], []
     for plan_data, batch in zip(plans, batches, strict=True):
         plan, _ = broadcast_plan(Plan.from_dict(plan_data) if dist.get_rank() == 0 else None)

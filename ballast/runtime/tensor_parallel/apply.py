@@ -64,7 +64,7 @@ def _pattern(name: str) -> re.Pattern:
 
 def parallelize_tensors(model: TensorParallelModel, group: ProcessGroup, degree: int, index: int) -> TensorParallel:
     """Split `model` in place over a TP group of `degree` ranks, this rank holding shard `index`
-    (every rank holding the same whole weights before: `parallelize` broadcasts rank 0's first).
+    (every rank holding the same whole weights before: each built alike, from one seed or folder).
     ValueError, before any module is replaced, when the model declares no plan, its plan names a
     style or module that cannot be split so, or it does not split the embedding and the output
     layer it holds (a pipeline stage may hold neither)."""
