@@ -13,16 +13,20 @@ on the number of turns, which they meet at a barrier after each.
 """
 from __future__ import annotations
 
+import gc
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch.distributed as dist
 
 from ..models.protocol import ParallelModel
+from ..pricing.device_memory import ParameterCounts
 from ..vocabulary.model_shape import ModelShape
+
+T = TypeVar("T")
 
 HOST_SHARE = 0.8
 """Of the host's available memory, the share whole models may take (the rest: the data, the
@@ -82,6 +86,21 @@ def turns_for(parameters: int, ranks: int, available: int | None) -> BuildTurns:
         return BuildTurns(ranks, 1)
     size = max(1, min(ranks, int(HOST_SHARE * available // (BYTES_PER_PARAMETER * parameters))))
     return BuildTurns(size, math.ceil(ranks / size))
+
+
+def in_turns(shape: ModelShape, work: Callable[[], T], src: int = 0, group=None) -> T:
+    """`work()` (which builds a model of `shape` whole on the host and keeps only its part) run
+    in this rank's turn, the turns meeting at a barrier of `group` (the job's ranks, `src` its
+    first); what it returned. The whole copy is collected before the next turn builds."""
+    turns = build_turns(ParameterCounts.of_shape(shape).total, src, group)
+    out = None
+    for turn in range(turns.count):
+        if turn == turns.mine():
+            out = work()
+            gc.collect()
+        if turns.count > 1:
+            dist.barrier(group=group)
+    return out
 
 
 def build_turns(parameters: int, src: int, group=None) -> BuildTurns:

@@ -30,7 +30,6 @@ Train, verify, profile, check and bench all build their executor here.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import itertools
 
 import torch
@@ -52,8 +51,7 @@ from .pipeline import PipelineExecutor, split_model
 from .routing import NodeNics, RoutingGroups, routing_groups
 from .world import rank_device
 from .tensor_parallel import TensorParallel, parallelize_tensors
-from .build_turns import ModelBuild, build_turns
-from ..pricing.device_memory import ParameterCounts
+from .build_turns import ModelBuild, in_turns
 
 
 def parallelize(model: ParallelModel | ModelBuild, cluster: Cluster, *, mesh: JobMesh | None = None,
@@ -157,18 +155,13 @@ def local_part(model: ParallelModel, mesh: JobMesh, groups: ProcessGroups) -> Te
 
 def built_in_turns(build: ModelBuild, mesh: JobMesh, groups: ProcessGroups
                    ) -> tuple[ParallelModel, TensorParallel | None]:
-    """`build`'s model built on this rank's host in its turn (`build_turns.py`), and its part kept
-    (`local_part`) before the next turn builds; the turns meet at a barrier of the job."""
-    turns = build_turns(ParameterCounts.of_shape(build.shape).total, mesh.first, groups.job)
-    model = tensor_parallel = None
-    for turn in range(turns.count):
-        if turn == turns.mine():
-            model = build.build()
-            tensor_parallel = local_part(model, mesh, groups)
-            gc.collect()  # the parts dropped (other stages' blocks, other shards) freed before the next turn
-        if turns.count > 1:
-            dist.barrier(group=groups.job)
-    return model, tensor_parallel
+    """`build`'s model built on this rank's host in its turn (`build_turns.in_turns`), and its
+    part kept (`local_part`) before the next turn builds."""
+    def part() -> tuple[ParallelModel, TensorParallel | None]:
+        model = build.build()
+        return model, local_part(model, mesh, groups)
+
+    return in_turns(build.shape, part, mesh.first, groups.job)
 
 
 def make_optimizer(model: nn.Module, zero1: bool = False, *, group: ProcessGroup | None = None,

@@ -15,8 +15,9 @@ A rank keeps the executor of the strategy it last ran (a step of another strateg
 model anew: a device holds one compute model at a time) and the process groups of every strategy
 it ran (made once: `dist.new_group` is a rendezvous of the whole world).
 
-The device never holds the whole model: the model of record is built once on the host, where
-its units are flattened and cut into the canonical shards that go to the device; a compute
+The device never holds the whole model: the model of record is built once on the host (a
+host's ranks in turns, `build_turns.py`), where its units are flattened and cut into the
+canonical shards that go to the device; a compute
 model is built without weights (on the meta device), cut to its stage and TP shard, and only
 then given storage on the device, which the gather fills, its untrained tensors (buffers such
 as RoPE's frequencies, frozen parameters) copied from the host's.
@@ -28,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 
 from ..models.protocol import ParallelModel
 from ..plans.strategy_plan import StrategyPlan
@@ -39,7 +40,8 @@ from ..pricing.parameter_movement import Movement
 from .canonical import CanonicalState, WorldHoldings
 from .executor import Executor, StepResult, device_clock, step_if_finite
 from .groups import ProcessGroups
-from .parallelize import broadcast_weights, parallelize
+from .build_turns import in_turns
+from .parallelize import parallelize
 from .tensor_parallel.apply import split_dims_of
 from .world import rank_device
 
@@ -58,16 +60,22 @@ class StrategyExecutor:
         self.build, self.cluster, self.precision, self.adamw = build, cluster, precision, adamw
         self.movement = movement
         self.device = rank_device()
-        model = build()
-        self.shape = model.shape
-        broadcast_weights(model)
-        self.untrained = {name: tensor.detach().clone() for name, tensor in untrained_tensors(model)}
-        self.canonical = CanonicalState(model, list(model.blocks()), split_dims_of(model), cluster.devices_per_node,
-                                        self.device)
-        del model  # the host's copy: the shards hold the state from here
+        self.shape = build(weights=False).shape
+        # The model of record whole on the host, a host's ranks in turns (`build_turns.py`), each
+        # cutting its canonical shards before the next turn builds: every rank builds it alike
+        # (one seed or folder), so the shards of every rank are of one model.
+        self.untrained, self.canonical = in_turns(self.shape, self._record)
         self.optimizer = torch.optim.AdamW(self.canonical.shards, **adamw)
         self._groups: dict[Strategy, list[ProcessGroups]] = {}
         self._running: tuple[Strategy, int, Executor, WorldHoldings | None] | None = None
+
+    def _record(self) -> tuple[dict[str, Tensor], CanonicalState]:
+        """The model of record built on the host: its untrained tensors (buffers, frozen ones)
+        and this rank's canonical shards of the rest; the host's copy goes with this frame."""
+        model = self.build()
+        untrained = {name: tensor.detach().clone() for name, tensor in untrained_tensors(model)}
+        return untrained, CanonicalState(model, list(model.blocks()), split_dims_of(model),
+                                         self.cluster.devices_per_node, self.device)
 
     def executor(self, strategy: Strategy) -> tuple[int, Executor, WorldHoldings | None]:
         """This rank's pipeline of `strategy`, its executor and, for the sliced movement, what every

@@ -48,8 +48,9 @@ def test_a_compute_model_is_built_without_weights_and_holds_only_its_stage():
     whole = dict(build_model(SHAPE, 0).named_parameters())
     total = sum(p.numel() for p in whole.values())
     for rank, out in enumerate(ranks):
-        # The model of record on the host once, each compute model on the meta device.
-        assert out["calls"] == ["cpu", "meta"] and out["devices"] == {"cpu"}
+        # The shape from a meta build (what the build turns count), the model of record on the
+        # host once, each compute model on the meta device.
+        assert out["calls"] == ["meta", "cpu", "meta"] and out["devices"] == {"cpu"}
         # A 2-stage pipeline: each rank holds its half of the blocks, the embedding on the first
         # stage and the output layer on the last, and about half of the state in its shards.
         blocks = {name.split(".")[1] for name in out["held"] if name.startswith("layers.")}
