@@ -55,6 +55,20 @@ class Holding:
 
 
 @dataclass(frozen=True)
+class Route:
+    """One unit's movement of one kind (`gathered` or `laid`) on this rank, cut once per strategy."""
+
+    cuts: list[Ranges]
+    """Per peer, in rank order, the ranges of this rank's shard that peer holds (shard offsets)."""
+    pieces: Ranges
+    """Those ranges, peer after peer: what this rank sends (a gather) or receives (a reduction)."""
+    theirs: list[int]
+    """How many values each peer holds of this rank's shard."""
+    mine: list[int]
+    """How many values this rank holds of each peer's shard."""
+
+
+@dataclass(frozen=True)
 class WorldHoldings:
     """Every rank's `Holding` (the world's, in rank order), which a sliced movement cuts by shard."""
 
@@ -196,35 +210,33 @@ class CanonicalState:
         lo, hi = owner * chunk, (owner + 1) * chunk
         return [(max(a, lo) - lo, min(b, hi) - lo) for a, b in ranges if a < hi and b > lo]
 
-    def _routes(self, u: int, exchange: WorldHoldings, kind: str) -> tuple[Ranges, list[int], list[int]]:
-        """Unit `u`'s route for the `gathered` or `laid` ranges: the pieces of this rank's shard the
-        peers hold, in rank order (shard offsets), how many values each peer holds of this shard,
-        and how many this rank holds of each peer's."""
+    def _routes(self, u: int, exchange: WorldHoldings, kind: str) -> Route:
+        """Unit `u`'s route for the `gathered` or `laid` ranges (`Route`), cut once per strategy."""
         if (u, kind) not in exchange.routes:
             chunk = self.shards[u].numel()
-            theirs = [self._cut(getattr(h, kind)[u], self.rank, chunk) for h in exchange.holdings]
-            mine = getattr(exchange.holdings[self.rank], kind)[u]
-            exchange.routes[u, kind] = ([piece for cut in theirs for piece in cut],
-                                        [sum(b - a for a, b in cut) for cut in theirs],
-                                        [sum(b - a for a, b in self._cut(mine, r, chunk)) for r in range(self.world)])
+            cuts = [self._cut(getattr(h, kind)[u], self.rank, chunk) for h in exchange.holdings]
+            held = getattr(exchange.holdings[self.rank], kind)[u]
+            mine = [sum(b - a for a, b in self._cut(held, r, chunk)) for r in range(self.world)]
+            exchange.routes[u, kind] = Route(cuts, [piece for cut in cuts for piece in cut],
+                                             [sum(b - a for a, b in cut) for cut in cuts], mine)
         return exchange.routes[u, kind]
 
     def _received(self, u: int, shard: Tensor, exchange: WorldHoldings) -> list[Tensor]:
         """Sliced gather of unit `u`: this rank's gathered ranges, one tensor each, in order."""
-        pieces, sent, held = self._routes(u, exchange, "gathered")
+        route = self._routes(u, exchange, "gathered")
         data = shard.detach()
-        send = torch.cat([data[a:b] for a, b in pieces] or [data[:0]])
-        recv = shard.new_empty(sum(held))
-        dist.all_to_all_single(recv, send, held, sent)
+        send = torch.cat([data[a:b] for a, b in route.pieces] or [data[:0]])
+        recv = shard.new_empty(sum(route.mine))
+        dist.all_to_all_single(recv, send, route.mine, route.theirs)
         return list(torch.split(recv, [b - a for a, b in exchange.holdings[self.rank].gathered[u]]))
 
     def _returned(self, u: int, shard: Tensor, exchange: WorldHoldings, grads: list[Tensor]) -> Tensor:
         """Sliced reduction of unit `u`: this rank's `grads` (of its laid ranges, in order) sent to
         the shards' owners; its own shard's sum of what every rank laid in it."""
-        _, arriving, laid = self._routes(u, exchange, "laid")
+        route = self._routes(u, exchange, "laid")
         send = torch.cat(grads) if grads else shard.new_empty(0)
-        recv = shard.new_empty(sum(arriving))
-        dist.all_to_all_single(recv, send.contiguous(), arriving, laid)
+        recv = shard.new_empty(sum(route.theirs))
+        dist.all_to_all_single(recv, send.contiguous(), route.theirs, route.mine)
         rows, shifts, lengths = self._rows(u, exchange, shard.device)
         if not rows:
             return shard.new_zeros(shard.numel())
@@ -242,7 +254,7 @@ class CanonicalState:
         received buffer to its place in its pipeline's row, and its length (on `device`)."""
         if (u, "rows") not in exchange.routes:
             chunk = self.shards[u].numel()
-            cuts = [(h.pipeline, self._cut(h.laid[u], self.rank, chunk)) for h in exchange.holdings]
+            cuts = [(h.pipeline, cut) for h, cut in zip(exchange.holdings, self._routes(u, exchange, "laid").cuts)]
             row_of = {p: i for i, p in enumerate(sorted({p for p, cut in cuts if cut}))}
             shifts, lengths, at = [], [], 0
             by_row: dict[int, Ranges] = {}
