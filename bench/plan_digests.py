@@ -6,7 +6,7 @@ the record spelled the old way: RENAMED_KEYS) and lower bounds.
 flexsp is left out: it stops its MILPs at a wall clock, so its plans vary run to run.
 
     python bench/plan_digests.py OUT.json [SETTING ...] [--against BEFORE.json]
-    (settings: A B C V1 V2 V3 and V1-V3-as-lengths; --against names every plan that differs
+    (settings: A B C V1 V2 V3, V1-V3-as-lengths and P1-P3; --against names every plan that differs
     and exits 1 if one does)
 
 bench/results/plan-digests.json is the record of the last restructuring's check.
@@ -20,6 +20,7 @@ import sys
 import time
 
 from ballast.vocabulary.cluster import get_cluster
+from ballast.vocabulary.job_mesh import JobMesh
 from ballast.command_line.provenance import provenance
 from ballast.pricing.cost_sources import get_cost_model
 from ballast.dataset.length_stream import BatchSpec, LengthStream
@@ -42,6 +43,13 @@ SETTINGS = {
           "--max-len 393216 --steps 5",
 }
 SETTINGS.update({f"{name}-as-lengths": f"{SETTINGS[name]} --as-lengths" for name in ("V1", "V2", "V3")})
+# bench/pipelines.sh's (wikipedia: the shipped histogram, so the digests do not depend on the raw file).
+PIPELINES = "--model llama3-70b --tp 8 --pp 4 --max-len 131072"
+SETTINGS.update({
+    "P1": f"--lengths wikipedia --cluster h100-256 {PIPELINES} --tokens-per-step 2097152 --steps 5",
+    "P2": f"--lengths lognormal:8,1.5 --cluster h100-256 {PIPELINES} --tokens-per-step 2097152 --steps 5",
+    "P3": f"--lengths wikipedia --cluster h100-1024 {PIPELINES} --batch 4096 --steps 3",
+})
 
 
 # Plan JSON keys renamed since the recorded digests, new -> old: a plan's digest is taken over its
@@ -74,7 +82,12 @@ def setting_digests(flags: str) -> dict:
     args = parser.parse_args(flags.split())
     cluster = get_cluster(args.cluster, args.world, args.device_memory_gb)
     shape = get_model_shape(args.model)
-    cost = get_cost_model(args.cost, shape, cluster)
+    mesh = JobMesh.of(cluster, tp=args.tp, pp=args.pp, shape=shape)
+    if (mesh.tp, mesh.pp) == (1, 1):
+        cost = get_cost_model(args.cost, shape, cluster)
+    else:  # a rank of the mesh prices plans over its pool, as simulate does
+        cost = get_cost_model(args.cost, shape, cluster, args.device_memory_gb, args.sharding, mesh=mesh)
+        cluster = mesh.pool_cluster(cluster)
     spec = BatchSpec(batch=args.batch, tokens_per_step=args.tokens_per_step, max_len=args.max_len,
                      overlong=args.overlong)
     stream = LengthStream(get_length_source(args.lengths, shape.video_geometry), spec, seed=args.seed)
