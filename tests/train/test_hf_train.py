@@ -284,22 +284,28 @@ def test_cli_trains_on_an_hf_dataset_with_the_models_tokenizer(tmp_path, capfd):
     assert len(history) == 3 and history[-1]["loss"] < history[0]["loss"]
 
 
-@pytest.mark.slow
-def test_a_run_under_strategies_writes_its_trained_model(runs):
+def assert_trained_like_ballast(runs: dict[str, Path], out: Path) -> None:
+    """The run in `out` had the losses and ends with the parameters of ballast's run over the one
+    pool, up to rounding, and its folder loads with every parameter it wrote."""
     from transformers import AutoModelForCausalLM
 
-    out = runs["strategy"]
-    history = final_history(out / "metrics.jsonl")
-    # ballast's rule may also run the two replicas' pooled form, one pipeline over a pool of both
-    assert {r["strategy"] for r in history} <= {"[(1,1),(1,1)]", "[(1,1)x2]", "[(2,1)]"} and len(history) == STEPS
-    # The same batches as ballast's run on the one mesh, so the same losses and parameters up to
-    # rounding; the folder is written from the canonical shards, a unit at a time, to rank 0.
     assert losses(out) == pytest.approx(losses(runs["ballast"]), rel=LOSS_RTOL)
     start = initial_weights(runs["model"])
     assert drift(exported(out), exported(runs["ballast"]), start) <= PARAM_TOLERANCE
     loaded = AutoModelForCausalLM.from_pretrained(out / HF_MODEL_DIR).state_dict()
     written = exported(out)
     assert loaded.keys() == start.keys() and all(torch.equal(loaded[k], written[k]) for k in written)
+
+
+@pytest.mark.slow
+def test_a_run_under_strategies_writes_its_trained_model(runs):
+    out = runs["strategy"]
+    history = final_history(out / "metrics.jsonl")
+    # ballast's rule may also run the two replicas' pooled form, one pipeline over a pool of both
+    assert {r["strategy"] for r in history} <= {"[(1,1),(1,1)]", "[(1,1)x2]", "[(2,1)]"} and len(history) == STEPS
+    # The same batches as ballast's run on the one mesh, so the same losses and parameters up to
+    # rounding; the folder is written from the canonical shards, a unit at a time, to rank 0.
+    assert_trained_like_ballast(runs, out)
 
 
 @pytest.mark.slow
@@ -308,8 +314,6 @@ def test_a_run_under_tp_or_pp_writes_its_trained_model(runs, run):
     """Under TP the folder is written from both ranks' shards, under PP from both stages, a
     parameter at a time to rank 0's host (`Executor.parameters_on_host`); the same batches as
     ballast's run over a pool of 2, so the same losses and parameters up to rounding."""
-    from transformers import AutoModelForCausalLM
-
     from ballast.train import checkpoint
 
     out = runs[run]
@@ -317,9 +321,4 @@ def test_a_run_under_tp_or_pp_writes_its_trained_model(runs, run):
         assert json.loads((checkpoint.latest(out / "checkpoints") / "meta.json").read_text())["tp"] == 2
     else:
         assert all(r["layout"].startswith("pp2[") for r in final_history(out / "metrics.jsonl"))
-    assert losses(out) == pytest.approx(losses(runs["ballast"]), rel=LOSS_RTOL)
-    start = initial_weights(runs["model"])
-    assert drift(exported(out), exported(runs["ballast"]), start) <= PARAM_TOLERANCE
-    loaded = AutoModelForCausalLM.from_pretrained(out / HF_MODEL_DIR).state_dict()
-    written = exported(out)
-    assert loaded.keys() == start.keys() and all(torch.equal(loaded[k], written[k]) for k in written)
+    assert_trained_like_ballast(runs, out)
