@@ -55,7 +55,7 @@ class Holding:
 
 
 @dataclass(frozen=True)
-class Route:
+class MovementRoute:
     """One unit's movement of one kind (`gathered` or `laid`) on this rank, cut once per strategy."""
 
     cuts: list[Ranges]
@@ -210,14 +210,14 @@ class CanonicalState:
         lo, hi = owner * chunk, (owner + 1) * chunk
         return [(max(a, lo) - lo, min(b, hi) - lo) for a, b in ranges if a < hi and b > lo]
 
-    def _routes(self, u: int, exchange: WorldHoldings, kind: str) -> Route:
-        """Unit `u`'s route for the `gathered` or `laid` ranges (`Route`), cut once per strategy."""
+    def _routes(self, u: int, exchange: WorldHoldings, kind: str) -> MovementRoute:
+        """Unit `u`'s route for the `gathered` or `laid` ranges (`MovementRoute`), cut once per strategy."""
         if (u, kind) not in exchange.routes:
             chunk = self.shards[u].numel()
             cuts = [self._cut(getattr(h, kind)[u], self.rank, chunk) for h in exchange.holdings]
             held = getattr(exchange.holdings[self.rank], kind)[u]
             mine = [sum(b - a for a, b in self._cut(held, r, chunk)) for r in range(self.world)]
-            exchange.routes[u, kind] = Route(cuts, [piece for cut in cuts for piece in cut],
+            exchange.routes[u, kind] = MovementRoute(cuts, [piece for cut in cuts for piece in cut],
                                              [sum(b - a for a, b in cut) for cut in cuts], mine)
         return exchange.routes[u, kind]
 
