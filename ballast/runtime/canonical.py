@@ -218,7 +218,7 @@ class CanonicalState:
             held = getattr(exchange.holdings[self.rank], kind)[u]
             mine = [sum(b - a for a, b in self._cut(held, r, chunk)) for r in range(self.world)]
             exchange.routes[u, kind] = MovementRoute(cuts, [piece for cut in cuts for piece in cut],
-                                             [sum(b - a for a, b in cut) for cut in cuts], mine)
+                                                     [sum(b - a for a, b in cut) for cut in cuts], mine)
         return exchange.routes[u, kind]
 
     def _received(self, u: int, shard: Tensor, exchange: WorldHoldings) -> list[Tensor]:
