@@ -1,4 +1,5 @@
-"""How many of a host's ranks may build the whole model on it at once (`parallelize_built`).
+"""How many of a host's ranks may build the whole model on it at once (`in_turns`, for
+`parallelize` given a `ModelBuild` and for the strategy executor's model of record).
 
 Every rank builds the model whole on its host (its seed's weights, or an hf: folder's), keeps its
 stage's part and TP shard and moves that to its device. Built by all the host's ranks at once, a
