@@ -90,7 +90,7 @@ class CanonicalState:
 
     def __init__(self, model: nn.Module, blocks: list[nn.Module], split_dims: dict[str, int], node: int,
                  device: torch.device):
-        """From `model`, whole and alike on every rank (rank 0's weights; on the host, a unit at a
+        """From `model`, whole and alike on every rank (built alike from one seed or folder; on the host, a unit at a
         time flattened there), its `blocks` in order; `split_dims`: the dimension tensor
         parallelism splits each split tensor along; `node`: the largest TP degree (a node's
         devices); the shards live on `device`."""

@@ -47,7 +47,7 @@ def shard_model(model: ParallelModel, bf16: bool = False, group: ProcessGroup | 
     parallelism: the data-parallel dimension), with FSDP2 (in place; returns it); `bf16`: the run
     computes in bf16 (`Precision.autocast`), so parameters are gathered in bf16 and gradients
     reduced in fp32. Collective: every rank calls it, with the same weights (`parallelize`
-    broadcasts rank 0's first)."""
+    broadcasts each pool's first rank's first)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 

@@ -75,7 +75,7 @@ def parallelize(model: ParallelModel | ModelBuild, cluster: Cluster, *, mesh: Jo
     gathers the parameters in bf16.
     bucket_bytes: the gradient sync's bucket size (`sharding.BUCKET_BYTES`; not under FSDP2).
     measure_activations: record the bytes each micro-batch saves for backward.
-    broadcast: start from rank 0's weights; False where the caller fills every trained weight
+    broadcast: start every pool from its first rank's weights; False where the caller fills every trained weight
     and buffer after (a strategy's compute model, from the canonical layout), which a model
     built without weights (`build_model(weights=False)`, on the meta device) requires: it then
     gets empty storage on the device. adamw: AdamW's keyword arguments (lr, betas, ...).

@@ -1,4 +1,4 @@
-"""Megatron's split layers, each made from the model's own module after rank 0's weights reached
+"""Megatron's split layers, each made from the model's own module, built alike on
 every rank: the rank keeps its shard of the weights and the module communicates through f and g
 (`collectives.py`).
 
