@@ -285,22 +285,31 @@ class Executor:
         writing the model out), in the order of `parameter_names`."""
         return self._whole_over_tensor_parallel([full_tensor(p.detach()) for p in self._params])
 
-    def parameters_on_host(self, rank: int = 0) -> dict[str, Tensor]:
-        """Every trained parameter whole on global rank `rank`'s host, by name in the model's
-        order, {} on the other ranks (a collective): one parameter at a time, so a device holds
-        its shards and one parameter whole at most (writing a trained model out, where the
-        whole model would not fit a device; `parameters` gathers it all on every device)."""
+    def state_on_host(self, rank: int = 0) -> dict[str, Tensor]:
+        """The model's state dict whole on global rank `rank`'s host, by name, {} on the other
+        ranks (a collective): its trained parameters in the model's order, then what no gradient
+        moves that the state dict holds (persistent buffers, frozen parameters). One tensor at a
+        time, so a device holds its shards and one tensor whole at most (writing a trained model
+        out, where the whole model would not fit a device; `parameters` gathers the trained ones
+        on every device)."""
         here = dist.get_rank() == rank
         out = {}
-        for name, p in zip(self.parameter_names, self._params):
-            whole = self._whole_parameter(name, p)
+        for name, tensor in self.state_tensors():
+            whole = self._whole_parameter(name, tensor)
             if here:
                 out[name] = whole.cpu()
         return out
 
+    def state_tensors(self) -> list[tuple[str, Tensor]]:
+        """This rank's part of the model's state dict by name: the trained parameters, then the
+        untrained tensors it holds (a tied weight once, under the name `named_parameters` gives)."""
+        trained = {id(p) for p in self._params}
+        rest = [(n, t) for n, t in self.model.state_dict(keep_vars=True).items() if id(t) not in trained]
+        return list(zip(self.parameter_names, self._params)) + rest
+
     def _whole_parameter(self, name: str, p: Tensor) -> Tensor:
-        """Parameter `name` whole on this rank's device: FSDP2's shards gathered, then TP's (a
-        collective of its shard groups)."""
+        """Tensor `name` of the state dict whole on this rank's device: FSDP2's shards gathered,
+        then TP's (a collective of its shard groups); a buffer as it is."""
         whole = full_tensor(p.detach())
         return whole if self.tensor_parallel is None else self.tensor_parallel.whole([name], [whole])[0]
 

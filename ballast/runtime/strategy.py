@@ -64,18 +64,20 @@ class StrategyExecutor:
         # The model of record whole on the host, a host's ranks in turns (`build_turns.py`), each
         # cutting its canonical shards before the next turn builds: every rank builds it alike
         # (one seed or folder), so the shards of every rank are of one model.
-        self.untrained, self.canonical = in_turns(self.shape, self._record)
+        self.untrained, self.persistent, self.canonical = in_turns(self.shape, self._record)
         self.optimizer = torch.optim.AdamW(self.canonical.shards, **adamw)
         self._groups: dict[Strategy, list[ProcessGroups]] = {}
         self._running: tuple[Strategy, int, Executor, WorldHoldings | None] | None = None
 
-    def _record(self) -> tuple[dict[str, Tensor], CanonicalState]:
-        """The model of record built on the host: its untrained tensors (buffers, frozen ones)
-        and this rank's canonical shards of the rest; the host's copy goes with this frame."""
+    def _record(self) -> tuple[dict[str, Tensor], set[str], CanonicalState]:
+        """The model of record built on the host: its untrained tensors (buffers, frozen ones),
+        the names of those its state dict holds (not a non-persistent buffer) and this rank's
+        canonical shards of the rest; the host's copy goes with this frame."""
         model = self.build()
         untrained = {name: tensor.detach().clone() for name, tensor in untrained_tensors(model)}
-        return untrained, CanonicalState(model, list(model.blocks()), split_dims_of(model),
-                                         self.cluster.devices_per_node, self.device)
+        persistent = set(model.state_dict()) & set(untrained)
+        return untrained, persistent, CanonicalState(model, list(model.blocks()), split_dims_of(model),
+                                                     self.cluster.devices_per_node, self.device)
 
     def executor(self, strategy: Strategy) -> tuple[int, Executor, WorldHoldings | None]:
         """This rank's pipeline of `strategy`, its executor and, for the sliced movement, what every
@@ -90,10 +92,13 @@ class StrategyExecutor:
         executor = parallelize(self.build(weights=False), strategy.block_cluster(index, self.cluster),
                                mesh=strategy.mesh(index, self.cluster), groups=self._groups[strategy][index],
                                precision=self.precision, broadcast=False, **self.adamw)
+        tp = executor.tensor_parallel
         with torch.no_grad():
             for name, tensor in untrained_tensors(executor.model):
-                assert tensor.shape == self.untrained[name].shape, f"{name}: an untrained tensor split by TP"
-                tensor.copy_(self.untrained[name])
+                whole = self.untrained[name]
+                if tp is not None and tp.is_split(name):  # a frozen weight of a split layer: its TP shard
+                    whole = whole.chunk(tp.degree, tp.split_dims[name])[tp.index]
+                tensor.copy_(whole)
         exchange = None
         if self.movement is Movement.SLICED:
             here = executor.mesh.coordinate(dist.get_rank())
@@ -154,10 +159,14 @@ class StrategyExecutor:
             state.update({f"{name}{u}": value for name, value in adam.items()})
         return state
 
-    def parameters_on_host(self) -> dict[str, torch.Tensor]:
-        """Every trained parameter whole, by name, on rank 0's host ({} elsewhere; a collective, a
-        unit at a time: what writing the trained model out takes)."""
-        return self.canonical.parameters_on_host(0)
+    def state_on_host(self) -> dict[str, torch.Tensor]:
+        """The model's state dict whole, by name, on rank 0's host ({} elsewhere; a collective, a
+        unit at a time: what writing the trained model out takes): every trained parameter, then
+        the persistent untrained tensors of the model of record, which no step changes."""
+        state = self.canonical.parameters_on_host(0)
+        if dist.get_rank() == 0:
+            state.update((name, self.untrained[name]) for name in self.untrained if name in self.persistent)
+        return state
 
     def parameters(self) -> list[torch.Tensor]:
         """Every trained parameter whole, in the model's order (a collective, for checks)."""

@@ -19,10 +19,11 @@ ballast.json), which `WanTransformer3DModel.from_pretrained` loads.
 Under FSDP2 the parameters are sharded: every rank takes part in gathering the full state
 dict (`get_model_state_dict` with `full_state_dict=True, cpu_offload=True`, which leaves it on
 rank 0's CPU) and rank 0 writes the folder, into a temporary one renamed into place. Under TP
-and PP the executor brings every parameter whole to rank 0's host one at a time
-(`Executor.parameters_on_host`: its TP group's shards gathered, FSDP2's with them, and each later
-stage's sent by that stage's first rank), under --strategy a unit at a time from the canonical
-shards: no device ever holds the whole model.
+and PP the executor brings its state dict whole to rank 0's host a tensor at a time
+(`Executor.state_on_host`: its TP group's shards gathered, FSDP2's with them, and each later
+stage's sent by that stage's first rank; persistent buffers and frozen parameters with the
+trained ones), under --strategy the trained ones a unit at a time from the canonical shards
+and the rest from the model of record: no device ever holds the whole model.
 Checkpoints are unaffected: they save the wrapper's state through DCP, as for every model.
 """
 from __future__ import annotations
@@ -154,8 +155,8 @@ def _gathered(executor: Executor | StrategyExecutor, prefix: str) -> dict[str, t
     rank 0's CPU; None on the other ranks. Collective: under FSDP2, TP and strategies every rank
     takes part."""
     if isinstance(executor, StrategyExecutor) or executor.tensor_parallel is not None or executor.mesh.pp > 1:
-        # The canonical shards a unit at a time, or TP's and the stages' a parameter at a time, to rank 0's host.
-        state = executor.parameters_on_host()
+        # The canonical shards a unit at a time, or TP's and the stages' a tensor at a time, to rank 0's host.
+        state = executor.state_on_host()
     else:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_model_state_dict(executor.model, options=options)  # full tensors on rank 0, {} elsewhere

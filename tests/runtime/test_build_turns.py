@@ -60,7 +60,7 @@ def _worker(one_at_a_time: bool, strategy: bool) -> dict:
     else:
         executor = parallelize(ModelBuild(SHAPE, build), cluster, mesh=JobMesh.of(cluster, tp=2, pp=2, shape=SHAPE),
                                lr=1e-3)
-    return dict(built=built, weights=executor.parameters_on_host())
+    return dict(built=built, weights=executor.state_on_host())
 
 
 @pytest.mark.slow

@@ -312,7 +312,7 @@ def test_a_run_under_strategies_writes_its_trained_model(runs):
 @pytest.mark.parametrize("run", ["tp", "pp"])
 def test_a_run_under_tp_or_pp_writes_its_trained_model(runs, run):
     """Under TP the folder is written from both ranks' shards, under PP from both stages, a
-    parameter at a time to rank 0's host (`Executor.parameters_on_host`); the same batches as
+    tensor at a time to rank 0's host (`Executor.state_on_host`); the same batches as
     ballast's run over a pool of 2, so the same losses and parameters up to rounding."""
     from ballast.train import checkpoint
 

@@ -206,20 +206,20 @@ class PipelineExecutor(Executor):
         """The whole model's parameters, every stage's, whole, on every rank (a collective)."""
         return self._whole(super().parameters())
 
-    def parameters_on_host(self, rank: int = 0) -> dict[str, Tensor]:
-        """Every stage's trained parameters whole on global rank `rank`'s host, by name in the
-        model's order, {} on the other ranks (a collective): stage by stage, a parameter at a
-        time, each made whole on its stage (FSDP2's, TP's shards) and sent by the stage's first
-        rank; so a device holds its stage and one parameter whole at most."""
+    def state_on_host(self, rank: int = 0) -> dict[str, Tensor]:
+        """Every stage's part of the model's state dict (`Executor.state_tensors`) whole on global
+        rank `rank`'s host, by name in the model's order, {} on the other ranks (a collective):
+        stage by stage, a tensor at a time, each made whole on its stage (FSDP2's, TP's shards) and
+        sent by the stage's first rank; so a device holds its stage and one tensor whole at most."""
         here, out = dist.get_rank() == rank, {}
         for stage in range(self.mesh.pp):
             source = self.mesh.rank(stage, 0, 0)
             mine = stage == self.stage
-            listed = [[(n, self._whole_shape(n, p), p.dtype) for n, p in zip(self.parameter_names, self._params)]
-                      if mine else None]
+            held = self.state_tensors() if mine else []
+            listed = [[(n, self._whole_shape(n, t), t.dtype) for n, t in held] if mine else None]
             dist.broadcast_object_list(listed, src=source, group=self.groups.job)
-            for (name, shape, dtype), p in zip(listed[0], self._params if mine else [None] * len(listed[0])):
-                whole = self._whole_parameter(name, p) if mine else None
+            for (name, shape, dtype), (_, t) in zip(listed[0], held if mine else [(None, None)] * len(listed[0])):
+                whole = self._whole_parameter(name, t) if mine else None
                 if here and source != rank:
                     whole = torch.empty(shape, dtype=dtype, device=self.device)
                     dist.recv(whole, src=source, group=self.groups.job)
