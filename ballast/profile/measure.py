@@ -44,7 +44,7 @@ from ..models.gaussian_clips import gaussian_clips
 from ..plans.plan import Group, MicroBatch, Plan, Wave
 from ..vocabulary.model_shape import ModelShape
 from ..runtime import Executor, ProcessGroups, parallelize, rank_device
-from ..runtime.executor import StepResult
+from ..runtime.step_result import StepResult
 from .exchange import check_exchanged_values
 from ..vocabulary.precision import Precision
 from .grid import Measurement, Point

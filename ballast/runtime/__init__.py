@@ -29,7 +29,8 @@
 """
 from .attention import StreamShard, sequence_parallel_attention
 from .broadcast import broadcast_plan
-from .executor import Executor, MicroBatchRecord, StepResult, WaveTiming
+from .executor import Executor
+from .step_result import MicroBatchRecord, StepResult, WaveTiming
 from .fsdp import full_tensor, is_sharded, shard_model
 from .groups import ProcessGroups
 from .memory import ActivationMeter

@@ -65,10 +65,7 @@ sharded, instead of the bucketed sync: the same sum over ranks, each rank keepin
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
-import time
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 import torch
@@ -79,17 +76,17 @@ from ..vocabulary.cluster import Cluster
 from ..vocabulary.job_mesh import JobMesh
 from ..vocabulary.layouts import CONTEXT, ULYSSES, VIDEO_2D, Layout
 from ..vocabulary.precision import Precision
-from ..models.protocol import Local, PackedStream, ParallelModel, held_tokens, take
+from ..models.protocol import Local, PackedStream, ParallelModel, held_tokens
 from ..plans.plan import Group, MicroBatch, Plan
 from .attention import StreamShard
 from .fsdp import full_tensor, is_sharded
 from .grad_sync import GradSync
 from .groups import ProcessGroups
-from .hybrid import HybridShard, attention_rows
+from .hybrid import HybridShard
 from .memory import ActivationMeter
-from .remap import RemappedStream, Route, overlaps
+from .remap_slot import remapped_stream, slot_parts, slot_runs
 from .routing import RoutingGroups
-from .shard_sizes import shard_sizes
+from .step_result import MicroBatchRecord, StepResult, WaveTiming, device_clock, step_if_finite
 from .tensor_parallel import TensorParallel
 from .video_sp import VideoShard
 
@@ -99,75 +96,6 @@ SHARDS: dict[Layout, type[StreamShard]] = {ULYSSES: StreamShard, VIDEO_2D: Video
 holds its stream whole, a `StreamShard` of degree 1; a group with a CP part, `Group.cp` > 1,
 runs its layout's `with_context`: CONTEXT, Ulysses over `Group.ulysses` ranks inside it, or
 VIDEO_2D, whose fallback then runs so)."""
-
-
-def device_clock(device: torch.device) -> float:
-    """Seconds on a wall clock, read once `device` has run all the work queued so far: CUDA
-    kernels and NCCL calls return to Python before they run, so an unsynchronised clock would
-    time their launches and put the GPU's work into whichever timer reads next (a wave's busy
-    time into its barrier wait). On a CPU the work is done when it returns."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
-def step_if_finite(result: StepResult, optimizer: torch.optim.Optimizer, device: torch.device) -> StepResult:
-    """`result` with the optimizer stepped (and timed) unless its loss or gradient norm is not
-    finite, which leaves the parameters as they were (`applied` False)."""
-    result.applied = math.isfinite(result.loss) and math.isfinite(result.grad_norm)
-    if result.applied:
-        start = device_clock(device)
-        optimizer.step()
-        result.optimizer_seconds = device_clock(device) - start
-    return result
-
-
-@dataclass
-class WaveTiming:
-    busy: float
-    """Seconds this rank spent in its micro-batches of the wave (its group's all-to-alls included)."""
-    wait: float
-    """Seconds it then waited for the wave's other groups to finish."""
-
-
-@dataclass
-class MicroBatchRecord:
-    wave: int
-    degree: int
-    seq_ids: list[int]
-    tokens: int
-    """Tokens of the micro-batch this rank held (its shard; in a remap domain, its balanced share)."""
-    recompute_layers: int
-    seconds: float
-    activation_bytes: int | None
-    """Bytes saved for backward on this rank; None unless the executor measures them."""
-
-
-@dataclass
-class StepResult:
-    """What one optimizer step did on this rank (`loss` and `tokens` are the same on all ranks)."""
-
-    loss: float
-    """Mean per-token loss of the whole batch."""
-    tokens: int
-    waves: list[WaveTiming]
-    micro_batches: list[MicroBatchRecord] = field(default_factory=list)
-    grad_norm: float = 0.0
-    """L2 norm of the batch's whole gradient (the same on every rank)."""
-    nonfinite_samples: list[int] = field(default_factory=list)
-    """The plan's samples (indices) whose micro-batch had a non-finite loss on some rank."""
-    applied: bool = True
-    """False when the loss or the gradient norm was not finite: the optimizer did not step."""
-    sync_seconds: float = 0.0
-    """The gradient sync left after the waves: waiting for the buckets still in flight (their
-    reduction overlaps this rank's last backward and later waves), the loss all-reduce."""
-    optimizer_seconds: float = 0.0
-
-    @property
-    def idle_fraction(self) -> float:
-        """Share of this rank's wave time spent waiting for other groups."""
-        total = sum(w.busy + w.wait for w in self.waves)
-        return sum(w.wait for w in self.waves) / total if total > 0 else 0.0
 
 
 class Executor:
@@ -267,7 +195,7 @@ class Executor:
             else:
                 for slot in range(max(len(g.micro_batches) for g in wave.domain_groups(*domain))):
                     loss += self._run_slot(plan, w, domain, slot, samples, result) \
-                        if self._slot_runs(plan, w, domain, slot) else self._skip()
+                        if slot_runs(plan, w, domain, slot) else self._skip()
             busy = self._clock() - start
             dist.barrier(group=self.groups.job)
             result.waves.append(WaveTiming(busy, self._clock() - start - busy))
@@ -332,18 +260,8 @@ class Executor:
                 count += sum(1 for mb in plan.group_of(w, self.rank).micro_batches if sum(plan.mb_lengths(mb)))
             else:
                 slots = max(len(g.micro_batches) for g in wave.domain_groups(*domain))
-                count += sum(1 for slot in range(slots) if self._slot_runs(plan, w, domain, slot))
+                count += sum(1 for slot in range(slots) if slot_runs(plan, w, domain, slot))
         return count
-
-    @staticmethod
-    def _slot_parts(plan: Plan, wave: int, domain: tuple[int, int], slot: int) -> list[tuple[Group, MicroBatch]]:
-        """Every group of the remap domain with its slot-th micro-batch (empty past its last)."""
-        return [(g, g.micro_batches[slot] if slot < len(g.micro_batches) else MicroBatch([]))
-                for g in plan.waves[wave].domain_groups(*domain)]
-
-    def _slot_runs(self, plan: Plan, wave: int, domain: tuple[int, int], slot: int) -> bool:
-        """Whether the slot holds any token (else the domain's ranks skip it alike)."""
-        return any(sum(plan.mb_lengths(mb)) for _, mb in self._slot_parts(plan, wave, domain, slot))
 
     def _clock(self) -> float:
         return device_clock(self.device)
@@ -381,9 +299,11 @@ class Executor:
         return self._forward_backward(plan, mb.seq_ids, shard, shard.local, mb.recompute, samples, result,
                                       (wave, group, mb), start)
 
-    def _shard(self, plan: Plan, wave: int, group: Group, mb: MicroBatch) -> StreamShard:
-        """This rank's share of micro-batch `mb` of `group` in wave `wave`, in the group's layout."""
-        layout = self.model.shape.pattern.layout.with_context(group.cp)
+    def _shard(self, plan: Plan, wave: int, group: Group, mb: MicroBatch, layout: Layout | None = None
+               ) -> StreamShard:
+        """This rank's share of micro-batch `mb` of `group` in wave `wave`, in the group's layout
+        (the model's, or `layout`), with its CP part."""
+        layout = (layout or self.model.shape.pattern.layout).with_context(group.cp)
         holder = SHARDS[layout] if group.degree > 1 else StreamShard
         return holder.create(
             plan.mb_samples(mb), self.groups.get(group.start, group.degree, group.cp), group.degree,
@@ -402,34 +322,13 @@ class Executor:
         Ulysses attention holds the group's whole stream per head and takes the pattern's spans
         over it (`attention_spans`: frames, or patch columns gathered column by column)."""
         began = self._clock()
-        start, size = domain
-        parts = self._slot_parts(plan, wave, domain, slot)
-        seq_ids = [i for _, mb in parts for i in mb.seq_ids]
-        rows = [attention_rows(plan.mb_samples(mb), g.degree, g.cp) for g, mb in parts]
-        attention = [len(r) for held in rows for r in held]
-        balanced = shard_sizes(sum(attention), size)
-        index = self.rank - start
-        send, recv = overlaps(balanced, attention, index)
+        parts = slot_parts(plan, wave, domain, slot)
         group, mb = next((g, mb) for g, mb in parts if self.rank in g.ranks)
         routing = self._routing(plan, wave)
-        shard = (SHARDS[ULYSSES.with_context(group.cp)].create(
-            plan.mb_samples(mb), self.groups.get(group.start, group.degree, group.cp), group.degree,
-            self.rank - group.start, self.device, routing=routing) if sum(plan.mb_lengths(mb)) else None)
-        whole = PackedStream.of([plan.samples[i] for i in seq_ids], self.device)
-        local: Local = slice(sum(balanced[:index]), sum(balanced[:index + 1]))
-        if any(g.cp > 1 for g, _ in parts):
-            # The domain order: every rank's attention rows in rank order, each group's stream
-            # offset to its place in the slot's; both layouts cut it contiguously.
-            offsets = itertools.accumulate((sum(plan.mb_lengths(mb)) for _, mb in parts), initial=0)
-            order = torch.cat([r + o for held, o in zip(rows, offsets) for r in held]).to(self.device)
-            local = order[local]
-        # Routed over every NIC when the wave is and the domain spans nodes: every rank of the
-        # domain knows every rank's rows (`overlaps`), so the matrix needs no gathering.
-        spans = routing.spanning(size) if routing is not None else None
-        route = (Route(self.groups.get(start, size), send, recv) if spans is None else
-                 spans.exchange([overlaps(balanced, attention, j)[0] for j in range(size)]))
-        stream = RemappedStream(whole.bounds, take(whole.positions, local), whole.grids, shard=shard, route=route)
-        recompute = min(mb.recompute for _, mb in parts if mb.seq_ids)
+        shard = self._shard(plan, wave, group, mb, ULYSSES) if sum(plan.mb_lengths(mb)) else None
+        stream, local = remapped_stream(plan, parts, domain, self.rank, shard, self.groups, self.device, routing)
+        seq_ids = [i for _, part in parts for i in part.seq_ids]
+        recompute = min(part.recompute for _, part in parts if part.seq_ids)
         return self._forward_backward(plan, seq_ids, stream, local, recompute, samples, result,
                                       (wave, group, mb), began)
 

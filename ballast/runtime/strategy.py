@@ -38,7 +38,8 @@ from ..vocabulary.precision import Precision
 from ..vocabulary.strategy import Strategy
 from ..pricing.parameter_movement import Movement
 from .canonical import CanonicalState, WorldHoldings
-from .executor import Executor, StepResult, device_clock, step_if_finite
+from .executor import Executor
+from .step_result import StepResult, device_clock, step_if_finite
 from .groups import ProcessGroups
 from .build_turns import in_turns
 from .parallelize import parallelize

@@ -51,7 +51,8 @@ from ...vocabulary.job_mesh import JobMesh
 from ...vocabulary.pipeline_schedule import one_f_one_b, recomputed_blocks
 from ...vocabulary.precision import Precision
 from ..attention import StreamShard
-from ..executor import Executor, MicroBatchRecord, StepResult, WaveTiming
+from ..executor import Executor
+from ..step_result import MicroBatchRecord, StepResult, WaveTiming
 from ..grad_sync import GradSync
 from ..groups import ProcessGroups
 from ..memory import ActivationMeter
