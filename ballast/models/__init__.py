@@ -32,7 +32,7 @@ from ..vocabulary.patterns import CAUSAL_LM, AttentionPattern
 from .dit import DiT, build_dit
 from .gpt import GPT, build_gpt
 from .kernels import local_attention, varlen_attention
-from .protocol import INPUT, AttentionFn, PackedStream, ParallelModel, attention_spans, sequence_positions
+from .protocol import INPUT, AttentionFn, PackedStream, ParallelModel, PartLoad, attention_spans, sequence_positions
 from .stdit import STDiT, build_stdit
 
 
@@ -76,6 +76,17 @@ def build_model(shape: ModelShape, seed: int = 0, *, weights: bool = True) -> Pa
     return _build(shape, seed, load=True)
 
 
+def part_load(shape: ModelShape) -> PartLoad | None:
+    """How a rank reads only its part of the model's weights (`PartLoad`): a Hugging Face causal
+    LM's folder whose files name every tensor as the model does; None for every other model,
+    which each rank builds whole (its seed's weights, or a diffusers folder's)."""
+    check_buildable(shape)
+    if shape.hf_folder is None:
+        return None
+    from .hf import hf_part_load
+    return hf_part_load(shape)
+
+
 def _build(shape: ModelShape, seed: int, load: bool) -> ParallelModel:
     if shape.hf_folder is not None:
         from .hf import build_hf
@@ -86,6 +97,6 @@ def _build(shape: ModelShape, seed: int, load: bool) -> ParallelModel:
     return BUILDERS[shape.pattern](shape, seed)
 
 
-__all__ = ["DiT", "GPT", "INPUT", "STDiT", "AttentionFn", "PackedStream", "ParallelModel",
-           "attention_spans", "build_dit", "build_gpt", "build_model", "build_stdit", "check_buildable",
+__all__ = ["DiT", "GPT", "INPUT", "STDiT", "AttentionFn", "PackedStream", "ParallelModel", "PartLoad",
+           "attention_spans", "build_dit", "build_gpt", "build_model", "build_stdit", "check_buildable", "part_load",
            "local_attention", "sequence_positions", "varlen_attention"]

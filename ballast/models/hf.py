@@ -25,6 +25,11 @@ Pipeline stages (`keep_stage`): the decoder keeps its stage's layers (under thei
 the embedding only on the first stage, the final norm (else an identity) and output layer only
 on the last; a later stage hands the decoder its input as `inputs_embeds`, and a stage without
 the output layer returns the decoder's hidden states.
+
+Reading a part (`hf_part_load`): where the folder's files hold every tensor under the model's
+own names, a rank builds the model without weights (parameters on the meta device through
+accelerate's `init_empty_weights`, buffers such as RoPE's frequencies made as transformers makes
+them), keeps its stage and TP shard and reads only their tensors from the files.
 """
 from __future__ import annotations
 
@@ -41,10 +46,10 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..vocabulary.model_shape import ModelShape
-from .hf_weights import check_finite, weight_files
+from .hf_weights import check_finite, holds_every_key, read_part, weight_files
 from .kernels import local_attention
 from .next_token import NextTokenObjective
-from .protocol import VOCAB_EMBEDDING, VOCAB_OUTPUT, AttentionFn, PackedStream
+from .protocol import VOCAB_EMBEDDING, VOCAB_OUTPUT, AttentionFn, PackedStream, PartLoad
 from .stage_layers import StageLayers
 
 ATTENTION = "ballast"
@@ -277,6 +282,10 @@ def progress_bars(shown: bool) -> Iterator[None]:
         (logging.enable_progress_bar if was else logging.disable_progress_bar)()
 
 
+WRAPPER_PREFIX = "hf."
+"""State-dict keys of `HFCausalLM` are the transformers model's under its attribute `hf`."""
+
+
 def build_hf(shape: ModelShape, seed: int = 0, load: bool = True) -> HFCausalLM:
     """The model of `shape.source` (`hf:PATH`) at `shape.layers` decoder layers: its weights when
     the folder has them (`model.safetensors`, sharded or not) and `load`, else a random init
@@ -299,3 +308,27 @@ def build_hf(shape: ModelShape, seed: int = 0, load: bool = True) -> HFCausalLM:
             hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     hf.train()
     return HFCausalLM(hf, shape)
+
+
+def hf_part_load(shape: ModelShape) -> PartLoad | None:
+    """How a rank reads its part of `shape`'s folder (module docstring): None for a folder without
+    weights (every rank draws the whole model from its seed) or one whose keys are not the
+    model's own names (transformers renames some on load: the whole model is loaded then)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = shape.hf_folder
+    assert folder is not None, shape.source
+    config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    config.num_hidden_layers = shape.layers
+
+    def skeleton() -> HFCausalLM:
+        with init_empty_weights(include_buffers=False):
+            hf = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        hf.tie_weights()  # accelerate's meta parameters replaced the tied one by a copy of its own
+        hf.train()
+        return HFCausalLM(hf, shape)
+
+    if not weight_files(folder) or not holds_every_key(folder, skeleton().hf):
+        return None
+    return PartLoad(skeleton, lambda part, shard_of: read_part(folder, part, WRAPPER_PREFIX, shard_of))

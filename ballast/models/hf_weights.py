@@ -9,9 +9,14 @@ read), against the model the config builds on the meta device (no memory): one e
 the folder, the file and the keys at fault. Values are checked once loaded (`check_finite`):
 a NaN or an infinity in them is the folder's fault, not the data's. transformers and diffusers
 name their files differently (`WeightFormat`); the checks are the same.
+
+`read_part` reads a model part's tensors from the files a tensor at a time, each TP shard as
+its block of the stored tensor (safetensors' `get_slice` reads that block alone), so a rank of a
+70B job reads its stage's shard, not the model (`PartLoad`).
 """
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +26,7 @@ import torch
 from torch import nn
 
 from ..vocabulary.value_checks import read_json
+from .protocol import ShardOf
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,67 @@ def check_weights(folder: Path, kind: WeightFormat = TRANSFORMERS,
         raise ValueError(f"{kind.prefix}{folder}: its weights ({', '.join(p.name for p in files)}) do not match the model "
                          f"its config.json describes, which would train with tensors initialised afresh or "
                          f"left out; {'; '.join(problems)}: fix config.json or the weights")
+
+
+def stored_keys(folder: Path, kind: WeightFormat = TRANSFORMERS) -> dict[str, Path]:
+    """The file holding each key of the folder's weights (from the headers alone)."""
+    from safetensors import safe_open
+
+    keys: dict[str, Path] = {}
+    for path in weight_files(folder, kind):
+        with safe_open(path, framework="pt") as f:
+            keys.update((key, path) for key in f.keys())
+    return keys
+
+
+def holds_every_key(folder: Path, model: nn.Module, kind: WeightFormat = TRANSFORMERS) -> bool:
+    """Whether the folder's weights hold every tensor of `model`'s state dict under its own
+    name (tied tensors: under one of their names), so `read_part` can read any part of it."""
+    stored = stored_keys(folder, kind)
+    expected, _, _ = _model_tensors(model)
+    return all(any(n in stored for n in names) for names, _ in expected)
+
+
+def read_part(folder: Path, part: nn.Module, prefix: str, shard_of: ShardOf, kind: WeightFormat = TRANSFORMERS
+              ) -> None:
+    """Copy into every tensor of `part`'s state dict (its names `prefix` + the folder's keys)
+    the folder's, cast to its dtype, or the block `shard_of(name)` names (dimension, degree,
+    index): a tensor at a time, each read alone (a TP shard's block only); a tensor tied to
+    another once, under the name the files hold. ValueError naming the folder and the tensor
+    when the files lack it, or hold it mis-shaped or non-finite (`check_finite`)."""
+    from safetensors import safe_open
+
+    stored = stored_keys(folder, kind)
+    where = f"{kind.prefix}{folder}"
+    tensors: dict[int, list[tuple[str, torch.Tensor]]] = {}
+    for name, tensor in part.state_dict(keep_vars=True).items():
+        tensors.setdefault(id(tensor), []).append((name, tensor))
+    with contextlib.ExitStack() as files:
+        opened = {path: files.enter_context(safe_open(path, framework="pt")) for path in set(stored.values())}
+        for named in tensors.values():
+            name, tensor = next(((n, t) for n, t in named if n.removeprefix(prefix) in stored), named[0])
+            key = name.removeprefix(prefix)
+            if key not in stored:
+                raise ValueError(f"{where}: its weights hold no {key!r}, which the model has")
+            value = _block(opened[stored[key]].get_slice(key), shard_of(name))
+            if tuple(value.shape) != tuple(tensor.shape):
+                raise ValueError(f"{where}: {key} holds {list(value.shape)} where this part of the model has "
+                                 f"{list(tensor.shape)}")
+            check_finite(folder, {key: value}, kind)
+            with torch.no_grad():
+                tensor.copy_(value)
+
+
+def _block(stored, shard: tuple[int, int, int] | None) -> torch.Tensor:
+    """A stored tensor (a safetensors slice) whole, or block `index` of `degree` equal blocks
+    along `dim` (the TP split's `torch.chunk`)."""
+    if shard is None:
+        return stored[:]
+    dim, degree, index = shard
+    shape = stored.get_shape()
+    size = shape[dim] // degree
+    return stored[tuple(slice(index * size, (index + 1) * size) if d == dim else slice(None)
+                        for d in range(len(shape)))]
 
 
 def check_finite(folder: Path, state: dict[str, torch.Tensor], kind: WeightFormat = TRANSFORMERS) -> None:

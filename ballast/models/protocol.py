@@ -19,6 +19,8 @@ hook. No runtime, planner or CLI code names a model family.
                       how (`tensor_parallel_plan`), and the hook of its loss over split logits
     StagedModel       what pipeline parallelism adds (text models): keep one stage's part,
                       and run it from token ids or the previous stage's hidden states
+    PartLoad          a model whose weights a rank reads a tensor at a time (a Hugging Face
+                      folder): its structure without weights, and the reader of a part's tensors
 
 Token order. A text sample's tokens are its sequence; a clip's (frames, height, width) latent
 patches are packed frame by frame, each frame row by row ("frame-major"). The runtime only
@@ -286,3 +288,22 @@ class StagedModel(Protocol):
         the hidden states [tokens held, hidden] the next stage receives. The first
         `recompute_layers` of the stage's own blocks are recomputed in backward."""
         ...
+
+
+ShardOf = Callable[[str], "tuple[int, int, int] | None"]
+"""For a tensor of a model part's state dict, by name: the (dimension, degree, index) of the TP
+shard the part holds of it, or None where it holds it whole."""
+
+
+@dataclass(frozen=True)
+class PartLoad:
+    """A model whose weights a rank reads a tensor at a time (a Hugging Face folder's
+    safetensors): each rank builds the structure, keeps its part (its pipeline stage, its TP
+    shard; `runtime/parallelize.py`) and reads only that part's tensors, so no host holds the
+    whole model and its ranks need no turns (`runtime/build_turns.py`)."""
+
+    skeleton: Callable[[], ParallelModel]
+    """The model with its parameters on the meta device and its buffers made on the host."""
+    fill: Callable[[nn.Module, ShardOf], None]
+    """Read every tensor of a part's state dict (the part on its device, its parameters given
+    storage there) from the weights, the shard `ShardOf` names where it holds one."""

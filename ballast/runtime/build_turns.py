@@ -11,6 +11,10 @@ every model up to ~30B on a 2 TB node of eight GPUs), so nothing waits then.
 
 Rank 0 counts for everyone (its host's memory; every host of a job is alike), so all ranks agree
 on the number of turns, which they meet at a barrier after each.
+
+A model whose weights a rank can read a tensor at a time (`ModelBuild.part`: a Hugging Face
+folder's safetensors) takes no turns: each rank builds it without weights, keeps its part and
+reads only that (`parallelize.built_in_turns`).
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from typing import Callable, TypeVar
 
 import torch.distributed as dist
 
-from ..models.protocol import ParallelModel
+from ..models.protocol import ParallelModel, PartLoad
 from ..pricing.device_memory import ParameterCounts
 from ..vocabulary.model_shape import ModelShape
 
@@ -43,7 +47,8 @@ class ModelBuild:
 
     shape: ModelShape
     build: Callable[[], ParallelModel]
-
+    part: PartLoad | None = None
+    """How a rank reads only its part of the weights instead (`models.part_load`), where it can."""
 
 @dataclass(frozen=True)
 class BuildTurns:

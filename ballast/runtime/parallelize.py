@@ -156,7 +156,14 @@ def local_part(model: ParallelModel, mesh: JobMesh, groups: ProcessGroups) -> Te
 def built_in_turns(build: ModelBuild, mesh: JobMesh, groups: ProcessGroups
                    ) -> tuple[ParallelModel, TensorParallel | None]:
     """`build`'s model built on this rank's host in its turn (`build_turns.in_turns`), and its
-    part kept (`local_part`) before the next turn builds."""
+    part kept (`local_part`) before the next turn builds; where a rank can read its part of the
+    weights (`ModelBuild.part`), built without them, cut, and its part read, in no turn."""
+    if build.part is not None:
+        model = build.part.skeleton()
+        tensor_parallel = local_part(model, mesh, groups)
+        build.part.fill(model, tensor_parallel.shard_of if tensor_parallel is not None else lambda name: None)
+        return model, tensor_parallel
+
     def part() -> tuple[ParallelModel, TensorParallel | None]:
         model = build.build()
         return model, local_part(model, mesh, groups)
@@ -182,12 +189,28 @@ def make_optimizer(model: nn.Module, zero1: bool = False, *, group: ProcessGroup
 
 
 def to_device(model: nn.Module, device: torch.device) -> None:
-    """Move `model` to `device` in place; one built without weights (meta) gets empty storage
-    there, which its caller fills."""
-    if any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers())):
-        model.to_empty(device=device)
-    else:
+    """Move `model` to `device` in place; its tensors on the meta device (built without weights)
+    get empty storage there, which its caller fills, and the others keep their values (the
+    buffers of a model whose parameters alone were left on meta, `models.PartLoad`)."""
+    named = list(itertools.chain(model.named_parameters(), model.named_buffers()))
+    if not any(t.is_meta for _, t in named):
         model.to(device)
+        return
+    kept = {name: t.detach().clone() for name, t in named if not t.is_meta}
+    # to_empty gives each module a parameter of its own (from meta it cannot swap the data in
+    # place), which would untie a tied embedding and output layer: tied again after.
+    tied: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        tied.setdefault(id(p), []).append(name)
+    model.to_empty(device=device)
+    for first, *others in tied.values():
+        for name in others:
+            owner, _, attribute = name.rpartition(".")
+            setattr(model.get_submodule(owner), attribute, model.get_parameter(first))
+    with torch.no_grad():
+        for name, t in itertools.chain(model.named_parameters(), model.named_buffers()):
+            if name in kept:
+                t.copy_(kept[name])
 
 
 def broadcast_weights(model: nn.Module, src: int = 0, group: ProcessGroup | None = None,

@@ -44,7 +44,7 @@ from ..runtime.strategy import StrategyExecutor
 from ..vocabulary.model_shape import ModelShape
 from ..vocabulary.value_checks import read_json
 from ..models.diffusers_wan import save_wan
-from ..models.hf import progress_bars
+from ..models.hf import WRAPPER_PREFIX, progress_bars
 
 HF_MODEL_DIR = "hf-model"
 """The trained model's Hugging Face folder, under --out-dir."""
@@ -55,8 +55,6 @@ TOKENIZER_FILES = (TOKENIZER_JSON, "tokenizer_config.json", "special_tokens_map.
                    "tokenizer.model", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja",
                    "chat_template.json")
 """The files of a Hugging Face model folder that make up its tokenizer (copied when it trained with it)."""
-WRAPPER_PREFIX = "hf."
-"""State-dict keys of `HFCausalLM` are the transformers model's under its attribute `hf`."""
 DIFFUSERS_WRAPPER_PREFIX = "wan."
 """State-dict keys of `DiffusersWan` are the diffusers model's under its attribute `wan`."""
 BYTES_NOTE = ("no tokenizer files: trained with ballast's byte-level tokenizer, whose token ids are the "

@@ -14,7 +14,7 @@ from rich.console import Console
 from ..command_line.options import AUTO_STRATEGIES, parse_strategies, strategies_text
 from ..dataset import (BatchStream, ClipStream, build_corpus, check_data_kind, check_vocab, is_video_data,
                        open_clip_stream)
-from ..models import build_model, check_buildable
+from ..models import build_model, check_buildable, part_load
 from ..planners import Planner, PlannerOptions, get_planner
 from ..planners.fits import check_fits
 from ..planners.hydraulis_pool import HISTOGRAM, auto_strategies
@@ -169,8 +169,9 @@ def make_executor(config: TrainConfig, setup: Setup) -> Executor | StrategyExecu
         return StrategyExecutor(functools.partial(build_model, setup.shape, config.run.seed), setup.cluster,
                                 precision=config.run.precision, **adamw)
     # Built on the host, by its ranks in turns: parallelize keeps this rank's stage and TP shard,
-    # on its device, before the next turn builds.
-    return parallelize(ModelBuild(setup.shape, functools.partial(build_model, setup.shape, config.run.seed)),
+    # on its device, before the next turn builds; a Hugging Face folder's part read alone.
+    return parallelize(ModelBuild(setup.shape, functools.partial(build_model, setup.shape, config.run.seed),
+                                  part_load(setup.shape)),
                        setup.cluster, mesh=setup.mesh,
                        fsdp=opt.fsdp, zero1=opt.zero1, precision=config.run.precision, bucket_bytes=opt.bucket_bytes,
                        **adamw)

@@ -9,7 +9,7 @@ from ..vocabulary.cluster import get_cluster
 from ..vocabulary.job_mesh import JobMesh
 from ..vocabulary.model_shape import ModelShape
 from ..vocabulary.precision import Precision
-from ..models import build_model
+from ..models import build_model, part_load
 from ..plans.plan import Plan
 from ..plans.strategy_plan import StrategyPlan
 from ..runtime import ModelBuild, ProcessGroups, broadcast_plan, parallelize
@@ -32,8 +32,9 @@ def train_distributed(shape: ModelShape, plans: list[dict], batches: list[Verify
     over, the PP degree it is cut into stages by). Parameters and gradients are gathered whole,
     every stage's (`Executor.parameters`, `Executor.gradients`)."""
     cluster = get_cluster("cpu", world_size=dist.get_world_size(), nodes=nodes)
-    executor = parallelize(ModelBuild(shape, functools.partial(build_model, shape, seed)), cluster, groups=groups,
-                           routing=routing, fsdp=fsdp, zero1=zero1, precision=precision, lr=lr)
+    build = ModelBuild(shape, functools.partial(build_model, shape, seed), part_load(shape))
+    executor = parallelize(build, cluster, groups=groups, routing=routing, fsdp=fsdp, zero1=zero1, precision=precision,
+                           lr=lr)
     losses, grads, starts = [], [], []
     for plan_data, batch in zip(plans, batches, strict=True):
         plan, _ = broadcast_plan(Plan.from_dict(plan_data) if dist.get_rank() == 0 else None)

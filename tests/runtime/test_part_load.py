@@ -1,0 +1,83 @@
+"""A rank reads only its part of a Hugging Face folder (`models.part_load`, `ModelBuild.part`):
+the model built without weights (parameters on the meta device, RoPE's buffers made), cut to the
+rank's stage, split to its TP shard, and only those tensors read from the safetensors files, each
+TP shard as its block of the stored tensor. No rank builds the whole model (the test's whole
+build raises), and what the ranks hold is the folder's model as transformers loads it, exactly
+(the reads copy stored values; fp32 files, fp32 model).
+
+On 4 gloo ranks: a tiny Llama (grouped-query attention, 4 layers) under TP 2 x PP 2, and one
+with tied embedding and output weights under TP 2 over a pool of 2 (one shard read for both).
+The exact gradients of models loaded so are `test_pipeline_runtime.py`'s and
+`test_tensor_parallel.py`'s, whose `verify.train_distributed` gives `parallelize` the part load.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from hf_folders import save_model
+
+from ballast.models import build_model, part_load
+from ballast.runtime import ModelBuild, parallelize, run_local
+from ballast.vocabulary.cluster import get_cluster
+from ballast.vocabulary.job_mesh import JobMesh
+from ballast.vocabulary.model_shape import get_model_shape
+
+
+def _never_whole():
+    raise AssertionError("a rank built the whole model")
+
+
+def _worker(sources: dict[str, str]) -> dict | None:
+    torch.set_num_threads(1)
+    cluster = get_cluster("cpu", world_size=dist.get_world_size())
+    out = {}
+    for name, (source, pp) in sources.items():
+        shape = get_model_shape(source)
+        build = ModelBuild(shape, _never_whole, part_load(shape))
+        executor = parallelize(build, cluster, mesh=JobMesh.of(cluster, tp=2, pp=pp, shape=shape), lr=1e-3)
+        out[name] = executor.state_on_host()
+        out[f"{name}-buffers"] = {n: b.clone() for n, b in executor.model.named_buffers()}
+    return out if dist.get_rank() == 0 else None
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, tuple[str, int]]:
+    root = tmp_path_factory.mktemp("hf")
+    return {"gqa": ("hf:" + str(save_model(root / "gqa", "LlamaConfig", num_key_value_heads=2, num_hidden_layers=4)), 2),
+            "tied": ("hf:" + str(save_model(root / "tied", "LlamaConfig", tie_word_embeddings=True)), 1)}
+
+
+@pytest.mark.slow
+def test_ranks_read_their_parts_and_hold_the_folders_model(folders):
+    got = run_local(4, _worker, folders, timeout=240)[0]
+    for name, (source, _) in folders.items():
+        loaded = build_model(get_model_shape(source))
+        want = loaded.state_dict()
+        if name == "tied":  # one tensor under two names: the export names it once
+            assert loaded.hf.lm_head.weight is loaded.hf.model.embed_tokens.weight
+            want.pop("hf.lm_head.weight")
+        assert list(got[name]) == list(want) or set(got[name]) == set(want), (name, set(got[name]) ^ set(want))
+        assert all(torch.equal(got[name][k], want[k]) for k in want), name
+        # RoPE's buffers, made on the host and kept through the move to the device.
+        buffers = dict(loaded.named_buffers())
+        assert got[f"{name}-buffers"] and all(torch.equal(b, buffers[n]) for n, b in got[f"{name}-buffers"].items())
+
+
+def test_a_folder_without_weights_or_a_part_it_cannot_fill_is_told(tmp_path):
+    folder = save_model(tmp_path / "llama", "LlamaConfig")
+    (tmp_path / "config-only").mkdir()
+    (tmp_path / "config-only" / "config.json").write_text((folder / "config.json").read_text())
+    assert part_load(get_model_shape(f"hf:{tmp_path / 'config-only'}")) is None  # a random init: built whole
+    assert part_load(get_model_shape("tiny")) is None
+    part = part_load(get_model_shape(f"hf:{folder}"))
+    model = part.skeleton()
+    assert all(p.is_meta for p in model.parameters()) and not any(b.is_meta for b in model.buffers())
+    model.to_empty(device="cpu")
+    # A shard named along the wrong dimension reads a block of another shape than the part's.
+    with pytest.raises(ValueError, match=r"q_proj.weight holds \[64, 32\] where this part of the model has \[64, 64\]"):
+        part.fill(model, lambda name: (1, 2, 0) if name.endswith("q_proj.weight") else None)
+    model.hf.lm_head.register_parameter("extra", torch.nn.Parameter(torch.zeros(2)))
+    with pytest.raises(ValueError, match="its weights hold no 'lm_head.extra'"):
+        part.fill(model, lambda name: None)
