@@ -50,6 +50,7 @@ class ModelBuild:
     part: PartLoad | None = None
     """How a rank reads only its part of the weights instead (`models.part_load`), where it can."""
 
+
 @dataclass(frozen=True)
 class BuildTurns:
     """Turns in which a host's ranks build the whole model: `count` turns of `size` ranks."""
