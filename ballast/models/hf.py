@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..vocabulary.model_shape import ModelShape
-from .hf_weights import check_finite, holds_every_key, read_part, weight_files
+from .hf_weights import check_finite, holds_every_key, read_part, read_tensor, weight_files
 from .kernels import local_attention
 from .next_token import NextTokenObjective
 from .protocol import VOCAB_EMBEDDING, VOCAB_OUTPUT, AttentionFn, PackedStream, PartLoad
@@ -331,4 +331,5 @@ def hf_part_load(shape: ModelShape) -> PartLoad | None:
 
     if not weight_files(folder) or not holds_every_key(folder, skeleton().hf):
         return None
-    return PartLoad(skeleton, lambda part, shard_of: read_part(folder, part, WRAPPER_PREFIX, shard_of))
+    return PartLoad(skeleton, lambda part, shard_of: read_part(folder, part, WRAPPER_PREFIX, shard_of),
+                    lambda name: read_tensor(folder, name.removeprefix(WRAPPER_PREFIX), torch.float32))

@@ -168,6 +168,20 @@ def read_part(folder: Path, part: nn.Module, prefix: str, shard_of: ShardOf, kin
                 tensor.copy_(value)
 
 
+def read_tensor(folder: Path, name: str, dtype: torch.dtype, kind: WeightFormat = TRANSFORMERS) -> torch.Tensor:
+    """The folder's tensor `name` (a key of its files) whole, as `dtype`; ValueError naming the
+    folder and the key when the files lack it or hold it non-finite."""
+    from safetensors import safe_open
+
+    stored = stored_keys(folder, kind)
+    if name not in stored:
+        raise ValueError(f"{kind.prefix}{folder}: its weights hold no {name!r}, which the model has")
+    with safe_open(stored[name], framework="pt") as f:
+        value = f.get_tensor(name)
+    check_finite(folder, {name: value}, kind)
+    return value.to(dtype)
+
+
 def _block(stored, shard: tuple[int, int, int] | None) -> torch.Tensor:
     """A stored tensor (a safetensors slice) whole, or block `index` of `degree` equal blocks
     along `dim` (the TP split's `torch.chunk`)."""

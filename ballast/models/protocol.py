@@ -307,3 +307,6 @@ class PartLoad:
     fill: Callable[[nn.Module, ShardOf], None]
     """Read every tensor of a part's state dict (the part on its device, its parameters given
     storage there) from the weights, the shard `ShardOf` names where it holds one."""
+    read: Callable[[str], Tensor]
+    """The stored tensor of one state-dict name, whole, on the host, in the model's dtype (a
+    strategy's model of record, read a unit at a time: `runtime/canonical.py`)."""

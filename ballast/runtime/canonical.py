@@ -34,6 +34,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -89,11 +90,13 @@ class CanonicalState:
     """This rank's shards of every unit of the model (module docstring)."""
 
     def __init__(self, model: nn.Module, blocks: list[nn.Module], split_dims: dict[str, int], node: int,
-                 device: torch.device):
+                 device: torch.device, read: Callable[[str], Tensor] | None = None):
         """From `model`, whole and alike on every rank (built alike from one seed or folder; on the host, a unit at a
         time flattened there), its `blocks` in order; `split_dims`: the dimension tensor
         parallelism splits each split tensor along; `node`: the largest TP degree (a node's
-        devices); the shards live on `device`."""
+        devices); the shards live on `device`. `read`: where `model` is a skeleton (its
+        parameters on the meta device, `models.PartLoad`), each tensor whole by name from its
+        weights, read as its unit is flattened (the host then holds one unit at a time)."""
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
         trained = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
         in_blocks = [[trained[id(p)] for p in block.parameters() if id(p) in trained] for block in blocks]
@@ -111,8 +114,9 @@ class CanonicalState:
         self.order = list(trained.values())
         """The model's own order of its trained tensors (`named_parameters`)."""
         self.shards = []
+        whole = read or (lambda n: params[n].detach())
         for unit in self.units:
-            flat = self._padded(torch.cat([self._flat(n, params[n].detach().float(), 1) for n in unit]), unit)
+            flat = self._padded(torch.cat([self._flat(n, whole(n).float(), 1) for n in unit]), unit)
             chunk = flat.numel() // self.world
             self.shards.append(nn.Parameter(flat[self.rank * chunk:(self.rank + 1) * chunk].to(device, copy=True)))
 

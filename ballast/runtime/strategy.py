@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from ..models.protocol import ParallelModel
+from ..models.protocol import ParallelModel, PartLoad
 from ..plans.strategy_plan import StrategyPlan
 from ..vocabulary.cluster import Cluster
 from ..vocabulary.precision import Precision
@@ -51,34 +51,42 @@ class StrategyExecutor:
     """Runs `StrategyPlan`s on this rank: `executor.step(plan, samples)` (module docstring)."""
 
     def __init__(self, build: Callable[..., ParallelModel], cluster: Cluster, *,
-                 precision: Precision = Precision.AUTO, movement: Movement = Movement.SLICED, **adamw: float):
+                 precision: Precision = Precision.AUTO, movement: Movement = Movement.SLICED,
+                 part: PartLoad | None = None, **adamw: float):
         """`build()` makes the whole model on the host, alike on every rank, and
         `build(weights=False)` its structure on the meta device (`models.build_model`'s); a
         collective: every rank of the job calls it. `movement`: how parameters and gradients move
-        between the canonical layout and each step's pipelines (`canonical.py`); `adamw` are
-        AdamW's keyword arguments."""
+        between the canonical layout and each step's pipelines (`canonical.py`); `part`: where
+        the model's weights can be read a tensor at a time (`models.part_load`), the model of
+        record is read so instead of built; `adamw` are AdamW's keyword arguments."""
         cluster.check_world_size(dist.get_world_size())
         self.build, self.cluster, self.precision, self.adamw = build, cluster, precision, adamw
-        self.movement = movement
+        self.movement, self.part = movement, part
         self.device = rank_device()
         self.shape = build(weights=False).shape
         # The model of record whole on the host, a host's ranks in turns (`build_turns.py`), each
         # cutting its canonical shards before the next turn builds: every rank builds it alike
-        # (one seed or folder), so the shards of every rank are of one model.
-        self.untrained, self.persistent, self.canonical = in_turns(self.shape, self._record)
+        # (one seed or folder), so the shards of every rank are of one model. Read a unit at a
+        # time, it needs no turns.
+        record = self._record() if part is not None else in_turns(self.shape, self._record)
+        self.untrained, self.persistent, self.canonical = record
         self.optimizer = torch.optim.AdamW(self.canonical.shards, **adamw)
         self._groups: dict[Strategy, list[ProcessGroups]] = {}
         self._running: tuple[Strategy, int, Executor, WorldHoldings | None] | None = None
 
     def _record(self) -> tuple[dict[str, Tensor], set[str], CanonicalState]:
-        """The model of record built on the host: its untrained tensors (buffers, frozen ones),
-        the names of those its state dict holds (not a non-persistent buffer) and this rank's
-        canonical shards of the rest; the host's copy goes with this frame."""
-        model = self.build()
-        untrained = {name: tensor.detach().clone() for name, tensor in untrained_tensors(model)}
+        """The model of record built on the host (or its skeleton, its tensors read as the shards
+        are cut): its untrained tensors (buffers, frozen ones), the names of those its state dict
+        holds (not a non-persistent buffer) and this rank's canonical shards of the rest; the
+        host's copy goes with this frame."""
+        model = self.build() if self.part is None else self.part.skeleton()
+        read = self.part.read if self.part is not None else None
+        # A skeleton's buffers are made; its frozen parameters are read.
+        untrained = {name: (read(name) if tensor.is_meta else tensor.detach().clone())
+                     for name, tensor in untrained_tensors(model)}
         persistent = set(model.state_dict()) & set(untrained)
         return untrained, persistent, CanonicalState(model, list(model.blocks()), split_dims_of(model),
-                                                     self.cluster.devices_per_node, self.device)
+                                                     self.cluster.devices_per_node, self.device, read)
 
     def executor(self, strategy: Strategy) -> tuple[int, Executor, WorldHoldings | None]:
         """This rank's pipeline of `strategy`, its executor and, for the sliced movement, what every

@@ -167,7 +167,7 @@ def make_executor(config: TrainConfig, setup: Setup) -> Executor | StrategyExecu
     adamw = {"lr": opt.lr, "betas": (opt.beta1, opt.beta2), "weight_decay": opt.weight_decay}
     if setup.strategies is not None:
         return StrategyExecutor(functools.partial(build_model, setup.shape, config.run.seed), setup.cluster,
-                                precision=config.run.precision, **adamw)
+                                precision=config.run.precision, part=part_load(setup.shape), **adamw)
     # Built on the host, by its ranks in turns: parallelize keeps this rank's stage and TP shard,
     # on its device, before the next turn builds; a Hugging Face folder's part read alone.
     return parallelize(ModelBuild(setup.shape, functools.partial(build_model, setup.shape, config.run.seed),

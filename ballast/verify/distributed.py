@@ -65,7 +65,7 @@ def train_strategies(shape: ModelShape, plans: list[dict], batches: list[VerifyB
     Rank 0's trajectory, the others None."""
     cluster = get_cluster("cpu", world_size=dist.get_world_size())
     executor = StrategyExecutor(functools.partial(build_model, shape, seed), cluster, precision=precision,
-                                movement=movement, lr=lr)
+                                movement=movement, part=part_load(shape), lr=lr)
     losses, grads, starts = [], [], []
     for plan_data, batch in zip(plans, batches, strict=True):
         plan = StrategyPlan.from_dict(plan_data)

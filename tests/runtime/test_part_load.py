@@ -6,11 +6,15 @@ build raises), and what the ranks hold is the folder's model as transformers loa
 (the reads copy stored values; fp32 files, fp32 model).
 
 On 4 gloo ranks: a tiny Llama (grouped-query attention, 4 layers) under TP 2 x PP 2, and one
-with tied embedding and output weights under TP 2 over a pool of 2 (one shard read for both).
+with tied embedding and output weights under TP 2 over a pool of 2 (one shard read for both);
+each also as a strategy executor's model of record, read a unit at a time into its canonical
+shards (`StrategyExecutor(part=)`).
 The exact gradients of models loaded so are `test_pipeline_runtime.py`'s and
 `test_tensor_parallel.py`'s, whose `verify.train_distributed` gives `parallelize` the part load.
 """
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -20,13 +24,18 @@ from hf_folders import save_model
 
 from ballast.models import build_model, part_load
 from ballast.runtime import ModelBuild, parallelize, run_local
+from ballast.runtime.strategy import StrategyExecutor
 from ballast.vocabulary.cluster import get_cluster
 from ballast.vocabulary.job_mesh import JobMesh
 from ballast.vocabulary.model_shape import get_model_shape
 
 
-def _never_whole():
-    raise AssertionError("a rank built the whole model")
+def _never_whole(shape=None, weights: bool = True):
+    """A build that may make the structure (what a strategy executor asks for its compute
+    models, on the meta device) but never the whole model."""
+    if weights:
+        raise AssertionError("a rank built the whole model")
+    return build_model(shape, weights=False)
 
 
 def _worker(sources: dict[str, str]) -> dict | None:
@@ -39,6 +48,9 @@ def _worker(sources: dict[str, str]) -> dict | None:
         executor = parallelize(build, cluster, mesh=JobMesh.of(cluster, tp=2, pp=pp, shape=shape), lr=1e-3)
         out[name] = executor.state_on_host()
         out[f"{name}-buffers"] = {n: b.clone() for n, b in executor.model.named_buffers()}
+        # A strategy executor's model of record, read a unit at a time into the canonical shards.
+        record = StrategyExecutor(functools.partial(_never_whole, shape), cluster, part=part_load(shape), lr=1e-3)
+        out[f"{name}-strategy"] = record.state_on_host()
     return out if dist.get_rank() == 0 else None
 
 
@@ -60,6 +72,8 @@ def test_ranks_read_their_parts_and_hold_the_folders_model(folders):
             want.pop("hf.lm_head.weight")
         assert list(got[name]) == list(want) or set(got[name]) == set(want), (name, set(got[name]) ^ set(want))
         assert all(torch.equal(got[name][k], want[k]) for k in want), name
+        assert set(got[f"{name}-strategy"]) == set(want) and all(torch.equal(got[f"{name}-strategy"][k], want[k])
+                                                                 for k in want), name
         # RoPE's buffers, made on the host and kept through the move to the device.
         buffers = dict(loaded.named_buffers())
         assert got[f"{name}-buffers"] and all(torch.equal(b, buffers[n]) for n, b in got[f"{name}-buffers"].items())
