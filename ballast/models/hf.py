@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..vocabulary.model_shape import ModelShape
-from .hf_weights import check_finite, holds_every_key, read_part, read_tensor, weight_files
+from .hf_weights import StoredWeights, check_finite, weight_files
 from .kernels import local_attention
 from .next_token import NextTokenObjective
 from .protocol import VOCAB_EMBEDDING, VOCAB_OUTPUT, AttentionFn, PackedStream, PartLoad
@@ -329,7 +329,10 @@ def hf_part_load(shape: ModelShape) -> PartLoad | None:
         hf.train()
         return HFCausalLM(hf, shape)
 
-    if not weight_files(folder) or not holds_every_key(folder, skeleton().hf):
+    if not weight_files(folder):
         return None
-    return PartLoad(skeleton, lambda part, shard_of: read_part(folder, part, WRAPPER_PREFIX, shard_of),
-                    lambda name: read_tensor(folder, name.removeprefix(WRAPPER_PREFIX), torch.float32))
+    stored = StoredWeights(folder)
+    if not stored.holds_every_key(skeleton().hf):
+        return None
+    return PartLoad(skeleton, lambda part, shard_of: stored.read_part(part, WRAPPER_PREFIX, shard_of),
+                    lambda name: stored.read(name.removeprefix(WRAPPER_PREFIX), torch.float32))

@@ -10,13 +10,12 @@ the folder, the file and the keys at fault. Values are checked once loaded (`che
 a NaN or an infinity in them is the folder's fault, not the data's. transformers and diffusers
 name their files differently (`WeightFormat`); the checks are the same.
 
-`read_part` reads a model part's tensors from the files a tensor at a time, each TP shard as
+`StoredWeights` reads a model part's tensors from the files a tensor at a time, each TP shard as
 its block of the stored tensor (safetensors' `get_slice` reads that block alone), so a rank of a
 70B job reads its stage's shard, not the model (`PartLoad`).
 """
 from __future__ import annotations
 
-import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,79 +118,65 @@ def check_weights(folder: Path, kind: WeightFormat = TRANSFORMERS,
                          f"left out; {'; '.join(problems)}: fix config.json or the weights")
 
 
-def stored_keys(folder: Path, kind: WeightFormat = TRANSFORMERS) -> dict[str, Path]:
-    """The file holding each key of the folder's weights (from the headers alone)."""
-    from safetensors import safe_open
+class StoredWeights:
+    """A folder's safetensors weights read a tensor at a time (`protocol.PartLoad`): the file of
+    every key from the headers, read once."""
 
-    keys: dict[str, Path] = {}
-    for path in weight_files(folder, kind):
-        with safe_open(path, framework="pt") as f:
-            keys.update((key, path) for key in f.keys())
-    return keys
+    def __init__(self, folder: Path, kind: WeightFormat = TRANSFORMERS):
+        from safetensors import safe_open
 
+        self.folder, self.kind = folder, kind
+        self.files: dict[str, Path] = {}
+        """The file holding each key."""
+        for path in weight_files(folder, kind):
+            with safe_open(path, framework="pt") as f:
+                self.files.update((key, path) for key in f.keys())
 
-def holds_every_key(folder: Path, model: nn.Module, kind: WeightFormat = TRANSFORMERS) -> bool:
-    """Whether the folder's weights hold every tensor of `model`'s state dict under its own
-    name (tied tensors: under one of their names), so `read_part` can read any part of it."""
-    stored = stored_keys(folder, kind)
-    expected, _, _ = _model_tensors(model)
-    return all(any(n in stored for n in names) for names, _ in expected)
+    def holds_every_key(self, model: nn.Module) -> bool:
+        """Whether the files hold every tensor of `model`'s state dict under its own name (tied
+        tensors: under one of their names), so that any part of it can be read."""
+        expected, _, _ = _model_tensors(model)
+        return all(any(n in self.files for n in names) for names, _ in expected)
 
+    def read(self, key: str, dtype: torch.dtype, shard: tuple[int, int, int] | None = None) -> torch.Tensor:
+        """Tensor `key` as `dtype`, whole or block `index` of `degree` equal blocks along `dim`
+        (`shard`, the TP split's `torch.chunk`), reading that block alone (safetensors'
+        `get_slice`); ValueError naming the folder and the key when the files lack it or hold it
+        non-finite (`check_finite`)."""
+        from safetensors import safe_open
 
-def read_part(folder: Path, part: nn.Module, prefix: str, shard_of: ShardOf, kind: WeightFormat = TRANSFORMERS
-              ) -> None:
-    """Copy into every tensor of `part`'s state dict (its names `prefix` + the folder's keys)
-    the folder's, cast to its dtype, or the block `shard_of(name)` names (dimension, degree,
-    index): a tensor at a time, each read alone (a TP shard's block only); a tensor tied to
-    another once, under the name the files hold. ValueError naming the folder and the tensor
-    when the files lack it, or hold it mis-shaped or non-finite (`check_finite`)."""
-    from safetensors import safe_open
+        if key not in self.files:
+            raise ValueError(f"{self.kind.prefix}{self.folder}: its weights hold no {key!r}, which the model has")
+        with safe_open(self.files[key], framework="pt") as f:
+            stored = f.get_slice(key)
+            if shard is None:
+                value = stored[:]
+            else:
+                dim, degree, index = shard
+                shape = stored.get_shape()
+                size = shape[dim] // degree
+                value = stored[tuple(slice(index * size, (index + 1) * size) if d == dim else slice(None)
+                                     for d in range(len(shape)))]
+        check_finite(self.folder, {key: value}, self.kind)
+        return value.to(dtype)
 
-    stored = stored_keys(folder, kind)
-    where = f"{kind.prefix}{folder}"
-    tensors: dict[int, list[tuple[str, torch.Tensor]]] = {}
-    for name, tensor in part.state_dict(keep_vars=True).items():
-        tensors.setdefault(id(tensor), []).append((name, tensor))
-    with contextlib.ExitStack() as files:
-        opened = {path: files.enter_context(safe_open(path, framework="pt")) for path in set(stored.values())}
+    def read_part(self, part: nn.Module, prefix: str, shard_of: ShardOf) -> None:
+        """Copy into every tensor of `part`'s state dict (its names `prefix` + the files' keys)
+        the stored one, or the block `shard_of(name)` names, a tensor at a time; a tensor tied to
+        another once, under the name the files hold. ValueError naming the folder and the key
+        when the files lack it or hold it mis-shaped (or as `read`)."""
+        tensors: dict[int, list[tuple[str, torch.Tensor]]] = {}
+        for name, tensor in part.state_dict(keep_vars=True).items():
+            tensors.setdefault(id(tensor), []).append((name, tensor))
         for named in tensors.values():
-            name, tensor = next(((n, t) for n, t in named if n.removeprefix(prefix) in stored), named[0])
+            name, tensor = next(((n, t) for n, t in named if n.removeprefix(prefix) in self.files), named[0])
             key = name.removeprefix(prefix)
-            if key not in stored:
-                raise ValueError(f"{where}: its weights hold no {key!r}, which the model has")
-            value = _block(opened[stored[key]].get_slice(key), shard_of(name))
+            value = self.read(key, tensor.dtype, shard_of(name))
             if tuple(value.shape) != tuple(tensor.shape):
-                raise ValueError(f"{where}: {key} holds {list(value.shape)} where this part of the model has "
-                                 f"{list(tensor.shape)}")
-            check_finite(folder, {key: value}, kind)
+                raise ValueError(f"{self.kind.prefix}{self.folder}: {key} holds {list(value.shape)} where this part "
+                                 f"of the model has {list(tensor.shape)}")
             with torch.no_grad():
                 tensor.copy_(value)
-
-
-def read_tensor(folder: Path, name: str, dtype: torch.dtype, kind: WeightFormat = TRANSFORMERS) -> torch.Tensor:
-    """The folder's tensor `name` (a key of its files) whole, as `dtype`; ValueError naming the
-    folder and the key when the files lack it or hold it non-finite."""
-    from safetensors import safe_open
-
-    stored = stored_keys(folder, kind)
-    if name not in stored:
-        raise ValueError(f"{kind.prefix}{folder}: its weights hold no {name!r}, which the model has")
-    with safe_open(stored[name], framework="pt") as f:
-        value = f.get_tensor(name)
-    check_finite(folder, {name: value}, kind)
-    return value.to(dtype)
-
-
-def _block(stored, shard: tuple[int, int, int] | None) -> torch.Tensor:
-    """A stored tensor (a safetensors slice) whole, or block `index` of `degree` equal blocks
-    along `dim` (the TP split's `torch.chunk`)."""
-    if shard is None:
-        return stored[:]
-    dim, degree, index = shard
-    shape = stored.get_shape()
-    size = shape[dim] // degree
-    return stored[tuple(slice(index * size, (index + 1) * size) if d == dim else slice(None)
-                        for d in range(len(shape)))]
 
 
 def check_finite(folder: Path, state: dict[str, torch.Tensor], kind: WeightFormat = TRANSFORMERS) -> None:
