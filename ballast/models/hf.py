@@ -334,5 +334,5 @@ def hf_part_load(shape: ModelShape) -> PartLoad | None:
     stored = StoredWeights(folder)
     if not stored.holds_every_key(skeleton().hf):
         return None
-    return PartLoad(skeleton, lambda part, shard_of: stored.read_part(part, WRAPPER_PREFIX, shard_of),
+    return PartLoad(skeleton, lambda part, held: stored.read_part(part, WRAPPER_PREFIX, held),
                     lambda name: stored.read(name.removeprefix(WRAPPER_PREFIX), torch.float32))

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..vocabulary.value_checks import read_json
-from .protocol import ShardOf
+from .protocol import HeldBlock
 
 
 @dataclass(frozen=True)
@@ -138,45 +138,40 @@ class StoredWeights:
         expected, _, _ = _model_tensors(model)
         return all(any(n in self.files for n in names) for names, _ in expected)
 
-    def read(self, key: str, dtype: torch.dtype, shard: tuple[int, int, int] | None = None) -> torch.Tensor:
-        """Tensor `key` as `dtype`, whole or block `index` of `degree` equal blocks along `dim`
-        (`shard`, the TP split's `torch.chunk`), reading that block alone (safetensors'
-        `get_slice`); ValueError naming the folder and the key when the files lack it or hold it
-        non-finite (`check_finite`)."""
+    def read(self, key: str, dtype: torch.dtype, block: tuple[slice, ...] | None = None) -> torch.Tensor:
+        """Tensor `key` as `dtype`, whole or its `block` (a slice per dimension), reading that
+        block alone (safetensors' `get_slice`); ValueError naming the folder and the key when the
+        files lack it or hold it non-finite (`check_finite`)."""
         from safetensors import safe_open
 
         if key not in self.files:
             raise ValueError(f"{self.kind.prefix}{self.folder}: its weights hold no {key!r}, which the model has")
         with safe_open(self.files[key], framework="pt") as f:
             stored = f.get_slice(key)
-            if shard is None:
-                value = stored[:]
-            else:
-                dim, degree, index = shard
-                shape = stored.get_shape()
-                size = shape[dim] // degree
-                value = stored[tuple(slice(index * size, (index + 1) * size) if d == dim else slice(None)
-                                     for d in range(len(shape)))]
+            value = stored[:] if block is None else stored[block]
         check_finite(self.folder, {key: value}, self.kind)
         return value.to(dtype)
 
-    def read_part(self, part: nn.Module, prefix: str, shard_of: ShardOf) -> None:
-        """Copy into every tensor of `part`'s state dict (its names `prefix` + the files' keys)
-        the stored one, or the block `shard_of(name)` names, a tensor at a time; a tensor tied to
-        another once, under the name the files hold. ValueError naming the folder and the key
-        when the files lack it or hold it mis-shaped (or as `read`)."""
+    def read_part(self, part: nn.Module, prefix: str, held: HeldBlock) -> None:
+        """Copy into every tensor of `part`'s state dict (its names `prefix` + the files' keys;
+        a DTensor's local shard) the stored one, or the block `held` names, a tensor at a time; a
+        tensor tied to another once, under the name the files hold. ValueError naming the folder
+        and the key when the files lack it or hold it mis-shaped (or as `read`)."""
         tensors: dict[int, list[tuple[str, torch.Tensor]]] = {}
         for name, tensor in part.state_dict(keep_vars=True).items():
             tensors.setdefault(id(tensor), []).append((name, tensor))
         for named in tensors.values():
             name, tensor = next(((n, t) for n, t in named if n.removeprefix(prefix) in self.files), named[0])
             key = name.removeprefix(prefix)
-            value = self.read(key, tensor.dtype, shard_of(name))
-            if tuple(value.shape) != tuple(tensor.shape):
+            local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+            if local.numel() == 0:  # an FSDP2 shard past the end of an uneven split
+                continue
+            value = self.read(key, local.dtype, held(name, tensor))
+            if tuple(value.shape) != tuple(local.shape):
                 raise ValueError(f"{self.kind.prefix}{self.folder}: {key} holds {list(value.shape)} where this part "
-                                 f"of the model has {list(tensor.shape)}")
+                                 f"of the model has {list(local.shape)}")
             with torch.no_grad():
-                tensor.copy_(value)
+                local.copy_(value)
 
 
 def check_finite(folder: Path, state: dict[str, torch.Tensor], kind: WeightFormat = TRANSFORMERS) -> None:

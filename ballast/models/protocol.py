@@ -290,9 +290,10 @@ class StagedModel(Protocol):
         ...
 
 
-ShardOf = Callable[[str], "tuple[int, int, int] | None"]
-"""For a tensor of a model part's state dict, by name: the (dimension, degree, index) of the TP
-shard the part holds of it, or None where it holds it whole."""
+HeldBlock = Callable[[str, Tensor], "tuple[slice, ...] | None"]
+"""For a tensor of a model part's state dict (its name, the part's tensor): the block of the
+whole tensor the part holds, one slice per dimension (its TP shard's, its FSDP2 shard's rows
+within that), or None where it holds it whole."""
 
 
 @dataclass(frozen=True)
@@ -304,9 +305,9 @@ class PartLoad:
 
     skeleton: Callable[[], ParallelModel]
     """The model with its parameters on the meta device and its buffers made on the host."""
-    fill: Callable[[nn.Module, ShardOf], None]
+    fill: Callable[[nn.Module, HeldBlock], None]
     """Read every tensor of a part's state dict (the part on its device, its parameters given
-    storage there) from the weights, the shard `ShardOf` names where it holds one."""
+    storage there, a DTensor's local shard) from the weights, the block `HeldBlock` names."""
     read: Callable[[str], Tensor]
     """The stored tensor of one state-dict name, whole, on the host, in the model's dtype (a
     strategy's model of record, read a unit at a time: `runtime/canonical.py`)."""

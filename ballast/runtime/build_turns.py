@@ -14,7 +14,7 @@ on the number of turns, which they meet at a barrier after each.
 
 A model whose weights a rank can read a tensor at a time (`ModelBuild.part`: a Hugging Face
 folder's safetensors) takes no turns: each rank builds it without weights, keeps its part and
-reads only that (`parallelize.built_in_turns`).
+reads only that (`placement.py`).
 """
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import sys
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
@@ -42,12 +43,15 @@ from ..models.protocol import ParallelModel
 _FSDP, _DTENSOR = "torch.distributed.fsdp", "torch.distributed.tensor"
 
 
-def shard_model(model: ParallelModel, bf16: bool = False, group: ProcessGroup | None = None) -> ParallelModel:
+def shard_model(model: ParallelModel, bf16: bool = False, group: ProcessGroup | None = None,
+                device: torch.device | None = None) -> ParallelModel:
     """Shard `model` over the world, or over `group` (a pool's ranks under tensor or pipeline
     parallelism: the data-parallel dimension), with FSDP2 (in place; returns it); `bf16`: the run
     computes in bf16 (`Precision.autocast`), so parameters are gathered in bf16 and gradients
-    reduced in fp32. Collective: every rank calls it, with the same weights (`parallelize`
-    broadcasts each pool's first rank's first)."""
+    reduced in fp32; `device`: where the shards go (default: where the parameters are), a block
+    at a time as it is sharded (a model on the host never sits whole on the device; one on the
+    meta device stays there, its shards given storage after). Collective: every rank calls it,
+    with the same weights (`parallelize` broadcasts each pool's first rank's first)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
@@ -58,8 +62,8 @@ def shard_model(model: ParallelModel, bf16: bool = False, group: ProcessGroup | 
         # and condition), which autocast casts where it computes with them: casting them ahead
         # would round a clip's t to bf16 before its sinusoidal embedding (t x 1000 off by up to 2).
         root = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, cast_forward_inputs=False)
-    device = next(model.parameters()).device.type
-    mesh = None if group is None else DeviceMesh.from_group(group, device)
+    kind = (device or next(model.parameters()).device).type
+    mesh = DeviceMesh.from_group(group if group is not None else dist.group.WORLD, kind)
     for block in model.blocks():
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=root)

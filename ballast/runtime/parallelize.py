@@ -11,15 +11,18 @@ torchtitan's order, for a model built the same way on every rank:
        its executors);
     3. sequence-parallel attention (`attention.py`) installed through the model's own hook
        (`ParallelModel.install_attention`: the runtime knows no model family);
-    4. the weights: under PP every rank keeps its stage's part of the model (`pipeline/split.py`),
-       under TP its shard of the split layers of that part (`tensor_parallel/`, the model's own
-       plan); only that part goes to the rank's device (a model built on the host never holds
-       more than its shard there), and every rank of a pool takes its first rank's (a
+    4. the weights (`placement.py`): under PP every rank keeps its stage's part of the model
+       (`pipeline/split.py`), under TP its shard of the split layers of that part
+       (`tensor_parallel/`, the model's own plan); only that part goes to the rank's device (a
+       model built on the host never holds more than its shard there; under FSDP2 never more
+       than its shards and one block), and every rank of a pool takes its first rank's (a
        broadcast, a bucket at a time: the weights the model was built with, alike on every
        rank, from one of them), replicated over the pool or then sharded over it with FSDP2
        (`fsdp.py`). Given a `ModelBuild` (as train and verify give theirs), the ranks of a host
        build it in turns (`build_turns.py`), each keeping its part before the next turn
-       builds, so a host holds as many whole models at once as its memory does;
+       builds, so a host holds as many whole models at once as its memory does; or, where its
+       weights can be read a part at a time (a Hugging Face folder), each rank reads its block
+       of every tensor into a model built without weights;
     5. AdamW over the parameters, its state sharded over the pool with ZeRO-1 or not (FSDP2
        shards it with the parameters), and for replicated weights the bucketed gradient sync
        over the pool (`grad_sync.py`; FSDP2 reduces its own);
@@ -30,7 +33,6 @@ Train, verify, profile, check and bench all build their executor here.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import torch
 import torch.distributed as dist
@@ -43,15 +45,15 @@ from ..vocabulary.precision import Precision
 from ..models.protocol import ParallelModel
 from .attention import sequence_parallel_attention
 from .executor import Executor
-from .fsdp import is_sharded, shard_model
+from .fsdp import is_sharded
 from ..vocabulary.sharding import BUCKET_BYTES
-from .grad_sync import GradSync, chunks, zero1_owners
+from .grad_sync import GradSync, zero1_owners
 from .groups import ProcessGroups
-from .pipeline import PipelineExecutor, split_model
+from .pipeline import PipelineExecutor
+from .placement import place
 from .routing import NodeNics, RoutingGroups, routing_groups
 from .world import rank_device
-from .tensor_parallel import TensorParallel, parallelize_tensors
-from .build_turns import ModelBuild, in_turns
+from .build_turns import ModelBuild
 
 
 def parallelize(model: ParallelModel | ModelBuild, cluster: Cluster, *, mesh: JobMesh | None = None,
@@ -118,17 +120,9 @@ def parallelize(model: ParallelModel | ModelBuild, cluster: Cluster, *, mesh: Jo
     if sharded:  # sharded before (a test's own FSDP2 model): already where it runs
         model.install_attention(sequence_parallel_attention)
         tensor_parallel = None
-    elif built:
-        tensor_parallel = local_part(model, mesh, groups)
     else:
-        model, tensor_parallel = built_in_turns(model, mesh, groups)
-    if not sharded:
-        if broadcast:
-            here = mesh.coordinate(dist.get_rank())
-            broadcast_weights(model, mesh.rank(here.stage, 0, here.tp_index), None if plain else groups.pool)
-        if fsdp:
-            shard_model(model, bf16=precision.autocast(next(model.parameters()).device.type),
-                        group=None if plain else groups.pool)
+        model, tensor_parallel = place(model, mesh, groups, fsdp=fsdp, bf16=precision.autocast(rank_device().type),
+                                       broadcast=broadcast, pool=None if plain else groups.pool)
     optimizer = make_optimizer(model, zero1, group=None if plain else groups.pool, **adamw)
     sync = None
     if not is_sharded(model):
@@ -138,37 +132,6 @@ def parallelize(model: ParallelModel | ModelBuild, cluster: Cluster, *, mesh: Jo
     run = PipelineExecutor if mesh.pp > 1 else Executor
     return run(model, optimizer, cluster, mesh, groups, routing, sync=sync, tensor_parallel=tensor_parallel,
                measure_activations=measure_activations, precision=precision)
-
-
-def local_part(model: ParallelModel, mesh: JobMesh, groups: ProcessGroups) -> TensorParallel | None:
-    """Keep this rank's part of `model` and move it to the rank's device: under PP its stage's
-    blocks, under TP its shard of their split layers; the sequence-parallel attention installed.
-    Its TP split (None without TP). No collective: the ranks of a host may run it in turns."""
-    model.install_attention(sequence_parallel_attention)
-    here = mesh.coordinate(dist.get_rank())
-    if mesh.pp > 1:
-        split_model(model, mesh, here.stage)
-    tensor_parallel = parallelize_tensors(model, groups.tensor, mesh.tp, here.tp_index) if mesh.tp > 1 else None
-    to_device(model, rank_device())
-    return tensor_parallel
-
-
-def built_in_turns(build: ModelBuild, mesh: JobMesh, groups: ProcessGroups
-                   ) -> tuple[ParallelModel, TensorParallel | None]:
-    """`build`'s model built on this rank's host in its turn (`build_turns.in_turns`), and its
-    part kept (`local_part`) before the next turn builds; where a rank can read its part of the
-    weights (`ModelBuild.part`), built without them, cut, and its part read, in no turn."""
-    if build.part is not None:
-        model = build.part.skeleton()
-        tensor_parallel = local_part(model, mesh, groups)
-        build.part.fill(model, tensor_parallel.shard_of if tensor_parallel is not None else lambda name: None)
-        return model, tensor_parallel
-
-    def part() -> tuple[ParallelModel, TensorParallel | None]:
-        model = build.build()
-        return model, local_part(model, mesh, groups)
-
-    return in_turns(build.shape, part, mesh.first, groups.job)
 
 
 def make_optimizer(model: nn.Module, zero1: bool = False, *, group: ProcessGroup | None = None,
@@ -186,46 +149,3 @@ def make_optimizer(model: nn.Module, zero1: bool = False, *, group: ProcessGroup
 
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=group, **adamw)
     return torch.optim.AdamW(params, **adamw)
-
-
-def to_device(model: nn.Module, device: torch.device) -> None:
-    """Move `model` to `device` in place; its tensors on the meta device (built without weights)
-    get empty storage there, which its caller fills, and the others keep their values (the
-    buffers of a model whose parameters alone were left on meta, `models.PartLoad`)."""
-    named = list(itertools.chain(model.named_parameters(), model.named_buffers()))
-    if not any(t.is_meta for _, t in named):
-        model.to(device)
-        return
-    kept = {name: t.detach().clone() for name, t in named if not t.is_meta}
-    # to_empty gives each module a parameter of its own (from meta it cannot swap the data in
-    # place), which would untie a tied embedding and output layer: tied again after.
-    tied: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        tied.setdefault(id(p), []).append(name)
-    model.to_empty(device=device)
-    for first, *others in tied.values():
-        for name in others:
-            owner, _, attribute = name.rpartition(".")
-            setattr(model.get_submodule(owner), attribute, model.get_parameter(first))
-    with torch.no_grad():
-        for name, t in itertools.chain(model.named_parameters(), model.named_buffers()):
-            if name in kept:
-                t.copy_(kept[name])
-
-
-def broadcast_weights(model: nn.Module, src: int = 0, group: ProcessGroup | None = None,
-                      bucket_bytes: int = BUCKET_BYTES) -> None:
-    """Every rank (of `group`) takes global rank `src`'s weights: the summed gradient means
-    something only if all ranks start from the same ones. One broadcast per bucket of about
-    `bucket_bytes` of the parameters flattened, sent from the backend's device (NCCL's is the
-    GPU) and copied back where the parameters are: a model built on the host never has more
-    than a bucket of itself on the device."""
-    device = rank_device()
-    params = [p for p in model.parameters() if p.requires_grad]
-    for bucket in chunks(params, bucket_bytes):
-        flat = torch.cat([p.detach().reshape(-1) for p in bucket]).to(device)
-        dist.broadcast(flat, src=src, group=group)
-        with torch.no_grad():
-            for p, piece in zip(bucket, torch.split(flat, [p.numel() for p in bucket])):
-                p.copy_(piece.view_as(p))
-

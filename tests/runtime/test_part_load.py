@@ -23,6 +23,7 @@ import torch.distributed as dist
 from hf_folders import save_model
 
 from ballast.models import build_model, part_load
+from ballast.models.hf_weights import StoredWeights
 from ballast.runtime import ModelBuild, parallelize, run_local
 from ballast.runtime.strategy import StrategyExecutor
 from ballast.vocabulary.cluster import get_cluster
@@ -38,45 +39,71 @@ def _never_whole(shape=None, weights: bool = True):
     return build_model(shape, weights=False)
 
 
+CASES = {"gqa-tp-pp": ("gqa", 2, 2, False), "tied-tp": ("tied", 2, 1, False), "gqa-fsdp": ("gqa", 1, 1, True),
+         "tied-tp-fsdp": ("tied", 2, 1, True)}
+"""Case -> (folder, TP, PP, FSDP2 over the pool)."""
+
+
 def _worker(sources: dict[str, str]) -> dict | None:
     torch.set_num_threads(1)
     cluster = get_cluster("cpu", world_size=dist.get_world_size())
+    reads: list[tuple[str, tuple[int, ...]]] = []
+    read = StoredWeights.read
+
+    def recorded(self, key, dtype, block=None):
+        value = read(self, key, dtype, block)
+        reads.append((key, tuple(value.shape)))
+        return value
+
+    StoredWeights.read = recorded
     out = {}
-    for name, (source, pp) in sources.items():
-        shape = get_model_shape(source)
+    for case, (folder, tp, pp, fsdp) in CASES.items():
+        shape = get_model_shape(sources[folder])
+        reads.clear()
         build = ModelBuild(shape, _never_whole, part_load(shape))
-        executor = parallelize(build, cluster, mesh=JobMesh.of(cluster, tp=2, pp=pp, shape=shape), lr=1e-3)
-        out[name] = executor.state_on_host()
-        out[f"{name}-buffers"] = {n: b.clone() for n, b in executor.model.named_buffers()}
+        executor = parallelize(build, cluster, mesh=JobMesh.of(cluster, tp=tp, pp=pp, shape=shape), fsdp=fsdp, lr=1e-3)
+        out[f"{case}-reads"] = list(reads)
+        out[case] = executor.state_on_host()
+        out[f"{case}-buffers"] = {n: b.clone() for n, b in executor.model.named_buffers()}
+    for folder, source in sources.items():
         # A strategy executor's model of record, read a unit at a time into the canonical shards.
+        shape = get_model_shape(source)
         record = StrategyExecutor(functools.partial(_never_whole, shape), cluster, part=part_load(shape), lr=1e-3)
-        out[f"{name}-strategy"] = record.state_on_host()
+        out[f"{folder}-strategy"] = record.state_on_host()
     return out if dist.get_rank() == 0 else None
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory) -> dict[str, tuple[str, int]]:
+def folders(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("hf")
-    return {"gqa": ("hf:" + str(save_model(root / "gqa", "LlamaConfig", num_key_value_heads=2, num_hidden_layers=4)), 2),
-            "tied": ("hf:" + str(save_model(root / "tied", "LlamaConfig", tie_word_embeddings=True)), 1)}
+    return {"gqa": "hf:" + str(save_model(root / "gqa", "LlamaConfig", num_key_value_heads=2, num_hidden_layers=4)),
+            "tied": "hf:" + str(save_model(root / "tied", "LlamaConfig", tie_word_embeddings=True))}
 
 
 @pytest.mark.slow
 def test_ranks_read_their_parts_and_hold_the_folders_model(folders):
-    got = run_local(4, _worker, folders, timeout=240)[0]
-    for name, (source, _) in folders.items():
+    got = run_local(4, _worker, folders, timeout=300)[0]
+    wanted = {}
+    for folder, source in folders.items():
         loaded = build_model(get_model_shape(source))
-        want = loaded.state_dict()
-        if name == "tied":  # one tensor under two names: the export names it once
+        wanted[folder] = (loaded.state_dict(), dict(loaded.named_buffers()))
+        if folder == "tied":  # one tensor under two names: the export names it once
             assert loaded.hf.lm_head.weight is loaded.hf.model.embed_tokens.weight
-            want.pop("hf.lm_head.weight")
-        assert list(got[name]) == list(want) or set(got[name]) == set(want), (name, set(got[name]) ^ set(want))
-        assert all(torch.equal(got[name][k], want[k]) for k in want), name
-        assert set(got[f"{name}-strategy"]) == set(want) and all(torch.equal(got[f"{name}-strategy"][k], want[k])
-                                                                 for k in want), name
+            wanted[folder][0].pop("hf.lm_head.weight")
+    for case, (folder, tp, _, fsdp) in CASES.items():
+        want, buffers = wanted[folder]
+        assert set(got[case]) == set(want), (case, set(got[case]) ^ set(want))
+        assert all(torch.equal(got[case][k], want[k]) for k in want), case
         # RoPE's buffers, made on the host and kept through the move to the device.
-        buffers = dict(loaded.named_buffers())
-        assert got[f"{name}-buffers"] and all(torch.equal(b, buffers[n]) for n, b in got[f"{name}-buffers"].items())
+        assert got[f"{case}-buffers"] and all(torch.equal(b, buffers[n]) for n, b in got[f"{case}-buffers"].items())
+        # Rank 0 read only its block of the embedding: a 1 / t share of its rows under TP (the
+        # vocabulary split), and of that its pool's share under FSDP2 (dim 0 over the pool).
+        pool = 4 // tp
+        rows = [shape[0] for key, shape in got[f"{case}-reads"] if key == "model.embed_tokens.weight"]
+        assert rows == [256 // tp // (pool if fsdp else 1)], (case, rows)
+    for folder, (want, _) in wanted.items():
+        state = got[f"{folder}-strategy"]
+        assert set(state) == set(want) and all(torch.equal(state[k], want[k]) for k in want), folder
 
 
 def test_a_folder_without_weights_or_a_part_it_cannot_fill_is_told(tmp_path):
@@ -91,7 +118,7 @@ def test_a_folder_without_weights_or_a_part_it_cannot_fill_is_told(tmp_path):
     model.to_empty(device="cpu")
     # A shard named along the wrong dimension reads a block of another shape than the part's.
     with pytest.raises(ValueError, match=r"q_proj.weight holds \[64, 32\] where this part of the model has \[64, 64\]"):
-        part.fill(model, lambda name: (1, 2, 0) if name.endswith("q_proj.weight") else None)
+        part.fill(model, lambda name, _: (slice(None), slice(0, 32)) if name.endswith("q_proj.weight") else None)
     model.hf.lm_head.register_parameter("extra", torch.nn.Parameter(torch.zeros(2)))
     with pytest.raises(ValueError, match="its weights hold no 'lm_head.extra'"):
-        part.fill(model, lambda name: None)
+        part.fill(model, lambda name, _: None)

@@ -20,7 +20,7 @@ from runtime_cases import SHAPE
 
 from ballast.models import build_model
 from ballast.runtime import parallelize, run_local
-from ballast.runtime.parallelize import broadcast_weights
+from ballast.runtime.placement import broadcast_weights
 from ballast.runtime.strategy import StrategyExecutor
 from ballast.vocabulary.cluster import get_cluster
 from ballast.vocabulary.strategy import Strategy

@@ -36,11 +36,6 @@ class TensorParallel:
     def is_split(self, name: str) -> bool:
         return name in self.split_dims
 
-    def shard_of(self, name: str) -> tuple[int, int, int] | None:
-        """The (dimension, degree, index) of this rank's shard of parameter `name`; None where it
-        holds it whole (`models.protocol.ShardOf`)."""
-        return (self.split_dims[name], self.degree, self.index) if self.is_split(name) else None
-
     def whole_shape(self, name: str, shard: torch.Size) -> tuple[int, ...]:
         """The shape of parameter `name` whole, from its shard's on this rank."""
         if not self.is_split(name):
