@@ -223,7 +223,7 @@ class Executor:
         here = dist.get_rank() == rank
         out = {}
         for name, tensor in self.state_tensors():
-            whole = self._whole_parameter(name, tensor)
+            whole = self._whole_tensor(name, tensor)
             if here:
                 out[name] = whole.cpu()
         return out
@@ -235,14 +235,14 @@ class Executor:
         rest = [(n, t) for n, t in self.model.state_dict(keep_vars=True).items() if id(t) not in trained]
         return list(zip(self.parameter_names, self._params)) + rest
 
-    def _whole_parameter(self, name: str, p: Tensor) -> Tensor:
+    def _whole_tensor(self, name: str, p: Tensor) -> Tensor:
         """Tensor `name` of the state dict whole on this rank's device: FSDP2's shards gathered,
         then TP's (a collective of its shard groups); a buffer as it is."""
         whole = full_tensor(p.detach())
         return whole if self.tensor_parallel is None else self.tensor_parallel.whole([name], [whole])[0]
 
     def _whole_shape(self, name: str, p: Tensor) -> tuple[int, ...]:
-        """Parameter `name`'s shape whole (FSDP2's parameters show theirs already; TP's shards not)."""
+        """Tensor `name`'s shape whole (FSDP2's parameters show theirs already; TP's shards not)."""
         return tuple(p.shape) if self.tensor_parallel is None else self.tensor_parallel.whole_shape(name, p.shape)
 
     def _whole_over_tensor_parallel(self, tensors: list[Tensor]) -> list[Tensor]:

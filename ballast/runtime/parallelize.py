@@ -92,7 +92,7 @@ def parallelize(model: ParallelModel | ModelBuild, cluster: Cluster, *, mesh: Jo
     if routing is not None and routing.nics != NodeNics.of(cluster):
         raise ValueError(f"routing groups for {routing.nics} do not match cluster {cluster.name!r}'s nodes, "
                          f"{NodeNics.of(cluster)}")
-    built = isinstance(model, nn.Module)  # else a ModelBuild, built below in turns: on the host, never sharded
+    built = isinstance(model, nn.Module)  # else a ModelBuild, built (or read) by `place`: never sharded before
     if broadcast and built and any(p.is_meta for p in model.parameters()):
         raise ValueError("a model built without weights (on the meta device) has none to broadcast: "
                          "pass broadcast=False and fill its weights after")

@@ -101,7 +101,8 @@ def held_block(name: str, tensor: Tensor, tensor_parallel: TensorParallel | None
     """The block of the whole tensor `name` (the model's, as stored) that `tensor`, this rank's
     part of it, holds, one slice per dimension (None: all of it): its TP shard's rows or columns
     (`torch.chunk`'s blocks), and within that, under FSDP2, its own shard's (the DTensor's offset)."""
-    local, starts, whole = tensor, [0] * tensor.dim(), list(tensor.shape)
+    local, starts = tensor, [0] * tensor.dim()
+    whole = tensor.shape if tensor_parallel is None else tensor_parallel.whole_shape(name, tensor.shape)
     if hasattr(tensor, "device_mesh"):  # an FSDP2 DTensor: its local shard of the TP shard
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
@@ -110,8 +111,7 @@ def held_block(name: str, tensor: Tensor, tensor_parallel: TensorParallel | None
     if tensor_parallel is not None and tensor_parallel.is_split(name):
         dim = tensor_parallel.split_dims[name]
         starts[dim] += tensor_parallel.index * tensor.shape[dim]
-        whole[dim] *= tensor_parallel.degree
-    if list(local.shape) == whole:
+    if tuple(local.shape) == tuple(whole):
         return None
     return tuple(slice(start, start + size) for start, size in zip(starts, local.shape))
 

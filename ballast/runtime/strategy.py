@@ -43,6 +43,7 @@ from .step_result import StepResult, device_clock, step_if_finite
 from .groups import ProcessGroups
 from .build_turns import in_turns
 from .parallelize import parallelize
+from .placement import held_block
 from .tensor_parallel.apply import split_dims_of
 from .world import rank_device
 
@@ -101,13 +102,10 @@ class StrategyExecutor:
         executor = parallelize(self.build(weights=False), strategy.block_cluster(index, self.cluster),
                                mesh=strategy.mesh(index, self.cluster), groups=self._groups[strategy][index],
                                precision=self.precision, broadcast=False, **self.adamw)
-        tp = executor.tensor_parallel
         with torch.no_grad():
             for name, tensor in untrained_tensors(executor.model):
-                whole = self.untrained[name]
-                if tp is not None and tp.is_split(name):  # a frozen weight of a split layer: its TP shard
-                    whole = whole.chunk(tp.degree, tp.split_dims[name])[tp.index]
-                tensor.copy_(whole)
+                block = held_block(name, tensor, executor.tensor_parallel)  # a frozen split weight: its TP shard
+                tensor.copy_(self.untrained[name] if block is None else self.untrained[name][block])
         exchange = None
         if self.movement is Movement.SLICED:
             here = executor.mesh.coordinate(dist.get_rank())

@@ -165,13 +165,11 @@ def make_executor(config: TrainConfig, setup: Setup) -> Executor | StrategyExecu
     """What runs the run's plans on this rank: its part of the one mesh, or of each step's strategy."""
     opt = config.optimizer
     adamw = {"lr": opt.lr, "betas": (opt.beta1, opt.beta2), "weight_decay": opt.weight_decay}
+    build, part = functools.partial(build_model, setup.shape, config.run.seed), part_load(setup.shape)
     if setup.strategies is not None:
-        return StrategyExecutor(functools.partial(build_model, setup.shape, config.run.seed), setup.cluster,
-                                precision=config.run.precision, part=part_load(setup.shape), **adamw)
+        return StrategyExecutor(build, setup.cluster, precision=config.run.precision, part=part, **adamw)
     # Built on the host, by its ranks in turns: parallelize keeps this rank's stage and TP shard,
     # on its device, before the next turn builds; a Hugging Face folder's part read alone.
-    return parallelize(ModelBuild(setup.shape, functools.partial(build_model, setup.shape, config.run.seed),
-                                  part_load(setup.shape)),
-                       setup.cluster, mesh=setup.mesh,
+    return parallelize(ModelBuild(setup.shape, build, part), setup.cluster, mesh=setup.mesh,
                        fsdp=opt.fsdp, zero1=opt.zero1, precision=config.run.precision, bucket_bytes=opt.bucket_bytes,
                        **adamw)

@@ -220,7 +220,7 @@ class PipelineExecutor(Executor):
             listed = [[(n, self._whole_shape(n, t), t.dtype) for n, t in held] if mine else None]
             dist.broadcast_object_list(listed, src=source, group=self.groups.job)
             for (name, shape, dtype), (_, t) in zip(listed[0], held if mine else [(None, None)] * len(listed[0])):
-                whole = self._whole_parameter(name, t) if mine else None
+                whole = self._whole_tensor(name, t) if mine else None
                 if here and source != rank:
                     whole = torch.empty(shape, dtype=dtype, device=self.device)
                     dist.recv(whole, src=source, group=self.groups.job)
