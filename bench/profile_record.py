@@ -182,7 +182,7 @@ def main() -> int:
         "check": {k: checked[k] for k in ("summary", "load_average", "core_share", "setting")},
         "coefficients": {k: profiled.get(k, 0.0) for k in (
             "a", "b", "g", "recompute", "recompute_attention", "span_seconds", "sample_seconds", "call_seconds",
-            "remap_per_token", "remap_latency", "kept", "act_per_token", "bandwidth", "comm_latency", "states")},
+            "rank_sample_seconds", "remap_per_token", "remap_latency", "kept", "act_per_token", "bandwidth", "comm_latency", "states")},
         "provenance": origin,
     }
     (RESULTS / f"profile-{args.name}-summary.json").write_text(json.dumps(summary, indent=2))

@@ -48,13 +48,21 @@ def call_seconds(p: Point, true: Coefficients) -> float:
     return total
 
 
+def rank_sample_seconds(p: Point, true: Coefficients) -> float:
+    """What every rank of a group spends per sample of the micro-batch (w_l: a clip's
+    conditioning), every block, recomputation included, not divided by the degree."""
+    blocks = p.layers + true.recompute_attention_layer * p.recompute_layers
+    return blocks * len(p.lengths) * true.rank_sample_layer
+
+
 def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed: int = 0,
               shape: ModelShape | None = None) -> list[Measurement]:
     """Measurements of `points` made from `true`, times multiplied by (1 + noise N(0, 1)).
     `shape`'s kv heads are replicated where a degree does not divide them (None: every degree
     divides them); a recomputed layer repeats its forward exchange, half of its bytes, calls and
     fixed latency; every attended span costs e_l (`span_seconds`), every kernel call h_l
-    (`call_seconds`), every recomputed block gr_l. A point
+    (`call_seconds`), every sample w_l on every rank (`rank_sample_seconds`), every recomputed
+    block gr_l. A point
     with a CP part (text only) exchanges in its Ulysses sub-groups of u ranks, and gathers K, V
     (reduce-scatters dK, dV) over its CP group: 2 calls per block, 1 more per recomputed one,
     their send buffers every token's K, V each way (the gather sends its rows to every CP rank),
@@ -80,7 +88,7 @@ def synthetic(points: list[Point], true: Coefficients, noise: float = 0.0, seed:
         repeated = depth + k / 2  # blocks' worth of exchanges: the recomputed ones' forward half again
         seconds = ((attention + (depth + k * true.recompute_layer) * true.b_layer * p.tokens
                     + true.b_fixed * p.tokens) / d + true.g_fixed + depth * true.g_layer + k * true.recompute_fixed_layer
-                   + call_seconds(p, true)
+                   + call_seconds(p, true) + rank_sample_seconds(p, true)
                    + (0.0 if u == 1 else repeated * (exchanged * p.tokens / (d * true.bandwidth[u])
                                                      + true.latency_layer[u])))
         if p.remap:  # the remap layer's own cost: every group as long as the others, nothing moves

@@ -117,6 +117,17 @@ class CostCoefficients:
     micro-batches from sums (`time_from_sums`), and the lower bound leave it out (the bound stays
     a lower bound). `ballast profile` fits it where the grid separates calls from spans; 0
     elsewhere, and for one-call varlen kernels (a block's one call is in g)."""
+    rank_sample_seconds: float = 0.0
+    """w: seconds per sample of a micro-batch on each rank of its group, forward + backward of
+    every block, not divided by the degree: what every rank does for every sample it holds a
+    share of, whatever the share (a clip's conditioning: `models.condition_attention` projects
+    each held clip's text on every rank that holds any of its tokens, and diffusers Wan's
+    condition embedder embeds every clip's text and timestep on every rank). Priced on a
+    micro-batch's samples by `time` beside `call_seconds` (under recomputation as the attention
+    term); the planners, which price from sums, and the lower bound leave it out as they leave
+    `call_seconds`. `ballast profile` fits it for clip models whose grid runs packed clips at
+    degree 1 and above (`profile.columns.separates_rank_samples`); 0 elsewhere, analytic and
+    published."""
     remap_per_token: float = 0.0
     """Seconds per token of a rank's balanced share of a remap slot, forward + backward of every
     block, that Zeppelin's remapping layer costs besides the rows it moves: its two exchanges
@@ -148,7 +159,7 @@ class CostCoefficients:
             if value < 0 or (value > 0 and not self.a > 0):
                 raise ValueError(f"cost model {self.model!r}: {name} {value} must be >= 0, and 0 unless a > 0 "
                                  f"(it is priced in attention units)")
-        for name in ("call_seconds", "remap_per_token", "remap_latency", "recompute_fixed"):
+        for name in ("call_seconds", "rank_sample_seconds", "remap_per_token", "remap_latency", "recompute_fixed"):
             if getattr(self, name) < 0:
                 raise ValueError(f"cost model {self.model!r}: {name} {getattr(self, name)} must be >= 0")
         if not self.context_attention > 0:

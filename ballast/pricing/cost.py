@@ -258,15 +258,17 @@ class CostModel(CostCoefficients):
     def time(self, samples: Sequence[Sample], degree: int, recompute: float, cp: int | None = None) -> float:
         s = tokens_array(samples)
         summed = self.time_from_sums(float(self.units(samples).sum()), float(s.sum()), degree, recompute, cp)
-        return summed + self.call_time(samples, recompute)
+        return summed + self.rank_time(samples, recompute)
 
-    def call_time(self, samples: Sequence[Sample], recompute: float) -> float:
-        """The micro-batch's attention calls (`call_seconds`), the part of `time` that no sum over
-        its samples gives."""
-        if self.call_seconds == 0 or not len(samples):
+    def rank_time(self, samples: Sequence[Sample], recompute: float) -> float:
+        """What every rank of the micro-batch's group spends on it whole, not divided by the
+        degree, and no sum the planners keep gives: its attention calls (`call_seconds`) and its
+        samples' own work on every rank (`rank_sample_seconds`)."""
+        if (self.call_seconds == 0 and self.rank_sample_seconds == 0) or not len(samples):
             return 0.0
-        calls = self.pattern.calls_per_block(*sample_grid(samples), self.layers)
-        return self.call_seconds * calls * (1.0 + recompute * self.recompute_attention)
+        calls = self.pattern.calls_per_block(*sample_grid(samples), self.layers) if self.call_seconds else 0.0
+        whole = self.call_seconds * calls + self.rank_sample_seconds * len(samples)
+        return whole * (1.0 + recompute * self.recompute_attention)
 
     def split_time(self, samples: Sequence[Sample], degree: int, recompute: float,
                    cp: int | None = None) -> tuple[float, float]:

@@ -71,6 +71,10 @@ class Coefficients:
     micro-batch: `AttentionPattern.calls_per_block`), forward + backward, besides its spans
     (CostModel's `call_seconds` / L); fitted only where the grid separates calls from spans
     (`separates_calls`), else 0."""
+    rank_sample_layer: float = 0.0
+    """w_l: seconds per sample of the micro-batch and block on every rank of its group, forward +
+    backward, not divided by the degree (CostModel's `rank_sample_seconds` / L); fitted only for
+    clip models whose grid tells it from the span term (`columns.separates_rank_samples`), else 0."""
     recompute_fixed_layer: float = 0.0
     """gr_l: seconds a micro-batch pays per recomputed block besides its recomputed work (the
     recomputation's own saving, restoring and launches: CostModel's `recompute_fixed` / L)."""
@@ -118,6 +122,7 @@ class Coefficients:
             comm_latency={d: depth * v for d, v in self.latency_layer.items()},
             context_attention=self.context_attention, span_seconds=depth * self.span_layer if a > 0 else 0.0,
             sample_seconds=depth * self.sample_layer if a > 0 else 0.0, call_seconds=depth * self.call_layer,
+            rank_sample_seconds=depth * self.rank_sample_layer,
             remap_per_token=depth * self.remap_token_layer, remap_latency=depth * self.remap_layer,
             recompute_fixed=depth * self.recompute_fixed_layer,
             context_latency={d: depth * v for d, v in self.context_latency_layer.items()}, fit=fit or {})
@@ -128,7 +133,7 @@ class Coefficients:
         out = dataclasses.asdict(self)
         if not attention_pattern(self.attention).clips:
             del out["attention"]
-        for key in ("call_layer", "remap_token_layer", "remap_layer", "recompute_fixed_layer"):
+        for key in ("call_layer", "rank_sample_layer", "remap_token_layer", "remap_layer", "recompute_fixed_layer"):
             if not getattr(self, key):
                 del out[key]
         if not self.context_latency_layer:

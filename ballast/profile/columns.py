@@ -34,6 +34,15 @@ def separates_calls(points: Sequence[Point], pattern: AttentionPattern) -> bool:
     return len(ratios) >= 2
 
 
+def separates_rank_samples(points: Sequence[Point], pattern: AttentionPattern | str) -> bool:
+    """Whether the fit prices a cost per sample on every rank of a group (CostModel's
+    `rank_sample_seconds`): clip models only, whose conditioning every rank holding a clip's
+    tokens repeats (text models have none of their own), and only where micro-batches of
+    several samples ran at degree 1 and above, which tell it from the span term (divided by
+    the degree). Without them w_l is not fitted (0)."""
+    return as_pattern(pattern).clips and {p.degree > 1 for p in points if len(p.lengths) > 1} == {False, True}
+
+
 def exchanged_layers(p: Point) -> float:
     """Blocks' worth of a point's exchanges: every block's, and the forward half again for each
     recomputed one (`micro_batch.RECOMPUTED_EXCHANGES`)."""
@@ -41,7 +50,7 @@ def exchanged_layers(p: Point) -> float:
 
 
 class TimeColumns:
-    """Columns of a_l (c_s, c_t)[, a_l of the CP points], e_l[, f_l][, h_l], b_l, g_l, gr_l[, b_0,
+    """Columns of a_l (c_s, c_t)[, a_l of the CP points], e_l[, f_l][, h_l][, w_l], b_l, g_l, gr_l[, b_0,
     g_0], lat_l(u), [CP lat_l(d)][, the remap layer's per token and per slot], a row per point, under
     any recomputation factors (ra_l, r_l).
 
@@ -50,7 +59,8 @@ class TimeColumns:
     recounting the spans of every clip each time was nearly all of a fit's seconds."""
 
     def __init__(self, points: Sequence[Point], degrees: list[int], context_degrees: list[int],
-                 several_depths: bool, pattern: AttentionPattern | str, calls: bool = False):
+                 several_depths: bool, pattern: AttentionPattern | str, calls: bool = False,
+                 rank_samples: bool = False):
         pattern = as_pattern(pattern)
         layers = np.array([p.layers for p in points], dtype=float)
         recomputed = np.array([p.recompute_layers for p in points], dtype=float)
@@ -68,6 +78,7 @@ class TimeColumns:
                        * term.scale / d for term in pattern.fit_terms]
         self._spans = np.array([_span_counts(p, pattern) for p in points]) / d[:, None]
         self._samples = np.array([float(len(p.lengths)) for p in points]) / d
+        self._rank_samples = self._samples * d if rank_samples else None
         self._kernel_calls = (np.array([_distinct_lengths(p, pattern) for p in points], dtype=float)
                               if calls else None)
         # A rank's share of the tokens (the linear, b_0 and remap columns are per rank).
@@ -93,6 +104,8 @@ class TimeColumns:
         spans = [column * np.where(self._context, span_context, 1.0) for column in spans]
         if self._calls:  # not / d: every rank of a group makes every call
             spans.append((blocks * self._kernel_calls).sum(axis=1))
+        if self._rank_samples is not None:  # not / d either: every rank of a group does it whole
+            spans.append(blocks.sum(axis=1) * self._rank_samples)
         linear_column = (self._layers + self._recomputed * linear) * self._rank_tokens
         return attention_columns + spans + [linear_column] + self._fixed
 

@@ -190,6 +190,7 @@ def print_report(console: Console, cost: CostModel) -> None:
     per = f"s/{cost.pattern.unit_label}"
     sample = f"  f={cost.sample_seconds * 1e6:.2f} us/sample" if not cost.pattern.spans_are_samples else ""
     sample += f"  h={cost.call_seconds * 1e6:.2f} us/call" if cost.call_seconds else ""
+    sample += f"  w={cost.rank_sample_seconds * 1e6:.2f} us/sample/rank" if cost.rank_sample_seconds else ""
     if cost.remap_per_token or cost.remap_latency:
         sample += (f"  remap={cost.remap_per_token * 1e6:.2f} us/token+"
                    f"{cost.remap_latency * 1e3:.2f} ms/slot")

@@ -64,7 +64,12 @@ them non-collinear). At depth L they become CostModel's a and spatial_share exac
 (`patterns.fit_attention`): a = (n_s(L) c_s + n_t(L) c_t) / 2 and the measured spatial share
 sigma = n_s(L) c_s / (n_s(L) c_s + n_t(L) c_t), the share of the attention time a clip with
 F = S spends in spatial blocks (not the share of spatial blocks: a spatial pair and a temporal
-one need not cost alike).
+one need not cost alike). A clip's conditioning (its text's key and value projections, a Wan's
+condition embedder) runs on every rank that holds any of the clip's tokens, so where the grid
+packs clips at degree 1 and above (`columns.separates_rank_samples`) a column (L + k ra_l) n
+per point, n its samples, not divided by d, fits w_l (CostModel's `rank_sample_seconds`): on
+the tiny Wan without it the fit had priced that work / d, degree-2 packed points came out
+9-13% low and the degree-1 check plans 5-10% high.
 """
 from __future__ import annotations
 
@@ -74,7 +79,7 @@ import numpy as np
 
 from ..vocabulary.patterns import AttentionPattern, as_pattern
 from .coefficients import Coefficients
-from .columns import TimeColumns, known_comm, separates_calls
+from .columns import TimeColumns, known_comm, separates_calls, separates_rank_samples
 from .grid import Measurement
 from .noise import fit_weights, noise_exponent
 
@@ -168,11 +173,12 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
         raise ValueError(f"points with a CP part cannot be fitted for {pattern.name} attention: its CP terms are "
                          f"fitted against one attention term (its blocks have {len(pattern.fit_terms)})")
     calls = separates_calls(points, pattern)
+    rank_samples = separates_rank_samples(points, pattern)
     seconds = np.array([m.seconds for m in measurements])
     comm = np.array([known_comm(p, bandwidth, exchange_bytes_layer, context_bytes_layer or {}) for p in points])
     target, weight = seconds - comm, fit_weights(measurements, noise_exponent(measurements))
 
-    columns = TimeColumns(points, degrees, context_degrees, several_depths, pattern, calls).at
+    columns = TimeColumns(points, degrees, context_degrees, several_depths, pattern, calls, rank_samples).at
 
     from scipy.optimize import minimize  # where a fit runs, as in `_nnls`
 
@@ -214,13 +220,14 @@ def fit_time(measurements: Sequence[Measurement], bandwidth: dict[int, float],
     e_l, *rest = rest
     f_l = 0.0 if pattern.spans_are_samples else rest.pop(0)
     h_l = rest.pop(0) if calls else 0.0
+    w_l = rest.pop(0) if rank_samples else 0.0
     b_l, g_l, gr_l, *rest = rest
     b_0, g_0 = (rest[0], rest[1]) if several_depths else (0.0, 0.0)
     rest = rest[2:] if several_depths else rest
     latency = dict(zip(degrees, rest[:len(degrees)]))
     context_latency = dict(zip(context_degrees, rest[len(degrees):len(degrees) + len(context_degrees)]))
     remap_token, remap_slot = rest[len(degrees) + len(context_degrees):] or (0.0, 0.0)
-    return dict(**attention_terms, span_layer=e_l, sample_layer=f_l, call_layer=h_l, b_layer=b_l, b_fixed=b_0, g_layer=g_l,
+    return dict(**attention_terms, span_layer=e_l, sample_layer=f_l, call_layer=h_l, rank_sample_layer=w_l, b_layer=b_l, b_fixed=b_0, g_layer=g_l,
                 g_fixed=g_0, recompute_fixed_layer=gr_l, recompute_layer=linear, recompute_attention_layer=recompute_attention,
                 latency_layer=latency, context_latency_layer=context_latency, remap_token_layer=remap_token,
                 remap_layer=remap_slot)

@@ -21,7 +21,8 @@ from ballast.dataset.length_stream import BatchSpec, LengthStream
 from ballast.profile.sources import SOURCE_PACK_SHARES, check_source, packed_clips, scaled_clips, source_packs
 from ballast.vocabulary.patterns import SPATIAL_TEMPORAL, fit_attention
 from ballast.profile.coefficients import Coefficients
-from ballast.profile.columns import TimeColumns
+from ballast.profile.columns import TimeColumns, separates_rank_samples
+from ballast.profile.grid import Point
 from ballast.profile.fit import fit
 from ballast.profile.residuals import prediction_errors
 from ballast.profile.grid import Measurement, Point
@@ -98,20 +99,35 @@ def test_fit_recovers_spatial_and_temporal_coefficients():
     assert got.to_dict()["spatial_layer"] == got.spatial_layer and got.to_dict()["attention"] == "spatial-temporal"
 
 
+def test_rank_samples_are_fitted_for_clips_packed_at_every_degree_only():
+    """w_l needs micro-batches of several samples at degree 1 and above (at one of them it is
+    the span term again) and a clip model (text models have no conditioning of their own)."""
+    packed = [(2, 2, 3)] * 4
+    both = [Point.of(2, packed, d, 0) for d in (1, 2)] + [Point.of(2, [(4, 4, 4)], 2, 0)]
+    assert separates_rank_samples(both, "full")
+    assert not separates_rank_samples(both[:1] + both[2:], "full")
+    assert not separates_rank_samples(both[1:], "full")
+    text = [Point.of(2, [64] * 4, d, 0) for d in (1, 2)]
+    assert not separates_rank_samples(text, "causal")
+
+
 @pytest.mark.parametrize("attention", ["spatial-temporal", "full"])
 def test_fit_recovers_the_span_term_and_prices_it(attention):
     """A cost per attended span (a clip under full attention; a frame or a patch column of a
-    spatial-temporal block), per clip where a clip has several spans, and per kernel call (a
-    distinct span length): the grid's tiny clips, of a few shapes and of distinct ones, let the
-    fit tell them from each other, the pairs, the tokens and the fixed costs, and the CostModel
-    it makes prices every grid point exactly."""
+    spatial-temporal block), per clip where a clip has several spans, per kernel call (a
+    distinct span length) and per clip on every rank of a group (its conditioning): the grid's
+    tiny clips, of a few shapes and of distinct ones, packed at every degree, let the fit tell
+    them from each other, the pairs, the tokens and the fixed costs, and the CostModel it makes
+    prices every grid point exactly."""
     true = dataclasses.replace(TRUE_ST if attention == "spatial-temporal" else TRUE_FULL, span_layer=2e-6,
-                               sample_layer=5e-5 if attention == "spatial-temporal" else 0.0, call_layer=3e-5)
+                               sample_layer=5e-5 if attention == "spatial-temporal" else 0.0, call_layer=3e-5,
+                               rank_sample_layer=4e-5)
     shape = STDIT if attention == "spatial-temporal" else DIT
     measured = synthetic(video_grid(attention), true)
     got = fit(measured, exchanged(), attention)
     assert got.span_layer == pytest.approx(2e-6, rel=1e-3)
     assert got.call_layer == pytest.approx(3e-5, rel=1e-3)
+    assert got.rank_sample_layer == pytest.approx(4e-5, rel=1e-3)
     # A spatial-temporal clip has many spans and one sample: a cost of its own is told apart.
     assert got.sample_layer == pytest.approx(true.sample_layer, rel=1e-3, abs=1e-12)
     assert got.b_layer == pytest.approx(true.b_layer, rel=1e-3) and got.g_layer == pytest.approx(true.g_layer, rel=1e-3)
@@ -119,6 +135,7 @@ def test_fit_recovers_the_span_term_and_prices_it(attention):
           for depth in (2, 4)}
     assert at[4].span_seconds == pytest.approx(4 * 2e-6, rel=1e-3)
     assert at[4].call_seconds == pytest.approx(4 * 3e-5, rel=1e-3)
+    assert at[4].rank_sample_seconds == pytest.approx(4 * 4e-5, rel=1e-3)
     # Exact where no block or every block is recomputed: CostModel recomputes a level's share of
     # every span kind, the runtime the first blocks (at depth 2, level 1/2: the spatial one only).
     whole = [m for m in measured if m.point.recompute_layers in (0, m.point.layers)]
