@@ -201,7 +201,7 @@ class DCPPlanner(Planner):
             # Pyramid recomputation: only as much recomputation as these tokens need.
             level = self.cost.min_recompute(tokens, degree)
         assert level is not None, f"micro-batch {seq_ids} does not fit SP degree {degree}"
-        time = self.cost.time_from_sums(batch.units_of(seq_ids), tokens, degree, level)
+        time = self.cost.time_from_sums(batch.units_of(seq_ids), tokens, degree, level, samples=len(seq_ids))
         return Pending(MicroBatch(seq_ids, level), degree, time)
 
     # --- groups -------------------------------------------------------------------------------

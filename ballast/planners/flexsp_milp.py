@@ -136,7 +136,8 @@ class _Model:
 
 def _per_sequence_time(lengths: np.ndarray, units: np.ndarray, members: list[int], d: int,
                        cost: CostModel, recompute: float) -> float:
-    total = cost.time_from_sums(float(units[members].sum()), float(lengths[members].sum()), d, recompute)
+    total = cost.time_from_sums(float(units[members].sum()), float(lengths[members].sum()), d, recompute,
+                                samples=len(members))
     return (total - cost.g) / len(members)
 
 
@@ -363,7 +364,8 @@ def _assign(s: np.ndarray, q: np.ndarray, buckets: Buckets, quotas: list[tuple[i
         for i in buckets.members[j]:
             open_ = [p for p in range(len(quotas)) if left[p].get(j, 0) > 0]
             assert open_, f"bucket {j}: the MILP's counts do not cover its sequences"
-            p = min(open_, key=lambda p: cost.time_from_sums(units[p], tok[p], quotas[p][0], recompute))
+            p = min(open_, key=lambda p: cost.time_from_sums(units[p], tok[p], quotas[p][0], recompute,
+                                                             samples=len(seqs[p])))
             seqs[p].append(int(i))
             left[p][j] -= 1
             units[p] += q[i]

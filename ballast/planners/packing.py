@@ -41,7 +41,7 @@ def micro_batch(seq_ids: list[int], lengths: Sequence[int], degree: int, cost: C
 
 def mb_time(mb: MicroBatch, batch: SampleBatch, degree: int, cost: CostModel) -> float:
     s = sum(batch.lengths[i] for i in mb.seq_ids)
-    return cost.time_from_sums(batch.units_of(mb.seq_ids), s, degree, mb.recompute)
+    return cost.time_from_sums(batch.units_of(mb.seq_ids), s, degree, mb.recompute, samples=len(mb.seq_ids))
 
 
 def longest_processing_time(times: Sequence[float], bins: int) -> list[list[int]]:

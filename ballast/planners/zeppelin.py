@@ -302,7 +302,7 @@ class ZeppelinPlanner(Planner):
             if max(sums) > hi:
                 continue  # LPT overshot the capacity; more micro-batches will fit
             total = sum(cost.time_from_sums(batch.units_of([ids[j] for j in b]), n, degree,
-                                            cost.min_recompute(n, degree)) for b, n in zip(bins, sums))
+                                            cost.min_recompute(n, degree), samples=len(b)) for b, n in zip(bins, sums))
             best = min(best, (total, bins), key=lambda x: x[0])
         mbs = [micro_batch([ids[j] for j in b], lengths, degree, cost) for b in best[1]]
         # Longest first, so that slots of a remapped domain line up like sizes.

@@ -122,12 +122,12 @@ class CostCoefficients:
     every block, not divided by the degree: what every rank does for every sample it holds a
     share of, whatever the share (a clip's conditioning: `models.condition_attention` projects
     each held clip's text on every rank that holds any of its tokens, and diffusers Wan's
-    condition embedder embeds every clip's text and timestep on every rank). Priced on a
-    micro-batch's samples by `time` beside `call_seconds` (under recomputation as the attention
-    term); the planners, which price from sums, and the lower bound leave it out as they leave
-    `call_seconds`. `ballast profile` fits it for clip models whose grid runs packed clips at
-    degree 1 and above (`profile.columns.separates_rank_samples`); 0 elsewhere, analytic and
-    published."""
+    condition embedder embeds every clip's text and timestep on every rank). Priced per sample
+    of a micro-batch, under recomputation as the attention term: in `time_from_sums` (planners
+    pass their micro-batches' sample counts) and in each sample's `marginal_times` (the lower
+    bound's and the heuristics' prices; a group of d pays it d times, so its area is exact).
+    `ballast profile` fits it for clip models whose grid runs packed clips at degree 1 and above
+    (`profile.columns.separates_rank_samples`); 0 elsewhere, analytic and published."""
     remap_per_token: float = 0.0
     """Seconds per token of a rank's balanced share of a remap slot, forward + backward of every
     block, that Zeppelin's remapping layer costs besides the rows it moves: its two exchanges

@@ -31,7 +31,7 @@ from ..vocabulary.samples import Sample, sample_grid, tokens as sample_tokens, t
 from ..vocabulary.split_catalogue import SplitCatalogue
 from .coefficients import CostCoefficients, InfeasibleError
 from .device_memory import DeviceMemory
-from .micro_batch import MicroBatchPrices, fixed_seconds, recomputed_exchanges
+from .micro_batch import MicroBatchPrices, fixed_seconds, rank_sample_seconds, recomputed_exchanges
 from .stages import StagePrices
 from .whole_step import NOTHING, DataParallelPrices
 
@@ -124,7 +124,7 @@ class CostModel(CostCoefficients):
                 self.exchange_bytes(u) if ulysses else 0.0, degree * self.bandwidth[u] if ulysses else 1.0,
                 2.0 * gathered * (split - 1) / split / self.bandwidth[degree] if context else 0.0,
                 self.fixed_latency(degree, split), self.act_per_token, self.kept, gathered,
-                self.device_memory - self.states, self.level_blocks)
+                self.device_memory - self.states, self.level_blocks, self.rank_sample_seconds)
             self._prices[key] = prices
         return prices
 
@@ -234,10 +234,10 @@ class CostModel(CostCoefficients):
         return self.context_attention if cp > 1 else 1.0
 
     def time_from_sums(self, sum_units: float, sum_s: float, degree: int, recompute: float,
-                       cp: int | None = None) -> float:
-        """time() from the sums over the micro-batch of attention units and tokens (planners
-        keep these)."""
-        return self.micro_batch_prices(degree, cp).seconds(sum_units, sum_s, recompute)
+                       cp: int | None = None, samples: int = 0) -> float:
+        """time() from the sums over the micro-batch of attention units and tokens and its count
+        of samples (planners keep these), without its kernel calls (`rank_time`)."""
+        return self.micro_batch_prices(degree, cp).seconds(sum_units, sum_s, recompute, samples)
 
     def fixed_seconds(self, recompute: float) -> float:
         """Seconds of a micro-batch at this recompute level whatever its samples (`micro_batch.fixed_seconds`)."""
@@ -257,18 +257,22 @@ class CostModel(CostCoefficients):
 
     def time(self, samples: Sequence[Sample], degree: int, recompute: float, cp: int | None = None) -> float:
         s = tokens_array(samples)
-        summed = self.time_from_sums(float(self.units(samples).sum()), float(s.sum()), degree, recompute, cp)
-        return summed + self.rank_time(samples, recompute)
+        summed = self.time_from_sums(float(self.units(samples).sum()), float(s.sum()), degree, recompute, cp,
+                                     len(samples))
+        return summed + self.call_time(samples, recompute)
 
-    def rank_time(self, samples: Sequence[Sample], recompute: float) -> float:
-        """What every rank of the micro-batch's group spends on it whole, not divided by the
-        degree, and no sum the planners keep gives: its attention calls (`call_seconds`) and its
-        samples' own work on every rank (`rank_sample_seconds`)."""
-        if (self.call_seconds == 0 and self.rank_sample_seconds == 0) or not len(samples):
+    def call_time(self, samples: Sequence[Sample], recompute: float) -> float:
+        """The micro-batch's attention calls (`call_seconds`), the part of `time` that no sum over
+        its samples gives."""
+        if self.call_seconds == 0 or not len(samples):
             return 0.0
-        calls = self.pattern.calls_per_block(*sample_grid(samples), self.layers) if self.call_seconds else 0.0
-        whole = self.call_seconds * calls + self.rank_sample_seconds * len(samples)
-        return whole * (1.0 + recompute * self.recompute_attention)
+        calls = self.pattern.calls_per_block(*sample_grid(samples), self.layers)
+        return self.call_seconds * calls * (1.0 + recompute * self.recompute_attention)
+
+    def rank_sample_time(self, samples, recompute=0.0):
+        """What `samples` (a count, or an array of counts) add on every rank of their micro-batch's
+        group at this level (`rank_sample_seconds`), not divided by the degree."""
+        return rank_sample_seconds(self.rank_sample_seconds, self.recompute_attention, samples, recompute)
 
     def split_time(self, samples: Sequence[Sample], degree: int, recompute: float,
                    cp: int | None = None) -> tuple[float, float]:
@@ -279,8 +283,10 @@ class CostModel(CostCoefficients):
     def marginal_times(self, tokens, units, degree: int, recompute, cp: int | None = None):
         """What each sample adds to its micro-batch's time at this degree, level and split,
         elementwise (arrays of tokens, their attention units and levels): time() is these summed
-        plus `fixed_seconds` and the collectives' fixed latency (`comm`'s at the level)."""
+        plus `fixed_seconds`, the collectives' fixed latency (`comm`'s at the level) and the
+        kernel calls (`call_time`)."""
         attention = (self.attention_time(tokens, units) * (1.0 + recompute * self.recompute_attention)
                      * self.attention_factor(self._cp(degree, cp)))
         linear = self.b * tokens * (1.0 + recompute * self.recompute)
-        return (attention + linear) / degree + self.exchange_seconds(tokens, degree, cp) * recomputed_exchanges(recompute)
+        return ((attention + linear) / degree + self.exchange_seconds(tokens, degree, cp) * recomputed_exchanges(recompute)
+                + self.rank_sample_time(1.0, recompute))

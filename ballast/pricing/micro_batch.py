@@ -31,6 +31,13 @@ def fixed_seconds(g: float, recompute_fixed: float, recompute):
     return g + recompute * recompute_fixed
 
 
+def rank_sample_seconds(per_sample: float, recompute_attention: float, samples, recompute):
+    """Seconds `samples` (counts; floats or arrays) cost on every rank of their micro-batch's
+    group at this recompute level (`CostModel.rank_sample_seconds` = per_sample), not divided by
+    the degree, recomputed with the attention they sit beside."""
+    return per_sample * samples * (1.0 + recompute * recompute_attention)
+
+
 @dataclass(frozen=True)
 class MicroBatchPrices:
     """A micro-batch's time and memory at one degree d and split (u Ulysses x cp CP ranks), from
@@ -61,6 +68,8 @@ class MicroBatchPrices:
     free: float
     """Device memory less the states."""
     level_blocks: int
+    rank_sample: float = 0.0
+    """Seconds per sample on every rank of the group (`CostModel.rank_sample_seconds`)."""
 
     @property
     def u(self) -> int:
@@ -81,11 +90,15 @@ class MicroBatchPrices:
             return 0.0
         return (self.exchange_seconds(tokens) + self.latency) * recomputed_exchanges(recompute)
 
-    def seconds(self, sum_units: float, sum_s: float, recompute: float) -> float:
-        """A micro-batch's seconds from its sums of attention units and tokens (`CostModel.time_from_sums`)."""
+    def seconds(self, sum_units: float, sum_s: float, recompute: float, samples: int = 0) -> float:
+        """A micro-batch's seconds from its sums of attention units and tokens and its count of
+        samples (`CostModel.time_from_sums`)."""
         attention = self.a * sum_units * (1.0 + recompute * self.recompute_attention) * self.attention_factor
         compute = (attention + self.b * sum_s * (1.0 + recompute * self.recompute)) / self.degree
-        return compute + self.comm(sum_s, recompute) + fixed_seconds(self.g, self.recompute_fixed, recompute)
+        seconds = compute + self.comm(sum_s, recompute) + fixed_seconds(self.g, self.recompute_fixed, recompute)
+        if self.rank_sample:
+            seconds += rank_sample_seconds(self.rank_sample, self.recompute_attention, samples, recompute)
+        return seconds
 
     def kept_fraction(self, recompute: float) -> float:
         """The share of its activations a micro-batch keeps at this level (all at 0, k at 1)."""

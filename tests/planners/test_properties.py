@@ -70,7 +70,10 @@ def setups(draw, name, lockstep=None):
     memory = max(cost.states, cost.device.after_backward) + cap * cost.act_per_token
     cluster = dataclasses.replace(cluster, device_memory=memory)
     # Attention's recomputation priced like the rest (docs/design.md) or apart, as profiles find it.
-    cost = dataclasses.replace(cost, device_memory=memory,
+    # A clip's conditioning on every rank of its group (`rank_sample_seconds`), as profiles of
+    # clip models find it: planners pass their micro-batches' counts, the bound its area.
+    whole = draw(st.sampled_from([0.0, 0.05 * cost.g])) if shaped else 0.0
+    cost = dataclasses.replace(cost, device_memory=memory, rank_sample_seconds=whole,
                                recompute_attention=draw(st.sampled_from([cost.recompute, 0.1, 0.8])))
     ruled = get_planner(name, cluster, cost, PlannerOptions()).cost
     limit = ruled.max_tokens(ruled.degrees[-1], 1.0)

@@ -83,35 +83,39 @@ def test_calls_are_priced_per_distinct_span_length():
     lower bound leave it out."""
     cost = small_cost(call_seconds=0.1, recompute_attention=0.5)
     # [1000, 1000, 3000]: 2 distinct lengths in every block: 2 calls x 0.1 s
-    assert cost.rank_time([1000, 1000, 3000], 0.0) == pytest.approx(0.2, rel=1e-12)
+    assert cost.call_time([1000, 1000, 3000], 0.0) == pytest.approx(0.2, rel=1e-12)
     assert (cost.time([1000, 1000, 3000], 2, 0.0) - small_cost(recompute_attention=0.5).time([1000, 1000, 3000], 2, 0.0)
             == pytest.approx(0.2, rel=1e-12))
     # every block recomputed: x (1 + 0.5)
-    assert cost.rank_time([1000, 1000, 3000], 1.0) == pytest.approx(0.3, rel=1e-12)
+    assert cost.call_time([1000, 1000, 3000], 1.0) == pytest.approx(0.3, rel=1e-12)
     assert cost.time_from_sums(11e6, 5000, 2, 0.0) == small_cost(recompute_attention=0.5).time_from_sums(11e6, 5000, 2, 0.0)
     # spatial-temporal, 2 + 2 blocks: frames of 6 and 4 patches (2 lengths), columns of 4 and 5
     # frames (2 lengths) -> 2 calls a block; (4, 2, 3) twice adds nothing
     video = dataclasses.replace(cost, attention="spatial-temporal")
-    assert video.rank_time([(4, 2, 3), (5, 2, 2), (4, 2, 3)], 0.0) == pytest.approx(0.2, rel=1e-12)
+    assert video.call_time([(4, 2, 3), (5, 2, 2), (4, 2, 3)], 0.0) == pytest.approx(0.2, rel=1e-12)
     # (4, 2, 3) and (4, 3, 2): one frame size, one column length -> 1 call a block
-    assert video.rank_time([(4, 2, 3), (4, 3, 2)], 0.0) == pytest.approx(0.1, rel=1e-12)
+    assert video.call_time([(4, 2, 3), (4, 3, 2)], 0.0) == pytest.approx(0.1, rel=1e-12)
     with pytest.raises(ValueError, match="call_seconds"):
         small_cost(call_seconds=-1.0)
 
 
 def test_rank_samples_are_priced_whole_on_every_rank():
     """rank_sample_seconds w: per sample of the micro-batch on every rank of its group (a clip's
-    conditioning), so at any degree the micro-batch pays w n, not w n / d, in time() on the
-    samples, under recomputation as attention; the planners' sums leave it out, as they leave
-    call_seconds."""
+    conditioning), so at any degree the micro-batch pays w n, not w n / d, under recomputation
+    as attention; in time(), in the planners' sums given the count, and in each sample's
+    marginal time (what the lower bound and the heuristics read)."""
     plain = small_cost(recompute_attention=0.5)
     cost = small_cost(rank_sample_seconds=0.01, recompute_attention=0.5)
     samples = [1000, 1000, 3000]
     for degree in (1, 2):
         assert cost.time(samples, degree, 0.0) - plain.time(samples, degree, 0.0) == pytest.approx(0.03, rel=1e-9)
-    assert cost.rank_time(samples, 1.0) == pytest.approx(0.045, rel=1e-12)
-    assert cost.time_from_sums(11e6, 5000, 2, 0.0) == plain.time_from_sums(11e6, 5000, 2, 0.0)
-    assert cost.rank_time([], 0.0) == 0.0
+        # every layer recomputed: x (1 + 0.5)
+        assert (cost.time_from_sums(11e6, 5000, degree, 1.0, samples=3)
+                - plain.time_from_sums(11e6, 5000, degree, 1.0, samples=3) == pytest.approx(0.045, rel=1e-9))
+        one = (np.array([1000.0]), np.array([1e6]), degree, 0.0)
+        assert cost.marginal_times(*one)[0] - plain.marginal_times(*one)[0] == pytest.approx(0.01, rel=1e-9)
+    assert cost.rank_sample_time(3, 1.0) == pytest.approx(0.045, rel=1e-12)
+    assert cost.time([], 1, 0.0) == plain.time([], 1, 0.0)
     with pytest.raises(ValueError, match="rank_sample_seconds"):
         small_cost(rank_sample_seconds=-1.0)
 

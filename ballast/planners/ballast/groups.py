@@ -200,7 +200,7 @@ class GroupPacker:
             if level is None:
                 return None
             mbs.append(MicroBatch(list(ids), level))
-            seconds.append(self._seconds(prices, units, tokens, level))
+            seconds.append(self._seconds(prices, units, tokens, level, len(ids)))
         return self._total(seconds), mbs
 
     def _lpt(self, longest_first: tuple[int, ...], count: int, weights: Sequence[float] | None
@@ -228,14 +228,15 @@ class GroupPacker:
         # plan. A text sample's units are integers in float64, summed exactly below 2^53.
         units = sum(map(self.units.__getitem__, mb.seq_ids))
         tokens = sum(map(self.lengths.__getitem__, mb.seq_ids))
-        return self._seconds(self.cost.micro_batch_prices(degree, cp), units, tokens, mb.recompute)
+        return self._seconds(self.cost.micro_batch_prices(degree, cp), units, tokens, mb.recompute, len(mb.seq_ids))
 
-    def _seconds(self, prices: MicroBatchPrices, units: float, tokens: int, level: float) -> float:
-        """`mb_time` from a micro-batch's sums of attention units and tokens at `level`."""
-        seconds = prices.seconds(units, tokens, level)
+    def _seconds(self, prices: MicroBatchPrices, units: float, tokens: int, level: float, samples: int) -> float:
+        """`mb_time` from a micro-batch's sums of attention units and tokens and its count of
+        samples at `level`."""
+        seconds = prices.seconds(units, tokens, level, samples)
         if not self.cost.data_parallel.forward_gathers:
             return seconds
-        plain = prices.seconds(units, tokens, 0.0) if level else seconds
+        plain = prices.seconds(units, tokens, 0.0, samples) if level else seconds
         return gathered_seconds(self.cost.data_parallel, seconds, plain)
 
     def _total(self, seconds: list[float]) -> float:
