@@ -236,7 +236,7 @@ class CostModel(CostCoefficients):
     def time_from_sums(self, sum_units: float, sum_s: float, degree: int, recompute: float,
                        cp: int | None = None, samples: int = 0) -> float:
         """time() from the sums over the micro-batch of attention units and tokens and its count
-        of samples (planners keep these), without its kernel calls (`rank_time`)."""
+        of samples (planners keep these), without its kernel calls (`call_time`)."""
         return self.micro_batch_prices(degree, cp).seconds(sum_units, sum_s, recompute, samples)
 
     def fixed_seconds(self, recompute: float) -> float:

@@ -150,7 +150,8 @@ def slot_time(cost: CostModel, parts: Sequence[SlotPart], start: int, size: int,
                       + exchange_surcharge(cost, p.degree, p.cp, tokens, routed, level))
         units = float(cost.units(p.samples).sum())
         quadratic = cost.a * units * (1.0 + level * cost.recompute_attention) * cost.attention_factor(p.cp)
-        attention = max(attention, quadratic / p.degree + cost.call_time(p.samples, level) + cost.rank_sample_time(len(p.samples), level) + all_to_all)
+        whole = cost.call_time(p.samples, level) + cost.rank_sample_time(len(p.samples), level)
+        attention = max(attention, quadratic / p.degree + whole + all_to_all)
         comm = max(comm, all_to_all)
         linear += cost.b * tokens * (1.0 + level * cost.recompute)
         per_rank += [tokens / p.degree] * p.degree
