@@ -125,7 +125,8 @@ class CostCoefficients:
     condition embedder embeds every clip's text and timestep on every rank). Priced per sample
     of a micro-batch, under recomputation as the attention term: in `time_from_sums` (planners
     pass their micro-batches' sample counts) and in each sample's `marginal_times` (the lower
-    bound's and the heuristics' prices; a group of d pays it d times, so its area is exact).
+    bound's prices and `sequence_times`'; a group of d pays it d times, so its area is exact);
+    the heuristics that price from `work` leave it out, as they leave `recompute_fixed`.
     `ballast profile` fits it for clip models whose grid runs packed clips at degree 1 and above
     (`profile.columns.separates_rank_samples`); 0 elsewhere, analytic and published."""
     remap_per_token: float = 0.0
