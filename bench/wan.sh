@@ -40,7 +40,7 @@ for i, (f, h, w) in enumerate(grids):
               str(latents / f"clip{i:03d}.safetensors"))
 PY
 $PYTHON bench/profile_record.py --model "diffusers:$MODEL" --name wan-tiny --median-target 0.06 --p90-target 0.10 \
-    --device-memory-gb 12 --max-len 2048 --tokens-per-step 8192 --plans 20 --repeats 5 --statistic min --runs 3
+    --device-memory-gb 12 --max-len 2048 --tokens-per-step 8192 --plans 20 --repeats 5 --statistic min --runs 5
 rm -rf runs/wan-train
 $BALLAST train --model "diffusers:$MODEL" --data "video-latents:$LATENTS" --world 2 --steps 40 --max-len 128 \
     --tokens-per-step 512 --out-dir runs/wan-train --no-resume
