@@ -234,9 +234,11 @@ class CostModel(CostCoefficients):
         return self.context_attention if cp > 1 else 1.0
 
     def time_from_sums(self, sum_units: float, sum_s: float, degree: int, recompute: float,
-                       cp: int | None = None, samples: int = 0) -> float:
+                       cp: int | None = None, *, samples: int) -> float:
         """time() from the sums over the micro-batch of attention units and tokens and its count
-        of samples (planners keep these), without its kernel calls (`call_time`)."""
+        of samples (planners keep these), without its kernel calls (`call_time`). The count is
+        required: a caller that left it out would under-price a clip model's `rank_sample_seconds`
+        without a sign."""
         return self.micro_batch_prices(degree, cp).seconds(sum_units, sum_s, recompute, samples)
 
     def fixed_seconds(self, recompute: float) -> float:
@@ -258,7 +260,7 @@ class CostModel(CostCoefficients):
     def time(self, samples: Sequence[Sample], degree: int, recompute: float, cp: int | None = None) -> float:
         s = tokens_array(samples)
         summed = self.time_from_sums(float(self.units(samples).sum()), float(s.sum()), degree, recompute, cp,
-                                     len(samples))
+                                     samples=len(samples))
         return summed + self.call_time(samples, recompute)
 
     def call_time(self, samples: Sequence[Sample], recompute: float) -> float:

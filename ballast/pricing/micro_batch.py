@@ -90,7 +90,7 @@ class MicroBatchPrices:
             return 0.0
         return (self.exchange_seconds(tokens) + self.latency) * recomputed_exchanges(recompute)
 
-    def seconds(self, sum_units: float, sum_s: float, recompute: float, samples: int = 0) -> float:
+    def seconds(self, sum_units: float, sum_s: float, recompute: float, samples: int) -> float:
         """A micro-batch's seconds from its sums of attention units and tokens and its count of
         samples (`CostModel.time_from_sums`)."""
         attention = self.a * sum_units * (1.0 + recompute * self.recompute_attention) * self.attention_factor

@@ -73,6 +73,9 @@ def files(tmp_path_factory) -> dict[str, str]:
         # a profile whose cost per kernel call, or the remap layer's per token, is negative
         "bad-call-profile.json": json.dumps({**analytic_cost(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
                                              "call_seconds": -1e-4}),
+        # ... or its cost per sample on every rank of a group (a clip's conditioning, w)
+        "bad-rank-sample-profile.json": json.dumps({**analytic_cost(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
+                                                    "rank_sample_seconds": -1e-5}),
         "bad-remap-profile.json": json.dumps({**analytic_cost(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
                                               "remap_per_token": -1e-6}),
         # a profile whose recomputation's fixed part (g_r) is negative
@@ -415,6 +418,8 @@ CASES = [
      r"a > 0"),
     ("simulate --cluster cpu --world 2 --model tiny --cost {bad-call-profile.json}", 2,
      r"cost model file .*bad-call-profile.json: cost model 'tiny': call_seconds -0.0001 must be >= 0"),
+    ("simulate --cluster cpu --world 2 --model tiny --cost {bad-rank-sample-profile.json}", 2,
+     r"cost model file .*bad-rank-sample-profile.json: cost model 'tiny': rank_sample_seconds -1e-05 must be >= 0"),
     ("simulate --cluster cpu --world 2 --model tiny --cost {bad-remap-profile.json}", 2,
      r"cost model file .*bad-remap-profile.json: cost model 'tiny': remap_per_token -1e-06 must be >= 0"),
     ("simulate --cluster cpu --world 2 --model tiny --cost {bad-recompute-profile.json}", 2,

@@ -43,7 +43,7 @@ def test_time_by_hand():
     # d=4, c=1: 14 * 1.5 / 4 = 5.25; comm 1000 * 4000 / (4 * 5e8) = 0.002 x 1.5 = 0.003; + g
     assert cost.time([1000, 3000], 4, 1.0) == pytest.approx(5.263, rel=1e-12)
     assert cost.split_time([1000, 3000], 4, 1.0) == pytest.approx((5.26, 0.003), rel=1e-12)
-    assert cost.time_from_sums(1e7, 4000, 2, 0.5) == cost.time([1000, 3000], 2, 0.5)
+    assert cost.time_from_sums(1e7, 4000, 2, 0.5, samples=2) == cost.time([1000, 3000], 2, 0.5)
     # attention's recomputation priced apart (r_attn = 0.1): d=2, c=0.5:
     # (10 (1 + 0.05) + 4 (1 + 0.25)) / 2 = 7.75; + comm 0.0025 + g 0.01
     split = small_cost(recompute_attention=0.1)
@@ -88,7 +88,8 @@ def test_calls_are_priced_per_distinct_span_length():
             == pytest.approx(0.2, rel=1e-12))
     # every block recomputed: x (1 + 0.5)
     assert cost.call_time([1000, 1000, 3000], 1.0) == pytest.approx(0.3, rel=1e-12)
-    assert cost.time_from_sums(11e6, 5000, 2, 0.0) == small_cost(recompute_attention=0.5).time_from_sums(11e6, 5000, 2, 0.0)
+    assert (cost.time_from_sums(11e6, 5000, 2, 0.0, samples=3)
+            == small_cost(recompute_attention=0.5).time_from_sums(11e6, 5000, 2, 0.0, samples=3))
     # spatial-temporal, 2 + 2 blocks: frames of 6 and 4 patches (2 lengths), columns of 4 and 5
     # frames (2 lengths) -> 2 calls a block; (4, 2, 3) twice adds nothing
     video = dataclasses.replace(cost, attention="spatial-temporal")
@@ -129,7 +130,7 @@ def test_recomputations_fixed_seconds_are_paid_per_micro_batch_at_its_level():
         # at level 0.5: + 0.5 x 0.2 s = 0.1 s, whatever the degree and the samples
         assert cost.time([1000, 3000], degree, level) - plain.time([1000, 3000], degree, level) == pytest.approx(
             0.2 * level, rel=1e-12, abs=1e-15)
-        assert cost.time_from_sums(1e7, 4000, degree, level) == cost.time([1000, 3000], degree, level)
+        assert cost.time_from_sums(1e7, 4000, degree, level, samples=2) == cost.time([1000, 3000], degree, level)
     assert cost.fixed_seconds(0.25) == pytest.approx(0.01 + 0.05, rel=1e-12) and plain.fixed_seconds(1.0) == 0.01
     part = remapping.SlotPart(start=0, degree=1, cp=1, samples=[1000], recompute=0.5)
     compute, comm = remapping.slot_time(cost, [part], 0, 2)
