@@ -70,10 +70,10 @@ def files(tmp_path_factory) -> dict[str, str]:
         # a profile whose cost per attended span is negative (issue 31's span term)
         "bad-span-profile.json": json.dumps({**analytic_cost(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
                                              "span_seconds": -1e-6}),
-        # a profile whose cost per kernel call, or the remap layer's per token, is negative
+        # a profile whose cost per kernel call, per sample on every rank of a group (w) or the
+        # remap layer's per token is negative
         "bad-call-profile.json": json.dumps({**analytic_cost(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
                                              "call_seconds": -1e-4}),
-        # ... or its cost per sample on every rank of a group (a clip's conditioning, w)
         "bad-rank-sample-profile.json": json.dumps({**analytic_cost(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
                                                     "rank_sample_seconds": -1e-5}),
         "bad-remap-profile.json": json.dumps({**analytic_cost(get_model_shape("tiny"), get_cluster("cpu", 2)).to_dict(),
