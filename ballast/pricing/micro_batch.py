@@ -100,6 +100,12 @@ class MicroBatchPrices:
             seconds += rank_sample_seconds(self.rank_sample, self.recompute_attention, samples, recompute)
         return seconds
 
+    def fixed_part(self) -> float:
+        """What every micro-batch of samples pays with none recomputed, whatever they are (`seconds`
+        less its terms in units, tokens and samples): g, and the exchanges' latency where the
+        group exchanges."""
+        return self.g + (self.latency if self.degree > 1 else 0.0)
+
     def kept_fraction(self, recompute: float) -> float:
         """The share of its activations a micro-batch keeps at this level (all at 0, k at 1)."""
         return recompute * self.kept + (1.0 - recompute)

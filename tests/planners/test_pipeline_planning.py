@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from ballast.planners import PlannerOptions, get_planner
 from ballast.planners.ballast.planner import staged_levels
+from ballast.planners.ballast.search import WaveSearch
 from ballast.planners.pipelines import pipeline_order, pipelined_seconds
 from ballast.plans.exhaustive import cluster_for, pipeline_optimum
 from ballast.plans.plan import PlanError
@@ -149,3 +150,23 @@ def test_recompute_levels_are_whole_numbers_of_a_stages_blocks():
     unaware.validate(pool, cost)
     planned = get_planner("ballast", pool, cost, PlannerOptions(max_len=65_536)).plan(lengths)
     assert all((mb.recompute * 8) % 1 == 0 for _, _, mb in planned.micro_batches())
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(16, 65_536), min_size=1, max_size=40), st.sampled_from([1, 2, 4]),
+       st.sampled_from([1, 4]), st.randoms(use_true_random=False))
+def test_the_packers_bound_never_exceeds_a_packing_it_prunes(lengths, degree, pp, rng):
+    # `GroupPacker._least` skips counts it shows cannot win; a bound above some packing's time
+    # would skip a count that could, so it is checked against LPT's packing at every count, on
+    # token and on work weights, through a pipeline and without one.
+    cost, pool = pipeline_cost(pp=pp) if pp > 1 else pipeline_cost(tp=8, pp=1)
+    batch = SampleBatch.of(lengths, cost)
+    search = WaveSearch(cost, batch, pool.world_size)
+    packer, seqs = search.packer, sorted(range(len(lengths)), key=lambda s: -lengths[s])
+    assume(np.isfinite(search.work[search.row[degree], seqs]).all())
+    for cp in cost.fastest_candidates(degree):
+        least = packer._least(seqs, degree, cp)
+        for count in rng.sample(range(1, len(seqs) + 1), min(len(seqs), 6)):
+            for weights in (None, packer.quad):
+                timed = packer.timed(seqs, degree, cp, count, weights)
+                assert timed is None or least(count) <= timed[0]

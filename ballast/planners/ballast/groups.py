@@ -42,6 +42,7 @@ class GroupPacker:
         self.units = batch.units.tolist()
         self.work = work
         """[degree row, sequence]: time alone at that degree (inf where it does not fit)."""
+        assert (quad > 0).all(), "LPT's bins (`_lpt`) take positive weights"
         self.quad = quad
         """a q + b s of every sample (q its attention units, s its tokens)."""
         self.row = row
@@ -159,19 +160,22 @@ class GroupPacker:
         top = max(fewest, min(most, len(seqs)))
         ratio = (top / fewest) ** (1.0 / (LADDER - 1))
         ladder = {fewest, top, *(round(fewest * ratio ** i) for i in range(1, LADDER - 1))}
-        timed = {m: self.timed(seqs, degree, cp, m) for m in ladder}
+        timed = self._ladder(seqs, degree, cp, ladder, top)
         # Token balance is no bin packing: LPT may need a micro-batch more than memory does
         # (1633 tokens in bins of 860 fit as 803 + 830, not as LPT's 902 + 731), which costs g.
         # Bins of what fits under full recomputation are near the fewest memory allows.
         crammed = self.bins(seqs, degree, cp, self.cost.max_tokens(degree, 1.0, cp))
+        least = self._least(seqs, degree, cp)
+        bar = min((v[0] for v in timed.values() if v), default=math.inf)
         for key, mbs in ((-1, unchecked), (-2, crammed)):
-            if mbs:
+            if mbs and least(len(mbs)) <= bar:
                 timed[key] = (self.mbs_time(mbs, degree, cp), mbs)
         best = min(filter(None, timed.values()), key=lambda v: v[0], default=None)
         if best is not None:
             centre = len(best[1])
             for m in range(max(fewest, centre - REFINE), min(top, centre + REFINE) + 1):
-                if m not in timed and (candidate := self.timed(seqs, degree, cp, m)) and candidate[0] < best[0]:
+                if (m not in timed and least(m) <= best[0]
+                        and (candidate := self.timed(seqs, degree, cp, m)) and candidate[0] < best[0]):
                     best = candidate
             # A pipeline stalls behind its longest micro-batch: the best count balanced on work
             # (WLB-LLM's equal cost per micro-batch) rather than tokens, where memory allows.
@@ -183,6 +187,46 @@ class GroupPacker:
             assert alone is not None, f"sequences {seqs[:5]} fit no packing at degree {degree}"
             return alone
         return best
+
+    def _ladder(self, seqs: list[int], degree: int, cp: int, ladder: set[int], top: int
+                ) -> dict[int, tuple[float, list[MicroBatch]] | None]:
+        """`timed` at every count of `ladder` (None where none fits, or where `_least` shows it
+        cannot beat a count timed before it), `top` first: under a pipeline the counts below its
+        knee cost a bubble that the top count's time already beats, and each timing is an LPT
+        over the group's sequences. In the ladder's order, as `pack_at`'s ties resolve by it."""
+        least = self._least(seqs, degree, cp)
+        first = self.timed(seqs, degree, cp, top)
+        bar = first[0] if first else math.inf
+        timed = {}
+        for m in ladder:
+            if m == top:
+                timed[m] = first
+            else:
+                timed[m] = found = None if least(m) > bar else self.timed(seqs, degree, cp, m)
+                bar = min(bar, found[0]) if found else bar
+        return timed
+
+    def _least(self, seqs: list[int], degree: int, cp: int):
+        """A lower bound on `_total` of any `count` micro-batches of these sequences (a function
+        of the count): every micro-batch pays its fixed seconds at least, their variable seconds
+        sum to the sequences' at level 0 at least, and through a pipeline the longest is at least
+        their mean and at least the first sequence's alone. Shaved by a relative 1e-9 so that
+        the floats' rounding of the sums it stands for never lets it exceed one. None bounds
+        FSDP2's gathered passes here (-inf): they are no sum of per-sequence seconds."""
+        if self.cost.data_parallel.forward_gathers:
+            return lambda count: -math.inf
+        prices = self.cost.micro_batch_prices(degree, cp)
+        fixed = prices.fixed_part()
+        units = sum(map(self.units.__getitem__, seqs))
+        tokens = sum(map(self.lengths.__getitem__, seqs))
+        variable = prices.seconds(units, tokens, 0.0, len(seqs)) - fixed
+        first = prices.seconds(self.units[seqs[0]], self.lengths[seqs[0]], 0.0, 1)
+        bubble = self.stages - 1
+
+        def least(count: int) -> float:
+            longest = max(variable / count + fixed, first)
+            return (variable + count * fixed + bubble * longest) * (1.0 - 1e-9)
+        return least
 
     def bins(self, seqs: list[int], degree: int, cp: int, capacity: int) -> list[MicroBatch]:
         """Best-fit-decreasing bins of at most `capacity` tokens, each at its least recompute level."""
@@ -211,14 +255,24 @@ class GroupPacker:
         key = (longest_first, count, weights is None)
         if key not in self._bins:
             weights = self.lengths if weights is None else weights
-            heap = [(0, b) for b in range(count)]
-            bins: list[list[int]] = [[] for _ in range(count)]
-            for s in longest_first:
+            lengths, units = self.lengths, self.units
+            # Every weight is positive (a sample has tokens), so the first `count` sequences
+            # open one bin each, in bin order, as the heap would place them; a heap of
+            # (load, bin) pops the same bins whatever its internal order, ties by bin.
+            first = longest_first[:count]
+            bins = [[s] for s in first]
+            tokens = [lengths[s] for s in first]
+            summed = [units[s] for s in first]
+            heap = [(weights[s], b) for b, s in enumerate(first)]
+            heapq.heapify(heap)
+            replace = heapq.heapreplace
+            for s in longest_first[count:]:
                 load, b = heap[0]
                 bins[b].append(s)
-                heapq.heapreplace(heap, (load + weights[s], b))
-            lengths, units = self.lengths.__getitem__, self.units.__getitem__
-            self._bins[key] = [(tuple(b), sum(map(lengths, b)), sum(map(units, b))) for b in bins if b]
+                tokens[b] += lengths[s]
+                summed[b] += units[s]
+                replace(heap, (load + weights[s], b))
+            self._bins[key] = list(zip(map(tuple, bins), tokens, summed))
         return self._bins[key]
 
     def mb_time(self, mb: MicroBatch, degree: int, cp: int) -> float:
