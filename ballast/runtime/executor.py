@@ -26,18 +26,9 @@ One step (`Executor.step`):
     flags of non-finite losses, and steps AdamW, skipped on every rank alike when the loss or
     gradient norm is not finite (`StepResult.applied`).
 
-Why a plain SUM over the world is the full-batch gradient: the step's loss is
-L = sum over micro-batches m, ranks r of m's group of L_{m,r}, with L_{m,r} the summed token
-losses of r's shard / Plan.tokens. Backward of L_{m,r} on rank r reaches the other ranks of
-the group through the adjoint all-to-alls, so after every rank of the group has run backward,
-the gradient rank r holds for a parameter is d(sum_r' L_{m,r'})/d(its uses on rank r): the
-uses of a parameter are partitioned over the ranks (each applies it to its own tokens; no
-parameter is applied in the head-sharded part), and summing over ranks adds up all uses.
-This holds alike for parameters every rank replicates (norms, embedding, output layer), and
-under remapping, which moves a token's per-token work to another rank of the domain: still
-to exactly one rank, and the remap all-to-alls are adjoint pairs like Ulysses'.
-A rank idle in a wave, or holding an empty shard, contributes zero. So sum over ranks and
-micro-batches = dL/dparam, whatever the plan.
+Why a plain SUM over the world is the full-batch gradient, whatever the plan (remapped, idle
+and empty-shard ranks included): docs/design.md, section 7, *Why the sum is the single-process
+gradient*.
 
 Under tensor parallelism (a `JobMesh` with TP degree t, `parallelize(mesh=)`) the plan's ranks
 are the pool's: every rank of a TP group runs its pool rank's part of the plan on the same tokens,
@@ -65,8 +56,7 @@ sharded, instead of the bucketed sync: the same sum over ranks, each rank keepin
 from __future__ import annotations
 
 import contextlib
-import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -79,16 +69,19 @@ from ..vocabulary.precision import Precision
 from ..models.protocol import Local, PackedStream, ParallelModel, held_tokens
 from ..plans.plan import Group, MicroBatch, Plan
 from .attention import StreamShard
-from .fsdp import full_tensor, is_sharded
+from .fsdp import is_sharded
 from .grad_sync import GradSync
 from .groups import ProcessGroups
 from .hybrid import HybridShard
 from .memory import ActivationMeter
 from .remap_slot import remapped_stream, slot_parts, slot_runs
 from .routing import RoutingGroups
-from .step_result import MicroBatchRecord, StepResult, WaveTiming, device_clock, step_if_finite
+from .step_result import (MicroBatchRecord, StepResult, WaveTiming, device_clock, nonfinite_flags,
+                          step_if_finite, world_statistics)
 from .tensor_parallel import TensorParallel
+from .plan_check import check_plan
 from .video_sp import VideoShard
+from .whole_state import WholeState
 
 
 SHARDS: dict[Layout, type[StreamShard]] = {ULYSSES: StreamShard, VIDEO_2D: VideoShard, CONTEXT: HybridShard}
@@ -137,6 +130,8 @@ class Executor:
         """The trained parameters' names (`parameters` and `gradients` in this order), by which TP
         knows its split ones (FSDP2 replaces the objects)."""
         self._params = [p for _, p in trained]
+        self.whole = WholeState(model, self.parameter_names, self._params, sync, groups.pool, tensor_parallel)
+        """This rank's state made whole, for checks and for writing the model out."""
         # The running step's (seq_ids, loss share) of every micro-batch this rank ran: checked for
         # finiteness once, at the end, not per micro-batch (each check would wait for the device).
         self._shares: list[tuple[list[int], Tensor]] = []
@@ -203,52 +198,18 @@ class Executor:
 
     def gradients(self) -> list[Tensor]:
         """The last step's summed gradient of every trained parameter, whole, on every rank (a
-        collective, for checks: ZeRO-1 and FSDP2 leave each rank its share only, TP its shard)."""
-        grads = [full_tensor(p.grad) for p in self._params] if self.sync is None else \
-            self.sync.whole(self._params, self.groups.pool)
-        return self._whole_over_tensor_parallel(grads)
+        collective, for checks: `WholeState.gradients`)."""
+        return self.whole.gradients()
 
     def parameters(self) -> list[Tensor]:
         """Every trained parameter, whole, on every rank (a collective, for checks and for
         writing the model out), in the order of `parameter_names`."""
-        return self._whole_over_tensor_parallel([full_tensor(p.detach()) for p in self._params])
+        return self.whole.parameters()
 
     def state_on_host(self, rank: int = 0) -> dict[str, Tensor]:
         """The model's state dict whole on global rank `rank`'s host, by name, {} on the other
-        ranks (a collective): its trained parameters in the model's order, then what no gradient
-        moves that the state dict holds (persistent buffers, frozen parameters). One tensor at a
-        time, so a device holds its shards and one tensor whole at most (writing a trained model
-        out, where the whole model would not fit a device; `parameters` gathers the trained ones
-        on every device)."""
-        here = dist.get_rank() == rank
-        out = {}
-        for name, tensor in self.state_tensors():
-            whole = self._whole_tensor(name, tensor)
-            if here:
-                out[name] = whole.cpu()
-        return out
-
-    def state_tensors(self) -> list[tuple[str, Tensor]]:
-        """This rank's part of the model's state dict by name: the trained parameters, then the
-        untrained tensors it holds (a tied weight once, under the name `named_parameters` gives)."""
-        trained = {id(p) for p in self._params}
-        rest = [(n, t) for n, t in self.model.state_dict(keep_vars=True).items() if id(t) not in trained]
-        return list(zip(self.parameter_names, self._params)) + rest
-
-    def _whole_tensor(self, name: str, p: Tensor) -> Tensor:
-        """Tensor `name` of the state dict whole on this rank's device: FSDP2's shards gathered,
-        then TP's (a collective of its shard groups); a buffer as it is."""
-        whole = full_tensor(p.detach())
-        return whole if self.tensor_parallel is None else self.tensor_parallel.whole([name], [whole])[0]
-
-    def _whole_shape(self, name: str, p: Tensor) -> tuple[int, ...]:
-        """Tensor `name`'s shape whole (FSDP2's parameters show theirs already; TP's shards not)."""
-        return tuple(p.shape) if self.tensor_parallel is None else self.tensor_parallel.whole_shape(name, p.shape)
-
-    def _whole_over_tensor_parallel(self, tensors: list[Tensor]) -> list[Tensor]:
-        if self.tensor_parallel is None:
-            return tensors
-        return self.tensor_parallel.whole(self.parameter_names, tensors)
+        ranks (a collective, a tensor at a time: `WholeState.on_host`)."""
+        return self.whole.on_host(rank)
 
     def _backward_passes(self, plan: Plan) -> int:
         """How many backward passes this rank runs in `plan`: its groups' micro-batches and its
@@ -267,27 +228,8 @@ class Executor:
         return device_clock(self.device)
 
     def _check(self, plan: Plan, samples: Sequence[Any]) -> None:
-        if (plan.tp, plan.pp) != (self.mesh.tp, self.mesh.pp):
-            raise ValueError(f"plan {plan.planner!r} was made for TP degree {plan.tp} and PP degree {plan.pp}; "
-                             f"the job runs {self.mesh.describe()}")
-        plan.validate(self.pool_cluster)
-        for w, wave in enumerate(plan.waves):
-            if wave.routed and self.routing is None:
-                raise ValueError(f"wave {w} of plan {plan.planner!r} is routed, but a job with tensor or pipeline "
-                                 f"parallelism makes no routing groups: plan it with --no-routing")
-        for _, group, mb in plan.micro_batches():
-            if mb.seq_ids and (why := self.mesh.split_why_not(self.model.shape, group.degree, group.cp)):
-                raise ValueError(f"model {self.model.shape.name!r}: {why}")
-        if len(samples) != len(plan.lengths):
-            raise ValueError(f"the plan has {len(plan.lengths)} samples but {len(samples)} were given")
-        for i, (sample, planned) in enumerate(zip(samples, plan.samples)):
-            if (got := self.model.sample_shape(sample)) != planned:
-                raise ValueError(f"sample {i} is {got} for the model (a text sample's trained tokens, a clip's "
-                                 f"latent patches); the plan has it as {planned}")
-        if self.fsdp and not plan.lockstep:
-            raise ValueError(f"a model sharded with FSDP runs lockstep plans only (every group of a wave "
-                             f"runs as many micro-batches); plan {plan.planner!r} is not: make it with "
-                             f"PlannerOptions(lockstep=True)")
+        check_plan(plan, samples, self.mesh, self.pool_cluster, self.model, routes=self.routing is not None,
+                   lockstep_only=self.fsdp)
 
     def _run(self, plan: Plan, wave: int, group: Group, mb: MicroBatch, samples: Sequence[Any],
              result: StepResult) -> Tensor:
@@ -378,38 +320,21 @@ class Executor:
 
     def nonfinite_flags(self, samples: int) -> Tensor:
         """Per sample: 1 (or more) where a micro-batch holding it had a non-finite loss share here."""
-        flags = torch.zeros(samples, dtype=torch.float32, device=self.device)
-        if self._shares:
-            owners = torch.tensor([k for k, (ids, _) in enumerate(self._shares) for _ in ids], device=self.device)
-            ids = torch.tensor([i for ids, _ in self._shares for i in ids], device=self.device)
-            bad = (~torch.isfinite(torch.stack([share for _, share in self._shares]))).float()
-            flags.index_add_(0, ids, bad[owners])
-        return flags
+        return nonfinite_flags(self._shares, samples, self.device)
 
     def _synchronise(self, loss: Tensor, nonfinite: Tensor) -> tuple[float, float, Tensor]:
         """Finish the gradient sync, then all-reduce the loss, the per-sample non-finite flags
-        and the gradient's sum of squares in one collective; returns the batch loss, the
-        gradient norm and the summed flags. Every squared entry is counted once over the world:
-        where ranks hold shares of the summed gradients (FSDP2's shards, ZeRO-1's owned
-        parameters, a TP rank's split weights) each adds its own; what ranks hold alike (the
-        gradients every pool rank holds when replicated, the TP group's whole parameters: the
-        norms) the first of them adds. A TP group's ranks hold the same loss and flags: its
+        and the gradient's sum of squares in one collective (`world_statistics`); returns the
+        batch loss, the gradient norm and the summed flags. Every squared entry is counted once
+        over the world: where ranks hold shares of the summed gradients (FSDP2's shards, ZeRO-1's
+        owned parameters, a TP rank's split weights) each adds its own; what ranks hold alike
+        (the gradients every pool rank holds when replicated, the TP group's whole parameters:
+        the norms) the first of them adds. A TP group's ranks hold the same loss and flags: its
         first rank adds them. Under PP each stage's pools hold that stage's parameters, and
         the last stage alone the loss and flags: the world's sum counts each once."""
         self.finish_gradients()
         first = self.tp_index == 0
         held = [p.grad for n, p in zip(self.parameter_names, self._params)
                 if p.grad is not None and (first or self.tensor_parallel.is_split(n))]
-        squares = self._squares(g.to_local() if self.fsdp else g for g in held)
-        if not (self.fsdp or self.sync.sharded or self.rank == 0):
-            squares = torch.zeros_like(squares)
-        stats = torch.cat([loss.reshape(1), nonfinite, squares.reshape(1)])
-        if not first:
-            stats[:-1] = 0.0
-        dist.all_reduce(stats, group=self.groups.job)
-        return float(stats[0]), math.sqrt(float(stats[-1])), stats[1:-1]
-
-    def _squares(self, grads: Iterable[Tensor]) -> Tensor:
-        """The summed squares of `grads`, parameter by parameter: `torch.sum`'s cascade keeps it
-        to float32 rounding, where one vector_norm over all gradients drifted by 5e-5 (tiny)."""
-        return sum((g.pow(2).sum() for g in grads), torch.zeros((), device=self.device))
+        return world_statistics(loss, nonfinite, (g.to_local() if self.fsdp else g for g in held), adds_loss=first,
+                                adds_grads=self.fsdp or self.sync.sharded or self.rank == 0, group=self.groups.job)

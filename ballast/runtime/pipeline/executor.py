@@ -201,14 +201,14 @@ class PipelineExecutor(Executor):
 
     def gradients(self) -> list[Tensor]:
         """The whole model's summed gradients, every stage's, on every rank (a collective, for checks)."""
-        return self._whole(super().gradients())
+        return self._every_stage(super().gradients())
 
     def parameters(self) -> list[Tensor]:
         """The whole model's parameters, every stage's, whole, on every rank (a collective)."""
-        return self._whole(super().parameters())
+        return self._every_stage(super().parameters())
 
     def state_on_host(self, rank: int = 0) -> dict[str, Tensor]:
-        """Every stage's part of the model's state dict (`Executor.state_tensors`) whole on global
+        """Every stage's part of the model's state dict (`WholeState.tensors`) whole on global
         rank `rank`'s host, by name in the model's order, {} on the other ranks (a collective):
         stage by stage, a tensor at a time, each made whole on its stage (FSDP2's, TP's shards) and
         sent by the stage's first rank; so a device holds its stage and one tensor whole at most."""
@@ -216,11 +216,11 @@ class PipelineExecutor(Executor):
         for stage in range(self.mesh.pp):
             source = self.mesh.rank(stage, 0, 0)
             mine = stage == self.stage
-            held = self.state_tensors() if mine else []
-            listed = [[(n, self._whole_shape(n, t), t.dtype) for n, t in held] if mine else None]
+            held = self.whole.tensors() if mine else []
+            listed = [[(n, self.whole.shape(n, t), t.dtype) for n, t in held] if mine else None]
             dist.broadcast_object_list(listed, src=source, group=self.groups.job)
             for (name, shape, dtype), (_, t) in zip(listed[0], held if mine else [(None, None)] * len(listed[0])):
-                whole = self._whole_tensor(name, t) if mine else None
+                whole = self.whole.tensor(name, t) if mine else None
                 if here and source != rank:
                     whole = torch.empty(shape, dtype=dtype, device=self.device)
                     dist.recv(whole, src=source, group=self.groups.job)
@@ -230,7 +230,7 @@ class PipelineExecutor(Executor):
                     out[name] = whole.cpu()
         return out
 
-    def _whole(self, tensors: list[Tensor]) -> list[Tensor]:
+    def _every_stage(self, tensors: list[Tensor]) -> list[Tensor]:
         """Every stage's `tensors` (its parameters' or their gradients, whole over its TP group, in
         model order), stage by stage, on every rank: the model's order, since stages hold
         consecutive blocks with the embedding first and the output layer last. Each stage's
