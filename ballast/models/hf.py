@@ -332,7 +332,14 @@ def hf_part_load(shape: ModelShape) -> PartLoad | None:
     if not weight_files(folder):
         return None
     stored = StoredWeights(folder)
-    if not stored.holds_every_key(skeleton().hf):
+    checked = [skeleton()]
+    if not stored.holds_every_key(checked[0].hf):
         return None
-    return PartLoad(skeleton, lambda part, held: stored.read_part(part, WRAPPER_PREFIX, held),
+
+    def build() -> HFCausalLM:
+        # The skeleton whose keys were checked serves the first build (a 70B config's module
+        # tree takes seconds to make, even on meta); later builds (a strategy's) make their own.
+        return checked.pop() if checked else skeleton()
+
+    return PartLoad(build, lambda part, held: stored.read_part(part, WRAPPER_PREFIX, held),
                     lambda name: stored.read(name.removeprefix(WRAPPER_PREFIX), torch.float32))
