@@ -5,6 +5,7 @@ pipeline behaviour."""
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
 
 import numpy as np
@@ -170,3 +171,22 @@ def test_the_packers_bound_never_exceeds_a_packing_it_prunes(lengths, degree, pp
             for weights in (None, packer.quad):
                 timed = packer.timed(seqs, degree, cp, count, weights)
                 assert timed is None or least(count) <= timed[0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(16, 4096), min_size=1, max_size=30), st.integers(1, 35),
+       st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.5]), min_size=30, max_size=30))
+def test_lpt_bins_are_the_heaps(lengths, count, weights):
+    # `_lpt` opens its first bins without the heap (exact while their weights are positive):
+    # against LPT of a heap of (load, bin) from empty bins, zero weights included.
+    cost, pool = pipeline_cost(tp=8, pp=1)
+    packer = WaveSearch(cost, SampleBatch.of(lengths, cost), pool.world_size).packer
+    longest_first = tuple(sorted(range(len(lengths)), key=lambda s: -lengths[s]))
+    for w in (None, weights):
+        heap, bins = [(0, b) for b in range(count)], [[] for _ in range(count)]
+        for s in longest_first:
+            load, b = heapq.heappop(heap)
+            bins[b].append(s)
+            heapq.heappush(heap, (load + (lengths[s] if w is None else w[s]), b))
+        assert [ids for ids, _, _ in packer._lpt(longest_first, count, w)] == [tuple(b) for b in bins if b]
+        assert all(n == sum(lengths[s] for s in ids) for ids, n, _ in packer._lpt(longest_first, count, w))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -42,7 +42,6 @@ class GroupPacker:
         self.units = batch.units.tolist()
         self.work = work
         """[degree row, sequence]: time alone at that degree (inf where it does not fit)."""
-        assert (quad > 0).all(), "LPT's bins (`_lpt`) take positive weights"
         self.quad = quad
         """a q + b s of every sample (q its attention units, s its tokens)."""
         self.row = row
@@ -160,12 +159,12 @@ class GroupPacker:
         top = max(fewest, min(most, len(seqs)))
         ratio = (top / fewest) ** (1.0 / (LADDER - 1))
         ladder = {fewest, top, *(round(fewest * ratio ** i) for i in range(1, LADDER - 1))}
-        timed = self._ladder(seqs, degree, cp, ladder, top)
+        least = self._least(seqs, degree, cp)
+        timed = self._ladder(seqs, degree, cp, ladder, top, least)
         # Token balance is no bin packing: LPT may need a micro-batch more than memory does
         # (1633 tokens in bins of 860 fit as 803 + 830, not as LPT's 902 + 731), which costs g.
         # Bins of what fits under full recomputation are near the fewest memory allows.
         crammed = self.bins(seqs, degree, cp, self.cost.max_tokens(degree, 1.0, cp))
-        least = self._least(seqs, degree, cp)
         bar = min((v[0] for v in timed.values() if v), default=math.inf)
         for key, mbs in ((-1, unchecked), (-2, crammed)):
             if mbs and least(len(mbs)) <= bar:
@@ -188,13 +187,12 @@ class GroupPacker:
             return alone
         return best
 
-    def _ladder(self, seqs: list[int], degree: int, cp: int, ladder: set[int], top: int
-                ) -> dict[int, tuple[float, list[MicroBatch]] | None]:
-        """`timed` at every count of `ladder` (None where none fits, or where `_least` shows it
-        cannot beat a count timed before it), `top` first: under a pipeline the counts below its
+    def _ladder(self, seqs: list[int], degree: int, cp: int, ladder: set[int], top: int,
+                least: Callable[[int], float]) -> dict[int, tuple[float, list[MicroBatch]] | None]:
+        """`timed` at every count of `ladder` (None where none fits, or where `least`, `_least`'s
+        bound, shows it cannot beat a count timed before it), `top` first: under a pipeline the counts below its
         knee cost a bubble that the top count's time already beats, and each timing is an LPT
         over the group's sequences. In the ladder's order, as `pack_at`'s ties resolve by it."""
-        least = self._least(seqs, degree, cp)
         first = self.timed(seqs, degree, cp, top)
         bar = first[0] if first else math.inf
         timed = {}
@@ -206,7 +204,7 @@ class GroupPacker:
                 bar = min(bar, found[0]) if found else bar
         return timed
 
-    def _least(self, seqs: list[int], degree: int, cp: int):
+    def _least(self, seqs: list[int], degree: int, cp: int) -> Callable[[int], float]:
         """A lower bound on `_total` of any `count` micro-batches of these sequences (a function
         of the count): every micro-batch pays its fixed seconds at least, their variable seconds
         sum to the sequences' at level 0 at least, and through a pipeline the longest is at least
@@ -256,23 +254,24 @@ class GroupPacker:
         if key not in self._bins:
             weights = self.lengths if weights is None else weights
             lengths, units = self.lengths, self.units
-            # Every weight is positive (a sample has tokens), so the first `count` sequences
-            # open one bin each, in bin order, as the heap would place them; a heap of
-            # (load, bin) pops the same bins whatever its internal order, ties by bin.
-            first = longest_first[:count]
-            bins = [[s] for s in first]
-            tokens = [lengths[s] for s in first]
-            summed = [units[s] for s in first]
-            heap = [(weights[s], b) for b, s in enumerate(first)]
+            # The first `count` sequences open one bin each, in bin order, as the heap would place
+            # them while their weights are positive (always for tokens); a heap of (load, bin)
+            # pops the same bins whatever its internal order, ties by bin.
+            first = longest_first[:count] if all(weights[s] > 0 for s in longest_first[:count]) else ()
+            opened = len(first)
+            bins = [[s] for s in first] + [[] for _ in range(count - opened)]
+            tokens = [lengths[s] for s in first] + [0] * (count - opened)
+            summed = [units[s] for s in first] + [0] * (count - opened)
+            heap = [(weights[s], b) for b, s in enumerate(first)] + [(0, b) for b in range(opened, count)]
             heapq.heapify(heap)
             replace = heapq.heapreplace
-            for s in longest_first[count:]:
+            for s in longest_first[opened:]:
                 load, b = heap[0]
                 bins[b].append(s)
                 tokens[b] += lengths[s]
                 summed[b] += units[s]
                 replace(heap, (load + weights[s], b))
-            self._bins[key] = list(zip(map(tuple, bins), tokens, summed))
+            self._bins[key] = [(tuple(b), n, u) for b, n, u in zip(bins, tokens, summed) if b]
         return self._bins[key]
 
     def mb_time(self, mb: MicroBatch, degree: int, cp: int) -> float:
