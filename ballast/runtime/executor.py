@@ -74,12 +74,12 @@ from .grad_sync import GradSync
 from .groups import ProcessGroups
 from .hybrid import HybridShard
 from .memory import ActivationMeter
+from .plan_check import check_plan
 from .remap_slot import remapped_stream, slot_parts, slot_runs
 from .routing import RoutingGroups
 from .step_result import (MicroBatchRecord, StepResult, WaveTiming, device_clock, nonfinite_flags,
                           step_if_finite, world_statistics)
 from .tensor_parallel import TensorParallel
-from .plan_check import check_plan
 from .video_sp import VideoShard
 from .whole_state import WholeState
 
