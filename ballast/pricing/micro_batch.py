@@ -103,8 +103,8 @@ class MicroBatchPrices:
     def fixed_part(self) -> float:
         """What every micro-batch of samples pays with none recomputed, whatever they are (`seconds`
         less its terms in units, tokens and samples): g, and the exchanges' latency where the
-        group exchanges."""
-        return self.g + (self.latency if self.degree > 1 else 0.0)
+        group exchanges (`comm`'s latency)."""
+        return fixed_seconds(self.g, self.recompute_fixed, 0.0) + (self.latency if self.degree > 1 else 0.0)
 
     def kept_fraction(self, recompute: float) -> float:
         """The share of its activations a micro-batch keeps at this level (all at 0, k at 1)."""

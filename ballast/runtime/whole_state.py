@@ -36,11 +36,11 @@ class WholeState:
         """Every trained parameter, whole, on every rank of the stage, in the order of `names`."""
         return self._over_tensor_parallel([full_tensor(p.detach()) for p in self.params])
 
-    def on_host(self, device_rank: int) -> dict[str, Tensor]:
-        """The state dict whole on global rank `device_rank`'s host, by name, {} on the other
+    def on_host(self, rank: int) -> dict[str, Tensor]:
+        """The state dict whole on global rank `rank`'s host, by name, {} on the other
         ranks: `tensors` in order, one at a time, so a device holds its shards and one tensor
         whole at most (`parameters` gathers the trained ones on every device)."""
-        here = dist.get_rank() == device_rank
+        here = dist.get_rank() == rank
         out = {}
         for name, tensor in self.tensors():
             whole = self.tensor(name, tensor)
