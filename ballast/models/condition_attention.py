@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .kernels import equal_groups, to_device, token_order
+from .stream_index import equal_groups, to_device, token_order
 from .video_conditioning import HeldSamples
 
 KeysValues = Callable[[Tensor], tuple[Tensor, Tensor]]

@@ -24,9 +24,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from ..models.kernels import attention_kernel, packed_varlen, span_attention, to_device, token_order
+from ..models.kernels import attention_kernel, packed_varlen, span_attention
 from ..models.offset_causal import offset_causal_attention
 from ..models.protocol import PackedStream, pattern_spans
+from ..models.stream_index import to_device, token_order
 from ..vocabulary.patterns import CAUSAL, Span
 from ..vocabulary.samples import Sample
 from .context_shard import held_chunks, held_indices
@@ -152,7 +153,7 @@ def _chunk_sdpa(q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
     Causal, the queries are the last m of those keys, so the diagonal is bottom-right, not SDPA's
     top-left: on CPU `offset_causal_attention` (no mask, which the CPU kernel would keep for
     backward), elsewhere SDPA with a lower-right causal bias (CUDA's memory-efficient kernel takes
-    it as a mask type, not a tensor). Batched 4-D, as `kernels._batched_sdpa`: on CPU a 3-D call
+    it as a mask type, not a tensor). Batched 4-D, as `span_sdpa.batched_sdpa`: on CPU a 3-D call
     falls back to the math path, which keeps the scores and ran ~10x slower here."""
     if causal and q.device.type == "cpu":
         return offset_causal_attention(q, k, v)

@@ -35,8 +35,9 @@ def test_the_runtime_imports_no_model_family():
     for path in runtime.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("models"):
-                # the protocol, and the attention kernels every model family shares
-                assert node.module in ("models.protocol", "models.kernels", "models.offset_causal"), \
+                # the protocol, and the attention kernels and their index tensors every model family shares
+                assert node.module in ("models.protocol", "models.kernels", "models.offset_causal",
+                                       "models.stream_index"), \
                     f"{path.name} imports {node.module}"
     assert GPT.__module__ == "ballast.models.gpt"
 

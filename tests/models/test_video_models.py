@@ -16,7 +16,8 @@ from ballast.vocabulary.model_shape import MODEL_PRESETS, ModelShape
 from ballast.models import DiT, PackedStream, ParallelModel, STDiT, build_dit, build_model, build_stdit
 from ballast.vocabulary.clip import Clip
 from ballast.models.flow import clip_noise, clip_timestep, flow_pair, flow_targets, patchify, unpatchify
-from ballast.models.kernels import TINY_SPAN, _batched_sdpa, _tiny_attention, local_attention
+from ballast.models.kernels import local_attention
+from ballast.models.span_sdpa import TINY_SPAN, batched_sdpa, tiny_attention
 from ballast.models.protocol import INPUT, video_positions
 from ballast.models.video_conditioning import CONDITION_TOKENS, LABELS
 from ballast.models.video_layers import apply_rope, rope_angles, rope_pairs
@@ -128,12 +129,12 @@ def test_a_many_tiny_clips_are_the_sum_of_their_clips(name, caption_dim):
 @pytest.mark.parametrize("causal", [True, False])
 def test_b_sdpa_kernel_groups_equal_spans_wherever_they_are(causal):
     # Spans of equal length far apart and empty ones: one batched call per length (spans of
-    # up to TINY_SPAN tokens: `_tiny_attention`), equal to per-span SDPA up to float rounding.
+    # up to TINY_SPAN tokens: `tiny_attention`), equal to per-span SDPA up to float rounding.
     lengths = [2, 3, 0, 1, 2, 5, 1, 0, 3, 2, 1]
     bounds = (0, *itertools.accumulate(lengths))
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(bounds[-1], heads, 8, generator=generator, requires_grad=True) for heads in (4, 2, 2))
-    out = _batched_sdpa(q, k, v, bounds, causal)
+    out = batched_sdpa(q, k, v, bounds, causal)
     expected = torch.cat([
         F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1)[None] for t in (q, k, v)), is_causal=causal,
                                        enable_gqa=True)[0].transpose(0, 1)
@@ -153,7 +154,7 @@ def test_b_tiny_spans_skip_sdpa_and_match_it(length, heads, kv_heads, causal):
     assert TINY_SPAN >= 1
     generator = torch.Generator().manual_seed(length)
     q, k, v = (torch.randn(7, length, h, 8, generator=generator, requires_grad=True) for h in (heads, kv_heads, kv_heads))
-    out = _tiny_attention(q, k, v, causal)
+    out = tiny_attention(q, k, v, causal)
     expected = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=causal,
                                               enable_gqa=True).transpose(1, 2)
     torch.testing.assert_close(out, expected)
@@ -171,7 +172,7 @@ def test_b_tiny_spans_in_a_stream_of_clips_only_of_tiny_spans():
     lengths = [1] * 6
     bounds = (0, *itertools.accumulate(lengths))
     q, k, v = (torch.randn(6, 2, 8, requires_grad=True) for _ in range(3))
-    out = _batched_sdpa(q, k, v, bounds, False)
+    out = batched_sdpa(q, k, v, bounds, False)
     assert torch.equal(out, v)
     out.sum().backward()
     assert torch.equal(q.grad, torch.zeros_like(q)) and torch.equal(k.grad, torch.zeros_like(k))
