@@ -115,42 +115,50 @@ def one_f_one_b_parts(slots: Sequence[Sequence[StagePart]], stages: int, lanes: 
                min(part.forward + part.backward, default=0.0) >= 0 for slot in slots for part in slot), "seconds"
     f_end = [[[-1.0] * p for _ in slot] for slot in slots]
     b_end = [[[-1.0] * p for _ in slot] for slot in slots]
-
-    def ready(forward: bool, i: int, j: int, k: int) -> float | None:
-        """When part j of slot i has its input for a pass on stage k; None: not yet known."""
-        if forward and k == 0:
-            return 0.0
-        if not forward and k == p - 1:
-            return f_end[i][j][k]
-        before = f_end[i][j][k - 1] if forward else b_end[i][j][k + 1]
-        return before + slots[i][j].transfer if before >= 0 else None
-
-    orders = [one_f_one_b(k, p, len(slots)) for k in range(p)]
+    # A stage runs a slot's pass for all its parts at once, so a pass's input is there when the
+    # neighbouring stage has run the slot's pass (`ran`): one flag per slot, not a check per part.
+    # Planners price thousands of parts per plan through this loop, hence its plain Python.
+    ran = {True: [[False] * len(slots) for _ in range(p)], False: [[False] * len(slots) for _ in range(p)]}
+    orders = [[(step.forward, step.micro_batch) for step in one_f_one_b(k, p, len(slots))] for k in range(p)]
     done, free = [0] * p, [[0.0] * lanes for _ in range(p)]
     left = sum(map(len, orders))
     while left:
         progressed = False
         for k in range(p):
-            while done[k] < len(orders[k]):
-                step = orders[k][done[k]]
-                i = step.micro_batch
-                inputs = [ready(step.forward, i, j, k) for j in range(len(slots[i]))]
-                if None in inputs:
+            order, lane_free, ran_here = orders[k], free[k], None
+            while done[k] < len(order):
+                forward, i = order[done[k]]
+                neighbour = k - 1 if forward else k + 1
+                if 0 <= neighbour < p and not ran[forward][neighbour][i]:
                     break
-                ends = f_end[i] if step.forward else b_end[i]
-                for j, (part, at) in enumerate(zip(slots[i], inputs)):
-                    seconds = (part.forward if step.forward else part.backward)[k]
-                    ends[j][k] = max(at, *(free[k][lane] for lane in part.lanes)) + seconds
+                ends = f_end[i] if forward else b_end[i]
+                for j, part in enumerate(slots[i]):
+                    if forward:
+                        at = 0.0 if k == 0 else f_end[i][j][k - 1] + part.transfer
+                    else:  # the last stage's backward follows its own forward, which 1F1B ran before it
+                        at = f_end[i][j][k] if k == p - 1 else b_end[i][j][k + 1] + part.transfer
                     for lane in part.lanes:
-                        free[k][lane] = ends[j][k]
+                        if lane_free[lane] > at:
+                            at = lane_free[lane]
+                    end = at + (part.forward if forward else part.backward)[k]
+                    ends[j][k] = end
+                    for lane in part.lanes:
+                        lane_free[lane] = end
+                ran[forward][k][i] = True
                 done[k] += 1
                 left -= 1
                 progressed = True
         assert progressed, "1F1B's order always has a pass ready"
-    work = tuple(max(sum(part.forward[k] + part.backward[k] for slot in slots for part in slot if lane in part.lanes)
-                     for lane in range(lanes)) for k in range(p))
+    # Each lane's seconds summed in slot and part order, as a sum over its parts would add them.
+    busy = [[0] * lanes for _ in range(p)]
+    for slot in slots:
+        for part in slot:
+            for k in range(p):
+                seconds, row = part.forward[k] + part.backward[k], busy[k]
+                for lane in part.lanes:
+                    row[lane] += seconds
     step = max(max(row) for row in free)
-    return PipelineTimes(step, work, tuple(tuple(map(tuple, slot)) for slot in f_end),
+    return PipelineTimes(step, tuple(max(row) for row in busy), tuple(tuple(map(tuple, slot)) for slot in f_end),
                          tuple(tuple(map(tuple, slot)) for slot in b_end))
 
 
