@@ -1,6 +1,7 @@
 """`ballast train`: real training on a real corpus with any planner.
 
-    config.py      TrainConfig: typed sections, TOML, one flag per field
+    config.py      TrainConfig: typed sections, what no run can use refused
+    config_sources.py  a TrainConfig from the defaults, a TOML file and one flag per field
     ahead.py       rank 0 draws and plans step k + 1 while step k trains
     loop.py        the loop: data -> plan -> executor -> metrics, checkpoints
     checkpoint.py  DCP model/optimizer state + data position, RNG, planner; atomic, resumable
@@ -13,7 +14,8 @@
 In Python: `ballast.Trainer(config).fit()`; or `ballast.train.loop.train(config)` on every
 rank of a job you initialised yourself.
 """
-from .config import TrainConfig, load_toml
+from .config import TrainConfig
+from .config_sources import load_toml
 from .trainer import Trainer
 
 __all__ = ["TrainConfig", "Trainer", "load_toml"]

@@ -9,7 +9,7 @@ import argparse
 
 from rich.console import Console
 
-from . import config as train_config
+from . import config_sources as train_config
 from .trainer import Trainer
 
 HELP = "train on a corpus with a planner (local gloo ranks or torchrun); checkpoints, metrics, plots"

@@ -11,7 +11,8 @@ import pytest
 
 import ballast
 from ballast.train import checkpoint
-from ballast.train.config import TrainConfig, _range, _scalar_type, add_arguments, field_docs, from_args, load_toml
+from ballast.train.config import TrainConfig, field_range
+from ballast.train.config_sources import _scalar_type, add_arguments, field_docs, from_args, load_toml
 from ballast.train.metrics import final_history, summarise
 from ballast.train.loop import learning_rate
 from ballast.pricing.cost_sources import analytic_cost
@@ -90,7 +91,7 @@ def test_every_numeric_field_has_a_range():
         cls = type(getattr(TrainConfig(), section.name))
         for f in dataclasses.fields(cls):
             if _scalar_type(cls, f.name) in (int, float):
-                assert _range(f) is not None, (section.name, f.name)
+                assert field_range(f) is not None, (section.name, f.name)
 
 
 def test_every_field_has_a_docstring_and_a_flag():

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from ballast.train.config import load_toml
+from ballast.train.config_sources import load_toml
 from ballast.train.setup import Setup, make_planner, open_data
 from ballast.train.metrics import layout_of
 

@@ -106,7 +106,7 @@ def test_a_canonical_checkpoint_resumes_only_under_a_strategy(runs):
 
 
 def test_auto_proposes_strategies_from_the_training_data_and_trains_under_them(runs):
-    from ballast.train.config import load_toml
+    from ballast.train.config_sources import load_toml
     from ballast.train.setup import with_proposed_strategies
 
     written = load_toml(runs["auto"] / "config.toml").planner.strategy
