@@ -4,7 +4,8 @@
     config_sources.py  a TrainConfig from the defaults, a TOML file and one flag per field
     ahead.py       rank 0 draws and plans step k + 1 while step k trains
     loop.py        the loop: data -> plan -> executor -> metrics, checkpoints
-    checkpoint.py  DCP model/optimizer state + data position, RNG, planner; atomic, resumable
+    checkpoint.py  DCP model/optimizer state + data position, RNG, planner; atomic
+    checkpoint_files.py  which folders are checkpoints, which can be trusted, which one resumes
     metrics.py     metrics.jsonl, progress display, summary
     plots.py       the report folder's PNGs
     hf_folder.py   Hugging Face models: the tokenizer they train with, the trained model as an HF folder

@@ -1,5 +1,5 @@
 """A checkpoint's SHA-256 manifest: finds damage that keeps a file's size (bytes overwritten in
-place by a failing disk or a bad copy), which the size check of `checkpoint.check` cannot see.
+place by a failing disk or a bad copy), which the size check of `checkpoint_files.check` cannot see.
 
 Written with the checkpoint, into its temporary folder before the rename into place (a rename
 changes no byte, so the digests hold for the committed folder). Once every rank has written
@@ -7,7 +7,7 @@ its files, rank 0 lists the folder and the ranks hash it in parallel, rank r the
 r + world, ... of the listing, so no rank reads the whole checkpoint alone; rank 0 gathers the
 digests and writes `MANIFEST` over them and meta.json. `verify` hashes every listed file again
 before the checkpoint is trusted. A checkpoint written before ballast wrote manifests has none
-(`present`): it is checked by sizes only, with a warning (`checkpoint.resumable`).
+(`present`): it is checked by sizes only, with a warning (`checkpoint_files.resumable`).
 """
 from __future__ import annotations
 

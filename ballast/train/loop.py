@@ -35,7 +35,7 @@ from ..planners.held import DeferredSamples
 from ..runtime import PeerFailed, StepResult, broadcast_plan, rank_device
 from ..runtime.executor import Executor
 from ..runtime.strategy import StrategyExecutor
-from . import checkpoint
+from . import checkpoint, checkpoint_files
 from .hf_folder import export_model, folder_loader
 from .ahead import Lookahead, StepInput, load_data_state
 from .config import OptimizerConfig, TrainConfig
@@ -126,7 +126,7 @@ def train(config: TrainConfig) -> dict | None:
             interval = config.checkpoint.checkpoint_interval
             if step + 1 == steps or (interval and (step + 1) % interval == 0):
                 meta = None if rank != 0 else {"data": item.data_state, "planner": item.planner_state,
-                                               "model": checkpoint.model_record(setup.shape),
+                                               "model": checkpoint_files.model_record(setup.shape),
                                                "config": config.to_dict()}
                 checkpoint.save(config.checkpoint_path, step + 1, executor, meta, config.checkpoint.keep_checkpoints)
     finally:
@@ -151,7 +151,7 @@ def train(config: TrainConfig) -> dict | None:
     (out / "report").mkdir(parents=True, exist_ok=True)
     summary.update(planner=config.planner.planner, world=world, cost_model=setup.cost.source,
                    metrics=str(out / "metrics.jsonl"), report={k: str(v) for k, v in paths.items()},
-                   checkpoint=str(checkpoint.latest(config.checkpoint_path)),
+                   checkpoint=str(checkpoint_files.latest(config.checkpoint_path)),
                    hf_model=None if hf_model is None else str(hf_model),
                    hf_model_loader=None if hf_model is None else folder_loader(setup.shape))
     (out / "report" / "summary.json").write_text(json.dumps({**summary, "provenance": origin}, indent=1))
@@ -191,9 +191,9 @@ def _prepare_data(config: TrainConfig, setup: Setup, world: int, console: Consol
     """Rank 0's ((stream, planner, samples held for later steps), checkpoint to resume from), all
     at the resumed position."""
     resume = checkpoint_to_resume(config, console)
-    meta = None if resume is None else checkpoint.read_meta(Path(resume))
+    meta = None if resume is None else checkpoint_files.read_meta(Path(resume))
     if meta is not None:  # another model fails here, before anything of the checkpoint is used
-        checkpoint.check_same_model(Path(resume), meta, setup.shape)
+        checkpoint_files.check_same_model(Path(resume), meta, setup.shape)
         say_what_changed(Path(resume), meta, config, world, console)
     stream, described = open_data(config, setup.shape, setup.tokenizer, progress=True)
     planner, held = make_planner(config, setup), DeferredSamples()

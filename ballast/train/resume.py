@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from . import checkpoint
+from . import checkpoint_files
 from .config import PlannerConfig, TrainConfig, flag_of
 
 PLAN_SETTINGS = [("planner", f.name) for f in dataclasses.fields(PlannerConfig) if f.name != "plan_ahead"] + \
@@ -27,13 +27,13 @@ def checkpoint_to_resume(config: TrainConfig, console: Console) -> str | None:
     default): the newest one that checks out, damaged newer ones skipped with a warning."""
     root = config.checkpoint_path
     if not config.checkpoint.resume:
-        found = checkpoint.latest(root)
+        found = checkpoint_files.latest(root)
         if found is not None:
             raise ValueError(f"{root} holds checkpoints (newest {found.name}) and --no-resume was given: "
                              f"remove them or choose another --checkpoint-dir")
         console.print(f"starting fresh (--no-resume): checkpoints go to {root}", highlight=False)
         return None
-    found = checkpoint.resumable(root, warn=lambda message: console.print(
+    found = checkpoint_files.resumable(root, warn=lambda message: console.print(
         f"[yellow]warning:[/yellow] {message}", highlight=False))
     if found is None:
         console.print(f"starting fresh: no checkpoint in {root}", highlight=False)

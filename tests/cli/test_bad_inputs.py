@@ -27,7 +27,7 @@ from ballast.vocabulary.cluster import get_cluster
 from ballast.pricing.cost_sources import analytic_cost
 from ballast.vocabulary.model_shape import MODEL_PRESETS, get_model_shape
 from ballast.models import build_model
-from ballast.train import checkpoint, checksums
+from ballast.train import checkpoint_files, checksums
 from ballast.train.metrics import final_history
 
 TRAIN = ["--model", "tiny", "--max-len", "256", "--tokens-per-step", "1024", "--steps", "2", "--timeout", "60",
@@ -546,11 +546,11 @@ def test_damaged_checkpoint(how, picked, pattern, trained, tmp_path):
     root = damaged(trained, tmp_path, how) / "checkpoints"
     warnings: list[str] = []
     if picked is None and pattern is not None:
-        with pytest.raises(checkpoint.Damaged) as raised:
-            checkpoint.resumable(root, warnings.append)
+        with pytest.raises(checkpoint_files.Damaged) as raised:
+            checkpoint_files.resumable(root, warnings.append)
         assert re.search(pattern, str(raised.value), re.S), raised.value
         return
-    found = checkpoint.resumable(root, warnings.append)
+    found = checkpoint_files.resumable(root, warnings.append)
     assert (found and found.name) == picked
     assert len(warnings) == (pattern is not None), warnings
     assert pattern is None or re.search(pattern, warnings[0], re.S), warnings
@@ -653,7 +653,7 @@ def checkpoint_parameters(out: Path) -> torch.Tensor:
     """The tiny model's parameters in the run's newest checkpoint, read in this process."""
     model = build_model(MODEL_PRESETS["tiny"])
     state = {"model": get_model_state_dict(model)}
-    dcp.load(state, checkpoint_id=checkpoint.latest(out / "checkpoints"))
+    dcp.load(state, checkpoint_id=checkpoint_files.latest(out / "checkpoints"))
     return torch.cat([t.reshape(-1) for t in state["model"].values()])
 
 
@@ -691,11 +691,11 @@ def test_checkpoint_of_a_model_with_the_same_numbers_and_another_architecture(fi
                   num_key_value_heads=4, head_dim=16, tie_word_embeddings=True)
     Qwen3Config(**common, architectures=["Qwen3ForCausalLM"]).save_pretrained(root / "qwen3")
     GemmaConfig(**common, architectures=["GemmaForCausalLM"]).save_pretrained(root / "gemma")
-    meta = {"model": checkpoint.model_record(get_model_shape(f"hf:{root / 'qwen3'}"))}
+    meta = {"model": checkpoint_files.model_record(get_model_shape(f"hf:{root / 'qwen3'}"))}
     with pytest.raises(ValueError, match=r"step-00000001 holds another model: 'qwen3' \(hf:.*qwen3, Qwen3ForCausalLM\), "
                                          r"not this run's 'gemma' \(hf:.*gemma, GemmaForCausalLM\) \(.*architecture "
                                          r"Qwen3ForCausalLM there, GemmaForCausalLM here"):
-        checkpoint.check_same_model(root / "step-00000001", meta, get_model_shape(f"hf:{root / 'gemma'}"))
+        checkpoint_files.check_same_model(root / "step-00000001", meta, get_model_shape(f"hf:{root / 'gemma'}"))
 
 
 @pytest.mark.slow

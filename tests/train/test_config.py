@@ -10,7 +10,7 @@ import tomllib
 import pytest
 
 import ballast
-from ballast.train import checkpoint
+from ballast.train import checkpoint_files
 from ballast.train.config import TrainConfig, field_range
 from ballast.train.config_sources import _scalar_type, add_arguments, field_docs, from_args, load_toml
 from ballast.train.metrics import final_history, summarise
@@ -138,12 +138,12 @@ def test_only_committed_checkpoints_count(tmp_path):
                        ("step-00000008", False), ("step-notanumber", True)]:
         (tmp_path / name).mkdir()
         if meta:
-            (tmp_path / name / checkpoint.META).write_text("{}")
-    assert [p.name for p in checkpoint.committed(tmp_path)] == ["step-00000002", "step-00000004", "step-00000008"]
-    assert checkpoint.latest(tmp_path).name == "step-00000008"
-    assert checkpoint.latest(tmp_path / "missing") is None
-    with pytest.raises(checkpoint.Damaged, match=r"step-00000008: meta.json is missing"):
-        checkpoint.check(tmp_path / "step-00000008")
+            (tmp_path / name / checkpoint_files.META).write_text("{}")
+    assert [p.name for p in checkpoint_files.committed(tmp_path)] == ["step-00000002", "step-00000004", "step-00000008"]
+    assert checkpoint_files.latest(tmp_path).name == "step-00000008"
+    assert checkpoint_files.latest(tmp_path / "missing") is None
+    with pytest.raises(checkpoint_files.Damaged, match=r"step-00000008: meta.json is missing"):
+        checkpoint_files.check(tmp_path / "step-00000008")
 
 
 def test_toml_of_defaults_is_valid_toml():
@@ -192,15 +192,15 @@ def test_a_checkpoints_model_is_its_numbers_not_its_name(tmp_path):
     from ballast.vocabulary.model_shape import MODEL_PRESETS
 
     tiny = MODEL_PRESETS["tiny"]
-    renamed = {"model": checkpoint.model_record(dataclasses.replace(tiny, name="moved", source="elsewhere"))}
-    checkpoint.check_same_model(tmp_path, renamed, tiny)
+    renamed = {"model": checkpoint_files.model_record(dataclasses.replace(tiny, name="moved", source="elsewhere"))}
+    checkpoint_files.check_same_model(tmp_path, renamed, tiny)
     with pytest.raises(ValueError, match=r"holds another model: 'tiny' \(ballast's own\), not this run's 'tiny' "
                                          r"\(ballast's own\) \(hidden 128 there, 64 here\)"):
-        checkpoint.check_same_model(tmp_path, {"model": checkpoint.model_record(tiny)},
+        checkpoint_files.check_same_model(tmp_path, {"model": checkpoint_files.model_record(tiny)},
                                     dataclasses.replace(tiny, hidden=64))
-    checkpoint.check_same_model(tmp_path, {"data": {}}, tiny)  # no record (older ballast): left to check_model
-    newer = {"model": {**checkpoint.model_record(tiny), "field_of_a_newer_ballast": 1}}
-    checkpoint.check_same_model(tmp_path, newer, tiny)
+    checkpoint_files.check_same_model(tmp_path, {"data": {}}, tiny)  # no record (older ballast): left to check_model
+    newer = {"model": {**checkpoint_files.model_record(tiny), "field_of_a_newer_ballast": 1}}
+    checkpoint_files.check_same_model(tmp_path, newer, tiny)
 
 
 def test_checksums_find_bytes_changed_at_the_same_size(tmp_path):

@@ -25,7 +25,7 @@ from wan_cases import captioned, diffusers_loss, save_latents, save_wan
 
 from ballast.models import PackedStream, build_model
 from ballast.runtime import run_local
-from ballast.train import checkpoint
+from ballast.train import checkpoint_files
 from ballast.train.hf_folder import DIFFUSERS_MODEL_DIR
 from ballast.train.metrics import final_history
 from ballast.verify import PARAM_TOLERANCE, budget
@@ -81,7 +81,7 @@ def from_checkpoint(model: str, out: Path) -> torch.nn.Module:
     """The wrapper (`DiffusersWan`) with the weights of the run's newest checkpoint, in this process."""
     wrapper = build_model(get_model_shape(model))
     state = {"model": get_model_state_dict(wrapper)}
-    dcp.load(state, checkpoint_id=checkpoint.latest(out / "checkpoints"))
+    dcp.load(state, checkpoint_id=checkpoint_files.latest(out / "checkpoints"))
     wrapper.load_state_dict(state["model"])
     return wrapper
 

@@ -179,13 +179,13 @@ def from_checkpoint(model: str, out: Path) -> torch.nn.Module:
     import torch.distributed.checkpoint as dcp
 
     from ballast.models import build_model
-    from ballast.train import checkpoint
+    from ballast.train import checkpoint_files
 
     wrapper = build_model(get_model_shape(model), seed=1)  # other initial weights: all are loaded
     state = {"model": wrapper.state_dict()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "assuming ... a single process"
-        dcp.load(state, checkpoint_id=checkpoint.latest(out / "checkpoints"))
+        dcp.load(state, checkpoint_id=checkpoint_files.latest(out / "checkpoints"))
     wrapper.load_state_dict(state["model"])
     return wrapper
 
@@ -314,11 +314,11 @@ def test_a_run_under_tp_or_pp_writes_its_trained_model(runs, run):
     """Under TP the folder is written from both ranks' shards, under PP from both stages, a
     tensor at a time to rank 0's host (`Executor.state_on_host`); the same batches as
     ballast's run over a pool of 2, so the same losses and parameters up to rounding."""
-    from ballast.train import checkpoint
+    from ballast.train import checkpoint_files
 
     out = runs[run]
     if run == "tp":
-        assert json.loads((checkpoint.latest(out / "checkpoints") / "meta.json").read_text())["tp"] == 2
+        assert json.loads((checkpoint_files.latest(out / "checkpoints") / "meta.json").read_text())["tp"] == 2
     else:
         assert all(r["layout"].startswith("pp2[") for r in final_history(out / "metrics.jsonl"))
     assert_trained_like_ballast(runs, out)

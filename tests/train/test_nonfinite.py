@@ -22,7 +22,7 @@ from ballast.cli import main
 from ballast.dataset import open_clip_stream
 from ballast.vocabulary.model_shape import MODEL_PRESETS
 from ballast.models import build_model
-from ballast.train import checkpoint
+from ballast.train import checkpoint_files
 from ballast.train.metrics import final_history
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
@@ -71,9 +71,9 @@ def test_nan_clip_stops_before_the_optimizer_step(tmp_path, capfd):
     assert named, err
     assert f"sample {poisoned} ({folder / f'clip-{poisoned}.npy'})" in named.group(1)
     assert set(map(int, re.findall(r"sample (\d+)", named.group(1)))) <= set(second.sample_ids)
-    assert [p.name for p in checkpoint.committed(out / "checkpoints")] == ["step-00000001"]
+    assert [p.name for p in checkpoint_files.committed(out / "checkpoints")] == ["step-00000001"]
     assert {p.name: p.read_bytes() for p in good.iterdir()} == before
-    checkpoint.check(good)  # intact, checksums and all
+    checkpoint_files.check(good)  # intact, checksums and all
 
     assert main(["train", *FLAGS, "--skip-nonfinite", "--data", data, "--out-dir", str(out)]) == 0
     printed = capfd.readouterr().out

@@ -31,7 +31,7 @@ from ballast.dataset import open_clip_stream
 from ballast.vocabulary.model_shape import MODEL_PRESETS
 from ballast.models import build_model
 from ballast.runtime import run_local
-from ballast.train import checkpoint
+from ballast.train import checkpoint_files
 from ballast.train.config import TrainConfig
 from ballast.train.metrics import final_history
 from ballast.verify import PARAM_TOLERANCE, budget
@@ -93,7 +93,7 @@ def final_parameters(out: Path, model: str = "stdit-tiny") -> torch.Tensor:
     """The parameters of the run's last checkpoint, flattened in model order."""
     module = build_model(MODEL_PRESETS[model])
     state = {"model": get_model_state_dict(module)}
-    dcp.load(state, checkpoint_id=checkpoint.latest(out / "checkpoints"))
+    dcp.load(state, checkpoint_id=checkpoint_files.latest(out / "checkpoints"))
     module.load_state_dict(state["model"])
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
 
