@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed import ProcessGroup
+from torch.distributed.tensor import DTensor, Shard
 
 from ..models.protocol import ParallelModel, PartLoad
 from ..vocabulary.job_mesh import JobMesh
@@ -103,17 +104,29 @@ def held_block(name: str, tensor: Tensor, tensor_parallel: TensorParallel | None
     (`torch.chunk`'s blocks), and within that, under FSDP2, its own shard's (the DTensor's offset)."""
     local, starts = tensor, [0] * tensor.dim()
     whole = tensor.shape if tensor_parallel is None else tensor_parallel.whole_shape(name, tensor.shape)
-    if hasattr(tensor, "device_mesh"):  # an FSDP2 DTensor: its local shard of the TP shard
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-        _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
-        local, starts = tensor.to_local(), list(offset)
+    if isinstance(tensor, DTensor):  # an FSDP2 DTensor: its local shard of the TP shard
+        local, starts = tensor.to_local(), list(shard_offset(tensor))
     if tensor_parallel is not None and tensor_parallel.is_split(name):
         dim = tensor_parallel.split_dims[name]
         starts[dim] += tensor_parallel.index * tensor.shape[dim]
     if tuple(local.shape) == tuple(whole):
         return None
     return tuple(slice(start, start + size) for start, size in zip(starts, local.shape))
+
+
+def shard_offset(tensor: DTensor) -> tuple[int, ...]:
+    """Where this rank's shard of an FSDP2 parameter starts in the tensor it shards: FSDP2 shards
+    dimension d over a 1-D mesh of n ranks in `torch.chunk`'s blocks (ceil(size / n) rows each, the
+    last ones shorter or empty), so the shard at mesh coordinate c starts at c ceil(size / n),
+    capped at the size. Ours rather than torch's private `compute_local_shape_and_global_offset`,
+    for the one placement FSDP2 gives here (ballast's TP is its own, no DTensor mesh dimension)."""
+    (placement,) = tensor.placements
+    assert isinstance(placement, Shard) and tensor.device_mesh.ndim == 1, tensor.placements
+    dim, size = placement.dim, tensor.shape[placement.dim]
+    chunk = -(-size // tensor.device_mesh.size())
+    offset = [0] * tensor.dim()
+    offset[dim] = min(tensor.device_mesh.get_local_rank() * chunk, size)
+    return tuple(offset)
 
 
 def to_device(model: nn.Module, device: torch.device) -> None:

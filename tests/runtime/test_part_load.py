@@ -122,3 +122,30 @@ def test_a_folder_without_weights_or_a_part_it_cannot_fill_is_told(tmp_path):
     model.hf.lm_head.register_parameter("extra", torch.nn.Parameter(torch.zeros(2)))
     with pytest.raises(ValueError, match="its weights hold no 'lm_head.extra'"):
         part.fill(model, lambda name, _: None)
+
+
+def _offsets_worker() -> list[tuple[int, int, int]]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from ballast.runtime.placement import shard_offset
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    out = []
+    for rows in (1, 2, 5, 6, 7):  # fewer rows than ranks (empty shards), uneven, even
+        whole = torch.arange(rows * 3, dtype=torch.float32).view(rows, 3)
+        shard = distribute_tensor(whole, mesh, [Shard(0)])
+        start = shard_offset(shard)[0]
+        local = shard.to_local()
+        # Where the rank's rows sit in the whole: its offset, and the rows there are its own.
+        assert torch.equal(whole[start:start + local.shape[0]], local), (rows, start, local)
+        out.append((rows, start, local.shape[0]))
+    return out
+
+
+@pytest.mark.slow
+def test_a_shards_offset_is_where_fsdp2s_chunk_starts():
+    # FSDP2's Shard(0) over 3 ranks: torch.chunk's blocks of ceil(rows / 3), the last ones shorter
+    # or empty (an empty shard starts at the end).
+    offsets = run_local(3, _offsets_worker, timeout=120)
+    assert [row[1:] for row in offsets[2]] == [(1, 0), (2, 0), (4, 1), (4, 2), (6, 1)]
+    assert [row[1:] for row in offsets[0]] == [(0, 1), (0, 1), (0, 2), (0, 2), (0, 3)]
