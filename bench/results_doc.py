@@ -17,11 +17,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling table modules, when imported
 
 from memory_tables import memory_table  # noqa: E402
-from pipeline_tables import PIPELINES, pipeline_table  # noqa: E402
+from pipeline_tables import pipeline_table  # noqa: E402
 from measured_tables import convergence_text, hf_table, measured_table, peers_table, video_measured_table  # noqa: E402
 from profile_tables import mesh_check_table, profile_text  # noqa: E402
 from strategy_tables import STRATEGY_SETTINGS, strategy_table  # noqa: E402
-from simulated_tables import (CONTEXT_PARALLEL, ROUTING, SETTINGS, VIDEO, context_parallel_table,  # noqa: E402
+from simulated_tables import (CONTEXT_PARALLEL, PIPELINES, ROUTING, SETTINGS, VIDEO, context_parallel_table,  # noqa: E402
                               headline_table, latency_table, optimum_gap_text, routing_table, simulated_table,
                               sweep_text, video_table)
 

@@ -1,7 +1,8 @@
 """The simulated results' tables (`ballast simulate` records): settings A-C, the video settings
 V1-V3 with their shape-blind twins, the context-parallel settings CP1-CP3, the routing settings
-R1-R4, the random sweep, the exhaustive optimum's gap, planning latency, and the headline table
-of ballast against the lower bound and its best rival on every setting."""
+R1-R4, the pipeline settings' descriptions (P1-P4, tabled by `pipeline_tables.py`), the random sweep, the
+exhaustive optimum's gap, planning latency, and the headline table of ballast against the lower
+bound and its best rival on every setting."""
 from __future__ import annotations
 
 from collections import Counter
@@ -179,8 +180,20 @@ def routing_table(name: str) -> str:
     return head + "\n".join(rows) + carry_note(routed) + f"\n\nballast ahead of every rival: {'yes' if ahead else 'no'}."
 
 
+PIPELINES = {
+    "P1": "wikipedia lengths (the raw file), h100-256 as TP 8 x PP 4 x a pool of 8, Llama-3-70B (analytic), max-len 131072, "
+          "2M tokens/step",
+    "P2": "lognormal:8,1.5 lengths, h100-256 as TP 8 x PP 4 x a pool of 8, Llama-3-70B (analytic), max-len 131072, "
+          "2M tokens/step",
+    "P3": "wikipedia lengths (the raw file), h100-1024 as TP 8 x PP 4 x a pool of 32, Llama-3-70B (analytic), max-len 131072, "
+          "4,096 sequences/step",
+    "P4": "wikipedia lengths (the raw file), h100-2304 as TP 8 x PP 18 x a pool of 16, Llama-3-405B's shape "
+          "(bench/data/llama3-405b.json, analytic), max-len 131072, 8M tokens/step",
+}
+"""The pipeline settings (`bench/pipelines.sh`, tabled by `pipeline_tables.py`)."""
+
 HEADLINE_GROUPS = (("text", SETTINGS), ("video", VIDEO), ("context parallel", CONTEXT_PARALLEL),
-                   ("NIC routing", ROUTING))
+                   ("NIC routing", ROUTING), ("pipelines", PIPELINES))
 
 
 def headline_table() -> str:
