@@ -189,3 +189,33 @@ def test_blaster_chunks_are_sorted_and_min_max(lengths, waves):
     best = min(max(sum(s[a:b]) for a, b in zip((0,) + cuts, cuts + (len(s),)))
                for cuts in itertools.combinations(range(1, len(s)), waves - 1))
     assert max(sum(lengths[i] for i in c) for c in chunks) == best
+
+
+def _blast_by_every_cut(lengths: list[int], waves: int) -> list[list[int]]:
+    """`blast`'s recurrence minimised over every j for each i (np.argmin: the first minimum)."""
+    n = len(lengths)
+    order = sorted(range(n), key=lambda i: -lengths[i])
+    prefix = np.concatenate([[0.0], np.cumsum([float(lengths[i]) for i in order])])
+    dp = np.full((waves + 1, n + 1), np.inf)
+    dp[0, 0] = 0.0
+    cut = np.zeros((waves + 1, n + 1), dtype=np.int64)
+    for k in range(1, waves + 1):
+        for i in range(k, n + 1):
+            cand = np.maximum(dp[k - 1, k - 1:i], prefix[i] - prefix[k - 1:i])
+            j = int(np.argmin(cand))
+            dp[k, i], cut[k, i] = cand[j], k - 1 + j
+    chunks, i = [], n
+    for k in range(waves, 0, -1):
+        chunks.append(order[cut[k, i]:i])
+        i = int(cut[k, i])
+    return chunks[::-1]
+
+
+@settings(max_examples=400, deadline=None)
+@given(lengths=st.lists(st.sampled_from([1, 2, 3, 8, 64, 100, 1000]) | st.integers(1, 5000), min_size=1,
+                        max_size=40), waves=st.integers(1, 12))
+def test_blaster_cuts_where_the_minimum_over_every_cut_does(lengths, waves):
+    # Ties are the hard part (many equal lengths: several cuts give the same largest chunk), so
+    # lengths come from a few values as often as from a range.
+    waves = min(waves, len(lengths))
+    assert blast(lengths, waves) == _blast_by_every_cut(lengths, waves)
