@@ -16,7 +16,7 @@ from ballast.vocabulary.cluster import get_cluster
 from ballast.pricing.cost import CostModel
 from ballast.pricing.cost_sources import analytic_cost, published_cost
 from ballast.planners import PlannerOptions, get_planner
-from ballast.planners.flexsp import blast
+from ballast.planners.flexsp import blast, least_chunks
 from ballast.planners.flexsp_milp import dp_buckets, optimal_bucket_ends, solve_wave
 from ballast.vocabulary.model_shape import get_model_shape
 from ballast.vocabulary.samples import tokens
@@ -219,3 +219,15 @@ def test_blaster_cuts_where_the_minimum_over_every_cut_does(lengths, waves):
     # lengths come from a few values as often as from a range.
     waves = min(waves, len(lengths))
     assert blast(lengths, waves) == _blast_by_every_cut(lengths, waves)
+
+
+@settings(max_examples=300, deadline=None)
+@given(lengths=st.lists(st.sampled_from([1, 2, 3, 8, 64, 100]) | st.integers(1, 500), min_size=1, max_size=30),
+       capacity=st.integers(1, 800) | st.integers(1, 800).map(lambda c: c / 1.05))
+def test_least_chunks_is_the_least_wave_count_the_blaster_fits(lengths, capacity):
+    # The search it replaces: from the tokens' bound up, the first count whose chunks all fit;
+    # whole capacities too, where a chunk can hold exactly its capacity.
+    m = max(1, math.ceil(sum(lengths) / capacity))
+    while m < len(lengths) and any(sum(lengths[i] for i in c) > capacity for c in blast(lengths, m)):
+        m += 1
+    assert least_chunks(lengths, capacity) == min(m, len(lengths))
