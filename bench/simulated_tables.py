@@ -6,6 +6,7 @@ bound and its best rival on every setting."""
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 from record_files import commit_note, record, recorded
 
@@ -196,6 +197,13 @@ HEADLINE_GROUPS = (("text", SETTINGS), ("video", VIDEO), ("context parallel", CO
                    ("NIC routing", ROUTING), ("pipelines", PIPELINES))
 
 
+def shown_lengths(spec: str) -> str:
+    """A setting's length source as a table shows it: a file by its name, not the path it was read
+    from on the recording machine."""
+    kind, colon, path = spec.partition(":")
+    return f"{kind}:{Path(path).name}" if colon and kind in ("file", "videos") else spec
+
+
 def headline_table() -> str:
     """One row per recorded simulated setting: ballast's step over the lower bound, and the
     rival planner with the shortest step, with its own ratio."""
@@ -208,7 +216,7 @@ def headline_table() -> str:
             data = record(f"simulate-{name}")
             planners, s = data["planners"], data["setting"]
             rival = min((n for n in planners if n != "ballast"), key=lambda n: planners[n]["step_time_s"])
-            rows.append(f"| {name} ({kind}) | `{s['lengths']}`, {s['cluster']}, {s['model']} | "
+            rows.append(f"| {name} ({kind}) | `{shown_lengths(s['lengths'])}`, {s['cluster']}, {s['model']} | "
                         f"{planners['ballast']['vs_lower_bound']:.3f} | {rival}"
                         f"{' (row carried over)' if 'carried_over' in planners[rival] else ''} | "
                         f"{planners[rival]['vs_lower_bound']:.3f} |")
