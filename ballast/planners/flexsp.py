@@ -112,7 +112,7 @@ def least_chunks(lengths: list[int], capacity: float) -> int:
     search over M, one `blast` per M, took minutes where M ran into the hundreds."""
     n = len(lengths)
     fewest = max(1, math.ceil(sum(lengths) / capacity))
-    if max(lengths) > capacity:
+    if max(lengths, default=0) > capacity:
         return n
     chunks, held = 1, 0
     for length in sorted(lengths, reverse=True):
