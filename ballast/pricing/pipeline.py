@@ -125,7 +125,7 @@ def one_f_one_b_parts(slots: Sequence[Sequence[StagePart]], stages: int, lanes: 
     while left:
         progressed = False
         for k in range(p):
-            order, lane_free, ran_here = orders[k], free[k], None
+            order, lane_free = orders[k], free[k]
             while done[k] < len(order):
                 forward, i = order[done[k]]
                 neighbour = k - 1 if forward else k + 1
