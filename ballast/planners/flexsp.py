@@ -53,7 +53,8 @@ from ..plans.plan import Group, MicroBatch, Plan, Wave, fill_idle
 from ..vocabulary.samples import SampleBatch
 from ..plans.timeline import step_time
 from .base import Planner, PlannerOptions
-from .flexsp_milp import Buckets, WaveSolution, dp_buckets, solve_wave
+from .flexsp_buckets import Buckets, dp_buckets
+from .flexsp_milp import WaveSolution, solve_wave
 from ..pricing.bounds import lower_bound
 from .registry import register
 

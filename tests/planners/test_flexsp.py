@@ -17,7 +17,8 @@ from ballast.pricing.cost import CostModel
 from ballast.pricing.cost_sources import analytic_cost, published_cost
 from ballast.planners import PlannerOptions, get_planner
 from ballast.planners.flexsp import blast, least_chunks
-from ballast.planners.flexsp_milp import dp_buckets, optimal_bucket_ends, solve_wave
+from ballast.planners.flexsp_buckets import dp_buckets, optimal_bucket_ends
+from ballast.planners.flexsp_milp import solve_wave
 from ballast.vocabulary.model_shape import get_model_shape
 from ballast.vocabulary.samples import tokens
 from ballast.plans.timeline import simulate
