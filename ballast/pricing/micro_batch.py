@@ -84,15 +84,16 @@ class MicroBatchPrices:
             return seconds
         return seconds + self.context_rate * tokens
 
-    def comm(self, tokens: float, recompute: float = 0.0) -> float:
-        """Seconds of a micro-batch's exchanges (`CostModel.comm`)."""
-        if self.degree == 1 or tokens == 0:
+    def comm(self, tokens, recompute=0.0):
+        """Seconds of a micro-batch's exchanges (`CostModel.comm`): of a float, or elementwise of
+        arrays of positive token counts (`GroupPacker` prices many micro-batches at once)."""
+        if self.degree == 1 or (not isinstance(tokens, np.ndarray) and tokens == 0):
             return 0.0
         return (self.exchange_seconds(tokens) + self.latency) * recomputed_exchanges(recompute)
 
-    def seconds(self, sum_units: float, sum_s: float, recompute: float, samples: int) -> float:
+    def seconds(self, sum_units, sum_s, recompute, samples):
         """A micro-batch's seconds from its sums of attention units and tokens and its count of
-        samples (`CostModel.time_from_sums`)."""
+        samples (`CostModel.time_from_sums`); elementwise of arrays too (`comm`'s)."""
         attention = self.a * sum_units * (1.0 + recompute * self.recompute_attention) * self.attention_factor
         compute = (attention + self.b * sum_s * (1.0 + recompute * self.recompute)) / self.degree
         seconds = compute + self.comm(sum_s, recompute) + fixed_seconds(self.g, self.recompute_fixed, recompute)
@@ -130,6 +131,15 @@ class MicroBatchPrices:
         """The least levels at which micro-batches needing `need` bytes at level 0 fit (`CostModel.levels`)."""
         c = (1.0 - self.free / need) / (1.0 - self.kept_share)
         return np.ceil(c * self.level_blocks - LEVEL_EPS) / self.level_blocks
+
+    def min_recompute_of_many(self, tokens: np.ndarray) -> np.ndarray:
+        """`min_recompute` of many token counts at once (a float64 array), the same levels; inf
+        where none fits."""
+        need = self.activation_bytes(tokens, 0.0)
+        with np.errstate(divide="ignore"):
+            levels = self.levels(need)
+        levels = np.where(need <= self.free * (1 + LEVEL_EPS), 0.0, levels)
+        return np.where(levels <= 1.0, levels, np.inf)
 
     def min_recompute(self, tokens: int) -> float | None:
         """The least level at which `tokens` fit, or None (`CostModel.min_recompute`)."""

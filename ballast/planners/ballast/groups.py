@@ -29,6 +29,9 @@ LADDER = 6
 REFINE = 2
 # Receivers each exact repair move tries (the least loaded groups).
 REPAIR_RECEIVERS = 4
+# Bins from which `timed` prices a packing as arrays: below it a Python call per bin is cheaper
+# than numpy's per-call overhead.
+MANY_BINS = 24
 
 
 class GroupPacker:
@@ -236,14 +239,30 @@ class GroupPacker:
         """`count` micro-batches balanced by LPT on `weights` (None: tokens) at their least
         recompute levels, and the group's seconds for them (`mbs_time`); None if one cannot fit."""
         prices = self.cost.micro_batch_prices(degree, cp)
+        bins = self._lpt(tuple(longest_first), count, weights)
+        if len(bins) >= MANY_BINS and not self.cost.data_parallel.forward_gathers:
+            return self._timed_at_once(prices, bins)
         mbs, seconds = [], []
-        for ids, tokens, units in self._lpt(tuple(longest_first), count, weights):
+        for ids, tokens, units in bins:
             level = prices.min_recompute(tokens)
             if level is None:
                 return None
             mbs.append(MicroBatch(list(ids), level))
             seconds.append(self._seconds(prices, units, tokens, level, len(ids)))
         return self._total(seconds), mbs
+
+    def _timed_at_once(self, prices: MicroBatchPrices, bins: list[tuple[tuple[int, ...], int, float]]
+                       ) -> tuple[float, list[MicroBatch]] | None:
+        """`timed`'s levels and seconds of many bins as arrays: the same floats (the prices' array
+        forms keep every operation's order), without a Python call per bin."""
+        tokens = np.array([n for _, n, _ in bins], dtype=np.float64)
+        levels = prices.min_recompute_of_many(tokens)
+        if not np.isfinite(levels).all():
+            return None
+        units = np.array([u for _, _, u in bins], dtype=np.float64)
+        samples = np.array([len(ids) for ids, _, _ in bins], dtype=np.float64)
+        seconds = prices.seconds(units, tokens, levels, samples).tolist()
+        return self._total(seconds), [MicroBatch(list(ids), level) for (ids, _, _), level in zip(bins, levels.tolist())]
 
     def _lpt(self, longest_first: tuple[int, ...], count: int, weights: Sequence[float] | None
              ) -> list[tuple[tuple[int, ...], int, float]]:
