@@ -3,6 +3,7 @@ optimal against brute force on tiny cases, the sequence blaster's chunks are min
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import time
@@ -193,22 +194,24 @@ def test_blaster_chunks_are_sorted_and_min_max(lengths, waves):
 
 
 def _blast_by_every_cut(lengths: list[int], waves: int) -> list[list[int]]:
-    """`blast`'s recurrence minimised over every j for each i (np.argmin: the first minimum)."""
-    n = len(lengths)
-    order = sorted(range(n), key=lambda i: -lengths[i])
-    prefix = np.concatenate([[0.0], np.cumsum([float(lengths[i]) for i in order])])
-    dp = np.full((waves + 1, n + 1), np.inf)
-    dp[0, 0] = 0.0
-    cut = np.zeros((waves + 1, n + 1), dtype=np.int64)
-    for k in range(1, waves + 1):
-        for i in range(k, n + 1):
-            cand = np.maximum(dp[k - 1, k - 1:i], prefix[i] - prefix[k - 1:i])
-            j = int(np.argmin(cand))
-            dp[k, i], cut[k, i] = cand[j], k - 1 + j
-    chunks, i = [], n
+    """`blast`'s recurrence by its definition, every cut tried for every prefix: the least largest
+    chunk of order[:i] in k chunks, at the first cut j reaching it (np.argmin's tie rule)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    tokens = list(itertools.accumulate((lengths[i] for i in order), initial=0))
+
+    @functools.cache
+    def least(k: int, i: int) -> tuple[float, int]:
+        if k == 0:
+            return (0.0 if i == 0 else math.inf), 0
+        values = [(max(least(k - 1, j)[0], tokens[i] - tokens[j]), j) for j in range(k - 1, i)]
+        smallest = min(value for value, _ in values)
+        return smallest, next(j for value, j in values if value == smallest)
+
+    chunks, i = [], len(lengths)
     for k in range(waves, 0, -1):
-        chunks.append(order[cut[k, i]:i])
-        i = int(cut[k, i])
+        j = least(k, i)[1]
+        chunks.append(order[j:i])
+        i = j
     return chunks[::-1]
 
 
