@@ -133,12 +133,10 @@ class MicroBatchPrices:
         return np.ceil(c * self.level_blocks - LEVEL_EPS) / self.level_blocks
 
     def min_recompute_of_many(self, tokens: np.ndarray) -> np.ndarray:
-        """`min_recompute` of many token counts at once (a float64 array), the same levels; inf
-        where none fits."""
+        """`min_recompute` of many positive token counts at once (a float64 array), the same
+        levels; inf where none fits."""
         need = self.activation_bytes(tokens, 0.0)
-        with np.errstate(divide="ignore"):
-            levels = self.levels(need)
-        levels = np.where(need <= self.free * (1 + LEVEL_EPS), 0.0, levels)
+        levels = np.where(need <= self.free * (1 + LEVEL_EPS), 0.0, self.levels(need))
         return np.where(levels <= 1.0, levels, np.inf)
 
     def min_recompute(self, tokens: int) -> float | None:

@@ -190,3 +190,26 @@ def test_lpt_bins_are_the_heaps(lengths, count, weights):
             heapq.heappush(heap, (load + (lengths[s] if w is None else w[s]), b))
         assert [ids for ids, _, _ in packer._lpt(longest_first, count, w)] == [tuple(b) for b in bins if b]
         assert all(n == sum(lengths[s] for s in ids) for ids, n, _ in packer._lpt(longest_first, count, w))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(16, 65_536), min_size=24, max_size=80), st.sampled_from([1, 2, 4]),
+       st.sampled_from([1, 4]), st.integers(24, 80))
+def test_a_packing_priced_as_arrays_is_priced_as_bin_by_bin(lengths, degree, pp, count):
+    # `timed` prices 24 bins or more as arrays (`_timed_at_once`): the same levels and seconds,
+    # to the last bit, as a call per bin; and None alike where a bin fits at no level.
+    from ballast.planners.ballast import groups
+    cost, pool = pipeline_cost(pp=pp) if pp > 1 else pipeline_cost(tp=8, pp=1)
+    search = WaveSearch(cost, SampleBatch.of(lengths, cost), pool.world_size)
+    packer, seqs = search.packer, sorted(range(len(lengths)), key=lambda s: -lengths[s])
+    count = min(count, len(seqs))
+    for cp in cost.fastest_candidates(degree):
+        at_once = packer.timed(seqs, degree, cp, count)
+        try:
+            groups.MANY_BINS, kept = len(seqs) + 1, groups.MANY_BINS
+            by_bin = packer.timed(seqs, degree, cp, count)
+        finally:
+            groups.MANY_BINS = kept
+        assert (at_once is None) == (by_bin is None)
+        if at_once is not None:
+            assert at_once[0] == by_bin[0] and at_once[1] == by_bin[1]

@@ -255,10 +255,13 @@ class GroupPacker:
                        ) -> tuple[float, list[MicroBatch]] | None:
         """`timed`'s levels and seconds of many bins as arrays: the same floats (the prices' array
         forms keep every operation's order), without a Python call per bin."""
-        tokens = np.array([n for _, n, _ in bins], dtype=np.float64)
-        levels = prices.min_recompute_of_many(tokens)
-        if not np.isfinite(levels).all():
+        sizes = [n for _, n, _ in bins]
+        # A bin's level grows with its tokens: all fit when the largest does (the loop's None
+        # without an array where it does not).
+        if prices.min_recompute(max(sizes)) is None:
             return None
+        tokens = np.array(sizes, dtype=np.float64)
+        levels = prices.min_recompute_of_many(tokens)
         units = np.array([u for _, _, u in bins], dtype=np.float64)
         samples = np.array([len(ids) for ids, _, _ in bins], dtype=np.float64)
         seconds = prices.seconds(units, tokens, levels, samples).tolist()
