@@ -133,11 +133,10 @@ class MicroBatchPrices:
         return np.ceil(c * self.level_blocks - LEVEL_EPS) / self.level_blocks
 
     def min_recompute_of_many(self, tokens: np.ndarray) -> np.ndarray:
-        """`min_recompute` of many positive token counts at once (a float64 array), the same
-        levels; inf where none fits."""
+        """`min_recompute` of many positive token counts that all fit at some level (a float64
+        array; the caller checks the largest), the same levels."""
         need = self.activation_bytes(tokens, 0.0)
-        levels = np.where(need <= self.free * (1 + LEVEL_EPS), 0.0, self.levels(need))
-        return np.where(levels <= 1.0, levels, np.inf)
+        return np.where(need <= self.free * (1 + LEVEL_EPS), 0.0, self.levels(need))
 
     def min_recompute(self, tokens: int) -> float | None:
         """The least level at which `tokens` fit, or None (`CostModel.min_recompute`)."""
